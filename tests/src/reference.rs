@@ -1,0 +1,117 @@
+//! The original AWS sample's protocol ("control concurrency with DynamoDB", 2021), implemented
+//! here only as a reference so that the race tests can show they catch the leak it has.
+//!
+//! One item per lock: a counter plus one attribute per holding execution. Acquire is one
+//! `UpdateItem` conditioned on "count below limit and not yet a holder"; release decrements if
+//! the holder attribute exists; cleanup reads the item and, if the execution is a holder,
+//! releases it. No version, no fence.
+
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::Client;
+
+pub struct SampleProtocol {
+    pub client: Client,
+    pub table: String,
+}
+
+fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_owned())
+}
+fn n(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+impl SampleProtocol {
+    fn holder_attr(holder: &str) -> String {
+        format!("holder:{holder}")
+    }
+
+    /// The sample's "initialize lock item" step.
+    pub async fn init(&self, lock: &str) {
+        let _ = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("lock", s(lock))
+            .item("count", n(0))
+            .condition_expression("attribute_not_exists(#l)")
+            .expression_attribute_names("#l", "lock")
+            .send()
+            .await;
+    }
+
+    /// Returns whether the slot was taken.
+    pub async fn acquire(&self, lock: &str, holder: &str, limit: i64) -> bool {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("lock", s(lock))
+            .update_expression("SET #c = #c + :one, #h = :now")
+            .condition_expression("#c < :limit AND attribute_not_exists(#h)")
+            .expression_attribute_names("#c", "count")
+            .expression_attribute_names("#h", Self::holder_attr(holder))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":limit", n(limit))
+            .expression_attribute_values(":now", s("acquired"))
+            .send()
+            .await;
+        conditional(result)
+    }
+
+    pub async fn release(&self, lock: &str, holder: &str) -> bool {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("lock", s(lock))
+            .update_expression("SET #c = #c - :one REMOVE #h")
+            .condition_expression("attribute_exists(#h)")
+            .expression_attribute_names("#c", "count")
+            .expression_attribute_names("#h", Self::holder_attr(holder))
+            .expression_attribute_values(":one", n(1))
+            .send()
+            .await;
+        conditional(result)
+    }
+
+    /// The sample's cleanup-from-incomplete: look, and release if held.
+    pub async fn cleanup(&self, lock: &str, holder: &str) {
+        if self.holders(lock).await.iter().any(|h| h == holder) {
+            self.release(lock, holder).await;
+        }
+    }
+
+    pub async fn holders(&self, lock: &str) -> Vec<String> {
+        let item = crate::observe::raw_item(&self.client, &self.table, lock)
+            .await
+            .unwrap_or_default();
+        item.keys()
+            .filter_map(|k| k.strip_prefix("holder:").map(str::to_owned))
+            .collect()
+    }
+
+    pub async fn count(&self, lock: &str) -> i64 {
+        crate::observe::raw_item(&self.client, &self.table, lock)
+            .await
+            .and_then(|item| item.get("count")?.as_n().ok()?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+fn conditional<T>(result: Result<T, SdkError<UpdateItemError>>) -> bool {
+    match result {
+        Ok(_) => true,
+        Err(SdkError::ServiceError(e))
+            if matches!(e.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
+        {
+            false
+        }
+        Err(e) => panic!(
+            "reference UpdateItem failed: {}",
+            aws_sdk_dynamodb::error::DisplayErrorContext(e)
+        ),
+    }
+}
