@@ -23,13 +23,13 @@ pub enum Error {
     InvalidInput(#[from] InputError),
     /// The bounded retry loop ran out: other writers changed the item between every read and
     /// write. Retryable by the caller (the state machine retries it with backoff).
-    #[error("gave up on lock {lock:?} after {attempts} conflicting writes in {elapsed:?}: other writers keep changing it; retry later")]
+    #[error("gave up on lock \"{lock}\" after {attempts} conflicting writes in {elapsed:?}: other writers keep changing it; retry later")]
     Contention {
         lock: LockName,
         attempts: u32,
         elapsed: Duration,
     },
-    #[error("no semaphore named {lock:?}: it is created by its first acquire")]
+    #[error("no semaphore named \"{lock}\": it is created by its first acquire")]
     UnknownLock { lock: LockName },
     #[error(transparent)]
     Store(#[from] StoreError),
