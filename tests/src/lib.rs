@@ -7,4 +7,4 @@ pub mod proxy;
 pub mod reference;
 pub mod server;
 
-pub use server::{client_for, endpoint, fresh_table};
+pub use server::{client_for, endpoint, fresh_table, sdk_config};

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region, SharedCredentialsProvider};
 use aws_sdk_dynamodb::Client;
 use semaphore_core::DynamoStore;
 
@@ -93,6 +93,19 @@ pub fn client_for(endpoint_url: &str) -> Client {
         .endpoint_url(endpoint_url)
         .build();
     Client::from_conf(config)
+}
+
+/// An SDK configuration for the local server (dummy credentials, region us-east-1), to build
+/// any other SDK client from, e.g. `aws_sdk_sfn::Client::new(&sdk_config())`.
+pub fn sdk_config() -> aws_config::SdkConfig {
+    aws_config::SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
+            "testing", "testing", None, None, "tests",
+        )))
+        .endpoint_url(endpoint())
+        .build()
 }
 
 /// A new, empty table with the product's schema, so tests running side by side share nothing.

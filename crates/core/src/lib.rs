@@ -22,6 +22,7 @@ pub mod item;
 pub mod memory;
 pub mod protocol;
 mod store;
+pub mod sweep;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
@@ -33,3 +34,4 @@ pub use protocol::{
     AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, DEFAULT_FENCE_WINDOW,
 };
 pub use store::{ItemStore, PutResult, RetryPolicy, Semaphore};
+pub use sweep::{ExecutionState, ExecutionStatus, Reclaimed, SweepReport};

@@ -16,7 +16,10 @@ use semaphore_core::{
 use serde_json::{json, Value};
 
 #[derive(Parser)]
-#[command(version, about = "Operate a Step Functions semaphore table in DynamoDB")]
+#[command(
+    version,
+    about = "Operate a Step Functions semaphore table in DynamoDB"
+)]
 struct Cli {
     /// DynamoDB endpoint, e.g. a local server (default: AWS, or AWS_ENDPOINT_URL).
     #[arg(long, global = true)]
@@ -111,7 +114,10 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok((output, code)) => {
-            println!("{}", serde_json::to_string_pretty(&output).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&output).unwrap_or_default()
+            );
             ExitCode::from(code)
         }
         Err(e) => {
@@ -175,10 +181,14 @@ impl Request {
                 lock,
                 holder,
                 acquisition,
-            } => Self::Release(LockName::new(lock.as_str())?, identity(holder, acquisition)?),
-            Command::Cleanup { lock, holder } => {
-                Self::Cleanup(LockName::new(lock.as_str())?, HolderId::new(holder.as_str())?)
-            }
+            } => Self::Release(
+                LockName::new(lock.as_str())?,
+                identity(holder, acquisition)?,
+            ),
+            Command::Cleanup { lock, holder } => Self::Cleanup(
+                LockName::new(lock.as_str())?,
+                HolderId::new(holder.as_str())?,
+            ),
             Command::Status { lock } => Self::Status(LockName::new(lock.as_str())?),
         })
     }

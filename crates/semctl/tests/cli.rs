@@ -44,7 +44,10 @@ impl Semctl {
         serde_json::from_slice(&out.stdout).expect("stdout is JSON")
     }
 
-    async fn raw(&self, lock: &str) -> Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
+    async fn raw(
+        &self,
+        lock: &str,
+    ) -> Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
         raw_item(&semaphore_tests::client_for(endpoint()), &self.table, lock).await
     }
 }
@@ -61,13 +64,28 @@ async fn init_is_idempotent() {
 #[tokio::test]
 async fn acquire_full_release_and_status_report_what_happened() {
     let semctl = Semctl::new().await;
-    let a = semctl.json(&["acquire", "--lock", "L", "--holder", "exec-1", "--limit", "1"], 0);
+    let a = semctl.json(
+        &[
+            "acquire", "--lock", "L", "--holder", "exec-1", "--limit", "1",
+        ],
+        0,
+    );
     assert_eq!(a["outcome"], "acquired");
     assert_eq!(a["token"], 1);
-    let again = semctl.json(&["acquire", "--lock", "L", "--holder", "exec-1", "--limit", "1"], 0);
+    let again = semctl.json(
+        &[
+            "acquire", "--lock", "L", "--holder", "exec-1", "--limit", "1",
+        ],
+        0,
+    );
     assert_eq!(again["outcome"], "already_held");
     assert_eq!(again["token"], 1);
-    let full = semctl.json(&["acquire", "--lock", "L", "--holder", "exec-2", "--limit", "1"], 2);
+    let full = semctl.json(
+        &[
+            "acquire", "--lock", "L", "--holder", "exec-2", "--limit", "1",
+        ],
+        2,
+    );
     assert_eq!(full["outcome"], "full");
 
     let status = semctl.json(&["status", "--lock", "L"], 0);
@@ -89,7 +107,9 @@ async fn acquire_full_release_and_status_report_what_happened() {
 #[tokio::test]
 async fn acquire_after_cleanup_of_the_same_holder_is_the_zombie_case_and_exits_3() {
     let semctl = Semctl::new().await;
-    let acquire = ["acquire", "--lock", "Z", "--holder", "exec-1", "--limit", "2"];
+    let acquire = [
+        "acquire", "--lock", "Z", "--holder", "exec-1", "--limit", "2",
+    ];
     semctl.json(&acquire, 0);
     let cleaned = semctl.json(&["cleanup", "--lock", "Z", "--holder", "exec-1"], 0);
     assert_eq!(cleaned["freed"].as_array().unwrap().len(), 1);
@@ -108,7 +128,12 @@ async fn acquire_after_cleanup_of_the_same_holder_is_the_zombie_case_and_exits_3
 async fn f6_every_bad_input_is_a_named_error_and_writes_nothing() {
     let semctl = Semctl::new().await;
     // An existing semaphore whose stored state must not move.
-    semctl.json(&["acquire", "--lock", "L", "--holder", "exec-1", "--limit", "3"], 0);
+    semctl.json(
+        &[
+            "acquire", "--lock", "L", "--holder", "exec-1", "--limit", "3",
+        ],
+        0,
+    );
     let before = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "L")
         .await
         .unwrap();
@@ -116,26 +141,88 @@ async fn f6_every_bad_input_is_a_named_error_and_writes_nothing() {
     let long_lock = "x".repeat(257);
     let long_holder = "h".repeat(513);
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["acquire", "--lock", "", "--holder", "h", "--limit", "1"], "lock name is empty"),
-        (vec!["acquire", "--lock", &long_lock, "--holder", "h", "--limit", "1"], "lock name is 257 bytes"),
-        (vec!["acquire", "--lock", "L", "--holder", "h", "--limit", "0"], "limit must be a whole number"),
-        (vec!["acquire", "--lock", "L", "--holder", "h", "--limit", "-1"], "limit must be a whole number"),
-        (vec!["acquire", "--lock", "L", "--holder", "h", "--limit", "2.5"], "limit must be a whole number"),
-        (vec!["acquire", "--lock", "L", "--holder", "h", "--limit", "five"], "limit must be a whole number"),
-        (vec!["acquire", "--lock", "L", "--holder", "", "--limit", "1"], "holder is empty"),
-        (vec!["acquire", "--lock", "L", "--holder", &long_holder, "--limit", "1"], "holder is 513 bytes"),
-        (vec!["acquire", "--lock", "L", "--holder", "h", "--limit", "1", "--acquisition", "a#b"], "acquisition id contains '#'"),
-        (vec!["release", "--lock", "L", "--holder", ""], "holder is empty"),
-        (vec!["cleanup", "--lock", "", "--holder", "exec-1"], "lock name is empty"),
-        (vec!["cleanup", "--lock", "L", "--holder", "exec\u{7}1"], "control character"),
-        (vec!["status", "--lock", "never-acquired"], "no semaphore named \"never-acquired\""),
+        (
+            vec!["acquire", "--lock", "", "--holder", "h", "--limit", "1"],
+            "lock name is empty",
+        ),
+        (
+            vec![
+                "acquire", "--lock", &long_lock, "--holder", "h", "--limit", "1",
+            ],
+            "lock name is 257 bytes",
+        ),
+        (
+            vec!["acquire", "--lock", "L", "--holder", "h", "--limit", "0"],
+            "limit must be a whole number",
+        ),
+        (
+            vec!["acquire", "--lock", "L", "--holder", "h", "--limit", "-1"],
+            "limit must be a whole number",
+        ),
+        (
+            vec!["acquire", "--lock", "L", "--holder", "h", "--limit", "2.5"],
+            "limit must be a whole number",
+        ),
+        (
+            vec!["acquire", "--lock", "L", "--holder", "h", "--limit", "five"],
+            "limit must be a whole number",
+        ),
+        (
+            vec!["acquire", "--lock", "L", "--holder", "", "--limit", "1"],
+            "holder is empty",
+        ),
+        (
+            vec![
+                "acquire",
+                "--lock",
+                "L",
+                "--holder",
+                &long_holder,
+                "--limit",
+                "1",
+            ],
+            "holder is 513 bytes",
+        ),
+        (
+            vec![
+                "acquire",
+                "--lock",
+                "L",
+                "--holder",
+                "h",
+                "--limit",
+                "1",
+                "--acquisition",
+                "a#b",
+            ],
+            "acquisition id contains '#'",
+        ),
+        (
+            vec!["release", "--lock", "L", "--holder", ""],
+            "holder is empty",
+        ),
+        (
+            vec!["cleanup", "--lock", "", "--holder", "exec-1"],
+            "lock name is empty",
+        ),
+        (
+            vec!["cleanup", "--lock", "L", "--holder", "exec\u{7}1"],
+            "control character",
+        ),
+        (
+            vec!["status", "--lock", "never-acquired"],
+            "no semaphore named \"never-acquired\"",
+        ),
         (vec!["acquire", "--lock", "L", "--holder", "h"], "--limit"),
     ];
     for (args, expected) in cases {
         let out = semctl.run(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(stderr.contains(expected), "{args:?}: expected {expected:?} in {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: expected {expected:?} in {stderr}"
+        );
         assert!(out.stdout.is_empty(), "{args:?} printed a result");
     }
 
@@ -154,5 +241,8 @@ async fn a_missing_table_is_reported_with_what_to_do() {
     let out = semctl.run(&["status", "--lock", "L"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("does not exist") && stderr.contains("semctl init"), "{stderr}");
+    assert!(
+        stderr.contains("does not exist") && stderr.contains("semctl init"),
+        "{stderr}"
+    );
 }

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Checks what a user deploys, apart from the Rust code: the Amazon States
+# Language definitions (statemachines/*.asl.json), template.yaml and the
+# DefinitionSubstitutions that join them. Offline: only the installs reach
+# PyPI and the npm registry.
+#
+#   bash .ci/check-deploy.sh          (VENV=path to put the Python tools elsewhere)
+#
+# Installs, pinned:
+#   ${VENV:-.venv-deploy}: aws-sam-cli, cfn-lint               (pip)
+#   .ci/node_modules:      @wmfs/statelint, asl-validator      (npm ci, .ci/package-lock.json)
+# Then prints one PASS/FAIL line per check, a closing count, and exits
+# non-zero if any check failed. `sam build` is not run here (it needs the Rust
+# crates and cargo-lambda).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+VENV="${VENV:-.venv-deploy}"
+PY_PINS=(aws-sam-cli==1.170.0 cfn-lint==1.58.0)
+
+# Offline, and never with anyone's real credentials: dummy region and keys,
+# no profile or config files, no instance metadata look-ups, no telemetry.
+export AWS_DEFAULT_REGION=us-east-1 AWS_REGION=us-east-1
+export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing
+unset AWS_SESSION_TOKEN AWS_PROFILE AWS_DEFAULT_PROFILE
+export AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
+export AWS_EC2_METADATA_DISABLED=true
+export SAM_CLI_TELEMETRY=0 SAM_CLI_UPDATE_CHECK=0
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+
+now() { date +%s; }
+
+# ------------------------------------------------------------------ installs
+t0=$(now)
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+# Keep the venv out of git without touching the project's .gitignore.
+printf '*\n' > "$VENV/.gitignore"
+"$VENV/bin/python" -m pip install --quiet "${PY_PINS[@]}"
+t1=$(now)
+echo "installed ${PY_PINS[*]} into $VENV in $((t1 - t0)) s"
+
+if ! command -v npm >/dev/null 2>&1; then
+  echo "npm not found: installing Debian's nodejs and npm"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+npm ci --prefix .ci --no-audit --no-fund --loglevel=error >/dev/null
+t2=$(now)
+echo "installed $(node -p "Object.entries(require('./.ci/package.json').devDependencies).map(([n, v]) => n + '@' + v).join(' ')") into .ci/node_modules in $((t2 - t1)) s"
+
+SAM="$VENV/bin/sam"
+CFN_LINT="$VENV/bin/cfn-lint"
+STATELINT=.ci/node_modules/.bin/statelint
+ASL_VALIDATOR=.ci/node_modules/.bin/asl-validator
+
+echo "versions: $("$SAM" --version), $("$CFN_LINT" --version), statelint $(node -p "require('./.ci/node_modules/@wmfs/statelint/package.json').version"), asl-validator $("$ASL_VALIDATOR" --version)"
+
+# -------------------------------------------------------------------- checks
+passed=0
+failed=0
+
+# check [--show] NAME COMMAND...: runs COMMAND, prints PASS or FAIL; the
+# command's output follows a FAIL (and a PASS too with --show).
+check() {
+  local show=0
+  if [ "$1" = --show ]; then
+    show=1
+    shift
+  fi
+  local name="$1"
+  shift
+  local log
+  log="$(mktemp)"
+  if "$@" >"$log" 2>&1; then
+    echo "PASS $name"
+    if [ "$show" -eq 1 ]; then sed 's/^/    /' "$log"; fi
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name"
+    sed 's/^/    /' "$log"
+    failed=$((failed + 1))
+  fi
+  rm -f "$log"
+}
+
+shopt -s nullglob
+definitions=(statemachines/*.asl.json)
+shopt -u nullglob
+if [ "${#definitions[@]}" -eq 0 ]; then
+  echo "FAIL no statemachines/*.asl.json found"
+  failed=$((failed + 1))
+fi
+for def in "${definitions[@]}"; do
+  check "statelint $def" "$STATELINT" "$def"
+  check "asl-validator $def" "$ASL_VALIDATOR" --json-path "$def"
+done
+
+check "sam validate --lint" "$SAM" validate --lint --template-file template.yaml
+check "cfn-lint template.yaml" "$CFN_LINT" template.yaml
+check --show "DefinitionSubstitutions keys == \${...} used, per state machine" python3 .ci/check_substitutions.py template.yaml
+
+echo "deploy-checks: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,193 @@
+//! The sweeper's rule: a holder whose execution is no longer running is cleaned up through the
+//! same [`protocol::cleanup`](crate::protocol::cleanup) as an EventBridge-driven cleanup. It is
+//! the safety net for a status event that was lost (F4) and for anything unforeseen.
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use crate::error::Error;
+use crate::input::{AcquisitionId, HolderId, LockName};
+use crate::item::FencingToken;
+use crate::store::{ItemStore, Semaphore};
+
+/// What the sweeper learns about a holder (from `DescribeExecution` in production).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecutionState {
+    Running,
+    /// Ended with this status (SUCCEEDED, FAILED, TIMED_OUT, ABORTED, ...).
+    Ended {
+        status: String,
+    },
+    /// The execution does not exist (any more): nothing can release its slot.
+    Missing,
+    /// The holder is not an execution (an operator's id): not the sweeper's to judge.
+    NotAnExecution,
+}
+
+impl ExecutionState {
+    fn reclaim_reason(&self) -> Option<String> {
+        match self {
+            Self::Ended { status } => Some(format!("execution status is {status}")),
+            Self::Missing => Some("execution does not exist".to_owned()),
+            Self::Running | Self::NotAnExecution => None,
+        }
+    }
+}
+
+pub trait ExecutionStatus: Send + Sync {
+    /// `Err` is a message: the holder is then left alone until the next sweep.
+    fn describe(
+        &self,
+        holder: &HolderId,
+    ) -> impl Future<Output = Result<ExecutionState, String>> + Send;
+}
+
+/// One slot the sweeper took back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reclaimed {
+    pub lock: LockName,
+    pub holder: HolderId,
+    pub acquisition: AcquisitionId,
+    pub token: FencingToken,
+    pub held_for_ms: u64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub locks: usize,
+    pub holders_checked: usize,
+    pub reclaimed: Vec<Reclaimed>,
+    /// Holders that could not be checked or cleaned, with why; retried by the next sweep.
+    pub errors: Vec<String>,
+}
+
+impl<S: ItemStore> Semaphore<S> {
+    /// Checks every current holder once and cleans up those whose execution has ended. The
+    /// cost grows with the number of current holders only: fences and history are not visited.
+    pub async fn sweep(&self, executions: &impl ExecutionStatus) -> Result<SweepReport, Error> {
+        let items = self.list().await?;
+        let mut report = SweepReport {
+            locks: items.len(),
+            ..SweepReport::default()
+        };
+        let mut states: HashMap<HolderId, Result<ExecutionState, String>> = HashMap::new();
+        for item in &items {
+            let mut holders: Vec<&HolderId> = item.holders.keys().map(|id| &id.holder).collect();
+            holders.dedup();
+            for holder in holders {
+                if !states.contains_key(holder) {
+                    report.holders_checked += 1;
+                    states.insert(holder.clone(), executions.describe(holder).await);
+                }
+                let reason = match &states[holder] {
+                    Ok(state) => match state.reclaim_reason() {
+                        Some(reason) => reason,
+                        None => continue,
+                    },
+                    Err(e) => {
+                        report.errors.push(format!("{holder}: {e}"));
+                        continue;
+                    }
+                };
+                let now = self.now_ms();
+                match self.cleanup(&item.lock, holder).await {
+                    Ok(outcome) => report.reclaimed.extend(outcome.freed.into_iter().map(
+                        |(identity, holding)| Reclaimed {
+                            lock: item.lock.clone(),
+                            holder: identity.holder,
+                            acquisition: identity.acquisition,
+                            token: holding.token,
+                            held_for_ms: now.saturating_sub(holding.acquired_at_ms),
+                            reason: reason.clone(),
+                        },
+                    )),
+                    Err(e) => report
+                        .errors
+                        .push(format!("{holder} on {}: {e}", item.lock)),
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::Limit;
+    use crate::item::Identity;
+    use crate::memory::MemoryStore;
+
+    struct Fixed(HashMap<String, ExecutionState>);
+
+    impl ExecutionStatus for Fixed {
+        async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, String> {
+            self.0
+                .get(holder.as_str())
+                .cloned()
+                .ok_or_else(|| "throttled".to_owned())
+        }
+    }
+
+    fn id(h: &str, a: &str) -> Identity {
+        Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new(a).unwrap())
+    }
+
+    #[tokio::test]
+    async fn only_holders_of_ended_or_missing_executions_are_reclaimed() {
+        let sem = Semaphore::new(MemoryStore::new());
+        let lock = LockName::new("l").unwrap();
+        let limit = Limit::new(10).unwrap();
+        for (h, a) in [
+            ("run", "1"),
+            ("done", "1"),
+            ("done", "2"),
+            ("gone", "1"),
+            ("op", "1"),
+            ("unknown", "1"),
+        ] {
+            sem.acquire(&lock, &id(h, a), limit).await.unwrap();
+        }
+        let states = Fixed(HashMap::from([
+            ("run".to_owned(), ExecutionState::Running),
+            (
+                "done".to_owned(),
+                ExecutionState::Ended {
+                    status: "SUCCEEDED".to_owned(),
+                },
+            ),
+            ("gone".to_owned(), ExecutionState::Missing),
+            ("op".to_owned(), ExecutionState::NotAnExecution),
+        ]));
+        let report = sem.sweep(&states).await.unwrap();
+        assert_eq!(report.locks, 1);
+        assert_eq!(report.holders_checked, 5);
+        let mut freed: Vec<_> = report
+            .reclaimed
+            .iter()
+            .map(|r| (r.holder.as_str(), r.acquisition.as_str(), r.reason.as_str()))
+            .collect();
+        freed.sort();
+        assert_eq!(
+            freed,
+            [
+                ("done", "1", "execution status is SUCCEEDED"),
+                ("done", "2", "execution status is SUCCEEDED"),
+                ("gone", "1", "execution does not exist"),
+            ]
+        );
+        assert_eq!(report.errors, ["unknown: throttled"]);
+        let left: Vec<_> = sem
+            .status(&lock)
+            .await
+            .unwrap()
+            .holders
+            .into_keys()
+            .map(|i| i.holder.to_string())
+            .collect();
+        assert_eq!(left, ["op", "run", "unknown"]);
+        // A second sweep finds nothing more to reclaim.
+        assert!(sem.sweep(&states).await.unwrap().reclaimed.is_empty());
+    }
+}

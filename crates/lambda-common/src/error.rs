@@ -1,0 +1,126 @@
+//! The errors a handler answers with. Each has a fixed Lambda error type, which is the name a
+//! state machine matches in `Retry` / `Catch` (`ErrorEquals`).
+
+use lambda_runtime::Diagnostic;
+use semaphore_core::{Error, InputError};
+
+/// The Lambda error types, as a state machine sees them.
+pub mod error_type {
+    /// Bad input: nothing was written. Do not retry; fix the payload.
+    pub const INVALID_INPUT: &str = "SemaphoreInvalidInput";
+    /// This acquisition was released, or its execution cleaned up: it can never hold a slot
+    /// again. Do not retry with the same acquisition id.
+    pub const FENCED: &str = "SemaphoreFenced";
+    /// Other writers kept changing the item: retry with backoff.
+    pub const CONTENTION: &str = "SemaphoreContention";
+    /// The table could not be read or written (missing table, throttling, permissions...).
+    pub const STORE: &str = "SemaphoreStoreError";
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    #[error("{0}")]
+    InvalidInput(String),
+    #[error("{0}")]
+    Fenced(String),
+    #[error("{0}")]
+    Contention(String),
+    #[error("{0}")]
+    Store(String),
+}
+
+impl HandlerError {
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::InvalidInput(_) => error_type::INVALID_INPUT,
+            Self::Fenced(_) => error_type::FENCED,
+            Self::Contention(_) => error_type::CONTENTION,
+            Self::Store(_) => error_type::STORE,
+        }
+    }
+
+    /// The same kind of error with another message.
+    pub fn with_message(&self, message: String) -> Self {
+        match self {
+            Self::InvalidInput(_) => Self::InvalidInput(message),
+            Self::Fenced(_) => Self::Fenced(message),
+            Self::Contention(_) => Self::Contention(message),
+            Self::Store(_) => Self::Store(message),
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Self::InvalidInput(m) | Self::Fenced(m) | Self::Contention(m) | Self::Store(m) => m,
+        }
+    }
+}
+
+impl From<InputError> for HandlerError {
+    fn from(e: InputError) -> Self {
+        Self::InvalidInput(e.to_string())
+    }
+}
+
+impl From<Error> for HandlerError {
+    fn from(e: Error) -> Self {
+        let message = e.to_string();
+        match e {
+            Error::InvalidInput(_) | Error::UnknownLock { .. } => Self::InvalidInput(message),
+            Error::Contention { .. } => Self::Contention(message),
+            Error::Store(_) => Self::Store(message),
+        }
+    }
+}
+
+/// How the runtime reports the error to Lambda: `errorType` is what `ErrorEquals` matches.
+impl From<HandlerError> for Diagnostic {
+    fn from(e: HandlerError) -> Self {
+        Diagnostic {
+            error_type: e.error_type().to_owned(),
+            error_message: e.message().to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use semaphore_core::{LockName, StoreError};
+    use std::time::Duration;
+
+    fn diagnose(e: impl Into<HandlerError>) -> Diagnostic {
+        e.into().into()
+    }
+
+    #[test]
+    fn core_errors_map_to_named_error_types() {
+        let lock = LockName::new("demo-lock").unwrap();
+        let contention = diagnose(Error::Contention {
+            lock: lock.clone(),
+            attempts: 12,
+            elapsed: Duration::from_secs(3),
+        });
+        assert_eq!(contention.error_type, "SemaphoreContention");
+        assert!(contention.error_message.contains("demo-lock"));
+
+        let store = diagnose(Error::Store(StoreError::TableNotFound {
+            table: "t".to_owned(),
+        }));
+        assert_eq!(store.error_type, "SemaphoreStoreError");
+        assert!(store.error_message.contains("table \"t\" does not exist"));
+
+        let input = diagnose(Error::InvalidInput(InputError::EmptyLockName));
+        assert_eq!(input.error_type, "SemaphoreInvalidInput");
+        assert_eq!(input.error_message, InputError::EmptyLockName.to_string());
+
+        let unknown = diagnose(Error::UnknownLock { lock });
+        assert_eq!(unknown.error_type, "SemaphoreInvalidInput");
+
+        let fenced = diagnose(HandlerError::Fenced("gone".to_owned()));
+        assert_eq!(
+            (fenced.error_type.as_str(), fenced.error_message.as_str()),
+            ("SemaphoreFenced", "gone")
+        );
+    }
+}

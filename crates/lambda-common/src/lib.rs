@@ -1,0 +1,41 @@
+//! What the four Lambda functions (acquire, release, cleanup, sweeper) share, so that each of them
+//! is a thin adapter over `semaphore-core`:
+//!
+//! - [`Settings`]: configuration from the environment, read once per cold start, with a clear
+//!   error when something required is missing or malformed;
+//! - [`init_tracing`]: JSON logs for CloudWatch;
+//! - [`Payload`]: validation of a state machine's JSON payload into the core's input types;
+//! - [`HandlerError`]: the named errors (`SemaphoreInvalidInput`, `SemaphoreFenced`,
+//!   `SemaphoreContention`, `SemaphoreStoreError`) a state machine can `Retry` or `Catch`.
+
+mod config;
+mod error;
+mod payload;
+
+pub use config::{ConfigError, Settings};
+pub use error::{error_type, HandlerError};
+pub use payload::{hint, Payload};
+
+/// Installs the JSON log subscriber: one JSON object per line on stdout, level from `RUST_LOG`
+/// (default `info`), no ANSI colours and no timestamp (CloudWatch stamps every line). The
+/// runtime's span carrying the request id is kept on each line. Calling it twice is harmless.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .without_time()
+        .with_target(false)
+        .with_span_list(false)
+        .with_current_span(true)
+        .flatten_event(true)
+        .try_init();
+}
+
+/// The AWS configuration of the function (region, credentials and, for local runs,
+/// `AWS_ENDPOINT_URL`) from the environment. Build it once per cold start.
+pub async fn load_aws_config() -> aws_config::SdkConfig {
+    aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await
+}

@@ -1,0 +1,165 @@
+//! S1 under load: many executions acquiring and releasing at once on a few locks, while an
+//! independent poller reads the raw item and checks every state it sees.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use semaphore_core::{
+    AcquireOutcome, AcquisitionId, DynamoStore, Error, HolderId, Identity, Limit, LockName,
+    ReleaseOutcome, Semaphore,
+};
+use semaphore_tests::observe::observe;
+use semaphore_tests::{client_for, endpoint, fresh_table};
+
+const ROUNDS: usize = 3;
+
+struct LockUnderTest {
+    name: &'static str,
+    limit: i64,
+    workers: usize,
+    /// Holders according to the holders themselves: incremented after an acquire returned,
+    /// decremented before the release is sent, so it never overstates the real holders.
+    inside: AtomicI64,
+    max_inside: AtomicI64,
+    max_stored: AtomicI64,
+}
+
+async fn worker(table: String, lock: Arc<LockUnderTest>, worker: usize) -> usize {
+    let sem = Semaphore::new(DynamoStore::new(client_for(endpoint()), table));
+    let name = LockName::new(lock.name).unwrap();
+    let limit = Limit::new(lock.limit).unwrap();
+    let holder = HolderId::new(format!(
+        "arn:aws:states:us-east-1:123456789012:execution:LoadTest:{}-{worker}",
+        lock.name
+    ))
+    .unwrap();
+    let mut waits = 0;
+    for round in 0..ROUNDS {
+        let identity = Identity::new(
+            holder.clone(),
+            AcquisitionId::new(format!("round-{round}")).unwrap(),
+        );
+        let mut backoff_ms = 100;
+        loop {
+            match sem.acquire(&name, &identity, limit).await {
+                Ok(AcquireOutcome::Acquired { .. }) => break,
+                Ok(AcquireOutcome::Full { .. }) | Err(Error::Contention { .. }) => {
+                    // Waiters back off with jitter, as the state machine's wait loop does, so
+                    // the serialized local server is not flooded by polls.
+                    waits += 1;
+                    let delay = backoff_ms / 2 + fastrand::u64(0..=backoff_ms / 2);
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    backoff_ms = (backoff_ms * 2).min(1_000);
+                }
+                other => panic!("worker {worker}: unexpected {other:?}"),
+            }
+        }
+        let now = lock.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        lock.max_inside.fetch_max(now, Ordering::SeqCst);
+        assert!(now <= lock.limit, "{now} holders of {} inside", lock.name);
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(200..400))).await;
+        lock.inside.fetch_sub(1, Ordering::SeqCst);
+        loop {
+            match sem.release(&name, &identity).await {
+                Ok(ReleaseOutcome::Released { .. }) => break,
+                Err(Error::Contention { .. }) => continue,
+                other => panic!("worker {worker}: release gave {other:?}"),
+            }
+        }
+    }
+    waits
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s1_no_more_than_limit_hold_and_the_count_always_equals_the_holders() {
+    let store = fresh_table().await;
+    let locks = [
+        Arc::new(LockUnderTest {
+            name: "hot",
+            limit: 5,
+            workers: 32,
+            inside: AtomicI64::new(0),
+            max_inside: AtomicI64::new(0),
+            max_stored: AtomicI64::new(0),
+        }),
+        // A second lock with its own limit runs at the same time and must stay independent.
+        Arc::new(LockUnderTest {
+            name: "side",
+            limit: 2,
+            workers: 8,
+            inside: AtomicI64::new(0),
+            max_inside: AtomicI64::new(0),
+            max_stored: AtomicI64::new(0),
+        }),
+    ];
+
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (done, locks, table) = (done.clone(), locks.clone(), store.table().to_owned());
+        tokio::spawn(async move {
+            let client = client_for(endpoint());
+            let mut samples = 0;
+            while !done.load(Ordering::SeqCst) {
+                for lock in &locks {
+                    if let Some(seen) = observe(&client, &table, lock.name).await {
+                        seen.assert_safe(lock.limit);
+                        lock.max_stored.fetch_max(seen.count, Ordering::SeqCst);
+                        samples += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            samples
+        })
+    };
+
+    let mut workers = Vec::new();
+    for lock in &locks {
+        for w in 0..lock.workers {
+            workers.push(tokio::spawn(worker(
+                store.table().to_owned(),
+                lock.clone(),
+                w,
+            )));
+        }
+    }
+    let all = async {
+        let mut waits = 0;
+        for w in workers {
+            waits += w.await.expect("a worker failed");
+        }
+        waits
+    };
+    // L1 at this scale: every worker finishes all its rounds.
+    let waits = tokio::time::timeout(Duration::from_secs(240), all)
+        .await
+        .expect("workers did not all finish: starvation or livelock");
+    done.store(true, Ordering::SeqCst);
+    let samples = poller.await.expect("the poller saw an unsafe state");
+
+    for lock in &locks {
+        let end = observe(store.client(), store.table(), lock.name)
+            .await
+            .unwrap();
+        assert_eq!(
+            (end.count, end.holders.len()),
+            (0, 0),
+            "{} leaked",
+            lock.name
+        );
+        assert_eq!(end.fences, lock.workers * ROUNDS, "one fence per release");
+        let max_inside = lock.max_inside.load(Ordering::SeqCst);
+        let max_stored = lock.max_stored.load(Ordering::SeqCst);
+        println!(
+            "{}: limit {}, {} workers x {ROUNDS} rounds, max inside {max_inside}, max stored {max_stored}",
+            lock.name, lock.limit, lock.workers
+        );
+        // The contention was real: the limit was reached, never passed.
+        assert_eq!(max_inside, lock.limit, "{} never filled up", lock.name);
+        assert!(max_stored <= lock.limit);
+    }
+    println!("poller samples: {samples}, waits on a full lock: {waits}");
+    assert!(samples > 10, "the poller barely ran");
+    assert!(waits > 0, "nobody ever found the lock full");
+}
