@@ -7,4 +7,6 @@ cd "$ROOT"
 ensure_venv
 start_local_aws
 export SEMAPHORE_TEST_ENDPOINT="$LOCAL_AWS_ENDPOINT"
-cargo test --workspace --locked "$@"
+# With no arguments, the whole workspace; otherwise exactly what was asked (e.g. -p semctl).
+[ $# -gt 0 ] || set -- --workspace
+cargo test --locked "$@"

@@ -1,10 +1,12 @@
 //! Test harness shared by the integration tests: the local DynamoDB-compatible server, a proxy
-//! that holds requests in flight, the original AWS sample's protocol as a reference, and an
-//! independent reader of the raw table.
+//! that holds requests in flight, the original AWS sample's protocol as a reference, an
+//! independent reader of the raw table, and a stand-in Lambda Runtime API to run the built
+//! function binaries.
 
 pub mod observe;
 pub mod proxy;
 pub mod reference;
+pub mod runtime_api;
 pub mod server;
 
 pub use server::{client_for, endpoint, fresh_table, sdk_config};

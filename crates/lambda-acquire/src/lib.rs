@@ -47,6 +47,16 @@ pub enum Outcome {
     Full,
 }
 
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquired => "acquired",
+            Self::AlreadyHeld => "already_held",
+            Self::Full => "full",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AcquireResponse {
     /// True when this identity holds a slot now (newly taken or already held).
@@ -65,9 +75,8 @@ pub async fn acquire<S: ItemStore>(
     semaphore: &Semaphore<S>,
     payload: &Value,
 ) -> Result<AcquireResponse, HandlerError> {
-    let request = AcquireRequest::parse(payload).inspect_err(|e| {
-        tracing::warn!(error = %e, "invalid acquire payload");
-    })?;
+    // Bad input is logged by the runtime with the error it answers.
+    let request = AcquireRequest::parse(payload)?;
     let AcquireRequest {
         lock,
         limit,
@@ -116,7 +125,7 @@ pub async fn acquire<S: ItemStore>(
         lock = %lock,
         holder = %identity.holder,
         acquisition = %identity.acquisition,
-        outcome = ?response.outcome,
+        outcome = response.outcome.as_str(),
         token = response.token,
         count = response.count,
         limit = response.limit,

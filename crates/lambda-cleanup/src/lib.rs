@@ -191,6 +191,9 @@ pub async fn cleanup<S: ItemStore>(
     }
     if locks.is_empty() {
         tracing::warn!(execution = %detail.execution_arn, "no lock to clean: set LOCK_NAMES");
+        summary.note = Some(
+            "no lock to clean: LOCK_NAMES is empty and the execution input names none".to_owned(),
+        );
     }
 
     let mut failures: Vec<(LockName, HandlerError)> = Vec::new();
@@ -251,8 +254,8 @@ pub async fn handle<S: ItemStore>(
     configured: &[LockName],
     event: LambdaEvent<Value>,
 ) -> Result<CleanupSummary, HandlerError> {
-    let event = parse_event(event.payload)
-        .inspect_err(|e| tracing::warn!(error = %e, "not a status-change event"))?;
+    // Bad input is logged by the runtime with the error it answers.
+    let event = parse_event(event.payload)?;
     cleanup(semaphore, configured, &event).await
 }
 

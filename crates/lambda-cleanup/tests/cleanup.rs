@@ -70,7 +70,11 @@ fn id(holder: &str, acquisition: &str) -> Identity {
 
 async fn take(sem: &Semaphore<DynamoStore>, lock_name: &str, holder: &str, acquisition: &str) {
     let outcome = sem
-        .acquire(&lock(lock_name), &id(holder, acquisition), Limit::new(5).unwrap())
+        .acquire(
+            &lock(lock_name),
+            &id(holder, acquisition),
+            Limit::new(5).unwrap(),
+        )
         .await
         .unwrap();
     assert!(
@@ -111,7 +115,10 @@ fn the_documented_event_is_read_into_the_typed_event() {
     let event = lambda_cleanup::parse_event(fixture()).expect("the documented event parses");
     assert_eq!(event.source, "aws.states");
     assert_eq!(event.detail_type, "Step Functions Execution Status Change");
-    assert_eq!(event.resources.as_deref(), Some(&[EXECUTION.to_owned()][..]));
+    assert_eq!(
+        event.resources.as_deref(),
+        Some(&[EXECUTION.to_owned()][..])
+    );
     let detail = &event.detail;
     assert_eq!(detail.execution_arn, EXECUTION);
     assert_eq!(
@@ -126,7 +133,10 @@ fn the_documented_event_is_read_into_the_typed_event() {
         detail.input.as_deref(),
         Some(r#"{"work_seconds": 30, "fail": false}"#)
     );
-    assert_eq!(detail.input_details.as_ref().map(|d| d.included), Some(true));
+    assert_eq!(
+        detail.input_details.as_ref().map(|d| d.included),
+        Some(true)
+    );
     assert_eq!(detail.output, None);
     assert_eq!(detail.output_details, None);
     assert_eq!(detail.redrive_count, Some(0));
@@ -160,9 +170,13 @@ async fn the_documented_aborted_event_frees_and_fences_the_execution() {
     assert_eq!(count_on(&sem, "demo-lock").await, 1);
     // A zombie acquire of the aborted execution, with any acquisition id, is refused.
     assert_eq!(
-        sem.acquire(&lock("demo-lock"), &id(EXECUTION, "a3"), Limit::new(5).unwrap())
-            .await
-            .unwrap(),
+        sem.acquire(
+            &lock("demo-lock"),
+            &id(EXECUTION, "a3"),
+            Limit::new(5).unwrap()
+        )
+        .await
+        .unwrap(),
         AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
     );
 }
@@ -221,9 +235,13 @@ async fn an_event_after_the_execution_released_frees_nothing_and_keeps_late_acqu
     assert_eq!(late["locks"][0]["count"], json!(0));
     // A late retry of the released acquire still cannot take a slot (F3).
     assert!(matches!(
-        sem.acquire(&lock("demo-lock"), &id(EXECUTION, "a1"), Limit::new(5).unwrap())
-            .await
-            .unwrap(),
+        sem.acquire(
+            &lock("demo-lock"),
+            &id(EXECUTION, "a1"),
+            Limit::new(5).unwrap()
+        )
+        .await
+        .unwrap(),
         AcquireOutcome::Fenced(_)
     ));
     assert_eq!(count_on(&sem, "demo-lock").await, 0);
@@ -238,9 +256,13 @@ async fn an_event_before_the_acquire_lands_fences_the_acquire() {
     assert_eq!(early["cleaned"], json!(true));
     assert_eq!(early["locks"][0]["freed"], json!([]));
     assert_eq!(
-        sem.acquire(&lock("demo-lock"), &id(EXECUTION, "a1"), Limit::new(5).unwrap())
-            .await
-            .unwrap(),
+        sem.acquire(
+            &lock("demo-lock"),
+            &id(EXECUTION, "a1"),
+            Limit::new(5).unwrap()
+        )
+        .await
+        .unwrap(),
         AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
     );
     assert_eq!(count_on(&sem, "demo-lock").await, 0);
@@ -278,6 +300,18 @@ async fn the_lock_named_in_the_execution_input_is_cleaned_too() {
     assert_eq!(
         freed(&summary),
         [("demo-lock".to_owned(), "a1".to_owned(), 1)]
+    );
+}
+
+#[tokio::test]
+async fn without_any_lock_name_the_answer_says_so() {
+    let (sem, locks) = setup("").await;
+    assert!(locks.is_empty());
+    let summary = invoke(&sem, &locks, fixture()).await.unwrap();
+    assert_eq!(summary["locks"], json!([]));
+    assert_eq!(
+        summary["note"],
+        json!("no lock to clean: LOCK_NAMES is empty and the execution input names none")
     );
 }
 

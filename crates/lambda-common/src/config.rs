@@ -12,7 +12,7 @@ use semaphore_core::{DynamoStore, InputError, LockName, Semaphore, DEFAULT_FENCE
 const MAX_FENCE_WINDOW_SECONDS: u64 = 86_400;
 
 /// A missing or malformed setting: the function cannot start.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     #[error("environment variable {name} is not set: {hint}")]
     Missing {
@@ -25,6 +25,13 @@ pub enum ConfigError {
         value: String,
         problem: String,
     },
+}
+
+/// As its message: `main` returning the error prints it with `Debug`.
+impl std::fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// Reads settings from a variable lookup (the process environment in production).

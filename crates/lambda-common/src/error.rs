@@ -17,7 +17,7 @@ pub mod error_type {
     pub const STORE: &str = "SemaphoreStoreError";
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HandlerError {
     #[error("{0}")]
     InvalidInput(String),
@@ -53,6 +53,13 @@ impl HandlerError {
         match self {
             Self::InvalidInput(m) | Self::Fenced(m) | Self::Contention(m) | Self::Store(m) => m,
         }
+    }
+}
+
+/// "SemaphoreFenced: <message>": how the runtime logs a handler's error.
+impl std::fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.error_type(), self.message())
     }
 }
 

@@ -39,6 +39,15 @@ pub enum Outcome {
     NotHeld,
 }
 
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::NotHeld => "not_held",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseResponse {
     /// True when this call freed a slot; false when none was held (already released, cleaned
@@ -54,9 +63,8 @@ pub async fn release<S: ItemStore>(
     semaphore: &Semaphore<S>,
     payload: &Value,
 ) -> Result<ReleaseResponse, HandlerError> {
-    let ReleaseRequest { lock, identity } = ReleaseRequest::parse(payload).inspect_err(|e| {
-        tracing::warn!(error = %e, "invalid release payload");
-    })?;
+    // Bad input is logged by the runtime with the error it answers.
+    let ReleaseRequest { lock, identity } = ReleaseRequest::parse(payload)?;
     let outcome = semaphore
         .release(&lock, &identity)
         .await
@@ -78,7 +86,7 @@ pub async fn release<S: ItemStore>(
         lock = %lock,
         holder = %identity.holder,
         acquisition = %identity.acquisition,
-        outcome = ?response.outcome,
+        outcome = response.outcome.as_str(),
         count = response.count,
         "release"
     );

@@ -1,0 +1,93 @@
+//! The built `sweeper` binary run as Lambda runs it (through a stand-in Runtime API): the summary
+//! it answers and the EMF metric line it prints on stdout.
+
+use std::path::Path;
+
+use semaphore_core::{AcquisitionId, HolderId, Identity, Limit, LockName, Semaphore};
+use semaphore_tests::runtime_api::{run_function, Answer};
+use semaphore_tests::{fresh_table, sdk_config};
+use serde_json::{json, Value};
+
+const EXE: &str = env!("CARGO_BIN_EXE_sweeper");
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_binary_sweeps_and_prints_the_metric() {
+    let store = fresh_table().await;
+    let table = store.table().to_owned();
+    let sem = Semaphore::new(store);
+    let sfn = aws_sdk_sfn::Client::new(&sdk_config());
+    let machine = format!("Sweep-{:x}", fastrand::u64(..));
+    let machine_arn = sfn
+        .create_state_machine()
+        .name(&machine)
+        .definition(
+            r#"{"StartAt": "W", "States": {"W": {"Type": "Wait", "Seconds": 3600, "End": true}}}"#,
+        )
+        .role_arn("arn:aws:iam::123456789012:role/semaphore-test")
+        .send()
+        .await
+        .unwrap()
+        .state_machine_arn()
+        .to_owned();
+    let gone = format!("arn:aws:states:us-east-1:123456789012:execution:{machine}:gone");
+    sem.acquire(
+        &LockName::new("demo-lock").unwrap(),
+        &Identity::new(
+            HolderId::new(gone.as_str()).unwrap(),
+            AcquisitionId::new("g1").unwrap(),
+        ),
+        Limit::new(5).unwrap(),
+    )
+    .await
+    .unwrap();
+    let topic_arn = aws_sdk_sns::Client::new(&sdk_config())
+        .create_topic()
+        .name(format!("sweeper-binary-{:x}", fastrand::u64(..)))
+        .send()
+        .await
+        .unwrap()
+        .topic_arn()
+        .unwrap()
+        .to_owned();
+
+    let run = tokio::task::spawn_blocking(move || {
+        run_function(
+            Path::new(EXE),
+            &[
+                ("TABLE_NAME", table.as_str()),
+                ("TOPIC_ARN", topic_arn.as_str()),
+                ("STATE_MACHINE_ARN", machine_arn.as_str()),
+                ("METRIC_NAMESPACE", "Test/Semaphore"),
+            ],
+            vec![json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}})],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        run.answers,
+        [Answer::Response(json!({
+            "locks": 1,
+            "holders_checked": 1,
+            "reclaimed": 1,
+            "notices_published": 1,
+            "errors": []
+        }))],
+        "stdout: {}\nstderr: {}",
+        run.stdout,
+        run.stderr
+    );
+    // Exactly one EMF line, a JSON object of its own on stdout, among the JSON logs.
+    let emf: Vec<Value> = run
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l.get("_aws").is_some())
+        .collect();
+    assert_eq!(emf.len(), 1, "{}", run.stdout);
+    assert_eq!(emf[0]["ReclaimedSlots"], json!(1));
+    assert_eq!(
+        emf[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"],
+        json!("Test/Semaphore")
+    );
+}

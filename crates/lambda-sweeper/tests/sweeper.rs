@@ -1,0 +1,497 @@
+//! The sweeper against the local server's Step Functions, SNS and SQS: one execution stopped
+//! (ABORTED), one left RUNNING, one that never existed; the notices are read back from an SQS
+//! queue subscribed to the topic and checked field by field, and the EMF line is checked.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use lambda_common::Settings;
+use lambda_runtime::{Context, LambdaEvent};
+use lambda_sweeper::{Notice, SfnExecutions, Sweeper};
+use semaphore_core::{
+    AcquireOutcome, AcquisitionId, DynamoStore, FenceReason, HolderId, Identity, Limit, LockName,
+    Semaphore,
+};
+use semaphore_tests::{fresh_table, sdk_config};
+use serde_json::{json, Value};
+
+const ACCOUNT_REGION: &str = "us-east-1:123456789012";
+
+struct Local {
+    sfn: aws_sdk_sfn::Client,
+    sqs: aws_sdk_sqs::Client,
+    machine_arn: String,
+    machine_name: String,
+    topic_arn: String,
+    queue_url: String,
+}
+
+/// A trivial state machine whose executions wait (moto keeps them RUNNING until stopped), an
+/// SNS topic and an SQS queue subscribed to it.
+async fn local() -> Local {
+    let sdk = sdk_config();
+    let sfn = aws_sdk_sfn::Client::new(&sdk);
+    let sns = aws_sdk_sns::Client::new(&sdk);
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let suffix = format!("{:x}", fastrand::u64(..));
+
+    let machine_name = format!("LockProtected-{suffix}");
+    let definition = json!({
+        "StartAt": "Work",
+        "States": { "Work": { "Type": "Wait", "Seconds": 3600, "End": true } }
+    });
+    let machine_arn = sfn
+        .create_state_machine()
+        .name(&machine_name)
+        .definition(definition.to_string())
+        .role_arn("arn:aws:iam::123456789012:role/semaphore-test")
+        .send()
+        .await
+        .expect("create the state machine")
+        .state_machine_arn()
+        .to_owned();
+
+    let topic_arn = sns
+        .create_topic()
+        .name(format!("semaphore-alerts-{suffix}"))
+        .send()
+        .await
+        .expect("create the topic")
+        .topic_arn()
+        .expect("a topic ARN")
+        .to_owned();
+    let queue_url = sqs
+        .create_queue()
+        .queue_name(format!("semaphore-notices-{suffix}"))
+        .send()
+        .await
+        .expect("create the queue")
+        .queue_url()
+        .expect("a queue URL")
+        .to_owned();
+    let queue_arn = sqs
+        .get_queue_attributes()
+        .queue_url(&queue_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .expect("queue attributes")
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn))
+        .expect("the queue ARN")
+        .to_owned();
+    sns.subscribe()
+        .topic_arn(&topic_arn)
+        .protocol("sqs")
+        .endpoint(queue_arn)
+        .send()
+        .await
+        .expect("subscribe the queue");
+
+    Local {
+        sfn,
+        sqs,
+        machine_arn,
+        machine_name,
+        topic_arn,
+        queue_url,
+    }
+}
+
+impl Local {
+    async fn start(&self, name: &str) -> String {
+        self.sfn
+            .start_execution()
+            .state_machine_arn(&self.machine_arn)
+            .name(name)
+            .input("{}")
+            .send()
+            .await
+            .expect("start an execution")
+            .execution_arn()
+            .to_owned()
+    }
+
+    async fn stop(&self, execution: &str) {
+        self.sfn
+            .stop_execution()
+            .execution_arn(execution)
+            .send()
+            .await
+            .expect("stop the execution");
+    }
+
+    async fn status(&self, execution: &str) -> String {
+        self.sfn
+            .describe_execution()
+            .execution_arn(execution)
+            .send()
+            .await
+            .expect("describe")
+            .status()
+            .as_str()
+            .to_owned()
+    }
+
+    /// Receives and deletes messages until `want` arrived or `wait` is over.
+    async fn notices(&self, want: usize, wait: Duration) -> Vec<Value> {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + wait;
+        while got.len() < want && Instant::now() < deadline {
+            let received = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.queue_url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send()
+                .await
+                .expect("receive");
+            for message in received.messages() {
+                got.push(
+                    serde_json::from_str(message.body().expect("a body"))
+                        .expect("the SNS envelope is JSON"),
+                );
+                self.sqs
+                    .delete_message()
+                    .queue_url(&self.queue_url)
+                    .receipt_handle(message.receipt_handle().expect("a receipt handle"))
+                    .send()
+                    .await
+                    .expect("delete");
+            }
+        }
+        got
+    }
+
+    /// The sweeper as the function's `main` builds it, on `table`.
+    fn sweeper(&self, table: &str) -> Sweeper<DynamoStore, SfnExecutions> {
+        let vars = BTreeMap::from([
+            ("TABLE_NAME", table.to_owned()),
+            ("TOPIC_ARN", self.topic_arn.clone()),
+            ("STATE_MACHINE_ARN", self.machine_arn.clone()),
+        ]);
+        let settings = Settings::from_lookup(move |name| vars.get(name).cloned());
+        Sweeper::from_settings(&settings, &sdk_config()).expect("settings")
+    }
+}
+
+fn id(holder: &str, acquisition: &str) -> Identity {
+    Identity::new(
+        HolderId::new(holder).unwrap(),
+        AcquisitionId::new(acquisition).unwrap(),
+    )
+}
+
+async fn take(sem: &Semaphore<DynamoStore>, lock: &str, holder: &str, acquisition: &str) -> u64 {
+    match sem
+        .acquire(
+            &LockName::new(lock).unwrap(),
+            &id(holder, acquisition),
+            Limit::new(10).unwrap(),
+        )
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Acquired { token, .. } => token.0,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test]
+async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced() {
+    let local = local().await;
+    let running = local.start("running").await;
+    let aborted = local.start("aborted").await;
+    local.stop(&aborted).await;
+    assert_eq!(local.status(&running).await, "RUNNING");
+    assert_eq!(local.status(&aborted).await, "ABORTED");
+    let missing = format!(
+        "arn:aws:states:{ACCOUNT_REGION}:execution:{}:never-started",
+        local.machine_name
+    );
+    // Left alone: an operator's id, and an execution of a machine this sweeper does not judge.
+    let operator = "operator-1";
+    let foreign = format!("arn:aws:states:{ACCOUNT_REGION}:execution:SomeOtherMachine:run-9");
+
+    let table = fresh_table().await.table().to_owned();
+    let sweeper = local.sweeper(&table);
+    let sem = &sweeper.semaphore;
+    take(sem, "demo-lock", &running, "r1").await;
+    let aborted_token = take(sem, "demo-lock", &aborted, "a1").await;
+    let missing_token = take(sem, "demo-lock", &missing, "m1").await;
+    take(sem, "demo-lock", operator, "op").await;
+    take(sem, "demo-lock", &foreign, "f1").await;
+    let orders_token = take(sem, "orders", &aborted, "o1").await;
+    let before_sweep = now_ms();
+
+    let result = sweeper.sweep().await.expect("the sweep");
+    let summary = serde_json::to_value(&result.summary).unwrap();
+    assert_eq!(
+        summary,
+        json!({
+            "locks": 2,
+            "holders_checked": 5,
+            "reclaimed": 3,
+            "notices_published": 3,
+            "errors": []
+        })
+    );
+
+    // What is left: the running execution, the operator and the other machine's execution.
+    let demo = sem
+        .status(&LockName::new("demo-lock").unwrap())
+        .await
+        .unwrap();
+    let mut left: Vec<String> = demo.holders.keys().map(|i| i.holder.to_string()).collect();
+    left.sort();
+    let mut expected = vec![running.clone(), operator.to_owned(), foreign.clone()];
+    expected.sort();
+    assert_eq!(left, expected);
+    assert_eq!(demo.count(), 3);
+    let orders = sem.status(&LockName::new("orders").unwrap()).await.unwrap();
+    assert_eq!(orders.count(), 0);
+    // Reclaimed holders are fenced like a cleanup: a zombie acquire cannot come back.
+    assert_eq!(
+        sem.acquire(
+            &LockName::new("demo-lock").unwrap(),
+            &id(&aborted, "a2"),
+            Limit::new(10).unwrap()
+        )
+        .await
+        .unwrap(),
+        AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
+    );
+
+    // The EMF line: one dimensionless Count of 3 in the default namespace.
+    let emf: Value = serde_json::from_str(&result.emf).expect("the EMF line is JSON");
+    assert!(!result.emf.contains('\n'));
+    assert_eq!(emf["ReclaimedSlots"], json!(3));
+    let directive = &emf["_aws"]["CloudWatchMetrics"][0];
+    assert_eq!(directive["Namespace"], json!("StepFunctionsSemaphore"));
+    assert_eq!(directive["Dimensions"], json!([[]]));
+    assert_eq!(
+        directive["Metrics"],
+        json!([{"Name": "ReclaimedSlots", "Unit": "Count"}])
+    );
+    let stamp = emf["_aws"]["Timestamp"]
+        .as_u64()
+        .expect("a millisecond timestamp");
+    assert!(stamp >= before_sweep && stamp <= now_ms(), "{stamp}");
+
+    // The notices, as delivered through SNS to the subscribed queue.
+    let envelopes = local.notices(3, Duration::from_secs(10)).await;
+    assert_eq!(envelopes.len(), 3, "{envelopes:#?}");
+    let mut notices: Vec<(Value, Notice)> = envelopes
+        .into_iter()
+        .map(|envelope| {
+            let notice: Notice =
+                serde_json::from_str(envelope["Message"].as_str().expect("a message"))
+                    .expect("the message is a notice");
+            (envelope, notice)
+        })
+        .collect();
+    notices.sort_by(|a, b| (&a.1.lock, a.1.token).cmp(&(&b.1.lock, b.1.token)));
+    let expect = [
+        (
+            "demo-lock",
+            &aborted,
+            "a1",
+            aborted_token,
+            "execution status is ABORTED",
+        ),
+        (
+            "demo-lock",
+            &missing,
+            "m1",
+            missing_token,
+            "execution does not exist",
+        ),
+        (
+            "orders",
+            &aborted,
+            "o1",
+            orders_token,
+            "execution status is ABORTED",
+        ),
+    ];
+    for ((envelope, notice), (lock, holder, acquisition, token, reason)) in
+        notices.iter().zip(expect)
+    {
+        assert_eq!(envelope["Type"], json!("Notification"));
+        assert_eq!(envelope["TopicArn"], json!(local.topic_arn));
+        assert_eq!(
+            envelope["Subject"],
+            json!(format!("Semaphore slot reclaimed: {lock}"))
+        );
+        // Every field of the message, as JSON (no field more, none less).
+        let message: Value = serde_json::from_str(envelope["Message"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            message.as_object().unwrap().keys().collect::<Vec<_>>(),
+            [
+                "acquisition",
+                "held_for",
+                "held_for_ms",
+                "holder",
+                "lock",
+                "reason",
+                "swept_at",
+                "token"
+            ]
+        );
+        assert_eq!(notice.lock, lock);
+        assert_eq!(&notice.holder, holder);
+        assert_eq!(notice.acquisition, acquisition);
+        assert_eq!(notice.token, token);
+        assert_eq!(notice.reason, reason);
+        assert!(notice.held_for_ms < 60_000, "{}", notice.held_for_ms);
+        assert_eq!(
+            notice.held_for,
+            lambda_sweeper::human_duration(notice.held_for_ms)
+        );
+        assert_eq!(notice.swept_at.len(), "2024-01-01T00:00:00.000Z".len());
+        assert!(
+            notice.swept_at.starts_with("20") && notice.swept_at.ends_with('Z'),
+            "{}",
+            notice.swept_at
+        );
+        assert_eq!(
+            notice,
+            &result
+                .notices
+                .iter()
+                .find(|n| n == &notice)
+                .cloned()
+                .unwrap()
+        );
+    }
+
+    // A second sweep (through the handler, as the schedule invokes it) finds nothing more.
+    let again = lambda_sweeper::handle(
+        &sweeper,
+        LambdaEvent::new(json!({"source": "aws.events"}), Context::default()),
+    )
+    .await
+    .expect("the second sweep");
+    assert_eq!(again.reclaimed, 0);
+    assert_eq!(again.notices_published, 0);
+    assert_eq!(again.holders_checked, 3);
+    assert!(again.errors.is_empty(), "{:?}", again.errors);
+    assert!(
+        local.notices(1, Duration::from_secs(2)).await.is_empty(),
+        "no new notice"
+    );
+    assert_eq!(local.status(&running).await, "RUNNING");
+}
+
+#[tokio::test]
+async fn every_sweep_emits_the_metric_even_when_nothing_leaked() {
+    let local = local().await;
+    let table = fresh_table().await.table().to_owned();
+    let sweeper = local.sweeper(&table);
+    let result = sweeper.sweep().await.unwrap();
+    assert_eq!(result.summary, Default::default());
+    let emf: Value = serde_json::from_str(&result.emf).unwrap();
+    assert_eq!(emf["ReclaimedSlots"], json!(0));
+}
+
+#[tokio::test]
+async fn what_cannot_be_checked_or_announced_is_reported_without_failing_the_sweep() {
+    let local = local().await;
+    let table = fresh_table().await.table().to_owned();
+    // No STATE_MACHINE_ARN: every standard execution ARN is described. The topic is missing.
+    let vars = BTreeMap::from([
+        ("TABLE_NAME", table.clone()),
+        (
+            "TOPIC_ARN",
+            "arn:aws:sns:us-east-1:123456789012:no-such-topic".to_owned(),
+        ),
+    ]);
+    let settings = Settings::from_lookup(move |name| vars.get(name).cloned());
+    let sweeper = Sweeper::from_settings(&settings, &sdk_config()).unwrap();
+    let gone = format!(
+        "arn:aws:states:{ACCOUNT_REGION}:execution:{}:never-started",
+        local.machine_name
+    );
+    // An execution of another region cannot be checked from here: kept and reported.
+    let unknown = "arn:aws:states:eu-west-1:123456789012:execution:LockProtected:run-1";
+    take(&sweeper.semaphore, "demo-lock", &gone, "g1").await;
+    take(&sweeper.semaphore, "demo-lock", unknown, "u1").await;
+
+    let result = sweeper.sweep().await.unwrap();
+    // Reclaimed although its notice could not be published: the metric still counts it.
+    assert_eq!(result.summary.holders_checked, 2);
+    assert_eq!(result.summary.reclaimed, 1);
+    assert_eq!(result.summary.notices_published, 0);
+    assert_eq!(
+        result.summary.errors.len(),
+        2,
+        "{:?}",
+        result.summary.errors
+    );
+    assert!(
+        result.summary.errors[0].starts_with(&format!(
+            "{unknown}: an execution in region eu-west-1, and this sweeper runs in us-east-1"
+        )),
+        "{:?}",
+        result.summary.errors
+    );
+    assert!(
+        result.summary.errors[1]
+            .starts_with(&format!("notice for {gone} on demo-lock not published: ")),
+        "{:?}",
+        result.summary.errors
+    );
+    let emf: Value = serde_json::from_str(&result.emf).unwrap();
+    assert_eq!(emf["ReclaimedSlots"], json!(1));
+    let left = sweeper
+        .semaphore
+        .status(&LockName::new("demo-lock").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        left.holders.keys().cloned().collect::<Vec<_>>(),
+        [id(unknown, "u1")]
+    );
+}
+
+#[test]
+fn a_missing_topic_or_a_bad_state_machine_arn_stops_the_cold_start() {
+    let build = |vars: &[(&'static str, &'static str)]| {
+        let vars: BTreeMap<&str, String> =
+            vars.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        let settings = Settings::from_lookup(move |name| vars.get(name).cloned());
+        Sweeper::from_settings(&settings, &sdk_config()).map(|_| ())
+    };
+    assert_eq!(
+        build(&[("TABLE_NAME", "t")]).unwrap_err().to_string(),
+        "environment variable TOPIC_ARN is not set: set it to the ARN of the SNS topic that gets a \
+         notice per reclaimed slot"
+    );
+    assert_eq!(
+        build(&[("TOPIC_ARN", "arn:aws:sns:us-east-1:123456789012:t")])
+            .unwrap_err()
+            .to_string(),
+        "environment variable TABLE_NAME is not set: set it to the semaphore table's name \
+         (template.yaml sets it for every function)"
+    );
+    let err = build(&[
+        ("TABLE_NAME", "t"),
+        ("TOPIC_ARN", "arn:aws:sns:us-east-1:123456789012:t"),
+        ("STATE_MACHINE_ARN", "LockProtected"),
+    ])
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("environment variable STATE_MACHINE_ARN is \"LockProtected\": expected"),
+        "{err}"
+    );
+}
