@@ -6,18 +6,41 @@ check (lost updates were reproduced here with Python's switch interval lowered).
 applies each conditional write atomically. Wrapping the whole WSGI app in one lock restores that
 atomicity, so the concurrency tests test our protocol and not moto's threading.
 
+Optional Lambda bridge (the local run, `local/run.sh`): with --lambda-endpoint, the one route a
+Lambda invoke uses, `POST /2015-03-31/functions/<name or ARN>/invocations`, is forwarded to a
+local Lambda emulator (`cargo lambda watch`) instead of moto, which would start Docker. Moto's
+Step Functions interpreter calls every service over HTTP at localhost:$MOTO_PORT, so its
+`lambda:invoke` tasks then run our Rust Lambda binaries. The function name is the last segment
+of the ARN (`...:function:acquire` -> `acquire`, a `:qualifier` is dropped). A forwarded call
+does NOT hold the serialization lock: the Lambda calls DynamoDB back through this server.
+
+With the bridge on, one deviation of moto's Step Functions interpreter from AWS is also fixed:
+StopExecution of an execution whose Task state is waiting for a Lambda leaves it RUNNING until
+the Lambda answers. On AWS the execution is ABORTED at once and the Lambda runs on (a zombie):
+exactly the situation the semaphore must survive, so the local run needs it. The patch replaces
+one method of the pinned moto (checked by a digest of its source: a moto upgrade that changes
+it stops the server with an error rather than silently running without it).
+
 Usage: python moto_server.py [--port N] [--port-file PATH] [--parent-pid PID]
+                             [--lambda-endpoint URL]
   --port 0 picks a free port; the chosen port is printed and written to --port-file.
   With --parent-pid the server exits when that process is gone (a test binary that spawned
   it cannot run destructors on exit).
+  --lambda-endpoint URL forwards every Lambda invoke to the emulator at URL. Without it, the
+  server is moto alone, as before.
 """
 
 import argparse
+import json
 import os
 import socket
 import sys
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
 
 
 def serialized(app):
@@ -29,6 +52,204 @@ def serialized(app):
             return [b"".join(app(environ, start_response))]
 
     return wrapped
+
+
+INVOKE_PREFIX = "/2015-03-31/functions/"
+INVOKE_SUFFIX = "/invocations"
+# Request headers of the Invoke API that the emulator understands; everything else is moto's.
+FORWARDED_REQUEST_HEADERS = ("X-Amz-Invocation-Type", "X-Amz-Log-Type", "X-Amz-Client-Context")
+
+
+def function_name(path):
+    """`/2015-03-31/functions/<name or ARN>/invocations` -> the bare function name, else None."""
+    if not (path.startswith(INVOKE_PREFIX) and path.endswith(INVOKE_SUFFIX)):
+        return None
+    target = urllib.parse.unquote(path[len(INVOKE_PREFIX) : -len(INVOKE_SUFFIX)])
+    if not target or "/" in target:
+        return None
+    if ":function:" in target:
+        # arn:aws:lambda:REGION:ACCOUNT:function:NAME[:QUALIFIER]
+        target = target.split(":function:", 1)[1]
+    return target.split(":", 1)[0] or None
+
+
+def invoke_response(start_response, status, content_type, payload):
+    """Answers as the Lambda Invoke API does, which is not what the emulator does.
+
+    A function error is HTTP 200 with `X-Amz-Function-Error: Unhandled` and the error document
+    (`{"errorType", "errorMessage"}`) as the payload: that is what Step Functions turns into a
+    named error for Retry/Catch. cargo lambda's emulator answers it with HTTP 500 instead, which
+    botocore (and so moto's interpreter) would take for a failure of the Lambda service itself.
+    Every answer carries a request id, as botocore expects.
+    """
+    headers = [
+        ("Content-Type", content_type),
+        ("X-Amz-Executed-Version", "$LATEST"),
+        ("x-amzn-RequestId", str(uuid.uuid4())),
+    ]
+    if status == 200:
+        start_response("200 OK", headers + [("Content-Length", str(len(payload)))])
+        return [payload]
+    try:
+        document = json.loads(payload)
+    except ValueError:
+        document = None
+    if status == 500 and isinstance(document, dict) and "errorType" in document:
+        headers.append(("X-Amz-Function-Error", "Unhandled"))
+        start_response("200 OK", headers + [("Content-Length", str(len(payload)))])
+        return [payload]
+    # Anything else is the emulator refusing the call (e.g. an unknown function): a service
+    # error, shaped like one.
+    error_type = "ResourceNotFoundException" if status == 404 else "ServiceException"
+    body = json.dumps(
+        {"Type": "Service", "message": payload.decode("utf-8", "replace")[:2000]}
+    ).encode()
+    headers = [h for h in headers if h[0] != "Content-Type"] + [
+        ("Content-Type", "application/json"),
+        ("x-amzn-ErrorType", error_type),
+        ("Content-Length", str(len(body))),
+    ]
+    code = status if status >= 400 else 502
+    start_response(f"{code} {'Not Found' if code == 404 else 'Error'}", headers)
+    return [body]
+
+
+def lambda_bridge(app, endpoint):
+    """Forwards Lambda invokes to the emulator at `endpoint`; everything else goes to app."""
+
+    def wrapped(environ, start_response):
+        name = None
+        if environ.get("REQUEST_METHOD") == "POST":
+            # PATH_INFO is already percent-decoded by the WSGI server; RAW_URI/REQUEST_URI
+            # are not. Either form works with function_name().
+            name = function_name(environ.get("PATH_INFO", ""))
+        if name is None:
+            return app(environ, start_response)
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        url = f"{endpoint.rstrip('/')}{INVOKE_PREFIX}{urllib.parse.quote(name, safe='')}{INVOKE_SUFFIX}"
+        request = urllib.request.Request(url, data=body, method="POST")
+        request.add_header("Content-Type", environ.get("CONTENT_TYPE") or "application/json")
+        for header in FORWARDED_REQUEST_HEADERS:
+            value = environ.get("HTTP_" + header.upper().replace("-", "_"))
+            if value:
+                request.add_header(header, value)
+        try:
+            # Longer than any function's timeout in template.yaml (the sweeper's 300 s).
+            response = urllib.request.urlopen(request, timeout=900)
+        except urllib.error.HTTPError as error:
+            response = error
+        except OSError as error:
+            message = f"lambda bridge: {url} unreachable: {error}".encode()
+            return invoke_response(start_response, 502, "text/plain", message)
+        with response:
+            payload = response.read()
+            status = getattr(response, "status", None) or response.code
+            content_type = response.headers.get("Content-Type") or "application/json"
+        return invoke_response(start_response, status, content_type, payload)
+
+    return wrapped
+
+
+# sha256 of the source of moto 5.2.5's ExecutionState._evaluate_with_timeout, the method that
+# patch_stop_aborts_waiting_tasks() replaces.
+EVALUATE_WITH_TIMEOUT_SHA256 = "c56deda08a42e98d3958bfb2ab95de74c7ec7a515085614a80e1ea4948722485"
+
+
+def patch_stop_aborts_waiting_tasks():
+    """Makes a Task state stop waiting for its work when the execution is stopped or timed out.
+
+    Moto's version waits for the task's worker thread for up to TimeoutSeconds without looking
+    at the execution's state. This one waits in slices and, once the execution is no longer
+    running, closes the task's frame and returns: the state then ends without output, the
+    execution records ExecutionAborted and reports ABORTED, and the worker thread (the Lambda
+    call) carries on unobserved, as a Lambda does on AWS after StopExecution.
+    """
+    import copy
+    import hashlib
+    import inspect
+
+    from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import (
+        EvalTimeoutError,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec import execute_state
+    from moto.stepfunctions.parser.utils import TMP_THREADS
+
+    state_class = execute_state.ExecutionState
+    source = inspect.getsource(state_class._evaluate_with_timeout)
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    if digest != EVALUATE_WITH_TIMEOUT_SHA256:
+        raise SystemExit(
+            "moto_server.py: moto's ExecutionState._evaluate_with_timeout is not the one the "
+            f"StopExecution patch was written for (sha256 {digest}); moto is pinned in "
+            "local/requirements.txt: review the patch before changing the pin"
+        )
+
+    def _evaluate_with_timeout(self, env):
+        self.timeout.eval(env=env)
+        timeout_seconds = env.stack.pop()
+
+        frame = env.open_frame()
+        frame.states.reset(input_value=env.states.get_input())
+        frame.stack = copy.deepcopy(env.stack)
+        execution_outputs = []
+        execution_exceptions = [None]
+        terminated_event = threading.Event()
+
+        def _exec_and_notify():
+            try:
+                self._eval_execution(frame)
+                execution_outputs.extend(frame.stack)
+            except Exception as ex:
+                execution_exceptions.append(ex)
+            terminated_event.set()
+
+        thread = threading.Thread(target=_exec_and_notify, daemon=True)
+        TMP_THREADS.append(thread)
+        thread.start()
+
+        deadline = time.monotonic() + timeout_seconds
+        finished_on_time = False
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if terminated_event.wait(min(remaining, 0.1)):
+                finished_on_time = True
+                break
+            if not env.is_running():
+                # Stopped (or timed out) while the task runs: leave it running, unobserved.
+                env.close_frame(frame)
+                return
+        frame.set_ended()
+        env.close_frame(frame)
+
+        execution_exception = execution_exceptions.pop()
+        if execution_exception:
+            raise execution_exception
+
+        if not finished_on_time:
+            raise EvalTimeoutError()
+
+        execution_output = execution_outputs.pop()
+        env.stack.append(execution_output)
+
+        if not self._is_language_query_jsonpath():
+            env.states.set_result(execution_output)
+
+        if self.assign_decl:
+            self.assign_decl.eval(env=env)
+
+        if self.result_selector:
+            self.result_selector.eval(env=env)
+
+        if self.result_path:
+            self.result_path.eval(env)
+        else:
+            res = env.stack.pop()
+            env.states.reset(input_value=res)
+
+    state_class._evaluate_with_timeout = _evaluate_with_timeout
 
 
 def watch_parent(pid):
@@ -45,7 +266,10 @@ def main():
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--port-file")
     parser.add_argument("--parent-pid", type=int)
+    parser.add_argument("--lambda-endpoint", metavar="URL")
     args = parser.parse_args()
+    if args.lambda_endpoint and not args.lambda_endpoint.startswith("http://"):
+        parser.error("--lambda-endpoint: expected http://HOST:PORT")
 
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
@@ -62,6 +286,9 @@ def main():
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     app = serialized(DomainDispatcherApplication(create_backend_app))
+    if args.lambda_endpoint:
+        patch_stop_aborts_waiting_tasks()
+        app = lambda_bridge(app, args.lambda_endpoint)
     server = make_server(
         "127.0.0.1", args.port, app, threaded=True, request_handler=NoDelayHandler
     )
@@ -75,7 +302,8 @@ def main():
         with open(tmp, "w") as f:
             f.write(str(port))
         os.replace(tmp, args.port_file)
-    print(f"moto (serialized) listening on http://127.0.0.1:{port}", flush=True)
+    bridge = f", Lambda invokes -> {args.lambda_endpoint}" if args.lambda_endpoint else ""
+    print(f"moto (serialized) listening on http://127.0.0.1:{port}{bridge}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

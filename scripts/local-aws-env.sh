@@ -37,3 +37,14 @@ start_local_aws() {
   export LOCAL_AWS_ENDPOINT
   echo "local AWS (moto, serialized) at $LOCAL_AWS_ENDPOINT" >&2
 }
+
+# ensure_emulator: adds the pinned Lambda emulator (cargo-lambda, local/requirements-emulator.txt)
+# to .venv, for the local run. --no-deps: its only dependency (ziglang) is for cross builds.
+ensure_emulator() {
+  local stamp="$VENV/.requirements-emulator"
+  if [ ! -x "$VENV/bin/cargo-lambda" ] || ! cmp -s "$ROOT/local/requirements-emulator.txt" "$stamp"; then
+    echo "adding the Lambda emulator to $VENV (cargo-lambda, pinned in local/requirements-emulator.txt)" >&2
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$ROOT/local/requirements-emulator.txt"
+    cp "$ROOT/local/requirements-emulator.txt" "$stamp"
+  fi
+}

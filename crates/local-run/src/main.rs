@@ -1,0 +1,317 @@
+//! `local-run`: the whole app on a local AWS, with chaos, a live view and a report.
+//!
+//! It starts moto's server on 127.0.0.1 (serialized, Step Functions execution mode on, Lambda
+//! invokes bridged to `cargo lambda watch`), runs our four Lambda binaries as the emulator's
+//! function instances, deploys table, topic and the four state machines from `template.yaml`,
+//! then starts many executions of the lock-protected machine while it plays EventBridge (with
+//! dropped, duplicated and late events) and the sweeper's schedule (compressed), stops some
+//! executions mid-acquire (their acquire write held in flight by a delaying proxy: the seed
+//! race) or mid-work, and watches the table with an independent poller. It ends with a report
+//! and exits 1 if an invariant failed.
+//!
+//! `--protocol reference` is a test-only mode: the same chaos against the original AWS sample's
+//! protocol (no version, no fence, no sweeper), to show the leak the seed describes.
+
+mod events;
+mod local_aws;
+mod poller;
+mod procs;
+mod progress;
+mod proxy;
+mod reference;
+mod report;
+mod template;
+mod versioned;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::events::EventChaos;
+use crate::procs::Supervisor;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Protocol {
+    /// This project: versioned, fenced writes, cleanup machine and sweeper.
+    Versioned,
+    /// TEST-ONLY: the original AWS sample's protocol, to show the leak it has.
+    Reference,
+}
+
+/// Runs the semaphore's real state machines and Rust Lambdas on a local AWS (127.0.0.1), breaks
+/// things on purpose, and reports whether the semaphore held.
+#[derive(Debug, Parser)]
+#[command(name = "local-run", version)]
+pub struct Args {
+    /// Executions of the lock-protected state machine to start at once.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=999))]
+    pub executions: u32,
+    /// The semaphore's limit (the template's ConcurrencyLimit parameter).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: u32,
+    /// Seconds of protected work per execution (its "work_seconds" input).
+    #[arg(long, default_value_t = 2)]
+    pub work_seconds: u32,
+    /// Share of executions whose work fails ("fail": true).
+    #[arg(long, default_value_t = 0.10)]
+    pub fail_share: f64,
+    /// Share of executions stopped while their acquire write is held in flight (the seed race).
+    #[arg(long, default_value_t = 0.05)]
+    pub stop_mid_acquire: f64,
+    /// Share of executions stopped while they hold a slot.
+    #[arg(long, default_value_t = 0.05)]
+    pub stop_mid_work: f64,
+    /// How long the delaying proxy holds such an acquire write, in seconds.
+    #[arg(long, default_value_t = 4.0)]
+    pub hold_seconds: f64,
+    /// Share of status-change events never delivered.
+    #[arg(long, default_value_t = 0.15)]
+    pub drop_events: f64,
+    /// Share of status-change events delivered twice.
+    #[arg(long, default_value_t = 0.20)]
+    pub duplicate_events: f64,
+    /// Share of deliveries made late.
+    #[arg(long, default_value_t = 0.20)]
+    pub late_events: f64,
+    /// A late delivery comes up to this many seconds after the event.
+    #[arg(long, default_value_t = 8.0)]
+    pub late_by: f64,
+    /// No chaos at all: no stops, no held writes, every event delivered once, on time.
+    #[arg(long)]
+    pub calm: bool,
+    /// The sweeper's schedule, compressed: one sweep every this many seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub sweep_every: f64,
+    /// Give up waiting for the executions after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+    /// Seed of every random choice (plan and chaos); random when not given.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Which protocol to run. `reference` is a TEST-ONLY mode: the original sample's protocol,
+    /// run directly against the same local table and chaos, to show its leak.
+    #[arg(long, value_enum, default_value_t = Protocol::Versioned)]
+    pub protocol: Protocol,
+    /// Instances of the acquire function (Lambda concurrency).
+    #[arg(long, default_value_t = 8)]
+    pub acquire_instances: usize,
+    /// The repository (template.yaml, statemachines/, local/moto_server.py).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))]
+    pub root: PathBuf,
+    /// Python with the pinned moto (default: ROOT/.venv/bin/python).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// The pinned cargo-lambda binary (default: ROOT/.venv/bin/cargo-lambda).
+    #[arg(long)]
+    pub cargo_lambda: Option<PathBuf>,
+    /// Do not `cargo build` the Lambda binaries first.
+    #[arg(long)]
+    pub no_build: bool,
+}
+
+impl Args {
+    pub fn event_chaos(&self) -> EventChaos {
+        if self.calm {
+            return EventChaos {
+                drop: 0.0,
+                duplicate: 0.0,
+                late: 0.0,
+                late_by: Duration::ZERO,
+            };
+        }
+        EventChaos {
+            drop: self.drop_events,
+            duplicate: self.duplicate_events,
+            late: self.late_events,
+            late_by: Duration::from_secs_f64(self.late_by.max(1.0)),
+        }
+    }
+
+    /// (fail, stop mid-acquire, stop mid-work) shares.
+    pub fn shares(&self) -> (f64, f64, f64) {
+        if self.calm {
+            (self.fail_share, 0.0, 0.0)
+        } else {
+            (self.fail_share, self.stop_mid_acquire, self.stop_mid_work)
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("--fail-share", self.fail_share),
+            ("--stop-mid-acquire", self.stop_mid_acquire),
+            ("--stop-mid-work", self.stop_mid_work),
+            ("--drop-events", self.drop_events),
+            ("--duplicate-events", self.duplicate_events),
+            ("--late-events", self.late_events),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{name} must be a share from 0 to 1, got {v}"));
+            }
+        }
+        if self.fail_share + self.stop_mid_acquire + self.stop_mid_work > 1.0 {
+            return Err(
+                "--fail-share, --stop-mid-acquire and --stop-mid-work add up to more than 1"
+                    .to_owned(),
+            );
+        }
+        for (name, v) in [
+            ("--hold-seconds", self.hold_seconds),
+            ("--late-by", self.late_by),
+            ("--sweep-every", self.sweep_every),
+        ] {
+            if !(0.0..=600.0).contains(&v) || (name == "--sweep-every" && v < 0.5) {
+                return Err(format!("{name} out of range: {v}"));
+            }
+        }
+        if self.acquire_instances == 0 {
+            return Err("--acquire-instances must be at least 1".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// The executions' roles, chosen up front: exact counts, shuffled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Normal,
+    Fail,
+    StopMidAcquire,
+    StopMidWork,
+}
+
+pub fn plan_roles(n: usize, shares: (f64, f64, f64), rng: &mut fastrand::Rng) -> Vec<Role> {
+    let count = |share: f64| ((n as f64) * share).round() as usize;
+    let (fail, acquire, work) = (count(shares.0), count(shares.1), count(shares.2));
+    let mut roles = Vec::with_capacity(n);
+    roles.extend(std::iter::repeat_n(Role::Fail, fail.min(n)));
+    roles.extend(std::iter::repeat_n(Role::StopMidAcquire, acquire));
+    roles.extend(std::iter::repeat_n(Role::StopMidWork, work));
+    roles.truncate(n);
+    roles.resize(n, Role::Normal);
+    rng.shuffle(&mut roles);
+    roles
+}
+
+fn run_dir(root: &std::path::Path) -> Result<PathBuf, String> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let dir = local_aws::target_dir(root)
+        .join("local-run")
+        .join(format!("{stamp}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+async fn run(args: &Args, supervisor: &Supervisor) -> Result<report::Report, String> {
+    args.validate()?;
+    let root = args
+        .root
+        .canonicalize()
+        .map_err(|e| format!("--root {}: {e}", args.root.display()))?;
+    let dir = run_dir(&root)?;
+    let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+    progress::phase(&format!(
+        "local run ({:?} protocol), seed {seed}, logs in {}",
+        args.protocol,
+        dir.display()
+    ));
+    match args.protocol {
+        Protocol::Versioned => versioned::run(args, &root, &dir, seed, supervisor).await,
+        Protocol::Reference => reference::run(args, &root, &dir, seed, supervisor).await,
+    }
+}
+
+async fn shutdown_signal() -> &'static str {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return "Ctrl-C";
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "Ctrl-C",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let supervisor = Arc::new(Supervisor::new());
+    let started = std::time::Instant::now();
+    let outcome = tokio::select! {
+        result = run(&args, &supervisor) => Some(result),
+        signal = shutdown_signal() => {
+            eprintln!("\n{signal}: stopping every process this run started");
+            None
+        }
+    };
+    supervisor.stop_all();
+    let code = match outcome {
+        None => 130,
+        Some(Err(e)) => {
+            eprintln!("local-run failed: {e}");
+            2
+        }
+        Some(Ok(mut report)) => {
+            report.wall_seconds = started.elapsed().as_secs_f64();
+            print!("{}", report.render());
+            if let Some(path) = &args.json {
+                let json = serde_json::to_string_pretty(&report).expect("report serializes");
+                if let Err(e) = std::fs::write(path, json + "\n") {
+                    eprintln!("cannot write {}: {e}", path.display());
+                    std::process::exit(2);
+                }
+            }
+            if report.ok {
+                0
+            } else {
+                1
+            }
+        }
+    };
+    std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_exact_counts() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let roles = plan_roles(100, (0.1, 0.05, 0.05), &mut rng);
+        let n = |r| roles.iter().filter(|x| **x == r).count();
+        assert_eq!(
+            (
+                n(Role::Fail),
+                n(Role::StopMidAcquire),
+                n(Role::StopMidWork),
+                n(Role::Normal)
+            ),
+            (10, 5, 5, 80)
+        );
+        let roles = plan_roles(3, (0.5, 0.5, 0.5), &mut rng);
+        assert_eq!(roles.len(), 3);
+    }
+
+    #[test]
+    fn the_cli_parses_and_validates() {
+        let args = Args::parse_from(["local-run", "--executions", "20", "--limit", "3"]);
+        assert!(args.validate().is_ok());
+        let bad = Args::parse_from(["local-run", "--drop-events", "1.5"]);
+        assert!(bad.validate().is_err());
+        let calm = Args::parse_from(["local-run", "--calm"]);
+        assert_eq!(calm.shares().1, 0.0);
+        assert_eq!(calm.event_chaos().drop, 0.0);
+    }
+}

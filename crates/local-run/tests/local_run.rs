@@ -1,0 +1,186 @@
+//! The local run end to end: the README's first command, short, with chaos on; and the same
+//! chaos against the original sample's protocol (the reference mode), which must leak, so that
+//! the check is shown able to fail.
+//!
+//! They need the local AWS tools (.venv with the pinned moto and cargo-lambda) and take a minute
+//! or two each, so they are ignored by a plain `cargo test`; `bash local/test.sh` installs the
+//! tools and runs them (CI does).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde_json::Value;
+
+/// How long the proxy holds the acquire write of an execution stopped mid-acquire: past the end
+/// of the contention, so that the write arrives when slots are free, as in the seed's scenario
+/// (the sample's conditional write is refused anyway when the lock is full on arrival).
+const HOLD_SECONDS: &str = "10";
+
+/// One run at a time: each starts its own local AWS, and the machine has 2 cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs local-run with `args` and `--json`; returns (exit code, report).
+fn local_run(name: &str, args: &[&str]) -> (i32, Value) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = root();
+    for tool in [".venv/bin/python", ".venv/bin/cargo-lambda"] {
+        assert!(
+            root.join(tool).exists(),
+            "{tool} is missing: run these tests with `bash local/test.sh`, which installs the \
+             pinned moto and cargo-lambda"
+        );
+    }
+    let json = std::env::temp_dir().join(format!("local-run-{name}-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&json);
+    let started = Instant::now();
+    let status = Command::new(env!("CARGO_BIN_EXE_local-run"))
+        .args(args)
+        .arg("--root")
+        .arg(&root)
+        .arg("--json")
+        .arg(&json)
+        .status()
+        .expect("start local-run");
+    eprintln!(
+        "local-run {name}: {status} after {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    let report = std::fs::read_to_string(&json)
+        .unwrap_or_else(|e| panic!("local-run {name} wrote no report ({status}): {e}"));
+    let report: Value = serde_json::from_str(&report).expect("the report is JSON");
+    let _ = std::fs::remove_file(&json);
+    (status.code().unwrap_or(-1), report)
+}
+
+fn n(report: &Value, pointer: &str) -> u64 {
+    report
+        .pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{pointer} missing from the report: {report:#}"))
+}
+
+#[test]
+#[ignore = "needs the local AWS tools and ~1 minute: run by `bash local/test.sh`"]
+fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
+    let (code, report) = local_run(
+        "short",
+        &[
+            "--executions",
+            "20",
+            "--limit",
+            "3",
+            "--work-seconds",
+            "1",
+            "--fail-share",
+            "0.1",
+            "--stop-mid-acquire",
+            "0.15",
+            "--stop-mid-work",
+            "0.15",
+            "--hold-seconds",
+            HOLD_SECONDS,
+            "--drop-events",
+            "0.3",
+            "--duplicate-events",
+            "0.3",
+            "--late-events",
+            "0.3",
+            "--late-by",
+            "6",
+            "--sweep-every",
+            "3",
+        ],
+    );
+    let checks = report["checks"].as_array().expect("checks");
+    for check in checks {
+        assert_eq!(check["ok"], true, "invariant failed: {check:#}");
+    }
+    assert_eq!(code, 0, "exit status with every invariant held: {report:#}");
+    assert_eq!(report["ok"], true);
+    assert!(n(&report, "/max_concurrent_holders") <= 3);
+    assert!(n(&report, "/max_concurrent_holders") >= 1);
+    assert_eq!(n(&report, "/poller/count_mismatches"), 0);
+    assert_eq!(n(&report, "/leaked_slots_at_end"), 0);
+    assert_eq!(n(&report, "/executions/total"), 20);
+    assert_eq!(n(&report, "/executions/unexpected"), 0);
+    assert_eq!(n(&report, "/executions/failed_as_planned"), 2);
+    // The seed race happened: 3 executions were stopped while their acquire write was held,
+    // and every such write was either refused as stale or (its cleanup event dropped or late)
+    // landed and then reclaimed.
+    assert_eq!(
+        n(&report, "/executions/stopped_mid_acquire"),
+        3,
+        "{report:#}"
+    );
+    let held = n(&report, "/delayed_acquire_writes/held");
+    assert_eq!(held, 3);
+    assert_eq!(
+        n(&report, "/delayed_acquire_writes/rejected_stale")
+            + n(&report, "/delayed_acquire_writes/landed"),
+        held
+    );
+    // EventBridge was played: every failed or stopped execution matched the template's rule.
+    assert!(n(&report, "/events/matched") >= 2 + 3);
+    assert_eq!(
+        n(&report, "/sweeper/reclaimed"),
+        n(&report, "/sweeper/notices_read_back")
+    );
+    assert!(n(&report, "/sweeper/sweeps") >= 1);
+    assert_eq!(n(&report, "/cleanup_executions/failed"), 0);
+    assert_eq!(report["fencing_tokens_unique"], true);
+}
+
+#[test]
+#[ignore = "needs the local AWS tools and ~1 minute: run by `bash local/test.sh`"]
+fn the_same_race_leaks_slots_in_the_original_sample_protocol() {
+    // The same held writes; every status event delivered on time (some twice), so the cleanup
+    // always runs before the write lands: the leak is the seed race alone (F1).
+    let (code, report) = local_run(
+        "reference",
+        &[
+            "--protocol",
+            "reference",
+            "--executions",
+            "20",
+            "--limit",
+            "3",
+            "--work-seconds",
+            "1",
+            "--fail-share",
+            "0.1",
+            "--stop-mid-acquire",
+            "0.1",
+            "--stop-mid-work",
+            "0.1",
+            "--hold-seconds",
+            HOLD_SECONDS,
+            "--drop-events",
+            "0",
+            "--duplicate-events",
+            "0.3",
+            "--late-events",
+            "0",
+        ],
+    );
+    assert_eq!(code, 1, "the reference run must fail its check: {report:#}");
+    assert_eq!(report["ok"], false);
+    let s2 = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == "S2 no leak")
+        .expect("an S2 check");
+    assert_eq!(s2["ok"], false, "{s2:#}");
+    // Both stopped-mid-acquire executions' writes landed after their cleanup: both slots leak.
+    assert_eq!(n(&report, "/delayed_acquire_writes/held"), 2);
+    assert_eq!(n(&report, "/delayed_acquire_writes/landed"), 2);
+    assert_eq!(n(&report, "/leaked_slots_at_end"), 2, "{report:#}");
+    // Safety itself held: the sample's flaw is the leak, not over-admission.
+    assert!(n(&report, "/max_concurrent_holders") <= 3);
+}
