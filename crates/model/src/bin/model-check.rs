@@ -1,0 +1,205 @@
+//! Runs the model check for a configuration given on the command line.
+//!
+//! `cargo run --release -p semaphore-model --bin model-check -- --executions 4 --limit 2`
+//! checks the product's protocol; `--protocol sample` the AWS sample's (which must fail);
+//! `--variant <name>` a deliberately broken variant of the product's. Exit status: 0 if the
+//! result is the expected one, 1 if not, 2 for bad arguments.
+
+use std::process::ExitCode;
+
+use semaphore_model::world::MAX_EXECUTIONS;
+use semaphore_model::{explore, ours_world, sample_world, Config, Variant};
+
+const USAGE: &str = "\
+usage: model-check [options]
+The world starts as the one `cargo test` checks (3 executions, limit 1, one retry each, one
+death, lost and late events, late writes, a final sweep); options change it.
+  --every-fault              start from every fault at once instead: duplicated and lost events,
+                             lost writes, a sweep at any moment, work failures, release
+                             timeouts, every execution may die
+  --protocol ours|sample     which protocol to check (default: ours)
+  --variant NAME             a broken variant of ours: real (default), cleanup-without-fence,
+                             cleanup-skips-when-nothing-held, release-without-fence,
+                             unconditional-writes
+  --executions N             executions contending (default 3)
+  --limit N                  the lock's limit (default 1)
+  --retries N                Step Functions retries per execution (default 1)
+  --polls N                  more acquires after 'full' before giving up (default: any
+                             number; an execution may give up after any 'full')
+  --max-writes N             conditional writes per attempt before contention (default 2)
+  --deaths N                 executions that may die (default 1; all with --every-fault)
+  --duplicates N             cleanup events that may be delivered twice (default 0)
+  --sweeps N                 sweeps at any moment, besides the final one (default 0)
+  --no-sweeper               no sweeper at all
+  --no-lost-events           cleanup events are never lost
+  --lost-writes              writes in flight may be lost
+  --no-lost-writes           writes in flight are never lost
+  --work-failures            the protected work may fail
+  --release-timeouts         Step Functions may also time out and retry a running release
+  --max-states N             stop after N states (the result is then incomplete)
+  --exact                    identify states exactly, not up to renaming the executions and
+                             version numbers (slower; for checking the reduction)
+Exit status: 0 if ours passes (or the sample / a broken variant fails, as it must), 1 otherwise.";
+
+struct Args {
+    sample: bool,
+    exact: bool,
+    variant: Variant,
+    config: Config,
+    max_states: Option<u64>,
+}
+
+fn parse() -> Result<Args, String> {
+    let every_fault = std::env::args().any(|a| a == "--every-fault");
+    let mut args = Args {
+        sample: false,
+        exact: false,
+        variant: Variant::Real,
+        config: if every_fault {
+            Config::every_fault(3, 1)
+        } else {
+            Config::small(1)
+        },
+        max_states: None,
+    };
+    let mut deaths = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| -> Result<u64, String> {
+            let text = it.next().ok_or(format!("{name} needs a value"))?;
+            text.parse()
+                .map_err(|_| format!("{name}: {text:?} is not a whole number"))
+        };
+        let small =
+            |n: u64, name: &str| u8::try_from(n).map_err(|_| format!("{name}: {n} is too large"));
+        let c = &mut args.config;
+        match flag.as_str() {
+            "--protocol" => {
+                args.sample = match it.next().as_deref() {
+                    Some("ours") => false,
+                    Some("sample") => true,
+                    other => {
+                        return Err(format!(
+                            "--protocol: expected ours or sample, got {other:?}"
+                        ))
+                    }
+                }
+            }
+            "--variant" => {
+                let name = it.next().unwrap_or_default();
+                args.variant =
+                    Variant::parse(&name).ok_or(format!("--variant: unknown variant {name:?}"))?;
+            }
+            "--executions" => c.executions = small(value(&flag)?, &flag)?,
+            "--limit" => {
+                c.limit = u32::try_from(value(&flag)?).map_err(|_| "--limit is too large")?
+            }
+            "--retries" => c.retries = small(value(&flag)?, &flag)?,
+            "--polls" => c.polls = Some(small(value(&flag)?, &flag)?),
+            "--max-writes" => c.max_writes = small(value(&flag)?, &flag)?,
+            "--deaths" => deaths = Some(small(value(&flag)?, &flag)?),
+            "--duplicates" => c.duplicates = small(value(&flag)?, &flag)?,
+            "--sweeps" => c.sweeps = small(value(&flag)?, &flag)?,
+            "--no-sweeper" => c.sweeper = false,
+            "--no-lost-events" => c.lost_events = false,
+            "--no-lost-writes" => c.lost_writes = false,
+            "--lost-writes" => c.lost_writes = true,
+            "--every-fault" => {}
+            "--exact" => args.exact = true,
+            "--work-failures" => c.work_failures = true,
+            "--release-timeouts" => c.release_timeouts = true,
+            "--max-states" => args.max_states = Some(value(&flag)?),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    let c = &mut args.config;
+    if !(1..=MAX_EXECUTIONS).contains(&usize::from(c.executions)) {
+        return Err(format!("--executions must be from 1 to {MAX_EXECUTIONS}"));
+    }
+    if !(1..=100).contains(&c.limit) {
+        return Err("--limit must be from 1 to 100".into());
+    }
+    if c.max_writes == 0 {
+        return Err("--max-writes must be at least 1".into());
+    }
+    if let Some(deaths) = deaths {
+        c.deaths = deaths;
+    } else if every_fault {
+        c.deaths = c.executions;
+    }
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(args) => args,
+        Err(problem) => {
+            if !problem.is_empty() {
+                eprintln!("model-check: {problem}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let (what, report, must_fail) = if args.sample {
+        let world = sample_world(args.config);
+        let world = if args.exact { world.exact() } else { world };
+        (
+            "the AWS sample's protocol".to_owned(),
+            explore(&world, args.max_states),
+            true,
+        )
+    } else {
+        let world = ours_world(args.config, args.variant);
+        let world = if args.exact { world.exact() } else { world };
+        (
+            format!("the product's protocol, variant {}", args.variant.name()),
+            explore(&world, args.max_states),
+            args.variant != Variant::Real,
+        )
+    };
+    let config = if args.sample {
+        Config {
+            sweeper: false,
+            ..args.config
+        }
+    } else {
+        args.config
+    };
+    println!("model check of {what}");
+    println!("world: {config}");
+    println!("states explored: {}", report.states);
+    println!("transitions:     {}", report.transitions);
+    println!("max depth:       {}", report.max_depth);
+    println!("time:            {:.2?}", report.elapsed);
+    match &report.counterexample {
+        Some(cex) => {
+            println!(
+                "result:          {} VIOLATED; counterexample ({} steps):",
+                cex.violation.property,
+                cex.steps.len()
+            );
+            println!("{cex}");
+        }
+        None if report.complete => {
+            println!("result:          no violation of S1, S2, S3 or L1 in any reachable state")
+        }
+        None => {
+            println!("result:          INCOMPLETE: stopped at --max-states, no violation so far")
+        }
+    }
+    let as_expected = if must_fail {
+        report.counterexample.is_some()
+    } else {
+        report.passed()
+    };
+    if as_expected {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,77 @@
+//! An exhaustive model check of the semaphore protocol.
+//!
+//! A breadth-first explorer ([`explore`]) visits every reachable state of a small world
+//! ([`world`]): `K` executions run by the lock-protected state machine, each of whose Lambda
+//! attempts reads and writes the table in separate steps; writes land arbitrarily late and in
+//! any order, or are lost; Step Functions retries attempts while the old ones keep running;
+//! executions die at any point and leave zombies; cleanup events are lost, duplicated and
+//! reordered; a sweeper runs at any moment. Every decision of the product's protocol is made by
+//! the core's real transitions and conditional put ([`ours`]); the same world also runs the AWS
+//! sample's protocol ([`sample`]), where the checker finds the seed race.
+//!
+//! Properties checked in every reachable state:
+//! - **S1**: no more than `limit` holders; the stored count equals the holders; no more than
+//!   `limit` live executions are working under the lock, and each of them is a stored holder.
+//! - **S3**: an execution for which a release or cleanup write has landed never holds again.
+//! - **S2**: an execution that has ended, with none of its requests in flight and every cleanup
+//!   event for it delivered, holds nothing; and once everything has ended and every request
+//!   and event is delivered or lost, one sweep leaves nothing held.
+//! - **L1** (what is expressible here): no deadlock (every state short of the end has a
+//!   successor), and a running execution is never refused (fenced).
+//!
+//! How the state space is kept small, without losing behaviours:
+//! - states are identified up to a renaming of the executions, and (for the product's
+//!   protocol) up to the values of the version counter: only whether each write in flight
+//!   still expects the stored version matters (see `Ours::symmetric`); an execution that has
+//!   finished is identified by that alone. A test explores small worlds both ways and compares
+//!   the verdicts;
+//! - the fate of a cleanup event (delivered, lost, delivered twice) is chosen when it is
+//!   emitted, which is equivalent to choosing it later;
+//! - a sweep that finds no holder whose execution has ended is not explored (it changes
+//!   nothing), and the sweeper's cleanups of several holders may overlap (a superset of the
+//!   real one-at-a-time order);
+//! - an execution told "full" may wait and poll any number of times, or give up (a superset of
+//!   every bound on polls, with no counter to tell states apart).
+//!
+//! Not covered: time. The model's clock stands still, so no fence expires during a run: a write
+//! delayed for longer than the fence window (`DEFAULT_FENCE_WINDOW`, 5 minutes) is outside the
+//! model, as are starvation and fairness (a waiting execution may poll for ever; backoff and
+//! jitter are real-time matters), clock skew, partitions other than delayed or lost requests,
+//! a failing read, several locks, and several acquisitions per execution.
+
+pub mod explore;
+pub mod hash;
+pub mod ours;
+pub mod sample;
+pub mod world;
+
+pub use explore::{explore, Counterexample, Report, Violation};
+pub use ours::{Ours, Variant};
+pub use sample::Sample;
+pub use world::{Config, World};
+
+/// Checks the product's protocol (or a broken `variant` of it) in the world `config`.
+pub fn check_ours(config: Config, variant: Variant, max_states: Option<u64>) -> Report {
+    explore(&ours_world(config, variant), max_states)
+}
+
+/// The world `config` around the product's protocol (or a broken `variant` of it).
+pub fn ours_world(config: Config, variant: Variant) -> World<Ours> {
+    let protocol = Ours::new(config.executions, config.limit, config.max_writes, variant);
+    World::new(protocol, config)
+}
+
+/// Checks the AWS sample's protocol in the world `config`, without a sweeper (the sample has
+/// none).
+pub fn check_sample(config: Config, max_states: Option<u64>) -> Report {
+    explore(&sample_world(config), max_states)
+}
+
+/// The world `config` around the AWS sample's protocol, without a sweeper (it has none).
+pub fn sample_world(config: Config) -> World<Sample> {
+    let config = Config {
+        sweeper: false,
+        ..config
+    };
+    World::new(Sample::new(config.limit), config)
+}

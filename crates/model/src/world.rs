@@ -1,0 +1,1134 @@
+//! The world the protocol runs in: executions driven by the lock-protected state machine, their
+//! Lambda attempts (with Step Functions retries, deaths and zombies), DynamoDB requests that land
+//! arbitrarily late or are lost, cleanup events that are lost, duplicated or reordered, and a
+//! sweeper. Which protocol decides what each request does is a [`Protocol`]: the product's (the
+//! core's real transitions and conditional put) or the original AWS sample's.
+//!
+//! Each step of the world is one atomic thing happening at DynamoDB, or one decision of Step
+//! Functions, EventBridge or an execution:
+//!
+//! - an attempt (one Lambda invocation) advances: a read, or the landing of its write in flight
+//!   (a conditional write is sent when decided and lands at any later step, in any order with
+//!   every other request); on a conflict it decides again from the item the failed write returned,
+//!   as `Semaphore::apply` does, up to `max_writes` writes;
+//! - a write in flight is lost (the attempt ends with an error);
+//! - Step Functions retries an attempt (a timeout or a lost response): the old attempt keeps
+//!   running as a zombie and a new one starts with the same acquisition id;
+//! - an execution finishes its work and calls release (or its work fails and it releases, then
+//!   fails), or dies at any point, leaving its attempts running as zombies;
+//! - a cleanup event (emitted when an execution dies or fails) is delivered (its cleanup reads at
+//!   once), lost or duplicated; events are delivered in any order and arbitrarily late;
+//! - the sweeper lists the lock and then cleans up the holders whose execution has ended (as
+//!   `DescribeExecution` would say at that moment); its cleanups of several holders may overlap,
+//!   a superset of the real sweeper's one-at-a-time order that keeps the world symmetric.
+//!
+//! The lock-protected state machine around an execution's attempts: acquire; on "full" wait and
+//! acquire again (at most `polls` more times, or any number of times), or give up; on
+//! "acquired" work, then release; after giving up, or an acquire error once the retries are
+//! used, release and fail; on "fenced" fail. Ending FAILED (or dying) emits a cleanup event;
+//! SUCCEEDED does not.
+//!
+//! States are identified up to a renaming of the executions (they are interchangeable) and, for
+//! the product's protocol, up to the values of the version counter (see [`Protocol`]'s
+//! `phase_key`): two states that differ only so have the same future, renamed.
+
+use std::fmt::{self, Debug};
+use std::hash::Hash;
+
+use crate::explore::{Model, Violation};
+use crate::hash::{hash_one, Fingerprint};
+
+/// The size and the faults of the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Executions contending for the lock (at most [`MAX_EXECUTIONS`]), `exec-1` ... `exec-K`.
+    pub executions: u8,
+    /// The lock's limit.
+    pub limit: u32,
+    /// Step Functions retries per execution: a new attempt of the acquire Task (or of the
+    /// release Task, after an error, or after a timeout if `release_timeouts`) while the old
+    /// one may still be running.
+    pub retries: u8,
+    /// Step Functions may also time out a running release attempt and retry it (not only
+    /// acquire attempts).
+    pub release_timeouts: bool,
+    /// How many more times an execution told "full" acquires again before it gives up; `None`:
+    /// any number of times, and it may give up after any "full" (a superset of every bound,
+    /// with fewer states, since no count is kept).
+    pub polls: Option<u8>,
+    /// Conditional writes one attempt sends before giving up with a contention error
+    /// (`RetryPolicy::max_attempts`, made small).
+    pub max_writes: u8,
+    /// How many executions may die (be stopped or time out) in one run.
+    pub deaths: u8,
+    /// How many times in one run EventBridge may deliver a cleanup event twice.
+    pub duplicates: u8,
+    /// Cleanup events may be lost.
+    pub lost_events: bool,
+    /// Writes in flight may be lost (the attempt then fails with an error).
+    pub lost_writes: bool,
+    /// The protected work may fail (the execution releases, then fails, emitting an event).
+    pub work_failures: bool,
+    /// A sweeper runs (`sweeps` times at any moments, and once more when everything has ended).
+    pub sweeper: bool,
+    /// Sweeps at arbitrary moments while executions run (besides the final one).
+    pub sweeps: u8,
+}
+
+impl Config {
+    /// The world `cargo test` checks for a given limit: 3 executions, one Step Functions retry
+    /// each (zombie attempts), one of them may die (a zombie of a dead execution), cleanup
+    /// events may be lost, late and reordered, writes land arbitrarily late, and the final
+    /// sweep. Duplicated events, lost writes and sweeps during the run multiply the states
+    /// (see [`Config::every_fault`] and the `model-check` binary for those).
+    pub fn small(limit: u32) -> Self {
+        Self {
+            executions: 3,
+            limit,
+            retries: 1,
+            release_timeouts: false,
+            polls: None,
+            max_writes: 2,
+            deaths: 1,
+            duplicates: 0,
+            lost_events: true,
+            lost_writes: false,
+            work_failures: false,
+            sweeper: true,
+            sweeps: 0,
+        }
+    }
+
+    /// Every fault at once: duplicated and lost events, lost writes, a sweep at any moment,
+    /// work failures, timeouts of release attempts, and as many deaths as executions.
+    pub fn every_fault(executions: u8, limit: u32) -> Self {
+        Self {
+            executions,
+            limit,
+            retries: 1,
+            release_timeouts: true,
+            polls: None,
+            max_writes: 2,
+            deaths: executions,
+            duplicates: 1,
+            lost_events: true,
+            lost_writes: true,
+            work_failures: true,
+            sweeper: true,
+            sweeps: 1,
+        }
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plural =
+            |n: u8, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let mut faults = vec![plural(self.deaths, "death", "deaths")];
+        faults.push("late and reordered writes and events".to_owned());
+        if self.lost_events {
+            faults.push("lost events".to_owned());
+        }
+        if self.duplicates > 0 {
+            faults.push(plural(
+                self.duplicates,
+                "duplicated event",
+                "duplicated events",
+            ));
+        }
+        if self.lost_writes {
+            faults.push("lost writes".to_owned());
+        }
+        if self.work_failures {
+            faults.push("work failures".to_owned());
+        }
+        write!(
+            f,
+            "{} executions, limit {}; each with {} ({}), {} after \"full\", up to {} per call; \
+             {}; sweeper: {}",
+            self.executions,
+            self.limit,
+            plural(
+                self.retries,
+                "Step Functions retry",
+                "Step Functions retries"
+            ),
+            if self.release_timeouts {
+                "acquire or release"
+            } else {
+                "acquire"
+            },
+            self.polls.map_or("any number of polls".to_owned(), |n| {
+                plural(n, "poll", "polls")
+            }),
+            plural(self.max_writes, "write", "writes"),
+            faults.join(", "),
+            if !self.sweeper {
+                "none".to_owned()
+            } else if self.sweeps == 0 {
+                "one sweep at the end".to_owned()
+            } else {
+                format!(
+                    "{} at any moment and one at the end",
+                    plural(self.sweeps, "sweep", "sweeps")
+                )
+            }
+        )
+    }
+}
+
+/// What an attempt does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpKind {
+    /// Acquire a slot for the execution's (single) acquisition.
+    Acquire,
+    /// Release the execution's acquisition.
+    Release,
+    /// Clean up everything the (ended) execution holds.
+    Cleanup,
+}
+
+/// One call of the protocol on behalf of execution `exec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Op {
+    pub kind: OpKind,
+    pub exec: u8,
+}
+
+/// How a call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Answer {
+    /// Acquire: the identity holds a slot (newly or already).
+    Acquired,
+    /// Acquire: no slot free.
+    Full,
+    /// Acquire: refused for good.
+    Fenced,
+    /// Release or cleanup: done (whether or not anything was held).
+    Done,
+    /// The write limit was reached with every write conflicting.
+    Contention,
+    /// A request was lost: the caller sees an error.
+    Lost,
+}
+
+/// Where an attempt goes after one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Next<P> {
+    Continue(P),
+    Finished(Answer),
+}
+
+/// One atomic step of an attempt at the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Advance<I, P> {
+    /// The stored item after the step.
+    pub store: Option<I>,
+    /// Whether the step wrote (a write landed).
+    pub wrote: bool,
+    pub next: Next<P>,
+}
+
+/// A semaphore protocol: what is stored and what each request of each call does to it.
+pub trait Protocol {
+    /// The stored item (compact and hashable).
+    type Item: Copy + Eq + Hash + Debug;
+    /// Where an attempt is: about to read, or with a write in flight, and its bookkeeping.
+    type Phase: Copy + Eq + Hash + Ord + Debug;
+
+    fn name(&self) -> &'static str;
+    /// The item before any execution starts.
+    fn initial_item(&self) -> Option<Self::Item>;
+    /// The phase of a new attempt of `op`.
+    fn start(&self, op: Op) -> Self::Phase;
+    /// What a new attempt of `op` has done so far, in words (e.g. "sent UpdateItem").
+    fn describe_start(&self, op: Op) -> String;
+    /// Whether the attempt has a write in flight (which may land or be lost).
+    fn in_flight(&self, phase: Self::Phase) -> bool;
+    /// The attempt's next atomic step against the stored item. With `log`, appends what the
+    /// step did in words.
+    fn advance(
+        &self,
+        op: Op,
+        phase: Self::Phase,
+        store: Option<Self::Item>,
+        log: Option<&mut String>,
+    ) -> Advance<Self::Item, Self::Phase>;
+    /// The executions that hold a slot (bit i: `exec-(i+1)`).
+    fn holders(&self, store: Option<Self::Item>) -> u32;
+    /// The number of holders the item records (its count attribute, or derived).
+    fn stored_count(&self, store: Option<Self::Item>) -> i64;
+    fn describe(&self, store: Option<Self::Item>) -> String;
+
+    /// Whether states may be identified by the keys below, up to a renaming of the executions.
+    /// If not, a state is identified by all of it.
+    fn symmetric(&self) -> bool;
+    /// What of the stored item is about no execution in particular and can make a difference
+    /// from now on.
+    fn item_key(&self, store: Option<Self::Item>) -> u64;
+    /// What of the stored item is about execution `e` and can make a difference from now on;
+    /// with `item_key`, this must determine the item up to what makes no difference.
+    fn item_exec_key(&self, store: Option<Self::Item>, e: u8) -> u64;
+    /// What of an attempt's phase can make a difference from now on, given the stored item.
+    fn phase_key(&self, phase: Self::Phase, store: Option<Self::Item>) -> u64;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum End {
+    Succeeded,
+    Failed,
+    Died,
+    /// Failed because a live acquire was answered "fenced" (must never happen).
+    Refused,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Stage {
+    Acquiring,
+    /// Told "full", in the state machine's Wait state (only with unbounded polls).
+    Waiting,
+    Holding,
+    Releasing {
+        failed: bool,
+    },
+    Ended(End),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Exec {
+    stage: Stage,
+    retries_left: u8,
+    polls_left: u8,
+    /// Lambda invocations so far (to number attempts in traces); 0 once ended.
+    invocations: u8,
+}
+
+impl Exec {
+    fn alive(&self) -> bool {
+        !matches!(self.stage, Stage::Ended(_))
+    }
+}
+
+/// Who waits for an attempt's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Role {
+    /// The execution's current Task attempt.
+    Awaited,
+    /// Nobody: its execution died or Step Functions moved on to a newer attempt.
+    Zombie,
+    /// The cleanup machine, for a cleanup event.
+    Event,
+    /// The sweeper.
+    Sweep,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Attempt<P> {
+    op: Op,
+    role: Role,
+    /// The execution's invocation number (acquire and release attempts), 0 for cleanups.
+    nth: u8,
+    phase: P,
+}
+
+/// A state of the world.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct State<I, P> {
+    store: Option<I>,
+    /// The executions; entries from `Config::executions` on are unused.
+    execs: [Exec; MAX_EXECUTIONS],
+    /// Running attempts, sorted.
+    attempts: Vec<Attempt<P>>,
+    /// Cleanup events not delivered yet, per execution.
+    events: [u8; MAX_EXECUTIONS],
+    duplicates_left: u8,
+    deaths_left: u8,
+    sweeps_left: u8,
+    /// Executions a release or cleanup write for which has landed (for S3).
+    retired: u32,
+    /// Executions a cleanup event for which was lost.
+    lost: u32,
+    /// The event emitted by the step being taken (none between steps).
+    emitted: Option<u8>,
+}
+
+/// The world around a protocol, explorable by [`crate::explore::explore`].
+pub struct World<P> {
+    pub protocol: P,
+    pub config: Config,
+    /// Identify states up to renaming and version numbers (see `identify`); off, every
+    /// difference counts (for checking that the reduction changes no verdict).
+    pub reduce: bool,
+}
+
+/// The most executions a world can have.
+pub const MAX_EXECUTIONS: usize = 8;
+
+pub fn exec_name(e: u8) -> String {
+    format!("exec-{}", e + 1)
+}
+
+fn names(mask: u32) -> String {
+    let names: Vec<String> = (0..32u8)
+        .filter(|e| mask & (1 << e) != 0)
+        .map(exec_name)
+        .collect();
+    names.join(", ")
+}
+
+impl<P: Protocol> World<P> {
+    pub fn new(protocol: P, config: Config) -> Self {
+        assert!(
+            (1..=MAX_EXECUTIONS).contains(&usize::from(config.executions)),
+            "1 to {MAX_EXECUTIONS} executions"
+        );
+        Self {
+            protocol,
+            config,
+            reduce: true,
+        }
+    }
+
+    /// The same world, explored without identifying states up to renaming and versions.
+    pub fn exact(self) -> Self {
+        Self {
+            reduce: false,
+            ..self
+        }
+    }
+
+    fn execs<'s>(&self, s: &'s State<P::Item, P::Phase>) -> &'s [Exec] {
+        &s.execs[..self.config.executions as usize]
+    }
+
+    fn ended_mask(&self, s: &State<P::Item, P::Phase>) -> u32 {
+        self.execs(s)
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| !x.alive())
+            .fold(0, |m, (e, _)| m | (1 << e))
+    }
+
+    fn attempt_name(&self, a: &Attempt<P::Phase>) -> String {
+        let exec = exec_name(a.op.exec);
+        match (a.role, a.op.kind) {
+            (Role::Event, _) => format!("cleanup (event) for {exec}"),
+            (Role::Sweep, _) => format!("sweeper's cleanup of {exec}"),
+            (role, kind) => format!(
+                "{exec} {} #{}{}",
+                match kind {
+                    OpKind::Acquire => "acquire",
+                    OpKind::Release => "release",
+                    OpKind::Cleanup => "cleanup",
+                },
+                a.nth,
+                if role == Role::Zombie {
+                    " (zombie)"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+
+    fn quiescent(&self, s: &State<P::Item, P::Phase>) -> bool {
+        self.execs(s).iter().all(|x| !x.alive())
+            && s.attempts.is_empty()
+            && s.events.iter().all(|&n| n == 0)
+    }
+
+    fn sweeping(s: &State<P::Item, P::Phase>) -> bool {
+        s.attempts.iter().any(|a| a.role == Role::Sweep)
+    }
+
+    /// Starts a new invocation of `kind` for execution `e`, awaited by it.
+    fn invoke(&self, s: &mut State<P::Item, P::Phase>, e: u8, kind: OpKind, words: &mut Words) {
+        let op = Op { kind, exec: e };
+        let x = &mut s.execs[e as usize];
+        x.invocations += 1;
+        let attempt = Attempt {
+            op,
+            role: Role::Awaited,
+            nth: x.invocations,
+            phase: self.protocol.start(op),
+        };
+        words.say(|| {
+            format!(
+                "{} starts ({})",
+                self.attempt_name(&attempt),
+                self.protocol.describe_start(op)
+            )
+        });
+        s.attempts.push(attempt);
+    }
+
+    /// Ends execution `e`; its running attempts become zombies. FAILED (and a death) emits a
+    /// cleanup event, SUCCEEDED does not.
+    fn end(&self, s: &mut State<P::Item, P::Phase>, e: u8, how: End, words: &mut Words) {
+        s.execs[e as usize] = Exec {
+            stage: Stage::Ended(how),
+            retries_left: 0,
+            polls_left: 0,
+            invocations: 0,
+        };
+        if how != End::Succeeded {
+            // What becomes of the event (delivered, lost, or delivered twice) is chosen when it
+            // is emitted, see `fan_out`.
+            debug_assert!(s.emitted.is_none(), "one step ends at most one execution");
+            s.emitted = Some(e);
+            words.say(|| format!("; a cleanup event for {} is emitted", exec_name(e)));
+        }
+        for a in s.attempts.iter_mut() {
+            if a.op.exec == e && a.role == Role::Awaited {
+                let running = *a;
+                a.role = Role::Zombie;
+                words.say(|| {
+                    format!(
+                        "; {} keeps running as a zombie",
+                        self.attempt_name(&running)
+                    )
+                });
+            }
+        }
+    }
+
+    /// The execution's reaction to the answer of its current attempt.
+    fn answered(
+        &self,
+        s: &mut State<P::Item, P::Phase>,
+        a: Attempt<P::Phase>,
+        answer: Answer,
+        words: &mut Words,
+    ) {
+        let e = a.op.exec;
+        let name = || exec_name(e);
+        let x = s.execs[e as usize];
+        match (a.op.kind, answer) {
+            (OpKind::Acquire, Answer::Acquired) => {
+                s.execs[e as usize].stage = Stage::Holding;
+                words.say(|| format!(" => {} holds a slot and does its work", name()));
+            }
+            (OpKind::Acquire, Answer::Full) if self.config.polls.is_none() => {
+                s.execs[e as usize].stage = Stage::Waiting;
+                words.say(|| format!(" => {} waits", name()));
+            }
+            (OpKind::Acquire, Answer::Full) if x.polls_left > 0 => {
+                s.execs[e as usize].polls_left -= 1;
+                words.say(|| format!(" => {} waits, then ", name()));
+                self.invoke(s, e, OpKind::Acquire, words);
+            }
+            (OpKind::Acquire, Answer::Full) => {
+                s.execs[e as usize].stage = Stage::Releasing { failed: true };
+                words.say(|| format!(" => {} gives up waiting; ", name()));
+                self.invoke(s, e, OpKind::Release, words);
+            }
+            (OpKind::Acquire, Answer::Fenced) => {
+                words.say(|| format!(" => {} is refused and fails", name()));
+                self.end(s, e, End::Refused, words);
+            }
+            (kind, Answer::Contention | Answer::Lost) if x.retries_left > 0 => {
+                s.execs[e as usize].retries_left -= 1;
+                words.say(|| " => Step Functions retries the task: ".to_owned());
+                self.invoke(s, e, kind, words);
+            }
+            (OpKind::Acquire, Answer::Contention | Answer::Lost) => {
+                s.execs[e as usize].stage = Stage::Releasing { failed: true };
+                words.say(|| " => acquire failed for good; ".to_owned());
+                self.invoke(s, e, OpKind::Release, words);
+            }
+            (OpKind::Release, Answer::Done) => {
+                if matches!(x.stage, Stage::Releasing { failed: true }) {
+                    words.say(|| format!(" => {} fails", name()));
+                    self.end(s, e, End::Failed, words);
+                } else {
+                    words.say(|| format!(" => {} succeeds", name()));
+                    self.end(s, e, End::Succeeded, words);
+                }
+            }
+            (OpKind::Release, _) => {
+                words.say(|| format!(" => release failed for good; {} fails", name()));
+                self.end(s, e, End::Failed, words);
+            }
+            (kind, answer) => unreachable!("{kind:?} answered {answer:?}"),
+        }
+    }
+
+    /// What happens when attempt `a` has finished with `answer`.
+    fn finished(
+        &self,
+        s: &mut State<P::Item, P::Phase>,
+        a: Attempt<P::Phase>,
+        answer: Answer,
+        words: &mut Words,
+    ) {
+        match a.role {
+            Role::Awaited => self.answered(s, a, answer, words),
+            Role::Zombie => words.say(|| " (nobody waits for the answer)".to_owned()),
+            Role::Event => {
+                if matches!(answer, Answer::Contention | Answer::Lost) {
+                    s.events[a.op.exec as usize] += 1;
+                    words.say(|| " => the cleanup machine will retry it".to_owned());
+                }
+            }
+            Role::Sweep => {}
+        }
+    }
+
+    /// One step of attempt `a`, which the caller has taken out of `s.attempts`.
+    fn step(&self, s: &mut State<P::Item, P::Phase>, a: Attempt<P::Phase>, words: &mut Words) {
+        let advance = self.protocol.advance(a.op, a.phase, s.store, words.log());
+        s.store = advance.store;
+        if advance.wrote && a.op.kind != OpKind::Acquire {
+            // A release or cleanup for this execution has landed: from now on it must never
+            // hold a slot again (S3).
+            s.retired |= 1 << a.op.exec;
+        }
+        match advance.next {
+            Next::Continue(phase) => s.attempts.push(Attempt { phase, ..a }),
+            Next::Finished(answer) => self.finished(s, a, answer, words),
+        }
+    }
+
+    /// What identifies execution `e` in state `s`, apart from its name (see `identify`).
+    fn exec_key(&self, s: &State<P::Item, P::Phase>, e: u8, holders: u32) -> u64 {
+        let x = s.execs[e as usize];
+        let pending = s.events[e as usize] > 0 || s.attempts.iter().any(|a| a.op.exec == e);
+        // How an execution ended makes no difference to what happens next (its event, if any,
+        // is already emitted), except that a refusal violates L1.
+        let stage = match x.stage {
+            Stage::Ended(how) => Err(how == End::Refused),
+            stage => Ok(stage),
+        };
+        if stage.is_err() && !pending && holders & (1 << e) == 0 {
+            // Finished: nothing will ever act for this execution again, and only requests for
+            // it could read what the item says about it.
+            return hash_one(&stage);
+        }
+        // The attempts for this execution, as a multiset: sorted keys.
+        let mut attempts = [0u64; 32];
+        let mut n = 0;
+        for a in s.attempts.iter().filter(|a| a.op.exec == e) {
+            assert!(
+                n < attempts.len(),
+                "more than 32 attempts for one execution"
+            );
+            attempts[n] = hash_one(&(a.op.kind, a.role, self.protocol.phase_key(a.phase, s.store)));
+            n += 1;
+        }
+        let attempts = &mut attempts[..n];
+        attempts.sort_unstable();
+        let bit = |mask: u32| mask & (1 << e) != 0;
+        hash_one(&(
+            (stage, x.retries_left, x.polls_left),
+            self.protocol.item_exec_key(s.store, e),
+            &*attempts,
+            s.events[e as usize],
+            bit(s.retired),
+            bit(s.lost),
+        ))
+    }
+
+    /// Adds the successor `t`, once for each fate of the cleanup event the step emitted (if it
+    /// did): delivered once, lost, or delivered twice. Choosing the fate at emission loses no
+    /// behaviour: a pending event does nothing until it is delivered, so losing it later is
+    /// the same as losing it at once, and a second copy emitted now can still be delivered at
+    /// any later moment.
+    fn fan_out(
+        &self,
+        mut t: State<P::Item, P::Phase>,
+        words: Words,
+        out: &mut Vec<State<P::Item, P::Phase>>,
+        labels: Option<&mut Vec<String>>,
+    ) {
+        let Some(e) = t.emitted.take() else {
+            Self::normalize(&mut t);
+            out.push(t);
+            if let Some(labels) = labels {
+                labels.push(words.into_string());
+            }
+            return;
+        };
+        let mut fates = vec![(t.clone(), words.clone())];
+        fates[0].0.events[e as usize] += 1;
+        if self.config.lost_events {
+            let mut lost = t.clone();
+            lost.lost |= 1 << e;
+            let mut words = words.clone();
+            words.say(|| " (it will be lost)".to_owned());
+            fates.push((lost, words));
+        }
+        if t.duplicates_left > 0 {
+            let mut twice = t;
+            twice.duplicates_left -= 1;
+            twice.events[e as usize] += 2;
+            let mut words = words;
+            words.say(|| " (EventBridge will deliver it twice)".to_owned());
+            fates.push((twice, words));
+        }
+        let mut labels = labels;
+        for (mut t, words) in fates {
+            Self::normalize(&mut t);
+            out.push(t);
+            if let Some(labels) = labels.as_deref_mut() {
+                labels.push(words.into_string());
+            }
+        }
+    }
+
+    fn normalize(s: &mut State<P::Item, P::Phase>) {
+        s.attempts.sort_unstable();
+    }
+
+    /// The last sweep, once everything has ended: every holder is cleaned up, one at a time,
+    /// with nothing else running. Returns the item afterwards and what was done.
+    fn final_sweep(&self, store: Option<P::Item>, logging: bool) -> (Option<P::Item>, String) {
+        let mut store = store;
+        let mut log = String::new();
+        let holders = self.protocol.holders(store);
+        for e in 0..self.config.executions {
+            if holders & (1 << e) == 0 {
+                continue;
+            }
+            let op = Op {
+                kind: OpKind::Cleanup,
+                exec: e,
+            };
+            let mut phase = self.protocol.start(op);
+            if logging {
+                log.push_str(&format!(" cleanup of {}:", exec_name(e)));
+            }
+            for _ in 0..=u32::from(self.config.max_writes) * 2 + 2 {
+                let mut words = String::new();
+                let advance =
+                    self.protocol
+                        .advance(op, phase, store, logging.then_some(&mut words));
+                if logging {
+                    log.push_str(&format!(" {words};"));
+                }
+                store = advance.store;
+                match advance.next {
+                    Next::Continue(next) => phase = next,
+                    Next::Finished(_) => break,
+                }
+            }
+        }
+        (store, log)
+    }
+}
+
+/// Words for a trace, produced only when a trace is being printed.
+#[derive(Clone)]
+pub struct Words(Option<String>);
+
+impl Words {
+    fn new(on: bool) -> Self {
+        Self(on.then(String::new))
+    }
+
+    fn say(&mut self, words: impl FnOnce() -> String) {
+        if let Some(text) = &mut self.0 {
+            text.push_str(&words());
+        }
+    }
+
+    fn log(&mut self) -> Option<&mut String> {
+        self.0.as_mut()
+    }
+
+    fn into_string(self) -> String {
+        self.0.unwrap_or_default()
+    }
+}
+
+impl<P: Protocol> Model for World<P> {
+    type State = State<P::Item, P::Phase>;
+
+    fn initial(&self) -> Self::State {
+        let c = &self.config;
+        let mut s = State {
+            store: self.protocol.initial_item(),
+            execs: [Exec {
+                stage: Stage::Ended(End::Succeeded),
+                retries_left: 0,
+                polls_left: 0,
+                invocations: 0,
+            }; MAX_EXECUTIONS],
+            attempts: Vec::new(),
+            events: [0; MAX_EXECUTIONS],
+            duplicates_left: c.duplicates,
+            deaths_left: c.deaths,
+            sweeps_left: if c.sweeper { c.sweeps } else { 0 },
+            retired: 0,
+            lost: 0,
+            emitted: None,
+        };
+        for x in &mut s.execs[..c.executions as usize] {
+            *x = Exec {
+                stage: Stage::Acquiring,
+                retries_left: c.retries,
+                polls_left: c.polls.unwrap_or(0),
+                invocations: 0,
+            };
+        }
+        for e in 0..c.executions {
+            self.invoke(&mut s, e, OpKind::Acquire, &mut Words::new(false));
+        }
+        Self::normalize(&mut s);
+        s
+    }
+
+    fn describe_initial(&self, s: &Self::State) -> String {
+        format!(
+            "{}; the lock: {}; {} start, each with acquire #1 ({})",
+            self.protocol.name(),
+            self.protocol.describe(s.store),
+            names((1 << self.config.executions) - 1),
+            self.protocol.describe_start(Op {
+                kind: OpKind::Acquire,
+                exec: 0
+            }),
+        )
+    }
+
+    fn successors(
+        &self,
+        s: &Self::State,
+        out: &mut Vec<Self::State>,
+        mut labels: Option<&mut Vec<String>>,
+    ) {
+        let on = labels.is_some();
+        let mut emit = |t: Self::State, words: Words| {
+            self.fan_out(t, words, out, labels.as_deref_mut());
+        };
+
+        // An attempt takes its next step at the table, or its write in flight is lost.
+        for (i, &a) in s.attempts.iter().enumerate() {
+            let mut t = s.clone();
+            t.attempts.remove(i);
+            let mut words = Words::new(on);
+            words.say(|| format!("{}: ", self.attempt_name(&a)));
+            self.step(&mut t, a, &mut words);
+            emit(t, words);
+
+            if self.config.lost_writes && self.protocol.in_flight(a.phase) {
+                let mut t = s.clone();
+                t.attempts.remove(i);
+                let mut words = Words::new(on);
+                words.say(|| {
+                    format!(
+                        "{}: its write is lost in the network",
+                        self.attempt_name(&a)
+                    )
+                });
+                self.finished(&mut t, a, Answer::Lost, &mut words);
+                emit(t, words);
+            }
+        }
+
+        for e in 0..self.config.executions {
+            let x = s.execs[e as usize];
+            if x.stage == Stage::Waiting {
+                let mut t = s.clone();
+                t.execs[e as usize].stage = Stage::Acquiring;
+                let mut words = Words::new(on);
+                words.say(|| format!("{} is done waiting: ", exec_name(e)));
+                self.invoke(&mut t, e, OpKind::Acquire, &mut words);
+                emit(t, words);
+                let mut t = s.clone();
+                t.execs[e as usize].stage = Stage::Releasing { failed: true };
+                let mut words = Words::new(on);
+                words.say(|| format!("{} gives up waiting: ", exec_name(e)));
+                self.invoke(&mut t, e, OpKind::Release, &mut words);
+                emit(t, words);
+            }
+            if x.stage == Stage::Holding {
+                let mut t = s.clone();
+                t.execs[e as usize].stage = Stage::Releasing { failed: false };
+                let mut words = Words::new(on);
+                words.say(|| format!("{} finishes its work: ", exec_name(e)));
+                self.invoke(&mut t, e, OpKind::Release, &mut words);
+                emit(t, words);
+                if self.config.work_failures {
+                    let mut t = s.clone();
+                    t.execs[e as usize].stage = Stage::Releasing { failed: true };
+                    let mut words = Words::new(on);
+                    words.say(|| format!("{}'s work fails: ", exec_name(e)));
+                    self.invoke(&mut t, e, OpKind::Release, &mut words);
+                    emit(t, words);
+                }
+            }
+            if !x.alive() {
+                continue;
+            }
+            // Step Functions gives up waiting for the current attempt (a timeout, or its
+            // response was lost) and starts another with the same input.
+            if x.retries_left > 0 {
+                if let Some(i) = s.attempts.iter().position(|a| {
+                    a.op.exec == e
+                        && a.role == Role::Awaited
+                        && (a.op.kind == OpKind::Acquire || self.config.release_timeouts)
+                }) {
+                    let mut t = s.clone();
+                    let old = t.attempts[i];
+                    t.attempts[i].role = Role::Zombie;
+                    t.execs[e as usize].retries_left -= 1;
+                    let mut words = Words::new(on);
+                    words.say(|| {
+                        format!(
+                            "Step Functions times out {} (it keeps running as a zombie) and retries: ",
+                            self.attempt_name(&old)
+                        )
+                    });
+                    self.invoke(&mut t, e, old.op.kind, &mut words);
+                    emit(t, words);
+                }
+            }
+            if s.deaths_left > 0 {
+                let mut t = s.clone();
+                t.deaths_left -= 1;
+                let mut words = Words::new(on);
+                words.say(|| format!("{} dies (stopped or timed out)", exec_name(e)));
+                self.end(&mut t, e, End::Died, &mut words);
+                emit(t, words);
+            }
+        }
+
+        // Cleanup events are delivered in any order and at any time; the cleanup reads at once.
+        for e in 0..self.config.executions {
+            if s.events[e as usize] == 0 {
+                continue;
+            }
+            let mut t = s.clone();
+            t.events[e as usize] -= 1;
+            let op = Op {
+                kind: OpKind::Cleanup,
+                exec: e,
+            };
+            let a = Attempt {
+                op,
+                role: Role::Event,
+                nth: 0,
+                phase: self.protocol.start(op),
+            };
+            let mut words = Words::new(on);
+            words.say(|| {
+                format!(
+                    "the cleanup event for {} is delivered; cleanup: ",
+                    exec_name(e)
+                )
+            });
+            self.step(&mut t, a, &mut words);
+            emit(t, words);
+        }
+
+        // The sweeper lists the lock and asks about every holder. A sweep that finds no holder
+        // whose execution has ended does nothing but use up a sweep, so it is not explored: its
+        // successor can do no more than the state it comes from.
+        let ended = self.protocol.holders(s.store) & self.ended_mask(s);
+        if self.config.sweeper && !Self::sweeping(s) && s.sweeps_left > 0 && ended != 0 {
+            let mut t = s.clone();
+            t.sweeps_left -= 1;
+            for e in (0..self.config.executions).filter(|e| ended & (1 << e) != 0) {
+                let op = Op {
+                    kind: OpKind::Cleanup,
+                    exec: e,
+                };
+                t.attempts.push(Attempt {
+                    op,
+                    role: Role::Sweep,
+                    nth: 0,
+                    phase: self.protocol.start(op),
+                });
+            }
+            let mut words = Words::new(on);
+            words.say(|| {
+                format!(
+                    "the sweeper lists the lock ({}): {} ended; it cleans up {}",
+                    self.protocol.describe(s.store),
+                    names(ended),
+                    if ended.count_ones() == 1 {
+                        "it"
+                    } else {
+                        "them"
+                    }
+                )
+            });
+            emit(t, words);
+        }
+    }
+
+    fn check(&self, s: &Self::State) -> Result<(), Violation> {
+        let holders = self.protocol.holders(s.store);
+        let limit = self.config.limit;
+        if holders.count_ones() > limit {
+            return Err(Violation {
+                property: "S1",
+                detail: format!(
+                    "{} slots held with limit {limit}: {}",
+                    holders.count_ones(),
+                    self.protocol.describe(s.store)
+                ),
+            });
+        }
+        let count = self.protocol.stored_count(s.store);
+        if count != i64::from(holders.count_ones()) {
+            return Err(Violation {
+                property: "S1",
+                detail: format!(
+                    "the stored count is {count} but {} executions hold a slot: {}",
+                    holders.count_ones(),
+                    self.protocol.describe(s.store)
+                ),
+            });
+        }
+        let working = s
+            .execs
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.stage == Stage::Holding)
+            .fold(0u32, |m, (e, _)| m | (1 << e));
+        if working.count_ones() > limit || working & !holders != 0 {
+            return Err(Violation {
+                property: "S1",
+                detail: format!(
+                    "{} are working under the lock (limit {limit}), but the item is {}",
+                    names(working),
+                    self.protocol.describe(s.store)
+                ),
+            });
+        }
+        if holders & s.retired != 0 {
+            return Err(Violation {
+                property: "S3",
+                detail: format!(
+                    "{} holds a slot again after a release or cleanup for it had landed: {}",
+                    names(holders & s.retired),
+                    self.protocol.describe(s.store)
+                ),
+            });
+        }
+        if let Some(e) = s
+            .execs
+            .iter()
+            .position(|x| x.stage == Stage::Ended(End::Refused))
+        {
+            return Err(Violation {
+                property: "L1",
+                detail: format!(
+                    "{} was refused (fenced) while it was running",
+                    exec_name(e as u8)
+                ),
+            });
+        }
+        // S2, one execution at a time: once it has ended, none of its requests is running and
+        // its cleanup events (if any) were all delivered, it holds nothing, unless an event for
+        // it was lost (that is the sweeper's case, below).
+        let mut settled = self.ended_mask(s) & !s.lost;
+        for a in &s.attempts {
+            settled &= !(1 << a.op.exec);
+        }
+        for (e, &n) in s.events.iter().enumerate() {
+            if n > 0 {
+                settled &= !(1 << e);
+            }
+        }
+        if holders & settled != 0 {
+            return Err(Violation {
+                property: "S2",
+                detail: format!(
+                    "{} has ended, none of its requests is in flight and no cleanup event for it \
+                     is pending or was lost, yet it holds a slot, for ever{}: {}",
+                    names(holders & settled),
+                    if self.config.sweeper {
+                        " unless the sweeper reclaims it"
+                    } else {
+                        " (there is no sweeper)"
+                    },
+                    self.protocol.describe(s.store)
+                ),
+            });
+        }
+        // S2 at quiescence: everything has ended and every request and event is delivered or
+        // lost; then one sweep (if there is a sweeper) must leave nothing held.
+        if self.quiescent(s) {
+            let (store, _) = if self.config.sweeper {
+                self.final_sweep(s.store, false)
+            } else {
+                (s.store, String::new())
+            };
+            let left = self.protocol.holders(store);
+            if left != 0 {
+                let (store, log) = if self.config.sweeper {
+                    self.final_sweep(s.store, true)
+                } else {
+                    (s.store, String::new())
+                };
+                return Err(Violation {
+                    property: "S2",
+                    detail: format!(
+                        "everything has ended and every request and event is delivered or lost; {}, \
+                         {} (ended) still holds a slot: {}",
+                        if self.config.sweeper {
+                            format!("after one more sweep ({log})")
+                        } else {
+                            "with no sweeper".to_owned()
+                        },
+                        names(left),
+                        self.protocol.describe(store)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn may_stop(&self, s: &Self::State) -> bool {
+        self.quiescent(s)
+    }
+
+    /// A state is identified by what can make a difference to its future and to its
+    /// properties, up to a renaming of the executions: one key per execution (its stage and
+    /// budgets, what the item says about it, its running attempts as a multiset of what the
+    /// protocol says matters of their phases, its pending events and bits), taken as a multiset,
+    /// plus what is about no execution in particular. Attempt numbers, which only name attempts
+    /// in traces, are left out, and so is everything about an execution that has finished
+    /// (ended, nothing running or pending for it, holding nothing): nothing reads it again.
+    fn identify(&self, s: &Self::State, h: &mut Fingerprint) {
+        if !self.reduce || !self.protocol.symmetric() {
+            // Everything but the attempt numbers (names in traces, which grow with every poll).
+            s.store.hash(h);
+            for x in self.execs(s) {
+                (x.stage, x.retries_left, x.polls_left).hash(h);
+            }
+            let mut attempts: Vec<_> = s.attempts.iter().map(|a| (a.op, a.role, a.phase)).collect();
+            attempts.sort_unstable();
+            attempts.hash(h);
+            (
+                s.events,
+                s.duplicates_left,
+                s.deaths_left,
+                s.sweeps_left,
+                s.retired,
+                s.lost,
+            )
+                .hash(h);
+            return;
+        }
+        let holders = self.protocol.holders(s.store);
+        let mut keys = [0u64; MAX_EXECUTIONS];
+        let keys = &mut keys[..self.config.executions as usize];
+        for (e, key) in keys.iter_mut().enumerate() {
+            *key = self.exec_key(s, e as u8, holders);
+        }
+        keys.sort_unstable();
+        (*keys).hash(h);
+        (
+            self.protocol.item_key(s.store),
+            s.duplicates_left,
+            s.deaths_left,
+            s.sweeps_left,
+        )
+            .hash(h);
+        debug_assert!(s.emitted.is_none());
+    }
+}
