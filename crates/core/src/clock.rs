@@ -20,6 +20,36 @@ impl Clock for SystemClock {
     }
 }
 
+/// `ms` after the Unix epoch as RFC 3339 in UTC, always with three fractional digits
+/// (`2026-12-02T21:00:00.500Z`), so every timestamp a notice or event carries has one width and
+/// sorts as text.
+pub fn rfc3339_millis(ms: u64) -> String {
+    let days = ms / 86_400_000;
+    let in_day = ms % 86_400_000;
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        in_day / 3_600_000,
+        in_day / 60_000 % 60,
+        in_day / 1_000 % 60,
+        in_day % 1_000
+    )
+}
+
+/// Proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
 /// A clock that moves only when told to.
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicU64);
@@ -37,5 +67,34 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339_millis;
+
+    #[test]
+    fn rfc3339_has_one_width_whatever_the_milliseconds() {
+        assert_eq!(rfc3339_millis(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_millis(500), "1970-01-01T00:00:00.500Z");
+        assert_eq!(rfc3339_millis(1_000), "1970-01-01T00:00:01.000Z");
+        // 2024-02-29 (leap day) 23:59:59.999, and the millisecond after it.
+        assert_eq!(
+            rfc3339_millis(1_709_251_199_999),
+            "2024-02-29T23:59:59.999Z"
+        );
+        assert_eq!(
+            rfc3339_millis(1_709_251_200_000),
+            "2024-03-01T00:00:00.000Z"
+        );
+        assert_eq!(
+            rfc3339_millis(1_798_761_600_050),
+            "2027-01-01T00:00:00.050Z"
+        );
+        assert_eq!(
+            rfc3339_millis(4_107_542_400_000),
+            "2100-03-01T00:00:00.000Z"
+        );
     }
 }

@@ -24,7 +24,7 @@ pub mod protocol;
 mod store;
 pub mod sweep;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{rfc3339_millis, Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
 pub use error::{Error, StoreError};
 pub use input::{AcquisitionId, HolderId, InputError, Limit, LockName};

@@ -164,18 +164,11 @@ impl Sweeper<DynamoStore, SfnExecutions> {
     }
 }
 
-fn rfc3339(ms: u64) -> String {
-    use aws_sdk_sns::primitives::{DateTime, DateTimeFormat};
-    DateTime::from_millis(i64::try_from(ms).unwrap_or(i64::MAX))
-        .fmt(DateTimeFormat::DateTime)
-        .unwrap_or_else(|_| format!("{ms} ms after the epoch"))
-}
-
 impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
     /// One sweep: reclaim, notify, and build the metric line (printing is the handler's).
     pub async fn sweep(&self) -> Result<SweepResult, HandlerError> {
         let started_ms = self.semaphore.now_ms();
-        let swept_at = rfc3339(started_ms);
+        let swept_at = semaphore_core::rfc3339_millis(started_ms);
         let report = self
             .semaphore
             .sweep(&self.executions)

@@ -51,13 +51,6 @@ pub struct EventStats {
     pub delivery_errors: u64,
 }
 
-fn rfc3339(ms: i64) -> String {
-    use aws_sdk_sfn::primitives::{DateTime, DateTimeFormat};
-    DateTime::from_millis(ms)
-        .fmt(DateTimeFormat::DateTime)
-        .unwrap_or_default()
-}
-
 fn pseudo_uuid(rng: &mut fastrand::Rng) -> String {
     let a = rng.u64(..);
     let b = rng.u64(..);
@@ -80,7 +73,7 @@ pub fn status_change_event(ended: &Ended, region: &str, account: &str, id: &str)
         "detail-type": "Step Functions Execution Status Change",
         "source": "aws.states",
         "account": account,
-        "time": rfc3339(ended.stop_ms),
+        "time": semaphore_core::rfc3339_millis(u64::try_from(ended.stop_ms).unwrap_or(0)),
         "region": region,
         "resources": [ended.arn],
         "detail": {
