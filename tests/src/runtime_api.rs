@@ -32,6 +32,11 @@ pub struct FunctionRun {
     pub answers: Vec<Answer>,
     pub stdout: String,
     pub stderr: String,
+    /// From starting the process to its first `GET /runtime/invocation/next`: the function's
+    /// init (cold start) as Lambda would bill it, minus the sandbox's own start.
+    pub init: Option<Duration>,
+    /// The process's peak resident memory (`VmHWM`, KiB) when it was stopped (Linux only).
+    pub peak_rss_kib: Option<u64>,
 }
 
 #[derive(Default)]
@@ -39,6 +44,7 @@ struct State {
     events: VecDeque<(String, Value)>,
     answers: Vec<Answer>,
     done: bool,
+    first_next: Option<Instant>,
 }
 
 type Shared = Arc<(Mutex<State>, Condvar)>;
@@ -71,6 +77,7 @@ pub fn run_function(exe: &Path, env: &[(&str, &str)], events: Vec<Value>) -> Fun
         });
     }
 
+    let spawned = Instant::now();
     let mut child = Command::new(exe)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -123,14 +130,33 @@ pub fn run_function(exe: &Path, env: &[(&str, &str)], events: Vec<Value>) -> Fun
                 .0;
         }
     }
+    let peak_rss_kib = peak_rss_kib(child.id());
     let _ = child.kill();
     let _ = child.wait();
-    let answers = shared.0.lock().expect("state").answers.clone();
+    let (answers, first_next) = {
+        let state = shared.0.lock().expect("state");
+        (state.answers.clone(), state.first_next)
+    };
     FunctionRun {
         answers,
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
+        init: first_next.map(|t| t.saturating_duration_since(spawned)),
+        peak_rss_kib,
     }
+}
+
+/// `VmHWM` of a running process, from `/proc/<pid>/status`.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn serve(stream: TcpStream, shared: &Shared) {
@@ -145,6 +171,7 @@ fn serve(stream: TcpStream, shared: &Shared) {
         if method == "GET" && path.ends_with("/runtime/invocation/next") {
             let next = {
                 let mut state = lock.lock().expect("state");
+                state.first_next.get_or_insert_with(Instant::now);
                 loop {
                     if let Some(event) = state.events.pop_front() {
                         break Some(event);

@@ -14,6 +14,7 @@
 //! - releasing or cleaning up what is not held is a no-op that never drives the count below
 //!   zero (F4), and every input is validated before any request is sent (F6).
 
+mod cache;
 pub mod clock;
 pub mod dynamo;
 mod error;
@@ -24,6 +25,7 @@ pub mod protocol;
 mod store;
 pub mod sweep;
 
+pub use cache::DEFAULT_ITEM_CACHE_LOCKS;
 pub use clock::{rfc3339_millis, Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
 pub use error::{Error, StoreError};

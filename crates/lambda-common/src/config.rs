@@ -119,6 +119,12 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
 
     /// The semaphore on `TABLE_NAME` with the configured fence window, using `sdk`'s region,
     /// credentials and endpoint.
+    ///
+    /// It reads the item before every call's first write (no item cache): acquire and release
+    /// run in different functions, so whatever one container last saw of a lock has almost
+    /// always been changed by another since, and a stale cache would trade each 1-unit read
+    /// for a failed conditional write, which costs write units sized on the item and uses up
+    /// the lock partition's write throughput (BENCHMARKS.md, "The item cache and Lambda").
     pub fn semaphore(
         &self,
         sdk: &aws_config::SdkConfig,
@@ -126,7 +132,9 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         let table = self.table_name()?;
         let window = self.fence_window()?;
         let client = aws_sdk_dynamodb::Client::new(sdk);
-        Ok(Semaphore::new(DynamoStore::new(client, table)).with_fence_window(window))
+        Ok(Semaphore::new(DynamoStore::new(client, table))
+            .with_fence_window(window)
+            .with_item_cache(0))
     }
 }
 

@@ -136,7 +136,11 @@ impl Sweeper<DynamoStore, SfnExecutions> {
         settings: &Settings<F>,
         sdk: &aws_config::SdkConfig,
     ) -> Result<Self, ConfigError> {
-        let semaphore = settings.semaphore(sdk)?;
+        // Unlike the other functions, a sweep's cleanups follow its own scan of the table: with
+        // the item cache each reclaimed slot costs one conditional write and no read.
+        let semaphore = settings
+            .semaphore(sdk)?
+            .with_item_cache(semaphore_core::DEFAULT_ITEM_CACHE_LOCKS);
         let topic_arn = settings.required(
             "TOPIC_ARN",
             "set it to the ARN of the SNS topic that gets a notice per reclaimed slot",
