@@ -1,9 +1,11 @@
 //! Test harness shared by the integration tests: the local DynamoDB-compatible server, a proxy
 //! that holds requests in flight, the original AWS sample's protocol as a reference, an
 //! independent reader of the raw table, a stand-in Lambda Runtime API to run the built
-//! function binaries, and an exact counter of the requests an SDK client sends.
+//! function binaries, an exact counter of the requests an SDK client sends, and validated test
+//! inputs from literals.
 
 pub mod counter;
+pub mod names;
 pub mod observe;
 pub mod proxy;
 pub mod reference;

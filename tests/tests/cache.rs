@@ -3,29 +3,16 @@
 //! Requests are counted exactly by an SDK interceptor (`semaphore_tests::counter`).
 
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, FenceReason, HolderId, Identity, Limit, LockName,
-    ReleaseOutcome, Semaphore,
+    AcquireOutcome, DynamoStore, FenceReason, HolderId, ReleaseOutcome, Semaphore,
 };
 use semaphore_tests::counter::RequestCounter;
+use semaphore_tests::names::{id, limit, lock};
 use semaphore_tests::observe::observe;
 use semaphore_tests::proxy::HoldingProxy;
 use semaphore_tests::{endpoint, fresh_table};
 
 const GET: &str = "DynamoDB.GetItem";
 const PUT: &str = "DynamoDB.PutItem";
-
-fn lock(name: &str) -> LockName {
-    LockName::new(name).unwrap()
-}
-fn id(holder: &str, acquisition: &str) -> Identity {
-    Identity::new(
-        HolderId::new(holder).unwrap(),
-        AcquisitionId::new(acquisition).unwrap(),
-    )
-}
-fn limit(n: i64) -> Limit {
-    Limit::new(n).unwrap()
-}
 
 /// A semaphore on `store`'s table whose requests go to `endpoint_url` and are counted.
 fn counted(

@@ -2,26 +2,13 @@
 //! Bad input (F6) is driven from outside, through `semctl`, in crates/semctl/tests.
 
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, FenceReason, HolderId, Identity, Limit, LockName,
-    ReleaseOutcome, Semaphore,
+    AcquireOutcome, DynamoStore, FenceReason, HolderId, LockName, ReleaseOutcome, Semaphore,
 };
+use semaphore_tests::names::{id, limit, lock};
 use semaphore_tests::observe::observe;
 use semaphore_tests::proxy::HoldingProxy;
 use semaphore_tests::reference::SampleProtocol;
 use semaphore_tests::{client_for, endpoint, fresh_table};
-
-fn lock(name: &str) -> LockName {
-    LockName::new(name).unwrap()
-}
-fn id(holder: &str, acquisition: &str) -> Identity {
-    Identity::new(
-        HolderId::new(holder).unwrap(),
-        AcquisitionId::new(acquisition).unwrap(),
-    )
-}
-fn limit(n: i64) -> Limit {
-    Limit::new(n).unwrap()
-}
 
 /// A semaphore on `store`'s table whose requests go through `proxy`.
 fn through(proxy: &HoldingProxy, store: &DynamoStore) -> Semaphore<DynamoStore> {

@@ -4,10 +4,8 @@
 
 use lambda_common::Settings;
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
-use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, FenceReason, HolderId, Identity, Limit, LockName,
-    Semaphore,
-};
+use semaphore_core::{AcquireOutcome, DynamoStore, FenceReason, Limit, LockName, Semaphore};
+use semaphore_tests::names::{id, lock};
 use semaphore_tests::observe::observe;
 use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
@@ -55,17 +53,6 @@ async fn invoke(
         .await
         .map(|summary| serde_json::to_value(summary).expect("the summary serializes"))
         .map_err(Diagnostic::from)
-}
-
-fn lock(name: &str) -> LockName {
-    LockName::new(name).unwrap()
-}
-
-fn id(holder: &str, acquisition: &str) -> Identity {
-    Identity::new(
-        HolderId::new(holder).unwrap(),
-        AcquisitionId::new(acquisition).unwrap(),
-    )
 }
 
 async fn take(sem: &Semaphore<DynamoStore>, lock_name: &str, holder: &str, acquisition: &str) {

@@ -5,10 +5,8 @@ use std::collections::BTreeSet;
 
 use lambda_common::Settings;
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
-use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, FenceReason, HolderId, Identity, Limit, LockName,
-    Semaphore,
-};
+use semaphore_core::{AcquireOutcome, DynamoStore, FenceReason, Limit, LockName, Semaphore};
+use semaphore_tests::names::id;
 use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
 
@@ -44,24 +42,15 @@ fn lock() -> LockName {
     LockName::new("demo-lock").unwrap()
 }
 
-fn identity(holder: &str, acquisition: &str) -> Identity {
-    Identity::new(
-        HolderId::new(holder).unwrap(),
-        AcquisitionId::new(acquisition).unwrap(),
-    )
-}
-
 #[tokio::test]
 async fn the_state_machines_payload_releases_once_and_then_answers_not_held() {
     let sem = semaphore().await;
     let limit = Limit::new(5).unwrap();
-    sem.acquire(&lock(), &identity(HOLDER, ACQUISITION), limit)
+    sem.acquire(&lock(), &id(HOLDER, ACQUISITION), limit)
         .await
         .unwrap();
     let other = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2";
-    sem.acquire(&lock(), &identity(other, "a2"), limit)
-        .await
-        .unwrap();
+    sem.acquire(&lock(), &id(other, "a2"), limit).await.unwrap();
 
     let first = release(&sem, payload()).await.unwrap();
     assert_eq!(
@@ -85,11 +74,11 @@ async fn the_state_machines_payload_releases_once_and_then_answers_not_held() {
     );
     let item = sem.status(&lock()).await.unwrap();
     assert_eq!(item.count(), 1);
-    assert!(item.holders.contains_key(&identity(other, "a2")));
+    assert!(item.holders.contains_key(&id(other, "a2")));
 
     // The acquisition is fenced: a late attempt of the same acquire cannot take a slot (F3).
     assert_eq!(
-        sem.acquire(&lock(), &identity(HOLDER, ACQUISITION), limit)
+        sem.acquire(&lock(), &id(HOLDER, ACQUISITION), limit)
             .await
             .unwrap(),
         AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
@@ -106,13 +95,9 @@ async fn releasing_what_was_never_acquired_fences_it() {
     );
     // An acquire still in flight from before the release cannot land after it (F1, F3).
     assert_eq!(
-        sem.acquire(
-            &lock(),
-            &identity(HOLDER, ACQUISITION),
-            Limit::new(5).unwrap()
-        )
-        .await
-        .unwrap(),
+        sem.acquire(&lock(), &id(HOLDER, ACQUISITION), Limit::new(5).unwrap())
+            .await
+            .unwrap(),
         AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
     );
 }
@@ -120,13 +105,9 @@ async fn releasing_what_was_never_acquired_fences_it() {
 #[tokio::test]
 async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
     let sem = semaphore().await;
-    sem.acquire(
-        &lock(),
-        &identity(HOLDER, ACQUISITION),
-        Limit::new(5).unwrap(),
-    )
-    .await
-    .unwrap();
+    sem.acquire(&lock(), &id(HOLDER, ACQUISITION), Limit::new(5).unwrap())
+        .await
+        .unwrap();
     let before = sem.list().await.unwrap();
 
     let without = |field: &str| {

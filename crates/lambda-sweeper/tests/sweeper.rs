@@ -9,10 +9,8 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use lambda_common::Settings;
 use lambda_runtime::{Context, LambdaEvent};
 use lambda_sweeper::{Notice, SfnExecutions, Sweeper};
-use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, FenceReason, HolderId, Identity, Limit, LockName,
-    Semaphore,
-};
+use semaphore_core::{AcquireOutcome, DynamoStore, FenceReason, Limit, LockName, Semaphore};
+use semaphore_tests::names::id;
 use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
 
@@ -175,13 +173,6 @@ impl Local {
         let settings = Settings::from_lookup(move |name| vars.get(name).cloned());
         Sweeper::from_settings(&settings, &sdk_config()).expect("settings")
     }
-}
-
-fn id(holder: &str, acquisition: &str) -> Identity {
-    Identity::new(
-        HolderId::new(holder).unwrap(),
-        AcquisitionId::new(acquisition).unwrap(),
-    )
 }
 
 async fn take(sem: &Semaphore<DynamoStore>, lock: &str, holder: &str, acquisition: &str) -> u64 {

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, CleanupOutcome, FenceReason, HolderId, Identity, ItemStore,
-    Limit, LockName, ManualClock, MemoryStore, ReleaseOutcome, Semaphore, SemaphoreItem,
+    AcquireOutcome, CleanupOutcome, FenceReason, HolderId, ItemStore, Limit, ManualClock,
+    MemoryStore, ReleaseOutcome, Semaphore, SemaphoreItem,
 };
 use semaphore_tests::fresh_table;
+use semaphore_tests::names::{id, lock};
 
 const WINDOW: Duration = Duration::from_secs(10);
 
@@ -51,17 +52,6 @@ impl Answer {
             Self::Waited => "waited".into(),
         }
     }
-}
-
-fn lock(name: &str) -> LockName {
-    LockName::new(name).unwrap()
-}
-
-fn id(holder: &str, acquisition: &str) -> Identity {
-    Identity::new(
-        HolderId::new(holder).unwrap(),
-        AcquisitionId::new(acquisition).unwrap(),
-    )
 }
 
 async fn apply<S: ItemStore>(sem: &Semaphore<S>, clock: &ManualClock, op: Op) -> Answer {
