@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
+use semaphore_core::dynamo::item_size;
 
 /// What the raw item says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,19 +34,6 @@ pub async fn raw_item(
         .item
 }
 
-fn size_of(value: &AttributeValue) -> usize {
-    match value {
-        AttributeValue::S(s) | AttributeValue::N(s) => s.len(),
-        AttributeValue::M(m) => {
-            3 + m
-                .iter()
-                .map(|(k, v)| k.len() + size_of(v) + 1)
-                .sum::<usize>()
-        }
-        _ => 1,
-    }
-}
-
 pub async fn observe(client: &Client, table: &str, lock: &str) -> Option<Observed> {
     let item = raw_item(client, table, lock).await?;
     let number = |name: &str| -> i64 {
@@ -54,6 +42,11 @@ pub async fn observe(client: &Client, table: &str, lock: &str) -> Option<Observe
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("attribute {name} missing or not a number: {item:?}"))
     };
+    // Fences are one binary attribute of 12-byte records (key, expiry).
+    let fences = item
+        .get("fences")
+        .and_then(|v| v.as_b().ok())
+        .map_or(0, |b| b.as_ref().len() / 12);
     let map_keys = |name: &str| -> Vec<String> {
         item.get(name)
             .and_then(|v| v.as_m().ok())
@@ -64,8 +57,8 @@ pub async fn observe(client: &Client, table: &str, lock: &str) -> Option<Observe
         count: number("count"),
         holders: map_keys("holders"),
         version: number("version"),
-        fences: map_keys("fences").len(),
-        approx_bytes: item.iter().map(|(k, v)| k.len() + size_of(v)).sum(),
+        fences,
+        approx_bytes: item_size(&item),
     })
 }
 

@@ -63,7 +63,8 @@ async fn the_item_stays_bounded_after_many_acquire_release_and_cleanup_cycles() 
         fences >= 58,
         "fences of the last window must all still be there, saw {fences}"
     );
-    assert!(bytes < 4 * 1024, "item grew to {bytes} bytes");
+    // Whatever the history, 60 live fences of 12 bytes: one write unit (1 KB) per write.
+    assert!(bytes <= 1024, "item grew to {bytes} bytes");
     assert!(sizes.iter().all(|&(_, b)| b <= bytes + 64), "{sizes:?}");
 }
 

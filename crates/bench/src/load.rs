@@ -18,8 +18,8 @@ use semaphore_tests::reference::SampleProtocol;
 use serde::Serialize;
 
 use crate::common::{execution_arn, uuid, Proto, Regime};
-use crate::size::item_size;
 use crate::stats::{ms, quantile};
+use semaphore_core::dynamo::item_size;
 
 pub const LIMIT: i64 = 5;
 

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use semaphore_core::dynamo::item_size;
 use semaphore_core::{
     dynamo, AcquireOutcome, AcquisitionId, HolderId, Identity, Limit, LockName, ManualClock,
     MemoryStore, Semaphore, SemaphoreItem, DEFAULT_FENCE_WINDOW,
@@ -13,42 +14,6 @@ use semaphore_core::{
 use serde::Serialize;
 
 use crate::common::{execution_arn, uuid};
-
-/// The size DynamoDB bills for a value: strings their UTF-8 bytes; numbers 1 byte per two
-/// significant digits plus 1; a map 3 bytes plus, per element, its name, its value and 1 byte
-/// ("DynamoDB item sizes and formats", Amazon DynamoDB Developer Guide).
-pub fn value_size(value: &AttributeValue) -> usize {
-    match value {
-        AttributeValue::S(s) => s.len(),
-        AttributeValue::N(n) => number_size(n),
-        AttributeValue::M(m) => {
-            3 + m
-                .iter()
-                .map(|(k, v)| k.len() + value_size(v) + 1)
-                .sum::<usize>()
-        }
-        AttributeValue::L(l) => 3 + l.iter().map(|v| value_size(v) + 1).sum::<usize>(),
-        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
-        AttributeValue::B(b) => b.as_ref().len(),
-        _ => 1,
-    }
-}
-
-fn number_size(n: &str) -> usize {
-    // "Leading and trailing zeroes are trimmed."
-    let digits: String = n.chars().filter(|c| c.is_ascii_digit()).collect();
-    let significant = digits
-        .trim_start_matches('0')
-        .trim_end_matches('0')
-        .len()
-        .max(1);
-    significant.div_ceil(2) + 1
-}
-
-/// An item's size: attribute names plus values.
-pub fn item_size(attrs: &HashMap<String, AttributeValue>) -> usize {
-    attrs.iter().map(|(k, v)| k.len() + value_size(v)).sum()
-}
 
 pub fn semaphore_item_size(item: &SemaphoreItem) -> usize {
     item_size(&dynamo::encode(item))
@@ -255,18 +220,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_follow_the_documented_rules() {
-        assert_eq!(number_size("5"), 2);
-        assert_eq!(number_size("1767225612345"), 8);
-        assert_eq!(number_size("1767225600000"), 5);
-        assert_eq!(number_size("100"), 2);
-        assert_eq!(
-            value_size(&AttributeValue::M(HashMap::from([(
-                "ab".to_owned(),
-                AttributeValue::S("xyz".to_owned())
-            )]))),
-            3 + 2 + 3 + 1
-        );
+    fn units_round_up_per_started_kilobyte() {
         assert_eq!(write_units(1024), 1);
         assert_eq!(write_units(1025), 2);
         assert_eq!(read_units(4097), 2);

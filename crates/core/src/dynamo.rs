@@ -11,6 +11,7 @@ use aws_sdk_dynamodb::client::Waiters;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
@@ -18,7 +19,7 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 
 use crate::error::StoreError;
-use crate::input::{AcquisitionId, HolderId, Limit, LockName};
+use crate::input::{Limit, LockName};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem, Version};
 use crate::store::{ItemStore, PutResult};
 
@@ -31,8 +32,6 @@ pub mod attr {
     pub const VERSION: &str = "version";
     pub const HOLDERS: &str = "holders";
     pub const FENCES: &str = "fences";
-    pub const HOLDER: &str = "holder";
-    pub const ACQUISITION: &str = "acquisition";
     pub const TOKEN: &str = "token";
     pub const ACQUIRED_AT: &str = "acquired_at";
 }
@@ -208,29 +207,25 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
         .holders
         .iter()
         .map(|(identity, holding)| {
+            // Who holds it is the entry's key; repeating it in the value would double the
+            // bytes every write pays for per holder.
             let entry = HashMap::from([
-                (attr::HOLDER.to_owned(), string(identity.holder.as_str())),
-                (
-                    attr::ACQUISITION.to_owned(),
-                    string(identity.acquisition.as_str()),
-                ),
                 (attr::TOKEN.to_owned(), number(holding.token.0)),
                 (attr::ACQUIRED_AT.to_owned(), number(holding.acquired_at_ms)),
             ]);
             (identity.slot_key(), AttributeValue::M(entry))
         })
         .collect();
-    let fences = item
-        .fences
-        .iter()
-        .map(|(key, expires)| (key.as_str().to_owned(), number(expires)))
-        .collect();
+    let fences = encode_fences(&item.fences);
     let mut attrs = HashMap::from([
         (attr::LOCK.to_owned(), string(item.lock.as_str())),
         (attr::VERSION.to_owned(), number(item.version.0)),
         (attr::COUNT.to_owned(), number(item.count())),
         (attr::HOLDERS.to_owned(), AttributeValue::M(holders)),
-        (attr::FENCES.to_owned(), AttributeValue::M(fences)),
+        (
+            attr::FENCES.to_owned(),
+            AttributeValue::B(Blob::new(fences)),
+        ),
     ]);
     if let Some(limit) = item.limit {
         attrs.insert(attr::LIMIT.to_owned(), number(limit.get()));
@@ -270,31 +265,24 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
         let entry = value
             .as_m()
             .map_err(|_| corrupt(format!("holder {key:?} is not a map")))?;
-        let text = |name: &str| {
-            entry
-                .get(name)
-                .and_then(|v| v.as_s().ok())
-                .ok_or_else(|| corrupt(format!("holder {key:?} has no string {name}")))
-        };
-        let holder =
-            HolderId::new(text(attr::HOLDER)?.clone()).map_err(|e| corrupt(e.to_string()))?;
-        let acquisition = AcquisitionId::new(text(attr::ACQUISITION)?.clone())
-            .map_err(|e| corrupt(e.to_string()))?;
+        let identity = Identity::from_slot_key(key)
+            .map_err(|problem| corrupt(format!("holder key {key:?}: {problem}")))?;
         let holding = Holding {
             token: FencingToken(get_number(entry, attr::TOKEN).map_err(&corrupt)?),
             acquired_at_ms: get_number(entry, attr::ACQUIRED_AT).map_err(&corrupt)?,
         };
-        holders.insert(Identity::new(holder, acquisition), holding);
+        holders.insert(identity, holding);
     }
-    let mut fences = BTreeMap::new();
-    for (key, value) in get_map(attrs, attr::FENCES).map_err(&corrupt)? {
-        let expires = value
-            .as_n()
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .ok_or_else(|| corrupt(format!("fence {key:?} has no numeric expiry")))?;
-        fences.insert(FenceKey::from_stored(key.clone()), expires);
-    }
+    let fences = attrs
+        .get(attr::FENCES)
+        .and_then(|v| v.as_b().ok())
+        .ok_or_else(|| {
+            corrupt(format!(
+                "attribute {} is missing or not binary",
+                attr::FENCES
+            ))
+        })
+        .and_then(|blob| decode_fences(blob.as_ref()).map_err(&corrupt))?;
     if count != holders.len() as u64 {
         return Err(corrupt(format!(
             "count is {count} but {} holders are listed",
@@ -308,6 +296,83 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
         holders,
         fences,
     })
+}
+
+/// Bytes of one stored fence: its key, then its expiry in seconds since the epoch (big-endian
+/// `u32`, enough until 2106).
+pub const FENCE_RECORD_LEN: usize = FenceKey::LEN + 4;
+
+/// Fences as one binary attribute of fixed-size records. Fences are most of a busy lock's item
+/// (rate x window of them), and every write pays for the whole item, so they are stored in
+/// 12 bytes each: a map of hex keys to millisecond numbers took about 33.
+fn encode_fences(fences: &BTreeMap<FenceKey, u64>) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(fences.len() * FENCE_RECORD_LEN);
+    for (key, &expires_ms) in fences {
+        // Expiries are whole seconds (`protocol`); rounding up keeps any other value safe, and
+        // one past 2106 is stored as the largest, i.e. kept longer, never shorter.
+        let seconds = u32::try_from(expires_ms.div_ceil(1_000)).unwrap_or(u32::MAX);
+        bytes.extend_from_slice(key.as_bytes());
+        bytes.extend_from_slice(&seconds.to_be_bytes());
+    }
+    bytes
+}
+
+fn decode_fences(bytes: &[u8]) -> Result<BTreeMap<FenceKey, u64>, String> {
+    if !bytes.len().is_multiple_of(FENCE_RECORD_LEN) {
+        return Err(format!(
+            "attribute {} holds {} bytes, not a whole number of {FENCE_RECORD_LEN}-byte fences",
+            attr::FENCES,
+            bytes.len()
+        ));
+    }
+    Ok(bytes
+        .chunks_exact(FENCE_RECORD_LEN)
+        .map(|record| {
+            let (key, seconds) = record.split_at(FenceKey::LEN);
+            let key: [u8; FenceKey::LEN] = key.try_into().unwrap_or_default();
+            let seconds: [u8; 4] = seconds.try_into().unwrap_or_default();
+            (
+                FenceKey::from_bytes(key),
+                u64::from(u32::from_be_bytes(seconds)) * 1_000,
+            )
+        })
+        .collect())
+}
+
+/// The size DynamoDB bills for a value: strings their UTF-8 bytes; numbers 1 byte per two
+/// significant digits plus 1; a map 3 bytes plus, per element, its name, its value and 1 byte
+/// ("DynamoDB item sizes and formats", Amazon DynamoDB Developer Guide).
+fn value_size(value: &AttributeValue) -> usize {
+    match value {
+        AttributeValue::S(s) => s.len(),
+        AttributeValue::N(n) => number_size(n),
+        AttributeValue::M(m) => {
+            3 + m
+                .iter()
+                .map(|(k, v)| k.len() + value_size(v) + 1)
+                .sum::<usize>()
+        }
+        AttributeValue::L(l) => 3 + l.iter().map(|v| value_size(v) + 1).sum::<usize>(),
+        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+        AttributeValue::B(b) => b.as_ref().len(),
+        _ => 1,
+    }
+}
+
+fn number_size(n: &str) -> usize {
+    // "Leading and trailing zeroes are trimmed."
+    let digits: String = n.chars().filter(|c| c.is_ascii_digit()).collect();
+    let significant = digits
+        .trim_start_matches('0')
+        .trim_end_matches('0')
+        .len()
+        .max(1);
+    significant.div_ceil(2) + 1
+}
+
+/// An item's size: attribute names plus values.
+pub fn item_size(attrs: &HashMap<String, AttributeValue>) -> usize {
+    attrs.iter().map(|(k, v)| k.len() + value_size(v)).sum()
 }
 
 fn get_number(attrs: &HashMap<String, AttributeValue>, name: &str) -> Result<u64, String> {
@@ -331,6 +396,7 @@ fn get_map<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::{AcquisitionId, HolderId};
 
     #[test]
     fn an_item_survives_encoding() {
@@ -348,8 +414,67 @@ mod tests {
                 acquired_at_ms: 1_700_000_000_000,
             },
         );
-        item.fences.insert(FenceKey::acquisition(&id), 42);
+        item.fences
+            .insert(FenceKey::acquisition(&id), 1_700_000_300_000);
+        item.fences
+            .insert(FenceKey::execution(&id.holder), 1_700_000_301_000);
         assert_eq!(decode(&encode(&item)).unwrap(), item);
+    }
+
+    #[test]
+    fn a_fence_is_twelve_bytes_and_its_expiry_never_shortens() {
+        let mut fences = BTreeMap::new();
+        let key = FenceKey::execution(&HolderId::new("exec-1").unwrap());
+        fences.insert(key, 1_700_000_000_001);
+        let bytes = encode_fences(&fences);
+        assert_eq!(bytes.len(), FENCE_RECORD_LEN);
+        assert_eq!(&bytes[..8], key.as_bytes());
+        // A millisecond past a second is kept to the end of that second.
+        assert_eq!(decode_fences(&bytes).unwrap()[&key], 1_700_000_001_000);
+        let err = decode_fences(&bytes[..11]).unwrap_err();
+        assert!(
+            err.contains("not a whole number of 12-byte fences"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_holder_entry_does_not_repeat_its_key() {
+        let mut item = SemaphoreItem::empty(LockName::new("l").unwrap());
+        let id = Identity::new(
+            HolderId::new("exec-1").unwrap(),
+            AcquisitionId::new("a-1").unwrap(),
+        );
+        item.holders.insert(
+            id.clone(),
+            Holding {
+                token: FencingToken(1),
+                acquired_at_ms: 5,
+            },
+        );
+        let attrs = encode(&item);
+        let entry = attrs[attr::HOLDERS].as_m().unwrap()[&id.slot_key()]
+            .as_m()
+            .unwrap();
+        let mut names: Vec<&str> = entry.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, [attr::ACQUIRED_AT, attr::TOKEN]);
+    }
+
+    #[test]
+    fn sizes_follow_the_documented_rules() {
+        assert_eq!(number_size("5"), 2);
+        assert_eq!(number_size("1767225612345"), 8);
+        assert_eq!(number_size("1767225600000"), 5);
+        assert_eq!(number_size("100"), 2);
+        assert_eq!(
+            value_size(&AttributeValue::M(HashMap::from([(
+                "ab".to_owned(),
+                AttributeValue::S("xyz".to_owned())
+            )]))),
+            3 + 2 + 3 + 1
+        );
+        assert_eq!(value_size(&AttributeValue::B(Blob::new(vec![0; 24]))), 24);
     }
 
     #[test]

@@ -38,9 +38,20 @@ impl Identity {
     }
 
     /// The key of this identity's entry in the item's holder map. Acquisition ids cannot contain
-    /// '#', so the key is unambiguous.
+    /// '#', so the key is unambiguous: the holder is everything before its last '#'.
     pub fn slot_key(&self) -> String {
         format!("{}#{}", self.holder, self.acquisition)
+    }
+
+    /// The identity a holder-map key names (the inverse of [`Identity::slot_key`]).
+    pub fn from_slot_key(key: &str) -> Result<Self, String> {
+        let (holder, acquisition) = key
+            .rsplit_once('#')
+            .ok_or("expected <holder>#<acquisition>")?;
+        Ok(Self::new(
+            HolderId::new(holder).map_err(|e| e.to_string())?,
+            AcquisitionId::new(acquisition).map_err(|e| e.to_string())?,
+        ))
     }
 }
 
@@ -52,13 +63,17 @@ pub struct Holding {
 }
 
 /// A fence: a compact record that writes on behalf of an ended execution (or a released
-/// acquisition) are refused until it expires. The key is a 96-bit digest of the identity, so a
-/// fence costs ~35 bytes of the item whatever the length of the ARN; a digest collision could
-/// only make a live acquire see `Fenced` (a retryable liveness blip), never admit a holder.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FenceKey(String);
+/// acquisition) are refused until it expires. The key is a 64-bit digest of the identity, so a
+/// fence costs 12 bytes of the item (key and expiry, see `dynamo`) whatever the length of the
+/// ARN. A digest collision (odds about live fences / 2^64 per acquire) could only make a live
+/// acquire see `Fenced`, a liveness blip the caller sees by name, never admit a holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FenceKey([u8; FenceKey::LEN]);
 
 impl FenceKey {
+    /// Bytes of a key as stored.
+    pub const LEN: usize = 8;
+
     /// Fences every acquisition of an execution: written by cleanup and the sweeper.
     pub fn execution(holder: &HolderId) -> Self {
         Self::digest(&["execution", holder.as_str()])
@@ -74,11 +89,11 @@ impl FenceKey {
     }
 
     /// Rebuilds a key read back from the table.
-    pub fn from_stored(key: String) -> Self {
-        Self(key)
+    pub fn from_bytes(bytes: [u8; Self::LEN]) -> Self {
+        Self(bytes)
     }
 
-    pub fn as_str(&self) -> &str {
+    pub fn as_bytes(&self) -> &[u8; Self::LEN] {
         &self.0
     }
 
@@ -89,7 +104,15 @@ impl FenceKey {
             hasher.update([0u8]);
         }
         let digest = hasher.finalize();
-        Self(digest[..12].iter().map(|b| format!("{b:02x}")).collect())
+        let mut key = [0u8; Self::LEN];
+        key.copy_from_slice(&digest[..Self::LEN]);
+        Self(key)
+    }
+}
+
+impl std::fmt::Display for FenceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
     }
 }
 
@@ -103,8 +126,9 @@ pub struct SemaphoreItem {
     pub limit: Option<Limit>,
     pub version: Version,
     pub holders: BTreeMap<Identity, Holding>,
-    /// Fence key -> expiry (epoch milliseconds). Expired fences are ignored and dropped by the
-    /// next write, so this map holds only the fences of the last fence window.
+    /// Fence key -> expiry (epoch milliseconds, a whole second: the table stores seconds).
+    /// Expired fences are ignored and dropped by the next write, so this map holds only the
+    /// fences of the last fence window.
     pub fences: BTreeMap<FenceKey, u64>,
 }
 
@@ -147,11 +171,22 @@ mod tests {
         let id = Identity::new(h.clone(), a);
         let exec = FenceKey::execution(&h);
         let acq = FenceKey::acquisition(&id);
-        assert_eq!(exec.as_str().len(), 24);
         assert_ne!(exec, acq);
         // A stored fence must mean the same thing to the next release of the code: the value
-        // is sha256("execution\0<arn>\0") cut to 12 bytes, as `sha256sum` computes it.
+        // is sha256("execution\0<arn>\0") cut to 8 bytes, as `sha256sum` computes it.
         assert_eq!(exec, FenceKey::execution(&h));
-        assert_eq!(exec.as_str(), "0fcba051b0804e0de5511304");
+        assert_eq!(exec.to_string(), "0fcba051b0804e0d");
+    }
+
+    #[test]
+    fn a_slot_key_names_its_identity_even_when_the_holder_contains_a_hash() {
+        let id = Identity::new(
+            HolderId::new("operator#7").unwrap(),
+            AcquisitionId::new("a-1").unwrap(),
+        );
+        assert_eq!(Identity::from_slot_key(&id.slot_key()), Ok(id));
+        assert!(Identity::from_slot_key("no-separator").is_err());
+        assert!(Identity::from_slot_key("#a-1").is_err());
+        assert!(Identity::from_slot_key("exec-1#").is_err());
     }
 }

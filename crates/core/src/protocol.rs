@@ -97,9 +97,14 @@ pub struct Context {
 }
 
 impl Context {
+    /// When a fence written now expires: the window from now, rounded up to a whole second
+    /// because the table stores fence expiries in seconds (4 bytes instead of 8). Rounding up
+    /// only ever lengthens a fence.
     fn fence_expiry(&self) -> u64 {
-        self.now_ms
-            .saturating_add(u64::try_from(self.fence_window.as_millis()).unwrap_or(u64::MAX))
+        let exact = self
+            .now_ms
+            .saturating_add(u64::try_from(self.fence_window.as_millis()).unwrap_or(u64::MAX));
+        exact.div_ceil(1_000).saturating_mul(1_000)
     }
 }
 
@@ -331,6 +336,17 @@ mod tests {
         // The first fence expired at 10 000 and was dropped by this write.
         assert_eq!(item.fences.len(), 1);
         assert!(item.is_fenced(&FenceKey::acquisition(&id("a", "2")), 20_000));
+    }
+
+    #[test]
+    fn a_fence_lasts_the_window_rounded_up_to_the_second_it_is_stored_in() {
+        // Written at 1.5 s with a 10 s window: in force until 12 s, not only until 11.5 s.
+        let (item, _) = written(acquire(None, &lock(), &id("a", "1"), limit(1), &ctx(0)));
+        let (item, _) = written(release(Some(&item), &lock(), &id("a", "1"), &ctx(1_500)));
+        let key = FenceKey::acquisition(&id("a", "1"));
+        assert_eq!(item.fences[&key], 12_000);
+        assert!(item.is_fenced(&key, 11_999));
+        assert!(!item.is_fenced(&key, 12_000));
     }
 
     #[test]
