@@ -12,6 +12,7 @@
 //! `--protocol reference` is a test-only mode: the same chaos against the original AWS sample's
 //! protocol (no version, no fence, no sweeper), to show the leak the seed describes.
 
+mod driver;
 mod events;
 mod local_aws;
 mod poller;
@@ -38,6 +39,15 @@ pub enum Protocol {
     Versioned,
     /// TEST-ONLY: the original AWS sample's protocol, to show the leak it has.
     Reference,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Versioned => "versioned",
+            Protocol::Reference => "reference",
+        }
+    }
 }
 
 /// Runs the semaphore's real state machines and Rust Lambdas on a local AWS (127.0.0.1), breaks
@@ -132,6 +142,11 @@ impl Args {
         }
     }
 
+    /// How long the delaying proxy holds a chosen acquire write.
+    pub fn hold_for(&self) -> Duration {
+        Duration::from_secs_f64(self.hold_seconds)
+    }
+
     /// (fail, stop mid-acquire, stop mid-work) shares.
     pub fn shares(&self) -> (f64, f64, f64) {
         if self.calm {
@@ -223,9 +238,16 @@ async fn run(args: &Args, supervisor: &Supervisor) -> Result<report::Report, Str
         args.protocol,
         dir.display()
     ));
+    let setup = driver::Setup {
+        args,
+        root: &root,
+        dir: &dir,
+        seed,
+        supervisor,
+    };
     match args.protocol {
-        Protocol::Versioned => versioned::run(args, &root, &dir, seed, supervisor).await,
-        Protocol::Reference => reference::run(args, &root, &dir, seed, supervisor).await,
+        Protocol::Versioned => versioned::run(&setup).await,
+        Protocol::Reference => reference::run(&setup).await,
     }
 }
 

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 /// The item layout to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// Ours: `holders` map of `{holder, acquisition, token, acquired_at}`, and `count`.
+    /// Ours: `holders` map keyed `<holder>#<acquisition>`, and `count`.
     Versioned,
     /// The original sample's: `count` and one `holder:<execution>` attribute per holder.
     Reference,
@@ -57,15 +57,11 @@ pub fn decode(
             .get("holders")
             .and_then(|v| v.as_m().ok())
             .map(|m| {
-                m.values()
-                    .map(|h| {
-                        h.as_m()
-                            .ok()
-                            .and_then(|h| h.get("holder"))
-                            .and_then(|v| v.as_s().ok())
-                            .cloned()
-                            .unwrap_or_default()
-                    })
+                // Keys are `<holder>#<acquisition>`; acquisition ids have no '#'. A key without
+                // one is kept whole, so it still counts as a holder and shows up in the report.
+                m.keys()
+                    .map(|key| key.rsplit_once('#').map_or(key.as_str(), |(h, _)| h))
+                    .map(str::to_owned)
                     .collect()
             })
             .unwrap_or_default(),

@@ -7,16 +7,15 @@
 //! then sent on. What the server answers to each held write is recorded: accepted, or refused
 //! by the version check (a stale write).
 //!
-//! One request per client connection, which keeps this a few lines of plain HTTP/1.1.
+//! The forwarding itself is the test harness's proxy (`semaphore_tests::proxy`); this is its
+//! policy.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use semaphore_tests::proxy::{ForwardingProxy, Policy, Verdict};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 /// Which protocol's acquire write to recognise.
@@ -40,7 +39,14 @@ pub struct ProxyStats {
     pub other_outcome: u64,
 }
 
-struct Shared {
+impl ProxyStats {
+    /// Every held write has had its answer.
+    pub fn settled(&self) -> bool {
+        self.held == self.landed + self.rejected_stale + self.other_outcome
+    }
+}
+
+struct DelayAcquireWrites {
     kind: WriteKind,
     hold_for: Duration,
     /// Executions whose next acquire write is to be held (each once).
@@ -49,52 +55,61 @@ struct Shared {
     held_tx: mpsc::UnboundedSender<String>,
 }
 
-pub struct DelayProxy {
-    addr: SocketAddr,
-    shared: Arc<Shared>,
+impl Policy for DelayAcquireWrites {
+    fn decide(&self, operation: Option<&str>, body: &[u8]) -> Verdict {
+        let Some(holder) = acquiring_holder(self.kind, operation, body) else {
+            return Verdict::Forward;
+        };
+        if !self.targets.lock().expect("proxy lock").remove(&holder) {
+            return Verdict::Forward;
+        }
+        self.stats.lock().expect("proxy lock").held += 1;
+        let _ = self.held_tx.send(holder);
+        Verdict::Delay(self.hold_for)
+    }
+
+    fn answered(&self, status: u16, body: &[u8]) {
+        let mut stats = self.stats.lock().expect("proxy lock");
+        if status == 200 {
+            stats.landed += 1;
+        } else if String::from_utf8_lossy(body).contains("ConditionalCheckFailed") {
+            stats.rejected_stale += 1;
+        } else {
+            stats.other_outcome += 1;
+        }
+    }
 }
 
+pub struct DelayProxy(ForwardingProxy<DelayAcquireWrites>);
+
 impl DelayProxy {
-    /// Starts the proxy; the execution ARN of each write it starts holding is sent to the
-    /// returned receiver.
+    /// Starts the proxy in front of `upstream` (`http://127.0.0.1:PORT`); the execution ARN of
+    /// each write it starts holding is sent to the returned receiver.
     pub async fn start(
-        upstream: SocketAddr,
+        upstream: &str,
         kind: WriteKind,
         hold_for: Duration,
-    ) -> Result<(Self, mpsc::UnboundedReceiver<String>), String> {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| format!("proxy: cannot listen on 127.0.0.1: {e}"))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| format!("proxy address: {e}"))?;
+    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<String>), String> {
         let (held_tx, held_rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
+        let policy = DelayAcquireWrites {
             kind,
             hold_for,
             targets: Mutex::new(BTreeSet::new()),
             stats: Mutex::new(ProxyStats::default()),
             held_tx,
-        });
-        let accept_shared = shared.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let shared = accept_shared.clone();
-                tokio::spawn(async move {
-                    let _ = serve(client, upstream, shared).await;
-                });
-            }
-        });
-        Ok((Self { addr, shared }, held_rx))
+        };
+        let proxy = ForwardingProxy::with_policy(upstream, policy).await?;
+        Ok((Arc::new(Self(proxy)), held_rx))
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        self.0.endpoint()
     }
 
     /// Hold the next acquire write made for `execution`.
     pub fn target(&self, execution: &str) {
-        self.shared
+        self.0
+            .policy()
             .targets
             .lock()
             .expect("proxy lock")
@@ -102,42 +117,39 @@ impl DelayProxy {
     }
 
     pub fn stats(&self) -> ProxyStats {
-        self.shared.stats.lock().expect("proxy lock").clone()
+        ProxyStats {
+            forwarded: self.0.forwarded(),
+            ..self.0.policy().stats.lock().expect("proxy lock").clone()
+        }
     }
 }
 
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().find_map(|line| {
-        let (n, v) = line.split_once(':')?;
-        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-    })
-}
-
 /// The execution an acquire write is made for, if this request is one.
-fn acquiring_holder(kind: WriteKind, head: &str, body: &[u8]) -> Option<String> {
-    let target = header(head, "x-amz-target")?;
+fn acquiring_holder(kind: WriteKind, operation: Option<&str>, body: &[u8]) -> Option<String> {
+    let acquires_with = match kind {
+        WriteKind::Versioned => "PutItem",
+        WriteKind::Reference => "UpdateItem",
+    };
+    if operation != Some(acquires_with) {
+        return None;
+    }
     let body: Value = serde_json::from_slice(body).ok()?;
     match kind {
         WriteKind::Versioned => {
-            if !target.ends_with(".PutItem") {
-                return None;
-            }
             let item = body.get("Item")?;
             let version = item.get("version")?.get("N")?.as_str()?;
             item.get("holders")?
                 .get("M")?
                 .as_object()?
-                .values()
-                .find_map(|h| {
-                    let h = h.get("M")?;
-                    (h.get("token")?.get("N")?.as_str()? == version)
-                        .then(|| h.get("holder")?.get("S")?.as_str().map(str::to_owned))?
+                .iter()
+                .find_map(|(key, h)| {
+                    // The entry's key is `<holder>#<acquisition>`; acquisition ids have no '#'.
+                    let (holder, _) = key.rsplit_once('#')?;
+                    (h.get("M")?.get("token")?.get("N")?.as_str()? == version)
+                        .then(|| holder.to_owned())
                 })
         }
         WriteKind::Reference => {
-            if !target.ends_with(".UpdateItem") {
-                return None;
-            }
             let update = body.get("UpdateExpression")?.as_str()?;
             if !update.contains("+ :one") {
                 return None;
@@ -151,117 +163,50 @@ fn acquiring_holder(kind: WriteKind, head: &str, body: &[u8]) -> Option<String> 
     }
 }
 
-async fn serve(
-    mut client: TcpStream,
-    upstream: SocketAddr,
-    shared: Arc<Shared>,
-) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    let head_end = loop {
-        let mut chunk = [0u8; 8192];
-        let n = client.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break pos + 4;
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let body_len: usize = header(&head, "content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    while buf.len() < head_end + body_len {
-        let mut chunk = [0u8; 8192];
-        let n = client.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let body = &buf[head_end..head_end + body_len];
-    let mut held = false;
-    if let Some(holder) = acquiring_holder(shared.kind, &head, body) {
-        if shared.targets.lock().expect("proxy lock").remove(&holder) {
-            held = true;
-            shared.stats.lock().expect("proxy lock").held += 1;
-            let _ = shared.held_tx.send(holder);
-            tokio::time::sleep(shared.hold_for).await;
-        }
-    }
-    shared.stats.lock().expect("proxy lock").forwarded += 1;
-    let head = head
-        .lines()
-        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("\r\n");
-    let mut server = TcpStream::connect(upstream).await?;
-    server
-        .write_all(format!("{head}\r\nConnection: close\r\n\r\n").as_bytes())
-        .await?;
-    server.write_all(body).await?;
-    let mut response = Vec::new();
-    server.read_to_end(&mut response).await?;
-    if held {
-        let text = String::from_utf8_lossy(&response);
-        let status_ok = text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.0 200");
-        let mut stats = shared.stats.lock().expect("proxy lock");
-        if status_ok {
-            stats.landed += 1;
-        } else if text.contains("ConditionalCheckFailed") {
-            stats.rejected_stale += 1;
-        } else {
-            stats.other_outcome += 1;
-        }
-    }
-    client.write_all(&response).await?;
-    client.shutdown().await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn recognises_the_acquire_write_of_each_protocol() {
-        let head = "POST / HTTP/1.1\r\nX-Amz-Target: DynamoDB_20120810.PutItem\r\n";
+        let put = Some("PutItem");
         let body = serde_json::json!({
             "TableName": "t",
             "Item": {
                 "version": {"N": "7"},
                 "holders": {"M": {
-                    "old#a": {"M": {"holder": {"S": "old"}, "token": {"N": "3"}}},
-                    "new#b": {"M": {"holder": {"S": "new"}, "token": {"N": "7"}}}
+                    "old#a": {"M": {"token": {"N": "3"}, "acquired_at": {"N": "1"}}},
+                    "new#b": {"M": {"token": {"N": "7"}, "acquired_at": {"N": "2"}}}
                 }}
             }
         });
         let bytes = serde_json::to_vec(&body).unwrap();
         assert_eq!(
-            acquiring_holder(WriteKind::Versioned, head, &bytes).as_deref(),
+            acquiring_holder(WriteKind::Versioned, put, &bytes).as_deref(),
             Some("new")
         );
         // A release writes no holder at the new version.
         let release = serde_json::json!({"Item": {"version": {"N": "8"}, "holders": {"M": {}}}});
         let bytes = serde_json::to_vec(&release).unwrap();
-        assert_eq!(acquiring_holder(WriteKind::Versioned, head, &bytes), None);
+        assert_eq!(acquiring_holder(WriteKind::Versioned, put, &bytes), None);
 
-        let head = "POST / HTTP/1.1\r\nx-amz-target: DynamoDB_20120810.UpdateItem\r\n";
+        let update = Some("UpdateItem");
         let acquire = serde_json::json!({
             "UpdateExpression": "SET #c = #c + :one, #h = :now",
             "ExpressionAttributeNames": {"#c": "count", "#h": "holder:arn:x"}
         });
         let bytes = serde_json::to_vec(&acquire).unwrap();
         assert_eq!(
-            acquiring_holder(WriteKind::Reference, head, &bytes).as_deref(),
+            acquiring_holder(WriteKind::Reference, update, &bytes).as_deref(),
             Some("arn:x")
         );
+        // Only the protocol's own acquire operation counts.
+        assert_eq!(acquiring_holder(WriteKind::Versioned, update, &bytes), None);
         let release = serde_json::json!({
             "UpdateExpression": "SET #c = #c - :one REMOVE #h",
             "ExpressionAttributeNames": {"#c": "count", "#h": "holder:arn:x"}
         });
         let bytes = serde_json::to_vec(&release).unwrap();
-        assert_eq!(acquiring_holder(WriteKind::Reference, head, &bytes), None);
+        assert_eq!(acquiring_holder(WriteKind::Reference, update, &bytes), None);
     }
 }

@@ -10,27 +10,22 @@
 //! this project.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ScalarAttributeType,
-};
 use semaphore_tests::reference::SampleProtocol;
 use tokio::sync::mpsc;
 
-use crate::events::{Ended, Player, Target};
+use crate::driver::{self, LockItem, Setup, Watch};
+use crate::events::{Ended, Target};
 use crate::local_aws::{self, sdk_config};
-use crate::poller::{now_ms, Layout, Poller};
-use crate::procs::Supervisor;
+use crate::poller::{now_ms, Layout};
 use crate::progress::{phase, Progress};
 use crate::proxy::{DelayProxy, WriteKind};
 use crate::report::{ExecutionCounts, Report};
 use crate::template::{Stack, Template};
-use crate::{plan_roles, Args, Role};
+use crate::Role;
 
 /// How long a reference execution waits for a slot before it gives up (the sample has no cap;
 /// a run has to end).
@@ -113,21 +108,12 @@ async fn execute(
     ("SUCCEEDED".to_owned(), None)
 }
 
-pub async fn run(
-    args: &Args,
-    root: &Path,
-    dir: &Path,
-    seed: u64,
-    supervisor: &Supervisor,
-) -> Result<Report, String> {
+pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
+    let (args, root, dir, seed) = (setup.args, setup.root, setup.dir, setup.seed);
     let stack = Stack::default();
     let template = Template::load(&root.join("template.yaml"), stack.clone(), &BTreeMap::new())?;
     let plan = template.plan()?;
-    let lock = plan
-        .parameters
-        .get("LockName")
-        .cloned()
-        .ok_or("template.yaml has no LockName parameter")?;
+    let lock = plan.lock_name()?;
     let limit = i64::from(args.limit);
 
     phase(
@@ -137,14 +123,9 @@ pub async fn run(
         .python
         .clone()
         .unwrap_or_else(|| root.join(".venv/bin/python"));
-    let endpoint = local_aws::start_server(supervisor, &python, root, dir, None)?;
-    let upstream = endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .map_err(|e| format!("{endpoint}: {e}"))?;
-    let hold_for = Duration::from_secs_f64(args.hold_seconds);
-    let (proxy, mut held_rx) = DelayProxy::start(upstream, WriteKind::Reference, hold_for).await?;
-    let proxy = Arc::new(proxy);
+    let endpoint = local_aws::start_server(setup.supervisor, &python, root, dir, None)?;
+    let (proxy, held_rx) =
+        DelayProxy::start(&endpoint, WriteKind::Reference, args.hold_for()).await?;
     eprintln!(
         "    moto server    {endpoint}; delay proxy {}",
         proxy.endpoint()
@@ -152,59 +133,27 @@ pub async fn run(
 
     let sdk = sdk_config(&endpoint, &stack.region);
     let ddb = aws_sdk_dynamodb::Client::new(&sdk);
-    let t = &plan.table;
-    let mut create = ddb
-        .create_table()
-        .table_name(&t.name)
-        .billing_mode(BillingMode::from(t.billing_mode.as_str()));
-    for (name, kind) in &t.attributes {
-        create = create.attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(name)
-                .attribute_type(ScalarAttributeType::from(kind.as_str()))
-                .build()
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    for (name, kind) in &t.key_schema {
-        create = create.key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(name)
-                .key_type(KeyType::from(kind.as_str()))
-                .build()
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    create.send().await.map_err(|e| {
-        format!(
-            "CreateTable: {}",
-            aws_sdk_dynamodb::error::DisplayErrorContext(e)
-        )
-    })?;
+    let table = plan.table.name.clone();
+    driver::create_table(&ddb, &plan.table).await?;
     let direct = Arc::new(SampleProtocol {
         client: ddb.clone(),
-        table: t.name.clone(),
+        table: table.clone(),
     });
     let acquirer = Arc::new(SampleProtocol {
         client: aws_sdk_dynamodb::Client::new(&sdk_config(&proxy.endpoint(), &stack.region)),
-        table: t.name.clone(),
+        table: table.clone(),
     });
     direct.init(&lock).await;
 
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let n = args.executions as usize;
-    let roles = plan_roles(n, args.shares(), &mut rng);
-    let executions: Vec<Arc<Execution>> = roles
+    let machine = format!("{}-reference-lock-protected", stack.name);
+    let planned = driver::plan_executions(setup, &stack, &machine, &proxy);
+    let n = planned.len();
+    let executions: Vec<Arc<Execution>> = planned
         .iter()
-        .enumerate()
-        .map(|(i, role)| {
-            let name = format!("run-{:03}", i + 1);
+        .map(|(arn, name, role)| {
             Arc::new(Execution {
-                arn: format!(
-                    "arn:{}:states:{}:{}:execution:{}-reference-lock-protected:{name}",
-                    stack.partition, stack.region, stack.account, stack.name
-                ),
-                name,
+                arn: arn.clone(),
+                name: name.clone(),
                 role: *role,
                 stopped: AtomicBool::new(false),
                 start_ms: now_ms(),
@@ -215,70 +164,37 @@ pub async fn run(
         .iter()
         .map(|e| (e.arn.clone(), e.clone()))
         .collect();
-    for e in &executions {
-        if e.role == Role::StopMidAcquire {
-            proxy.target(&e.arn);
-        }
-    }
 
-    let poller = Poller::start(
-        ddb.clone(),
-        t.name.clone(),
-        lock.clone(),
-        Layout::Reference,
-        Duration::from_millis(100),
-    );
-    let (ended_tx, ended_rx) = mpsc::unbounded_channel();
-    let player = Player::start(
-        ended_rx,
-        None,
-        Target::Reference {
-            protocol: direct.clone(),
-            lock: lock.clone(),
-        },
-        args.event_chaos(),
-        seed ^ 0x5eed,
-        stack.region.clone(),
-        stack.account.clone(),
-    );
+    let item = LockItem {
+        ddb,
+        table,
+        lock: lock.clone(),
+        layout: Layout::Reference,
+    };
+    let target = Target::Reference {
+        protocol: direct.clone(),
+        lock: lock.clone(),
+    };
+    let (watch, ended_tx) = Watch::start(setup, &stack, item, proxy, None, target);
 
-    // The stopper, as in the real run: mid-acquire when the proxy holds the write, mid-work
-    // when the poller sees the execution hold a slot. A stop is an ABORTED status event.
+    // A stop is an ABORTED status event; the execution's task sees the flag and ends.
     {
-        let (by_arn, ended_tx) = (by_arn.clone(), ended_tx.clone());
-        let mut holders = poller.holders.clone();
-        tokio::spawn(async move {
-            let mut rng = fastrand::Rng::with_seed(seed ^ 0x570b);
-            loop {
-                let candidates: Vec<(String, Role, Duration)> = tokio::select! {
-                    held = held_rx.recv() => match held {
-                        Some(arn) => vec![(arn, Role::StopMidAcquire, Duration::from_millis(50))],
-                        None => break,
-                    },
-                    changed = holders.changed() => {
-                        if changed.is_err() { break; }
-                        let now: Vec<String> = holders.borrow_and_update().iter().cloned().collect();
-                        now.into_iter()
-                            .map(|arn| (arn, Role::StopMidWork, Duration::from_millis(rng.u64(100..600))))
-                            .collect()
-                    }
-                };
-                for (arn, role, delay) in candidates {
-                    let Some(e) = by_arn.get(&arn).cloned() else {
-                        continue;
-                    };
-                    if e.role != role || e.stopped.load(Ordering::SeqCst) {
-                        continue;
-                    }
-                    let ended_tx = ended_tx.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        if !e.stopped.swap(true, Ordering::SeqCst) {
-                            let _ = ended_tx.send(e.ended("ABORTED", None));
-                        }
-                    });
-                }
+        let ended_tx = ended_tx.clone();
+        let role_of = planned.iter().map(|(a, _, r)| (a.clone(), *r)).collect();
+        watch.spawn_stopper(held_rx, role_of, seed, move |arn, _, delay| {
+            let Some(e) = by_arn.get(&arn).cloned() else {
+                return;
+            };
+            if e.stopped.load(Ordering::SeqCst) {
+                return;
             }
+            let ended_tx = ended_tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if !e.stopped.swap(true, Ordering::SeqCst) {
+                    let _ = ended_tx.send(e.ended("ABORTED", None));
+                }
+            });
         });
     }
 
@@ -315,7 +231,11 @@ pub async fn run(
     }
     drop(ended_tx);
     let progress = {
-        let (done, poll, proxy) = (done.clone(), poller.stats.clone(), proxy.clone());
+        let (done, poll, proxy) = (
+            done.clone(),
+            watch.poller.stats.clone(),
+            watch.proxy.clone(),
+        );
         let stopped_by = executions.clone();
         let limit = args.limit;
         Progress::start(move || {
@@ -344,55 +264,19 @@ pub async fn run(
     for task in tasks {
         let _ = task.await;
     }
-    // One more read by the poller after the last write.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let holders_when_all_ended = poller.stats().holders_now;
-    let settle_deadline =
-        Instant::now() + hold_for + args.event_chaos().late_by + Duration::from_secs(30);
-    loop {
-        let p = proxy.stats();
-        let settled = p.held == p.landed + p.rejected_stale + p.other_outcome
-            && player.pending.load(Ordering::SeqCst) == 0;
-        if settled || Instant::now() >= settle_deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    progress.finish().await;
-    poller.stop();
-
-    let mut report = Report {
-        protocol: "reference".to_owned(),
-        seed,
-        lock: lock.clone(),
-        limit: args.limit as usize,
-        hold_seconds: args.hold_seconds,
-        holders_when_all_ended,
-        logs: dir.display().to_string(),
-        ..Report::default()
-    };
-    let item = ddb
-        .get_item()
-        .table_name(&t.name)
-        .key("lock", AttributeValue::S(lock.clone()))
-        .consistent_read(true)
-        .send()
-        .await
-        .map_err(|e| {
-            format!(
-                "GetItem: {}",
-                aws_sdk_dynamodb::error::DisplayErrorContext(e)
-            )
-        })?;
-    let (leaked, _) = item
-        .item
-        .as_ref()
-        .map(|i| crate::poller::decode(Layout::Reference, i))
-        .unwrap_or_default();
-    report.leaked_slots_at_end = leaked.len();
-    report.leaked_holders = leaked;
-
+    let holders_when_all_ended = watch.holders_after_the_last_write().await;
+    watch
+        .settle(
+            args,
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            // The sample's cleanup runs inside its delivery: nothing more to wait for.
+            || async { Ok(true) },
+        )
+        .await?;
+    let mut report = watch
+        .finish(progress, setup, holders_when_all_ended)
+        .await?;
     let done = done.lock().expect("done").clone();
     let mut counts = ExecutionCounts {
         total: n,
@@ -403,28 +287,17 @@ pub async fn run(
             .get(&e.arn)
             .cloned()
             .unwrap_or_else(|| ("RUNNING".to_owned(), None));
-        match (e.role, status.as_str(), error.as_deref()) {
-            (Role::Fail, "FAILED", Some("WorkFailed")) => counts.failed_as_planned += 1,
-            (Role::StopMidAcquire, "ABORTED", _) => counts.stopped_mid_acquire += 1,
-            (Role::StopMidWork, "ABORTED", _) => counts.stopped_mid_work += 1,
-            (Role::Normal | Role::StopMidWork, "SUCCEEDED", _) => counts.succeeded += 1,
-            _ => {
-                counts.unexpected += 1;
-                counts.unexpected_examples.push(format!(
-                    "{} ({:?}): {status} {}",
-                    e.name,
-                    e.role,
-                    error.unwrap_or_default()
-                ));
-            }
+        let was_stopped = e.stopped.load(Ordering::SeqCst);
+        if !counts.count_planned(e.role, &status, error.as_deref(), was_stopped) {
+            counts.unexpected_examples.push(format!(
+                "{} ({:?}): {status} {}",
+                e.name,
+                e.role,
+                error.unwrap_or_default()
+            ));
         }
     }
     report.executions = counts;
-    let poll = poller.stats();
-    report.max_concurrent_holders = poll.max_holders;
-    report.poller = poll;
-    report.events = player.stats();
-    report.delayed_acquire_writes = proxy.stats();
 
     let limit = args.limit as usize;
     report.check(

@@ -5,6 +5,7 @@ use serde::Serialize;
 use crate::events::EventStats;
 use crate::poller::PollStats;
 use crate::proxy::ProxyStats;
+use crate::Role;
 
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct ExecutionCounts {
@@ -19,6 +20,32 @@ pub struct ExecutionCounts {
     /// Anything else: a status or error the plan did not ask for, or still running.
     pub unexpected: usize,
     pub unexpected_examples: Vec<String>,
+}
+
+impl ExecutionCounts {
+    /// Counts an execution that ended as its role planned; false (only `unexpected` counted) if
+    /// it did not, for the caller to say why.
+    pub fn count_planned(
+        &mut self,
+        role: Role,
+        status: &str,
+        error: Option<&str>,
+        was_stopped: bool,
+    ) -> bool {
+        let planned = match (role, status, error) {
+            (Role::Fail, "FAILED", Some("WorkFailed")) => &mut self.failed_as_planned,
+            (Role::StopMidAcquire, "ABORTED", _) if was_stopped => &mut self.stopped_mid_acquire,
+            (Role::StopMidWork, "ABORTED", _) if was_stopped => &mut self.stopped_mid_work,
+            // A stop that came after the work was done: the execution simply succeeded.
+            (Role::Normal | Role::StopMidWork, "SUCCEEDED", _) => &mut self.succeeded,
+            _ => {
+                self.unexpected += 1;
+                return false;
+            }
+        };
+        *planned += 1;
+        true
+    }
 }
 
 #[derive(Debug, Default, Clone, Serialize)]

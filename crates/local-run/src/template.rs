@@ -109,6 +109,14 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The lock the template's functions use (its LockName parameter).
+    pub fn lock_name(&self) -> Result<String, String> {
+        self.parameters
+            .get("LockName")
+            .cloned()
+            .ok_or_else(|| "template.yaml has no LockName parameter".to_owned())
+    }
+
     pub fn machine(&self, logical_id: &str) -> Result<&MachinePlan, String> {
         self.machines
             .iter()

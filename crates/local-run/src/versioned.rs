@@ -1,28 +1,23 @@
 //! The run of this project's semaphore: real state machines on moto's interpreter, real Lambda
 //! binaries behind cargo lambda's emulator, deployed from template.yaml.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ScalarAttributeType,
-};
 use aws_sdk_sfn::types::ExecutionStatus;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
-use crate::events::{Ended, Player, Target};
+use crate::driver::{self, LockItem, Setup, Watch};
+use crate::events::{Ended, Target};
 use crate::local_aws::{self, sdk_config};
-use crate::poller::{Layout, Poller};
-use crate::procs::Supervisor;
+use crate::poller::Layout;
 use crate::progress::{phase, Progress};
 use crate::proxy::{DelayProxy, WriteKind};
 use crate::report::{short, CleanupCounts, ExecutionCounts, Report, SweeperCounts};
 use crate::template::{Plan, Stack, Template};
-use crate::{plan_roles, Args, Role};
+use crate::Role;
 
 type Sfn = aws_sdk_sfn::Client;
 
@@ -207,37 +202,8 @@ struct Deployed {
 }
 
 async fn deploy(plan: &Plan, sdk: &aws_config::SdkConfig) -> Result<Deployed, String> {
-    let ddb = aws_sdk_dynamodb::Client::new(sdk);
     let t = &plan.table;
-    let mut create = ddb
-        .create_table()
-        .table_name(&t.name)
-        .billing_mode(BillingMode::from(t.billing_mode.as_str()));
-    for (name, kind) in &t.attributes {
-        create = create.attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(name)
-                .attribute_type(ScalarAttributeType::from(kind.as_str()))
-                .build()
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    for (name, kind) in &t.key_schema {
-        create = create.key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(name)
-                .key_type(KeyType::from(kind.as_str()))
-                .build()
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    create.send().await.map_err(|e| {
-        format!(
-            "CreateTable {}: {}",
-            t.name,
-            aws_sdk_dynamodb::error::DisplayErrorContext(e)
-        )
-    })?;
+    driver::create_table(&aws_sdk_dynamodb::Client::new(sdk), t).await?;
     eprintln!("    table          {} (key {:?})", t.name, t.key_schema);
 
     let sns = aws_sdk_sns::Client::new(sdk);
@@ -411,13 +377,8 @@ fn count_fenced(dir: &Path) -> usize {
         .sum()
 }
 
-pub async fn run(
-    args: &Args,
-    root: &Path,
-    dir: &Path,
-    seed: u64,
-    supervisor: &Supervisor,
-) -> Result<Report, String> {
+pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
+    let (args, root, dir, seed) = (setup.args, setup.root, setup.dir, setup.seed);
     let stack = Stack::default();
     let mut overrides = BTreeMap::new();
     overrides.insert("ConcurrencyLimit".to_owned(), args.limit.to_string());
@@ -428,11 +389,7 @@ pub async fn run(
     let (cleanup_machine, rule) = (cleanup_machine.clone(), rule.clone());
     let (sweeper_machine, schedule) = plan.scheduled()?;
     let (sweeper_machine, schedule) = (sweeper_machine.clone(), schedule.clone());
-    let lock = plan
-        .parameters
-        .get("LockName")
-        .cloned()
-        .ok_or("template.yaml has no LockName parameter")?;
+    let lock = plan.lock_name()?;
 
     let binaries: Vec<&str> = plan.functions.iter().map(|f| f.binary.as_str()).collect();
     if !args.no_build {
@@ -451,18 +408,13 @@ pub async fn run(
         .unwrap_or_else(|| root.join(".venv/bin/cargo-lambda"));
     let emulator_port = local_aws::free_port()?;
     let emulator = format!("http://127.0.0.1:{emulator_port}");
-    let endpoint = local_aws::start_server(supervisor, &python, root, dir, Some(&emulator))?;
+    let endpoint = local_aws::start_server(setup.supervisor, &python, root, dir, Some(&emulator))?;
     local_aws::enable_step_functions_execution(&endpoint).await?;
     eprintln!("    moto server    {endpoint} (serialized; Step Functions execution mode on; Lambda invokes -> {emulator})");
-    local_aws::start_emulator(supervisor, &cargo_lambda, root, dir, emulator_port)?;
+    local_aws::start_emulator(setup.supervisor, &cargo_lambda, root, dir, emulator_port)?;
     eprintln!("    Lambda API     {emulator} (cargo lambda watch --only-lambda-apis)");
-    let upstream = endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .map_err(|e| format!("{endpoint}: {e}"))?;
-    let hold_for = Duration::from_secs_f64(args.hold_seconds);
-    let (proxy, mut held_rx) = DelayProxy::start(upstream, WriteKind::Versioned, hold_for).await?;
-    let proxy = Arc::new(proxy);
+    let (proxy, held_rx) =
+        DelayProxy::start(&endpoint, WriteKind::Versioned, args.hold_for()).await?;
     eprintln!(
         "    delay proxy    {} (acquire Lambda -> DynamoDB)",
         proxy.endpoint()
@@ -475,7 +427,7 @@ pub async fn run(
             _ => (2, endpoint.clone()),
         };
         local_aws::start_functions(
-            supervisor,
+            setup.supervisor,
             &binary_dir,
             dir,
             function,
@@ -508,104 +460,49 @@ pub async fn run(
     .await?;
 
     // The run's plan.
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let n = args.executions as usize;
-    let roles = plan_roles(n, args.shares(), &mut rng);
-    let executions: Vec<(String, String, Role)> = roles
-        .iter()
-        .enumerate()
-        .map(|(i, role)| {
-            let name = format!("run-{:03}", i + 1);
-            let arn = format!(
-                "arn:{}:states:{}:{}:execution:{}:{name}",
-                stack.partition, stack.region, stack.account, protected.name
-            );
-            (arn, name, *role)
-        })
-        .collect();
-    let role_of: HashMap<String, Role> = executions
-        .iter()
-        .map(|(arn, _, role)| (arn.clone(), *role))
-        .collect();
-    for (arn, _, role) in &executions {
-        if *role == Role::StopMidAcquire {
-            proxy.target(arn);
-        }
-    }
+    let executions = driver::plan_executions(setup, &stack, &protected.name, &proxy);
+    let n = executions.len();
+    let item = LockItem {
+        ddb: aws_sdk_dynamodb::Client::new(&sdk),
+        table: plan.table.name.clone(),
+        lock: lock.clone(),
+        layout: Layout::Versioned,
+    };
+    let target = Target::StateMachine {
+        client: sfn.clone(),
+        arn: cleanup_machine.arn.clone(),
+    };
+    let pattern = Some(rule.pattern.clone());
+    let (watch, ended_tx) = Watch::start(setup, &stack, item, proxy, pattern, target);
 
-    let ddb = aws_sdk_dynamodb::Client::new(&sdk);
-    let poller = Poller::start(
-        ddb.clone(),
-        plan.table.name.clone(),
-        lock.clone(),
-        Layout::Versioned,
-        Duration::from_millis(100),
-    );
-    let (ended_tx, ended_rx) = mpsc::unbounded_channel();
-    let player = Player::start(
-        ended_rx,
-        Some(rule.pattern.clone()),
-        Target::StateMachine {
-            client: sfn.clone(),
-            arn: cleanup_machine.arn.clone(),
-        },
-        args.event_chaos(),
-        seed ^ 0x5eed,
-        stack.region.clone(),
-        stack.account.clone(),
-    );
-
-    // The stopper: mid-acquire when the proxy starts holding the write, mid-work when the
-    // poller sees the execution hold a slot.
+    // A stop is a StopExecution, as an operator's would be.
     let stopped: Arc<Mutex<BTreeMap<String, Role>>> = Arc::default();
     {
-        let (sfn, stopped, role_of) = (sfn.clone(), stopped.clone(), role_of.clone());
-        let mut holders = poller.holders.clone();
-        tokio::spawn(async move {
-            let mut rng = fastrand::Rng::with_seed(seed ^ 0x570b);
-            loop {
-                let candidates: Vec<(String, Role, Duration)> = tokio::select! {
-                    held = held_rx.recv() => match held {
-                        Some(arn) => vec![(arn, Role::StopMidAcquire, Duration::from_millis(50))],
-                        None => break,
-                    },
-                    changed = holders.changed() => {
-                        if changed.is_err() { break; }
-                        let now: Vec<String> = holders.borrow_and_update().iter().cloned().collect();
-                        now.into_iter()
-                            .filter(|arn| role_of.get(arn) == Some(&Role::StopMidWork))
-                            .map(|arn| (arn, Role::StopMidWork, Duration::from_millis(rng.u64(100..600))))
-                            .collect()
-                    }
-                };
-                for (arn, role, delay) in candidates {
-                    if role_of.get(&arn) != Some(&role) {
-                        continue;
-                    }
-                    if stopped
-                        .lock()
-                        .expect("stopped")
-                        .insert(arn.clone(), role)
-                        .is_some()
-                    {
-                        continue;
-                    }
-                    let sfn = sfn.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        if let Err(e) = sfn
-                            .stop_execution()
-                            .execution_arn(&arn)
-                            .error("LocalRun.Chaos")
-                            .cause(format!("{role:?}"))
-                            .send()
-                            .await
-                        {
-                            eprintln!("StopExecution {arn}: {}", sfn_error(e));
-                        }
-                    });
-                }
+        let (sfn, stopped) = (sfn.clone(), stopped.clone());
+        let role_of = executions.iter().map(|(a, _, r)| (a.clone(), *r)).collect();
+        watch.spawn_stopper(held_rx, role_of, seed, move |arn, role, delay| {
+            if stopped
+                .lock()
+                .expect("stopped")
+                .insert(arn.clone(), role)
+                .is_some()
+            {
+                return;
             }
+            let sfn = sfn.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Err(e) = sfn
+                    .stop_execution()
+                    .execution_arn(&arn)
+                    .error("LocalRun.Chaos")
+                    .cause(format!("{role:?}"))
+                    .send()
+                    .await
+                {
+                    eprintln!("StopExecution {arn}: {}", sfn_error(e));
+                }
+            });
         });
     }
 
@@ -638,15 +535,16 @@ pub async fn run(
         });
     }
 
+    let planned = |role| executions.iter().filter(|e| e.2 == role).count();
     phase(&format!(
         "starting {n} executions of {} (limit {}, {} s of work each; {} fail, {} stopped \
          mid-acquire, {} stopped mid-work)",
         protected.name,
         args.limit,
         args.work_seconds,
-        roles.iter().filter(|r| **r == Role::Fail).count(),
-        roles.iter().filter(|r| **r == Role::StopMidAcquire).count(),
-        roles.iter().filter(|r| **r == Role::StopMidWork).count(),
+        planned(Role::Fail),
+        planned(Role::StopMidAcquire),
+        planned(Role::StopMidWork),
     ));
     // Started in the background, so that the watcher below plays each status event as soon as
     // its execution ends (starting 100 executions on moto takes several seconds).
@@ -726,9 +624,9 @@ pub async fn run(
     let progress = {
         let (outcomes, poll, proxy, events, reclaimed, started) = (
             outcomes.clone(),
-            poller.stats.clone(),
-            proxy.clone(),
-            player.stats.clone(),
+            watch.poller.stats.clone(),
+            watch.proxy.clone(),
+            watch.player.stats.clone(),
             reclaimed_live.clone(),
             started.clone(),
         );
@@ -767,7 +665,7 @@ pub async fn run(
             progress.finish().await;
             return Err(e);
         }
-        if let Some((name, status, log)) = supervisor.exited() {
+        if let Some((name, status, log)) = setup.supervisor.exited() {
             progress.finish().await;
             return Err(format!(
                 "{name} exited ({status}); see {}:\n{}",
@@ -795,32 +693,28 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
-    // One more read by the poller after the last write.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let holders_when_all_ended = poller.stats().holders_now;
+    let holders_when_all_ended = watch.holders_after_the_last_write().await;
     progress.note(&format!(
         "==> all executions ended{}; settling: late events, held writes, cleanups",
         if timed_out { " or timed out" } else { "" }
     ));
 
-    // Settle: every delivery made, every held write answered, every cleanup ended.
-    let settle_deadline =
-        Instant::now() + hold_for + args.event_chaos().late_by + Duration::from_secs(60);
-    loop {
-        let p = proxy.stats();
-        let writes_settled = p.held == p.landed + p.rejected_stale + p.other_outcome;
-        let deliveries_settled = player.pending.load(std::sync::atomic::Ordering::SeqCst) == 0;
-        let cleanups = list_executions(&sfn, &cleanup_machine.arn).await?;
-        let cleanups_settled = cleanups
+    // Settle: the cleanups the last deliveries started have to end too.
+    let (sfn_ref, cleanup_arn) = (&sfn, cleanup_machine.arn.as_str());
+    let cleanups_settled = move || async move {
+        let cleanups = list_executions(sfn_ref, cleanup_arn).await?;
+        Ok(cleanups
             .iter()
-            .all(|(_, _, s)| *s != ExecutionStatus::Running);
-        if (writes_settled && deliveries_settled && cleanups_settled)
-            || Instant::now() >= settle_deadline
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+            .all(|(_, _, s)| *s != ExecutionStatus::Running))
+    };
+    watch
+        .settle(
+            args,
+            Duration::from_secs(60),
+            Duration::from_millis(300),
+            cleanups_settled,
+        )
+        .await?;
 
     // The final sweep, after the schedule's last one.
     sweeping.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -843,43 +737,11 @@ pub async fn run(
         .await
         .map_err(sfn_error)?;
     wait_ended(&sfn, final_sweep.execution_arn(), Duration::from_secs(120)).await?;
-    // Let the poller see the item after the final sweep.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    progress.finish().await;
-    poller.stop();
 
     // Gather.
-    let mut report = Report {
-        protocol: "versioned".to_owned(),
-        seed,
-        lock: lock.clone(),
-        limit: args.limit as usize,
-        hold_seconds: args.hold_seconds,
-        holders_when_all_ended,
-        logs: dir.display().to_string(),
-        ..Report::default()
-    };
-    let item = ddb
-        .get_item()
-        .table_name(&plan.table.name)
-        .key("lock", AttributeValue::S(lock.clone()))
-        .consistent_read(true)
-        .send()
-        .await
-        .map_err(|e| {
-            format!(
-                "GetItem: {}",
-                aws_sdk_dynamodb::error::DisplayErrorContext(e)
-            )
-        })?;
-    let (leaked, _) = item
-        .item
-        .as_ref()
-        .map(|i| crate::poller::decode(Layout::Versioned, i))
-        .unwrap_or_default();
-    report.leaked_slots_at_end = leaked.len();
-    report.leaked_holders = leaked;
-
+    let mut report = watch
+        .finish(progress, setup, holders_when_all_ended)
+        .await?;
     let outcomes = outcomes.lock().expect("outcomes").clone();
     let stopped = stopped.lock().expect("stopped").clone();
     let mut counts = ExecutionCounts {
@@ -901,38 +763,25 @@ pub async fn run(
             .as_deref()
             .and_then(|s| serde_json::from_str::<Value>(s).ok())
             .and_then(|v| v["fencing_token"].as_u64());
-        match (role, o.status.as_str(), o.error.as_deref()) {
-            (Role::Fail, "FAILED", Some("WorkFailed")) => counts.failed_as_planned += 1,
-            (Role::StopMidAcquire, "ABORTED", _) if was_stopped => counts.stopped_mid_acquire += 1,
-            (Role::StopMidWork, "ABORTED", _) if was_stopped => counts.stopped_mid_work += 1,
-            // A stop that came after the work was done: the execution simply succeeded.
-            (Role::Normal | Role::StopMidWork, "SUCCEEDED", _) => {
-                counts.succeeded += 1;
+        if counts.count_planned(*role, &o.status, o.error.as_deref(), was_stopped) {
+            if o.status == "SUCCEEDED" {
                 tokens.extend(token);
             }
-            _ => {
-                counts.unexpected += 1;
-                let history = save_history(&sfn, arn, dir).await;
-                counts.unexpected_examples.push(format!(
-                    "{name} ({role:?}): {} {}{}: {} [history: {history}]",
-                    o.status,
-                    o.error.as_deref().unwrap_or(""),
-                    if was_stopped { " (stopped)" } else { "" },
-                    clip(o.cause.as_deref().unwrap_or(""), 300)
-                ));
-            }
+        } else {
+            let history = save_history(&sfn, arn, dir).await;
+            counts.unexpected_examples.push(format!(
+                "{name} ({role:?}): {} {}{}: {} [history: {history}]",
+                o.status,
+                o.error.as_deref().unwrap_or(""),
+                if was_stopped { " (stopped)" } else { "" },
+                clip(o.cause.as_deref().unwrap_or(""), 300)
+            ));
         }
     }
     report.executions = counts;
     let distinct: BTreeSet<u64> = tokens.iter().copied().collect();
     report.fencing_tokens_unique =
         Some(distinct.len() == tokens.len() && tokens.len() == report.executions.succeeded);
-
-    let poll = poller.stats();
-    report.max_concurrent_holders = poll.max_holders;
-    report.poller = poll;
-    report.events = player.stats();
-    report.delayed_acquire_writes = proxy.stats();
     report.fenced_answers_in_logs = count_fenced(dir);
 
     // When each execution's first cleanup finished, to check that no read after it saw the

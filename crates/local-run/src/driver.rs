@@ -1,0 +1,287 @@
+//! What the two modes' runs do alike: the table, the planned executions, the watchers (poller,
+//! event player, delaying proxy), the stopper, the settling and the report's common part. Each
+//! mode (`versioned`, `reference`) keeps only how its executions run and what it checks.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    ScalarAttributeType,
+};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::events::{Ended, Player, Target};
+use crate::poller::{Layout, Poller};
+use crate::procs::Supervisor;
+use crate::progress::Progress;
+use crate::proxy::DelayProxy;
+use crate::report::Report;
+use crate::template::{Stack, TablePlan};
+use crate::{plan_roles, Args, Role};
+
+/// What a mode's run starts from.
+#[derive(Clone, Copy)]
+pub struct Setup<'a> {
+    pub args: &'a Args,
+    /// The repository (template.yaml, statemachines/, local/).
+    pub root: &'a Path,
+    /// Where the run's logs (and the histories of executions that went wrong) go.
+    pub dir: &'a Path,
+    pub seed: u64,
+    pub supervisor: &'a Supervisor,
+}
+
+fn ddb_error(e: impl std::error::Error + 'static) -> String {
+    aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string()
+}
+
+pub async fn create_table(ddb: &aws_sdk_dynamodb::Client, t: &TablePlan) -> Result<(), String> {
+    let mut create = ddb
+        .create_table()
+        .table_name(&t.name)
+        .billing_mode(BillingMode::from(t.billing_mode.as_str()));
+    for (name, kind) in &t.attributes {
+        create = create.attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(name)
+                .attribute_type(ScalarAttributeType::from(kind.as_str()))
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    for (name, kind) in &t.key_schema {
+        create = create.key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(name)
+                .key_type(KeyType::from(kind.as_str()))
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    create
+        .send()
+        .await
+        .map_err(|e| format!("CreateTable {}: {}", t.name, ddb_error(e)))?;
+    Ok(())
+}
+
+/// The run's executions, roles chosen up front from the seed: (ARN, name, role) of `machine`'s
+/// executions `run-001`, ... The proxy is told whose acquire write to hold.
+pub fn plan_executions(
+    setup: &Setup<'_>,
+    stack: &Stack,
+    machine: &str,
+    proxy: &DelayProxy,
+) -> Vec<(String, String, Role)> {
+    let args = setup.args;
+    let mut rng = fastrand::Rng::with_seed(setup.seed);
+    let roles = plan_roles(args.executions as usize, args.shares(), &mut rng);
+    let executions: Vec<(String, String, Role)> = roles
+        .into_iter()
+        .enumerate()
+        .map(|(i, role)| {
+            let name = format!("run-{:03}", i + 1);
+            let arn = format!(
+                "arn:{}:states:{}:{}:execution:{machine}:{name}",
+                stack.partition, stack.region, stack.account
+            );
+            (arn, name, role)
+        })
+        .collect();
+    for (arn, _, role) in &executions {
+        if *role == Role::StopMidAcquire {
+            proxy.target(arn);
+        }
+    }
+    executions
+}
+
+/// The lock item of the run, as the poller and the report read it.
+pub struct LockItem {
+    pub ddb: aws_sdk_dynamodb::Client,
+    pub table: String,
+    pub lock: String,
+    pub layout: Layout,
+}
+
+impl LockItem {
+    /// Who holds a slot now (a consistent read).
+    async fn holders(&self) -> Result<Vec<String>, String> {
+        let item = self
+            .ddb
+            .get_item()
+            .table_name(&self.table)
+            .key("lock", AttributeValue::S(self.lock.clone()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| format!("GetItem: {}", ddb_error(e)))?;
+        let (holders, _) = item
+            .item
+            .as_ref()
+            .map(|i| crate::poller::decode(self.layout, i))
+            .unwrap_or_default();
+        Ok(holders)
+    }
+}
+
+/// What watches the run: the poller of the lock item, the player of the executions' status
+/// events, and the proxy that delays the chosen acquire writes.
+pub struct Watch {
+    pub item: LockItem,
+    pub poller: Poller,
+    pub player: Player,
+    pub proxy: Arc<DelayProxy>,
+}
+
+impl Watch {
+    /// Starts the poller and the player; each execution's end is to be sent on the returned
+    /// sender, and is delivered to `target` when it matches `pattern` (with the run's chaos).
+    pub fn start(
+        setup: &Setup<'_>,
+        stack: &Stack,
+        item: LockItem,
+        proxy: Arc<DelayProxy>,
+        pattern: Option<Value>,
+        target: Target,
+    ) -> (Self, mpsc::UnboundedSender<Ended>) {
+        let poller = Poller::start(
+            item.ddb.clone(),
+            item.table.clone(),
+            item.lock.clone(),
+            item.layout,
+            Duration::from_millis(100),
+        );
+        let (ended_tx, ended_rx) = mpsc::unbounded_channel();
+        let player = Player::start(
+            ended_rx,
+            pattern,
+            target,
+            setup.args.event_chaos(),
+            setup.seed ^ 0x5eed,
+            stack.region.clone(),
+            stack.account.clone(),
+        );
+        let watch = Self {
+            item,
+            poller,
+            player,
+            proxy,
+        };
+        (watch, ended_tx)
+    }
+
+    /// The stopper: an execution planned to be stopped mid-acquire is stopped as soon as the
+    /// proxy starts holding its write (so that its status event and cleanup race the write,
+    /// as in the seed's scenario); one planned to be stopped mid-work, shortly after the poller
+    /// first sees it hold a slot. `stop(arn, role, delay)` stops it after `delay`; it is called
+    /// again each time the poller sees the execution still holding, and must stop it once.
+    pub fn spawn_stopper(
+        &self,
+        mut held: mpsc::UnboundedReceiver<String>,
+        role_of: HashMap<String, Role>,
+        seed: u64,
+        mut stop: impl FnMut(String, Role, Duration) + Send + 'static,
+    ) {
+        let mut holders = self.poller.holders.clone();
+        tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(seed ^ 0x570b);
+            loop {
+                let candidates: Vec<(String, Role, Duration)> = tokio::select! {
+                    held = held.recv() => match held {
+                        Some(arn) => vec![(arn, Role::StopMidAcquire, Duration::from_millis(50))],
+                        None => break,
+                    },
+                    changed = holders.changed() => {
+                        if changed.is_err() { break; }
+                        let now: Vec<String> = holders.borrow_and_update().iter().cloned().collect();
+                        now.into_iter()
+                            .filter(|arn| role_of.get(arn) == Some(&Role::StopMidWork))
+                            .map(|arn| (arn, Role::StopMidWork, Duration::from_millis(rng.u64(100..600))))
+                            .collect()
+                    }
+                };
+                for (arn, role, delay) in candidates {
+                    if role_of.get(&arn) == Some(&role) {
+                        stop(arn, role, delay);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Holders when the last execution has ended, after one more read by the poller.
+    pub async fn holders_after_the_last_write(&self) -> usize {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.poller.stats().holders_now
+    }
+
+    /// Waits until every held write has had its answer, every status event is delivered and
+    /// `settled_too` says the mode's own work is done; or until `grace` after the last held
+    /// write and late delivery can be due.
+    pub async fn settle<F, Fut>(
+        &self,
+        args: &Args,
+        grace: Duration,
+        every: Duration,
+        mut settled_too: F,
+    ) -> Result<(), String>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<bool, String>>,
+    {
+        let deadline = Instant::now() + args.hold_for() + args.event_chaos().late_by + grace;
+        loop {
+            let writes_settled = self.proxy.stats().settled();
+            let deliveries_settled = self
+                .player
+                .pending
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 0;
+            let mode_settled = settled_too().await?;
+            if (writes_settled && deliveries_settled && mode_settled) || Instant::now() >= deadline
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// Lets the poller read the item after the last writes, stops it and the live view, and
+    /// starts the report with what both modes record alike: the run's settings, what the
+    /// poller, the player and the proxy saw, and who still holds a slot at the end.
+    pub async fn finish(
+        &self,
+        progress: Progress,
+        setup: &Setup<'_>,
+        holders_when_all_ended: usize,
+    ) -> Result<Report, String> {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        progress.finish().await;
+        self.poller.stop();
+        let args = setup.args;
+        let leaked = self.item.holders().await?;
+        let poll = self.poller.stats();
+        Ok(Report {
+            protocol: args.protocol.name().to_owned(),
+            seed: setup.seed,
+            lock: self.item.lock.clone(),
+            limit: args.limit as usize,
+            hold_seconds: args.hold_seconds,
+            holders_when_all_ended,
+            leaked_slots_at_end: leaked.len(),
+            leaked_holders: leaked,
+            max_concurrent_holders: poll.max_holders,
+            poller: poll,
+            events: self.player.stats(),
+            delayed_acquire_writes: self.proxy.stats(),
+            logs: setup.dir.display().to_string(),
+            ..Report::default()
+        })
+    }
+}
