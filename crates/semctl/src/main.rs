@@ -293,6 +293,7 @@ fn merge(into: &mut Value, from: Value) {
 }
 
 fn status_json(item: &SemaphoreItem, now_ms: u64) -> Value {
+    let item_bytes = semaphore_core::dynamo::item_size(&semaphore_core::dynamo::encode(item));
     let holders: Vec<Value> = item
         .holders
         .iter()
@@ -313,5 +314,9 @@ fn status_json(item: &SemaphoreItem, now_ms: u64) -> Value {
         "version": item.version.0,
         "holders": holders,
         "fences": item.live_fences(now_ms),
+        // Every write of a lock is the whole item: its size is what each write costs, and what
+        // bounds one lock's rate (BENCHMARKS.md, "The ceiling of one item per semaphore").
+        "item_bytes": item_bytes,
+        "write_units_per_write": item_bytes.div_ceil(1024).max(1),
     })
 }

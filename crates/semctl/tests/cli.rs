@@ -95,6 +95,13 @@ async fn acquire_full_release_and_status_report_what_happened() {
     assert_eq!(status["version"], 1);
     assert_eq!(status["holders"][0]["holder"], "exec-1");
     assert_eq!(status["holders"][0]["acquisition"], "default");
+    // The size of the item as stored, read back raw: what each write of this lock costs.
+    let stored = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "L")
+        .await
+        .expect("the item exists");
+    assert_eq!(status["item_bytes"], stored.approx_bytes);
+    assert!(stored.approx_bytes > 50, "{stored:?}");
+    assert_eq!(status["write_units_per_write"], 1);
 
     let released = semctl.json(&["release", "--lock", "L", "--holder", "exec-1"], 0);
     assert_eq!(released["outcome"], "released");
