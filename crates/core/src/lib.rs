@@ -36,4 +36,4 @@ pub use protocol::{
     AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, DEFAULT_FENCE_WINDOW,
 };
 pub use store::{ItemStore, PutResult, RetryPolicy, Semaphore};
-pub use sweep::{ExecutionState, ExecutionStatus, Reclaimed, SweepReport};
+pub use sweep::{ExecutionState, ExecutionStatus, LargestItem, Reclaimed, SweepReport};

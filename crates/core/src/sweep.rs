@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 
+use crate::dynamo;
 use crate::error::Error;
 use crate::input::{AcquisitionId, HolderId, LockName};
 use crate::item::FencingToken;
@@ -53,9 +54,20 @@ pub struct Reclaimed {
     pub reason: String,
 }
 
+/// The biggest semaphore item a sweep scanned, in bytes as DynamoDB counts them. Every write of
+/// a lock writes its whole item, so this is what each write of the busiest lock costs; it grows
+/// with that lock's rate (its fences), and one lock's writes share one partition's throughput.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LargestItem {
+    pub lock: LockName,
+    pub bytes: usize,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SweepReport {
     pub locks: usize,
+    /// `None` when the table holds no semaphore yet.
+    pub largest_item: Option<LargestItem>,
     pub holders_checked: usize,
     pub reclaimed: Vec<Reclaimed>,
     /// Holders that could not be checked or cleaned, with why; retried by the next sweep.
@@ -69,6 +81,13 @@ impl<S: ItemStore> Semaphore<S> {
         let items = self.list().await?;
         let mut report = SweepReport {
             locks: items.len(),
+            largest_item: items
+                .iter()
+                .map(|item| LargestItem {
+                    lock: item.lock.clone(),
+                    bytes: dynamo::item_size(&dynamo::encode(item)),
+                })
+                .max_by_key(|largest| largest.bytes),
             ..SweepReport::default()
         };
         let mut states: HashMap<HolderId, Result<ExecutionState, String>> = HashMap::new();
@@ -189,5 +208,31 @@ mod tests {
         assert_eq!(left, ["op", "run", "unknown"]);
         // A second sweep finds nothing more to reclaim.
         assert!(sem.sweep(&states).await.unwrap().reclaimed.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_sweep_reports_the_biggest_item_as_stored() {
+        let sem = Semaphore::new(MemoryStore::new());
+        let states = Fixed(HashMap::new());
+        assert_eq!(sem.sweep(&states).await.unwrap().largest_item, None);
+        let (small, big) = (
+            LockName::new("small").unwrap(),
+            LockName::new("big").unwrap(),
+        );
+        let limit = Limit::new(10).unwrap();
+        sem.acquire(&small, &id("op", "1"), limit).await.unwrap();
+        for n in 0..3 {
+            sem.acquire(&big, &id(&format!("op-{n}"), "1"), limit)
+                .await
+                .unwrap();
+        }
+        let stored = sem.status(&big).await.unwrap();
+        assert_eq!(
+            sem.sweep(&states).await.unwrap().largest_item,
+            Some(LargestItem {
+                lock: big,
+                bytes: dynamo::item_size(&dynamo::encode(&stored)),
+            })
+        );
     }
 }

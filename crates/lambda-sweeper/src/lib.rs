@@ -4,11 +4,13 @@
 //! For every holder of every semaphore it asks Step Functions (`DescribeExecution`) whether the
 //! execution still runs. A holder whose execution has ended, or no longer exists, is released
 //! through the same core cleanup as the cleanup function (so it is fenced too); for each slot so
-//! reclaimed an SNS notice goes to `TOPIC_ARN`, and every sweep prints the `ReclaimedSlots`
-//! metric as an EMF log line (zero included). The cost grows with the current holders only.
+//! reclaimed an SNS notice goes to `TOPIC_ARN`, and every sweep prints the `ReclaimedSlots` and
+//! `LargestItemBytes` metrics as an EMF log line (zeros included). The cost grows with the
+//! current holders only.
 //!
-//! Input: any JSON (the schedule's event). Answer: `{"locks": n, "holders_checked": n,
-//! "reclaimed": n, "notices_published": n, "errors": [..]}`; a holder that could not be checked
+//! Input: any JSON (the schedule's event). Answer: `{"locks": n, "largest_item_bytes": n,
+//! "largest_item_lock": name or null, "holders_checked": n, "reclaimed": n,
+//! "notices_published": n, "errors": [..]}`; a holder that could not be checked
 //! or a notice that could not be published is listed in `errors` and does not fail the sweep.
 //! Errors: `SemaphoreStoreError` when the table cannot be read.
 
@@ -27,7 +29,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use arn::{ExecutionArn, ExecutionKind, StateMachineArn};
-pub use notice::{emf_line, human_duration, subject, Notice, DEFAULT_NAMESPACE, METRIC_NAME};
+pub use notice::{
+    emf_line, human_duration, subject, Notice, DEFAULT_NAMESPACE, ITEM_BYTES_METRIC_NAME,
+    METRIC_NAME,
+};
 
 /// Execution states from `DescribeExecution`.
 #[derive(Debug, Clone)]
@@ -104,6 +109,9 @@ impl ExecutionStatus for SfnExecutions {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SweepSummary {
     pub locks: usize,
+    /// The biggest semaphore item scanned (0 and `None` when there is none yet).
+    pub largest_item_bytes: usize,
+    pub largest_item_lock: Option<String>,
     pub holders_checked: usize,
     pub reclaimed: usize,
     pub notices_published: usize,
@@ -179,8 +187,14 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
             .await
             .map_err(HandlerError::from)
             .inspect_err(|e| tracing::error!(error = %e, "sweep failed"))?;
+        let (largest_item_bytes, largest_item_lock) = match &report.largest_item {
+            Some(largest) => (largest.bytes, Some(largest.lock.to_string())),
+            None => (0, None),
+        };
         let mut summary = SweepSummary {
             locks: report.locks,
+            largest_item_bytes,
+            largest_item_lock,
             holders_checked: report.holders_checked,
             reclaimed: report.reclaimed.len(),
             notices_published: 0,
@@ -213,9 +227,16 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
         for error in &summary.errors {
             tracing::warn!(error = %error, "sweep problem; the next sweep retries");
         }
-        let emf = emf_line(&self.namespace, summary.reclaimed, started_ms);
+        let emf = emf_line(
+            &self.namespace,
+            summary.reclaimed,
+            summary.largest_item_bytes,
+            started_ms,
+        );
         tracing::info!(
             locks = summary.locks,
+            largest_item_bytes = summary.largest_item_bytes,
+            largest_item_lock = summary.largest_item_lock.as_deref().unwrap_or(""),
             holders_checked = summary.holders_checked,
             reclaimed = summary.reclaimed,
             notices_published = summary.notices_published,

@@ -7,6 +7,9 @@ use serde_json::json;
 
 /// The metric's name; the alarm in template.yaml watches it (no dimensions).
 pub const METRIC_NAME: &str = "ReclaimedSlots";
+/// The size of the biggest semaphore item, once per sweep: what each write of the busiest lock
+/// costs, which approaches a ceiling as that lock's rate grows (BENCHMARKS.md).
+pub const ITEM_BYTES_METRIC_NAME: &str = "LargestItemBytes";
 /// `METRIC_NAMESPACE` when unset.
 pub const DEFAULT_NAMESPACE: &str = "StepFunctionsSemaphore";
 /// SNS subjects must be ASCII, without control characters, and under 100 characters.
@@ -90,20 +93,30 @@ pub fn human_duration(ms: u64) -> String {
         .join(" ")
 }
 
-/// The EMF log line that makes CloudWatch record `ReclaimedSlots` = `reclaimed` in `namespace`
-/// (no dimensions) at `timestamp_ms`. Printed on stdout once per sweep, zero included, so that
-/// the alarm sees data rather than missing data.
-pub fn emf_line(namespace: &str, reclaimed: usize, timestamp_ms: u64) -> String {
+/// The EMF log line that makes CloudWatch record, in `namespace` (no dimensions) at
+/// `timestamp_ms`, `ReclaimedSlots` = `reclaimed` and `LargestItemBytes` = `largest_item_bytes`.
+/// Printed on stdout once per sweep, zeros included, so that the alarms see data rather than
+/// missing data.
+pub fn emf_line(
+    namespace: &str,
+    reclaimed: usize,
+    largest_item_bytes: usize,
+    timestamp_ms: u64,
+) -> String {
     json!({
         "_aws": {
             "Timestamp": timestamp_ms,
             "CloudWatchMetrics": [{
                 "Namespace": namespace,
                 "Dimensions": [[]],
-                "Metrics": [{ "Name": METRIC_NAME, "Unit": "Count" }],
+                "Metrics": [
+                    { "Name": METRIC_NAME, "Unit": "Count" },
+                    { "Name": ITEM_BYTES_METRIC_NAME, "Unit": "Bytes" },
+                ],
             }],
         },
         METRIC_NAME: reclaimed,
+        ITEM_BYTES_METRIC_NAME: largest_item_bytes,
     })
     .to_string()
 }
@@ -135,8 +148,8 @@ mod tests {
     }
 
     #[test]
-    fn the_emf_line_declares_one_dimensionless_count() {
-        let line = emf_line("StepFunctionsSemaphore", 0, 1_700_000_000_000);
+    fn the_emf_line_declares_two_dimensionless_metrics() {
+        let line = emf_line("StepFunctionsSemaphore", 0, 809, 1_700_000_000_000);
         assert!(!line.contains('\n'));
         let doc: Value = serde_json::from_str(&line).unwrap();
         assert_eq!(
@@ -147,10 +160,14 @@ mod tests {
                     "CloudWatchMetrics": [{
                         "Namespace": "StepFunctionsSemaphore",
                         "Dimensions": [[]],
-                        "Metrics": [{"Name": "ReclaimedSlots", "Unit": "Count"}]
+                        "Metrics": [
+                            {"Name": "ReclaimedSlots", "Unit": "Count"},
+                            {"Name": "LargestItemBytes", "Unit": "Bytes"}
+                        ]
                     }]
                 },
-                "ReclaimedSlots": 0
+                "ReclaimedSlots": 0,
+                "LargestItemBytes": 809
             })
         );
     }

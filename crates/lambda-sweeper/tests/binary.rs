@@ -50,6 +50,12 @@ async fn the_binary_sweeps_and_prints_the_metric() {
         .unwrap()
         .to_owned();
 
+    // The item as stored before the sweep, read back raw: the size the sweep must report.
+    let stored_bytes = semaphore_tests::observe::observe(sem.store().client(), &table, "demo-lock")
+        .await
+        .expect("the item exists")
+        .approx_bytes;
+
     let run = tokio::task::spawn_blocking(move || {
         run_function(
             Path::new(EXE),
@@ -68,6 +74,8 @@ async fn the_binary_sweeps_and_prints_the_metric() {
         run.answers,
         [Answer::Response(json!({
             "locks": 1,
+            "largest_item_bytes": stored_bytes,
+            "largest_item_lock": "demo-lock",
             "holders_checked": 1,
             "reclaimed": 1,
             "notices_published": 1,
@@ -86,6 +94,7 @@ async fn the_binary_sweeps_and_prints_the_metric() {
         .collect();
     assert_eq!(emf.len(), 1, "{}", run.stdout);
     assert_eq!(emf[0]["ReclaimedSlots"], json!(1));
+    assert_eq!(emf[0]["LargestItemBytes"], json!(stored_bytes));
     assert_eq!(
         emf[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"],
         json!("Test/Semaphore")

@@ -11,6 +11,7 @@ use lambda_runtime::{Context, LambdaEvent};
 use lambda_sweeper::{Notice, SfnExecutions, Sweeper};
 use semaphore_core::{AcquireOutcome, DynamoStore, FenceReason, Limit, LockName, Semaphore};
 use semaphore_tests::names::id;
+use semaphore_tests::observe::observe;
 use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
 
@@ -222,6 +223,11 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
     take(sem, "demo-lock", operator, "op").await;
     take(sem, "demo-lock", &foreign, "f1").await;
     let orders_token = take(sem, "orders", &aborted, "o1").await;
+    // demo-lock, with 5 holders, is the bigger item; its size as stored, read back raw.
+    let demo_bytes = observe(sem.store().client(), &table, "demo-lock")
+        .await
+        .expect("the item exists")
+        .approx_bytes;
     let before_sweep = now_ms();
 
     let result = sweeper.sweep().await.expect("the sweep");
@@ -230,6 +236,8 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
         summary,
         json!({
             "locks": 2,
+            "largest_item_bytes": demo_bytes,
+            "largest_item_lock": "demo-lock",
             "holders_checked": 5,
             "reclaimed": 3,
             "notices_published": 3,
@@ -262,16 +270,20 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
         AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
     );
 
-    // The EMF line: one dimensionless Count of 3 in the default namespace.
+    // The EMF line: two dimensionless metrics in the default namespace.
     let emf: Value = serde_json::from_str(&result.emf).expect("the EMF line is JSON");
     assert!(!result.emf.contains('\n'));
     assert_eq!(emf["ReclaimedSlots"], json!(3));
+    assert_eq!(emf["LargestItemBytes"], json!(demo_bytes));
     let directive = &emf["_aws"]["CloudWatchMetrics"][0];
     assert_eq!(directive["Namespace"], json!("StepFunctionsSemaphore"));
     assert_eq!(directive["Dimensions"], json!([[]]));
     assert_eq!(
         directive["Metrics"],
-        json!([{"Name": "ReclaimedSlots", "Unit": "Count"}])
+        json!([
+            {"Name": "ReclaimedSlots", "Unit": "Count"},
+            {"Name": "LargestItemBytes", "Unit": "Bytes"}
+        ])
     );
     let stamp = emf["_aws"]["Timestamp"]
         .as_u64()
@@ -392,6 +404,7 @@ async fn every_sweep_emits_the_metric_even_when_nothing_leaked() {
     assert_eq!(result.summary, Default::default());
     let emf: Value = serde_json::from_str(&result.emf).unwrap();
     assert_eq!(emf["ReclaimedSlots"], json!(0));
+    assert_eq!(emf["LargestItemBytes"], json!(0));
 }
 
 #[tokio::test]
