@@ -22,12 +22,17 @@ one method of the pinned moto (checked by a digest of its source: a moto upgrade
 it stops the server with an error rather than silently running without it).
 
 Usage: python moto_server.py [--port N] [--port-file PATH] [--parent-pid PID]
-                             [--lambda-endpoint URL]
+                             [--lambda-endpoint URL] [--lambda-concurrency N]
   --port 0 picks a free port; the chosen port is printed and written to --port-file.
   With --parent-pid the server exits when that process is gone (a test binary that spawned
   it cannot run destructors on exit).
   --lambda-endpoint URL forwards every Lambda invoke to the emulator at URL. Without it, the
   server is moto alone, as before.
+  --lambda-concurrency N (default 64): at most N invokes are forwarded at once; the others wait
+  in the bridge, as a Lambda concurrency limit holds invokes back. The emulator
+  (cargo lambda watch 1.9.2) stopped handing invokes to idle function processes once about
+  270 were pending (a 200-execution local run, every waiting execution polling acquire), and
+  the run hung; with the cap it never has that many.
 """
 
 import argparse
@@ -114,8 +119,10 @@ def invoke_response(start_response, status, content_type, payload):
     return [body]
 
 
-def lambda_bridge(app, endpoint):
-    """Forwards Lambda invokes to the emulator at `endpoint`; everything else goes to app."""
+def lambda_bridge(app, endpoint, concurrency):
+    """Forwards Lambda invokes to the emulator at `endpoint`, at most `concurrency` at once;
+    everything else goes to app."""
+    slots = threading.BoundedSemaphore(concurrency)
 
     def wrapped(environ, start_response):
         name = None
@@ -134,18 +141,19 @@ def lambda_bridge(app, endpoint):
             value = environ.get("HTTP_" + header.upper().replace("-", "_"))
             if value:
                 request.add_header(header, value)
-        try:
-            # Longer than any function's timeout in template.yaml (the sweeper's 300 s).
-            response = urllib.request.urlopen(request, timeout=900)
-        except urllib.error.HTTPError as error:
-            response = error
-        except OSError as error:
-            message = f"lambda bridge: {url} unreachable: {error}".encode()
-            return invoke_response(start_response, 502, "text/plain", message)
-        with response:
-            payload = response.read()
-            status = getattr(response, "status", None) or response.code
-            content_type = response.headers.get("Content-Type") or "application/json"
+        with slots:
+            try:
+                # Longer than any function's timeout in template.yaml (the sweeper's 300 s).
+                response = urllib.request.urlopen(request, timeout=900)
+            except urllib.error.HTTPError as error:
+                response = error
+            except OSError as error:
+                message = f"lambda bridge: {url} unreachable: {error}".encode()
+                return invoke_response(start_response, 502, "text/plain", message)
+            with response:
+                payload = response.read()
+                status = getattr(response, "status", None) or response.code
+                content_type = response.headers.get("Content-Type") or "application/json"
         return invoke_response(start_response, status, content_type, payload)
 
     return wrapped
@@ -267,9 +275,12 @@ def main():
     parser.add_argument("--port-file")
     parser.add_argument("--parent-pid", type=int)
     parser.add_argument("--lambda-endpoint", metavar="URL")
+    parser.add_argument("--lambda-concurrency", type=int, default=64, metavar="N")
     args = parser.parse_args()
     if args.lambda_endpoint and not args.lambda_endpoint.startswith("http://"):
         parser.error("--lambda-endpoint: expected http://HOST:PORT")
+    if args.lambda_concurrency < 1:
+        parser.error("--lambda-concurrency: expected a whole number of at least 1")
 
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
@@ -288,7 +299,7 @@ def main():
     app = serialized(DomainDispatcherApplication(create_backend_app))
     if args.lambda_endpoint:
         patch_stop_aborts_waiting_tasks()
-        app = lambda_bridge(app, args.lambda_endpoint)
+        app = lambda_bridge(app, args.lambda_endpoint, args.lambda_concurrency)
     server = make_server(
         "127.0.0.1", args.port, app, threaded=True, request_handler=NoDelayHandler
     )
