@@ -6,28 +6,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use semaphore_core::dynamo::item_size;
+use semaphore_core::dynamo::{item_size, read_units, stored_size, write_units};
 use semaphore_core::{
-    dynamo, AcquireOutcome, AcquisitionId, HolderId, Identity, Limit, LockName, ManualClock,
-    MemoryStore, Semaphore, SemaphoreItem, DEFAULT_FENCE_WINDOW,
+    AcquireOutcome, HolderId, Identity, Limit, LockName, ManualClock, MemoryStore, Semaphore,
+    SemaphoreItem, DEFAULT_FENCE_WINDOW,
 };
+use semaphore_tests::names::id;
 use serde::Serialize;
 
 use crate::common::{execution_arn, uuid};
-
-pub fn semaphore_item_size(item: &SemaphoreItem) -> usize {
-    item_size(&dynamo::encode(item))
-}
-
-/// Write units one standard write of an item of `bytes` costs: ceil(bytes / 1 KB).
-pub fn write_units(bytes: usize) -> usize {
-    bytes.div_ceil(1024).max(1)
-}
-
-/// Read units one strongly consistent read costs: ceil(bytes / 4 KB).
-pub fn read_units(bytes: usize) -> usize {
-    bytes.div_ceil(4096).max(1)
-}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SizePoint {
@@ -71,21 +58,14 @@ pub struct SizeReport {
     pub max_fencing_rate_per_second_for_400kb: f64,
 }
 
-fn identity(holder: &str, acquisition: &str) -> Identity {
-    Identity::new(
-        HolderId::new(holder).expect("holder"),
-        AcquisitionId::new(acquisition).expect("acquisition"),
-    )
-}
-
 /// The bytes of one holder, one fence, and the empty item, measured on encoded items.
 pub fn model() -> SizeModel {
     let lock = LockName::new("demo-lock").expect("lock");
     let mut item = SemaphoreItem::empty(lock);
     item.limit = Some(Limit::new(5).expect("limit"));
     item.version = semaphore_core::Version(123_456);
-    let base = semaphore_item_size(&item);
-    let who = identity(&execution_arn("model", 1), &uuid());
+    let base = stored_size(&item);
+    let who = id(&execution_arn("model", 1), &uuid());
     item.holders.insert(
         who.clone(),
         semaphore_core::Holding {
@@ -93,12 +73,12 @@ pub fn model() -> SizeModel {
             acquired_at_ms: 1_767_225_600_000,
         },
     );
-    let with_holder = semaphore_item_size(&item);
+    let with_holder = stored_size(&item);
     item.fences.insert(
         semaphore_core::FenceKey::acquisition(&who),
         1_767_225_600_000 + 300_000,
     );
-    let with_fence = semaphore_item_size(&item);
+    let with_fence = stored_size(&item);
 
     // The sample's item: {"LockName": S, "currentlockcount": N, "<execution ARN>": S(entered time)}.
     let mut sample = HashMap::from([
@@ -149,7 +129,7 @@ pub async fn run(
     let sample = |phase: &'static str, operations: usize, sem: &Semaphore<MemoryStore>| {
         let item = sem.store().load_now(&lock).expect("the item exists");
         let now = clock_now(&clock);
-        let bytes = semaphore_item_size(&item);
+        let bytes = stored_size(&item);
         SizePoint {
             phase,
             operations,
@@ -169,7 +149,7 @@ pub async fn run(
             sem.release(&lock, &oldest).await.expect("release");
             fenced_at.push(clock_now(&clock));
         }
-        let who = identity(&execution_arn("cycle", n), &uuid());
+        let who = id(&execution_arn("cycle", n), &uuid());
         match sem.acquire(&lock, &who, lim).await.expect("acquire") {
             AcquireOutcome::Acquired { .. } => held.push_back(who),
             other => panic!("cycle {n}: {other:?}"),
@@ -213,16 +193,4 @@ pub async fn run(
 fn clock_now(clock: &ManualClock) -> u64 {
     use semaphore_core::Clock;
     clock.now_ms()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn units_round_up_per_started_kilobyte() {
-        assert_eq!(write_units(1024), 1);
-        assert_eq!(write_units(1025), 2);
-        assert_eq!(read_units(4097), 2);
-    }
 }

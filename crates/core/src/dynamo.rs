@@ -375,6 +375,21 @@ pub fn item_size(attrs: &HashMap<String, AttributeValue>) -> usize {
     attrs.iter().map(|(k, v)| k.len() + value_size(v)).sum()
 }
 
+/// The size `item` takes in the table: what every write of its lock pays for.
+pub fn stored_size(item: &SemaphoreItem) -> usize {
+    item_size(&encode(item))
+}
+
+/// Write units one standard write of an item of `bytes` costs: one per started KB.
+pub fn write_units(bytes: usize) -> usize {
+    bytes.div_ceil(1024).max(1)
+}
+
+/// Read units one strongly consistent read of an item of `bytes` costs: one per started 4 KB.
+pub fn read_units(bytes: usize) -> usize {
+    bytes.div_ceil(4096).max(1)
+}
+
 fn get_number(attrs: &HashMap<String, AttributeValue>, name: &str) -> Result<u64, String> {
     attrs
         .get(name)
@@ -475,6 +490,15 @@ mod tests {
             3 + 2 + 3 + 1
         );
         assert_eq!(value_size(&AttributeValue::B(Blob::new(vec![0; 24]))), 24);
+    }
+
+    #[test]
+    fn units_round_up_per_started_kilobyte() {
+        assert_eq!(write_units(0), 1);
+        assert_eq!(write_units(1024), 1);
+        assert_eq!(write_units(1025), 2);
+        assert_eq!(read_units(4096), 1);
+        assert_eq!(read_units(4097), 2);
     }
 
     #[test]

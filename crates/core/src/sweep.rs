@@ -85,7 +85,7 @@ impl<S: ItemStore> Semaphore<S> {
                 .iter()
                 .map(|item| LargestItem {
                     lock: item.lock.clone(),
-                    bytes: dynamo::item_size(&dynamo::encode(item)),
+                    bytes: dynamo::stored_size(item),
                 })
                 .max_by_key(|largest| largest.bytes),
             ..SweepReport::default()
@@ -231,7 +231,7 @@ mod tests {
             sem.sweep(&states).await.unwrap().largest_item,
             Some(LargestItem {
                 lock: big,
-                bytes: dynamo::item_size(&dynamo::encode(&stored)),
+                bytes: dynamo::stored_size(&stored),
             })
         );
     }

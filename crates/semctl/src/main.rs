@@ -293,7 +293,7 @@ fn merge(into: &mut Value, from: Value) {
 }
 
 fn status_json(item: &SemaphoreItem, now_ms: u64) -> Value {
-    let item_bytes = semaphore_core::dynamo::item_size(&semaphore_core::dynamo::encode(item));
+    let item_bytes = semaphore_core::dynamo::stored_size(item);
     let holders: Vec<Value> = item
         .holders
         .iter()
@@ -317,6 +317,6 @@ fn status_json(item: &SemaphoreItem, now_ms: u64) -> Value {
         // Every write of a lock is the whole item: its size is what each write costs, and what
         // bounds one lock's rate (BENCHMARKS.md, "The ceiling of one item per semaphore").
         "item_bytes": item_bytes,
-        "write_units_per_write": item_bytes.div_ceil(1024).max(1),
+        "write_units_per_write": semaphore_core::dynamo::write_units(item_bytes),
     })
 }
