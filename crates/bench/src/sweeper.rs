@@ -75,7 +75,16 @@ async fn local() -> Result<Local, String> {
         })?
         .state_machine_arn()
         .to_owned();
-    let topic_arn = aws_sdk_sns::Client::new(&sdk)
+    Ok(Local {
+        sfn,
+        machine_arn,
+        topic_arn: topic().await?,
+    })
+}
+
+/// An SNS topic on the local server (also for the sweeper Lambda's run in `lambdas`).
+pub async fn topic() -> Result<String, String> {
+    Ok(aws_sdk_sns::Client::new(&sdk_config())
         .create_topic()
         .name(format!("semaphore-bench-{}", &uuid()[..8]))
         .send()
@@ -88,17 +97,7 @@ async fn local() -> Result<Local, String> {
         })?
         .topic_arn()
         .unwrap_or_default()
-        .to_owned();
-    Ok(Local {
-        sfn,
-        machine_arn,
-        topic_arn,
-    })
-}
-
-/// An SNS topic on the local server (for the sweeper Lambda's run in `lambdas`).
-pub async fn topic() -> Result<String, String> {
-    Ok(local().await?.topic_arn)
+        .to_owned())
 }
 
 impl Local {

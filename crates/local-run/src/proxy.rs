@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use semaphore_core::Identity;
 use semaphore_tests::proxy::{ForwardingProxy, Policy, Verdict};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -143,10 +144,11 @@ fn acquiring_holder(kind: WriteKind, operation: Option<&str>, body: &[u8]) -> Op
                 .as_object()?
                 .iter()
                 .find_map(|(key, h)| {
-                    // The entry's key is `<holder>#<acquisition>`; acquisition ids have no '#'.
-                    let (holder, _) = key.rsplit_once('#')?;
-                    (h.get("M")?.get("token")?.get("N")?.as_str()? == version)
-                        .then(|| holder.to_owned())
+                    if h.get("M")?.get("token")?.get("N")?.as_str()? != version {
+                        return None;
+                    }
+                    let identity = Identity::from_slot_key(key).ok()?;
+                    Some(identity.holder.to_string())
                 })
         }
         WriteKind::Reference => {
