@@ -112,6 +112,13 @@ fn machine() -> Value {
     })
 }
 
+/// Records how long one part took, and says so on stderr.
+fn part_done(timings: &mut serde_json::Map<String, Value>, part: &str, started: Instant) {
+    let seconds = started.elapsed().as_secs_f64();
+    timings.insert(part.into(), json!(seconds));
+    eprintln!("{part}: {seconds:.1} s");
+}
+
 fn f(x: f64, digits: usize) -> String {
     if x.is_nan() {
         "n/a".to_owned()
@@ -187,11 +194,7 @@ async fn main() -> ExitCode {
             problems.push("the sample must be exactly 2 UpdateItem per section".into());
         }
         out.insert("requests".into(), json!(rows));
-        timings.insert(
-            "requests".into(),
-            json!(part_started.elapsed().as_secs_f64()),
-        );
-        eprintln!("requests: {:.1} s", part_started.elapsed().as_secs_f64());
+        part_done(&mut timings, "requests", part_started);
     }
 
     // (b) latency and throughput under contention
@@ -325,8 +328,7 @@ async fn main() -> ExitCode {
             "load".into(),
             json!({"limit": load::LIMIT, "runs": runs, "medians": summaries}),
         );
-        timings.insert("load".into(), json!(part_started.elapsed().as_secs_f64()));
-        eprintln!("load: {:.1} s", part_started.elapsed().as_secs_f64());
+        part_done(&mut timings, "load", part_started);
     }
 
     // (c) item size
@@ -379,8 +381,7 @@ async fn main() -> ExitCode {
             }
         }
         out.insert("size".into(), json!(report));
-        timings.insert("size".into(), json!(part_started.elapsed().as_secs_f64()));
-        eprintln!("size: {:.1} s", part_started.elapsed().as_secs_f64());
+        part_done(&mut timings, "size", part_started);
     }
 
     // (d) the Lambdas
@@ -450,11 +451,7 @@ async fn main() -> ExitCode {
             "lambdas".into(),
             json!({"bootstraps": boots, "handlers": handlers}),
         );
-        timings.insert(
-            "lambdas".into(),
-            json!(part_started.elapsed().as_secs_f64()),
-        );
-        eprintln!("lambdas: {:.1} s", part_started.elapsed().as_secs_f64());
+        part_done(&mut timings, "lambdas", part_started);
     }
 
     // (e) the sweeper
@@ -504,11 +501,7 @@ async fn main() -> ExitCode {
             }
             Err(e) => problems.push(format!("sweeper: {e}")),
         }
-        timings.insert(
-            "sweeper".into(),
-            json!(part_started.elapsed().as_secs_f64()),
-        );
-        eprintln!("sweeper: {:.1} s", part_started.elapsed().as_secs_f64());
+        part_done(&mut timings, "sweeper", part_started);
     }
 
     let elapsed = started.elapsed().as_secs_f64();
