@@ -4,7 +4,7 @@
 # `bench`, which writes every number to a JSON file and prints the tables that BENCHMARKS.md
 # quotes. Extra arguments go to `bench` (see `bench --help`).
 #
-#   bash bench/run.sh --out BENCHMARKS-results.json   # full run, release build: ~15 minutes
+#   bash bench/run.sh --out BENCHMARKS-results.json   # full run, release build: ~10 minutes
 #   bash bench/run.sh --smoke --out target/bench-smoke.json
 #       # CI: a dev build (what the tests already built), well under a minute of running; it
 #       # checks that every part runs and its numbers are sane, not how fast anything is.

@@ -1,15 +1,17 @@
 //! Test harness shared by the integration tests: the local DynamoDB-compatible server, a proxy
 //! that holds requests in flight, the original AWS sample's protocol as a reference, an
 //! independent reader of the raw table, a stand-in Lambda Runtime API to run the built
-//! function binaries, an exact counter of the requests an SDK client sends, and validated test
-//! inputs from literals.
+//! function binaries, an exact counter of the requests an SDK client sends, validated test
+//! inputs from literals, items as version 1 stored them, and DynamoDB's JSON wire format.
 
 pub mod counter;
+pub mod legacy;
 pub mod names;
 pub mod observe;
 pub mod proxy;
 pub mod reference;
 pub mod runtime_api;
 pub mod server;
+pub mod wire;
 
 pub use server::{client_for, endpoint, fresh_table, sdk_config};

@@ -10,10 +10,11 @@ use semaphore_core::dynamo::item_size;
 /// What the raw item says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observed {
-    pub count: i64,
     pub holders: Vec<String>,
     pub version: i64,
     pub fences: usize,
+    /// When the fences were last rotated (epoch ms), if ever.
+    pub rotated_at: Option<u64>,
     /// Size of the item as DynamoDB counts it (attribute names plus values), in bytes.
     pub approx_bytes: usize,
 }
@@ -42,11 +43,12 @@ pub async fn observe(client: &Client, table: &str, lock: &str) -> Option<Observe
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("attribute {name} missing or not a number: {item:?}"))
     };
-    // Fences are one binary attribute of 12-byte records (key, expiry).
-    let fences = item
-        .get("fences")
-        .and_then(|v| v.as_b().ok())
-        .map_or(0, |b| b.as_ref().len() / 12);
+    // Fences are two binary sets of 8-byte keys (the young and the old generation).
+    let fences = ["young", "old"]
+        .iter()
+        .filter_map(|name| item.get(*name).and_then(|v| v.as_bs().ok()))
+        .map(Vec::len)
+        .sum();
     let map_keys = |name: &str| -> Vec<String> {
         item.get(name)
             .and_then(|v| v.as_m().ok())
@@ -54,26 +56,25 @@ pub async fn observe(client: &Client, table: &str, lock: &str) -> Option<Observe
             .unwrap_or_default()
     };
     Some(Observed {
-        count: number("count"),
         holders: map_keys("holders"),
         version: number("version"),
         fences,
+        rotated_at: item
+            .get("rotated_at")
+            .map(|v| v.as_n().ok().and_then(|n| n.parse().ok()))
+            .map(|at| at.unwrap_or_else(|| panic!("rotated_at is not a number: {item:?}"))),
         approx_bytes: item_size(&item),
     })
 }
 
 impl Observed {
-    /// S1 on one stored state: the count equals the number of holders and is within the limit.
-    pub fn assert_safe(&self, limit: i64) {
-        assert_eq!(
-            self.count,
-            self.holders.len() as i64,
-            "stored count disagrees with holders: {self:?}"
-        );
+    /// S1 on one stored state: no more holders than the limit. (No count is stored: the acquire's
+    /// condition counts the holder map itself, `size(holders)`.)
+    pub fn assert_safe(&self, limit: usize) {
         assert!(
-            (0..=limit).contains(&self.count),
-            "count {} outside 0..={limit}: {self:?}",
-            self.count
+            self.holders.len() <= limit,
+            "{} holders with limit {limit}: {self:?}",
+            self.holders.len()
         );
     }
 }

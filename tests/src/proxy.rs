@@ -2,6 +2,11 @@
 //! or delay chosen requests in flight: the way a delayed or reordered write (F1), a zombie's write
 //! (F2) or a slow first attempt of a retried task (F3) is made to happen on demand. The tests'
 //! [`HoldingProxy`] and local-run's delaying proxy are both this proxy with their own policy.
+//! [`recognise`] tells the protocol's writes apart on the wire (an acquire is an `UpdateItem`
+//! that SETs `#holders.#hN = #version + ...`), so a test can hold exactly the acquire it races;
+//! it also reads an acquire's checks (the fences, the horizon and the limit its condition names),
+//! by which local-run's proxy tells why a held write was refused. [`crate::wire`] writes the
+//! requests the product sends, for tests of a policy.
 //!
 //! Each client connection carries one request (the proxy asks the server to close after it),
 //! which keeps the proxy a few lines of plain HTTP/1.1.
@@ -11,9 +16,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use semaphore_core::dynamo::TOKEN_SPAN;
+use semaphore_core::{FenceKey, Identity};
+use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Notify};
+
+use crate::wire;
 
 /// What the proxy does with one request before it forwards it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,25 +123,60 @@ impl<P: Policy> ForwardingProxy<P> {
     }
 }
 
-/// Holds the next N requests of one operation.
+/// Which requests [`HoldNext`] holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Every request of one operation (as in `X-Amz-Target: DynamoDB_20120810.PutItem`).
+    Operation(String),
+    /// The protocol's acquire writes (see [`acquiring`]); `Some`: only those of this identity.
+    Acquire(Option<Identity>),
+}
+
+impl Target {
+    fn matches(&self, operation: Option<&str>, body: &[u8]) -> bool {
+        match self {
+            Self::Operation(wanted) => operation.is_some_and(|op| wanted.eq_ignore_ascii_case(op)),
+            Self::Acquire(who) => acquiring(operation, body)
+                .is_some_and(|identity| who.as_ref().is_none_or(|who| *who == identity)),
+        }
+    }
+}
+
+/// Holds the next N requests of one [`Target`], and records what the server answered to each
+/// of them once they went.
 #[derive(Default)]
 pub struct HoldNext {
-    /// Operation name (e.g. "PutItem") and how many more of them to hold.
-    to_hold: Mutex<Option<(String, usize)>>,
+    /// What to hold, and how many more of them.
+    to_hold: Mutex<Option<(Target, usize)>>,
+    answers: Mutex<Vec<HeldAnswer>>,
+}
+
+/// What the server answered to a held request when it finally arrived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldAnswer {
+    pub status: u16,
+    /// Refused by its condition: the late write changed nothing.
+    pub condition_failed: bool,
 }
 
 impl Policy for HoldNext {
-    fn decide(&self, operation: Option<&str>, _body: &[u8]) -> Verdict {
+    fn decide(&self, operation: Option<&str>, body: &[u8]) -> Verdict {
         let mut to_hold = self.to_hold.lock().unwrap();
-        match (to_hold.as_mut(), operation) {
-            (Some((wanted, remaining)), Some(operation))
-                if *remaining > 0 && wanted.eq_ignore_ascii_case(operation) =>
-            {
+        match to_hold.as_mut() {
+            Some((target, remaining)) if *remaining > 0 && target.matches(operation, body) => {
                 *remaining -= 1;
                 Verdict::Hold
             }
             _ => Verdict::Forward,
         }
+    }
+
+    fn answered(&self, status: u16, body: &[u8]) {
+        self.answers.lock().unwrap().push(HeldAnswer {
+            status,
+            condition_failed: String::from_utf8_lossy(body)
+                .contains("ConditionalCheckFailedException"),
+        });
     }
 }
 
@@ -146,8 +191,235 @@ impl HoldingProxy {
 
     /// Hold the next `n` requests for `operation` (as in `X-Amz-Target: DynamoDB_20120810.PutItem`).
     pub fn hold_next(&self, operation: &str, n: usize) {
-        *self.policy().to_hold.lock().unwrap() = Some((operation.to_owned(), n));
+        self.hold(Target::Operation(operation.to_owned()), n);
     }
+
+    /// Hold the next `n` acquire writes (of any identity), and nothing else: a release or a
+    /// rotation sent through the same proxy goes on.
+    pub fn hold_next_acquires(&self, n: usize) {
+        self.hold(Target::Acquire(None), n);
+    }
+
+    pub fn hold(&self, target: Target, n: usize) {
+        *self.policy().to_hold.lock().unwrap() = Some((target, n));
+    }
+
+    /// The server's answers to the held requests that went on, in the order they came back.
+    pub fn held_answers(&self) -> Vec<HeldAnswer> {
+        self.policy().answers.lock().unwrap().clone()
+    }
+}
+
+/// One write of the protocol, recognised from the request a [`crate::proxy`] sees. The shapes are
+/// those `semaphore_core::dynamo::render` sends (and `DynamoStore` puts for a lock's first write),
+/// read back from the wire, so the proxy holds what it means to hold whatever the rest of the
+/// request looks like. Placeholders are resolved by the request's own names and values, never by
+/// how they are numbered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtocolWrite {
+    /// `UpdateItem` that SETs `#holders.#hN = #version + :v` (the slot's token is the version the
+    /// write makes): an acquire of the identity whose slot key `#hN` names, with the checks its
+    /// condition makes when it lands.
+    Acquire {
+        identity: Identity,
+        /// The keys that refuse it (`NOT contains(#young, :v) AND NOT contains(#old, :v)`), in
+        /// the condition's order.
+        fences: Vec<FenceKey>,
+        /// Its horizon (`#rotated_at < :v`): refused if the fences rotated at or after it.
+        deadline_ms: Option<u64>,
+        /// The limit it checks (`size(#holders) < :v`).
+        limit: Option<usize>,
+    },
+    /// `UpdateItem` that REMOVEs one holder and ADDs a fence to `#young`: a release.
+    Release(Identity),
+    /// `UpdateItem` that ADDs a fence to `#young` and removes no holder: a cleanup's first write.
+    CleanupFence,
+    /// `UpdateItem` that REMOVEs holders and adds no fence: a cleanup's second write.
+    CleanupFree(Vec<Identity>),
+    /// `UpdateItem` that SETs `#rotated_at`: a rotation of the fences.
+    Rotation,
+    /// `PutItem` of a lock's first item; `acquiring`: the holder it puts with the item's own
+    /// version as its token, when the first write is an acquire. The put checks only that there
+    /// is no item yet: the write's own checks were met against the empty lock before it was sent.
+    Create { acquiring: Option<Identity> },
+}
+
+/// The identity an acquire write is made for, if this request is one: an `UpdateItem` acquire,
+/// or the `PutItem` that creates a lock's item with its first holder.
+pub fn acquiring(operation: Option<&str>, body: &[u8]) -> Option<Identity> {
+    match recognise(operation, body)? {
+        ProtocolWrite::Acquire { identity, .. } => Some(identity),
+        ProtocolWrite::Create { acquiring } => acquiring,
+        _ => None,
+    }
+}
+
+/// What this request is, if it is one of the protocol's writes.
+pub fn recognise(operation: Option<&str>, body: &[u8]) -> Option<ProtocolWrite> {
+    let body: Value = serde_json::from_slice(body).ok()?;
+    match operation? {
+        "UpdateItem" => recognise_update(&body),
+        "PutItem" => {
+            let item = body.get("Item")?;
+            let version = wire::number(item.get("version")?)?;
+            let acquiring =
+                item.get("holders")?
+                    .get("M")?
+                    .as_object()?
+                    .iter()
+                    .find_map(|(key, packed)| {
+                        (wire::number(packed)? % TOKEN_SPAN == version)
+                            .then(|| Identity::from_slot_key(key).ok())
+                            .flatten()
+                    });
+            Some(ProtocolWrite::Create { acquiring })
+        }
+        _ => None,
+    }
+}
+
+/// A request's placeholders, resolved by the maps it carries.
+struct Placeholders<'a> {
+    names: &'a Map<String, Value>,
+    values: Option<&'a Map<String, Value>>,
+}
+
+impl Placeholders<'_> {
+    fn name(&self, placeholder: &str) -> Option<&str> {
+        self.names.get(placeholder.trim()).and_then(Value::as_str)
+    }
+
+    fn value(&self, placeholder: &str) -> Option<&Value> {
+        self.values?.get(placeholder.trim())
+    }
+
+    /// The identity whose slot `#holders.#hN` names.
+    fn slot(&self, path: &str) -> Option<Identity> {
+        let (map, entry) = path.trim().split_once('.')?;
+        (self.name(map)? == "holders").then_some(())?;
+        Identity::from_slot_key(self.name(entry)?).ok()
+    }
+}
+
+fn recognise_update(body: &Value) -> Option<ProtocolWrite> {
+    let p = Placeholders {
+        names: body.get("ExpressionAttributeNames")?.as_object()?,
+        values: body
+            .get("ExpressionAttributeValues")
+            .and_then(Value::as_object),
+    };
+    let actions = clauses(body.get("UpdateExpression")?.as_str()?);
+    let of = |keyword: &str| -> Vec<&str> {
+        actions
+            .iter()
+            .filter(|(k, _)| *k == keyword)
+            .map(|(_, action)| action.as_str())
+            .collect()
+    };
+    let (set, remove, add) = (of("SET"), of("REMOVE"), of("ADD"));
+    let acquire = set.iter().find_map(|action| {
+        let (path, value) = action.split_once(" = ")?;
+        let (version, _) = value.split_once(" + ")?;
+        (p.name(version)? == "version").then_some(())?;
+        p.slot(path)
+    });
+    if let Some(identity) = acquire {
+        let condition = body
+            .get("ConditionExpression")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        return Some(acquire_checks(identity, condition, &p));
+    }
+    let named = |action: &str, wanted: &str| {
+        action
+            .split_whitespace()
+            .next()
+            .and_then(|target| p.name(target))
+            == Some(wanted)
+    };
+    if set.iter().any(|action| named(action, "rotated_at")) {
+        return Some(ProtocolWrite::Rotation);
+    }
+    let removed: Vec<Identity> = remove.iter().filter_map(|path| p.slot(path)).collect();
+    let fences = add.iter().any(|action| named(action, "young"));
+    match (removed.as_slice(), fences) {
+        ([identity], true) => Some(ProtocolWrite::Release(identity.clone())),
+        ([], true) => Some(ProtocolWrite::CleanupFence),
+        (_, false) if !removed.is_empty() => Some(ProtocolWrite::CleanupFree(removed)),
+        _ => None,
+    }
+}
+
+/// An acquire of `identity` with the checks its condition makes: each term of the condition
+/// (`A AND B AND (C OR D)`) read for the fences it must not find, the rotation it must precede
+/// and the size the holders must stay below.
+fn acquire_checks(identity: Identity, condition: &str, p: &Placeholders) -> ProtocolWrite {
+    let (mut fences, mut deadline_ms, mut limit) = (Vec::new(), None, None);
+    for term in condition.split(" AND ") {
+        let term = term.trim().trim_matches(|c| c == '(' || c == ')');
+        let term = term.rsplit(" OR ").next().unwrap_or(term).trim();
+        if let Some(args) = term.strip_prefix("NOT contains(") {
+            let Some((set, key)) = args.split_once(',') else {
+                continue;
+            };
+            let key = key.trim_end_matches(')');
+            let fence = matches!(p.name(set), Some("young" | "old"))
+                .then(|| p.value(key).and_then(wire::fence_key))
+                .flatten();
+            if let Some(fence) = fence.filter(|f| !fences.contains(f)) {
+                fences.push(fence);
+            }
+        } else if let Some((left, operand)) = term.split_once(" < ") {
+            let below = p.value(operand).and_then(wire::number);
+            let size_of = left
+                .trim()
+                .strip_prefix("size(")
+                .and_then(|a| a.strip_suffix(')'));
+            match size_of {
+                Some(attribute) if p.name(attribute) == Some("holders") => {
+                    limit = below.and_then(|n| usize::try_from(n).ok());
+                }
+                None if p.name(left) == Some("rotated_at") => {
+                    deadline_ms = below.and_then(|n| u64::try_from(n).ok());
+                }
+                _ => {}
+            }
+        }
+    }
+    ProtocolWrite::Acquire {
+        identity,
+        fences,
+        deadline_ms,
+        limit,
+    }
+}
+
+/// The actions of an update expression with their keyword: `SET a = b, c = d REMOVE e` gives
+/// `[("SET", "a = b"), ("SET", "c = d"), ("REMOVE", "e")]`. Enough for the expressions the
+/// protocol renders (no function calls with commas in them).
+fn clauses(expression: &str) -> Vec<(&'static str, String)> {
+    const KEYWORDS: [&str; 4] = ["SET", "REMOVE", "ADD", "DELETE"];
+    let mut sections: Vec<(&'static str, Vec<&str>)> = Vec::new();
+    for word in expression.split_whitespace() {
+        match KEYWORDS.iter().find(|k| k.eq_ignore_ascii_case(word)) {
+            Some(keyword) => sections.push((keyword, Vec::new())),
+            None => {
+                if let Some((_, words)) = sections.last_mut() {
+                    words.push(word);
+                }
+            }
+        }
+    }
+    sections
+        .into_iter()
+        .flat_map(|(keyword, words)| {
+            words
+                .join(" ")
+                .split(',')
+                .map(|action| (keyword, action.trim().to_owned()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
@@ -241,17 +513,168 @@ async fn serve<P: Policy>(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
+    use semaphore_core::protocol::{self, Timing};
+    use semaphore_core::Write;
+
+    use crate::names::{id, limit, lock};
+    use crate::wire::{put_body, update_body};
+
+    /// An acquire requested at 1 s: its horizon (8 s by default) is at 9 s.
+    fn acquire_write(holder: &str) -> Write {
+        protocol::acquire(
+            &lock("l"),
+            &id(holder, "a1"),
+            limit(2),
+            1_000,
+            1_000,
+            &Timing::default(),
+        )
+        .unwrap()
+    }
 
     #[test]
     fn holds_only_the_next_n_requests_of_the_operation() {
         let policy = HoldNext::default();
         assert_eq!(policy.decide(Some("PutItem"), b"{}"), Verdict::Forward);
-        *policy.to_hold.lock().unwrap() = Some(("PutItem".to_owned(), 2));
+        *policy.to_hold.lock().unwrap() = Some((Target::Operation("PutItem".to_owned()), 2));
         assert_eq!(policy.decide(Some("GetItem"), b"{}"), Verdict::Forward);
         assert_eq!(policy.decide(None, b"{}"), Verdict::Forward);
         assert_eq!(policy.decide(Some("putitem"), b"{}"), Verdict::Hold);
         assert_eq!(policy.decide(Some("PutItem"), b"{}"), Verdict::Hold);
         assert_eq!(policy.decide(Some("PutItem"), b"{}"), Verdict::Forward);
+    }
+
+    #[test]
+    fn holds_acquire_writes_and_lets_releases_cleanups_and_rotations_pass() {
+        let policy = HoldNext::default();
+        *policy.to_hold.lock().unwrap() = Some((Target::Acquire(Some(id("e1", "a1"))), 1));
+        let release = update_body(&protocol::release(&lock("l"), &id("e1", "a1")));
+        let fence = update_body(&protocol::cleanup_fence(&lock("l"), &id("e1", "a1").holder));
+        for other in [&release, &fence] {
+            assert_eq!(policy.decide(Some("UpdateItem"), other), Verdict::Forward);
+        }
+        let someone_else = update_body(&acquire_write("e2"));
+        assert_eq!(
+            policy.decide(Some("UpdateItem"), &someone_else),
+            Verdict::Forward
+        );
+        let mine = update_body(&acquire_write("e1"));
+        assert_eq!(policy.decide(Some("UpdateItem"), &mine), Verdict::Hold);
+        assert_eq!(policy.decide(Some("UpdateItem"), &mine), Verdict::Forward);
+    }
+
+    #[test]
+    fn every_write_the_protocol_renders_is_recognised() {
+        let (l, who) = (
+            lock("l"),
+            id("arn:aws:states:us-east-1:1:execution:m:e#1", "a1"),
+        );
+        let update = |write: &Write| recognise(Some("UpdateItem"), &update_body(write));
+        let acquire = ProtocolWrite::Acquire {
+            identity: who.clone(),
+            fences: vec![
+                FenceKey::execution(&who.holder),
+                FenceKey::acquisition(&who),
+            ],
+            deadline_ms: Some(9_000),
+            limit: Some(2),
+        };
+        assert_eq!(
+            update(&acquire_write("arn:aws:states:us-east-1:1:execution:m:e#1")),
+            Some(acquire.clone()),
+            "requested at 1 s, horizon 8 s"
+        );
+        assert_eq!(
+            update(&protocol::release(&l, &who)),
+            Some(ProtocolWrite::Release(who.clone()))
+        );
+        assert_eq!(
+            update(&protocol::cleanup_fence(&l, &who.holder)),
+            Some(ProtocolWrite::CleanupFence)
+        );
+        let both = [
+            who.clone(),
+            id("arn:aws:states:us-east-1:1:execution:m:e#1", "a2"),
+        ];
+        assert_eq!(
+            update(&protocol::cleanup_free(&l, &both)),
+            Some(ProtocolWrite::CleanupFree(both.to_vec()))
+        );
+        let mut item = semaphore_core::SemaphoreItem::empty(l.clone());
+        item.fences.young = BTreeSet::from([FenceKey::acquisition(&who)]);
+        let rotation = protocol::rotation(&item, 1_000, &Timing::default()).unwrap();
+        assert_eq!(update(&rotation), Some(ProtocolWrite::Rotation));
+
+        // A lock's first write puts the item the write makes of the empty lock.
+        let put = |write: &Write| recognise(Some("PutItem"), &put_body(write));
+        let first = acquire_write("arn:aws:states:us-east-1:1:execution:m:e#1");
+        assert_eq!(
+            put(&first),
+            Some(ProtocolWrite::Create {
+                acquiring: Some(who.clone())
+            })
+        );
+        assert_eq!(
+            acquiring(Some("PutItem"), &put_body(&first)),
+            Some(who.clone())
+        );
+        assert_eq!(
+            acquiring(Some("UpdateItem"), &update_body(&first)),
+            Some(who.clone())
+        );
+        assert_eq!(
+            put(&protocol::release(&l, &who)),
+            Some(ProtocolWrite::Create { acquiring: None })
+        );
+        assert_eq!(recognise(Some("GetItem"), b"{}"), None);
+        assert_eq!(
+            recognise(Some("UpdateItem"), &put_body(&first)),
+            None,
+            "the operation is the request's, not a guess from its body"
+        );
+    }
+
+    #[test]
+    fn placeholders_are_resolved_by_name_not_by_number() {
+        let body = update_body(&acquire_write("e1"));
+        let expected = recognise(Some("UpdateItem"), &body);
+        let mut body: Value = serde_json::from_slice(&body).unwrap();
+        // Number the values the other way round, and give the names other spellings.
+        let values = body["ExpressionAttributeValues"]
+            .as_object()
+            .unwrap()
+            .clone();
+        let names = body["ExpressionAttributeNames"]
+            .as_object()
+            .unwrap()
+            .clone();
+        assert!(values.len() < 10, "`:v1` is no prefix of another value");
+        let renamed = |text: &str| {
+            let text = (0..values.len()).fold(text.to_owned(), |text, n| {
+                text.replace(&format!(":v{n}"), &format!(":x{}", values.len() - 1 - n))
+            });
+            names.keys().fold(text, |text, name| {
+                text.replace(name, &format!("#n_{}", &name[1..]))
+            })
+        };
+        for expression in ["ConditionExpression", "UpdateExpression"] {
+            body[expression] = Value::from(renamed(body[expression].as_str().unwrap()));
+        }
+        let rekey = |map: &Map<String, Value>| -> Map<String, Value> {
+            map.iter().map(|(k, v)| (renamed(k), v.clone())).collect()
+        };
+        body["ExpressionAttributeValues"] = Value::Object(rekey(&values));
+        body["ExpressionAttributeNames"] = Value::Object(rekey(&names));
+        let body = serde_json::to_vec(&body).unwrap();
+        assert!(!String::from_utf8_lossy(&body).contains(":v0"));
+        assert_eq!(recognise(Some("UpdateItem"), &body), expected);
+        assert!(matches!(
+            expected,
+            Some(ProtocolWrite::Acquire { ref fences, deadline_ms: Some(_), limit: Some(2), .. })
+                if fences.len() == 2
+        ));
     }
 }

@@ -1,12 +1,14 @@
 //! Each fault of the design brief (F1-F5) made to happen against the real local server.
-//! Bad input (F6) is driven from outside, through `semctl`, in crates/semctl/tests.
+//! Bad input (F6) is driven from outside, through `semctl`, in crates/semctl/tests. The races
+//! that are new with version 2's write-time checks (fence removal, zombies sent after the fence,
+//! acquirers racing for the last slot) are in races.rs.
 
 use semaphore_core::{
     AcquireOutcome, DynamoStore, FenceReason, HolderId, LockName, ReleaseOutcome, Semaphore,
 };
 use semaphore_tests::names::{id, limit, lock};
 use semaphore_tests::observe::observe;
-use semaphore_tests::proxy::HoldingProxy;
+use semaphore_tests::proxy::{HeldAnswer, HoldingProxy};
 use semaphore_tests::reference::SampleProtocol;
 use semaphore_tests::{client_for, endpoint, fresh_table};
 
@@ -18,13 +20,23 @@ fn through(proxy: &HoldingProxy, store: &DynamoStore) -> Semaphore<DynamoStore> 
     ))
 }
 
-async fn holders_and_count(store: &DynamoStore, lock: &LockName) -> (Vec<String>, i64) {
+/// The holders as stored, read raw. (No count is stored any more: the holder map is the count.)
+async fn holders(store: &DynamoStore, lock: &LockName) -> Vec<String> {
     let seen = observe(store.client(), store.table(), lock.as_str())
         .await
         .expect("the item exists");
     seen.assert_safe(1000);
-    (seen.holders, seen.count)
+    let mut holders = seen.holders;
+    holders.sort();
+    holders
 }
+
+/// The held write did reach the table, after what it raced, and was refused there by its
+/// condition: the race happened, and the table (not the client) refused it.
+const REFUSED_BY_THE_TABLE: HeldAnswer = HeldAnswer {
+    status: 400,
+    condition_failed: true,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn f1_an_acquire_write_delayed_past_cleanup_is_rejected_and_the_slot_stays_free() {
@@ -41,7 +53,8 @@ async fn f1_an_acquire_write_delayed_past_cleanup_is_rejected_and_the_slot_stays
         .await
         .unwrap();
 
-    proxy.hold_next("PutItem", 1);
+    // The acquire's one write (an UpdateItem that sets its holder) is held in flight.
+    proxy.hold_next_acquires(1);
     let acquiring = {
         let (l, exec) = (l.clone(), exec.clone());
         tokio::spawn(async move { delayed.acquire(&l, &exec, limit(2)).await })
@@ -56,8 +69,8 @@ async fn f1_an_acquire_write_delayed_past_cleanup_is_rejected_and_the_slot_stays
         acquiring.await.unwrap().unwrap(),
         AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
     );
-    let (holders, count) = holders_and_count(&store, &l).await;
-    assert_eq!((holders, count), (vec!["other#a".to_owned()], 1));
+    assert_eq!(proxy.held_answers(), [REFUSED_BY_THE_TABLE]);
+    assert_eq!(holders(&store, &l).await, ["other#a"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -66,6 +79,39 @@ async fn f1_the_first_ever_acquire_of_a_lock_delayed_past_cleanup_is_rejected() 
     let proxy = HoldingProxy::start(endpoint()).await;
     let delayed = through(&proxy, &store);
     let l = lock("f1-new");
+    let exec = id("exec-1", "a1");
+
+    // Held before the lock has an item: the cleanup below creates it.
+    proxy.hold_next_acquires(1);
+    let acquiring = {
+        let (l, exec) = (l.clone(), exec.clone());
+        tokio::spawn(async move { delayed.acquire(&l, &exec, limit(1)).await })
+    };
+    proxy.wait_held(1).await;
+    Semaphore::new(store.clone())
+        .cleanup(&l, &exec.holder)
+        .await
+        .unwrap();
+    proxy.release_held();
+
+    assert_eq!(
+        acquiring.await.unwrap().unwrap(),
+        AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
+    );
+    assert_eq!(proxy.held_answers(), [REFUSED_BY_THE_TABLE]);
+    assert!(holders(&store, &l).await.is_empty());
+}
+
+/// A lock's first write is two requests: the update, refused for want of an item, then a
+/// `PutItem` of the item the write makes, conditioned on there still being none. Here that put is
+/// the write held in flight while a cleanup creates the item: the put is refused, and the update
+/// it falls back to meets the fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn f1_the_put_creating_a_lock_for_its_first_acquire_delayed_past_cleanup_is_rejected() {
+    let store = fresh_table().await;
+    let proxy = HoldingProxy::start(endpoint()).await;
+    let delayed = through(&proxy, &store);
+    let l = lock("f1-create");
     let exec = id("exec-1", "a1");
 
     proxy.hold_next("PutItem", 1);
@@ -84,7 +130,8 @@ async fn f1_the_first_ever_acquire_of_a_lock_delayed_past_cleanup_is_rejected() 
         acquiring.await.unwrap().unwrap(),
         AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
     );
-    assert_eq!(holders_and_count(&store, &l).await, (vec![], 0));
+    assert_eq!(proxy.held_answers(), [REFUSED_BY_THE_TABLE]);
+    assert!(holders(&store, &l).await.is_empty());
 }
 
 /// The same race against the original sample's protocol: the slot leaks. This is what makes
@@ -146,7 +193,7 @@ async fn f2_a_zombie_that_reads_after_cleanup_cannot_take_a_slot() {
             AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
         );
     }
-    assert_eq!(holders_and_count(&store, &l).await, (vec![], 0));
+    assert!(holders(&store, &l).await.is_empty());
     assert!(matches!(
         sem.acquire(&l, &id("exec-2", "b1"), limit(1))
             .await
@@ -164,7 +211,7 @@ async fn f3_a_first_attempt_landing_after_its_retry_released_is_rejected() {
     let l = lock("f3");
     let exec = id("exec-1", "a1");
 
-    proxy.hold_next("PutItem", 1);
+    proxy.hold_next_acquires(1);
     let first_attempt = {
         let (l, exec) = (l.clone(), exec.clone());
         tokio::spawn(async move { slow.acquire(&l, &exec, limit(1)).await })
@@ -184,7 +231,8 @@ async fn f3_a_first_attempt_landing_after_its_retry_released_is_rejected() {
         first_attempt.await.unwrap().unwrap(),
         AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
     );
-    assert_eq!(holders_and_count(&store, &l).await, (vec![], 0));
+    assert_eq!(proxy.held_answers(), [REFUSED_BY_THE_TABLE]);
+    assert!(holders(&store, &l).await.is_empty());
     // The execution itself is not fenced: a later, new acquisition gets the lock.
     assert!(matches!(
         direct
@@ -241,8 +289,9 @@ async fn f4_duplicate_late_and_out_of_order_releases_and_cleanups_are_no_ops() {
     sem.acquire(&l, &a, limit(2)).await.unwrap();
     sem.acquire(&l, &b, limit(2)).await.unwrap();
 
-    // A duplicated cleanup event: the second frees nothing, the count never goes below zero,
-    // and it still bumps the version (cleanup always writes).
+    // A duplicated cleanup event: the second frees nothing, the other holder keeps its slot,
+    // and it still bumps the version (cleanup always writes its fence; with nothing to free that
+    // is its only write).
     assert_eq!(sem.cleanup(&l, &a.holder).await.unwrap().freed.len(), 1);
     let before = version(store.clone(), l.clone()).await;
     let again = sem.cleanup(&l, &a.holder).await.unwrap();
@@ -258,13 +307,17 @@ async fn f4_duplicate_late_and_out_of_order_releases_and_cleanups_are_no_ops() {
     assert!(stranger.freed.is_empty());
     assert_eq!(stranger.count, 1);
 
-    // Out of order: the release of a cleaned-up acquisition arrives late; nothing is written.
+    // Out of order: the release of a cleaned-up acquisition arrives late. Version 1 read first
+    // and wrote nothing here; version 2's release never reads: it always sends its one
+    // idempotent write, which frees nothing (the acquisition holds nothing) and fences the
+    // acquisition. One write, so the version moves by exactly one; the other holder is untouched.
     let before = version(store.clone(), l.clone()).await;
     assert_eq!(
         sem.release(&l, &a).await.unwrap(),
         ReleaseOutcome::NotHeld { count: 1 }
     );
-    assert_eq!(version(store.clone(), l.clone()).await, before);
+    assert_eq!(version(store.clone(), l.clone()).await, before + 1);
+    assert_eq!(holders(&store, &l).await, ["exec-b#1"]);
 
     // Release, then its duplicate, then a late cleanup event for the same execution.
     assert!(matches!(
@@ -276,7 +329,7 @@ async fn f4_duplicate_late_and_out_of_order_releases_and_cleanups_are_no_ops() {
         ReleaseOutcome::NotHeld { count: 0 }
     );
     assert!(sem.cleanup(&l, &b.holder).await.unwrap().freed.is_empty());
-    assert_eq!(holders_and_count(&store, &l).await, (vec![], 0));
+    assert!(holders(&store, &l).await.is_empty());
 
     // Releasing on a lock nobody ever acquired is a no-op too, and fences the acquisition in
     // case its acquire is still in flight.
@@ -307,7 +360,7 @@ async fn f5_a_retried_acquire_whose_first_answer_was_lost_keeps_one_slot() {
         sem.acquire(&l, &exec, limit(3)).await.unwrap(),
         AcquireOutcome::AlreadyHeld { token, count: 1 }
     );
-    assert_eq!(holders_and_count(&store, &l).await.1, 1);
+    assert_eq!(holders(&store, &l).await, ["exec-1#a1"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -341,5 +394,5 @@ async fn f5_concurrent_attempts_of_one_acquisition_take_exactly_one_slot() {
         1,
         "every attempt reports the one slot's token"
     );
-    assert_eq!(holders_and_count(&store, &l).await.1, 1);
+    assert_eq!(holders(&store, &l).await, ["exec-1#a1"]);
 }

@@ -1,25 +1,34 @@
-//! What every part of the bench shares: names that look like production's, the protocol
-//! variants compared, and the wait between polls of a full lock.
+//! What every part of the bench shares: names that look like production's, the protocols
+//! compared, and the wait between polls of a full lock.
 
 use std::time::Duration;
 
 use serde::Serialize;
 
-/// An execution ARN of the realistic length (the holder id the state machine sends).
+/// How long the bench's execution ARNs are: the state machine `LockProtected` in a 12-digit
+/// account and a 31-character execution name. The holder map is keyed by the ARN, so item sizes
+/// depend on it; BENCHMARKS.md states sizes for this length.
+pub const ARN_LEN: usize = 93;
+
+/// An execution ARN of [`ARN_LEN`] characters (the holder id the state machine sends), unique
+/// per run: `tag` and `n` say where it comes from, random hex fills the rest of the name.
 pub fn execution_arn(tag: &str, n: usize) -> String {
-    format!(
-        "arn:aws:states:us-east-1:123456789012:execution:LockProtected:{tag}-{n:06}-{:08x}",
-        fastrand::u32(..)
-    )
+    let prefix =
+        format!("arn:aws:states:us-east-1:123456789012:execution:LockProtected:{tag}-{n:06}-");
+    // At least 8 random digits, so that ARNs of the same tag and number still differ between
+    // runs on one table.
+    let fill = ARN_LEN.saturating_sub(prefix.len()).max(8);
+    prefix + &hex(fill)
+}
+
+fn hex(n: usize) -> String {
+    (0..n)
+        .map(|_| char::from_digit(fastrand::u32(0..16), 16).unwrap_or('0'))
+        .collect()
 }
 
 /// An acquisition id as `States.UUID()` makes it.
 pub fn uuid() -> String {
-    let hex = |n: usize| -> String {
-        (0..n)
-            .map(|_| char::from_digit(fastrand::u32(0..16), 16).unwrap_or('0'))
-            .collect()
-    };
     format!("{}-{}-4{}-8{}-{}", hex(8), hex(4), hex(3), hex(3), hex(12))
 }
 
@@ -27,11 +36,10 @@ pub fn uuid() -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Proto {
-    /// Our protocol with `Semaphore`'s defaults (the item cache on): a long-lived process.
+    /// Our protocol exactly as the deployed Lambdas run it: `Semaphore` with the default
+    /// `Timing`, one write per call, no read. A `Semaphore` keeps nothing between calls, so one
+    /// per contender is the same as one per call (a Lambda invocation, a `semctl` process).
     Ours,
-    /// Our protocol reading before every call's first write (item cache off), as the acquire,
-    /// release and cleanup Lambda functions run it.
-    OursReadFirst,
     /// The original AWS sample's protocol (`semaphore_tests::reference::SampleProtocol`).
     Reference,
 }
@@ -39,8 +47,7 @@ pub enum Proto {
 impl Proto {
     pub fn label(self) -> &'static str {
         match self {
-            Self::Ours => "ours (item cache, default)",
-            Self::OursReadFirst => "ours (read first, as the Lambdas)",
+            Self::Ours => "ours (as the Lambdas)",
             Self::Reference => "AWS sample (reference)",
         }
     }
@@ -103,5 +110,26 @@ impl Regime {
                 Duration::from_micros(fastrand::u64(0..=ceiling_us))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_have_the_lengths_sizes_are_stated_for() {
+        for tag in [
+            "w0",
+            "w49",
+            "cycle",
+            "quiet",
+            "ended",
+            "uncontended",
+            "acquire",
+        ] {
+            assert_eq!(execution_arn(tag, 123).len(), ARN_LEN, "{tag}");
+        }
+        assert_eq!(uuid().len(), 36);
     }
 }

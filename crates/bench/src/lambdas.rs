@@ -5,7 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
-use semaphore_core::{AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore};
+use semaphore_core::{
+    rfc3339_millis, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName,
+    Semaphore, SystemClock,
+};
 use semaphore_tests::runtime_api::{run_function, Answer};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -161,6 +164,14 @@ pub async fn run(
                 .iter()
                 .filter(|a| matches!(a, Answer::Response(_)))
                 .count();
+            // A refused or expired acquire answers too, but did not do what is measured.
+            let refused = run.answers.iter().find(|a| {
+                matches!(a, Answer::Response(v)
+                    if function == "acquire" && v["acquired"] != Value::Bool(true))
+            });
+            if let Some(answer) = refused {
+                return Err(format!("acquire did not take its slot: {answer:?}"));
+            }
             if answered != invocations {
                 return Err(format!(
                     "{function}: {answered} of {invocations} invocations answered: {:?}\nstdout: {}\nstderr: {}",
@@ -217,9 +228,14 @@ async fn prepare(
         Ok::<(), String>(())
     };
     let events = match function {
+        // Requested now, as a state machine entering its acquire state: the function starts
+        // within the horizon (seconds), so every attempt is answered "acquired".
         "acquire" => holders
             .iter()
-            .map(|(h, a)| json!({"lock": lock, "limit": 5, "holder": h, "acquisition": a}))
+            .map(|(h, a)| {
+                json!({"lock": lock, "limit": 5, "holder": h, "acquisition": a,
+                       "requested_at": rfc3339_millis(SystemClock.now_ms())})
+            })
             .collect(),
         "release" => {
             take_slots().await?;

@@ -1,15 +1,16 @@
 //! (b) Latency and throughput under contention: C contenders on one lock of limit 5, each doing
 //! critical sections back to back (acquire, hold, release), waiting before polling a full lock
 //! again as the regime says, whatever the protocol. Every contender is its own "process": its own
-//! `Semaphore` (own item cache) or its own sample client state, sharing only the HTTP client.
-//! Requests are counted exactly per run; the run is a fixed number of critical sections.
+//! `Semaphore` or its own sample client, sharing only the HTTP client. Requests are counted
+//! exactly per run (and ours also by kind of write, to tell rotations and "full" answers from
+//! anything else); the run is a fixed number of critical sections.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, Error, HolderId, Identity, Limit, LockName,
+    AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName,
     ReleaseOutcome, Semaphore,
 };
 use semaphore_tests::counter::RequestCounter;
@@ -19,9 +20,13 @@ use serde::Serialize;
 
 use crate::common::{execution_arn, uuid, Proto, Regime};
 use crate::stats::{ms, quantile};
+use crate::writes::{CountedStore, WriteCounter, WriteTally};
 use semaphore_core::dynamo::item_size;
 
 pub const LIMIT: i64 = 5;
+
+/// Error messages kept per run (the count is exact; these say what they were).
+const ERROR_SAMPLES: usize = 5;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadRun {
@@ -40,15 +45,23 @@ pub struct LoadRun {
     pub get_item_per_section: f64,
     pub put_item_per_section: f64,
     pub update_item_per_section: f64,
-    /// Conditional writes that failed their condition: version conflicts and stale caches
-    /// for ours; "full" answers for the sample (its acquire is the conditional write).
+    /// Conditional writes that failed their condition (counted on the wire): for ours, acquires
+    /// that found the lock full and rotations that lost to another; for the sample, "full".
     pub failed_writes_per_section: f64,
     /// Acquire calls answered "full" (a poll), per section.
     pub full_answers_per_section: f64,
-    /// Calls that ran out of conflict retries (`Error::Contention`), in the whole run.
-    pub contention_errors: u64,
+    /// Acquires answered "expired" (the request outlived the horizon: asked again at once).
+    pub expired_answers: u64,
+    /// Fence rotations (ours), per section.
+    pub rotations_per_section: f64,
+    /// Calls that failed with an error of any kind, in the whole run (each retried after a
+    /// wait, as the state machine's `Retry` does).
+    pub errors: u64,
+    pub error_samples: Vec<String>,
     pub max_holders_seen: i64,
     pub item_bytes_at_end: usize,
+    /// Ours: the protocol's writes by kind, for the whole run.
+    pub writes: WriteTally,
 }
 
 #[derive(Default)]
@@ -56,7 +69,18 @@ struct Tally {
     acquire_ms: Vec<f64>,
     release_ms: Vec<f64>,
     full: u64,
-    contention: u64,
+    expired: u64,
+    errors: u64,
+    error_samples: Vec<String>,
+}
+
+impl Tally {
+    fn error(&mut self, e: impl std::fmt::Display) {
+        self.errors += 1;
+        if self.error_samples.len() < ERROR_SAMPLES {
+            self.error_samples.push(e.to_string());
+        }
+    }
 }
 
 struct Shared {
@@ -79,8 +103,15 @@ impl Shared {
 }
 
 enum Contender {
-    Ours(Semaphore<DynamoStore>),
+    Ours(Semaphore<CountedStore<DynamoStore>>),
     Sample(SampleProtocol),
+}
+
+enum Attempt {
+    Took,
+    Full,
+    Expired,
+    Failed,
 }
 
 async fn contend(
@@ -90,7 +121,7 @@ async fn contend(
     sections: usize,
     regime: Regime,
     shared: Arc<Shared>,
-) -> Tally {
+) -> Result<Tally, String> {
     let mut tally = Tally::default();
     let limit = Limit::new(LIMIT).expect("limit");
     let lock_name = LockName::new(lock.clone()).expect("lock");
@@ -103,53 +134,77 @@ async fn contend(
         let mut polls = 0;
         loop {
             let started = Instant::now();
-            let took = match &*contender {
+            // Each attempt is a new entry into the acquire state: its request time is now.
+            let attempt = match &*contender {
                 Contender::Ours(sem) => match sem.acquire(&lock_name, &identity, limit).await {
-                    Ok(AcquireOutcome::Acquired { .. }) => true,
-                    Ok(AcquireOutcome::Full { .. }) => {
-                        tally.full += 1;
-                        false
+                    // Already held: an attempt that failed on the wire had landed (F5).
+                    Ok(AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. }) => {
+                        Attempt::Took
                     }
-                    Err(Error::Contention { .. }) => {
-                        tally.contention += 1;
-                        false
+                    Ok(AcquireOutcome::Full { .. }) => Attempt::Full,
+                    Ok(AcquireOutcome::Expired) => Attempt::Expired,
+                    Ok(AcquireOutcome::Fenced(reason)) => {
+                        return Err(format!(
+                            "worker {worker}: a fresh acquisition was fenced: {}",
+                            reason.describe()
+                        ))
                     }
-                    other => panic!("worker {worker}: acquire gave {other:?}"),
+                    Err(e) => {
+                        tally.error(e);
+                        Attempt::Failed
+                    }
                 },
                 Contender::Sample(sample) => {
-                    let took = sample.acquire(&lock, &holder, LIMIT).await;
-                    if !took {
-                        tally.full += 1;
+                    if sample.acquire(&lock, &holder, LIMIT).await {
+                        Attempt::Took
+                    } else {
+                        Attempt::Full
                     }
-                    took
                 }
             };
-            if took {
-                tally.acquire_ms.push(ms(started.elapsed()));
-                break;
+            match attempt {
+                Attempt::Took => {
+                    tally.acquire_ms.push(ms(started.elapsed()));
+                    break;
+                }
+                // As the state machine: "expired" enters the acquire state again at once.
+                Attempt::Expired => tally.expired += 1,
+                Attempt::Full | Attempt::Failed => {
+                    if matches!(attempt, Attempt::Full) {
+                        tally.full += 1;
+                    }
+                    polls += 1;
+                    tokio::time::sleep(regime.poll_wait(polls)).await;
+                }
             }
-            polls += 1;
-            tokio::time::sleep(regime.poll_wait(polls)).await;
         }
         shared.enter();
         tokio::time::sleep(regime.hold()).await;
         shared.leave();
+        let mut failures = 0;
         loop {
             let started = Instant::now();
             let done = match &*contender {
                 Contender::Ours(sem) => match sem.release(&lock_name, &identity).await {
                     Ok(ReleaseOutcome::Released { .. }) => true,
-                    Err(Error::Contention { .. }) => {
-                        tally.contention += 1;
+                    // Only after a failed attempt that had landed; otherwise the slot was lost.
+                    Ok(ReleaseOutcome::NotHeld { .. }) if failures > 0 => true,
+                    Ok(ReleaseOutcome::NotHeld { .. }) => {
+                        return Err(format!(
+                            "worker {worker}: the release found its slot gone (S2 violated)"
+                        ))
+                    }
+                    Err(e) => {
+                        tally.error(e);
                         false
                     }
-                    other => panic!("worker {worker}: release gave {other:?}"),
                 },
                 Contender::Sample(sample) => {
-                    assert!(
-                        sample.release(&lock, &holder).await,
-                        "worker {worker}: the sample's release found no holder"
-                    );
+                    if !sample.release(&lock, &holder).await {
+                        return Err(format!(
+                            "worker {worker}: the sample's release found no holder"
+                        ));
+                    }
                     true
                 }
             };
@@ -157,9 +212,11 @@ async fn contend(
                 tally.release_ms.push(ms(started.elapsed()));
                 break;
             }
+            failures += 1;
+            tokio::time::sleep(regime.poll_wait(failures)).await;
         }
     }
-    tally
+    Ok(tally)
 }
 
 /// One run: `contenders` contenders share `sections` critical sections on a fresh lock.
@@ -172,13 +229,13 @@ pub async fn run(
     table: &str,
 ) -> Result<LoadRun, String> {
     let counter = RequestCounter::new();
+    let writes = WriteCounter::new();
     let client = counter.dynamodb_client(endpoint);
     let lock = format!("load-{contenders}-{}", uuid());
     let make = || match proto {
-        Proto::Ours => Contender::Ours(Semaphore::new(DynamoStore::new(client.clone(), table))),
-        Proto::OursReadFirst => Contender::Ours(
-            Semaphore::new(DynamoStore::new(client.clone(), table)).with_item_cache(0),
-        ),
+        Proto::Ours => Contender::Ours(Semaphore::new(
+            writes.store(DynamoStore::new(client.clone(), table)),
+        )),
         Proto::Reference => Contender::Sample(SampleProtocol {
             client: client.clone(),
             table: table.to_owned(),
@@ -190,8 +247,8 @@ pub async fn run(
         violations: AtomicU64::new(0),
     });
 
-    // Warm-up, not counted: one critical section creates the item and opens connections, and
-    // each of our contenders reads the lock once, as a process that has run before has seen it.
+    // Warm-up, not counted: one critical section creates the item (ours: a refused update and a
+    // put; the release adds the lock's first fence) and opens connections.
     let pool: Vec<Arc<Contender>> = (0..contenders).map(|_| Arc::new(make())).collect();
     if let Contender::Sample(sample) = &*pool[0] {
         sample.init(&lock).await;
@@ -204,15 +261,9 @@ pub async fn run(
         regime,
         shared.clone(),
     )
-    .await;
-    for contender in &pool {
-        if let Contender::Ours(sem) = &**contender {
-            sem.status(&LockName::new(lock.clone()).expect("lock"))
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-    }
+    .await?;
     counter.take();
+    writes.take();
 
     let per = sections / contenders;
     let extra = sections % contenders;
@@ -233,14 +284,22 @@ pub async fn run(
     for task in tasks {
         let t = task
             .await
-            .map_err(|e| format!("a contender panicked: {e}"))?;
+            .map_err(|e| format!("a contender panicked: {e}"))?
+            .map_err(|e| format!("{}: {e}", proto.label()))?;
         tally.acquire_ms.extend(t.acquire_ms);
         tally.release_ms.extend(t.release_ms);
         tally.full += t.full;
-        tally.contention += t.contention;
+        tally.expired += t.expired;
+        tally.errors += t.errors;
+        for e in t.error_samples {
+            if tally.error_samples.len() < ERROR_SAMPLES {
+                tally.error_samples.push(e);
+            }
+        }
     }
     let elapsed = started.elapsed();
     let counts = counter.take();
+    let writes = writes.take();
     if shared.violations.load(Ordering::SeqCst) > 0 {
         return Err(format!(
             "{}: more than {LIMIT} holders inside at once (S1 violated)",
@@ -276,8 +335,62 @@ pub async fn run(
         update_item_per_section: per_section(counts.get("DynamoDB.UpdateItem")),
         failed_writes_per_section: per_section(counts.total_failed()),
         full_answers_per_section: per_section(tally.full),
-        contention_errors: tally.contention,
+        expired_answers: tally.expired,
+        rotations_per_section: per_section(writes.rotation),
+        errors: tally.errors,
+        error_samples: tally.error_samples,
         max_holders_seen: shared.max_inside.load(Ordering::SeqCst),
         item_bytes_at_end,
+        writes,
     })
+}
+
+/// What must hold exactly in a run of ours, whatever the machine's speed: every request is one
+/// of the protocol's writes (no read, no put once the item exists), and every refused write is
+/// an acquire that found the lock full or a rotation that lost to another (no conflicts).
+pub fn check(run: &LoadRun, problems: &mut Vec<String>) {
+    let label = format!(
+        "load {} C={} {}",
+        run.regime.short(),
+        run.contenders,
+        run.proto.label()
+    );
+    if run.errors > 0 {
+        problems.push(format!(
+            "{label}: {} errors, e.g. {:?}",
+            run.errors, run.error_samples
+        ));
+    }
+    if run.max_holders_seen > LIMIT {
+        problems.push(format!("{label}: {} holders inside", run.max_holders_seen));
+    }
+    if run.proto != Proto::Ours {
+        return;
+    }
+    let w = &run.writes;
+    let sections = run.sections as u64;
+    let full = (run.full_answers_per_section * run.sections as f64).round() as u64;
+    if run.get_item_per_section != 0.0 || run.put_item_per_section != 0.0 || w.loads != 0 {
+        problems.push(format!(
+            "{label}: ours read or put: {} GetItem, {} PutItem per section",
+            run.get_item_per_section, run.put_item_per_section
+        ));
+    }
+    if w.release != sections
+        || w.acquire != sections + full + run.expired_answers
+        || w.acquire_refused != full + run.expired_answers
+        || w.refused_unexpectedly != 0
+    {
+        problems.push(format!(
+            "{label}: want {sections} releases and {sections} acquires besides the {full} \"full\" and {} \"expired\" answers (the only refusals); got {w:?}",
+            run.expired_answers
+        ));
+    }
+    let failed_on_the_wire = (run.failed_writes_per_section * run.sections as f64).round() as u64;
+    if failed_on_the_wire != w.refused() {
+        problems.push(format!(
+            "{label}: {failed_on_the_wire} failed conditional writes on the wire, {} refused by the protocol's checks",
+            w.refused()
+        ));
+    }
 }

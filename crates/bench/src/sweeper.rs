@@ -3,9 +3,11 @@
 //! real executions of a state machine on the local Step Functions (moto keeps them RUNNING).
 
 use lambda_sweeper::{SfnExecutions, StateMachineArn, Sweeper, DEFAULT_NAMESPACE};
+use std::time::Instant;
+
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore,
-    DEFAULT_FENCE_WINDOW, DEFAULT_ITEM_CACHE_LOCKS,
+    Timing,
 };
 use semaphore_tests::counter::{Counts, RequestCounter};
 use semaphore_tests::{fresh_table, sdk_config};
@@ -13,6 +15,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::common::uuid;
+use crate::rule::{rotations_between, BUSY_YOUNG_FENCES};
+use crate::writes::{CountedStore, WriteCounter, WriteTally};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SweepRow {
@@ -22,7 +26,14 @@ pub struct SweepRow {
     pub scan: u64,
     pub get_item: u64,
     pub put_item: u64,
-    pub failed_put_item: u64,
+    pub update_item: u64,
+    pub failed_conditional_writes: u64,
+    /// The protocol's writes: per reclaimed slot a fence and a free; and the lock's rotations (a
+    /// cleanup's, once 8 young fences are kept, and the sweep's own when due on the scanned item).
+    pub cleanup_fence: u64,
+    pub cleanup_free: u64,
+    pub rotations: u64,
+    pub seconds: f64,
     pub describe_execution: u64,
     pub publish: u64,
     pub dynamodb_total: u64,
@@ -30,7 +41,14 @@ pub struct SweepRow {
     pub sns_total: u64,
 }
 
-fn row(holders: usize, case: &'static str, reclaimed: usize, c: &Counts) -> SweepRow {
+fn row(
+    holders: usize,
+    case: &'static str,
+    reclaimed: usize,
+    c: &Counts,
+    w: &WriteTally,
+    started: Instant,
+) -> SweepRow {
     SweepRow {
         holders,
         case,
@@ -38,7 +56,12 @@ fn row(holders: usize, case: &'static str, reclaimed: usize, c: &Counts) -> Swee
         scan: c.get("DynamoDB.Scan"),
         get_item: c.get("DynamoDB.GetItem"),
         put_item: c.get("DynamoDB.PutItem"),
-        failed_put_item: c.failed("DynamoDB.PutItem"),
+        update_item: c.get("DynamoDB.UpdateItem"),
+        failed_conditional_writes: c.total_failed(),
+        cleanup_fence: w.cleanup_fence,
+        cleanup_free: w.cleanup_free,
+        rotations: w.rotation,
+        seconds: started.elapsed().as_secs_f64(),
         describe_execution: c.get("SFN.DescribeExecution"),
         publish: c.get("SNS.Publish"),
         dynamodb_total: c.service_total("DynamoDB"),
@@ -133,13 +156,13 @@ impl Local {
     }
 
     /// The sweeper with counted clients, configured as `Sweeper::from_settings` configures it
-    /// (`item_cache`: whether its semaphore keeps the item cache, as it does in production).
+    /// (the default timing), its store's writes counted by kind.
     fn sweeper(
         &self,
         counter: &RequestCounter,
+        writes: &WriteCounter,
         table: &str,
-        item_cache: bool,
-    ) -> Result<Sweeper<DynamoStore, SfnExecutions>, String> {
+    ) -> Result<Sweeper<CountedStore<DynamoStore>, SfnExecutions>, String> {
         let sdk = sdk_config();
         let ddb = aws_sdk_dynamodb::Client::from_conf(
             aws_sdk_dynamodb::config::Builder::from(&sdk)
@@ -157,13 +180,8 @@ impl Local {
                 .build(),
         );
         let machine = StateMachineArn::parse(&self.machine_arn).ok_or("state machine ARN")?;
-        let semaphore = Semaphore::new(DynamoStore::new(ddb, table))
-            .with_fence_window(DEFAULT_FENCE_WINDOW)
-            .with_item_cache(if item_cache {
-                DEFAULT_ITEM_CACHE_LOCKS
-            } else {
-                0
-            });
+        let semaphore = Semaphore::new(writes.store(DynamoStore::new(ddb, table)))
+            .with_timing(Timing::default());
         Ok(Sweeper {
             semaphore,
             executions: SfnExecutions::new(sfn, Some(machine)),
@@ -197,42 +215,142 @@ async fn hold_slots(
 }
 
 /// For each holder count: a sweep that finds every holder RUNNING, then (all stopped) a sweep
-/// that reclaims them all, with the item cache as deployed and without it.
+/// that reclaims them all.
 pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>, String> {
     let local = local().await?;
     let mut rows = Vec::new();
     for &n in holder_counts {
-        for item_cache in [true, false] {
-            let store = fresh_table().await;
-            let table = store.table().to_owned();
-            let sem = Semaphore::new(store);
-            let lock = LockName::new(format!("sweep-{n}")).map_err(|e| e.to_string())?;
-            let arns = local.start(n).await?;
-            hold_slots(&sem, &lock, &arns).await?;
-            let counter = RequestCounter::new();
-            let sweeper = local.sweeper(&counter, &table, item_cache)?;
-            if item_cache {
-                let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
-                rows.push(row(
-                    n,
-                    "all RUNNING: nothing to reclaim",
-                    report.summary.reclaimed,
-                    &counter.take(),
-                ));
-            }
-            local.stop(&arns).await?;
-            counter.take();
-            let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
-            if !report.summary.errors.is_empty() {
-                return Err(format!("sweep errors: {:?}", report.summary.errors));
-            }
-            let case = if item_cache {
-                "all ABORTED: reclaim every slot (as deployed: item cache)"
-            } else {
-                "all ABORTED: reclaim every slot (item cache off)"
-            };
-            rows.push(row(n, case, report.summary.reclaimed, &counter.take()));
+        let store = fresh_table().await;
+        let table = store.table().to_owned();
+        let sem = Semaphore::new(store);
+        let lock = LockName::new(format!("sweep-{n}")).map_err(|e| e.to_string())?;
+        let arns = local.start(n).await?;
+        hold_slots(&sem, &lock, &arns).await?;
+        // `check` expects no rotation of the sweep's own: the item it scans has no fence (only
+        // acquires wrote it), so no rotation is due on it.
+        let scanned = sem.status(&lock).await.map_err(|e| e.to_string())?;
+        if !scanned.fences.is_empty() {
+            return Err(format!(
+                "{lock} has fences before its sweeps: {:?}",
+                scanned.fences
+            ));
         }
+        let (counter, writes) = (RequestCounter::new(), WriteCounter::new());
+        let sweeper = local.sweeper(&counter, &writes, &table)?;
+        let started = Instant::now();
+        let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
+        rows.push(row(
+            n,
+            "all RUNNING: nothing to reclaim",
+            report.summary.reclaimed,
+            &counter.take(),
+            &writes.take(),
+            started,
+        ));
+        local.stop(&arns).await?;
+        counter.take();
+        writes.take();
+        let started = Instant::now();
+        let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
+        if !report.summary.errors.is_empty() {
+            return Err(format!("sweep errors: {:?}", report.summary.errors));
+        }
+        rows.push(row(
+            n,
+            "all ABORTED: reclaim every slot",
+            report.summary.reclaimed,
+            &counter.take(),
+            &writes.take(),
+            started,
+        ));
     }
     Ok(rows)
+}
+
+/// What must hold exactly: one scan, one `DescribeExecution` per holder, and per reclaimed slot
+/// two writes (fence, free) and a notice. Nothing read, nothing refused. Rotations, by the rule
+/// (see `rule`): the swept lock had no fence before (only acquires wrote it), so the sweep's own
+/// rotation, due on the scanned item only if it has a fence, never happens, and the first sweep
+/// (nothing to reclaim) writes nothing; in the second, a cleanup rotates once the young fences,
+/// its own added, number 8 and a window has passed since the last rotation: none with fewer
+/// than 8 cleanups, one at the 8th (the lock never rotated), then at most one per window and one
+/// per 8 more cleanups.
+pub fn check(rows: &[SweepRow], problems: &mut Vec<String>) {
+    let window = Timing::default().window().as_secs_f64();
+    for r in rows {
+        let n = r.holders as u64;
+        let reclaiming = r.case.starts_with("all ABORTED");
+        let slots = if reclaiming { n } else { 0 };
+        // One cleanup per holder: each execution holds one slot.
+        let (least, most) =
+            rotations_between(0, slots as usize, r.seconds, window, BUSY_YOUNG_FENCES);
+        if r.scan != 1
+            || r.describe_execution != n
+            || r.get_item != 0
+            || r.put_item != 0
+            || r.failed_conditional_writes != 0
+            || r.cleanup_fence != slots
+            || r.cleanup_free != slots
+            || r.update_item != 2 * slots + r.rotations
+            || !(least..=most).contains(&r.rotations)
+            || r.publish != slots
+            || r.reclaimed as u64 != slots
+        {
+            problems.push(format!(
+                "sweeper counts not as expected ({least} to {most} rotations): {r:?}"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(holders: usize, case: &'static str, rotations: u64) -> SweepRow {
+        let slots = if case.starts_with("all ABORTED") {
+            holders as u64
+        } else {
+            0
+        };
+        SweepRow {
+            holders,
+            case,
+            reclaimed: slots as usize,
+            scan: 1,
+            get_item: 0,
+            put_item: 0,
+            update_item: 2 * slots + rotations,
+            failed_conditional_writes: 0,
+            cleanup_fence: slots,
+            cleanup_free: slots,
+            rotations,
+            seconds: 0.5,
+            describe_execution: holders as u64,
+            publish: slots,
+            dynamodb_total: 1 + 2 * slots + rotations,
+            step_functions_total: holders as u64,
+            sns_total: slots,
+        }
+    }
+
+    #[test]
+    fn a_sweep_rotates_at_its_eighth_cleanup_and_not_for_a_lock_without_fences() {
+        let ok = |r: SweepRow| {
+            let mut problems = Vec::new();
+            check(&[r], &mut problems);
+            problems.is_empty()
+        };
+        let aborted = "all ABORTED: reclaim every slot";
+        let running = "all RUNNING: nothing to reclaim";
+        assert!(ok(row(10, running, 0)));
+        assert!(!ok(row(10, running, 1)), "no fence scanned: nothing due");
+        assert!(ok(row(1, aborted, 0)));
+        assert!(!ok(row(1, aborted, 1)), "one young fence is not busy");
+        assert!(ok(row(7, aborted, 0)));
+        assert!(ok(row(10, aborted, 1)));
+        assert!(!ok(row(10, aborted, 0)), "the 8th cleanup rotates");
+        assert!(!ok(row(10, aborted, 2)), "within the window");
+        assert!(!ok(row(100, aborted, 2)), "half a second: one window");
+    }
 }

@@ -1,40 +1,62 @@
-//! The DynamoDB rendering of the protocol: one item per lock, written whole with `PutItem`
-//! conditioned on the version that was read.
+//! The DynamoDB rendering of the protocol: one item per lock, and each [`Write`] sent as one
+//! `UpdateItem` whose condition is the write's checks and whose update expression is its changes.
+//! Every expression string is built here, from the typed write, and nowhere else.
 //!
-//! Writing the whole item keeps every transition in one place (`protocol`), makes the only
-//! condition ever sent `version = :read` (or "no item yet"), and costs O(limit + live fences)
-//! write units, which is what the item size is bounded by anyway.
+//! Every request asks for the item as it was before (`ReturnValues: ALL_OLD`) and, when refused,
+//! as it is (`ReturnValuesOnConditionCheckFailure: ALL_OLD`): the caller then knows what the
+//! write did, or why it was refused, without a read. Only the first write of a lock takes two
+//! requests: the update is refused for want of an item, and the item the write would make of an
+//! empty lock is put, on the condition that there still is none.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use aws_sdk_dynamodb::client::Waiters;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
 };
 use aws_sdk_dynamodb::Client;
 
 use crate::error::StoreError;
 use crate::input::{Limit, LockName};
-use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem, Version};
-use crate::store::{ItemStore, PutResult};
+use crate::item::{FenceKey, Fences, FencingToken, Holding, Identity, SemaphoreItem, Version};
+use crate::protocol::WriteResult;
+use crate::store::ItemStore;
+use crate::write::{Change, Check, Write};
 
 /// Attribute names of the semaphore item. `lock` is the table's only key; the template's table
 /// and `semctl init` declare exactly this schema.
 pub mod attr {
     pub const LOCK: &str = "lock";
-    pub const LIMIT: &str = "limit";
-    pub const COUNT: &str = "count";
+    /// The item format: [`super::FORMAT`]. Every write checks it, so a write never lands on an
+    /// item of another format (version 1's items have none), and a missing item is told apart.
+    pub const FORMAT: &str = "format";
     pub const VERSION: &str = "version";
+    pub const LIMIT: &str = "limit";
+    /// Map: slot key (`holder#acquisition`) -> the holding, packed in one number (see
+    /// [`super::TOKEN_SPAN`]).
     pub const HOLDERS: &str = "holders";
-    pub const FENCES: &str = "fences";
-    pub const TOKEN: &str = "token";
-    pub const ACQUIRED_AT: &str = "acquired_at";
+    /// Binary sets of 8-byte fence keys, and the time of the last rotation (epoch ms).
+    pub const YOUNG: &str = "young";
+    pub const OLD: &str = "old";
+    pub const ROTATED_AT: &str = "rotated_at";
 }
+
+/// The item format this version writes and reads.
+pub const FORMAT: u64 = 2;
+
+/// A holding is stored as one number, `acquired_at_ms * TOKEN_SPAN + token`. The token is the
+/// version the acquire's write makes, which only DynamoDB knows when the write lands; an update
+/// expression can compute a number from the version (`#version + :c`) but cannot build a map
+/// from it, so one number carries both. Versions stay below 10^15 (a thousand writes a second
+/// for 31,000 years), and the number has at most 28 digits until the year 2286 (DynamoDB keeps
+/// 38).
+pub const TOKEN_SPAN: u128 = 1_000_000_000_000_000;
 
 #[derive(Debug, Clone)]
 pub struct DynamoStore {
@@ -119,15 +141,201 @@ impl DynamoStore {
     }
 }
 
+/// An `UpdateItem`'s expressions, as rendered from a [`Write`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rendered {
+    pub condition: String,
+    pub update: String,
+    pub names: HashMap<String, String>,
+    pub values: HashMap<String, AttributeValue>,
+}
+
+/// Placeholders, each declared once and only when used (DynamoDB refuses unused ones).
+#[derive(Default)]
+struct Placeholders {
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+    slots: HashMap<String, String>,
+}
+
+impl Placeholders {
+    /// `#name` for a fixed attribute name.
+    fn attr(&mut self, name: &str) -> String {
+        let placeholder = format!("#{name}");
+        self.names.insert(placeholder.clone(), name.to_owned());
+        placeholder
+    }
+
+    /// `#holders.#hN` for a slot.
+    fn slot(&mut self, identity: &Identity) -> String {
+        let holders = self.attr(attr::HOLDERS);
+        let key = identity.slot_key();
+        let next = self.slots.len();
+        let placeholder = self
+            .slots
+            .entry(key.clone())
+            .or_insert_with(|| format!("#h{next}"))
+            .clone();
+        self.names.insert(placeholder.clone(), key);
+        format!("{holders}.{placeholder}")
+    }
+
+    /// A new `:vN` for a value.
+    fn value(&mut self, value: AttributeValue) -> String {
+        let placeholder = format!(":v{}", self.values.len());
+        self.values.insert(placeholder.clone(), value);
+        placeholder
+    }
+}
+
+/// The write as one `UpdateItem`: the format check and the write's checks as its condition, the
+/// version increment and the write's changes as its update.
+pub fn render(write: &Write) -> Result<Rendered, StoreError> {
+    let mut p = Placeholders::default();
+    let format = p.attr(attr::FORMAT);
+    let format_value = p.value(number(FORMAT));
+    let mut conditions = vec![format!("{format} = {format_value}")];
+    for check in &write.checks {
+        conditions.push(match check {
+            Check::NotHolding(identity) => format!("attribute_not_exists({})", p.slot(identity)),
+            Check::HoldersBelow(limit) => {
+                let holders = p.attr(attr::HOLDERS);
+                let limit = p.value(number(limit.get()));
+                format!("size({holders}) < {limit}")
+            }
+            Check::NotFenced(key) => {
+                let (young, old) = (p.attr(attr::YOUNG), p.attr(attr::OLD));
+                let key = p.value(binary(key));
+                format!("NOT contains({young}, {key}) AND NOT contains({old}, {key})")
+            }
+            Check::RotatedBefore { deadline_ms } => {
+                let rotated = p.attr(attr::ROTATED_AT);
+                let deadline = p.value(number(deadline_ms));
+                format!("(attribute_not_exists({rotated}) OR {rotated} < {deadline})")
+            }
+            Check::LastRotation(None) => {
+                format!("attribute_not_exists({})", p.attr(attr::ROTATED_AT))
+            }
+            Check::LastRotation(Some(at_ms)) => {
+                let rotated = p.attr(attr::ROTATED_AT);
+                format!("{rotated} = {}", p.value(number(at_ms)))
+            }
+        });
+    }
+
+    let version = p.attr(attr::VERSION);
+    let one = p.value(number(1));
+    let mut set = vec![format!("{version} = {version} + {one}")];
+    let (mut remove, mut add, mut delete) = (Vec::new(), Vec::new(), Vec::new());
+    let mut fences_added = BTreeSet::new();
+    for change in &write.changes {
+        match change {
+            Change::PutHolder {
+                identity,
+                acquired_at_ms,
+            } => {
+                // The version before this write plus this constant is the holding: token = the
+                // new version, see TOKEN_SPAN.
+                let constant = u128::from(*acquired_at_ms) * TOKEN_SPAN + 1;
+                let slot = p.slot(identity);
+                let constant = p.value(number(constant));
+                set.push(format!("{slot} = {version} + {constant}"));
+            }
+            Change::SetLimit(limit) => {
+                let name = p.attr(attr::LIMIT);
+                set.push(format!("{name} = {}", p.value(number(limit.get()))));
+            }
+            Change::RemoveHolder(identity) => remove.push(p.slot(identity)),
+            Change::AddFence(key) => {
+                fences_added.insert(*key);
+            }
+            Change::Rotate { young_seen, at_ms } => {
+                let old = p.attr(attr::OLD);
+                if young_seen.is_empty() {
+                    remove.push(old);
+                } else {
+                    let young = p.attr(attr::YOUNG);
+                    let seen = p.value(binary_set(young_seen));
+                    set.push(format!("{old} = {seen}"));
+                    delete.push(format!("{young} {seen}"));
+                }
+                let rotated = p.attr(attr::ROTATED_AT);
+                set.push(format!("{rotated} = {}", p.value(number(at_ms))));
+            }
+        }
+    }
+    if !fences_added.is_empty() {
+        if !delete.is_empty() {
+            // DynamoDB refuses two actions on one attribute; the protocol never asks for it.
+            return Err(StoreError::Unexpected {
+                lock: write.lock.to_string(),
+                problem: "a write both adds fences and rotates them".to_owned(),
+            });
+        }
+        let young = p.attr(attr::YOUNG);
+        add.push(format!("{young} {}", p.value(binary_set(&fences_added))));
+    }
+    let mut update = format!("SET {}", set.join(", "));
+    for (keyword, clauses) in [("REMOVE", remove), ("ADD", add), ("DELETE", delete)] {
+        if !clauses.is_empty() {
+            update.push_str(&format!(" {keyword} {}", clauses.join(", ")));
+        }
+    }
+    Ok(Rendered {
+        condition: conditions.join(" AND "),
+        update,
+        names: p.names,
+        values: p.values,
+    })
+}
+
+/// How often a write is tried when its lock's item is being created concurrently.
+const CREATE_ROUNDS: usize = 3;
+
+impl DynamoStore {
+    fn key(&self, lock: &LockName) -> HashMap<String, AttributeValue> {
+        HashMap::from([(attr::LOCK.to_owned(), string(lock.as_str()))])
+    }
+
+    /// The lock has no item yet: put the one the write makes of the empty lock, unless another
+    /// writer created it meanwhile (`None`: try the update again).
+    async fn create(&self, write: &Write) -> Result<Option<WriteResult>, StoreError> {
+        let item = match write.apply(None) {
+            Ok(item) => item,
+            Err(_) => {
+                return Ok(Some(WriteResult::Refused {
+                    current: SemaphoreItem::empty(write.lock.clone()),
+                }))
+            }
+        };
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(encode(&item)))
+            .condition_expression("attribute_not_exists(#lock)")
+            .expression_attribute_names("#lock", attr::LOCK)
+            .send()
+            .await;
+        match put {
+            Ok(_) => Ok(Some(WriteResult::Applied { before: None })),
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(self.failed("PutItem", DisplayErrorContext(e))),
+        }
+    }
+}
+
 impl ItemStore for DynamoStore {
     async fn load(&self, lock: &LockName) -> Result<Option<SemaphoreItem>, StoreError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
-            .key(attr::LOCK, AttributeValue::S(lock.as_str().to_owned()))
-            // A stale read would only cost a failed conditional write; reading consistently
-            // avoids paying for it.
+            .set_key(Some(self.key(lock)))
             .consistent_read(true)
             .send()
             .await
@@ -135,41 +343,60 @@ impl ItemStore for DynamoStore {
         out.item().map(decode).transpose()
     }
 
-    async fn put(
-        &self,
-        item: &SemaphoreItem,
-        expected: Option<Version>,
-    ) -> Result<PutResult, StoreError> {
-        let request = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(encode(item)))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        let request = match expected {
-            None => request
-                .condition_expression("attribute_not_exists(#lock)")
-                .expression_attribute_names("#lock", attr::LOCK),
-            Some(version) => request
-                .condition_expression("#version = :read")
-                .expression_attribute_names("#version", attr::VERSION)
-                .expression_attribute_values(":read", number(version.0)),
-        };
-        match request.send().await {
-            Ok(_) => Ok(PutResult::Written),
-            Err(SdkError::ServiceError(e)) => match e.into_err() {
-                // The failed write hands back the item as it is now, so the retry needs no
-                // second read.
-                PutItemError::ConditionalCheckFailedException(failed) => {
-                    Ok(PutResult::Conflict(failed.item().map(decode).transpose()?))
+    async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
+        let rendered = render(write)?;
+        for _ in 0..CREATE_ROUNDS {
+            let sent = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(self.key(&write.lock)))
+                .condition_expression(&rendered.condition)
+                .update_expression(&rendered.update)
+                .set_expression_attribute_names(Some(rendered.names.clone()))
+                .set_expression_attribute_values(Some(rendered.values.clone()))
+                .return_values(ReturnValue::AllOld)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            match sent {
+                Ok(out) => {
+                    let before = out.attributes().map(decode).transpose()?;
+                    return Ok(WriteResult::Applied { before });
                 }
-                other => Err(self.failed("PutItem", DisplayErrorContext(other))),
-            },
-            Err(e) => Err(self.failed("PutItem", DisplayErrorContext(e))),
+                Err(SdkError::ServiceError(e)) => match e.into_err() {
+                    UpdateItemError::ConditionalCheckFailedException(failed) => {
+                        match failed.item() {
+                            // Refused: the item handed back says which check failed (or that
+                            // it is of another format, which `decode` names).
+                            Some(current) => {
+                                return Ok(WriteResult::Refused {
+                                    current: decode(current)?,
+                                })
+                            }
+                            None => {
+                                if let Some(result) = self.create(write).await? {
+                                    return Ok(result);
+                                }
+                            }
+                        }
+                    }
+                    other => return Err(self.failed("UpdateItem", DisplayErrorContext(other))),
+                },
+                Err(e) => return Err(self.failed("UpdateItem", DisplayErrorContext(e))),
+            }
         }
+        Err(StoreError::Unexpected {
+            lock: write.lock.to_string(),
+            problem: format!(
+                "the item was missing for the update and present for the put, {CREATE_ROUNDS} times"
+            ),
+        })
     }
 
-    async fn list(&self) -> Result<Vec<SemaphoreItem>, StoreError> {
+    async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
         let mut items = Vec::new();
         let mut start = None;
         loop {
@@ -182,9 +409,7 @@ impl ItemStore for DynamoStore {
                 .send()
                 .await
                 .map_err(|e| self.failed("Scan", DisplayErrorContext(e)))?;
-            for raw in page.items() {
-                items.push(decode(raw)?);
-            }
+            items.extend(page.items().iter().map(decode));
             match page.last_evaluated_key() {
                 Some(key) if !key.is_empty() => start = Some(key.clone()),
                 _ => return Ok(items),
@@ -201,40 +426,54 @@ fn string(s: &str) -> AttributeValue {
     AttributeValue::S(s.to_owned())
 }
 
-/// The DynamoDB attributes of an item.
+fn binary(key: &FenceKey) -> AttributeValue {
+    AttributeValue::B(Blob::new(key.as_bytes().to_vec()))
+}
+
+fn binary_set(keys: &BTreeSet<FenceKey>) -> AttributeValue {
+    AttributeValue::Bs(
+        keys.iter()
+            .map(|key| Blob::new(key.as_bytes().to_vec()))
+            .collect(),
+    )
+}
+
+/// The DynamoDB attributes of an item. Empty fence generations are left out (DynamoDB has no
+/// empty sets); the holder map is always there, since writes set and remove entries in it.
 pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
     let holders = item
         .holders
         .iter()
         .map(|(identity, holding)| {
-            // Who holds it is the entry's key; repeating it in the value would double the
-            // bytes every write pays for per holder.
-            let entry = HashMap::from([
-                (attr::TOKEN.to_owned(), number(holding.token.0)),
-                (attr::ACQUIRED_AT.to_owned(), number(holding.acquired_at_ms)),
-            ]);
-            (identity.slot_key(), AttributeValue::M(entry))
+            let packed =
+                u128::from(holding.acquired_at_ms) * TOKEN_SPAN + u128::from(holding.token.0);
+            (identity.slot_key(), number(packed))
         })
         .collect();
-    let fences = encode_fences(&item.fences);
     let mut attrs = HashMap::from([
         (attr::LOCK.to_owned(), string(item.lock.as_str())),
+        (attr::FORMAT.to_owned(), number(FORMAT)),
         (attr::VERSION.to_owned(), number(item.version.0)),
-        (attr::COUNT.to_owned(), number(item.count())),
         (attr::HOLDERS.to_owned(), AttributeValue::M(holders)),
-        (
-            attr::FENCES.to_owned(),
-            AttributeValue::B(Blob::new(fences)),
-        ),
     ]);
     if let Some(limit) = item.limit {
         attrs.insert(attr::LIMIT.to_owned(), number(limit.get()));
     }
+    for (name, keys) in [
+        (attr::YOUNG, &item.fences.young),
+        (attr::OLD, &item.fences.old),
+    ] {
+        if !keys.is_empty() {
+            attrs.insert(name.to_owned(), binary_set(keys));
+        }
+    }
+    if let Some(at_ms) = item.fences.rotated_at_ms {
+        attrs.insert(attr::ROTATED_AT.to_owned(), number(at_ms));
+    }
     attrs
 }
 
-/// Reads an item back, checking that it is one of ours and that its stored count matches its
-/// holders.
+/// Reads an item back, checking that it is one of ours, of this format.
 pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, StoreError> {
     let lock_name = attrs
         .get(attr::LOCK)
@@ -245,9 +484,26 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
         lock: lock_name.clone(),
         problem,
     };
+    match attrs.get(attr::FORMAT) {
+        Some(_) => {
+            let format = get_number(attrs, attr::FORMAT).map_err(&corrupt)?;
+            if format != u128::from(FORMAT) {
+                return Err(corrupt(format!(
+                    "item format {format}, where this version reads format {FORMAT}"
+                )));
+            }
+        }
+        // Version 1's items: a `count` and a binary `fences` attribute, no format.
+        None if attrs.contains_key("count") || attrs.contains_key("fences") => {
+            return Err(StoreError::OldFormat { lock: lock_name })
+        }
+        None => return Err(corrupt(format!("attribute {} is missing", attr::FORMAT))),
+    }
     let lock = LockName::new(lock_name.clone()).map_err(|e| corrupt(e.to_string()))?;
-    let version = Version(get_number(attrs, attr::VERSION).map_err(&corrupt)?);
-    let count = get_number(attrs, attr::COUNT).map_err(&corrupt)?;
+    let version = get_number(attrs, attr::VERSION).map_err(&corrupt)?;
+    if version >= TOKEN_SPAN {
+        return Err(corrupt(format!("version {version} is out of range")));
+    }
     let limit = match attrs.get(attr::LIMIT) {
         None => None,
         Some(_) => {
@@ -262,81 +518,62 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
     };
     let mut holders = BTreeMap::new();
     for (key, value) in get_map(attrs, attr::HOLDERS).map_err(&corrupt)? {
-        let entry = value
-            .as_m()
-            .map_err(|_| corrupt(format!("holder {key:?} is not a map")))?;
         let identity = Identity::from_slot_key(key)
             .map_err(|problem| corrupt(format!("holder key {key:?}: {problem}")))?;
+        let packed = value
+            .as_n()
+            .ok()
+            .and_then(|n| n.parse::<u128>().ok())
+            .ok_or_else(|| corrupt(format!("holder {key:?} is not a whole number")))?;
+        let (token, acquired_at_ms) = (packed % TOKEN_SPAN, packed / TOKEN_SPAN);
         let holding = Holding {
-            token: FencingToken(get_number(entry, attr::TOKEN).map_err(&corrupt)?),
-            acquired_at_ms: get_number(entry, attr::ACQUIRED_AT).map_err(&corrupt)?,
+            token: FencingToken(u64::try_from(token).map_err(|e| corrupt(e.to_string()))?),
+            acquired_at_ms: u64::try_from(acquired_at_ms).map_err(|e| corrupt(e.to_string()))?,
         };
         holders.insert(identity, holding);
     }
-    let fences = attrs
-        .get(attr::FENCES)
-        .and_then(|v| v.as_b().ok())
-        .ok_or_else(|| {
-            corrupt(format!(
-                "attribute {} is missing or not binary",
-                attr::FENCES
-            ))
-        })
-        .and_then(|blob| decode_fences(blob.as_ref()).map_err(&corrupt))?;
-    if count != holders.len() as u64 {
-        return Err(corrupt(format!(
-            "count is {count} but {} holders are listed",
-            holders.len()
-        )));
+    let mut fences = Fences {
+        young: get_fences(attrs, attr::YOUNG).map_err(&corrupt)?,
+        old: get_fences(attrs, attr::OLD).map_err(&corrupt)?,
+        rotated_at_ms: None,
+    };
+    if attrs.contains_key(attr::ROTATED_AT) {
+        let at = get_number(attrs, attr::ROTATED_AT).map_err(&corrupt)?;
+        fences.rotated_at_ms = Some(u64::try_from(at).map_err(|e| corrupt(e.to_string()))?);
     }
     Ok(SemaphoreItem {
         lock,
         limit,
-        version,
+        version: Version(u64::try_from(version).map_err(|e| corrupt(e.to_string()))?),
         holders,
         fences,
     })
 }
 
-/// Bytes of one stored fence: its key, then its expiry in seconds since the epoch (big-endian
-/// `u32`, enough until 2106).
-pub const FENCE_RECORD_LEN: usize = FenceKey::LEN + 4;
-
-/// Fences as one binary attribute of fixed-size records. Fences are most of a busy lock's item
-/// (rate x window of them), and every write pays for the whole item, so they are stored in
-/// 12 bytes each: a map of hex keys to millisecond numbers took about 33.
-fn encode_fences(fences: &BTreeMap<FenceKey, u64>) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(fences.len() * FENCE_RECORD_LEN);
-    for (key, &expires_ms) in fences {
-        // Expiries are whole seconds (`protocol`); rounding up keeps any other value safe, and
-        // one past 2106 is stored as the largest, i.e. kept longer, never shorter.
-        let seconds = u32::try_from(expires_ms.div_ceil(1_000)).unwrap_or(u32::MAX);
-        bytes.extend_from_slice(key.as_bytes());
-        bytes.extend_from_slice(&seconds.to_be_bytes());
-    }
-    bytes
-}
-
-fn decode_fences(bytes: &[u8]) -> Result<BTreeMap<FenceKey, u64>, String> {
-    if !bytes.len().is_multiple_of(FENCE_RECORD_LEN) {
-        return Err(format!(
-            "attribute {} holds {} bytes, not a whole number of {FENCE_RECORD_LEN}-byte fences",
-            attr::FENCES,
-            bytes.len()
-        ));
-    }
-    Ok(bytes
-        .chunks_exact(FENCE_RECORD_LEN)
-        .map(|record| {
-            let (key, seconds) = record.split_at(FenceKey::LEN);
-            let key: [u8; FenceKey::LEN] = key.try_into().unwrap_or_default();
-            let seconds: [u8; 4] = seconds.try_into().unwrap_or_default();
-            (
-                FenceKey::from_bytes(key),
-                u64::from(u32::from_be_bytes(seconds)) * 1_000,
-            )
+fn get_fences(
+    attrs: &HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<BTreeSet<FenceKey>, String> {
+    let Some(value) = attrs.get(name) else {
+        return Ok(BTreeSet::new());
+    };
+    let blobs = value
+        .as_bs()
+        .map_err(|_| format!("attribute {name} is not a binary set"))?;
+    blobs
+        .iter()
+        .map(|blob| {
+            <[u8; FenceKey::LEN]>::try_from(blob.as_ref())
+                .map(FenceKey::from_bytes)
+                .map_err(|_| {
+                    format!(
+                        "attribute {name} holds a {}-byte fence; fences are {} bytes",
+                        blob.as_ref().len(),
+                        FenceKey::LEN
+                    )
+                })
         })
-        .collect())
+        .collect()
 }
 
 /// The size DynamoDB bills for a value: strings their UTF-8 bytes; numbers 1 byte per two
@@ -355,6 +592,10 @@ fn value_size(value: &AttributeValue) -> usize {
         AttributeValue::L(l) => 3 + l.iter().map(|v| value_size(v) + 1).sum::<usize>(),
         AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
         AttributeValue::B(b) => b.as_ref().len(),
+        // Sets: the sum of their elements (DynamoDB documents no per-element overhead).
+        AttributeValue::Bs(set) => set.iter().map(|b| b.as_ref().len()).sum(),
+        AttributeValue::Ns(set) => set.iter().map(|n| number_size(n)).sum(),
+        AttributeValue::Ss(set) => set.iter().map(String::len).sum(),
         _ => 1,
     }
 }
@@ -390,7 +631,7 @@ pub fn read_units(bytes: usize) -> usize {
     bytes.div_ceil(4096).max(1)
 }
 
-fn get_number(attrs: &HashMap<String, AttributeValue>, name: &str) -> Result<u64, String> {
+fn get_number(attrs: &HashMap<String, AttributeValue>, name: &str) -> Result<u128, String> {
     attrs
         .get(name)
         .and_then(|v| v.as_n().ok())
@@ -413,67 +654,144 @@ mod tests {
     use super::*;
     use crate::input::{AcquisitionId, HolderId};
 
+    fn identity() -> Identity {
+        Identity::new(
+            HolderId::new("arn:aws:states:us-east-1:1:execution:m:e#1").unwrap(),
+            AcquisitionId::new("u-1").unwrap(),
+        )
+    }
+
     #[test]
     fn an_item_survives_encoding() {
         let mut item = SemaphoreItem::empty(LockName::new("l").unwrap());
         item.version = Version(7);
         item.limit = Some(Limit::new(3).unwrap());
-        let id = Identity::new(
-            HolderId::new("arn:aws:states:us-east-1:1:execution:m:e#1").unwrap(),
-            AcquisitionId::new("u-1").unwrap(),
-        );
+        let id = identity();
         item.holders.insert(
             id.clone(),
             Holding {
                 token: FencingToken(6),
-                acquired_at_ms: 1_700_000_000_000,
+                acquired_at_ms: 1_700_000_000_123,
             },
         );
-        item.fences
-            .insert(FenceKey::acquisition(&id), 1_700_000_300_000);
-        item.fences
-            .insert(FenceKey::execution(&id.holder), 1_700_000_301_000);
+        item.fences.young.insert(FenceKey::acquisition(&id));
+        item.fences.old.insert(FenceKey::execution(&id.holder));
+        item.fences.rotated_at_ms = Some(1_700_000_000_000);
         assert_eq!(decode(&encode(&item)).unwrap(), item);
+        let empty = SemaphoreItem::empty(LockName::new("l").unwrap());
+        assert_eq!(decode(&encode(&empty)).unwrap(), empty);
     }
 
     #[test]
-    fn a_fence_is_twelve_bytes_and_its_expiry_never_shortens() {
-        let mut fences = BTreeMap::new();
-        let key = FenceKey::execution(&HolderId::new("exec-1").unwrap());
-        fences.insert(key, 1_700_000_000_001);
-        let bytes = encode_fences(&fences);
-        assert_eq!(bytes.len(), FENCE_RECORD_LEN);
-        assert_eq!(&bytes[..8], key.as_bytes());
-        // A millisecond past a second is kept to the end of that second.
-        assert_eq!(decode_fences(&bytes).unwrap()[&key], 1_700_000_001_000);
-        let err = decode_fences(&bytes[..11]).unwrap_err();
-        assert!(
-            err.contains("not a whole number of 12-byte fences"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn a_holder_entry_does_not_repeat_its_key() {
+    fn a_holding_is_one_number_whose_last_fifteen_digits_are_the_token() {
         let mut item = SemaphoreItem::empty(LockName::new("l").unwrap());
-        let id = Identity::new(
-            HolderId::new("exec-1").unwrap(),
-            AcquisitionId::new("a-1").unwrap(),
-        );
         item.holders.insert(
-            id.clone(),
+            identity(),
             Holding {
-                token: FencingToken(1),
-                acquired_at_ms: 5,
+                token: FencingToken(42),
+                acquired_at_ms: 1_796_000_123_456,
             },
         );
         let attrs = encode(&item);
-        let entry = attrs[attr::HOLDERS].as_m().unwrap()[&id.slot_key()]
-            .as_m()
-            .unwrap();
-        let mut names: Vec<&str> = entry.keys().map(String::as_str).collect();
-        names.sort_unstable();
-        assert_eq!(names, [attr::ACQUIRED_AT, attr::TOKEN]);
+        let entry = &attrs[attr::HOLDERS].as_m().unwrap()[&identity().slot_key()];
+        assert_eq!(entry.as_n().unwrap(), "1796000123456000000000000042");
+    }
+
+    #[test]
+    fn an_acquire_renders_as_one_update_with_every_check_in_its_condition() {
+        let lock = LockName::new("l").unwrap();
+        let write = crate::protocol::acquire(
+            &lock,
+            &identity(),
+            Limit::new(5).unwrap(),
+            1_000,
+            1_500,
+            &crate::protocol::Timing::default(),
+        )
+        .unwrap();
+        let r = render(&write).unwrap();
+        assert_eq!(
+            r.condition,
+            "#format = :v0 AND NOT contains(#young, :v1) AND NOT contains(#old, :v1) \
+             AND NOT contains(#young, :v2) AND NOT contains(#old, :v2) \
+             AND attribute_not_exists(#holders.#h0) \
+             AND (attribute_not_exists(#rotated_at) OR #rotated_at < :v3) \
+             AND size(#holders) < :v4"
+        );
+        assert_eq!(
+            r.update,
+            "SET #version = #version + :v5, #holders.#h0 = #version + :v6, #limit = :v7"
+        );
+        assert_eq!(r.names["#h0"], identity().slot_key());
+        assert_eq!(r.values[":v3"], number(9_000));
+        assert_eq!(r.values[":v6"], number(1_500u128 * TOKEN_SPAN + 1));
+    }
+
+    /// DynamoDB refuses a request that declares a placeholder it does not use.
+    #[test]
+    fn every_kind_of_write_uses_every_placeholder_it_declares() {
+        let lock = LockName::new("l").unwrap();
+        let timing = crate::protocol::Timing::default();
+        let holder = identity().holder;
+        let mut quiet = SemaphoreItem::empty(lock.clone());
+        quiet.fences.old.insert(FenceKey::execution(&holder));
+        quiet.fences.rotated_at_ms = Some(1);
+        let mut busy = quiet.clone();
+        busy.fences.young.insert(FenceKey::acquisition(&identity()));
+        let writes = [
+            crate::protocol::acquire(&lock, &identity(), Limit::new(5).unwrap(), 1, 2, &timing)
+                .unwrap(),
+            crate::protocol::release(&lock, &identity()),
+            crate::protocol::cleanup_fence(&lock, &holder),
+            crate::protocol::cleanup_free(&lock, &[identity()]),
+            crate::protocol::rotation(&busy, 60_000, &timing).unwrap(),
+            crate::protocol::rotation(&quiet, 60_000, &timing).unwrap(),
+        ];
+        for write in &writes {
+            let r = render(write).unwrap();
+            for name in r.names.keys().chain(r.values.keys()) {
+                assert!(
+                    r.condition.contains(name.as_str()) || r.update.contains(name.as_str()),
+                    "{name} unused in {r:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn release_cleanup_and_rotation_render_without_checks_or_with_the_last_rotation() {
+        let lock = LockName::new("l").unwrap();
+        let r = render(&crate::protocol::release(&lock, &identity())).unwrap();
+        assert_eq!(r.condition, "#format = :v0");
+        assert_eq!(
+            r.update,
+            "SET #version = #version + :v1 REMOVE #holders.#h0 ADD #young :v2"
+        );
+        let mut item = SemaphoreItem::empty(lock.clone());
+        item.fences.young.insert(FenceKey::acquisition(&identity()));
+        item.fences.rotated_at_ms = Some(5);
+        let rotation =
+            crate::protocol::rotation(&item, 60_000, &crate::protocol::Timing::default()).unwrap();
+        let r = render(&rotation).unwrap();
+        assert_eq!(r.condition, "#format = :v0 AND #rotated_at = :v1");
+        assert_eq!(
+            r.update,
+            "SET #version = #version + :v2, #old = :v3, #rotated_at = :v4 DELETE #young :v3"
+        );
+    }
+
+    #[test]
+    fn a_version_1_item_is_named_as_such() {
+        let attrs = HashMap::from([
+            (attr::LOCK.to_owned(), string("old-lock")),
+            ("version".to_owned(), number(3)),
+            ("count".to_owned(), number(0)),
+            ("holders".to_owned(), AttributeValue::M(HashMap::new())),
+            ("fences".to_owned(), AttributeValue::B(Blob::new(vec![]))),
+        ]);
+        let err = decode(&attrs).unwrap_err();
+        assert!(matches!(err, StoreError::OldFormat { ref lock } if lock == "old-lock"));
+        assert!(err.to_string().contains("version 1"), "{err}");
     }
 
     #[test]
@@ -490,6 +808,13 @@ mod tests {
             3 + 2 + 3 + 1
         );
         assert_eq!(value_size(&AttributeValue::B(Blob::new(vec![0; 24]))), 24);
+        assert_eq!(
+            value_size(&binary_set(&BTreeSet::from([
+                FenceKey::from_bytes([1; 8]),
+                FenceKey::from_bytes([2; 8])
+            ]))),
+            16
+        );
     }
 
     #[test]
@@ -499,17 +824,5 @@ mod tests {
         assert_eq!(write_units(1025), 2);
         assert_eq!(read_units(4096), 1);
         assert_eq!(read_units(4097), 2);
-    }
-
-    #[test]
-    fn a_count_that_disagrees_with_the_holders_is_reported() {
-        let item = SemaphoreItem::empty(LockName::new("l").unwrap());
-        let mut attrs = encode(&item);
-        attrs.insert(attr::COUNT.to_owned(), number(1));
-        let err = decode(&attrs).unwrap_err();
-        assert!(
-            err.to_string().contains("count is 1 but 0 holders"),
-            "{err}"
-        );
     }
 }

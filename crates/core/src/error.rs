@@ -1,5 +1,3 @@
-use std::time::Duration;
-
 use crate::input::{InputError, LockName};
 
 /// A failure of the table itself, as opposed to an answer of the protocol.
@@ -15,20 +13,18 @@ pub enum StoreError {
     },
     #[error("the item for lock {lock:?} is not a semaphore item ({problem}); was it written by something else?")]
     CorruptItem { lock: String, problem: String },
+    /// Version 1 wrote whole items with a binary `fences` attribute and a `count`; its items are
+    /// not migrated (nothing was released with it), and version 2 refuses to touch them.
+    #[error("the item for lock {lock:?} was written by version 1 of this semaphore, whose item format version 2 does not read: use a new lock name or a new table, or delete the item once no execution uses the lock")]
+    OldFormat { lock: String },
+    #[error("lock {lock:?}: {problem} (a bug in this semaphore or a table that does not behave like DynamoDB)")]
+    Unexpected { lock: String, problem: String },
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
     InvalidInput(#[from] InputError),
-    /// The bounded retry loop ran out: other writers changed the item between every read and
-    /// write. Retryable by the caller (the state machine retries it with backoff).
-    #[error("gave up on lock \"{lock}\" after {attempts} conflicting writes in {elapsed:?}: other writers keep changing it; retry later")]
-    Contention {
-        lock: LockName,
-        attempts: u32,
-        elapsed: Duration,
-    },
     #[error("no semaphore named \"{lock}\": it is created by its first acquire")]
     UnknownLock { lock: LockName },
     #[error(transparent)]

@@ -1,13 +1,13 @@
 //! The semaphore item: what one DynamoDB item per lock holds, as plain Rust values.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
 
 use crate::input::{AcquisitionId, HolderId, Limit, LockName};
 
-/// The item's version counter. Every mutation increments it and is conditioned on the version
-/// it read, so a write computed from a state that has since changed is rejected (F1).
+/// The item's version counter. Every write increments it, so the fencing tokens it hands out are
+/// strictly increasing per lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Version(pub u64);
 
@@ -56,17 +56,17 @@ impl Identity {
 }
 
 /// One held slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Holding {
     pub token: FencingToken,
     pub acquired_at_ms: u64,
 }
 
 /// A fence: a compact record that writes on behalf of an ended execution (or a released
-/// acquisition) are refused until it expires. The key is a 64-bit digest of the identity, so a
-/// fence costs 12 bytes of the item (key and expiry, see `dynamo`) whatever the length of the
-/// ARN. A digest collision (odds about live fences / 2^64 per acquire) could only make a live
-/// acquire see `Fenced`, a liveness blip the caller sees by name, never admit a holder.
+/// acquisition) are refused while it is kept. The key is a 64-bit digest of the identity, so a
+/// fence costs 8 bytes of the item whatever the length of the ARN. A digest collision (odds
+/// about live fences / 2^64 per acquire) could only make a live acquire see `Fenced`, a liveness
+/// blip the caller sees by name, never admit a holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FenceKey([u8; FenceKey::LEN]);
 
@@ -116,20 +116,53 @@ impl std::fmt::Display for FenceKey {
     }
 }
 
-/// The whole state of one semaphore. The stored `count` attribute is derived from `holders`
-/// when the item is written and checked against it when read.
+/// The fences of a lock, in two generations.
+///
+/// Release and cleanup add their fence to `young`. A *rotation* moves what it saw in `young` to
+/// `old` and drops what was in `old`, and is allowed only once the fence window has passed since
+/// the previous one; so every fence is kept for at least one window (it sits in `young` until a
+/// rotation, then in `old` for at least a window) and at most about two. No fence carries an
+/// expiry: a set of 8-byte keys is what the acquire's condition checks at write time, and the
+/// item stays at 8 bytes per fence of the last one or two windows.
+///
+/// `rotated_at_ms` is when the last rotation happened (by the rotating writer's clock). Every
+/// acquire's condition names it: an acquire is refused once a rotation happened later than its
+/// request's *horizon* (see [`crate::protocol::Timing`]), so a write decided before fences it
+/// should have met were dropped can never land.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Fences {
+    pub young: BTreeSet<FenceKey>,
+    pub old: BTreeSet<FenceKey>,
+    pub rotated_at_ms: Option<u64>,
+}
+
+impl Fences {
+    pub fn contains(&self, key: &FenceKey) -> bool {
+        self.young.contains(key) || self.old.contains(key)
+    }
+
+    /// Fences kept now (a key in both generations counts once).
+    pub fn len(&self) -> usize {
+        self.young.union(&self.old).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.young.is_empty() && self.old.is_empty()
+    }
+}
+
+/// The whole state of one semaphore.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SemaphoreItem {
     pub lock: LockName,
     /// The limit the last acquire asked for; `None` while only release or cleanup has touched
     /// the lock.
     pub limit: Option<Limit>,
+    /// Incremented by every write: the fencing token of an acquire is the version its write
+    /// made.
     pub version: Version,
     pub holders: BTreeMap<Identity, Holding>,
-    /// Fence key -> expiry (epoch milliseconds, a whole second: the table stores seconds).
-    /// Expired fences are ignored and dropped by the next write, so this map holds only the
-    /// fences of the last fence window.
-    pub fences: BTreeMap<FenceKey, u64>,
+    pub fences: Fences,
 }
 
 impl SemaphoreItem {
@@ -140,23 +173,27 @@ impl SemaphoreItem {
             limit: None,
             version: Version(0),
             holders: BTreeMap::new(),
-            fences: BTreeMap::new(),
+            fences: Fences::default(),
         }
     }
 
+    /// Slots held now.
     pub fn count(&self) -> usize {
         self.holders.len()
     }
 
-    pub fn is_fenced(&self, key: &FenceKey, now_ms: u64) -> bool {
-        self.fences
-            .get(key)
-            .is_some_and(|&expires| expires > now_ms)
+    pub fn is_fenced(&self, key: &FenceKey) -> bool {
+        self.fences.contains(key)
     }
 
-    /// Fences that are still in force at `now_ms`.
-    pub fn live_fences(&self, now_ms: u64) -> usize {
-        self.fences.values().filter(|&&e| e > now_ms).count()
+    /// The slots `holder` holds, by acquisition.
+    pub fn slots_of<'a>(
+        &'a self,
+        holder: &'a HolderId,
+    ) -> impl Iterator<Item = (&'a Identity, &'a Holding)> + 'a {
+        self.holders
+            .iter()
+            .filter(move |(identity, _)| identity.holder == *holder)
     }
 }
 

@@ -1,20 +1,21 @@
 //! A distributed semaphore for AWS Step Functions that cannot leak.
 //!
-//! One DynamoDB item per lock holds its holders, a version counter and a set of recent fences.
-//! Each transition ([`protocol::acquire`], [`protocol::release`], [`protocol::cleanup`]) is a
-//! pure function of the item it read; a [`Semaphore`] applies it to an [`ItemStore`] with a
-//! write conditioned on the version read, retrying a bounded number of times on conflict.
+//! One DynamoDB item per lock holds its holders, a version counter and the fences of the last
+//! window or two. Every operation is one conditional write (cleanup: two) described as a plain
+//! [`Write`] (checks + changes): [`protocol`] says which writes each operation sends and what
+//! their results mean, [`Write::apply`] is their meaning, the [`MemoryStore`] applies them with
+//! it and the [`DynamoStore`] renders them as `UpdateItem` expressions. A [`Semaphore`] runs an
+//! operation against a store.
 //!
-//! Which fault each rule defends against (see `DESIGN.md` for F1-F6):
-//! - every write bumps the version and is conditioned on the version read, and cleanup always
-//!   writes, so a delayed acquire computed before a cleanup cannot land after it (F1);
-//! - release and cleanup leave fences that refuse a zombie or late retry which reads the item
-//!   *after* them (F2, F3), for [`DEFAULT_FENCE_WINDOW`];
+//! Which fault each rule defends against (see `DESIGN.md` for F1-F6, and `protocol` for why):
+//! - release and cleanup fence the acquisition or execution; an acquire checks the fences when
+//!   its write lands, however late, so one that lands after them is refused (F1-F3);
+//! - fences are dropped only by a rotation, and an acquire whose request is older than the
+//!   horizon is refused once a rotation happened, so dropping fences reopens nothing (F1);
 //! - an identity that already holds a slot is answered "already held", not given a second (F5);
-//! - releasing or cleaning up what is not held is a no-op that never drives the count below
-//!   zero (F4), and every input is validated before any request is sent (F6).
+//! - release and cleanup have no checks: duplicates and reorderings each remove only what their
+//!   identity holds (F4), and every input is validated before any request is sent (F6).
 
-mod cache;
 pub mod clock;
 pub mod dynamo;
 mod error;
@@ -24,16 +25,17 @@ pub mod memory;
 pub mod protocol;
 mod store;
 pub mod sweep;
+pub mod write;
 
-pub use cache::DEFAULT_ITEM_CACHE_LOCKS;
 pub use clock::{rfc3339_millis, Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
 pub use error::{Error, StoreError};
 pub use input::{AcquisitionId, HolderId, InputError, Limit, LockName};
-pub use item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem, Version};
+pub use item::{FenceKey, Fences, FencingToken, Holding, Identity, SemaphoreItem, Version};
 pub use memory::MemoryStore;
 pub use protocol::{
-    AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, DEFAULT_FENCE_WINDOW,
+    AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, Timing, WriteResult,
 };
-pub use store::{ItemStore, PutResult, RetryPolicy, Semaphore};
+pub use store::{ItemStore, Semaphore};
 pub use sweep::{ExecutionState, ExecutionStatus, LargestItem, Reclaimed, SweepReport};
+pub use write::{Change, Check, Write};

@@ -1,14 +1,17 @@
-//! An in-memory [`ItemStore`] with exactly the semantics the DynamoDB store relies on: a put
-//! succeeds only at the expected version and a conflict hands back the current item. It backs
-//! unit tests and the model checker, which therefore drive the same transitions as production.
+//! An in-memory [`ItemStore`] with exactly the semantics the DynamoDB store has: a write is
+//! applied atomically iff its checks hold ([`Write::apply`]), creating the item if there is none,
+//! and hands back the item as it was before (applied) or as it is (refused). It backs unit tests
+//! and the model checker, which therefore drive the same writes as production.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::error::StoreError;
 use crate::input::LockName;
-use crate::item::{SemaphoreItem, Version};
-use crate::store::{ItemStore, PutResult};
+use crate::item::SemaphoreItem;
+use crate::protocol::WriteResult;
+use crate::store::ItemStore;
+use crate::write::Write;
 
 #[derive(Debug, Default)]
 pub struct MemoryStore {
@@ -26,19 +29,29 @@ impl MemoryStore {
         self.items.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The conditional put as a plain function, for callers without an async runtime.
-    pub fn put_now(&self, item: &SemaphoreItem, expected: Option<Version>) -> PutResult {
+    /// The write as a plain function, for callers without an async runtime.
+    pub fn write_now(&self, write: &Write) -> WriteResult {
         let mut items = self.items();
-        let current = items.get(&item.lock);
-        if current.map(|c| c.version) != expected {
-            return PutResult::Conflict(current.cloned());
+        let current = items.get(&write.lock);
+        match write.apply(current) {
+            Ok(next) => WriteResult::Applied {
+                before: items.insert(write.lock.clone(), next),
+            },
+            Err(_) => WriteResult::Refused {
+                current: current
+                    .cloned()
+                    .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone())),
+            },
         }
-        items.insert(item.lock.clone(), item.clone());
-        PutResult::Written
     }
 
     pub fn load_now(&self, lock: &LockName) -> Option<SemaphoreItem> {
         self.items().get(lock).cloned()
+    }
+
+    /// Stores `item` as it is, whatever was there (to start a model or a test from a state).
+    pub fn put_now(&self, item: SemaphoreItem) {
+        self.items().insert(item.lock.clone(), item);
     }
 }
 
@@ -47,15 +60,11 @@ impl ItemStore for MemoryStore {
         Ok(self.load_now(lock))
     }
 
-    async fn put(
-        &self,
-        item: &SemaphoreItem,
-        expected: Option<Version>,
-    ) -> Result<PutResult, StoreError> {
-        Ok(self.put_now(item, expected))
+    async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
+        Ok(self.write_now(write))
     }
 
-    async fn list(&self) -> Result<Vec<SemaphoreItem>, StoreError> {
-        Ok(self.items().values().cloned().collect())
+    async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
+        Ok(self.items().values().cloned().map(Ok).collect())
     }
 }

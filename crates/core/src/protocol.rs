@@ -1,36 +1,99 @@
-//! The protocol: each transition (acquire, release, cleanup) is one pure function from the item
-//! it read to either an answer that needs no write, or the next item plus the answer to give once
-//! that item is stored *on the condition that the version is still the one read*.
+//! The protocol: which [`Write`] each operation sends, and what its result means.
 //!
-//! The same functions drive the DynamoDB store and the in-memory store, so a model checker that
-//! explores the in-memory store explores exactly what is sent to DynamoDB.
+//! None of them reads first. Each is one write whose checks DynamoDB evaluates when it lands, so
+//! concurrent writers never invalidate each other's decisions:
+//!
+//! | operation | checks (when the write lands) | changes |
+//! |---|---|---|
+//! | acquire | not fenced (execution, acquisition); not holding; fewer than `limit` holders; no rotation since the request's horizon | put the holder (token: the new version), set the limit |
+//! | release | none | remove the holder, fence the acquisition |
+//! | cleanup, 1st | none | fence the execution |
+//! | cleanup, 2nd (only if the 1st saw slots) | none | remove the slots the 1st write saw |
+//! | rotation (when due) | the last rotation is the one read | drop the old fences, age the young ones |
+//!
+//! Every write also increments the version, so fencing tokens are strictly increasing per lock.
+//!
+//! Why each rule holds (see `DESIGN.md` for the faults):
+//! - **F1-F3, S3.** A release or cleanup fences before (or as) it frees. An acquire checks the
+//!   fences when it lands, however late that is, so one that lands after the fence is refused.
+//!   Fences are dropped only by a rotation, and an acquire is refused once a rotation happened
+//!   after its request's horizon; a fence it could have met is older than its request, and is
+//!   dropped only by a rotation at least a window after the fence, which is past the horizon
+//!   (see [`Timing`]). So no acquire ever lands after a fence it should have met was dropped.
+//! - **Cleanup in two writes.** Once the first write has landed the execution is fenced, so no
+//!   acquire of it can land any more: the slots the first write saw (its item before the write)
+//!   are all it will ever hold, and the second write removes them. A slot freed in between by a
+//!   release is simply gone already (removing it again is a no-op).
+//! - **F5.** A retried acquire whose first attempt landed fails "not holding": the item it is
+//!   handed back shows the slot, and the answer is "already held" with the original token.
+//! - **F4, S4.** Release and cleanup have no checks: duplicated, late and reordered ones each
+//!   remove only what their identity holds and add a fence that is already there.
 
 use std::time::Duration;
 
+use crate::error::StoreError;
 use crate::input::{HolderId, Limit, LockName};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem};
+use crate::write::{Change, Check, Write};
 
-/// How long a fence is kept after the release or cleanup that wrote it.
+/// The two durations the fences are kept by.
 ///
-/// A fence has to outlive every read that a still-running attempt of the fenced acquisition can
-/// make; a write computed from an earlier read is already refused by the version check, and a
-/// fence removed after a read bumps the version too. Every attempt starts before the fence is
-/// written (Step Functions starts no new Task attempt once the acquire state has completed or the
-/// execution has ended), its handler starts at most ~10 s later (Lambda init), and the store
-/// stops reading once an acquire call is [`RetryPolicy::call_budget`](crate::RetryPolicy) old.
-/// So reads end well within a minute of the fence. The default of five minutes leaves a wide
-/// margin for clock skew between Lambda hosts. Raise it only if callers outlive that (an
-/// operator script that sleeps between read and write is not such a caller: its write still
-/// fails on the version).
-pub const DEFAULT_FENCE_WINDOW: Duration = Duration::from_secs(300);
+/// - `horizon`: how long after it was requested an acquire may still land. An acquire's request
+///   time is when its caller decided to ask (the Step Functions state's entry time), which comes
+///   before any fence the acquire must meet, however long Lambda took to start it or the network
+///   to deliver it. A write that lands later than `horizon` after its request is refused if a
+///   rotation happened in between, and answered `Expired`: the caller asks again.
+/// - `clock_skew`: how far apart two hosts' clocks may be (Step Functions, Lambda, an
+///   operator's machine).
+///
+/// The fence window, the least time between two rotations, is `horizon + clock_skew`. Why that is
+/// enough: a fence F written at time w (real time) and an acquire A requested at e < w. F is
+/// dropped by the second rotation after w; the first stored its time r1 > w - skew/2 (by its
+/// clock), and the second may run only once its clock reads r1 + window, so it stores
+/// r2 > w - skew/2 + window. A's condition needs the last rotation before e + horizon, and
+/// e + horizon < w + skew/2 + horizon (A's clock). With window = horizon + skew, r2 is past it:
+/// A is refused by the rotation whenever F is gone, and by F while it is there. Nothing here
+/// depends on how long a request can be delayed in the network, or on how long Lambda takes to
+/// start a function: only on the clocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    pub horizon: Duration,
+    pub clock_skew: Duration,
+}
 
-/// What a transition decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step<O> {
-    /// The answer follows from the item as read; nothing is written.
-    Done(O),
-    /// Store `next` if the item is still at the version read, then answer `outcome`.
-    Write { next: SemaphoreItem, outcome: O },
+impl Timing {
+    /// How long after its request an acquire may land by default: plenty for a Lambda's cold
+    /// start and a few Step Functions retries of its Task.
+    pub const DEFAULT_HORIZON: Duration = Duration::from_secs(8);
+    /// The clock skew allowed for by default. Lambda and Step Functions hosts keep time with the
+    /// Amazon Time Sync Service, to well under a millisecond; two seconds is a wide margin.
+    pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(2);
+
+    /// Horizons accepted from configuration, in whole seconds: long enough for a cold start,
+    /// short enough that fences stay few (the item carries those of one or two windows).
+    pub const HORIZON_RANGE: std::ops::RangeInclusive<u64> = 1..=300;
+    /// Clock skews allowed for, in whole seconds. Zero is left to tests and the model checker:
+    /// no two hosts agree exactly.
+    pub const CLOCK_SKEW_RANGE: std::ops::RangeInclusive<u64> = 1..=60;
+
+    /// The least time between two rotations of the fences: every fence is kept at least this
+    /// long, and at most about twice as long.
+    pub fn window(&self) -> Duration {
+        self.horizon + self.clock_skew
+    }
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            horizon: Self::DEFAULT_HORIZON,
+            clock_skew: Self::DEFAULT_CLOCK_SKEW,
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Why an acquire was refused for good.
@@ -68,6 +131,9 @@ pub enum AcquireOutcome {
         limit: Limit,
     },
     Fenced(FenceReason),
+    /// The request is older than the horizon (see [`Timing`]) and the fences rotated since:
+    /// nothing was taken. Ask again with a new request time.
+    Expired,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,147 +155,253 @@ pub struct CleanupOutcome {
     pub count: usize,
 }
 
-/// Everything a transition needs besides the item and the request.
-#[derive(Debug, Clone, Copy)]
-pub struct Context {
-    pub now_ms: u64,
-    pub fence_window: Duration,
+/// What became of a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteResult {
+    /// Every check held and the changes were made. `before` is the item as it was just before
+    /// (`None`: the write created it).
+    Applied { before: Option<SemaphoreItem> },
+    /// A check failed and nothing changed; `current` is the item as it is.
+    Refused { current: SemaphoreItem },
 }
 
-impl Context {
-    /// When a fence written now expires: the window from now, rounded up to a whole second
-    /// because the table stores fence expiries in seconds (4 bytes instead of 8). Rounding up
-    /// only ever lengthens a fence.
-    fn fence_expiry(&self) -> u64 {
-        let exact = self
-            .now_ms
-            .saturating_add(u64::try_from(self.fence_window.as_millis()).unwrap_or(u64::MAX));
-        exact.div_ceil(1_000).saturating_mul(1_000)
-    }
-}
-
-/// The item as it will be written next: the version bumped and expired fences dropped, so the
-/// item never grows with history.
-fn successor(current: Option<&SemaphoreItem>, lock: &LockName, ctx: &Context) -> SemaphoreItem {
-    let mut next = current
-        .cloned()
-        .unwrap_or_else(|| SemaphoreItem::empty(lock.clone()));
-    next.version = next.version.next();
-    next.fences.retain(|_, &mut expires| expires > ctx.now_ms);
-    next
-}
-
-fn fence(item: &mut SemaphoreItem, key: FenceKey, ctx: &Context) {
-    let expiry = ctx.fence_expiry();
-    let slot = item.fences.entry(key).or_insert(expiry);
-    // A late duplicate of a cleanup event extends the fence rather than shortening it.
-    *slot = (*slot).max(expiry);
-}
-
-/// Take a slot for `identity` if the lock has room and the identity is not fenced.
+/// The acquire write, or the answer when none is worth sending: a request already past its
+/// horizon by this host's clock would be refused anyway once a rotation happens.
 pub fn acquire(
-    current: Option<&SemaphoreItem>,
     lock: &LockName,
     identity: &Identity,
     limit: Limit,
-    ctx: &Context,
-) -> Step<AcquireOutcome> {
-    if let Some(item) = current {
-        // Fences first: a zombie or late retry must not even see "already held" or "full" and
-        // keep waiting for a slot it may never have again (F2, F3).
-        if item.is_fenced(&FenceKey::execution(&identity.holder), ctx.now_ms) {
-            return Step::Done(AcquireOutcome::Fenced(FenceReason::ExecutionEnded));
-        }
-        if item.is_fenced(&FenceKey::acquisition(identity), ctx.now_ms) {
-            return Step::Done(AcquireOutcome::Fenced(FenceReason::AcquisitionReleased));
-        }
-        if let Some(holding) = item.holders.get(identity) {
-            return Step::Done(AcquireOutcome::AlreadyHeld {
-                token: holding.token,
-                count: item.count(),
-            });
-        }
-        if item.count() >= limit.get() as usize {
-            return Step::Done(AcquireOutcome::Full {
-                count: item.count(),
-                limit,
-            });
-        }
+    requested_at_ms: u64,
+    now_ms: u64,
+    timing: &Timing,
+) -> Result<Write, AcquireOutcome> {
+    // A request time ahead of this host's clock is taken as now: a later one would stretch the
+    // horizon beyond what the fence window was derived for.
+    let requested_at_ms = requested_at_ms.min(now_ms);
+    let deadline_ms = requested_at_ms.saturating_add(millis(timing.horizon));
+    if now_ms >= deadline_ms {
+        return Err(AcquireOutcome::Expired);
     }
-    let mut next = successor(current, lock, ctx);
-    let token = FencingToken(next.version.0);
-    next.limit = Some(limit);
-    next.holders.insert(
-        identity.clone(),
-        Holding {
-            token,
-            acquired_at_ms: ctx.now_ms,
-        },
-    );
-    let count = next.count();
-    Step::Write {
-        next,
-        outcome: AcquireOutcome::Acquired { token, count },
+    Ok(Write {
+        lock: lock.clone(),
+        checks: vec![
+            // Fences first: refusing a zombie must not depend on whether it also looks "full".
+            Check::NotFenced(FenceKey::execution(&identity.holder)),
+            Check::NotFenced(FenceKey::acquisition(identity)),
+            Check::NotHolding(identity.clone()),
+            Check::RotatedBefore { deadline_ms },
+            Check::HoldersBelow(limit),
+        ],
+        changes: vec![
+            Change::PutHolder {
+                identity: identity.clone(),
+                acquired_at_ms: now_ms,
+            },
+            Change::SetLimit(limit),
+        ],
+    })
+}
+
+/// The answer to an acquire from what became of its write.
+pub fn acquired(
+    write: &Write,
+    identity: &Identity,
+    limit: Limit,
+    result: WriteResult,
+) -> Result<AcquireOutcome, StoreError> {
+    match result {
+        WriteResult::Applied { before } => {
+            let after = applied(write, before.as_ref())?;
+            let holding = after.holders.get(identity).ok_or_else(|| {
+                unexpected(
+                    write,
+                    "the acquire landed but its holder is not in the item",
+                )
+            })?;
+            Ok(AcquireOutcome::Acquired {
+                token: holding.token,
+                count: after.count(),
+            })
+        }
+        WriteResult::Refused { current } => {
+            let failed = write.checks.iter().find(|check| !check.holds(&current));
+            Ok(match failed {
+                Some(Check::NotFenced(key)) if *key == FenceKey::execution(&identity.holder) => {
+                    AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
+                }
+                Some(Check::NotFenced(_)) => {
+                    AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
+                }
+                Some(Check::NotHolding(_)) => AcquireOutcome::AlreadyHeld {
+                    token: current.holders[identity].token,
+                    count: current.count(),
+                },
+                Some(Check::RotatedBefore { .. }) => AcquireOutcome::Expired,
+                Some(Check::HoldersBelow(_)) => AcquireOutcome::Full {
+                    count: current.count(),
+                    limit,
+                },
+                Some(Check::LastRotation(_)) | None => {
+                    return Err(unexpected(
+                        write,
+                        "the acquire was refused but its checks hold on the item handed back",
+                    ))
+                }
+            })
+        }
     }
 }
 
-/// Free the slot of `identity`, if held, and fence the acquisition so that a late attempt of
-/// the same acquire cannot take a slot again (F3).
-pub fn release(
-    current: Option<&SemaphoreItem>,
-    lock: &LockName,
-    identity: &Identity,
-    ctx: &Context,
-) -> Step<ReleaseOutcome> {
-    let key = FenceKey::acquisition(identity);
-    if let Some(item) = current {
-        let fenced = item.is_fenced(&key, ctx.now_ms)
-            || item.is_fenced(&FenceKey::execution(&identity.holder), ctx.now_ms);
-        if fenced && !item.holders.contains_key(identity) {
-            // Released or cleaned up before: a duplicate is a no-op and writes nothing.
-            return Step::Done(ReleaseOutcome::NotHeld {
-                count: item.count(),
-            });
-        }
+/// Frees the identity's slot, if held, and fences the acquisition, so that a late attempt of the
+/// same acquire cannot take a slot again (F3). Always written: the acquisition may still have an
+/// acquire in flight even when it holds nothing.
+pub fn release(lock: &LockName, identity: &Identity) -> Write {
+    Write {
+        lock: lock.clone(),
+        checks: Vec::new(),
+        changes: vec![
+            Change::RemoveHolder(identity.clone()),
+            Change::AddFence(FenceKey::acquisition(identity)),
+        ],
     }
-    // Even when nothing is held, the fence and the version bump are written: an acquire of this
-    // identity may still be in flight and must not land after the release (F1, F3).
-    let mut next = successor(current, lock, ctx);
-    let freed = next.holders.remove(identity);
-    fence(&mut next, key, ctx);
-    let count = next.count();
-    let outcome = match freed {
+}
+
+pub fn released(
+    write: &Write,
+    identity: &Identity,
+    result: WriteResult,
+) -> Result<(ReleaseOutcome, SemaphoreItem), StoreError> {
+    let before = applied_before(write, result)?;
+    let after = applied(write, before.as_ref())?;
+    let count = after.count();
+    let outcome = match before.as_ref().and_then(|item| item.holders.get(identity)) {
         Some(holding) => ReleaseOutcome::Released {
             token: holding.token,
             count,
         },
         None => ReleaseOutcome::NotHeld { count },
     };
-    Step::Write { next, outcome }
+    Ok((outcome, after))
 }
 
-/// Free every slot an ended execution holds and fence the execution. Always writes, even when
-/// nothing is held, so that an acquire computed before the cleanup can never land after it (F1).
-pub fn cleanup(
-    current: Option<&SemaphoreItem>,
-    lock: &LockName,
+/// The first write of a cleanup: fence the ended execution. Always written, even when it holds
+/// nothing, so that an acquire of it still in flight is refused when it lands (F1).
+pub fn cleanup_fence(lock: &LockName, holder: &HolderId) -> Write {
+    Write {
+        lock: lock.clone(),
+        checks: Vec::new(),
+        changes: vec![Change::AddFence(FenceKey::execution(holder))],
+    }
+}
+
+/// The slots the fenced execution held when its fence landed: all it can ever hold from then on.
+pub fn fenced_slots(
+    write: &Write,
     holder: &HolderId,
-    ctx: &Context,
-) -> Step<CleanupOutcome> {
-    let mut next = successor(current, lock, ctx);
-    let mut freed = Vec::new();
-    next.holders.retain(|identity, holding| {
-        let ended = identity.holder == *holder;
-        if ended {
-            freed.push((identity.clone(), holding.clone()));
-        }
-        !ended
-    });
-    fence(&mut next, FenceKey::execution(holder), ctx);
-    let count = next.count();
-    Step::Write {
-        next,
-        outcome: CleanupOutcome { freed, count },
+    result: WriteResult,
+) -> Result<(Vec<Identity>, SemaphoreItem), StoreError> {
+    let before = applied_before(write, result)?;
+    let after = applied(write, before.as_ref())?;
+    let slots = after.slots_of(holder).map(|(id, _)| id.clone()).collect();
+    Ok((slots, after))
+}
+
+/// The second write of a cleanup, when the first saw slots: remove them.
+pub fn cleanup_free(lock: &LockName, slots: &[Identity]) -> Write {
+    Write {
+        lock: lock.clone(),
+        checks: Vec::new(),
+        changes: slots
+            .iter()
+            .map(|identity| Change::RemoveHolder(identity.clone()))
+            .collect(),
+    }
+}
+
+pub fn freed(
+    write: &Write,
+    slots: &[Identity],
+    result: WriteResult,
+) -> Result<(CleanupOutcome, SemaphoreItem), StoreError> {
+    let before = applied_before(write, result)?;
+    let after = applied(write, before.as_ref())?;
+    let freed = before
+        .iter()
+        .flat_map(|item| {
+            slots
+                .iter()
+                .filter_map(|id| item.holders.get(id).map(|h| (id.clone(), *h)))
+        })
+        .collect();
+    let count = after.count();
+    Ok((CleanupOutcome { freed, count }, after))
+}
+
+/// Young fences that make a rotation worth a write to the writer that has just added one.
+///
+/// Rotating less often never drops a fence early (a rotation is only ever allowed a window after
+/// the last one), so this is a matter of cost alone: a lock used less than once per window would
+/// otherwise pay a rotation on every release (3 writes per critical section instead of 2), and
+/// waiting for 8 young fences caps that at one rotation per 8 releases while a quiet lock's item
+/// carries at most about 16 fences (128 bytes). The sweeper rotates whatever is due, so the fences
+/// of a lock that went quiet are still dropped.
+pub const BUSY_YOUNG_FENCES: usize = 8;
+
+/// A rotation of the fences, if one is due on `item` (as just written or read) at `now_ms`: there
+/// are fences, and a window has passed since the last rotation.
+pub fn rotation(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Option<Write> {
+    let fences = &item.fences;
+    if fences.is_empty() {
+        return None;
+    }
+    let due = fences
+        .rotated_at_ms
+        .is_none_or(|last| now_ms >= last.saturating_add(millis(timing.window())));
+    due.then(|| Write {
+        lock: item.lock.clone(),
+        checks: vec![Check::LastRotation(fences.rotated_at_ms)],
+        changes: vec![Change::Rotate {
+            young_seen: fences.young.clone(),
+            at_ms: now_ms,
+        }],
+    })
+}
+
+/// A rotation if one is due and the young generation holds at least `busy` fences (by default
+/// [`BUSY_YOUNG_FENCES`]): what a release or cleanup sends after its own write.
+pub fn busy_rotation(
+    item: &SemaphoreItem,
+    now_ms: u64,
+    timing: &Timing,
+    busy: usize,
+) -> Option<Write> {
+    if item.fences.young.len() < busy {
+        return None;
+    }
+    rotation(item, now_ms, timing)
+}
+
+/// The item before a write that has no checks (it cannot be refused).
+fn applied_before(write: &Write, result: WriteResult) -> Result<Option<SemaphoreItem>, StoreError> {
+    match result {
+        WriteResult::Applied { before } => Ok(before),
+        WriteResult::Refused { .. } => Err(unexpected(write, "a write without checks was refused")),
+    }
+}
+
+fn applied(write: &Write, before: Option<&SemaphoreItem>) -> Result<SemaphoreItem, StoreError> {
+    write.apply(before).map_err(|check| {
+        unexpected(
+            write,
+            &format!("the write landed, but {check:?} fails on the item it replaced"),
+        )
+    })
+}
+
+fn unexpected(write: &Write, problem: &str) -> StoreError {
+    StoreError::Unexpected {
+        lock: write.lock.to_string(),
+        problem: problem.to_owned(),
     }
 }
 
@@ -237,7 +409,6 @@ pub fn cleanup(
 mod tests {
     use super::*;
     use crate::input::AcquisitionId;
-    use crate::item::Version;
 
     fn lock() -> LockName {
         LockName::new("l").unwrap()
@@ -245,157 +416,156 @@ mod tests {
     fn id(h: &str, a: &str) -> Identity {
         Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new(a).unwrap())
     }
-    fn ctx(now_ms: u64) -> Context {
-        Context {
-            now_ms,
-            fence_window: Duration::from_secs(10),
-        }
-    }
-    fn written<O>(step: Step<O>) -> (SemaphoreItem, O) {
-        match step {
-            Step::Write { next, outcome } => (next, outcome),
-            Step::Done(_) => panic!("expected a write"),
-        }
-    }
     fn limit(n: i64) -> Limit {
         Limit::new(n).unwrap()
     }
+    const T: Timing = Timing {
+        horizon: Duration::from_secs(8),
+        clock_skew: Duration::from_secs(2),
+    };
+
+    /// Applies a write as a store would and hands back its result.
+    fn land(write: &Write, item: &mut Option<SemaphoreItem>) -> WriteResult {
+        match write.apply(item.as_ref()) {
+            Ok(next) => WriteResult::Applied {
+                before: item.replace(next),
+            },
+            Err(_) => WriteResult::Refused {
+                current: item
+                    .clone()
+                    .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone())),
+            },
+        }
+    }
+
+    fn take(item: &mut Option<SemaphoreItem>, who: &Identity, n: i64, at: u64) -> AcquireOutcome {
+        match acquire(&lock(), who, limit(n), at, at, &T) {
+            Ok(write) => {
+                let result = land(&write, item);
+                acquired(&write, who, limit(n), result).unwrap()
+            }
+            Err(answer) => answer,
+        }
+    }
 
     #[test]
-    fn every_write_bumps_the_version_and_the_token_is_the_new_version() {
-        let (item, out) = written(acquire(None, &lock(), &id("a", "1"), limit(2), &ctx(0)));
-        assert_eq!(item.version, Version(1));
+    fn acquire_answers_follow_from_the_checks_that_failed() {
+        let mut item = None;
+        let (a, b, c) = (id("a", "1"), id("b", "1"), id("c", "1"));
         assert_eq!(
-            out,
+            take(&mut item, &a, 2, 0),
             AcquireOutcome::Acquired {
                 token: FencingToken(1),
                 count: 1
             }
         );
-        let (item, out) = written(acquire(
-            Some(&item),
-            &lock(),
-            &id("b", "1"),
-            limit(2),
-            &ctx(0),
-        ));
-        assert_eq!(item.version, Version(2));
         assert_eq!(
-            out,
-            AcquireOutcome::Acquired {
-                token: FencingToken(2),
-                count: 2
-            }
-        );
-        let (item, _) = written(cleanup(
-            Some(&item),
-            &lock(),
-            &HolderId::new("nobody").unwrap(),
-            &ctx(0),
-        ));
-        assert_eq!(item.version, Version(3));
-    }
-
-    #[test]
-    fn a_full_lock_and_a_held_identity_write_nothing() {
-        let (item, _) = written(acquire(None, &lock(), &id("a", "1"), limit(1), &ctx(0)));
-        assert_eq!(
-            acquire(Some(&item), &lock(), &id("b", "1"), limit(1), &ctx(0)),
-            Step::Done(AcquireOutcome::Full {
-                count: 1,
-                limit: limit(1)
-            })
-        );
-        assert_eq!(
-            acquire(Some(&item), &lock(), &id("a", "1"), limit(1), &ctx(0)),
-            Step::Done(AcquireOutcome::AlreadyHeld {
+            take(&mut item, &a, 2, 0),
+            AcquireOutcome::AlreadyHeld {
                 token: FencingToken(1),
                 count: 1
-            })
+            }
         );
-    }
-
-    #[test]
-    fn fences_refuse_the_identity_until_they_expire_and_are_then_dropped() {
-        let (item, _) = written(acquire(None, &lock(), &id("a", "1"), limit(1), &ctx(0)));
-        let (item, _) = written(release(Some(&item), &lock(), &id("a", "1"), &ctx(0)));
+        take(&mut item, &b, 2, 0);
         assert_eq!(
-            acquire(Some(&item), &lock(), &id("a", "1"), limit(1), &ctx(9_999)),
-            Step::Done(AcquireOutcome::Fenced(FenceReason::AcquisitionReleased))
+            take(&mut item, &c, 2, 0),
+            AcquireOutcome::Full {
+                count: 2,
+                limit: limit(2)
+            }
         );
-        // The same execution may take the lock again with a new acquisition.
-        let (item, _) = written(acquire(
-            Some(&item),
-            &lock(),
-            &id("a", "2"),
-            limit(1),
-            &ctx(1),
-        ));
-        assert_eq!(item.fences.len(), 1);
-        let (item, _) = written(release(Some(&item), &lock(), &id("a", "2"), &ctx(20_000)));
-        // The first fence expired at 10 000 and was dropped by this write.
-        assert_eq!(item.fences.len(), 1);
-        assert!(item.is_fenced(&FenceKey::acquisition(&id("a", "2")), 20_000));
-    }
-
-    #[test]
-    fn a_fence_lasts_the_window_rounded_up_to_the_second_it_is_stored_in() {
-        // Written at 1.5 s with a 10 s window: in force until 12 s, not only until 11.5 s.
-        let (item, _) = written(acquire(None, &lock(), &id("a", "1"), limit(1), &ctx(0)));
-        let (item, _) = written(release(Some(&item), &lock(), &id("a", "1"), &ctx(1_500)));
-        let key = FenceKey::acquisition(&id("a", "1"));
-        assert_eq!(item.fences[&key], 12_000);
-        assert!(item.is_fenced(&key, 11_999));
-        assert!(!item.is_fenced(&key, 12_000));
-    }
-
-    #[test]
-    fn cleanup_frees_every_slot_of_the_execution_and_fences_all_its_acquisitions() {
-        let (item, _) = written(acquire(None, &lock(), &id("a", "1"), limit(3), &ctx(0)));
-        let (item, _) = written(acquire(
-            Some(&item),
-            &lock(),
-            &id("a", "2"),
-            limit(3),
-            &ctx(0),
-        ));
-        let (item, _) = written(acquire(
-            Some(&item),
-            &lock(),
-            &id("b", "1"),
-            limit(3),
-            &ctx(0),
-        ));
-        let (item, out) = written(cleanup(
-            Some(&item),
-            &lock(),
-            &HolderId::new("a").unwrap(),
-            &ctx(0),
-        ));
-        assert_eq!(out.freed.len(), 2);
-        assert_eq!(out.count, 1);
+        let write = release(&lock(), &a);
+        let (outcome, _) = released(&write, &a, land(&write, &mut item)).unwrap();
         assert_eq!(
-            acquire(Some(&item), &lock(), &id("a", "3"), limit(3), &ctx(0)),
-            Step::Done(AcquireOutcome::Fenced(FenceReason::ExecutionEnded))
+            outcome,
+            ReleaseOutcome::Released {
+                token: FencingToken(1),
+                count: 1
+            }
         );
-    }
-
-    #[test]
-    fn a_duplicate_release_writes_nothing_but_a_first_release_of_nothing_fences() {
-        let (item, out) = written(release(None, &lock(), &id("a", "1"), &ctx(0)));
-        assert_eq!(out, ReleaseOutcome::NotHeld { count: 0 });
-        assert_eq!(item.version, Version(1));
         assert_eq!(
-            release(Some(&item), &lock(), &id("a", "1"), &ctx(0)),
-            Step::Done(ReleaseOutcome::NotHeld { count: 0 })
+            take(&mut item, &a, 2, 0),
+            AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
         );
+        let write = cleanup_fence(&lock(), &b.holder);
+        let (slots, _) = fenced_slots(&write, &b.holder, land(&write, &mut item)).unwrap();
+        assert_eq!(slots, std::slice::from_ref(&b));
+        assert_eq!(
+            take(&mut item, &id("b", "2"), 2, 0),
+            AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
+        );
+        let write = cleanup_free(&lock(), &slots);
+        let (outcome, after) = freed(&write, &slots, land(&write, &mut item)).unwrap();
+        assert_eq!(outcome.freed.len(), 1);
+        assert_eq!(after.count(), 0);
+        assert_eq!(after.version.0, 5, "refused writes change nothing");
     }
 
     #[test]
-    fn a_late_duplicate_cleanup_extends_the_fence() {
-        let h = HolderId::new("a").unwrap();
-        let (item, _) = written(cleanup(None, &lock(), &h, &ctx(0)));
-        let (item, _) = written(cleanup(Some(&item), &lock(), &h, &ctx(5_000)));
-        assert_eq!(item.fences[&FenceKey::execution(&h)], 15_000);
+    fn an_acquire_past_its_horizon_is_not_sent_and_one_that_lands_after_a_later_rotation_is_refused(
+    ) {
+        assert_eq!(
+            acquire(&lock(), &id("a", "1"), limit(1), 1_000, 9_000, &T),
+            Err(AcquireOutcome::Expired)
+        );
+        let mut item = None;
+        let write = release(&lock(), &id("x", "1"));
+        land(&write, &mut item);
+        // Decided at 1 s (request at 1 s, deadline 9 s); a rotation at 9 s lands first.
+        let late = acquire(&lock(), &id("a", "1"), limit(1), 1_000, 1_000, &T).unwrap();
+        let rotate = rotation(item.as_ref().unwrap(), 9_000, &T).unwrap();
+        land(&rotate, &mut item);
+        let result = land(&late, &mut item);
+        assert_eq!(
+            acquired(&late, &id("a", "1"), limit(1), result).unwrap(),
+            AcquireOutcome::Expired
+        );
+        // A request time ahead of this host's clock counts as now.
+        let ahead = acquire(&lock(), &id("a", "1"), limit(1), 50_000, 10_000, &T).unwrap();
+        assert!(ahead.checks.contains(&Check::RotatedBefore {
+            deadline_ms: 18_000
+        }));
+    }
+
+    #[test]
+    fn a_writer_rotates_only_once_young_fences_are_worth_a_write() {
+        let mut item = None;
+        for n in 0..BUSY_YOUNG_FENCES {
+            let now = item
+                .as_ref()
+                .unwrap_or(&SemaphoreItem::empty(lock()))
+                .clone();
+            assert!(
+                busy_rotation(&now, 1_000, &T, BUSY_YOUNG_FENCES).is_none(),
+                "{n} young fences"
+            );
+            let write = release(&lock(), &id(&format!("e{n}"), "1"));
+            land(&write, &mut item);
+        }
+        let now = item.as_ref().unwrap();
+        assert!(busy_rotation(now, 1_000, &T, BUSY_YOUNG_FENCES).is_some());
+        // A window later, one fence is enough for the sweeper, not for a writer.
+        let mut one = None;
+        land(&release(&lock(), &id("x", "1")), &mut one);
+        let one = one.unwrap();
+        assert!(rotation(&one, 1_000, &T).is_some());
+        assert!(busy_rotation(&one, 1_000, &T, BUSY_YOUNG_FENCES).is_none());
+        assert!(busy_rotation(&one, 1_000, &T, 1).is_some());
+    }
+
+    #[test]
+    fn rotations_are_due_a_window_apart_and_only_with_fences() {
+        let mut item = None;
+        let write = cleanup_fence(&lock(), &HolderId::new("x").unwrap());
+        land(&write, &mut item);
+        let first = rotation(item.as_ref().unwrap(), 1_000, &T).expect("never rotated: due");
+        land(&first, &mut item);
+        let now = item.as_ref().unwrap();
+        assert!(rotation(now, 10_999, &T).is_none(), "less than a window");
+        let second = rotation(now, 11_000, &T).expect("a window later");
+        land(&second, &mut item);
+        let now = item.as_ref().unwrap();
+        assert!(now.fences.is_empty());
+        assert!(rotation(now, 99_000, &T).is_none(), "nothing to rotate");
     }
 }

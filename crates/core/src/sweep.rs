@@ -54,9 +54,10 @@ pub struct Reclaimed {
     pub reason: String,
 }
 
-/// The biggest semaphore item a sweep scanned, in bytes as DynamoDB counts them. Every write of
-/// a lock writes its whole item, so this is what each write of the busiest lock costs; it grows
-/// with that lock's rate (its fences), and one lock's writes share one partition's throughput.
+/// The biggest semaphore item a sweep scanned, in bytes as DynamoDB counts them. A write is billed
+/// by the size of the item it changes, so this is what each write of the busiest lock costs; it
+/// grows with that lock's holders and its rate (the fences of the last one or two windows), and
+/// one lock's writes share one partition's throughput.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LargestItem {
     pub lock: LockName,
@@ -70,26 +71,39 @@ pub struct SweepReport {
     pub largest_item: Option<LargestItem>,
     pub holders_checked: usize,
     pub reclaimed: Vec<Reclaimed>,
-    /// Holders that could not be checked or cleaned, with why; retried by the next sweep.
+    /// Locks whose fences were rotated by the sweep itself (a lock that went quiet keeps its
+    /// fences until a write rotates them).
+    pub rotated: usize,
+    /// Holders that could not be checked or cleaned, and items that could not be read, with
+    /// why; retried by the next sweep.
     pub errors: Vec<String>,
 }
 
 impl<S: ItemStore> Semaphore<S> {
-    /// Checks every current holder once and cleans up those whose execution has ended. The
-    /// cost grows with the number of current holders only: fences and history are not visited.
+    /// Checks every current holder once and cleans up those whose execution has ended, and
+    /// rotates the fences of locks where a rotation is due (so a lock that went quiet sheds its
+    /// fences too). The cost grows with the number of current holders and locks only: fences
+    /// and history are not visited.
     pub async fn sweep(&self, executions: &impl ExecutionStatus) -> Result<SweepReport, Error> {
-        let items = self.list().await?;
+        let listed = self.list().await?;
         let mut report = SweepReport {
-            locks: items.len(),
-            largest_item: items
-                .iter()
-                .map(|item| LargestItem {
-                    lock: item.lock.clone(),
-                    bytes: dynamo::stored_size(item),
-                })
-                .max_by_key(|largest| largest.bytes),
+            locks: listed.len(),
             ..SweepReport::default()
         };
+        let mut items = Vec::new();
+        for item in listed {
+            match item {
+                Ok(item) => items.push(item),
+                Err(e) => report.errors.push(e.to_string()),
+            }
+        }
+        report.largest_item = items
+            .iter()
+            .map(|item| LargestItem {
+                lock: item.lock.clone(),
+                bytes: dynamo::stored_size(item),
+            })
+            .max_by_key(|largest| largest.bytes);
         let mut states: HashMap<HolderId, Result<ExecutionState, String>> = HashMap::new();
         for item in &items {
             let mut holders: Vec<&HolderId> = item.holders.keys().map(|id| &id.holder).collect();
@@ -125,6 +139,11 @@ impl<S: ItemStore> Semaphore<S> {
                         .errors
                         .push(format!("{holder} on {}: {e}", item.lock)),
                 }
+            }
+            // From the item as scanned: fences added since stay young, and a rotation that
+            // happened since makes this one refused, harmlessly.
+            if self.rotate_if_due(item).await {
+                report.rotated += 1;
             }
         }
         Ok(report)

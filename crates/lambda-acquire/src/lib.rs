@@ -2,13 +2,20 @@
 //! execution.
 //!
 //! Payload (what the lock-protected state machine sends):
-//! `{"lock": "demo-lock", "limit": 5, "holder": "<$$.Execution.Id>", "acquisition": "<States.UUID()>"}`
+//! `{"lock": "demo-lock", "limit": 5, "holder": "<$$.Execution.Id>", "acquisition":
+//! "<States.UUID()>", "requested_at": "<$$.State.EnteredTime>"}`
 //!
-//! Answer: `{"acquired": bool, "outcome": "acquired"|"already_held"|"full", "token": n|null,
-//! "count": n, "limit": n}`. "Full" is an answer (the machine waits and tries again with the same
-//! payload), not an error. Errors: `SemaphoreFenced` (this acquisition was released or its
-//! execution cleaned up: it will never get a slot), `SemaphoreInvalidInput` (nothing written),
-//! `SemaphoreContention` (retry), `SemaphoreStoreError`.
+//! One conditional write, no read. `requested_at` is when the acquire was asked for: the state's
+//! entry time comes before any release or cleanup this acquire must not outlive, however long
+//! Lambda takes to start it (see `semaphore_core::Timing`).
+//!
+//! Answer: `{"acquired": bool, "outcome": "acquired"|"already_held"|"full"|"expired", "token":
+//! n|null, "count": n|null, "limit": n}`. "Full" is an answer (the machine waits and tries again with
+//! the same acquisition), not an error; so is "expired" (the request is older than the horizon:
+//! the machine enters its acquire state again, which makes a new request time). Errors:
+//! `SemaphoreFenced` (this acquisition was released or its execution cleaned up: it will never
+//! get a slot), `SemaphoreInvalidInput` (nothing written), `SemaphoreOldFormat` (the lock's item
+//! is of version 1), `SemaphoreStoreError` (retry).
 
 use lambda_common::{HandlerError, Payload};
 use lambda_runtime::LambdaEvent;
@@ -17,8 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The payload's fields, as named in errors.
-pub const EXPECTED: &str =
-    r#"{"lock": string, "limit": integer, "holder": string, "acquisition": string}"#;
+pub const EXPECTED: &str = r#"{"lock": string, "limit": integer, "holder": string, "acquisition": string, "requested_at": RFC 3339 string}"#;
 
 /// A validated acquire request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +32,7 @@ pub struct AcquireRequest {
     pub lock: LockName,
     pub limit: Limit,
     pub identity: Identity,
+    pub requested_at_ms: u64,
 }
 
 impl AcquireRequest {
@@ -35,6 +42,7 @@ impl AcquireRequest {
             lock: p.lock()?,
             limit: p.limit()?,
             identity: p.identity()?,
+            requested_at_ms: p.requested_at_ms()?,
         })
     }
 }
@@ -45,6 +53,7 @@ pub enum Outcome {
     Acquired,
     AlreadyHeld,
     Full,
+    Expired,
 }
 
 impl Outcome {
@@ -53,6 +62,7 @@ impl Outcome {
             Self::Acquired => "acquired",
             Self::AlreadyHeld => "already_held",
             Self::Full => "full",
+            Self::Expired => "expired",
         }
     }
 }
@@ -62,10 +72,11 @@ pub struct AcquireResponse {
     /// True when this identity holds a slot now (newly taken or already held).
     pub acquired: bool,
     pub outcome: Outcome,
-    /// The fencing token of the held slot; `null` when full.
+    /// The fencing token of the held slot; `null` when full or expired.
     pub token: Option<u64>,
-    /// Slots held now.
-    pub count: usize,
+    /// Slots held now; `null` when expired (the request was too old to be sent, so nothing was
+    /// read).
+    pub count: Option<usize>,
     /// The limit the request asked for.
     pub limit: u32,
 }
@@ -81,9 +92,10 @@ pub async fn acquire<S: ItemStore>(
         lock,
         limit,
         identity,
+        requested_at_ms,
     } = &request;
     let outcome = semaphore
-        .acquire(lock, identity, *limit)
+        .acquire_requested_at(lock, identity, *limit, *requested_at_ms)
         .await
         .map_err(HandlerError::from)
         .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "acquire failed"))?;
@@ -92,21 +104,28 @@ pub async fn acquire<S: ItemStore>(
             acquired: true,
             outcome: Outcome::Acquired,
             token: Some(token.0),
-            count,
+            count: Some(count),
             limit: limit.get(),
         },
         AcquireOutcome::AlreadyHeld { token, count } => AcquireResponse {
             acquired: true,
             outcome: Outcome::AlreadyHeld,
             token: Some(token.0),
-            count,
+            count: Some(count),
             limit: limit.get(),
         },
         AcquireOutcome::Full { count, limit } => AcquireResponse {
             acquired: false,
             outcome: Outcome::Full,
             token: None,
-            count,
+            count: Some(count),
+            limit: limit.get(),
+        },
+        AcquireOutcome::Expired => AcquireResponse {
+            acquired: false,
+            outcome: Outcome::Expired,
+            token: None,
+            count: None,
             limit: limit.get(),
         },
         AcquireOutcome::Fenced(reason) => {

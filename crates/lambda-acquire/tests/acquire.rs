@@ -1,13 +1,16 @@
 //! The acquire handler invoked with the payload the lock-protected state machine builds, against
 //! a fresh table on the local server: answers checked field by field, the named errors, and
-//! nothing written for bad input.
+//! nothing written for bad input, for a request past its horizon, or on a version-1 item.
 
 use std::collections::BTreeSet;
 
 use lambda_common::Settings;
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
-use semaphore_core::{DynamoStore, HolderId, LockName, Semaphore};
-use semaphore_tests::observe::observe;
+use semaphore_core::{
+    rfc3339_millis, Clock, DynamoStore, HolderId, LockName, Semaphore, SystemClock,
+};
+use semaphore_tests::legacy::put_version_1_item;
+use semaphore_tests::observe::{observe, raw_item};
 use semaphore_tests::server::repo_root;
 use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
@@ -15,7 +18,9 @@ use serde_json::{json, Value};
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
 const ACQUISITION: &str = "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab";
 
-/// The payload the lock-protected machine sends to acquire (its `request`), as JSON text.
+/// The payload the lock-protected machine sends to acquire, as JSON text, but for
+/// `requested_at` (the acquire state's entry time, `$$.State.EnteredTime`): see
+/// [`state_machine_payload`].
 const STATE_MACHINE_PAYLOAD: &str = r#"{
     "lock": "demo-lock",
     "limit": 5,
@@ -50,8 +55,22 @@ async fn release(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, 
         .map_err(Diagnostic::from)
 }
 
+/// Now, as Step Functions writes `$$.State.EnteredTime` (`2026-12-03T10:15:30.123Z`).
+fn entered_time_now() -> String {
+    rfc3339_millis(SystemClock.now_ms())
+}
+
+/// The machine's payload for an acquire state entered at `entered_time`.
+fn state_machine_payload_entered_at(entered_time: &str) -> Value {
+    let mut payload: Value =
+        serde_json::from_str(STATE_MACHINE_PAYLOAD).expect("the payload is JSON");
+    payload["requested_at"] = json!(entered_time);
+    payload
+}
+
+/// The machine's payload for an acquire state entered just now.
 fn state_machine_payload() -> Value {
-    serde_json::from_str(STATE_MACHINE_PAYLOAD).expect("the payload is JSON")
+    state_machine_payload_entered_at(&entered_time_now())
 }
 
 fn with(mut payload: Value, field: &str, value: Value) -> Value {
@@ -119,7 +138,7 @@ async fn the_state_machines_payload_takes_a_slot_and_is_answered_field_by_field(
         .await
         .expect("the item exists");
     seen.assert_safe(5);
-    assert_eq!(seen.count, 5);
+    assert_eq!(seen.holders.len(), 5);
     assert!(seen.holders.iter().any(|h| h.starts_with(HOLDER)));
 }
 
@@ -159,7 +178,8 @@ async fn an_acquire_after_cleanup_or_release_is_the_named_error_semaphore_fenced
         "lock": "demo-lock",
         "limit": 5,
         "holder": "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2",
-        "acquisition": "0b5c4a36-9c55-4d4f-a9a7-6f5d1b8e2c10"
+        "acquisition": "0b5c4a36-9c55-4d4f-a9a7-6f5d1b8e2c10",
+        "requested_at": entered_time_now()
     });
     acquire(&sem, run2.clone()).await.unwrap();
     let released = release(&sem, run2.clone()).await.unwrap();
@@ -190,8 +210,13 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
         p.as_object_mut().unwrap().remove(field);
         p
     };
-    let expected_shape =
-        r#"{"lock": string, "limit": integer, "holder": string, "acquisition": string}"#;
+    let expected_shape = r#"{"lock": string, "limit": integer, "holder": string, "acquisition": string, "requested_at": RFC 3339 string}"#;
+    let requested_at_error = |got: &str| {
+        format!(
+            "requested_at must be an RFC 3339 date-time such as \"2026-12-03T10:15:30.123Z\" \
+             (Step Functions' $$.State.EnteredTime); got {got}: "
+        )
+    };
     let limit_error = |got: &str| format!("limit must be a whole number from 1 to 1000; got {got}");
     let cases: Vec<(Value, String)> = vec![
         (
@@ -251,6 +276,24 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
                 .into(),
         ),
         (
+            without("requested_at"),
+            "requested_at is missing: pass when the acquire was asked for, as RFC 3339 text: the \
+             acquire state's entry time, \"requested_at.$\": \"$$.State.EnteredTime\""
+                .into(),
+        ),
+        (
+            with(good(), "requested_at", json!(1_796_292_930_123u64)),
+            "requested_at must be a JSON string; got a number 1796292930123".into(),
+        ),
+        (
+            with(good(), "requested_at", json!("yesterday")),
+            requested_at_error("\"yesterday\""),
+        ),
+        (
+            with(good(), "requested_at", json!("2026-12-03 10:15:30")),
+            requested_at_error("\"2026-12-03 10:15:30\""),
+        ),
+        (
             json!("demo-lock"),
             format!(
                 "the payload must be a JSON object {expected_shape}; got a string \"demo-lock\""
@@ -266,12 +309,91 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
             .await
             .expect_err(&format!("{payload} must be refused"));
         assert_eq!(err.error_type, "SemaphoreInvalidInput", "{payload}");
-        assert_eq!(err.error_message, message, "{payload}");
+        // A date-time the parser refuses is quoted back with the parser's own reason after it.
+        if message.starts_with("requested_at must be an RFC 3339") {
+            assert!(
+                err.error_message.starts_with(&message),
+                "{payload}: {}",
+                err.error_message
+            );
+        } else {
+            assert_eq!(err.error_message, message, "{payload}");
+        }
     }
 
     // Nothing was written: the one item is exactly as it was, and no other item appeared.
-    let items = sem.list().await.unwrap();
-    assert_eq!(items, vec![before]);
+    assert_eq!(items(&sem).await, vec![before]);
+}
+
+/// Every item of the table, each read correctly.
+async fn items(sem: &Semaphore<DynamoStore>) -> Vec<semaphore_core::SemaphoreItem> {
+    sem.list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|item| item.expect("an item of this version"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_request_older_than_the_horizon_answers_expired_and_writes_nothing() {
+    let sem = semaphore().await;
+    acquire(&sem, state_machine_payload()).await.unwrap();
+    let lock = LockName::new("demo-lock").unwrap();
+    let before = sem.status(&lock).await.unwrap();
+
+    // The acquire state was entered longer ago than the horizon (a Lambda that took that long to
+    // run it): a rotation of the fences may have dropped one this acquire had to meet, so it
+    // takes nothing.
+    let horizon_ms = u64::try_from(sem.timing().horizon.as_millis()).unwrap();
+    let entered = rfc3339_millis(SystemClock.now_ms() - horizon_ms - 1_000);
+    let run2 = |entered: &str| {
+        with(
+            state_machine_payload_entered_at(entered),
+            "holder",
+            json!("arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2"),
+        )
+    };
+    let expired = acquire(&sem, run2(&entered)).await.unwrap();
+    assert_eq!(
+        keys(&expired),
+        BTreeSet::from(["acquired", "outcome", "token", "count", "limit"])
+    );
+    assert_eq!(expired["acquired"], json!(false));
+    assert_eq!(expired["outcome"], json!("expired"));
+    assert_eq!(expired["token"], json!(null));
+    // Nothing was sent, so nothing is known of the holders.
+    assert_eq!(expired["count"], json!(null));
+    assert_eq!(expired["limit"], json!(5));
+    assert_eq!(items(&sem).await, vec![before], "nothing was written");
+
+    // The machine enters its acquire state again, which makes a new request time.
+    let again = acquire(&sem, run2(&entered_time_now())).await.unwrap();
+    assert_eq!(
+        again,
+        json!({"acquired": true, "outcome": "acquired", "token": 2, "count": 2, "limit": 5})
+    );
+}
+
+#[tokio::test]
+async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is_written() {
+    let sem = semaphore().await;
+    let (client, table) = (sem.store().client(), sem.store().table());
+    let v1 = put_version_1_item(client, table, "demo-lock", HOLDER, "old-acquisition").await;
+
+    let err = acquire(&sem, state_machine_payload()).await.unwrap_err();
+    assert_eq!(err.error_type, "SemaphoreOldFormat");
+    assert!(
+        err.error_message
+            .contains("\"demo-lock\" was written by version 1"),
+        "{}",
+        err.error_message
+    );
+    assert_eq!(
+        raw_item(client, table, "demo-lock").await,
+        Some(v1),
+        "the version-1 item is left exactly as it was"
+    );
 }
 
 #[tokio::test]
@@ -291,11 +413,20 @@ async fn a_missing_table_is_the_named_error_semaphore_store_error() {
 // definition itself (with the few expressions it uses evaluated here), sent to the handlers,
 // and every field its ResultSelectors read is present in the answers.
 
+/// What the context object (`$$`) holds for the state being rendered.
+struct StateContext<'a> {
+    /// `$$.State.EnteredTime`.
+    entered_time: &'a str,
+}
+
 /// Evaluates the only expressions the definition's payload templates use. Anything else fails
 /// loudly, so a change of the definition is noticed here.
-fn evaluate(expression: &str, input: &Value) -> Value {
+fn evaluate(expression: &str, input: &Value, context: &StateContext) -> Value {
     if expression == "$$.Execution.Id" {
         return json!(HOLDER);
+    }
+    if expression == "$$.State.EnteredTime" {
+        return json!(context.entered_time);
     }
     if expression == "States.UUID()" {
         return json!(ACQUISITION);
@@ -319,7 +450,7 @@ fn evaluate(expression: &str, input: &Value) -> Value {
 }
 
 /// Renders an ASL payload template (keys ending in ".$" are expressions).
-fn render(template: &Value, input: &Value) -> Value {
+fn render(template: &Value, input: &Value, context: &StateContext) -> Value {
     match template {
         Value::Object(fields) => Value::Object(
             fields
@@ -327,9 +458,9 @@ fn render(template: &Value, input: &Value) -> Value {
                 .map(|(key, value)| match key.strip_suffix(".$") {
                     Some(name) => (
                         name.to_owned(),
-                        evaluate(value.as_str().expect("an expression"), input),
+                        evaluate(value.as_str().expect("an expression"), input, context),
                     ),
-                    None => (key.clone(), render(value, input)),
+                    None => (key.clone(), render(value, input, context)),
                 })
                 .collect(),
         ),
@@ -351,11 +482,13 @@ fn lock_protected_definition() -> Value {
     serde_json::from_str(&text).expect("the definition is JSON")
 }
 
-fn task_calling<'a>(definition: &'a Value, function: &str) -> &'a Value {
+/// The name and definition of the one Task that calls `function`.
+fn task_calling<'a>(definition: &'a Value, function: &str) -> (&'a str, &'a Value) {
     let states = definition["States"].as_object().expect("States");
-    let calling: Vec<&Value> = states
-        .values()
-        .filter(|s| s["Parameters"]["FunctionName"] == json!(function))
+    let calling: Vec<(&str, &Value)> = states
+        .iter()
+        .filter(|(_, s)| s["Parameters"]["FunctionName"] == json!(function))
+        .map(|(name, s)| (name.as_str(), s))
         .collect();
     assert_eq!(calling.len(), 1, "exactly one Task calls {function}");
     calling[0]
@@ -364,28 +497,32 @@ fn task_calling<'a>(definition: &'a Value, function: &str) -> &'a Value {
 #[tokio::test]
 async fn the_lock_protected_definitions_payloads_are_the_ones_tested_here() {
     let definition = lock_protected_definition();
-    let acquire_task = task_calling(&definition, "ACQUIRE");
-    // "Payload.$": "$.request": the request built once by a Pass state before the loop.
-    let path = acquire_task["Parameters"]["Payload.$"]
-        .as_str()
-        .expect("the acquire Task passes a path as Payload.$");
-    let key = path.strip_prefix("$.").expect("a top-level path");
-    let builders: Vec<&Value> = definition["States"]
-        .as_object()
-        .unwrap()
+    let states = definition["States"].as_object().unwrap();
+    // The request is built once by a Pass state before the wait loop (so every attempt carries
+    // the same acquisition id); the acquire Task sends it field by field, with its own entry
+    // time as `requested_at`.
+    let builders: Vec<&Value> = states
         .values()
-        .filter(|s| s["Type"] == "Pass" && s["Parameters"].get(key).is_some())
+        .filter(|s| s["Type"] == "Pass" && s["Parameters"].get("request").is_some())
         .collect();
-    assert_eq!(builders.len(), 1, "one Pass state builds {path}");
-    let request = render(&builders[0]["Parameters"][key], &json!({}));
+    assert_eq!(builders.len(), 1, "one Pass state builds $.request");
+    let entered = entered_time_now();
+    let context = StateContext {
+        entered_time: &entered,
+    };
+    let request = render(&builders[0]["Parameters"]["request"], &json!({}), &context);
+    let input = json!({ "request": request });
+
+    let (acquire_state, acquire_task) = task_calling(&definition, "ACQUIRE");
+    let payload = render(&acquire_task["Parameters"]["Payload"], &input, &context);
     assert_eq!(
-        request,
-        state_machine_payload(),
+        payload,
+        state_machine_payload_entered_at(&entered),
         "the payload tested above is the one the definition builds"
     );
 
     let sem = semaphore().await;
-    let acquired = acquire(&sem, request.clone()).await.unwrap();
+    let acquired = acquire(&sem, payload.clone()).await.unwrap();
     assert_eq!(acquired["outcome"], "acquired");
     for (field, selector) in acquire_task["ResultSelector"].as_object().unwrap() {
         let name = field.strip_suffix(".$").unwrap();
@@ -399,12 +536,20 @@ async fn the_lock_protected_definitions_payloads_are_the_ones_tested_here() {
             "{name} reads $.Payload.{read}, absent from {acquired}"
         );
     }
-
-    let release_task = task_calling(&definition, "RELEASE");
-    let release_payload = render(
-        &release_task["Parameters"]["Payload"],
-        &json!({ key: request.clone() }),
+    // Every answer that is not a slot is routed: "expired" enters the acquire state again (a new
+    // entry time, so a new request time), anything else not acquired goes on waiting.
+    let (_, routing) = states
+        .iter()
+        .find(|(_, s)| s["Type"] == "Choice" && s["Choices"][0]["Variable"] == "$.slot.acquired")
+        .expect("a Choice on $.slot.acquired follows the acquire");
+    assert_eq!(
+        routing["Choices"][1],
+        json!({"Variable": "$.slot.outcome", "StringEquals": "expired", "Next": acquire_state})
     );
+    assert_ne!(routing["Default"], json!(acquire_state));
+
+    let (_, release_task) = task_calling(&definition, "RELEASE");
+    let release_payload = render(&release_task["Parameters"]["Payload"], &input, &context);
     assert_eq!(
         release_payload,
         json!({"lock": "demo-lock", "holder": HOLDER, "acquisition": ACQUISITION})

@@ -4,21 +4,31 @@
 
 use std::path::Path;
 
-use semaphore_core::{DynamoStore, HolderId, LockName, Semaphore};
+use semaphore_core::{
+    rfc3339_millis, Clock, DynamoStore, HolderId, LockName, Semaphore, SystemClock, Timing,
+};
 use semaphore_tests::fresh_table;
+use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::runtime_api::{run_function, Answer};
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_acquire");
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
 
-fn payload() -> Value {
-    serde_json::from_str(
+/// The state machine's payload for an acquire state entered `ago_ms` milliseconds ago.
+fn payload_entered(ago_ms: u64) -> Value {
+    let mut payload: Value = serde_json::from_str(
         r#"{"lock": "demo-lock", "limit": 5,
             "holder": "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1",
             "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab"}"#,
     )
-    .unwrap()
+    .unwrap();
+    payload["requested_at"] = json!(rfc3339_millis(SystemClock.now_ms() - ago_ms));
+    payload
+}
+
+fn payload() -> Value {
+    payload_entered(0)
 }
 
 fn error(error_type: &str, message: &str) -> Answer {
@@ -33,7 +43,16 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
 
     let mut bad = payload();
     bad["limit"] = json!("5");
-    let events = vec![payload(), payload(), bad];
+    // Entered longer ago than the (default) horizon: answered "expired", nothing taken.
+    let horizon_ms = u64::try_from(Timing::DEFAULT_HORIZON.as_millis()).unwrap();
+    let mut expired = payload_entered(horizon_ms + 1_000);
+    expired["holder"] =
+        json!("arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2");
+    // A lock whose item version 1 wrote.
+    put_version_1_item(store.client(), &table, "old-lock", HOLDER, "a0").await;
+    let mut old = payload();
+    old["lock"] = json!("old-lock");
+    let events = vec![payload(), payload(), bad, expired, old];
     let run = tokio::task::spawn_blocking({
         let env: Vec<(String, String)> = env
             .iter()
@@ -48,7 +67,7 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
     .await
     .unwrap();
     assert_eq!(
-        run.answers,
+        run.answers[..3],
         [
             Answer::Response(
                 json!({"acquired": true, "outcome": "acquired", "token": 1, "count": 1, "limit": 5})
@@ -65,6 +84,17 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
         run.stdout,
         run.stderr
     );
+    match &run.answers[3..] {
+        [Answer::Response(expired), Answer::Error(old)] => {
+            assert_eq!(
+                (&expired["acquired"], &expired["outcome"], &expired["token"]),
+                (&json!(false), &json!("expired"), &json!(null)),
+                "{expired}"
+            );
+            assert_eq!(old["errorType"], "SemaphoreOldFormat", "{old}");
+        }
+        other => panic!("{other:?}\nstdout: {}\nstderr: {}", run.stdout, run.stderr),
+    }
     // Logs are JSON lines.
     let lines: Vec<Value> = run
         .stdout

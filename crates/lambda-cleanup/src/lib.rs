@@ -9,8 +9,12 @@
 //! is idempotent, frees only what the execution holds, and its fence refuses acquires that land
 //! after it.
 //!
-//! Errors: `SemaphoreInvalidInput` (not such an event; nothing written), `SemaphoreContention`
-//! and `SemaphoreStoreError` (retry: every lock is cleaned again, which is harmless).
+//! Per lock, the core cleanup is one write that fences the execution and, when that write shows
+//! the execution held slots, a second that frees them; neither reads first nor conflicts.
+//!
+//! Errors: `SemaphoreInvalidInput` (not such an event; nothing written), `SemaphoreOldFormat` (a
+//! lock's item is of version 1; nothing written to it), `SemaphoreStoreError` (retry: every lock
+//! is cleaned again, which is harmless).
 
 use aws_lambda_events::eventbridge::EventBridgeEvent;
 use lambda_common::HandlerError;

@@ -2,12 +2,18 @@
 //! Change" event (tests/fixtures/execution-aborted.json) against a fresh table on the local
 //! server, including duplicate, late and out-of-order deliveries (F4).
 
+use std::collections::BTreeMap;
+
 use lambda_common::Settings;
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
-use semaphore_core::{AcquireOutcome, DynamoStore, FenceReason, Limit, LockName, Semaphore};
+use semaphore_core::{
+    AcquireOutcome, DynamoStore, FenceReason, Limit, LockName, Semaphore, SemaphoreItem,
+};
+use semaphore_tests::counter::RequestCounter;
+use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::names::{id, lock};
-use semaphore_tests::observe::observe;
-use semaphore_tests::{fresh_table, sdk_config};
+use semaphore_tests::observe::{observe, raw_item};
+use semaphore_tests::{endpoint, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 /// The execution of the fixture event.
@@ -89,12 +95,23 @@ fn freed(summary: &Value) -> Vec<(String, String, u64)> {
         .collect()
 }
 
-async fn count_on(sem: &Semaphore<DynamoStore>, lock_name: &str) -> i64 {
+/// Slots held on the lock, read raw (the holder map: no count is stored).
+async fn count_on(sem: &Semaphore<DynamoStore>, lock_name: &str) -> usize {
     let seen = observe(sem.store().client(), sem.store().table(), lock_name)
         .await
         .expect("the item exists");
     seen.assert_safe(5);
-    seen.count
+    seen.holders.len()
+}
+
+/// Every item of the table, each read correctly.
+async fn items(sem: &Semaphore<DynamoStore>) -> Vec<SemaphoreItem> {
+    sem.list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|item| item.expect("an item of this version"))
+        .collect()
 }
 
 #[test]
@@ -166,6 +183,71 @@ async fn the_documented_aborted_event_frees_and_fences_the_execution() {
         .unwrap(),
         AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
     );
+}
+
+/// Cleanup never reads and never conflicts: per lock, one write fences the execution, and the
+/// item it hands back says which slots the execution held then (all it can ever hold, since the
+/// fence refuses every later acquire of it), which a second write frees. A duplicate event finds
+/// nothing held: the fence alone, one write.
+#[tokio::test]
+async fn the_event_is_two_writes_per_lock_without_a_read_and_its_duplicate_is_one() {
+    let (sem, locks) = setup("demo-lock").await;
+    take(&sem, "demo-lock", EXECUTION, "a1").await;
+    take(&sem, "demo-lock", EXECUTION, "a2").await;
+    take(&sem, "demo-lock", OTHER, "b1").await;
+    let counter = RequestCounter::new();
+    let counted = Semaphore::new(DynamoStore::new(
+        counter.dynamodb_client(endpoint()),
+        sem.store().table(),
+    ))
+    .with_timing(sem.timing());
+    const UPDATE: &str = "DynamoDB.UpdateItem";
+
+    let summary = invoke(&counted, &locks, fixture()).await.unwrap();
+    assert_eq!(
+        freed(&summary),
+        [
+            ("demo-lock".to_owned(), "a1".to_owned(), 1),
+            ("demo-lock".to_owned(), "a2".to_owned(), 2)
+        ]
+    );
+    let sent = counter.take();
+    // The fence and the free (one young fence is not worth a rotation).
+    assert_eq!(sent.requests, BTreeMap::from([(UPDATE.to_owned(), 2)]));
+    assert_eq!(sent.total_failed(), 0);
+
+    let duplicate = invoke(&counted, &locks, fixture()).await.unwrap();
+    assert_eq!(duplicate["locks"][0]["freed"], json!([]));
+    let sent = counter.take();
+    assert_eq!(sent.requests, BTreeMap::from([(UPDATE.to_owned(), 1)]));
+    assert_eq!(sent.total_failed(), 0);
+    assert_eq!(count_on(&sem, "demo-lock").await, 1);
+}
+
+#[tokio::test]
+async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_other_locks_are_cleaned() {
+    let (sem, locks) = setup("old-lock,demo-lock").await;
+    let (client, table) = (sem.store().client(), sem.store().table());
+    let v1 = put_version_1_item(client, table, "old-lock", EXECUTION, "a0").await;
+    take(&sem, "demo-lock", EXECUTION, "a1").await;
+
+    let err = invoke(&sem, &locks, fixture()).await.unwrap_err();
+    assert_eq!(err.error_type, "SemaphoreOldFormat");
+    assert!(
+        err.error_message.starts_with(&format!(
+            "cleanup of {EXECUTION} failed on 1 lock(s); retrying is safe: lock \"old-lock\": \
+             the item for lock \"old-lock\" was written by version 1"
+        )),
+        "{}",
+        err.error_message
+    );
+    assert_eq!(
+        raw_item(client, table, "old-lock").await,
+        Some(v1),
+        "the version-1 item is left exactly as it was"
+    );
+    // The failure on one lock does not keep the others from being cleaned.
+    assert_eq!(count_on(&sem, "demo-lock").await, 0);
 }
 
 #[tokio::test]
@@ -306,7 +388,7 @@ async fn without_any_lock_name_the_answer_says_so() {
 async fn other_statuses_are_a_no_op_that_writes_nothing() {
     let (sem, locks) = setup("demo-lock").await;
     take(&sem, "demo-lock", EXECUTION, "a1").await;
-    let before = sem.list().await.unwrap();
+    let before = items(&sem).await;
     for status in ["RUNNING", "SUCCEEDED", "PENDING_REDRIVE"] {
         let summary = invoke(&sem, &locks, with_detail("status", json!(status)))
             .await
@@ -322,7 +404,7 @@ async fn other_statuses_are_a_no_op_that_writes_nothing() {
             })
         );
     }
-    assert_eq!(sem.list().await.unwrap(), before);
+    assert_eq!(items(&sem).await, before);
 }
 
 #[tokio::test]
@@ -345,7 +427,7 @@ async fn what_is_not_a_status_change_event_is_invalid_input_and_writes_nothing()
         let err = invoke(&sem, &locks, event.clone()).await.unwrap_err();
         assert_eq!(err.error_type, "SemaphoreInvalidInput", "{event}");
     }
-    assert!(sem.list().await.unwrap().is_empty(), "nothing was written");
+    assert!(items(&sem).await.is_empty(), "nothing was written");
 }
 
 #[tokio::test]

@@ -5,11 +5,7 @@
 
 use std::time::Duration;
 
-use semaphore_core::{DynamoStore, InputError, LockName, Semaphore, DEFAULT_FENCE_WINDOW};
-
-/// Longest fence window accepted: a day. Fences are bounded by the window; a longer one only
-/// makes the item carry more of them.
-const MAX_FENCE_WINDOW_SECONDS: u64 = 86_400;
+use semaphore_core::{DynamoStore, InputError, LockName, Semaphore, Timing};
 
 /// A missing or malformed setting: the function cannot start.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
@@ -74,23 +70,44 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         )
     }
 
-    /// `FENCE_WINDOW_SECONDS`: how long release and cleanup fence an identity; default
-    /// [`DEFAULT_FENCE_WINDOW`].
-    pub fn fence_window(&self) -> Result<Duration, ConfigError> {
-        const NAME: &str = "FENCE_WINDOW_SECONDS";
-        let Some(value) = self.optional(NAME) else {
-            return Ok(DEFAULT_FENCE_WINDOW);
+    /// `ACQUIRE_HORIZON_SECONDS` and `CLOCK_SKEW_SECONDS`: the protocol's [`Timing`] (defaults
+    /// [`Timing::DEFAULT_HORIZON`] and [`Timing::DEFAULT_CLOCK_SKEW`]). The fence window is
+    /// their sum, so it cannot be set shorter than what they require.
+    pub fn timing(&self) -> Result<Timing, ConfigError> {
+        Ok(Timing {
+            horizon: self.seconds(
+                "ACQUIRE_HORIZON_SECONDS",
+                Timing::DEFAULT_HORIZON,
+                Timing::HORIZON_RANGE,
+            )?,
+            clock_skew: self.seconds(
+                "CLOCK_SKEW_SECONDS",
+                Timing::DEFAULT_CLOCK_SKEW,
+                Timing::CLOCK_SKEW_RANGE,
+            )?,
+        })
+    }
+
+    /// Whole seconds within `range`, or `default` when unset.
+    fn seconds(
+        &self,
+        name: &'static str,
+        default: Duration,
+        range: std::ops::RangeInclusive<u64>,
+    ) -> Result<Duration, ConfigError> {
+        let Some(value) = self.optional(name) else {
+            return Ok(default);
         };
         match value.parse::<u64>() {
-            Ok(secs) if (1..=MAX_FENCE_WINDOW_SECONDS).contains(&secs) => {
-                Ok(Duration::from_secs(secs))
-            }
+            Ok(secs) if range.contains(&secs) => Ok(Duration::from_secs(secs)),
             _ => Err(ConfigError::Invalid {
-                name: NAME,
+                name,
                 value,
                 problem: format!(
-                    "expected whole seconds from 1 to {MAX_FENCE_WINDOW_SECONDS}, or unset for the default of {}",
-                    DEFAULT_FENCE_WINDOW.as_secs()
+                    "expected whole seconds from {} to {}, or unset for the default of {}",
+                    range.start(),
+                    range.end(),
+                    default.as_secs()
                 ),
             }),
         }
@@ -117,24 +134,16 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         Ok(locks)
     }
 
-    /// The semaphore on `TABLE_NAME` with the configured fence window, using `sdk`'s region,
+    /// The semaphore on `TABLE_NAME` with the configured timing, using `sdk`'s region,
     /// credentials and endpoint.
-    ///
-    /// It reads the item before every call's first write (no item cache): acquire and release
-    /// run in different functions, so whatever one container last saw of a lock has almost
-    /// always been changed by another since, and a stale cache would trade each 1-unit read
-    /// for a failed conditional write, which costs write units sized on the item and uses up
-    /// the lock partition's write throughput (BENCHMARKS.md, "The item cache and Lambda").
     pub fn semaphore(
         &self,
         sdk: &aws_config::SdkConfig,
     ) -> Result<Semaphore<DynamoStore>, ConfigError> {
         let table = self.table_name()?;
-        let window = self.fence_window()?;
+        let timing = self.timing()?;
         let client = aws_sdk_dynamodb::Client::new(sdk);
-        Ok(Semaphore::new(DynamoStore::new(client, table))
-            .with_fence_window(window)
-            .with_item_cache(0))
+        Ok(Semaphore::new(DynamoStore::new(client, table)).with_timing(timing))
     }
 }
 
@@ -169,27 +178,27 @@ mod tests {
     }
 
     #[test]
-    fn the_fence_window_defaults_and_rejects_nonsense() {
-        assert_eq!(settings(&[]).fence_window().unwrap(), DEFAULT_FENCE_WINDOW);
-        assert_eq!(
-            settings(&[("FENCE_WINDOW_SECONDS", "600")])
-                .fence_window()
-                .unwrap(),
-            Duration::from_secs(600)
-        );
-        for bad in ["0", "-5", "2.5", "five", "86401"] {
-            let err = settings(&[("FENCE_WINDOW_SECONDS", bad)])
-                .fence_window()
-                .unwrap_err();
+    fn the_timing_defaults_and_rejects_nonsense() {
+        assert_eq!(settings(&[]).timing().unwrap(), Timing::default());
+        let timing = settings(&[
+            ("ACQUIRE_HORIZON_SECONDS", "20"),
+            ("CLOCK_SKEW_SECONDS", "5"),
+        ])
+        .timing()
+        .unwrap();
+        assert_eq!(timing.window(), Duration::from_secs(25));
+        for (name, bad) in [
+            ("ACQUIRE_HORIZON_SECONDS", "0"),
+            ("ACQUIRE_HORIZON_SECONDS", "-5"),
+            ("ACQUIRE_HORIZON_SECONDS", "2.5"),
+            ("ACQUIRE_HORIZON_SECONDS", "301"),
+            ("CLOCK_SKEW_SECONDS", "0"),
+            ("CLOCK_SKEW_SECONDS", "five"),
+        ] {
+            let err = settings(&[(name, bad)]).timing().unwrap_err();
             assert!(
-                matches!(
-                    err,
-                    ConfigError::Invalid {
-                        name: "FENCE_WINDOW_SECONDS",
-                        ..
-                    }
-                ),
-                "{bad}: {err}"
+                matches!(err, ConfigError::Invalid { name: n, .. } if n == name),
+                "{name}={bad}: {err}"
             );
         }
     }

@@ -2,7 +2,7 @@
 //! state machine matches in `Retry` / `Catch` (`ErrorEquals`).
 
 use lambda_runtime::Diagnostic;
-use semaphore_core::{Error, InputError};
+use semaphore_core::{Error, InputError, StoreError};
 
 /// The Lambda error types, as a state machine sees them.
 pub mod error_type {
@@ -11,8 +11,9 @@ pub mod error_type {
     /// This acquisition was released, or its execution cleaned up: it can never hold a slot
     /// again. Do not retry with the same acquisition id.
     pub const FENCED: &str = "SemaphoreFenced";
-    /// Other writers kept changing the item: retry with backoff.
-    pub const CONTENTION: &str = "SemaphoreContention";
+    /// The lock's item was written by version 1 of this semaphore, whose format version 2 does
+    /// not read: use another lock name or table. Retrying does not help.
+    pub const OLD_FORMAT: &str = "SemaphoreOldFormat";
     /// The table could not be read or written (missing table, throttling, permissions...).
     pub const STORE: &str = "SemaphoreStoreError";
 }
@@ -24,7 +25,7 @@ pub enum HandlerError {
     #[error("{0}")]
     Fenced(String),
     #[error("{0}")]
-    Contention(String),
+    OldFormat(String),
     #[error("{0}")]
     Store(String),
 }
@@ -34,7 +35,7 @@ impl HandlerError {
         match self {
             Self::InvalidInput(_) => error_type::INVALID_INPUT,
             Self::Fenced(_) => error_type::FENCED,
-            Self::Contention(_) => error_type::CONTENTION,
+            Self::OldFormat(_) => error_type::OLD_FORMAT,
             Self::Store(_) => error_type::STORE,
         }
     }
@@ -44,14 +45,14 @@ impl HandlerError {
         match self {
             Self::InvalidInput(_) => Self::InvalidInput(message),
             Self::Fenced(_) => Self::Fenced(message),
-            Self::Contention(_) => Self::Contention(message),
+            Self::OldFormat(_) => Self::OldFormat(message),
             Self::Store(_) => Self::Store(message),
         }
     }
 
     pub fn message(&self) -> &str {
         match self {
-            Self::InvalidInput(m) | Self::Fenced(m) | Self::Contention(m) | Self::Store(m) => m,
+            Self::InvalidInput(m) | Self::Fenced(m) | Self::OldFormat(m) | Self::Store(m) => m,
         }
     }
 }
@@ -74,7 +75,7 @@ impl From<Error> for HandlerError {
         let message = e.to_string();
         match e {
             Error::InvalidInput(_) | Error::UnknownLock { .. } => Self::InvalidInput(message),
-            Error::Contention { .. } => Self::Contention(message),
+            Error::Store(StoreError::OldFormat { .. }) => Self::OldFormat(message),
             Error::Store(_) => Self::Store(message),
         }
     }
@@ -93,8 +94,7 @@ impl From<HandlerError> for Diagnostic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use semaphore_core::{LockName, StoreError};
-    use std::time::Duration;
+    use semaphore_core::LockName;
 
     fn diagnose(e: impl Into<HandlerError>) -> Diagnostic {
         e.into().into()
@@ -103,13 +103,15 @@ mod tests {
     #[test]
     fn core_errors_map_to_named_error_types() {
         let lock = LockName::new("demo-lock").unwrap();
-        let contention = diagnose(Error::Contention {
-            lock: lock.clone(),
-            attempts: 12,
-            elapsed: Duration::from_secs(3),
-        });
-        assert_eq!(contention.error_type, "SemaphoreContention");
-        assert!(contention.error_message.contains("demo-lock"));
+        let old = diagnose(Error::Store(StoreError::OldFormat {
+            lock: "demo-lock".to_owned(),
+        }));
+        assert_eq!(old.error_type, "SemaphoreOldFormat");
+        assert!(
+            old.error_message.contains("version 1"),
+            "{}",
+            old.error_message
+        );
 
         let store = diagnose(Error::Store(StoreError::TableNotFound {
             table: "t".to_owned(),

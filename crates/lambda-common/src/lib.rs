@@ -6,7 +6,7 @@
 //! - [`init_tracing`]: JSON logs for CloudWatch;
 //! - [`Payload`]: validation of a state machine's JSON payload into the core's input types;
 //! - [`HandlerError`]: the named errors (`SemaphoreInvalidInput`, `SemaphoreFenced`,
-//!   `SemaphoreContention`, `SemaphoreStoreError`) a state machine can `Retry` or `Catch`.
+//!   `SemaphoreOldFormat`, `SemaphoreStoreError`) a state machine can `Retry` or `Catch`.
 
 mod config;
 mod error;

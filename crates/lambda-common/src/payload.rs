@@ -4,6 +4,7 @@
 //! wrong shape is answered by `SemaphoreInvalidInput` with a message naming the field, never by
 //! the runtime's own deserialization error.
 
+use aws_sdk_dynamodb::primitives::{DateTime, DateTimeFormat as Format};
 use semaphore_core::{AcquisitionId, HolderId, Identity, InputError, Limit, LockName};
 use serde_json::{Map, Value};
 
@@ -17,6 +18,8 @@ pub mod hint {
     pub const HOLDER: &str = "pass the execution ARN, e.g. \"holder.$\": \"$$.Execution.Id\"";
     pub const ACQUISITION: &str =
         "pass an id made once per logical acquire, e.g. \"acquisition.$\": \"States.UUID()\"";
+    pub const REQUESTED_AT: &str = "pass when the acquire was asked for, as RFC 3339 text: the \
+        acquire state's entry time, \"requested_at.$\": \"$$.State.EnteredTime\"";
 }
 
 /// Longest excerpt of a wrong value quoted back in an error message.
@@ -96,6 +99,23 @@ impl<'a> Payload<'a> {
         )?)
     }
 
+    /// `requested_at`: RFC 3339 text (any offset, any fraction of a second), as milliseconds
+    /// since the Unix epoch.
+    pub fn requested_at_ms(&self) -> Result<u64, HandlerError> {
+        let text = self.string("requested_at", hint::REQUESTED_AT)?;
+        let invalid = |problem: String| {
+            HandlerError::InvalidInput(format!(
+                "requested_at must be an RFC 3339 date-time such as \"2026-12-03T10:15:30.123Z\" \
+                 (Step Functions' $$.State.EnteredTime); got {}: {problem}",
+                quoted(&Value::String(text.to_owned()))
+            ))
+        };
+        let at = DateTime::from_str(text, Format::DateTimeWithOffset)
+            .map_err(|e| invalid(e.to_string()))?;
+        let ms = at.to_millis().map_err(|e| invalid(e.to_string()))?;
+        u64::try_from(ms).map_err(|_| invalid("it is before 1970".to_owned()))
+    }
+
     /// `holder` and `acquisition`.
     pub fn identity(&self) -> Result<Identity, HandlerError> {
         Ok(Identity::new(self.holder()?, self.acquisition()?))
@@ -169,6 +189,34 @@ mod tests {
             message(Value::Null),
             format!("limit is missing: {}", hint::LIMIT)
         );
+    }
+
+    #[test]
+    fn request_times_are_rfc_3339_in_any_offset_and_precision() {
+        let at = |v: Value| {
+            let payload = json!({ "requested_at": v });
+            Payload::new(&payload, "{}").unwrap().requested_at_ms()
+        };
+        // Step Functions writes milliseconds and Z; moto writes microseconds and +00:00.
+        assert_eq!(
+            at(json!("2026-12-03T10:15:30.123Z")).unwrap(),
+            1_796_292_930_123
+        );
+        assert_eq!(
+            at(json!("2026-12-03T10:15:30.123456+00:00")).unwrap(),
+            1_796_292_930_123
+        );
+        assert_eq!(
+            at(json!("2026-12-03T11:15:30+01:00")).unwrap(),
+            1_796_292_930_000
+        );
+        for bad in [json!("yesterday"), json!("2026-13-03T10:15:30Z"), json!(5)] {
+            let err = at(bad.clone()).unwrap_err();
+            assert_eq!(err.error_type(), "SemaphoreInvalidInput", "{bad}");
+            assert!(err.message().starts_with("requested_at must be"), "{err}");
+        }
+        let err = at(Value::Null).unwrap_err();
+        assert!(err.message().contains("$$.State.EnteredTime"), "{err}");
     }
 
     #[test]

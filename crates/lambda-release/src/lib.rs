@@ -3,8 +3,9 @@
 //!
 //! Payload: `{"lock": "demo-lock", "holder": "<$$.Execution.Id>", "acquisition": "<id>"}`.
 //! Answer: `{"released": bool, "outcome": "released"|"not_held", "count": n}`.
-//! Errors: `SemaphoreInvalidInput` (nothing written), `SemaphoreContention` (retry),
-//! `SemaphoreStoreError`.
+//! One write, no read, no condition: a retried or duplicated release frees nothing more and only
+//! moves the version. Errors: `SemaphoreInvalidInput` (nothing written), `SemaphoreOldFormat`
+//! (the lock's item is of version 1; nothing written), `SemaphoreStoreError` (retry).
 
 use lambda_common::{HandlerError, Payload};
 use lambda_runtime::LambdaEvent;

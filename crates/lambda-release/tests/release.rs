@@ -5,8 +5,12 @@ use std::collections::BTreeSet;
 
 use lambda_common::Settings;
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
-use semaphore_core::{AcquireOutcome, DynamoStore, FenceReason, Limit, LockName, Semaphore};
+use semaphore_core::{
+    AcquireOutcome, DynamoStore, FenceKey, FenceReason, Limit, LockName, Semaphore, SemaphoreItem,
+};
+use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::names::id;
+use semaphore_tests::observe::raw_item;
 use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
 
@@ -42,6 +46,16 @@ fn lock() -> LockName {
     LockName::new("demo-lock").unwrap()
 }
 
+/// Every item of the table, each read correctly.
+async fn items(sem: &Semaphore<DynamoStore>) -> Vec<SemaphoreItem> {
+    sem.list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|item| item.expect("an item of this version"))
+        .collect()
+}
+
 #[tokio::test]
 async fn the_state_machines_payload_releases_once_and_then_answers_not_held() {
     let sem = semaphore().await;
@@ -66,15 +80,24 @@ async fn the_state_machines_payload_releases_once_and_then_answers_not_held() {
     assert_eq!(first["outcome"], json!("released"));
     assert_eq!(first["count"], json!(1));
 
-    // A retried release (the response was lost) is a no-op with the same count.
+    // A retried release (the response was lost) frees nothing and answers with the same count.
+    // Version 1 read first and then wrote nothing; version 2's release never reads, so it sends
+    // its one write again, which is idempotent: it removes a holder that is already gone and
+    // adds a fence that is already there. Only the version moves, by one.
+    let before = sem.status(&lock()).await.unwrap();
     let again = release(&sem, payload()).await.unwrap();
     assert_eq!(
         again,
         json!({"released": false, "outcome": "not_held", "count": 1})
     );
     let item = sem.status(&lock()).await.unwrap();
-    assert_eq!(item.count(), 1);
+    assert_eq!(item.version.0, before.version.0 + 1);
+    assert_eq!(
+        (&item.holders, &item.fences.len(), &item.limit),
+        (&before.holders, &before.fences.len(), &before.limit)
+    );
     assert!(item.holders.contains_key(&id(other, "a2")));
+    assert!(item.is_fenced(&FenceKey::acquisition(&id(HOLDER, ACQUISITION))));
 
     // The acquisition is fenced: a late attempt of the same acquire cannot take a slot (F3).
     assert_eq!(
@@ -108,7 +131,7 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
     sem.acquire(&lock(), &id(HOLDER, ACQUISITION), Limit::new(5).unwrap())
         .await
         .unwrap();
-    let before = sem.list().await.unwrap();
+    let before = items(&sem).await;
 
     let without = |field: &str| {
         let mut p = payload();
@@ -159,5 +182,25 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
         assert_eq!(err.error_type, "SemaphoreInvalidInput", "{bad}");
         assert_eq!(err.error_message, message, "{bad}");
     }
-    assert_eq!(sem.list().await.unwrap(), before, "nothing was written");
+    assert_eq!(items(&sem).await, before, "nothing was written");
+}
+
+#[tokio::test]
+async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is_written() {
+    let sem = semaphore().await;
+    let (client, table) = (sem.store().client(), sem.store().table());
+    let v1 = put_version_1_item(client, table, "demo-lock", HOLDER, ACQUISITION).await;
+    let err = release(&sem, payload()).await.unwrap_err();
+    assert_eq!(err.error_type, "SemaphoreOldFormat");
+    assert!(
+        err.error_message
+            .contains("\"demo-lock\" was written by version 1"),
+        "{}",
+        err.error_message
+    );
+    assert_eq!(
+        raw_item(client, table, "demo-lock").await,
+        Some(v1),
+        "the version-1 item is left exactly as it was"
+    );
 }

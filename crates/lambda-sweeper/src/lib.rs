@@ -137,18 +137,15 @@ pub struct Sweeper<S, E> {
 }
 
 impl Sweeper<DynamoStore, SfnExecutions> {
-    /// From `TABLE_NAME`, `FENCE_WINDOW_SECONDS`, `TOPIC_ARN` (required), `METRIC_NAMESPACE`
+    /// From `TABLE_NAME`, the timing (`ACQUIRE_HORIZON_SECONDS`, `CLOCK_SKEW_SECONDS`),
+    /// `TOPIC_ARN` (required), `METRIC_NAMESPACE`
     /// (default [`DEFAULT_NAMESPACE`]) and `STATE_MACHINE_ARN` (optional: the lock-protected
     /// machine whose executions are judged).
     pub fn from_settings<F: Fn(&str) -> Option<String>>(
         settings: &Settings<F>,
         sdk: &aws_config::SdkConfig,
     ) -> Result<Self, ConfigError> {
-        // Unlike the other functions, a sweep's cleanups follow its own scan of the table: with
-        // the item cache each reclaimed slot costs one conditional write and no read.
-        let semaphore = settings
-            .semaphore(sdk)?
-            .with_item_cache(semaphore_core::DEFAULT_ITEM_CACHE_LOCKS);
+        let semaphore = settings.semaphore(sdk)?;
         let topic_arn = settings.required(
             "TOPIC_ARN",
             "set it to the ARN of the SNS topic that gets a notice per reclaimed slot",

@@ -3,16 +3,21 @@
 //! queue subscribed to the topic and checked field by field, and the EMF line is checked.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use lambda_common::Settings;
 use lambda_runtime::{Context, LambdaEvent};
 use lambda_sweeper::{Notice, SfnExecutions, Sweeper};
-use semaphore_core::{AcquireOutcome, DynamoStore, FenceReason, Limit, LockName, Semaphore};
+use semaphore_core::{
+    AcquireOutcome, DynamoStore, FenceReason, HolderId, Limit, LockName, ManualClock, Semaphore,
+};
+use semaphore_tests::counter::RequestCounter;
+use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::names::id;
-use semaphore_tests::observe::observe;
-use semaphore_tests::{fresh_table, sdk_config};
+use semaphore_tests::observe::{observe, raw_item};
+use semaphore_tests::{endpoint, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 const ACCOUNT_REGION: &str = "us-east-1:123456789012";
@@ -465,6 +470,149 @@ async fn what_cannot_be_checked_or_announced_is_reported_without_failing_the_swe
         left.holders.keys().cloned().collect::<Vec<_>>(),
         [id(unknown, "u1")]
     );
+}
+
+/// A sweep reads the table once (one `Scan`) and reclaims through the same cleanup as the
+/// cleanup function: per ended execution one write that fences it and one that frees the slots
+/// the fence's answer showed. No read per holder, no conflict.
+#[tokio::test]
+async fn a_sweep_reads_the_table_once_and_reclaims_with_two_writes_per_ended_execution() {
+    let local = local().await;
+    let table = fresh_table().await.table().to_owned();
+    let counter = RequestCounter::new();
+    let mut sweeper = local.sweeper(&table);
+    sweeper.semaphore = Semaphore::new(DynamoStore::new(
+        counter.dynamodb_client(endpoint()),
+        &table,
+    ))
+    .with_timing(sweeper.semaphore.timing());
+    let running = local.start("running").await;
+    let missing = |name: &str| {
+        format!(
+            "arn:aws:states:{ACCOUNT_REGION}:execution:{}:{name}",
+            local.machine_name
+        )
+    };
+    let sem = &sweeper.semaphore;
+    take(sem, "demo-lock", &running, "r1").await;
+    take(sem, "demo-lock", &missing("gone-1"), "x1").await;
+    take(sem, "demo-lock", &missing("gone-1"), "x2").await;
+    take(sem, "demo-lock", &missing("gone-2"), "y1").await;
+    counter.take();
+
+    let result = sweeper.sweep().await.unwrap();
+    assert_eq!(result.summary.reclaimed, 3);
+    assert!(
+        result.summary.errors.is_empty(),
+        "{:?}",
+        result.summary.errors
+    );
+    let sent = counter.take();
+    assert_eq!(
+        sent.requests,
+        BTreeMap::from([
+            ("DynamoDB.Scan".to_owned(), 1),
+            // gone-1: fence, free both slots; gone-2: fence, free. (The lock had no fence when
+            // it was scanned: nothing to rotate.)
+            ("DynamoDB.UpdateItem".to_owned(), 4),
+        ])
+    );
+    assert_eq!(sent.total_failed(), 0);
+    let left = sem
+        .status(&LockName::new("demo-lock").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        left.holders.keys().cloned().collect::<Vec<_>>(),
+        [id(&running, "r1")]
+    );
+}
+
+/// A lock that went quiet gets no release or cleanup busy enough to rotate its fences: the sweeps
+/// rotate whatever is due, at most once a window, so its fences are gone a window after the first
+/// sweep that finds them.
+#[tokio::test]
+async fn sweeps_rotate_the_fences_of_a_lock_that_went_quiet() {
+    let local = local().await;
+    let table = fresh_table().await.table().to_owned();
+    let clock = Arc::new(ManualClock::new(now_ms()));
+    let mut sweeper = local.sweeper(&table);
+    sweeper.semaphore = sweeper.semaphore.clone().with_clock(clock.clone());
+    let sem = &sweeper.semaphore;
+    let window = u64::try_from(sem.timing().window().as_millis()).unwrap();
+    let quiet = LockName::new("quiet").unwrap();
+    let fences = || async { sem.status(&quiet).await.unwrap().fences };
+
+    // The lock's last writes: a release and a cleanup, two young fences (too few for a writer
+    // to rotate them).
+    sem.release(&quiet, &id("operator-1", "r1")).await.unwrap();
+    sem.cleanup(&quiet, &HolderId::new("operator-2").unwrap())
+        .await
+        .unwrap();
+    let before = fences().await;
+    assert_eq!((before.young.len(), before.rotated_at_ms), (2, None));
+
+    let sweep = || async {
+        let summary = sweeper.sweep().await.unwrap().summary;
+        assert_eq!((summary.reclaimed, summary.errors.len()), (0, 0));
+    };
+    sweep().await;
+    let first = fences().await;
+    assert_eq!(
+        (first.young.len(), first.old.len()),
+        (0, 2),
+        "the first sweep rotates them: kept, now old"
+    );
+    clock.advance_ms(window - 1);
+    sweep().await;
+    assert_eq!(
+        fences().await.len(),
+        2,
+        "less than a window since that rotation"
+    );
+    clock.advance_ms(1);
+    sweep().await;
+    assert!(
+        fences().await.is_empty(),
+        "a window later the next sweep drops them"
+    );
+}
+
+/// Version 2 does not read version 1's items: the sweep names such an item in its errors, leaves
+/// it exactly as it is (its holders are not judged), and sweeps every other lock.
+#[tokio::test]
+async fn a_version_1_item_is_reported_and_left_alone_and_the_other_locks_are_swept() {
+    let local = local().await;
+    let table = fresh_table().await.table().to_owned();
+    let sweeper = local.sweeper(&table);
+    let sem = &sweeper.semaphore;
+    let gone = format!(
+        "arn:aws:states:{ACCOUNT_REGION}:execution:{}:never-started",
+        local.machine_name
+    );
+    let v1 = put_version_1_item(sem.store().client(), &table, "old-lock", &gone, "g0").await;
+    take(sem, "demo-lock", &gone, "g1").await;
+
+    let summary = sweeper.sweep().await.unwrap().summary;
+    assert_eq!(summary.locks, 2);
+    assert_eq!(summary.largest_item_lock.as_deref(), Some("demo-lock"));
+    assert_eq!(summary.holders_checked, 1);
+    assert_eq!(summary.reclaimed, 1);
+    assert_eq!(summary.errors.len(), 1, "{:?}", summary.errors);
+    assert!(
+        summary.errors[0].starts_with("the item for lock \"old-lock\" was written by version 1"),
+        "{:?}",
+        summary.errors
+    );
+    assert_eq!(
+        raw_item(sem.store().client(), &table, "old-lock").await,
+        Some(v1)
+    );
+    let demo = sem
+        .status(&LockName::new("demo-lock").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(demo.count(), 0);
 }
 
 #[test]

@@ -235,7 +235,7 @@ impl Watch {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<bool, String>>,
     {
-        let deadline = Instant::now() + args.hold_for() + args.event_chaos().late_by + grace;
+        let deadline = Instant::now() + args.longest_hold() + args.event_chaos().late_by + grace;
         loop {
             let writes_settled = self.proxy.stats().settled();
             let deliveries_settled = self
@@ -273,6 +273,7 @@ impl Watch {
             lock: self.item.lock.clone(),
             limit: args.limit as usize,
             hold_seconds: args.hold_seconds,
+            long_hold_seconds: args.long_hold_for().map(|d| d.as_secs_f64()),
             holders_when_all_ended,
             leaked_slots_at_end: leaked.len(),
             leaked_holders: leaked,

@@ -35,7 +35,7 @@ use crate::procs::Supervisor;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Protocol {
-    /// This project: versioned, fenced writes, cleanup machine and sweeper.
+    /// This project: versioned, fenced conditional writes, cleanup machine and sweeper.
     Versioned,
     /// TEST-ONLY: the original AWS sample's protocol, to show the leak it has.
     Reference,
@@ -73,9 +73,16 @@ pub struct Args {
     /// Share of executions stopped while they hold a slot.
     #[arg(long, default_value_t = 0.05)]
     pub stop_mid_work: f64,
-    /// How long the delaying proxy holds such an acquire write, in seconds.
+    /// How long the delaying proxy holds such an acquire write, in seconds: long enough for the
+    /// execution's cleanup to land first (the seed race), so its fence must refuse the write.
     #[arg(long, default_value_t = 4.0)]
     pub hold_seconds: f64,
+    /// Every second held write is held this long instead (0: none). The default is past two
+    /// fence windows at the template's defaults (8 s horizon + 2 s clock skew), so the fences
+    /// the write had to meet are rotated out before it lands: only the horizon can refuse it.
+    /// Our protocol only; the sample's has no fences to outlast.
+    #[arg(long, default_value_t = 30.0)]
+    pub long_hold_seconds: f64,
     /// Share of status-change events never delivered.
     #[arg(long, default_value_t = 0.15)]
     pub drop_events: f64,
@@ -147,6 +154,18 @@ impl Args {
         Duration::from_secs_f64(self.hold_seconds)
     }
 
+    /// How long every second held write is held instead, if any (our protocol only).
+    pub fn long_hold_for(&self) -> Option<Duration> {
+        (self.protocol == Protocol::Versioned && self.long_hold_seconds > 0.0)
+            .then(|| Duration::from_secs_f64(self.long_hold_seconds))
+    }
+
+    /// The longest any write is held.
+    pub fn longest_hold(&self) -> Duration {
+        self.hold_for()
+            .max(self.long_hold_for().unwrap_or_default())
+    }
+
     /// (fail, stop mid-acquire, stop mid-work) shares.
     pub fn shares(&self) -> (f64, f64, f64) {
         if self.calm {
@@ -177,6 +196,7 @@ impl Args {
         }
         for (name, v) in [
             ("--hold-seconds", self.hold_seconds),
+            ("--long-hold-seconds", self.long_hold_seconds),
             ("--late-by", self.late_by),
             ("--sweep-every", self.sweep_every),
         ] {

@@ -1,6 +1,7 @@
 //! An independent poller of the table: reads the raw lock item (consistent `GetItem`) many
-//! times a second, decoded here without the product's decoder, and records who holds a slot.
-//! The invariant checks are made on what it saw, not on what the Lambdas say.
+//! times a second, decoded here without the product's decoder, and records who holds a slot
+//! and whether the item is consistent. The invariant checks are made on what it saw, not on
+//! what the Lambdas say.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -13,20 +14,28 @@ use tokio::sync::watch;
 /// The item layout to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// Ours: `holders` map keyed `<holder>#<acquisition>`, and `count`.
+    /// Ours (item format 2): `holders` map keyed `<holder>#<acquisition>`, each entry one number
+    /// `acquired_at_ms * 10^15 + token`; `version`; no stored count (the acquire's condition
+    /// counts the map).
     Versioned,
     /// The original sample's: `count` and one `holder:<execution>` attribute per holder.
     Reference,
 }
+
+/// The token part of a packed holder entry (its last 15 digits).
+const TOKEN_SPAN: u128 = 1_000_000_000_000_000;
 
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct PollStats {
     pub reads: u64,
     pub read_errors: u64,
     pub max_holders: usize,
-    /// Reads where the stored count differed from the number of holders.
-    pub count_mismatches: u64,
-    pub first_mismatch: Option<String>,
+    /// Reads of an inconsistent item. Ours: not format 2, a holder entry that is not a
+    /// packed number, a token above the version, or two holders with one token (every write
+    /// bumps the version and a token is the version its acquire made). The sample's: a stored
+    /// count that differs from the number of holders.
+    pub inconsistent_reads: u64,
+    pub first_inconsistency: Option<String>,
     pub holders_now: usize,
     /// (seconds since start, holders) each time the number changed.
     pub timeline: Vec<(f64, usize)>,
@@ -43,34 +52,72 @@ pub fn now_ms() -> i64 {
         .unwrap_or_default()
 }
 
-/// Holders (execution ARNs, one per slot) and the stored count of a raw item.
+/// Holders (execution ARNs, one per slot) of a raw item, and what is inconsistent in it, if
+/// anything.
 pub fn decode(
     layout: Layout,
     item: &std::collections::HashMap<String, AttributeValue>,
-) -> (Vec<String>, Option<i64>) {
-    let count = item
-        .get("count")
-        .and_then(|v| v.as_n().ok())
-        .and_then(|n| n.parse().ok());
-    let holders = match layout {
-        Layout::Versioned => item
-            .get("holders")
-            .and_then(|v| v.as_m().ok())
-            .map(|m| {
-                // Keys are `<holder>#<acquisition>`; acquisition ids have no '#'. A key without
-                // one is kept whole, so it still counts as a holder and shows up in the report.
-                m.keys()
-                    .map(|key| key.rsplit_once('#').map_or(key.as_str(), |(h, _)| h))
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default(),
-        Layout::Reference => item
-            .keys()
-            .filter_map(|k| k.strip_prefix("holder:").map(str::to_owned))
-            .collect(),
+) -> (Vec<String>, Option<String>) {
+    let number = |name: &str| -> Option<u128> {
+        item.get(name)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|n| n.parse().ok())
     };
-    (holders, count)
+    match layout {
+        Layout::Versioned => {
+            let entries = item.get("holders").and_then(|v| v.as_m().ok());
+            // Keys are `<holder>#<acquisition>`; acquisition ids have no '#'. A key without
+            // one is kept whole, so it still counts as a holder and shows up in the report.
+            let holders = entries
+                .map(|m| {
+                    m.keys()
+                        .map(|key| key.rsplit_once('#').map_or(key.as_str(), |(h, _)| h))
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let problem = match (number("format"), number("version"), entries) {
+                (format, _, _) if format != Some(2) => {
+                    Some(format!("format {:?}, not 2", item.get("format")))
+                }
+                (_, Some(version), Some(entries)) => token_problem(version, entries),
+                _ => Some("no version or no holders map".to_owned()),
+            };
+            (holders, problem)
+        }
+        Layout::Reference => {
+            let holders: Vec<String> = item
+                .keys()
+                .filter_map(|k| k.strip_prefix("holder:").map(str::to_owned))
+                .collect();
+            let count = number("count");
+            let problem = (count != Some(holders.len() as u128))
+                .then(|| format!("count {count:?} with {} holders", holders.len()));
+            (holders, problem)
+        }
+    }
+}
+
+/// What is wrong with our holder entries, if anything: each must be a packed number whose token
+/// is one the version has reached, and no two may share one.
+fn token_problem(
+    version: u128,
+    entries: &std::collections::HashMap<String, AttributeValue>,
+) -> Option<String> {
+    let mut tokens = BTreeMap::new();
+    for (key, value) in entries {
+        let Some(packed) = value.as_n().ok().and_then(|n| n.parse::<u128>().ok()) else {
+            return Some(format!("holder {key} is {value:?}, not a number"));
+        };
+        let token = packed % TOKEN_SPAN;
+        if token == 0 || token > version {
+            return Some(format!("holder {key} has token {token}, version {version}"));
+        }
+        if let Some(other) = tokens.insert(token, key) {
+            return Some(format!("holders {other} and {key} share token {token}"));
+        }
+    }
+    None
 }
 
 pub struct Poller {
@@ -109,17 +156,16 @@ impl Poller {
                         Err(_) => stats.read_errors += 1,
                         Ok(out) => {
                             stats.reads += 1;
-                            let (holders, count) = out
+                            let (holders, problem) = out
                                 .item
                                 .as_ref()
                                 .map(|item| decode(layout, item))
                                 .unwrap_or_default();
                             let n = holders.len();
-                            if out.item.is_some() && count != Some(n as i64) {
-                                stats.count_mismatches += 1;
-                                if stats.first_mismatch.is_none() {
-                                    stats.first_mismatch =
-                                        Some(format!("count {count:?} with {n} holders"));
+                            if let Some(problem) = problem {
+                                stats.inconsistent_reads += 1;
+                                if stats.first_inconsistency.is_none() {
+                                    stats.first_inconsistency = Some(problem);
                                 }
                             }
                             for holder in &holders {
@@ -151,5 +197,81 @@ impl Poller {
 
     pub fn stop(&self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn n(v: &str) -> AttributeValue {
+        AttributeValue::N(v.to_owned())
+    }
+
+    fn ours(version: &str, holders: &[(&str, &str)]) -> HashMap<String, AttributeValue> {
+        HashMap::from([
+            ("lock".to_owned(), AttributeValue::S("l".to_owned())),
+            ("format".to_owned(), n("2")),
+            ("version".to_owned(), n(version)),
+            (
+                "holders".to_owned(),
+                AttributeValue::M(
+                    holders
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), n(v)))
+                        .collect(),
+                ),
+            ),
+        ])
+    }
+
+    #[test]
+    fn reads_our_holders_and_checks_tokens_against_the_version() {
+        let item = ours(
+            "7",
+            &[
+                ("arn:x:run-1#a-1", "1767225600000000000000000003"),
+                ("arn:x:run-2#a-9", "1767225600001000000000000007"),
+            ],
+        );
+        let (mut holders, problem) = decode(Layout::Versioned, &item);
+        holders.sort();
+        assert_eq!(holders, ["arn:x:run-1", "arn:x:run-2"]);
+        assert_eq!(problem, None);
+        // A token the version has not reached yet, and two holders with one token.
+        let ahead = ours("7", &[("a#1", "1767225600000000000000000008")]);
+        assert!(decode(Layout::Versioned, &ahead)
+            .1
+            .unwrap()
+            .contains("token 8"));
+        let shared = ours("7", &[("a#1", "5"), ("b#1", "1000000000000005")]);
+        assert!(decode(Layout::Versioned, &shared)
+            .1
+            .unwrap()
+            .contains("share token 5"));
+        // An item of another format (version 1 stored a count and no format).
+        let mut old = ours("7", &[]);
+        old.remove("format");
+        old.insert("count".to_owned(), n("0"));
+        assert!(decode(Layout::Versioned, &old).1.unwrap().contains("not 2"));
+    }
+
+    #[test]
+    fn reads_the_samples_holders_and_checks_its_count() {
+        let item = HashMap::from([
+            ("count".to_owned(), n("1")),
+            ("holder:arn:x".to_owned(), n("5")),
+        ]);
+        assert_eq!(
+            decode(Layout::Reference, &item),
+            (vec!["arn:x".to_owned()], None)
+        );
+        let item = HashMap::from([
+            ("count".to_owned(), n("2")),
+            ("holder:arn:x".to_owned(), n("5")),
+        ]);
+        assert!(decode(Layout::Reference, &item).1.is_some());
     }
 }

@@ -4,25 +4,32 @@
 //! the server directly. The proxy forwards each request as is, except the acquire *write* of an
 //! execution the run chose for "stopped mid-acquire": that write is held for a few seconds
 //! while the runner stops the execution (so its status event and the cleanup race the write),
-//! then sent on. What the server answers to each held write is recorded: accepted, or refused
-//! by the version check (a stale write).
+//! then sent on; every second one, optionally, for longer than two fence windows (so the fences
+//! it had to meet are rotated out before it lands, and the horizon is what refuses it). What the
+//! server answers to each held write is recorded: landed, or refused, and why, read from the
+//! item the refusal hands back: by a fence (a cleanup landed first), by the horizon (the fences
+//! rotated after the request's horizon), or otherwise (the lock was full, or the identity
+//! already held a slot).
 //!
-//! The forwarding itself is the test harness's proxy (`semaphore_tests::proxy`); this is its
-//! policy.
+//! The forwarding itself is the test harness's proxy (`semaphore_tests::proxy`), and so is the
+//! recognition of our writes and of the checks an acquire makes; this is its policy.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use semaphore_core::Identity;
-use semaphore_tests::proxy::{ForwardingProxy, Policy, Verdict};
-use serde_json::Value;
+use semaphore_core::{FenceKey, Identity};
+use semaphore_tests::proxy::{recognise, ForwardingProxy, Policy, ProtocolWrite, Verdict};
+use semaphore_tests::wire;
+use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 /// Which protocol's acquire write to recognise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteKind {
-    /// Ours: `PutItem` of the whole item; the new holder's token equals the item's version.
+    /// Ours: an `UpdateItem` that sets a holder-map entry from the version
+    /// (`SET ... #holders.#h0 = #version + :vN`, `#h0` naming `<execution>#<acquisition>`), or,
+    /// as a lock's first write, the `PutItem` of the item that write makes.
     Versioned,
     /// The original sample's: `UpdateItem` with `#h` naming the `holder:<execution>` attribute.
     Reference,
@@ -33,50 +40,244 @@ pub struct ProxyStats {
     pub forwarded: u64,
     /// Acquire writes held in flight.
     pub held: u64,
+    /// Of those, the ones held for the long time.
+    pub held_long: u64,
     /// Held writes the server accepted when they finally arrived.
     pub landed: u64,
-    /// Held writes refused by their condition (for ours: the version moved on).
-    pub rejected_stale: u64,
+    /// Held writes refused because their execution or acquisition was fenced when they landed
+    /// (a cleanup or release landed first).
+    pub refused_by_fence: u64,
+    /// Held writes refused because the fences rotated after their request's horizon: they
+    /// could have missed a fence the rotation dropped.
+    pub refused_by_horizon: u64,
+    /// Held writes refused for another reason: the lock was full, or the identity already held
+    /// a slot (for the sample's protocol: every refusal, it has no fences).
+    pub refused_otherwise: u64,
     pub other_outcome: u64,
+    /// One line per answered held write: whose, how long it was held, what became of it.
+    pub writes: Vec<String>,
 }
 
 impl ProxyStats {
+    pub fn refused(&self) -> u64 {
+        self.refused_by_fence + self.refused_by_horizon + self.refused_otherwise
+    }
+
     /// Every held write has had its answer.
     pub fn settled(&self) -> bool {
-        self.held == self.landed + self.rejected_stale + self.other_outcome
+        self.held == self.landed + self.refused() + self.other_outcome
+    }
+}
+
+/// What a held acquire write asks for, as read from its request: enough to tell from the item a
+/// refusal hands back which of its checks failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HeldWrite {
+    holder: String,
+    /// The holder-map key (ours) or the attribute (the sample's) the write would set.
+    slot: String,
+    /// Fence keys that refuse it: the execution's and the acquisition's. Empty for the sample's
+    /// protocol, and for a lock's first write (the put checks only that there is no item).
+    fences: Vec<FenceKey>,
+    /// The acquire's horizon: refused if the stored `rotated_at` is at or after it.
+    deadline_ms: Option<u64>,
+    /// The limit its condition checks (`size(#holders) < :vN`); `None` for the sample's and for
+    /// a lock's first write.
+    limit: Option<usize>,
+}
+
+/// Why a refused held write was refused, checked in the order the acquire's answer names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    Fence,
+    Horizon,
+    Otherwise,
+}
+
+impl HeldWrite {
+    /// Which check failed on `item` (the item as it was when the write was refused), if this
+    /// write's checks fail there at all.
+    fn refusal(&self, item: &Map<String, Value>) -> Option<Refusal> {
+        let fenced = ["young", "old"].iter().any(|generation| {
+            item.get(*generation)
+                .and_then(wire::fence_keys)
+                .is_some_and(|keys| keys.iter().any(|key| self.fences.contains(key)))
+        });
+        if fenced {
+            return Some(Refusal::Fence);
+        }
+        let rotated_at = item.get("rotated_at").and_then(wire::number);
+        if let (Some(deadline), Some(rotated)) = (self.deadline_ms, rotated_at) {
+            if rotated >= u128::from(deadline) {
+                return Some(Refusal::Horizon);
+            }
+        }
+        // The sample's holders are attributes; ours are entries of the `holders` map.
+        let holders = item
+            .get("holders")
+            .and_then(|h| h.get("M"))
+            .and_then(Value::as_object);
+        let holding =
+            item.contains_key(&self.slot) || holders.is_some_and(|m| m.contains_key(&self.slot));
+        // Without the limit (the sample's write, a put), any refusal left is "full or held".
+        let full = self
+            .limit
+            .is_none_or(|limit| holders.map_or(0, Map::len) >= limit);
+        (holding || full).then_some(Refusal::Otherwise)
+    }
+}
+
+/// An execution whose next acquire write is to be held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// Not held yet: hold its write and tell the stopper.
+    Armed,
+    /// Its write was refused for want of an item (the lock's first write): hold the put that
+    /// follows as long as that write was held, without telling the stopper again.
+    Rearmed { long: bool },
+}
+
+/// A write being held, and when it was let go (its answer comes back just after).
+#[derive(Debug, Clone)]
+struct Pending {
+    write: HeldWrite,
+    long: bool,
+    let_go_at: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    targets: BTreeMap<String, Target>,
+    /// Held writes still waiting for their answer.
+    pending: Vec<Pending>,
+    stats: ProxyStats,
+}
+
+impl State {
+    /// The held write an answer belongs to. The proxy's callback does not say which request an
+    /// answer is for, so: among the writes already let go (else all), the one let go first
+    /// whose checks `fit` the item handed back, else the one let go first. Writes held alike
+    /// are let go in the order they came, so this is exact unless two are let go at once.
+    fn take(&mut self, fits: impl Fn(&HeldWrite) -> bool) -> Option<Pending> {
+        let now = Instant::now();
+        let mut order: Vec<usize> = (0..self.pending.len())
+            .filter(|&i| self.pending[i].let_go_at <= now)
+            .collect();
+        if order.is_empty() {
+            order = (0..self.pending.len()).collect();
+        }
+        order.sort_by_key(|&i| self.pending[i].let_go_at);
+        let chosen = order
+            .iter()
+            .copied()
+            .find(|&i| fits(&self.pending[i].write))
+            .or_else(|| order.first().copied())?;
+        Some(self.pending.remove(chosen))
     }
 }
 
 struct DelayAcquireWrites {
     kind: WriteKind,
     hold_for: Duration,
-    /// Executions whose next acquire write is to be held (each once).
-    targets: Mutex<BTreeSet<String>>,
-    stats: Mutex<ProxyStats>,
+    /// Every second held write is held this long instead.
+    long_hold_for: Option<Duration>,
+    state: Mutex<State>,
     held_tx: mpsc::UnboundedSender<String>,
 }
 
 impl Policy for DelayAcquireWrites {
     fn decide(&self, operation: Option<&str>, body: &[u8]) -> Verdict {
-        let Some(holder) = acquiring_holder(self.kind, operation, body) else {
+        let Some(write) = acquire_write(self.kind, operation, body) else {
             return Verdict::Forward;
         };
-        if !self.targets.lock().expect("proxy lock").remove(&holder) {
+        let mut state = self.state.lock().expect("proxy lock");
+        let Some(target) = state.targets.remove(&write.holder) else {
             return Verdict::Forward;
-        }
-        self.stats.lock().expect("proxy lock").held += 1;
-        let _ = self.held_tx.send(holder);
-        Verdict::Delay(self.hold_for)
+        };
+        state.stats.held += 1;
+        let long = match target {
+            Target::Armed => {
+                let _ = self.held_tx.send(write.holder.clone());
+                self.long_hold_for.is_some() && state.stats.held.is_multiple_of(2)
+            }
+            Target::Rearmed { long } => long,
+        };
+        let hold = match (long, self.long_hold_for) {
+            (true, Some(long_hold)) => {
+                state.stats.held_long += 1;
+                long_hold
+            }
+            _ => self.hold_for,
+        };
+        state.pending.push(Pending {
+            write,
+            long,
+            let_go_at: Instant::now() + hold,
+        });
+        Verdict::Delay(hold)
     }
 
     fn answered(&self, status: u16, body: &[u8]) {
-        let mut stats = self.stats.lock().expect("proxy lock");
-        if status == 200 {
-            stats.landed += 1;
-        } else if String::from_utf8_lossy(body).contains("ConditionalCheckFailed") {
-            stats.rejected_stale += 1;
+        let mut state = self.state.lock().expect("proxy lock");
+        let answer: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let refused = status != 200
+            && answer["__type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("ConditionalCheckFailedException"));
+        // The item as it was before a write that landed (`ALL_OLD`; none for a put), or as it
+        // was when one was refused.
+        let item = answer
+            .get(if refused { "Item" } else { "Attributes" })
+            .and_then(Value::as_object);
+        if refused && item.is_none() {
+            // Refused for want of an item: the write was the lock's first, and the Lambda puts
+            // the item next. Hold that put instead, so the race is still the one planned.
+            if let Some(p) = state.take(|_| true) {
+                state.stats.held -= 1;
+                state.stats.held_long -= u64::from(p.long && self.long_hold_for.is_some());
+                state
+                    .targets
+                    .insert(p.write.holder, Target::Rearmed { long: p.long });
+            }
+            return;
+        }
+        let (taken, fate) = if status == 200 {
+            let taken = state.take(|w| item.is_none_or(|item| w.refusal(item).is_none()));
+            state.stats.landed += 1;
+            (taken, "landed")
+        } else if let Some(item) = item {
+            let taken = state.take(|w| w.refusal(item).is_some());
+            let why = taken
+                .as_ref()
+                .and_then(|p| p.write.refusal(item))
+                .unwrap_or(Refusal::Otherwise);
+            let fate = match why {
+                Refusal::Fence => {
+                    state.stats.refused_by_fence += 1;
+                    "refused by a fence"
+                }
+                Refusal::Horizon => {
+                    state.stats.refused_by_horizon += 1;
+                    "refused by the horizon"
+                }
+                Refusal::Otherwise => {
+                    state.stats.refused_otherwise += 1;
+                    "refused (full or already held)"
+                }
+            };
+            (taken, fate)
         } else {
-            stats.other_outcome += 1;
+            let taken = state.take(|_| true);
+            state.stats.other_outcome += 1;
+            (taken, "answered otherwise")
+        };
+        if let Some(p) = taken {
+            let held = if p.long { "long" } else { "short" };
+            let line = format!(
+                "{} (held {held}): {fate}",
+                crate::report::short(&p.write.holder)
+            );
+            state.stats.writes.push(line);
         }
     }
 }
@@ -90,13 +291,14 @@ impl DelayProxy {
         upstream: &str,
         kind: WriteKind,
         hold_for: Duration,
+        long_hold_for: Option<Duration>,
     ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<String>), String> {
         let (held_tx, held_rx) = mpsc::unbounded_channel();
         let policy = DelayAcquireWrites {
             kind,
             hold_for,
-            targets: Mutex::new(BTreeSet::new()),
-            stats: Mutex::new(ProxyStats::default()),
+            long_hold_for,
+            state: Mutex::new(State::default()),
             held_tx,
         };
         let proxy = ForwardingProxy::with_policy(upstream, policy).await?;
@@ -111,104 +313,388 @@ impl DelayProxy {
     pub fn target(&self, execution: &str) {
         self.0
             .policy()
-            .targets
+            .state
             .lock()
             .expect("proxy lock")
-            .insert(execution.to_owned());
+            .targets
+            .insert(execution.to_owned(), Target::Armed);
     }
 
     pub fn stats(&self) -> ProxyStats {
         ProxyStats {
             forwarded: self.0.forwarded(),
-            ..self.0.policy().stats.lock().expect("proxy lock").clone()
+            ..self
+                .0
+                .policy()
+                .state
+                .lock()
+                .expect("proxy lock")
+                .stats
+                .clone()
         }
     }
 }
 
-/// The execution an acquire write is made for, if this request is one.
-fn acquiring_holder(kind: WriteKind, operation: Option<&str>, body: &[u8]) -> Option<String> {
-    let acquires_with = match kind {
-        WriteKind::Versioned => "PutItem",
-        WriteKind::Reference => "UpdateItem",
-    };
-    if operation != Some(acquires_with) {
-        return None;
-    }
-    let body: Value = serde_json::from_slice(body).ok()?;
+/// The acquire write this request is, if it is one: ours as the test harness recognises it,
+/// or the sample's.
+fn acquire_write(kind: WriteKind, operation: Option<&str>, body: &[u8]) -> Option<HeldWrite> {
     match kind {
-        WriteKind::Versioned => {
-            let item = body.get("Item")?;
-            let version = item.get("version")?.get("N")?.as_str()?;
-            item.get("holders")?
-                .get("M")?
-                .as_object()?
-                .iter()
-                .find_map(|(key, h)| {
-                    if h.get("M")?.get("token")?.get("N")?.as_str()? != version {
-                        return None;
-                    }
-                    let identity = Identity::from_slot_key(key).ok()?;
-                    Some(identity.holder.to_string())
-                })
-        }
+        WriteKind::Versioned => match recognise(operation, body)? {
+            ProtocolWrite::Acquire {
+                identity,
+                fences,
+                deadline_ms,
+                limit,
+            } => Some(HeldWrite {
+                fences,
+                deadline_ms,
+                limit,
+                ..HeldWrite::of(&identity)
+            }),
+            // The first write has nothing to meet: no fence, no rotation, and it is alone.
+            ProtocolWrite::Create {
+                acquiring: Some(identity),
+            } => Some(HeldWrite::of(&identity)),
+            _ => None,
+        },
         WriteKind::Reference => {
+            (operation? == "UpdateItem").then_some(())?;
+            let body: Value = serde_json::from_slice(body).ok()?;
             let update = body.get("UpdateExpression")?.as_str()?;
             if !update.contains("+ :one") {
                 return None;
             }
-            body.get("ExpressionAttributeNames")?
-                .get("#h")?
-                .as_str()?
-                .strip_prefix("holder:")
-                .map(str::to_owned)
+            let slot = body.get("ExpressionAttributeNames")?.get("#h")?.as_str()?;
+            Some(HeldWrite {
+                holder: slot.strip_prefix("holder:")?.to_owned(),
+                slot: slot.to_owned(),
+                fences: Vec::new(),
+                deadline_ms: None,
+                limit: None,
+            })
+        }
+    }
+}
+
+impl HeldWrite {
+    /// Ours, for `identity`, with no checks yet.
+    fn of(identity: &Identity) -> Self {
+        Self {
+            holder: identity.holder.to_string(),
+            slot: identity.slot_key(),
+            fences: Vec::new(),
+            deadline_ms: None,
+            limit: None,
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use semaphore_core::protocol::{self, Timing};
+    use semaphore_core::{AcquisitionId, HolderId, Limit, LockName, SemaphoreItem};
+    use semaphore_tests::wire::{attributes, put_body, update_body};
+    use serde_json::json;
+
     use super::*;
 
-    #[test]
-    fn recognises_the_acquire_write_of_each_protocol() {
-        let put = Some("PutItem");
-        let body = serde_json::json!({
-            "TableName": "t",
-            "Item": {
-                "version": {"N": "7"},
-                "holders": {"M": {
-                    "old#a": {"M": {"token": {"N": "3"}, "acquired_at": {"N": "1"}}},
-                    "new#b": {"M": {"token": {"N": "7"}, "acquired_at": {"N": "2"}}}
-                }}
-            }
-        });
-        let bytes = serde_json::to_vec(&body).unwrap();
-        assert_eq!(
-            acquiring_holder(WriteKind::Versioned, put, &bytes).as_deref(),
-            Some("new")
-        );
-        // A release writes no holder at the new version.
-        let release = serde_json::json!({"Item": {"version": {"N": "8"}, "holders": {"M": {}}}});
-        let bytes = serde_json::to_vec(&release).unwrap();
-        assert_eq!(acquiring_holder(WriteKind::Versioned, put, &bytes), None);
+    const ARN: &str = "arn:aws:states:us-east-1:123456789012:execution:m:run-007";
 
+    fn identity() -> Identity {
+        Identity::new(
+            HolderId::new(ARN).unwrap(),
+            AcquisitionId::new("5f1c-uuid").unwrap(),
+        )
+    }
+
+    fn lock() -> LockName {
+        LockName::new("demo-lock").unwrap()
+    }
+
+    fn acquire(requested_at_ms: u64) -> semaphore_core::Write {
+        protocol::acquire(
+            &lock(),
+            &identity(),
+            Limit::new(2).unwrap(),
+            requested_at_ms,
+            requested_at_ms + 500,
+            &Timing::default(),
+        )
+        .unwrap()
+    }
+
+    /// How each write is read (its fences, horizon and limit) is the harness's recogniser's,
+    /// tested there; this is which of them are held, and what a held one keeps.
+    #[test]
+    fn holds_our_acquire_as_an_update_or_as_a_locks_first_write_and_nothing_else() {
         let update = Some("UpdateItem");
-        let acquire = serde_json::json!({
+        let held = acquire_write(WriteKind::Versioned, update, &update_body(&acquire(1_000)))
+            .expect("the acquire write");
+        assert_eq!(
+            held,
+            HeldWrite {
+                holder: ARN.to_owned(),
+                slot: identity().slot_key(),
+                fences: vec![
+                    FenceKey::execution(&identity().holder),
+                    FenceKey::acquisition(&identity())
+                ],
+                deadline_ms: Some(9_000),
+                limit: Some(2),
+            },
+            "requested at 1 s, horizon 8 s"
+        );
+        // Release, cleanup and rotation set no holder entry.
+        let release = protocol::release(&lock(), &identity());
+        let cleanup = protocol::cleanup_fence(&lock(), &identity().holder);
+        let free = protocol::cleanup_free(&lock(), &[identity()]);
+        let mut item = SemaphoreItem::empty(lock());
+        item.fences.young.insert(FenceKey::acquisition(&identity()));
+        let rotation = protocol::rotation(&item, 60_000, &Timing::default()).unwrap();
+        for write in [&release, &cleanup, &free, &rotation] {
+            assert_eq!(
+                acquire_write(WriteKind::Versioned, update, &update_body(write)),
+                None,
+                "{write:?}"
+            );
+        }
+        // Only the protocol's own acquire operation counts.
+        let body = update_body(&acquire(1_000));
+        assert_eq!(acquire_write(WriteKind::Reference, update, &body), None);
+        assert_eq!(
+            acquire_write(WriteKind::Versioned, Some("GetItem"), &body),
+            None
+        );
+        // As a lock's first write: the put of the item it makes, which checks nothing more.
+        let put = Some("PutItem");
+        let held = acquire_write(WriteKind::Versioned, put, &put_body(&acquire(1_000)));
+        assert_eq!(held, Some(HeldWrite::of(&identity())));
+        assert_eq!(held.unwrap().holder, ARN);
+        // The first write of a lock made by a release holds nobody.
+        assert_eq!(
+            acquire_write(WriteKind::Versioned, put, &put_body(&release)),
+            None
+        );
+    }
+
+    #[test]
+    fn recognises_the_samples_acquire() {
+        let update = Some("UpdateItem");
+        let acquire = json!({
             "UpdateExpression": "SET #c = #c + :one, #h = :now",
             "ExpressionAttributeNames": {"#c": "count", "#h": "holder:arn:x"}
         });
         let bytes = serde_json::to_vec(&acquire).unwrap();
-        assert_eq!(
-            acquiring_holder(WriteKind::Reference, update, &bytes).as_deref(),
-            Some("arn:x")
-        );
-        // Only the protocol's own acquire operation counts.
-        assert_eq!(acquiring_holder(WriteKind::Versioned, update, &bytes), None);
-        let release = serde_json::json!({
+        let held = acquire_write(WriteKind::Reference, update, &bytes).unwrap();
+        assert_eq!(held.holder, "arn:x");
+        let release = json!({
             "UpdateExpression": "SET #c = #c - :one REMOVE #h",
             "ExpressionAttributeNames": {"#c": "count", "#h": "holder:arn:x"}
         });
         let bytes = serde_json::to_vec(&release).unwrap();
-        assert_eq!(acquiring_holder(WriteKind::Reference, update, &bytes), None);
+        assert_eq!(acquire_write(WriteKind::Reference, update, &bytes), None);
+    }
+
+    /// The refusal's reason, from the item as the refusal hands it back.
+    fn refusal_on(edit: impl FnOnce(&mut SemaphoreItem)) -> Option<Refusal> {
+        let held = acquire_write(
+            WriteKind::Versioned,
+            Some("UpdateItem"),
+            &update_body(&acquire(1_000)),
+        )
+        .unwrap();
+        let mut item = SemaphoreItem::empty(lock());
+        edit(&mut item);
+        held.refusal(&attributes(&semaphore_core::dynamo::encode(&item)))
+    }
+
+    #[test]
+    fn tells_a_refusal_by_a_fence_from_one_by_the_horizon_and_from_a_full_lock() {
+        let holding = |token| semaphore_core::Holding {
+            token: semaphore_core::FencingToken(token),
+            acquired_at_ms: 5,
+        };
+        let other =
+            |h: &str| Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new("a").unwrap());
+        assert_eq!(refusal_on(|_| {}), None, "every check holds");
+        assert_eq!(
+            refusal_on(|i| {
+                i.fences.old.insert(FenceKey::execution(&identity().holder));
+                // A rotation past the horizon too: the fence is what the answer names first.
+                i.fences.rotated_at_ms = Some(9_000);
+            }),
+            Some(Refusal::Fence)
+        );
+        assert_eq!(
+            refusal_on(|i| {
+                i.fences.young.insert(FenceKey::acquisition(&identity()));
+            }),
+            Some(Refusal::Fence)
+        );
+        assert_eq!(
+            refusal_on(|i| i.fences.rotated_at_ms = Some(9_000)),
+            Some(Refusal::Horizon)
+        );
+        assert_eq!(refusal_on(|i| i.fences.rotated_at_ms = Some(8_999)), None);
+        assert_eq!(
+            refusal_on(|i| {
+                i.holders.insert(other("x"), holding(1));
+                i.holders.insert(other("y"), holding(2));
+            }),
+            Some(Refusal::Otherwise),
+            "full"
+        );
+        assert_eq!(
+            refusal_on(|i| {
+                i.holders.insert(identity(), holding(1));
+            }),
+            Some(Refusal::Otherwise),
+            "already held"
+        );
+    }
+
+    fn policy(hold_for: Duration, long_hold_for: Duration) -> DelayAcquireWrites {
+        let (held_tx, _) = mpsc::unbounded_channel();
+        DelayAcquireWrites {
+            kind: WriteKind::Versioned,
+            hold_for,
+            long_hold_for: Some(long_hold_for),
+            state: Mutex::new(State::default()),
+            held_tx,
+        }
+    }
+
+    fn who(h: &str) -> Identity {
+        Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new("a").unwrap())
+    }
+
+    /// `id`'s acquire on a lock of 5.
+    fn acquire_of(id: &Identity) -> semaphore_core::Write {
+        protocol::acquire(
+            &lock(),
+            id,
+            Limit::new(5).unwrap(),
+            1_000,
+            1_500,
+            &Timing::default(),
+        )
+        .unwrap()
+    }
+
+    fn acquire_body(id: &Identity) -> Vec<u8> {
+        update_body(&acquire_of(id))
+    }
+
+    fn refused(item: &SemaphoreItem) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "__type": "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException",
+            "Item": attributes(&semaphore_core::dynamo::encode(item)),
+        }))
+        .unwrap()
+    }
+
+    fn arm(policy: &DelayAcquireWrites, ids: &[&Identity]) {
+        for id in ids {
+            policy
+                .state
+                .lock()
+                .unwrap()
+                .targets
+                .insert(id.holder.to_string(), Target::Armed);
+        }
+    }
+
+    #[test]
+    fn writes_are_held_short_and_long_in_turn_each_once_and_announced_once() {
+        let (held_tx, mut held_rx) = mpsc::unbounded_channel();
+        let policy = DelayAcquireWrites {
+            held_tx,
+            ..policy(Duration::from_secs(4), Duration::from_secs(30))
+        };
+        let (a, b) = (who("run-a"), who("run-b"));
+        arm(&policy, &[&a, &b]);
+        let update = Some("UpdateItem");
+        assert_eq!(
+            policy.decide(update, &acquire_body(&a)),
+            Verdict::Delay(Duration::from_secs(4))
+        );
+        assert_eq!(
+            policy.decide(update, &acquire_body(&b)),
+            Verdict::Delay(Duration::from_secs(30))
+        );
+        assert_eq!(policy.decide(update, &acquire_body(&a)), Verdict::Forward);
+        assert_eq!(held_rx.try_recv().unwrap(), "run-a");
+        assert_eq!(held_rx.try_recv().unwrap(), "run-b");
+        assert!(held_rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn an_answer_is_matched_to_the_write_let_go_first_whose_checks_fail_on_its_item() {
+        // Short holds are let go at once, long ones in an hour: a and c come back, b does not.
+        let policy = policy(Duration::ZERO, Duration::from_secs(3600));
+        let (a, b, c) = (who("run-a"), who("run-b"), who("run-c"));
+        arm(&policy, &[&a, &b, &c]);
+        for id in [&a, &b, &c] {
+            policy.decide(Some("UpdateItem"), &acquire_body(id));
+        }
+        // c's answer comes first. Its item fences c and b: b, held before c and fenced there
+        // too, is still held, so the answer is c's.
+        let mut item = SemaphoreItem::empty(lock());
+        item.fences.young.insert(FenceKey::execution(&c.holder));
+        item.fences.young.insert(FenceKey::execution(&b.holder));
+        policy.answered(400, &refused(&item));
+        // a's: nothing of a is fenced, but the fences rotated after its horizon.
+        let mut item = SemaphoreItem::empty(lock());
+        item.fences.rotated_at_ms = Some(9_000);
+        policy.answered(400, &refused(&item));
+        let state = policy.state.lock().unwrap();
+        assert_eq!(
+            state.stats.writes,
+            [
+                "run-c (held short): refused by a fence",
+                "run-a (held short): refused by the horizon"
+            ]
+        );
+        assert_eq!(
+            (
+                state.stats.refused_by_fence,
+                state.stats.refused_by_horizon,
+                state.stats.held_long
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(state.pending.len(), 1);
+        assert_eq!(state.pending[0].write.holder, "run-b");
+        assert!(!state.stats.settled(), "b has had no answer");
+    }
+
+    #[test]
+    fn a_locks_first_write_refused_for_want_of_an_item_is_held_again_as_its_put() {
+        let policy = policy(Duration::ZERO, Duration::from_secs(30));
+        let c = who("run-c");
+        arm(&policy, &[&c]);
+        policy.decide(Some("UpdateItem"), &acquire_body(&c));
+        policy.answered(
+            400,
+            br#"{"__type": "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException"}"#,
+        );
+        {
+            let state = policy.state.lock().unwrap();
+            assert_eq!(state.stats.held, 0, "the refused update is not counted");
+            assert_eq!(
+                state.targets.get("run-c"),
+                Some(&Target::Rearmed { long: false })
+            );
+        }
+        assert_eq!(
+            policy.decide(Some("PutItem"), &put_body(&acquire_of(&c))),
+            Verdict::Delay(Duration::ZERO),
+            "held as the refused update was"
+        );
+        policy.answered(200, b"{}");
+        let stats = policy.state.lock().unwrap().stats.clone();
+        assert_eq!((stats.held, stats.held_long, stats.landed), (1, 0, 1));
+        assert!(stats.settled());
+        assert_eq!(stats.writes, ["run-c (held short): landed"]);
     }
 }

@@ -125,7 +125,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         .unwrap_or_else(|| root.join(".venv/bin/python"));
     let endpoint = local_aws::start_server(setup.supervisor, &python, root, dir, None)?;
     let (proxy, held_rx) =
-        DelayProxy::start(&endpoint, WriteKind::Reference, args.hold_for()).await?;
+        DelayProxy::start(&endpoint, WriteKind::Reference, args.hold_for(), None).await?;
     eprintln!(
         "    moto server    {endpoint}; delay proxy {}",
         proxy.endpoint()
@@ -302,10 +302,17 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let limit = args.limit as usize;
     report.check(
         "S1 safety",
-        report.max_concurrent_holders <= limit && report.poller.count_mismatches == 0,
+        report.max_concurrent_holders <= limit && report.poller.inconsistent_reads == 0,
         format!(
-            "at most {} of {limit} slots held at once over {} reads",
-            report.max_concurrent_holders, report.poller.reads
+            "at most {} of {limit} slots held at once over {} reads{}",
+            report.max_concurrent_holders,
+            report.poller.reads,
+            report
+                .poller
+                .first_inconsistency
+                .as_ref()
+                .map(|m| format!(" EXCEPT: {m}"))
+                .unwrap_or_default()
         ),
     );
     report.check(

@@ -96,8 +96,16 @@ pub struct Report {
     pub cleanup_executions: CleanupCounts,
     pub delayed_acquire_writes: ProxyStats,
     pub hold_seconds: f64,
+    /// How long every second held write was held instead, if any.
+    pub long_hold_seconds: Option<f64>,
     /// Acquire answers `SemaphoreFenced`, counted in the acquire Lambda's logs.
     pub fenced_answers_in_logs: usize,
+    /// Acquire answers "expired" (the request older than the horizon), counted in the acquire
+    /// Lambda's logs.
+    pub expired_answers_in_logs: usize,
+    /// The protocol's timing, from the template's parameters: (horizon, clock skew) in seconds.
+    /// The fence window is their sum.
+    pub timing_seconds: Option<(u64, u64)>,
     pub sweeper: Option<SweeperCounts>,
     pub fencing_tokens_unique: Option<bool>,
     pub wall_seconds: f64,
@@ -130,8 +138,17 @@ impl Report {
             "this project's versioned, fenced semaphore"
         };
         let e = &self.executions;
+        let timing = self
+            .timing_seconds
+            .map(|(horizon, skew)| {
+                format!(
+                    ", fence window {} s (horizon {horizon} s + clock skew {skew} s)",
+                    horizon + skew
+                )
+            })
+            .unwrap_or_default();
         let mut head = format!(
-            "Local run report: {title}\n  lock \"{}\", limit {}, seed {}\n",
+            "Local run report: {title}\n  lock \"{}\", limit {}, seed {}{timing}\n",
             self.lock, self.limit, self.seed
         );
         head.push_str(&"-".repeat(78));
@@ -155,11 +172,11 @@ impl Report {
         line(
             "max holders seen",
             format!(
-                "{} (limit {}; independent poller, {} reads, {} with count != holders)",
+                "{} (limit {}; independent poller, {} reads, {} inconsistent)",
                 self.max_concurrent_holders,
                 self.limit,
                 self.poller.reads,
-                self.poller.count_mismatches
+                self.poller.inconsistent_reads
             ),
         );
         let after = if self.sweeper.is_some() {
@@ -199,20 +216,49 @@ impl Report {
             }
         }
         let d = &self.delayed_acquire_writes;
+        let fates = if self.protocol == "reference" {
+            // The sample has no fences: its write is refused only by "full" or "held".
+            format!("{} refused (full or already held)", d.refused())
+        } else {
+            format!(
+                "{} refused by a fence, {} refused by the horizon, {} refused otherwise (full or \
+                 already held)",
+                d.refused_by_fence, d.refused_by_horizon, d.refused_otherwise
+            )
+        };
         line(
             "delayed writes",
             format!(
-                "{} acquire writes held {:.0} s while their execution was stopped: {} rejected \
-                 as stale, {} landed",
-                d.held, self.hold_seconds, d.rejected_stale, d.landed
+                "{} acquire writes held ({}) while their execution was stopped: {fates}, {} \
+                 landed{}",
+                d.held,
+                match self.long_hold_seconds {
+                    Some(long) => format!(
+                        "{} for {:.0} s, {} for {long:.0} s",
+                        d.held - d.held_long,
+                        self.hold_seconds,
+                        d.held_long
+                    ),
+                    None => format!("{:.0} s", self.hold_seconds),
+                },
+                d.landed,
+                if d.other_outcome > 0 {
+                    format!(", {} answered otherwise", d.other_outcome)
+                } else {
+                    String::new()
+                }
             ),
         );
+        for write in d.writes.iter().take(10) {
+            line("", write.clone());
+        }
         if self.protocol != "reference" {
             line(
-                "fenced answers",
+                "acquire answers",
                 format!(
-                    "{} (SemaphoreFenced in the acquire Lambda's logs)",
-                    self.fenced_answers_in_logs
+                    "{} fenced (SemaphoreFenced), {} expired (the acquire state entered again); \
+                     from the acquire Lambda's logs",
+                    self.fenced_answers_in_logs, self.expired_answers_in_logs
                 ),
             );
         }

@@ -117,6 +117,25 @@ impl Plan {
             .ok_or_else(|| "template.yaml has no LockName parameter".to_owned())
     }
 
+    /// The protocol's timing the template gives every function: (horizon, clock skew) in
+    /// seconds, its AcquireHorizonSeconds and ClockSkewSeconds parameters. The fence window is
+    /// their sum.
+    pub fn timing_seconds(&self) -> Result<(u64, u64), String> {
+        let seconds = |name: &str| -> Result<u64, String> {
+            let value = self
+                .parameters
+                .get(name)
+                .ok_or_else(|| format!("template.yaml has no {name} parameter"))?;
+            value
+                .parse()
+                .map_err(|_| format!("template.yaml: {name} is {value:?}, not whole seconds"))
+        };
+        Ok((
+            seconds("AcquireHorizonSeconds")?,
+            seconds("ClockSkewSeconds")?,
+        ))
+    }
+
     pub fn machine(&self, logical_id: &str) -> Result<&MachinePlan, String> {
         self.machines
             .iter()
@@ -979,8 +998,22 @@ Resources:
             assert!(binaries.contains(&binary), "{binaries:?}");
         }
         let table = &plan.table.name;
+        // Every function gets the protocol's timing from the template's two parameters (the
+        // fence window is computed from them; there is no window parameter to get wrong).
+        assert_eq!(plan.timing_seconds(), Ok((8, 2)));
         for f in &plan.functions {
             assert_eq!(&f.environment["TABLE_NAME"], table, "{}", f.binary);
+            assert_eq!(
+                f.environment["ACQUIRE_HORIZON_SECONDS"], "8",
+                "{}",
+                f.binary
+            );
+            assert_eq!(f.environment["CLOCK_SKEW_SECONDS"], "2", "{}", f.binary);
+            assert!(
+                !f.environment.contains_key("FENCE_WINDOW_SECONDS"),
+                "{}",
+                f.binary
+            );
         }
         let lock = plan.parameters["LockName"].clone();
         assert_eq!(
@@ -995,6 +1028,12 @@ Resources:
             .definition
             .contains("arn:aws:lambda:us-east-1:123456789012:function:acquire"));
         assert!(!protected.definition.contains("${"));
+        // The acquire's request time is its state's entry time.
+        let definition: serde_json::Value = serde_json::from_str(&protected.definition).unwrap();
+        assert_eq!(
+            definition["States"]["Acquire slot"]["Parameters"]["Payload"]["requested_at.$"],
+            "$$.State.EnteredTime"
+        );
         let (cleanup, rule) = plan.rule_target().unwrap();
         assert_eq!(cleanup.logical_id, "CleanupStateMachine");
         assert_eq!(

@@ -355,7 +355,8 @@ async fn read_notices(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Vec<Value> 
     notices
 }
 
-fn count_fenced(dir: &Path) -> usize {
+/// Lines of the acquire Lambda's logs that `matches` (one JSON object per line).
+fn count_acquire_log_lines(dir: &Path, matches: impl Fn(&str) -> bool) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
@@ -370,11 +371,24 @@ fn count_fenced(dir: &Path) -> usize {
             std::fs::read_to_string(e.path())
                 .unwrap_or_default()
                 .lines()
-                // The handler's own warning, one per fenced answer.
-                .filter(|l| l.contains(r#""level":"WARN""#) && l.contains(" is fenced: "))
+                .filter(|l| matches(l))
                 .count()
         })
         .sum()
+}
+
+/// Acquires answered `SemaphoreFenced`: the handler's own warning, one per fenced answer.
+fn count_fenced(dir: &Path) -> usize {
+    count_acquire_log_lines(dir, |l| {
+        l.contains(r#""level":"WARN""#) && l.contains(" is fenced: ")
+    })
+}
+
+/// Acquires answered "expired": the handler's info line for its answer.
+fn count_expired(dir: &Path) -> usize {
+    count_acquire_log_lines(dir, |l| {
+        l.contains(r#""message":"acquire""#) && l.contains(r#""outcome":"expired""#)
+    })
 }
 
 pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
@@ -390,6 +404,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let (sweeper_machine, schedule) = plan.scheduled()?;
     let (sweeper_machine, schedule) = (sweeper_machine.clone(), schedule.clone());
     let lock = plan.lock_name()?;
+    let timing = plan.timing_seconds()?;
 
     let binaries: Vec<&str> = plan.functions.iter().map(|f| f.binary.as_str()).collect();
     if !args.no_build {
@@ -413,8 +428,13 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     eprintln!("    moto server    {endpoint} (serialized; Step Functions execution mode on; Lambda invokes -> {emulator})");
     local_aws::start_emulator(setup.supervisor, &cargo_lambda, root, dir, emulator_port)?;
     eprintln!("    Lambda API     {emulator} (cargo lambda watch --only-lambda-apis)");
-    let (proxy, held_rx) =
-        DelayProxy::start(&endpoint, WriteKind::Versioned, args.hold_for()).await?;
+    let (proxy, held_rx) = DelayProxy::start(
+        &endpoint,
+        WriteKind::Versioned,
+        args.hold_for(),
+        args.long_hold_for(),
+    )
+    .await?;
     eprintln!(
         "    delay proxy    {} (acquire Lambda -> DynamoDB)",
         proxy.endpoint()
@@ -644,11 +664,11 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             let events = events.lock().expect("events").clone();
             format!(
                 "{starting}done {done}/{n} | holders {} (max {}/{limit}) | reclaimed by sweeper \
-                 {} | stale writes rejected {} | events {} dropped {} dup {} late",
+                 {} | delayed writes refused {} | events {} dropped {} dup {} late",
                 poll.holders_now,
                 poll.max_holders,
                 reclaimed.load(std::sync::atomic::Ordering::SeqCst),
-                proxy.rejected_stale,
+                proxy.refused(),
                 events.dropped,
                 events.duplicated,
                 events.late
@@ -783,6 +803,8 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     report.fencing_tokens_unique =
         Some(distinct.len() == tokens.len() && tokens.len() == report.executions.succeeded);
     report.fenced_answers_in_logs = count_fenced(dir);
+    report.expired_answers_in_logs = count_expired(dir);
+    report.timing_seconds = Some(timing);
 
     // When each execution's first cleanup finished, to check that no read after it saw the
     // execution holding a slot (S3).
@@ -881,15 +903,15 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let limit = args.limit as usize;
     report.check(
         "S1 safety",
-        report.max_concurrent_holders <= limit && report.poller.count_mismatches == 0,
+        report.max_concurrent_holders <= limit && report.poller.inconsistent_reads == 0,
         format!(
-            "at most {} of {limit} slots held at once over {} reads; stored count == holders on \
-             every read{}",
+            "at most {} of {limit} slots held at once over {} reads; every read consistent \
+             (format 2, each holder's token distinct and within the version){}",
             report.max_concurrent_holders,
             report.poller.reads,
             report
                 .poller
-                .first_mismatch
+                .first_inconsistency
                 .as_ref()
                 .map(|m| format!(" EXCEPT: {m}"))
                 .unwrap_or_default()
@@ -945,9 +967,10 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         if resurrections.is_empty() {
             format!(
                 "no execution was seen holding a slot after its cleanup had finished ({} \
-                 cleaned up; {} delayed acquire writes refused as stale)",
+                 cleaned up; delayed acquire writes: {} refused by a fence, {} by the horizon)",
                 cleaned_at.len(),
-                report.delayed_acquire_writes.rejected_stale
+                report.delayed_acquire_writes.refused_by_fence,
+                report.delayed_acquire_writes.refused_by_horizon
             )
         } else {
             format!(

@@ -2,17 +2,18 @@
 //!
 //! A breadth-first explorer ([`explore`]) visits every reachable state of a small world
 //! ([`world`]): `K` executions run by the lock-protected state machine, each of whose Lambda
-//! attempts reads and writes the table in separate steps; writes land arbitrarily late and in
-//! any order, or are lost; Step Functions retries attempts while the old ones keep running;
-//! executions die at any point and leave zombies; cleanup events are lost, duplicated and
-//! reordered; a sweeper runs at any moment. Every decision of the product's protocol is made by
-//! the core's real transitions and conditional put ([`ours`]); the same world also runs the AWS
-//! sample's protocol ([`sample`]), where the checker finds the seed race.
+//! attempts sends its write when it decides; writes land arbitrarily late and in any order, or
+//! are lost; Step Functions retries attempts while the old ones keep running; executions die at
+//! any point and leave zombies; cleanup events are lost, duplicated and reordered; a sweeper runs
+//! at any moment; the clock moves on and the fences rotate at any moment they are due. Every write
+//! of the product's protocol is the core's own, applied by the core's `Write::apply` ([`ours`]);
+//! the same world also runs the AWS sample's protocol ([`sample`]), where the checker finds the
+//! seed race.
 //!
 //! Properties checked in every reachable state:
-//! - **S1**: no more than `limit` holders; the stored count equals the holders; no more than
-//!   `limit` live executions are working under the lock, and each of them is a stored holder.
-//! - **S3**: an execution for which a release or cleanup write has landed never holds again.
+//! - **S1**: no more than `limit` holders; no more than `limit` live executions are working
+//!   under the lock, and each of them is a stored holder.
+//! - **S3**: no acquire of an execution lands after a release or cleanup write for it has.
 //! - **S2**: an execution that has ended, with none of its requests in flight and every cleanup
 //!   event for it delivered, holds nothing; and once everything has ended and every request
 //!   and event is delivered or lost, one sweep leaves nothing held.
@@ -21,23 +22,23 @@
 //!
 //! How the state space is kept small, without losing behaviours:
 //! - states are identified up to a renaming of the executions, and (for the product's
-//!   protocol) up to the values of the version counter: only whether each write in flight
-//!   still expects the stored version matters (see `Ours::symmetric`); an execution that has
-//!   finished is identified by that alone. A test explores small worlds both ways and compares
-//!   the verdicts;
+//!   protocol) up to what no check reads: the version, the tokens, when a slot was taken (see
+//!   `Ours::symmetric`); an execution that has finished is identified by that alone. A test
+//!   explores small worlds both ways and compares the verdicts;
 //! - the fate of a cleanup event (delivered, lost, delivered twice) is chosen when it is
 //!   emitted, which is equivalent to choosing it later;
 //! - a sweep that finds no holder whose execution has ended is not explored (it changes
 //!   nothing), and the sweeper's cleanups of several holders may overlap (a superset of the
 //!   real one-at-a-time order);
 //! - an execution told "full" may wait and poll any number of times, or give up (a superset of
-//!   every bound on polls, with no counter to tell states apart).
+//!   every bound on polls, with no counter to tell states apart);
+//! - a rotation is allowed whenever one is due, whatever the number of fences (a superset of
+//!   the production rule, which also waits for a few young fences).
 //!
-//! Not covered: time. The model's clock stands still, so no fence expires during a run: a write
-//! delayed for longer than the fence window (`DEFAULT_FENCE_WINDOW`, 5 minutes) is outside the
-//! model, as are starvation and fairness (a waiting execution may poll for ever; backoff and
-//! jitter are real-time matters), clock skew, partitions other than delayed or lost requests,
-//! a failing read, several locks, and several acquisitions per execution.
+//! Not covered: clock skew (the horizon and the fence window are one tick each, and the
+//! window's derivation adds the skew: `Timing`); starvation and fairness (a waiting execution
+//! may poll for ever; backoff and jitter are real-time matters), partitions other than delayed
+//! or lost requests, a failing read, several locks, and several acquisitions per execution.
 
 pub mod explore;
 pub mod hash;
@@ -57,7 +58,7 @@ pub fn check_ours(config: Config, variant: Variant, max_states: Option<u64>) -> 
 
 /// The world `config` around the product's protocol (or a broken `variant` of it).
 pub fn ours_world(config: Config, variant: Variant) -> World<Ours> {
-    let protocol = Ours::new(config.executions, config.limit, config.max_writes, variant);
+    let protocol = Ours::new(config.executions, config.limit, variant);
     World::new(protocol, config)
 }
 
@@ -71,6 +72,8 @@ pub fn check_sample(config: Config, max_states: Option<u64>) -> Report {
 pub fn sample_world(config: Config) -> World<Sample> {
     let config = Config {
         sweeper: false,
+        ticks: 0,
+        rotations: 0,
         ..config
     };
     World::new(Sample::new(config.limit), config)

@@ -1,57 +1,79 @@
-//! The product's protocol, as the world sees it: every decision is made by the core's own
-//! transitions ([`protocol::acquire`], [`protocol::release`], [`protocol::cleanup`]) and every
-//! write is the core's conditional put ([`MemoryStore::put_now`]: store iff the version is still
-//! the one read, else hand back the current item), exactly as `Semaphore::apply` runs them.
+//! The product's protocol, as the world sees it: every write is the core's own
+//! ([`protocol::acquire`], [`protocol::release`], [`protocol::cleanup_fence`] and
+//! [`protocol::cleanup_free`], [`protocol::rotation`]), every landing is [`Write::apply`] (what
+//! the memory store does, and what the DynamoDB store renders: applied iff its checks hold on the
+//! item as it is when it lands), and every answer is the core's reading of the result
+//! ([`protocol::acquired`], [`protocol::fenced_slots`], ...).
 //!
-//! Items are interned (each distinct item gets a small number) so that world states stay small
-//! and cheap to hash; since the transitions are pure, each (call, phase, item) is decided once and
-//! remembered.
+//! Items and writes are interned (each distinct one gets a small number) so that world states
+//! stay small and cheap to hash; since everything is pure, each (call, phase, item, tick) is
+//! decided once and remembered.
 //!
-//! Time stands still: every transition runs at the same `now_ms` with the default fence window,
-//! so no fence ever expires during a run. A write delayed for longer than the fence window is
-//! therefore outside the model (see the crate documentation).
+//! Time: the world's ticks are seconds from [`NOW_MS`], and the protocol runs with a horizon of
+//! one tick and no clock skew ([`TIMING`]), so its fence window is one tick too: a request made
+//! at tick t expires at tick t + 1, and fences may rotate once a tick after the last rotation.
+//! Clock skew is not modelled; `Timing`'s derivation adds it to the window.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::time::Duration;
 
-use semaphore_core::item::{FenceKey, Identity, SemaphoreItem, Version};
-use semaphore_core::protocol::{self, Context, Step};
+use semaphore_core::item::{FenceKey, Identity, SemaphoreItem};
+use semaphore_core::protocol::{self, Timing, WriteResult};
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, HolderId, Limit, LockName, MemoryStore, PutResult,
-    ReleaseOutcome, DEFAULT_FENCE_WINDOW,
+    AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockName, Write,
 };
 
 use crate::hash::{hash_one, Build};
 use crate::world::{exec_name, Advance, Answer, Next, Op, OpKind, Protocol};
 
-/// The model's clock: a fixed instant (2023-11-14T22:13:20Z).
+/// The model's clock at tick 0 (2023-11-14T22:13:20Z).
 pub const NOW_MS: u64 = 1_700_000_000_000;
+/// One tick of the world's clock.
+pub const TICK_MS: u64 = 1_000;
+/// The protocol's timing in the model: horizon and fence window of one tick.
+pub const TIMING: Timing = Timing {
+    horizon: Duration::from_millis(TICK_MS),
+    clock_skew: Duration::ZERO,
+};
 
-/// A deliberately broken protocol, to show that the checker notices. Each variant alters the
-/// *result* of a real transition (or how its write is sent); the core itself is untouched.
+fn tick_ms(tick: u8) -> u64 {
+    NOW_MS + u64::from(tick) * TICK_MS
+}
+
+/// A deliberately broken protocol, to show that the checker notices. Each variant alters a real
+/// write (or how it is decided); the core itself is untouched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
     /// The product as it is.
     Real,
-    /// Cleanup writes no execution fence (a zombie reading after the cleanup can acquire).
+    /// Cleanup writes no execution fence (a zombie acquire can land after it).
     CleanupWithoutFence,
-    /// Cleanup writes nothing when the execution holds nothing (as the AWS sample does), so a
-    /// write decided before the cleanup still finds the version it expects.
+    /// Cleanup reads first and writes nothing when the execution holds nothing (as the AWS
+    /// sample does), so an acquire still in flight lands after it.
     CleanupSkipsWhenNothingHeld,
     /// Release writes no acquisition fence (a late retry of the acquire can land).
     ReleaseWithoutFence,
-    /// Writes are not conditioned on the version read (a blind put).
-    UnconditionalWrites,
+    /// The acquire's write does not check the limit.
+    AcquireWithoutLimit,
+    /// The acquire checks the fences when it is sent, on the item as it is then, not when its
+    /// write lands.
+    AcquireChecksFencesWhenSent,
+    /// The acquire's write does not name the horizon: a rotation that drops fences does not
+    /// invalidate acquires decided before it.
+    RotationWithoutHorizon,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 7] = [
         Variant::Real,
         Variant::CleanupWithoutFence,
         Variant::CleanupSkipsWhenNothingHeld,
         Variant::ReleaseWithoutFence,
-        Variant::UnconditionalWrites,
+        Variant::AcquireWithoutLimit,
+        Variant::AcquireChecksFencesWhenSent,
+        Variant::RotationWithoutHorizon,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,7 +82,9 @@ impl Variant {
             Self::CleanupWithoutFence => "cleanup-without-fence",
             Self::CleanupSkipsWhenNothingHeld => "cleanup-skips-when-nothing-held",
             Self::ReleaseWithoutFence => "release-without-fence",
-            Self::UnconditionalWrites => "unconditional-writes",
+            Self::AcquireWithoutLimit => "acquire-without-limit",
+            Self::AcquireChecksFencesWhenSent => "acquire-checks-fences-when-sent",
+            Self::RotationWithoutHorizon => "rotation-without-horizon",
         }
     }
 
@@ -69,19 +93,13 @@ impl Variant {
     }
 }
 
-/// Where one attempt (one `Semaphore::apply` call) is.
+/// Where one attempt (one operation's writes) is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Phase {
-    /// About to read the item; `writes` sent so far.
-    Read { writes: u8 },
-    /// A conditional write of item `next` (interned), expecting `expected` (`None`: no item),
-    /// is in flight; if it lands, the call answers `answer`.
-    Flight {
-        next: u32,
-        expected: Option<u64>,
-        answer: Answer,
-        writes: u8,
-    },
+    /// About to send its first write, for a request made at tick `requested`.
+    Start { requested: u8 },
+    /// Write `write` (interned) is in flight; `second`: a cleanup's second write.
+    Flight { write: u32, second: bool },
 }
 
 /// An item as a hash key.
@@ -94,11 +112,7 @@ impl Hash for Key {
         item.lock.hash(h);
         item.limit.hash(h);
         item.version.hash(h);
-        for (identity, holding) in &item.holders {
-            identity.hash(h);
-            holding.token.hash(h);
-            holding.acquired_at_ms.hash(h);
-        }
+        item.holders.hash(h);
         item.fences.hash(h);
     }
 }
@@ -107,6 +121,8 @@ impl Hash for Key {
 struct Interner {
     ids: HashMap<Key, u32, Build>,
     items: Vec<Interned>,
+    write_ids: HashMap<Write, u32, Build>,
+    writes: Vec<Write>,
 }
 
 /// An item and what the world asks about it, computed once.
@@ -114,37 +130,29 @@ struct Interned {
     item: SemaphoreItem,
     /// Bit i: `exec-(i+1)` holds a slot.
     holders: u32,
-    /// The count the DynamoDB rendering stores for it.
-    count: i64,
     /// What identifies it up to version numbers: the part about no execution in particular,
     /// and the part about each execution (see `Protocol::symmetric`).
     keys: (u64, Vec<u64>),
 }
 
-/// What a transition decided, reduced to what the world needs, with its answer in words.
-enum Decision {
-    Done(Answer, String),
-    Write(SemaphoreItem, Answer, String),
-}
+/// A call, where it is, the stored item and the tick: all that one step of it depends on.
+type MemoKey = (Op, Phase, Option<u32>, u8);
 
-/// A call, where it is, and the stored item: all that one step of it depends on.
-type MemoKey = (Op, Phase, Option<u32>);
-
-/// The product's protocol over the core's transitions and conditional put.
+/// The product's protocol over the core's writes.
 pub struct Ours {
     lock: LockName,
     limit: Limit,
-    ctx: Context,
     identities: Vec<Identity>,
+    /// Each execution's execution fence and acquisition fence (digests computed once).
+    fences: Vec<(FenceKey, FenceKey)>,
     fence_names: HashMap<FenceKey, String>,
-    max_writes: u8,
     variant: Variant,
     interner: RefCell<Interner>,
     memo: RefCell<HashMap<MemoKey, Advance<u32, Phase>, Build>>,
 }
 
 impl Ours {
-    pub fn new(executions: u8, limit: u32, max_writes: u8, variant: Variant) -> Self {
+    pub fn new(executions: u8, limit: u32, variant: Variant) -> Self {
         let identities: Vec<Identity> = (0..executions)
             .map(|e| {
                 Identity::new(
@@ -164,26 +172,20 @@ impl Ours {
                 format!("{}/{} (acquisition)", identity.holder, identity.acquisition),
             );
         }
+        let fences = identities
+            .iter()
+            .map(|id| (FenceKey::execution(&id.holder), FenceKey::acquisition(id)))
+            .collect();
         Self {
             lock: LockName::new("model").expect("a valid lock name"),
             limit: Limit::new(i64::from(limit)).expect("a limit from 1 to 1000"),
-            ctx: Context {
-                now_ms: NOW_MS,
-                fence_window: DEFAULT_FENCE_WINDOW,
-            },
             identities,
+            fences,
             fence_names,
-            max_writes: max_writes.max(1),
             variant,
             interner: RefCell::default(),
             memo: RefCell::default(),
         }
-    }
-
-    /// Whether states may be identified without version numbers (see `identify_item`): not when
-    /// writes are unconditional, since then a stale write lands.
-    fn reduce(&self) -> bool {
-        self.variant != Variant::UnconditionalWrites
     }
 
     /// Distinct items reached so far.
@@ -203,22 +205,25 @@ impl Ours {
             .enumerate()
             .filter(|(_, id)| key.0.holders.contains_key(id))
             .fold(0u32, |m, (e, _)| m | (1 << e));
-        // The DynamoDB rendering stores a `count` attribute derived from the holders: encode the
-        // item as the store would and read the number back.
-        let count = semaphore_core::dynamo::encode(&key.0)
-            .get(semaphore_core::dynamo::attr::COUNT)
-            .and_then(|v| v.as_n().ok())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(-1);
         let keys = self.keys(&key.0);
         let id = u32::try_from(interner.items.len()).expect("fewer than 2^32 items");
         interner.items.push(Interned {
             item: key.0.clone(),
             holders,
-            count,
             keys,
         });
         interner.ids.insert(key, id);
+        id
+    }
+
+    fn intern_write(&self, write: Write) -> u32 {
+        let mut interner = self.interner.borrow_mut();
+        if let Some(&id) = interner.write_ids.get(&write) {
+            return id;
+        }
+        let id = u32::try_from(interner.writes.len()).expect("fewer than 2^32 writes");
+        interner.writes.push(write.clone());
+        interner.write_ids.insert(write, id);
         id
     }
 
@@ -226,17 +231,37 @@ impl Ours {
         id.map(|id| self.interner.borrow().items[id as usize].item.clone())
     }
 
-    /// The item's keys (see [`Interned::keys`]): everything but the version and the tokens.
+    fn write(&self, id: u32) -> Write {
+        self.interner.borrow().writes[id as usize].clone()
+    }
+
+    /// What a fence key means, relative to execution `e`: 1 its execution fence, 2 its
+    /// acquisition fence, 0 neither.
+    fn fence_role(&self, key: &FenceKey, e: usize) -> u8 {
+        let (execution, acquisition) = &self.fences[e];
+        if key == execution {
+            1
+        } else if key == acquisition {
+            2
+        } else {
+            0
+        }
+    }
+
+    /// The item's keys (see [`Interned::keys`]): everything but the version, the tokens and when
+    /// slots were taken, which no check ever reads.
     fn keys(&self, item: &SemaphoreItem) -> (u64, Vec<u64>) {
         let per_exec: Vec<u64> = self
             .identities
             .iter()
-            .map(|identity| {
-                let fence = |key: &FenceKey| item.fences.get(key).copied();
+            .zip(&self.fences)
+            .map(|(identity, (exec, acq))| {
+                let fences = &item.fences;
+                // When a slot was taken is only ever reported, never checked.
                 hash_one(&(
-                    item.holders.get(identity).map(|h| h.acquired_at_ms),
-                    fence(&FenceKey::execution(&identity.holder)),
-                    fence(&FenceKey::acquisition(identity)),
+                    item.holders.contains_key(identity),
+                    (fences.young.contains(exec), fences.old.contains(exec)),
+                    (fences.young.contains(acq), fences.old.contains(acq)),
                 ))
             })
             .collect();
@@ -245,11 +270,6 @@ impl Ours {
             .iter()
             .filter(|id| item.holders.contains_key(id))
             .count();
-        let known_fences = item
-            .fences
-            .keys()
-            .filter(|k| self.fence_names.contains_key(k))
-            .count();
         // Anything not about one of the executions would have to be keyed here; the model's
         // items hold nothing else.
         assert_eq!(
@@ -257,13 +277,41 @@ impl Ours {
             item.holders.len(),
             "a holder from outside the model"
         );
-        assert_eq!(
-            known_fences,
-            item.fences.len(),
+        assert!(
+            item.fences
+                .young
+                .iter()
+                .chain(&item.fences.old)
+                .all(|k| self.fence_names.contains_key(k)),
             "a fence from outside the model"
         );
-        let common = hash_one(&(1u8, &item.lock, item.limit));
+        let common = hash_one(&(1u8, &item.lock, item.limit, item.fences.rotated_at_ms));
         (common, per_exec)
+    }
+
+    /// A write of execution `e`'s, with `e`'s identity and fences abstracted away, so that the
+    /// same write of another execution has the same key.
+    fn write_key(&self, write: &Write, e: usize) -> u64 {
+        let mut h = crate::hash::Fingerprint::default();
+        for check in &write.checks {
+            match check {
+                Check::NotHolding(_) => 1u8.hash(&mut h),
+                Check::HoldersBelow(limit) => (2u8, limit).hash(&mut h),
+                Check::NotFenced(key) => (3u8, self.fence_role(key, e)).hash(&mut h),
+                Check::RotatedBefore { deadline_ms } => (4u8, deadline_ms).hash(&mut h),
+                Check::LastRotation(at) => (5u8, at).hash(&mut h),
+            }
+        }
+        for change in &write.changes {
+            match change {
+                Change::PutHolder { .. } => 6u8.hash(&mut h),
+                Change::SetLimit(limit) => (7u8, limit).hash(&mut h),
+                Change::RemoveHolder(_) => 8u8.hash(&mut h),
+                Change::AddFence(key) => (9u8, self.fence_role(key, e)).hash(&mut h),
+                Change::Rotate { at_ms, .. } => (10u8, at_ms).hash(&mut h),
+            }
+        }
+        h.finish()
     }
 
     fn show(&self, item: Option<&SemaphoreItem>) -> String {
@@ -275,233 +323,277 @@ impl Ours {
             .iter()
             .map(|(id, h)| format!("{} token {}", id.holder, h.token.0))
             .collect();
-        let mut text = format!("v{}, count {}", item.version.0, item.count());
+        let mut text = format!("v{}, {} held", item.version.0, item.count());
         if !holders.is_empty() {
             text.push_str(&format!(" [{}]", holders.join(", ")));
         }
-        if !item.fences.is_empty() {
-            let fences: Vec<&str> = item
-                .fences
-                .keys()
-                .map(|k| {
-                    self.fence_names
-                        .get(k)
-                        .map_or("an unknown fence", String::as_str)
-                })
-                .collect();
-            text.push_str(&format!(", fences: {}", fences.join(", ")));
+        for (generation, keys) in [("young", &item.fences.young), ("old", &item.fences.old)] {
+            if !keys.is_empty() {
+                let names: Vec<&str> = keys
+                    .iter()
+                    .map(|k| {
+                        self.fence_names
+                            .get(k)
+                            .map_or("an unknown fence", String::as_str)
+                    })
+                    .collect();
+                text.push_str(&format!(", {generation} fences: {}", names.join(", ")));
+            }
+        }
+        if let Some(at) = item.fences.rotated_at_ms {
+            text.push_str(&format!(
+                ", rotated at tick {}",
+                at.saturating_sub(NOW_MS) / TICK_MS
+            ));
         }
         text
     }
 
-    /// The real transition for `op`, with the variant's alteration.
-    fn decide(&self, op: Op, current: Option<&SemaphoreItem>) -> Decision {
-        let identity = &self.identities[op.exec as usize];
-        let (lock, ctx) = (&self.lock, &self.ctx);
-        match op.kind {
-            OpKind::Acquire => {
-                let (step, answer) =
-                    match protocol::acquire(current, lock, identity, self.limit, ctx) {
-                        Step::Done(outcome) => (None, outcome),
-                        Step::Write { next, outcome } => (Some(next), outcome),
-                    };
-                let (code, words) = match answer {
-                    AcquireOutcome::Acquired { token, count } => (
-                        Answer::Acquired,
-                        format!("acquired (token {}, count {count})", token.0),
-                    ),
-                    AcquireOutcome::AlreadyHeld { token, .. } => (
-                        Answer::Acquired,
-                        format!("already held (token {})", token.0),
-                    ),
-                    AcquireOutcome::Full { count, limit } => {
-                        (Answer::Full, format!("full ({count} of {limit})"))
-                    }
-                    AcquireOutcome::Fenced(reason) => {
-                        (Answer::Fenced, format!("fenced: {}", reason.describe()))
-                    }
-                };
-                match step {
-                    None => Decision::Done(code, words),
-                    Some(next) => Decision::Write(next, code, words),
-                }
-            }
-            OpKind::Release => match protocol::release(current, lock, identity, ctx) {
-                Step::Done(outcome) => Decision::Done(Answer::Done, release_words(&outcome)),
-                Step::Write { mut next, outcome } => {
-                    if self.variant == Variant::ReleaseWithoutFence {
-                        next.fences.remove(&FenceKey::acquisition(identity));
-                    }
-                    Decision::Write(next, Answer::Done, release_words(&outcome))
-                }
-            },
-            OpKind::Cleanup => match protocol::cleanup(current, lock, &identity.holder, ctx) {
-                Step::Done(outcome) => Decision::Done(
-                    Answer::Done,
-                    format!("cleanup frees {} slot(s)", outcome.freed.len()),
+    fn show_write(&self, write: &Write) -> String {
+        let mut parts = Vec::new();
+        for check in &write.checks {
+            parts.push(match check {
+                Check::NotHolding(_) => "not holding".to_owned(),
+                Check::HoldersBelow(limit) => format!("fewer than {limit} held"),
+                Check::NotFenced(key) => format!(
+                    "{} not fenced",
+                    self.fence_names.get(key).map_or("?", String::as_str)
                 ),
-                Step::Write { mut next, outcome } => {
-                    let words = if outcome.freed.is_empty() {
-                        format!("{} holds nothing, fence it", identity.holder)
-                    } else {
-                        format!("free {}'s slot and fence it", identity.holder)
-                    };
-                    match self.variant {
-                        Variant::CleanupSkipsWhenNothingHeld if outcome.freed.is_empty() => {
-                            return Decision::Done(
-                                Answer::Done,
-                                format!(
-                                    "{} holds nothing: nothing to write (broken variant)",
-                                    identity.holder
-                                ),
-                            )
-                        }
-                        Variant::CleanupWithoutFence => {
-                            next.fences.remove(&FenceKey::execution(&identity.holder));
-                        }
-                        _ => {}
-                    }
-                    Decision::Write(next, Answer::Done, words)
-                }
-            },
+                Check::RotatedBefore { deadline_ms } => format!(
+                    "no rotation since tick {}",
+                    deadline_ms.saturating_sub(NOW_MS) / TICK_MS
+                ),
+                Check::LastRotation(at) => format!(
+                    "last rotation {}",
+                    at.map_or("none".to_owned(), |at| format!(
+                        "at tick {}",
+                        at.saturating_sub(NOW_MS) / TICK_MS
+                    ))
+                ),
+            });
         }
+        let checks = if parts.is_empty() {
+            "no checks".to_owned()
+        } else {
+            format!("if {}", parts.join(", "))
+        };
+        let changes: Vec<String> = write
+            .changes
+            .iter()
+            .map(|change| match change {
+                Change::PutHolder { identity, .. } => {
+                    format!("take a slot for {}", identity.holder)
+                }
+                Change::SetLimit(limit) => format!("limit {limit}"),
+                Change::RemoveHolder(identity) => format!("free {}'s slot", identity.holder),
+                Change::AddFence(key) => format!(
+                    "fence {}",
+                    self.fence_names.get(key).map_or("?", String::as_str)
+                ),
+                Change::Rotate { young_seen, .. } => {
+                    format!("rotate (drop old, age {} young)", young_seen.len())
+                }
+            })
+            .collect();
+        format!("{checks}: {}", changes.join(", "))
     }
 
-    /// Decides from `current` (just read, or handed back by a failed write) and sends the write
-    /// if there is one.
-    fn decide_and_send(
+    /// Sends the first write of `op` for a request made at tick `requested`, or answers at once.
+    fn send(
         &self,
         op: Op,
-        current: Option<u32>,
-        writes: u8,
+        requested: u8,
+        store: Option<u32>,
+        now: u8,
         log: Option<&mut String>,
     ) -> Advance<u32, Phase> {
-        let item = self.item(current);
-        let (next, words) = match self.decide(op, item.as_ref()) {
-            Decision::Done(answer, words) => (Next::Finished(answer), format!("{words}; no write")),
-            Decision::Write(next, answer, words) => {
-                let expected = item.as_ref().map(|i| i.version.0);
-                let text = format!(
-                    "{words}; sends a write if {}: {} [in flight]",
-                    condition(expected),
-                    self.show(Some(&next))
-                );
-                (
-                    Next::Continue(Phase::Flight {
-                        next: self.intern(next),
-                        expected,
-                        answer,
-                        writes: writes + 1,
-                    }),
-                    text,
-                )
+        let identity = &self.identities[op.exec as usize];
+        let current = self.item(store);
+        let finished = |answer, words: String, log: Option<&mut String>| {
+            if let Some(log) = log {
+                log.push_str(&words);
+            }
+            Advance {
+                store,
+                wrote: false,
+                next: Next::Finished(answer),
             }
         };
+        let write = match op.kind {
+            OpKind::Acquire => {
+                let (execution, acquisition) = &self.fences[op.exec as usize];
+                let fenced = current
+                    .as_ref()
+                    .is_some_and(|item| item.is_fenced(execution) || item.is_fenced(acquisition));
+                if self.variant == Variant::AcquireChecksFencesWhenSent && fenced {
+                    return finished(
+                        Answer::Fenced,
+                        "sees itself fenced; no write (broken variant)".to_owned(),
+                        log,
+                    );
+                }
+                let sent = protocol::acquire(
+                    &self.lock,
+                    identity,
+                    self.limit,
+                    tick_ms(requested),
+                    tick_ms(now),
+                    &TIMING,
+                );
+                let Ok(mut write) = sent else {
+                    return finished(
+                        Answer::Expired,
+                        format!("its request (tick {requested}) is past its horizon; no write"),
+                        log,
+                    );
+                };
+                write.checks.retain(|check| match check {
+                    Check::HoldersBelow(_) => self.variant != Variant::AcquireWithoutLimit,
+                    Check::NotFenced(_) => self.variant != Variant::AcquireChecksFencesWhenSent,
+                    Check::RotatedBefore { .. } => self.variant != Variant::RotationWithoutHorizon,
+                    _ => true,
+                });
+                write
+            }
+            OpKind::Release => {
+                let mut write = protocol::release(&self.lock, identity);
+                if self.variant == Variant::ReleaseWithoutFence {
+                    write.changes.retain(|c| !matches!(c, Change::AddFence(_)));
+                }
+                write
+            }
+            OpKind::Cleanup => {
+                let holds = current
+                    .as_ref()
+                    .is_some_and(|item| item.slots_of(&identity.holder).next().is_some());
+                if self.variant == Variant::CleanupSkipsWhenNothingHeld && !holds {
+                    return finished(
+                        Answer::Done,
+                        format!(
+                            "reads {}: {} holds nothing, nothing to write (broken variant)",
+                            self.show(current.as_ref()),
+                            identity.holder
+                        ),
+                        log,
+                    );
+                }
+                let mut write = protocol::cleanup_fence(&self.lock, &identity.holder);
+                if self.variant == Variant::CleanupWithoutFence {
+                    write.changes.clear();
+                }
+                write
+            }
+        };
+        self.in_flight(write, false, store, log)
+    }
+
+    fn in_flight(
+        &self,
+        write: Write,
+        second: bool,
+        store: Option<u32>,
+        log: Option<&mut String>,
+    ) -> Advance<u32, Phase> {
         if let Some(log) = log {
-            log.push_str(&words);
+            log.push_str(&format!("sends {} [in flight]", self.show_write(&write)));
         }
         Advance {
-            store: current,
+            store,
             wrote: false,
-            next,
+            next: Next::Continue(Phase::Flight {
+                write: self.intern_write(write),
+                second,
+            }),
         }
     }
 
-    fn compute(
+    /// The write lands on the item as it is: the core's `Write::apply`, as the memory store
+    /// applies it.
+    fn land(&self, write: &Write, store: Option<u32>) -> (WriteResult, Option<u32>) {
+        let current = self.item(store);
+        match write.apply(current.as_ref()) {
+            Ok(next) => (
+                WriteResult::Applied { before: current },
+                Some(self.intern(next)),
+            ),
+            Err(_) => (
+                WriteResult::Refused {
+                    current: current.unwrap_or_else(|| SemaphoreItem::empty(self.lock.clone())),
+                },
+                store,
+            ),
+        }
+    }
+
+    fn arrive(
         &self,
         op: Op,
-        phase: Phase,
+        write: u32,
+        second: bool,
         store: Option<u32>,
         mut log: Option<&mut String>,
     ) -> Advance<u32, Phase> {
-        match phase {
-            Phase::Read { writes } => {
-                if let Some(log) = log.as_deref_mut() {
-                    log.push_str(&format!(
-                        "reads {} -> ",
-                        self.show(self.item(store).as_ref())
-                    ));
-                }
-                self.decide_and_send(op, store, writes, log)
+        let identity = &self.identities[op.exec as usize];
+        let write = self.write(write);
+        let (result, after) = self.land(&write, store);
+        let wrote = matches!(result, WriteResult::Applied { .. });
+        if let Some(log) = log.as_deref_mut() {
+            log.push_str(&format!(
+                "its write ({}) {}: {} -> ",
+                self.show_write(&write),
+                if wrote { "lands" } else { "is refused" },
+                self.show(self.item(after).as_ref())
+            ));
+        }
+        let say = |log: Option<&mut String>, words: String| {
+            if let Some(log) = log {
+                log.push_str(&words);
             }
-            Phase::Flight {
-                next,
-                expected,
-                answer,
-                writes,
-            } => {
-                let current = self.item(store);
-                let next_item = self.item(Some(next)).expect("an interned item");
-                let (expected, condition) = match self.variant {
-                    Variant::UnconditionalWrites => (
-                        current.as_ref().map(|i| i.version.0),
-                        "unconditional".to_owned(),
-                    ),
-                    _ => (expected, format!("if {}", condition(expected))),
-                };
-                // The core's conditional put, on a store holding exactly the current item.
-                let table = MemoryStore::new();
-                if let Some(item) = &current {
-                    assert_eq!(table.put_now(item, None), PutResult::Written);
-                }
-                let result = table.put_now(&next_item, expected.map(Version));
-                let after = table.load_now(&self.lock);
-                match result {
-                    PutResult::Written => {
-                        if let Some(log) = log {
-                            log.push_str(&format!(
-                                "its write ({condition}) lands: {}",
-                                self.show(after.as_ref())
-                            ));
-                        }
-                        Advance {
-                            store: after.map(|item| self.intern(item)),
-                            wrote: true,
-                            next: Next::Finished(answer),
-                        }
+        };
+        let answer = match op.kind {
+            OpKind::Acquire => {
+                let outcome = protocol::acquired(&write, identity, self.limit, result)
+                    .expect("the core reads its own write's result");
+                say(log, format!("{outcome:?}"));
+                match outcome {
+                    AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
+                        Answer::Acquired
                     }
-                    PutResult::Conflict(latest) => {
-                        if let Some(log) = log.as_deref_mut() {
-                            log.push_str(&format!(
-                                "its write ({condition}) is rejected, the item is {} -> ",
-                                self.show(latest.as_ref())
-                            ));
-                        }
-                        if writes >= self.max_writes {
-                            if let Some(log) = log {
-                                log.push_str(&format!(
-                                    "gives up after {writes} writes (contention)"
-                                ));
-                            }
-                            return Advance {
-                                store,
-                                wrote: false,
-                                next: Next::Finished(Answer::Contention),
-                            };
-                        }
-                        let latest = latest.map(|item| self.intern(item));
-                        debug_assert_eq!(latest, store);
-                        self.decide_and_send(op, latest, writes, log)
-                    }
+                    AcquireOutcome::Full { .. } => Answer::Full,
+                    AcquireOutcome::Fenced(_) => Answer::Fenced,
+                    AcquireOutcome::Expired => Answer::Expired,
                 }
             }
+            OpKind::Release => {
+                let (outcome, _) = protocol::released(&write, identity, result)
+                    .expect("the core reads its own write's result");
+                say(log, format!("{outcome:?}"));
+                Answer::Done
+            }
+            OpKind::Cleanup if !second => {
+                let (slots, _) = protocol::fenced_slots(&write, &identity.holder, result)
+                    .expect("the core reads its own write's result");
+                if !slots.is_empty() {
+                    let free = protocol::cleanup_free(&self.lock, &slots);
+                    let mut advance = self.in_flight(free, true, after, log);
+                    advance.wrote = wrote;
+                    return advance;
+                }
+                say(log, "it held nothing".to_owned());
+                Answer::Done
+            }
+            OpKind::Cleanup => {
+                let (outcome, _) = protocol::freed(&write, std::slice::from_ref(identity), result)
+                    .expect("the core reads its own write's result");
+                say(log, format!("freed {}", outcome.freed.len()));
+                Answer::Done
+            }
+        };
+        Advance {
+            store: after,
+            wrote,
+            next: Next::Finished(answer),
         }
-    }
-}
-
-fn condition(expected: Option<u64>) -> String {
-    match expected {
-        None => "there is no item yet".to_owned(),
-        Some(v) => format!("still v{v}"),
-    }
-}
-
-fn release_words(outcome: &ReleaseOutcome) -> String {
-    match outcome {
-        ReleaseOutcome::Released { token, count } => {
-            format!("released (token {}, count {count}), fence it", token.0)
-        }
-        ReleaseOutcome::NotHeld { .. } => "not held".to_owned(),
     }
 }
 
@@ -511,7 +603,7 @@ impl Protocol for Ours {
 
     fn name(&self) -> &'static str {
         match self.variant {
-            Variant::Real => "the product's protocol (core transitions, versioned conditional put)",
+            Variant::Real => "the product's protocol (the core's writes, checked when they land)",
             _ => "a BROKEN variant of the product's protocol",
         }
     }
@@ -520,12 +612,18 @@ impl Protocol for Ours {
         None
     }
 
-    fn start(&self, _op: Op) -> Phase {
-        Phase::Read { writes: 0 }
+    fn start(&self, op: Op, requested: u8) -> Phase {
+        // Only an acquire's write depends on when it was requested.
+        let requested = if op.kind == OpKind::Acquire {
+            requested
+        } else {
+            0
+        };
+        Phase::Start { requested }
     }
 
     fn describe_start(&self, _op: Op) -> String {
-        "about to read the item".to_owned()
+        "about to send its write".to_owned()
     }
 
     fn in_flight(&self, phase: Phase) -> bool {
@@ -537,45 +635,79 @@ impl Protocol for Ours {
         op: Op,
         phase: Phase,
         store: Option<u32>,
+        now: u8,
         log: Option<&mut String>,
     ) -> Advance<u32, Phase> {
+        let compute = |log| match phase {
+            Phase::Start { requested } => self.send(op, requested, store, now, log),
+            Phase::Flight { write, second } => self.arrive(op, write, second, store, log),
+        };
         if log.is_some() {
-            return self.compute(op, phase, store, log);
+            return compute(log);
         }
-        let key = (op, phase, store);
+        let key = (op, phase, store, now);
         if let Some(&known) = self.memo.borrow().get(&key) {
             return known;
         }
-        let advance = self.compute(op, phase, store, None);
+        let advance = compute(None);
         self.memo.borrow_mut().insert(key, advance);
         advance
+    }
+
+    fn rotation(&self, store: Option<u32>, now: u8) -> Option<Phase> {
+        let item = self.item(store)?;
+        let write = protocol::rotation(&item, tick_ms(now), &TIMING)?;
+        Some(Phase::Flight {
+            write: self.intern_write(write),
+            second: false,
+        })
+    }
+
+    fn land_rotation(
+        &self,
+        phase: Phase,
+        store: Option<u32>,
+        log: Option<&mut String>,
+    ) -> Option<u32> {
+        let Phase::Flight { write, .. } = phase else {
+            return store;
+        };
+        let write = self.write(write);
+        let (result, after) = self.land(&write, store);
+        if let Some(log) = log {
+            log.push_str(&format!(
+                "{} {}: {}",
+                self.show_write(&write),
+                if matches!(result, WriteResult::Applied { .. }) {
+                    "lands"
+                } else {
+                    "is refused"
+                },
+                self.show(self.item(after).as_ref())
+            ));
+        }
+        after
     }
 
     fn holders(&self, store: Option<u32>) -> u32 {
         store.map_or(0, |id| self.interner.borrow().items[id as usize].holders)
     }
 
+    /// No count is stored: the acquire's condition counts the holder map (`size(holders)`).
     fn stored_count(&self, store: Option<u32>) -> i64 {
-        store.map_or(0, |id| self.interner.borrow().items[id as usize].count)
+        i64::from(self.holders(store).count_ones())
     }
 
     fn describe(&self, store: Option<u32>) -> String {
         self.show(self.item(store).as_ref())
     }
 
-    /// Whether states may be identified without version numbers: not when writes are
-    /// unconditional (a stale write then lands, and what it carries matters).
-    ///
-    /// Otherwise, no transition branches on the value of a version: only the conditional put
-    /// compares versions, for equality. Every landed write stores a new, higher version, so
-    /// each version is stored at most once; hence a write in flight lands iff it expects the
-    /// version stored now ("fresh"), the item it carries is then what its transition makes of
-    /// the current item, a stale write stays stale, and what it carries never matters (it is
-    /// rejected and the call decides again from the current item). Tokens are versions and
-    /// are only reported, never compared. So a state is identified by the item without its
-    /// version and tokens, and by whether each write in flight is fresh.
+    /// States may always be identified without version numbers: no check reads the version or a
+    /// token (they are only reported), so two states that differ only there have the same
+    /// future. What is kept of an item is its holders (with when they were taken), its fences
+    /// and its last rotation; of a write, its checks and changes up to the execution's name.
     fn symmetric(&self) -> bool {
-        self.reduce()
+        true
     }
 
     fn item_key(&self, store: Option<u32>) -> u64 {
@@ -588,16 +720,49 @@ impl Protocol for Ours {
         })
     }
 
-    fn phase_key(&self, phase: Phase, store: Option<u32>) -> u64 {
+    fn phase_key(&self, op: Op, phase: Phase, _store: Option<u32>) -> u64 {
         match phase {
-            Phase::Read { writes } => hash_one(&(0u8, writes)),
-            Phase::Flight {
-                expected, writes, ..
-            } => {
-                let current =
-                    store.map(|id| self.interner.borrow().items[id as usize].item.version.0);
-                hash_one(&(1u8, expected == current, writes))
-            }
+            Phase::Start { requested } => hash_one(&(0u8, requested)),
+            // A write in flight mentions its own execution only (its identity, its fences).
+            Phase::Flight { write, second } => hash_one(&(
+                1u8,
+                second,
+                self.write_key(&self.write(write), op.exec as usize),
+            )),
         }
+    }
+
+    fn rotation_exec_key(&self, phase: Phase, e: u8) -> u64 {
+        let Phase::Flight { write, .. } = phase else {
+            return 0;
+        };
+        let write = self.write(write);
+        let roles: Vec<u8> = write
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Rotate { young_seen, .. } => Some(young_seen),
+                _ => None,
+            })
+            .flat_map(|seen| seen.iter().map(|key| self.fence_role(key, e as usize)))
+            .filter(|&role| role != 0)
+            .collect();
+        hash_one(&roles)
+    }
+
+    fn rotation_key(&self, phase: Phase) -> u64 {
+        let Phase::Flight { write, .. } = phase else {
+            return 0;
+        };
+        let write = self.write(write);
+        let at: Vec<u64> = write
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Rotate { at_ms, .. } => Some(*at_ms),
+                _ => None,
+            })
+            .collect();
+        hash_one(&(&write.checks, at))
     }
 }

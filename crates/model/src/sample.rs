@@ -110,7 +110,7 @@ impl Protocol for Sample {
         })
     }
 
-    fn start(&self, op: Op) -> SamplePhase {
+    fn start(&self, op: Op, _requested: u8) -> SamplePhase {
         match op.kind {
             OpKind::Acquire => SamplePhase::AcquireUpdate,
             OpKind::Release => SamplePhase::ReleaseUpdate,
@@ -144,6 +144,7 @@ impl Protocol for Sample {
         op: Op,
         phase: SamplePhase,
         store: Option<SampleItem>,
+        _now: u8,
         log: Option<&mut String>,
     ) -> Advance<SampleItem, SamplePhase> {
         let item = store.expect("the sample creates the item up front");
@@ -250,7 +251,29 @@ impl Protocol for Sample {
         u64::from(store.is_some_and(|i| i.holders & (1 << e) != 0))
     }
 
-    fn phase_key(&self, phase: SamplePhase, _: Option<SampleItem>) -> u64 {
+    /// The sample keeps no fences: nothing to rotate.
+    fn rotation(&self, _: Option<SampleItem>, _: u8) -> Option<SamplePhase> {
+        None
+    }
+
+    fn land_rotation(
+        &self,
+        _: SamplePhase,
+        store: Option<SampleItem>,
+        _: Option<&mut String>,
+    ) -> Option<SampleItem> {
+        store
+    }
+
+    fn rotation_exec_key(&self, _: SamplePhase, _: u8) -> u64 {
+        0
+    }
+
+    fn rotation_key(&self, _: SamplePhase) -> u64 {
+        0
+    }
+
+    fn phase_key(&self, _: Op, phase: SamplePhase, _: Option<SampleItem>) -> u64 {
         phase as u64
     }
 }

@@ -7,10 +7,9 @@
 //! Each step of the world is one atomic thing happening at DynamoDB, or one decision of Step
 //! Functions, EventBridge or an execution:
 //!
-//! - an attempt (one Lambda invocation) advances: a read, or the landing of its write in flight
-//!   (a conditional write is sent when decided and lands at any later step, in any order with
-//!   every other request); on a conflict it decides again from the item the failed write returned,
-//!   as `Semaphore::apply` does, up to `max_writes` writes;
+//! - an attempt (one Lambda invocation) advances: it sends its write (or its read, for the
+//!   sample), or its write in flight lands, at any later step and in any order with every other
+//!   request; a cleanup sends its second write when its first has landed;
 //! - a write in flight is lost (the attempt ends with an error);
 //! - Step Functions retries an attempt (a timeout or a lost response): the old attempt keeps
 //!   running as a zombie and a new one starts with the same acquisition id;
@@ -20,17 +19,23 @@
 //!   once), lost or duplicated; events are delivered in any order and arbitrarily late;
 //! - the sweeper lists the lock and then cleans up the holders whose execution has ended (as
 //!   `DescribeExecution` would say at that moment); its cleanups of several holders may overlap,
-//!   a superset of the real sweeper's one-at-a-time order that keeps the world symmetric.
+//!   a superset of the real sweeper's one-at-a-time order that keeps the world symmetric;
+//! - the clock moves on by a tick (a bounded number of times);
+//! - a writer that has just seen the item sends a rotation of its fences, if one is due then,
+//!   which lands at any later step (a bounded number of rotations per run). In production the
+//!   writer is a release, cleanup or sweep that has just written; here any moment is allowed.
 //!
 //! The lock-protected state machine around an execution's attempts: acquire; on "full" wait and
 //! acquire again (at most `polls` more times, or any number of times), or give up; on
-//! "acquired" work, then release; after giving up, or an acquire error once the retries are
-//! used, release and fail; on "fenced" fail. Ending FAILED (or dying) emits a cleanup event;
-//! SUCCEEDED does not.
+//! "acquired" work, then release; on "expired" (the request is older than the horizon) enter the
+//! acquire state again at once; after giving up, or an acquire error once the retries are used,
+//! release and fail; on "fenced" fail. A Step Functions retry of an attempt keeps the request
+//! time of the state's entry; a new entry makes a new one. Ending FAILED (or dying) emits a
+//! cleanup event; SUCCEEDED does not.
 //!
 //! States are identified up to a renaming of the executions (they are interchangeable) and, for
 //! the product's protocol, up to the values of the version counter (see [`Protocol`]'s
-//! `phase_key`): two states that differ only so have the same future, renamed.
+//! `item_key`): two states that differ only so have the same future, renamed.
 
 use std::fmt::{self, Debug};
 use std::hash::Hash;
@@ -56,9 +61,6 @@ pub struct Config {
     /// any number of times, and it may give up after any "full" (a superset of every bound,
     /// with fewer states, since no count is kept).
     pub polls: Option<u8>,
-    /// Conditional writes one attempt sends before giving up with a contention error
-    /// (`RetryPolicy::max_attempts`, made small).
-    pub max_writes: u8,
     /// How many executions may die (be stopped or time out) in one run.
     pub deaths: u8,
     /// How many times in one run EventBridge may deliver a cleanup event twice.
@@ -73,6 +75,12 @@ pub struct Config {
     pub sweeper: bool,
     /// Sweeps at arbitrary moments while executions run (besides the final one).
     pub sweeps: u8,
+    /// How many times the clock moves on, by one tick, at arbitrary moments. A tick is the
+    /// protocol's horizon and fence window (see `ours`): an acquire requested a tick ago is
+    /// expired, and fences may rotate once a tick after the last rotation.
+    pub ticks: u8,
+    /// How many fence rotations may happen in one run, each at any moment it is due.
+    pub rotations: u8,
 }
 
 impl Config {
@@ -88,7 +96,6 @@ impl Config {
             retries: 1,
             release_timeouts: false,
             polls: None,
-            max_writes: 2,
             deaths: 1,
             duplicates: 0,
             lost_events: true,
@@ -96,6 +103,8 @@ impl Config {
             work_failures: false,
             sweeper: true,
             sweeps: 0,
+            ticks: 1,
+            rotations: 2,
         }
     }
 
@@ -108,7 +117,6 @@ impl Config {
             retries: 1,
             release_timeouts: true,
             polls: None,
-            max_writes: 2,
             deaths: executions,
             duplicates: 1,
             lost_events: true,
@@ -116,6 +124,8 @@ impl Config {
             work_failures: true,
             sweeper: true,
             sweeps: 1,
+            ticks: 1,
+            rotations: 2,
         }
     }
 }
@@ -142,10 +152,16 @@ impl fmt::Display for Config {
         if self.work_failures {
             faults.push("work failures".to_owned());
         }
+        if self.ticks > 0 {
+            faults.push(format!(
+                "{}, {}",
+                plural(self.ticks, "tick of the clock", "ticks of the clock"),
+                plural(self.rotations, "fence rotation", "fence rotations")
+            ));
+        }
         write!(
             f,
-            "{} executions, limit {}; each with {} ({}), {} after \"full\", up to {} per call; \
-             {}; sweeper: {}",
+            "{} executions, limit {}; each with {} ({}), {} after \"full\"; {}; sweeper: {}",
             self.executions,
             self.limit,
             plural(
@@ -161,7 +177,6 @@ impl fmt::Display for Config {
             self.polls.map_or("any number of polls".to_owned(), |n| {
                 plural(n, "poll", "polls")
             }),
-            plural(self.max_writes, "write", "writes"),
             faults.join(", "),
             if !self.sweeper {
                 "none".to_owned()
@@ -206,8 +221,8 @@ pub enum Answer {
     Fenced,
     /// Release or cleanup: done (whether or not anything was held).
     Done,
-    /// The write limit was reached with every write conflicting.
-    Contention,
+    /// Acquire: the request is older than the horizon; the state machine asks again.
+    Expired,
     /// A request was lost: the caller sees an error.
     Lost,
 }
@@ -239,8 +254,10 @@ pub trait Protocol {
     fn name(&self) -> &'static str;
     /// The item before any execution starts.
     fn initial_item(&self) -> Option<Self::Item>;
-    /// The phase of a new attempt of `op`.
-    fn start(&self, op: Op) -> Self::Phase;
+    /// The phase of a new attempt of `op` whose request was made at tick `requested` (for an
+    /// acquire: when its execution entered the acquire state; a Step Functions retry of the
+    /// attempt keeps it).
+    fn start(&self, op: Op, requested: u8) -> Self::Phase;
     /// What a new attempt of `op` has done so far, in words (e.g. "sent UpdateItem").
     fn describe_start(&self, op: Op) -> String;
     /// Whether the attempt has a write in flight (which may land or be lost).
@@ -252,8 +269,19 @@ pub trait Protocol {
         op: Op,
         phase: Self::Phase,
         store: Option<Self::Item>,
+        now: u8,
         log: Option<&mut String>,
     ) -> Advance<Self::Item, Self::Phase>;
+    /// A rotation of the fences, if the protocol has them and one is due on `store` at tick
+    /// `now`: the write in flight, decided from `store` as read now.
+    fn rotation(&self, store: Option<Self::Item>, now: u8) -> Option<Self::Phase>;
+    /// The rotation in flight lands (or is refused): the item afterwards.
+    fn land_rotation(
+        &self,
+        phase: Self::Phase,
+        store: Option<Self::Item>,
+        log: Option<&mut String>,
+    ) -> Option<Self::Item>;
     /// The executions that hold a slot (bit i: `exec-(i+1)`).
     fn holders(&self, store: Option<Self::Item>) -> u32;
     /// The number of holders the item records (its count attribute, or derived).
@@ -269,8 +297,13 @@ pub trait Protocol {
     /// What of the stored item is about execution `e` and can make a difference from now on;
     /// with `item_key`, this must determine the item up to what makes no difference.
     fn item_exec_key(&self, store: Option<Self::Item>, e: u8) -> u64;
-    /// What of an attempt's phase can make a difference from now on, given the stored item.
-    fn phase_key(&self, phase: Self::Phase, store: Option<Self::Item>) -> u64;
+    /// What of attempt `op`'s phase can make a difference from now on, given the stored item,
+    /// up to the name of its execution.
+    fn phase_key(&self, op: Op, phase: Self::Phase, store: Option<Self::Item>) -> u64;
+    /// What of a rotation in flight is about execution `e` (the fences of it that it moves).
+    fn rotation_exec_key(&self, phase: Self::Phase, e: u8) -> u64;
+    /// What of a rotation in flight is about no execution in particular.
+    fn rotation_key(&self, phase: Self::Phase) -> u64;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -328,6 +361,8 @@ struct Attempt<P> {
     role: Role,
     /// The execution's invocation number (acquire and release attempts), 0 for cleanups.
     nth: u8,
+    /// The tick its request was made (see `Protocol::start`).
+    requested: u8,
     phase: P,
 }
 
@@ -346,6 +381,14 @@ pub struct State<I, P> {
     sweeps_left: u8,
     /// Executions a release or cleanup write for which has landed (for S3).
     retired: u32,
+    /// Executions an acquire of which landed after they were retired (S3 violated).
+    resurrected: u32,
+    /// Ticks of the clock so far, and still to come.
+    now: u8,
+    ticks_left: u8,
+    rotations_left: u8,
+    /// A rotation of the fences in flight.
+    rotation: Option<P>,
     /// Executions a cleanup event for which was lost.
     lost: u32,
     /// The event emitted by the step being taken (none between steps).
@@ -435,14 +478,30 @@ impl<P: Protocol> World<P> {
         self.execs(s).iter().all(|x| !x.alive())
             && s.attempts.is_empty()
             && s.events.iter().all(|&n| n == 0)
+            && s.rotation.is_none()
     }
 
     fn sweeping(s: &State<P::Item, P::Phase>) -> bool {
         s.attempts.iter().any(|a| a.role == Role::Sweep)
     }
 
-    /// Starts a new invocation of `kind` for execution `e`, awaited by it.
+    /// Starts a new invocation of `kind` for execution `e`, awaited by it, for a request made
+    /// now (a state entered now).
     fn invoke(&self, s: &mut State<P::Item, P::Phase>, e: u8, kind: OpKind, words: &mut Words) {
+        let now = s.now;
+        self.invoke_requested(s, e, kind, now, words);
+    }
+
+    /// Starts a new invocation of `kind` for execution `e` for a request made at tick
+    /// `requested` (a Step Functions retry keeps the state's entry time).
+    fn invoke_requested(
+        &self,
+        s: &mut State<P::Item, P::Phase>,
+        e: u8,
+        kind: OpKind,
+        requested: u8,
+        words: &mut Words,
+    ) {
         let op = Op { kind, exec: e };
         let x = &mut s.execs[e as usize];
         x.invocations += 1;
@@ -450,7 +509,8 @@ impl<P: Protocol> World<P> {
             op,
             role: Role::Awaited,
             nth: x.invocations,
-            phase: self.protocol.start(op),
+            requested,
+            phase: self.protocol.start(op, requested),
         };
         words.say(|| {
             format!(
@@ -522,16 +582,20 @@ impl<P: Protocol> World<P> {
                 words.say(|| format!(" => {} gives up waiting; ", name()));
                 self.invoke(s, e, OpKind::Release, words);
             }
+            (OpKind::Acquire, Answer::Expired) => {
+                words.say(|| format!(" => {} enters its acquire state again: ", name()));
+                self.invoke(s, e, OpKind::Acquire, words);
+            }
             (OpKind::Acquire, Answer::Fenced) => {
                 words.say(|| format!(" => {} is refused and fails", name()));
                 self.end(s, e, End::Refused, words);
             }
-            (kind, Answer::Contention | Answer::Lost) if x.retries_left > 0 => {
+            (kind, Answer::Lost) if x.retries_left > 0 => {
                 s.execs[e as usize].retries_left -= 1;
                 words.say(|| " => Step Functions retries the task: ".to_owned());
-                self.invoke(s, e, kind, words);
+                self.invoke_requested(s, e, kind, a.requested, words);
             }
-            (OpKind::Acquire, Answer::Contention | Answer::Lost) => {
+            (OpKind::Acquire, Answer::Lost) => {
                 s.execs[e as usize].stage = Stage::Releasing { failed: true };
                 words.say(|| " => acquire failed for good; ".to_owned());
                 self.invoke(s, e, OpKind::Release, words);
@@ -565,7 +629,7 @@ impl<P: Protocol> World<P> {
             Role::Awaited => self.answered(s, a, answer, words),
             Role::Zombie => words.say(|| " (nobody waits for the answer)".to_owned()),
             Role::Event => {
-                if matches!(answer, Answer::Contention | Answer::Lost) {
+                if answer == Answer::Lost {
                     s.events[a.op.exec as usize] += 1;
                     words.say(|| " => the cleanup machine will retry it".to_owned());
                 }
@@ -576,12 +640,18 @@ impl<P: Protocol> World<P> {
 
     /// One step of attempt `a`, which the caller has taken out of `s.attempts`.
     fn step(&self, s: &mut State<P::Item, P::Phase>, a: Attempt<P::Phase>, words: &mut Words) {
-        let advance = self.protocol.advance(a.op, a.phase, s.store, words.log());
+        let advance = self
+            .protocol
+            .advance(a.op, a.phase, s.store, s.now, words.log());
         s.store = advance.store;
+        let bit = 1 << a.op.exec;
         if advance.wrote && a.op.kind != OpKind::Acquire {
-            // A release or cleanup for this execution has landed: from now on it must never
-            // hold a slot again (S3).
-            s.retired |= 1 << a.op.exec;
+            // A release or cleanup for this execution has landed: from now on no acquire of it
+            // may land (S3).
+            s.retired |= bit;
+        }
+        if advance.wrote && a.op.kind == OpKind::Acquire && s.retired & bit != 0 {
+            s.resurrected |= bit;
         }
         match advance.next {
             Next::Continue(phase) => s.attempts.push(Attempt { phase, ..a }),
@@ -612,19 +682,29 @@ impl<P: Protocol> World<P> {
                 n < attempts.len(),
                 "more than 32 attempts for one execution"
             );
-            attempts[n] = hash_one(&(a.op.kind, a.role, self.protocol.phase_key(a.phase, s.store)));
+            // The request time is carried over to a retry of an acquire only.
+            let requested = (a.op.kind == OpKind::Acquire).then_some(a.requested);
+            attempts[n] = hash_one(&(
+                a.op.kind,
+                a.role,
+                requested,
+                self.protocol.phase_key(a.op, a.phase, s.store),
+            ));
             n += 1;
         }
         let attempts = &mut attempts[..n];
         attempts.sort_unstable();
         let bit = |mask: u32| mask & (1 << e) != 0;
+        let rotation = s
+            .rotation
+            .map(|phase| self.protocol.rotation_exec_key(phase, e));
         hash_one(&(
             (stage, x.retries_left, x.polls_left),
             self.protocol.item_exec_key(s.store, e),
             &*attempts,
             s.events[e as usize],
-            bit(s.retired),
-            bit(s.lost),
+            (bit(s.retired), bit(s.resurrected), bit(s.lost)),
+            rotation,
         ))
     }
 
@@ -681,7 +761,12 @@ impl<P: Protocol> World<P> {
 
     /// The last sweep, once everything has ended: every holder is cleaned up, one at a time,
     /// with nothing else running. Returns the item afterwards and what was done.
-    fn final_sweep(&self, store: Option<P::Item>, logging: bool) -> (Option<P::Item>, String) {
+    fn final_sweep(
+        &self,
+        store: Option<P::Item>,
+        now: u8,
+        logging: bool,
+    ) -> (Option<P::Item>, String) {
         let mut store = store;
         let mut log = String::new();
         let holders = self.protocol.holders(store);
@@ -693,15 +778,16 @@ impl<P: Protocol> World<P> {
                 kind: OpKind::Cleanup,
                 exec: e,
             };
-            let mut phase = self.protocol.start(op);
+            let mut phase = self.protocol.start(op, now);
             if logging {
                 log.push_str(&format!(" cleanup of {}:", exec_name(e)));
             }
-            for _ in 0..=u32::from(self.config.max_writes) * 2 + 2 {
+            // A cleanup is at most two writes.
+            for _ in 0..3 {
                 let mut words = String::new();
                 let advance =
                     self.protocol
-                        .advance(op, phase, store, logging.then_some(&mut words));
+                        .advance(op, phase, store, now, logging.then_some(&mut words));
                 if logging {
                     log.push_str(&format!(" {words};"));
                 }
@@ -759,6 +845,11 @@ impl<P: Protocol> Model for World<P> {
             deaths_left: c.deaths,
             sweeps_left: if c.sweeper { c.sweeps } else { 0 },
             retired: 0,
+            resurrected: 0,
+            now: 0,
+            ticks_left: c.ticks,
+            rotations_left: c.rotations,
+            rotation: None,
             lost: 0,
             emitted: None,
         };
@@ -872,6 +963,7 @@ impl<P: Protocol> Model for World<P> {
                     let old = t.attempts[i];
                     t.attempts[i].role = Role::Zombie;
                     t.execs[e as usize].retries_left -= 1;
+                    // The retry is made within the same state entry: same request time.
                     let mut words = Words::new(on);
                     words.say(|| {
                         format!(
@@ -879,7 +971,7 @@ impl<P: Protocol> Model for World<P> {
                             self.attempt_name(&old)
                         )
                     });
-                    self.invoke(&mut t, e, old.op.kind, &mut words);
+                    self.invoke_requested(&mut t, e, old.op.kind, old.requested, &mut words);
                     emit(t, words);
                 }
             }
@@ -908,7 +1000,8 @@ impl<P: Protocol> Model for World<P> {
                 op,
                 role: Role::Event,
                 nth: 0,
-                phase: self.protocol.start(op),
+                requested: s.now,
+                phase: self.protocol.start(op, s.now),
             };
             let mut words = Words::new(on);
             words.say(|| {
@@ -937,7 +1030,8 @@ impl<P: Protocol> Model for World<P> {
                     op,
                     role: Role::Sweep,
                     nth: 0,
-                    phase: self.protocol.start(op),
+                    requested: s.now,
+                    phase: self.protocol.start(op, s.now),
                 });
             }
             let mut words = Words::new(on);
@@ -953,6 +1047,42 @@ impl<P: Protocol> Model for World<P> {
                     }
                 )
             });
+            emit(t, words);
+        }
+
+        // The clock moves on by a tick.
+        if s.ticks_left > 0 && !self.quiescent(s) {
+            let mut t = s.clone();
+            t.ticks_left -= 1;
+            t.now += 1;
+            let mut words = Words::new(on);
+            words.say(|| format!("a tick of the clock passes (now tick {})", t.now));
+            emit(t, words);
+        }
+
+        // A writer that has just seen the item rotates its fences, if a rotation is due, and the
+        // rotation lands at any later moment.
+        if s.rotation.is_none() && s.rotations_left > 0 {
+            if let Some(phase) = self.protocol.rotation(s.store, s.now) {
+                let mut t = s.clone();
+                t.rotations_left -= 1;
+                t.rotation = Some(phase);
+                let mut words = Words::new(on);
+                words.say(|| {
+                    format!(
+                        "a writer sees {} and sends a rotation of the fences [in flight]",
+                        self.protocol.describe(s.store)
+                    )
+                });
+                emit(t, words);
+            }
+        }
+        if let Some(phase) = s.rotation {
+            let mut t = s.clone();
+            t.rotation = None;
+            let mut words = Words::new(on);
+            words.say(|| "the rotation of the fences: ".to_owned());
+            t.store = self.protocol.land_rotation(phase, s.store, words.log());
             emit(t, words);
         }
     }
@@ -997,12 +1127,12 @@ impl<P: Protocol> Model for World<P> {
                 ),
             });
         }
-        if holders & s.retired != 0 {
+        if s.resurrected != 0 {
             return Err(Violation {
                 property: "S3",
                 detail: format!(
-                    "{} holds a slot again after a release or cleanup for it had landed: {}",
-                    names(holders & s.retired),
+                    "an acquire of {} landed after a release or cleanup for it had: {}",
+                    names(s.resurrected),
                     self.protocol.describe(s.store)
                 ),
             });
@@ -1052,14 +1182,14 @@ impl<P: Protocol> Model for World<P> {
         // lost; then one sweep (if there is a sweeper) must leave nothing held.
         if self.quiescent(s) {
             let (store, _) = if self.config.sweeper {
-                self.final_sweep(s.store, false)
+                self.final_sweep(s.store, s.now, false)
             } else {
                 (s.store, String::new())
             };
             let left = self.protocol.holders(store);
             if left != 0 {
                 let (store, log) = if self.config.sweeper {
-                    self.final_sweep(s.store, true)
+                    self.final_sweep(s.store, s.now, true)
                 } else {
                     (s.store, String::new())
                 };
@@ -1100,7 +1230,11 @@ impl<P: Protocol> Model for World<P> {
             for x in self.execs(s) {
                 (x.stage, x.retries_left, x.polls_left).hash(h);
             }
-            let mut attempts: Vec<_> = s.attempts.iter().map(|a| (a.op, a.role, a.phase)).collect();
+            let mut attempts: Vec<_> = s
+                .attempts
+                .iter()
+                .map(|a| (a.op, a.role, a.requested, a.phase))
+                .collect();
             attempts.sort_unstable();
             attempts.hash(h);
             (
@@ -1109,9 +1243,11 @@ impl<P: Protocol> Model for World<P> {
                 s.deaths_left,
                 s.sweeps_left,
                 s.retired,
+                s.resurrected,
                 s.lost,
             )
                 .hash(h);
+            (s.now, s.ticks_left, s.rotations_left, s.rotation).hash(h);
             return;
         }
         let holders = self.protocol.holders(s.store);
@@ -1127,6 +1263,13 @@ impl<P: Protocol> Model for World<P> {
             s.duplicates_left,
             s.deaths_left,
             s.sweeps_left,
+        )
+            .hash(h);
+        (
+            s.now,
+            s.ticks_left,
+            s.rotations_left,
+            s.rotation.map(|phase| self.protocol.rotation_key(phase)),
         )
             .hash(h);
         debug_assert!(s.emitted.is_none());

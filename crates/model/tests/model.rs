@@ -8,28 +8,48 @@ fn show(name: &str, report: &Report) {
     println!("{name}: {report}");
 }
 
-fn assert_safe(name: &str, config: Config) -> Report {
+fn assert_safe(name: &str, config: Config, at_least: u64) -> Report {
     let report = check_ours(config, Variant::Real, None);
     show(name, &report);
     assert!(report.passed(), "{name}: {report}");
-    // Guard against a vacuous world: these configurations reach hundreds of thousands of
-    // distinct states.
+    // Guard against a vacuous world.
     assert!(
-        report.states > 100_000,
+        report.states > at_least,
         "{name}: only {} states",
         report.states
     );
     report
 }
 
+/// Three executions without the clock moving (so no rotation can drop a fence): every
+/// interleaving of acquires, retries, a death, lost and late events and writes.
+fn three_executions(limit: u32) -> Config {
+    Config {
+        ticks: 0,
+        rotations: 1,
+        ..Config::small(limit)
+    }
+}
+
 #[test]
 fn ours_is_safe_with_three_executions_and_limit_1() {
-    assert_safe("3 executions, limit 1", Config::small(1));
+    assert_safe("3 executions, limit 1", three_executions(1), 100_000);
 }
 
 #[test]
 fn ours_is_safe_with_three_executions_and_limit_2() {
-    assert_safe("3 executions, limit 2", Config::small(2));
+    assert_safe("3 executions, limit 2", three_executions(2), 100_000);
+}
+
+#[test]
+fn ours_is_safe_when_the_clock_moves_and_fences_rotate_at_any_moment() {
+    // A tick expires every request made before it and lets two rotations drop every fence
+    // written before the first: a write in flight across them must still be refused.
+    let config = Config {
+        executions: 2,
+        ..Config::small(1)
+    };
+    assert_safe("2 executions, a tick, 2 rotations", config, 50_000);
 }
 
 #[test]
@@ -38,11 +58,14 @@ fn ours_is_safe_with_duplicated_events_and_a_sweep_at_any_moment() {
         executions: 2,
         duplicates: 1,
         sweeps: 1,
+        ticks: 0,
+        rotations: 1,
         ..Config::small(1)
     };
     assert_safe(
         "2 executions, duplicated events, a sweep at any moment",
         config,
+        50_000,
     );
 }
 
@@ -54,6 +77,8 @@ fn ours_is_safe_with_lost_writes_work_failures_release_timeouts_and_every_death(
         lost_writes: true,
         work_failures: true,
         release_timeouts: true,
+        ticks: 0,
+        rotations: 1,
         ..Config::small(1)
     };
     let report = check_ours(config, Variant::Real, None);
@@ -132,13 +157,19 @@ fn without_the_sweeper_a_lost_cleanup_event_leaks_a_slot_of_ours_too() {
 
 #[test]
 fn every_broken_variant_of_ours_is_caught() {
+    let config = Config {
+        executions: 2,
+        ..Config::small(1)
+    };
     for (variant, property) in [
         (Variant::CleanupWithoutFence, "S3"),
         (Variant::CleanupSkipsWhenNothingHeld, "S2"),
         (Variant::ReleaseWithoutFence, "S3"),
-        (Variant::UnconditionalWrites, "S1"),
+        (Variant::AcquireWithoutLimit, "S1"),
+        (Variant::AcquireChecksFencesWhenSent, "S3"),
+        (Variant::RotationWithoutHorizon, "S3"),
     ] {
-        let report = check_ours(Config::small(1), variant, None);
+        let report = check_ours(config, variant, None);
         show(variant.name(), &report);
         let cex = report
             .counterexample
@@ -179,4 +210,28 @@ fn identifying_states_up_to_renaming_and_versions_changes_no_verdict() {
             assert!(reduced.states < exact.states);
         }
     }
+}
+
+#[test]
+fn dropping_fences_without_the_horizon_lets_a_write_decided_before_them_land() {
+    // The trace the checker finds for the variant whose acquire does not name the horizon: the
+    // write is in flight when the cleanup fences its execution, two rotations a tick apart
+    // drop that fence, and the write lands.
+    let config = Config {
+        executions: 2,
+        ..Config::small(1)
+    };
+    let report = check_ours(config, Variant::RotationWithoutHorizon, None);
+    let cex = report.counterexample.expect("a violation");
+    println!("{cex}");
+    assert_eq!(cex.violation.property, "S3", "{cex}");
+    let landed = |words: &str| cex.steps.iter().filter(|s| s.contains(words)).count();
+    assert_eq!(landed("the rotation of the fences: "), 2, "{cex}");
+    assert_eq!(landed("a tick of the clock passes"), 1, "{cex}");
+    assert!(
+        cex.steps
+            .iter()
+            .any(|s| s.contains("fence exec-1 (execution)")),
+        "{cex}"
+    );
 }

@@ -1,25 +1,35 @@
-//! Parity of the two renderings of the protocol: one scenario (acquires, releases and cleanups
-//! of a few identities, including "already held", "full", "fenced", releasing what is not held,
-//! duplicate cleanups and expired fences) runs against the in-memory store the model checker
-//! explores and against the DynamoDB store on the local server, with the same clock; after
-//! every step the answers and the whole stored tables must be equal.
+//! Parity of the two renderings of the protocol: one scenario (acquires, releases and cleanups of
+//! a few identities, including "already held", "full", "fenced", "expired", releasing what is not
+//! held, duplicate cleanups, the first write of a lock, and fence rotations a window apart) runs
+//! against the in-memory store the model checker explores and against the DynamoDB store on the
+//! local server, with the same clock; after every step the answers and the whole stored tables
+//! must be equal.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use semaphore_core::{
-    AcquireOutcome, CleanupOutcome, FenceReason, HolderId, ItemStore, Limit, ManualClock,
-    MemoryStore, ReleaseOutcome, Semaphore, SemaphoreItem,
+    AcquireOutcome, CleanupOutcome, Clock, FenceReason, HolderId, ItemStore, Limit, ManualClock,
+    MemoryStore, ReleaseOutcome, Semaphore, SemaphoreItem, Timing,
 };
 use semaphore_tests::fresh_table;
 use semaphore_tests::names::{id, lock};
 
-const WINDOW: Duration = Duration::from_secs(10);
+const TIMING: Timing = Timing {
+    horizon: Duration::from_secs(2),
+    clock_skew: Duration::from_secs(1),
+};
+/// The fence window: horizon + skew.
+const WINDOW_MS: u64 = 3_000;
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
     Acquire(&'static str, &'static str, &'static str, i64),
+    /// An acquire whose request was made this many milliseconds ago.
+    AcquireAsked(&'static str, &'static str, &'static str, i64, u64),
     Release(&'static str, &'static str, &'static str),
+    /// A release by a writer whose clock is this many milliseconds ahead.
+    ReleaseAhead(&'static str, &'static str, &'static str, u64),
     Cleanup(&'static str, &'static str),
     /// Move the shared clock on by this many milliseconds.
     Wait(u64),
@@ -40,6 +50,7 @@ impl Answer {
             Self::Acquire(AcquireOutcome::Acquired { .. }) => "acquired".into(),
             Self::Acquire(AcquireOutcome::AlreadyHeld { .. }) => "already held".into(),
             Self::Acquire(AcquireOutcome::Full { .. }) => "full".into(),
+            Self::Acquire(AcquireOutcome::Expired) => "expired".into(),
             Self::Acquire(AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)) => {
                 "fenced: released".into()
             }
@@ -54,12 +65,57 @@ impl Answer {
     }
 }
 
-async fn apply<S: ItemStore>(sem: &Semaphore<S>, clock: &ManualClock, op: Op) -> Answer {
+/// One store, seen by two writers: one on the shared clock, one on a clock ahead of it.
+struct Writers<S> {
+    on_time: Semaphore<S>,
+    ahead: Semaphore<S>,
+}
+
+/// A clock a fixed number of milliseconds ahead of another.
+#[derive(Debug)]
+struct Ahead(Arc<ManualClock>, u64);
+
+impl Clock for Ahead {
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms() + self.1
+    }
+}
+
+fn writers<S: ItemStore + Copy>(store: S, clock: &Arc<ManualClock>, ahead_ms: u64) -> Writers<S> {
+    Writers {
+        // Every release rotates once a window has passed (not only a busy one), so that the
+        // scenario's rotations happen at the steps it names.
+        on_time: Semaphore::new(store)
+            .with_clock(clock.clone())
+            .with_timing(TIMING)
+            .with_busy_young_fences(1),
+        ahead: Semaphore::new(store)
+            .with_clock(Arc::new(Ahead(clock.clone(), ahead_ms)))
+            .with_timing(TIMING)
+            .with_busy_young_fences(1),
+    }
+}
+
+async fn apply<S: ItemStore>(writers: &Writers<S>, op: Op) -> Answer {
+    let sem = &writers.on_time;
     match op {
+        Op::ReleaseAhead(l, h, a, _) => {
+            Answer::Release(writers.ahead.release(&lock(l), &id(h, a)).await.unwrap())
+        }
         Op::Acquire(l, h, a, limit) => Answer::Acquire(
             sem.acquire(&lock(l), &id(h, a), Limit::new(limit).unwrap())
                 .await
                 .unwrap(),
+        ),
+        Op::AcquireAsked(l, h, a, limit, ago) => Answer::Acquire(
+            sem.acquire_requested_at(
+                &lock(l),
+                &id(h, a),
+                Limit::new(limit).unwrap(),
+                sem.now_ms() - ago,
+            )
+            .await
+            .unwrap(),
         ),
         Op::Release(l, h, a) => Answer::Release(sem.release(&lock(l), &id(h, a)).await.unwrap()),
         Op::Cleanup(l, h) => Answer::Cleanup(
@@ -67,15 +123,18 @@ async fn apply<S: ItemStore>(sem: &Semaphore<S>, clock: &ManualClock, op: Op) ->
                 .await
                 .unwrap(),
         ),
-        Op::Wait(ms) => {
-            clock.advance_ms(ms);
-            Answer::Waited
-        }
+        Op::Wait(_) => Answer::Waited,
     }
 }
 
 async fn table<S: ItemStore>(sem: &Semaphore<S>) -> Vec<SemaphoreItem> {
-    let mut items = sem.list().await.unwrap();
+    let mut items: Vec<SemaphoreItem> = sem
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
     items.sort_by(|a, b| a.lock.cmp(&b.lock));
     items
 }
@@ -88,7 +147,8 @@ async fn memory_and_dynamodb_stores_agree_after_every_step() {
         (Acquire("p", "a", "1", 2), "already held"),
         (Acquire("p", "b", "1", 2), "acquired"),
         (Acquire("p", "c", "1", 2), "full"),
-        (Acquire("p", "c", "1", 1), "full"),
+        (Acquire("p", "c", "1", 3), "acquired"),
+        (Release("p", "c", "1"), "released"),
         (Release("p", "a", "1"), "released"),
         (Release("p", "a", "1"), "not held"),
         (Acquire("p", "a", "1", 2), "fenced: released"),
@@ -97,47 +157,67 @@ async fn memory_and_dynamodb_stores_agree_after_every_step() {
         (Acquire("p", "b", "1", 2), "fenced: ended"),
         (Acquire("p", "b", "2", 2), "fenced: ended"),
         (Release("p", "b", "1"), "not held"),
-        (Wait(2_000), "waited"),
         (Cleanup("p", "b"), "freed 0"),
-        (Release("p", "c", "1"), "not held"),
-        (Acquire("p", "c", "1", 2), "fenced: released"),
-        (Acquire("p", "c", "2", 3), "acquired"),
         (Cleanup("p", "nobody"), "freed 0"),
+        // The first write of a lock is a release or a cleanup: it still fences.
         (Release("q", "a", "1"), "not held"),
         (Cleanup("r", "a"), "freed 0"),
         (Acquire("q", "a", "1", 1), "fenced: released"),
         (Acquire("q", "b", "1", 1), "acquired"),
         (Acquire("q", "c", "1", 1), "full"),
-        // Past the window of every fence written so far: they expire and the next write of
-        // each item drops them.
-        (Wait(WINDOW.as_millis() as u64 + 1), "waited"),
-        (Acquire("p", "a", "1", 2), "full"),
-        (Release("p", "c", "2"), "released"),
+        // Requests older than the horizon are answered without a write.
+        (AcquireAsked("q", "d", "1", 1, 2_000), "expired"),
+        // One window on: the next release of each lock rotates its fences (young -> old).
+        (Wait(WINDOW_MS), "waited"),
+        (Release("p", "a", "2"), "released"),
+        (Acquire("p", "a", "1", 2), "fenced: released"),
+        (Acquire("p", "b", "3", 2), "fenced: ended"),
+        // A request made before that rotation, landing after it, inside its horizon: fine.
+        (AcquireAsked("p", "e", "1", 2, 1_000), "acquired"),
+        // Another window: the next rotation drops every fence written before the first one.
+        (Wait(WINDOW_MS), "waited"),
+        (Release("p", "e", "1"), "released"),
         (Acquire("p", "a", "1", 2), "acquired"),
-        (Cleanup("p", "a"), "freed 2"),
-        (Acquire("p", "b", "1", 2), "acquired"),
-        (Cleanup("p", "b"), "freed 1"),
-        (Acquire("q", "a", "1", 1), "full"),
+        (Acquire("p", "b", "3", 2), "acquired"),
+        (AcquireAsked("p", "c", "1", 2, 1_999), "full"),
+        // A writer whose clock runs 3.5 s ahead releases, and rotates by its clock: a request
+        // whose horizon ends before that rotation is refused by it (the fence of c's first
+        // acquisition is long gone), and so is every request until this host's clock catches up
+        // (a clock ahead by more than the skew allowed costs "expired" answers, not safety).
+        (ReleaseAhead("p", "b", "3", 3_500), "released"),
+        (AcquireAsked("p", "c", "1", 2, 1_999), "expired"),
+        (Acquire("p", "c", "1", 2), "expired"),
+        (Wait(1_501), "waited"),
+        (Acquire("p", "c", "1", 2), "acquired"),
+        (Cleanup("p", "a"), "freed 1"),
+        // q's next release rotates its fences too (its last rotation is two windows old): the
+        // fence of q/a/1 is dropped with it.
         (Release("q", "b", "1"), "released"),
         (Acquire("q", "a", "1", 1), "acquired"),
+        (Acquire("q", "c", "1", 1), "full"),
     ];
 
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));
-    let memory = Semaphore::new(MemoryStore::new())
-        .with_clock(clock.clone())
-        .with_fence_window(WINDOW);
-    let dynamo = Semaphore::new(fresh_table().await)
-        .with_clock(clock.clone())
-        .with_fence_window(WINDOW);
+    let ahead_ms = scenario
+        .iter()
+        .find_map(|(op, _)| match op {
+            ReleaseAhead(.., ms) => Some(*ms),
+            _ => None,
+        })
+        .unwrap_or(0);
+    let (in_memory, in_dynamo) = (MemoryStore::new(), fresh_table().await);
+    let (memory, dynamo) = (
+        writers(&in_memory, &clock, ahead_ms),
+        writers(&in_dynamo, &clock, ahead_ms),
+    );
 
     for (n, &(op, expected)) in scenario.iter().enumerate() {
         let step = n + 1;
-        // The clock moves only in Wait steps (once, for both), so both see the same now.
-        let in_memory = apply(&memory, &clock, op).await;
-        let in_dynamo = match op {
-            Wait(_) => Answer::Waited,
-            op => apply(&dynamo, &clock, op).await,
-        };
+        if let Wait(ms) = op {
+            clock.advance_ms(ms);
+        }
+        let in_memory = apply(&memory, op).await;
+        let in_dynamo = apply(&dynamo, op).await;
         assert_eq!(
             in_memory.kind(),
             expected,
@@ -147,20 +227,17 @@ async fn memory_and_dynamodb_stores_agree_after_every_step() {
             in_memory, in_dynamo,
             "step {step} {op:?}: the answers differ"
         );
-        let (in_memory, in_dynamo) = (table(&memory).await, table(&dynamo).await);
+        let (in_memory, in_dynamo) = (table(&memory.on_time).await, table(&dynamo.on_time).await);
         assert_eq!(
             in_memory, in_dynamo,
             "step {step} {op:?}: the stored items differ"
         );
     }
-    // Expired fences were dropped by the writes after the wait (r was not written again).
-    let end = table(&memory).await;
-    let now = memory.now_ms();
+    let end = table(&memory.on_time).await;
     let names: Vec<&str> = end.iter().map(|i| i.lock.as_str()).collect();
     assert_eq!(names, ["p", "q", "r"]);
-    for item in &end[..2] {
-        assert_eq!(item.live_fences(now), item.fences.len(), "{item:?}");
-    }
-    assert_eq!(end[2].live_fences(now), 0);
-    assert_eq!(end[2].fences.len(), 1);
+    // p rotated twice: the fences of its first window are gone.
+    let p = &end[0];
+    assert!(p.fences.rotated_at_ms.is_some());
+    assert!(!p.is_fenced(&semaphore_core::FenceKey::acquisition(&id("a", "1"))));
 }

@@ -2,7 +2,9 @@
 //!
 //! Exit status: 0 done (acquired, already held, released, nothing held, cleaned, status),
 //! 2 the lock is full, 3 refused because this holder/acquisition was released or cleaned up
-//! (fenced), 1 any error (message on stderr). Output is JSON on stdout.
+//! (fenced), 4 expired (the request is older than the acquire horizon and the fences rotated
+//! since: nothing was taken, run it again), 1 any error (message on stderr, nothing written;
+//! also a lock whose item version 1 wrote). Output is JSON on stdout.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,8 +12,8 @@ use std::time::Duration;
 use aws_config::BehaviorVersion;
 use clap::{Parser, Subcommand};
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName,
-    ReleaseOutcome, Semaphore, SemaphoreItem, TableSetup,
+    rfc3339_millis, AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit,
+    LockName, ReleaseOutcome, Semaphore, SemaphoreItem, SystemClock, TableSetup, Timing,
 };
 use serde_json::{json, Value};
 
@@ -30,9 +32,18 @@ struct Cli {
     /// The semaphore table.
     #[arg(long, global = true, env = "TABLE_NAME", default_value = "semaphores")]
     table: String,
-    /// How long release and cleanup fence an identity (see the README's fence window).
-    #[arg(long, global = true, env = "FENCE_WINDOW_SECONDS", default_value_t = semaphore_core::DEFAULT_FENCE_WINDOW.as_secs())]
-    fence_window_seconds: u64,
+    /// How long after its request an acquire may still land (whole seconds, 1-300); the
+    /// deployed functions' AcquireHorizonSeconds. With the clock skew it makes the fence window.
+    #[arg(long, global = true, env = "ACQUIRE_HORIZON_SECONDS", value_name = "SECONDS",
+          allow_hyphen_values = true, default_value_t = Timing::DEFAULT_HORIZON.as_secs(),
+          value_parser = horizon_seconds)]
+    horizon_seconds: u64,
+    /// How far apart hosts' clocks may be (whole seconds, 1-60); the deployed functions'
+    /// ClockSkewSeconds.
+    #[arg(long, global = true, env = "CLOCK_SKEW_SECONDS", value_name = "SECONDS",
+          allow_hyphen_values = true, default_value_t = Timing::DEFAULT_CLOCK_SKEW.as_secs(),
+          value_parser = clock_skew_seconds)]
+    clock_skew_seconds: u64,
     #[command(subcommand)]
     command: Command,
 }
@@ -41,7 +52,8 @@ struct Cli {
 enum Command {
     /// Create the table (partition key `lock`, on-demand) unless it exists.
     Init,
-    /// One attempt to take a slot. Exit 0 acquired or already held, 2 full, 3 fenced.
+    /// One attempt to take a slot, requested when semctl started. Exit 0 acquired or already
+    /// held, 2 full, 3 fenced, 4 expired.
     Acquire {
         #[arg(long)]
         lock: String,
@@ -69,7 +81,8 @@ enum Command {
         #[arg(long)]
         holder: String,
     },
-    /// The semaphore as stored: limit, count, version, holders, live fences.
+    /// The semaphore as stored: limit, count, version, holders, fences, last rotation, the
+    /// fence window, item bytes and write units per write.
     Status {
         #[arg(long)]
         lock: String,
@@ -78,10 +91,37 @@ enum Command {
 
 const EXIT_FULL: u8 = 2;
 const EXIT_FENCED: u8 = 3;
+const EXIT_EXPIRED: u8 = 4;
+
+/// Whole seconds within `range`, for a flag or its environment variable.
+fn seconds_in(text: &str, range: std::ops::RangeInclusive<u64>) -> Result<u64, String> {
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|secs| range.contains(secs))
+        .ok_or_else(|| {
+            format!(
+                "expected whole seconds from {} to {}",
+                range.start(),
+                range.end()
+            )
+        })
+}
+
+fn horizon_seconds(text: &str) -> Result<u64, String> {
+    seconds_in(text, Timing::HORIZON_RANGE)
+}
+
+fn clock_skew_seconds(text: &str) -> Result<u64, String> {
+    seconds_in(text, Timing::CLOCK_SKEW_RANGE)
+}
 
 type Failure = Box<dyn std::error::Error>;
 
 fn main() -> ExitCode {
+    // The acquire's request time: when the operator asked, before anything else ran. A fence
+    // written after this moment is one the acquire must meet (see `Timing`).
+    let requested_at_ms = SystemClock.now_ms();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
@@ -112,7 +152,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, requested_at_ms)) {
         Ok((output, code)) => {
             println!(
                 "{}",
@@ -127,7 +167,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(Value, u8), Failure> {
+async fn run(cli: Cli, requested_at_ms: u64) -> Result<(Value, u8), Failure> {
     // Validate everything before building a client, so bad input never reaches the table.
     let command = cli.command;
     let request = Request::parse(&command)?;
@@ -143,9 +183,11 @@ async fn run(cli: Cli) -> Result<(Value, u8), Failure> {
         return Err("no AWS region: pass --region or set AWS_REGION".into());
     }
     let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&config), &cli.table);
-    let semaphore =
-        Semaphore::new(store).with_fence_window(Duration::from_secs(cli.fence_window_seconds));
-    request.execute(&semaphore).await
+    let semaphore = Semaphore::new(store).with_timing(Timing {
+        horizon: Duration::from_secs(cli.horizon_seconds),
+        clock_skew: Duration::from_secs(cli.clock_skew_seconds),
+    });
+    request.execute(&semaphore, requested_at_ms).await
 }
 
 /// A command with its inputs validated.
@@ -193,7 +235,11 @@ impl Request {
         })
     }
 
-    async fn execute(self, semaphore: &Semaphore<DynamoStore>) -> Result<(Value, u8), Failure> {
+    async fn execute(
+        self,
+        semaphore: &Semaphore<DynamoStore>,
+        requested_at_ms: u64,
+    ) -> Result<(Value, u8), Failure> {
         Ok(match self {
             Self::Init => {
                 let table = semaphore.store().table();
@@ -204,7 +250,9 @@ impl Request {
                 (json!({"table": table, "outcome": outcome}), 0)
             }
             Self::Acquire(lock, identity, limit) => {
-                let outcome = semaphore.acquire(&lock, &identity, limit).await?;
+                let outcome = semaphore
+                    .acquire_requested_at(&lock, &identity, limit, requested_at_ms)
+                    .await?;
                 let mut out = json!({
                     "lock": lock.as_str(),
                     "holder": identity.holder.as_str(),
@@ -226,6 +274,17 @@ impl Request {
                     AcquireOutcome::Fenced(reason) => (
                         json!({"outcome": "fenced", "reason": reason.describe()}),
                         EXIT_FENCED,
+                    ),
+                    AcquireOutcome::Expired => (
+                        json!({
+                            "outcome": "expired",
+                            "message": format!(
+                                "the request is older than the acquire horizon ({} s) and the \
+                                 fences rotated since: nothing was taken; run the command again",
+                                semaphore.timing().horizon.as_secs()
+                            ),
+                        }),
+                        EXIT_EXPIRED,
                     ),
                 };
                 merge(&mut out, fields);
@@ -280,7 +339,10 @@ impl Request {
             }
             Self::Status(lock) => {
                 let item = semaphore.status(&lock).await?;
-                (status_json(&item, semaphore.now_ms()), 0)
+                (
+                    status_json(&item, semaphore.now_ms(), &semaphore.timing()),
+                    0,
+                )
             }
         })
     }
@@ -292,7 +354,7 @@ fn merge(into: &mut Value, from: Value) {
     }
 }
 
-fn status_json(item: &SemaphoreItem, now_ms: u64) -> Value {
+fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Value {
     let item_bytes = semaphore_core::dynamo::stored_size(item);
     let holders: Vec<Value> = item
         .holders
@@ -302,20 +364,30 @@ fn status_json(item: &SemaphoreItem, now_ms: u64) -> Value {
                 "holder": identity.holder.as_str(),
                 "acquisition": identity.acquisition.as_str(),
                 "token": holding.token.0,
+                "acquired_at": rfc3339_millis(holding.acquired_at_ms),
                 "acquired_at_ms": holding.acquired_at_ms,
                 "held_ms": now_ms.saturating_sub(holding.acquired_at_ms),
             })
         })
         .collect();
+    let fences = &item.fences;
     json!({
         "lock": item.lock.as_str(),
         "limit": item.limit.map(Limit::get),
         "count": item.count(),
         "version": item.version.0,
         "holders": holders,
-        "fences": item.live_fences(now_ms),
-        // Every write of a lock is the whole item: its size is what each write costs, and what
-        // bounds one lock's rate (BENCHMARKS.md, "The ceiling of one item per semaphore").
+        // Two generations of fences; a rotation drops `old` and ages `young`, at most once per
+        // fence window, so every fence is kept at least one window and at most about two.
+        "fences": {"young": fences.young.len(), "old": fences.old.len()},
+        "rotated_at": fences.rotated_at_ms.map(rfc3339_millis),
+        "rotated_at_ms": fences.rotated_at_ms,
+        // The window is not stored: it is this semctl's horizon plus clock skew, which should
+        // be the deployed functions' (AcquireHorizonSeconds + ClockSkewSeconds).
+        "fence_window_seconds": timing.window().as_secs(),
+        // An UpdateItem is billed by the larger of the item before and after it, one write
+        // unit per started KB: this size is what each write of the lock costs, and what bounds
+        // one lock's rate (BENCHMARKS.md).
         "item_bytes": item_bytes,
         "write_units_per_write": semaphore_core::dynamo::write_units(item_bytes),
     })

@@ -20,13 +20,15 @@ death, lost and late events, late writes, a final sweep); options change it.
   --protocol ours|sample     which protocol to check (default: ours)
   --variant NAME             a broken variant of ours: real (default), cleanup-without-fence,
                              cleanup-skips-when-nothing-held, release-without-fence,
-                             unconditional-writes
+                             acquire-without-limit, acquire-checks-fences-when-sent,
+                             rotation-without-horizon
   --executions N             executions contending (default 3)
   --limit N                  the lock's limit (default 1)
   --retries N                Step Functions retries per execution (default 1)
   --polls N                  more acquires after 'full' before giving up (default: any
                              number; an execution may give up after any 'full')
-  --max-writes N             conditional writes per attempt before contention (default 2)
+  --ticks N                  times the clock moves on by the horizon (default 1)
+  --rotations N              fence rotations per run, each at any moment it is due (default 2)
   --deaths N                 executions that may die (default 1; all with --every-fault)
   --duplicates N             cleanup events that may be delivered twice (default 0)
   --sweeps N                 sweeps at any moment, besides the final one (default 0)
@@ -96,7 +98,8 @@ fn parse() -> Result<Args, String> {
             }
             "--retries" => c.retries = small(value(&flag)?, &flag)?,
             "--polls" => c.polls = Some(small(value(&flag)?, &flag)?),
-            "--max-writes" => c.max_writes = small(value(&flag)?, &flag)?,
+            "--ticks" => c.ticks = small(value(&flag)?, &flag)?,
+            "--rotations" => c.rotations = small(value(&flag)?, &flag)?,
             "--deaths" => deaths = Some(small(value(&flag)?, &flag)?),
             "--duplicates" => c.duplicates = small(value(&flag)?, &flag)?,
             "--sweeps" => c.sweeps = small(value(&flag)?, &flag)?,
@@ -122,9 +125,6 @@ fn parse() -> Result<Args, String> {
     }
     if !(1..=100).contains(&c.limit) {
         return Err("--limit must be from 1 to 100".into());
-    }
-    if c.max_writes == 0 {
-        return Err("--max-writes must be at least 1".into());
     }
     if let Some(deaths) = deaths {
         c.deaths = deaths;

@@ -1,0 +1,207 @@
+//! Every write the protocol sends, as a plain value: the checks DynamoDB evaluates when the write
+//! lands, and the changes it then makes. [`Write::apply`] is their meaning, as one pure function:
+//! the in-memory store (and so the model checker) applies writes with it, and the DynamoDB store
+//! renders the same value as one `UpdateItem` (see `dynamo::render`), so what is explored is what
+//! is sent.
+//!
+//! No write is conditioned on the version. Acquirers do not conflict with each other: the limit,
+//! the holder and the fences are checked when the write lands, against the item as it is then.
+//! Release and cleanup have no checks at all. Only a rotation of the fences names something it
+//! read (the time of the previous rotation), so that two rotations cannot both drop fences.
+
+use std::collections::BTreeSet;
+
+use crate::input::{Limit, LockName};
+use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem};
+
+/// A condition checked when the write lands. All of a write's checks must hold.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Check {
+    /// The identity holds no slot (a retried acquire whose first attempt landed must not take a
+    /// second one, F5).
+    NotHolding(Identity),
+    /// Fewer than `limit` slots are held (S1).
+    HoldersBelow(Limit),
+    /// The key is fenced in neither generation (F1-F3: a release or cleanup that landed first
+    /// wins, however late this write lands).
+    NotFenced(FenceKey),
+    /// No rotation happened at or after `deadline_ms`: a write whose request is older than the
+    /// horizon could have missed fences that a rotation dropped, so it must not land.
+    RotatedBefore { deadline_ms: u64 },
+    /// The last rotation is the one that was read (`None`: there was none yet), so concurrent
+    /// rotations cannot both drop a generation.
+    LastRotation(Option<u64>),
+}
+
+/// A change the write makes once every check holds. Every write also increments the version.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Change {
+    /// Takes a slot; its token is the version this write makes.
+    PutHolder {
+        identity: Identity,
+        acquired_at_ms: u64,
+    },
+    SetLimit(Limit),
+    /// Frees the identity's slot if it holds one (a no-op otherwise).
+    RemoveHolder(Identity),
+    /// Adds a fence to the young generation.
+    AddFence(FenceKey),
+    /// Drops the old generation, moves `young_seen` (what the rotating writer read in the young
+    /// generation) to the old one, and records the time.
+    Rotate {
+        young_seen: BTreeSet<FenceKey>,
+        at_ms: u64,
+    },
+}
+
+/// One conditional write of one lock's item.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Write {
+    pub lock: LockName,
+    pub checks: Vec<Check>,
+    pub changes: Vec<Change>,
+}
+
+impl Check {
+    /// Whether the check holds on `item`.
+    pub fn holds(&self, item: &SemaphoreItem) -> bool {
+        match self {
+            Self::NotHolding(identity) => !item.holders.contains_key(identity),
+            Self::HoldersBelow(limit) => item.count() < limit.get() as usize,
+            Self::NotFenced(key) => !item.fences.contains(key),
+            Self::RotatedBefore { deadline_ms } => item
+                .fences
+                .rotated_at_ms
+                .is_none_or(|rotated| rotated < *deadline_ms),
+            Self::LastRotation(seen) => item.fences.rotated_at_ms == *seen,
+        }
+    }
+}
+
+impl Write {
+    /// What the write does to `item` (`None`: the lock has no item yet, and the write creates
+    /// it from the empty one): the item after it, or the first check that fails (the item is
+    /// then unchanged).
+    pub fn apply(&self, item: Option<&SemaphoreItem>) -> Result<SemaphoreItem, &Check> {
+        let mut next = item
+            .cloned()
+            .unwrap_or_else(|| SemaphoreItem::empty(self.lock.clone()));
+        if let Some(failed) = self.checks.iter().find(|check| !check.holds(&next)) {
+            return Err(failed);
+        }
+        next.version = next.version.next();
+        for change in &self.changes {
+            match change {
+                Change::PutHolder {
+                    identity,
+                    acquired_at_ms,
+                } => {
+                    next.holders.insert(
+                        identity.clone(),
+                        Holding {
+                            token: FencingToken(next.version.0),
+                            acquired_at_ms: *acquired_at_ms,
+                        },
+                    );
+                }
+                Change::SetLimit(limit) => next.limit = Some(*limit),
+                Change::RemoveHolder(identity) => {
+                    next.holders.remove(identity);
+                }
+                Change::AddFence(key) => {
+                    next.fences.young.insert(*key);
+                }
+                Change::Rotate { young_seen, at_ms } => {
+                    next.fences.old = young_seen.clone();
+                    next.fences.young.retain(|key| !young_seen.contains(key));
+                    next.fences.rotated_at_ms = Some(*at_ms);
+                }
+            }
+        }
+        Ok(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::{AcquisitionId, HolderId};
+    use crate::item::Version;
+
+    fn lock() -> LockName {
+        LockName::new("l").unwrap()
+    }
+    fn id(h: &str) -> Identity {
+        Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new("a").unwrap())
+    }
+    fn write(checks: Vec<Check>, changes: Vec<Change>) -> Write {
+        Write {
+            lock: lock(),
+            checks,
+            changes,
+        }
+    }
+
+    #[test]
+    fn a_write_creates_the_item_bumps_the_version_and_tokens_are_the_new_version() {
+        let take = |who: &str| {
+            write(
+                vec![Check::HoldersBelow(Limit::new(2).unwrap())],
+                vec![Change::PutHolder {
+                    identity: id(who),
+                    acquired_at_ms: 7,
+                }],
+            )
+        };
+        let item = take("a").apply(None).unwrap();
+        assert_eq!(item.version, Version(1));
+        assert_eq!(item.holders[&id("a")].token, FencingToken(1));
+        let item = take("b").apply(Some(&item)).unwrap();
+        assert_eq!(item.holders[&id("b")].token, FencingToken(2));
+        assert_eq!(
+            take("c").apply(Some(&item)),
+            Err(&Check::HoldersBelow(Limit::new(2).unwrap()))
+        );
+    }
+
+    #[test]
+    fn a_rotation_keeps_what_came_after_the_read_and_drops_the_old_generation() {
+        let (f1, f2, f3) = (
+            FenceKey::execution(&HolderId::new("1").unwrap()),
+            FenceKey::execution(&HolderId::new("2").unwrap()),
+            FenceKey::execution(&HolderId::new("3").unwrap()),
+        );
+        let add = |key| write(vec![], vec![Change::AddFence(key)]);
+        let item = add(f1).apply(None).unwrap();
+        let seen = item.fences.young.clone();
+        // A fence added between the rotation's read and its write stays young.
+        let item = add(f2).apply(Some(&item)).unwrap();
+        let rotate = |seen: BTreeSet<FenceKey>, last, at_ms| {
+            write(
+                vec![Check::LastRotation(last)],
+                vec![Change::Rotate {
+                    young_seen: seen,
+                    at_ms,
+                }],
+            )
+        };
+        let item = rotate(seen, None, 100).apply(Some(&item)).unwrap();
+        assert_eq!(item.fences.old, BTreeSet::from([f1]));
+        assert_eq!(item.fences.young, BTreeSet::from([f2]));
+        assert!(item.is_fenced(&f1) && item.is_fenced(&f2));
+        // A second rotator that read before the first one landed is refused.
+        assert_eq!(
+            rotate(BTreeSet::new(), None, 101).apply(Some(&item)),
+            Err(&Check::LastRotation(None))
+        );
+        let item = add(f3).apply(Some(&item)).unwrap();
+        let item = rotate(item.fences.young.clone(), Some(100), 200)
+            .apply(Some(&item))
+            .unwrap();
+        assert!(!item.is_fenced(&f1));
+        assert_eq!(item.fences.old, BTreeSet::from([f2, f3]));
+        assert!(item.fences.young.is_empty());
+        assert!(Check::RotatedBefore { deadline_ms: 201 }.holds(&item));
+        assert!(!Check::RotatedBefore { deadline_ms: 200 }.holds(&item));
+    }
+}
