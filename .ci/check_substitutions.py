@@ -136,9 +136,16 @@ def parse_yaml_subset(text):
             if ind > indent:
                 raise YamlSubsetError(f"line {lineno}: unexpected indentation")
             rest = stripped[1:].strip()
-            if not rest:
+            if not rest or re.fullmatch(r"![A-Za-z:]+", rest):
+                # '-' or '- !Tag' alone: the item is the block below it (a tag is kept as
+                # nothing more than that, as for a mapping's value).
                 pos += 1
-                result.append(parse_node(indent + 1))
+                child = parse_node(indent + 1)
+                result.append(child if child is not None else rest)
+            elif rest.startswith("- ") or rest == "-":
+                # '- - item' opens a sequence whose items sit two columns further in.
+                items[pos] = (indent + 2, rest, lineno)
+                result.append(parse_seq(indent + 2))
             elif _split_key(rest) is not None and not rest.startswith(("!", "{", "[")):
                 # '- key: value' opens a mapping whose keys sit two columns further in.
                 items[pos] = (indent + 2, rest, lineno)

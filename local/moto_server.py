@@ -21,6 +21,18 @@ exactly the situation the semaphore must survive, so the local run needs it. The
 one method of the pinned moto (checked by a digest of its source: a moto upgrade that changes
 it stops the server with an error rather than silently running without it).
 
+Two more deviations, of the context object, are fixed whether or not the bridge is on: moto has
+no `$$.Execution.RedriveCount`, which AWS gives every execution (0 until it is redriven), so any
+definition reading it failed with States.Runtime; the patch adds it, 0 (moto cannot redrive),
+and steps aside once moto has the field itself. And moto's `$$.Execution.StartTime` is a Python
+datetime, not the ISO 8601 text AWS gives: a state output holding it broke DescribeExecution.
+And the Step Functions integration (`states:startExecution`, `.sync`, `.sync:2`, what the
+lock-protected machine runs its work with) did not work at all: moto 5.2.5 ships the methods
+that map a task's parameters to the SDK's names and the answer back to the names AWS gives
+(`StateMachineArn` -> `stateMachineArn`, `executionArn` -> `ExecutionArn`, `output` ->
+`Output`) as no-ops, so every such task failed with States.Runtime "'StateMachineArn'". The
+patch maps them for that integration, from botocore's model of the API, as AWS does.
+
 Usage: python moto_server.py [--port N] [--port-file PATH] [--parent-pid PID]
                              [--lambda-endpoint URL] [--lambda-concurrency N]
   --port 0 picks a free port; the chosen port is printed and written to --port-file.
@@ -260,6 +272,97 @@ def patch_stop_aborts_waiting_tasks():
     state_class._evaluate_with_timeout = _evaluate_with_timeout
 
 
+def patch_context_object():
+    """Makes `$$.Execution` what AWS gives: `RedriveCount: 0` and `StartTime` as text.
+
+    moto 5.2.5 builds `$$.Execution` without RedriveCount (and has no RedriveExecution), so a
+    definition that passes it to a Lambda, as lock-protected.asl.json does, failed in its first
+    Task state; and its StartTime is a datetime, which a state's output cannot be serialized
+    with. Wraps the method that builds an execution's environment.
+    """
+    import datetime
+
+    from moto.stepfunctions.parser.asl.eval.states import ExecutionData
+    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+
+    has_redrive_count = "RedriveCount" in ExecutionData.__annotations__
+    original = ExecutionWorker._get_evaluation_environment
+
+    def _get_evaluation_environment(self):
+        env = original(self)
+        # Frames share this dict, so every state of the execution sees the change.
+        execution = env.states.context_object.context_object_data["Execution"]
+        if not has_redrive_count:
+            execution.setdefault("RedriveCount", 0)
+        if isinstance(execution.get("StartTime"), datetime.datetime):
+            # As EnteredTime is written: ISO 8601, UTC offset included.
+            execution["StartTime"] = execution["StartTime"].isoformat()
+        return env
+
+    ExecutionWorker._get_evaluation_environment = _get_evaluation_environment
+
+
+def patch_step_functions_integration():
+    """Maps the `states` integration's parameters and answers between the names AWS uses and
+    the SDK's, which moto 5.2.5 leaves undone (its two methods for it are stubs).
+
+    AWS takes `StateMachineArn`, `Name`, `Input` and answers `ExecutionArn`, `StartDate` (and
+    for `.sync:2` the child's DescribeExecution as `Output`, `Status`, `Error`, `Cause`, ...):
+    moto's own `.sync` code expects the answer so named. Only this integration is mapped, with
+    moto's own mapping helpers and botocore's model of the API; a moto whose methods are no
+    longer stubs is left alone.
+    """
+    import datetime
+    import inspect
+
+    import botocore.session
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service import (
+        StateTaskService,
+    )
+    from moto.stepfunctions.parser.utils import snake_to_camel_case
+
+    def is_stub(method):
+        return inspect.getsource(method).rstrip().endswith("pass")
+
+    original_parameters = StateTaskService._normalise_parameters
+    original_response = StateTaskService._normalise_response
+    if not (is_stub(original_parameters) and is_stub(original_response)):
+        return
+    model = botocore.session.get_session().get_service_model("stepfunctions")
+
+    def operation(task, boto_service_name, service_action_name):
+        if task._get_boto_service_name(boto_service_name=boto_service_name) != "stepfunctions":
+            return None
+        action = task._get_boto_service_action(service_action_name=service_action_name)
+        return model.operation_model(snake_to_camel_case(action))
+
+    def _normalise_parameters(self, parameters, boto_service_name=None, service_action_name=None):
+        op = operation(self, boto_service_name, service_action_name)
+        if op is None or op.input_shape is None:
+            return original_parameters(self, parameters, boto_service_name, service_action_name)
+        self._to_boto_request(parameters, op.input_shape)
+
+    def epoch_millis(value):
+        # AWS gives the answer's dates as epoch milliseconds; a datetime left in a state's
+        # output made moto's DescribeExecution of the parent fail.
+        if isinstance(value, datetime.datetime):
+            return int(value.timestamp() * 1000)
+        if isinstance(value, dict):
+            return {k: epoch_millis(v) for k, v in value.items()}
+        return value
+
+    def _normalise_response(self, response, boto_service_name=None, service_action_name=None):
+        op = operation(self, boto_service_name, service_action_name)
+        if op is None or op.output_shape is None:
+            return original_response(self, response, boto_service_name, service_action_name)
+        self._from_boto_response(response, op.output_shape)
+        if isinstance(response, dict):
+            response.update(epoch_millis(response))
+
+    StateTaskService._normalise_parameters = _normalise_parameters
+    StateTaskService._normalise_response = _normalise_response
+
+
 def watch_parent(pid):
     while True:
         try:
@@ -296,6 +399,8 @@ def main():
             super().setup()
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+    patch_context_object()
+    patch_step_functions_integration()
     app = serialized(DomainDispatcherApplication(create_backend_app))
     if args.lambda_endpoint:
         patch_stop_aborts_waiting_tasks()

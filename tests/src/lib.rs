@@ -2,8 +2,10 @@
 //! that holds requests in flight, the original AWS sample's protocol as a reference, an
 //! independent reader of the raw table, a stand-in Lambda Runtime API to run the built
 //! function binaries, an exact counter of the requests an SDK client sends, validated test
-//! inputs from literals, items as version 1 stored them, and DynamoDB's JSON wire format.
+//! inputs from literals, items as version 1 stored them, DynamoDB's JSON wire format, and
+//! enough of the States Language to play a definition's states against the Lambda handlers.
 
+pub mod asl;
 pub mod counter;
 pub mod legacy;
 pub mod names;
@@ -12,6 +14,7 @@ pub mod proxy;
 pub mod reference;
 pub mod runtime_api;
 pub mod server;
+pub mod sfn;
 pub mod wire;
 
 pub use server::{client_for, endpoint, fresh_table, sdk_config};

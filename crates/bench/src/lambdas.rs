@@ -1,10 +1,14 @@
 //! (d) The Lambdas: the arm64 bootstraps' sizes (from `sam build`, if present), and for each
 //! handler binary built natively in release: init time (process start to its first
 //! `GET /runtime/invocation/next` at the stand-in Runtime API) and peak memory (`VmHWM`) after a
-//! few invocations, against the template's 128 MB.
+//! few invocations, against the template's 128 MB. Each invocation must do the work it stands
+//! for: an acquire takes its slot, a cleanup frees the slot of a real ended execution.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
+use aws_sdk_sfn::error::DisplayErrorContext;
+use aws_sdk_sfn::types::ExecutionStatus;
 use semaphore_core::{
     rfc3339_millis, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName,
     Semaphore, SystemClock,
@@ -15,6 +19,15 @@ use serde_json::{json, Value};
 
 use crate::common::{execution_arn, uuid};
 use crate::stats::{median, ms};
+
+/// The acquire function as the bench's protected machine names it (the cleanup function's
+/// `ACQUIRE_FUNCTION_ARN`). The local server has no such function: the task fails after Step
+/// Functions recorded it (`TaskScheduled`, payload and all), which is what the cleanup reads.
+const ACQUIRE_FUNCTION_ARN: &str =
+    "arn:aws:lambda:us-east-1:123456789012:function:semaphore-acquire";
+
+/// How long an execution of the protected machine may take to fail.
+const EXECUTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub const MEMORY_SIZE_MB: f64 = 128.0;
 
@@ -93,31 +106,162 @@ struct Setup {
     events: Vec<Value>,
 }
 
-fn status_change(execution: &str) -> Value {
-    json!({
-        "version": "0",
-        "id": uuid(),
-        "detail-type": "Step Functions Execution Status Change",
-        "source": "aws.states",
-        "account": "123456789012",
-        "time": "2026-01-01T00:00:00Z",
-        "region": "us-east-1",
-        "resources": [execution],
-        "detail": {
-            "executionArn": execution,
-            "stateMachineArn": "arn:aws:states:us-east-1:123456789012:stateMachine:LockProtected",
-            "name": "run",
-            "status": "ABORTED",
-            "startDate": 1_767_225_600_000u64,
-            "stopDate": 1_767_225_660_000u64,
-            "input": "{}",
-            "inputDetails": {"included": true},
-            "output": null,
-            "outputDetails": null,
-            "error": null,
-            "cause": null
+/// The local Step Functions in execution mode, and a machine whose executions ask the acquire
+/// function for the lock named in their input (passing the input, as `lock-protected.asl.json`
+/// does) and then fail: what the cleanup function is invoked for, with the history it reads.
+struct Protected {
+    sfn: aws_sdk_sfn::Client,
+    machine: String,
+}
+
+/// An execution that ended: its ARN, input, and when it started and stopped (epoch ms).
+struct Ended {
+    execution: String,
+    input: String,
+    start_ms: Option<i64>,
+    stop_ms: Option<i64>,
+}
+
+impl Protected {
+    async fn new() -> Result<Self, String> {
+        // Before the machine is made: one made before execution mode is not seen after.
+        let sfn = semaphore_tests::sfn::execution_mode().await;
+        let definition = json!({
+            "StartAt": "Acquire slot",
+            "States": {
+                "Acquire slot": {
+                    "Type": "Task",
+                    "Resource": "arn:aws:states:::lambda:invoke",
+                    "Parameters": {
+                        "FunctionName": ACQUIRE_FUNCTION_ARN,
+                        "Payload": {
+                            "input.$": "$$.Execution.Input",
+                            "holder.$": "$$.Execution.Id",
+                            "requested_at.$": "$$.State.EnteredTime"
+                        }
+                    },
+                    "End": true
+                }
+            }
+        });
+        let machine = sfn
+            .create_state_machine()
+            .name(format!("BenchProtected-{}", &uuid()[..8]))
+            .definition(definition.to_string())
+            .role_arn(semaphore_tests::sfn::ROLE)
+            .send()
+            .await
+            .map_err(|e| format!("create the protected machine: {}", DisplayErrorContext(e)))?
+            .state_machine_arn()
+            .to_owned();
+        Ok(Self { sfn, machine })
+    }
+
+    /// `n` executions that asked for `lock` and failed.
+    async fn failed(&self, lock: &str, n: usize) -> Result<Vec<Ended>, String> {
+        let input = json!({"lock": lock}).to_string();
+        let mut started = Vec::with_capacity(n);
+        for _ in 0..n {
+            started.push(
+                self.sfn
+                    .start_execution()
+                    .state_machine_arn(&self.machine)
+                    .name(uuid())
+                    .input(&input)
+                    .send()
+                    .await
+                    .map_err(|e| format!("start: {}", DisplayErrorContext(e)))?
+                    .execution_arn()
+                    .to_owned(),
+            );
         }
-    })
+        let deadline = Instant::now() + EXECUTION_TIMEOUT;
+        let mut ended = Vec::with_capacity(n);
+        for execution in started {
+            loop {
+                let described = self
+                    .sfn
+                    .describe_execution()
+                    .execution_arn(&execution)
+                    .send()
+                    .await
+                    .map_err(|e| format!("describe {execution}: {}", DisplayErrorContext(e)))?;
+                match described.status() {
+                    ExecutionStatus::Running if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    ExecutionStatus::Failed => {
+                        ended.push(Ended {
+                            input: input.clone(),
+                            start_ms: described.start_date().to_millis().ok(),
+                            stop_ms: described.stop_date().and_then(|d| d.to_millis().ok()),
+                            execution,
+                        });
+                        break;
+                    }
+                    other => {
+                        return Err(format!(
+                            "{execution} is {other} (waited up to {EXECUTION_TIMEOUT:?}); \
+                             expected FAILED: its acquire task fails, the local server has no \
+                             Lambda"
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(ended)
+    }
+
+    /// The documented "Execution Status Change" event of `ended`, which failed.
+    fn status_change(&self, ended: &Ended) -> Value {
+        let execution = &ended.execution;
+        let name = execution.rsplit(':').next().unwrap_or_default();
+        json!({
+            "version": "0",
+            "id": uuid(),
+            "detail-type": "Step Functions Execution Status Change",
+            "source": "aws.states",
+            "account": "123456789012",
+            "time": rfc3339_millis(SystemClock.now_ms()),
+            "region": "us-east-1",
+            "resources": [execution],
+            "detail": {
+                "executionArn": execution,
+                "stateMachineArn": self.machine,
+                "name": name,
+                "status": "FAILED",
+                "startDate": ended.start_ms,
+                "stopDate": ended.stop_ms,
+                "input": ended.input,
+                "inputDetails": {"included": true},
+                "output": null,
+                "outputDetails": null,
+                "error": "Lambda.ResourceNotFoundException",
+                "cause": null
+            }
+        })
+    }
+}
+
+/// Whether an answer did the work that is measured. A refused or expired acquire answers too,
+/// as does a release that found nothing held, or a cleanup that found nothing to free (the
+/// execution running again, no lock in its history, nothing held), but not through that path.
+fn did_the_work(function: &str, answer: &Value) -> bool {
+    match function {
+        "acquire" => answer["acquired"] == Value::Bool(true),
+        "release" => answer["released"] == Value::Bool(true),
+        // One lock, read from the history, and the one slot the execution held on it, freed.
+        "cleanup" => {
+            answer["cleaned"] == Value::Bool(true)
+                && answer["deferred"] == Value::Bool(false)
+                && answer["locks"].as_array().is_some_and(|locks| {
+                    locks.len() == 1 && locks[0]["freed"].as_array().is_some_and(|f| f.len() == 1)
+                })
+        }
+        // The sweeper: the first sweep reclaims every slot, the next ones find none; either is
+        // the work (a scan, and a DescribeExecution per holder).
+        _ => true,
+    }
 }
 
 /// Runs each handler `starts` times (a cold start each), `invocations` events per start.
@@ -127,6 +271,7 @@ pub async fn run(
     starts: usize,
     invocations: usize,
 ) -> Result<Vec<HandlerRun>, String> {
+    let protected = Protected::new().await?;
     let mut results = Vec::new();
     for function in ["acquire", "release", "cleanup", "sweeper"] {
         // A table per function, so that the sweeper's scans see only its own holders.
@@ -146,7 +291,16 @@ pub async fn run(
         let mut rss = Vec::new();
         for start in 0..starts {
             let lock = format!("lambda-{function}-{start}-{}", uuid());
-            let setup = prepare(function, &sem, &lock, &table, topic_arn, invocations).await?;
+            let setup = prepare(
+                function,
+                &sem,
+                &lock,
+                &table,
+                topic_arn,
+                &protected,
+                invocations,
+            )
+            .await?;
             let exe = exe.clone();
             let run = tokio::task::spawn_blocking(move || {
                 let env: Vec<(&str, &str)> = setup
@@ -164,13 +318,16 @@ pub async fn run(
                 .iter()
                 .filter(|a| matches!(a, Answer::Response(_)))
                 .count();
-            // A refused or expired acquire answers too, but did not do what is measured.
-            let refused = run.answers.iter().find(|a| {
-                matches!(a, Answer::Response(v)
-                    if function == "acquire" && v["acquired"] != Value::Bool(true))
-            });
-            if let Some(answer) = refused {
-                return Err(format!("acquire did not take its slot: {answer:?}"));
+            let idle = run
+                .answers
+                .iter()
+                .find(|a| matches!(a, Answer::Response(v) if !did_the_work(function, v)));
+            if let Some(answer) = idle {
+                return Err(format!(
+                    "{function} did not do what is measured (an acquire takes its slot, a \
+                     release frees it, a cleanup frees the one slot of its execution): \
+                     {answer:?}"
+                ));
             }
             if answered != invocations {
                 return Err(format!(
@@ -198,12 +355,31 @@ pub async fn run(
     Ok(results)
 }
 
+/// Takes a slot of `lock` for each (holder, acquisition), as the acquire function would have.
+async fn take_slots(
+    sem: &Semaphore<DynamoStore>,
+    lock: &LockName,
+    holders: &[(String, String)],
+) -> Result<(), String> {
+    for (holder, acquisition) in holders {
+        let who = Identity::new(
+            HolderId::new(holder.as_str()).map_err(|e| e.to_string())?,
+            AcquisitionId::new(acquisition.as_str()).map_err(|e| e.to_string())?,
+        );
+        sem.acquire(lock, &who, Limit::new(1000).map_err(|e| e.to_string())?)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 async fn prepare(
     function: &'static str,
     sem: &Semaphore<DynamoStore>,
     lock: &str,
     table: &str,
     topic_arn: &str,
+    protected: &Protected,
     invocations: usize,
 ) -> Result<Setup, String> {
     let mut env = vec![("TABLE_NAME".to_owned(), table.to_owned())];
@@ -211,22 +387,6 @@ async fn prepare(
         .map(|n| (execution_arn(function, n), uuid()))
         .collect();
     let lock_name = LockName::new(lock).map_err(|e| e.to_string())?;
-    let take_slots = || async {
-        for (holder, acquisition) in &holders {
-            let who = Identity::new(
-                HolderId::new(holder.as_str()).map_err(|e| e.to_string())?,
-                AcquisitionId::new(acquisition.as_str()).map_err(|e| e.to_string())?,
-            );
-            sem.acquire(
-                &lock_name,
-                &who,
-                Limit::new(1000).map_err(|e| e.to_string())?,
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        }
-        Ok::<(), String>(())
-    };
     let events = match function {
         // Requested now, as a state machine entering its acquire state: the function starts
         // within the horizon (seconds), so every attempt is answered "acquired".
@@ -238,21 +398,32 @@ async fn prepare(
             })
             .collect(),
         "release" => {
-            take_slots().await?;
+            take_slots(sem, &lock_name, &holders).await?;
             holders
                 .iter()
                 .map(|(h, a)| json!({"lock": lock, "holder": h, "acquisition": a}))
                 .collect()
         }
         "cleanup" => {
-            take_slots().await?;
-            env.push(("LOCK_NAMES".to_owned(), lock.to_owned()));
-            holders.iter().map(|(h, _)| status_change(h)).collect()
+            // Real executions that asked for the lock and failed, each holding the slot its
+            // acquire took: the function reads the lock from each one's history
+            // (DescribeExecution, GetExecutionHistory), fences it and frees its slot.
+            let ended = protected.failed(lock, invocations).await?;
+            let holders: Vec<(String, String)> = ended
+                .iter()
+                .map(|e| (e.execution.clone(), uuid()))
+                .collect();
+            take_slots(sem, &lock_name, &holders).await?;
+            env.push((
+                "ACQUIRE_FUNCTION_ARN".to_owned(),
+                ACQUIRE_FUNCTION_ARN.to_owned(),
+            ));
+            ended.iter().map(|e| protected.status_change(e)).collect()
         }
         _ => {
             // Holders whose executions do not exist: the first sweep reclaims them all (a
             // DescribeExecution, a cleanup and an SNS notice each), the next ones find none.
-            take_slots().await?;
+            take_slots(sem, &lock_name, &holders).await?;
             env.push(("TOPIC_ARN".to_owned(), topic_arn.to_owned()));
             (0..invocations)
                 .map(|_| json!({"source": "aws.events"}))
@@ -264,4 +435,37 @@ async fn prepare(
         env,
         events,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_answer_that_did_the_measured_work_counts() {
+        assert!(did_the_work("acquire", &json!({"acquired": true})));
+        assert!(!did_the_work(
+            "acquire",
+            &json!({"acquired": false, "outcome": "full"})
+        ));
+        let cleaned = json!({
+            "cleaned": true, "deferred": false,
+            "locks": [{"lock": "l", "freed": [{"acquisition": "a", "token": 1}], "count": 0}]
+        });
+        assert!(did_the_work("cleanup", &cleaned));
+        // Still running (nothing done), no acquire in the history, nothing held, work running.
+        for idle in [
+            json!({"cleaned": false, "deferred": false, "locks": [], "note": "running again"}),
+            json!({"cleaned": true, "deferred": false, "locks": []}),
+            json!({"cleaned": true, "deferred": false, "locks": [{"lock": "l", "freed": []}]}),
+            json!({"cleaned": false, "deferred": true, "locks": [{"lock": "l", "freed": []}]}),
+        ] {
+            assert!(!did_the_work("cleanup", &idle), "{idle}");
+        }
+        assert!(did_the_work("release", &json!({"released": true})));
+        assert!(!did_the_work(
+            "release",
+            &json!({"released": false, "outcome": "not_held"})
+        ));
+    }
 }

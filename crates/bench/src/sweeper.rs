@@ -1,6 +1,7 @@
 //! (e) The sweeper: DynamoDB, Step Functions and SNS calls per sweep as holders grow, counted
 //! by the interceptor on clients built as `Sweeper::from_settings` builds them. Executions are
-//! real executions of a state machine on the local Step Functions (moto keeps them RUNNING).
+//! real executions of a state machine on the local Step Functions (moto's execution mode; they
+//! wait, RUNNING, until stopped).
 
 use lambda_sweeper::{SfnExecutions, StateMachineArn, Sweeper, DEFAULT_NAMESPACE};
 use std::time::Instant;
@@ -77,8 +78,10 @@ struct Local {
 }
 
 async fn local() -> Result<Local, String> {
-    let sdk = sdk_config();
-    let sfn = aws_sdk_sfn::Client::new(&sdk);
+    // Execution mode, as the lambdas part turns it on (it is the whole server's), before the
+    // machine is made: one made before is not seen after, and the sweeps then meet the same
+    // Step Functions whichever parts run.
+    let sfn = semaphore_tests::sfn::execution_mode().await;
     let definition = json!({
         "StartAt": "Work",
         "States": { "Work": { "Type": "Wait", "Seconds": 3600, "End": true } }

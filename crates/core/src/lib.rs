@@ -36,6 +36,6 @@ pub use memory::MemoryStore;
 pub use protocol::{
     AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, Timing, WriteResult,
 };
-pub use store::{ItemStore, Semaphore};
+pub use store::{Fenced, ItemStore, Semaphore};
 pub use sweep::{ExecutionState, ExecutionStatus, LargestItem, Reclaimed, SweepReport};
 pub use write::{Change, Check, Write};

@@ -30,8 +30,13 @@ pub trait ItemStore: Send + Sync {
     ) -> impl Future<Output = Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError>> + Send;
 }
 
-/// A store shared by reference (several semaphores on one store, as processes share a table).
-impl<T: ItemStore> ItemStore for &T {
+/// A store shared by reference or by `Arc` (several semaphores on one store, as processes
+/// share a table).
+impl<P> ItemStore for P
+where
+    P: std::ops::Deref + Send + Sync,
+    P::Target: ItemStore,
+{
     fn load(
         &self,
         lock: &LockName,
@@ -49,6 +54,15 @@ impl<T: ItemStore> ItemStore for &T {
     {
         (**self).list()
     }
+}
+
+/// What a [`Semaphore::fence`] found: the slots the fenced execution held on `lock` when its
+/// fence landed (all it will ever hold there), and the slots held then in all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fenced {
+    pub lock: LockName,
+    pub slots: Vec<Identity>,
+    pub count: usize,
 }
 
 /// A semaphore protocol bound to a store. Cheap to clone.
@@ -150,31 +164,48 @@ impl<S: ItemStore> Semaphore<S> {
         Ok(outcome)
     }
 
-    /// Fences the ended execution, then frees every slot it held. One write, two when it held
-    /// something.
+    /// Fences the ended execution without freeing anything: from now on no acquire of it lands
+    /// (F1), while the slots it holds stay held, e.g. because its work may still be running.
+    /// Answers the slots it holds, all it will ever hold; [`Semaphore::free`] frees them. One
+    /// write.
+    pub async fn fence(&self, lock: &LockName, holder: &HolderId) -> Result<Fenced, Error> {
+        let fence = protocol::cleanup_fence(lock, holder);
+        let result = self.store.write(&fence).await?;
+        let (slots, after) = protocol::fenced_slots(&fence, holder, result)?;
+        self.rotate_if_busy(&after).await;
+        Ok(Fenced {
+            lock: lock.clone(),
+            slots,
+            count: after.count(),
+        })
+    }
+
+    /// Frees the slots a [`Semaphore::fence`] saw: one write, none when it saw none. Only those
+    /// slots: one taken since (by a redriven execution, whose new acquisition is another slot)
+    /// is left alone, and one freed since by a release is a no-op.
+    pub async fn free(&self, fenced: &Fenced) -> Result<CleanupOutcome, Error> {
+        if fenced.slots.is_empty() {
+            return Ok(CleanupOutcome {
+                freed: Vec::new(),
+                count: fenced.count,
+            });
+        }
+        let free = protocol::cleanup_free(&fenced.lock, &fenced.slots);
+        let result = self.store.write(&free).await?;
+        let (outcome, after) = protocol::freed(&free, &fenced.slots, result)?;
+        self.rotate_if_busy(&after).await;
+        Ok(outcome)
+    }
+
+    /// Fences the ended execution, then frees every slot it held: [`Semaphore::fence`] then
+    /// [`Semaphore::free`]. One write, two when it held something.
     pub async fn cleanup(
         &self,
         lock: &LockName,
         holder: &HolderId,
     ) -> Result<CleanupOutcome, Error> {
-        let fence = protocol::cleanup_fence(lock, holder);
-        let result = self.store.write(&fence).await?;
-        let (slots, after) = protocol::fenced_slots(&fence, holder, result)?;
-        let (outcome, after) = if slots.is_empty() {
-            (
-                CleanupOutcome {
-                    freed: Vec::new(),
-                    count: after.count(),
-                },
-                after,
-            )
-        } else {
-            let free = protocol::cleanup_free(lock, &slots);
-            let result = self.store.write(&free).await?;
-            protocol::freed(&free, &slots, result)?
-        };
-        self.rotate_if_busy(&after).await;
-        Ok(outcome)
+        let fenced = self.fence(lock, holder).await?;
+        self.free(&fenced).await
     }
 
     async fn rotate_if_busy(&self, item: &SemaphoreItem) -> bool {
@@ -342,6 +373,32 @@ mod tests {
             sem.acquire(&lock(), &who, limit(1)).await.unwrap(),
             AcquireOutcome::AlreadyHeld { token, count: 2 }
         );
+    }
+
+    #[tokio::test]
+    async fn a_fence_alone_keeps_the_slots_and_refuses_new_acquires() {
+        let sem = Semaphore::new(MemoryStore::new());
+        let holder = HolderId::new("x").unwrap();
+        let held = Identity::new(holder.clone(), AcquisitionId::new("1").unwrap());
+        sem.acquire(&lock(), &held, limit(2)).await.unwrap();
+        assert_eq!(
+            sem.fence(&lock(), &holder).await.unwrap().slots,
+            std::slice::from_ref(&held)
+        );
+        let item = sem.status(&lock()).await.unwrap();
+        assert!(item.holders.contains_key(&held), "the slot stays held");
+        assert_eq!(
+            sem.acquire(
+                &lock(),
+                &Identity::new(holder.clone(), AcquisitionId::new("2").unwrap()),
+                limit(2)
+            )
+            .await
+            .unwrap(),
+            AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
+        );
+        let out = sem.cleanup(&lock(), &holder).await.unwrap();
+        assert_eq!(out.freed.len(), 1);
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ use std::future::Future;
 use crate::dynamo;
 use crate::error::Error;
 use crate::input::{AcquisitionId, HolderId, LockName};
-use crate::item::FencingToken;
+use crate::item::{FencingToken, SemaphoreItem};
 use crate::store::{ItemStore, Semaphore};
 
 /// What the sweeper learns about a holder (from `DescribeExecution` in production).
@@ -80,11 +80,51 @@ pub struct SweepReport {
 }
 
 impl<S: ItemStore> Semaphore<S> {
+    /// Fences `holder` and frees the slots it held *when the sweep scanned the lock*: the
+    /// execution was found ended after that scan, so a slot it took since can only be a
+    /// redriven execution's (alive again), which must not be freed.
+    async fn reclaim(
+        &self,
+        scanned: &SemaphoreItem,
+        holder: &HolderId,
+    ) -> Result<crate::protocol::CleanupOutcome, Error> {
+        let mut fenced = self.fence(&scanned.lock, holder).await?;
+        fenced
+            .slots
+            .retain(|slot| scanned.holders.contains_key(slot));
+        self.free(&fenced).await
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SweepMode {
+    Reclaim,
+    DryRun,
+}
+
+impl<S: ItemStore> Semaphore<S> {
     /// Checks every current holder once and cleans up those whose execution has ended, and
     /// rotates the fences of locks where a rotation is due (so a lock that went quiet sheds its
     /// fences too). The cost grows with the number of current holders and locks only: fences
     /// and history are not visited.
     pub async fn sweep(&self, executions: &impl ExecutionStatus) -> Result<SweepReport, Error> {
+        self.sweep_as(executions, SweepMode::Reclaim).await
+    }
+
+    /// What a sweep would reclaim now, without writing anything: the slots of the holders whose
+    /// execution has ended, as they are held now (an operator's `semctl sweep --dry-run`).
+    pub async fn sweep_dry_run(
+        &self,
+        executions: &impl ExecutionStatus,
+    ) -> Result<SweepReport, Error> {
+        self.sweep_as(executions, SweepMode::DryRun).await
+    }
+
+    async fn sweep_as(
+        &self,
+        executions: &impl ExecutionStatus,
+        mode: SweepMode,
+    ) -> Result<SweepReport, Error> {
         let listed = self.list().await?;
         let mut report = SweepReport {
             locks: listed.len(),
@@ -124,7 +164,20 @@ impl<S: ItemStore> Semaphore<S> {
                     }
                 };
                 let now = self.now_ms();
-                match self.cleanup(&item.lock, holder).await {
+                if mode == SweepMode::DryRun {
+                    report
+                        .reclaimed
+                        .extend(item.slots_of(holder).map(|(identity, holding)| Reclaimed {
+                            lock: item.lock.clone(),
+                            holder: identity.holder.clone(),
+                            acquisition: identity.acquisition.clone(),
+                            token: holding.token,
+                            held_for_ms: now.saturating_sub(holding.acquired_at_ms),
+                            reason: reason.clone(),
+                        }));
+                    continue;
+                }
+                match self.reclaim(item, holder).await {
                     Ok(outcome) => report.reclaimed.extend(outcome.freed.into_iter().map(
                         |(identity, holding)| Reclaimed {
                             lock: item.lock.clone(),
@@ -142,7 +195,7 @@ impl<S: ItemStore> Semaphore<S> {
             }
             // From the item as scanned: fences added since stay young, and a rotation that
             // happened since makes this one refused, harmlessly.
-            if self.rotate_if_due(item).await {
+            if mode == SweepMode::Reclaim && self.rotate_if_due(item).await {
                 report.rotated += 1;
             }
         }
@@ -198,7 +251,13 @@ mod tests {
             ("gone".to_owned(), ExecutionState::Missing),
             ("op".to_owned(), ExecutionState::NotAnExecution),
         ]));
+        // A dry run reports the same slots and writes nothing.
+        let before = sem.status(&lock).await.unwrap();
+        let dry = sem.sweep_dry_run(&states).await.unwrap();
+        assert_eq!(sem.status(&lock).await.unwrap(), before);
         let report = sem.sweep(&states).await.unwrap();
+        assert_eq!(dry.reclaimed.len(), report.reclaimed.len());
+        assert_eq!(dry.errors, report.errors);
         assert_eq!(report.locks, 1);
         assert_eq!(report.holders_checked, 5);
         let mut freed: Vec<_> = report
@@ -227,6 +286,47 @@ mod tests {
         assert_eq!(left, ["op", "run", "unknown"]);
         // A second sweep finds nothing more to reclaim.
         assert!(sem.sweep(&states).await.unwrap().reclaimed.is_empty());
+    }
+
+    /// The execution is found ended, then redriven: its new incarnation takes a slot before the
+    /// sweep's fence lands. The sweep frees only what it scanned.
+    #[tokio::test]
+    async fn a_slot_taken_after_the_scan_by_a_redrive_is_not_freed() {
+        struct RedrivenWhileAsked(Semaphore<std::sync::Arc<MemoryStore>>);
+        impl ExecutionStatus for RedrivenWhileAsked {
+            async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, String> {
+                let lock = LockName::new("l").unwrap();
+                let again = Identity::new(holder.clone(), AcquisitionId::new("r1").unwrap());
+                self.0
+                    .acquire(&lock, &again, Limit::new(5).unwrap())
+                    .await
+                    .unwrap();
+                Ok(ExecutionState::Ended {
+                    status: "ABORTED".to_owned(),
+                })
+            }
+        }
+        let store = std::sync::Arc::new(MemoryStore::new());
+        let sem = Semaphore::new(store.clone());
+        let lock = LockName::new("l").unwrap();
+        sem.acquire(&lock, &id("x", "r0"), Limit::new(5).unwrap())
+            .await
+            .unwrap();
+        let report = sem
+            .sweep(&RedrivenWhileAsked(Semaphore::new(store.clone())))
+            .await
+            .unwrap();
+        let freed: Vec<&str> = report
+            .reclaimed
+            .iter()
+            .map(|r| r.acquisition.as_str())
+            .collect();
+        assert_eq!(freed, ["r0"]);
+        let left = sem.status(&lock).await.unwrap();
+        assert_eq!(
+            left.holders.keys().cloned().collect::<Vec<_>>(),
+            [id("x", "r1")]
+        );
     }
 
     #[tokio::test]

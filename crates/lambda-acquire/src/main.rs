@@ -4,12 +4,17 @@ use lambda_runtime::{service_fn, Error};
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     init_tracing();
-    let semaphore = Settings::from_env()
+    // Everything is read and checked once, at cold start: a bad variable stops the function
+    // with a message naming it, before any invocation.
+    let settings = Settings::from_env();
+    let semaphore = settings
         .semaphore(&load_aws_config().await)
         .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    let semaphore = &semaphore;
+    let config = lambda_acquire::Config::from_settings(&settings)
+        .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
+    let (semaphore, config) = (&semaphore, &config);
     lambda_runtime::run(service_fn(move |event| {
-        lambda_acquire::handle(semaphore, event)
+        lambda_acquire::handle(semaphore, config, event)
     }))
     .await
 }

@@ -1,32 +1,78 @@
-//! The acquire handler invoked with the payload the lock-protected state machine builds, against
-//! a fresh table on the local server: answers checked field by field, the named errors, and
-//! nothing written for bad input, for a request past its horizon, or on a version-1 item.
+//! The acquire handler invoked with the payloads statemachines/lock-protected.asl.json renders
+//! (its context object filled in with real values), against a fresh table on the local server.
+//! Each answer goes through the definition's ResultSelector, Choice, Wait, Protected work,
+//! Release and Fail states as Step Functions would apply them, so every field they read must be
+//! there. Covered: defaults from the environment, lock/limit/work from the input, bad input
+//! (nothing written), the redrive guard with its fence rotations, the wait budget, the named
+//! errors, and the explicit shape callers' own machines send.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
 
-use lambda_common::Settings;
+use lambda_acquire::Config;
+use lambda_common::{child_execution_name, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use semaphore_core::{
-    rfc3339_millis, Clock, DynamoStore, HolderId, LockName, Semaphore, SystemClock,
+    rfc3339_millis, AcquireOutcome, Clock, DynamoStore, FenceKey, HolderId, ManualClock, Semaphore,
+    SemaphoreItem, SystemClock, Timing,
 };
+use semaphore_tests::asl::{self, Context as Ctx};
 use semaphore_tests::legacy::put_version_1_item;
+use semaphore_tests::names::{id, limit, lock};
 use semaphore_tests::observe::{observe, raw_item};
-use semaphore_tests::server::repo_root;
 use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
-const ACQUISITION: &str = "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab";
+const DEMO: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:demo-work";
+const MINE: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:my-work";
+const FUNCTION: &str = "arn:aws:lambda:us-east-1:123456789012:function:my-work";
+const RUNNER: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:work-function";
 
-/// The payload the lock-protected machine sends to acquire, as JSON text, but for
-/// `requested_at` (the acquire state's entry time, `$$.State.EnteredTime`): see
-/// [`state_machine_payload`].
-const STATE_MACHINE_PAYLOAD: &str = r#"{
-    "lock": "demo-lock",
-    "limit": 5,
-    "holder": "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1",
-    "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab"
-}"#;
+fn holder(n: u32) -> String {
+    format!("arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-{n}")
+}
+
+/// The acquire function's environment as the template sets it (but for the ARNs' account).
+fn env() -> Vec<(&'static str, String)> {
+    vec![
+        ("DEFAULT_LOCK", "demo-lock".into()),
+        ("DEFAULT_LIMIT", "5".into()),
+        ("DEFAULT_WORK", DEMO.into()),
+        ("WORK_STATE_MACHINES", format!("{DEMO},{MINE}")),
+        ("WORK_FUNCTIONS", FUNCTION.into()),
+        ("WORK_FUNCTION_RUNNER", RUNNER.into()),
+        ("MAX_WAIT_SECONDS", "900".into()),
+    ]
+}
+
+fn settings(vars: Vec<(&'static str, String)>) -> Settings<impl Fn(&str) -> Option<String>> {
+    Settings::from_lookup(move |name| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.clone())
+    })
+}
+
+/// The configuration `main` reads at cold start, from [`env`] with `overrides`.
+fn config_with(overrides: &[(&'static str, &str)]) -> Config {
+    let mut vars = env();
+    for (name, value) in overrides {
+        vars.retain(|(k, _)| k != name);
+        vars.push((name, (*value).to_owned()));
+    }
+    Config::from_settings(&settings(vars)).expect("the test's settings")
+}
+
+fn config() -> Config {
+    config_with(&[])
+}
+
+/// The release function's resolver, from the same environment.
+fn release_resolver() -> Resolver {
+    lambda_release::resolver(&settings(env())).expect("the test's settings")
+}
 
 /// A semaphore on a fresh table, built the way the function's `main` builds it.
 async fn semaphore() -> Semaphore<DynamoStore> {
@@ -40,42 +86,46 @@ fn semaphore_on(table: String) -> Semaphore<DynamoStore> {
         .expect("settings")
 }
 
+/// A semaphore on a fresh table whose time moves only when the test says, with a fence window of
+/// 2 s (horizon 1 s + skew 1 s).
+async fn semaphore_with_clock() -> (Semaphore<DynamoStore>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let timing = Timing {
+        horizon: Duration::from_secs(1),
+        clock_skew: Duration::from_secs(1),
+    };
+    let sem = Semaphore::new(fresh_table().await)
+        .with_clock(clock.clone())
+        .with_timing(timing);
+    (sem, clock)
+}
+
 /// Invokes the handler as the runtime does: a JSON payload and a context.
-async fn acquire(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, Diagnostic> {
-    lambda_acquire::handle(sem, LambdaEvent::new(payload, Context::default()))
+async fn acquire(
+    sem: &Semaphore<DynamoStore>,
+    config: &Config,
+    payload: Value,
+) -> Result<Value, Diagnostic> {
+    lambda_acquire::handle(sem, config, LambdaEvent::new(payload, Context::default()))
         .await
         .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
         .map_err(Diagnostic::from)
 }
 
 async fn release(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, Diagnostic> {
-    lambda_release::handle(sem, LambdaEvent::new(payload, Context::default()))
-        .await
-        .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
-        .map_err(Diagnostic::from)
+    lambda_release::handle(
+        sem,
+        &release_resolver(),
+        LambdaEvent::new(payload, Context::default()),
+    )
+    .await
+    .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
+    .map_err(Diagnostic::from)
 }
 
-/// Now, as Step Functions writes `$$.State.EnteredTime` (`2026-12-03T10:15:30.123Z`).
-fn entered_time_now() -> String {
-    rfc3339_millis(SystemClock.now_ms())
-}
-
-/// The machine's payload for an acquire state entered at `entered_time`.
-fn state_machine_payload_entered_at(entered_time: &str) -> Value {
-    let mut payload: Value =
-        serde_json::from_str(STATE_MACHINE_PAYLOAD).expect("the payload is JSON");
-    payload["requested_at"] = json!(entered_time);
-    payload
-}
-
-/// The machine's payload for an acquire state entered just now.
-fn state_machine_payload() -> Value {
-    state_machine_payload_entered_at(&entered_time_now())
-}
-
-fn with(mut payload: Value, field: &str, value: Value) -> Value {
-    payload[field] = value;
-    payload
+/// Now by the semaphore's clock, as Step Functions writes `$$.State.EnteredTime`.
+fn now(sem: &Semaphore<DynamoStore>) -> String {
+    rfc3339_millis(sem.now_ms())
 }
 
 fn keys(v: &Value) -> BTreeSet<&str> {
@@ -86,172 +136,868 @@ fn keys(v: &Value) -> BTreeSet<&str> {
         .collect()
 }
 
-#[tokio::test]
-async fn the_state_machines_payload_takes_a_slot_and_is_answered_field_by_field() {
-    let sem = semaphore().await;
-    let first = acquire(&sem, state_machine_payload()).await.unwrap();
-    assert_eq!(
-        keys(&first),
-        BTreeSet::from(["acquired", "outcome", "token", "count", "limit"])
-    );
-    assert_eq!(first["acquired"], json!(true));
-    assert_eq!(first["outcome"], json!("acquired"));
-    assert_eq!(first["token"], json!(1));
-    assert_eq!(first["count"], json!(1));
-    assert_eq!(first["limit"], json!(5));
-
-    // A Step Functions retry of the same acquire (same payload) gets the same slot (F5).
-    let retry = acquire(&sem, state_machine_payload()).await.unwrap();
-    assert_eq!(
-        retry,
-        json!({"acquired": true, "outcome": "already_held", "token": 1, "count": 1, "limit": 5})
-    );
-
-    for run in 2..=5 {
-        let payload = with(
-            state_machine_payload(),
-            "holder",
-            json!(format!(
-                "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-{run}"
-            )),
-        );
-        let answer = acquire(&sem, payload).await.unwrap();
-        assert_eq!(
-            answer,
-            json!({"acquired": true, "outcome": "acquired", "token": run, "count": run, "limit": 5})
-        );
-    }
-
-    let sixth = with(
-        state_machine_payload(),
-        "holder",
-        json!("arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-6"),
-    );
-    let full = acquire(&sem, sixth).await.unwrap();
-    // "token" is present and null: the machine's ResultSelector reads $.Payload.token.
-    assert_eq!(
-        full,
-        json!({"acquired": false, "outcome": "full", "token": null, "count": 5, "limit": 5})
-    );
-
-    let seen = observe(sem.store().client(), sem.store().table(), "demo-lock")
+/// Every item of the table, each read correctly.
+async fn items(sem: &Semaphore<DynamoStore>) -> Vec<SemaphoreItem> {
+    sem.list()
         .await
-        .expect("the item exists");
-    seen.assert_safe(5);
-    assert_eq!(seen.holders.len(), 5);
-    assert!(seen.holders.iter().any(|h| h.starts_with(HOLDER)));
+        .unwrap()
+        .into_iter()
+        .map(|item| item.expect("an item of this version"))
+        .collect()
+}
+
+/// statemachines/lock-protected.asl.json with the functions named ACQUIRE and RELEASE.
+fn lock_protected() -> Value {
+    asl::definition(
+        "lock-protected.asl.json",
+        &[
+            ("AcquireFunctionArn", "ACQUIRE"),
+            ("ReleaseFunctionArn", "RELEASE"),
+        ],
+    )
+}
+
+/// The one state of `definition` that calls `function`.
+fn task<'a>(definition: &'a Value, function: &str) -> (&'a str, &'a Value) {
+    let tasks = asl::tasks_calling(definition, function);
+    assert_eq!(tasks.len(), 1, "exactly one state calls {function}");
+    tasks[0]
+}
+
+/// The acquire state played: its payload rendered for `ctx`, the handler invoked, and (if it
+/// answered) the state's output and the state the Choice after it goes to.
+struct Played {
+    payload: Value,
+    answer: Result<Value, Diagnostic>,
+    /// The state's output (`{"semaphore": answer}`) and where the machine goes next.
+    next: Option<(Value, String)>,
+}
+
+async fn play_acquire(
+    sem: &Semaphore<DynamoStore>,
+    config: &Config,
+    ctx: &Ctx,
+    state_input: &Value,
+) -> Played {
+    let definition = lock_protected();
+    let (_, acquire_state) = task(&definition, "ACQUIRE");
+    let payload = asl::render(&acquire_state["Parameters"]["Payload"], state_input, ctx);
+    let answer = acquire(sem, config, payload.clone()).await;
+    let next = answer.as_ref().ok().map(|answer| {
+        let output = asl::task_output(
+            acquire_state,
+            state_input,
+            ctx,
+            json!({"Payload": answer, "StatusCode": 200}),
+        );
+        let choice = asl::state(&definition, acquire_state["Next"].as_str().unwrap());
+        let next = asl::choose(choice, &output).to_owned();
+        (output, next)
+    });
+    Played {
+        payload,
+        answer,
+        next,
+    }
+}
+
+/// Where an error of the acquire state goes, and what the execution fails with when it goes to
+/// "Fail without a slot" directly.
+fn route_acquire_error(
+    error: &Diagnostic,
+    state_input: &Value,
+) -> (String, Option<(String, String)>) {
+    let definition = lock_protected();
+    let (_, acquire_state) = task(&definition, "ACQUIRE");
+    let catcher = asl::catcher(acquire_state, &error.error_type);
+    let next = catcher["Next"].as_str().unwrap().to_owned();
+    let output = asl::caught(
+        catcher,
+        state_input,
+        &error.error_type,
+        &json!({"errorType": error.error_type, "errorMessage": error.error_message}).to_string(),
+    );
+    let target = asl::state(&definition, &next);
+    let failed = (target["Type"] == "Fail").then(|| asl::fail(target, &output));
+    (next, failed)
 }
 
 #[tokio::test]
-async fn an_acquire_after_cleanup_or_release_is_the_named_error_semaphore_fenced() {
+async fn a_critical_section_through_the_definition_with_the_defaults() {
     let sem = semaphore().await;
-    acquire(&sem, state_machine_payload()).await.unwrap();
-    // What the cleanup function does when the execution is aborted.
-    let lock = LockName::new("demo-lock").unwrap();
-    let freed = sem
-        .cleanup(&lock, &HolderId::new(HOLDER).unwrap())
+    let config = config();
+    let definition = lock_protected();
+    let input = json!({"work_seconds": 0});
+    let started = now(&sem);
+    let ctx = Ctx::new(HOLDER, input.clone(), &started);
+
+    let played = play_acquire(&sem, &config, &ctx, &input).await;
+    assert_eq!(
+        played.payload,
+        json!({
+            "execution": ctx.execution,
+            "requested_at": started
+        }),
+        "the payload the definition renders: the whole execution context (its RedriveTime once \
+         redriven) and the state's entry time"
+    );
+    let answer = played.answer.unwrap();
+    assert_eq!(
+        keys(&answer),
+        BTreeSet::from([
+            "acquired",
+            "outcome",
+            "token",
+            "count",
+            "limit",
+            "lock",
+            "holder",
+            "acquisition",
+            "child_name",
+            "wait_seconds",
+            "work"
+        ])
+    );
+    let name = child_execution_name(&id(HOLDER, "r0"));
+    assert!(name.starts_with("run-1-"), "{name}");
+    assert_eq!(
+        answer,
+        json!({
+            "acquired": true,
+            "outcome": "acquired",
+            "token": 1,
+            "count": 1,
+            "limit": 5,
+            "lock": "demo-lock",
+            "holder": HOLDER,
+            "acquisition": "r0",
+            "child_name": name,
+            "wait_seconds": 0,
+            "work": {
+                "state_machine": DEMO,
+                "name": name,
+                "context": {"semaphore": {
+                    "lock": "demo-lock",
+                    "fencing_token": 1,
+                    "holder": HOLDER,
+                    "acquisition": "r0"
+                }}
+            }
+        })
+    );
+    let (state, next) = played.next.unwrap();
+    assert_eq!(state, json!({"semaphore": answer}));
+    assert_eq!(next, "Protected work");
+
+    // A Step Functions retry of the same state entry gets the same slot (F5).
+    let retry = play_acquire(&sem, &config, &ctx, &input).await;
+    let retried = retry.answer.unwrap();
+    assert_eq!(
+        (
+            &retried["outcome"],
+            &retried["token"],
+            &retried["acquisition"]
+        ),
+        (&json!("already_held"), &json!(1), &json!("r0"))
+    );
+    assert_eq!(retried["work"], answer["work"]);
+
+    // The work is started as the definition says: the demo machine, named after the acquisition,
+    // with the execution input plus the semaphore context.
+    let work_state = asl::state(&definition, "Protected work");
+    let start = asl::render(&work_state["Parameters"], &state, &ctx);
+    assert_eq!(
+        start,
+        json!({
+            "StateMachineArn": DEMO,
+            "Name": name,
+            "Input": {
+                "work_seconds": 0,
+                "semaphore": {"lock": "demo-lock", "fencing_token": 1, "holder": HOLDER, "acquisition": "r0"}
+            }
+        })
+    );
+    // What startExecution.sync:2 hands back when the child succeeded.
+    let child_output = json!({"worked_seconds": 0, "fencing_token": 1});
+    let state = asl::task_output(
+        work_state,
+        &state,
+        &ctx,
+        json!({"ExecutionArn": "arn:child", "Output": child_output, "Status": "SUCCEEDED"}),
+    );
+    let release_name = "Release slot";
+    let release_state = asl::state(&definition, release_name);
+    assert_eq!(work_state["Next"], json!(release_name));
+
+    let release_ctx = ctx.entered(&now(&sem));
+    let payload = asl::render(
+        &release_state["Parameters"]["Payload"],
+        &state,
+        &release_ctx,
+    );
+    assert_eq!(payload, json!({"execution": release_ctx.execution}));
+    let released = release(&sem, payload).await.unwrap();
+    assert_eq!(
+        released,
+        json!({"released": true, "outcome": "released", "count": 0, "lock": "demo-lock",
+               "acquisition": "r0", "error": null, "cause": null})
+    );
+    let state = asl::task_output(
+        release_state,
+        &state,
+        &release_ctx,
+        json!({"Payload": released}),
+    );
+    let done = asl::state(&definition, release_state["Next"].as_str().unwrap());
+    assert_eq!(
+        asl::render(&done["Parameters"], &state, &release_ctx),
+        json!({"lock": "demo-lock", "fencing_token": 1, "output": child_output, "released": true})
+    );
+}
+
+#[tokio::test]
+async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
+    let sem = semaphore().await;
+    let config = config();
+    let definition = lock_protected();
+    let input = json!({"lock": "batch", "limit": 1, "work": MINE, "customer": 42});
+    let first = Ctx::new(&holder(1), input.clone(), &now(&sem));
+    let played = play_acquire(&sem, &config, &first, &input).await;
+    let answer = played.answer.unwrap();
+    assert_eq!(
+        (&answer["lock"], &answer["limit"], &answer["outcome"]),
+        (&json!("batch"), &json!(1), &json!("acquired"))
+    );
+    assert_eq!(answer["work"]["state_machine"], json!(MINE));
+    let (state, _) = played.next.unwrap();
+    let start = asl::render(
+        &asl::state(&definition, "Protected work")["Parameters"],
+        &state,
+        &first,
+    );
+    assert_eq!(start["StateMachineArn"], json!(MINE));
+    assert_eq!(start["Input"]["customer"], json!(42));
+    assert_eq!(start["Input"]["semaphore"]["lock"], json!("batch"));
+
+    // A second execution with the same input finds the lock full, and waits as told.
+    let second = Ctx::new(&holder(2), input.clone(), &now(&sem));
+    let played = play_acquire(&sem, &config, &second, &input).await;
+    let full = played.answer.unwrap();
+    assert_eq!(
+        (
+            &full["acquired"],
+            &full["outcome"],
+            &full["token"],
+            &full["count"]
+        ),
+        (&json!(false), &json!("full"), &json!(null), &json!(1))
+    );
+    // Nothing held yet: the work's context has no token.
+    assert_eq!(
+        full["work"]["context"]["semaphore"]["fencing_token"],
+        json!(null)
+    );
+    let (state, next) = played.next.unwrap();
+    assert_eq!(next, "Wait for a free slot");
+    let wait = asl::state(&definition, &next);
+    let seconds = asl::wait_seconds(wait, &state);
+    assert!((1..=5).contains(&seconds), "{seconds}");
+    assert_eq!(wait["Next"], json!(task(&definition, "ACQUIRE").0));
+
+    // The default lock is another semaphore: not full.
+    let other = Ctx::new(&holder(3), json!({}), &now(&sem));
+    let answer = play_acquire(&sem, &config, &other, &json!({}))
+        .await
+        .answer
+        .unwrap();
+    assert_eq!(
+        (&answer["lock"], &answer["limit"], &answer["outcome"]),
+        (&json!("demo-lock"), &json!(5), &json!("acquired"))
+    );
+    let seen = observe(sem.store().client(), sem.store().table(), "batch")
+        .await
+        .expect("the item exists");
+    seen.assert_safe(1);
+}
+
+#[tokio::test]
+async fn lambda_work_runs_through_the_runner_which_invokes_the_function() {
+    let sem = semaphore().await;
+    let input = json!({"work": FUNCTION, "n": 1});
+    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
+    let played = play_acquire(&sem, &config(), &ctx, &input).await;
+    let answer = played.answer.unwrap();
+    assert_eq!(answer["work"]["state_machine"], json!(RUNNER));
+    assert_eq!(
+        answer["work"]["context"]["semaphore"]["function"],
+        json!(FUNCTION)
+    );
+    let (state, _) = played.next.unwrap();
+    let definition = lock_protected();
+    let start = asl::render(
+        &asl::state(&definition, "Protected work")["Parameters"],
+        &state,
+        &ctx,
+    );
+    // The runner's one state invokes the function named in its input with the whole input.
+    let runner = asl::definition("work-function.asl.json", &[]);
+    let invoke = asl::state(&runner, runner["StartAt"].as_str().unwrap());
+    let child_ctx = Ctx::new("arn:child", start["Input"].clone(), &now(&sem));
+    let parameters = asl::render(&invoke["Parameters"], &start["Input"], &child_ctx);
+    assert_eq!(parameters["FunctionName"], json!(FUNCTION));
+    assert_eq!(parameters["Payload"], start["Input"]);
+    assert_eq!(
+        parameters["Payload"]["semaphore"]["fencing_token"],
+        json!(1)
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_nothing() {
+    let sem = semaphore().await;
+    let config = config();
+    // One good acquire, so that "nothing written" also means "the existing item is unchanged".
+    let ctx = Ctx::new(HOLDER, json!({}), &now(&sem));
+    play_acquire(&sem, &config, &ctx, &json!({}))
+        .await
+        .answer
+        .unwrap();
+    let before = items(&sem).await;
+
+    let other = "arn:aws:states:us-east-1:123456789012:stateMachine:not-allowed";
+    let not_allowed = |arn: &str| {
+        format!(
+            "input.work is \"{arn}\", which this stack does not allow: name one it allows (state \
+             machines: {DEMO}, {MINE}; Lambda functions: {FUNCTION}), or leave it out to run the \
+             default, {DEMO}. To allow another, add it to the stack's WorkStateMachineArns or \
+             WorkFunctionArns parameter (the acquire function's WORK_STATE_MACHINES and \
+             WORK_FUNCTIONS)"
+        )
+    };
+    let input_kind = |got: &str| {
+        format!(
+            "execution.Input must be a JSON object (the execution input, \"input.$\": \
+             \"$$.Execution.Input\"); got {got}"
+        )
+    };
+    let cases: Vec<(Value, String)> = vec![
+        (json!("run me"), input_kind("a string \"run me\"")),
+        (json!([1, 2]), input_kind("an array [1,2]")),
+        (
+            json!({"semaphore": {"lock": "x"}}),
+            "the execution input has the key \"semaphore\", which is reserved: the work's input \
+             is the execution input plus \"semaphore\": {lock, fencing_token, holder, \
+             acquisition}; rename that key of the input"
+                .into(),
+        ),
+        (json!({"work": other}), not_allowed(other)),
+        (json!({"work": "my-work"}), not_allowed("my-work")),
+        (
+            json!({"work": {"arn": MINE}}),
+            "input.work must be a JSON string; got an object {\"arn\":\"arn:aws:states:us-east-1:\
+             123456789012:stateMachine:my-work\"}"
+                .into(),
+        ),
+        (
+            json!({"limit": 0}),
+            "input.limit: limit must be a whole number from 1 to 1000; got 0".into(),
+        ),
+        (
+            json!({"limit": "5"}),
+            "input.limit: limit must be a whole number from 1 to 1000; got the string \"5\"".into(),
+        ),
+        (
+            json!({"limit": 2.5}),
+            "input.limit: limit must be a whole number from 1 to 1000; got 2.5".into(),
+        ),
+        (
+            json!({"limit": 1001}),
+            "input.limit: limit must be a whole number from 1 to 1000; got 1001".into(),
+        ),
+        (
+            json!({"lock": ""}),
+            "input.lock: lock name is empty: pass the name of the semaphore, e.g. \"demo-lock\""
+                .into(),
+        ),
+        (
+            json!({"lock": ["a"]}),
+            "input.lock must be a JSON string; got an array [\"a\"]".into(),
+        ),
+    ];
+    for (input, message) in cases {
+        let ctx = Ctx::new(&holder(2), input.clone(), &now(&sem));
+        let err = play_acquire(&sem, &config, &ctx, &input)
+            .await
+            .answer
+            .expect_err(&format!("{input} must be refused"));
+        assert_eq!(err.error_type, "SemaphoreInvalidInput", "{input}");
+        assert_eq!(err.error_message, message, "{input}");
+        // The definition fails the execution at once, with the error and its message, whatever
+        // the input (the catcher replaces the state with the error: an input that is not an
+        // object could not take an "error" field).
+        let (next, failed) = route_acquire_error(&err, &input);
+        assert_eq!(next, "Fail without a slot", "{input}");
+        let (error, cause) = failed.expect("a Fail state");
+        assert_eq!(error, "SemaphoreInvalidInput");
+        let cause: Value = serde_json::from_str(&cause).expect("Lambda's error JSON");
+        assert_eq!(cause["errorMessage"], json!(message));
+    }
+
+    // Without a default, an input without a lock is refused too.
+    let config = config_with(&[("DEFAULT_LOCK", "")]);
+    let ctx = Ctx::new(&holder(3), json!({}), &now(&sem));
+    let err = play_acquire(&sem, &config, &ctx, &json!({}))
+        .await
+        .answer
+        .unwrap_err();
+    assert_eq!(
+        (err.error_type.as_str(), err.error_message.as_str()),
+        (
+            "SemaphoreInvalidInput",
+            "lock is missing: pass \"lock\" in the execution input or in the payload, e.g. \
+             \"lock\": \"demo-lock\", or set the function's DEFAULT_LOCK"
+        )
+    );
+
+    assert_eq!(items(&sem).await, before, "nothing was written");
+}
+
+#[tokio::test]
+async fn a_redriven_execution_waits_for_its_old_fence_to_rotate_out_then_acquires() {
+    let (sem, clock) = semaphore_with_clock().await;
+    let config = config();
+    let definition = lock_protected();
+    let demo_lock = lock("demo-lock");
+    let input = json!({"work_seconds": 5});
+    let started_ms = sem.now_ms();
+    let run0 = Ctx::new(HOLDER, input.clone(), &now(&sem));
+
+    // Run 0 takes a slot and starts its work; then it is aborted, and its cleanup frees the slot
+    // and fences the execution.
+    let answer = play_acquire(&sem, &config, &run0, &input)
+        .await
+        .answer
+        .unwrap();
+    assert_eq!(
+        (&answer["outcome"], &answer["acquisition"], &answer["token"]),
+        (&json!("acquired"), &json!("r0"), &json!(1))
+    );
+    let first_child = answer["work"]["name"].clone();
+    let cleaned = sem
+        .cleanup(&demo_lock, &HolderId::new(HOLDER).unwrap())
         .await
         .unwrap();
-    assert_eq!(freed.freed.len(), 1);
-
-    // A zombie or late retry of the same acquire.
-    let fenced = acquire(&sem, state_machine_payload()).await.unwrap_err();
-    assert_eq!(fenced.error_type, "SemaphoreFenced");
     assert_eq!(
-        fenced.error_message,
+        cleaned
+            .freed
+            .iter()
+            .map(|(who, _)| who.clone())
+            .collect::<Vec<_>>(),
+        [id(HOLDER, "r0")]
+    );
+
+    // Redriven, it enters its acquire state again (a redrive from "Wait for a free slot", or
+    // from "Acquire slot" after an abort there): run 1, acquisition r1, refused by the fence.
+    clock.advance_ms(500);
+    let run1 = run0.redriven(1).entered(&now(&sem));
+    let played = play_acquire(&sem, &config, &run1, &input).await;
+    let answer = played.answer.unwrap();
+    assert_eq!(
+        (
+            &answer["acquired"],
+            &answer["outcome"],
+            &answer["acquisition"],
+            &answer["token"],
+            &answer["count"]
+        ),
+        (
+            &json!(false),
+            &json!("redriven"),
+            &json!("r1"),
+            &json!(null),
+            &json!(null)
+        )
+    );
+    // Its work would be a new child: the old one's name belongs to run 0.
+    assert_ne!(answer["work"]["name"], first_child);
+    assert_eq!(
+        answer["work"]["name"],
+        json!(child_execution_name(&id(HOLDER, "r1")))
+    );
+    let (state, next) = played.next.unwrap();
+    assert_eq!(next, "Wait for a free slot");
+    let waited = asl::wait_seconds(asl::state(&definition, &next), &state);
+    assert!((1..=5).contains(&waited), "{waited}");
+    // The lock had never rotated: the function rotated it, so the fence is now in the old
+    // generation, dropped by the next rotation a window later.
+    let fence = FenceKey::execution(&HolderId::new(HOLDER).unwrap());
+    let item = sem.status(&demo_lock).await.unwrap();
+    assert!(item.fences.old.contains(&fence));
+    assert_eq!(item.fences.rotated_at_ms, Some(sem.now_ms()));
+    let first_rotation = sem.now_ms();
+
+    // Within the window the fence is kept, and no rotation is due.
+    clock.advance_ms(1_000);
+    let poll = run1.entered(&now(&sem));
+    let answer = play_acquire(&sem, &config, &poll, &input)
+        .await
+        .answer
+        .unwrap();
+    assert_eq!(answer["outcome"], json!("redriven"));
+    let item = sem.status(&demo_lock).await.unwrap();
+    assert!(item.is_fenced(&fence));
+    assert_eq!(item.fences.rotated_at_ms, Some(first_rotation));
+
+    // A window after the first rotation the second one drops it (this poll's own write was
+    // refused before the rotation)...
+    clock.advance_ms(1_000);
+    let poll = run1.entered(&now(&sem));
+    let answer = play_acquire(&sem, &config, &poll, &input)
+        .await
+        .answer
+        .unwrap();
+    assert_eq!(answer["outcome"], json!("redriven"));
+    let item = sem.status(&demo_lock).await.unwrap();
+    assert!(!item.is_fenced(&fence), "{:?}", item.fences);
+    assert_eq!(item.fences.rotated_at_ms, Some(sem.now_ms()));
+
+    // ...and the next poll takes a slot for run 1.
+    clock.advance_ms(1_000);
+    let poll = run1.entered(&now(&sem));
+    let played = play_acquire(&sem, &config, &poll, &input).await;
+    let answer = played.answer.unwrap();
+    assert_eq!(
+        (&answer["outcome"], &answer["acquisition"]),
+        (&json!("acquired"), &json!("r1"))
+    );
+    // Every write moved the version: the fence, the free and the two rotations.
+    assert!(answer["token"].as_u64().unwrap() > 1, "{answer}");
+    assert_eq!(played.next.unwrap().1, "Protected work");
+
+    // Run 0's acquire, delayed until now, still cannot land: it was requested before the fence,
+    // and the rotations that dropped the fence refuse it (F1).
+    let late = sem
+        .acquire_requested_at(&demo_lock, &id(HOLDER, "r0"), limit(5), started_ms)
+        .await
+        .unwrap();
+    assert!(
+        matches!(late, AcquireOutcome::Expired | AcquireOutcome::Fenced(_)),
+        "{late:?}"
+    );
+    let item = sem.status(&demo_lock).await.unwrap();
+    assert_eq!(
+        item.holders.keys().cloned().collect::<Vec<_>>(),
+        [id(HOLDER, "r1")]
+    );
+}
+
+#[tokio::test]
+async fn a_fence_is_final_for_a_run_that_was_not_redriven_or_an_acquisition_released() {
+    let sem = semaphore().await;
+    let config = config();
+    let input = json!({});
+    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
+    play_acquire(&sem, &config, &ctx, &input)
+        .await
+        .answer
+        .unwrap();
+    sem.cleanup(&lock("demo-lock"), &HolderId::new(HOLDER).unwrap())
+        .await
+        .unwrap();
+
+    // A zombie or late retry of run 0: the execution ended and was cleaned up.
+    let err = play_acquire(&sem, &config, &ctx, &input)
+        .await
+        .answer
+        .unwrap_err();
+    assert_eq!(err.error_type, "SemaphoreFenced");
+    assert_eq!(
+        err.error_message,
         format!(
-            "acquisition {ACQUISITION} of {HOLDER} on lock \"demo-lock\" is fenced: the execution \
-             was cleaned up after it ended; it can never hold a slot, a new acquire needs a new \
+            "acquisition r0 of {HOLDER} on lock \"demo-lock\" is fenced: the execution was \
+             cleaned up after it ended; it can never hold a slot, a new acquire needs a new \
              acquisition id"
         )
     );
-    // Any acquisition of the ended execution is refused.
-    let other = with(state_machine_payload(), "acquisition", json!("another-one"));
-    assert_eq!(
-        acquire(&sem, other).await.unwrap_err().error_type,
-        "SemaphoreFenced"
-    );
-    assert_eq!(sem.status(&lock).await.unwrap().count(), 0);
+    assert_eq!(route_acquire_error(&err, &input).0, "Fail without a slot");
 
-    // A released acquisition is fenced too, with its own reason.
-    let run2 = json!({
-        "lock": "demo-lock",
-        "limit": 5,
-        "holder": "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2",
-        "acquisition": "0b5c4a36-9c55-4d4f-a9a7-6f5d1b8e2c10",
-        "requested_at": entered_time_now()
-    });
-    acquire(&sem, run2.clone()).await.unwrap();
-    let released = release(&sem, run2.clone()).await.unwrap();
+    // Run 1 released its slot; a late attempt of its acquire is fenced, redriven or not.
+    let run = Ctx::new(&holder(2), input.clone(), &now(&sem)).redriven(1);
+    play_acquire(&sem, &config, &run, &input)
+        .await
+        .answer
+        .unwrap();
+    let released = release(
+        &sem,
+        json!({"input": input, "holder": holder(2), "redrive_count": 1}),
+    )
+    .await
+    .unwrap();
     assert_eq!(released["released"], json!(true));
-    let late = acquire(&sem, run2).await.unwrap_err();
-    assert_eq!(late.error_type, "SemaphoreFenced");
+    let err = play_acquire(&sem, &config, &run, &input)
+        .await
+        .answer
+        .unwrap_err();
+    assert_eq!(err.error_type, "SemaphoreFenced");
     assert!(
-        late.error_message
+        err.error_message
             .contains("is fenced: this acquisition was already released"),
         "{}",
-        late.error_message
+        err.error_message
     );
+    assert_eq!(sem.status(&lock("demo-lock")).await.unwrap().count(), 0);
 }
 
 #[tokio::test]
-async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
-    let sem = semaphore().await;
-    // One good acquire, so that "nothing written" also means "the existing item is unchanged".
-    acquire(&sem, state_machine_payload()).await.unwrap();
-    let before = sem
-        .status(&LockName::new("demo-lock").unwrap())
+async fn waiting_longer_than_the_budget_is_semaphore_wait_timeout_and_the_slot_is_released() {
+    let (sem, clock) = semaphore_with_clock().await;
+    let config = config_with(&[("MAX_WAIT_SECONDS", "60")]);
+    let definition = lock_protected();
+    let input = json!({"lock": "busy", "limit": 1});
+    let holding = Ctx::new(&holder(1), input.clone(), &now(&sem));
+    play_acquire(&sem, &config, &holding, &input)
         .await
+        .answer
         .unwrap();
 
-    let good = state_machine_payload;
+    // Started 30 s ago: within the budget, waits.
+    let start = now(&sem);
+    clock.advance_ms(30_000);
+    let waiter = Ctx::new(&holder(2), input.clone(), &start).entered(&now(&sem));
+    let full = play_acquire(&sem, &config, &waiter, &input)
+        .await
+        .answer
+        .unwrap();
+    assert_eq!(full["outcome"], json!("full"));
+
+    // 61 s: over it. The answer names the wait and the lock; nothing is held.
+    clock.advance_ms(31_000);
+    let waiter = waiter.entered(&now(&sem));
+    let err = play_acquire(&sem, &config, &waiter, &input)
+        .await
+        .answer
+        .unwrap_err();
+    assert_eq!(err.error_type, "SemaphoreWaitTimeout");
+    assert_eq!(
+        err.error_message,
+        format!(
+            "{} has waited 61 s for a slot of lock \"busy\" (limit 1, 1 held), longer than the \
+             acquire function's MAX_WAIT_SECONDS of 60 s; it holds no slot. Start it again later, \
+             or raise the limit or the stack's MaxWaitSeconds",
+            holder(2)
+        )
+    );
+    // The definition releases (an earlier attempt's lost answer may hold a slot), then fails
+    // with the acquire's error as caught.
+    let (next, failed) = route_acquire_error(&err, &input);
+    assert_eq!(next, "Release after failure");
+    assert!(failed.is_none());
+    let catcher = asl::catcher(task(&definition, "ACQUIRE").1, &err.error_type);
+    let cause = json!({"errorType": err.error_type, "errorMessage": err.error_message}).to_string();
+    let state = asl::caught(catcher, &input, &err.error_type, &cause);
+    let release_state = asl::state(&definition, &next);
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &state, &waiter);
+    let released = release(&sem, payload).await.unwrap();
+    assert_eq!(
+        (
+            &released["released"],
+            &released["error"],
+            &released["cause"]
+        ),
+        (&json!(false), &json!("SemaphoreWaitTimeout"), &json!(cause))
+    );
+    let state = asl::task_output(release_state, &state, &waiter, json!({"Payload": released}));
+    let fail = asl::state(&definition, release_state["Next"].as_str().unwrap());
+    assert_eq!(
+        asl::fail(fail, &state),
+        ("SemaphoreWaitTimeout".to_owned(), cause)
+    );
+
+    // However long an execution waited, a free slot is taken: the budget bounds waiting only.
+    let late =
+        Ctx::new(&holder(3), json!({"lock": "free", "limit": 1}), &start).entered(&now(&sem));
+    let answer = play_acquire(&sem, &config, &late, &json!({}))
+        .await
+        .answer
+        .unwrap();
+    assert_eq!(answer["outcome"], json!("acquired"));
+
+    // A redriven run's payload carries its first start only: the wait is not timed from it.
+    let redriven = Ctx::new(&holder(4), input.clone(), &start)
+        .redriven(1)
+        .entered(&now(&sem));
+    let answer = play_acquire(&sem, &config, &redriven, &input)
+        .await
+        .answer
+        .unwrap();
+    assert_eq!(answer["outcome"], json!("full"));
+    // With the whole execution node, its redrive time is known, and the budget counts from it.
+    let mut node = redriven.execution.clone();
+    node["RedriveTime"] = json!(rfc3339_millis(sem.now_ms() - 61_000));
+    let err = acquire(
+        &sem,
+        &config,
+        json!({"execution": node, "requested_at": now(&sem)}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.error_type, "SemaphoreWaitTimeout");
+    assert!(
+        err.error_message.contains("has waited 61 s"),
+        "{}",
+        err.error_message
+    );
+
+    // Waits grow with the time waited, up to 15 s.
+    clock.advance_ms(20 * 60_000);
+    let patient = config_with(&[("MAX_WAIT_SECONDS", "3600")]);
+    let waiter = Ctx::new(&holder(5), input.clone(), &start).entered(&now(&sem));
+    let waits: BTreeSet<u64> = waits_of_polls(&sem, &patient, &waiter, &input).await;
+    assert!(waits.iter().all(|w| (1..=15).contains(w)), "{waits:?}");
+    assert!(waits.iter().any(|w| *w > 5), "{waits:?}");
+}
+
+/// The waits of 40 polls of a full lock.
+async fn waits_of_polls(
+    sem: &Semaphore<DynamoStore>,
+    config: &Config,
+    ctx: &Ctx,
+    input: &Value,
+) -> BTreeSet<u64> {
+    let mut waits = BTreeSet::new();
+    for _ in 0..40 {
+        let answer = play_acquire(sem, config, ctx, input).await.answer.unwrap();
+        assert_eq!(answer["outcome"], json!("full"));
+        waits.insert(answer["wait_seconds"].as_u64().unwrap());
+    }
+    waits
+}
+
+#[tokio::test]
+async fn a_request_older_than_the_horizon_answers_expired_writes_nothing_and_is_asked_again() {
+    let sem = semaphore().await;
+    let config = config();
+    let input = json!({});
+    let run1 = Ctx::new(HOLDER, input.clone(), &now(&sem));
+    play_acquire(&sem, &config, &run1, &input)
+        .await
+        .answer
+        .unwrap();
+    let before = items(&sem).await;
+
+    // The acquire state was entered longer ago than the horizon (a Lambda that took that long to
+    // run it): a rotation may have dropped a fence this acquire had to meet, so it takes nothing.
+    let horizon_ms = u64::try_from(sem.timing().horizon.as_millis()).unwrap();
+    let entered = rfc3339_millis(SystemClock.now_ms() - horizon_ms - 1_000);
+    let run2 = Ctx::new(&holder(2), input.clone(), &entered);
+    let played = play_acquire(&sem, &config, &run2, &input).await;
+    let expired = played.answer.unwrap();
+    assert_eq!(
+        (
+            &expired["acquired"],
+            &expired["outcome"],
+            &expired["token"],
+            &expired["count"],
+            &expired["wait_seconds"]
+        ),
+        (
+            &json!(false),
+            &json!("expired"),
+            &json!(null),
+            &json!(null),
+            &json!(0)
+        )
+    );
+    assert_eq!(items(&sem).await, before, "nothing was written");
+    // The machine enters its acquire state again, which makes a new request time.
+    assert_eq!(played.next.unwrap().1, task(&lock_protected(), "ACQUIRE").0);
+    let again = play_acquire(&sem, &config, &run2.entered(&now(&sem)), &input)
+        .await
+        .answer
+        .unwrap();
+    assert_eq!(
+        (&again["outcome"], &again["token"]),
+        (&json!("acquired"), &json!(2))
+    );
+}
+
+/// The explicit shape a caller's own machine sends (every value given, no input).
+fn explicit_payload(requested_at: &str) -> Value {
+    json!({
+        "lock": "demo-lock",
+        "limit": 5,
+        "holder": HOLDER,
+        "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab",
+        "requested_at": requested_at
+    })
+}
+
+#[tokio::test]
+async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
+    let sem = semaphore().await;
+    // Without any default or allowed work: the explicit shape needs none.
+    let bare = Config::from_settings(&settings(Vec::new())).unwrap();
+    let answer = acquire(&sem, &bare, explicit_payload(&now(&sem)))
+        .await
+        .unwrap();
+    let name = child_execution_name(&id(HOLDER, "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab"));
+    assert_eq!(
+        answer,
+        json!({
+            "acquired": true, "outcome": "acquired", "token": 1, "count": 1, "limit": 5,
+            "lock": "demo-lock", "holder": HOLDER,
+            "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab", "child_name": name,
+            "wait_seconds": 0, "work": null
+        })
+    );
+    let released = release(
+        &sem,
+        json!({"lock": "demo-lock", "holder": HOLDER,
+               "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(released["released"], json!(true));
+
+    let good = || explicit_payload(&now(&sem));
+    let with = |field: &str, value: Value| {
+        let mut p = good();
+        p[field] = value;
+        p
+    };
     let without = |field: &str| {
         let mut p = good();
         p.as_object_mut().unwrap().remove(field);
         p
     };
-    let expected_shape = r#"{"lock": string, "limit": integer, "holder": string, "acquisition": string, "requested_at": RFC 3339 string}"#;
+    let before = items(&sem).await;
     let requested_at_error = |got: &str| {
         format!(
             "requested_at must be an RFC 3339 date-time such as \"2026-12-03T10:15:30.123Z\" \
              (Step Functions' $$.State.EnteredTime); got {got}: "
         )
     };
-    let limit_error = |got: &str| format!("limit must be a whole number from 1 to 1000; got {got}");
+    let shape = lambda_common::ACQUIRE_PAYLOAD;
     let cases: Vec<(Value, String)> = vec![
         (
             without("lock"),
-            "lock is missing: pass the semaphore's name, e.g. \"lock\": \"demo-lock\"".into(),
+            "lock is missing: pass \"lock\" in the execution input or in the payload, e.g. \
+             \"lock\": \"demo-lock\", or set the function's DEFAULT_LOCK"
+                .into(),
         ),
         (
-            with(good(), "lock", json!("")),
-            "lock name is empty: pass the name of the semaphore, e.g. \"demo-lock\"".into(),
-        ),
-        (
-            with(good(), "lock", json!("x".repeat(257))),
+            with("lock", json!("x".repeat(257))),
             "lock name is 257 bytes long; the maximum is 256 bytes".into(),
         ),
         (
-            with(good(), "lock", json!(42)),
-            "lock must be a JSON string; got a number 42".into(),
-        ),
-        (
             without("limit"),
-            "limit is missing: pass the number of slots as a JSON number, a whole number from 1 \
-             to 1000, e.g. \"limit\": 5"
+            "limit is missing: pass \"limit\" in the execution input or in the payload, a whole \
+             number from 1 to 1000, e.g. \"limit\": 5, or set the function's DEFAULT_LIMIT"
                 .into(),
         ),
-        (with(good(), "limit", json!(0)), limit_error("0")),
-        (with(good(), "limit", json!(-1)), limit_error("-1")),
-        (with(good(), "limit", json!(2.5)), limit_error("2.5")),
-        (with(good(), "limit", json!(1001)), limit_error("1001")),
         (
-            with(good(), "limit", json!("5")),
-            limit_error("the string \"5\""),
-        ),
-        (
-            with(good(), "limit", json!("five")),
-            limit_error("the string \"five\""),
+            with("limit", json!(-1)),
+            "limit must be a whole number from 1 to 1000; got -1".into(),
         ),
         (
             without("holder"),
@@ -259,20 +1005,27 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
                 .into(),
         ),
         (
-            with(good(), "holder", json!("")),
+            with("holder", json!("")),
             "holder is empty: pass the execution ARN ($$.Execution.Id) or an operator id such as \
              \"exec-1\""
                 .into(),
         ),
         (
             without("acquisition"),
-            "acquisition is missing: pass an id made once per logical acquire, e.g. \
-             \"acquisition.$\": \"States.UUID()\""
+            "acquisition is missing: pass \"redrive_count.$\": \"$$.Execution.RedriveCount\" (the \
+             acquisition is then r<count>, one per run of the execution), or an id made once per \
+             logical acquire, \"acquisition.$\": \"States.UUID()\""
                 .into(),
         ),
         (
-            with(good(), "acquisition", json!("a#b")),
+            with("acquisition", json!("a#b")),
             "acquisition id contains '#'; use only letters, digits and . _ : - (a UUID fits)"
+                .into(),
+        ),
+        (
+            with("redrive_count", json!("1")),
+            "redrive_count must be a whole number from 0 (Step Functions' \
+             $$.Execution.RedriveCount); got a string \"1\""
                 .into(),
         ),
         (
@@ -282,30 +1035,24 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
                 .into(),
         ),
         (
-            with(good(), "requested_at", json!(1_796_292_930_123u64)),
-            "requested_at must be a JSON string; got a number 1796292930123".into(),
-        ),
-        (
-            with(good(), "requested_at", json!("yesterday")),
+            with("requested_at", json!("yesterday")),
             requested_at_error("\"yesterday\""),
         ),
         (
-            with(good(), "requested_at", json!("2026-12-03 10:15:30")),
-            requested_at_error("\"2026-12-03 10:15:30\""),
+            with("started_at", json!(12)),
+            "started_at must be a JSON string; got a number 12".into(),
         ),
         (
             json!("demo-lock"),
-            format!(
-                "the payload must be a JSON object {expected_shape}; got a string \"demo-lock\""
-            ),
+            format!("the payload must be a JSON object {shape}; got a string \"demo-lock\""),
         ),
         (
             json!(null),
-            format!("the payload must be a JSON object {expected_shape}; got null null"),
+            format!("the payload must be a JSON object {shape}; got null null"),
         ),
     ];
     for (payload, message) in cases {
-        let err = acquire(&sem, payload.clone())
+        let err = acquire(&sem, &bare, payload.clone())
             .await
             .expect_err(&format!("{payload} must be refused"));
         assert_eq!(err.error_type, "SemaphoreInvalidInput", "{payload}");
@@ -320,58 +1067,68 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
             assert_eq!(err.error_message, message, "{payload}");
         }
     }
-
-    // Nothing was written: the one item is exactly as it was, and no other item appeared.
-    assert_eq!(items(&sem).await, vec![before]);
-}
-
-/// Every item of the table, each read correctly.
-async fn items(sem: &Semaphore<DynamoStore>) -> Vec<semaphore_core::SemaphoreItem> {
-    sem.list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|item| item.expect("an item of this version"))
-        .collect()
+    assert_eq!(items(&sem).await, before, "nothing was written");
 }
 
 #[tokio::test]
-async fn a_request_older_than_the_horizon_answers_expired_and_writes_nothing() {
+async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
     let sem = semaphore().await;
-    acquire(&sem, state_machine_payload()).await.unwrap();
-    let lock = LockName::new("demo-lock").unwrap();
-    let before = sem.status(&lock).await.unwrap();
-
-    // The acquire state was entered longer ago than the horizon (a Lambda that took that long to
-    // run it): a rotation of the fences may have dropped one this acquire had to meet, so it
-    // takes nothing.
-    let horizon_ms = u64::try_from(sem.timing().horizon.as_millis()).unwrap();
-    let entered = rfc3339_millis(SystemClock.now_ms() - horizon_ms - 1_000);
-    let run2 = |entered: &str| {
-        with(
-            state_machine_payload_entered_at(entered),
-            "holder",
-            json!("arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2"),
-        )
-    };
-    let expired = acquire(&sem, run2(&entered)).await.unwrap();
-    assert_eq!(
-        keys(&expired),
-        BTreeSet::from(["acquired", "outcome", "token", "count", "limit"])
+    let config = config();
+    let fragment = asl::definition(
+        "protect-your-workflow.asl.json",
+        &[
+            ("AcquireFunctionArn", "ACQUIRE"),
+            ("ReleaseFunctionArn", "RELEASE"),
+        ],
     );
-    assert_eq!(expired["acquired"], json!(false));
-    assert_eq!(expired["outcome"], json!("expired"));
-    assert_eq!(expired["token"], json!(null));
-    // Nothing was sent, so nothing is known of the holders.
-    assert_eq!(expired["count"], json!(null));
-    assert_eq!(expired["limit"], json!(5));
-    assert_eq!(items(&sem).await, vec![before], "nothing was written");
-
-    // The machine enters its acquire state again, which makes a new request time.
-    let again = acquire(&sem, run2(&entered_time_now())).await.unwrap();
+    let input = json!({"order": 7});
+    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
+    let (_, acquire_state) = task(&fragment, "ACQUIRE");
+    let payload = asl::render(&acquire_state["Parameters"]["Payload"], &input, &ctx);
+    let answer = acquire(&sem, &config, payload).await.unwrap();
+    assert_eq!(answer["outcome"], json!("acquired"));
+    let state = asl::task_output(acquire_state, &input, &ctx, json!({"Payload": answer}));
+    let choice = asl::state(&fragment, acquire_state["Next"].as_str().unwrap());
+    let work = asl::choose(choice, &state);
+    // Your work: one branch of a Parallel state (so that one Catch covers all its states),
+    // whose placeholder passes the fencing token on.
+    let work_state = asl::state(&fragment, work);
+    assert_eq!(work_state["Type"], json!("Parallel"));
+    let branch = &work_state["Branches"][0];
+    let placeholder = &branch["States"][branch["StartAt"].as_str().unwrap()];
+    assert_eq!(placeholder["Type"], json!("Pass"));
+    let branch_output = asl::render(&placeholder["Parameters"], &state, &ctx);
+    assert_eq!(branch_output["fencing_token"], answer["token"]);
+    // Its work succeeded: the release after it.
+    let after_work = asl::task_output(work_state, &state, &ctx, json!([branch_output]));
     assert_eq!(
-        again,
-        json!({"acquired": true, "outcome": "acquired", "token": 2, "count": 2, "limit": 5})
+        after_work["work"]["output"]["fencing_token"],
+        answer["token"]
+    );
+    let release_state = asl::state(&fragment, work_state["Next"].as_str().unwrap());
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &after_work, &ctx);
+    let released = release(&sem, payload).await.unwrap();
+    assert_eq!(
+        (&released["released"], &released["acquisition"]),
+        (&json!(true), &json!("r0"))
+    );
+    asl::task_output(
+        release_state,
+        &after_work,
+        &ctx,
+        json!({"Payload": released}),
+    );
+    // Its work failed: the release after failure names the error to fail with.
+    let catcher = asl::catcher(work_state, "MyError");
+    let failed = asl::caught(catcher, &state, "MyError", "my cause");
+    let release_state = asl::state(&fragment, catcher["Next"].as_str().unwrap());
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &failed, &ctx);
+    let released = release(&sem, payload).await.unwrap();
+    let failed = asl::task_output(release_state, &failed, &ctx, json!({"Payload": released}));
+    let fail = asl::state(&fragment, release_state["Next"].as_str().unwrap());
+    assert_eq!(
+        asl::fail(fail, &failed),
+        ("MyError".to_owned(), "my cause".to_owned())
     );
 }
 
@@ -380,8 +1137,12 @@ async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is
     let sem = semaphore().await;
     let (client, table) = (sem.store().client(), sem.store().table());
     let v1 = put_version_1_item(client, table, "demo-lock", HOLDER, "old-acquisition").await;
-
-    let err = acquire(&sem, state_machine_payload()).await.unwrap_err();
+    let input = json!({});
+    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
+    let err = play_acquire(&sem, &config(), &ctx, &input)
+        .await
+        .answer
+        .unwrap_err();
     assert_eq!(err.error_type, "SemaphoreOldFormat");
     assert!(
         err.error_message
@@ -389,6 +1150,7 @@ async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is
         "{}",
         err.error_message
     );
+    assert_eq!(route_acquire_error(&err, &input).0, "Fail without a slot");
     assert_eq!(
         raw_item(client, table, "demo-lock").await,
         Some(v1),
@@ -397,177 +1159,30 @@ async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is
 }
 
 #[tokio::test]
-async fn a_missing_table_is_the_named_error_semaphore_store_error() {
+async fn a_missing_table_is_the_named_error_semaphore_store_error_which_is_retried() {
     let sem = semaphore_on(format!("no-such-table-{:x}", fastrand::u64(..)));
-    let err = acquire(&sem, state_machine_payload()).await.unwrap_err();
+    let input = json!({});
+    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
+    let err = play_acquire(&sem, &config(), &ctx, &input)
+        .await
+        .answer
+        .unwrap_err();
     assert_eq!(err.error_type, "SemaphoreStoreError");
     assert!(
         err.error_message.contains("does not exist"),
         "{}",
         err.error_message
     );
-}
-
-// ------------------------------------------------------------------------------------------
-// The contract with statemachines/lock-protected.asl.json: the payloads are rendered from the
-// definition itself (with the few expressions it uses evaluated here), sent to the handlers,
-// and every field its ResultSelectors read is present in the answers.
-
-/// What the context object (`$$`) holds for the state being rendered.
-struct StateContext<'a> {
-    /// `$$.State.EnteredTime`.
-    entered_time: &'a str,
-}
-
-/// Evaluates the only expressions the definition's payload templates use. Anything else fails
-/// loudly, so a change of the definition is noticed here.
-fn evaluate(expression: &str, input: &Value, context: &StateContext) -> Value {
-    if expression == "$$.Execution.Id" {
-        return json!(HOLDER);
-    }
-    if expression == "$$.State.EnteredTime" {
-        return json!(context.entered_time);
-    }
-    if expression == "States.UUID()" {
-        return json!(ACQUISITION);
-    }
-    if let Some(text) = expression
-        .strip_prefix("States.StringToJson('")
-        .and_then(|rest| rest.strip_suffix("')"))
-    {
-        return serde_json::from_str(text).expect("StringToJson of JSON text");
-    }
-    if let Some(path) = expression.strip_prefix("$.") {
-        let mut at = input;
-        for key in path.split('.') {
-            at = at
-                .get(key)
-                .unwrap_or_else(|| panic!("{expression} not found in {input}"));
-        }
-        return at.clone();
-    }
-    panic!("the test does not know how to evaluate {expression:?}; update evaluate()");
-}
-
-/// Renders an ASL payload template (keys ending in ".$" are expressions).
-fn render(template: &Value, input: &Value, context: &StateContext) -> Value {
-    match template {
-        Value::Object(fields) => Value::Object(
-            fields
-                .iter()
-                .map(|(key, value)| match key.strip_suffix(".$") {
-                    Some(name) => (
-                        name.to_owned(),
-                        evaluate(value.as_str().expect("an expression"), input, context),
-                    ),
-                    None => (key.clone(), render(value, input, context)),
-                })
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
-fn lock_protected_definition() -> Value {
-    let path = repo_root().join("statemachines/lock-protected.asl.json");
-    let mut text = std::fs::read_to_string(&path).expect("read lock-protected.asl.json");
-    for (name, value) in [
-        ("LockName", "demo-lock"),
-        ("ConcurrencyLimit", "5"),
-        ("AcquireFunctionArn", "ACQUIRE"),
-        ("ReleaseFunctionArn", "RELEASE"),
-    ] {
-        text = text.replace(&format!("${{{name}}}"), value);
-    }
-    serde_json::from_str(&text).expect("the definition is JSON")
-}
-
-/// The name and definition of the one Task that calls `function`.
-fn task_calling<'a>(definition: &'a Value, function: &str) -> (&'a str, &'a Value) {
-    let states = definition["States"].as_object().expect("States");
-    let calling: Vec<(&str, &Value)> = states
+    let definition = lock_protected();
+    let retried = task(&definition, "ACQUIRE").1["Retry"]
+        .as_array()
+        .unwrap()
         .iter()
-        .filter(|(_, s)| s["Parameters"]["FunctionName"] == json!(function))
-        .map(|(name, s)| (name.as_str(), s))
-        .collect();
-    assert_eq!(calling.len(), 1, "exactly one Task calls {function}");
-    calling[0]
-}
-
-#[tokio::test]
-async fn the_lock_protected_definitions_payloads_are_the_ones_tested_here() {
-    let definition = lock_protected_definition();
-    let states = definition["States"].as_object().unwrap();
-    // The request is built once by a Pass state before the wait loop (so every attempt carries
-    // the same acquisition id); the acquire Task sends it field by field, with its own entry
-    // time as `requested_at`.
-    let builders: Vec<&Value> = states
-        .values()
-        .filter(|s| s["Type"] == "Pass" && s["Parameters"].get("request").is_some())
-        .collect();
-    assert_eq!(builders.len(), 1, "one Pass state builds $.request");
-    let entered = entered_time_now();
-    let context = StateContext {
-        entered_time: &entered,
-    };
-    let request = render(&builders[0]["Parameters"]["request"], &json!({}), &context);
-    let input = json!({ "request": request });
-
-    let (acquire_state, acquire_task) = task_calling(&definition, "ACQUIRE");
-    let payload = render(&acquire_task["Parameters"]["Payload"], &input, &context);
-    assert_eq!(
-        payload,
-        state_machine_payload_entered_at(&entered),
-        "the payload tested above is the one the definition builds"
-    );
-
-    let sem = semaphore().await;
-    let acquired = acquire(&sem, payload.clone()).await.unwrap();
-    assert_eq!(acquired["outcome"], "acquired");
-    for (field, selector) in acquire_task["ResultSelector"].as_object().unwrap() {
-        let name = field.strip_suffix(".$").unwrap();
-        let read = selector
-            .as_str()
-            .unwrap()
-            .strip_prefix("$.Payload.")
-            .unwrap();
-        assert!(
-            acquired.get(read).is_some(),
-            "{name} reads $.Payload.{read}, absent from {acquired}"
-        );
-    }
-    // Every answer that is not a slot is routed: "expired" enters the acquire state again (a new
-    // entry time, so a new request time), anything else not acquired goes on waiting.
-    let (_, routing) = states
-        .iter()
-        .find(|(_, s)| s["Type"] == "Choice" && s["Choices"][0]["Variable"] == "$.slot.acquired")
-        .expect("a Choice on $.slot.acquired follows the acquire");
-    assert_eq!(
-        routing["Choices"][1],
-        json!({"Variable": "$.slot.outcome", "StringEquals": "expired", "Next": acquire_state})
-    );
-    assert_ne!(routing["Default"], json!(acquire_state));
-
-    let (_, release_task) = task_calling(&definition, "RELEASE");
-    let release_payload = render(&release_task["Parameters"]["Payload"], &input, &context);
-    assert_eq!(
-        release_payload,
-        json!({"lock": "demo-lock", "holder": HOLDER, "acquisition": ACQUISITION})
-    );
-    let released = release(&sem, release_payload).await.unwrap();
-    assert_eq!(
-        released,
-        json!({"released": true, "outcome": "released", "count": 0})
-    );
-    for (_, selector) in release_task["ResultSelector"].as_object().unwrap() {
-        let read = selector
-            .as_str()
-            .unwrap()
-            .strip_prefix("$.Payload.")
-            .unwrap();
-        assert!(
-            released.get(read).is_some(),
-            "{read} absent from {released}"
-        );
-    }
+        .any(|r| {
+            r["ErrorEquals"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("SemaphoreStoreError"))
+        });
+    assert!(retried);
 }

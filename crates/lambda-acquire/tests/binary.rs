@@ -4,87 +4,115 @@
 
 use std::path::Path;
 
+use lambda_common::child_execution_name;
 use semaphore_core::{
     rfc3339_millis, Clock, DynamoStore, HolderId, LockName, Semaphore, SystemClock, Timing,
 };
 use semaphore_tests::fresh_table;
 use semaphore_tests::legacy::put_version_1_item;
+use semaphore_tests::names::id;
 use semaphore_tests::runtime_api::{run_function, Answer};
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_acquire");
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
+const DEMO: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:demo-work";
 
-/// The state machine's payload for an acquire state entered `ago_ms` milliseconds ago.
-fn payload_entered(ago_ms: u64) -> Value {
-    let mut payload: Value = serde_json::from_str(
-        r#"{"lock": "demo-lock", "limit": 5,
-            "holder": "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1",
-            "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab"}"#,
-    )
-    .unwrap();
-    payload["requested_at"] = json!(rfc3339_millis(SystemClock.now_ms() - ago_ms));
-    payload
+/// The function's environment as the template sets it, on `table`.
+fn env(table: &str) -> Vec<(String, String)> {
+    [
+        ("TABLE_NAME", table),
+        ("RUST_LOG", "info"),
+        ("DEFAULT_LOCK", "demo-lock"),
+        ("DEFAULT_LIMIT", "5"),
+        ("MAX_WAIT_SECONDS", "900"),
+        ("DEFAULT_WORK", DEMO),
+        ("WORK_STATE_MACHINES", DEMO),
+        ("WORK_FUNCTIONS", ""),
+        (
+            "WORK_FUNCTION_RUNNER",
+            "arn:aws:states:us-east-1:123456789012:stateMachine:work-function",
+        ),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// The lock-protected machine's payload for an acquire state entered `ago_ms` milliseconds ago.
+fn payload_entered(ago_ms: u64, input: Value) -> Value {
+    let entered = rfc3339_millis(SystemClock.now_ms() - ago_ms);
+    json!({
+        "input": input,
+        "holder": HOLDER,
+        "redrive_count": 0,
+        "started_at": entered,
+        "requested_at": entered
+    })
 }
 
 fn payload() -> Value {
-    payload_entered(0)
+    payload_entered(0, json!({}))
 }
 
 fn error(error_type: &str, message: &str) -> Answer {
     Answer::Error(json!({"errorType": error_type, "errorMessage": message}))
 }
 
+/// Runs the binary with `env` on `events`, off the async runtime.
+async fn run(
+    env: Vec<(String, String)>,
+    events: Vec<Value>,
+) -> semaphore_tests::runtime_api::FunctionRun {
+    tokio::task::spawn_blocking(move || {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        run_function(Path::new(EXE), &env, events)
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
     let store: DynamoStore = fresh_table().await;
     let table = store.table().to_owned();
-    let env = [("TABLE_NAME", table.as_str()), ("RUST_LOG", "info")];
 
-    let mut bad = payload();
-    bad["limit"] = json!("5");
+    let bad = payload_entered(0, json!({"limit": "5"}));
     // Entered longer ago than the (default) horizon: answered "expired", nothing taken.
     let horizon_ms = u64::try_from(Timing::DEFAULT_HORIZON.as_millis()).unwrap();
-    let mut expired = payload_entered(horizon_ms + 1_000);
+    let mut expired = payload_entered(horizon_ms + 1_000, json!({}));
     expired["holder"] =
         json!("arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2");
     // A lock whose item version 1 wrote.
     put_version_1_item(store.client(), &table, "old-lock", HOLDER, "a0").await;
-    let mut old = payload();
-    old["lock"] = json!("old-lock");
-    let events = vec![payload(), payload(), bad, expired, old];
-    let run = tokio::task::spawn_blocking({
-        let env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move || {
-            let env: Vec<(&str, &str)> =
-                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            run_function(Path::new(EXE), &env, events)
-        }
-    })
-    .await
-    .unwrap();
+    let old = payload_entered(0, json!({"lock": "old-lock"}));
+    let run1 = run(env(&table), vec![payload(), payload(), bad, expired, old]).await;
+    let name = child_execution_name(&id(HOLDER, "r0"));
+    let answer = |outcome: &str| {
+        json!({
+            "acquired": true, "outcome": outcome, "token": 1, "count": 1, "limit": 5,
+            "lock": "demo-lock", "holder": HOLDER, "acquisition": "r0", "child_name": name,
+            "wait_seconds": 0,
+            "work": {"state_machine": DEMO, "name": name, "context": {"semaphore": {
+                "lock": "demo-lock", "fencing_token": 1, "holder": HOLDER, "acquisition": "r0"
+            }}}
+        })
+    };
     assert_eq!(
-        run.answers[..3],
+        run1.answers[..3],
         [
-            Answer::Response(
-                json!({"acquired": true, "outcome": "acquired", "token": 1, "count": 1, "limit": 5})
-            ),
-            Answer::Response(
-                json!({"acquired": true, "outcome": "already_held", "token": 1, "count": 1, "limit": 5})
-            ),
+            Answer::Response(answer("acquired")),
+            Answer::Response(answer("already_held")),
             error(
                 "SemaphoreInvalidInput",
-                "limit must be a whole number from 1 to 1000; got the string \"5\""
+                "input.limit: limit must be a whole number from 1 to 1000; got the string \"5\""
             ),
         ],
         "stdout: {}\nstderr: {}",
-        run.stdout,
-        run.stderr
+        run1.stdout,
+        run1.stderr
     );
-    match &run.answers[3..] {
+    match &run1.answers[3..] {
         [Answer::Response(expired), Answer::Error(old)] => {
             assert_eq!(
                 (&expired["acquired"], &expired["outcome"], &expired["token"]),
@@ -93,10 +121,13 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
             );
             assert_eq!(old["errorType"], "SemaphoreOldFormat", "{old}");
         }
-        other => panic!("{other:?}\nstdout: {}\nstderr: {}", run.stdout, run.stderr),
+        other => panic!(
+            "{other:?}\nstdout: {}\nstderr: {}",
+            run1.stdout, run1.stderr
+        ),
     }
     // Logs are JSON lines.
-    let lines: Vec<Value> = run
+    let lines: Vec<Value> = run1
         .stdout
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -107,7 +138,8 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
         .any(|l| l["message"] == "acquire" && l["outcome"] == "acquired"));
     assert!(lines.iter().all(|l| l.get("level").is_some()));
 
-    // The execution is cleaned up; its late retry is refused with SemaphoreFenced.
+    // The execution is cleaned up. Its late retry is refused with SemaphoreFenced; the same
+    // execution redriven (run 1, its own acquisition) is told to wait for the fence to go.
     Semaphore::new(store)
         .cleanup(
             &LockName::new("demo-lock").unwrap(),
@@ -115,18 +147,65 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
         )
         .await
         .unwrap();
-    let run = tokio::task::spawn_blocking(move || {
-        run_function(
-            Path::new(EXE),
-            &[("TABLE_NAME", table.as_str())],
-            vec![payload()],
-        )
-    })
-    .await
-    .unwrap();
-    match run.answers.as_slice() {
-        [Answer::Error(e)] => assert_eq!(e["errorType"], "SemaphoreFenced", "{e}"),
-        other => panic!("{other:?}\nstdout: {}\nstderr: {}", run.stdout, run.stderr),
+    let mut redriven = payload();
+    redriven["redrive_count"] = json!(1);
+    let run2 = run(env(&table), vec![payload(), redriven]).await;
+    match run2.answers.as_slice() {
+        [Answer::Error(e), Answer::Response(redriven)] => {
+            assert_eq!(e["errorType"], "SemaphoreFenced", "{e}");
+            assert_eq!(
+                (&redriven["outcome"], &redriven["acquisition"]),
+                (&json!("redriven"), &json!("r1")),
+                "{redriven}"
+            );
+            assert!(redriven["wait_seconds"]
+                .as_u64()
+                .is_some_and(|w| (1..=5).contains(&w)));
+        }
+        other => panic!(
+            "{other:?}\nstdout: {}\nstderr: {}",
+            run2.stdout, run2.stderr
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_setting_stops_the_binary_with_a_message_naming_it() {
+    for (name, value, says) in [
+        (
+            "DEFAULT_LIMIT",
+            "0",
+            "environment variable DEFAULT_LIMIT is",
+        ),
+        (
+            "MAX_WAIT_SECONDS",
+            "soon",
+            "environment variable MAX_WAIT_SECONDS is",
+        ),
+        (
+            "WORK_STATE_MACHINES",
+            "my-work",
+            "is not an ARN of the form",
+        ),
+        (
+            "WORK_FUNCTIONS",
+            "arn:aws:lambda:us-east-1:123456789012:function:f",
+            "WORK_FUNCTION_RUNNER",
+        ),
+    ] {
+        let mut env = env("any-table");
+        env.retain(|(k, _)| {
+            k != name && !(name == "WORK_FUNCTIONS" && k == "WORK_FUNCTION_RUNNER")
+        });
+        env.push((name.to_owned(), value.to_owned()));
+        let run = run(env, vec![payload()]).await;
+        assert!(run.answers.is_empty(), "{name}: {:?}", run.answers);
+        assert!(
+            run.stdout.contains(says),
+            "{name}={value}: stdout: {}\nstderr: {}",
+            run.stdout,
+            run.stderr
+        );
     }
 }
 

@@ -1,25 +1,52 @@
 //! The cleanup function (cleanup-from-incomplete): given the EventBridge "Step Functions
 //! Execution Status Change" event of an execution that ended FAILED, TIMED_OUT or ABORTED, it
-//! frees every slot the execution holds on every lock it may hold, and fences the execution so
-//! that a delayed, retried or zombie acquire of it can never land afterwards.
+//! frees every slot the execution holds, on every lock it asked for, once the work it ran under
+//! them has ended, and fences the execution so that a delayed, retried or zombie acquire of it
+//! can never land afterwards.
 //!
-//! The locks are `LOCK_NAMES` (configuration) plus the `"lock"` field of the execution's input,
-//! when the event carries the input and it has one. Every status other than the three is
-//! answered with a no-op. Duplicate, late and out-of-order events are harmless: the core cleanup
-//! is idempotent, frees only what the execution holds, and its fence refuses acquires that land
-//! after it.
+//! No lock list is configured and the execution input is not needed (the event drops an input
+//! above 248 KB): the locks are read from the execution's history, the payload of every task
+//! that invoked the acquire function (`ACQUIRE_FUNCTION_ARN`), resolved as the acquire function
+//! resolves it (`payload.lock`, else `payload.input.lock`, else `DEFAULT_LOCK`).
 //!
-//! Per lock, the core cleanup is one write that fences the execution and, when that write shows
-//! the execution held slots, a second that frees them; neither reads first nor conflicts.
+//! Steps, each for a reason:
+//! 1. `DescribeExecution`: an execution running again was redriven since the event; it still
+//!    needs what it holds (its own release, or the cleanup of its next end, frees it): nothing
+//!    is done.
+//! 2. `GetExecutionHistory` (every page): the locks, and the work's child executions
+//!    (`states:startExecution.sync` tasks).
+//! 3. Fence the execution on every lock: no acquire of it lands any more, so what each fence
+//!    saw held is all it will ever hold there.
+//! 4. `DescribeExecution` again: a redrive between step 1 and the fences may already hold a new
+//!    slot, which must not be freed under its work. Once the fences stand, a redrive's acquire
+//!    is refused, so an execution still ended now holds nothing a later run will need.
+//! 5. The children: a user's state machine still running is stopped (`StopExecution`; Step
+//!    Functions tries too, best effort). The work-function runner cannot stop the Lambda it
+//!    invoked, so while it runs the answer is `deferred` with `retry_after_seconds`, the slots
+//!    are kept (fenced), and the cleanup state machine asks again. A child whose start was in
+//!    flight when the parent ended is waited for the same way, briefly.
+//! 6. No work running: the core cleanup on every lock frees what the execution holds.
+//!
+//! Every status other than the three is answered with a no-op. Duplicate, late and
+//! out-of-order events are harmless: every step is idempotent, a fence refuses acquires that
+//! land after it, and a freed slot is freed once.
 //!
 //! Errors: `SemaphoreInvalidInput` (not such an event; nothing written), `SemaphoreOldFormat` (a
-//! lock's item is of version 1; nothing written to it), `SemaphoreStoreError` (retry: every lock
-//! is cleaned again, which is harmless).
+//! lock's item is of version 1; nothing written to it), `SemaphoreStoreError` and
+//! `SemaphoreStepFunctionsError` (retry: every step is done again, which is harmless).
+
+use std::collections::BTreeMap;
 
 use aws_lambda_events::eventbridge::EventBridgeEvent;
-use lambda_common::HandlerError;
-use lambda_runtime::LambdaEvent;
-use semaphore_core::{HolderId, ItemStore, LockName, Semaphore};
+use lambda_common::arn::{ExecutionArn, ExecutionKind, StateMachineArn};
+use lambda_common::history::{self, AcquireFunction, ChildExecution, LockReading};
+use lambda_common::sfn::{
+    child_state, may_still_start, ChildState, Described, Executions, SfnClient, SfnError,
+    STEP_FUNCTIONS_ERROR,
+};
+use lambda_common::{ConfigError, HandlerError, Resolver, Settings};
+use lambda_runtime::{Diagnostic, LambdaEvent};
+use semaphore_core::{DynamoStore, Fenced, HolderId, ItemStore, LockName, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -28,6 +55,14 @@ pub const SOURCE: &str = "aws.states";
 pub const DETAIL_TYPE: &str = "Step Functions Execution Status Change";
 /// The statuses of an execution that ended without releasing what it held.
 pub const ENDED_STATUSES: [&str; 3] = ["FAILED", "TIMED_OUT", "ABORTED"];
+
+/// The wait before asking again while the work runs: 5 s at first, growing by a second per
+/// 10 s since the execution ended, up to a minute. A long work costs a few calls a minute.
+pub const RETRY_AFTER_MIN_SECONDS: u64 = 5;
+pub const RETRY_AFTER_MAX_SECONDS: u64 = 60;
+
+/// The error and cause a stopped child execution ends with.
+pub const CHILD_STOP_ERROR: &str = "SemaphoreParentEnded";
 
 /// The `detail` of a "Step Functions Execution Status Change" event, as documented in the Step
 /// Functions developer guide. Fields Step Functions may add later are ignored.
@@ -43,7 +78,8 @@ pub struct ExecutionStatusChange {
     pub start_date: Option<i64>,
     /// Epoch milliseconds; null while running.
     pub stop_date: Option<i64>,
-    /// The execution's input as JSON text; absent when it is too large to be included.
+    /// The execution's input as JSON text; absent when it is too large to be included. Not
+    /// used: the history has every acquire payload.
     pub input: Option<String>,
     pub input_details: Option<DataDetails>,
     pub output: Option<String>,
@@ -64,15 +100,9 @@ pub struct DataDetails {
     pub included: bool,
 }
 
+/// The event; the cleanup state machine adds its last answer as `"cleanup"` on later loops,
+/// which is ignored: every call starts again from Step Functions and the table.
 pub type StatusChangeEvent = EventBridgeEvent<ExecutionStatusChange>;
-
-/// Where a lock name came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LockSource {
-    Configuration,
-    ExecutionInput,
-}
 
 /// One slot freed by this cleanup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,27 +115,179 @@ pub struct FreedSlot {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockCleanup {
     pub lock: String,
-    pub source: LockSource,
-    /// What the execution held on this lock; empty when it held nothing (already released,
-    /// a duplicate event, or its acquire had not landed yet; it is fenced now either way).
+    /// What this call freed; empty when it held nothing (already released, a duplicate event,
+    /// or its acquire had not landed yet: it is fenced now either way) or when it only fenced.
     pub freed: Vec<FreedSlot>,
-    /// Slots held on the lock after the cleanup.
-    pub count: usize,
+    /// The acquisitions still held because the work still runs (deferred), or because the
+    /// execution runs again: fenced, not freed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<String>,
+    /// Slots held on the lock after the cleanup; `None` when the execution was only fenced.
+    pub count: Option<usize>,
 }
 
+/// What became of a child execution of the ended one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildAction {
+    /// It had ended.
+    Ended,
+    /// It was running a state machine of the user's: stopped now.
+    Stopped,
+    /// It runs a Lambda function, which cannot be stopped, or its start was in flight when the
+    /// parent ended: waited for, the slots kept.
+    Waiting,
+    /// It was never started.
+    NotStarted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildWork {
+    pub execution: String,
+    /// As described before anything was done: RUNNING, SUCCEEDED, ..., or NOT_FOUND.
+    pub status: String,
+    pub action: ChildAction,
+}
+
+/// The answer. `deferred` and `retry_after_seconds` are always there: the cleanup state
+/// machine waits that long and asks again while `deferred` is true.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CleanupSummary {
     pub execution: String,
     pub status: String,
-    /// False when the status is not one that needs a cleanup.
+    /// True when what the execution held is freed (or it held nothing).
     pub cleaned: bool,
+    /// True while its work still runs: fenced, nothing freed; ask again.
+    pub deferred: bool,
+    /// How long to wait before asking again; 0 when not deferred.
+    pub retry_after_seconds: u64,
     pub locks: Vec<LockCleanup>,
-    /// Why nothing was done, or what was not known.
+    pub children: Vec<ChildWork>,
+    /// What the history did not tell (see `lambda_common::history::Footprint::notes`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history_notes: Vec<String>,
+    /// Why nothing (more) was done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
-    /// A `"lock"` in the execution input that is not a valid lock name: reported, not used.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input_lock_error: Option<String>,
+}
+
+/// A failed cleanup: the state machine retries it (except invalid input).
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CleanupError {
+    #[error(transparent)]
+    Handler(#[from] HandlerError),
+    #[error(transparent)]
+    StepFunctions(#[from] SfnError),
+}
+
+impl CleanupError {
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::Handler(e) => e.error_type(),
+            Self::StepFunctions(_) => STEP_FUNCTIONS_ERROR,
+        }
+    }
+}
+
+/// "SemaphoreStepFunctionsError: <message>": how the runtime logs a handler's error.
+impl std::fmt::Debug for CleanupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {self}", self.error_type())
+    }
+}
+
+/// How the runtime reports the error to Lambda: `errorType` is what `ErrorEquals` matches.
+impl From<CleanupError> for Diagnostic {
+    fn from(e: CleanupError) -> Self {
+        Diagnostic {
+            error_type: e.error_type().to_owned(),
+            error_message: e.to_string(),
+        }
+    }
+}
+
+/// What the function is configured with, besides the table.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `ACQUIRE_FUNCTION_ARN`: whose tasks' payloads name the locks.
+    pub acquire: AcquireFunction,
+    /// `DEFAULT_LOCK`, through the acquire function's own rule.
+    pub resolver: Resolver,
+    /// `WORK_FUNCTION_RUNNER`: the state machine that runs a Lambda function as the work; its
+    /// running executions are waited for, not stopped. Unset: every running child is stopped.
+    pub work_function_runner: Option<StateMachineArn>,
+}
+
+impl Config {
+    pub fn from_settings<F: Fn(&str) -> Option<String>>(
+        settings: &Settings<F>,
+    ) -> Result<Self, ConfigError> {
+        const ACQUIRE: &str = "ACQUIRE_FUNCTION_ARN";
+        const RUNNER: &str = "WORK_FUNCTION_RUNNER";
+        let reference = settings.required(
+            ACQUIRE,
+            "set it to the acquire function's ARN: the cleanup reads the locks an execution \
+             took from the payloads of its tasks that invoked it",
+        )?;
+        let acquire = AcquireFunction::new(&reference).ok_or_else(|| ConfigError::Invalid {
+            name: ACQUIRE,
+            value: reference.clone(),
+            problem: "expected a Lambda function ARN or name".to_owned(),
+        })?;
+        let work_function_runner = settings
+            .optional(RUNNER)
+            .map(|value| {
+                StateMachineArn::parse(&value).ok_or_else(|| ConfigError::Invalid {
+                    name: RUNNER,
+                    value: value.clone(),
+                    problem: "expected the work-function state machine's ARN, \
+                              arn:<partition>:states:<region>:<account>:stateMachine:<name>"
+                        .to_owned(),
+                })
+            })
+            .transpose()?;
+        Ok(Self {
+            acquire,
+            resolver: Resolver {
+                defaults: settings.defaults()?,
+                ..Resolver::default()
+            },
+            work_function_runner,
+        })
+    }
+
+    fn is_runner(&self, state_machine: &str) -> bool {
+        match (
+            &self.work_function_runner,
+            StateMachineArn::parse(state_machine),
+        ) {
+            (Some(runner), Some(machine)) => *runner == machine,
+            _ => false,
+        }
+    }
+}
+
+/// The cleanup function's dependencies, built once per cold start.
+#[derive(Debug, Clone)]
+pub struct Cleanup<S, X> {
+    pub semaphore: Semaphore<S>,
+    pub executions: X,
+    pub config: Config,
+}
+
+impl Cleanup<DynamoStore, SfnClient> {
+    /// From `TABLE_NAME`, the timing (`ACQUIRE_HORIZON_SECONDS`, `CLOCK_SKEW_SECONDS`),
+    /// `ACQUIRE_FUNCTION_ARN` (required), `DEFAULT_LOCK` and `WORK_FUNCTION_RUNNER`.
+    pub fn from_settings<F: Fn(&str) -> Option<String>>(
+        settings: &Settings<F>,
+        sdk: &aws_config::SdkConfig,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self {
+            semaphore: settings.semaphore(sdk)?,
+            executions: SfnClient::new(aws_sdk_sfn::Client::new(sdk)),
+            config: Config::from_settings(settings)?,
+        })
+    }
 }
 
 /// Reads the event. Anything that is not a Step Functions status-change event is bad input.
@@ -124,143 +306,309 @@ pub fn parse_event(payload: Value) -> Result<StatusChangeEvent, HandlerError> {
     Ok(event)
 }
 
-/// The `"lock"` of the execution input, if the event carries an input that has one.
-/// `Err` is a message for the summary: the field is there but is not a lock name.
-pub fn lock_from_input(detail: &ExecutionStatusChange) -> Result<Option<LockName>, String> {
-    let Some(text) = detail.input.as_deref() else {
-        return Ok(None);
-    };
-    let Ok(Value::Object(input)) = serde_json::from_str::<Value>(text) else {
-        return Ok(None);
-    };
-    match input.get("lock") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(name)) => LockName::new(name.as_str())
-            .map(Some)
-            .map_err(|e| format!("the execution input's \"lock\" is not used: {e}")),
-        Some(other) => Err(format!(
-            "the execution input's \"lock\" is not used: it must be a string, got {other}"
-        )),
+/// The wait before asking again, from how long ago the execution ended.
+pub fn retry_after_seconds(stopped_ms: Option<u64>, now_ms: u64) -> u64 {
+    let waited_s = stopped_ms.map_or(0, |stopped| now_ms.saturating_sub(stopped) / 1000);
+    (RETRY_AFTER_MIN_SECONDS + waited_s / 10).min(RETRY_AFTER_MAX_SECONDS)
+}
+
+/// The locks whose writes failed, with why: the others go on (one lock's failure, e.g. a
+/// version-1 item, must not keep the others from being freed), and the answer is then this
+/// error, so that the state machine retries.
+#[derive(Default)]
+struct Failures(Vec<(LockName, &'static str, HandlerError)>);
+
+impl Failures {
+    /// Runs `operation` on every lock; answers the locks it succeeded on, with its result.
+    async fn on_every_lock<T>(
+        &mut self,
+        execution: &str,
+        locks: &[LockName],
+        what: &'static str,
+        operation: impl AsyncFn(&LockName) -> Result<T, semaphore_core::Error>,
+    ) -> Vec<(LockName, T)> {
+        let mut done = Vec::with_capacity(locks.len());
+        for lock in locks {
+            match operation(lock).await {
+                Ok(value) => done.push((lock.clone(), value)),
+                Err(e) => {
+                    let e = HandlerError::from(e);
+                    tracing::error!(execution, lock = %lock, error = %e, "{what} failed");
+                    self.0.push((lock.clone(), what, e));
+                }
+            }
+        }
+        done
+    }
+
+    /// The error naming every failure, of the type of the first.
+    fn into_error(self, execution: &str) -> Option<HandlerError> {
+        let (_, _, first) = self.0.first()?;
+        let each: Vec<String> = self
+            .0
+            .iter()
+            .map(|(lock, what, e)| format!("{what} on lock \"{lock}\": {e}"))
+            .collect();
+        Some(first.with_message(format!(
+            "cleanup of {execution} failed on {} lock(s), the others were done; retrying is \
+             safe: {}",
+            self.0.len(),
+            each.join("; ")
+        )))
     }
 }
 
-/// Frees and fences everything the ended execution holds on `configured` locks and on the lock
-/// named by its input.
-pub async fn cleanup<S: ItemStore>(
-    semaphore: &Semaphore<S>,
-    configured: &[LockName],
-    event: &StatusChangeEvent,
-) -> Result<CleanupSummary, HandlerError> {
-    let detail = &event.detail;
-    let mut summary = CleanupSummary {
-        execution: detail.execution_arn.clone(),
-        status: detail.status.clone(),
-        cleaned: false,
-        locks: Vec::new(),
-        note: None,
-        input_lock_error: None,
-    };
-    if !ENDED_STATUSES.contains(&detail.status.as_str()) {
-        summary.note = Some(format!(
-            "status {} needs no cleanup (only {} do): nothing done",
-            detail.status,
-            ENDED_STATUSES.join(", ")
-        ));
-        tracing::info!(execution = %detail.execution_arn, status = %detail.status, "ignored");
-        return Ok(summary);
-    }
-    let holder = HolderId::new(detail.execution_arn.as_str()).map_err(|e| {
-        HandlerError::InvalidInput(format!("the event's executionArn is not a holder id: {e}"))
-    })?;
+impl<S: ItemStore, X: Executions> Cleanup<S, X> {
+    /// Handles one event (see the module documentation for the steps).
+    pub async fn run(&self, event: &StatusChangeEvent) -> Result<CleanupSummary, CleanupError> {
+        let detail = &event.detail;
+        let arn = detail.execution_arn.as_str();
+        let mut summary = CleanupSummary {
+            execution: arn.to_owned(),
+            status: detail.status.clone(),
+            cleaned: false,
+            deferred: false,
+            retry_after_seconds: 0,
+            locks: Vec::new(),
+            children: Vec::new(),
+            history_notes: Vec::new(),
+            note: None,
+        };
+        if !ENDED_STATUSES.contains(&detail.status.as_str()) {
+            summary.note = Some(format!(
+                "status {} needs no cleanup (only {} do): nothing done",
+                detail.status,
+                ENDED_STATUSES.join(", ")
+            ));
+            tracing::info!(execution = arn, status = %detail.status, "ignored");
+            return Ok(summary);
+        }
+        let holder = HolderId::new(arn).map_err(|e| {
+            HandlerError::InvalidInput(format!("the event's executionArn is not a holder id: {e}"))
+        })?;
+        if ExecutionArn::parse(arn).map(|a| a.kind) != Some(ExecutionKind::Standard) {
+            return Err(HandlerError::InvalidInput(format!(
+                "the event's executionArn {arn:?} is not the ARN of a standard execution"
+            ))
+            .into());
+        }
 
-    let mut locks: Vec<(LockName, LockSource)> = configured
-        .iter()
-        .map(|l| (l.clone(), LockSource::Configuration))
-        .collect();
-    match lock_from_input(detail) {
-        Ok(Some(lock)) if !configured.contains(&lock) => {
-            locks.push((lock, LockSource::ExecutionInput))
+        // 1. Redriven since the event?
+        let Some(described) = self.executions.describe(arn).await? else {
+            return Ok(self.not_found(summary));
+        };
+        if described.is_running() {
+            summary.note = Some(format!(
+                "the execution is {} again: it was redriven since this event, and needs what \
+                 it holds; its release, or the cleanup of its next end, frees it: nothing done",
+                described.status()
+            ));
+            tracing::info!(
+                execution = arn,
+                status = described.status(),
+                "redriven since the event: left alone"
+            );
+            return Ok(summary);
         }
-        Ok(_) => {}
-        Err(message) => {
-            tracing::warn!(execution = %detail.execution_arn, "{message}");
-            summary.input_lock_error = Some(message);
+
+        // 2. The locks and the children, from the history.
+        let Some(events) = self.executions.history(arn).await? else {
+            return Ok(self.not_found(summary));
+        };
+        let resolver = &self.config.resolver;
+        let lock_of = |payload: &Value| resolver.lock(payload).map_err(|e| e.to_string());
+        let footprint = history::read(
+            &events,
+            Some(LockReading {
+                acquire: &self.config.acquire,
+                lock_of: &lock_of,
+            }),
+        );
+        summary.history_notes = footprint.notes;
+        let locks = footprint.locks;
+        if locks.is_empty() {
+            summary.cleaned = true;
+            summary.note = Some(format!(
+                "no task of the execution invoked the acquire function ({}): it never asked \
+                 for a slot",
+                self.config.acquire.name()
+            ));
+            tracing::info!(
+                execution = arn,
+                "no acquire in the history: nothing to clean"
+            );
+            return Ok(summary);
         }
+
+        // 3. Fence every lock: from now on nothing more of it lands.
+        let mut failures = Failures::default();
+        let fenced = failures
+            .on_every_lock(arn, &locks, "fencing", async |lock| {
+                self.semaphore.fence(lock, &holder).await
+            })
+            .await;
+        summary.locks = fenced
+            .iter()
+            .map(|(lock, fence)| LockCleanup {
+                lock: lock.to_string(),
+                freed: Vec::new(),
+                kept: fence
+                    .slots
+                    .iter()
+                    .map(|s| s.acquisition.to_string())
+                    .collect(),
+                count: None,
+            })
+            .collect();
+        let fenced: BTreeMap<LockName, Fenced> = fenced.into_iter().collect();
+        let fenced_locks: Vec<LockName> = fenced.keys().cloned().collect();
+
+        // 4. Still ended once the fences stand?
+        let stopped_ms = match self.executions.describe(arn).await? {
+            Some(again) if again.is_running() => {
+                summary.note = Some(format!(
+                    "the execution was redriven while this cleanup ran ({} now): what it holds \
+                     is kept, fenced; its release, or the cleanup of its next end, frees it",
+                    again.status()
+                ));
+                tracing::warn!(execution = arn, "redriven during the cleanup: slots kept");
+                return Ok(summary);
+            }
+            again => again.as_ref().unwrap_or(&described).stop_date_ms,
+        }
+        .or(detail.stop_date.and_then(|ms| u64::try_from(ms).ok()));
+
+        // 5. The work.
+        let now = self.semaphore.now_ms();
+        let mut waiting = false;
+        for child in &footprint.children {
+            let work = self
+                .settle_child(arn, described.status(), child, stopped_ms, now)
+                .await?;
+            waiting |= work.action == ChildAction::Waiting;
+            summary.children.push(work);
+        }
+        if waiting {
+            if let Some(e) = failures.into_error(arn) {
+                return Err(e.into());
+            }
+            summary.deferred = true;
+            summary.retry_after_seconds = retry_after_seconds(stopped_ms, now);
+            tracing::info!(
+                execution = arn,
+                retry_after_seconds = summary.retry_after_seconds,
+                "its work still runs: fenced, slots kept until it ends"
+            );
+            return Ok(summary);
+        }
+
+        // 6. Free what each fence saw (a second write per lock that held something).
+        let outcomes = failures
+            .on_every_lock(arn, &fenced_locks, "freeing", async |lock| {
+                self.semaphore.free(&fenced[lock]).await
+            })
+            .await;
+        let now = self.semaphore.now_ms();
+        for (lock, outcome) in outcomes {
+            let Some(entry) = summary.locks.iter_mut().find(|e| e.lock == lock.as_str()) else {
+                continue;
+            };
+            entry.kept.clear();
+            entry.count = Some(outcome.count);
+            entry.freed = outcome
+                .freed
+                .into_iter()
+                .map(|(identity, holding)| FreedSlot {
+                    acquisition: identity.acquisition.to_string(),
+                    token: holding.token.0,
+                    held_for_ms: now.saturating_sub(holding.acquired_at_ms),
+                })
+                .collect();
+            tracing::info!(
+                execution = arn,
+                status = %detail.status,
+                lock = %entry.lock,
+                freed = entry.freed.len(),
+                count = outcome.count,
+                "cleaned up"
+            );
+        }
+        if let Some(e) = failures.into_error(arn) {
+            return Err(e.into());
+        }
+        summary.cleaned = true;
+        Ok(summary)
     }
-    if detail.input.is_none() {
+
+    /// What to do about one child of the ended execution.
+    async fn settle_child(
+        &self,
+        parent: &str,
+        parent_status: &str,
+        child: &ChildExecution,
+        parent_stopped_ms: Option<u64>,
+        now_ms: u64,
+    ) -> Result<ChildWork, SfnError> {
+        let execution = child.execution_arn.clone();
+        let work = |status: &str, action| ChildWork {
+            execution: execution.clone(),
+            status: status.to_owned(),
+            action,
+        };
+        Ok(match child_state(&self.executions, child).await? {
+            ChildState::Running { state_machine } if self.config.is_runner(&state_machine) => {
+                work("RUNNING", ChildAction::Waiting)
+            }
+            ChildState::Running { .. } => {
+                let cause = format!(
+                    "{parent}, which ran this execution as its work under a semaphore slot, \
+                     ended {parent_status}; its slots are freed once this execution has stopped"
+                );
+                if let Err(e) = self
+                    .executions
+                    .stop(&child.execution_arn, CHILD_STOP_ERROR, &cause)
+                    .await
+                {
+                    // It may have ended meanwhile, which is all that was wanted.
+                    if self
+                        .executions
+                        .describe(&child.execution_arn)
+                        .await?
+                        .is_some_and(|d: Described| d.is_running())
+                    {
+                        return Err(e);
+                    }
+                }
+                tracing::warn!(parent, child = %child.execution_arn, "stopped the work of the ended execution");
+                work("RUNNING", ChildAction::Stopped)
+            }
+            ChildState::Ended { status } => work(&status, ChildAction::Ended),
+            ChildState::Missing if may_still_start(child, parent_stopped_ms, now_ms) => {
+                work("NOT_FOUND", ChildAction::Waiting)
+            }
+            ChildState::Missing => work("NOT_FOUND", ChildAction::NotStarted),
+        })
+    }
+
+    fn not_found(&self, mut summary: CleanupSummary) -> CleanupSummary {
         summary.note = Some(
-            "the event does not include the execution input: only the configured locks were cleaned"
+            "the execution does not exist (any more): its history cannot be read; the sweeper \
+             frees whatever it holds"
                 .to_owned(),
         );
+        tracing::warn!(execution = %summary.execution, "execution not found");
+        summary
     }
-    if locks.is_empty() {
-        tracing::warn!(execution = %detail.execution_arn, "no lock to clean: set LOCK_NAMES");
-        summary.note = Some(
-            "no lock to clean: LOCK_NAMES is empty and the execution input names none".to_owned(),
-        );
-    }
-
-    let mut failures: Vec<(LockName, HandlerError)> = Vec::new();
-    for (lock, source) in locks {
-        match semaphore.cleanup(&lock, &holder).await {
-            Ok(outcome) => {
-                let now = semaphore.now_ms();
-                let freed: Vec<FreedSlot> = outcome
-                    .freed
-                    .into_iter()
-                    .map(|(identity, holding)| FreedSlot {
-                        acquisition: identity.acquisition.to_string(),
-                        token: holding.token.0,
-                        held_for_ms: now.saturating_sub(holding.acquired_at_ms),
-                    })
-                    .collect();
-                tracing::info!(
-                    execution = %detail.execution_arn,
-                    status = %detail.status,
-                    lock = %lock,
-                    freed = freed.len(),
-                    count = outcome.count,
-                    "cleaned up"
-                );
-                summary.locks.push(LockCleanup {
-                    lock: lock.to_string(),
-                    source,
-                    freed,
-                    count: outcome.count,
-                });
-            }
-            Err(e) => {
-                let e = HandlerError::from(e);
-                tracing::error!(execution = %detail.execution_arn, lock = %lock, error = %e, "cleanup failed");
-                failures.push((lock, e));
-            }
-        }
-    }
-    if let Some((_, first)) = failures.first() {
-        let each: Vec<String> = failures
-            .iter()
-            .map(|(lock, e)| format!("lock \"{lock}\": {e}"))
-            .collect();
-        return Err(first.with_message(format!(
-            "cleanup of {} failed on {} lock(s); retrying is safe: {}",
-            detail.execution_arn,
-            failures.len(),
-            each.join("; ")
-        )));
-    }
-    summary.cleaned = true;
-    Ok(summary)
 }
 
 /// The Lambda handler.
-pub async fn handle<S: ItemStore>(
-    semaphore: &Semaphore<S>,
-    configured: &[LockName],
+pub async fn handle<S: ItemStore, X: Executions>(
+    cleanup: &Cleanup<S, X>,
     event: LambdaEvent<Value>,
-) -> Result<CleanupSummary, HandlerError> {
+) -> Result<CleanupSummary, CleanupError> {
     // Bad input is logged by the runtime with the error it answers.
     let event = parse_event(event.payload)?;
-    cleanup(semaphore, configured, &event).await
+    cleanup.run(&event).await
 }
 
 #[cfg(test)]
@@ -268,7 +616,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn detail(input: Option<&str>) -> ExecutionStatusChange {
+    fn detail() -> ExecutionStatusChange {
         ExecutionStatusChange {
             execution_arn: "arn:aws:states:us-east-1:1:execution:m:e".into(),
             state_machine_arn: "arn:aws:states:us-east-1:1:stateMachine:m".into(),
@@ -276,7 +624,7 @@ mod tests {
             status: "FAILED".into(),
             start_date: None,
             stop_date: None,
-            input: input.map(str::to_owned),
+            input: None,
             input_details: None,
             output: None,
             output_details: None,
@@ -289,26 +637,6 @@ mod tests {
             redrive_status: None,
             redrive_status_reason: None,
         }
-    }
-
-    #[test]
-    fn the_input_lock_is_read_only_from_a_json_object() {
-        assert_eq!(lock_from_input(&detail(None)), Ok(None));
-        assert_eq!(lock_from_input(&detail(Some("not json"))), Ok(None));
-        assert_eq!(lock_from_input(&detail(Some("[1]"))), Ok(None));
-        assert_eq!(lock_from_input(&detail(Some(r#"{"x": 1}"#))), Ok(None));
-        assert_eq!(
-            lock_from_input(&detail(Some(r#"{"lock": "orders"}"#))),
-            Ok(Some(LockName::new("orders").unwrap()))
-        );
-        assert_eq!(
-            lock_from_input(&detail(Some(r#"{"lock": 5}"#))),
-            Err("the execution input's \"lock\" is not used: it must be a string, got 5".into())
-        );
-        assert_eq!(
-            lock_from_input(&detail(Some(r#"{"lock": ""}"#))),
-            Err("the execution input's \"lock\" is not used: lock name is empty: pass the name of the semaphore, e.g. \"demo-lock\"".into())
-        );
     }
 
     #[test]
@@ -327,7 +655,7 @@ mod tests {
 
         let wrong_type = json!({
             "detail-type": "Something Else", "source": "aws.states",
-            "detail": detail(None)
+            "detail": detail()
         });
         assert_eq!(
             parse_event(wrong_type).unwrap_err().message(),
@@ -335,5 +663,69 @@ mod tests {
              aws.states; got \"Something Else\" from aws.states"
         );
         assert!(parse_event(json!("ABORTED")).is_err());
+        // The cleanup machine's later loops add the last answer: read as the event.
+        let mut again = json!({
+            "detail-type": DETAIL_TYPE, "source": SOURCE, "detail": detail()
+        });
+        again["cleanup"] = json!({"deferred": true, "retry_after_seconds": 5});
+        assert_eq!(parse_event(again).unwrap().detail, detail());
+    }
+
+    #[test]
+    fn the_wait_grows_from_5_seconds_to_a_minute() {
+        let stopped = 1_000_000;
+        assert_eq!(retry_after_seconds(Some(stopped), stopped), 5);
+        assert_eq!(retry_after_seconds(Some(stopped), stopped + 9_999), 5);
+        assert_eq!(retry_after_seconds(Some(stopped), stopped + 100_000), 15);
+        assert_eq!(retry_after_seconds(Some(stopped), stopped + 550_000), 60);
+        assert_eq!(retry_after_seconds(Some(stopped), stopped + 86_400_000), 60);
+        assert_eq!(retry_after_seconds(None, stopped), 5);
+        // A clock behind the stop date waits the least, not a wrapped-around long time.
+        assert_eq!(retry_after_seconds(Some(stopped), stopped - 5_000), 5);
+    }
+
+    #[test]
+    fn the_configuration_names_what_is_missing_or_wrong() {
+        let config = |vars: &'static [(&'static str, &'static str)]| {
+            Config::from_settings(&Settings::from_lookup(move |name| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }))
+        };
+        let err = config(&[]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("environment variable ACQUIRE_FUNCTION_ARN is not set"),
+            "{err}"
+        );
+        let err = config(&[
+            ("ACQUIRE_FUNCTION_ARN", "acquire"),
+            ("WORK_FUNCTION_RUNNER", "runner"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("environment variable WORK_FUNCTION_RUNNER is \"runner\""),
+            "{err}"
+        );
+        let ok = config(&[
+            (
+                "ACQUIRE_FUNCTION_ARN",
+                "arn:aws:lambda:us-east-1:123456789012:function:s-acquire",
+            ),
+            ("DEFAULT_LOCK", "demo-lock"),
+            (
+                "WORK_FUNCTION_RUNNER",
+                "arn:aws:states:us-east-1:123456789012:stateMachine:s-work-function",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(ok.acquire.name(), "s-acquire");
+        assert_eq!(
+            ok.resolver.lock(&json!({"holder": "h"})).unwrap().as_str(),
+            "demo-lock"
+        );
+        assert!(ok.is_runner("arn:aws:states:us-east-1:123456789012:stateMachine:s-work-function"));
+        assert!(!ok.is_runner("arn:aws:states:us-east-1:123456789012:stateMachine:demo-work"));
     }
 }

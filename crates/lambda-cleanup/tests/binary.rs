@@ -1,14 +1,17 @@
 //! The built `cleanup` binary run as Lambda runs it (through a stand-in Runtime API) on the
-//! documented status-change event.
+//! documented status-change event of a real execution on the local Step Functions, whose
+//! history holds its acquire task.
 
 use std::path::Path;
 
 use semaphore_core::{AcquisitionId, HolderId, Identity, Limit, LockName, Semaphore};
 use semaphore_tests::fresh_table;
 use semaphore_tests::runtime_api::{run_function, Answer};
+use semaphore_tests::sfn::{create_machine, ended, execution_mode, start, unique};
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_cleanup");
+const ACQUIRE: &str = "arn:aws:lambda:us-east-1:123456789012:function:semaphore-acquire";
 
 fn fixture() -> Value {
     let path = concat!(
@@ -20,31 +23,58 @@ fn fixture() -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_binary_cleans_up_on_the_documented_event() {
+    let sfn = execution_mode().await;
+    // One acquire task (there is no such Lambda here: the task fails after it was recorded,
+    // payload and all), then the execution fails.
+    let definition = json!({
+        "StartAt": "Acquire slot",
+        "States": {
+            "Acquire slot": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::lambda:invoke",
+                "Parameters": {
+                    "FunctionName": ACQUIRE,
+                    "Payload": {"input.$": "$$.Execution.Input", "holder.$": "$$.Execution.Id"}
+                },
+                "End": true
+            }
+        }
+    });
+    let machine = create_machine(&sfn, &unique("Binary"), &definition).await;
+    let execution = start(&sfn, &machine, "run-1", &json!({})).await;
+    assert_eq!(ended(&sfn, &execution).await, "FAILED");
+
     let store = fresh_table().await;
     let table = store.table().to_owned();
     let sem = Semaphore::new(store);
-    let holder = fixture()["detail"]["executionArn"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     sem.acquire(
         &LockName::new("demo-lock").unwrap(),
         &Identity::new(
-            HolderId::new(holder.as_str()).unwrap(),
-            AcquisitionId::new("a1").unwrap(),
+            HolderId::new(execution.as_str()).unwrap(),
+            AcquisitionId::new("r0").unwrap(),
         ),
         Limit::new(5).unwrap(),
     )
     .await
     .unwrap();
 
+    let mut event = fixture();
+    event["resources"] = json!([execution]);
+    event["detail"]["executionArn"] = json!(execution);
+    event["detail"]["stateMachineArn"] = json!(machine);
+    event["detail"]["status"] = json!("FAILED");
     let mut not_an_event = fixture();
     not_an_event["detail-type"] = json!("Scheduled Event");
+    let events = vec![event.clone(), event, not_an_event];
     let run = tokio::task::spawn_blocking(move || {
         run_function(
             Path::new(EXE),
-            &[("TABLE_NAME", table.as_str()), ("LOCK_NAMES", "demo-lock")],
-            vec![fixture(), fixture(), not_an_event],
+            &[
+                ("TABLE_NAME", table.as_str()),
+                ("ACQUIRE_FUNCTION_ARN", ACQUIRE),
+                ("DEFAULT_LOCK", "demo-lock"),
+            ],
+            events,
         )
     })
     .await
@@ -57,13 +87,30 @@ async fn the_binary_cleans_up_on_the_documented_event() {
             run.answers, run.stdout, run.stderr
         );
     };
-    assert_eq!(first["execution"], json!(holder));
-    assert_eq!(first["status"], json!("ABORTED"));
+    assert_eq!(first["execution"], json!(execution));
+    assert_eq!(first["status"], json!("FAILED"));
     assert_eq!(first["cleaned"], json!(true));
+    assert_eq!(first["deferred"], json!(false));
+    assert_eq!(first["retry_after_seconds"], json!(0));
     assert_eq!(first["locks"][0]["lock"], json!("demo-lock"));
-    assert_eq!(first["locks"][0]["freed"][0]["acquisition"], json!("a1"));
+    assert_eq!(first["locks"][0]["freed"][0]["acquisition"], json!("r0"));
     assert_eq!(first["locks"][0]["freed"][0]["token"], json!(1));
     assert_eq!(first["locks"][0]["count"], json!(0));
     assert_eq!(second["locks"][0]["freed"], json!([]));
     assert_eq!(error["errorType"], json!("SemaphoreInvalidInput"));
+
+    // Without ACQUIRE_FUNCTION_ARN the function does not start, and says why.
+    let run = tokio::task::spawn_blocking(|| {
+        run_function(Path::new(EXE), &[("TABLE_NAME", "t")], vec![fixture()])
+    })
+    .await
+    .unwrap();
+    assert!(
+        run.stderr.contains("ACQUIRE_FUNCTION_ARN is not set")
+            || run.stdout.contains("ACQUIRE_FUNCTION_ARN is not set"),
+        "{:?}\nstdout: {}\nstderr: {}",
+        run.answers,
+        run.stdout,
+        run.stderr
+    );
 }

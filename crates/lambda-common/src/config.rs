@@ -5,7 +5,32 @@
 
 use std::time::Duration;
 
-use semaphore_core::{DynamoStore, InputError, LockName, Semaphore, Timing};
+use semaphore_core::{DynamoStore, InputError, Limit, LockName, Semaphore, Timing};
+
+use crate::request::{AllowedWork, Defaults, Resolver, WorkKind};
+
+/// The variables the acquire and release functions read besides the table and timing.
+pub mod var {
+    /// The lock of an execution whose input and payload name none.
+    pub const DEFAULT_LOCK: &str = "DEFAULT_LOCK";
+    /// The limit of an execution whose input and payload name none.
+    pub const DEFAULT_LIMIT: &str = "DEFAULT_LIMIT";
+    /// The work of an execution whose input names none: one of the allowed.
+    pub const DEFAULT_WORK: &str = "DEFAULT_WORK";
+    /// Comma-separated state machine ARNs an execution's input may name as its work.
+    pub const WORK_STATE_MACHINES: &str = "WORK_STATE_MACHINES";
+    /// Comma-separated Lambda function ARNs an execution's input may name as its work.
+    pub const WORK_FUNCTIONS: &str = "WORK_FUNCTIONS";
+    /// The state machine that runs a Lambda function as the work's child execution.
+    pub const WORK_FUNCTION_RUNNER: &str = "WORK_FUNCTION_RUNNER";
+    /// How long an execution may wait for a slot before `SemaphoreWaitTimeout`.
+    pub const MAX_WAIT_SECONDS: &str = "MAX_WAIT_SECONDS";
+}
+
+/// The wait budget when `MAX_WAIT_SECONDS` is unset: the template's default.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(900);
+/// Wait budgets accepted, in whole seconds: up to a year, the longest a Standard execution runs.
+pub const MAX_WAIT_RANGE: std::ops::RangeInclusive<u64> = 1..=31_536_000;
 
 /// A missing or malformed setting: the function cannot start.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
@@ -134,6 +159,117 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         Ok(locks)
     }
 
+    /// `DEFAULT_LOCK` and `DEFAULT_LIMIT`, each optional: without one, a payload whose input
+    /// does not name it is refused with `SemaphoreInvalidInput`.
+    pub fn defaults(&self) -> Result<Defaults, ConfigError> {
+        let lock = self
+            .optional(var::DEFAULT_LOCK)
+            .map(|value| {
+                LockName::new(value.as_str()).map_err(|e| ConfigError::Invalid {
+                    name: var::DEFAULT_LOCK,
+                    value: value.clone(),
+                    problem: e.to_string(),
+                })
+            })
+            .transpose()?;
+        let limit = self
+            .optional(var::DEFAULT_LIMIT)
+            .map(|value| {
+                Limit::parse(&value).map_err(|e| ConfigError::Invalid {
+                    name: var::DEFAULT_LIMIT,
+                    value: value.clone(),
+                    problem: e.to_string(),
+                })
+            })
+            .transpose()?;
+        Ok(Defaults { lock, limit })
+    }
+
+    /// `WORK_STATE_MACHINES` and `WORK_FUNCTIONS` (comma-separated ARNs of their kind, blanks
+    /// skipped, duplicates dropped), `DEFAULT_WORK` (one of them) and `WORK_FUNCTION_RUNNER`
+    /// (a state machine ARN, required when functions are allowed). All unset allows no work:
+    /// fine for callers that pass no execution input.
+    pub fn allowed_work(&self) -> Result<AllowedWork, ConfigError> {
+        let state_machines = self.arns(var::WORK_STATE_MACHINES, WorkKind::StateMachine)?;
+        let functions = self.arns(var::WORK_FUNCTIONS, WorkKind::Function)?;
+        let runner = self.optional(var::WORK_FUNCTION_RUNNER);
+        match &runner {
+            Some(runner) if WorkKind::of(runner) != Some(WorkKind::StateMachine) => {
+                return Err(ConfigError::Invalid {
+                    name: var::WORK_FUNCTION_RUNNER,
+                    value: runner.clone(),
+                    problem: format!(
+                        "expected the ARN of the work-function state machine, {}",
+                        WorkKind::StateMachine.form()
+                    ),
+                })
+            }
+            None if !functions.is_empty() => {
+                return Err(ConfigError::Missing {
+                    name: var::WORK_FUNCTION_RUNNER,
+                    hint: "WORK_FUNCTIONS allows Lambda functions, which run as a child \
+                           execution of the work-function state machine: set its ARN",
+                })
+            }
+            _ => {}
+        }
+        let default = self.optional(var::DEFAULT_WORK);
+        if let Some(default) = &default {
+            if !state_machines.contains(default) && !functions.contains(default) {
+                return Err(ConfigError::Invalid {
+                    name: var::DEFAULT_WORK,
+                    value: default.clone(),
+                    problem: "it is in neither WORK_STATE_MACHINES nor WORK_FUNCTIONS; list it \
+                              there too (the same lists bound what the lock-protected machine \
+                              may start)"
+                        .to_owned(),
+                });
+            }
+        }
+        Ok(AllowedWork {
+            default,
+            state_machines,
+            functions,
+            runner,
+        })
+    }
+
+    /// Comma-separated ARNs of `kind`; unset is none.
+    fn arns(&self, name: &'static str, kind: WorkKind) -> Result<Vec<String>, ConfigError> {
+        let Some(value) = self.optional(name) else {
+            return Ok(Vec::new());
+        };
+        let mut arns: Vec<String> = Vec::new();
+        for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if WorkKind::of(part) != Some(kind) {
+                return Err(ConfigError::Invalid {
+                    name,
+                    value: value.clone(),
+                    problem: format!("{part:?} is not an ARN of the form {}", kind.form()),
+                });
+            }
+            if !arns.iter().any(|a| a == part) {
+                arns.push(part.to_owned());
+            }
+        }
+        Ok(arns)
+    }
+
+    /// `MAX_WAIT_SECONDS`: how long an execution may wait for a slot (default
+    /// [`DEFAULT_MAX_WAIT`]).
+    pub fn max_wait(&self) -> Result<Duration, ConfigError> {
+        self.seconds(var::MAX_WAIT_SECONDS, DEFAULT_MAX_WAIT, MAX_WAIT_RANGE)
+    }
+
+    /// The defaults and the allowed work: how the acquire and release functions resolve a
+    /// payload.
+    pub fn resolver(&self) -> Result<Resolver, ConfigError> {
+        Ok(Resolver {
+            defaults: self.defaults()?,
+            work: self.allowed_work()?,
+        })
+    }
+
     /// The semaphore on `TABLE_NAME` with the configured timing, using `sdk`'s region,
     /// credentials and endpoint.
     pub fn semaphore(
@@ -199,6 +335,84 @@ mod tests {
             assert!(
                 matches!(err, ConfigError::Invalid { name: n, .. } if n == name),
                 "{name}={bad}: {err}"
+            );
+        }
+    }
+
+    const DEMO: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:demo-work";
+    const RUNNER: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:work-function";
+    const FUNCTION: &str = "arn:aws:lambda:us-east-1:123456789012:function:mine";
+
+    #[test]
+    fn defaults_are_optional_and_checked() {
+        let none = settings(&[]).defaults().unwrap();
+        assert_eq!(none, Defaults::default());
+        let set = settings(&[("DEFAULT_LOCK", "demo-lock"), ("DEFAULT_LIMIT", " 5 ")])
+            .defaults()
+            .unwrap();
+        assert_eq!(set.lock.unwrap().as_str(), "demo-lock");
+        assert_eq!(set.limit.unwrap().get(), 5);
+        let err = settings(&[("DEFAULT_LIMIT", "0")]).defaults().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "environment variable DEFAULT_LIMIT is \"0\": limit must be a whole number from 1 \
+             to 1000; got \"0\""
+        );
+        let long = "x".repeat(257);
+        let err = settings(&[("DEFAULT_LOCK", &long)]).defaults().unwrap_err();
+        assert!(err.to_string().contains("257 bytes long"), "{err}");
+    }
+
+    #[test]
+    fn allowed_work_is_checked_when_read() {
+        assert_eq!(
+            settings(&[]).allowed_work().unwrap(),
+            AllowedWork::default()
+        );
+        let work = settings(&[
+            ("DEFAULT_WORK", DEMO),
+            ("WORK_STATE_MACHINES", &format!("{DEMO}, ,{DEMO}")),
+            ("WORK_FUNCTIONS", FUNCTION),
+            ("WORK_FUNCTION_RUNNER", RUNNER),
+        ])
+        .allowed_work()
+        .unwrap();
+        assert_eq!(work.default_work(), Some(DEMO));
+        assert_eq!(work.state_machines(), [DEMO]);
+        assert_eq!(work.functions(), [FUNCTION]);
+        assert_eq!(work.runner(), Some(RUNNER));
+
+        let err = |vars: &[(&str, &str)]| settings(vars).allowed_work().unwrap_err().to_string();
+        assert_eq!(
+            err(&[("WORK_STATE_MACHINES", FUNCTION)]),
+            format!(
+                "environment variable WORK_STATE_MACHINES is \"{FUNCTION}\": \"{FUNCTION}\" is \
+                 not an ARN of the form arn:<partition>:states:<region>:<account>:stateMachine:<name>"
+            )
+        );
+        assert!(
+            err(&[("WORK_FUNCTIONS", DEMO), ("WORK_FUNCTION_RUNNER", RUNNER)])
+                .contains("function:<name>")
+        );
+        assert!(err(&[("WORK_FUNCTIONS", FUNCTION)])
+            .starts_with("environment variable WORK_FUNCTION_RUNNER is not set"));
+        assert!(err(&[("WORK_FUNCTION_RUNNER", FUNCTION)])
+            .contains("expected the ARN of the work-function state machine"));
+        assert!(err(&[("DEFAULT_WORK", DEMO)])
+            .contains("it is in neither WORK_STATE_MACHINES nor WORK_FUNCTIONS"));
+    }
+
+    #[test]
+    fn the_wait_budget_defaults_to_the_templates() {
+        assert_eq!(settings(&[]).max_wait().unwrap(), DEFAULT_MAX_WAIT);
+        assert_eq!(
+            settings(&[("MAX_WAIT_SECONDS", "60")]).max_wait().unwrap(),
+            Duration::from_secs(60)
+        );
+        for bad in ["0", "-1", "1.5", "forever", "31536001"] {
+            assert!(
+                settings(&[("MAX_WAIT_SECONDS", bad)]).max_wait().is_err(),
+                "{bad}"
             );
         }
     }

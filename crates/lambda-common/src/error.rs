@@ -16,6 +16,13 @@ pub mod error_type {
     pub const OLD_FORMAT: &str = "SemaphoreOldFormat";
     /// The table could not be read or written (missing table, throttling, permissions...).
     pub const STORE: &str = "SemaphoreStoreError";
+    /// The execution waited longer than the acquire function's `MAX_WAIT_SECONDS` for a slot and
+    /// holds none. Start it again later, or raise the limit or the wait budget.
+    pub const WAIT_TIMEOUT: &str = "SemaphoreWaitTimeout";
+    /// Not raised by a function: the error the release function names, for the execution to fail
+    /// with, when a redrive met the work's child execution that already ran (its slot was freed
+    /// when the execution ended, so the work is not run again). Start a new execution.
+    pub const REDRIVE_REFUSED: &str = "SemaphoreRedriveRefused";
 }
 
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,6 +35,8 @@ pub enum HandlerError {
     OldFormat(String),
     #[error("{0}")]
     Store(String),
+    #[error("{0}")]
+    WaitTimeout(String),
 }
 
 impl HandlerError {
@@ -37,6 +46,7 @@ impl HandlerError {
             Self::Fenced(_) => error_type::FENCED,
             Self::OldFormat(_) => error_type::OLD_FORMAT,
             Self::Store(_) => error_type::STORE,
+            Self::WaitTimeout(_) => error_type::WAIT_TIMEOUT,
         }
     }
 
@@ -47,12 +57,17 @@ impl HandlerError {
             Self::Fenced(_) => Self::Fenced(message),
             Self::OldFormat(_) => Self::OldFormat(message),
             Self::Store(_) => Self::Store(message),
+            Self::WaitTimeout(_) => Self::WaitTimeout(message),
         }
     }
 
     pub fn message(&self) -> &str {
         match self {
-            Self::InvalidInput(m) | Self::Fenced(m) | Self::OldFormat(m) | Self::Store(m) => m,
+            Self::InvalidInput(m)
+            | Self::Fenced(m)
+            | Self::OldFormat(m)
+            | Self::Store(m)
+            | Self::WaitTimeout(m) => m,
         }
     }
 }
@@ -125,6 +140,12 @@ mod tests {
 
         let unknown = diagnose(Error::UnknownLock { lock });
         assert_eq!(unknown.error_type, "SemaphoreInvalidInput");
+
+        let waited = diagnose(HandlerError::WaitTimeout("waited 901 s".to_owned()));
+        assert_eq!(
+            (waited.error_type.as_str(), waited.error_message.as_str()),
+            ("SemaphoreWaitTimeout", "waited 901 s")
+        );
 
         let fenced = diagnose(HandlerError::Fenced("gone".to_owned()));
         assert_eq!(

@@ -5,16 +5,31 @@
 //!   error when something required is missing or malformed;
 //! - [`init_tracing`]: JSON logs for CloudWatch;
 //! - [`Payload`]: validation of a state machine's JSON payload into the core's input types;
+//! - [`Resolver`]: which lock, limit, acquisition and work a payload asks for, from the payload,
+//!   the execution input and the function's defaults: one set of rules for acquire, release and
+//!   the cleanup function's reading of an ended execution's acquire payloads;
 //! - [`HandlerError`]: the named errors (`SemaphoreInvalidInput`, `SemaphoreFenced`,
-//!   `SemaphoreOldFormat`, `SemaphoreStoreError`) a state machine can `Retry` or `Catch`.
+//!   `SemaphoreOldFormat`, `SemaphoreStoreError`, `SemaphoreWaitTimeout`) a state machine can
+//!   `Retry` or `Catch`;
+//! - [`history`], [`sfn`] and [`arn`] (the cleanup function and the sweeper): what an ended
+//!   execution's history says (the locks its acquire tasks asked for, the child executions its
+//!   work ran in), the Step Functions calls behind a trait, and Step Functions ARNs.
 
+pub mod arn;
 mod config;
 mod error;
+pub mod history;
 mod payload;
+mod request;
+pub mod sfn;
 
-pub use config::{ConfigError, Settings};
+pub use config::{var, ConfigError, Settings, DEFAULT_MAX_WAIT, MAX_WAIT_RANGE};
 pub use error::{error_type, HandlerError};
-pub use payload::{hint, Payload};
+pub use payload::{hint, kind, quoted, Payload};
+pub use request::{
+    child_execution_name, incarnation_acquisition, AcquireRequest, AllowedWork, Defaults, Resolver,
+    Target, Work, WorkKind, ACQUIRE_PAYLOAD, RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
+};
 
 /// Installs the JSON log subscriber: one JSON object per line on stdout, level from `RUST_LOG`
 /// (default `info`), no ANSI colours and no timestamp (CloudWatch stamps every line). The

@@ -2,7 +2,8 @@
 //!
 //! Payloads arrive as `serde_json::Value` (any JSON deserializes into it), so a payload of the
 //! wrong shape is answered by `SemaphoreInvalidInput` with a message naming the field, never by
-//! the runtime's own deserialization error.
+//! the runtime's own deserialization error. A field of a nested object (the execution input,
+//! say) is named by its path, `input.lock`, so the message says where the bad value came from.
 
 use aws_sdk_dynamodb::primitives::{DateTime, DateTimeFormat as Format};
 use semaphore_core::{AcquisitionId, HolderId, Identity, InputError, Limit, LockName};
@@ -25,13 +26,16 @@ pub mod hint {
 /// Longest excerpt of a wrong value quoted back in an error message.
 const MAX_QUOTED: usize = 80;
 
-/// A payload that is a JSON object.
+/// A payload, or an object inside one, that is a JSON object.
 #[derive(Debug, Clone, Copy)]
 pub struct Payload<'a> {
     fields: &'a Map<String, Value>,
+    /// Prepended to a field's name in messages: "" for the payload, "input." for the input.
+    prefix: &'static str,
 }
 
-fn kind(value: &Value) -> &'static str {
+/// "a string", "an array"...: what a wrong value is, for messages.
+pub fn kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -42,7 +46,8 @@ fn kind(value: &Value) -> &'static str {
     }
 }
 
-fn quoted(value: &Value) -> String {
+/// The value as JSON text, cut to a readable length.
+pub fn quoted(value: &Value) -> String {
     let text = value.to_string();
     if text.len() <= MAX_QUOTED {
         return text;
@@ -58,7 +63,7 @@ impl<'a> Payload<'a> {
     /// `expected` describes the whole payload, e.g. `{"lock", "limit", "holder", "acquisition"}`.
     pub fn new(value: &'a Value, expected: &str) -> Result<Self, HandlerError> {
         match value {
-            Value::Object(fields) => Ok(Self { fields }),
+            Value::Object(fields) => Ok(Self { fields, prefix: "" }),
             other => Err(HandlerError::InvalidInput(format!(
                 "the payload must be a JSON object {expected}; got {} {}",
                 kind(other),
@@ -67,53 +72,106 @@ impl<'a> Payload<'a> {
         }
     }
 
-    /// The field, or `None` when it is absent or null.
-    pub fn get(&self, field: &str) -> Option<&'a Value> {
-        self.fields.get(field).filter(|v| !v.is_null())
-    }
-
-    /// A required string field.
-    pub fn string(&self, field: &'static str, hint: &'static str) -> Result<&'a str, HandlerError> {
+    /// The object under `field`, its fields named `<prefix><name>` in messages; `None` when
+    /// absent or null. `what` says what the object is, for the error when it is not one.
+    pub fn object(
+        &self,
+        field: &str,
+        prefix: &'static str,
+        what: &str,
+    ) -> Result<Option<Payload<'a>>, HandlerError> {
         match self.get(field) {
-            None => Err(InputError::Missing { field, hint }.into()),
-            Some(Value::String(s)) => Ok(s),
+            None => Ok(None),
+            Some(Value::Object(fields)) => Ok(Some(Self { fields, prefix })),
             Some(other) => Err(HandlerError::InvalidInput(format!(
-                "{field} must be a JSON string; got {} {}",
+                "{} must be a JSON object ({what}); got {} {}",
+                self.name(field),
                 kind(other),
                 quoted(other)
             ))),
         }
     }
 
+    /// The field's name as messages give it, e.g. `input.lock`.
+    pub fn name(&self, field: &str) -> String {
+        format!("{}{field}", self.prefix)
+    }
+
+    /// Whether the object has the field (even if null).
+    pub fn has(&self, field: &str) -> bool {
+        self.fields.contains_key(field)
+    }
+
+    /// The field, or `None` when it is absent or null.
+    pub fn get(&self, field: &str) -> Option<&'a Value> {
+        self.fields.get(field).filter(|v| !v.is_null())
+    }
+
+    /// A core input error about `field`: as it is for a payload field, prefixed by the field's
+    /// path for a nested one, so the message says where the value came from.
+    fn input_error(&self, field: &str, e: InputError) -> HandlerError {
+        if self.prefix.is_empty() {
+            e.into()
+        } else {
+            HandlerError::InvalidInput(format!("{}: {e}", self.name(field)))
+        }
+    }
+
+    fn missing(&self, field: &str, hint: &str) -> HandlerError {
+        HandlerError::InvalidInput(format!("{} is missing: {hint}", self.name(field)))
+    }
+
+    /// A string field, `None` when absent or null.
+    pub fn optional_string(&self, field: &str) -> Result<Option<&'a str>, HandlerError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(HandlerError::InvalidInput(format!(
+                "{} must be a JSON string; got {} {}",
+                self.name(field),
+                kind(other),
+                quoted(other)
+            ))),
+        }
+    }
+
+    /// A required string field.
+    pub fn string(&self, field: &str, hint: &str) -> Result<&'a str, HandlerError> {
+        self.optional_string(field)?
+            .ok_or_else(|| self.missing(field, hint))
+    }
+
+    pub fn optional_lock(&self, field: &str) -> Result<Option<LockName>, HandlerError> {
+        self.optional_string(field)?
+            .map(|s| LockName::new(s).map_err(|e| self.input_error(field, e)))
+            .transpose()
+    }
+
+    pub fn optional_holder(&self, field: &str) -> Result<Option<HolderId>, HandlerError> {
+        self.optional_string(field)?
+            .map(|s| HolderId::new(s).map_err(|e| self.input_error(field, e)))
+            .transpose()
+    }
+
+    pub fn optional_acquisition(&self, field: &str) -> Result<Option<AcquisitionId>, HandlerError> {
+        self.optional_string(field)?
+            .map(|s| AcquisitionId::new(s).map_err(|e| self.input_error(field, e)))
+            .transpose()
+    }
+
     pub fn lock(&self) -> Result<LockName, HandlerError> {
-        Ok(LockName::new(self.string("lock", hint::LOCK)?)?)
+        self.optional_lock("lock")?
+            .ok_or_else(|| self.missing("lock", hint::LOCK))
     }
 
     pub fn holder(&self) -> Result<HolderId, HandlerError> {
-        Ok(HolderId::new(self.string("holder", hint::HOLDER)?)?)
+        self.optional_holder("holder")?
+            .ok_or_else(|| self.missing("holder", hint::HOLDER))
     }
 
     pub fn acquisition(&self) -> Result<AcquisitionId, HandlerError> {
-        Ok(AcquisitionId::new(
-            self.string("acquisition", hint::ACQUISITION)?,
-        )?)
-    }
-
-    /// `requested_at`: RFC 3339 text (any offset, any fraction of a second), as milliseconds
-    /// since the Unix epoch.
-    pub fn requested_at_ms(&self) -> Result<u64, HandlerError> {
-        let text = self.string("requested_at", hint::REQUESTED_AT)?;
-        let invalid = |problem: String| {
-            HandlerError::InvalidInput(format!(
-                "requested_at must be an RFC 3339 date-time such as \"2026-12-03T10:15:30.123Z\" \
-                 (Step Functions' $$.State.EnteredTime); got {}: {problem}",
-                quoted(&Value::String(text.to_owned()))
-            ))
-        };
-        let at = DateTime::from_str(text, Format::DateTimeWithOffset)
-            .map_err(|e| invalid(e.to_string()))?;
-        let ms = at.to_millis().map_err(|e| invalid(e.to_string()))?;
-        u64::try_from(ms).map_err(|_| invalid("it is before 1970".to_owned()))
+        self.optional_acquisition("acquisition")?
+            .ok_or_else(|| self.missing("acquisition", hint::ACQUISITION))
     }
 
     /// `holder` and `acquisition`.
@@ -121,22 +179,78 @@ impl<'a> Payload<'a> {
         Ok(Identity::new(self.holder()?, self.acquisition()?))
     }
 
-    /// `limit`: a JSON integer from 1 to the core's maximum. `0`, `-1`, `2.5`, `"5"` and
-    /// `"five"` are all refused: a limit is never taken from a string or rounded.
-    pub fn limit(&self) -> Result<Limit, HandlerError> {
-        let value = self.get("limit").ok_or(InputError::Missing {
-            field: "limit",
-            hint: hint::LIMIT,
-        })?;
+    /// An RFC 3339 date-time (any offset, any fraction of a second) as milliseconds since the
+    /// Unix epoch; `None` when absent or null. `source` names where Step Functions has it, e.g.
+    /// `$$.State.EnteredTime`, for the error.
+    pub fn optional_time_ms(&self, field: &str, source: &str) -> Result<Option<u64>, HandlerError> {
+        let Some(text) = self.optional_string(field)? else {
+            return Ok(None);
+        };
+        let invalid = |problem: String| {
+            HandlerError::InvalidInput(format!(
+                "{} must be an RFC 3339 date-time such as \"2026-12-03T10:15:30.123Z\" \
+                 (Step Functions' {source}); got {}: {problem}",
+                self.name(field),
+                quoted(&Value::String(text.to_owned()))
+            ))
+        };
+        let at = DateTime::from_str(text, Format::DateTimeWithOffset)
+            .map_err(|e| invalid(e.to_string()))?;
+        let ms = at.to_millis().map_err(|e| invalid(e.to_string()))?;
+        u64::try_from(ms)
+            .map(Some)
+            .map_err(|_| invalid("it is before 1970".to_owned()))
+    }
+
+    /// `requested_at`: when the acquire was asked for, as milliseconds since the Unix epoch.
+    pub fn requested_at_ms(&self) -> Result<u64, HandlerError> {
+        self.optional_time_ms("requested_at", "$$.State.EnteredTime")?
+            .ok_or_else(|| self.missing("requested_at", hint::REQUESTED_AT))
+    }
+
+    /// A whole number from 0, such as a redrive count; `None` when absent or null. `source`
+    /// names where Step Functions has it, for the error.
+    pub fn optional_count(&self, field: &str, source: &str) -> Result<Option<u32>, HandlerError> {
+        let Some(value) = self.get(field) else {
+            return Ok(None);
+        };
+        match value.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(count) => Ok(Some(count)),
+            None => Err(HandlerError::InvalidInput(format!(
+                "{} must be a whole number from 0 (Step Functions' {source}); got {} {}",
+                self.name(field),
+                kind(value),
+                quoted(value)
+            ))),
+        }
+    }
+
+    /// `limit` as a JSON integer from 1 to the core's maximum; `None` when absent or null.
+    /// `0`, `-1`, `2.5`, `"5"` and `"five"` are all refused: a limit is never taken from a string
+    /// or rounded.
+    pub fn optional_limit(&self, field: &str) -> Result<Option<Limit>, HandlerError> {
+        let Some(value) = self.get(field) else {
+            return Ok(None);
+        };
         let got = match value {
             Value::Number(n) => match n.as_i64() {
-                Some(n) => return Ok(Limit::new(n)?),
+                Some(n) => {
+                    return Limit::new(n)
+                        .map(Some)
+                        .map_err(|e| self.input_error(field, e))
+                }
                 None => n.to_string(),
             },
             Value::String(_) => format!("the string {}", quoted(value)),
             other => format!("{} {}", kind(other), quoted(other)),
         };
-        Err(InputError::InvalidLimit { got }.into())
+        Err(self.input_error(field, InputError::InvalidLimit { got }))
+    }
+
+    /// A required `limit`.
+    pub fn limit(&self) -> Result<Limit, HandlerError> {
+        self.optional_limit("limit")?
+            .ok_or_else(|| self.missing("limit", hint::LIMIT))
     }
 }
 
@@ -238,5 +352,31 @@ mod tests {
         );
         assert!(err.ends_with("..."), "{err}");
         assert!(err.len() < 200, "{err}");
+    }
+
+    #[test]
+    fn a_nested_objects_fields_are_named_by_their_path() {
+        let payload = json!({ "input": { "lock": "", "limit": "5", "n": -1 }, "bad": [1] });
+        let p = Payload::new(&payload, "{}").unwrap();
+        let input = p.object("input", "input.", "the input").unwrap().unwrap();
+        assert_eq!(
+            input.optional_lock("lock").unwrap_err().to_string(),
+            "input.lock: lock name is empty: pass the name of the semaphore, e.g. \"demo-lock\""
+        );
+        assert_eq!(
+            input.optional_limit("limit").unwrap_err().to_string(),
+            "input.limit: limit must be a whole number from 1 to 1000; got the string \"5\""
+        );
+        assert_eq!(
+            input.optional_count("n", "$$.X").unwrap_err().to_string(),
+            "input.n must be a whole number from 0 (Step Functions' $$.X); got a number -1"
+        );
+        assert_eq!(
+            p.object("bad", "bad.", "a test object")
+                .unwrap_err()
+                .to_string(),
+            "bad must be a JSON object (a test object); got an array [1]"
+        );
+        assert!(p.object("absent", "absent.", "").unwrap().is_none());
     }
 }

@@ -1,36 +1,155 @@
 //! The release function: frees the slot of one acquisition and fences it, so that a late retry
-//! of the same acquire can never take a slot again. Idempotent.
+//! of the same acquire can never take a slot again. Idempotent. After a failure it also names
+//! the error the execution fails with.
 //!
-//! Payload: `{"lock": "demo-lock", "holder": "<$$.Execution.Id>", "acquisition": "<id>"}`.
-//! Answer: `{"released": bool, "outcome": "released"|"not_held", "count": n}`.
+//! Payload (what the lock-protected state machine sends): `{"input": $$.Execution.Input,
+//! "holder": $$.Execution.Id, "redrive_count": $$.Execution.RedriveCount}`, plus `"error":
+//! {"Error", "Cause"}` (what a `Catch` caught) after a failure. The lock and acquisition are
+//! resolved exactly as the acquire function resolves them (`lambda_common::Resolver`); a
+//! caller's own machine may send `{"lock", "holder", "acquisition"}` instead.
+//!
+//! Answer: `{"released": bool, "outcome": "released"|"not_held", "count": n, "lock",
+//! "acquisition", "error", "cause"}`. `error` and `cause` are `null` without `"error"` in the
+//! payload; with it, they are what to fail the execution with:
+//! - `StepFunctions.ExecutionAlreadyExistsException` (a redrive into the work met the child
+//!   execution that already ran, whose slot was freed when the execution ended) becomes
+//!   `SemaphoreRedriveRefused`, with a cause that names the child and says to start a new
+//!   execution;
+//! - a failed child execution (`startExecution.sync:2` fails with `States.TaskFailed` and the
+//!   child's `DescribeExecution` output as JSON in the cause) becomes the child's own error and
+//!   cause;
+//! - anything else is passed on as caught.
+//!
 //! One write, no read, no condition: a retried or duplicated release frees nothing more and only
 //! moves the version. Errors: `SemaphoreInvalidInput` (nothing written), `SemaphoreOldFormat`
 //! (the lock's item is of version 1; nothing written), `SemaphoreStoreError` (retry).
 
-use lambda_common::{HandlerError, Payload};
+use lambda_common::{
+    error_type, ConfigError, HandlerError, Payload, Resolver, Settings, Target, RELEASE_PAYLOAD,
+};
 use lambda_runtime::LambdaEvent;
-use semaphore_core::{Identity, ItemStore, LockName, ReleaseOutcome, Semaphore};
+use semaphore_core::{ItemStore, ReleaseOutcome, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The payload's fields, as named in errors.
-pub const EXPECTED: &str = r#"{"lock": string, "holder": string, "acquisition": string}"#;
+/// The error Step Functions raises when `startExecution` names an execution that exists.
+pub const EXECUTION_ALREADY_EXISTS: &str = "StepFunctions.ExecutionAlreadyExistsException";
+
+/// The resolver the release needs: the defaults only (it starts no work). Read once per cold
+/// start.
+pub fn resolver<F: Fn(&str) -> Option<String>>(
+    settings: &Settings<F>,
+) -> Result<Resolver, ConfigError> {
+    Ok(Resolver {
+        defaults: settings.defaults()?,
+        ..Resolver::default()
+    })
+}
+
+/// What a `Catch` caught: `{"Error", "Cause"}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub error: String,
+    pub cause: Option<String>,
+}
+
+impl Failure {
+    /// The payload's `error`, if any.
+    pub fn parse(payload: &Value) -> Result<Option<Self>, HandlerError> {
+        let p = Payload::new(payload, RELEASE_PAYLOAD)?;
+        let Some(caught) = p.object(
+            "error",
+            "error.",
+            "what the Catch caught, \"error.$\": \"$.error\" with \"ResultPath\": \"$.error\"",
+        )?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            error: caught
+                .string(
+                    "Error",
+                    "pass what the Catch caught, {\"Error\", \"Cause\"}",
+                )?
+                .to_owned(),
+            cause: caught.optional_string("Cause")?.map(str::to_owned),
+        }))
+    }
+}
 
 /// A validated release request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReleaseRequest {
-    pub lock: LockName,
-    pub identity: Identity,
+    pub target: Target,
+    pub failure: Option<Failure>,
 }
 
 impl ReleaseRequest {
-    pub fn parse(payload: &Value) -> Result<Self, HandlerError> {
-        let p = Payload::new(payload, EXPECTED)?;
+    pub fn parse(resolver: &Resolver, payload: &Value) -> Result<Self, HandlerError> {
         Ok(Self {
-            lock: p.lock()?,
-            identity: p.identity()?,
+            target: resolver.target(payload)?,
+            failure: Failure::parse(payload)?,
         })
     }
+}
+
+/// The field of a JSON object whose name is `name` in any case (Step Functions' own cause
+/// writes `Error`, the `DescribeExecution` API and moto `error`).
+fn field<'a>(fields: &'a serde_json::Map<String, Value>, name: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .find(|(key, _)| key.eq_ignore_ascii_case(name))
+        .and_then(|(_, value)| value.as_str())
+}
+
+/// The child's own error and cause, if `cause` is a failed child execution's description.
+fn child_failure(cause: &str) -> Option<(String, String)> {
+    let Ok(Value::Object(child)) = serde_json::from_str::<Value>(cause) else {
+        return None;
+    };
+    let error = field(&child, "error")?;
+    let cause = match field(&child, "cause") {
+        Some(cause) => cause.to_owned(),
+        None => format!(
+            "the work execution {} ended {} with the error {error} and no cause",
+            field(&child, "executionArn").unwrap_or("(no ARN given)"),
+            field(&child, "status").unwrap_or("FAILED"),
+        ),
+    };
+    Some((error.to_owned(), cause))
+}
+
+/// The execution ARN quoted in Step Functions' "Execution Already Exists: 'arn:...'" cause.
+fn quoted_execution_arn(cause: &str) -> Option<&str> {
+    let start = cause.find("'arn:")? + 1;
+    let len = cause[start..].find('\'')?;
+    Some(&cause[start..start + len])
+}
+
+/// The error and cause to fail the execution with after `failure`.
+pub fn fail_with(failure: &Failure, target: &Target) -> (String, String) {
+    let caught_cause = failure.cause.as_deref().unwrap_or_default();
+    if failure.error == EXECUTION_ALREADY_EXISTS {
+        let child = match quoted_execution_arn(caught_cause) {
+            Some(arn) => format!("the work's child execution {arn}"),
+            None => {
+                "the work's child execution (named after an earlier run's acquisition)".to_owned()
+            }
+        };
+        return (
+            error_type::REDRIVE_REFUSED.to_owned(),
+            format!(
+                "{} was redriven into its protected work, but {child} already ran: its slot was \
+                 freed when the execution ended, so the work is not run again without one. Start \
+                 a new execution to run the work again",
+                target.identity.holder
+            ),
+        );
+    }
+    if let Some(child) = child_failure(caught_cause) {
+        return child;
+    }
+    (failure.error.clone(), caught_cause.to_owned())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,47 +176,140 @@ pub struct ReleaseResponse {
     pub outcome: Outcome,
     /// Slots held now.
     pub count: usize,
+    pub lock: String,
+    pub acquisition: String,
+    /// The error to fail the execution with; `null` without `"error"` in the payload.
+    pub error: Option<String>,
+    /// Its cause; `null` without `"error"` in the payload.
+    pub cause: Option<String>,
 }
 
 /// Validates the payload, then releases. Nothing is sent to the table for bad input.
 pub async fn release<S: ItemStore>(
     semaphore: &Semaphore<S>,
+    resolver: &Resolver,
     payload: &Value,
 ) -> Result<ReleaseResponse, HandlerError> {
     // Bad input is logged by the runtime with the error it answers.
-    let ReleaseRequest { lock, identity } = ReleaseRequest::parse(payload)?;
+    let ReleaseRequest { target, failure } = ReleaseRequest::parse(resolver, payload)?;
+    let Target { lock, identity, .. } = &target;
     let outcome = semaphore
-        .release(&lock, &identity)
+        .release(lock, identity)
         .await
         .map_err(HandlerError::from)
         .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "release failed"))?;
-    let response = match outcome {
-        ReleaseOutcome::Released { count, .. } => ReleaseResponse {
-            released: true,
-            outcome: Outcome::Released,
-            count,
-        },
-        ReleaseOutcome::NotHeld { count } => ReleaseResponse {
-            released: false,
-            outcome: Outcome::NotHeld,
-            count,
-        },
+    let (released, outcome, count) = match outcome {
+        ReleaseOutcome::Released { count, .. } => (true, Outcome::Released, count),
+        ReleaseOutcome::NotHeld { count } => (false, Outcome::NotHeld, count),
+    };
+    let (error, cause) = match &failure {
+        Some(failure) => {
+            let (error, cause) = fail_with(failure, &target);
+            (Some(error), Some(cause))
+        }
+        None => (None, None),
     };
     tracing::info!(
         lock = %lock,
         holder = %identity.holder,
         acquisition = %identity.acquisition,
-        outcome = response.outcome.as_str(),
-        count = response.count,
+        outcome = outcome.as_str(),
+        count,
+        caught = failure.as_ref().map(|f| f.error.as_str()),
+        error = error.as_deref(),
         "release"
     );
-    Ok(response)
+    Ok(ReleaseResponse {
+        released,
+        outcome,
+        count,
+        lock: lock.to_string(),
+        acquisition: identity.acquisition.to_string(),
+        error,
+        cause,
+    })
 }
 
 /// The Lambda handler.
 pub async fn handle<S: ItemStore>(
     semaphore: &Semaphore<S>,
+    resolver: &Resolver,
     event: LambdaEvent<Value>,
 ) -> Result<ReleaseResponse, HandlerError> {
-    release(semaphore, &event.payload).await
+    release(semaphore, resolver, &event.payload).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use semaphore_core::{AcquisitionId, HolderId, Identity, LockName};
+    use serde_json::json;
+
+    const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
+
+    fn target() -> Target {
+        Target {
+            lock: LockName::new("demo-lock").unwrap(),
+            identity: Identity::new(
+                HolderId::new(HOLDER).unwrap(),
+                AcquisitionId::new("r1").unwrap(),
+            ),
+            redrive_count: Some(1),
+        }
+    }
+
+    fn caught(error: &str, cause: &str) -> Failure {
+        Failure {
+            error: error.to_owned(),
+            cause: Some(cause.to_owned()),
+        }
+    }
+
+    #[test]
+    fn a_child_description_without_a_cause_is_described() {
+        let description = json!({"executionArn": "arn:x", "status": "FAILED", "error": "Boom"});
+        assert_eq!(
+            fail_with(
+                &caught("States.TaskFailed", &description.to_string()),
+                &target()
+            ),
+            (
+                "Boom".to_owned(),
+                "the work execution arn:x ended FAILED with the error Boom and no cause".to_owned()
+            )
+        );
+        // Not a description: passed on as caught.
+        for cause in [
+            "not json",
+            "[1]",
+            "{\"errorType\": \"X\", \"errorMessage\": \"m\"}",
+        ] {
+            assert_eq!(
+                fail_with(&caught("Some.Error", cause), &target()),
+                ("Some.Error".to_owned(), cause.to_owned()),
+                "{cause}"
+            );
+        }
+        assert_eq!(
+            fail_with(
+                &Failure {
+                    error: "E".to_owned(),
+                    cause: None
+                },
+                &target()
+            ),
+            ("E".to_owned(), String::new())
+        );
+    }
+
+    #[test]
+    fn an_existing_child_without_its_arn_in_the_cause_is_still_refused_by_name() {
+        let (error, cause) = fail_with(&caught(EXECUTION_ALREADY_EXISTS, "exists"), &target());
+        assert_eq!(error, "SemaphoreRedriveRefused");
+        assert!(
+            cause.contains("named after an earlier run's acquisition"),
+            "{cause}"
+        );
+        assert!(cause.ends_with("Start a new execution to run the work again"));
+    }
 }

@@ -4,12 +4,17 @@ use lambda_runtime::{service_fn, Error};
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     init_tracing();
-    let semaphore = Settings::from_env()
+    // Read and checked once, at cold start: a bad variable stops the function with a message
+    // naming it, before any invocation.
+    let settings = Settings::from_env();
+    let semaphore = settings
         .semaphore(&load_aws_config().await)
         .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    let semaphore = &semaphore;
+    let resolver = lambda_release::resolver(&settings)
+        .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
+    let (semaphore, resolver) = (&semaphore, &resolver);
     lambda_runtime::run(service_fn(move |event| {
-        lambda_release::handle(semaphore, event)
+        lambda_release::handle(semaphore, resolver, event)
     }))
     .await
 }

@@ -1,60 +1,91 @@
 //! The built `release` binary run as Lambda runs it (through a stand-in Runtime API) with the
-//! state machine's payload.
+//! lock-protected state machine's payloads: what goes over the wire, including the error a
+//! failed execution is to fail with, and the `errorType` of bad input.
 
 use std::path::Path;
 
-use semaphore_core::{AcquisitionId, HolderId, Identity, Limit, LockName, Semaphore};
+use semaphore_core::Semaphore;
 use semaphore_tests::fresh_table;
+use semaphore_tests::names::{id, limit, lock};
 use semaphore_tests::runtime_api::{run_function, Answer};
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_release");
+const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
 
+/// What "Release slot" sends for run 0 of an execution whose input names no lock.
 fn payload() -> Value {
-    serde_json::from_str(
-        r#"{"lock": "demo-lock",
-            "holder": "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1",
-            "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab"}"#,
-    )
-    .unwrap()
+    json!({"input": {"work_seconds": 1}, "holder": HOLDER, "redrive_count": 0})
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_binary_releases_once_and_names_bad_input() {
+async fn the_binary_releases_once_names_the_error_to_fail_with_and_names_bad_input() {
     let store = fresh_table().await;
     let table = store.table().to_owned();
     Semaphore::new(store)
-        .acquire(
-            &LockName::new("demo-lock").unwrap(),
-            &Identity::new(
-                HolderId::new(payload()["holder"].as_str().unwrap()).unwrap(),
-                AcquisitionId::new(payload()["acquisition"].as_str().unwrap()).unwrap(),
-            ),
-            Limit::new(5).unwrap(),
-        )
+        .acquire(&lock("demo-lock"), &id(HOLDER, "r0"), limit(5))
         .await
         .unwrap();
     let mut bad = payload();
-    bad.as_object_mut().unwrap().remove("lock");
+    bad.as_object_mut().unwrap().remove("holder");
+    // "Release after failure" after the work failed: the child's own error comes back.
+    let mut failed = payload();
+    failed["error"] = json!({
+        "Error": "States.TaskFailed",
+        "Cause": json!({"executionArn": "arn:child", "status": "FAILED",
+                        "error": "WorkFailed", "cause": "asked to fail"}).to_string()
+    });
     let run = tokio::task::spawn_blocking(move || {
         run_function(
             Path::new(EXE),
-            &[("TABLE_NAME", table.as_str())],
-            vec![payload(), payload(), bad],
+            &[
+                ("TABLE_NAME", table.as_str()),
+                ("DEFAULT_LOCK", "demo-lock"),
+            ],
+            vec![payload(), payload(), failed, bad],
         )
     })
     .await
     .unwrap();
+    let answer = |released: bool, outcome: &str, error: Value, cause: Value| {
+        Answer::Response(json!({
+            "released": released, "outcome": outcome, "count": 0, "lock": "demo-lock",
+            "acquisition": "r0", "error": error, "cause": cause
+        }))
+    };
     assert_eq!(
         run.answers,
         [
-            Answer::Response(json!({"released": true, "outcome": "released", "count": 0})),
-            Answer::Response(json!({"released": false, "outcome": "not_held", "count": 0})),
+            answer(true, "released", Value::Null, Value::Null),
+            answer(false, "not_held", Value::Null, Value::Null),
+            answer(
+                false,
+                "not_held",
+                json!("WorkFailed"),
+                json!("asked to fail")
+            ),
             Answer::Error(json!({
                 "errorType": "SemaphoreInvalidInput",
-                "errorMessage": "lock is missing: pass the semaphore's name, e.g. \"lock\": \"demo-lock\""
+                "errorMessage": "holder is missing: pass the execution ARN, e.g. \"holder.$\": \"$$.Execution.Id\""
             })),
         ],
+        "stdout: {}\nstderr: {}",
+        run.stdout,
+        run.stderr
+    );
+}
+
+#[test]
+fn a_bad_default_lock_stops_the_binary_with_a_message_naming_it() {
+    let long = "x".repeat(300);
+    let run = run_function(
+        Path::new(EXE),
+        &[("TABLE_NAME", "any-table"), ("DEFAULT_LOCK", long.as_str())],
+        vec![payload()],
+    );
+    assert!(run.answers.is_empty(), "{:?}", run.answers);
+    assert!(
+        run.stdout.contains("environment variable DEFAULT_LOCK is"),
         "stdout: {}\nstderr: {}",
         run.stdout,
         run.stderr

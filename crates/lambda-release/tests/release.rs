@@ -1,28 +1,29 @@
-//! The release handler invoked with the payload the lock-protected state machine builds, against
-//! a fresh table on the local server.
+//! The release handler invoked with the payloads statemachines/lock-protected.asl.json renders
+//! for its "Release slot" and "Release after failure" states (the context object filled in
+//! with real values), against a fresh table on the local server. The answers go through the
+//! states' ResultSelectors and the Fail state's ErrorPath and CausePath as Step Functions
+//! applies them, so every field they read must be there: the error normalisation is checked
+//! end to end for a failed child (in moto's shape and in AWS's), a redrive that met the child
+//! that already ran, and an error passed on as caught.
 
 use std::collections::BTreeSet;
 
-use lambda_common::Settings;
+use lambda_common::{child_execution_name, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use semaphore_core::{
-    AcquireOutcome, DynamoStore, FenceKey, FenceReason, Limit, LockName, Semaphore, SemaphoreItem,
+    rfc3339_millis, AcquireOutcome, DynamoStore, FenceKey, FenceReason, HolderId, Semaphore,
+    SemaphoreItem,
 };
+use semaphore_tests::asl::{self, Context as Ctx};
 use semaphore_tests::legacy::put_version_1_item;
-use semaphore_tests::names::id;
+use semaphore_tests::names::{id, limit, lock};
 use semaphore_tests::observe::raw_item;
 use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
 const ACQUISITION: &str = "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab";
-
-/// What the lock-protected machine's "Release slot" state sends, as JSON text.
-const STATE_MACHINE_PAYLOAD: &str = r#"{
-    "lock": "demo-lock",
-    "holder": "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1",
-    "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab"
-}"#;
+const DEMO: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:demo-work";
 
 async fn semaphore() -> Semaphore<DynamoStore> {
     let table = fresh_table().await.table().to_owned();
@@ -31,19 +32,27 @@ async fn semaphore() -> Semaphore<DynamoStore> {
         .expect("settings")
 }
 
-async fn release(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, Diagnostic> {
-    lambda_release::handle(sem, LambdaEvent::new(payload, Context::default()))
+/// The release function's resolver with `DEFAULT_LOCK` = demo-lock, as the template sets it.
+fn resolver() -> Resolver {
+    lambda_release::resolver(&Settings::from_lookup(|name| {
+        (name == "DEFAULT_LOCK").then(|| "demo-lock".to_owned())
+    }))
+    .expect("settings")
+}
+
+async fn release_with(
+    sem: &Semaphore<DynamoStore>,
+    resolver: &Resolver,
+    payload: Value,
+) -> Result<Value, Diagnostic> {
+    lambda_release::handle(sem, resolver, LambdaEvent::new(payload, Context::default()))
         .await
         .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
         .map_err(Diagnostic::from)
 }
 
-fn payload() -> Value {
-    serde_json::from_str(STATE_MACHINE_PAYLOAD).expect("the payload is JSON")
-}
-
-fn lock() -> LockName {
-    LockName::new("demo-lock").unwrap()
+async fn release(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, Diagnostic> {
+    release_with(sem, &resolver(), payload).await
 }
 
 /// Every item of the table, each read correctly.
@@ -56,17 +65,54 @@ async fn items(sem: &Semaphore<DynamoStore>) -> Vec<SemaphoreItem> {
         .collect()
 }
 
+fn lock_protected() -> Value {
+    asl::definition(
+        "lock-protected.asl.json",
+        &[
+            ("AcquireFunctionArn", "ACQUIRE"),
+            ("ReleaseFunctionArn", "RELEASE"),
+        ],
+    )
+}
+
+fn now(sem: &Semaphore<DynamoStore>) -> String {
+    rfc3339_millis(sem.now_ms())
+}
+
+/// The state after "Acquire slot" took slot `token` for run 0 of `HOLDER` on demo-lock: its
+/// ResultPath "$" makes it `{"semaphore": answer}` (the acquire's own tests check the answer).
+fn acquired_state(token: u64) -> Value {
+    let name = child_execution_name(&id(HOLDER, "r0"));
+    json!({"semaphore": {
+        "acquired": true, "outcome": "acquired", "token": token, "count": 1, "limit": 5,
+        "lock": "demo-lock", "holder": HOLDER, "acquisition": "r0", "child_name": name,
+        "wait_seconds": 0,
+        "work": {"state_machine": DEMO, "name": name, "context": {"semaphore": {
+            "lock": "demo-lock", "fencing_token": token, "holder": HOLDER, "acquisition": "r0"
+        }}}
+    }})
+}
+
 #[tokio::test]
-async fn the_state_machines_payload_releases_once_and_then_answers_not_held() {
+async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_is_idempotent() {
     let sem = semaphore().await;
-    let limit = Limit::new(5).unwrap();
-    sem.acquire(&lock(), &id(HOLDER, ACQUISITION), limit)
+    let definition = lock_protected();
+    let release_state = asl::state(&definition, "Release slot");
+    // Run 0 of the execution holds a slot of the lock its input names.
+    let input = json!({"lock": "batch", "limit": 2});
+    sem.acquire(&lock("batch"), &id(HOLDER, "r0"), limit(2))
         .await
         .unwrap();
     let other = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2";
-    sem.acquire(&lock(), &id(other, "a2"), limit).await.unwrap();
+    sem.acquire(&lock("batch"), &id(other, "r0"), limit(2))
+        .await
+        .unwrap();
 
-    let first = release(&sem, payload()).await.unwrap();
+    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
+    let state = json!({"work": {"output": {}}});
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &state, &ctx);
+    assert_eq!(payload, json!({"execution": ctx.execution}));
+    let first = release(&sem, payload.clone()).await.unwrap();
     assert_eq!(
         first
             .as_object()
@@ -74,105 +120,412 @@ async fn the_state_machines_payload_releases_once_and_then_answers_not_held() {
             .keys()
             .map(String::as_str)
             .collect::<BTreeSet<_>>(),
-        BTreeSet::from(["released", "outcome", "count"])
+        BTreeSet::from([
+            "released",
+            "outcome",
+            "count",
+            "lock",
+            "acquisition",
+            "error",
+            "cause"
+        ])
     );
-    assert_eq!(first["released"], json!(true));
-    assert_eq!(first["outcome"], json!("released"));
-    assert_eq!(first["count"], json!(1));
+    assert_eq!(
+        first,
+        json!({"released": true, "outcome": "released", "count": 1, "lock": "batch",
+               "acquisition": "r0", "error": null, "cause": null})
+    );
+    let output = asl::task_output(release_state, &state, &ctx, json!({"Payload": first}));
+    assert_eq!(output["release"], json!({"released": true, "count": 1}));
 
     // A retried release (the response was lost) frees nothing and answers with the same count.
-    // Version 1 read first and then wrote nothing; version 2's release never reads, so it sends
-    // its one write again, which is idempotent: it removes a holder that is already gone and
-    // adds a fence that is already there. Only the version moves, by one.
-    let before = sem.status(&lock()).await.unwrap();
-    let again = release(&sem, payload()).await.unwrap();
+    // It sends its one write again, which is idempotent: only the version moves, by one.
+    let before = sem.status(&lock("batch")).await.unwrap();
+    let again = release(&sem, payload).await.unwrap();
     assert_eq!(
-        again,
-        json!({"released": false, "outcome": "not_held", "count": 1})
+        (&again["released"], &again["outcome"], &again["count"]),
+        (&json!(false), &json!("not_held"), &json!(1))
     );
-    let item = sem.status(&lock()).await.unwrap();
+    let item = sem.status(&lock("batch")).await.unwrap();
     assert_eq!(item.version.0, before.version.0 + 1);
     assert_eq!(
         (&item.holders, &item.fences.len(), &item.limit),
         (&before.holders, &before.fences.len(), &before.limit)
     );
-    assert!(item.holders.contains_key(&id(other, "a2")));
-    assert!(item.is_fenced(&FenceKey::acquisition(&id(HOLDER, ACQUISITION))));
+    assert!(item.holders.contains_key(&id(other, "r0")));
+    assert!(item.is_fenced(&FenceKey::acquisition(&id(HOLDER, "r0"))));
 
     // The acquisition is fenced: a late attempt of the same acquire cannot take a slot (F3).
     assert_eq!(
-        sem.acquire(&lock(), &id(HOLDER, ACQUISITION), limit)
+        sem.acquire(&lock("batch"), &id(HOLDER, "r0"), limit(2))
             .await
             .unwrap(),
         AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
+    );
+
+    // An input without a lock: the default lock, as for the acquire.
+    let answer = release(
+        &sem,
+        json!({"input": {"limit": 3}, "holder": HOLDER, "redrive_count": 2}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (&answer["lock"], &answer["acquisition"]),
+        (&json!("demo-lock"), &json!("r2"))
+    );
+}
+
+#[tokio::test]
+async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
+    let sem = semaphore().await;
+    sem.acquire(&lock("demo-lock"), &id(HOLDER, ACQUISITION), limit(5))
+        .await
+        .unwrap();
+    let payload = json!({"lock": "demo-lock", "holder": HOLDER, "acquisition": ACQUISITION});
+    // No default needed: everything is given.
+    let bare = Resolver::default();
+    assert_eq!(
+        release_with(&sem, &bare, payload.clone()).await.unwrap(),
+        json!({"released": true, "outcome": "released", "count": 0, "lock": "demo-lock",
+               "acquisition": ACQUISITION, "error": null, "cause": null})
+    );
+    assert_eq!(
+        release_with(&sem, &bare, payload).await.unwrap()["outcome"],
+        json!("not_held")
     );
 }
 
 #[tokio::test]
 async fn releasing_what_was_never_acquired_fences_it() {
     let sem = semaphore().await;
-    let answer = release(&sem, payload()).await.unwrap();
+    let answer = release(
+        &sem,
+        json!({"input": {}, "holder": HOLDER, "redrive_count": 0}),
+    )
+    .await
+    .unwrap();
     assert_eq!(
-        answer,
-        json!({"released": false, "outcome": "not_held", "count": 0})
+        (&answer["released"], &answer["outcome"], &answer["count"]),
+        (&json!(false), &json!("not_held"), &json!(0))
     );
     // An acquire still in flight from before the release cannot land after it (F1, F3).
     assert_eq!(
-        sem.acquire(&lock(), &id(HOLDER, ACQUISITION), Limit::new(5).unwrap())
+        sem.acquire(&lock("demo-lock"), &id(HOLDER, "r0"), limit(5))
             .await
             .unwrap(),
         AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
     );
 }
 
+/// What moto's `startExecution.sync:2` puts in the Cause when the child fails: the child's
+/// `DescribeExecution` output (keys as the API names them, input and output parsed) as JSON.
+fn moto_child_cause(child: &str, error: Option<&str>, cause: Option<&str>, status: &str) -> String {
+    let mut description = json!({
+        "executionArn": child,
+        "stateMachineArn": DEMO,
+        "name": child.rsplit(':').next().unwrap(),
+        "status": status,
+        "startDate": "2026-12-03T10:15:30.123456+00:00",
+        "stopDate": "2026-12-03T10:15:31.123456+00:00",
+        "input": {"fail": true, "semaphore": {"lock": "demo-lock", "fencing_token": 1}},
+        "inputDetails": {"included": true}
+    });
+    if let Some(error) = error {
+        description["error"] = json!(error);
+    }
+    if let Some(cause) = cause {
+        description["cause"] = json!(cause);
+    }
+    description.to_string()
+}
+
+/// The same failure as AWS's Step Functions words it: keys in PascalCase, input as text, dates
+/// as epoch milliseconds.
+fn aws_child_cause(child: &str, error: &str, cause: &str) -> String {
+    json!({
+        "ExecutionArn": child,
+        "Input": "{\"fail\":true}",
+        "InputDetails": {"Included": true},
+        "Name": child.rsplit(':').next().unwrap(),
+        "RedriveCount": 0,
+        "RedriveStatus": "REDRIVABLE",
+        "StartDate": 1_796_292_930_123u64,
+        "StateMachineArn": DEMO,
+        "Status": "FAILED",
+        "StopDate": 1_796_292_931_123u64,
+        "Error": error,
+        "Cause": cause
+    })
+    .to_string()
+}
+
+/// The failure path played: "Protected work" (entered with `state`) fails with `error` and
+/// `cause`; its Catch goes to "Release after failure", whose answer the Fail state fails with.
+/// Answers the release's answer and the (error, cause) the execution fails with.
+async fn fail_the_work(
+    sem: &Semaphore<DynamoStore>,
+    ctx: &Ctx,
+    state: &Value,
+    error: &str,
+    cause: &str,
+) -> (Value, (String, String)) {
+    let definition = lock_protected();
+    let work = asl::state(&definition, "Protected work");
+    let catcher = asl::catcher(work, error);
+    let caught = asl::caught(catcher, state, error, cause);
+    let release_state = asl::state(&definition, catcher["Next"].as_str().unwrap());
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &caught, ctx);
+    assert_eq!(
+        payload,
+        json!({
+            "execution": ctx.execution,
+            "error": {"Error": error, "Cause": cause}
+        })
+    );
+    let answer = release(sem, payload).await.unwrap();
+    let output = asl::task_output(release_state, &caught, ctx, json!({"Payload": answer}));
+    let fail = asl::state(&definition, release_state["Next"].as_str().unwrap());
+    (answer, asl::fail(fail, &output))
+}
+
+#[tokio::test]
+async fn a_failed_child_releases_the_slot_and_fails_the_execution_with_the_childs_error() {
+    let input = json!({"fail": true});
+    let child = format!(
+        "arn:aws:states:us-east-1:123456789012:execution:demo-work:{}",
+        child_execution_name(&id(HOLDER, "r0"))
+    );
+    let asked = "The execution input asked the work to fail (\"fail\": true).";
+    let causes = [
+        moto_child_cause(&child, Some("WorkFailed"), Some(asked), "FAILED"),
+        aws_child_cause(&child, "WorkFailed", asked),
+    ];
+    for cause in causes {
+        // A table of its own for each: the release fences r0.
+        let sem = semaphore().await;
+        sem.acquire(&lock("demo-lock"), &id(HOLDER, "r0"), limit(5))
+            .await
+            .unwrap();
+        let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
+        let (answer, failed) =
+            fail_the_work(&sem, &ctx, &acquired_state(1), "States.TaskFailed", &cause).await;
+        assert_eq!(
+            (&answer["released"], &answer["acquisition"]),
+            (&json!(true), &json!("r0")),
+            "{cause}"
+        );
+        assert_eq!(
+            failed,
+            ("WorkFailed".to_owned(), asked.to_owned()),
+            "{cause}"
+        );
+        assert_eq!(sem.status(&lock("demo-lock")).await.unwrap().count(), 0);
+    }
+
+    // A child that failed without a cause: its error, and a cause that says so.
+    let sem = semaphore().await;
+    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
+    let cause = moto_child_cause(&child, Some("WorkFailed"), None, "FAILED");
+    let (_, failed) =
+        fail_the_work(&sem, &ctx, &acquired_state(1), "States.TaskFailed", &cause).await;
+    assert_eq!(
+        failed,
+        (
+            "WorkFailed".to_owned(),
+            format!(
+                "the work execution {child} ended FAILED with the error WorkFailed and no cause"
+            )
+        )
+    );
+
+    // A child stopped without an error (ABORTED): nothing of its own to say, so the error is
+    // passed on as caught.
+    let cause = moto_child_cause(&child, None, None, "ABORTED");
+    let (_, failed) =
+        fail_the_work(&sem, &ctx, &acquired_state(1), "States.TaskFailed", &cause).await;
+    assert_eq!(failed, ("States.TaskFailed".to_owned(), cause));
+}
+
+#[tokio::test]
+async fn a_redrive_that_meets_the_child_that_already_ran_fails_with_semaphore_redrive_refused() {
+    let sem = semaphore().await;
+    let input = json!({"work_seconds": 60});
+    // Run 0 held a slot and started its child; it was aborted, and its cleanup freed the slot.
+    sem.acquire(&lock("demo-lock"), &id(HOLDER, "r0"), limit(5))
+        .await
+        .unwrap();
+    sem.cleanup(&lock("demo-lock"), &HolderId::new(HOLDER).unwrap())
+        .await
+        .unwrap();
+    // Redriven from "Protected work", run 1 starts the child with the name it had (the state's
+    // input is run 0's): Step Functions refuses, the execution exists.
+    let name = child_execution_name(&id(HOLDER, "r0"));
+    let child = format!("arn:aws:states:us-east-1:123456789012:execution:demo-work:{name}");
+    // As moto words it (AWS's text has the same quoted ARN).
+    let cause = format!(
+        "Execution Already Exists: '{child}' (Service: AWSStepFunctions; Status Code: 400; Error \
+         Code: ExecutionAlreadyExists; Request ID: 1a2b; Proxy: null)"
+    );
+    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem)).redriven(1);
+    let before = sem.status(&lock("demo-lock")).await.unwrap();
+    let (answer, failed) = fail_the_work(
+        &sem,
+        &ctx,
+        &acquired_state(1),
+        "StepFunctions.ExecutionAlreadyExistsException",
+        &cause,
+    )
+    .await;
+    // Run 1 never held a slot: nothing to free; its acquisition is fenced all the same.
+    assert_eq!(
+        (
+            &answer["released"],
+            &answer["acquisition"],
+            &answer["count"]
+        ),
+        (&json!(false), &json!("r1"), &json!(before.count()))
+    );
+    assert_eq!(
+        failed,
+        (
+            "SemaphoreRedriveRefused".to_owned(),
+            format!(
+                "{HOLDER} was redriven into its protected work, but the work's child execution \
+                 {child} already ran: its slot was freed when the execution ended, so the work \
+                 is not run again without one. Start a new execution to run the work again"
+            )
+        )
+    );
+    assert!(sem
+        .status(&lock("demo-lock"))
+        .await
+        .unwrap()
+        .is_fenced(&FenceKey::acquisition(&id(HOLDER, "r1"))));
+}
+
+#[tokio::test]
+async fn any_other_error_is_passed_on_as_caught() {
+    let sem = semaphore().await;
+    let definition = lock_protected();
+    let input = json!({});
+    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
+    // The acquire's own error after its retries (SemaphoreWaitTimeout, a store error...): the
+    // state goes to "Release after failure" from the acquire's Catch.
+    let acquire_state = asl::state(&definition, "Acquire slot");
+    let lambda_cause = json!({
+        "errorType": "SemaphoreWaitTimeout",
+        "errorMessage": "waited too long",
+        "trace": []
+    })
+    .to_string();
+    let catcher = asl::catcher(acquire_state, "SemaphoreWaitTimeout");
+    let caught = asl::caught(catcher, &input, "SemaphoreWaitTimeout", &lambda_cause);
+    let release_state = asl::state(&definition, catcher["Next"].as_str().unwrap());
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &caught, &ctx);
+    let answer = release(&sem, payload).await.unwrap();
+    assert_eq!(
+        (&answer["error"], &answer["cause"]),
+        (&json!("SemaphoreWaitTimeout"), &json!(lambda_cause))
+    );
+    let output = asl::task_output(release_state, &caught, &ctx, json!({"Payload": answer}));
+    let fail = asl::state(&definition, release_state["Next"].as_str().unwrap());
+    assert_eq!(
+        asl::fail(fail, &output),
+        ("SemaphoreWaitTimeout".to_owned(), lambda_cause)
+    );
+
+    // A timeout of the work's task, or any error whose cause is not a child's description.
+    let (_, failed) = fail_the_work(
+        &sem,
+        &ctx,
+        &acquired_state(1),
+        "States.Timeout",
+        "the task timed out",
+    )
+    .await;
+    assert_eq!(
+        failed,
+        ("States.Timeout".to_owned(), "the task timed out".to_owned())
+    );
+}
+
 #[tokio::test]
 async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
     let sem = semaphore().await;
-    sem.acquire(&lock(), &id(HOLDER, ACQUISITION), Limit::new(5).unwrap())
+    sem.acquire(&lock("demo-lock"), &id(HOLDER, "r0"), limit(5))
         .await
         .unwrap();
     let before = items(&sem).await;
 
-    let without = |field: &str| {
-        let mut p = payload();
-        p.as_object_mut().unwrap().remove(field);
-        p
-    };
+    let machine = || json!({"input": {}, "holder": HOLDER, "redrive_count": 0});
     let with = |field: &str, value: Value| {
-        let mut p = payload();
+        let mut p = machine();
         p[field] = value;
         p
     };
-    let cases: Vec<(Value, &str)> = vec![
+    let without = |field: &str| {
+        let mut p = machine();
+        p.as_object_mut().unwrap().remove(field);
+        p
+    };
+    let shape = lambda_common::RELEASE_PAYLOAD;
+    let cases: Vec<(Value, String)> = vec![
         (
-            without("lock"),
-            "lock is missing: pass the semaphore's name, e.g. \"lock\": \"demo-lock\"",
+            with("input", json!("x")),
+            "input must be a JSON object (the execution input, \"input.$\": \
+             \"$$.Execution.Input\"); got a string \"x\""
+                .into(),
         ),
         (
-            with("lock", json!("")),
-            "lock name is empty: pass the name of the semaphore, e.g. \"demo-lock\"",
+            with("input", json!({"lock": ""})),
+            "input.lock: lock name is empty: pass the name of the semaphore, e.g. \"demo-lock\""
+                .into(),
         ),
         (
             without("holder"),
-            "holder is missing: pass the execution ARN, e.g. \"holder.$\": \"$$.Execution.Id\"",
+            "holder is missing: pass the execution ARN, e.g. \"holder.$\": \"$$.Execution.Id\""
+                .into(),
         ),
         (
             with("holder", json!(["not", "a", "string"])),
-            "holder must be a JSON string; got an array [\"not\",\"a\",\"string\"]",
+            "holder must be a JSON string; got an array [\"not\",\"a\",\"string\"]".into(),
         ),
         (
-            without("acquisition"),
-            "acquisition is missing: pass an id made once per logical acquire, e.g. \
-             \"acquisition.$\": \"States.UUID()\"",
+            without("redrive_count"),
+            "acquisition is missing: pass \"redrive_count.$\": \"$$.Execution.RedriveCount\" (the \
+             acquisition is then r<count>, one per run of the execution), or an id made once per \
+             logical acquire, \"acquisition.$\": \"States.UUID()\""
+                .into(),
+        ),
+        (
+            with("redrive_count", json!(1.5)),
+            "redrive_count must be a whole number from 0 (Step Functions' \
+             $$.Execution.RedriveCount); got a number 1.5"
+                .into(),
         ),
         (
             with("acquisition", json!("has space")),
-            "acquisition id contains ' '; use only letters, digits and . _ : - (a UUID fits)",
+            "acquisition id contains ' '; use only letters, digits and . _ : - (a UUID fits)"
+                .into(),
+        ),
+        (
+            with("error", json!("States.ALL")),
+            "error must be a JSON object (what the Catch caught, \"error.$\": \"$.error\" with \
+             \"ResultPath\": \"$.error\"); got a string \"States.ALL\""
+                .into(),
+        ),
+        (
+            with("error", json!({"Cause": "c"})),
+            "error.Error is missing: pass what the Catch caught, {\"Error\", \"Cause\"}".into(),
+        ),
+        (
+            with("error", json!({"Error": "E", "Cause": 5})),
+            "error.Cause must be a JSON string; got a number 5".into(),
         ),
         (
             json!(17),
-            "the payload must be a JSON object {\"lock\": string, \"holder\": string, \
-             \"acquisition\": string}; got a number 17",
+            format!("the payload must be a JSON object {shape}; got a number 17"),
         ),
     ];
     for (bad, message) in cases {
@@ -182,6 +535,15 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
         assert_eq!(err.error_type, "SemaphoreInvalidInput", "{bad}");
         assert_eq!(err.error_message, message, "{bad}");
     }
+    // Without DEFAULT_LOCK, an input that names no lock is refused.
+    let err = release_with(&sem, &Resolver::default(), machine())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.error_message,
+        "lock is missing: pass \"lock\" in the execution input or in the payload, e.g. \"lock\": \
+         \"demo-lock\", or set the function's DEFAULT_LOCK"
+    );
     assert_eq!(items(&sem).await, before, "nothing was written");
 }
 
@@ -189,8 +551,13 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
 async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is_written() {
     let sem = semaphore().await;
     let (client, table) = (sem.store().client(), sem.store().table());
-    let v1 = put_version_1_item(client, table, "demo-lock", HOLDER, ACQUISITION).await;
-    let err = release(&sem, payload()).await.unwrap_err();
+    let v1 = put_version_1_item(client, table, "demo-lock", HOLDER, "r0").await;
+    let err = release(
+        &sem,
+        json!({"input": {}, "holder": HOLDER, "redrive_count": 0}),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.error_type, "SemaphoreOldFormat");
     assert!(
         err.error_message

@@ -3,10 +3,14 @@
 //!
 //! For every holder of every semaphore it asks Step Functions (`DescribeExecution`) whether the
 //! execution still runs. A holder whose execution has ended, or no longer exists, is released
-//! through the same core cleanup as the cleanup function (so it is fenced too); for each slot so
-//! reclaimed an SNS notice goes to `TOPIC_ARN`, and every sweep prints the `ReclaimedSlots` and
-//! `LargestItemBytes` metrics as an EMF log line (zeros included). The cost grows with the
-//! current holders only.
+//! through the same core cleanup as the cleanup function (so it is fenced too), unless the work
+//! it ran under the slot still runs: an ended execution's history (`GetExecutionHistory`, read
+//! as the cleanup function reads it) names its child executions, and while one of them runs (a
+//! Lambda function invoked by the work-function runner cannot be stopped, and Step Functions
+//! stops a user's child only on a best-effort basis) the slot is kept for the next sweep. For
+//! each slot reclaimed an SNS notice goes to `TOPIC_ARN`, and every sweep prints the
+//! `ReclaimedSlots` and `LargestItemBytes` metrics as an EMF log line (zeros included). The
+//! cost grows with the current holders only (a history is read for ended holders only).
 //!
 //! Input: any JSON (the schedule's event). Answer: `{"locks": n, "largest_item_bytes": n,
 //! "largest_item_lock": name or null, "holders_checked": n, "reclaimed": n,
@@ -14,12 +18,14 @@
 //! or a notice that could not be published is listed in `errors` and does not fail the sweep.
 //! Errors: `SemaphoreStoreError` when the table cannot be read.
 
-pub mod arn;
 pub mod notice;
 
-use aws_sdk_sfn::error::{DisplayErrorContext, SdkError};
-use aws_sdk_sfn::operation::describe_execution::DescribeExecutionError;
-use aws_sdk_sfn::types::ExecutionStatus as SfnStatus;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use lambda_common::history;
+use lambda_common::sfn::{
+    child_state, may_still_start, ChildState, Described, Executions, SfnClient,
+};
 use lambda_common::{ConfigError, HandlerError, Settings};
 use lambda_runtime::LambdaEvent;
 use semaphore_core::{
@@ -28,27 +34,63 @@ use semaphore_core::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use arn::{ExecutionArn, ExecutionKind, StateMachineArn};
+pub use lambda_common::arn::{self, ExecutionArn, ExecutionKind, StateMachineArn};
 pub use notice::{
     emf_line, human_duration, subject, Notice, DEFAULT_NAMESPACE, ITEM_BYTES_METRIC_NAME,
     METRIC_NAME,
 };
 
-/// Execution states from `DescribeExecution`.
+/// Execution states from `DescribeExecution`, and for an ended execution whether its work
+/// still runs (from its history).
 #[derive(Debug, Clone)]
 pub struct SfnExecutions {
-    client: aws_sdk_sfn::Client,
-    /// When set, only executions of this state machine are judged; other holders are left
-    /// alone like operator ids (the function may describe this machine's executions only).
-    state_machine: Option<StateMachineArn>,
+    sfn: SfnClient,
+    /// When not empty, only executions of these state machines are judged; other holders are
+    /// left alone like operator ids (the function may describe these machines' executions
+    /// only).
+    state_machines: Vec<StateMachineArn>,
 }
 
 impl SfnExecutions {
+    /// Judges the executions of `state_machine`, or every execution when `None`.
     pub fn new(client: aws_sdk_sfn::Client, state_machine: Option<StateMachineArn>) -> Self {
+        Self::of_machines(client, state_machine.into_iter().collect())
+    }
+
+    /// Judges the executions of these state machines, or every execution when empty.
+    pub fn of_machines(client: aws_sdk_sfn::Client, state_machines: Vec<StateMachineArn>) -> Self {
         Self {
-            client,
-            state_machine,
+            sfn: SfnClient::new(client),
+            state_machines,
         }
+    }
+
+    /// A child execution of the ended `parent` that still runs (or whose start was in flight
+    /// when the parent ended, just now), if any.
+    async fn running_work(
+        &self,
+        parent: &str,
+        described: &Described,
+    ) -> Result<Option<String>, String> {
+        let Some(events) = self.sfn.history(parent).await.map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        for child in history::read(&events, None).children {
+            match child_state(&self.sfn, &child)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                ChildState::Running { .. } => return Ok(Some(child.execution_arn)),
+                ChildState::Missing if may_still_start(&child, described.stop_date_ms, now_ms) => {
+                    return Ok(Some(child.execution_arn))
+                }
+                ChildState::Ended { .. } | ChildState::Missing => {}
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -61,14 +103,12 @@ impl ExecutionStatus for SfnExecutions {
         if arn.kind == ExecutionKind::Express {
             return Ok(ExecutionState::NotAnExecution);
         }
-        if let Some(machine) = &self.state_machine {
-            if !machine.owns(&arn) {
-                return Ok(ExecutionState::NotAnExecution);
-            }
+        if !self.state_machines.is_empty() && !self.state_machines.iter().any(|m| m.owns(&arn)) {
+            return Ok(ExecutionState::NotAnExecution);
         }
         // This client can only answer for its own region: never take "does not exist" from
         // the wrong region for a verdict.
-        let region = self.client.config().region().map(|r| r.as_ref());
+        let region = self.sfn.client().config().region().map(|r| r.as_ref());
         if region != Some(arn.region.as_str()) {
             return Err(format!(
                 "an execution in region {}, and this sweeper runs in {}: not checked",
@@ -76,31 +116,31 @@ impl ExecutionStatus for SfnExecutions {
                 region.unwrap_or("no region")
             ));
         }
-        let described = self
-            .client
-            .describe_execution()
-            .execution_arn(holder.as_str())
-            .send()
-            .await;
-        match described {
-            Ok(execution) => Ok(match execution.status() {
-                // A redrive in progress resumes the same execution (same ARN): still running.
-                SfnStatus::Running | SfnStatus::PendingRedrive => ExecutionState::Running,
-                ended => ExecutionState::Ended {
-                    status: ended.as_str().to_owned(),
-                },
-            }),
-            // Only this answer proves the execution is gone; anything else (throttling, access
-            // denied, an ARN of another region...) leaves the holder alone until the next sweep.
-            Err(SdkError::ServiceError(e))
-                if matches!(e.err(), DescribeExecutionError::ExecutionDoesNotExist(_)) =>
-            {
-                Ok(ExecutionState::Missing)
-            }
-            Err(e) => Err(format!(
-                "DescribeExecution failed: {}",
-                DisplayErrorContext(e)
-            )),
+        // Only "does not exist" proves the execution is gone; any failure (throttling, access
+        // denied...) leaves the holder alone until the next sweep.
+        match self
+            .sfn
+            .describe(holder.as_str())
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            None => Ok(ExecutionState::Missing),
+            Some(described) if described.is_running() => Ok(ExecutionState::Running),
+            Some(described) => match self.running_work(holder.as_str(), &described).await? {
+                // Its work still runs under the slot: the slot is not the sweeper's to take.
+                Some(child) => {
+                    tracing::info!(
+                        holder = %holder,
+                        status = described.status(),
+                        child = %child,
+                        "ended, but its work still runs: slot kept until it ends"
+                    );
+                    Ok(ExecutionState::Running)
+                }
+                None => Ok(ExecutionState::Ended {
+                    status: described.status().to_owned(),
+                }),
+            },
         }
     }
 }
@@ -138,9 +178,10 @@ pub struct Sweeper<S, E> {
 
 impl Sweeper<DynamoStore, SfnExecutions> {
     /// From `TABLE_NAME`, the timing (`ACQUIRE_HORIZON_SECONDS`, `CLOCK_SKEW_SECONDS`),
-    /// `TOPIC_ARN` (required), `METRIC_NAMESPACE`
-    /// (default [`DEFAULT_NAMESPACE`]) and `STATE_MACHINE_ARN` (optional: the lock-protected
-    /// machine whose executions are judged).
+    /// `TOPIC_ARN` (required), `METRIC_NAMESPACE` (default [`DEFAULT_NAMESPACE`]), and
+    /// `STATE_MACHINE_ARNS` (comma-separated) and `STATE_MACHINE_ARN` (one), both optional: the
+    /// machines whose executions are judged (the lock-protected machine and the user's own
+    /// machines that take the semaphore); none set judges every execution.
     pub fn from_settings<F: Fn(&str) -> Option<String>>(
         settings: &Settings<F>,
         sdk: &aws_config::SdkConfig,
@@ -153,19 +194,27 @@ impl Sweeper<DynamoStore, SfnExecutions> {
         let namespace = settings
             .optional("METRIC_NAMESPACE")
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
-        let state_machine = match settings.optional("STATE_MACHINE_ARN") {
-            None => None,
-            Some(value) => Some(StateMachineArn::parse(&value).ok_or_else(|| {
-                ConfigError::Invalid {
-                    name: "STATE_MACHINE_ARN",
+        let mut state_machines: Vec<StateMachineArn> = Vec::new();
+        for name in ["STATE_MACHINE_ARN", "STATE_MACHINE_ARNS"] {
+            let Some(value) = settings.optional(name) else {
+                continue;
+            };
+            for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                let machine = StateMachineArn::parse(part).ok_or_else(|| ConfigError::Invalid {
+                    name,
                     value: value.clone(),
-                    problem: "expected arn:<partition>:states:<region>:<account>:stateMachine:<name>, or unset to judge every execution".to_owned(),
+                    problem: format!(
+                        "{part:?}: expected arn:<partition>:states:<region>:<account>:stateMachine:<name>, or unset to judge every execution"
+                    ),
+                })?;
+                if !state_machines.contains(&machine) {
+                    state_machines.push(machine);
                 }
-            })?),
-        };
+            }
+        }
         Ok(Self {
             semaphore,
-            executions: SfnExecutions::new(aws_sdk_sfn::Client::new(sdk), state_machine),
+            executions: SfnExecutions::of_machines(aws_sdk_sfn::Client::new(sdk), state_machines),
             sns: aws_sdk_sns::Client::new(sdk),
             topic_arn,
             namespace,
@@ -257,7 +306,7 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| DisplayErrorContext(e).to_string())
+            .map_err(|e| aws_sdk_sns::error::DisplayErrorContext(e).to_string())
     }
 }
 

@@ -15,7 +15,7 @@ async fn the_binary_sweeps_and_prints_the_metric() {
     let store = fresh_table().await;
     let table = store.table().to_owned();
     let sem = Semaphore::new(store);
-    let sfn = aws_sdk_sfn::Client::new(&sdk_config());
+    let sfn = semaphore_tests::sfn::execution_mode().await;
     let machine = format!("Sweep-{:x}", fastrand::u64(..));
     let machine_arn = sfn
         .create_state_machine()

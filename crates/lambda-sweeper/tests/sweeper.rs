@@ -1,6 +1,8 @@
-//! The sweeper against the local server's Step Functions, SNS and SQS: one execution stopped
-//! (ABORTED), one left RUNNING, one that never existed; the notices are read back from an SQS
-//! queue subscribed to the topic and checked field by field, and the EMF line is checked.
+//! The sweeper against the local server's Step Functions (real executions: moto's execution
+//! mode), SNS and SQS: one execution stopped (ABORTED), one left RUNNING, one that never
+//! existed, one that ended while its work (a child execution) still runs; the notices are read
+//! back from an SQS queue subscribed to the topic and checked field by field, and the EMF line
+//! is checked.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use aws_sdk_sqs::types::QueueAttributeName;
 use lambda_common::Settings;
 use lambda_runtime::{Context, LambdaEvent};
-use lambda_sweeper::{Notice, SfnExecutions, Sweeper};
+use lambda_sweeper::{Notice, SfnExecutions, StateMachineArn, Sweeper};
 use semaphore_core::{
     AcquireOutcome, DynamoStore, FenceReason, HolderId, Limit, LockName, ManualClock, Semaphore,
 };
@@ -17,6 +19,9 @@ use semaphore_tests::counter::RequestCounter;
 use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::names::id;
 use semaphore_tests::observe::{observe, raw_item};
+use semaphore_tests::sfn::{
+    create_machine, end_parent_while_child_runs, ended, execution_mode, status, stop, unique,
+};
 use semaphore_tests::{endpoint, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
@@ -35,7 +40,7 @@ struct Local {
 /// SNS topic and an SQS queue subscribed to it.
 async fn local() -> Local {
     let sdk = sdk_config();
-    let sfn = aws_sdk_sfn::Client::new(&sdk);
+    let sfn = execution_mode().await;
     let sns = aws_sdk_sns::Client::new(&sdk);
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let suffix = format!("{:x}", fastrand::u64(..));
@@ -615,6 +620,122 @@ async fn a_version_1_item_is_reported_and_left_alone_and_the_other_locks_are_swe
     assert_eq!(demo.count(), 0);
 }
 
+/// An execution that ended while the work it ran under its slot (a child execution: here the
+/// work-function runner, whose Lambda function cannot be stopped) still runs keeps the slot: the
+/// work is protected by it. The sweeper reads the ended holder's history for its children (and
+/// only an ended holder's), and reclaims the slot by the first sweep after the work ended.
+#[tokio::test]
+async fn an_ended_holder_keeps_its_slot_while_its_work_runs_and_loses_it_after() {
+    let local = local().await;
+    let sfn = &local.sfn;
+    let runner = create_machine(
+        sfn,
+        &unique("WorkFunction"),
+        &json!({"StartAt": "Invoke", "States": {"Invoke": {"Type": "Wait", "Seconds": 600, "End": true}}}),
+    )
+    .await;
+    let parent_machine = create_machine(
+        sfn,
+        &unique("Protected"),
+        &json!({
+            "StartAt": "Protected work",
+            "States": {
+                "Protected work": {
+                    "Type": "Task",
+                    "Resource": "arn:aws:states:::states:startExecution.sync:2",
+                    "Parameters": {"StateMachineArn.$": "$.machine", "Name.$": "$.name", "Input": {}},
+                    "End": true
+                }
+            }
+        }),
+    )
+    .await;
+    let name = unique("work");
+    let (parent, child) = end_parent_while_child_runs(
+        sfn,
+        &parent_machine,
+        &json!({"machine": runner, "name": name}),
+        &runner,
+        &name,
+    )
+    .await;
+
+    // Both machines judged (the list form of the setting), Step Functions calls counted.
+    let table = fresh_table().await.table().to_owned();
+    let vars = BTreeMap::from([
+        ("TABLE_NAME", table.clone()),
+        ("TOPIC_ARN", local.topic_arn.clone()),
+        (
+            "STATE_MACHINE_ARNS",
+            format!("{}, {parent_machine}", local.machine_arn),
+        ),
+    ]);
+    let settings = Settings::from_lookup(move |name| vars.get(name).cloned());
+    let mut sweeper = Sweeper::from_settings(&settings, &sdk_config()).expect("settings");
+    let counter = RequestCounter::new();
+    let counted = aws_sdk_sfn::config::Builder::from(&sdk_config())
+        .interceptor(counter.clone())
+        .build();
+    sweeper.executions = SfnExecutions::of_machines(
+        aws_sdk_sfn::Client::from_conf(counted),
+        vec![
+            StateMachineArn::parse(&local.machine_arn).unwrap(),
+            StateMachineArn::parse(&parent_machine).unwrap(),
+        ],
+    );
+    let token = take(&sweeper.semaphore, "demo-lock", &parent, "r0").await;
+
+    let kept = sweeper.sweep().await.unwrap().summary;
+    assert_eq!(
+        (kept.holders_checked, kept.reclaimed, kept.errors.len()),
+        (1, 0, 0),
+        "{kept:?}"
+    );
+    assert_eq!(
+        counter.take().requests,
+        BTreeMap::from([
+            // The parent, then its child.
+            ("SFN.DescribeExecution".to_owned(), 2),
+            ("SFN.GetExecutionHistory".to_owned(), 1),
+        ])
+    );
+    let held = sweeper
+        .semaphore
+        .status(&LockName::new("demo-lock").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        held.holders.keys().cloned().collect::<Vec<_>>(),
+        [id(&parent, "r0")]
+    );
+    assert_eq!(status(sfn, &child).await.as_deref(), Some("RUNNING"));
+
+    // The Lambda function returns: the runner's execution ends.
+    stop(sfn, &child).await;
+    ended(sfn, &child).await;
+    let result = sweeper.sweep().await.unwrap();
+    assert_eq!(
+        (result.summary.reclaimed, result.summary.notices_published),
+        (1, 1),
+        "{:?}",
+        result.summary
+    );
+    let notice = &result.notices[0];
+    assert_eq!(
+        (notice.holder.as_str(), notice.token),
+        (parent.as_str(), token)
+    );
+    let parent_status = status(sfn, &parent).await.unwrap();
+    assert_eq!(
+        notice.reason,
+        format!("execution status is {parent_status}")
+    );
+    let envelopes = local.notices(1, Duration::from_secs(10)).await;
+    assert_eq!(envelopes.len(), 1, "{envelopes:#?}");
+    // A later sweep, like a late or duplicated event, finds nothing more.
+    assert_eq!(sweeper.sweep().await.unwrap().summary.reclaimed, 0);
+}
+
 #[test]
 fn a_missing_topic_or_a_bad_state_machine_arn_stops_the_cold_start() {
     let build = |vars: &[(&'static str, &'static str)]| {
@@ -643,7 +764,21 @@ fn a_missing_topic_or_a_bad_state_machine_arn_stops_the_cold_start() {
     .unwrap_err();
     assert!(
         err.to_string()
-            .starts_with("environment variable STATE_MACHINE_ARN is \"LockProtected\": expected"),
+            .starts_with("environment variable STATE_MACHINE_ARN is \"LockProtected\": \"LockProtected\": expected"),
+        "{err}"
+    );
+    let err = build(&[
+        ("TABLE_NAME", "t"),
+        ("TOPIC_ARN", "arn:aws:sns:us-east-1:123456789012:t"),
+        (
+            "STATE_MACHINE_ARNS",
+            "arn:aws:states:us-east-1:123456789012:stateMachine:A, B",
+        ),
+    ])
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("environment variable STATE_MACHINE_ARNS is \"arn:aws:states:us-east-1:123456789012:stateMachine:A, B\": \"B\": expected"),
         "{err}"
     );
 }

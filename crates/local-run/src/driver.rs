@@ -2,7 +2,7 @@
 //! event player, delaying proxy), the stopper, the settling and the report's common part. Each
 //! mode (`versioned`, `reference`) keeps only how its executions run and what it checks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -20,9 +20,9 @@ use crate::poller::{Layout, Poller};
 use crate::procs::Supervisor;
 use crate::progress::Progress;
 use crate::proxy::DelayProxy;
-use crate::report::Report;
+use crate::report::{LockReport, Report};
 use crate::template::{Stack, TablePlan};
-use crate::{plan_roles, Args, Role};
+use crate::{plan_locks, plan_roles, Args, LockSpec, Role};
 
 /// What a mode's run starts from.
 #[derive(Clone, Copy)]
@@ -70,57 +70,77 @@ pub async fn create_table(ddb: &aws_sdk_dynamodb::Client, t: &TablePlan) -> Resu
     Ok(())
 }
 
-/// The run's executions, roles chosen up front from the seed: (ARN, name, role) of `machine`'s
-/// executions `run-001`, ... The proxy is told whose acquire write to hold.
+/// One planned execution of the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    pub arn: String,
+    pub name: String,
+    pub role: Role,
+    /// Its lock: an index into the run's locks.
+    pub lock: usize,
+}
+
+/// The run's executions, roles and locks chosen up front from the seed: `machine`'s executions
+/// `run-001`, ... The proxy is told whose acquire write to hold.
 pub fn plan_executions(
     setup: &Setup<'_>,
     stack: &Stack,
     machine: &str,
+    locks: &[LockSpec],
     proxy: &DelayProxy,
-) -> Vec<(String, String, Role)> {
+) -> Vec<Planned> {
     let args = setup.args;
+    let n = args.executions as usize;
     let mut rng = fastrand::Rng::with_seed(setup.seed);
-    let roles = plan_roles(args.executions as usize, args.shares(), &mut rng);
-    let executions: Vec<(String, String, Role)> = roles
+    let roles = plan_roles(n, args.shares(), &mut rng);
+    let lock_of = plan_locks(n, locks, &mut rng);
+    let executions: Vec<Planned> = roles
         .into_iter()
+        .zip(lock_of)
         .enumerate()
-        .map(|(i, role)| {
+        .map(|(i, (role, lock))| {
             let name = format!("run-{:03}", i + 1);
             let arn = format!(
                 "arn:{}:states:{}:{}:execution:{machine}:{name}",
                 stack.partition, stack.region, stack.account
             );
-            (arn, name, role)
+            Planned {
+                arn,
+                name,
+                role,
+                lock,
+            }
         })
         .collect();
-    for (arn, _, role) in &executions {
-        if *role == Role::StopMidAcquire {
-            proxy.target(arn);
+    for e in &executions {
+        if e.role == Role::StopMidAcquire {
+            proxy.target(&e.arn);
         }
     }
     executions
 }
 
-/// The lock item of the run, as the poller and the report read it.
-pub struct LockItem {
+/// The lock items of the run, as the poller and the report read them.
+#[derive(Clone)]
+pub struct LockItems {
     pub ddb: aws_sdk_dynamodb::Client,
     pub table: String,
-    pub lock: String,
+    pub locks: Vec<LockSpec>,
     pub layout: Layout,
 }
 
-impl LockItem {
-    /// Who holds a slot now (a consistent read).
-    async fn holders(&self) -> Result<Vec<String>, String> {
+impl LockItems {
+    /// Who holds a slot of `lock` now (a consistent read).
+    pub async fn holders(&self, lock: &str) -> Result<Vec<String>, String> {
         let item = self
             .ddb
             .get_item()
             .table_name(&self.table)
-            .key("lock", AttributeValue::S(self.lock.clone()))
+            .key("lock", AttributeValue::S(lock.to_owned()))
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| format!("GetItem: {}", ddb_error(e)))?;
+            .map_err(|e| format!("GetItem {lock}: {}", ddb_error(e)))?;
         let (holders, _) = item
             .item
             .as_ref()
@@ -133,7 +153,7 @@ impl LockItem {
 /// What watches the run: the poller of the lock item, the player of the executions' status
 /// events, and the proxy that delays the chosen acquire writes.
 pub struct Watch {
-    pub item: LockItem,
+    pub item: LockItems,
     pub poller: Poller,
     pub player: Player,
     pub proxy: Arc<DelayProxy>,
@@ -145,7 +165,7 @@ impl Watch {
     pub fn start(
         setup: &Setup<'_>,
         stack: &Stack,
-        item: LockItem,
+        item: LockItems,
         proxy: Arc<DelayProxy>,
         pattern: Option<Value>,
         target: Target,
@@ -153,7 +173,7 @@ impl Watch {
         let poller = Poller::start(
             item.ddb.clone(),
             item.table.clone(),
-            item.lock.clone(),
+            item.locks.iter().map(|l| l.name.clone()).collect(),
             item.layout,
             Duration::from_millis(100),
         );
@@ -215,10 +235,16 @@ impl Watch {
         });
     }
 
-    /// Holders when the last execution has ended, after one more read by the poller.
-    pub async fn holders_after_the_last_write(&self) -> usize {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        self.poller.stats().holders_now
+    /// Holders of each lock when the last execution has ended, after one more round of reads
+    /// by the poller.
+    pub async fn holders_after_the_last_write(&self) -> BTreeMap<String, usize> {
+        tokio::time::sleep(Duration::from_millis(300) * (1 + self.item.locks.len() as u32)).await;
+        let stats = self.poller.stats();
+        self.item
+            .locks
+            .iter()
+            .map(|l| (l.name.clone(), stats.lock(&l.name).holders_now))
+            .collect()
     }
 
     /// Waits until every held write has had its answer, every status event is delivered and
@@ -252,32 +278,52 @@ impl Watch {
         }
     }
 
-    /// Lets the poller read the item after the last writes, stops it and the live view, and
+    /// Lets the poller read the items after the last writes, stops it and the live view, and
     /// starts the report with what both modes record alike: the run's settings, what the
-    /// poller, the player and the proxy saw, and who still holds a slot at the end.
+    /// poller, the player and the proxy saw, and who still holds a slot of each lock at the end.
+    /// `planned` is each planned execution's lock (an index into the run's locks).
     pub async fn finish(
         &self,
         progress: Progress,
         setup: &Setup<'_>,
-        holders_when_all_ended: usize,
+        planned: &[Planned],
+        holders_when_all_ended: &BTreeMap<String, usize>,
     ) -> Result<Report, String> {
         tokio::time::sleep(Duration::from_millis(300)).await;
         progress.finish().await;
         self.poller.stop();
         let args = setup.args;
-        let leaked = self.item.holders().await?;
         let poll = self.poller.stats();
+        let mut locks = Vec::new();
+        for (i, spec) in self.item.locks.iter().enumerate() {
+            let leaked = self.item.holders(&spec.name).await?;
+            let seen = poll.lock(&spec.name);
+            locks.push(LockReport {
+                lock: spec.name.clone(),
+                limit: spec.limit as usize,
+                default: i == 0,
+                executions: planned.iter().filter(|e| e.lock == i).count(),
+                max_holders: seen.max_holders,
+                reads: seen.reads,
+                inconsistent_reads: seen.inconsistent_reads,
+                first_inconsistency: seen.first_inconsistency.clone(),
+                holders_when_all_ended: holders_when_all_ended
+                    .get(&spec.name)
+                    .copied()
+                    .unwrap_or_default(),
+                leaked_at_end: leaked.len(),
+                leaked_holders: leaked,
+                ..LockReport::default()
+            });
+        }
         Ok(Report {
             protocol: args.protocol.name().to_owned(),
             seed: setup.seed,
-            lock: self.item.lock.clone(),
-            limit: args.limit as usize,
             hold_seconds: args.hold_seconds,
             long_hold_seconds: args.long_hold_for().map(|d| d.as_secs_f64()),
-            holders_when_all_ended,
-            leaked_slots_at_end: leaked.len(),
-            leaked_holders: leaked,
-            max_concurrent_holders: poll.max_holders,
+            holders_when_all_ended: holders_when_all_ended.values().sum(),
+            leaked_slots_at_end: locks.iter().map(|l| l.leaked_at_end).sum(),
+            locks,
             poller: poll,
             events: self.player.stats(),
             delayed_acquire_writes: self.proxy.stats(),

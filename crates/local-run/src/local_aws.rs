@@ -122,6 +122,18 @@ pub async fn http(
     path: &str,
     body: &str,
 ) -> Result<(u16, String), String> {
+    http_with_headers(endpoint, method, path, body)
+        .await
+        .map(|(status, _, body)| (status, body))
+}
+
+/// A plain HTTP/1.1 request; returns (status, headers with lower-case names, body).
+pub async fn http_with_headers(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, BTreeMap<String, String>, String), String> {
     let addr = endpoint.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
@@ -141,16 +153,42 @@ pub async fn http(
         .await
         .map_err(|e| format!("{endpoint}{path}: {e}"))?;
     let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("{endpoint}{path}: not an HTTP response"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
+    let headers: BTreeMap<String, String> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let body = if headers
+        .get("transfer-encoding")
+        .is_some_and(|t| t.eq_ignore_ascii_case("chunked"))
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok((status, headers, body))
+}
+
+/// The body of a chunked response.
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16);
+        match size {
+            Ok(n) if n > 0 && after.len() >= n => {
+                out.push_str(&after[..n]);
+                rest = after[n..].trim_start_matches("\r\n");
+            }
+            _ => break,
+        }
+    }
+    out
 }
 
 /// Turns on moto's Step Functions execution mode (real ASL interpretation). Must come before

@@ -2,11 +2,13 @@
 //!
 //! It starts moto's server on 127.0.0.1 (serialized, Step Functions execution mode on, Lambda
 //! invokes bridged to `cargo lambda watch`), runs our four Lambda binaries as the emulator's
-//! function instances, deploys table, topic and the four state machines from `template.yaml`,
-//! then starts many executions of the lock-protected machine while it plays EventBridge (with
-//! dropped, duplicated and late events) and the sweeper's schedule (compressed), stops some
-//! executions mid-acquire (their acquire write held in flight by a delaying proxy: the seed
-//! race) or mid-work, and watches the table with an independent poller. It ends with a report
+//! function instances, deploys table, topic and every state machine from `template.yaml`, then
+//! starts many executions of the lock-protected machine, spread over several locks with their
+//! own limits, each running the demo work as its child execution, while it plays EventBridge
+//! (with dropped, duplicated and late events) and the sweeper's schedule (compressed), stops
+//! some executions mid-acquire (their acquire write held in flight by a delaying proxy: the
+//! seed race) or mid-work (their child keeps running: cleanup must stop it before it frees the
+//! slot), and watches every lock with an independent poller. It ends with a report, per lock,
 //! and exits 1 if an invariant failed.
 //!
 //! `--protocol reference` is a test-only mode: the same chaos against the original AWS sample's
@@ -23,6 +25,7 @@ mod reference;
 mod report;
 mod template;
 mod versioned;
+mod work;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,9 +61,15 @@ pub struct Args {
     /// Executions of the lock-protected state machine to start at once.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=999))]
     pub executions: u32,
-    /// The semaphore's limit (the template's ConcurrencyLimit parameter).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub limit: u32,
+    /// The locks the executions take, NAME:LIMIT, comma-separated. The first is the template's
+    /// default (its LockName and ConcurrencyLimit are set to it, and its executions' input
+    /// names neither); the others are named with their limit in their executions' input.
+    /// Executions are spread over the locks in proportion to their limits.
+    #[arg(long, default_value = "demo-lock:5,other-lock:2")]
+    pub locks: String,
+    /// The first lock's limit, instead of the one --locks gives it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: Option<u32>,
     /// Seconds of protected work per execution (its "work_seconds" input).
     #[arg(long, default_value_t = 2)]
     pub work_seconds: u32,
@@ -70,7 +79,9 @@ pub struct Args {
     /// Share of executions stopped while their acquire write is held in flight (the seed race).
     #[arg(long, default_value_t = 0.05)]
     pub stop_mid_acquire: f64,
-    /// Share of executions stopped while they hold a slot.
+    /// Share of executions stopped while they hold a slot. Their work is long (5 times
+    /// --work-seconds, at least 10 s), so that their child execution still runs when they are
+    /// stopped: the cleanup must stop it before it frees the slot.
     #[arg(long, default_value_t = 0.05)]
     pub stop_mid_work: f64,
     /// How long the delaying proxy holds such an acquire write, in seconds: long enough for the
@@ -131,7 +142,53 @@ pub struct Args {
     pub no_build: bool,
 }
 
+/// A lock of the run and its limit.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LockSpec {
+    pub name: String,
+    pub limit: u32,
+}
+
 impl Args {
+    /// The run's locks (`--locks`, the first one's limit replaced by `--limit` if given).
+    pub fn locks(&self) -> Result<Vec<LockSpec>, String> {
+        let mut locks: Vec<LockSpec> = Vec::new();
+        for part in self.locks.split(',').map(str::trim) {
+            let (name, limit) = part
+                .split_once(':')
+                .ok_or_else(|| format!("--locks: {part:?} is not NAME:LIMIT"))?;
+            let valid_name = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+            if !valid_name {
+                return Err(format!(
+                    "--locks: {name:?} is not a lock name (1 to 64 letters, digits, '.', '_', '-')"
+                ));
+            }
+            let limit: u32 = limit
+                .parse()
+                .ok()
+                .filter(|l| (1..=1000).contains(l))
+                .ok_or_else(|| format!("--locks: the limit of {name} is not from 1 to 1000"))?;
+            if locks.iter().any(|l| l.name == name) {
+                return Err(format!("--locks: {name} is named twice"));
+            }
+            locks.push(LockSpec {
+                name: name.to_owned(),
+                limit,
+            });
+        }
+        if let (Some(first), Some(limit)) = (locks.first_mut(), self.limit) {
+            first.limit = limit;
+        }
+        if locks.is_empty() {
+            return Err("--locks names no lock".to_owned());
+        }
+        Ok(locks)
+    }
+
     pub fn event_chaos(&self) -> EventChaos {
         if self.calm {
             return EventChaos {
@@ -207,6 +264,7 @@ impl Args {
         if self.acquire_instances == 0 {
             return Err("--acquire-instances must be at least 1".to_owned());
         }
+        self.locks()?;
         Ok(())
     }
 }
@@ -231,6 +289,34 @@ pub fn plan_roles(n: usize, shares: (f64, f64, f64), rng: &mut fastrand::Rng) ->
     roles.resize(n, Role::Normal);
     rng.shuffle(&mut roles);
     roles
+}
+
+/// Which lock each of `n` executions takes: counts in proportion to the limits (largest
+/// remainder, so they add up to `n`), shuffled.
+pub fn plan_locks(n: usize, locks: &[LockSpec], rng: &mut fastrand::Rng) -> Vec<usize> {
+    let total: u64 = locks.iter().map(|l| u64::from(l.limit)).sum::<u64>().max(1);
+    let exact: Vec<(usize, u64, u64)> = locks
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let share = n as u64 * u64::from(l.limit);
+            (i, share / total, share % total)
+        })
+        .collect();
+    let mut counts: Vec<usize> = exact.iter().map(|(_, q, _)| *q as usize).collect();
+    let mut by_remainder = exact.clone();
+    by_remainder.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+    let missing = n - counts.iter().sum::<usize>();
+    for (i, _, _) in by_remainder.into_iter().take(missing) {
+        counts[i] += 1;
+    }
+    let mut plan: Vec<usize> = counts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| std::iter::repeat_n(i, *c))
+        .collect();
+    rng.shuffle(&mut plan);
+    plan
 }
 
 fn run_dir(root: &std::path::Path) -> Result<PathBuf, String> {
@@ -347,9 +433,42 @@ mod tests {
     }
 
     #[test]
+    fn locks_are_spread_in_proportion_to_their_limits() {
+        let locks = |spec: &str| {
+            Args::parse_from(["local-run", "--locks", spec])
+                .locks()
+                .unwrap()
+        };
+        let mut rng = fastrand::Rng::with_seed(7);
+        let plan = plan_locks(100, &locks("a:5,b:2"), &mut rng);
+        assert_eq!(plan.len(), 100);
+        assert_eq!(plan.iter().filter(|l| **l == 1).count(), 29);
+        let plan = plan_locks(3, &locks("a:1,b:1,c:1,d:1"), &mut rng);
+        assert_eq!(plan.len(), 3);
+    }
+
+    #[test]
     fn the_cli_parses_and_validates() {
         let args = Args::parse_from(["local-run", "--executions", "20", "--limit", "3"]);
         assert!(args.validate().is_ok());
+        // --limit sets the first lock's limit; the default run has a second lock.
+        assert_eq!(
+            args.locks().unwrap(),
+            [
+                LockSpec {
+                    name: "demo-lock".to_owned(),
+                    limit: 3
+                },
+                LockSpec {
+                    name: "other-lock".to_owned(),
+                    limit: 2
+                }
+            ]
+        );
+        for bad in ["a", "a:0", "a:1,a:2", "a b:1", ""] {
+            let args = Args::parse_from(["local-run", "--locks", bad]);
+            assert!(args.validate().is_err(), "{bad:?}");
+        }
         let bad = Args::parse_from(["local-run", "--drop-events", "1.5"]);
         assert!(bad.validate().is_err());
         let calm = Args::parse_from(["local-run", "--calm"]);

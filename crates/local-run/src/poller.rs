@@ -1,7 +1,7 @@
-//! An independent poller of the table: reads the raw lock item (consistent `GetItem`) many
-//! times a second, decoded here without the product's decoder, and records who holds a slot
-//! and whether the item is consistent. The invariant checks are made on what it saw, not on
-//! what the Lambdas say.
+//! An independent poller of the table: reads the raw item of every lock of the run (consistent
+//! `GetItem`s, one lock after the other) many times a second, decoded here without the
+//! product's decoder, and records, per lock, who holds a slot and whether the item is
+//! consistent. The invariant checks are made on what it saw, not on what the Lambdas say.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -25,8 +25,9 @@ pub enum Layout {
 /// The token part of a packed holder entry (its last 15 digits).
 const TOKEN_SPAN: u128 = 1_000_000_000_000_000;
 
+/// What the poller saw of one lock.
 #[derive(Debug, Default, Clone, Serialize)]
-pub struct PollStats {
+pub struct LockPoll {
     pub reads: u64,
     pub read_errors: u64,
     pub max_holders: usize,
@@ -39,10 +40,34 @@ pub struct PollStats {
     pub holders_now: usize,
     /// (seconds since start, holders) each time the number changed.
     pub timeline: Vec<(f64, usize)>,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct PollStats {
+    /// Per lock, in the order the run names them.
+    pub locks: BTreeMap<String, LockPoll>,
+    /// Reads of all locks together.
+    pub reads: u64,
+    pub read_errors: u64,
+    pub inconsistent_reads: u64,
+    /// Slots held on all locks, as of the last round of reads.
+    pub holders_now: usize,
     /// For each execution seen holding a slot: when the last read that saw it was sent
     /// (milliseconds since the epoch).
     #[serde(skip)]
     pub last_seen_ms: BTreeMap<String, i64>,
+    /// For each execution seen holding a slot and then no longer: when the answer came to the
+    /// first read of its lock that no longer saw it, after the last that did (milliseconds
+    /// since the epoch). That read was served after the slot was freed, so anything that
+    /// happened before the slot was freed happened before this.
+    #[serde(skip)]
+    pub gone_ms: BTreeMap<String, i64>,
+}
+
+impl PollStats {
+    pub fn lock(&self, lock: &str) -> LockPoll {
+        self.locks.get(lock).cloned().unwrap_or_default()
+    }
 }
 
 pub fn now_ms() -> i64 {
@@ -130,60 +155,96 @@ impl Poller {
     pub fn start(
         client: aws_sdk_dynamodb::Client,
         table: String,
-        lock: String,
+        locks: Vec<String>,
         layout: Layout,
         every: Duration,
     ) -> Self {
-        let stats = Arc::new(Mutex::new(PollStats::default()));
+        let stats = Arc::new(Mutex::new(PollStats {
+            locks: locks
+                .iter()
+                .map(|l| (l.clone(), LockPoll::default()))
+                .collect(),
+            ..PollStats::default()
+        }));
         let (tx, rx) = watch::channel(BTreeSet::new());
+        let tx = Arc::new(tx);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (task_stats, task_stop) = (stats.clone(), stop.clone());
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let mut last = usize::MAX;
-            while !task_stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let sent_ms = now_ms();
-                let read = client
-                    .get_item()
-                    .table_name(&table)
-                    .key("lock", AttributeValue::S(lock.clone()))
-                    .consistent_read(true)
-                    .send()
-                    .await;
-                {
-                    let mut stats = task_stats.lock().expect("poll stats");
-                    match read {
-                        Err(_) => stats.read_errors += 1,
-                        Ok(out) => {
-                            stats.reads += 1;
-                            let (holders, problem) = out
-                                .item
-                                .as_ref()
-                                .map(|item| decode(layout, item))
-                                .unwrap_or_default();
-                            let n = holders.len();
-                            if let Some(problem) = problem {
-                                stats.inconsistent_reads += 1;
-                                if stats.first_inconsistency.is_none() {
-                                    stats.first_inconsistency = Some(problem);
+        // Who each lock's last read saw; the union is what `holders` tells.
+        let seen: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
+        let started = Instant::now();
+        // One loop per lock, so that a busy server slows each lock's reads, not their sum.
+        for lock in locks {
+            let (client, table, task_stats, task_stop, seen, tx) = (
+                client.clone(),
+                table.clone(),
+                stats.clone(),
+                stop.clone(),
+                seen.clone(),
+                tx.clone(),
+            );
+            tokio::spawn(async move {
+                let mut last = usize::MAX;
+                while !task_stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let sent_ms = now_ms();
+                    let read = client
+                        .get_item()
+                        .table_name(&table)
+                        .key("lock", AttributeValue::S(lock.clone()))
+                        .consistent_read(true)
+                        .send()
+                        .await;
+                    let answered_ms = now_ms();
+                    {
+                        let mut stats = task_stats.lock().expect("poll stats");
+                        let stats = &mut *stats;
+                        match read {
+                            Err(_) => {
+                                stats.read_errors += 1;
+                                stats.locks.entry(lock.clone()).or_default().read_errors += 1;
+                            }
+                            Ok(out) => {
+                                stats.reads += 1;
+                                let (holders, problem) = out
+                                    .item
+                                    .as_ref()
+                                    .map(|item| decode(layout, item))
+                                    .unwrap_or_default();
+                                let n = holders.len();
+                                let poll = stats.locks.entry(lock.clone()).or_default();
+                                poll.reads += 1;
+                                if let Some(problem) = problem {
+                                    poll.inconsistent_reads += 1;
+                                    stats.inconsistent_reads += 1;
+                                    if poll.first_inconsistency.is_none() {
+                                        poll.first_inconsistency = Some(problem);
+                                    }
                                 }
+                                poll.max_holders = poll.max_holders.max(n);
+                                poll.holders_now = n;
+                                if n != last {
+                                    last = n;
+                                    poll.timeline.push((started.elapsed().as_secs_f64(), n));
+                                }
+                                let now: BTreeSet<String> = holders.into_iter().collect();
+                                let mut seen = seen.lock().expect("seen");
+                                let before = seen.entry(lock.clone()).or_default();
+                                for gone in before.difference(&now) {
+                                    stats.gone_ms.insert(gone.clone(), answered_ms);
+                                }
+                                for holder in &now {
+                                    stats.last_seen_ms.insert(holder.clone(), sent_ms);
+                                    stats.gone_ms.remove(holder);
+                                }
+                                *before = now;
+                                stats.holders_now = seen.values().map(BTreeSet::len).sum();
+                                let _ = tx.send(seen.values().flatten().cloned().collect());
                             }
-                            for holder in &holders {
-                                stats.last_seen_ms.insert(holder.clone(), sent_ms);
-                            }
-                            stats.max_holders = stats.max_holders.max(n);
-                            stats.holders_now = n;
-                            if n != last {
-                                last = n;
-                                stats.timeline.push((started.elapsed().as_secs_f64(), n));
-                            }
-                            let _ = tx.send(holders.into_iter().collect());
                         }
                     }
+                    tokio::time::sleep(every).await;
                 }
-                tokio::time::sleep(every).await;
-            }
-        });
+            });
+        }
         Self {
             stats,
             holders: rx,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use semaphore_tests::reference::SampleProtocol;
 use tokio::sync::mpsc;
 
-use crate::driver::{self, LockItem, Setup, Watch};
+use crate::driver::{self, LockItems, Setup, Watch};
 use crate::events::{Ended, Target};
 use crate::local_aws::{self, sdk_config};
 use crate::poller::{now_ms, Layout};
@@ -113,8 +113,11 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let stack = Stack::default();
     let template = Template::load(&root.join("template.yaml"), stack.clone(), &BTreeMap::new())?;
     let plan = template.plan()?;
-    let lock = plan.lock_name()?;
-    let limit = i64::from(args.limit);
+    // The sample takes one lock: the run's first, under the template's LockName.
+    let mut spec = args.locks()?.remove(0);
+    spec.name = plan.lock_name()?;
+    let lock = spec.name.clone();
+    let limit = i64::from(spec.limit);
 
     phase(
         "starting the local AWS on 127.0.0.1 (DynamoDB only: the sample's protocol runs from here)",
@@ -146,15 +149,16 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     direct.init(&lock).await;
 
     let machine = format!("{}-reference-lock-protected", stack.name);
-    let planned = driver::plan_executions(setup, &stack, &machine, &proxy);
+    let specs = vec![spec];
+    let planned = driver::plan_executions(setup, &stack, &machine, &specs, &proxy);
     let n = planned.len();
     let executions: Vec<Arc<Execution>> = planned
         .iter()
-        .map(|(arn, name, role)| {
+        .map(|p| {
             Arc::new(Execution {
-                arn: arn.clone(),
-                name: name.clone(),
-                role: *role,
+                arn: p.arn.clone(),
+                name: p.name.clone(),
+                role: p.role,
                 stopped: AtomicBool::new(false),
                 start_ms: now_ms(),
             })
@@ -165,10 +169,10 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         .map(|e| (e.arn.clone(), e.clone()))
         .collect();
 
-    let item = LockItem {
+    let item = LockItems {
         ddb,
         table,
-        lock: lock.clone(),
+        locks: specs.clone(),
         layout: Layout::Reference,
     };
     let target = Target::Reference {
@@ -180,7 +184,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     // A stop is an ABORTED status event; the execution's task sees the flag and ends.
     {
         let ended_tx = ended_tx.clone();
-        let role_of = planned.iter().map(|(a, _, r)| (a.clone(), *r)).collect();
+        let role_of = planned.iter().map(|p| (p.arn.clone(), p.role)).collect();
         watch.spawn_stopper(held_rx, role_of, seed, move |arn, _, delay| {
             let Some(e) = by_arn.get(&arn).cloned() else {
                 return;
@@ -237,7 +241,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             watch.proxy.clone(),
         );
         let stopped_by = executions.clone();
-        let limit = args.limit;
+        let lock = lock.clone();
         Progress::start(move || {
             // A stopped execution is done for its caller even if its zombie call is in flight.
             let finished = stopped_by
@@ -250,7 +254,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
                     .values()
                     .filter(|(s, _)| s != "ABORTED")
                     .count();
-            let poll = poll.lock().expect("poll").clone();
+            let poll = poll.lock().expect("poll").lock(&lock);
             format!(
                 "done {}/{n} | holders {} (max {}/{limit}) | held writes {} landed {}",
                 finished.min(n),
@@ -275,7 +279,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         )
         .await?;
     let mut report = watch
-        .finish(progress, setup, holders_when_all_ended)
+        .finish(progress, setup, &planned, &holders_when_all_ended)
         .await?;
     let done = done.lock().expect("done").clone();
     let mut counts = ExecutionCounts {
@@ -298,18 +302,18 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         }
     }
     report.executions = counts;
+    report.locks[0].succeeded = report.executions.succeeded;
 
-    let limit = args.limit as usize;
+    let l = report.locks[0].clone();
     report.check(
         "S1 safety",
-        report.max_concurrent_holders <= limit && report.poller.inconsistent_reads == 0,
+        l.max_holders <= l.limit && l.inconsistent_reads == 0,
         format!(
-            "at most {} of {limit} slots held at once over {} reads{}",
-            report.max_concurrent_holders,
-            report.poller.reads,
-            report
-                .poller
-                .first_inconsistency
+            "at most {} of {} slots held at once over {} reads{}",
+            l.max_holders,
+            l.limit,
+            l.reads,
+            l.first_inconsistency
                 .as_ref()
                 .map(|m| format!(" EXCEPT: {m}"))
                 .unwrap_or_default()

@@ -70,6 +70,96 @@ pub struct CleanupCounts {
     pub failures: Vec<String>,
 }
 
+/// One lock of the run: what its executions did and what the poller saw of it.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct LockReport {
+    pub lock: String,
+    pub limit: usize,
+    /// The template's default lock (LockName, ConcurrencyLimit): its executions' input names
+    /// neither. The others are named, with their limit, in the input.
+    pub default: bool,
+    pub executions: usize,
+    pub succeeded: usize,
+    pub max_holders: usize,
+    pub reads: u64,
+    pub inconsistent_reads: u64,
+    pub first_inconsistency: Option<String>,
+    /// Holders when the last execution had ended, before the final sweep.
+    pub holders_when_all_ended: usize,
+    /// Holders at the very end (after the final sweep, when there is a sweeper).
+    pub leaked_at_end: usize,
+    pub leaked_holders: Vec<String>,
+    /// Fencing tokens are the lock's versions: distinct per lock, not across locks.
+    pub fencing_tokens_unique: Option<bool>,
+}
+
+/// The work under the lock: every child execution (the demo work) against the slot of the
+/// execution that started it, as the poller saw that slot.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct WorkReport {
+    /// The work machine whose executions were checked.
+    pub machine: String,
+    pub children: usize,
+    /// Children that ended before their parent's slot was freed (or whose parent still held
+    /// it when the child ended).
+    pub ended_under_the_slot: usize,
+    /// The smallest gap between a child's end and its parent's slot being freed, in ms.
+    pub min_margin_ms: Option<i64>,
+    /// Children that ran, or were still running, after their parent's slot was freed.
+    pub violations: Vec<String>,
+    /// The parents stopped mid-work: what became of their child and their slot.
+    pub stopped_parents: Vec<String>,
+    /// Of the stopped parents' children: stopped (ABORTED) and ended on their own.
+    pub children_stopped: usize,
+    pub children_ended_on_their_own: usize,
+}
+
+/// The redrive guard, tested through its ASL path (moto has no RedriveExecution): an execution
+/// whose child execution name is already taken must fail with SemaphoreRedriveRefused after
+/// releasing its slot.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct RedriveGuardReport {
+    pub execution: String,
+    pub child_name: String,
+    pub status: String,
+    pub error: Option<String>,
+    pub cause: Option<String>,
+    /// Slots it held on its lock once it had ended.
+    pub held_after: usize,
+    pub ok: bool,
+}
+
+/// Stopping the parent while its work runs, one execution at a time: its status event goes to
+/// the cleanup machine on time, and the poller of its lock watches when its slot is freed.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct StopParentReport {
+    /// "state machine" (the demo work) or "Lambda function" (through the work-function runner).
+    pub work: String,
+    pub parent: String,
+    pub child: String,
+    pub child_status: String,
+    /// How long after the parent was stopped its child ended.
+    pub child_ended_after_stop_ms: i64,
+    /// How long after the child ended the slot was freed (negative: freed while it ran).
+    pub freed_after_child_ms: Option<i64>,
+    /// How many times the cleanup answered "deferred" and waited for the work to end.
+    pub cleanup_waits: usize,
+    pub cleanup_status: String,
+    pub ok: bool,
+}
+
+/// State transitions (states entered) of one uncontended critical section on the success path,
+/// counted in the histories of a real local execution and its child.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct TransitionsReport {
+    /// The lock-protected machine's states entered, in order.
+    pub protected: Vec<String>,
+    /// The work's states entered, in order.
+    pub work: Vec<String>,
+    /// The semaphore's share: the lock-protected machine's states other than the work.
+    pub semaphore_share: usize,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
     pub name: String,
@@ -82,16 +172,14 @@ pub struct Report {
     /// "versioned" (this project) or "reference" (the original sample's protocol; test-only).
     pub protocol: String,
     pub seed: u64,
-    pub lock: String,
-    pub limit: usize,
+    /// Per lock; the first is the template's default lock.
+    pub locks: Vec<LockReport>,
     pub executions: ExecutionCounts,
-    pub max_concurrent_holders: usize,
     pub poller: PollStats,
-    /// Holders when the last execution had ended, before the final sweep.
+    /// Holders of every lock when the last execution had ended, before the final sweep.
     pub holders_when_all_ended: usize,
-    /// Holders at the very end (after the final sweep, when there is a sweeper).
+    /// Holders of every lock at the very end (after the final sweep, when there is a sweeper).
     pub leaked_slots_at_end: usize,
-    pub leaked_holders: Vec<String>,
     pub events: EventStats,
     pub cleanup_executions: CleanupCounts,
     pub delayed_acquire_writes: ProxyStats,
@@ -107,7 +195,13 @@ pub struct Report {
     /// The fence window is their sum.
     pub timing_seconds: Option<(u64, u64)>,
     pub sweeper: Option<SweeperCounts>,
-    pub fencing_tokens_unique: Option<bool>,
+    pub work: Option<WorkReport>,
+    pub redrive_guard: Option<RedriveGuardReport>,
+    pub stopped_parent_probes: Vec<StopParentReport>,
+    /// The test runner's run: its input and answer.
+    pub test_runner: Option<String>,
+    pub your_workflow_example: Option<String>,
+    pub transitions: Option<TransitionsReport>,
     pub wall_seconds: f64,
     pub logs: String,
     pub checks: Vec<Check>,
@@ -147,9 +241,31 @@ impl Report {
                 )
             })
             .unwrap_or_default();
+        let locks: Vec<String> = self
+            .locks
+            .iter()
+            .map(|l| {
+                format!(
+                    "\"{}\" limit {}{}",
+                    l.lock,
+                    l.limit,
+                    if l.default && self.locks.len() > 1 {
+                        " (the template's default)"
+                    } else {
+                        ""
+                    }
+                )
+            })
+            .collect();
         let mut head = format!(
-            "Local run report: {title}\n  lock \"{}\", limit {}, seed {}{timing}\n",
-            self.lock, self.limit, self.seed
+            "Local run report: {title}\n  {} {}, seed {}{timing}\n",
+            if self.locks.len() == 1 {
+                "lock"
+            } else {
+                "locks"
+            },
+            locks.join(", "),
+            self.seed
         );
         head.push_str(&"-".repeat(78));
         head.push('\n');
@@ -169,30 +285,47 @@ impl Report {
         for example in e.unexpected_examples.iter().take(5) {
             line("", format!("unexpected: {example}"));
         }
-        line(
-            "max holders seen",
-            format!(
-                "{} (limit {}; independent poller, {} reads, {} inconsistent)",
-                self.max_concurrent_holders,
-                self.limit,
-                self.poller.reads,
-                self.poller.inconsistent_reads
-            ),
-        );
         let after = if self.sweeper.is_some() {
             "after the final sweep"
         } else {
             "no sweeper in this protocol"
         };
-        line(
-            "leaked at end",
-            format!(
-                "{} ({after}; {} held when the last execution ended)",
-                self.leaked_slots_at_end, self.holders_when_all_ended
-            ),
-        );
-        for holder in self.leaked_holders.iter().take(5) {
-            line("", format!("still held by {}", short(holder)));
+        for l in &self.locks {
+            let chosen = if l.default {
+                "input names no lock"
+            } else {
+                "input names it and its limit"
+            };
+            line(
+                &format!("lock {}", l.lock),
+                format!(
+                    "{} executions ({chosen}), {} succeeded{}",
+                    l.executions,
+                    l.succeeded,
+                    match l.fencing_tokens_unique {
+                        Some(true) => ", their fencing tokens all distinct",
+                        Some(false) => ", DUPLICATE fencing tokens",
+                        None => "",
+                    }
+                ),
+            );
+            line(
+                "  max holders",
+                format!(
+                    "{} (limit {}; independent poller, {} reads, {} inconsistent)",
+                    l.max_holders, l.limit, l.reads, l.inconsistent_reads
+                ),
+            );
+            line(
+                "  leaked at end",
+                format!(
+                    "{} ({after}; {} held when the last execution ended)",
+                    l.leaked_at_end, l.holders_when_all_ended
+                ),
+            );
+            for holder in l.leaked_holders.iter().take(5) {
+                line("", format!("still held by {}", short(holder)));
+            }
         }
         let ev = &self.events;
         line(
@@ -281,14 +414,95 @@ impl Report {
                 line("", notice.clone());
             }
         }
-        if let Some(unique) = self.fencing_tokens_unique {
+        if let Some(w) = &self.work {
             line(
-                "fencing tokens",
-                if unique {
-                    format!("{} succeeded executions, all tokens distinct", e.succeeded)
-                } else {
-                    "DUPLICATE tokens among succeeded executions".to_owned()
-                },
+                "work",
+                format!(
+                    "{} child executions ({}): {} ended while their parent held its slot{}, {} \
+                     did not",
+                    w.children,
+                    w.machine,
+                    w.ended_under_the_slot,
+                    w.min_margin_ms
+                        .map(|m| format!(" (closest: {m} ms before the slot was freed)"))
+                        .unwrap_or_default(),
+                    w.violations.len()
+                ),
+            );
+            for v in w.violations.iter().take(5) {
+                line("", format!("NOT under the slot: {v}"));
+            }
+            line(
+                "stopped parents",
+                format!(
+                    "{} parents stopped mid-work, their child still running (moto, like AWS \
+                     at times, does not stop it): {} children stopped by the cleanup before it \
+                     freed the slot, {} ended on their own first",
+                    w.stopped_parents.len(),
+                    w.children_stopped,
+                    w.children_ended_on_their_own
+                ),
+            );
+            for s in w.stopped_parents.iter().take(10) {
+                line("", s.clone());
+            }
+        }
+        for p in &self.stopped_parent_probes {
+            line(
+                "stop the parent",
+                format!(
+                    "{} work: {} stopped; its child {} ended {} ({} ms later){}; the slot freed \
+                     {}",
+                    p.work,
+                    short(&p.parent),
+                    short(&p.child),
+                    p.child_status,
+                    p.child_ended_after_stop_ms,
+                    match p.cleanup_waits {
+                        0 => String::new(),
+                        1 => ", the cleanup having waited for it once (deferred)".to_owned(),
+                        n => format!(", the cleanup having waited for it {n} times (deferred)"),
+                    },
+                    match p.freed_after_child_ms {
+                        Some(ms) if ms >= 0 => format!("{ms} ms after the child ended"),
+                        Some(ms) => format!("{} ms BEFORE the child ended", -ms),
+                        None => "never".to_owned(),
+                    }
+                ),
+            );
+        }
+        if let Some(r) = &self.redrive_guard {
+            line(
+                "redrive guard",
+                format!(
+                    "{}: child name {} already taken -> {} {} ({} slots held after); moto \
+                     5.2.5 has no RedriveExecution, so the guard's path is run directly",
+                    short(&r.execution),
+                    r.child_name,
+                    r.status,
+                    r.error.as_deref().unwrap_or("(no error)"),
+                    r.held_after
+                ),
+            );
+        }
+        if let Some(t) = &self.test_runner {
+            line("test runner", t.clone());
+        }
+        if let Some(t) = &self.your_workflow_example {
+            line("your workflow", t.clone());
+        }
+        if let Some(t) = &self.transitions {
+            line(
+                "transitions",
+                format!(
+                    "one uncontended critical section: {} in the lock-protected machine ({}), \
+                     {} in the work ({}); the semaphore's share {}",
+                    t.protected.len(),
+                    t.protected.join(", "),
+                    t.work.len(),
+                    t.work.join(", "),
+                    t.semaphore_share
+                ),
             );
         }
         line("wall time", format!("{:.0} s", self.wall_seconds));

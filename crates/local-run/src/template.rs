@@ -1,6 +1,7 @@
 //! "Deploys" from `template.yaml` itself: reads the SAM template, resolves the intrinsic
-//! functions the template uses (`Ref`, `Fn::GetAtt`, `Fn::Sub`, `Fn::If`, conditions, ...) to
-//! local names and ARNs, and produces the plan of what to create on the local AWS: the table,
+//! functions the template uses (`Ref`, `Fn::GetAtt`, `Fn::Sub`, `Fn::If`, `Fn::Join`,
+//! `Fn::Split`, conditions, ...) to local names and ARNs, `CommaDelimitedList` parameters as
+//! lists, and produces the plan of what to create on the local AWS: the table,
 //! the topics, the functions (binary and environment) and every state machine with its
 //! definition file and `DefinitionSubstitutions` applied, its EventBridge rules and schedules.
 //!
@@ -195,7 +196,10 @@ pub struct Template {
     root: Mapping,
     dir: PathBuf,
     stack: Stack,
+    /// Every parameter's value as given (a list parameter's items joined with commas).
     parameters: BTreeMap<String, String>,
+    /// The parameters whose `Ref` is a list (`CommaDelimitedList`, `List<...>`).
+    lists: std::collections::BTreeSet<String>,
 }
 
 /// The result of resolving `AWS::NoValue`: the property is dropped.
@@ -253,13 +257,20 @@ impl Template {
             return Err("template.yaml: the top level is not a mapping".to_owned());
         };
         let mut parameters = BTreeMap::new();
+        let mut lists = std::collections::BTreeSet::new();
         if let Some(Value::Mapping(declared)) = get(&root, "Parameters") {
             for (name, spec) in declared {
                 let name = scalar(name).ok_or("template.yaml: a parameter name is not a string")?;
-                let default = match spec {
-                    Value::Mapping(spec) => get(spec, "Default").and_then(scalar),
-                    _ => None,
+                let (default, kind) = match spec {
+                    Value::Mapping(spec) => (
+                        get(spec, "Default").and_then(scalar),
+                        get(spec, "Type").and_then(scalar).unwrap_or_default(),
+                    ),
+                    _ => (None, String::new()),
                 };
+                if kind == "CommaDelimitedList" || kind.starts_with("List<") {
+                    lists.insert(name.clone());
+                }
                 if let Some(value) = overrides.get(&name).cloned().or(default) {
                     parameters.insert(name, value);
                 }
@@ -275,6 +286,7 @@ impl Template {
             dir,
             stack,
             parameters,
+            lists,
         })
     }
 
@@ -496,6 +508,16 @@ impl Template {
         match function {
             "Ref" => {
                 let name = scalar(arg).ok_or("Ref: expected a name")?;
+                if self.lists.contains(&name) {
+                    // As CloudFormation splits it: "" is the list [""], not the empty list.
+                    let value = self.reference(&name)?;
+                    return Ok(Value::Sequence(
+                        value
+                            .split(',')
+                            .map(|item| Value::String(item.to_owned()))
+                            .collect(),
+                    ));
+                }
                 string(self.reference(&name)?)
             }
             "Fn::GetAtt" | "GetAtt" => {
@@ -578,6 +600,19 @@ impl Template {
                     .map(|p| scalar(p).ok_or_else(|| format!("Fn::Join: {p:?} is not a string")))
                     .collect();
                 string(parts?.join(&separator))
+            }
+            "Fn::Split" | "Split" => {
+                let items = self.args("Fn::Split", arg, 2)?;
+                let separator = self.resolve_string(&items[0])?;
+                if separator.is_empty() {
+                    return Err("Fn::Split: the separator is empty".to_owned());
+                }
+                let text = self.resolve_string(&items[1])?;
+                Ok(Value::Sequence(
+                    text.split(separator.as_str())
+                        .map(|part| Value::String(part.to_owned()))
+                        .collect(),
+                ))
             }
             "Fn::Select" | "Select" => {
                 let items = self.args("Fn::Select", arg, 2)?;
@@ -1016,14 +1051,39 @@ Resources:
             );
         }
         let lock = plan.parameters["LockName"].clone();
-        assert_eq!(
-            plan.function("cleanup").unwrap().environment["LOCK_NAMES"],
-            lock
-        );
-        let sweeper = &plan.function("sweeper").unwrap().environment;
         let protected = plan.machine("LockProtectedStateMachine").unwrap();
-        assert_eq!(sweeper["STATE_MACHINE_ARN"], protected.arn);
+        let demo = plan.machine("DemoWorkStateMachine").unwrap();
+        let runner = plan.machine("WorkFunctionStateMachine").unwrap();
+        assert_eq!(
+            demo.arn,
+            "arn:aws:states:us-east-1:123456789012:stateMachine:semaphore-local-demo-work"
+        );
+        for f in &plan.functions {
+            // Every function resolves an execution's lock alike; none has a list of locks.
+            assert_eq!(f.environment["DEFAULT_LOCK"], lock, "{}", f.binary);
+            assert!(!f.environment.contains_key("LOCK_NAMES"), "{}", f.binary);
+        }
+        let acquire = &plan.function("acquire").unwrap().environment;
+        assert_eq!(acquire["DEFAULT_LIMIT"], "5");
+        assert_eq!(acquire["MAX_WAIT_SECONDS"], "900");
+        assert_eq!(acquire["DEFAULT_WORK"], demo.arn);
+        // The default lists are empty: the demo work only, no function.
+        assert_eq!(acquire["WORK_STATE_MACHINES"], demo.arn);
+        assert_eq!(acquire["WORK_FUNCTIONS"], "");
+        assert_eq!(acquire["WORK_FUNCTION_RUNNER"], runner.arn);
+        let cleanup = &plan.function("cleanup").unwrap().environment;
+        assert_eq!(
+            cleanup["ACQUIRE_FUNCTION_ARN"],
+            plan.function("acquire").unwrap().arn
+        );
+        assert_eq!(cleanup["WORK_FUNCTION_RUNNER"], runner.arn);
+        let sweeper = &plan.function("sweeper").unwrap().environment;
         assert_eq!(sweeper["TOPIC_ARN"], plan.topics[0].arn);
+        let example = plan.machine("YourWorkflowExampleStateMachine").unwrap();
+        assert_eq!(
+            sweeper["STATE_MACHINE_ARNS"],
+            format!("{},{}", protected.arn, example.arn)
+        );
         assert!(protected
             .definition
             .contains("arn:aws:lambda:us-east-1:123456789012:function:acquire"));
@@ -1038,12 +1098,101 @@ Resources:
         assert_eq!(cleanup.logical_id, "CleanupStateMachine");
         assert_eq!(
             rule.pattern["detail"]["stateMachineArn"],
-            serde_json::json!([protected.arn])
+            serde_json::json!([protected.arn, example.arn])
         );
         let (sweep, schedule) = plan.scheduled().unwrap();
         assert_eq!(sweep.logical_id, "SweeperStateMachine");
         assert_eq!(schedule.period, Some(Duration::from_secs(300)));
-        assert_eq!(plan.machines.len(), 4);
+        assert_eq!(plan.machines.len(), 7);
+    }
+
+    #[test]
+    fn list_parameters_reach_the_environment_and_the_rule() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml");
+        let mine = "arn:aws:states:us-east-1:123456789012:stateMachine:mine";
+        let overrides = BTreeMap::from([
+            (
+                "WorkStateMachineArns".to_owned(),
+                format!("{mine},{mine}-too"),
+            ),
+            (
+                "WorkFunctionArns".to_owned(),
+                "arn:aws:lambda:us-east-1:123456789012:function:work".to_owned(),
+            ),
+            ("ProtectedStateMachineArns".to_owned(), mine.to_owned()),
+        ]);
+        let plan = Template::load(&root, Stack::default(), &overrides)
+            .and_then(|t| t.plan())
+            .expect("plan");
+        let demo = plan.machine("DemoWorkStateMachine").unwrap().arn.clone();
+        let acquire = &plan.function("acquire").unwrap().environment;
+        assert_eq!(
+            acquire["WORK_STATE_MACHINES"],
+            format!("{demo},{mine},{mine}-too")
+        );
+        assert_eq!(
+            acquire["WORK_FUNCTIONS"],
+            "arn:aws:lambda:us-east-1:123456789012:function:work"
+        );
+        let protected = plan.machine("LockProtectedStateMachine").unwrap();
+        let example = plan.machine("YourWorkflowExampleStateMachine").unwrap();
+        let (_, rule) = plan.rule_target().unwrap();
+        assert_eq!(
+            rule.pattern["detail"]["stateMachineArn"],
+            serde_json::json!([protected.arn, example.arn, mine])
+        );
+        assert_eq!(
+            plan.function("sweeper").unwrap().environment["STATE_MACHINE_ARNS"],
+            format!("{},{},{mine}", protected.arn, example.arn)
+        );
+    }
+
+    #[test]
+    fn split_and_list_refs_resolve_as_cloudformation_does() {
+        let text = r#"
+Parameters:
+  Machines: {Type: CommaDelimitedList, Default: ""}
+Conditions:
+  HasMachines: !Not [!Equals [!Join ["", !Ref Machines], ""]]
+Resources:
+  T:
+    Type: AWS::DynamoDB::Table
+    Properties:
+      AttributeDefinitions: [{AttributeName: lock, AttributeType: S}]
+      KeySchema: [{AttributeName: lock, KeyType: HASH}]
+  F:
+    Type: AWS::Serverless::Function
+    Metadata: {BuildProperties: {Binary: acquire}}
+    Properties:
+      Environment:
+        Variables:
+          A: !If [HasMachines, !Join [";", !Split [",", !Join [",", !Ref Machines]]], none]
+          B: !Join
+            - ","
+            - !Split
+              - ","
+              - !Join
+                - ":execution:"
+                - !Split
+                  - ":stateMachine:"
+                  - !Join ["", [!Join [":*,", !Ref Machines], ":*"]]
+"#;
+        let plan = |machines: Option<&str>| {
+            let overrides: BTreeMap<String, String> = machines
+                .map(|m| BTreeMap::from([("Machines".to_owned(), m.to_owned())]))
+                .unwrap_or_default();
+            Template::parse(text, PathBuf::from("."), Stack::default(), &overrides)
+                .and_then(|t| t.plan())
+                .expect("plan")
+                .functions[0]
+                .environment
+                .clone()
+        };
+        assert_eq!(plan(None)["A"], "none");
+        let env = plan(Some("arn:s:stateMachine:a,arn:s:stateMachine:b"));
+        assert_eq!(env["A"], "arn:s:stateMachine:a;arn:s:stateMachine:b");
+        // The template's execution-ARN patterns, built from machine ARNs.
+        assert_eq!(env["B"], "arn:s:execution:a:*,arn:s:execution:b:*");
     }
 
     #[test]

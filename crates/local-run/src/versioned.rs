@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_sfn::types::ExecutionStatus;
 use serde_json::{json, Value};
 
-use crate::driver::{self, LockItem, Setup, Watch};
+use crate::driver::{self, LockItems, Setup, Watch};
 use crate::events::{Ended, Target};
 use crate::local_aws::{self, sdk_config};
 use crate::poller::Layout;
@@ -17,11 +17,11 @@ use crate::progress::{phase, Progress};
 use crate::proxy::{DelayProxy, WriteKind};
 use crate::report::{short, CleanupCounts, ExecutionCounts, Report, SweeperCounts};
 use crate::template::{Plan, Stack, Template};
-use crate::Role;
+use crate::{work, Role};
 
-type Sfn = aws_sdk_sfn::Client;
+pub(crate) type Sfn = aws_sdk_sfn::Client;
 
-fn sfn_error(e: impl std::error::Error + 'static) -> String {
+pub(crate) fn sfn_error(e: impl std::error::Error + 'static) -> String {
     aws_sdk_sfn::error::DisplayErrorContext(e).to_string()
 }
 
@@ -31,15 +31,15 @@ fn millis(t: Option<&aws_sdk_sfn::primitives::DateTime>) -> i64 {
 
 /// What DescribeExecution said about an ended execution.
 #[derive(Debug, Clone)]
-struct Outcome {
-    status: String,
-    error: Option<String>,
-    cause: Option<String>,
-    output: Option<String>,
+pub(crate) struct Outcome {
+    pub status: String,
+    pub error: Option<String>,
+    pub cause: Option<String>,
+    pub output: Option<String>,
 }
 
 /// Saves an execution's history next to the logs (for executions that did not go as planned).
-async fn save_history(sfn: &Sfn, arn: &str, dir: &Path) -> String {
+pub(crate) async fn save_history(sfn: &Sfn, arn: &str, dir: &Path) -> String {
     let file = dir.join(format!("history-{}.json", short(arn)));
     let history = sfn
         .get_execution_history()
@@ -51,13 +51,62 @@ async fn save_history(sfn: &Sfn, arn: &str, dir: &Path) -> String {
         Ok(h) => h
             .events()
             .iter()
-            .map(|e| format!("{e:?}"))
+            .map(|e| event_line(e).to_string())
             .collect::<Vec<_>>()
             .join("\n"),
         Err(e) => format!("GetExecutionHistory failed: {}", sfn_error(e)),
     };
     let _ = std::fs::write(&file, text);
     file.display().to_string()
+}
+
+/// One history event as a JSON line, with what tells why an execution went wrong: the SDK's
+/// `Debug` redacts exactly those fields (inputs, outputs, parameters, errors, causes).
+fn event_line(e: &aws_sdk_sfn::types::HistoryEvent) -> Value {
+    let mut line = json!({
+        "id": e.id(),
+        "type": e.r#type().as_str(),
+        "timestamp": e.timestamp().to_millis().unwrap_or_default(),
+    });
+    if let Some(d) = e.state_entered_event_details() {
+        line["state"] = json!(d.name());
+        line["input"] = json!(d.input());
+    }
+    if let Some(d) = e.state_exited_event_details() {
+        line["state"] = json!(d.name());
+        line["output"] = json!(d.output());
+    }
+    if let Some(d) = e.task_scheduled_event_details() {
+        line["resource"] = json!(format!("{}:{}", d.resource_type(), d.resource()));
+        line["parameters"] = json!(d.parameters());
+    }
+    if let Some(d) = e.task_submitted_event_details() {
+        line["output"] = json!(d.output());
+    }
+    if let Some(d) = e.task_succeeded_event_details() {
+        line["output"] = json!(d.output());
+    }
+    let errors = [
+        e.task_failed_event_details()
+            .map(|d| (d.error(), d.cause())),
+        e.task_start_failed_event_details()
+            .map(|d| (d.error(), d.cause())),
+        e.task_submit_failed_event_details()
+            .map(|d| (d.error(), d.cause())),
+        e.task_timed_out_event_details()
+            .map(|d| (d.error(), d.cause())),
+        e.lambda_function_failed_event_details()
+            .map(|d| (d.error(), d.cause())),
+        e.execution_failed_event_details()
+            .map(|d| (d.error(), d.cause())),
+        e.execution_aborted_event_details()
+            .map(|d| (d.error(), d.cause())),
+    ];
+    if let Some((error, cause)) = errors.into_iter().flatten().next() {
+        line["error"] = json!(error);
+        line["cause"] = json!(cause);
+    }
+    line
 }
 
 fn clip(text: &str, max: usize) -> String {
@@ -68,7 +117,7 @@ fn clip(text: &str, max: usize) -> String {
 }
 
 /// Every execution of a machine: (ARN, name, status).
-async fn list_executions(
+pub(crate) async fn list_executions(
     sfn: &Sfn,
     machine: &str,
 ) -> Result<Vec<(String, String, ExecutionStatus)>, String> {
@@ -97,7 +146,7 @@ async fn list_executions(
     }
 }
 
-async fn describe(sfn: &Sfn, arn: &str) -> Result<(Ended, Outcome), String> {
+pub(crate) async fn describe(sfn: &Sfn, arn: &str) -> Result<(Ended, Outcome), String> {
     let d = sfn
         .describe_execution()
         .execution_arn(arn)
@@ -125,7 +174,7 @@ async fn describe(sfn: &Sfn, arn: &str) -> Result<(Ended, Outcome), String> {
 }
 
 /// Waits until the execution is no longer RUNNING.
-async fn wait_ended(sfn: &Sfn, arn: &str, timeout: Duration) -> Result<Outcome, String> {
+pub(crate) async fn wait_ended(sfn: &Sfn, arn: &str, timeout: Duration) -> Result<Outcome, String> {
     let deadline = Instant::now() + timeout;
     loop {
         let (_, outcome) = describe(sfn, arn).await?;
@@ -394,16 +443,46 @@ fn count_expired(dir: &Path) -> usize {
 pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let (args, root, dir, seed) = (setup.args, setup.root, setup.dir, setup.seed);
     let stack = Stack::default();
-    let mut overrides = BTreeMap::new();
-    overrides.insert("ConcurrencyLimit".to_owned(), args.limit.to_string());
+    let locks = args.locks()?;
+    // The first lock is the template's default: its executions name no lock and no limit, so
+    // the acquire function's defaults (DEFAULT_LOCK, DEFAULT_LIMIT) are what they take.
+    // A Lambda function of the user's, allowed as work: served from this process.
+    let work_function = format!(
+        "arn:{}:lambda:{}:{}:function:{}",
+        stack.partition,
+        stack.region,
+        stack.account,
+        work::WORK_FUNCTION
+    );
+    let overrides = BTreeMap::from([
+        ("LockName".to_owned(), locks[0].name.clone()),
+        ("ConcurrencyLimit".to_owned(), locks[0].limit.to_string()),
+        ("WorkFunctionArns".to_owned(), work_function.clone()),
+    ]);
     let template = Template::load(&root.join("template.yaml"), stack.clone(), &overrides)?;
     let plan = template.plan()?;
     let protected = plan.machine("LockProtectedStateMachine")?.clone();
+    // The work the executions run: the template's default work (the acquire function's
+    // DEFAULT_WORK), the demo work.
+    let machine_of = |variable: &str| -> Result<crate::template::MachinePlan, String> {
+        let arn = plan
+            .functions
+            .iter()
+            .find_map(|f| f.environment.get(variable))
+            .ok_or_else(|| format!("template.yaml gives no function a {variable}"))?;
+        plan.machines
+            .iter()
+            .find(|m| &m.arn == arn)
+            .cloned()
+            .ok_or_else(|| format!("{variable} {arn} is none of the template's machines"))
+    };
+    let work_machine = machine_of("DEFAULT_WORK")?;
+    // The machine that runs a Lambda function as the work.
+    let runner_machine = machine_of("WORK_FUNCTION_RUNNER")?;
     let (cleanup_machine, rule) = plan.rule_target()?;
     let (cleanup_machine, rule) = (cleanup_machine.clone(), rule.clone());
     let (sweeper_machine, schedule) = plan.scheduled()?;
     let (sweeper_machine, schedule) = (sweeper_machine.clone(), schedule.clone());
-    let lock = plan.lock_name()?;
     let timing = plan.timing_seconds()?;
 
     let binaries: Vec<&str> = plan.functions.iter().map(|f| f.binary.as_str()).collect();
@@ -428,6 +507,11 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     eprintln!("    moto server    {endpoint} (serialized; Step Functions execution mode on; Lambda invokes -> {emulator})");
     local_aws::start_emulator(setup.supervisor, &cargo_lambda, root, dir, emulator_port)?;
     eprintln!("    Lambda API     {emulator} (cargo lambda watch --only-lambda-apis)");
+    work::serve_work_function(emulator.clone());
+    eprintln!(
+        "    function       {} (Lambda work, served by this process)",
+        work::WORK_FUNCTION
+    );
     let (proxy, held_rx) = DelayProxy::start(
         &endpoint,
         WriteKind::Versioned,
@@ -479,15 +563,97 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     )
     .await?;
 
-    // The run's plan.
-    let executions = driver::plan_executions(setup, &stack, &protected.name, &proxy);
-    let n = executions.len();
-    let item = LockItem {
+    let item = LockItems {
         ddb: aws_sdk_dynamodb::Client::new(&sdk),
         table: plan.table.name.clone(),
-        lock: lock.clone(),
+        locks: locks.clone(),
         layout: Layout::Versioned,
     };
+    phase(
+        "probes: one uncontended critical section, the redrive guard, stopping the parent, the \
+         test runner, your workflow",
+    );
+    let transitions = work::count_transitions(&sfn, &protected, &work_machine, dir).await?;
+    eprintln!(
+        "    ok: one critical section entered {} states of {} and {} of {}",
+        transitions.protected.len(),
+        protected.name,
+        transitions.work.len(),
+        work_machine.name
+    );
+    let redrive = work::redrive_guard(
+        &sfn,
+        &endpoint,
+        &protected,
+        &work_machine,
+        &item,
+        &locks[0].name,
+    )
+    .await?;
+    eprintln!(
+        "    {}: an execution whose child name was taken ended {} {}",
+        if redrive.ok { "ok" } else { "NOT OK" },
+        redrive.status,
+        redrive.error.as_deref().unwrap_or("")
+    );
+    let mut stop_probes = Vec::new();
+    for probe in [
+        work::StopParent {
+            protected: &protected,
+            child_machine: &work_machine,
+            cleanup: &cleanup_machine,
+            // Long enough that only a stop ends it in time.
+            input: json!({"work_seconds": 60}),
+            name: "probe-stop-parent-machine-work",
+            work: "state machine",
+            expect_stopped: true,
+        },
+        work::StopParent {
+            protected: &protected,
+            child_machine: &runner_machine,
+            cleanup: &cleanup_machine,
+            input: json!({"work": work_function, "work_seconds": 6}),
+            name: "probe-stop-parent-lambda-work",
+            work: "Lambda function",
+            expect_stopped: false,
+        },
+    ] {
+        let stopped = work::stop_the_parent(&sfn, probe, &item, &locks[0].name, &stack).await?;
+        eprintln!(
+            "    {}: {} work: its child ended {} {} ms after the stop, the slot freed {:?} ms \
+             after the child ended (cleanup waited {} times)",
+            if stopped.ok { "ok" } else { "NOT OK" },
+            stopped.work,
+            stopped.child_status,
+            stopped.child_ended_after_stop_ms,
+            stopped.freed_after_child_ms,
+            stopped.cleanup_waits
+        );
+        stop_probes.push(stopped);
+    }
+    let test_runner = plan
+        .machines
+        .iter()
+        .find(|m| m.substitutions.values().any(|v| *v == protected.arn))
+        .ok_or("template.yaml has no machine that starts the lock-protected machine")?;
+    let (test_runner_ok, test_runner_run) = work::run_test_runner(&sfn, test_runner).await?;
+    eprintln!(
+        "    {}: {}: {test_runner_run}",
+        if test_runner_ok { "ok" } else { "NOT OK" },
+        test_runner.name
+    );
+    let example = plan.machine("YourWorkflowExampleStateMachine")?;
+    let (example_ok, example_run) = work::run_your_workflow_example(&sfn, example, &item).await?;
+    eprintln!(
+        "    {}: {}: {example_run}",
+        if example_ok { "ok" } else { "NOT OK" },
+        example.name
+    );
+
+    // The run's plan.
+    let executions = driver::plan_executions(setup, &stack, &protected.name, &locks, &proxy);
+    let n = executions.len();
+    let planned_arns: BTreeSet<String> = executions.iter().map(|e| e.arn.clone()).collect();
     let target = Target::StateMachine {
         client: sfn.clone(),
         arn: cleanup_machine.arn.clone(),
@@ -499,7 +665,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let stopped: Arc<Mutex<BTreeMap<String, Role>>> = Arc::default();
     {
         let (sfn, stopped) = (sfn.clone(), stopped.clone());
-        let role_of = executions.iter().map(|(a, _, r)| (a.clone(), *r)).collect();
+        let role_of = executions.iter().map(|e| (e.arn.clone(), e.role)).collect();
         watch.spawn_stopper(held_rx, role_of, seed, move |arn, role, delay| {
             if stopped
                 .lock()
@@ -555,12 +721,21 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         });
     }
 
-    let planned = |role| executions.iter().filter(|e| e.2 == role).count();
+    let planned = |role| executions.iter().filter(|e| e.role == role).count();
+    let spread: Vec<String> = locks
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let on = executions.iter().filter(|e| e.lock == i).count();
+            format!("{on} on {} (limit {})", l.name, l.limit)
+        })
+        .collect();
     phase(&format!(
-        "starting {n} executions of {} (limit {}, {} s of work each; {} fail, {} stopped \
+        "starting {n} executions of {} ({}; {} as work, {} s each; {} fail, {} stopped \
          mid-acquire, {} stopped mid-work)",
         protected.name,
-        args.limit,
+        spread.join(", "),
+        work_machine.name,
         args.work_seconds,
         planned(Role::Fail),
         planned(Role::StopMidAcquire),
@@ -579,9 +754,22 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         );
         let inputs: Vec<(String, String)> = executions
             .iter()
-            .map(|(_, name, role)| {
-                let input = json!({"work_seconds": args.work_seconds, "fail": *role == Role::Fail});
-                (name.clone(), input.to_string())
+            .map(|e| {
+                // What the demo work reads; the semaphore reads lock and limit. An execution
+                // to be stopped mid-work works long, so that its child still runs when it is
+                // stopped: the cleanup must stop the child before it frees the slot (or a
+                // sweep must wait for it, when the event was dropped).
+                let work_seconds = if e.role == Role::StopMidWork {
+                    (args.work_seconds * 5).max(10)
+                } else {
+                    args.work_seconds
+                };
+                let mut input = json!({"work_seconds": work_seconds, "fail": e.role == Role::Fail});
+                if e.lock > 0 {
+                    input["lock"] = json!(locks[e.lock].name);
+                    input["limit"] = json!(locks[e.lock].limit);
+                }
+                (e.name.clone(), input.to_string())
             })
             .collect();
         tokio::spawn(async move {
@@ -650,7 +838,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             reclaimed_live.clone(),
             started.clone(),
         );
-        let limit = args.limit;
+        let locks = locks.clone();
         Progress::start(move || {
             let done = outcomes.lock().expect("outcomes").len();
             let started = started.load(std::sync::atomic::Ordering::SeqCst);
@@ -662,11 +850,20 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             let poll = poll.lock().expect("poll").clone();
             let proxy = proxy.stats();
             let events = events.lock().expect("events").clone();
+            let holders: Vec<String> = locks
+                .iter()
+                .map(|l| {
+                    let seen = poll.lock(&l.name);
+                    format!(
+                        "{} {} (max {}/{})",
+                        l.name, seen.holders_now, seen.max_holders, l.limit
+                    )
+                })
+                .collect();
             format!(
-                "{starting}done {done}/{n} | holders {} (max {}/{limit}) | reclaimed by sweeper \
-                 {} | delayed writes refused {} | events {} dropped {} dup {} late",
-                poll.holders_now,
-                poll.max_holders,
+                "{starting}done {done}/{n} | holders {} | reclaimed by sweeper {} | delayed \
+                 writes refused {} | events {} dropped {} dup {} late",
+                holders.join(", "),
                 reclaimed.load(std::sync::atomic::Ordering::SeqCst),
                 proxy.refused(),
                 events.dropped,
@@ -695,7 +892,9 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         }
         let listed = list_executions(&sfn, &protected.arn).await?;
         for (arn, _, status) in listed {
+            // The probes' executions are not the run's (their status events are not played).
             if status == ExecutionStatus::Running
+                || !planned_arns.contains(&arn)
                 || outcomes.lock().expect("outcomes").contains_key(&arn)
             {
                 continue;
@@ -719,13 +918,16 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         if timed_out { " or timed out" } else { "" }
     ));
 
-    // Settle: the cleanups the last deliveries started have to end too.
-    let (sfn_ref, cleanup_arn) = (&sfn, cleanup_machine.arn.as_str());
+    // Settle: the cleanups the last deliveries started have to end too, and the children of
+    // stopped executions (a cleanup waits for them, or a sweep, whose event was dropped).
+    let (sfn_ref, cleanup_arn, work_arn) = (
+        &sfn,
+        cleanup_machine.arn.as_str(),
+        work_machine.arn.as_str(),
+    );
     let cleanups_settled = move || async move {
-        let cleanups = list_executions(sfn_ref, cleanup_arn).await?;
-        Ok(cleanups
-            .iter()
-            .all(|(_, _, s)| *s != ExecutionStatus::Running))
+        Ok(!work::any_running(sfn_ref, cleanup_arn).await?
+            && !work::any_running(sfn_ref, work_arn).await?)
     };
     watch
         .settle(
@@ -760,7 +962,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
 
     // Gather.
     let mut report = watch
-        .finish(progress, setup, holders_when_all_ended)
+        .finish(progress, setup, &executions, &holders_when_all_ended)
         .await?;
     let outcomes = outcomes.lock().expect("outcomes").clone();
     let stopped = stopped.lock().expect("stopped").clone();
@@ -768,8 +970,10 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         total: n,
         ..ExecutionCounts::default()
     };
-    let mut tokens = Vec::new();
-    for (arn, name, role) in &executions {
+    // Fencing tokens are a lock's versions: distinct per lock.
+    let mut tokens: Vec<Vec<u64>> = vec![Vec::new(); locks.len()];
+    for e in &executions {
+        let (arn, name, role) = (&e.arn, &e.name, &e.role);
         let Some(o) = outcomes.get(arn) else {
             counts.unexpected += 1;
             counts
@@ -778,16 +982,24 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             continue;
         };
         let was_stopped = stopped.contains_key(arn);
-        let token = o
+        let output = o
             .output
             .as_deref()
             .and_then(|s| serde_json::from_str::<Value>(s).ok())
-            .and_then(|v| v["fencing_token"].as_u64());
-        if counts.count_planned(*role, &o.status, o.error.as_deref(), was_stopped) {
+            .unwrap_or(Value::Null);
+        let lock = &locks[e.lock].name;
+        // A success must name the lock it was planned to take: the default taken from the
+        // template, or the one its input named.
+        let wrong_lock = o.status == "SUCCEEDED" && output["lock"].as_str() != Some(lock.as_str());
+        if !wrong_lock && counts.count_planned(*role, &o.status, o.error.as_deref(), was_stopped) {
             if o.status == "SUCCEEDED" {
-                tokens.extend(token);
+                report.locks[e.lock].succeeded += 1;
+                tokens[e.lock].extend(output["fencing_token"].as_u64());
             }
         } else {
+            if wrong_lock {
+                counts.unexpected += 1;
+            }
             let history = save_history(&sfn, arn, dir).await;
             counts.unexpected_examples.push(format!(
                 "{name} ({role:?}): {} {}{}: {} [history: {history}]",
@@ -799,9 +1011,11 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         }
     }
     report.executions = counts;
-    let distinct: BTreeSet<u64> = tokens.iter().copied().collect();
-    report.fencing_tokens_unique =
-        Some(distinct.len() == tokens.len() && tokens.len() == report.executions.succeeded);
+    for (l, tokens) in report.locks.iter_mut().zip(&tokens) {
+        let distinct: BTreeSet<u64> = tokens.iter().copied().collect();
+        l.fencing_tokens_unique =
+            Some(distinct.len() == tokens.len() && tokens.len() == l.succeeded);
+    }
     report.fenced_answers_in_logs = count_fenced(dir);
     report.expired_answers_in_logs = count_expired(dir);
     report.timing_seconds = Some(timing);
@@ -897,32 +1111,132 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         })
         .collect();
     let (reclaimed, read_back) = (sweeper.reclaimed, sweeper.notices_read_back);
+    let swept: BTreeSet<String> = notices
+        .iter()
+        .filter_map(|n| n["holder"].as_str().map(str::to_owned))
+        .collect();
     report.sweeper = Some(sweeper);
 
-    // The invariants.
-    let limit = args.limit as usize;
+    // The work: every child of the run's executions against its parent's slot.
+    let children = work::children(&sfn, &work_machine.arn).await?;
+    let parent_status: BTreeMap<String, String> = outcomes
+        .iter()
+        .map(|(arn, o)| (arn.clone(), o.status.clone()))
+        .collect();
+    let work_report = work::report(
+        &work_machine,
+        &children,
+        &executions,
+        &locks,
+        &stopped,
+        &parent_status,
+        &report.poller,
+        &swept,
+    );
+    report.work = Some(work_report.clone());
+    report.redrive_guard = Some(redrive.clone());
+    report.stopped_parent_probes = stop_probes.clone();
+    report.test_runner = Some(test_runner_run.clone());
+    report.your_workflow_example = Some(example_run.clone());
+    report.transitions = Some(transitions);
+
+    // The invariants, per lock first.
+    for l in report.locks.clone() {
+        report.check(
+            &format!("S1 safety [{}]", l.lock),
+            l.max_holders <= l.limit && l.inconsistent_reads == 0,
+            format!(
+                "at most {} of {} slots held at once over {} reads; every read consistent \
+                 (format 2, each holder's token distinct and within the version){}",
+                l.max_holders,
+                l.limit,
+                l.reads,
+                l.first_inconsistency
+                    .as_ref()
+                    .map(|m| format!(" EXCEPT: {m}"))
+                    .unwrap_or_default()
+            ),
+        );
+        report.check(
+            &format!("S2 no leak [{}]", l.lock),
+            l.leaked_at_end == 0,
+            format!(
+                "{} slots held at the end, after the final sweep",
+                l.leaked_at_end
+            ),
+        );
+        report.check(
+            &format!("fencing tokens [{}]", l.lock),
+            l.fencing_tokens_unique == Some(true),
+            format!(
+                "each of its {} succeeded executions returned a distinct fencing token",
+                l.succeeded
+            ),
+        );
+    }
     report.check(
-        "S1 safety",
-        report.max_concurrent_holders <= limit && report.poller.inconsistent_reads == 0,
+        "S1 work under the slot",
+        work_report.violations.is_empty() && work_report.children > 0,
         format!(
-            "at most {} of {limit} slots held at once over {} reads; every read consistent \
-             (format 2, each holder's token distinct and within the version){}",
-            report.max_concurrent_holders,
-            report.poller.reads,
-            report
-                .poller
-                .first_inconsistency
-                .as_ref()
-                .map(|m| format!(" EXCEPT: {m}"))
-                .unwrap_or_default()
+            "{} of {} child executions ended while their parent held its slot; {} parents \
+             stopped mid-work: {} children stopped before the slot was freed, {} ended first",
+            work_report.ended_under_the_slot,
+            work_report.children,
+            work_report.stopped_parents.len(),
+            work_report.children_stopped,
+            work_report.children_ended_on_their_own
         ),
     );
     report.check(
-        "S2 no leak",
-        report.leaked_slots_at_end == 0,
+        "S1 stopping the parent",
+        stop_probes.iter().all(|p| p.ok),
+        stop_probes
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} work: child {} {}, slot freed {}",
+                    p.work,
+                    if p.child_status == "ABORTED" {
+                        "stopped by the cleanup"
+                    } else {
+                        "waited for by the cleanup"
+                    },
+                    p.child_status,
+                    p.freed_after_child_ms
+                        .map(|ms| format!("{ms} ms after it ended"))
+                        .unwrap_or_else(|| "never".to_owned())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    );
+    report.check(
+        "test runner",
+        test_runner_ok,
         format!(
-            "{} slots held at the end, after the final sweep",
-            report.leaked_slots_at_end
+            "its lock-protected executions ran the demo work with their {{work_seconds, fail}} \
+             input: {test_runner_run}"
+        ),
+    );
+    report.check(
+        "your workflow",
+        example_ok,
+        format!("the README's fragment, deployed as it is: {example_run}"),
+    );
+    report.check(
+        "F7 redrive guard",
+        redrive.ok,
+        format!(
+            "an execution that met its child's name already taken ended {} {} and held no slot \
+             ({} held after){}",
+            redrive.status,
+            redrive.error.as_deref().unwrap_or("(no error)"),
+            redrive.held_after,
+            if redrive.ok {
+                String::new()
+            } else {
+                format!(": {}", clip(redrive.cause.as_deref().unwrap_or(""), 300))
+            }
         ),
     );
     report.check(
@@ -937,11 +1251,6 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
                 ""
             }
         ),
-    );
-    report.check(
-        "fencing tokens",
-        report.fencing_tokens_unique == Some(true),
-        "every succeeded execution returned a distinct fencing token".to_owned(),
     );
     report.check(
         "cleanups",

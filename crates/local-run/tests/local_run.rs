@@ -1,6 +1,7 @@
-//! The local run end to end: the README's first command, short, with chaos on; and the same
-//! chaos against the original sample's protocol (the reference mode), which must leak, so that
-//! the check is shown able to fail.
+//! The local run end to end: the README's first command, short, with chaos on, two locks with
+//! their own limits and the demo work as each execution's child; and the same chaos against the
+//! original sample's protocol (the reference mode), which must leak, so that the check is shown
+//! able to fail.
 //!
 //! They need the local AWS tools (.venv with the pinned moto and cargo-lambda) and take a minute
 //! or two each, so they are ignored by a plain `cargo test`; `bash local/test.sh` installs the
@@ -73,8 +74,8 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
         &[
             "--executions",
             "20",
-            "--limit",
-            "3",
+            "--locks",
+            "demo-lock:3,other-lock:2",
             "--work-seconds",
             "1",
             "--fail-share",
@@ -103,10 +104,38 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
     }
     assert_eq!(code, 0, "exit status with every invariant held: {report:#}");
     assert_eq!(report["ok"], true);
-    assert!(n(&report, "/max_concurrent_holders") <= 3);
-    assert!(n(&report, "/max_concurrent_holders") >= 1);
+    // Each lock held at its own limit: the default one (its executions' input names no lock)
+    // and the one the input names with its limit.
+    let locks = report["locks"].as_array().expect("locks");
+    assert_eq!(locks.len(), 2, "{report:#}");
+    for (lock, (name, limit)) in locks.iter().zip([("demo-lock", 3), ("other-lock", 2)]) {
+        assert_eq!(lock["lock"], name);
+        assert_eq!(n(lock, "/limit"), limit);
+        assert!(n(lock, "/max_holders") <= limit, "{lock:#}");
+        assert!(n(lock, "/max_holders") >= 1, "{lock:#}");
+        assert!(n(lock, "/executions") >= 1, "{lock:#}");
+        assert_eq!(n(lock, "/inconsistent_reads"), 0, "{lock:#}");
+        assert_eq!(n(lock, "/leaked_at_end"), 0, "{lock:#}");
+        assert_eq!(lock["fencing_tokens_unique"], true, "{lock:#}");
+    }
     assert_eq!(n(&report, "/poller/inconsistent_reads"), 0);
     assert_eq!(n(&report, "/leaked_slots_at_end"), 0);
+    // The work ran as child executions, each within its parent's slot, the stopped parents'
+    // children included.
+    assert!(n(&report, "/work/children") >= 10, "{report:#}");
+    assert_eq!(
+        n(&report, "/work/ended_under_the_slot"),
+        n(&report, "/work/children")
+    );
+    assert_eq!(report["work"]["violations"], serde_json::json!([]));
+    // The redrive guard's path, and the cost of a critical section (issue 10: at most 6
+    // transitions are the semaphore's).
+    assert_eq!(report["redrive_guard"]["ok"], true, "{report:#}");
+    assert_eq!(report["redrive_guard"]["error"], "SemaphoreRedriveRefused");
+    assert!(
+        n(&report, "/transitions/semaphore_share") <= 6,
+        "{report:#}"
+    );
     assert_eq!(n(&report, "/executions/total"), 20);
     assert_eq!(n(&report, "/executions/unexpected"), 0);
     assert_eq!(n(&report, "/executions/failed_as_planned"), 2);
@@ -141,7 +170,6 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
     );
     assert!(n(&report, "/sweeper/sweeps") >= 1);
     assert_eq!(n(&report, "/cleanup_executions/failed"), 0);
-    assert_eq!(report["fencing_tokens_unique"], true);
 }
 
 #[test]
@@ -156,8 +184,8 @@ fn the_same_race_leaks_slots_in_the_original_sample_protocol() {
             "reference",
             "--executions",
             "20",
-            "--limit",
-            "3",
+            "--locks",
+            "demo-lock:3",
             "--work-seconds",
             "1",
             "--fail-share",
@@ -190,5 +218,5 @@ fn the_same_race_leaks_slots_in_the_original_sample_protocol() {
     assert_eq!(n(&report, "/delayed_acquire_writes/landed"), 2);
     assert_eq!(n(&report, "/leaked_slots_at_end"), 2, "{report:#}");
     // Safety itself held: the sample's flaw is the leak, not over-admission.
-    assert!(n(&report, "/max_concurrent_holders") <= 3);
+    assert!(n(&report, "/locks/0/max_holders") <= 3);
 }

@@ -115,6 +115,77 @@ impl fmt::Display for Report {
     }
 }
 
+/// `model` with one property only: that no path meets `steps` one after the other (each in the
+/// same state as the one before or a later one). Exploring it finds a shortest path that does (a
+/// witness that a behaviour is reachable, so that a check of `model` that passes is not vacuous
+/// about it), or shows that there is none. The steps must not tell apart states that `model`
+/// identifies (e.g. renamed executions).
+pub struct Reach<'m, M: Model> {
+    pub model: &'m M,
+    #[allow(clippy::type_complexity)]
+    pub steps: Vec<Box<dyn Fn(&M::State) -> bool + 'm>>,
+    /// The behaviour in words.
+    pub what: &'static str,
+}
+
+impl<M: Model> Reach<'_, M> {
+    /// How many steps are met once `state` is reached, `met` having been met before.
+    fn meet(&self, mut met: usize, state: &M::State) -> usize {
+        while met < self.steps.len() && (self.steps[met])(state) {
+            met += 1;
+        }
+        met
+    }
+}
+
+impl<M: Model> Model for Reach<'_, M> {
+    /// A state of `model` and how many steps were met on the way to it.
+    type State = (M::State, usize);
+
+    fn initial(&self) -> Self::State {
+        let state = self.model.initial();
+        let met = self.meet(0, &state);
+        (state, met)
+    }
+
+    fn successors(
+        &self,
+        (state, met): &Self::State,
+        out: &mut Vec<Self::State>,
+        labels: Option<&mut Vec<String>>,
+    ) {
+        let mut next = Vec::new();
+        self.model.successors(state, &mut next, labels);
+        out.extend(next.into_iter().map(|t| {
+            let met = self.meet(*met, &t);
+            (t, met)
+        }));
+    }
+
+    fn check(&self, (_, met): &Self::State) -> Result<(), Violation> {
+        if *met == self.steps.len() {
+            return Err(Violation {
+                property: "reached",
+                detail: self.what.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    fn may_stop(&self, _: &Self::State) -> bool {
+        true
+    }
+
+    fn describe_initial(&self, (state, _): &Self::State) -> String {
+        self.model.describe_initial(state)
+    }
+
+    fn identify(&self, (state, met): &Self::State, hasher: &mut Fingerprint) {
+        self.model.identify(state, hasher);
+        met.hash(hasher);
+    }
+}
+
 fn fingerprint<M: Model>(model: &M, state: &M::State) -> u128 {
     let mut h = Fingerprint::default();
     model.identify(state, &mut h);

@@ -5,15 +5,20 @@
 //! attempts sends its write when it decides; writes land arbitrarily late and in any order, or
 //! are lost; Step Functions retries attempts while the old ones keep running; executions die at
 //! any point and leave zombies; cleanup events are lost, duplicated and reordered; a sweeper runs
-//! at any moment; the clock moves on and the fences rotate at any moment they are due. Every write
+//! at any moment; the clock moves on and the fences rotate at any moment they are due; Step
+//! Functions redrives failed and stopped executions, which run again from where they stopped as
+//! a new incarnation with an acquisition of its own (F7). Every write
 //! of the product's protocol is the core's own, applied by the core's `Write::apply` ([`ours`]);
 //! the same world also runs the AWS sample's protocol ([`sample`]), where the checker finds the
 //! seed race.
 //!
 //! Properties checked in every reachable state:
 //! - **S1**: no more than `limit` holders; no more than `limit` live executions are working
-//!   under the lock, and each of them is a stored holder.
-//! - **S3**: no acquire of an execution lands after a release or cleanup write for it has.
+//!   under the lock, and each of them holds a slot of its current incarnation (a slot an
+//!   earlier incarnation left does not count: cleanup and the sweeper may free it at any time).
+//! - **S3**: no acquire of an incarnation lands after a release by that incarnation, or a
+//!   cleanup of its execution after it had ended, has landed (an incarnation redriven since a
+//!   cleanup may acquire: that is not a resurrection).
 //! - **S2**: an execution that has ended, with none of its requests in flight and every cleanup
 //!   event for it delivered, holds nothing; and once everything has ended and every request
 //!   and event is delivered or lost, one sweep leaves nothing held.
@@ -30,15 +35,24 @@
 //! - a sweep that finds no holder whose execution has ended is not explored (it changes
 //!   nothing), and the sweeper's cleanups of several holders may overlap (a superset of the
 //!   real one-at-a-time order);
-//! - an execution told "full" may wait and poll any number of times, or give up (a superset of
-//!   every bound on polls, with no counter to tell states apart);
+//! - an execution told "full" (or "redriven") may wait and poll any number of times, or give up
+//!   (a superset of every bound on polls, with no counter to tell states apart);
+//! - a cleanup's second `DescribeExecution`, once its fence has landed, is taken at the moment
+//!   the fence lands: a redrive between the two could only make it answer "running" and free
+//!   less, and no acquire of the execution can land in between;
 //! - a rotation is allowed whenever one is due, whatever the number of fences (a superset of
 //!   the production rule, which also waits for a few young fences).
 //!
 //! Not covered: clock skew (the horizon and the fence window are one tick each, and the
 //! window's derivation adds the skew: `Timing`); starvation and fairness (a waiting execution
 //! may poll for ever; backoff and jitter are real-time matters), partitions other than delayed
-//! or lost requests, a failing read, several locks, and several acquisitions per execution.
+//! or lost requests, a failing read, several locks, and several acquisitions per incarnation.
+//! Redrive: the child execution of the protected work is not modelled (its own life, the
+//! cleanup's deferral while it runs, a redriven parent attaching to a child still running,
+//! which `StartExecution` allows for the same name and input); a redrive into the work always
+//! meets a child that has ended, so a parent stopped after entering the work but before the
+//! child was started, whose redrive would start it without a slot, is not in the model either.
+//! The sample's protocol is checked without redrives (it has no redrive handling).
 
 pub mod explore;
 pub mod hash;
@@ -46,7 +60,7 @@ pub mod ours;
 pub mod sample;
 pub mod world;
 
-pub use explore::{explore, Counterexample, Report, Violation};
+pub use explore::{explore, Counterexample, Reach, Report, Violation};
 pub use ours::{Ours, Variant};
 pub use sample::Sample;
 pub use world::{Config, World};
@@ -58,7 +72,12 @@ pub fn check_ours(config: Config, variant: Variant, max_states: Option<u64>) -> 
 
 /// The world `config` around the product's protocol (or a broken `variant` of it).
 pub fn ours_world(config: Config, variant: Variant) -> World<Ours> {
-    let protocol = Ours::new(config.executions, config.limit, variant);
+    let protocol = Ours::new(
+        config.executions,
+        config.limit,
+        config.redrives + 1,
+        variant,
+    );
     World::new(protocol, config)
 }
 
@@ -68,12 +87,15 @@ pub fn check_sample(config: Config, max_states: Option<u64>) -> Report {
     explore(&sample_world(config), max_states)
 }
 
-/// The world `config` around the AWS sample's protocol, without a sweeper (it has none).
+/// The world `config` around the AWS sample's protocol, without a sweeper (it has none) and
+/// without redrives: the sample has no redrive handling at all (a redrive into its work runs it
+/// again without a slot, F7, by design), and it leaks without any redrive already.
 pub fn sample_world(config: Config) -> World<Sample> {
     let config = Config {
         sweeper: false,
         ticks: 0,
         rotations: 0,
+        redrives: 0,
         ..config
     };
     World::new(Sample::new(config.limit), config)

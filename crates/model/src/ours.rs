@@ -20,13 +20,16 @@ use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use semaphore_core::item::{FenceKey, Identity, SemaphoreItem};
-use semaphore_core::protocol::{self, Timing, WriteResult};
+use semaphore_core::protocol::{self, FenceReason, Timing, WriteResult};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockName, Write,
 };
 
 use crate::hash::{hash_one, Build};
-use crate::world::{exec_name, Advance, Answer, Next, Op, OpKind, Protocol};
+use crate::world::{
+    acquisition_name, exec_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol,
+    MAX_INCARNATIONS,
+};
 
 /// The model's clock at tick 0 (2023-11-14T22:13:20Z).
 pub const NOW_MS: u64 = 1_700_000_000_000;
@@ -63,10 +66,32 @@ pub enum Variant {
     /// The acquire's write does not name the horizon: a rotation that drops fences does not
     /// invalidate acquires decided before it.
     RotationWithoutHorizon,
+    /// A redrive into the protected work runs the work again (nothing ties the work task to the
+    /// acquisition, e.g. its child execution gets a fresh name), without a slot of the new
+    /// incarnation: the old one's is cleanup's to free, at any moment (S1).
+    RedriveWithoutGuard,
+    /// A redriven incarnation acquires (and releases) with the first incarnation's acquisition
+    /// id instead of its own. Cleanup frees the slots its fence saw, by identity, with a second
+    /// write that may land arbitrarily late: if the old incarnation held a slot when the fence
+    /// landed and the redriven one takes a slot with the same identity once the fence is gone,
+    /// that late free removes the new incarnation's slot while it works (S1). A fence keeps
+    /// zombies of the old incarnation out, but nothing can tell the old slot from the new one.
+    RedriveReusesAcquisition,
+    /// Cleanup never asks whether the execution runs again: a late event of an old incarnation
+    /// fences the execution and frees every slot of it, the redriven incarnation's included,
+    /// while that one works (S1).
+    CleanupIgnoresRedrive,
+    /// Cleanup (and the sweeper) ask whether the execution runs only before the fence, then
+    /// free whatever the fence saw: an incarnation redriven between the question and the fence
+    /// may take a slot the fence sees and frees, while it works (S1). This is the order of the
+    /// issue-10 cleanup spec (DescribeExecution, then fence, then `Semaphore::cleanup`) and of
+    /// `Semaphore::sweep` (describe, then `cleanup`); the real variant asks again once the fence
+    /// has landed, before freeing.
+    CleanupChecksRunningOnlyBeforeFence,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 7] = [
+    pub const ALL: [Variant; 11] = [
         Variant::Real,
         Variant::CleanupWithoutFence,
         Variant::CleanupSkipsWhenNothingHeld,
@@ -74,6 +99,10 @@ impl Variant {
         Variant::AcquireWithoutLimit,
         Variant::AcquireChecksFencesWhenSent,
         Variant::RotationWithoutHorizon,
+        Variant::RedriveWithoutGuard,
+        Variant::RedriveReusesAcquisition,
+        Variant::CleanupIgnoresRedrive,
+        Variant::CleanupChecksRunningOnlyBeforeFence,
     ];
 
     pub fn name(self) -> &'static str {
@@ -85,7 +114,22 @@ impl Variant {
             Self::AcquireWithoutLimit => "acquire-without-limit",
             Self::AcquireChecksFencesWhenSent => "acquire-checks-fences-when-sent",
             Self::RotationWithoutHorizon => "rotation-without-horizon",
+            Self::RedriveWithoutGuard => "redrive-without-guard",
+            Self::RedriveReusesAcquisition => "redrive-reuses-acquisition",
+            Self::CleanupIgnoresRedrive => "cleanup-ignores-redrive",
+            Self::CleanupChecksRunningOnlyBeforeFence => "cleanup-checks-running-only-before-fence",
         }
+    }
+
+    /// Whether the variant differs from the real protocol only in a world with redrives.
+    pub fn needs_redrives(self) -> bool {
+        matches!(
+            self,
+            Self::RedriveWithoutGuard
+                | Self::RedriveReusesAcquisition
+                | Self::CleanupIgnoresRedrive
+                | Self::CleanupChecksRunningOnlyBeforeFence
+        )
     }
 
     pub fn parse(name: &str) -> Option<Self> {
@@ -128,23 +172,27 @@ struct Interner {
 /// An item and what the world asks about it, computed once.
 struct Interned {
     item: SemaphoreItem,
-    /// Bit i: `exec-(i+1)` holds a slot.
+    /// The slots held (see `Protocol::holders`).
     holders: u32,
     /// What identifies it up to version numbers: the part about no execution in particular,
     /// and the part about each execution (see `Protocol::symmetric`).
     keys: (u64, Vec<u64>),
 }
 
-/// A call, where it is, the stored item and the tick: all that one step of it depends on.
-type MemoKey = (Op, Phase, Option<u32>, u8);
+/// A call, where it is, the stored item, the tick and (for a cleanup) whether its execution
+/// runs: all that one step of it depends on.
+type MemoKey = (Op, Phase, Option<u32>, u8, bool);
 
 /// The product's protocol over the core's writes.
 pub struct Ours {
     lock: LockName,
     limit: Limit,
-    identities: Vec<Identity>,
-    /// Each execution's execution fence and acquisition fence (digests computed once).
-    fences: Vec<(FenceKey, FenceKey)>,
+    /// Per execution, the identity of each incarnation's acquisition: `exec-1#r0`, `exec-1#r1`...
+    identities: Vec<Vec<Identity>>,
+    /// Per identity, its execution and acquisition index.
+    index: HashMap<Identity, (u8, u8), Build>,
+    /// Each execution's execution fence and its acquisitions' fences (digests computed once).
+    fences: Vec<(FenceKey, Vec<FenceKey>)>,
     fence_names: HashMap<FenceKey, String>,
     variant: Variant,
     interner: RefCell<Interner>,
@@ -152,39 +200,92 @@ pub struct Ours {
 }
 
 impl Ours {
-    pub fn new(executions: u8, limit: u32, variant: Variant) -> Self {
-        let identities: Vec<Identity> = (0..executions)
+    /// The protocol for `executions` executions of up to `incarnations` incarnations each (one
+    /// more than the world's redrives).
+    pub fn new(executions: u8, limit: u32, incarnations: u8, variant: Variant) -> Self {
+        assert!((1..=MAX_INCARNATIONS).contains(&usize::from(incarnations)));
+        let identities: Vec<Vec<Identity>> = (0..executions)
             .map(|e| {
-                Identity::new(
-                    HolderId::new(exec_name(e)).expect("a valid holder"),
-                    AcquisitionId::new("a1").expect("a valid acquisition"),
-                )
+                let holder = HolderId::new(exec_name(e)).expect("a valid holder");
+                (0..incarnations)
+                    .map(|k| {
+                        Identity::new(
+                            holder.clone(),
+                            AcquisitionId::new(acquisition_name(k)).expect("a valid acquisition"),
+                        )
+                    })
+                    .collect()
             })
             .collect();
+        let mut index = HashMap::default();
         let mut fence_names = HashMap::new();
-        for identity in &identities {
+        for (e, mine) in identities.iter().enumerate() {
             fence_names.insert(
-                FenceKey::execution(&identity.holder),
-                format!("{} (execution)", identity.holder),
+                FenceKey::execution(&mine[0].holder),
+                format!("{} (execution)", mine[0].holder),
             );
-            fence_names.insert(
-                FenceKey::acquisition(identity),
-                format!("{}/{} (acquisition)", identity.holder, identity.acquisition),
-            );
+            for (k, identity) in mine.iter().enumerate() {
+                index.insert(identity.clone(), (e as u8, k as u8));
+                fence_names.insert(
+                    FenceKey::acquisition(identity),
+                    format!("{}/{} (acquisition)", identity.holder, identity.acquisition),
+                );
+            }
         }
         let fences = identities
             .iter()
-            .map(|id| (FenceKey::execution(&id.holder), FenceKey::acquisition(id)))
+            .map(|mine| {
+                (
+                    FenceKey::execution(&mine[0].holder),
+                    mine.iter().map(FenceKey::acquisition).collect(),
+                )
+            })
             .collect();
         Self {
             lock: LockName::new("model").expect("a valid lock name"),
             limit: Limit::new(i64::from(limit)).expect("a limit from 1 to 1000"),
             identities,
+            index,
             fences,
             fence_names,
             variant,
             interner: RefCell::default(),
             memo: RefCell::default(),
+        }
+    }
+
+    /// The identity `op`'s incarnation acquires and releases with (for a cleanup: the
+    /// execution's first; a cleanup only uses the holder).
+    fn identity(&self, op: Op) -> &Identity {
+        &self.identities[op.exec as usize][self.acquisition_of(op.inc) as usize]
+    }
+
+    /// The acquisition index of one of execution `e`'s identities.
+    fn acquisition_index(&self, identity: &Identity, e: usize) -> u8 {
+        let (exec, k) = self.index[identity];
+        assert_eq!(
+            usize::from(exec),
+            e,
+            "a write of one execution names another"
+        );
+        k
+    }
+
+    /// Whether a cleanup asks `DescribeExecution` again once its fence has landed, and frees
+    /// nothing if the execution runs again by then.
+    fn rechecks_after_fence(&self) -> bool {
+        !matches!(
+            self.variant,
+            Variant::CleanupIgnoresRedrive | Variant::CleanupChecksRunningOnlyBeforeFence
+        )
+    }
+
+    /// An identity in traces: by its execution alone when every execution has one.
+    fn who(&self, identity: &Identity) -> String {
+        if self.identities.first().is_some_and(|mine| mine.len() > 1) {
+            format!("{}/{}", identity.holder, identity.acquisition)
+        } else {
+            identity.holder.to_string()
         }
     }
 
@@ -199,12 +300,15 @@ impl Ours {
         if let Some(&id) = interner.ids.get(&key) {
             return id;
         }
-        let holders = self
-            .identities
-            .iter()
-            .enumerate()
-            .filter(|(_, id)| key.0.holders.contains_key(id))
-            .fold(0u32, |m, (e, _)| m | (1 << e));
+        let holders = key
+            .0
+            .holders
+            .keys()
+            .map(|id| {
+                let (e, k) = self.index[id];
+                slot_bit(e, k)
+            })
+            .fold(0u32, |m, bit| m | bit);
         let keys = self.keys(&key.0);
         let id = u32::try_from(interner.items.len()).expect("fewer than 2^32 items");
         interner.items.push(Interned {
@@ -235,14 +339,14 @@ impl Ours {
         self.interner.borrow().writes[id as usize].clone()
     }
 
-    /// What a fence key means, relative to execution `e`: 1 its execution fence, 2 its
-    /// acquisition fence, 0 neither.
+    /// What a fence key means, relative to execution `e`: 1 its execution fence, 2 + k the
+    /// fence of its acquisition k, 0 neither.
     fn fence_role(&self, key: &FenceKey, e: usize) -> u8 {
-        let (execution, acquisition) = &self.fences[e];
+        let (execution, acquisitions) = &self.fences[e];
         if key == execution {
             1
-        } else if key == acquisition {
-            2
+        } else if let Some(k) = acquisitions.iter().position(|acq| acq == key) {
+            2 + k as u8
         } else {
             0
         }
@@ -251,24 +355,26 @@ impl Ours {
     /// The item's keys (see [`Interned::keys`]): everything but the version, the tokens and when
     /// slots were taken, which no check ever reads.
     fn keys(&self, item: &SemaphoreItem) -> (u64, Vec<u64>) {
+        let fences = &item.fences;
+        let fenced = |key| (fences.young.contains(key), fences.old.contains(key));
         let per_exec: Vec<u64> = self
             .identities
             .iter()
             .zip(&self.fences)
-            .map(|(identity, (exec, acq))| {
-                let fences = &item.fences;
+            .map(|(mine, (exec, acquisitions))| {
                 // When a slot was taken is only ever reported, never checked.
-                hash_one(&(
-                    item.holders.contains_key(identity),
-                    (fences.young.contains(exec), fences.old.contains(exec)),
-                    (fences.young.contains(acq), fences.old.contains(acq)),
-                ))
+                let acquisitions: Vec<_> = mine
+                    .iter()
+                    .zip(acquisitions)
+                    .map(|(identity, acq)| (item.holders.contains_key(identity), fenced(acq)))
+                    .collect();
+                hash_one(&(fenced(exec), acquisitions))
             })
             .collect();
-        let known_holders = self
-            .identities
-            .iter()
-            .filter(|id| item.holders.contains_key(id))
+        let known_holders = item
+            .holders
+            .keys()
+            .filter(|id| self.index.contains_key(*id))
             .count();
         // Anything not about one of the executions would have to be keyed here; the model's
         // items hold nothing else.
@@ -295,7 +401,9 @@ impl Ours {
         let mut h = crate::hash::Fingerprint::default();
         for check in &write.checks {
             match check {
-                Check::NotHolding(_) => 1u8.hash(&mut h),
+                Check::NotHolding(identity) => {
+                    (1u8, self.acquisition_index(identity, e)).hash(&mut h)
+                }
                 Check::HoldersBelow(limit) => (2u8, limit).hash(&mut h),
                 Check::NotFenced(key) => (3u8, self.fence_role(key, e)).hash(&mut h),
                 Check::RotatedBefore { deadline_ms } => (4u8, deadline_ms).hash(&mut h),
@@ -304,9 +412,13 @@ impl Ours {
         }
         for change in &write.changes {
             match change {
-                Change::PutHolder { .. } => 6u8.hash(&mut h),
+                Change::PutHolder { identity, .. } => {
+                    (6u8, self.acquisition_index(identity, e)).hash(&mut h)
+                }
                 Change::SetLimit(limit) => (7u8, limit).hash(&mut h),
-                Change::RemoveHolder(_) => 8u8.hash(&mut h),
+                Change::RemoveHolder(identity) => {
+                    (8u8, self.acquisition_index(identity, e)).hash(&mut h)
+                }
                 Change::AddFence(key) => (9u8, self.fence_role(key, e)).hash(&mut h),
                 Change::Rotate { at_ms, .. } => (10u8, at_ms).hash(&mut h),
             }
@@ -321,7 +433,7 @@ impl Ours {
         let holders: Vec<String> = item
             .holders
             .iter()
-            .map(|(id, h)| format!("{} token {}", id.holder, h.token.0))
+            .map(|(id, h)| format!("{} token {}", self.who(id), h.token.0))
             .collect();
         let mut text = format!("v{}, {} held", item.version.0, item.count());
         if !holders.is_empty() {
@@ -382,10 +494,10 @@ impl Ours {
             .iter()
             .map(|change| match change {
                 Change::PutHolder { identity, .. } => {
-                    format!("take a slot for {}", identity.holder)
+                    format!("take a slot for {}", self.who(identity))
                 }
                 Change::SetLimit(limit) => format!("limit {limit}"),
-                Change::RemoveHolder(identity) => format!("free {}'s slot", identity.holder),
+                Change::RemoveHolder(identity) => format!("free {}'s slot", self.who(identity)),
                 Change::AddFence(key) => format!(
                     "fence {}",
                     self.fence_names.get(key).map_or("?", String::as_str)
@@ -399,15 +511,17 @@ impl Ours {
     }
 
     /// Sends the first write of `op` for a request made at tick `requested`, or answers at once.
+    /// `running`: whether `op`'s execution runs (for a cleanup, what `DescribeExecution` says).
     fn send(
         &self,
         op: Op,
         requested: u8,
         store: Option<u32>,
         now: u8,
+        running: bool,
         log: Option<&mut String>,
     ) -> Advance<u32, Phase> {
-        let identity = &self.identities[op.exec as usize];
+        let identity = self.identity(op);
         let current = self.item(store);
         let finished = |answer, words: String, log: Option<&mut String>| {
             if let Some(log) = log {
@@ -421,7 +535,8 @@ impl Ours {
         };
         let write = match op.kind {
             OpKind::Acquire => {
-                let (execution, acquisition) = &self.fences[op.exec as usize];
+                let (execution, acquisitions) = &self.fences[op.exec as usize];
+                let acquisition = &acquisitions[self.acquisition_of(op.inc) as usize];
                 let fenced = current
                     .as_ref()
                     .is_some_and(|item| item.is_fenced(execution) || item.is_fenced(acquisition));
@@ -461,6 +576,18 @@ impl Ours {
                     write.changes.retain(|c| !matches!(c, Change::AddFence(_)));
                 }
                 write
+            }
+            // The execution was redriven since its event (or since the sweeper listed it): the
+            // cleanup asks DescribeExecution first, and stops.
+            OpKind::Cleanup if running && self.variant != Variant::CleanupIgnoresRedrive => {
+                return finished(
+                    Answer::Running,
+                    format!(
+                        "DescribeExecution: {} is RUNNING (redriven): nothing to do",
+                        identity.holder
+                    ),
+                    log,
+                );
             }
             OpKind::Cleanup => {
                 let holds = current
@@ -531,9 +658,10 @@ impl Ours {
         write: u32,
         second: bool,
         store: Option<u32>,
+        running: bool,
         mut log: Option<&mut String>,
     ) -> Advance<u32, Phase> {
-        let identity = &self.identities[op.exec as usize];
+        let identity = self.identity(op);
         let write = self.write(write);
         let (result, after) = self.land(&write, store);
         let wrote = matches!(result, WriteResult::Applied { .. });
@@ -554,15 +682,29 @@ impl Ours {
             OpKind::Acquire => {
                 let outcome = protocol::acquired(&write, identity, self.limit, result)
                     .expect("the core reads its own write's result");
-                say(log, format!("{outcome:?}"));
-                match outcome {
+                let answer = match outcome {
                     AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
                         Answer::Acquired
                     }
                     AcquireOutcome::Full { .. } => Answer::Full,
+                    // The acquire function's answer for a redriven execution that was cleaned
+                    // up before its redrive: wait, and ask again (the fence goes within two
+                    // windows).
+                    AcquireOutcome::Fenced(FenceReason::ExecutionEnded) if op.inc > 0 => {
+                        Answer::Redriven
+                    }
                     AcquireOutcome::Fenced(_) => Answer::Fenced,
                     AcquireOutcome::Expired => Answer::Expired,
-                }
+                };
+                say(
+                    log,
+                    if answer == Answer::Redriven {
+                        format!("{outcome:?}: outcome \"redriven\"")
+                    } else {
+                        format!("{outcome:?}")
+                    },
+                );
+                answer
             }
             OpKind::Release => {
                 let (outcome, _) = protocol::released(&write, identity, result)
@@ -573,6 +715,27 @@ impl Ours {
             OpKind::Cleanup if !second => {
                 let (slots, _) = protocol::fenced_slots(&write, &identity.holder, result)
                     .expect("the core reads its own write's result");
+                // Asked once the fence has landed (modelled at that moment: a redrive after it
+                // can only make the answer "running", and no acquire of the execution can land
+                // in between): every slot the fence saw is of an incarnation that has ended,
+                // unless the execution runs again, when one of them may be the new one's.
+                if !slots.is_empty() && running && self.rechecks_after_fence() {
+                    let names: Vec<String> = slots.iter().map(|id| self.who(id)).collect();
+                    say(
+                        log,
+                        format!(
+                            "it saw {}; DescribeExecution: {} is RUNNING again (redriven): \
+                             nothing freed",
+                            names.join(", "),
+                            identity.holder
+                        ),
+                    );
+                    return Advance {
+                        store: after,
+                        wrote,
+                        next: Next::Finished(Answer::Running),
+                    };
+                }
                 if !slots.is_empty() {
                     let free = protocol::cleanup_free(&self.lock, &slots);
                     let mut advance = self.in_flight(free, true, after, log);
@@ -583,7 +746,15 @@ impl Ours {
                 Answer::Done
             }
             OpKind::Cleanup => {
-                let (outcome, _) = protocol::freed(&write, std::slice::from_ref(identity), result)
+                let slots: Vec<Identity> = write
+                    .changes
+                    .iter()
+                    .filter_map(|change| match change {
+                        Change::RemoveHolder(identity) => Some(identity.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                let (outcome, _) = protocol::freed(&write, &slots, result)
                     .expect("the core reads its own write's result");
                 say(log, format!("freed {}", outcome.freed.len()));
                 Answer::Done
@@ -636,16 +807,19 @@ impl Protocol for Ours {
         phase: Phase,
         store: Option<u32>,
         now: u8,
+        running: bool,
         log: Option<&mut String>,
     ) -> Advance<u32, Phase> {
+        // Only a cleanup asks whether its execution runs.
+        let running = running && op.kind == OpKind::Cleanup;
         let compute = |log| match phase {
-            Phase::Start { requested } => self.send(op, requested, store, now, log),
-            Phase::Flight { write, second } => self.arrive(op, write, second, store, log),
+            Phase::Start { requested } => self.send(op, requested, store, now, running, log),
+            Phase::Flight { write, second } => self.arrive(op, write, second, store, running, log),
         };
         if log.is_some() {
             return compute(log);
         }
-        let key = (op, phase, store, now);
+        let key = (op, phase, store, now, running);
         if let Some(&known) = self.memo.borrow().get(&key) {
             return known;
         }
@@ -693,6 +867,20 @@ impl Protocol for Ours {
         store.map_or(0, |id| self.interner.borrow().items[id as usize].holders)
     }
 
+    fn acquisition_of(&self, inc: u8) -> u8 {
+        if self.variant == Variant::RedriveReusesAcquisition {
+            0
+        } else {
+            inc
+        }
+    }
+
+    /// The work task starts the child execution under a name made from the holder and the
+    /// acquisition, so a redrive into it meets the child that already ran and fails.
+    fn guards_redriven_work(&self) -> bool {
+        self.variant != Variant::RedriveWithoutGuard
+    }
+
     /// No count is stored: the acquire's condition counts the holder map (`size(holders)`).
     fn stored_count(&self, store: Option<u32>) -> i64 {
         i64::from(self.holders(store).count_ones())
@@ -737,7 +925,7 @@ impl Protocol for Ours {
             return 0;
         };
         let write = self.write(write);
-        let roles: Vec<u8> = write
+        let mut roles: Vec<u8> = write
             .changes
             .iter()
             .filter_map(|c| match c {
@@ -747,6 +935,9 @@ impl Protocol for Ours {
             .flat_map(|seen| seen.iter().map(|key| self.fence_role(key, e as usize)))
             .filter(|&role| role != 0)
             .collect();
+        // The fences are a set ordered by their digests, which differ from one execution to
+        // another: sorted, the roles key the same set the same way for every execution.
+        roles.sort_unstable();
         hash_one(&roles)
     }
 

@@ -11,7 +11,9 @@
 //! if the execution is a holder, sends the release update. No version, no fence, no sweeper.
 
 use crate::hash::hash_one;
-use crate::world::{exec_name, Advance, Answer, Next, Op, OpKind, Protocol};
+use crate::world::{
+    exec_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_EXECUTIONS,
+};
 
 /// The sample's item: its counter and its holder attributes (bit i: `holder:exec-(i+1)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -145,6 +147,7 @@ impl Protocol for Sample {
         phase: SamplePhase,
         store: Option<SampleItem>,
         _now: u8,
+        _running: bool,
         log: Option<&mut String>,
     ) -> Advance<SampleItem, SamplePhase> {
         let item = store.expect("the sample creates the item up front");
@@ -227,8 +230,22 @@ impl Protocol for Sample {
         }
     }
 
+    /// One holder attribute per execution: its first acquisition's slot, in the world's terms
+    /// (the sample runs in worlds without redrives).
     fn holders(&self, store: Option<SampleItem>) -> u32 {
-        store.map_or(0, |i| i.holders)
+        let holders = store.map_or(0, |i| i.holders);
+        (0..MAX_EXECUTIONS as u8)
+            .filter(|e| holders & (1 << e) != 0)
+            .fold(0, |m, e| m | slot_bit(e, 0))
+    }
+
+    fn acquisition_of(&self, _inc: u8) -> u8 {
+        0
+    }
+
+    /// The sample's state machine has no guard: a redrive into the work runs it again (F7).
+    fn guards_redriven_work(&self) -> bool {
+        false
     }
 
     fn stored_count(&self, store: Option<SampleItem>) -> i64 {

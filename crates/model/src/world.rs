@@ -23,7 +23,10 @@
 //! - the clock moves on by a tick (a bounded number of times);
 //! - a writer that has just seen the item sends a rotation of its fences, if one is due then,
 //!   which lands at any later step (a bounded number of rotations per run). In production the
-//!   writer is a release, cleanup or sweep that has just written; here any moment is allowed.
+//!   writer is a release, cleanup or sweep that has just written; here any moment is allowed;
+//! - Step Functions redrives an execution that ended FAILED, ABORTED or TIMED_OUT (a bounded
+//!   number of redrives per run): it runs again as a new incarnation, with the same ARN, from the
+//!   state it stopped in (see "Redrive" below).
 //!
 //! The lock-protected state machine around an execution's attempts: acquire; on "full" wait and
 //! acquire again (at most `polls` more times, or any number of times), or give up; on
@@ -32,6 +35,27 @@
 //! release and fail; on "fenced" fail. A Step Functions retry of an attempt keeps the request
 //! time of the state's entry; a new entry makes a new one. Ending FAILED (or dying) emits a
 //! cleanup event; SUCCEEDED does not.
+//!
+//! Redrive (F7). Incarnation n of an execution (n = its redrive count) acquires and releases with
+//! its own acquisition id, `r{n}` (the acquire and release functions make it from
+//! `$$.Execution.RedriveCount`), so its slot is told apart from the slots of earlier incarnations.
+//! A redriven execution resumes where it stopped:
+//! - in its acquire (or wait) state: it acquires anew; an acquire of incarnation n > 0 refused
+//!   because its execution was cleaned up (`Fenced(ExecutionEnded)`) is answered "redriven", and
+//!   the execution waits and asks again, until two rotations have dropped the fence;
+//! - in the protected work: the child execution is named after the old acquisition and exists
+//!   already, so the work task fails (`ExecutionAlreadyExists`); the execution releases (its own,
+//!   new acquisition: nothing) and fails with `SemaphoreRedriveRefused`, emitting a cleanup event;
+//! - in a release task: it releases again (its new acquisition's, which frees nothing: the slot
+//!   of the incarnation that acquired is left to cleanup or the sweeper);
+//! - at a Fail state: it fails again at once, emitting another cleanup event.
+//!
+//! A cleanup (event or sweeper) asks `DescribeExecution` before its fence and does nothing if the
+//! execution runs again; after its fence has landed it asks again before freeing what the fence
+//! saw, and frees nothing if the execution runs again by then (an incarnation redriven between
+//! the first question and the fence may hold a slot the fence saw; asking only before the fence
+//! is the broken variant `cleanup-checks-running-only-before-fence`). A cleanup that stops so
+//! leaves what the old incarnations held to a later event or the sweeper.
 //!
 //! States are identified up to a renaming of the executions (they are interchangeable) and, for
 //! the product's protocol, up to the values of the version counter (see [`Protocol`]'s
@@ -81,6 +105,9 @@ pub struct Config {
     pub ticks: u8,
     /// How many fence rotations may happen in one run, each at any moment it is due.
     pub rotations: u8,
+    /// How many times in one run Step Functions may redrive an execution that ended FAILED,
+    /// ABORTED or TIMED_OUT (at most `MAX_INCARNATIONS - 1`; any executions, one at a time).
+    pub redrives: u8,
 }
 
 impl Config {
@@ -105,6 +132,7 @@ impl Config {
             sweeps: 0,
             ticks: 1,
             rotations: 2,
+            redrives: 0,
         }
     }
 
@@ -126,6 +154,7 @@ impl Config {
             sweeps: 1,
             ticks: 1,
             rotations: 2,
+            redrives: 0,
         }
     }
 }
@@ -158,6 +187,9 @@ impl fmt::Display for Config {
                 plural(self.ticks, "tick of the clock", "ticks of the clock"),
                 plural(self.rotations, "fence rotation", "fence rotations")
             ));
+        }
+        if self.redrives > 0 {
+            faults.push(plural(self.redrives, "redrive", "redrives"));
         }
         write!(
             f,
@@ -195,9 +227,9 @@ impl fmt::Display for Config {
 /// What an attempt does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum OpKind {
-    /// Acquire a slot for the execution's (single) acquisition.
+    /// Acquire a slot for the acquisition of the execution's incarnation.
     Acquire,
-    /// Release the execution's acquisition.
+    /// Release the acquisition of the execution's incarnation.
     Release,
     /// Clean up everything the (ended) execution holds.
     Cleanup,
@@ -208,6 +240,9 @@ pub enum OpKind {
 pub struct Op {
     pub kind: OpKind,
     pub exec: u8,
+    /// The incarnation that made the call: 0 for the first run, n after the n-th redrive. A
+    /// cleanup is for the execution, whatever its incarnations: always 0.
+    pub inc: u8,
 }
 
 /// How a call ended.
@@ -225,6 +260,12 @@ pub enum Answer {
     Expired,
     /// A request was lost: the caller sees an error.
     Lost,
+    /// Acquire of a redriven incarnation refused because its execution was cleaned up before the
+    /// redrive: not for good, the state machine waits and asks again until the fence is gone.
+    Redriven,
+    /// Cleanup: `DescribeExecution` says the execution runs again (it was redriven), so the
+    /// cleanup stops; what earlier incarnations hold is left to a later event or the sweeper.
+    Running,
 }
 
 /// Where an attempt goes after one step.
@@ -262,14 +303,16 @@ pub trait Protocol {
     fn describe_start(&self, op: Op) -> String;
     /// Whether the attempt has a write in flight (which may land or be lost).
     fn in_flight(&self, phase: Self::Phase) -> bool;
-    /// The attempt's next atomic step against the stored item. With `log`, appends what the
-    /// step did in words.
+    /// The attempt's next atomic step against the stored item. `running`: whether the op's
+    /// execution runs at this moment (what `DescribeExecution` would say; it can only run again
+    /// after it ended if it was redriven). With `log`, appends what the step did in words.
     fn advance(
         &self,
         op: Op,
         phase: Self::Phase,
         store: Option<Self::Item>,
         now: u8,
+        running: bool,
         log: Option<&mut String>,
     ) -> Advance<Self::Item, Self::Phase>;
     /// A rotation of the fences, if the protocol has them and one is due on `store` at tick
@@ -282,8 +325,17 @@ pub trait Protocol {
         store: Option<Self::Item>,
         log: Option<&mut String>,
     ) -> Option<Self::Item>;
-    /// The executions that hold a slot (bit i: `exec-(i+1)`).
+    /// The slots held: bit [`slot_bit`]`(e, k)` for the slot of `exec-(e+1)`'s acquisition
+    /// `k` (the acquisition incarnation `k` uses, see `acquisition_of`).
     fn holders(&self, store: Option<Self::Item>) -> u32;
+    /// Which of the execution's acquisitions incarnation `inc` acquires and releases with: its
+    /// own, `inc`, unless the protocol reuses one.
+    fn acquisition_of(&self, inc: u8) -> u8 {
+        inc
+    }
+    /// Whether a redrive into the protected work is refused (the work task meets the child
+    /// execution that already ran under the old acquisition) instead of running the work again.
+    fn guards_redriven_work(&self) -> bool;
     /// The number of holders the item records (its count attribute, or derived).
     fn stored_count(&self, store: Option<Self::Item>) -> i64;
     fn describe(&self, store: Option<Self::Item>) -> String;
@@ -327,6 +379,37 @@ enum Stage {
     Ended(End),
 }
 
+/// Where a redrive resumes an execution: the state it stopped in. Recorded only in worlds with
+/// redrives, so that the states of other worlds stay as they were.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Resume {
+    /// Not redrivable (it succeeded, or the world has no redrives), or still running.
+    Never,
+    /// The acquire state (its Task, or the Choice after it).
+    Acquire,
+    /// "Wait for a free slot", after "full" (or "redriven").
+    Wait,
+    /// "Protected work".
+    Work,
+    /// "Release slot" (`failed: false`) or "Release after failure".
+    Release { failed: bool },
+    /// A Fail state: "Fail with the error" (or "Fail without a slot").
+    FailState,
+}
+
+impl Resume {
+    /// Where an execution in `stage` is stopped (or its Task fails for good).
+    fn stopped_in(stage: Stage) -> Self {
+        match stage {
+            Stage::Acquiring => Self::Acquire,
+            Stage::Waiting => Self::Wait,
+            Stage::Holding => Self::Work,
+            Stage::Releasing { failed } => Self::Release { failed },
+            Stage::Ended(_) => Self::Never,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Exec {
     stage: Stage,
@@ -334,6 +417,10 @@ struct Exec {
     polls_left: u8,
     /// Lambda invocations so far (to number attempts in traces); 0 once ended.
     invocations: u8,
+    /// Its incarnation: how many times it was redriven.
+    inc: u8,
+    /// Where a redrive would resume it, once it has ended.
+    resume: Resume,
 }
 
 impl Exec {
@@ -379,9 +466,11 @@ pub struct State<I, P> {
     duplicates_left: u8,
     deaths_left: u8,
     sweeps_left: u8,
-    /// Executions a release or cleanup write for which has landed (for S3).
+    /// Incarnations (bit [`slot_bit`]`(e, n)`) a release or cleanup write for which has landed
+    /// (for S3): a release retires the incarnation that sent it, a cleanup every incarnation of
+    /// its execution that had ended when its fence landed.
     retired: u32,
-    /// Executions an acquire of which landed after they were retired (S3 violated).
+    /// Incarnations an acquire of which landed after they were retired (S3 violated).
     resurrected: u32,
     /// Ticks of the clock so far, and still to come.
     now: u8,
@@ -389,10 +478,43 @@ pub struct State<I, P> {
     rotations_left: u8,
     /// A rotation of the fences in flight.
     rotation: Option<P>,
-    /// Executions a cleanup event for which was lost.
+    /// Executions a cleanup event for which was lost, or stopped because the execution ran again
+    /// (redriven): what they hold may be left to the sweeper.
     lost: u32,
+    /// Redrives still to come in this run.
+    redrives_left: u8,
     /// The event emitted by the step being taken (none between steps).
     emitted: Option<u8>,
+}
+
+impl<I, P> State<I, P> {
+    /// Execution `e`'s incarnation: how many times it was redriven.
+    pub fn incarnation(&self, e: u8) -> u8 {
+        self.execs[e as usize].inc
+    }
+
+    /// Whether execution `e` is doing its protected work.
+    pub fn working(&self, e: u8) -> bool {
+        self.execs[e as usize].stage == Stage::Holding
+    }
+
+    /// Whether execution `e` is in its acquire or wait state.
+    pub fn acquiring(&self, e: u8) -> bool {
+        matches!(
+            self.execs[e as usize].stage,
+            Stage::Acquiring | Stage::Waiting
+        )
+    }
+
+    /// Whether execution `e` is in its wait state (told "full" or "redriven").
+    pub fn waiting(&self, e: u8) -> bool {
+        self.execs[e as usize].stage == Stage::Waiting
+    }
+
+    /// Whether a release or cleanup for incarnation `k` of execution `e` has landed.
+    pub fn retired(&self, e: u8, k: u8) -> bool {
+        self.retired & slot_bit(e, k) != 0
+    }
 }
 
 /// The world around a protocol, explorable by [`crate::explore::explore`].
@@ -406,9 +528,41 @@ pub struct World<P> {
 
 /// The most executions a world can have.
 pub const MAX_EXECUTIONS: usize = 8;
+/// The most incarnations of one execution (its first run and its redrives): slots and
+/// incarnations of all executions fit one `u32` mask.
+pub const MAX_INCARNATIONS: usize = 4;
 
 pub fn exec_name(e: u8) -> String {
     format!("exec-{}", e + 1)
+}
+
+/// The acquisition id of incarnation `n`, as the product makes it from the redrive count.
+pub fn acquisition_name(n: u8) -> String {
+    format!("r{n}")
+}
+
+/// The bit of execution `e`'s acquisition (or incarnation) `k` in a mask of slots or
+/// incarnations.
+pub fn slot_bit(e: u8, k: u8) -> u32 {
+    debug_assert!(usize::from(k) < MAX_INCARNATIONS);
+    1 << (usize::from(e) * MAX_INCARNATIONS + usize::from(k))
+}
+
+/// The bits of execution `e`'s acquisitions (or incarnations) `0..n`.
+fn slots_below(e: u8, n: u8) -> u32 {
+    (0..n).fold(0, |m, k| m | slot_bit(e, k))
+}
+
+/// The executions (bit e) that have any bit in a mask of slots or incarnations.
+fn per_exec(slots: u32) -> u32 {
+    (0..MAX_EXECUTIONS as u8)
+        .filter(|&e| slots & slots_below(e, MAX_INCARNATIONS as u8) != 0)
+        .fold(0, |m, e| m | (1 << e))
+}
+
+/// Execution `e`'s part of a mask of slots or incarnations, as bits `0..MAX_INCARNATIONS`.
+fn exec_part(slots: u32, e: u8) -> u32 {
+    (slots >> (usize::from(e) * MAX_INCARNATIONS)) & ((1 << MAX_INCARNATIONS) - 1)
 }
 
 fn names(mask: u32) -> String {
@@ -419,11 +573,29 @@ fn names(mask: u32) -> String {
     names.join(", ")
 }
 
+/// Names the slots or incarnations of a mask: `exec-1/r0`.
+fn slot_names(mask: u32) -> String {
+    let mut names = Vec::new();
+    for e in 0..MAX_EXECUTIONS as u8 {
+        for k in 0..MAX_INCARNATIONS as u8 {
+            if mask & slot_bit(e, k) != 0 {
+                names.push(format!("{}/{}", exec_name(e), acquisition_name(k)));
+            }
+        }
+    }
+    names.join(", ")
+}
+
 impl<P: Protocol> World<P> {
     pub fn new(protocol: P, config: Config) -> Self {
         assert!(
             (1..=MAX_EXECUTIONS).contains(&usize::from(config.executions)),
             "1 to {MAX_EXECUTIONS} executions"
+        );
+        assert!(
+            usize::from(config.redrives) < MAX_INCARNATIONS,
+            "at most {} redrives",
+            MAX_INCARNATIONS - 1
         );
         Self {
             protocol,
@@ -458,7 +630,12 @@ impl<P: Protocol> World<P> {
             (Role::Event, _) => format!("cleanup (event) for {exec}"),
             (Role::Sweep, _) => format!("sweeper's cleanup of {exec}"),
             (role, kind) => format!(
-                "{exec} {} #{}{}",
+                "{exec}{} {} #{}{}",
+                if a.op.inc > 0 {
+                    format!(" (redrive {})", a.op.inc)
+                } else {
+                    String::new()
+                },
                 match kind {
                     OpKind::Acquire => "acquire",
                     OpKind::Release => "release",
@@ -479,6 +656,16 @@ impl<P: Protocol> World<P> {
             && s.attempts.is_empty()
             && s.events.iter().all(|&n| n == 0)
             && s.rotation.is_none()
+    }
+
+    /// Names incarnations (or slots) of a mask: by execution alone in a world without redrives
+    /// (each execution has one), else `exec-1/r1`.
+    fn incarnation_names(&self, mask: u32) -> String {
+        if self.config.redrives == 0 {
+            names(per_exec(mask))
+        } else {
+            slot_names(mask)
+        }
     }
 
     fn sweeping(s: &State<P::Item, P::Phase>) -> bool {
@@ -502,8 +689,12 @@ impl<P: Protocol> World<P> {
         requested: u8,
         words: &mut Words,
     ) {
-        let op = Op { kind, exec: e };
         let x = &mut s.execs[e as usize];
+        let op = Op {
+            kind,
+            exec: e,
+            inc: x.inc,
+        };
         x.invocations += 1;
         let attempt = Attempt {
             op,
@@ -522,14 +713,24 @@ impl<P: Protocol> World<P> {
         s.attempts.push(attempt);
     }
 
-    /// Ends execution `e`; its running attempts become zombies. FAILED (and a death) emits a
-    /// cleanup event, SUCCEEDED does not.
-    fn end(&self, s: &mut State<P::Item, P::Phase>, e: u8, how: End, words: &mut Words) {
+    /// Ends execution `e`, stopped in `resume`; its running attempts become zombies. FAILED
+    /// (and a death) emits a cleanup event, SUCCEEDED does not.
+    fn end(
+        &self,
+        s: &mut State<P::Item, P::Phase>,
+        e: u8,
+        how: End,
+        resume: Resume,
+        words: &mut Words,
+    ) {
+        let redrivable = self.config.redrives > 0 && how != End::Succeeded;
         s.execs[e as usize] = Exec {
             stage: Stage::Ended(how),
             retries_left: 0,
             polls_left: 0,
             invocations: 0,
+            inc: s.execs[e as usize].inc,
+            resume: if redrivable { resume } else { Resume::Never },
         };
         if how != End::Succeeded {
             // What becomes of the event (delivered, lost, or delivered twice) is chosen when it
@@ -552,6 +753,71 @@ impl<P: Protocol> World<P> {
         }
     }
 
+    /// Step Functions redrives ended execution `e`: its next incarnation runs from the state
+    /// the last one stopped in, with the same ARN and input. The old incarnation's attempts keep
+    /// running as zombies; its cleanup events stay pending.
+    fn redrive(&self, s: &mut State<P::Item, P::Phase>, e: u8, words: &mut Words) {
+        let x = s.execs[e as usize];
+        let inc = x.inc + 1;
+        s.redrives_left -= 1;
+        // The redriven state is scheduled anew, with its whole Retry budget: a superset of any
+        // smaller one.
+        s.execs[e as usize] = Exec {
+            stage: Stage::Acquiring,
+            retries_left: self.config.retries,
+            polls_left: self.config.polls.unwrap_or(0),
+            invocations: 0,
+            inc,
+            resume: Resume::Never,
+        };
+        let acquisition = acquisition_name(self.protocol.acquisition_of(inc));
+        words.say(|| {
+            format!(
+                "Step Functions redrives {} (redrive {inc}: acquisition {acquisition}): ",
+                exec_name(e)
+            )
+        });
+        match x.resume {
+            Resume::Acquire => {
+                words.say(|| "it enters its acquire state again: ".to_owned());
+                self.invoke(s, e, OpKind::Acquire, words);
+            }
+            Resume::Wait => {
+                s.execs[e as usize].stage = Stage::Waiting;
+                words.say(|| "it waits for a free slot again".to_owned());
+            }
+            Resume::Work if self.protocol.guards_redriven_work() => {
+                // The work task starts the child execution named after the old acquisition,
+                // which exists already: ExecutionAlreadyExists, caught; "Release after failure"
+                // names the error SemaphoreRedriveRefused and the execution fails with it.
+                s.execs[e as usize].stage = Stage::Releasing { failed: true };
+                words.say(|| {
+                    "its protected work meets the child execution named after the old \
+                     acquisition (ExecutionAlreadyExists) and does not run; Release after \
+                     failure (SemaphoreRedriveRefused): "
+                        .to_owned()
+                });
+                self.invoke(s, e, OpKind::Release, words);
+            }
+            Resume::Work => {
+                s.execs[e as usize].stage = Stage::Holding;
+                words.say(|| {
+                    "it runs its protected work again (no guard: broken variant)".to_owned()
+                });
+            }
+            Resume::Release { failed } => {
+                s.execs[e as usize].stage = Stage::Releasing { failed };
+                words.say(|| "it releases again: ".to_owned());
+                self.invoke(s, e, OpKind::Release, words);
+            }
+            Resume::FailState => {
+                words.say(|| format!("it resumes at its Fail state => {} fails", exec_name(e)));
+                self.end(s, e, End::Failed, Resume::FailState, words);
+            }
+            Resume::Never => unreachable!("only a redrivable execution is redriven"),
+        }
+    }
+
     /// The execution's reaction to the answer of its current attempt.
     fn answered(
         &self,
@@ -568,16 +834,17 @@ impl<P: Protocol> World<P> {
                 s.execs[e as usize].stage = Stage::Holding;
                 words.say(|| format!(" => {} holds a slot and does its work", name()));
             }
-            (OpKind::Acquire, Answer::Full) if self.config.polls.is_none() => {
+            // "redriven" is answered as "full" is: wait as long as the function says, ask again.
+            (OpKind::Acquire, Answer::Full | Answer::Redriven) if self.config.polls.is_none() => {
                 s.execs[e as usize].stage = Stage::Waiting;
                 words.say(|| format!(" => {} waits", name()));
             }
-            (OpKind::Acquire, Answer::Full) if x.polls_left > 0 => {
+            (OpKind::Acquire, Answer::Full | Answer::Redriven) if x.polls_left > 0 => {
                 s.execs[e as usize].polls_left -= 1;
                 words.say(|| format!(" => {} waits, then ", name()));
                 self.invoke(s, e, OpKind::Acquire, words);
             }
-            (OpKind::Acquire, Answer::Full) => {
+            (OpKind::Acquire, Answer::Full | Answer::Redriven) => {
                 s.execs[e as usize].stage = Stage::Releasing { failed: true };
                 words.say(|| format!(" => {} gives up waiting; ", name()));
                 self.invoke(s, e, OpKind::Release, words);
@@ -588,7 +855,7 @@ impl<P: Protocol> World<P> {
             }
             (OpKind::Acquire, Answer::Fenced) => {
                 words.say(|| format!(" => {} is refused and fails", name()));
-                self.end(s, e, End::Refused, words);
+                self.end(s, e, End::Refused, Resume::FailState, words);
             }
             (kind, Answer::Lost) if x.retries_left > 0 => {
                 s.execs[e as usize].retries_left -= 1;
@@ -603,15 +870,17 @@ impl<P: Protocol> World<P> {
             (OpKind::Release, Answer::Done) => {
                 if matches!(x.stage, Stage::Releasing { failed: true }) {
                     words.say(|| format!(" => {} fails", name()));
-                    self.end(s, e, End::Failed, words);
+                    self.end(s, e, End::Failed, Resume::FailState, words);
                 } else {
                     words.say(|| format!(" => {} succeeds", name()));
-                    self.end(s, e, End::Succeeded, words);
+                    self.end(s, e, End::Succeeded, Resume::Never, words);
                 }
             }
             (OpKind::Release, _) => {
+                // The release Task has no Catch: the execution fails in it, and a redrive runs
+                // it again.
                 words.say(|| format!(" => release failed for good; {} fails", name()));
-                self.end(s, e, End::Failed, words);
+                self.end(s, e, End::Failed, Resume::stopped_in(x.stage), words);
             }
             (kind, answer) => unreachable!("{kind:?} answered {answer:?}"),
         }
@@ -628,30 +897,40 @@ impl<P: Protocol> World<P> {
         match a.role {
             Role::Awaited => self.answered(s, a, answer, words),
             Role::Zombie => words.say(|| " (nobody waits for the answer)".to_owned()),
-            Role::Event => {
-                if answer == Answer::Lost {
-                    s.events[a.op.exec as usize] += 1;
-                    words.say(|| " => the cleanup machine will retry it".to_owned());
-                }
+            Role::Event if answer == Answer::Lost => {
+                s.events[a.op.exec as usize] += 1;
+                words.say(|| " => the cleanup machine will retry it".to_owned());
             }
-            Role::Sweep => {}
+            // For S2, a cleanup that stopped because its execution runs again is like a lost
+            // event: what the old incarnations hold is left to a later event or the sweeper.
+            Role::Event | Role::Sweep if answer == Answer::Running => {
+                s.lost |= 1 << a.op.exec;
+            }
+            Role::Event | Role::Sweep => {}
         }
     }
 
     /// One step of attempt `a`, which the caller has taken out of `s.attempts`.
     fn step(&self, s: &mut State<P::Item, P::Phase>, a: Attempt<P::Phase>, words: &mut Words) {
+        let e = a.op.exec;
+        let x = s.execs[e as usize];
         let advance = self
             .protocol
-            .advance(a.op, a.phase, s.store, s.now, words.log());
+            .advance(a.op, a.phase, s.store, s.now, x.alive(), words.log());
         s.store = advance.store;
-        let bit = 1 << a.op.exec;
-        if advance.wrote && a.op.kind != OpKind::Acquire {
-            // A release or cleanup for this execution has landed: from now on no acquire of it
-            // may land (S3).
-            s.retired |= bit;
-        }
-        if advance.wrote && a.op.kind == OpKind::Acquire && s.retired & bit != 0 {
-            s.resurrected |= bit;
+        // S3: from the moment a release or cleanup for an incarnation has landed, no acquire of
+        // that incarnation may land. A cleanup is for every incarnation that has ended, not for
+        // one redriven since and running now (its acquire is legitimate once the fence is gone).
+        let incarnation = slot_bit(e, a.op.inc);
+        if advance.wrote {
+            match a.op.kind {
+                OpKind::Release => s.retired |= incarnation,
+                OpKind::Cleanup => {
+                    s.retired |= slots_below(e, if x.alive() { x.inc } else { x.inc + 1 })
+                }
+                OpKind::Acquire if s.retired & incarnation != 0 => s.resurrected |= incarnation,
+                OpKind::Acquire => {}
+            }
         }
         match advance.next {
             Next::Continue(phase) => s.attempts.push(Attempt { phase, ..a }),
@@ -669,7 +948,8 @@ impl<P: Protocol> World<P> {
             Stage::Ended(how) => Err(how == End::Refused),
             stage => Ok(stage),
         };
-        if stage.is_err() && !pending && holders & (1 << e) == 0 {
+        let redrivable = s.redrives_left > 0 && x.resume != Resume::Never;
+        if stage.is_err() && !pending && holders & (1 << e) == 0 && !redrivable {
             // Finished: nothing will ever act for this execution again, and only requests for
             // it could read what the item says about it.
             return hash_one(&stage);
@@ -686,6 +966,7 @@ impl<P: Protocol> World<P> {
             let requested = (a.op.kind == OpKind::Acquire).then_some(a.requested);
             attempts[n] = hash_one(&(
                 a.op.kind,
+                a.op.inc,
                 a.role,
                 requested,
                 self.protocol.phase_key(a.op, a.phase, s.store),
@@ -699,11 +980,15 @@ impl<P: Protocol> World<P> {
             .rotation
             .map(|phase| self.protocol.rotation_exec_key(phase, e));
         hash_one(&(
-            (stage, x.retries_left, x.polls_left),
+            (stage, x.retries_left, x.polls_left, x.inc, x.resume),
             self.protocol.item_exec_key(s.store, e),
             &*attempts,
             s.events[e as usize],
-            (bit(s.retired), bit(s.resurrected), bit(s.lost)),
+            (
+                exec_part(s.retired, e),
+                exec_part(s.resurrected, e),
+                bit(s.lost),
+            ),
             rotation,
         ))
     }
@@ -769,7 +1054,7 @@ impl<P: Protocol> World<P> {
     ) -> (Option<P::Item>, String) {
         let mut store = store;
         let mut log = String::new();
-        let holders = self.protocol.holders(store);
+        let holders = per_exec(self.protocol.holders(store));
         for e in 0..self.config.executions {
             if holders & (1 << e) == 0 {
                 continue;
@@ -777,6 +1062,7 @@ impl<P: Protocol> World<P> {
             let op = Op {
                 kind: OpKind::Cleanup,
                 exec: e,
+                inc: 0,
             };
             let mut phase = self.protocol.start(op, now);
             if logging {
@@ -785,9 +1071,15 @@ impl<P: Protocol> World<P> {
             // A cleanup is at most two writes.
             for _ in 0..3 {
                 let mut words = String::new();
-                let advance =
-                    self.protocol
-                        .advance(op, phase, store, now, logging.then_some(&mut words));
+                // Everything has ended: nothing runs again.
+                let advance = self.protocol.advance(
+                    op,
+                    phase,
+                    store,
+                    now,
+                    false,
+                    logging.then_some(&mut words),
+                );
                 if logging {
                     log.push_str(&format!(" {words};"));
                 }
@@ -838,6 +1130,8 @@ impl<P: Protocol> Model for World<P> {
                 retries_left: 0,
                 polls_left: 0,
                 invocations: 0,
+                inc: 0,
+                resume: Resume::Never,
             }; MAX_EXECUTIONS],
             attempts: Vec::new(),
             events: [0; MAX_EXECUTIONS],
@@ -851,6 +1145,7 @@ impl<P: Protocol> Model for World<P> {
             rotations_left: c.rotations,
             rotation: None,
             lost: 0,
+            redrives_left: c.redrives,
             emitted: None,
         };
         for x in &mut s.execs[..c.executions as usize] {
@@ -859,6 +1154,8 @@ impl<P: Protocol> Model for World<P> {
                 retries_left: c.retries,
                 polls_left: c.polls.unwrap_or(0),
                 invocations: 0,
+                inc: 0,
+                resume: Resume::Never,
             };
         }
         for e in 0..c.executions {
@@ -876,7 +1173,8 @@ impl<P: Protocol> Model for World<P> {
             names((1 << self.config.executions) - 1),
             self.protocol.describe_start(Op {
                 kind: OpKind::Acquire,
-                exec: 0
+                exec: 0,
+                inc: 0,
             }),
         )
     }
@@ -980,8 +1278,30 @@ impl<P: Protocol> Model for World<P> {
                 t.deaths_left -= 1;
                 let mut words = Words::new(on);
                 words.say(|| format!("{} dies (stopped or timed out)", exec_name(e)));
-                self.end(&mut t, e, End::Died, &mut words);
+                self.end(
+                    &mut t,
+                    e,
+                    End::Died,
+                    Resume::stopped_in(x.stage),
+                    &mut words,
+                );
                 emit(t, words);
+            }
+        }
+
+        // Step Functions redrives an execution that ended FAILED, ABORTED or TIMED_OUT. (One
+        // refused while running has violated L1 already: its state is not explored further.)
+        if s.redrives_left > 0 {
+            for e in 0..self.config.executions {
+                let x = s.execs[e as usize];
+                if x.resume != Resume::Never
+                    && matches!(x.stage, Stage::Ended(End::Died | End::Failed))
+                {
+                    let mut t = s.clone();
+                    let mut words = Words::new(on);
+                    self.redrive(&mut t, e, &mut words);
+                    emit(t, words);
+                }
             }
         }
 
@@ -995,6 +1315,7 @@ impl<P: Protocol> Model for World<P> {
             let op = Op {
                 kind: OpKind::Cleanup,
                 exec: e,
+                inc: 0,
             };
             let a = Attempt {
                 op,
@@ -1017,7 +1338,9 @@ impl<P: Protocol> Model for World<P> {
         // The sweeper lists the lock and asks about every holder. A sweep that finds no holder
         // whose execution has ended does nothing but use up a sweep, so it is not explored: its
         // successor can do no more than the state it comes from.
-        let ended = self.protocol.holders(s.store) & self.ended_mask(s);
+        // An execution redriven since it ended runs: the sweeper leaves its slots alone (and
+        // the model's sweeper asks `DescribeExecution` when it lists the lock).
+        let ended = per_exec(self.protocol.holders(s.store)) & self.ended_mask(s);
         if self.config.sweeper && !Self::sweeping(s) && s.sweeps_left > 0 && ended != 0 {
             let mut t = s.clone();
             t.sweeps_left -= 1;
@@ -1025,6 +1348,7 @@ impl<P: Protocol> Model for World<P> {
                 let op = Op {
                     kind: OpKind::Cleanup,
                     exec: e,
+                    inc: 0,
                 };
                 t.attempts.push(Attempt {
                     op,
@@ -1111,13 +1435,20 @@ impl<P: Protocol> Model for World<P> {
                 ),
             });
         }
-        let working = s
-            .execs
-            .iter()
-            .enumerate()
-            .filter(|(_, x)| x.stage == Stage::Holding)
-            .fold(0u32, |m, (e, _)| m | (1 << e));
-        if working.count_ones() > limit || working & !holders != 0 {
+        // Working under the lock means holding a slot of the current incarnation: a slot an
+        // earlier incarnation left is cleanup's and the sweeper's to free, at any moment.
+        let mut working = 0u32;
+        let mut without = 0u32;
+        for (e, x) in self.execs(s).iter().enumerate() {
+            if x.stage == Stage::Holding {
+                let e = e as u8;
+                working |= 1 << e;
+                if holders & slot_bit(e, self.protocol.acquisition_of(x.inc)) == 0 {
+                    without |= slot_bit(e, x.inc);
+                }
+            }
+        }
+        if working.count_ones() > limit {
             return Err(Violation {
                 property: "S1",
                 detail: format!(
@@ -1127,12 +1458,32 @@ impl<P: Protocol> Model for World<P> {
                 ),
             });
         }
+        if without != 0 {
+            return Err(Violation {
+                property: "S1",
+                detail: format!(
+                    "{} {} working under the lock without holding a slot{}: {}",
+                    self.incarnation_names(without),
+                    if without.count_ones() == 1 {
+                        "is"
+                    } else {
+                        "are"
+                    },
+                    if self.config.redrives > 0 {
+                        " of its current incarnation"
+                    } else {
+                        ""
+                    },
+                    self.protocol.describe(s.store)
+                ),
+            });
+        }
         if s.resurrected != 0 {
             return Err(Violation {
                 property: "S3",
                 detail: format!(
                     "an acquire of {} landed after a release or cleanup for it had: {}",
-                    names(s.resurrected),
+                    self.incarnation_names(s.resurrected),
                     self.protocol.describe(s.store)
                 ),
             });
@@ -1162,13 +1513,13 @@ impl<P: Protocol> Model for World<P> {
                 settled &= !(1 << e);
             }
         }
-        if holders & settled != 0 {
+        if per_exec(holders) & settled != 0 {
             return Err(Violation {
                 property: "S2",
                 detail: format!(
                     "{} has ended, none of its requests is in flight and no cleanup event for it \
                      is pending or was lost, yet it holds a slot, for ever{}: {}",
-                    names(holders & settled),
+                    names(per_exec(holders) & settled),
                     if self.config.sweeper {
                         " unless the sweeper reclaims it"
                     } else {
@@ -1186,7 +1537,7 @@ impl<P: Protocol> Model for World<P> {
             } else {
                 (s.store, String::new())
             };
-            let left = self.protocol.holders(store);
+            let left = per_exec(self.protocol.holders(store));
             if left != 0 {
                 let (store, log) = if self.config.sweeper {
                     self.final_sweep(s.store, s.now, true)
@@ -1228,7 +1579,7 @@ impl<P: Protocol> Model for World<P> {
             // Everything but the attempt numbers (names in traces, which grow with every poll).
             s.store.hash(h);
             for x in self.execs(s) {
-                (x.stage, x.retries_left, x.polls_left).hash(h);
+                (x.stage, x.retries_left, x.polls_left, x.inc, x.resume).hash(h);
             }
             let mut attempts: Vec<_> = s
                 .attempts
@@ -1245,12 +1596,13 @@ impl<P: Protocol> Model for World<P> {
                 s.retired,
                 s.resurrected,
                 s.lost,
+                s.redrives_left,
             )
                 .hash(h);
             (s.now, s.ticks_left, s.rotations_left, s.rotation).hash(h);
             return;
         }
-        let holders = self.protocol.holders(s.store);
+        let holders = per_exec(self.protocol.holders(s.store));
         let mut keys = [0u64; MAX_EXECUTIONS];
         let keys = &mut keys[..self.config.executions as usize];
         for (e, key) in keys.iter_mut().enumerate() {
@@ -1263,6 +1615,7 @@ impl<P: Protocol> Model for World<P> {
             s.duplicates_left,
             s.deaths_left,
             s.sweeps_left,
+            s.redrives_left,
         )
             .hash(h);
         (

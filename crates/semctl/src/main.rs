@@ -1,19 +1,26 @@
 //! `semctl`: inspect and operate a semaphore table by hand.
 //!
-//! Exit status: 0 done (acquired, already held, released, nothing held, cleaned, status),
-//! 2 the lock is full, 3 refused because this holder/acquisition was released or cleaned up
-//! (fenced), 4 expired (the request is older than the acquire horizon and the fences rotated
-//! since: nothing was taken, run it again), 1 any error (message on stderr, nothing written;
-//! also a lock whose item version 1 wrote). Output is JSON on stdout.
+//! Exit status: 0 done (acquired, already held, released, nothing held, cleaned, status, list,
+//! sweep), 2 the lock is full, 3 refused because this holder/acquisition was released or
+//! cleaned up (fenced), 4 expired (the request is older than the acquire horizon and the fences
+//! rotated since: nothing was taken, run it again), 1 any error (message on stderr, nothing
+//! written on bad input; also a lock whose item version 1 wrote). Output is JSON on stdout.
+//!
+//! Three commands go over the whole table and can meet an item they cannot read (version 1's,
+//! say) among good ones: `list`, `sweep` and `release --all-of` without `--lock`. They do what
+//! they can with the rest, print it with each unreadable item named, say so on stderr and exit
+//! 1: a script notices, and one bad item never hides the other locks from an operator.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use aws_config::BehaviorVersion;
+use aws_config::{BehaviorVersion, SdkConfig};
 use clap::{Parser, Subcommand};
+use lambda_sweeper::{ExecutionArn, SfnExecutions, StateMachineArn};
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit,
-    LockName, ReleaseOutcome, Semaphore, SemaphoreItem, SystemClock, TableSetup, Timing,
+    rfc3339_millis, AcquireOutcome, AcquisitionId, CleanupOutcome, Clock, DynamoStore, HolderId,
+    Identity, InputError, Limit, LockName, Reclaimed, ReleaseOutcome, Semaphore, SemaphoreItem,
+    StoreError, SystemClock, TableSetup, Timing,
 };
 use serde_json::{json, Value};
 
@@ -23,7 +30,8 @@ use serde_json::{json, Value};
     about = "Operate a Step Functions semaphore table in DynamoDB"
 )]
 struct Cli {
-    /// DynamoDB endpoint, e.g. a local server (default: AWS, or AWS_ENDPOINT_URL).
+    /// AWS endpoint (DynamoDB, and Step Functions for `sweep`), e.g. a local server (default:
+    /// AWS, or AWS_ENDPOINT_URL).
     #[arg(long, global = true)]
     endpoint_url: Option<String>,
     /// AWS region (default: the usual AWS environment and profile).
@@ -65,14 +73,29 @@ enum Command {
         #[arg(long, default_value = AcquisitionId::DEFAULT)]
         acquisition: String,
     },
-    /// Free the slot of one acquisition (a no-op, exit 0, when nothing is held).
+    /// Free the slot of one acquisition (a no-op, exit 0, when nothing is held). With
+    /// --all-of EXECUTION, for an execution that ended without its cleanup: fence it and free
+    /// every slot it holds, on --lock or on every lock that holds it, and print what was freed
+    /// on each.
     Release {
-        #[arg(long)]
-        lock: String,
-        #[arg(long)]
-        holder: String,
-        #[arg(long, default_value = AcquisitionId::DEFAULT)]
+        /// The lock. With --all-of, only this lock; without it, every lock that holds the
+        /// execution now (found by a scan of the table; a lock it holds nothing on is not
+        /// fenced, and an acquire of it still in flight to one is the sweeper's).
+        #[arg(long, required_unless_present = "all_of")]
+        lock: Option<String>,
+        /// The holder of the slot (required without --all-of).
+        #[arg(long, required_unless_present = "all_of", conflicts_with = "all_of")]
+        holder: Option<String>,
+        /// The holder's acquisition whose slot is freed.
+        #[arg(long, default_value = AcquisitionId::DEFAULT, conflicts_with = "all_of")]
         acquisition: String,
+        /// The ARN of an execution that ended without its cleanup
+        /// (arn:...:execution:<machine>:<name>). Step Functions is not asked whether it has
+        /// ended: freeing the slots of one that still runs lets its work run without them
+        /// (`sweep --dry-run` shows what the sweeper judges ended). For a holder that is not
+        /// an execution, use `cleanup`.
+        #[arg(long, value_name = "EXECUTION")]
+        all_of: Option<String>,
     },
     /// What cleanup-from-incomplete does for an ended execution: free all its slots and fence it.
     Cleanup {
@@ -87,8 +110,30 @@ enum Command {
         #[arg(long)]
         lock: String,
     },
+    /// Every lock in the table, sorted by name, each as `status` shows it (a JSON array). An
+    /// item that cannot be read (one version 1 wrote) is listed with an "error" naming it, the
+    /// others as usual, and the exit status is 1.
+    List,
+    /// One sweep now, through the scheduled sweeper's own code: every holder that is a standard
+    /// execution (of the --state-machine-arn machines, if given; others are left alone) is
+    /// looked up in Step Functions at the same endpoint and region; one that has ended or no
+    /// longer exists, and whose work (a child execution) no longer runs, is fenced and its
+    /// slots freed; fences due a rotation are rotated. Prints what it reclaimed, holders
+    /// checked and errors. Sends no SNS notice and no metric: that is the scheduled sweeper's
+    /// job. Exit 1 if the sweep reported errors (a holder it could not check, an item it could
+    /// not read); the others are swept all the same.
+    Sweep {
+        /// Write nothing: print what a sweep would reclaim now (and rotate nothing).
+        #[arg(long)]
+        dry_run: bool,
+        /// Judge only the executions of this state machine (repeat the flag for several); the
+        /// deployed sweeper's STATE_MACHINE_ARNS. Default: every execution.
+        #[arg(long = "state-machine-arn", value_name = "ARN")]
+        state_machine_arns: Vec<String>,
+    },
 }
 
+const EXIT_ERROR: u8 = 1;
 const EXIT_FULL: u8 = 2;
 const EXIT_FENCED: u8 = 3;
 const EXIT_EXPIRED: u8 = 4;
@@ -116,7 +161,60 @@ fn clock_skew_seconds(text: &str) -> Result<u64, String> {
     seconds_in(text, Timing::CLOCK_SKEW_RANGE)
 }
 
-type Failure = Box<dyn std::error::Error>;
+/// Why a command did not run (exit 1, nothing on stdout).
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// A flag whose value is not what it must be; the message names the flag.
+    #[error("{flag}: {problem}")]
+    Argument { flag: &'static str, problem: String },
+    #[error("no AWS region: pass --region or set AWS_REGION")]
+    NoRegion,
+    #[error(transparent)]
+    Semaphore(#[from] semaphore_core::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a command printed, and its exit status.
+struct Answer {
+    output: Value,
+    code: u8,
+    /// Why the status is not 0 although there is an answer (items that could not be read,
+    /// errors of a sweep): said on stderr.
+    problem: Option<String>,
+}
+
+impl Answer {
+    fn done(output: Value) -> Self {
+        Self::exit(output, 0)
+    }
+
+    fn exit(output: Value, code: u8) -> Self {
+        Self {
+            output,
+            code,
+            problem: None,
+        }
+    }
+
+    /// Exit 1 with `problem` on stderr if there are `errors`, else 0.
+    fn unless_errors(output: Value, errors: &[String], what: &str) -> Self {
+        if errors.is_empty() {
+            return Self::done(output);
+        }
+        Self {
+            output,
+            code: EXIT_ERROR,
+            problem: Some(format!(
+                "{what} ({} listed in the output): {}",
+                errors.len(),
+                errors.join("; ")
+            )),
+        }
+    }
+}
 
 fn main() -> ExitCode {
     // The acquire's request time: when the operator asked, before anything else ran. A fence
@@ -153,12 +251,15 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli, requested_at_ms)) {
-        Ok((output, code)) => {
+        Ok(answer) => {
             println!(
                 "{}",
-                serde_json::to_string_pretty(&output).unwrap_or_default()
+                serde_json::to_string_pretty(&answer.output).unwrap_or_default()
             );
-            ExitCode::from(code)
+            if let Some(problem) = answer.problem {
+                eprintln!("semctl: error: {problem}");
+            }
+            ExitCode::from(answer.code)
         }
         Err(e) => {
             eprintln!("semctl: error: {e}");
@@ -167,10 +268,9 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli, requested_at_ms: u64) -> Result<(Value, u8), Failure> {
+async fn run(cli: Cli, requested_at_ms: u64) -> Result<Answer, Failure> {
     // Validate everything before building a client, so bad input never reaches the table.
-    let command = cli.command;
-    let request = Request::parse(&command)?;
+    let request = Request::parse(cli.command)?;
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
     if let Some(url) = &cli.endpoint_url {
         loader = loader.endpoint_url(url);
@@ -180,14 +280,14 @@ async fn run(cli: Cli, requested_at_ms: u64) -> Result<(Value, u8), Failure> {
     }
     let config = loader.load().await;
     if config.region().is_none() {
-        return Err("no AWS region: pass --region or set AWS_REGION".into());
+        return Err(Failure::NoRegion);
     }
     let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&config), &cli.table);
     let semaphore = Semaphore::new(store).with_timing(Timing {
         horizon: Duration::from_secs(cli.horizon_seconds),
         clock_skew: Duration::from_secs(cli.clock_skew_seconds),
     });
-    request.execute(&semaphore, requested_at_ms).await
+    request.execute(&semaphore, &config, requested_at_ms).await
 }
 
 /// A command with its inputs validated.
@@ -195,14 +295,56 @@ enum Request {
     Init,
     Acquire(LockName, Identity, Limit),
     Release(LockName, Identity),
+    /// Every slot of an execution, on one lock or (`None`) on every lock holding it.
+    ReleaseAllOf(HolderId, Option<LockName>),
     Cleanup(LockName, HolderId),
     Status(LockName),
+    List,
+    Sweep {
+        dry_run: bool,
+        state_machines: Vec<StateMachineArn>,
+    },
+}
+
+const EXECUTION_ARN_FORM: &str =
+    "arn:<partition>:states:<region>:<account>:execution:<machine>:<name>";
+const STATE_MACHINE_ARN_FORM: &str =
+    "arn:<partition>:states:<region>:<account>:stateMachine:<name>";
+
+/// The execution `--all-of` names. An execution ARN only: a typo (an execution's name, its
+/// machine's ARN) would otherwise fence a holder that never existed and free nothing, silently.
+fn execution_holder(text: &str) -> Result<HolderId, Failure> {
+    let bad = |problem: String| Failure::Argument {
+        flag: "--all-of",
+        problem,
+    };
+    if ExecutionArn::parse(text).is_none() {
+        let hint = if StateMachineArn::parse(text).is_some() {
+            "that is a state machine's ARN; pass the ARN of one of its executions"
+        } else {
+            "for a holder that is not an execution, use `semctl cleanup --lock L --holder H`"
+        };
+        return Err(bad(format!(
+            "{text:?} is not an execution ARN ({EXECUTION_ARN_FORM}); {hint}"
+        )));
+    }
+    HolderId::new(text).map_err(|e| bad(e.to_string()))
+}
+
+fn state_machine(text: &str) -> Result<StateMachineArn, Failure> {
+    StateMachineArn::parse(text).ok_or_else(|| Failure::Argument {
+        flag: "--state-machine-arn",
+        problem: format!(
+            "{text:?} is not a state machine ARN ({STATE_MACHINE_ARN_FORM}); leave the flag out \
+             to judge every execution"
+        ),
+    })
 }
 
 impl Request {
-    fn parse(command: &Command) -> Result<Self, semaphore_core::InputError> {
+    fn parse(command: Command) -> Result<Self, Failure> {
         let identity = |holder: &str, acquisition: &str| {
-            Ok::<_, semaphore_core::InputError>(Identity::new(
+            Ok::<_, InputError>(Identity::new(
                 HolderId::new(holder)?,
                 AcquisitionId::new(acquisition)?,
             ))
@@ -215,31 +357,58 @@ impl Request {
                 limit,
                 acquisition,
             } => Self::Acquire(
-                LockName::new(lock.as_str())?,
-                identity(holder, acquisition)?,
-                Limit::parse(limit)?,
+                LockName::new(lock)?,
+                identity(&holder, &acquisition)?,
+                Limit::parse(&limit)?,
             ),
+            Command::Release {
+                lock,
+                all_of: Some(execution),
+                ..
+            } => Self::ReleaseAllOf(
+                execution_holder(&execution)?,
+                lock.map(LockName::new).transpose()?,
+            ),
+            // clap requires both without --all-of; an empty value is the core's error.
             Command::Release {
                 lock,
                 holder,
                 acquisition,
+                all_of: None,
             } => Self::Release(
-                LockName::new(lock.as_str())?,
-                identity(holder, acquisition)?,
+                LockName::new(lock.unwrap_or_default())?,
+                identity(&holder.unwrap_or_default(), &acquisition)?,
             ),
-            Command::Cleanup { lock, holder } => Self::Cleanup(
-                LockName::new(lock.as_str())?,
-                HolderId::new(holder.as_str())?,
-            ),
-            Command::Status { lock } => Self::Status(LockName::new(lock.as_str())?),
+            Command::Cleanup { lock, holder } => {
+                Self::Cleanup(LockName::new(lock)?, HolderId::new(holder)?)
+            }
+            Command::Status { lock } => Self::Status(LockName::new(lock)?),
+            Command::List => Self::List,
+            Command::Sweep {
+                dry_run,
+                state_machine_arns,
+            } => {
+                let mut state_machines = Vec::new();
+                for text in &state_machine_arns {
+                    let machine = state_machine(text)?;
+                    if !state_machines.contains(&machine) {
+                        state_machines.push(machine);
+                    }
+                }
+                Self::Sweep {
+                    dry_run,
+                    state_machines,
+                }
+            }
         })
     }
 
     async fn execute(
         self,
         semaphore: &Semaphore<DynamoStore>,
+        sdk: &SdkConfig,
         requested_at_ms: u64,
-    ) -> Result<(Value, u8), Failure> {
+    ) -> Result<Answer, Failure> {
         Ok(match self {
             Self::Init => {
                 let table = semaphore.store().table();
@@ -247,7 +416,7 @@ impl Request {
                     TableSetup::Created => "created",
                     TableSetup::AlreadyExisted => "already_existed",
                 };
-                (json!({"table": table, "outcome": outcome}), 0)
+                Answer::done(json!({"table": table, "outcome": outcome}))
             }
             Self::Acquire(lock, identity, limit) => {
                 let outcome = semaphore
@@ -288,7 +457,7 @@ impl Request {
                     ),
                 };
                 merge(&mut out, fields);
-                (out, code)
+                Answer::exit(out, code)
             }
             Self::Release(lock, identity) => {
                 let outcome = semaphore.release(&lock, &identity).await?;
@@ -310,42 +479,177 @@ impl Request {
                         }),
                     },
                 );
-                (out, 0)
+                Answer::done(out)
             }
-            Self::Cleanup(lock, holder) => {
-                let now = semaphore.now_ms();
+            Self::ReleaseAllOf(holder, Some(lock)) => {
+                // One lock, named: the same as `cleanup`, also when it holds nothing there (the
+                // fence still stops a late acquire of it).
                 let outcome = semaphore.cleanup(&lock, &holder).await?;
-                let freed: Vec<Value> = outcome
-                    .freed
-                    .iter()
-                    .map(|(identity, holding)| {
-                        json!({
-                            "acquisition": identity.acquisition.as_str(),
-                            "token": holding.token.0,
-                            "held_ms": now.saturating_sub(holding.acquired_at_ms),
-                        })
-                    })
-                    .collect();
-                (
-                    json!({
-                        "lock": lock.as_str(),
-                        "holder": holder.as_str(),
-                        "outcome": "cleaned",
-                        "freed": freed,
-                        "count": outcome.count,
-                    }),
-                    0,
-                )
+                let cleaned = cleaned_json(&lock, &outcome, semaphore.now_ms());
+                Answer::done(json!({
+                    "holder": holder.as_str(),
+                    "outcome": "cleaned",
+                    "locks": [cleaned],
+                    "errors": [],
+                }))
+            }
+            Self::ReleaseAllOf(holder, None) => release_everywhere(semaphore, &holder).await?,
+            Self::Cleanup(lock, holder) => {
+                let outcome = semaphore.cleanup(&lock, &holder).await?;
+                let mut out = cleaned_json(&lock, &outcome, semaphore.now_ms());
+                merge(
+                    &mut out,
+                    json!({"holder": holder.as_str(), "outcome": "cleaned"}),
+                );
+                Answer::done(out)
             }
             Self::Status(lock) => {
                 let item = semaphore.status(&lock).await?;
-                (
-                    status_json(&item, semaphore.now_ms(), &semaphore.timing()),
-                    0,
-                )
+                Answer::done(status_json(&item, semaphore.now_ms(), &semaphore.timing()))
+            }
+            Self::List => list(semaphore).await?,
+            Self::Sweep {
+                dry_run,
+                state_machines,
+            } => {
+                let executions =
+                    SfnExecutions::of_machines(aws_sdk_sfn::Client::new(sdk), state_machines);
+                sweep(semaphore, &executions, dry_run).await?
             }
         })
     }
+}
+
+/// The lock an item that could not be read belongs to, when the error knows it.
+fn unreadable_lock(e: &StoreError) -> Option<&str> {
+    match e {
+        StoreError::OldFormat { lock }
+        | StoreError::CorruptItem { lock, .. }
+        | StoreError::Unexpected { lock, .. } => Some(lock),
+        StoreError::TableNotFound { .. } | StoreError::Dynamo { .. } => None,
+    }
+}
+
+async fn list(semaphore: &Semaphore<DynamoStore>) -> Result<Answer, Failure> {
+    let now = semaphore.now_ms();
+    let timing = semaphore.timing();
+    let mut entries: Vec<(Option<String>, Value)> = Vec::new();
+    let mut errors = Vec::new();
+    for item in semaphore.list().await? {
+        match item {
+            Ok(item) => entries.push((
+                Some(item.lock.to_string()),
+                status_json(&item, now, &timing),
+            )),
+            Err(e) => {
+                let lock = unreadable_lock(&e).map(str::to_owned);
+                entries.push((lock.clone(), json!({"lock": lock, "error": e.to_string()})));
+                errors.push(e.to_string());
+            }
+        }
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let output = Value::Array(entries.into_iter().map(|(_, entry)| entry).collect());
+    Ok(Answer::unless_errors(
+        output,
+        &errors,
+        "some items could not be read; the other locks are listed",
+    ))
+}
+
+/// Fences `holder` and frees its slots on every lock that holds it now, found by a scan. A lock
+/// that fails goes into "errors" and the others are still done (like the cleanup function):
+/// an operator freeing an execution's slots wants every slot it can get back.
+async fn release_everywhere(
+    semaphore: &Semaphore<DynamoStore>,
+    holder: &HolderId,
+) -> Result<Answer, Failure> {
+    let mut errors = Vec::new();
+    let mut locks = Vec::new();
+    for item in semaphore.list().await? {
+        match item {
+            Ok(item) if item.slots_of(holder).next().is_some() => locks.push(item.lock),
+            Ok(_) => {}
+            // It may hold a slot there, which this semaphore cannot free: say so.
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    locks.sort();
+    let mut cleaned = Vec::with_capacity(locks.len());
+    for lock in &locks {
+        match semaphore.cleanup(lock, holder).await {
+            Ok(outcome) => cleaned.push(cleaned_json(lock, &outcome, semaphore.now_ms())),
+            Err(e) => errors.push(format!("lock \"{lock}\": {e}")),
+        }
+    }
+    let mut output = json!({
+        "holder": holder.as_str(),
+        "outcome": "cleaned",
+        "locks": cleaned,
+        "errors": errors,
+    });
+    if locks.is_empty() {
+        merge(
+            &mut output,
+            json!({"message": format!("{holder} holds no slot on any lock: nothing written")}),
+        );
+    }
+    Ok(Answer::unless_errors(
+        output,
+        &errors,
+        "some locks could not be read or cleaned; the others were",
+    ))
+}
+
+async fn sweep(
+    semaphore: &Semaphore<DynamoStore>,
+    executions: &SfnExecutions,
+    dry_run: bool,
+) -> Result<Answer, Failure> {
+    let report = if dry_run {
+        semaphore.sweep_dry_run(executions).await?
+    } else {
+        semaphore.sweep(executions).await?
+    };
+    let mut slots: Vec<&Reclaimed> = report.reclaimed.iter().collect();
+    slots.sort_by(|a, b| {
+        (&a.lock, &a.holder, &a.acquisition).cmp(&(&b.lock, &b.holder, &b.acquisition))
+    });
+    let slots: Vec<Value> = slots
+        .into_iter()
+        .map(|slot| {
+            json!({
+                "lock": slot.lock.as_str(),
+                "holder": slot.holder.as_str(),
+                "acquisition": slot.acquisition.as_str(),
+                "token": slot.token.0,
+                "held_for_ms": slot.held_for_ms,
+                "reason": slot.reason,
+            })
+        })
+        .collect();
+    let mut output = json!({
+        "dry_run": dry_run,
+        "locks": report.locks,
+        "holders_checked": report.holders_checked,
+        "largest_item": report.largest_item.as_ref().map(|largest| json!({
+            "lock": largest.lock.as_str(),
+            "bytes": largest.bytes,
+        })),
+        "errors": report.errors,
+    });
+    // Distinct keys, so that a dry run's output is never read as slots taken back.
+    let fields = if dry_run {
+        json!({"would_reclaim": slots})
+    } else {
+        json!({"reclaimed": slots, "rotated": report.rotated})
+    };
+    merge(&mut output, fields);
+    Ok(Answer::unless_errors(
+        output,
+        &report.errors,
+        "the sweep reported errors; the rest was swept, and the next sweep retries them",
+    ))
 }
 
 fn merge(into: &mut Value, from: Value) {
@@ -354,6 +658,21 @@ fn merge(into: &mut Value, from: Value) {
     }
 }
 
+/// What a cleanup did on one lock.
+fn cleaned_json(lock: &LockName, outcome: &CleanupOutcome, now_ms: u64) -> Value {
+    let freed: Vec<Value> = outcome
+        .freed
+        .iter()
+        .map(|(identity, holding)| {
+            json!({
+                "acquisition": identity.acquisition.as_str(),
+                "token": holding.token.0,
+                "held_ms": now_ms.saturating_sub(holding.acquired_at_ms),
+            })
+        })
+        .collect();
+    json!({"lock": lock.as_str(), "freed": freed, "count": outcome.count})
+}
 fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Value {
     let item_bytes = semaphore_core::dynamo::stored_size(item);
     let holders: Vec<Value> = item

@@ -1,7 +1,8 @@
 //! `semctl` driven as an operator would, against the real local server: the exit codes, the
 //! zombie sequence, an expired request, what one critical section costs in requests, a lock
 //! written by version 1, and every kind of bad input (F6) answered by a named error with nothing
-//! written.
+//! written. The operator's commands too: `list`, `sweep` (against real executions on the local
+//! Step Functions, moto's execution mode) and `release --all-of`.
 
 use std::collections::HashMap;
 use std::process::Output;
@@ -10,11 +11,14 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
-use semaphore_core::{AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore};
+use semaphore_core::{
+    AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore,
+};
 use semaphore_tests::observe::{observe, raw_item};
 use semaphore_tests::proxy::{ForwardingProxy, HoldingProxy, Policy, Verdict};
+use semaphore_tests::sfn::{create_machine, ended, execution_mode, start, status, stop, unique};
 use semaphore_tests::{endpoint, fresh_table};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 struct Semctl {
     table: String,
@@ -82,6 +86,91 @@ impl Semctl {
     ) -> Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
         raw_item(&semaphore_tests::client_for(endpoint()), &self.table, lock).await
     }
+
+    /// The items of `locks` as stored, to tell that nothing was written.
+    async fn snapshot(&self, locks: &[&str]) -> Vec<Option<HashMap<String, AttributeValue>>> {
+        let mut items = Vec::new();
+        for lock in locks {
+            items.push(self.raw(lock).await);
+        }
+        items
+    }
+
+    /// A semaphore on this table, for setting up what semctl is then asked about.
+    fn direct(&self) -> Semaphore<DynamoStore> {
+        Semaphore::new(DynamoStore::new(
+            semaphore_tests::client_for(endpoint()),
+            &self.table,
+        ))
+    }
+
+    async fn put_version_1(&self, lock: &str) {
+        semaphore_tests::client_for(endpoint())
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(version_1_item(lock)))
+            .send()
+            .await
+            .expect("put a version-1 item");
+    }
+
+    /// Runs a command that must fail with a named error: exit 1, `expected` on stderr,
+    /// nothing on stdout.
+    fn fails(&self, args: &[&str], expected: &str) {
+        let out = self.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: expected {expected:?} in {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?} printed a result: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+/// Takes a slot as the acquire function would, so that semctl finds it held.
+async fn take(sem: &Semaphore<DynamoStore>, lock: &str, holder: &str, acquisition: &str) -> u64 {
+    match sem
+        .acquire(
+            &LockName::new(lock).unwrap(),
+            &Identity::new(
+                HolderId::new(holder).unwrap(),
+                AcquisitionId::new(acquisition).unwrap(),
+            ),
+            Limit::new(10).unwrap(),
+        )
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Acquired { token, .. } => token.0,
+        other => panic!("{holder} on {lock}: {other:?}"),
+    }
+}
+
+/// The holders of `lock` as stored, as "holder#acquisition", sorted.
+async fn held(semctl: &Semctl, lock: &str) -> Vec<String> {
+    let mut held: Vec<String> = semctl
+        .direct()
+        .status(&LockName::new(lock).unwrap())
+        .await
+        .unwrap()
+        .holders
+        .keys()
+        .map(Identity::slot_key)
+        .collect();
+    held.sort();
+    held
+}
+
+/// An execution ARN of the local server's account and region (no such execution exists unless
+/// a test starts it).
+fn execution(machine: &str, name: &str) -> String {
+    format!("arn:aws:states:us-east-1:123456789012:execution:{machine}:{name}")
 }
 
 /// `status`'s fences, last rotation and version are the stored item's, read raw.
@@ -462,13 +551,16 @@ async fn a_missing_table_is_reported_with_what_to_do() {
     let semctl = Semctl {
         table: "no-such-table".to_owned(),
     };
-    let out = semctl.run(&["status", "--lock", "L"]);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("does not exist") && stderr.contains("semctl init"),
-        "{stderr}"
-    );
+    let run_1 = execution("LockProtected", "run-1");
+    for args in [
+        vec!["status", "--lock", "L"],
+        vec!["list"],
+        vec!["sweep", "--dry-run"],
+        vec!["release", "--all-of", &run_1],
+    ] {
+        semctl.fails(&args, "does not exist");
+        semctl.fails(&args, "semctl init");
+    }
 }
 
 /// Records the operation of every request it forwards.
@@ -672,4 +764,454 @@ async fn a_lock_written_by_version_1_is_a_named_error_for_every_command_and_is_l
             "{args:?} changed the version-1 item"
         );
     }
+}
+
+/// What `list` prints of a lock is what `status` prints of it, but for how long each slot has
+/// been held by now.
+fn without_held_ms(mut entry: Value) -> Value {
+    for holder in entry["holders"].as_array_mut().into_iter().flatten() {
+        holder.as_object_mut().unwrap().remove("held_ms");
+    }
+    entry
+}
+
+#[tokio::test]
+async fn list_shows_every_lock_by_name_and_names_a_version_1_item_with_exit_1() {
+    let semctl = Semctl::new().await;
+    assert_eq!(semctl.json(&["list"], 0), json!([]), "an empty table");
+
+    let sem = semctl.direct();
+    take(&sem, "beta", "exec-1", "a").await;
+    take(&sem, "beta", "exec-2", "a").await;
+    // A released slot leaves a fence.
+    semctl.json(
+        &[
+            "release",
+            "--lock",
+            "beta",
+            "--holder",
+            "exec-2",
+            "--acquisition",
+            "a",
+        ],
+        0,
+    );
+    take(&sem, "alpha", "exec-3", "a-1").await;
+
+    let listed = semctl.json(&["list"], 0);
+    let entries = listed.as_array().expect("an array");
+    let locks: Vec<&str> = entries
+        .iter()
+        .map(|e| e["lock"].as_str().unwrap())
+        .collect();
+    assert_eq!(locks, ["alpha", "beta"]);
+    for entry in entries {
+        let lock = entry["lock"].as_str().unwrap();
+        let status = semctl.json(&["status", "--lock", lock], 0);
+        assert_eq!(without_held_ms(entry.clone()), without_held_ms(status));
+    }
+    let beta = &entries[1];
+    assert_eq!(beta["limit"], 10);
+    assert_eq!(beta["count"], 1);
+    assert_eq!(beta["holders"][0]["holder"], "exec-1");
+    assert_eq!(beta["holders"][0]["acquisition"], "a");
+    assert_eq!(beta["holders"][0]["token"], 1);
+    assert!(beta["holders"][0]["acquired_at"].is_string());
+    assert_matches_stored(beta, &semctl.raw("beta").await.unwrap());
+    assert!(beta["item_bytes"].as_u64().unwrap() > 50, "{beta:#}");
+    assert_eq!(beta["write_units_per_write"], 1);
+
+    // A version-1 item among them: listed, by name, with what is wrong; the others as before;
+    // exit 1 so that a script notices.
+    semctl.put_version_1("av1-lock").await;
+    let stored = semctl.snapshot(&["alpha", "av1-lock", "beta"]).await;
+    let out = semctl.run(&["list"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("could not be read")
+            && stderr.contains("\"av1-lock\" was written by version 1"),
+        "{stderr}"
+    );
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let entries = listed.as_array().expect("an array");
+    let locks: Vec<&str> = entries
+        .iter()
+        .map(|e| e["lock"].as_str().unwrap())
+        .collect();
+    assert_eq!(locks, ["alpha", "av1-lock", "beta"]);
+    let old = &entries[1];
+    assert_eq!(
+        old.as_object().unwrap().len(),
+        2,
+        "lock and error only: {old:#}"
+    );
+    assert!(
+        old["error"]
+            .as_str()
+            .unwrap()
+            .contains("the item for lock \"av1-lock\" was written by version 1"),
+        "{old:#}"
+    );
+    assert_eq!(entries[0]["holders"][0]["holder"], "exec-3");
+    assert_eq!(entries[2]["count"], 1);
+    assert_eq!(
+        semctl.snapshot(&["alpha", "av1-lock", "beta"]).await,
+        stored,
+        "list wrote"
+    );
+}
+
+/// A state machine whose executions wait an hour: RUNNING until stopped (then ABORTED).
+async fn waiting_machine(sfn: &aws_sdk_sfn::Client) -> String {
+    let definition = json!({
+        "StartAt": "Work",
+        "States": {"Work": {"Type": "Wait", "Seconds": 3600, "End": true}}
+    });
+    create_machine(sfn, &unique("LockProtected"), &definition).await
+}
+
+/// The slots a sweep printed, without how long each was held (which differs between runs).
+fn slots(answer: &Value, key: &str) -> Vec<Value> {
+    answer[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {key:?} in {answer:#}"))
+        .iter()
+        .map(|slot| {
+            assert!(slot["held_for_ms"].is_u64(), "{slot:#}");
+            let mut slot = slot.clone();
+            slot.as_object_mut().unwrap().remove("held_for_ms");
+            slot
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_dry_run_writes_nothing_and_lists_exactly_what_the_sweep_then_reclaims() {
+    let sfn = execution_mode().await;
+    let machine = waiting_machine(&sfn).await;
+    let running = start(&sfn, &machine, &unique("running"), &json!({})).await;
+    let aborted = start(&sfn, &machine, &unique("aborted"), &json!({})).await;
+    stop(&sfn, &aborted).await;
+    assert_eq!(ended(&sfn, &aborted).await, "ABORTED");
+    assert_eq!(status(&sfn, &running).await.as_deref(), Some("RUNNING"));
+    // An execution of another machine, which does not exist: left alone while the sweep is
+    // limited to `machine`, reclaimed once it is not.
+    let foreign = execution("SomeOtherMachine", &unique("gone"));
+
+    let semctl = Semctl::new().await;
+    let sem = semctl.direct();
+    take(&sem, "jobs", &running, "r0").await;
+    let a0 = take(&sem, "jobs", &aborted, "a0").await;
+    let a1 = take(&sem, "jobs", &aborted, "a1").await;
+    take(&sem, "jobs", "operator-1", "op").await;
+    let o0 = take(&sem, "orders", &aborted, "o0").await;
+    let f0 = take(&sem, "orders", &foreign, "f0").await;
+    let before = semctl.snapshot(&["jobs", "orders"]).await;
+
+    let only = ["--state-machine-arn", machine.as_str()];
+    let dry = semctl
+        .json_via(
+            endpoint(),
+            &[&["sweep", "--dry-run"], &only[..]].concat(),
+            0,
+        )
+        .await;
+    assert_eq!(
+        semctl.snapshot(&["jobs", "orders"]).await,
+        before,
+        "a dry run wrote"
+    );
+    let ended_slot = |lock: &str, acquisition: &str, token: u64| {
+        json!({
+            "lock": lock, "holder": aborted, "acquisition": acquisition, "token": token,
+            "reason": "execution status is ABORTED"
+        })
+    };
+    let would = slots(&dry, "would_reclaim");
+    assert_eq!(
+        would,
+        [
+            ended_slot("jobs", "a0", a0),
+            ended_slot("jobs", "a1", a1),
+            ended_slot("orders", "o0", o0),
+        ]
+    );
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["locks"], 2);
+    // running, aborted, the operator's id and the other machine's execution, once each.
+    assert_eq!(dry["holders_checked"], 4);
+    assert_eq!(dry["errors"], json!([]));
+    assert_eq!(dry["largest_item"]["lock"], "jobs");
+    assert!(
+        dry.get("reclaimed").is_none() && dry.get("rotated").is_none(),
+        "{dry:#}"
+    );
+
+    let swept = semctl
+        .json_via(endpoint(), &[&["sweep"][..], &only[..]].concat(), 0)
+        .await;
+    assert_eq!(slots(&swept, "reclaimed"), would);
+    assert_eq!(swept["dry_run"], false);
+    assert_eq!(swept["holders_checked"], 4);
+    assert_eq!(swept["errors"], json!([]));
+    assert!(swept["rotated"].is_u64(), "{swept:#}");
+    assert!(swept.get("would_reclaim").is_none(), "{swept:#}");
+    // The running execution keeps its slot, as do the operator and the other machine's holder.
+    assert_eq!(
+        held(&semctl, "jobs").await,
+        [format!("{running}#r0"), "operator-1#op".to_owned()]
+    );
+    assert_eq!(held(&semctl, "orders").await, [format!("{foreign}#f0")]);
+    assert_eq!(status(&sfn, &running).await.as_deref(), Some("RUNNING"));
+    // The aborted execution is fenced, as by its cleanup: a late acquire of it is refused.
+    semctl.json(
+        &[
+            "acquire",
+            "--lock",
+            "jobs",
+            "--holder",
+            &aborted,
+            "--acquisition",
+            "a2",
+            "--limit",
+            "10",
+        ],
+        3,
+    );
+
+    // Every machine's executions: the one that does not exist is reclaimed too.
+    let dry = semctl
+        .json_via(endpoint(), &["sweep", "--dry-run"], 0)
+        .await;
+    let gone = json!({
+        "lock": "orders", "holder": foreign, "acquisition": "f0", "token": f0,
+        "reason": "execution does not exist"
+    });
+    assert_eq!(slots(&dry, "would_reclaim"), std::slice::from_ref(&gone));
+    let swept = semctl.json_via(endpoint(), &["sweep"], 0).await;
+    assert_eq!(slots(&swept, "reclaimed"), [gone]);
+    let dry = semctl
+        .json_via(endpoint(), &["sweep", "--dry-run"], 0)
+        .await;
+    assert_eq!(dry["would_reclaim"], json!([]), "nothing left to reclaim");
+    assert_eq!(held(&semctl, "orders").await, Vec::<String>::new());
+    stop(&sfn, &running).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_that_meets_a_version_1_item_sweeps_the_rest_and_exits_1() {
+    execution_mode().await;
+    let semctl = Semctl::new().await;
+    let gone = execution("LockProtected", &unique("gone"));
+    let token = take(&semctl.direct(), "jobs", &gone, "g0").await;
+    semctl.put_version_1("v1-lock").await;
+    let stored = semctl.raw("v1-lock").await;
+
+    let endpoint_url = endpoint().to_owned();
+    let mut command = semctl.command(&endpoint_url, &["sweep"]);
+    let out = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the sweep reported errors"), "{stderr}");
+    let swept: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let errors = swept["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{swept:#}");
+    assert!(
+        errors[0]
+            .as_str()
+            .unwrap()
+            .contains("the item for lock \"v1-lock\" was written by version 1"),
+        "{swept:#}"
+    );
+    assert_eq!(
+        slots(&swept, "reclaimed"),
+        [json!({
+            "lock": "jobs", "holder": gone, "acquisition": "g0", "token": token,
+            "reason": "execution does not exist"
+        })]
+    );
+    assert_eq!(
+        semctl.raw("v1-lock").await,
+        stored,
+        "the version-1 item was touched"
+    );
+}
+
+#[tokio::test]
+async fn release_all_of_frees_an_execution_on_one_lock_or_on_every_lock_holding_it() {
+    let semctl = Semctl::new().await;
+    let sem = semctl.direct();
+    let ended = execution("LockProtected", &unique("ended"));
+    let other = execution("LockProtected", &unique("other"));
+    let a1 = take(&sem, "A", &ended, "a1").await;
+    let a2 = take(&sem, "A", &ended, "a2").await;
+    take(&sem, "A", &other, "x").await;
+    let b1 = take(&sem, "B", &ended, "b1").await;
+    take(&sem, "C", &other, "x").await;
+
+    // One lock: only B is touched.
+    let before = semctl.snapshot(&["A", "C"]).await;
+    let one = semctl.json(&["release", "--all-of", &ended, "--lock", "B"], 0);
+    let freed = |answer: &Value, n: usize| -> Vec<(String, u64)> {
+        answer["locks"][n]["freed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["acquisition"].as_str().unwrap().to_owned(),
+                    f["token"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(one["holder"], json!(ended));
+    assert_eq!(one["outcome"], "cleaned");
+    assert_eq!(one["locks"].as_array().unwrap().len(), 1, "{one:#}");
+    assert_eq!(one["locks"][0]["lock"], "B");
+    assert_eq!(freed(&one, 0), [("b1".to_owned(), b1)]);
+    assert_eq!(one["locks"][0]["count"], 0);
+    assert_eq!(
+        semctl.snapshot(&["A", "C"]).await,
+        before,
+        "other locks touched"
+    );
+    assert_eq!(held(&semctl, "A").await.len(), 3);
+    // Fenced on B: a late acquire of it is refused.
+    let late_acquire = |lock: &str| {
+        semctl.json(
+            &[
+                "acquire",
+                "--lock",
+                lock,
+                "--holder",
+                &ended,
+                "--acquisition",
+                "late",
+                "--limit",
+                "10",
+            ],
+            3,
+        )
+    };
+    late_acquire("B");
+
+    // Every lock holding it, found by a scan: A (B holds nothing of it any more; C never did).
+    let before_c = semctl.snapshot(&["B", "C"]).await;
+    let all = semctl.json(&["release", "--all-of", &ended], 0);
+    assert_eq!(all["locks"].as_array().unwrap().len(), 1, "{all:#}");
+    assert_eq!(all["locks"][0]["lock"], "A");
+    assert_eq!(
+        freed(&all, 0),
+        [("a1".to_owned(), a1), ("a2".to_owned(), a2)]
+    );
+    assert_eq!(all["locks"][0]["count"], 1);
+    assert_eq!(all["errors"], json!([]));
+    assert_eq!(held(&semctl, "A").await, [format!("{other}#x")]);
+    assert_eq!(
+        semctl.snapshot(&["B", "C"]).await,
+        before_c,
+        "B or C touched"
+    );
+    late_acquire("A");
+
+    // Nothing left: said, and nothing written.
+    let before = semctl.snapshot(&["A", "B", "C"]).await;
+    let again = semctl.json(&["release", "--all-of", &ended], 0);
+    assert_eq!(again["locks"], json!([]));
+    assert!(
+        again["message"]
+            .as_str()
+            .unwrap()
+            .contains("holds no slot on any lock"),
+        "{again:#}"
+    );
+    assert_eq!(semctl.snapshot(&["A", "B", "C"]).await, before);
+
+    // With a version-1 item in the table (which may hold it, unreadably): every other lock is
+    // done, the item is named, exit 1.
+    semctl.put_version_1("v1-lock").await;
+    let out = semctl.run(&["release", "--all-of", &other]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("\"v1-lock\" was written by version 1"),
+        "{stderr}"
+    );
+    let partial: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let locks: Vec<&str> = partial["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["lock"].as_str().unwrap())
+        .collect();
+    assert_eq!(locks, ["A", "C"]);
+    assert_eq!(
+        partial["errors"].as_array().unwrap().len(),
+        1,
+        "{partial:#}"
+    );
+    assert_eq!(held(&semctl, "A").await, Vec::<String>::new());
+    assert_eq!(held(&semctl, "C").await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn bad_input_to_list_sweep_and_release_all_of_is_a_named_error_and_writes_nothing() {
+    let semctl = Semctl::new().await;
+    // An execution that does not exist holds a slot: a sweep that ran would reclaim it, and a
+    // release --all-of that ran would free it.
+    let gone = execution("LockProtected", &unique("gone"));
+    take(&semctl.direct(), "L", &gone, "g0").await;
+    let before = semctl.snapshot(&["L"]).await;
+
+    let machine = "arn:aws:states:us-east-1:123456789012:stateMachine:LockProtected";
+    let control = execution("LockProtected", "run\u{7}1");
+    let long = execution("LockProtected", &"n".repeat(500));
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["list", "--lock", "L"], "unexpected argument '--lock'"),
+        (vec!["list", "--clock-skew-seconds", "0"], "expected whole seconds from 1 to 60"),
+        (
+            vec!["sweep", "--state-machine-arn", "LockProtected"],
+            "--state-machine-arn: \"LockProtected\" is not a state machine ARN",
+        ),
+        // An execution's ARN where a machine's is wanted; one bad value among good ones.
+        (
+            vec!["sweep", "--dry-run", "--state-machine-arn", machine, "--state-machine-arn", &gone],
+            "is not a state machine ARN (arn:<partition>:states:<region>:<account>:stateMachine:<name>)",
+        ),
+        (vec!["sweep", "--state-machine-arn"], "a value is required"),
+        (vec!["sweep", "--dry-run=yes"], "--dry-run"),
+        (vec!["sweep", "--horizon-seconds", "0"], "expected whole seconds from 1 to 300"),
+        (vec!["release", "--all-of", ""], "--all-of: \"\" is not an execution ARN"),
+        (
+            vec!["release", "--all-of", "run-1"],
+            "is not an execution ARN (arn:<partition>:states:<region>:<account>:execution:<machine>:<name>); for a holder that is not an execution, use `semctl cleanup",
+        ),
+        (vec!["release", "--all-of", machine], "that is a state machine's ARN"),
+        (vec!["release", "--all-of", &control], "--all-of: holder contains a control character"),
+        (vec!["release", "--all-of", &long], "--all-of: holder is 562 bytes long"),
+        (vec!["release", "--all-of", &gone, "--lock", ""], "lock name is empty"),
+        (
+            vec!["release", "--all-of", &gone, "--holder", &gone],
+            "'--all-of <EXECUTION>' cannot be used with '--holder <HOLDER>'",
+        ),
+        (
+            vec!["release", "--all-of", &gone, "--acquisition", "g0"],
+            "'--all-of <EXECUTION>' cannot be used with '--acquisition <ACQUISITION>'",
+        ),
+        (vec!["release", "--all-of"], "a value is required"),
+        (vec!["release", "--lock", "L"], "--holder <HOLDER>"),
+    ];
+    for (args, expected) in cases {
+        semctl.fails(&args, expected);
+    }
+    assert_eq!(
+        semctl.snapshot(&["L"]).await,
+        before,
+        "a rejected command wrote"
+    );
+    assert_eq!(held(&semctl, "L").await, [format!("{gone}#g0")]);
 }

@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use semaphore_model::world::MAX_EXECUTIONS;
+use semaphore_model::world::{MAX_EXECUTIONS, MAX_INCARNATIONS};
 use semaphore_model::{explore, ours_world, sample_world, Config, Variant};
 
 const USAGE: &str = "\
@@ -21,7 +21,9 @@ death, lost and late events, late writes, a final sweep); options change it.
   --variant NAME             a broken variant of ours: real (default), cleanup-without-fence,
                              cleanup-skips-when-nothing-held, release-without-fence,
                              acquire-without-limit, acquire-checks-fences-when-sent,
-                             rotation-without-horizon
+                             rotation-without-horizon; with redrives (default 1 for these):
+                             redrive-without-guard, redrive-reuses-acquisition,
+                             cleanup-ignores-redrive, cleanup-checks-running-only-before-fence
   --executions N             executions contending (default 3)
   --limit N                  the lock's limit (default 1)
   --retries N                Step Functions retries per execution (default 1)
@@ -32,6 +34,9 @@ death, lost and late events, late writes, a final sweep); options change it.
   --deaths N                 executions that may die (default 1; all with --every-fault)
   --duplicates N             cleanup events that may be delivered twice (default 0)
   --sweeps N                 sweeps at any moment, besides the final one (default 0)
+  --redrives N               redrives of failed, aborted or timed-out executions per run, each
+                             resuming where the execution stopped (default 0; at most 3; the
+                             sample is always checked without: it has no redrive handling)
   --no-sweeper               no sweeper at all
   --no-lost-events           cleanup events are never lost
   --lost-writes              writes in flight may be lost
@@ -65,6 +70,7 @@ fn parse() -> Result<Args, String> {
         max_states: None,
     };
     let mut deaths = None;
+    let mut redrives = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = |name: &str| -> Result<u64, String> {
@@ -103,6 +109,7 @@ fn parse() -> Result<Args, String> {
             "--deaths" => deaths = Some(small(value(&flag)?, &flag)?),
             "--duplicates" => c.duplicates = small(value(&flag)?, &flag)?,
             "--sweeps" => c.sweeps = small(value(&flag)?, &flag)?,
+            "--redrives" => redrives = Some(small(value(&flag)?, &flag)?),
             "--no-sweeper" => c.sweeper = false,
             "--no-lost-events" => c.lost_events = false,
             "--no-lost-writes" => c.lost_writes = false,
@@ -131,6 +138,15 @@ fn parse() -> Result<Args, String> {
     } else if every_fault {
         c.deaths = c.executions;
     }
+    // A variant that differs from the real protocol only when executions are redriven is
+    // checked with a redrive unless told otherwise.
+    c.redrives = redrives.unwrap_or(u8::from(args.variant.needs_redrives()));
+    if usize::from(c.redrives) >= MAX_INCARNATIONS {
+        return Err(format!(
+            "--redrives must be at most {}",
+            MAX_INCARNATIONS - 1
+        ));
+    }
     Ok(args)
 }
 
@@ -145,11 +161,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (what, report, must_fail) = if args.sample {
+    let (what, config, report, must_fail) = if args.sample {
         let world = sample_world(args.config);
         let world = if args.exact { world.exact() } else { world };
         (
             "the AWS sample's protocol".to_owned(),
+            world.config,
             explore(&world, args.max_states),
             true,
         )
@@ -158,17 +175,10 @@ fn main() -> ExitCode {
         let world = if args.exact { world.exact() } else { world };
         (
             format!("the product's protocol, variant {}", args.variant.name()),
+            world.config,
             explore(&world, args.max_states),
             args.variant != Variant::Real,
         )
-    };
-    let config = if args.sample {
-        Config {
-            sweeper: false,
-            ..args.config
-        }
-    } else {
-        args.config
     };
     println!("model check of {what}");
     println!("world: {config}");

@@ -1,5 +1,5 @@
-//! Step Functions ARNs, as far as the sweeper needs them: is a holder an execution, and of
-//! which state machine.
+//! Step Functions ARNs, as far as the cleanup function and the sweeper need them: is a holder an
+//! execution, of which state machine, and which execution a `startExecution` task started.
 
 use std::fmt;
 
@@ -113,6 +113,17 @@ impl StateMachineArn {
     }
 }
 
+impl StateMachineArn {
+    /// The ARN of this machine's standard execution named `name`: what `StartExecution` of this
+    /// machine (any version or alias of it) with that name makes.
+    pub fn execution(&self, name: &str) -> String {
+        format!(
+            "arn:{}:states:{}:{}:execution:{}:{name}",
+            self.partition, self.region, self.account, self.name
+        )
+    }
+}
+
 impl fmt::Display for StateMachineArn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -193,5 +204,19 @@ mod tests {
             machine.to_string(),
             "arn:aws:states:us-east-1:123456789012:stateMachine:LockProtected"
         );
+    }
+
+    #[test]
+    fn a_machine_names_the_executions_it_starts() {
+        let versioned =
+            StateMachineArn::parse("arn:aws:states:us-east-1:123456789012:stateMachine:Work:7")
+                .unwrap();
+        let execution = versioned.execution("run-1");
+        assert_eq!(
+            execution,
+            "arn:aws:states:us-east-1:123456789012:execution:Work:run-1"
+        );
+        let parsed = ExecutionArn::parse(&execution).unwrap();
+        assert!(versioned.owns(&parsed));
     }
 }

@@ -1,0 +1,273 @@
+//! The Step Functions calls of the cleanup function and the sweeper (`DescribeExecution`,
+//! `GetExecutionHistory`, `StopExecution`), behind [`Executions`] so that what they decide is
+//! plain code over answers; [`SfnClient`] makes the calls with the AWS SDK. And the rule both
+//! apply to an ended execution's children: [`ChildState`], [`may_still_start`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use aws_sdk_sfn::error::{DisplayErrorContext, SdkError};
+use aws_sdk_sfn::operation::describe_execution::DescribeExecutionError;
+use aws_sdk_sfn::operation::get_execution_history::GetExecutionHistoryError;
+use aws_sdk_sfn::operation::stop_execution::StopExecutionError;
+use aws_sdk_sfn::types::{ExecutionStatus, HistoryEvent};
+
+use crate::history::ChildExecution;
+
+/// The Lambda error type of a failed Step Functions call: the caller retries.
+pub const STEP_FUNCTIONS_ERROR: &str = "SemaphoreStepFunctionsError";
+
+/// An execution as `DescribeExecution` tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    pub status: ExecutionStatus,
+    pub state_machine_arn: String,
+    /// Epoch milliseconds; `None` while it runs.
+    pub stop_date_ms: Option<u64>,
+}
+
+impl Described {
+    /// Running, or about to run again: a redrive in progress (`PENDING_REDRIVE`) resumes the
+    /// same execution, same ARN.
+    pub fn is_running(&self) -> bool {
+        matches!(
+            self.status,
+            ExecutionStatus::Running | ExecutionStatus::PendingRedrive
+        )
+    }
+
+    pub fn status(&self) -> &str {
+        self.status.as_str()
+    }
+}
+
+/// A Step Functions call that failed (throttled, denied, unreachable...): nothing can be
+/// concluded from it, so the caller leaves everything as it is and tries again later.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Step Functions {operation} of {execution} failed: {message}")]
+pub struct SfnError {
+    pub operation: &'static str,
+    pub execution: String,
+    pub message: String,
+}
+
+/// The calls, as the cleanup function and the sweeper need them.
+pub trait Executions: Send + Sync {
+    /// `None`: the execution does not exist.
+    fn describe(
+        &self,
+        execution: &str,
+    ) -> impl Future<Output = Result<Option<Described>, SfnError>> + Send;
+
+    /// Every event, oldest first (every page); `None`: the execution does not exist.
+    fn history(
+        &self,
+        execution: &str,
+    ) -> impl Future<Output = Result<Option<Vec<HistoryEvent>>, SfnError>> + Send;
+
+    /// Stops a running execution with this error and cause; one that does not exist is left
+    /// as it is. (One that ended meanwhile may be an error: describe it again to tell.)
+    fn stop(
+        &self,
+        execution: &str,
+        error: &str,
+        cause: &str,
+    ) -> impl Future<Output = Result<(), SfnError>> + Send;
+}
+
+/// [`Executions`] through the AWS SDK.
+#[derive(Debug, Clone)]
+pub struct SfnClient {
+    client: aws_sdk_sfn::Client,
+}
+
+impl SfnClient {
+    pub fn new(client: aws_sdk_sfn::Client) -> Self {
+        Self { client }
+    }
+
+    pub fn client(&self) -> &aws_sdk_sfn::Client {
+        &self.client
+    }
+}
+
+fn failed<E, R>(operation: &'static str, execution: &str, e: SdkError<E, R>) -> SfnError
+where
+    E: std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    SfnError {
+        operation,
+        execution: execution.to_owned(),
+        message: DisplayErrorContext(e).to_string(),
+    }
+}
+
+impl Executions for SfnClient {
+    async fn describe(&self, execution: &str) -> Result<Option<Described>, SfnError> {
+        match self
+            .client
+            .describe_execution()
+            .execution_arn(execution)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(Some(Described {
+                status: out.status().clone(),
+                state_machine_arn: out.state_machine_arn().to_owned(),
+                stop_date_ms: out
+                    .stop_date()
+                    .and_then(|d| d.to_millis().ok())
+                    .and_then(|ms| u64::try_from(ms).ok()),
+            })),
+            // Only this answer proves the execution does not exist; anything else (throttling,
+            // access denied...) proves nothing.
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), DescribeExecutionError::ExecutionDoesNotExist(_)) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(failed("DescribeExecution", execution, e)),
+        }
+    }
+
+    async fn history(&self, execution: &str) -> Result<Option<Vec<HistoryEvent>>, SfnError> {
+        // Execution data included (the default): the acquire payloads are what is read.
+        let pages = self
+            .client
+            .get_execution_history()
+            .execution_arn(execution)
+            .max_results(1000)
+            .into_paginator()
+            .items()
+            .send()
+            .collect::<Result<Vec<HistoryEvent>, _>>()
+            .await;
+        match pages {
+            Ok(events) => Ok(Some(events)),
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), GetExecutionHistoryError::ExecutionDoesNotExist(_)) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(failed("GetExecutionHistory", execution, e)),
+        }
+    }
+
+    async fn stop(&self, execution: &str, error: &str, cause: &str) -> Result<(), SfnError> {
+        match self
+            .client
+            .stop_execution()
+            .execution_arn(execution)
+            .error(error)
+            .cause(cause)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), StopExecutionError::ExecutionDoesNotExist(_)) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(failed("StopExecution", execution, e)),
+        }
+    }
+}
+
+/// A child execution as Step Functions describes it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChildState {
+    /// Running (or about to run again after a redrive), an execution of this state machine.
+    Running {
+        state_machine: String,
+    },
+    Ended {
+        status: String,
+    },
+    /// Not found: never started, or not yet.
+    Missing,
+}
+
+/// Describes a child of an ended execution.
+pub async fn child_state(
+    executions: &impl Executions,
+    child: &ChildExecution,
+) -> Result<ChildState, SfnError> {
+    Ok(match executions.describe(&child.execution_arn).await? {
+        Some(d) if d.is_running() => ChildState::Running {
+            state_machine: d.state_machine_arn,
+        },
+        Some(d) => ChildState::Ended {
+            status: d.status().to_owned(),
+        },
+        None => ChildState::Missing,
+    })
+}
+
+/// How long after its parent ended a missing child may still be started by the parent's
+/// `StartExecution` call, if the history ends with that call in flight: one API call's time,
+/// generously. A child is named after its acquisition, so it is found if it was started.
+pub const START_IN_FLIGHT: Duration = Duration::from_secs(10);
+
+/// Whether a child not found may still appear: its start was in flight when the parent ended
+/// (the history does not settle it), and the parent ended less than [`START_IN_FLIGHT`] ago
+/// (or it is not known when). Such a child must be waited for, as a running one is: its work
+/// would otherwise run with the slot freed.
+pub fn may_still_start(
+    child: &ChildExecution,
+    parent_stopped_ms: Option<u64>,
+    now_ms: u64,
+) -> bool {
+    if child.settled {
+        return false;
+    }
+    let grace = u64::try_from(START_IN_FLIGHT.as_millis()).unwrap_or(u64::MAX);
+    parent_stopped_ms.is_none_or(|stopped| now_ms < stopped.saturating_add(grace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unsettled_start_of_a_parent_that_just_ended_may_still_start() {
+        let child = |settled| ChildExecution {
+            execution_arn: "arn:aws:states:us-east-1:123456789012:execution:w:c".to_owned(),
+            settled,
+        };
+        let stopped = 1_000_000;
+        assert!(may_still_start(
+            &child(false),
+            Some(stopped),
+            stopped + 9_999
+        ));
+        assert!(!may_still_start(
+            &child(false),
+            Some(stopped),
+            stopped + 10_000
+        ));
+        assert!(may_still_start(&child(false), None, stopped));
+        assert!(!may_still_start(&child(true), Some(stopped), stopped));
+        assert!(!may_still_start(&child(true), None, stopped));
+    }
+
+    #[test]
+    fn running_includes_a_pending_redrive() {
+        let described = |status| Described {
+            status,
+            state_machine_arn: String::new(),
+            stop_date_ms: None,
+        };
+        assert!(described(ExecutionStatus::Running).is_running());
+        assert!(described(ExecutionStatus::PendingRedrive).is_running());
+        for ended in [
+            ExecutionStatus::Succeeded,
+            ExecutionStatus::Failed,
+            ExecutionStatus::TimedOut,
+            ExecutionStatus::Aborted,
+        ] {
+            assert!(!described(ended).is_running());
+        }
+    }
+}

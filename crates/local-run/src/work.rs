@@ -1,0 +1,593 @@
+//! The work under the lock: the lock-protected machine runs the demo work as a child execution
+//! (`startExecution.sync:2`). Besides the locks, the run checks that every child ended while its
+//! parent held its slot (a stopped parent's child included: moto, like AWS when its best-effort
+//! stop fails, lets it run on, so the cleanup must stop it before it frees the slot), runs the
+//! redrive guard's path, and counts the state transitions of one critical section.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aws_sdk_sfn::types::ExecutionStatus;
+use serde_json::{json, Value};
+
+use crate::driver::{LockItems, Planned};
+use crate::local_aws;
+use crate::poller::{now_ms, PollStats};
+use crate::report::{short, RedriveGuardReport, StopParentReport, TransitionsReport, WorkReport};
+use crate::template::MachinePlan;
+use crate::versioned::{describe, list_executions, save_history, sfn_error, wait_ended, Sfn};
+use crate::{LockSpec, Role};
+
+/// A child execution of the work machine, and the lock-protected execution that started it
+/// (the holder its input's semaphore context names).
+#[derive(Debug, Clone)]
+pub struct Child {
+    pub arn: String,
+    pub parent: Option<String>,
+    pub status: String,
+    /// `None` while it runs.
+    pub stop_ms: Option<i64>,
+}
+
+/// Every execution of `machine`, with the parent its input names.
+pub async fn children(sfn: &Sfn, machine: &str) -> Result<Vec<Child>, String> {
+    let mut out = Vec::new();
+    for (arn, _, _) in list_executions(sfn, machine).await? {
+        let (ended, outcome) = describe(sfn, &arn).await?;
+        let input: Value = ended
+            .input
+            .as_deref()
+            .and_then(|i| serde_json::from_str(i).ok())
+            .unwrap_or(Value::Null);
+        out.push(Child {
+            arn,
+            parent: input["semaphore"]["holder"].as_str().map(str::to_owned),
+            stop_ms: (outcome.status != "RUNNING").then_some(ended.stop_ms),
+            status: outcome.status,
+        });
+    }
+    Ok(out)
+}
+
+/// The names of the states an execution entered, in order (one per state transition).
+pub async fn states_entered(sfn: &Sfn, arn: &str) -> Result<Vec<String>, String> {
+    let mut names = Vec::new();
+    let mut token = None;
+    loop {
+        let page = sfn
+            .get_execution_history()
+            .execution_arn(arn)
+            .max_results(1000)
+            .set_next_token(token)
+            .send()
+            .await
+            .map_err(|e| format!("GetExecutionHistory {arn}: {}", sfn_error(e)))?;
+        names.extend(
+            page.events()
+                .iter()
+                .filter_map(|e| e.state_entered_event_details())
+                .map(|d| d.name().to_owned()),
+        );
+        token = page.next_token().map(str::to_owned);
+        if token.is_none() {
+            return Ok(names);
+        }
+    }
+}
+
+/// The lock-protected machine's work state: the one that starts the child execution. Read from
+/// the definition, so that a renamed state is still found.
+pub fn work_state(protected: &MachinePlan) -> Result<String, String> {
+    let definition: Value = serde_json::from_str(&protected.definition)
+        .map_err(|e| format!("{}: {e}", protected.definition_uri))?;
+    definition["States"]
+        .as_object()
+        .and_then(|states| {
+            states.iter().find(|(_, s)| {
+                s["Resource"]
+                    .as_str()
+                    .is_some_and(|r| r.contains(":states:startExecution"))
+            })
+        })
+        .map(|(name, _)| name.clone())
+        .ok_or_else(|| {
+            format!(
+                "{} has no state that starts a child execution",
+                protected.definition_uri
+            )
+        })
+}
+
+async fn start(sfn: &Sfn, machine: &str, name: &str, input: &Value) -> Result<String, String> {
+    sfn.start_execution()
+        .state_machine_arn(machine)
+        .name(name)
+        .input(input.to_string())
+        .send()
+        .await
+        .map(|s| s.execution_arn().to_owned())
+        .map_err(|e| format!("StartExecution {name}: {}", sfn_error(e)))
+}
+
+/// Runs one critical section with no contention (the run's executions have not started) and
+/// counts its state transitions: the lock-protected execution's states entered and its child's.
+pub async fn count_transitions(
+    sfn: &Sfn,
+    protected: &MachinePlan,
+    work: &MachinePlan,
+    dir: &std::path::Path,
+) -> Result<TransitionsReport, String> {
+    let arn = start(sfn, &protected.arn, "probe-transitions", &json!({})).await?;
+    let outcome = wait_ended(sfn, &arn, std::time::Duration::from_secs(120)).await?;
+    if outcome.status != "SUCCEEDED" {
+        return Err(format!(
+            "the transition probe {} ended {} {:?}: {:?} [history: {}]",
+            short(&arn),
+            outcome.status,
+            outcome.error,
+            outcome.cause,
+            save_history(sfn, &arn, dir).await
+        ));
+    }
+    let work_state = work_state(protected)?;
+    let parent = states_entered(sfn, &arn).await?;
+    let child = children(sfn, &work.arn)
+        .await?
+        .into_iter()
+        .find(|c| c.parent.as_deref() == Some(arn.as_str()))
+        .ok_or_else(|| format!("the transition probe {} started no child", short(&arn)))?;
+    Ok(TransitionsReport {
+        semaphore_share: parent.iter().filter(|s| **s != work_state).count(),
+        work: states_entered(sfn, &child.arn).await?,
+        protected: parent,
+    })
+}
+
+/// Invokes one of our functions through the server's Lambda bridge, as Step Functions does.
+async fn invoke(endpoint: &str, function: &str, payload: &Value) -> Result<Value, String> {
+    let (status, body) = local_aws::http(
+        endpoint,
+        "POST",
+        &format!("/2015-03-31/functions/{function}/invocations"),
+        &payload.to_string(),
+    )
+    .await?;
+    if status != 200 {
+        return Err(format!("invoke {function}: HTTP {status}: {body}"));
+    }
+    serde_json::from_str(&body).map_err(|e| format!("invoke {function}: {e}: {body}"))
+}
+
+/// The redrive guard's ASL path. A redriven execution that failed in its work re-enters the
+/// work state with the child name of its first run, already taken: the start fails, the slot is
+/// released, and the execution fails with SemaphoreRedriveRefused. moto has no
+/// RedriveExecution, so the same meeting is made directly: the child name of an execution about
+/// to start is asked of the acquire function itself (on a lock of its own, released at once,
+/// so its fence touches no lock of the run), a child of that name is run first, then the
+/// execution.
+pub async fn redrive_guard(
+    sfn: &Sfn,
+    endpoint: &str,
+    protected: &MachinePlan,
+    work: &MachinePlan,
+    items: &LockItems,
+    default_lock: &str,
+) -> Result<RedriveGuardReport, String> {
+    let name = "probe-redrive-guard";
+    let arn = protected.arn.replace(":stateMachine:", ":execution:") + ":" + name;
+    let probe_lock = json!({"lock": "probe-child-name", "limit": 1});
+    let answer = invoke(
+        endpoint,
+        "acquire",
+        &json!({
+            "holder": arn,
+            "redrive_count": 0,
+            "requested_at": semaphore_core::rfc3339_millis(now_ms() as u64),
+            "input": probe_lock,
+        }),
+    )
+    .await?;
+    let child_name = answer["work"]["name"]
+        .as_str()
+        .ok_or_else(|| format!("the acquire function's answer has no work.name: {answer}"))?
+        .to_owned();
+    invoke(
+        endpoint,
+        "release",
+        &json!({"holder": arn, "redrive_count": 0, "input": probe_lock}),
+    )
+    .await?;
+    let first = start(sfn, &work.arn, &child_name, &json!({"work_seconds": 0})).await?;
+    wait_ended(sfn, &first, std::time::Duration::from_secs(60)).await?;
+    let started = start(sfn, &protected.arn, name, &json!({})).await?;
+    let outcome = wait_ended(sfn, &started, std::time::Duration::from_secs(120)).await?;
+    let entered = states_entered(sfn, &started).await?;
+    let held_after = items
+        .holders(default_lock)
+        .await?
+        .iter()
+        .filter(|h| **h == started)
+        .count();
+    let ok = outcome.status == "FAILED"
+        && outcome.error.as_deref() == Some("SemaphoreRedriveRefused")
+        && entered.contains(&work_state(protected)?)
+        && held_after == 0;
+    Ok(RedriveGuardReport {
+        execution: started,
+        child_name,
+        status: outcome.status,
+        error: outcome.error,
+        cause: outcome.cause,
+        held_after,
+        ok,
+    })
+}
+
+/// Every child against its parent's slot, as the poller saw it: a child must have ended
+/// before the first read that no longer saw its parent holding (or its parent still held at
+/// the end). `stopped` are the parents the run stopped, `swept` the holders whose slot a sweep
+/// reclaimed.
+#[allow(clippy::too_many_arguments)]
+pub fn report(
+    work: &MachinePlan,
+    children: &[Child],
+    planned: &[Planned],
+    locks: &[LockSpec],
+    stopped: &BTreeMap<String, Role>,
+    parent_status: &BTreeMap<String, String>,
+    poll: &PollStats,
+    swept: &BTreeSet<String>,
+) -> WorkReport {
+    let lock_of: BTreeMap<&str, &str> = planned
+        .iter()
+        .map(|p| (p.arn.as_str(), locks[p.lock].name.as_str()))
+        .collect();
+    let mut out = WorkReport {
+        machine: work.name.clone(),
+        ..WorkReport::default()
+    };
+    let mut child_of: BTreeMap<&str, &Child> = BTreeMap::new();
+    for child in children {
+        // The probes' children, and the child run first for the redrive guard, are not the
+        // run's executions.
+        let Some(parent) = child.parent.as_deref().filter(|p| lock_of.contains_key(p)) else {
+            continue;
+        };
+        child_of.insert(parent, child);
+        out.children += 1;
+        let seen = poll.last_seen_ms.contains_key(parent);
+        let freed = poll.gone_ms.get(parent).copied();
+        let verdict = match (child.stop_ms, freed) {
+            (_, _) if !seen => Err("its parent was never seen holding a slot".to_owned()),
+            (Some(stop), Some(freed)) if stop <= freed => Ok(Some(freed - stop)),
+            (Some(stop), Some(freed)) => Err(format!(
+                "it ended {} ms after its parent's slot was freed",
+                stop - freed
+            )),
+            // The parent still holds: a leak the lock's S2 check reports.
+            (Some(_), None) => Ok(None),
+            (None, Some(_)) => Err("still RUNNING, its parent's slot freed".to_owned()),
+            (None, None) => Err("still RUNNING at the end".to_owned()),
+        };
+        match verdict {
+            Ok(margin) => {
+                out.ended_under_the_slot += 1;
+                if let Some(m) = margin {
+                    out.min_margin_ms = Some(out.min_margin_ms.map_or(m, |x: i64| x.min(m)));
+                }
+            }
+            Err(why) => out.violations.push(format!(
+                "{} (child of {}): {why}",
+                short(&child.arn),
+                short(parent)
+            )),
+        }
+    }
+    for p in planned
+        .iter()
+        .filter(|p| stopped.get(&p.arn) == Some(&Role::StopMidWork))
+    {
+        let status = parent_status.get(&p.arn).map_or("?", String::as_str);
+        if status != "ABORTED" {
+            // The stop came after the work: nothing ran without the slot.
+            continue;
+        }
+        let lock = locks[p.lock].name.as_str();
+        let by = if swept.contains(&p.arn) {
+            "a sweep"
+        } else {
+            "the cleanup"
+        };
+        let line = match child_of.get(p.arn.as_str()) {
+            None => format!("{} ({lock}): stopped before its child started", p.name),
+            Some(child) => {
+                let ended = if child.status == "ABORTED" {
+                    out.children_stopped += 1;
+                    "was stopped"
+                } else {
+                    out.children_ended_on_their_own += 1;
+                    "ended on its own"
+                };
+                match (child.stop_ms, poll.gone_ms.get(&p.arn)) {
+                    (Some(stop), Some(freed)) => format!(
+                        "{} ({lock}): its child {} {} ({}), {} ms before {by} freed the slot",
+                        p.name,
+                        short(&child.arn),
+                        ended,
+                        child.status,
+                        freed - stop
+                    ),
+                    _ => format!(
+                        "{} ({lock}): its child {} is {}, the slot {}",
+                        p.name,
+                        short(&child.arn),
+                        child.status,
+                        if poll.gone_ms.contains_key(&p.arn) {
+                            "freed"
+                        } else {
+                            "still held"
+                        }
+                    ),
+                }
+            }
+        };
+        out.stopped_parents.push(line);
+    }
+    out
+}
+
+/// Whether any execution of `machine` is still running.
+pub async fn any_running(sfn: &Sfn, machine: &str) -> Result<bool, String> {
+    Ok(list_executions(sfn, machine)
+        .await?
+        .iter()
+        .any(|(_, _, s)| *s == ExecutionStatus::Running))
+}
+
+/// The stand-in for a user's Lambda function run as the work (WorkFunctionArns), served from
+/// this process through the emulator's runtime API: an invocation waits its event's
+/// `work_seconds`, then answers `{"worked_seconds", "fencing_token"}`. Named after this
+/// process's binary: the emulator routes invokes only to names of the workspace's binaries.
+pub const WORK_FUNCTION: &str = "local-run";
+
+/// Serves [`WORK_FUNCTION`] until the process ends, each invocation in a task of its own.
+pub fn serve_work_function(emulator: String) {
+    tokio::spawn(async move {
+        let base = format!("/.rt/{WORK_FUNCTION}/2018-06-01/runtime/invocation");
+        loop {
+            let next =
+                local_aws::http_with_headers(&emulator, "GET", &format!("{base}/next"), "").await;
+            let (event, id) = match next {
+                Ok((200, headers, body)) => match headers.get("lambda-runtime-aws-request-id") {
+                    Some(id) => (
+                        serde_json::from_str::<Value>(&body).unwrap_or(Value::Null),
+                        id.clone(),
+                    ),
+                    None => continue,
+                },
+                _ => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let (emulator, base) = (emulator.clone(), base.clone());
+            tokio::spawn(async move {
+                let seconds = event["work_seconds"]
+                    .as_f64()
+                    .unwrap_or(1.0)
+                    .clamp(0.0, 600.0);
+                tokio::time::sleep(std::time::Duration::from_secs_f64(seconds)).await;
+                let answer = json!({
+                    "worked_seconds": seconds,
+                    "fencing_token": event["semaphore"]["fencing_token"],
+                });
+                let path = format!("{base}/{id}/response");
+                if let Err(e) = local_aws::http(&emulator, "POST", &path, &answer.to_string()).await
+                {
+                    eprintln!("{WORK_FUNCTION}: answering {id}: {e}");
+                }
+            });
+        }
+    });
+}
+
+/// What [`stop_the_parent`] runs.
+pub struct StopParent<'a> {
+    pub protected: &'a MachinePlan,
+    /// The machine the child runs on: the demo work, or the work-function runner.
+    pub child_machine: &'a MachinePlan,
+    pub cleanup: &'a MachinePlan,
+    pub input: Value,
+    pub name: &'a str,
+    pub work: &'a str,
+    /// The child must have been stopped (a state machine), or have ended on its own while the
+    /// cleanup waited (a Lambda function, which cannot be stopped).
+    pub expect_stopped: bool,
+}
+
+/// Stops an execution while its work runs and hands its status event to the cleanup machine
+/// at once; a poller of its lock (every 50 ms) tells when its slot was freed. On AWS, Step
+/// Functions also tries to stop a stopped parent's `.sync` child, best effort; moto does not,
+/// so what is seen here is the cleanup's own guarantee: the child was stopped (or, for a
+/// Lambda, had ended) before the slot was freed.
+pub async fn stop_the_parent(
+    sfn: &Sfn,
+    probe: StopParent<'_>,
+    items: &LockItems,
+    lock: &str,
+    stack: &crate::template::Stack,
+) -> Result<StopParentReport, String> {
+    let parent = start(sfn, &probe.protected.arn, probe.name, &probe.input).await?;
+    let freed = {
+        let (items, lock, parent) = (items.clone(), lock.to_owned(), parent.clone());
+        tokio::spawn(async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+            let mut held = false;
+            while std::time::Instant::now() < deadline {
+                if let Ok(holders) = items.holders(&lock).await {
+                    let answered_ms = now_ms();
+                    let holds = holders.contains(&parent);
+                    if held && !holds {
+                        return Some(answered_ms);
+                    }
+                    held |= holds;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            None
+        })
+    };
+    // Stop it once its child runs (for a Lambda, once the runner has had time to invoke it).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let child = loop {
+        let found = children(sfn, &probe.child_machine.arn)
+            .await?
+            .into_iter()
+            .find(|c| c.parent.as_deref() == Some(parent.as_str()) && c.status == "RUNNING");
+        if let Some(child) = found {
+            break child;
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!("{}: no child started within 60 s", probe.name));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    sfn.stop_execution()
+        .execution_arn(&parent)
+        .error("LocalRun.StopTheParent")
+        .send()
+        .await
+        .map_err(|e| format!("StopExecution {}: {}", probe.name, sfn_error(e)))?;
+    // The event is emitted once the execution has ended (ABORTED, with its stop date).
+    wait_ended(sfn, &parent, std::time::Duration::from_secs(30)).await?;
+    let (ended, _) = describe(sfn, &parent).await?;
+    let event = crate::events::status_change_event(
+        &ended,
+        &stack.region,
+        &stack.account,
+        &format!("{}-event", probe.name),
+    );
+    let cleanup = start(
+        sfn,
+        &probe.cleanup.arn,
+        &format!("{}-evt", probe.name),
+        &event,
+    )
+    .await?;
+    let cleaned = wait_ended(sfn, &cleanup, std::time::Duration::from_secs(180)).await?;
+    let child_end = wait_ended(sfn, &child.arn, std::time::Duration::from_secs(60)).await?;
+    let (child_ended, _) = describe(sfn, &child.arn).await?;
+    let freed_ms = freed.await.unwrap_or(None);
+    let waits = {
+        let definition: Value =
+            serde_json::from_str(&probe.cleanup.definition).unwrap_or(Value::Null);
+        let wait_states: BTreeSet<String> = definition["States"]
+            .as_object()
+            .map(|states| {
+                states
+                    .iter()
+                    .filter(|(_, s)| s["Type"] == "Wait")
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        states_entered(sfn, &cleanup)
+            .await?
+            .iter()
+            .filter(|s| wait_states.contains(*s))
+            .count()
+    };
+    let freed_after_child_ms = freed_ms.map(|f| f - child_ended.stop_ms);
+    let ended_as_expected = if probe.expect_stopped {
+        child_end.status == "ABORTED"
+    } else {
+        child_end.status == "SUCCEEDED" && waits > 0
+    };
+    Ok(StopParentReport {
+        work: probe.work.to_owned(),
+        parent,
+        child: child.arn,
+        child_ended_after_stop_ms: child_ended.stop_ms - ended.stop_ms,
+        ok: ended_as_expected
+            && cleaned.status == "SUCCEEDED"
+            && freed_after_child_ms.is_some_and(|ms| ms >= 0),
+        child_status: child_end.status,
+        freed_after_child_ms,
+        cleanup_waits: waits,
+        cleanup_status: cleaned.status,
+    })
+}
+
+/// The test runner (the stack's machine that starts many lock-protected executions at once,
+/// each with `{work_seconds, fail}` in its input for the demo work): a few executions, every
+/// second one failing on purpose. Returns whether it succeeded with exactly the planned
+/// failures, and what it answered.
+pub async fn run_test_runner(sfn: &Sfn, runner: &MachinePlan) -> Result<(bool, String), String> {
+    let input = json!({"executions": 4, "fail_every": 2, "work_seconds": 1});
+    let arn = start(sfn, &runner.arn, "probe-test-runner", &input).await?;
+    let outcome = wait_ended(sfn, &arn, std::time::Duration::from_secs(180)).await?;
+    let output: Value = outcome
+        .output
+        .as_deref()
+        .and_then(|o| serde_json::from_str(o).ok())
+        .unwrap_or(Value::Null);
+    let ok = outcome.status == "SUCCEEDED"
+        && output["succeeded"] == 2
+        && output["failed"] == 2
+        && output["planned_failures"] == 2;
+    let summary = if outcome.status == "SUCCEEDED" {
+        format!("{input} -> {output}")
+    } else {
+        format!(
+            "{input} -> {} {}: {}",
+            outcome.status,
+            outcome.error.unwrap_or_default(),
+            outcome.cause.unwrap_or_default()
+        )
+    };
+    Ok((ok, summary))
+}
+
+/// Runs the README's copy-paste fragment as the stack deploys it (`your-workflow-example`,
+/// lock `example-lock`, limit 2): one more execution than the limit at once, so that one of
+/// them waits in the fragment's loop. Ok when each succeeded with a fencing token of its own
+/// and the lock holds nothing after.
+pub async fn run_your_workflow_example(
+    sfn: &Sfn,
+    example: &MachinePlan,
+    item: &LockItems,
+) -> Result<(bool, String), String> {
+    const LOCK: &str = "example-lock";
+    let mut arns = Vec::new();
+    for n in 1..=3 {
+        let name = format!("probe-your-workflow-{n}");
+        arns.push(start(sfn, &example.arn, &name, &json!({"order": n})).await?);
+    }
+    let mut tokens = BTreeSet::new();
+    let mut ended = Vec::new();
+    for arn in &arns {
+        let outcome = wait_ended(sfn, arn, std::time::Duration::from_secs(120)).await?;
+        let output: Value = outcome
+            .output
+            .as_deref()
+            .and_then(|o| serde_json::from_str(o).ok())
+            .unwrap_or(Value::Null);
+        if let Some(token) = output["work"]["output"]["fencing_token"].as_u64() {
+            tokens.insert(token);
+        }
+        ended.push(outcome.status);
+    }
+    let held = item.holders(LOCK).await?;
+    let ok =
+        ended.iter().all(|s| s == "SUCCEEDED") && tokens.len() == arns.len() && held.is_empty();
+    Ok((
+        ok,
+        format!(
+            "{} executions on {LOCK} (limit 2) ended {}, {} distinct fencing tokens, {} held after",
+            arns.len(),
+            ended.join("/"),
+            tokens.len(),
+            held.len()
+        ),
+    ))
+}

@@ -1,0 +1,290 @@
+//! Just enough of the Amazon States Language to play a definition's states against the real
+//! Lambda handlers: payload templates rendered with a context object, `ResultSelector` and
+//! `ResultPath` applied to a task's result, and the paths `Choice`, `Wait`, `Pass` and `Fail`
+//! states read. A path that is not there panics, as Step Functions fails such a state with
+//! `States.Runtime`: a field an answer lacks, or a definition reading one it does not give, is
+//! noticed here. So is any expression this evaluator does not know, so a change of the
+//! definitions is noticed too.
+
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use crate::server::repo_root;
+
+/// What `$$` holds for the state being played.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// `$$.Execution`: `Id`, `Input`, `StartTime`, `RedriveCount`...
+    pub execution: Value,
+    /// `$$.State.EnteredTime`.
+    pub entered_time: String,
+}
+
+impl Context {
+    /// An execution's context: `RedriveCount` 0 and `StartTime` equal to `entered_time`.
+    pub fn new(id: &str, input: Value, entered_time: &str) -> Self {
+        Self {
+            execution: json!({
+                "Id": id,
+                "Input": input,
+                "Name": id.rsplit(':').next().unwrap_or(id),
+                "StartTime": entered_time,
+                "RedriveCount": 0
+            }),
+            entered_time: entered_time.to_owned(),
+        }
+    }
+
+    /// The same execution entering a state at `entered_time`.
+    pub fn entered(&self, entered_time: &str) -> Self {
+        Self {
+            execution: self.execution.clone(),
+            entered_time: entered_time.to_owned(),
+        }
+    }
+
+    /// The same execution after `redrive_count` redrives.
+    pub fn redriven(&self, redrive_count: u32) -> Self {
+        let mut next = self.clone();
+        next.execution["RedriveCount"] = json!(redrive_count);
+        next
+    }
+
+    fn value(&self) -> Value {
+        json!({
+            "Execution": self.execution,
+            "State": {"EnteredTime": self.entered_time}
+        })
+    }
+}
+
+/// `statemachines/<file>` with each `${Name}` of `substitutions` replaced (the template's
+/// `DefinitionSubstitutions`).
+pub fn definition(file: &str, substitutions: &[(&str, &str)]) -> Value {
+    let path = repo_root().join("statemachines").join(file);
+    definition_at(&path, substitutions)
+}
+
+pub fn definition_at(path: &Path, substitutions: &[(&str, &str)]) -> Value {
+    let mut text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    for (name, value) in substitutions {
+        text = text.replace(&format!("${{{name}}}"), value);
+    }
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// The state named `name`.
+pub fn state<'a>(definition: &'a Value, name: &str) -> &'a Value {
+    definition["States"]
+        .get(name)
+        .unwrap_or_else(|| panic!("no state {name:?} in the definition"))
+}
+
+/// Every Task state that invokes `function` (its `FunctionName`), by name.
+pub fn tasks_calling<'a>(definition: &'a Value, function: &str) -> Vec<(&'a str, &'a Value)> {
+    definition["States"]
+        .as_object()
+        .expect("States")
+        .iter()
+        .filter(|(_, s)| s["Parameters"]["FunctionName"] == json!(function))
+        .map(|(name, s)| (name.as_str(), s))
+        .collect()
+}
+
+/// The value at a JSONPath of the forms `$`, `$.a.b.c` and `$[0]` / `$.a[1]`, if it is there.
+pub fn read<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
+    let rest = path
+        .strip_prefix('$')
+        .unwrap_or_else(|| panic!("the test reads only $ paths, not {path:?}"));
+    let mut at = value;
+    let mut rest = rest;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix('[') {
+            let (index, after) = after
+                .split_once(']')
+                .unwrap_or_else(|| panic!("an unclosed [ in {path:?}"));
+            let index: usize = index
+                .parse()
+                .unwrap_or_else(|_| panic!("the test reads only [N] indices, not {path:?}"));
+            at = at.get(index)?;
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix('.') {
+            let end = after.find(['.', '[']).unwrap_or(after.len());
+            at = at.get(&after[..end])?;
+            rest = &after[end..];
+        } else {
+            panic!("the test reads only $, $.a.b and $[N] paths, not {path:?}");
+        }
+    }
+    Some(at)
+}
+
+/// The value at `path` of the state's input (`$...`) or of the context object (`$$...`);
+/// panics, as Step Functions fails the state, when it is not there.
+pub fn path(expression: &str, input: &Value, context: &Context) -> Value {
+    let (root, path) = match expression.strip_prefix('$') {
+        Some(rest) if rest.starts_with('$') => (context.value(), rest.to_owned()),
+        _ => (input.clone(), expression.to_owned()),
+    };
+    read(&root, &path)
+        .unwrap_or_else(|| {
+            panic!("States.Runtime: the JSONPath {expression} could not be found in {root}")
+        })
+        .clone()
+}
+
+/// Evaluates a `.$` value: a path, or one of the intrinsic functions the definitions use.
+pub fn evaluate(expression: &str, input: &Value, context: &Context) -> Value {
+    if let Some(args) = expression
+        .strip_prefix("States.JsonMerge(")
+        .and_then(|rest| rest.strip_suffix(')'))
+    {
+        let args: Vec<&str> = args.split(',').map(str::trim).collect();
+        let [left, right, "false"] = args.as_slice() else {
+            panic!("the test knows States.JsonMerge(a, b, false) only, not {expression}");
+        };
+        let (Value::Object(mut merged), Value::Object(right)) =
+            (path(left, input, context), path(right, input, context))
+        else {
+            panic!("States.Runtime: States.JsonMerge of something not an object in {expression}");
+        };
+        // A shallow merge: the right's keys win.
+        merged.extend(right);
+        return Value::Object(merged);
+    }
+    if expression.starts_with('$') {
+        return path(expression, input, context);
+    }
+    panic!("the test does not know how to evaluate {expression:?}; update tests/src/asl.rs");
+}
+
+/// Renders a template (`Parameters`, `Payload`, `ResultSelector`): keys ending in `.$` are
+/// expressions.
+pub fn render(template: &Value, input: &Value, context: &Context) -> Value {
+    match template {
+        Value::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .map(|(key, value)| match key.strip_suffix(".$") {
+                    Some(name) => (
+                        name.to_owned(),
+                        evaluate(
+                            value.as_str().expect("an expression is a string"),
+                            input,
+                            context,
+                        ),
+                    ),
+                    None => (key.clone(), render(value, input, context)),
+                })
+                .collect::<Map<String, Value>>(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// What a `ResultPath` makes of the state's input and a result: absent or `$` is the result,
+/// `null` the input unchanged, `$.a` the input with `a` set.
+pub fn apply_result_path(input: &Value, result_path: Option<&Value>, result: Value) -> Value {
+    match result_path {
+        None => result,
+        Some(Value::Null) => input.clone(),
+        Some(Value::String(p)) if p == "$" => result,
+        Some(Value::String(p)) => {
+            let key = p
+                .strip_prefix("$.")
+                .filter(|k| !k.contains('.'))
+                .unwrap_or_else(|| panic!("the test knows ResultPath $ and $.key only, not {p}"));
+            let mut output = input.clone();
+            output
+                .as_object_mut()
+                .expect("a ResultPath of $.key needs an object input")
+                .insert(key.to_owned(), result);
+            output
+        }
+        Some(other) => panic!("ResultPath {other} is not a path"),
+    }
+}
+
+/// A Task state's output for its raw `result` (for `lambda:invoke`, `{"Payload": answer}`):
+/// `ResultSelector`, then `ResultPath`.
+pub fn task_output(task: &Value, input: &Value, context: &Context, result: Value) -> Value {
+    let selected = match task.get("ResultSelector") {
+        Some(selector) => render(selector, &result, context),
+        None => result,
+    };
+    apply_result_path(input, task.get("ResultPath"), selected)
+}
+
+/// What a `Catch` makes of the state's input and an error.
+pub fn caught(catcher: &Value, input: &Value, error: &str, cause: &str) -> Value {
+    apply_result_path(
+        input,
+        catcher.get("ResultPath"),
+        json!({"Error": error, "Cause": cause}),
+    )
+}
+
+/// The catcher of `task` that matches `error` (exactly, or `States.ALL`), in order.
+pub fn catcher<'a>(task: &'a Value, error: &str) -> &'a Value {
+    task["Catch"]
+        .as_array()
+        .expect("the task has a Catch")
+        .iter()
+        .find(|c| {
+            c["ErrorEquals"]
+                .as_array()
+                .expect("ErrorEquals")
+                .iter()
+                .any(|e| e == error || e == "States.ALL")
+        })
+        .unwrap_or_else(|| panic!("no catcher matches {error}"))
+}
+
+/// The state a `Choice` goes to for `input`. Knows `BooleanEquals` and `StringEquals`; the
+/// variable of a rule must be there (Step Functions fails the state otherwise).
+pub fn choose<'a>(choice: &'a Value, input: &Value) -> &'a str {
+    for rule in choice["Choices"].as_array().expect("Choices") {
+        let variable = rule["Variable"].as_str().expect("a Variable");
+        let value = read(input, variable)
+            .unwrap_or_else(|| panic!("States.Runtime: {variable} not found in {input}"));
+        let matched = if let Some(expected) = rule.get("BooleanEquals") {
+            value == expected
+        } else if let Some(expected) = rule.get("StringEquals") {
+            value == expected
+        } else {
+            panic!("the test does not know the Choice rule {rule}; update tests/src/asl.rs");
+        };
+        if matched {
+            return rule["Next"].as_str().expect("Next");
+        }
+    }
+    choice["Default"]
+        .as_str()
+        .unwrap_or_else(|| panic!("States.NoChoiceMatched for {input}"))
+}
+
+/// The seconds a `Wait` state with `SecondsPath` waits: a whole number from 0, or Step
+/// Functions fails the state.
+pub fn wait_seconds(wait: &Value, input: &Value) -> u64 {
+    let seconds_path = wait["SecondsPath"].as_str().expect("a SecondsPath");
+    read(input, seconds_path)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| {
+            panic!("States.Runtime: {seconds_path} is not a whole number in {input}")
+        })
+}
+
+/// The error and cause a `Fail` state with `ErrorPath` and `CausePath` fails with: both must
+/// be strings.
+pub fn fail(fail: &Value, input: &Value) -> (String, String) {
+    let text = |field: &str| {
+        let p = fail[field].as_str().unwrap_or_else(|| panic!("a {field}"));
+        read(input, p)
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("States.Runtime: {field} {p} is not a string in {input}"))
+            .to_owned()
+    };
+    (text("ErrorPath"), text("CausePath"))
+}
