@@ -527,6 +527,7 @@ mod tests {
         protocol::acquire(
             &lock("l"),
             &id(holder, "a1"),
+            semaphore_core::Run::FIRST,
             limit(2),
             1_000,
             1_000,
@@ -552,7 +553,11 @@ mod tests {
         let policy = HoldNext::default();
         *policy.to_hold.lock().unwrap() = Some((Target::Acquire(Some(id("e1", "a1"))), 1));
         let release = update_body(&protocol::release(&lock("l"), &id("e1", "a1")));
-        let fence = update_body(&protocol::cleanup_fence(&lock("l"), &id("e1", "a1").holder));
+        let fence = update_body(&protocol::cleanup_fence(
+            &lock("l"),
+            &id("e1", "a1").holder,
+            semaphore_core::Run::FIRST,
+        ));
         for other in [&release, &fence] {
             assert_eq!(policy.decide(Some("UpdateItem"), other), Verdict::Forward);
         }
@@ -576,7 +581,7 @@ mod tests {
         let acquire = ProtocolWrite::Acquire {
             identity: who.clone(),
             fences: vec![
-                FenceKey::execution(&who.holder),
+                FenceKey::execution(&who.holder, semaphore_core::Run::FIRST),
                 FenceKey::acquisition(&who),
             ],
             deadline_ms: Some(9_000),
@@ -592,7 +597,11 @@ mod tests {
             Some(ProtocolWrite::Release(who.clone()))
         );
         assert_eq!(
-            update(&protocol::cleanup_fence(&l, &who.holder)),
+            update(&protocol::cleanup_fence(
+                &l,
+                &who.holder,
+                semaphore_core::Run::FIRST
+            )),
             Some(ProtocolWrite::CleanupFence)
         );
         let both = [

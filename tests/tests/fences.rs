@@ -94,7 +94,7 @@ async fn the_item_stays_bounded_over_many_windows_of_rotations() {
         sem.release(&lock, &identity).await.unwrap();
         rotations.look(&sem, &lock).await;
         written.push(Written {
-            key: FenceKey::execution(&execution(100_000 + n)),
+            key: FenceKey::execution(&execution(100_000 + n), semaphore_core::Run::FIRST),
             at_ms: clock.now_ms(),
             rotations_before: rotations.seen,
         });
@@ -171,7 +171,7 @@ async fn a_fence_lasts_at_least_a_window_and_is_gone_after_two_rotations() {
         .with_busy_young_fences(1);
     let lock = LockName::new("window").unwrap();
     let identity = Identity::new(execution(1), AcquisitionId::new("a").unwrap());
-    let fence = FenceKey::execution(&identity.holder);
+    let fence = FenceKey::execution(&identity.holder, semaphore_core::Run::FIRST);
     let fenced = || async {
         sem.acquire(&lock, &identity, limit(1)).await.unwrap()
             == AcquireOutcome::Fenced(FenceReason::ExecutionEnded)

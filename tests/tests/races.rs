@@ -93,8 +93,16 @@ fn failing_checks(
     requested_at: u64,
     item: &SemaphoreItem,
 ) -> Vec<Check> {
-    let write = protocol::acquire(l, exec, limit(slots), requested_at, requested_at, &TIMING)
-        .expect("a write is sent for a fresh request");
+    let write = protocol::acquire(
+        l,
+        exec,
+        semaphore_core::Run::FIRST,
+        limit(slots),
+        requested_at,
+        requested_at,
+        &TIMING,
+    )
+    .expect("a write is sent for a fresh request");
     write
         .checks
         .into_iter()
@@ -187,7 +195,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_acquire_held_in_flight_across_the_removal_of_its_cleanup_fence_is_refused() {
     let exec = id(&execution("ended"), "a1");
-    let fence_key = FenceKey::execution(&exec.holder);
+    let fence_key = FenceKey::execution(&exec.holder, semaphore_core::Run::FIRST);
     held_across_fence_removal(exec, fence_key, |sem, exec, _| async move {
         let cleaned = sem
             .cleanup(&lock("fence-removal"), &exec.holder)
@@ -276,7 +284,10 @@ async fn a_zombie_acquire_sent_after_the_fence_is_refused_while_it_stands_and_af
     rotate_a_window_later(&sem, &clock, &l, 1).await;
     rotate_a_window_later(&sem, &clock, &l, 2).await;
     let item = sem.status(&l).await.unwrap();
-    assert!(!item.is_fenced(&FenceKey::execution(&exec.holder)));
+    assert!(!item.is_fenced(&FenceKey::execution(
+        &exec.holder,
+        semaphore_core::Run::FIRST
+    )));
     let horizon = u64::try_from(TIMING.horizon.as_millis()).unwrap();
     assert_eq!(
         failing_checks(&l, &exec, 1, requested_at, &item),

@@ -161,7 +161,12 @@ pub fn model() -> SizeModel {
         },
     );
     let with_holder = stored_size(&item);
-    let fence = |n: usize| FenceKey::execution(&HolderId::new(format!("h{n}")).expect("holder"));
+    let fence = |n: usize| {
+        FenceKey::execution(
+            &HolderId::new(format!("h{n}")).expect("holder"),
+            semaphore_core::Run::FIRST,
+        )
+    };
     item.fences.young.insert(fence(0));
     item.fences.old.insert(fence(1));
     item.fences.rotated_at_ms = Some(T0_MS + 456);

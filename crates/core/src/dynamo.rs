@@ -675,7 +675,9 @@ mod tests {
             },
         );
         item.fences.young.insert(FenceKey::acquisition(&id));
-        item.fences.old.insert(FenceKey::execution(&id.holder));
+        item.fences
+            .old
+            .insert(FenceKey::execution(&id.holder, crate::Run::FIRST));
         item.fences.rotated_at_ms = Some(1_700_000_000_000);
         assert_eq!(decode(&encode(&item)).unwrap(), item);
         let empty = SemaphoreItem::empty(LockName::new("l").unwrap());
@@ -703,6 +705,7 @@ mod tests {
         let write = crate::protocol::acquire(
             &lock,
             &identity(),
+            crate::Run::FIRST,
             Limit::new(5).unwrap(),
             1_000,
             1_500,
@@ -734,15 +737,26 @@ mod tests {
         let timing = crate::protocol::Timing::default();
         let holder = identity().holder;
         let mut quiet = SemaphoreItem::empty(lock.clone());
-        quiet.fences.old.insert(FenceKey::execution(&holder));
+        quiet
+            .fences
+            .old
+            .insert(FenceKey::execution(&holder, crate::Run::FIRST));
         quiet.fences.rotated_at_ms = Some(1);
         let mut busy = quiet.clone();
         busy.fences.young.insert(FenceKey::acquisition(&identity()));
         let writes = [
-            crate::protocol::acquire(&lock, &identity(), Limit::new(5).unwrap(), 1, 2, &timing)
-                .unwrap(),
+            crate::protocol::acquire(
+                &lock,
+                &identity(),
+                crate::Run::FIRST,
+                Limit::new(5).unwrap(),
+                1,
+                2,
+                &timing,
+            )
+            .unwrap(),
             crate::protocol::release(&lock, &identity()),
-            crate::protocol::cleanup_fence(&lock, &holder),
+            crate::protocol::cleanup_fence(&lock, &holder, crate::Run::FIRST),
             crate::protocol::cleanup_free(&lock, &[identity()]),
             crate::protocol::rotation(&busy, 60_000, &timing).unwrap(),
             crate::protocol::rotation(&quiet, 60_000, &timing).unwrap(),

@@ -22,6 +22,34 @@ impl Version {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FencingToken(pub u64);
 
+/// One run of an execution: 0 for its first, n after its n-th redrive (Step Functions'
+/// `$$.Execution.RedriveCount`, `redriveCount` in `DescribeExecution`).
+///
+/// A redriven execution keeps its ARN but runs again (F7), so an execution is fenced run by
+/// run: the cleanup of a run that ended fences that run and every run before it, never one to
+/// come, and each fence key is written only once its run has ended. That is what the fence
+/// window is derived for (every acquire a fence must stop was requested before the fence was
+/// first written): with one key for every run, a second cleanup after a redrive would add a key
+/// that is already there, keep its first age, and let a rotation drop it a window too early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Run(pub u32);
+
+impl Run {
+    /// An execution's first run (never redriven).
+    pub const FIRST: Self = Self(0);
+
+    /// This run and every run before it.
+    pub fn and_earlier(self) -> impl Iterator<Item = Run> {
+        (0..=self.0).map(Run)
+    }
+}
+
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "run {}", self.0)
+    }
+}
+
 /// Who holds a slot: the execution and its logical acquire.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Identity {
@@ -74,9 +102,15 @@ impl FenceKey {
     /// Bytes of a key as stored.
     pub const LEN: usize = 8;
 
-    /// Fences every acquisition of an execution: written by cleanup and the sweeper.
-    pub fn execution(holder: &HolderId) -> Self {
-        Self::digest(&["execution", holder.as_str()])
+    /// Fences every acquisition of one run of an execution: written by cleanup and the sweeper
+    /// once that run has ended. The first run's key is the execution's alone, as before runs
+    /// were told apart.
+    pub fn execution(holder: &HolderId, run: Run) -> Self {
+        if run == Run::FIRST {
+            Self::digest(&["execution", holder.as_str()])
+        } else {
+            Self::digest(&["execution", holder.as_str(), &run.0.to_string()])
+        }
     }
 
     /// Fences one acquisition: written by release.
@@ -206,12 +240,12 @@ mod tests {
         let h = HolderId::new("arn:aws:states:us-east-1:1:execution:m:e").unwrap();
         let a = AcquisitionId::new("a1").unwrap();
         let id = Identity::new(h.clone(), a);
-        let exec = FenceKey::execution(&h);
+        let exec = FenceKey::execution(&h, Run::FIRST);
         let acq = FenceKey::acquisition(&id);
         assert_ne!(exec, acq);
         // A stored fence must mean the same thing to the next release of the code: the value
         // is sha256("execution\0<arn>\0") cut to 8 bytes, as `sha256sum` computes it.
-        assert_eq!(exec, FenceKey::execution(&h));
+        assert_eq!(exec, FenceKey::execution(&h, Run::FIRST));
         assert_eq!(exec.to_string(), "0fcba051b0804e0d");
     }
 

@@ -8,8 +8,9 @@
 //! operation against a store.
 //!
 //! Which fault each rule defends against (see `DESIGN.md` for F1-F6, and `protocol` for why):
-//! - release and cleanup fence the acquisition or execution; an acquire checks the fences when
-//!   its write lands, however late, so one that lands after them is refused (F1-F3);
+//! - release and cleanup fence the acquisition or the execution's ended runs; an acquire checks
+//!   the fences when its write lands, however late, so one that lands after them is refused
+//!   (F1-F3); a redriven execution is a new run, which no earlier cleanup fenced (F7);
 //! - fences are dropped only by a rotation, and an acquire whose request is older than the
 //!   horizon is refused once a rotation happened, so dropping fences reopens nothing (F1);
 //! - an identity that already holds a slot is answered "already held", not given a second (F5);
@@ -31,7 +32,7 @@ pub use clock::{rfc3339_millis, Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
 pub use error::{Error, StoreError};
 pub use input::{AcquisitionId, HolderId, InputError, Limit, LockName};
-pub use item::{FenceKey, Fences, FencingToken, Holding, Identity, SemaphoreItem, Version};
+pub use item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
 pub use memory::MemoryStore;
 pub use protocol::{
     AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, Timing, WriteResult,

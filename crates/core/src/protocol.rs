@@ -5,9 +5,9 @@
 //!
 //! | operation | checks (when the write lands) | changes |
 //! |---|---|---|
-//! | acquire | not fenced (execution, acquisition); not holding; fewer than `limit` holders; no rotation since the request's horizon | put the holder (token: the new version), set the limit |
+//! | acquire | not fenced (the execution's run, acquisition); not holding; fewer than `limit` holders; no rotation since the request's horizon | put the holder (token: the new version), set the limit |
 //! | release | none | remove the holder, fence the acquisition |
-//! | cleanup, 1st | none | fence the execution |
+//! | cleanup, 1st | none | fence the execution's ended run and every run before it |
 //! | cleanup, 2nd (only if the 1st saw slots) | none | remove the slots the 1st write saw |
 //! | rotation (when due) | the last rotation is the one read | drop the old fences, age the young ones |
 //!
@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use crate::error::StoreError;
 use crate::input::{HolderId, Limit, LockName};
-use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem};
+use crate::item::{FenceKey, FencingToken, Holding, Identity, Run, SemaphoreItem};
 use crate::write::{Change, Check, Write};
 
 /// The two durations the fences are kept by.
@@ -170,6 +170,7 @@ pub enum WriteResult {
 pub fn acquire(
     lock: &LockName,
     identity: &Identity,
+    run: Run,
     limit: Limit,
     requested_at_ms: u64,
     now_ms: u64,
@@ -186,7 +187,7 @@ pub fn acquire(
         lock: lock.clone(),
         checks: vec![
             // Fences first: refusing a zombie must not depend on whether it also looks "full".
-            Check::NotFenced(FenceKey::execution(&identity.holder)),
+            Check::NotFenced(FenceKey::execution(&identity.holder, run)),
             Check::NotFenced(FenceKey::acquisition(identity)),
             Check::NotHolding(identity.clone()),
             Check::RotatedBefore { deadline_ms },
@@ -226,12 +227,10 @@ pub fn acquired(
         WriteResult::Refused { current } => {
             let failed = write.checks.iter().find(|check| !check.holds(&current));
             Ok(match failed {
-                Some(Check::NotFenced(key)) if *key == FenceKey::execution(&identity.holder) => {
-                    AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
-                }
-                Some(Check::NotFenced(_)) => {
+                Some(Check::NotFenced(key)) if *key == FenceKey::acquisition(identity) => {
                     AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
                 }
+                Some(Check::NotFenced(_)) => AcquireOutcome::Fenced(FenceReason::ExecutionEnded),
                 Some(Check::NotHolding(_)) => AcquireOutcome::AlreadyHeld {
                     token: current.holders[identity].token,
                     count: current.count(),
@@ -284,13 +283,19 @@ pub fn released(
     Ok((outcome, after))
 }
 
-/// The first write of a cleanup: fence the ended execution. Always written, even when it holds
-/// nothing, so that an acquire of it still in flight is refused when it lands (F1).
-pub fn cleanup_fence(lock: &LockName, holder: &HolderId) -> Write {
+/// The first write of a cleanup: fence the execution's run that ended (`last_run`) and every
+/// run before it (a cleanup of an earlier run may have found the execution redriven and fenced
+/// nothing). Always written, even when it holds nothing, so that an acquire of it still in
+/// flight is refused when it lands (F1). A run after `last_run` is not fenced: the execution
+/// may have been redriven since, and its new run acquires (F7).
+pub fn cleanup_fence(lock: &LockName, holder: &HolderId, last_run: Run) -> Write {
     Write {
         lock: lock.clone(),
         checks: Vec::new(),
-        changes: vec![Change::AddFence(FenceKey::execution(holder))],
+        changes: last_run
+            .and_earlier()
+            .map(|run| Change::AddFence(FenceKey::execution(holder, run)))
+            .collect(),
     }
 }
 
@@ -439,7 +444,7 @@ mod tests {
     }
 
     fn take(item: &mut Option<SemaphoreItem>, who: &Identity, n: i64, at: u64) -> AcquireOutcome {
-        match acquire(&lock(), who, limit(n), at, at, &T) {
+        match acquire(&lock(), who, Run::FIRST, limit(n), at, at, &T) {
             Ok(write) => {
                 let result = land(&write, item);
                 acquired(&write, who, limit(n), result).unwrap()
@@ -487,7 +492,7 @@ mod tests {
             take(&mut item, &a, 2, 0),
             AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
         );
-        let write = cleanup_fence(&lock(), &b.holder);
+        let write = cleanup_fence(&lock(), &b.holder, Run::FIRST);
         let (slots, _) = fenced_slots(&write, &b.holder, land(&write, &mut item)).unwrap();
         assert_eq!(slots, std::slice::from_ref(&b));
         assert_eq!(
@@ -505,14 +510,31 @@ mod tests {
     fn an_acquire_past_its_horizon_is_not_sent_and_one_that_lands_after_a_later_rotation_is_refused(
     ) {
         assert_eq!(
-            acquire(&lock(), &id("a", "1"), limit(1), 1_000, 9_000, &T),
+            acquire(
+                &lock(),
+                &id("a", "1"),
+                Run::FIRST,
+                limit(1),
+                1_000,
+                9_000,
+                &T
+            ),
             Err(AcquireOutcome::Expired)
         );
         let mut item = None;
         let write = release(&lock(), &id("x", "1"));
         land(&write, &mut item);
         // Decided at 1 s (request at 1 s, deadline 9 s); a rotation at 9 s lands first.
-        let late = acquire(&lock(), &id("a", "1"), limit(1), 1_000, 1_000, &T).unwrap();
+        let late = acquire(
+            &lock(),
+            &id("a", "1"),
+            Run::FIRST,
+            limit(1),
+            1_000,
+            1_000,
+            &T,
+        )
+        .unwrap();
         let rotate = rotation(item.as_ref().unwrap(), 9_000, &T).unwrap();
         land(&rotate, &mut item);
         let result = land(&late, &mut item);
@@ -521,7 +543,16 @@ mod tests {
             AcquireOutcome::Expired
         );
         // A request time ahead of this host's clock counts as now.
-        let ahead = acquire(&lock(), &id("a", "1"), limit(1), 50_000, 10_000, &T).unwrap();
+        let ahead = acquire(
+            &lock(),
+            &id("a", "1"),
+            Run::FIRST,
+            limit(1),
+            50_000,
+            10_000,
+            &T,
+        )
+        .unwrap();
         assert!(ahead.checks.contains(&Check::RotatedBefore {
             deadline_ms: 18_000
         }));
@@ -556,7 +587,7 @@ mod tests {
     #[test]
     fn rotations_are_due_a_window_apart_and_only_with_fences() {
         let mut item = None;
-        let write = cleanup_fence(&lock(), &HolderId::new("x").unwrap());
+        let write = cleanup_fence(&lock(), &HolderId::new("x").unwrap(), Run::FIRST);
         land(&write, &mut item);
         let first = rotation(item.as_ref().unwrap(), 1_000, &T).expect("never rotated: due");
         land(&first, &mut item);

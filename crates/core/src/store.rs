@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, StoreError};
 use crate::input::{HolderId, Limit, LockName};
-use crate::item::{Identity, SemaphoreItem};
+use crate::item::{Identity, Run, SemaphoreItem};
 use crate::protocol::{self, AcquireOutcome, CleanupOutcome, ReleaseOutcome, Timing, WriteResult};
 use crate::write::Write;
 
@@ -125,9 +125,7 @@ impl<S: ItemStore> Semaphore<S> {
             .await
     }
 
-    /// Takes a slot for a request made at `requested_at_ms` (for a state machine: when it entered
-    /// its acquire state, which is before any fence this acquire must meet; see
-    /// [`Timing`]). One write; nothing is sent if the request is already past its horizon.
+    /// Takes a slot for a request made at `requested_at_ms` by the first run of the execution.
     pub async fn acquire_requested_at(
         &self,
         lock: &LockName,
@@ -135,9 +133,27 @@ impl<S: ItemStore> Semaphore<S> {
         limit: Limit,
         requested_at_ms: u64,
     ) -> Result<AcquireOutcome, Error> {
+        self.acquire_in_run(lock, identity, Run::FIRST, limit, requested_at_ms)
+            .await
+    }
+
+    /// Takes a slot for a request made at `requested_at_ms` (for a state machine: when it entered
+    /// its acquire state, which is before any fence this acquire must meet; see [`Timing`]) by
+    /// `run` of the execution (a redriven execution acquires in its new run, which no cleanup
+    /// of an earlier run fenced). One write; nothing is sent if the request is already past its
+    /// horizon.
+    pub async fn acquire_in_run(
+        &self,
+        lock: &LockName,
+        identity: &Identity,
+        run: Run,
+        limit: Limit,
+        requested_at_ms: u64,
+    ) -> Result<AcquireOutcome, Error> {
         let write = match protocol::acquire(
             lock,
             identity,
+            run,
             limit,
             requested_at_ms,
             self.now_ms(),
@@ -164,12 +180,17 @@ impl<S: ItemStore> Semaphore<S> {
         Ok(outcome)
     }
 
-    /// Fences the ended execution without freeing anything: from now on no acquire of it lands
-    /// (F1), while the slots it holds stay held, e.g. because its work may still be running.
-    /// Answers the slots it holds, all it will ever hold; [`Semaphore::free`] frees them. One
-    /// write.
-    pub async fn fence(&self, lock: &LockName, holder: &HolderId) -> Result<Fenced, Error> {
-        let fence = protocol::cleanup_fence(lock, holder);
+    /// Fences the execution's ended `last_run` and every run before it, without freeing
+    /// anything: from now on no acquire of those runs lands (F1), while the slots the execution
+    /// holds stay held, e.g. because its work may still be running. Answers the slots it holds:
+    /// all those runs will ever hold; [`Semaphore::free`] frees them. One write.
+    pub async fn fence(
+        &self,
+        lock: &LockName,
+        holder: &HolderId,
+        last_run: Run,
+    ) -> Result<Fenced, Error> {
+        let fence = protocol::cleanup_fence(lock, holder, last_run);
         let result = self.store.write(&fence).await?;
         let (slots, after) = protocol::fenced_slots(&fence, holder, result)?;
         self.rotate_if_busy(&after).await;
@@ -197,14 +218,25 @@ impl<S: ItemStore> Semaphore<S> {
         Ok(outcome)
     }
 
-    /// Fences the ended execution, then frees every slot it held: [`Semaphore::fence`] then
-    /// [`Semaphore::free`]. One write, two when it held something.
+    /// Fences an execution that ended in its first run, then frees every slot it held.
     pub async fn cleanup(
         &self,
         lock: &LockName,
         holder: &HolderId,
     ) -> Result<CleanupOutcome, Error> {
-        let fenced = self.fence(lock, holder).await?;
+        self.cleanup_run(lock, holder, Run::FIRST).await
+    }
+
+    /// Fences the execution's ended `last_run` and the runs before it, then frees every slot it
+    /// held: [`Semaphore::fence`] then [`Semaphore::free`]. One write, two when it held
+    /// something.
+    pub async fn cleanup_run(
+        &self,
+        lock: &LockName,
+        holder: &HolderId,
+        last_run: Run,
+    ) -> Result<CleanupOutcome, Error> {
+        let fenced = self.fence(lock, holder, last_run).await?;
         self.free(&fenced).await
     }
 
@@ -382,7 +414,7 @@ mod tests {
         let held = Identity::new(holder.clone(), AcquisitionId::new("1").unwrap());
         sem.acquire(&lock(), &held, limit(2)).await.unwrap();
         assert_eq!(
-            sem.fence(&lock(), &holder).await.unwrap().slots,
+            sem.fence(&lock(), &holder, Run::FIRST).await.unwrap().slots,
             std::slice::from_ref(&held)
         );
         let item = sem.status(&lock()).await.unwrap();
@@ -444,5 +476,41 @@ mod tests {
             5,
             "every write that landed bumped the version"
         );
+    }
+    #[tokio::test]
+    async fn a_cleanup_fences_the_run_that_ended_and_the_runs_before_it_never_a_later_one() {
+        let sem = Semaphore::new(MemoryStore::new());
+        let holder = HolderId::new("x").unwrap();
+        let run = |n: u32, acquisition: &str| {
+            (
+                Run(n),
+                Identity::new(holder.clone(), AcquisitionId::new(acquisition).unwrap()),
+            )
+        };
+        let (run0, first) = run(0, "r0");
+        let (run1, second) = run(1, "r1");
+        let (run2, third) = run(2, "r2");
+        let now = sem.now_ms();
+        // Run 1 ended: its cleanup fences runs 0 and 1 (run 0's own cleanup may have found the
+        // execution redriven and fenced nothing).
+        sem.cleanup_run(&lock(), &holder, run1).await.unwrap();
+        for (run, identity) in [(run0, &first), (run1, &second)] {
+            assert_eq!(
+                sem.acquire_in_run(&lock(), identity, run, limit(5), now)
+                    .await
+                    .unwrap(),
+                AcquireOutcome::Fenced(FenceReason::ExecutionEnded),
+                "{run}"
+            );
+        }
+        // Run 2, redriven after that cleanup, is not fenced.
+        assert!(matches!(
+            sem.acquire_in_run(&lock(), &third, run2, limit(5), now)
+                .await
+                .unwrap(),
+            AcquireOutcome::Acquired { .. }
+        ));
+        let item = sem.status(&lock()).await.unwrap();
+        assert_eq!(item.fences.young.len(), 2);
     }
 }

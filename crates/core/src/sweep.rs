@@ -8,16 +8,18 @@ use std::future::Future;
 use crate::dynamo;
 use crate::error::Error;
 use crate::input::{AcquisitionId, HolderId, LockName};
-use crate::item::{FencingToken, SemaphoreItem};
+use crate::item::{FencingToken, Run, SemaphoreItem};
 use crate::store::{ItemStore, Semaphore};
 
 /// What the sweeper learns about a holder (from `DescribeExecution` in production).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecutionState {
     Running,
-    /// Ended with this status (SUCCEEDED, FAILED, TIMED_OUT, ABORTED, ...).
+    /// Ended with this status (SUCCEEDED, FAILED, TIMED_OUT, ABORTED, ...) in `last_run` (its
+    /// redrive count: the runs up to it are fenced).
     Ended {
         status: String,
+        last_run: Run,
     },
     /// The execution does not exist (any more): nothing can release its slot.
     Missing,
@@ -26,9 +28,18 @@ pub enum ExecutionState {
 }
 
 impl ExecutionState {
+    /// The run to fence up to: a missing execution's history is gone, and with it any run that
+    /// could still write.
+    fn last_run(&self) -> Run {
+        match self {
+            Self::Ended { last_run, .. } => *last_run,
+            Self::Running | Self::Missing | Self::NotAnExecution => Run::FIRST,
+        }
+    }
+
     fn reclaim_reason(&self) -> Option<String> {
         match self {
-            Self::Ended { status } => Some(format!("execution status is {status}")),
+            Self::Ended { status, .. } => Some(format!("execution status is {status}")),
             Self::Missing => Some("execution does not exist".to_owned()),
             Self::Running | Self::NotAnExecution => None,
         }
@@ -87,8 +98,9 @@ impl<S: ItemStore> Semaphore<S> {
         &self,
         scanned: &SemaphoreItem,
         holder: &HolderId,
+        last_run: Run,
     ) -> Result<crate::protocol::CleanupOutcome, Error> {
-        let mut fenced = self.fence(&scanned.lock, holder).await?;
+        let mut fenced = self.fence(&scanned.lock, holder, last_run).await?;
         fenced
             .slots
             .retain(|slot| scanned.holders.contains_key(slot));
@@ -153,9 +165,9 @@ impl<S: ItemStore> Semaphore<S> {
                     report.holders_checked += 1;
                     states.insert(holder.clone(), executions.describe(holder).await);
                 }
-                let reason = match &states[holder] {
+                let (reason, last_run) = match &states[holder] {
                     Ok(state) => match state.reclaim_reason() {
-                        Some(reason) => reason,
+                        Some(reason) => (reason, state.last_run()),
                         None => continue,
                     },
                     Err(e) => {
@@ -177,7 +189,7 @@ impl<S: ItemStore> Semaphore<S> {
                         }));
                     continue;
                 }
-                match self.reclaim(item, holder).await {
+                match self.reclaim(item, holder, last_run).await {
                     Ok(outcome) => report.reclaimed.extend(outcome.freed.into_iter().map(
                         |(identity, holding)| Reclaimed {
                             lock: item.lock.clone(),
@@ -246,6 +258,7 @@ mod tests {
                 "done".to_owned(),
                 ExecutionState::Ended {
                     status: "SUCCEEDED".to_owned(),
+                    last_run: Run::FIRST,
                 },
             ),
             ("gone".to_owned(), ExecutionState::Missing),
@@ -303,6 +316,7 @@ mod tests {
                     .unwrap();
                 Ok(ExecutionState::Ended {
                     status: "ABORTED".to_owned(),
+                    last_run: Run::FIRST,
                 })
             }
         }

@@ -167,9 +167,9 @@ mod tests {
     #[test]
     fn a_rotation_keeps_what_came_after_the_read_and_drops_the_old_generation() {
         let (f1, f2, f3) = (
-            FenceKey::execution(&HolderId::new("1").unwrap()),
-            FenceKey::execution(&HolderId::new("2").unwrap()),
-            FenceKey::execution(&HolderId::new("3").unwrap()),
+            FenceKey::execution(&HolderId::new("1").unwrap(), crate::Run::FIRST),
+            FenceKey::execution(&HolderId::new("2").unwrap(), crate::Run::FIRST),
+            FenceKey::execution(&HolderId::new("3").unwrap(), crate::Run::FIRST),
         );
         let add = |key| write(vec![], vec![Change::AddFence(key)]);
         let item = add(f1).apply(None).unwrap();

@@ -14,13 +14,14 @@
 //! Lambda takes to start it (see `semaphore_core::Timing`).
 //!
 //! Answer (every outcome): `{"acquired", "outcome":
-//! "acquired"|"already_held"|"full"|"expired"|"redriven", "token", "count", "limit", "lock",
-//! "holder", "acquisition", "child_name", "wait_seconds", "work"}`. "Full" is an answer (the
-//! machine waits `wait_seconds` and asks again with the same acquisition), not an error; so is
-//! "expired" (the request is older than the horizon: the machine enters its acquire state again,
-//! which makes a new request time) and "redriven" (the execution was cleaned up before it was
-//! redriven: its fence refuses every acquire until the fences rotate it out, so the machine
-//! waits and asks again). `work` names the child execution to start with the slot.
+//! "acquired"|"already_held"|"full"|"expired", "token", "count", "limit", "lock", "holder",
+//! "acquisition", "child_name", "wait_seconds", "work"}`. "Full" is an answer (the machine waits
+//! `wait_seconds` and asks again with the same acquisition), not an error; so is "expired" (the
+//! request is older than the horizon: the machine enters its acquire state again, which makes a
+//! new request time). `work` names the child execution to start with the slot.
+//!
+//! A redriven execution acquires in its new run (`redrive_count`), with its own acquisition: the
+//! cleanup of an earlier run fenced that run only, so the new one waits its turn like any other.
 //!
 //! Errors: `SemaphoreFenced` (this acquisition was released or its execution cleaned up: it
 //! will never get a slot), `SemaphoreInvalidInput` (nothing written), `SemaphoreOldFormat` (the
@@ -34,7 +35,7 @@ use lambda_common::{
     WorkKind,
 };
 use lambda_runtime::LambdaEvent;
-use semaphore_core::{AcquireOutcome, FenceReason, ItemStore, LockName, Semaphore};
+use semaphore_core::{AcquireOutcome, ItemStore, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -51,7 +52,7 @@ pub struct Config {
     /// Defaults and allowed work (`DEFAULT_LOCK`, `DEFAULT_LIMIT`, `DEFAULT_WORK`,
     /// `WORK_STATE_MACHINES`, `WORK_FUNCTIONS`, `WORK_FUNCTION_RUNNER`).
     pub resolver: Resolver,
-    /// `MAX_WAIT_SECONDS`: past it, a full (or redriven) answer is `SemaphoreWaitTimeout`.
+    /// `MAX_WAIT_SECONDS`: past it, a full answer is `SemaphoreWaitTimeout`.
     pub max_wait: Duration,
 }
 
@@ -73,7 +74,6 @@ pub enum Outcome {
     AlreadyHeld,
     Full,
     Expired,
-    Redriven,
 }
 
 impl Outcome {
@@ -83,7 +83,6 @@ impl Outcome {
             Self::AlreadyHeld => "already_held",
             Self::Full => "full",
             Self::Expired => "expired",
-            Self::Redriven => "redriven",
         }
     }
 }
@@ -124,8 +123,7 @@ pub struct AcquireResponse {
     pub outcome: Outcome,
     /// The fencing token of the held slot; `null` otherwise.
     pub token: Option<u64>,
-    /// Slots held now; `null` when expired (nothing was sent) or redriven (the write was refused
-    /// by the fence before the holders were counted).
+    /// Slots held now; `null` when expired (nothing was sent).
     pub count: Option<usize>,
     /// The limit the request asked for.
     pub limit: u32,
@@ -136,8 +134,8 @@ pub struct AcquireResponse {
     /// machine that starts its work with `startExecution.sync:2` names it so, which makes a
     /// redrive into the work fail instead of running it again without a slot.
     pub child_name: String,
-    /// Full or redriven: how long to wait before asking again (jittered, growing with how long
-    /// the execution has waited); 0 otherwise.
+    /// Full: how long to wait before asking again (jittered, growing with how long the
+    /// execution has waited); 0 otherwise.
     pub wait_seconds: u64,
     /// The work to run with the slot; `null` without an execution input.
     pub work: Option<WorkAnswer>,
@@ -166,22 +164,6 @@ fn work_answer(work: &Work, request: &AcquireRequest, token: Option<u64>) -> Wor
     }
 }
 
-/// A redriven execution is refused by the fence its cleanup wrote until two rotations have
-/// dropped it. A quiet lock rotates only when the sweeper passes, so the waiting execution
-/// rotates it itself when a rotation is due: the fence is gone within about two windows.
-/// Housekeeping: a failure only delays the next acquire, and is logged.
-async fn rotate_for_redrive<S: ItemStore>(semaphore: &Semaphore<S>, lock: &LockName) {
-    match semaphore.status(lock).await {
-        Ok(item) => {
-            let rotated = semaphore.rotate_if_due(&item).await;
-            tracing::info!(lock = %lock, rotated, "fences of a redriven execution's lock");
-        }
-        Err(e) => {
-            tracing::warn!(lock = %lock, error = %e, "cannot read the lock to rotate its fences; a later poll retries")
-        }
-    }
-}
-
 /// Validates the payload, then takes a slot. Nothing is sent to the table for bad input.
 pub async fn acquire<S: ItemStore>(
     semaphore: &Semaphore<S>,
@@ -194,13 +176,13 @@ pub async fn acquire<S: ItemStore>(
         lock,
         limit,
         identity,
-        redrive_count,
+        run,
         requested_at_ms,
         waiting_since_ms,
         ..
     } = &request;
     let answer = semaphore
-        .acquire_requested_at(lock, identity, *limit, *requested_at_ms)
+        .acquire_in_run(lock, identity, *run, *limit, *requested_at_ms)
         .await
         .map_err(HandlerError::from)
         .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "acquire failed"))?;
@@ -213,14 +195,6 @@ pub async fn acquire<S: ItemStore>(
         }
         AcquireOutcome::Full { count, .. } => (Outcome::Full, None, Some(count)),
         AcquireOutcome::Expired => (Outcome::Expired, None, None),
-        // A run after a redrive (its own acquisition) meets the fence the cleanup of the
-        // previous run left: not for ever, only until the fences rotate.
-        AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
-            if redrive_count.is_some_and(|n| n > 0) =>
-        {
-            rotate_for_redrive(semaphore, lock).await;
-            (Outcome::Redriven, None, None)
-        }
         AcquireOutcome::Fenced(reason) => {
             let message = format!(
                 "acquisition {} of {} on lock \"{lock}\" is fenced: {}; it can never hold a slot, \
@@ -233,28 +207,19 @@ pub async fn acquire<S: ItemStore>(
             return Err(HandlerError::Fenced(message));
         }
     };
-    let waiting = matches!(outcome, Outcome::Full | Outcome::Redriven);
+    let waiting = outcome == Outcome::Full;
     let waited = waiting_since_ms
         .map(|since| Duration::from_millis(semaphore.now_ms().saturating_sub(since)))
         .unwrap_or_default();
     // Without a known start the wait has no budget (waited is 0 then).
     if waiting && waited > config.max_wait {
-        let what = match outcome {
-            Outcome::Redriven => format!(
-                "since it was redriven for the fence its cleanup left on lock \"{lock}\" to be \
-                 dropped (limit {limit})"
-            ),
-            _ => format!(
-                "for a slot of lock \"{lock}\" (limit {limit}, {} held)",
-                count.unwrap_or_default()
-            ),
-        };
         let message = format!(
-            "{} has waited {} s {what}, longer than the acquire function's MAX_WAIT_SECONDS of \
+            "{} has waited {} s for a slot of lock \"{lock}\" (limit {limit}, {} held), longer than the acquire function's MAX_WAIT_SECONDS of \
              {} s; it holds no slot. Start it again later, or raise the limit or the stack's \
              MaxWaitSeconds",
             identity.holder,
             waited.as_secs(),
+            count.unwrap_or_default(),
             config.max_wait.as_secs()
         );
         tracing::warn!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, "{message}");

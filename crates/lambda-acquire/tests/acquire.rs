@@ -14,8 +14,8 @@ use lambda_acquire::Config;
 use lambda_common::{child_execution_name, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, Clock, DynamoStore, FenceKey, HolderId, ManualClock, Semaphore,
-    SemaphoreItem, SystemClock, Timing,
+    rfc3339_millis, AcquireOutcome, Clock, DynamoStore, FenceKey, FenceReason, HolderId,
+    ManualClock, Run, Semaphore, SemaphoreItem, SystemClock, Timing,
 };
 use semaphore_tests::asl::{self, Context as Ctx};
 use semaphore_tests::legacy::put_version_1_item;
@@ -563,17 +563,16 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
 }
 
 #[tokio::test]
-async fn a_redriven_execution_waits_for_its_old_fence_to_rotate_out_then_acquires() {
+async fn a_redriven_execution_acquires_in_its_new_run_while_the_old_runs_fence_stands() {
     let (sem, clock) = semaphore_with_clock().await;
     let config = config();
-    let definition = lock_protected();
     let demo_lock = lock("demo-lock");
     let input = json!({"work_seconds": 5});
     let started_ms = sem.now_ms();
     let run0 = Ctx::new(HOLDER, input.clone(), &now(&sem));
 
     // Run 0 takes a slot and starts its work; then it is aborted, and its cleanup frees the slot
-    // and fences the execution.
+    // and fences run 0 of the execution.
     let answer = play_acquire(&sem, &config, &run0, &input)
         .await
         .answer
@@ -595,9 +594,10 @@ async fn a_redriven_execution_waits_for_its_old_fence_to_rotate_out_then_acquire
             .collect::<Vec<_>>(),
         [id(HOLDER, "r0")]
     );
+    let run0_fence = FenceKey::execution(&HolderId::new(HOLDER).unwrap(), Run::FIRST);
 
     // Redriven, it enters its acquire state again (a redrive from "Wait for a free slot", or
-    // from "Acquire slot" after an abort there): run 1, acquisition r1, refused by the fence.
+    // from "Acquire slot" after an abort there): run 1, acquisition r1, which no cleanup fenced.
     clock.advance_ms(500);
     let run1 = run0.redriven(1).entered(&now(&sem));
     let played = play_acquire(&sem, &config, &run1, &input).await;
@@ -607,88 +607,45 @@ async fn a_redriven_execution_waits_for_its_old_fence_to_rotate_out_then_acquire
             &answer["acquired"],
             &answer["outcome"],
             &answer["acquisition"],
-            &answer["token"],
-            &answer["count"]
+            &answer["wait_seconds"]
         ),
-        (
-            &json!(false),
-            &json!("redriven"),
-            &json!("r1"),
-            &json!(null),
-            &json!(null)
-        )
+        (&json!(true), &json!("acquired"), &json!("r1"), &json!(0))
     );
-    // Its work would be a new child: the old one's name belongs to run 0.
+    assert_eq!(played.next.unwrap().1, "Protected work");
+    // Its work is a new child: the old one's name belongs to run 0.
     assert_ne!(answer["work"]["name"], first_child);
     assert_eq!(
         answer["work"]["name"],
         json!(child_execution_name(&id(HOLDER, "r1")))
     );
-    let (state, next) = played.next.unwrap();
-    assert_eq!(next, "Wait for a free slot");
-    let waited = asl::wait_seconds(asl::state(&definition, &next), &state);
-    assert!((1..=5).contains(&waited), "{waited}");
-    // The lock had never rotated: the function rotated it, so the fence is now in the old
-    // generation, dropped by the next rotation a window later.
-    let fence = FenceKey::execution(&HolderId::new(HOLDER).unwrap());
+    // Run 0's fence still stands (no rotation happened): it keeps run 0's zombies out.
     let item = sem.status(&demo_lock).await.unwrap();
-    assert!(item.fences.old.contains(&fence));
-    assert_eq!(item.fences.rotated_at_ms, Some(sem.now_ms()));
-    let first_rotation = sem.now_ms();
-
-    // Within the window the fence is kept, and no rotation is due.
-    clock.advance_ms(1_000);
-    let poll = run1.entered(&now(&sem));
-    let answer = play_acquire(&sem, &config, &poll, &input)
-        .await
-        .answer
-        .unwrap();
-    assert_eq!(answer["outcome"], json!("redriven"));
-    let item = sem.status(&demo_lock).await.unwrap();
-    assert!(item.is_fenced(&fence));
-    assert_eq!(item.fences.rotated_at_ms, Some(first_rotation));
-
-    // A window after the first rotation the second one drops it (this poll's own write was
-    // refused before the rotation)...
-    clock.advance_ms(1_000);
-    let poll = run1.entered(&now(&sem));
-    let answer = play_acquire(&sem, &config, &poll, &input)
-        .await
-        .answer
-        .unwrap();
-    assert_eq!(answer["outcome"], json!("redriven"));
-    let item = sem.status(&demo_lock).await.unwrap();
-    assert!(!item.is_fenced(&fence), "{:?}", item.fences);
-    assert_eq!(item.fences.rotated_at_ms, Some(sem.now_ms()));
-
-    // ...and the next poll takes a slot for run 1.
-    clock.advance_ms(1_000);
-    let poll = run1.entered(&now(&sem));
-    let played = play_acquire(&sem, &config, &poll, &input).await;
-    let answer = played.answer.unwrap();
-    assert_eq!(
-        (&answer["outcome"], &answer["acquisition"]),
-        (&json!("acquired"), &json!("r1"))
-    );
-    // Every write moved the version: the fence, the free and the two rotations.
-    assert!(answer["token"].as_u64().unwrap() > 1, "{answer}");
-    assert_eq!(played.next.unwrap().1, "Protected work");
-
-    // Run 0's acquire, delayed until now, still cannot land: it was requested before the fence,
-    // and the rotations that dropped the fence refuse it (F1).
+    assert!(item.is_fenced(&run0_fence));
+    assert_eq!(item.fences.rotated_at_ms, None);
     let late = sem
         .acquire_requested_at(&demo_lock, &id(HOLDER, "r0"), limit(5), started_ms)
         .await
         .unwrap();
-    assert!(
-        matches!(late, AcquireOutcome::Expired | AcquireOutcome::Fenced(_)),
-        "{late:?}"
-    );
+    assert_eq!(late, AcquireOutcome::Fenced(FenceReason::ExecutionEnded));
+
+    // Run 1 ends too (aborted in its work): its cleanup fences run 1 and, again, run 0, and
+    // frees its slot; a zombie acquire of run 1 is refused by its own run's fence.
+    let cleaned = sem
+        .cleanup_run(&demo_lock, &HolderId::new(HOLDER).unwrap(), Run(1))
+        .await
+        .unwrap();
+    assert_eq!(cleaned.freed.len(), 1);
+    let err = play_acquire(&sem, &config, &run1, &input)
+        .await
+        .answer
+        .unwrap_err();
+    assert_eq!(err.error_type, "SemaphoreFenced");
     let item = sem.status(&demo_lock).await.unwrap();
-    assert_eq!(
-        item.holders.keys().cloned().collect::<Vec<_>>(),
-        [id(HOLDER, "r1")]
-    );
+    assert!(item.holders.is_empty());
+    assert!(item.is_fenced(&FenceKey::execution(
+        &HolderId::new(HOLDER).unwrap(),
+        Run(1)
+    )));
 }
 
 #[tokio::test]

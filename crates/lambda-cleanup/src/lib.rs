@@ -15,11 +15,12 @@
 //!    is done.
 //! 2. `GetExecutionHistory` (every page): the locks, and the work's child executions
 //!    (`states:startExecution.sync` tasks).
-//! 3. Fence the execution on every lock: no acquire of it lands any more, so what each fence
-//!    saw held is all it will ever hold there.
+//! 3. Fence the execution's run that ended (its redrive count from step 1) and every run before
+//!    it, on every lock: no acquire of those runs lands any more, so what each fence saw held is
+//!    all they will ever hold there. A later run (a redrive) is not fenced: it acquires anew.
 //! 4. `DescribeExecution` again: a redrive between step 1 and the fences may already hold a new
-//!    slot, which must not be freed under its work. Once the fences stand, a redrive's acquire
-//!    is refused, so an execution still ended now holds nothing a later run will need.
+//!    slot, which must not be freed under its work: if it runs again, nothing is freed (its
+//!    release, or the cleanup of its next end, frees it).
 //! 5. The children: a user's state machine still running is stopped (`StopExecution`; Step
 //!    Functions tries too, best effort). The work-function runner cannot stop the Lambda it
 //!    invoked, so while it runs the answer is `deferred` with `retry_after_seconds`, the slots
@@ -444,7 +445,7 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
         let mut failures = Failures::default();
         let fenced = failures
             .on_every_lock(arn, &locks, "fencing", async |lock| {
-                self.semaphore.fence(lock, &holder).await
+                self.semaphore.fence(lock, &holder, described.run).await
             })
             .await;
         summary.locks = fenced

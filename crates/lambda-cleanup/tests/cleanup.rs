@@ -797,6 +797,7 @@ async fn a_child_whose_start_was_in_flight_is_waited_for_briefly() {
                 state_machine_arn: "arn:aws:states:us-east-1:123456789012:stateMachine:Protected"
                     .to_owned(),
                 stop_date_ms: Some(self.stopped),
+                run: semaphore_core::Run::FIRST,
             }))
         }
 

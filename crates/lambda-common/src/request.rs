@@ -22,7 +22,7 @@
 //!
 //! A field given in the payload wins over the same one from the input or the execution node.
 
-use semaphore_core::{AcquisitionId, HolderId, Identity, Limit, LockName};
+use semaphore_core::{AcquisitionId, HolderId, Identity, Limit, LockName, Run};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -208,7 +208,9 @@ pub struct AcquireRequest {
     pub lock: LockName,
     pub limit: Limit,
     pub identity: Identity,
-    pub redrive_count: Option<u32>,
+    /// The execution's run (its redrive count; the first run when the payload does not say):
+    /// the run whose fence this acquire checks.
+    pub run: Run,
     /// When the acquire was asked for (the acquire state's entry time), ms since the epoch.
     pub requested_at_ms: u64,
     /// Since when the execution has been waiting for a slot: when it started, or when it was
@@ -461,7 +463,7 @@ impl Resolver {
             lock,
             limit,
             identity,
-            redrive_count,
+            run: Run(redrive_count.unwrap_or(0)),
             requested_at_ms,
             waiting_since_ms,
             work,
@@ -566,7 +568,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(explicit.work, None);
-        assert_eq!(explicit.redrive_count, None);
+        assert_eq!(explicit.run, Run::FIRST);
         assert_eq!(explicit.waiting_since_ms, None);
     }
 
@@ -577,6 +579,7 @@ mod tests {
         payload["redrive_count"] = json!(2);
         let request = r.acquire(&payload).unwrap();
         assert_eq!(request.identity.acquisition.as_str(), "r2");
+        assert_eq!(request.run, Run(2), "it checks the fence of its own run");
         // Only the first start is known: the wait has no budget rather than a spent one.
         assert_eq!(request.waiting_since_ms, None);
 

@@ -12,6 +12,8 @@ use aws_sdk_sfn::operation::get_execution_history::GetExecutionHistoryError;
 use aws_sdk_sfn::operation::stop_execution::StopExecutionError;
 use aws_sdk_sfn::types::{ExecutionStatus, HistoryEvent};
 
+use semaphore_core::Run;
+
 use crate::history::ChildExecution;
 
 /// The Lambda error type of a failed Step Functions call: the caller retries.
@@ -24,6 +26,9 @@ pub struct Described {
     pub state_machine_arn: String,
     /// Epoch milliseconds; `None` while it runs.
     pub stop_date_ms: Option<u64>,
+    /// Its run: the redrive count (0 for an execution never redriven, and where the service
+    /// does not say).
+    pub run: Run,
 }
 
 impl Described {
@@ -119,6 +124,10 @@ impl Executions for SfnClient {
                     .stop_date()
                     .and_then(|d| d.to_millis().ok())
                     .and_then(|ms| u64::try_from(ms).ok()),
+                run: Run(out
+                    .redrive_count()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(0)),
             })),
             // Only this answer proves the execution does not exist; anything else (throttling,
             // access denied...) proves nothing.
@@ -258,6 +267,7 @@ mod tests {
             status,
             state_machine_arn: String::new(),
             stop_date_ms: None,
+            run: Run::FIRST,
         };
         assert!(described(ExecutionStatus::Running).is_running());
         assert!(described(ExecutionStatus::PendingRedrive).is_running());

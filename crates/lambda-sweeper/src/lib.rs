@@ -139,6 +139,7 @@ impl ExecutionStatus for SfnExecutions {
                 }
                 None => Ok(ExecutionState::Ended {
                     status: described.status().to_owned(),
+                    last_run: described.run,
                 }),
             },
         }

@@ -415,6 +415,7 @@ mod tests {
         protocol::acquire(
             &lock(),
             &identity(),
+            semaphore_core::Run::FIRST,
             Limit::new(2).unwrap(),
             requested_at_ms,
             requested_at_ms + 500,
@@ -436,7 +437,7 @@ mod tests {
                 holder: ARN.to_owned(),
                 slot: identity().slot_key(),
                 fences: vec![
-                    FenceKey::execution(&identity().holder),
+                    FenceKey::execution(&identity().holder, semaphore_core::Run::FIRST),
                     FenceKey::acquisition(&identity())
                 ],
                 deadline_ms: Some(9_000),
@@ -446,7 +447,8 @@ mod tests {
         );
         // Release, cleanup and rotation set no holder entry.
         let release = protocol::release(&lock(), &identity());
-        let cleanup = protocol::cleanup_fence(&lock(), &identity().holder);
+        let cleanup =
+            protocol::cleanup_fence(&lock(), &identity().holder, semaphore_core::Run::FIRST);
         let free = protocol::cleanup_free(&lock(), &[identity()]);
         let mut item = SemaphoreItem::empty(lock());
         item.fences.young.insert(FenceKey::acquisition(&identity()));
@@ -519,7 +521,10 @@ mod tests {
         assert_eq!(refusal_on(|_| {}), None, "every check holds");
         assert_eq!(
             refusal_on(|i| {
-                i.fences.old.insert(FenceKey::execution(&identity().holder));
+                i.fences.old.insert(FenceKey::execution(
+                    &identity().holder,
+                    semaphore_core::Run::FIRST,
+                ));
                 // A rotation past the horizon too: the fence is what the answer names first.
                 i.fences.rotated_at_ms = Some(9_000);
             }),
@@ -573,6 +578,7 @@ mod tests {
         protocol::acquire(
             &lock(),
             id,
+            semaphore_core::Run::FIRST,
             Limit::new(5).unwrap(),
             1_000,
             1_500,
@@ -640,8 +646,12 @@ mod tests {
         // c's answer comes first. Its item fences c and b: b, held before c and fenced there
         // too, is still held, so the answer is c's.
         let mut item = SemaphoreItem::empty(lock());
-        item.fences.young.insert(FenceKey::execution(&c.holder));
-        item.fences.young.insert(FenceKey::execution(&b.holder));
+        item.fences
+            .young
+            .insert(FenceKey::execution(&c.holder, semaphore_core::Run::FIRST));
+        item.fences
+            .young
+            .insert(FenceKey::execution(&b.holder, semaphore_core::Run::FIRST));
         policy.answered(400, &refused(&item));
         // a's: nothing of a is fenced, but the fences rotated after its horizon.
         let mut item = SemaphoreItem::empty(lock());

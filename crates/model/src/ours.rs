@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
-use semaphore_core::item::{FenceKey, Identity, SemaphoreItem};
+use semaphore_core::item::{FenceKey, Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, FenceReason, Timing, WriteResult};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockName, Write,
@@ -78,8 +78,8 @@ pub enum Variant {
     /// zombies of the old incarnation out, but nothing can tell the old slot from the new one.
     RedriveReusesAcquisition,
     /// Cleanup never asks whether the execution runs again: a late event of an old incarnation
-    /// fences the execution and frees every slot of it, the redriven incarnation's included,
-    /// while that one works (S1).
+    /// fences the run the execution is in now (the redriven one, running) and frees every slot
+    /// of it: the running incarnation is refused (L1), or loses its slot while it works (S1).
     CleanupIgnoresRedrive,
     /// Cleanup (and the sweeper) ask whether the execution runs only before the fence, then
     /// free whatever the fence saw: an incarnation redriven between the question and the fence
@@ -88,10 +88,16 @@ pub enum Variant {
     /// `Semaphore::sweep` (describe, then `cleanup`); the real variant asks again once the fence
     /// has landed, before freeing.
     CleanupChecksRunningOnlyBeforeFence,
+    /// One execution fence for every run, as before runs were told apart: a redriven run's
+    /// acquire is refused while the fence of an earlier run's cleanup stands (answered
+    /// "redriven": it waits for the fence to rotate out), and the cleanup of its own end adds
+    /// the same key again, which keeps the age of the first. A rotation then drops it a window
+    /// too early for an acquire the redriven run requested after the first fence (S3).
+    OneFenceForEveryRun,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 11] = [
+    pub const ALL: [Variant; 12] = [
         Variant::Real,
         Variant::CleanupWithoutFence,
         Variant::CleanupSkipsWhenNothingHeld,
@@ -103,6 +109,7 @@ impl Variant {
         Variant::RedriveReusesAcquisition,
         Variant::CleanupIgnoresRedrive,
         Variant::CleanupChecksRunningOnlyBeforeFence,
+        Variant::OneFenceForEveryRun,
     ];
 
     pub fn name(self) -> &'static str {
@@ -118,6 +125,7 @@ impl Variant {
             Self::RedriveReusesAcquisition => "redrive-reuses-acquisition",
             Self::CleanupIgnoresRedrive => "cleanup-ignores-redrive",
             Self::CleanupChecksRunningOnlyBeforeFence => "cleanup-checks-running-only-before-fence",
+            Self::OneFenceForEveryRun => "one-fence-for-every-run",
         }
     }
 
@@ -129,6 +137,7 @@ impl Variant {
                 | Self::RedriveReusesAcquisition
                 | Self::CleanupIgnoresRedrive
                 | Self::CleanupChecksRunningOnlyBeforeFence
+                | Self::OneFenceForEveryRun
         )
     }
 
@@ -191,8 +200,8 @@ pub struct Ours {
     identities: Vec<Vec<Identity>>,
     /// Per identity, its execution and acquisition index.
     index: HashMap<Identity, (u8, u8), Build>,
-    /// Each execution's execution fence and its acquisitions' fences (digests computed once).
-    fences: Vec<(FenceKey, Vec<FenceKey>)>,
+    /// Each execution's fences of its runs and of its acquisitions (digests computed once).
+    fences: Vec<(Vec<FenceKey>, Vec<FenceKey>)>,
     fence_names: HashMap<FenceKey, String>,
     variant: Variant,
     interner: RefCell<Interner>,
@@ -220,10 +229,17 @@ impl Ours {
         let mut index = HashMap::default();
         let mut fence_names = HashMap::new();
         for (e, mine) in identities.iter().enumerate() {
-            fence_names.insert(
-                FenceKey::execution(&mine[0].holder),
-                format!("{} (execution)", mine[0].holder),
-            );
+            for k in 0..incarnations {
+                let name = if k == 0 {
+                    format!("{} (execution)", mine[0].holder)
+                } else {
+                    format!("{} run {k} (execution)", mine[0].holder)
+                };
+                fence_names.insert(
+                    FenceKey::execution(&mine[0].holder, Run(u32::from(k))),
+                    name,
+                );
+            }
             for (k, identity) in mine.iter().enumerate() {
                 index.insert(identity.clone(), (e as u8, k as u8));
                 fence_names.insert(
@@ -236,7 +252,9 @@ impl Ours {
             .iter()
             .map(|mine| {
                 (
-                    FenceKey::execution(&mine[0].holder),
+                    (0..incarnations)
+                        .map(|k| FenceKey::execution(&mine[0].holder, Run(u32::from(k))))
+                        .collect(),
                     mine.iter().map(FenceKey::acquisition).collect(),
                 )
             })
@@ -339,16 +357,26 @@ impl Ours {
         self.interner.borrow().writes[id as usize].clone()
     }
 
-    /// What a fence key means, relative to execution `e`: 1 its execution fence, 2 + k the
-    /// fence of its acquisition k, 0 neither.
+    /// What a fence key means, relative to execution `e`: 1 + 2k the fence of its run k, 2 + 2k
+    /// the fence of its acquisition k, 0 neither.
     fn fence_role(&self, key: &FenceKey, e: usize) -> u8 {
-        let (execution, acquisitions) = &self.fences[e];
-        if key == execution {
-            1
+        let (runs, acquisitions) = &self.fences[e];
+        if let Some(k) = runs.iter().position(|run| run == key) {
+            1 + 2 * k as u8
         } else if let Some(k) = acquisitions.iter().position(|acq| acq == key) {
-            2 + k as u8
+            2 + 2 * k as u8
         } else {
             0
+        }
+    }
+
+    /// The run whose execution fence incarnation `inc` checks and its cleanup writes: its own
+    /// (in the broken variant, the first run's, for every run).
+    fn run_of(&self, inc: u8) -> Run {
+        if self.variant == Variant::OneFenceForEveryRun {
+            Run::FIRST
+        } else {
+            Run(u32::from(inc))
         }
     }
 
@@ -361,14 +389,15 @@ impl Ours {
             .identities
             .iter()
             .zip(&self.fences)
-            .map(|(mine, (exec, acquisitions))| {
+            .map(|(mine, (runs, acquisitions))| {
                 // When a slot was taken is only ever reported, never checked.
                 let acquisitions: Vec<_> = mine
                     .iter()
                     .zip(acquisitions)
                     .map(|(identity, acq)| (item.holders.contains_key(identity), fenced(acq)))
                     .collect();
-                hash_one(&(fenced(exec), acquisitions))
+                let runs: Vec<_> = runs.iter().map(fenced).collect();
+                hash_one(&(runs, acquisitions))
             })
             .collect();
         let known_holders = item
@@ -535,7 +564,8 @@ impl Ours {
         };
         let write = match op.kind {
             OpKind::Acquire => {
-                let (execution, acquisitions) = &self.fences[op.exec as usize];
+                let (runs, acquisitions) = &self.fences[op.exec as usize];
+                let execution = &runs[self.run_of(op.inc).0 as usize];
                 let acquisition = &acquisitions[self.acquisition_of(op.inc) as usize];
                 let fenced = current
                     .as_ref()
@@ -550,6 +580,7 @@ impl Ours {
                 let sent = protocol::acquire(
                     &self.lock,
                     identity,
+                    self.run_of(op.inc),
                     self.limit,
                     tick_ms(requested),
                     tick_ms(now),
@@ -604,7 +635,10 @@ impl Ours {
                         log,
                     );
                 }
-                let mut write = protocol::cleanup_fence(&self.lock, &identity.holder);
+                // The run the execution ended in (what DescribeExecution said when the cleanup
+                // began) and every run before it.
+                let mut write =
+                    protocol::cleanup_fence(&self.lock, &identity.holder, self.run_of(op.inc));
                 if self.variant == Variant::CleanupWithoutFence {
                     write.changes.clear();
                 }
@@ -687,10 +721,11 @@ impl Ours {
                         Answer::Acquired
                     }
                     AcquireOutcome::Full { .. } => Answer::Full,
-                    // The acquire function's answer for a redriven execution that was cleaned
-                    // up before its redrive: wait, and ask again (the fence goes within two
-                    // windows).
-                    AcquireOutcome::Fenced(FenceReason::ExecutionEnded) if op.inc > 0 => {
+                    // One fence for every run: a redriven execution that was cleaned up
+                    // before its redrive waits for the fence to go, and asks again.
+                    AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
+                        if op.inc > 0 && self.variant == Variant::OneFenceForEveryRun =>
+                    {
                         Answer::Redriven
                     }
                     AcquireOutcome::Fenced(_) => Answer::Fenced,

@@ -240,8 +240,9 @@ pub enum OpKind {
 pub struct Op {
     pub kind: OpKind,
     pub exec: u8,
-    /// The incarnation that made the call: 0 for the first run, n after the n-th redrive. A
-    /// cleanup is for the execution, whatever its incarnations: always 0.
+    /// The incarnation that made the call: 0 for the first run, n after the n-th redrive. For a
+    /// cleanup, the incarnation the execution was in when the cleanup began (what its
+    /// `DescribeExecution` said): it fences that run and every run before it.
     pub inc: u8,
 }
 
@@ -919,15 +920,13 @@ impl<P: Protocol> World<P> {
             .advance(a.op, a.phase, s.store, s.now, x.alive(), words.log());
         s.store = advance.store;
         // S3: from the moment a release or cleanup for an incarnation has landed, no acquire of
-        // that incarnation may land. A cleanup is for every incarnation that has ended, not for
-        // one redriven since and running now (its acquire is legitimate once the fence is gone).
+        // that incarnation may land. A cleanup is for the incarnation the execution had ended in
+        // when the cleanup began, and every one before it; not for one redriven since.
         let incarnation = slot_bit(e, a.op.inc);
         if advance.wrote {
             match a.op.kind {
                 OpKind::Release => s.retired |= incarnation,
-                OpKind::Cleanup => {
-                    s.retired |= slots_below(e, if x.alive() { x.inc } else { x.inc + 1 })
-                }
+                OpKind::Cleanup => s.retired |= slots_below(e, a.op.inc + 1),
                 OpKind::Acquire if s.retired & incarnation != 0 => s.resurrected |= incarnation,
                 OpKind::Acquire => {}
             }
@@ -1048,11 +1047,10 @@ impl<P: Protocol> World<P> {
     /// with nothing else running. Returns the item afterwards and what was done.
     fn final_sweep(
         &self,
-        store: Option<P::Item>,
-        now: u8,
+        s: &State<P::Item, P::Phase>,
         logging: bool,
     ) -> (Option<P::Item>, String) {
-        let mut store = store;
+        let (mut store, now) = (s.store, s.now);
         let mut log = String::new();
         let holders = per_exec(self.protocol.holders(store));
         for e in 0..self.config.executions {
@@ -1062,7 +1060,7 @@ impl<P: Protocol> World<P> {
             let op = Op {
                 kind: OpKind::Cleanup,
                 exec: e,
-                inc: 0,
+                inc: s.execs[e as usize].inc,
             };
             let mut phase = self.protocol.start(op, now);
             if logging {
@@ -1315,7 +1313,7 @@ impl<P: Protocol> Model for World<P> {
             let op = Op {
                 kind: OpKind::Cleanup,
                 exec: e,
-                inc: 0,
+                inc: s.execs[e as usize].inc,
             };
             let a = Attempt {
                 op,
@@ -1348,7 +1346,7 @@ impl<P: Protocol> Model for World<P> {
                 let op = Op {
                     kind: OpKind::Cleanup,
                     exec: e,
-                    inc: 0,
+                    inc: s.execs[e as usize].inc,
                 };
                 t.attempts.push(Attempt {
                     op,
@@ -1533,14 +1531,14 @@ impl<P: Protocol> Model for World<P> {
         // lost; then one sweep (if there is a sweeper) must leave nothing held.
         if self.quiescent(s) {
             let (store, _) = if self.config.sweeper {
-                self.final_sweep(s.store, s.now, false)
+                self.final_sweep(s, false)
             } else {
                 (s.store, String::new())
             };
             let left = per_exec(self.protocol.holders(store));
             if left != 0 {
                 let (store, log) = if self.config.sweeper {
-                    self.final_sweep(s.store, s.now, true)
+                    self.final_sweep(s, true)
                 } else {
                     (s.store, String::new())
                 };
