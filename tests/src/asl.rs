@@ -66,6 +66,18 @@ pub fn definition(file: &str, substitutions: &[(&str, &str)]) -> Value {
     definition_at(&path, substitutions)
 }
 
+/// `statemachines/<file>` with its acquire and release functions named `ACQUIRE` and `RELEASE`
+/// (what `tasks_calling` finds them by).
+pub fn with_functions(file: &str) -> Value {
+    definition(
+        file,
+        &[
+            ("AcquireFunctionArn", "ACQUIRE"),
+            ("ReleaseFunctionArn", "RELEASE"),
+        ],
+    )
+}
+
 pub fn definition_at(path: &Path, substitutions: &[(&str, &str)]) -> Value {
     let mut text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));

@@ -17,4 +17,4 @@ pub mod server;
 pub mod sfn;
 pub mod wire;
 
-pub use server::{client_for, endpoint, fresh_table, sdk_config};
+pub use server::{all_items, client_for, endpoint, fresh_table, sdk_config};

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region, SharedCredentialsProvider};
 use aws_sdk_dynamodb::Client;
-use semaphore_core::DynamoStore;
+use semaphore_core::{DynamoStore, Semaphore, SemaphoreItem};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -114,4 +114,15 @@ pub async fn fresh_table() -> DynamoStore {
     let store = DynamoStore::new(client_for(endpoint()), name);
     store.create_table().await.expect("create the test table");
     store
+}
+
+/// Every item of the semaphore's table, each read with the product's decoder (a test that must
+/// not share the decoder reads `observe::raw_item`).
+pub async fn all_items(sem: &Semaphore<DynamoStore>) -> Vec<SemaphoreItem> {
+    sem.list()
+        .await
+        .expect("list the table")
+        .into_iter()
+        .map(|item| item.expect("an item of this version"))
+        .collect()
 }

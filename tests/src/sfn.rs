@@ -65,6 +65,31 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:012x}", fastrand::u64(..) >> 16)
 }
 
+/// A machine of one Task that invokes `acquire_function` as the lock-protected machine's
+/// acquire state does (execution input, id and the state's entry time) and ends. Its history
+/// records the payload a cleanup reads the lock from; where no such function runs, the invoke
+/// fails and the execution ends FAILED.
+pub fn acquire_only(acquire_function: &str) -> Value {
+    serde_json::json!({
+        "StartAt": "Acquire slot",
+        "States": {
+            "Acquire slot": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::lambda:invoke",
+                "Parameters": {
+                    "FunctionName": acquire_function,
+                    "Payload": {
+                        "input.$": "$$.Execution.Input",
+                        "holder.$": "$$.Execution.Id",
+                        "requested_at.$": "$$.State.EnteredTime"
+                    }
+                },
+                "End": true
+            }
+        }
+    })
+}
+
 /// Makes a state machine; answers its ARN.
 pub async fn create_machine(sfn: &aws_sdk_sfn::Client, name: &str, definition: &Value) -> String {
     sfn.create_state_machine()

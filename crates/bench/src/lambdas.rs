@@ -126,24 +126,7 @@ impl Protected {
     async fn new() -> Result<Self, String> {
         // Before the machine is made: one made before execution mode is not seen after.
         let sfn = semaphore_tests::sfn::execution_mode().await;
-        let definition = json!({
-            "StartAt": "Acquire slot",
-            "States": {
-                "Acquire slot": {
-                    "Type": "Task",
-                    "Resource": "arn:aws:states:::lambda:invoke",
-                    "Parameters": {
-                        "FunctionName": ACQUIRE_FUNCTION_ARN,
-                        "Payload": {
-                            "input.$": "$$.Execution.Input",
-                            "holder.$": "$$.Execution.Id",
-                            "requested_at.$": "$$.State.EnteredTime"
-                        }
-                    },
-                    "End": true
-                }
-            }
-        });
+        let definition = semaphore_tests::sfn::acquire_only(ACQUIRE_FUNCTION_ARN);
         let machine = sfn
             .create_state_machine()
             .name(format!("BenchProtected-{}", &uuid()[..8]))

@@ -15,13 +15,13 @@ use lambda_common::{child_execution_name, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use semaphore_core::{
     rfc3339_millis, AcquireOutcome, Clock, DynamoStore, FenceKey, FenceReason, HolderId,
-    ManualClock, Run, Semaphore, SemaphoreItem, SystemClock, Timing,
+    ManualClock, Run, Semaphore, SystemClock, Timing,
 };
 use semaphore_tests::asl::{self, Context as Ctx};
 use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::names::{id, limit, lock};
 use semaphore_tests::observe::{observe, raw_item};
-use semaphore_tests::{fresh_table, sdk_config};
+use semaphore_tests::{all_items, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
@@ -136,27 +136,6 @@ fn keys(v: &Value) -> BTreeSet<&str> {
         .collect()
 }
 
-/// Every item of the table, each read correctly.
-async fn items(sem: &Semaphore<DynamoStore>) -> Vec<SemaphoreItem> {
-    sem.list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|item| item.expect("an item of this version"))
-        .collect()
-}
-
-/// statemachines/lock-protected.asl.json with the functions named ACQUIRE and RELEASE.
-fn lock_protected() -> Value {
-    asl::definition(
-        "lock-protected.asl.json",
-        &[
-            ("AcquireFunctionArn", "ACQUIRE"),
-            ("ReleaseFunctionArn", "RELEASE"),
-        ],
-    )
-}
-
 /// The one state of `definition` that calls `function`.
 fn task<'a>(definition: &'a Value, function: &str) -> (&'a str, &'a Value) {
     let tasks = asl::tasks_calling(definition, function);
@@ -179,7 +158,7 @@ async fn play_acquire(
     ctx: &Ctx,
     state_input: &Value,
 ) -> Played {
-    let definition = lock_protected();
+    let definition = asl::with_functions("lock-protected.asl.json");
     let (_, acquire_state) = task(&definition, "ACQUIRE");
     let payload = asl::render(&acquire_state["Parameters"]["Payload"], state_input, ctx);
     let answer = acquire(sem, config, payload.clone()).await;
@@ -207,7 +186,7 @@ fn route_acquire_error(
     error: &Diagnostic,
     state_input: &Value,
 ) -> (String, Option<(String, String)>) {
-    let definition = lock_protected();
+    let definition = asl::with_functions("lock-protected.asl.json");
     let (_, acquire_state) = task(&definition, "ACQUIRE");
     let catcher = asl::catcher(acquire_state, &error.error_type);
     let next = catcher["Next"].as_str().unwrap().to_owned();
@@ -226,7 +205,7 @@ fn route_acquire_error(
 async fn a_critical_section_through_the_definition_with_the_defaults() {
     let sem = semaphore().await;
     let config = config();
-    let definition = lock_protected();
+    let definition = asl::with_functions("lock-protected.asl.json");
     let input = json!({"work_seconds": 0});
     let started = now(&sem);
     let ctx = Ctx::new(HOLDER, input.clone(), &started);
@@ -359,7 +338,7 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
 async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
     let sem = semaphore().await;
     let config = config();
-    let definition = lock_protected();
+    let definition = asl::with_functions("lock-protected.asl.json");
     let input = json!({"lock": "batch", "limit": 1, "work": MINE, "customer": 42});
     let first = Ctx::new(&holder(1), input.clone(), &now(&sem));
     let played = play_acquire(&sem, &config, &first, &input).await;
@@ -433,7 +412,7 @@ async fn lambda_work_runs_through_the_runner_which_invokes_the_function() {
         json!(FUNCTION)
     );
     let (state, _) = played.next.unwrap();
-    let definition = lock_protected();
+    let definition = asl::with_functions("lock-protected.asl.json");
     let start = asl::render(
         &asl::state(&definition, "Protected work")["Parameters"],
         &state,
@@ -462,7 +441,7 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
         .await
         .answer
         .unwrap();
-    let before = items(&sem).await;
+    let before = all_items(&sem).await;
 
     let other = "arn:aws:states:us-east-1:123456789012:stateMachine:not-allowed";
     let not_allowed = |arn: &str| {
@@ -559,7 +538,7 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
         )
     );
 
-    assert_eq!(items(&sem).await, before, "nothing was written");
+    assert_eq!(all_items(&sem).await, before, "nothing was written");
 }
 
 #[tokio::test]
@@ -709,7 +688,7 @@ async fn a_fence_is_final_for_a_run_that_was_not_redriven_or_an_acquisition_rele
 async fn waiting_longer_than_the_budget_is_semaphore_wait_timeout_and_the_slot_is_released() {
     let (sem, clock) = semaphore_with_clock().await;
     let config = config_with(&[("MAX_WAIT_SECONDS", "60")]);
-    let definition = lock_protected();
+    let definition = asl::with_functions("lock-protected.asl.json");
     let input = json!({"lock": "busy", "limit": 1});
     let holding = Ctx::new(&holder(1), input.clone(), &now(&sem));
     play_acquire(&sem, &config, &holding, &input)
@@ -840,7 +819,7 @@ async fn a_request_older_than_the_horizon_answers_expired_writes_nothing_and_is_
         .await
         .answer
         .unwrap();
-    let before = items(&sem).await;
+    let before = all_items(&sem).await;
 
     // The acquire state was entered longer ago than the horizon (a Lambda that took that long to
     // run it): a rotation may have dropped a fence this acquire had to meet, so it takes nothing.
@@ -865,9 +844,12 @@ async fn a_request_older_than_the_horizon_answers_expired_writes_nothing_and_is_
             &json!(0)
         )
     );
-    assert_eq!(items(&sem).await, before, "nothing was written");
+    assert_eq!(all_items(&sem).await, before, "nothing was written");
     // The machine enters its acquire state again, which makes a new request time.
-    assert_eq!(played.next.unwrap().1, task(&lock_protected(), "ACQUIRE").0);
+    assert_eq!(
+        played.next.unwrap().1,
+        task(&asl::with_functions("lock-protected.asl.json"), "ACQUIRE").0
+    );
     let again = play_acquire(&sem, &config, &run2.entered(&now(&sem)), &input)
         .await
         .answer
@@ -927,7 +909,7 @@ async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
         p.as_object_mut().unwrap().remove(field);
         p
     };
-    let before = items(&sem).await;
+    let before = all_items(&sem).await;
     let requested_at_error = |got: &str| {
         format!(
             "requested_at must be an RFC 3339 date-time such as \"2026-12-03T10:15:30.123Z\" \
@@ -1024,20 +1006,14 @@ async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
             assert_eq!(err.error_message, message, "{payload}");
         }
     }
-    assert_eq!(items(&sem).await, before, "nothing was written");
+    assert_eq!(all_items(&sem).await, before, "nothing was written");
 }
 
 #[tokio::test]
 async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
     let sem = semaphore().await;
     let config = config();
-    let fragment = asl::definition(
-        "protect-your-workflow.asl.json",
-        &[
-            ("AcquireFunctionArn", "ACQUIRE"),
-            ("ReleaseFunctionArn", "RELEASE"),
-        ],
-    );
+    let fragment = asl::with_functions("protect-your-workflow.asl.json");
     let input = json!({"order": 7});
     let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
     let (_, acquire_state) = task(&fragment, "ACQUIRE");
@@ -1130,7 +1106,7 @@ async fn a_missing_table_is_the_named_error_semaphore_store_error_which_is_retri
         "{}",
         err.error_message
     );
-    let definition = lock_protected();
+    let definition = asl::with_functions("lock-protected.asl.json");
     let retried = task(&definition, "ACQUIRE").1["Retry"]
         .as_array()
         .unwrap()

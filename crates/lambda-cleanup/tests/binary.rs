@@ -7,7 +7,7 @@ use std::path::Path;
 use semaphore_core::{AcquisitionId, HolderId, Identity, Limit, LockName, Semaphore};
 use semaphore_tests::fresh_table;
 use semaphore_tests::runtime_api::{run_function, Answer};
-use semaphore_tests::sfn::{create_machine, ended, execution_mode, start, unique};
+use semaphore_tests::sfn::{acquire_only, create_machine, ended, execution_mode, start, unique};
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_cleanup");
@@ -26,20 +26,7 @@ async fn the_binary_cleans_up_on_the_documented_event() {
     let sfn = execution_mode().await;
     // One acquire task (there is no such Lambda here: the task fails after it was recorded,
     // payload and all), then the execution fails.
-    let definition = json!({
-        "StartAt": "Acquire slot",
-        "States": {
-            "Acquire slot": {
-                "Type": "Task",
-                "Resource": "arn:aws:states:::lambda:invoke",
-                "Parameters": {
-                    "FunctionName": ACQUIRE,
-                    "Payload": {"input.$": "$$.Execution.Input", "holder.$": "$$.Execution.Id"}
-                },
-                "End": true
-            }
-        }
-    });
+    let definition = acquire_only(ACQUIRE);
     let machine = create_machine(&sfn, &unique("Binary"), &definition).await;
     let execution = start(&sfn, &machine, "run-1", &json!({})).await;
     assert_eq!(ended(&sfn, &execution).await, "FAILED");

@@ -17,8 +17,7 @@ use lambda_common::sfn::{Described, Executions, SfnClient, SfnError};
 use lambda_common::Settings;
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use semaphore_core::{
-    AcquireOutcome, DynamoStore, FenceReason, ItemStore, Limit, ManualClock, MemoryStore,
-    Semaphore, SemaphoreItem,
+    AcquireOutcome, DynamoStore, FenceReason, ItemStore, Limit, ManualClock, MemoryStore, Semaphore,
 };
 use semaphore_tests::counter::RequestCounter;
 use semaphore_tests::legacy::put_version_1_item;
@@ -27,7 +26,7 @@ use semaphore_tests::observe::{observe, raw_item};
 use semaphore_tests::sfn::{
     create_machine, end_parent_while_child_runs, ended, execution_mode, start, status, stop, unique,
 };
-use semaphore_tests::{endpoint, fresh_table, sdk_config};
+use semaphore_tests::{all_items, endpoint, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 /// The acquire function as the parent machine names it (it does not exist here).
@@ -291,16 +290,6 @@ async fn holders(sem: &Semaphore<DynamoStore>, lock_name: &str) -> Vec<String> {
     holders
 }
 
-/// Every item of the table, each read correctly.
-async fn items(sem: &Semaphore<DynamoStore>) -> Vec<SemaphoreItem> {
-    sem.list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|item| item.expect("an item of this version"))
-        .collect()
-}
-
 #[test]
 fn the_documented_event_is_read_into_the_typed_event() {
     let event = lambda_cleanup::parse_event(fixture()).expect("the documented event parses");
@@ -425,7 +414,7 @@ async fn an_execution_running_again_since_the_event_is_left_alone() {
     let cleanup = w.cleanup();
     let sem = &cleanup.semaphore;
     take(sem, DEFAULT_LOCK, &parent, "r1").await;
-    let before = items(sem).await;
+    let before = all_items(sem).await;
     let counter = RequestCounter::new();
 
     let summary = invoke(&w.counted(&counter), event(&parent, "FAILED"))
@@ -446,7 +435,7 @@ async fn an_execution_running_again_since_the_event_is_left_alone() {
         counter.take().requests,
         BTreeMap::from([("SFN.DescribeExecution".to_owned(), 1)])
     );
-    assert_eq!(items(sem).await, before);
+    assert_eq!(all_items(sem).await, before);
     // Not fenced: the running execution can still acquire.
     assert!(matches!(
         late_acquire(sem, "orders", &parent).await,
@@ -661,7 +650,7 @@ async fn an_execution_without_a_history_or_without_an_acquire_is_reported() {
         summary["note"],
         json!("no task of the execution invoked the acquire function (semaphore-acquire): it never asked for a slot")
     );
-    assert!(items(&cleanup.semaphore).await.is_empty());
+    assert!(all_items(&cleanup.semaphore).await.is_empty());
 }
 
 #[tokio::test]
@@ -765,7 +754,7 @@ async fn store_and_step_functions_failures_are_named_errors_the_machine_retries(
         "{}",
         err.error_message
     );
-    assert!(items(&cleanup.semaphore).await.is_empty());
+    assert!(all_items(&cleanup.semaphore).await.is_empty());
 }
 
 /// Canned, and only here: moto cannot end an execution while its `StartExecution` call is in

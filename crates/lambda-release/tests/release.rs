@@ -12,13 +12,12 @@ use lambda_common::{child_execution_name, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use semaphore_core::{
     rfc3339_millis, AcquireOutcome, DynamoStore, FenceKey, FenceReason, HolderId, Semaphore,
-    SemaphoreItem,
 };
 use semaphore_tests::asl::{self, Context as Ctx};
 use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::names::{id, limit, lock};
 use semaphore_tests::observe::raw_item;
-use semaphore_tests::{fresh_table, sdk_config};
+use semaphore_tests::{all_items, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
@@ -55,26 +54,6 @@ async fn release(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, 
     release_with(sem, &resolver(), payload).await
 }
 
-/// Every item of the table, each read correctly.
-async fn items(sem: &Semaphore<DynamoStore>) -> Vec<SemaphoreItem> {
-    sem.list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|item| item.expect("an item of this version"))
-        .collect()
-}
-
-fn lock_protected() -> Value {
-    asl::definition(
-        "lock-protected.asl.json",
-        &[
-            ("AcquireFunctionArn", "ACQUIRE"),
-            ("ReleaseFunctionArn", "RELEASE"),
-        ],
-    )
-}
-
 fn now(sem: &Semaphore<DynamoStore>) -> String {
     rfc3339_millis(sem.now_ms())
 }
@@ -96,7 +75,7 @@ fn acquired_state(token: u64) -> Value {
 #[tokio::test]
 async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_is_idempotent() {
     let sem = semaphore().await;
-    let definition = lock_protected();
+    let definition = asl::with_functions("lock-protected.asl.json");
     let release_state = asl::state(&definition, "Release slot");
     // Run 0 of the execution holds a slot of the lock its input names.
     let input = json!({"lock": "batch", "limit": 2});
@@ -270,7 +249,7 @@ async fn fail_the_work(
     error: &str,
     cause: &str,
 ) -> (Value, (String, String)) {
-    let definition = lock_protected();
+    let definition = asl::with_functions("lock-protected.asl.json");
     let work = asl::state(&definition, "Protected work");
     let catcher = asl::catcher(work, error);
     let caught = asl::caught(catcher, state, error, cause);
@@ -407,7 +386,7 @@ async fn a_redrive_that_meets_the_child_that_already_ran_fails_with_semaphore_re
 #[tokio::test]
 async fn any_other_error_is_passed_on_as_caught() {
     let sem = semaphore().await;
-    let definition = lock_protected();
+    let definition = asl::with_functions("lock-protected.asl.json");
     let input = json!({});
     let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
     // The acquire's own error after its retries (SemaphoreWaitTimeout, a store error...): the
@@ -456,7 +435,7 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
     sem.acquire(&lock("demo-lock"), &id(HOLDER, "r0"), limit(5))
         .await
         .unwrap();
-    let before = items(&sem).await;
+    let before = all_items(&sem).await;
 
     let machine = || json!({"input": {}, "holder": HOLDER, "redrive_count": 0});
     let with = |field: &str, value: Value| {
@@ -544,7 +523,7 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
         "lock is missing: pass \"lock\" in the execution input or in the payload, e.g. \"lock\": \
          \"demo-lock\", or set the function's DEFAULT_LOCK"
     );
-    assert_eq!(items(&sem).await, before, "nothing was written");
+    assert_eq!(all_items(&sem).await, before, "nothing was written");
 }
 
 #[tokio::test]
