@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use semaphore_core::{DynamoStore, InputError, Limit, LockName, Semaphore, Timing};
+use semaphore_core::{DynamoStore, Limit, LockName, Semaphore, Timing};
 
 use crate::request::{AllowedWork, Defaults, Resolver, WorkKind};
 
@@ -138,25 +138,29 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         }
     }
 
-    /// `LOCK_NAMES`: comma-separated lock names (blanks between commas are skipped,
-    /// duplicates dropped). Unset means none.
-    pub fn lock_names(&self) -> Result<Vec<LockName>, ConfigError> {
-        const NAME: &str = "LOCK_NAMES";
-        let Some(value) = self.optional(NAME) else {
+    /// A comma-separated list: blanks between commas are skipped, each item parsed by `parse`
+    /// (its `Err` is the problem to report, naming the item), duplicates dropped. Unset is
+    /// none.
+    pub fn list<T: PartialEq>(
+        &self,
+        name: &'static str,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<Vec<T>, ConfigError> {
+        let Some(value) = self.optional(name) else {
             return Ok(Vec::new());
         };
-        let mut locks: Vec<LockName> = Vec::new();
+        let mut items: Vec<T> = Vec::new();
         for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let lock = LockName::new(part).map_err(|e: InputError| ConfigError::Invalid {
-                name: NAME,
+            let item = parse(part).map_err(|problem| ConfigError::Invalid {
+                name,
                 value: value.clone(),
-                problem: format!("{part:?}: {e}"),
+                problem,
             })?;
-            if !locks.contains(&lock) {
-                locks.push(lock);
+            if !items.contains(&item) {
+                items.push(item);
             }
         }
-        Ok(locks)
+        Ok(items)
     }
 
     /// `DEFAULT_LOCK` and `DEFAULT_LIMIT`, each optional: without one, a payload whose input
@@ -236,23 +240,16 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
 
     /// Comma-separated ARNs of `kind`; unset is none.
     fn arns(&self, name: &'static str, kind: WorkKind) -> Result<Vec<String>, ConfigError> {
-        let Some(value) = self.optional(name) else {
-            return Ok(Vec::new());
-        };
-        let mut arns: Vec<String> = Vec::new();
-        for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            if WorkKind::of(part) != Some(kind) {
-                return Err(ConfigError::Invalid {
-                    name,
-                    value: value.clone(),
-                    problem: format!("{part:?} is not an ARN of the form {}", kind.form()),
-                });
+        self.list(name, |part| {
+            if WorkKind::of(part) == Some(kind) {
+                Ok(part.to_owned())
+            } else {
+                Err(format!(
+                    "{part:?} is not an ARN of the form {}",
+                    kind.form()
+                ))
             }
-            if !arns.iter().any(|a| a == part) {
-                arns.push(part.to_owned());
-            }
-        }
-        Ok(arns)
+        })
     }
 
     /// `MAX_WAIT_SECONDS`: how long an execution may wait for a slot (default
@@ -418,15 +415,16 @@ mod tests {
     }
 
     #[test]
-    fn lock_names_are_split_validated_and_deduplicated() {
+    fn lists_are_split_validated_and_deduplicated() {
+        let lock = |part: &str| LockName::new(part).map_err(|e| format!("{part:?}: {e}"));
         let names = |v: &str| {
-            settings(&[("LOCK_NAMES", v)])
-                .lock_names()
+            settings(&[("LOCKS", v)])
+                .list("LOCKS", lock)
                 .map(|l| l.iter().map(|n| n.to_string()).collect::<Vec<_>>())
         };
         assert_eq!(names("a, b,,a ,c").unwrap(), ["a", "b", "c"]);
         assert_eq!(names("").unwrap(), Vec::<String>::new());
-        assert!(settings(&[]).lock_names().unwrap().is_empty());
+        assert!(settings(&[]).list("LOCKS", lock).unwrap().is_empty());
         let long = "x".repeat(300);
         let err = names(&format!("a,{long}")).unwrap_err();
         assert!(err.to_string().contains("300 bytes long"), "{err}");

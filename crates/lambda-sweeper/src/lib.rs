@@ -197,17 +197,13 @@ impl Sweeper<DynamoStore, SfnExecutions> {
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
         let mut state_machines: Vec<StateMachineArn> = Vec::new();
         for name in ["STATE_MACHINE_ARN", "STATE_MACHINE_ARNS"] {
-            let Some(value) = settings.optional(name) else {
-                continue;
-            };
-            for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-                let machine = StateMachineArn::parse(part).ok_or_else(|| ConfigError::Invalid {
-                    name,
-                    value: value.clone(),
-                    problem: format!(
+            for machine in settings.list(name, |part| {
+                StateMachineArn::parse(part).ok_or_else(|| {
+                    format!(
                         "{part:?}: expected arn:<partition>:states:<region>:<account>:stateMachine:<name>, or unset to judge every execution"
-                    ),
-                })?;
+                    )
+                })
+            })? {
                 if !state_machines.contains(&machine) {
                     state_machines.push(machine);
                 }
