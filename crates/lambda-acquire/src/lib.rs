@@ -148,10 +148,15 @@ pub fn wait_seconds(waited: Duration) -> u64 {
     fastrand::u64(MIN_WAIT_SECONDS..=upper)
 }
 
-fn work_answer(work: &Work, request: &AcquireRequest, token: Option<u64>) -> WorkAnswer {
+fn work_answer(
+    work: &Work,
+    request: &AcquireRequest,
+    child_name: &str,
+    token: Option<u64>,
+) -> WorkAnswer {
     WorkAnswer {
         state_machine: work.state_machine.clone(),
-        name: child_execution_name(&request.identity),
+        name: child_name.to_owned(),
         context: WorkContext {
             semaphore: SemaphoreContext {
                 lock: request.lock.to_string(),
@@ -225,6 +230,7 @@ pub async fn acquire<S: ItemStore>(
         tracing::warn!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, "{message}");
         return Err(HandlerError::WaitTimeout(message));
     }
+    let child_name = child_execution_name(identity);
     let response = AcquireResponse {
         acquired: token.is_some(),
         outcome,
@@ -234,12 +240,12 @@ pub async fn acquire<S: ItemStore>(
         lock: lock.to_string(),
         holder: identity.holder.to_string(),
         acquisition: identity.acquisition.to_string(),
-        child_name: child_execution_name(identity),
         wait_seconds: if waiting { wait_seconds(waited) } else { 0 },
         work: request
             .work
             .as_ref()
-            .map(|work| work_answer(work, &request, token)),
+            .map(|work| work_answer(work, &request, &child_name, token)),
+        child_name,
     };
     tracing::info!(
         lock = %lock,
