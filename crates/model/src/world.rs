@@ -40,9 +40,10 @@
 //! its own acquisition id, `r{n}` (the acquire and release functions make it from
 //! `$$.Execution.RedriveCount`), so its slot is told apart from the slots of earlier incarnations.
 //! A redriven execution resumes where it stopped:
-//! - in its acquire (or wait) state: it acquires anew; an acquire of incarnation n > 0 refused
-//!   because its execution was cleaned up (`Fenced(ExecutionEnded)`) is answered "redriven", and
-//!   the execution waits and asks again, until two rotations have dropped the fence;
+//! - in its acquire (or wait) state: it acquires anew in its own run, which no cleanup of an
+//!   earlier run fenced (in the broken variant `one-fence-for-every-run`, an acquire refused by
+//!   the earlier run's fence is answered "redriven", and the execution waits and asks again
+//!   until two rotations have dropped the fence);
 //! - in the protected work: the child execution is named after the old acquisition and exists
 //!   already, so the work task fails (`ExecutionAlreadyExists`); the execution releases (its own,
 //!   new acquisition: nothing) and fails with `SemaphoreRedriveRefused`, emitting a cleanup event;
@@ -261,8 +262,9 @@ pub enum Answer {
     Expired,
     /// A request was lost: the caller sees an error.
     Lost,
-    /// Acquire of a redriven incarnation refused because its execution was cleaned up before the
-    /// redrive: not for good, the state machine waits and asks again until the fence is gone.
+    /// Acquire of a redriven incarnation refused by the fence of an earlier run's cleanup: only
+    /// in the broken variant `one-fence-for-every-run` (the real fences are per run); not for
+    /// good, the state machine waits and asks again until the fence is gone.
     Redriven,
     /// Cleanup: `DescribeExecution` says the execution runs again (it was redriven), so the
     /// cleanup stops; what earlier incarnations hold is left to a later event or the sweeper.
@@ -388,7 +390,7 @@ enum Resume {
     Never,
     /// The acquire state (its Task, or the Choice after it).
     Acquire,
-    /// "Wait for a free slot", after "full" (or "redriven").
+    /// "Wait for a free slot", after "full" (or, in one broken variant, "redriven").
     Wait,
     /// "Protected work".
     Work,
@@ -835,7 +837,7 @@ impl<P: Protocol> World<P> {
                 s.execs[e as usize].stage = Stage::Holding;
                 words.say(|| format!(" => {} holds a slot and does its work", name()));
             }
-            // "redriven" is answered as "full" is: wait as long as the function says, ask again.
+            // "redriven" (one broken variant's) is answered as "full" is: wait, ask again.
             (OpKind::Acquire, Answer::Full | Answer::Redriven) if self.config.polls.is_none() => {
                 s.execs[e as usize].stage = Stage::Waiting;
                 words.say(|| format!(" => {} waits", name()));
