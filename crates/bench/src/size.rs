@@ -288,6 +288,14 @@ impl ItemStore for Watched {
     async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
         self.inner.list().await
     }
+    async fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<semaphore_core::QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<semaphore_core::Waiter>, StoreError> {
+        self.inner.waiters(lock, after, limit).await
+    }
 }
 
 struct Sim {

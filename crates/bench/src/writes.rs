@@ -130,7 +130,7 @@ impl<S: ItemStore> ItemStore for CountedStore<S> {
             (Ok(WriteResult::Refused { .. }), Kind::Rotation) => t.rotation_refused += 1,
             (Ok(WriteResult::Refused { .. }), _) => t.refused_unexpectedly += 1,
             (Err(_), _) => t.errors += 1,
-            (Ok(WriteResult::Applied { .. }), _) => {}
+            (Ok(WriteResult::Applied { .. } | WriteResult::Landed), _) => {}
         }
         result
     }
@@ -138,6 +138,14 @@ impl<S: ItemStore> ItemStore for CountedStore<S> {
     async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
         self.counter.lock().lists += 1;
         self.inner.list().await
+    }
+    async fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<semaphore_core::QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<semaphore_core::Waiter>, StoreError> {
+        self.inner.waiters(lock, after, limit).await
     }
 }
 

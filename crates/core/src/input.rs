@@ -44,6 +44,8 @@ pub enum InputError {
     ControlCharacter { field: &'static str, at: usize },
     #[error("limit must be a whole number from 1 to {MAX_LIMIT}; got {got}")]
     InvalidLimit { got: String },
+    #[error("task token is {len} bytes long; the maximum is {max} bytes", max = crate::queue::MAX_TASK_TOKEN_BYTES)]
+    TaskTokenTooLong { len: usize },
     #[error("{field} is missing: {hint}")]
     Missing {
         field: &'static str,

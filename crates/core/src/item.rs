@@ -197,6 +197,9 @@ pub struct SemaphoreItem {
     pub version: Version,
     pub holders: BTreeMap<Identity, Holding>,
     pub fences: Fences,
+    /// Waiters in the lock's line (see [`crate::queue`]): changed only by the writes that queue
+    /// or unqueue one, together with the waiter's own record.
+    pub waiting: u64,
 }
 
 impl SemaphoreItem {
@@ -208,12 +211,19 @@ impl SemaphoreItem {
             version: Version(0),
             holders: BTreeMap::new(),
             fences: Fences::default(),
+            waiting: 0,
         }
     }
 
     /// Slots held now.
     pub fn count(&self) -> usize {
         self.holders.len()
+    }
+
+    /// Whether a slot can be taken without passing anyone in line: fewer than `limit` held and
+    /// nobody waiting.
+    pub fn is_free(&self, limit: crate::input::Limit) -> bool {
+        self.count() < limit.get() as usize && self.waiting == 0
     }
 
     pub fn is_fenced(&self, key: &FenceKey) -> bool {

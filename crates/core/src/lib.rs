@@ -24,6 +24,7 @@ pub mod input;
 pub mod item;
 pub mod memory;
 pub mod protocol;
+pub mod queue;
 mod store;
 pub mod sweep;
 pub mod write;
@@ -37,6 +38,7 @@ pub use memory::MemoryStore;
 pub use protocol::{
     AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, Timing, WriteResult,
 };
+pub use queue::{HandOff, QueueKey, QueueOutcome, TaskToken, Waiter, Waker};
 pub use store::{Fenced, ItemStore, Semaphore};
 pub use sweep::{ExecutionState, ExecutionStatus, LargestItem, Reclaimed, SweepReport};
 pub use write::{Change, Check, Write};

@@ -1,21 +1,31 @@
 //! An in-memory [`ItemStore`] with exactly the semantics the DynamoDB store has: a write is
 //! applied atomically iff its checks hold ([`Write::apply`]), creating the item if there is none,
 //! and hands back the item as it was before (applied) or as it is (refused). It backs unit tests
-//! and the model checker, which therefore drive the same writes as production.
+//! and the model checker, which therefore drive the same writes as production. A write that
+//! names a waiter's record is applied to the item and the record at once and answered `Landed`,
+//! as the DynamoDB store answers the transaction it sends for it.
 
 use std::collections::BTreeMap;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Mutex;
 
 use crate::error::StoreError;
 use crate::input::LockName;
 use crate::item::SemaphoreItem;
 use crate::protocol::WriteResult;
+use crate::queue::{QueueKey, Waiter};
 use crate::store::ItemStore;
 use crate::write::Write;
 
 #[derive(Debug, Default)]
+struct Tables {
+    items: BTreeMap<LockName, SemaphoreItem>,
+    queues: BTreeMap<LockName, BTreeMap<QueueKey, Waiter>>,
+}
+
+#[derive(Debug, Default)]
 pub struct MemoryStore {
-    items: Mutex<BTreeMap<LockName, SemaphoreItem>>,
+    tables: Mutex<Tables>,
 }
 
 impl MemoryStore {
@@ -23,35 +33,75 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn items(&self) -> std::sync::MutexGuard<'_, BTreeMap<LockName, SemaphoreItem>> {
-        // A panic elsewhere while holding the lock leaves the map itself consistent (every
-        // mutation is a single insert), so a poisoned lock is safe to keep using.
-        self.items.lock().unwrap_or_else(|p| p.into_inner())
+    fn tables(&self) -> std::sync::MutexGuard<'_, Tables> {
+        // A panic elsewhere while holding the lock leaves the maps themselves consistent (every
+        // mutation is a single insert or remove), so a poisoned lock is safe to keep using.
+        self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The write as a plain function, for callers without an async runtime.
     pub fn write_now(&self, write: &Write) -> WriteResult {
-        let mut items = self.items();
+        let mut tables = self.tables();
+        let Tables { items, queues } = &mut *tables;
         let current = items.get(&write.lock);
-        match write.apply(current) {
-            Ok(next) => WriteResult::Applied {
-                before: items.insert(write.lock.clone(), next),
-            },
-            Err(_) => WriteResult::Refused {
-                current: current
+        let key = write.waiter_key();
+        let queue = queues.entry(write.lock.clone()).or_default();
+        let record = key.and_then(|key| queue.get(&key));
+        match write.apply_with(current, record) {
+            Ok((next, record)) => {
+                let before = items.insert(write.lock.clone(), next);
+                match key {
+                    None => WriteResult::Applied { before },
+                    Some(key) => {
+                        match record {
+                            Some(record) => queue.insert(key, record),
+                            None => queue.remove(&key),
+                        };
+                        WriteResult::Landed
+                    }
+                }
+            }
+            Err(_) => {
+                let current = current
                     .cloned()
-                    .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone())),
-            },
+                    .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone()));
+                let waiter_refused = write
+                    .checks
+                    .iter()
+                    .any(|check| check.waiter_key().is_some() && !check.holds_with(&current, record));
+                WriteResult::Refused {
+                    current,
+                    waiter_refused,
+                }
+            }
         }
     }
 
     pub fn load_now(&self, lock: &LockName) -> Option<SemaphoreItem> {
-        self.items().get(lock).cloned()
+        self.tables().items.get(lock).cloned()
+    }
+
+    /// The first `limit` waiters in `lock`'s line after `after` (from the head: `None`).
+    pub fn waiters_now(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> Vec<Waiter> {
+        let tables = self.tables();
+        let Some(queue) = tables.queues.get(lock) else {
+            return Vec::new();
+        };
+        let range = match after {
+            Some(key) => queue.range((Excluded(key), Unbounded)),
+            None => queue.range(..),
+        };
+        range.take(limit).map(|(_, w)| w.clone()).collect()
     }
 
     /// Stores `item` as it is, whatever was there (to start a model or a test from a state).
     pub fn put_now(&self, item: SemaphoreItem) {
-        self.items().insert(item.lock.clone(), item);
+        self.tables().items.insert(item.lock.clone(), item);
     }
 }
 
@@ -65,6 +115,15 @@ impl ItemStore for MemoryStore {
     }
 
     async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
-        Ok(self.items().values().cloned().map(Ok).collect())
+        Ok(self.tables().items.values().cloned().map(Ok).collect())
+    }
+
+    async fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<Waiter>, StoreError> {
+        Ok(self.waiters_now(lock, after, limit))
     }
 }

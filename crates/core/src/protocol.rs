@@ -34,6 +34,7 @@ use std::time::Duration;
 use crate::error::StoreError;
 use crate::input::{HolderId, Limit, LockName};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, Run, SemaphoreItem};
+use crate::queue::{QueueKey, QueueOutcome, TaskToken, Waiter};
 use crate::write::{Change, Check, Write};
 
 /// The two durations the fences are kept by.
@@ -161,8 +162,34 @@ pub enum WriteResult {
     /// Every check held and the changes were made. `before` is the item as it was just before
     /// (`None`: the write created it).
     Applied { before: Option<SemaphoreItem> },
-    /// A check failed and nothing changed; `current` is the item as it is.
-    Refused { current: SemaphoreItem },
+    /// Every check held and the changes were made, to the item and to a waiter's record at
+    /// once; the item as it was before is not known (DynamoDB sends such a write as a
+    /// transaction, which hands nothing back).
+    Landed,
+    /// A check failed and nothing changed; `current` is the item as it is, and `waiter_refused`
+    /// says whether the write's check of a waiter's record failed.
+    Refused {
+        current: SemaphoreItem,
+        waiter_refused: bool,
+    },
+}
+
+impl WriteResult {
+    /// The first of the write's checks that failed (in the order the write lists them), from
+    /// what a refusal handed back.
+    pub fn failed_check<'w>(&self, write: &'w Write) -> Option<&'w Check> {
+        let Self::Refused {
+            current,
+            waiter_refused,
+        } = self
+        else {
+            return None;
+        };
+        write.checks.iter().find(|check| match check.waiter_key() {
+            Some(_) => *waiter_refused,
+            None => !check.holds(current),
+        })
+    }
 }
 
 /// The acquire write, or the answer when none is worth sending: a request already past its
@@ -192,6 +219,8 @@ pub fn acquire(
             Check::NotHolding(identity.clone()),
             Check::RotatedBefore { deadline_ms },
             Check::HoldersBelow(limit),
+            // L2: a newcomer does not pass the line.
+            Check::QueueEmpty,
         ],
         changes: vec![
             Change::PutHolder {
@@ -224,8 +253,12 @@ pub fn acquired(
                 count: after.count(),
             })
         }
-        WriteResult::Refused { current } => {
-            let failed = write.checks.iter().find(|check| !check.holds(&current));
+        WriteResult::Landed => Err(unexpected(write, "an acquire was sent as a transaction")),
+        refused @ WriteResult::Refused { .. } => {
+            let failed = refused.failed_check(write);
+            let WriteResult::Refused { current, .. } = refused else {
+                unreachable!("matched as refused")
+            };
             Ok(match failed {
                 Some(Check::NotFenced(key)) if *key == FenceKey::acquisition(identity) => {
                     AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
@@ -236,11 +269,18 @@ pub fn acquired(
                     count: current.count(),
                 },
                 Some(Check::RotatedBefore { .. }) => AcquireOutcome::Expired,
-                Some(Check::HoldersBelow(_)) => AcquireOutcome::Full {
+                Some(Check::HoldersBelow(_) | Check::QueueEmpty) => AcquireOutcome::Full {
                     count: current.count(),
                     limit,
                 },
-                Some(Check::LastRotation(_)) | None => {
+                Some(
+                    Check::LastRotation(_)
+                    | Check::Busy(_)
+                    | Check::NotQueued(_)
+                    | Check::Queued(_)
+                    | Check::QueuedWith { .. },
+                )
+                | None => {
                     return Err(unexpected(
                         write,
                         "the acquire was refused but its checks hold on the item handed back",
@@ -386,10 +426,168 @@ pub fn busy_rotation(
     rotation(item, now_ms, timing)
 }
 
+/// The write that puts a waiter in line, or the answer when none is worth sending (see
+/// [`acquire`]: the same horizon). Its checks are the acquire's, but for the limit: a waiter
+/// queues only while a slot cannot be taken without passing the line, so no waiter queues
+/// behind a free slot that nobody would hand it (F8).
+pub fn enqueue(
+    waiter: &Waiter,
+    requested_at_ms: u64,
+    now_ms: u64,
+    timing: &Timing,
+) -> Result<Write, QueueOutcome> {
+    let requested_at_ms = requested_at_ms.min(now_ms);
+    let deadline_ms = requested_at_ms.saturating_add(millis(timing.horizon));
+    if now_ms >= deadline_ms {
+        return Err(QueueOutcome::Expired);
+    }
+    let identity = &waiter.identity;
+    Ok(Write {
+        lock: waiter.lock.clone(),
+        checks: vec![
+            // A dead execution's late attempt to queue is refused like its late acquire (F1-F3).
+            Check::NotFenced(FenceKey::execution(&identity.holder, waiter.run)),
+            Check::NotFenced(FenceKey::acquisition(identity)),
+            Check::NotHolding(identity.clone()),
+            Check::RotatedBefore { deadline_ms },
+            Check::NotQueued(waiter.key),
+            Check::Busy(waiter.limit),
+        ],
+        changes: vec![Change::Enqueue(Box::new(waiter.clone()))],
+    })
+}
+
+/// The answer to a waiter's attempt to queue from what became of its write.
+pub fn queued(
+    write: &Write,
+    identity: &Identity,
+    result: WriteResult,
+) -> Result<QueueOutcome, StoreError> {
+    let failed = result.failed_check(write);
+    Ok(match (&result, failed) {
+        (WriteResult::Applied { .. } | WriteResult::Landed, _) => QueueOutcome::Queued,
+        (WriteResult::Refused { current, .. }, Some(check)) => match check {
+            Check::NotFenced(key) if *key == FenceKey::acquisition(identity) => {
+                QueueOutcome::Fenced(FenceReason::AcquisitionReleased)
+            }
+            Check::NotFenced(_) => QueueOutcome::Fenced(FenceReason::ExecutionEnded),
+            Check::NotHolding(_) => QueueOutcome::AlreadyHeld {
+                token: current.holders[identity].token,
+                count: current.count(),
+            },
+            Check::RotatedBefore { .. } => QueueOutcome::Expired,
+            Check::NotQueued(_) => QueueOutcome::AlreadyQueued,
+            Check::Busy(_) => QueueOutcome::Free,
+            _ => return Err(unexpected(write, "refused by a check a queue write lacks")),
+        },
+        (WriteResult::Refused { .. }, None) => {
+            return Err(unexpected(
+                write,
+                "the queue write was refused but its checks hold on what was handed back",
+            ))
+        }
+    })
+}
+
+/// Grants the waiter (as read at the head of the line) a slot: takes the slot for it and
+/// removes its record, in one write. Not sent on a stale read: the record must still carry
+/// the task token that was read (else the waiter parked anew; read the head again).
+pub fn grant(waiter: &Waiter, now_ms: u64) -> Write {
+    let identity = &waiter.identity;
+    Write {
+        lock: waiter.lock.clone(),
+        checks: vec![
+            Check::QueuedWith {
+                key: waiter.key,
+                task_token: waiter.task_token.clone(),
+            },
+            // A waiter whose run was cleaned up is dead: skipped, never granted (F8).
+            Check::NotFenced(FenceKey::execution(&identity.holder, waiter.run)),
+            Check::NotFenced(FenceKey::acquisition(identity)),
+            Check::NotHolding(identity.clone()),
+            Check::HoldersBelow(waiter.limit),
+        ],
+        changes: vec![
+            Change::Dequeue(waiter.key),
+            Change::PutHolder {
+                identity: identity.clone(),
+                acquired_at_ms: now_ms,
+            },
+        ],
+    }
+}
+
+/// What became of a grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grant {
+    /// The waiter holds a slot now and is out of the line: wake it.
+    Granted,
+    /// Its record changed or went since it was read (it parked anew, left, or another hand-off
+    /// granted it): read the head again.
+    Moved { current: SemaphoreItem },
+    /// Its run or acquisition is fenced (it ended and was cleaned up, or released): remove its
+    /// record without a slot.
+    Dead { current: SemaphoreItem },
+    /// It holds a slot already: remove its record.
+    Holding { current: SemaphoreItem },
+    /// No slot is free.
+    NoSlot { current: SemaphoreItem },
+}
+
+pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> {
+    let failed = result.failed_check(write).cloned();
+    Ok(match result {
+        WriteResult::Applied { .. } | WriteResult::Landed => Grant::Granted,
+        WriteResult::Refused { current, .. } => match failed {
+            Some(Check::QueuedWith { .. }) => Grant::Moved { current },
+            Some(Check::NotFenced(_)) => Grant::Dead { current },
+            Some(Check::NotHolding(_)) => Grant::Holding { current },
+            Some(Check::HoldersBelow(_)) => Grant::NoSlot { current },
+            _ => {
+                return Err(unexpected(
+                    write,
+                    "the grant was refused but its checks hold on what was handed back",
+                ))
+            }
+        },
+    })
+}
+
+/// Takes the waiter's record out of the line, if it is there (it left, or its execution
+/// ended).
+pub fn leave(lock: &LockName, key: QueueKey) -> Write {
+    Write {
+        lock: lock.clone(),
+        checks: vec![Check::Queued(key)],
+        changes: vec![Change::Dequeue(key)],
+    }
+}
+
+/// Gives the waiter's record the task token of its new parked task, keeping its place.
+pub fn repark(lock: &LockName, key: QueueKey, task_token: TaskToken) -> Write {
+    Write {
+        lock: lock.clone(),
+        checks: vec![Check::Queued(key)],
+        changes: vec![Change::Repark { key, task_token }],
+    }
+}
+
+/// Whether a [`leave`] or [`repark`] found the waiter in line.
+pub fn was_queued(write: &Write, result: &WriteResult) -> Result<bool, StoreError> {
+    match result {
+        WriteResult::Applied { .. } | WriteResult::Landed => Ok(true),
+        refused => match refused.failed_check(write) {
+            Some(Check::Queued(_)) => Ok(false),
+            _ => Err(unexpected(write, "refused by a check it does not have")),
+        },
+    }
+}
+
 /// The item before a write that has no checks (it cannot be refused).
 fn applied_before(write: &Write, result: WriteResult) -> Result<Option<SemaphoreItem>, StoreError> {
     match result {
         WriteResult::Applied { before } => Ok(before),
+        WriteResult::Landed => Err(unexpected(write, "an item write was sent as a transaction")),
         WriteResult::Refused { .. } => Err(unexpected(write, "a write without checks was refused")),
     }
 }
@@ -439,6 +637,7 @@ mod tests {
                 current: item
                     .clone()
                     .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone())),
+                waiter_refused: false,
             },
         }
     }

@@ -9,8 +9,17 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, StoreError};
 use crate::input::{HolderId, Limit, LockName};
 use crate::item::{Identity, Run, SemaphoreItem};
-use crate::protocol::{self, AcquireOutcome, CleanupOutcome, ReleaseOutcome, Timing, WriteResult};
+use crate::protocol::{
+    self, AcquireOutcome, CleanupOutcome, Grant, ReleaseOutcome, Timing, WriteResult,
+};
+use crate::queue::{HandOff, QueueKey, QueueOutcome, TaskToken, Waiter, Waker};
+use crate::sweep::{ExecutionState, ExecutionStatus};
 use crate::write::Write;
+
+/// Most grants (and skips of dead waiters) one hand-off makes before it leaves the rest to the
+/// next one (a release, a waiter's fallback check, the sweeper): bounds one Lambda's work when
+/// thousands of waiters died at once.
+pub const MAX_HAND_OFF_STEPS: usize = 256;
 
 /// Somewhere semaphore items live. `write` must be atomic: apply the write iff every check holds
 /// on the item as it is when the write lands (creating the item from the empty one if there is
@@ -28,6 +37,15 @@ pub trait ItemStore: Send + Sync {
     fn list(
         &self,
     ) -> impl Future<Output = Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError>> + Send;
+
+    /// The first `limit` waiters in `lock`'s line, in line order, after the one with key `after`
+    /// (`None`: from the head), as read (consistently) now.
+    fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Waiter>, StoreError>> + Send;
 }
 
 /// A store shared by reference or by `Arc` (several semaphores on one store, as processes
@@ -53,6 +71,15 @@ where
     ) -> impl Future<Output = Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError>> + Send
     {
         (**self).list()
+    }
+
+    fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Waiter>, StoreError>> + Send {
+        (**self).waiters(lock, after, limit)
     }
 }
 
@@ -264,13 +291,147 @@ impl<S: ItemStore> Semaphore<S> {
             return false;
         };
         match self.store.write(&write).await {
-            Ok(WriteResult::Applied { .. }) => true,
+            Ok(WriteResult::Applied { .. } | WriteResult::Landed) => true,
             Ok(WriteResult::Refused { .. }) => false,
             Err(e) => {
                 tracing::warn!(lock = %write.lock, error = %e, "fence rotation failed; a later write retries it");
                 false
             }
         }
+    }
+
+    /// Puts `waiter` in line for a request made at `requested_at_ms` (its wait state's entry
+    /// time), if no slot can be taken without passing the line; [`QueueOutcome::Free`] says one
+    /// can (acquire then). One write. The caller hands off next (see [`Semaphore::hand_off`]):
+    /// a slot may have been freed between its "full" and its queueing (F8).
+    pub async fn enqueue(
+        &self,
+        waiter: &Waiter,
+        requested_at_ms: u64,
+    ) -> Result<QueueOutcome, Error> {
+        let write =
+            match protocol::enqueue(waiter, requested_at_ms, self.now_ms(), &self.timing) {
+                Ok(write) => write,
+                Err(answer) => return Ok(answer),
+            };
+        let result = self.store.write(&write).await?;
+        Ok(protocol::queued(&write, &waiter.identity, result)?)
+    }
+
+    /// Gives a queued waiter's record the token of its new parked task, keeping its place:
+    /// `false` if it is not in line (granted, or never queued). One write.
+    pub async fn repark(
+        &self,
+        lock: &LockName,
+        key: QueueKey,
+        task_token: TaskToken,
+    ) -> Result<bool, Error> {
+        let write = protocol::repark(lock, key, task_token);
+        let result = self.store.write(&write).await?;
+        Ok(protocol::was_queued(&write, &result)?)
+    }
+
+    /// Takes a waiter out of line (it gave up, or its execution ended): `false` if it was not
+    /// in line. One write.
+    pub async fn leave(&self, lock: &LockName, key: QueueKey) -> Result<bool, Error> {
+        let write = protocol::leave(lock, key);
+        let result = self.store.write(&write).await?;
+        Ok(protocol::was_queued(&write, &result)?)
+    }
+
+    /// The first `limit` waiters in line after `after` (`None`: from the head).
+    pub async fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<Waiter>, Error> {
+        Ok(self.store.waiters(lock, after, limit).await?)
+    }
+
+    /// Moves the line: while a slot is free and someone waits, grants the head a slot (one
+    /// write that takes the slot for it and removes its record) and wakes it. `known` is the
+    /// lock's item if the caller has just seen it (a release's or cleanup's write hands it
+    /// back), else it is read.
+    ///
+    /// A waiter that cannot take its grant does not keep it: if the wake-up fails, `executions`
+    /// says whether its execution still runs. If not, the slot is freed again (a cleanup of its
+    /// run) and the hand-off goes on with the next waiter; if it does, it keeps the slot and
+    /// finds it when its parked task's fallback timeout makes it ask again. A waiter whose run
+    /// was cleaned up is removed from the line without a slot (F8).
+    pub async fn hand_off<W: Waker, X: ExecutionStatus>(
+        &self,
+        lock: &LockName,
+        known: Option<SemaphoreItem>,
+        waker: &W,
+        executions: &X,
+    ) -> Result<HandOff, Error> {
+        let mut report = HandOff::default();
+        let mut item = match known {
+            Some(item) => item,
+            None => match self.store.load(lock).await? {
+                Some(item) => item,
+                None => return Ok(report),
+            },
+        };
+        for _ in 0..MAX_HAND_OFF_STEPS {
+            if item.waiting == 0 {
+                break;
+            }
+            let Some(head) = self.store.waiters(lock, None, 1).await?.pop() else {
+                break;
+            };
+            if item.count() >= head.limit.get() as usize {
+                break;
+            }
+            let write = protocol::grant(&head, self.now_ms());
+            let result = self.store.write(&write).await?;
+            match protocol::granted(&write, result)? {
+                Grant::Granted => {
+                    let after = self.status(lock).await?;
+                    let Some(token) = after.holders.get(&head.identity).map(|h| h.token) else {
+                        // Freed already (its execution ended and was cleaned up): nothing to
+                        // wake.
+                        item = after;
+                        continue;
+                    };
+                    item = after;
+                    match waker.wake(&head, token).await {
+                        Ok(()) => report.woken.push((head.identity.clone(), token)),
+                        Err(why) => {
+                            let holder = &head.identity.holder;
+                            match executions.describe(holder).await {
+                                Ok(
+                                    state @ (ExecutionState::Ended { .. }
+                                    | ExecutionState::Missing),
+                                ) => {
+                                    tracing::info!(%lock, %holder, %why, "granted waiter's execution has ended: freeing its slot");
+                                    self.cleanup_run(lock, holder, state.last_run()).await?;
+                                    report.freed.push(head.identity.clone());
+                                    item = self.status(lock).await?;
+                                }
+                                Ok(ExecutionState::Running | ExecutionState::NotAnExecution) => {
+                                    tracing::info!(%lock, %holder, %why, "granted waiter not woken; it keeps the slot and finds it when it checks again");
+                                    report.parked.push(head.identity.clone());
+                                }
+                                Err(e) => {
+                                    tracing::warn!(%lock, %holder, %why, error = %e, "granted waiter not woken and its execution not described; the sweeper checks it");
+                                    report.parked.push(head.identity.clone());
+                                }
+                            }
+                        }
+                    }
+                }
+                Grant::Moved { current } => item = current,
+                Grant::Dead { .. } | Grant::Holding { .. } => {
+                    self.leave(lock, head.key).await?;
+                    report.skipped.push(head.identity.clone());
+                    item = self.status(lock).await?;
+                }
+                Grant::NoSlot { .. } => break,
+            }
+        }
+        Ok(report)
     }
 
     pub async fn status(&self, lock: &LockName) -> Result<SemaphoreItem, Error> {
@@ -331,6 +492,14 @@ mod tests {
         }
         async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
             self.inner.list().await
+        }
+        async fn waiters(
+            &self,
+            lock: &LockName,
+            after: Option<QueueKey>,
+            limit: usize,
+        ) -> Result<Vec<Waiter>, StoreError> {
+            self.inner.waiters(lock, after, limit).await
         }
     }
 

@@ -30,7 +30,7 @@ pub enum ExecutionState {
 impl ExecutionState {
     /// The run to fence up to: a missing execution's history is gone, and with it any run that
     /// could still write.
-    fn last_run(&self) -> Run {
+    pub(crate) fn last_run(&self) -> Run {
         match self {
             Self::Ended { last_run, .. } => *last_run,
             Self::Running | Self::Missing | Self::NotAnExecution => Run::FIRST,

@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 
 use crate::input::{Limit, LockName};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem};
+use crate::queue::{QueueKey, TaskToken, Waiter};
 
 /// A condition checked when the write lands. All of a write's checks must hold.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -31,6 +32,20 @@ pub enum Check {
     /// The last rotation is the one that was read (`None`: there was none yet), so concurrent
     /// rotations cannot both drop a generation.
     LastRotation(Option<u64>),
+    /// Nobody waits in line: an acquire must not pass the queue (L2).
+    QueueEmpty,
+    /// A slot cannot be taken without passing the line: `limit` slots are held, or someone
+    /// waits. Queueing is allowed only then, so a waiter never queues behind a free slot that
+    /// no one will hand it (F8).
+    Busy(Limit),
+    /// The waiter's record is not there (a retried queue attempt must not queue twice).
+    NotQueued(QueueKey),
+    /// The waiter's record is there (with any task token).
+    Queued(QueueKey),
+    /// The waiter's record is there with this task token: the grant wakes the token it read, so
+    /// a waiter that parked anew since (a new token) is granted by a hand-off that read the new
+    /// one, and is not woken with a token no task waits on.
+    QueuedWith { key: QueueKey, task_token: TaskToken },
 }
 
 /// A change the write makes once every check holds. Every write also increments the version.
@@ -52,6 +67,16 @@ pub enum Change {
         young_seen: BTreeSet<FenceKey>,
         at_ms: u64,
     },
+    /// Puts the waiter's record in line and counts it in `waiting`.
+    Enqueue(Box<Waiter>),
+    /// Removes the waiter's record from the line and uncounts it (a grant, or a waiter that
+    /// left or died).
+    Dequeue(QueueKey),
+    /// Gives the waiter's record a new task token (its task parked anew), keeping its place.
+    Repark {
+        key: QueueKey,
+        task_token: TaskToken,
+    },
 }
 
 /// One conditional write of one lock's item.
@@ -63,9 +88,34 @@ pub struct Write {
 }
 
 impl Check {
-    /// Whether the check holds on `item`.
+    /// The waiter record the check is about, if it is about one.
+    pub fn waiter_key(&self) -> Option<QueueKey> {
+        match self {
+            Self::NotQueued(key) | Self::Queued(key) | Self::QueuedWith { key, .. } => Some(*key),
+            _ => None,
+        }
+    }
+
+    /// Whether the check holds on `item` and the waiter's record `waiter` (`None`: absent; a
+    /// check that is not about a waiter ignores it).
+    pub fn holds_with(&self, item: &SemaphoreItem, waiter: Option<&Waiter>) -> bool {
+        match self {
+            Self::NotQueued(_) => waiter.is_none(),
+            Self::Queued(_) => waiter.is_some(),
+            Self::QueuedWith { task_token, .. } => {
+                waiter.is_some_and(|w| w.task_token == *task_token)
+            }
+            _ => self.holds(item),
+        }
+    }
+
+    /// Whether the check holds on `item`. A check of a waiter's record does not hold here: use
+    /// [`Check::holds_with`].
     pub fn holds(&self, item: &SemaphoreItem) -> bool {
         match self {
+            Self::QueueEmpty => item.waiting == 0,
+            Self::Busy(limit) => item.count() >= limit.get() as usize || item.waiting > 0,
+            Self::NotQueued(_) | Self::Queued(_) | Self::QueuedWith { .. } => false,
             Self::NotHolding(identity) => !item.holders.contains_key(identity),
             Self::HoldersBelow(limit) => item.count() < limit.get() as usize,
             Self::NotFenced(key) => !item.fences.contains(key),
@@ -79,14 +129,41 @@ impl Check {
 }
 
 impl Write {
+    /// The waiter record the write checks or changes, if any: at most one per write.
+    pub fn waiter_key(&self) -> Option<QueueKey> {
+        let from_checks = self.checks.iter().find_map(Check::waiter_key);
+        from_checks.or_else(|| {
+            self.changes.iter().find_map(|change| match change {
+                Change::Enqueue(waiter) => Some(waiter.key),
+                Change::Dequeue(key) | Change::Repark { key, .. } => Some(*key),
+                _ => None,
+            })
+        })
+    }
+
     /// What the write does to `item` (`None`: the lock has no item yet, and the write creates
     /// it from the empty one): the item after it, or the first check that fails (the item is
-    /// then unchanged).
+    /// then unchanged). For a write without a waiter record.
     pub fn apply(&self, item: Option<&SemaphoreItem>) -> Result<SemaphoreItem, &Check> {
+        self.apply_with(item, None).map(|(item, _)| item)
+    }
+
+    /// What the write does to `item` and to the record of the waiter it names (`waiter`, as it
+    /// is: `None` if absent): both after it, or the first check that fails (nothing changes).
+    pub fn apply_with(
+        &self,
+        item: Option<&SemaphoreItem>,
+        waiter: Option<&Waiter>,
+    ) -> Result<(SemaphoreItem, Option<Waiter>), &Check> {
         let mut next = item
             .cloned()
             .unwrap_or_else(|| SemaphoreItem::empty(self.lock.clone()));
-        if let Some(failed) = self.checks.iter().find(|check| !check.holds(&next)) {
+        let mut record = waiter.cloned();
+        if let Some(failed) = self
+            .checks
+            .iter()
+            .find(|check| !check.holds_with(&next, waiter))
+        {
             return Err(failed);
         }
         next.version = next.version.next();
@@ -116,9 +193,22 @@ impl Write {
                     next.fences.young.retain(|key| !young_seen.contains(key));
                     next.fences.rotated_at_ms = Some(*at_ms);
                 }
+                Change::Enqueue(waiter) => {
+                    next.waiting += 1;
+                    record = Some((**waiter).clone());
+                }
+                Change::Dequeue(_) => {
+                    next.waiting = next.waiting.saturating_sub(1);
+                    record = None;
+                }
+                Change::Repark { task_token, .. } => {
+                    if let Some(record) = record.as_mut() {
+                        record.task_token = task_token.clone();
+                    }
+                }
             }
         }
-        Ok(next)
+        Ok((next, record))
     }
 }
 

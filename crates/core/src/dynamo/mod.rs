@@ -2,6 +2,10 @@
 //! `UpdateItem` whose condition is the write's checks and whose update expression is its changes.
 //! Every expression string is built here, from the typed write, and nowhere else.
 //!
+//! A write that also names a waiter's record (see [`crate::queue`]) is sent as a
+//! `TransactWriteItems` of that update and the record's put, delete or update in the queue
+//! table (see [`queue`]).
+//!
 //! Every request asks for the item as it was before (`ReturnValues: ALL_OLD`) and, when refused,
 //! as it is (`ReturnValuesOnConditionCheckFailure: ALL_OLD`): the caller then knows what the
 //! write did, or why it was refused, without a read. Only the first write of a lock takes two
@@ -45,6 +49,8 @@ pub mod attr {
     pub const YOUNG: &str = "young";
     pub const OLD: &str = "old";
     pub const ROTATED_AT: &str = "rotated_at";
+    /// How many waiters are in the lock's line (absent: none).
+    pub const WAITING: &str = "waiting";
 }
 
 /// The item format this version writes and reads.
@@ -58,10 +64,15 @@ pub const FORMAT: u64 = 2;
 /// 38).
 pub const TOKEN_SPAN: u128 = 1_000_000_000_000_000;
 
+mod queue;
+
+pub use queue::{decode_waiter, encode_waiter, queue_attr};
+
 #[derive(Debug, Clone)]
 pub struct DynamoStore {
     client: Client,
     table: String,
+    queue_table: String,
 }
 
 /// What `create_table` found.
@@ -72,43 +83,90 @@ pub enum TableSetup {
 }
 
 impl DynamoStore {
+    /// The store of the semaphore items in `table`, with their waiters in the table named
+    /// [`DynamoStore::default_queue_table`] (see [`DynamoStore::with_queue_table`]).
     pub fn new(client: Client, table: impl Into<String>) -> Self {
+        let table = table.into();
         Self {
             client,
-            table: table.into(),
+            queue_table: Self::default_queue_table(&table),
+            table,
         }
+    }
+
+    /// The waiters' table of a semaphore table, unless told otherwise: `<table>-queue`.
+    pub fn default_queue_table(table: &str) -> String {
+        format!("{table}-queue")
+    }
+
+    /// Keeps the waiters in `queue_table` (a stack names both of its tables).
+    pub fn with_queue_table(mut self, queue_table: impl Into<String>) -> Self {
+        self.queue_table = queue_table.into();
+        self
     }
 
     pub fn table(&self) -> &str {
         &self.table
     }
 
+    pub fn queue_table(&self) -> &str {
+        &self.queue_table
+    }
+
     pub fn client(&self) -> &Client {
         &self.client
     }
 
-    /// Creates the table (on-demand, partition key `lock`) unless it exists.
+    /// Creates the table (on-demand, partition key `lock`) and the waiters' table (partition
+    /// key `lock`, sort key `place`), each unless it exists: `Created` if either was made.
     pub async fn create_table(&self) -> Result<TableSetup, StoreError> {
-        let definition = AttributeDefinition::builder()
-            .attribute_name(attr::LOCK)
-            .attribute_type(ScalarAttributeType::S)
-            .build()
-            .map_err(|e| self.failed("CreateTable", e))?;
-        let key = KeySchemaElement::builder()
-            .attribute_name(attr::LOCK)
-            .key_type(KeyType::Hash)
-            .build()
-            .map_err(|e| self.failed("CreateTable", e))?;
-        let created = self
+        let items = self
+            .create_one(&self.table, &[(attr::LOCK, KeyType::Hash)])
+            .await?;
+        let queue = self
+            .create_one(
+                &self.queue_table,
+                &[
+                    (queue_attr::LOCK, KeyType::Hash),
+                    (queue_attr::PLACE, KeyType::Range),
+                ],
+            )
+            .await?;
+        Ok(if items == TableSetup::Created || queue == TableSetup::Created {
+            TableSetup::Created
+        } else {
+            TableSetup::AlreadyExisted
+        })
+    }
+
+    async fn create_one(
+        &self,
+        table: &str,
+        keys: &[(&str, KeyType)],
+    ) -> Result<TableSetup, StoreError> {
+        let mut create = self
             .client
             .create_table()
-            .table_name(&self.table)
-            .attribute_definitions(definition)
-            .key_schema(key)
-            .billing_mode(BillingMode::PayPerRequest)
-            .send()
-            .await;
-        match created {
+            .table_name(table)
+            .billing_mode(BillingMode::PayPerRequest);
+        for (name, kind) in keys {
+            create = create
+                .attribute_definitions(
+                    AttributeDefinition::builder()
+                        .attribute_name(*name)
+                        .attribute_type(ScalarAttributeType::S)
+                        .build()
+                        .map_err(|e| self.failed("CreateTable", e))?,
+                )
+                .key_schema(
+                    KeySchemaElement::builder()
+                        .attribute_name(*name)
+                        .key_type(kind.clone())
+                        .build()
+                        .map_err(|e| self.failed("CreateTable", e))?,
+                );
+        }
+        match create.send().await {
             Ok(_) => {}
             Err(SdkError::ServiceError(e))
                 if matches!(e.err(), CreateTableError::ResourceInUseException(_)) =>
@@ -119,7 +177,7 @@ impl DynamoStore {
         }
         self.client
             .wait_until_table_exists()
-            .table_name(&self.table)
+            .table_name(table)
             .wait(std::time::Duration::from_secs(120))
             .await
             .map_err(|e| self.failed("DescribeTable", DisplayErrorContext(e)))?;
@@ -220,6 +278,20 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 let rotated = p.attr(attr::ROTATED_AT);
                 format!("{rotated} = {}", p.value(number(at_ms)))
             }
+            Check::QueueEmpty => {
+                let waiting = p.attr(attr::WAITING);
+                let zero = p.value(number(0));
+                format!("(attribute_not_exists({waiting}) OR {waiting} = {zero})")
+            }
+            Check::Busy(limit) => {
+                let (holders, waiting) = (p.attr(attr::HOLDERS), p.attr(attr::WAITING));
+                let limit = p.value(number(limit.get()));
+                let zero = p.value(number(0));
+                format!("(size({holders}) >= {limit} OR {waiting} > {zero})")
+            }
+            // The waiter's record is another item: its check goes with its own action (see
+            // `queue::transaction`).
+            Check::NotQueued(_) | Check::Queued(_) | Check::QueuedWith { .. } => continue,
         });
     }
 
@@ -228,6 +300,7 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
     let mut set = vec![format!("{version} = {version} + {one}")];
     let (mut remove, mut add, mut delete) = (Vec::new(), Vec::new(), Vec::new());
     let mut fences_added = BTreeSet::new();
+    let mut waiting_by: i64 = 0;
     for change in &write.changes {
         match change {
             Change::PutHolder {
@@ -246,6 +319,10 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 set.push(format!("{name} = {}", p.value(number(limit.get()))));
             }
             Change::RemoveHolder(identity) => remove.push(p.slot(identity)),
+            Change::Enqueue(_) => waiting_by += 1,
+            Change::Dequeue(_) => waiting_by -= 1,
+            // Only the waiter's record changes (and the version, as for every write).
+            Change::Repark { .. } => {}
             Change::AddFence(key) => {
                 fences_added.insert(*key);
             }
@@ -274,6 +351,10 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
         }
         let young = p.attr(attr::YOUNG);
         add.push(format!("{young} {}", p.value(binary_set(&fences_added))));
+    }
+    if waiting_by != 0 {
+        let waiting = p.attr(attr::WAITING);
+        add.push(format!("{waiting} {}", p.value(number(waiting_by))));
     }
     let mut update = format!("SET {}", set.join(", "));
     for (keyword, clauses) in [("REMOVE", remove), ("ADD", add), ("DELETE", delete)] {
@@ -305,6 +386,7 @@ impl DynamoStore {
             Err(_) => {
                 return Ok(Some(WriteResult::Refused {
                     current: SemaphoreItem::empty(write.lock.clone()),
+                    waiter_refused: false,
                 }))
             }
         };
@@ -344,6 +426,9 @@ impl ItemStore for DynamoStore {
     }
 
     async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
+        if write.waiter_key().is_some() {
+            return self.transact(write).await;
+        }
         let rendered = render(write)?;
         for _ in 0..CREATE_ROUNDS {
             let sent = self
@@ -374,6 +459,7 @@ impl ItemStore for DynamoStore {
                             Some(current) => {
                                 return Ok(WriteResult::Refused {
                                     current: decode(current)?,
+                                    waiter_refused: false,
                                 })
                             }
                             None => {
@@ -394,6 +480,15 @@ impl ItemStore for DynamoStore {
                 "the item was missing for the update and present for the put, {CREATE_ROUNDS} times"
             ),
         })
+    }
+
+    async fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<crate::queue::QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<crate::queue::Waiter>, StoreError> {
+        self.query_waiters(lock, after, limit).await
     }
 
     async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
@@ -418,11 +513,11 @@ impl ItemStore for DynamoStore {
     }
 }
 
-fn number(n: impl ToString) -> AttributeValue {
+pub(crate) fn number(n: impl ToString) -> AttributeValue {
     AttributeValue::N(n.to_string())
 }
 
-fn string(s: &str) -> AttributeValue {
+pub(crate) fn string(s: &str) -> AttributeValue {
     AttributeValue::S(s.to_owned())
 }
 
@@ -469,6 +564,9 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
     }
     if let Some(at_ms) = item.fences.rotated_at_ms {
         attrs.insert(attr::ROTATED_AT.to_owned(), number(at_ms));
+    }
+    if item.waiting > 0 {
+        attrs.insert(attr::WAITING.to_owned(), number(item.waiting));
     }
     attrs
 }
@@ -541,12 +639,20 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
         let at = get_number(attrs, attr::ROTATED_AT).map_err(&corrupt)?;
         fences.rotated_at_ms = Some(u64::try_from(at).map_err(|e| corrupt(e.to_string()))?);
     }
+    let waiting = match attrs.get(attr::WAITING) {
+        None => 0,
+        Some(_) => {
+            let n = get_number(attrs, attr::WAITING).map_err(&corrupt)?;
+            u64::try_from(n).map_err(|e| corrupt(e.to_string()))?
+        }
+    };
     Ok(SemaphoreItem {
         lock,
         limit,
         version: Version(u64::try_from(version).map_err(|e| corrupt(e.to_string()))?),
         holders,
         fences,
+        waiting,
     })
 }
 
@@ -631,7 +737,7 @@ pub fn read_units(bytes: usize) -> usize {
     bytes.div_ceil(4096).max(1)
 }
 
-fn get_number(attrs: &HashMap<String, AttributeValue>, name: &str) -> Result<u128, String> {
+pub(crate) fn get_number(attrs: &HashMap<String, AttributeValue>, name: &str) -> Result<u128, String> {
     attrs
         .get(name)
         .and_then(|v| v.as_n().ok())
@@ -719,15 +825,16 @@ mod tests {
              AND NOT contains(#young, :v2) AND NOT contains(#old, :v2) \
              AND attribute_not_exists(#holders.#h0) \
              AND (attribute_not_exists(#rotated_at) OR #rotated_at < :v3) \
-             AND size(#holders) < :v4"
+             AND size(#holders) < :v4 \
+             AND (attribute_not_exists(#waiting) OR #waiting = :v5)"
         );
         assert_eq!(
             r.update,
-            "SET #version = #version + :v5, #holders.#h0 = #version + :v6, #limit = :v7"
+            "SET #version = #version + :v6, #holders.#h0 = #version + :v7, #limit = :v8"
         );
         assert_eq!(r.names["#h0"], identity().slot_key());
         assert_eq!(r.values[":v3"], number(9_000));
-        assert_eq!(r.values[":v6"], number(1_500u128 * TOKEN_SPAN + 1));
+        assert_eq!(r.values[":v7"], number(1_500u128 * TOKEN_SPAN + 1));
     }
 
     /// DynamoDB refuses a request that declares a placeholder it does not use.
