@@ -314,7 +314,10 @@ async fn f4_duplicate_late_and_out_of_order_releases_and_cleanups_are_no_ops() {
     let before = version(store.clone(), l.clone()).await;
     assert_eq!(
         sem.release(&l, &a).await.unwrap(),
-        ReleaseOutcome::NotHeld { count: 1 }
+        ReleaseOutcome::NotHeld {
+            count: 1,
+            waiting: 0
+        }
     );
     assert_eq!(version(store.clone(), l.clone()).await, before + 1);
     assert_eq!(holders(&store, &l).await, ["exec-b#1"]);
@@ -326,7 +329,10 @@ async fn f4_duplicate_late_and_out_of_order_releases_and_cleanups_are_no_ops() {
     ));
     assert_eq!(
         sem.release(&l, &b).await.unwrap(),
-        ReleaseOutcome::NotHeld { count: 0 }
+        ReleaseOutcome::NotHeld {
+            count: 0,
+            waiting: 0
+        }
     );
     assert!(sem.cleanup(&l, &b.holder).await.unwrap().freed.is_empty());
     assert!(holders(&store, &l).await.is_empty());
@@ -336,7 +342,10 @@ async fn f4_duplicate_late_and_out_of_order_releases_and_cleanups_are_no_ops() {
     let fresh = lock("f4-untouched");
     assert_eq!(
         sem.release(&fresh, &a).await.unwrap(),
-        ReleaseOutcome::NotHeld { count: 0 }
+        ReleaseOutcome::NotHeld {
+            count: 0,
+            waiting: 0
+        }
     );
     assert_eq!(
         sem.acquire(&fresh, &a, limit(1)).await.unwrap(),

@@ -187,6 +187,9 @@ impl Local {
             .with_timing(Timing::default());
         Ok(Sweeper {
             semaphore,
+            waker: lambda_common::TaskWaker {
+                callbacks: sfn.clone(),
+            },
             executions: SfnExecutions::new(sfn, Some(machine)),
             sns,
             topic_arn: self.topic_arn.clone(),

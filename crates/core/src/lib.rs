@@ -40,5 +40,5 @@ pub use protocol::{
 };
 pub use queue::{HandOff, QueueKey, QueueOutcome, TaskToken, Waiter, Waker};
 pub use store::{Fenced, ItemStore, Semaphore};
-pub use sweep::{ExecutionState, ExecutionStatus, LargestItem, Reclaimed, SweepReport};
+pub use sweep::{ExecutionState, ExecutionStatus, LargestItem, LineSweep, Reclaimed, SweepReport};
 pub use write::{Change, Check, Write};

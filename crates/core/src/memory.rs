@@ -65,10 +65,9 @@ impl MemoryStore {
                 let current = current
                     .cloned()
                     .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone()));
-                let waiter_refused = write
-                    .checks
-                    .iter()
-                    .any(|check| check.waiter_key().is_some() && !check.holds_with(&current, record));
+                let waiter_refused = write.checks.iter().any(|check| {
+                    check.waiter_key().is_some() && !check.holds_with(&current, record)
+                });
                 WriteResult::Refused {
                     current,
                     waiter_refused,

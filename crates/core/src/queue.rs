@@ -189,7 +189,10 @@ pub enum QueueOutcome {
     /// A slot is free and nobody waits: take it with a plain acquire instead.
     Free,
     /// The waiter's identity already holds a slot (granted, or its earlier acquire landed).
-    AlreadyHeld { token: FencingToken, count: usize },
+    AlreadyHeld {
+        token: FencingToken,
+        count: usize,
+    },
     Fenced(crate::protocol::FenceReason),
     /// The request is older than the horizon and the fences rotated since: ask again.
     Expired,
@@ -262,5 +265,107 @@ mod tests {
             TaskToken::new("a\nb"),
             Err(InputError::ControlCharacter { .. })
         ));
+    }
+}
+
+/// A waiter's record and the lock's count, changed by one write.
+#[cfg(test)]
+mod record_tests {
+    use super::*;
+    use crate::input::{AcquisitionId, HolderId};
+    use crate::item::SemaphoreItem;
+    use crate::write::{Change, Check, Write};
+
+    fn lock() -> LockName {
+        LockName::new("l").unwrap()
+    }
+    fn id(h: &str, a: &str) -> Identity {
+        Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new(a).unwrap())
+    }
+    fn waiter(who: Identity, queued_at_ms: u64, token: &str) -> Waiter {
+        Waiter::new(
+            lock(),
+            who,
+            Run::FIRST,
+            Limit::new(1).unwrap(),
+            queued_at_ms,
+            TaskToken::new(token).unwrap(),
+            "{}".to_owned(),
+        )
+    }
+
+    #[test]
+    fn a_waiters_place_depends_on_its_identity_and_entry_time_only() {
+        let w = waiter(id("x", "r0"), 1_000, "t1");
+        let mut other = waiter(id("x", "r0"), 1_000, "t2");
+        other.limit = Limit::new(7).unwrap();
+        assert_eq!(w.key, other.key, "token and limit do not move it");
+        assert_ne!(w.key.digest, waiter(id("x", "r1"), 1_000, "t1").key.digest);
+        assert_ne!(w.key.digest, waiter(id("y", "r0"), 1_000, "t1").key.digest);
+        assert!(w.key < waiter(id("a", "r0"), 1_001, "t1").key, "time first");
+        let rendered = w.key.render();
+        assert_eq!(
+            rendered.len(),
+            15 + 1 + 16,
+            "one width: text order is line order"
+        );
+        assert!(rendered.starts_with("000000000001000#"));
+    }
+
+    #[test]
+    fn queue_changes_move_the_record_and_the_count_together() {
+        let w = waiter(id("x", "r0"), 1_000, "t1");
+        let item = SemaphoreItem::empty(lock());
+        let write = |checks, changes| Write {
+            lock: lock(),
+            checks,
+            changes,
+        };
+        let enqueue = write(
+            vec![Check::NotQueued(w.key)],
+            vec![Change::Enqueue(Box::new(w.clone()))],
+        );
+        assert_eq!(enqueue.waiter_key(), Some(w.key));
+        let (item, record) = enqueue.apply_with(Some(&item), None).unwrap();
+        assert_eq!((item.waiting, record.as_ref()), (1, Some(&w)));
+        assert_eq!(
+            enqueue.apply_with(Some(&item), record.as_ref()),
+            Err(&Check::NotQueued(w.key)),
+            "queued once"
+        );
+
+        let token = TaskToken::new("t2").unwrap();
+        let repark = write(
+            vec![Check::Queued(w.key)],
+            vec![Change::Repark {
+                key: w.key,
+                task_token: token.clone(),
+            }],
+        );
+        let (item, record) = repark.apply_with(Some(&item), record.as_ref()).unwrap();
+        let record = record.unwrap();
+        assert_eq!(record.task_token, token);
+        assert_eq!((record.key, item.waiting, item.version.0), (w.key, 1, 2));
+
+        // A grant names the token it read: the old one no longer matches.
+        let stale = Check::QueuedWith {
+            key: w.key,
+            task_token: w.task_token.clone(),
+        };
+        assert!(!stale.holds_with(&item, Some(&record)));
+        assert!(
+            !stale.holds(&item),
+            "a record's check never holds on the item alone"
+        );
+        let dequeue = write(
+            vec![Check::QueuedWith {
+                key: w.key,
+                task_token: token,
+            }],
+            vec![Change::Dequeue(w.key)],
+        );
+        let (item, gone) = dequeue.apply_with(Some(&item), Some(&record)).unwrap();
+        assert_eq!((item.waiting, gone), (0, None));
+        assert!(dequeue.apply_with(Some(&item), None).is_err());
     }
 }

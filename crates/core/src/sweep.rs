@@ -9,6 +9,7 @@ use crate::dynamo;
 use crate::error::Error;
 use crate::input::{AcquisitionId, HolderId, LockName};
 use crate::item::{FencingToken, Run, SemaphoreItem};
+use crate::queue::Waker;
 use crate::store::{ItemStore, Semaphore};
 
 /// What the sweeper learns about a holder (from `DescribeExecution` in production).
@@ -37,7 +38,7 @@ impl ExecutionState {
         }
     }
 
-    fn reclaim_reason(&self) -> Option<String> {
+    pub(crate) fn reclaim_reason(&self) -> Option<String> {
         match self {
             Self::Ended { status, .. } => Some(format!("execution status is {status}")),
             Self::Missing => Some("execution does not exist".to_owned()),
@@ -209,6 +210,67 @@ impl<S: ItemStore> Semaphore<S> {
             // happened since makes this one refused, harmlessly.
             if mode == SweepMode::Reclaim && self.rotate_if_due(item).await {
                 report.rotated += 1;
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// Waiters a sweep checks per lock, from the head of its line: those next to be granted, where
+/// a dead one would cost the live ones behind it a failed grant (dead waiters further back are
+/// skipped by the hand-off, or checked by a later sweep once nearer the head).
+pub const WAITERS_CHECKED_PER_LOCK: usize = 100;
+
+/// What a sweep of the lines did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LineSweep {
+    pub waiters_checked: usize,
+    /// Waiters taken out of line: their execution had ended.
+    pub removed: Vec<(LockName, HolderId)>,
+    /// Waiters granted a slot and woken by the sweep's hand-offs.
+    pub woken: usize,
+    pub errors: Vec<String>,
+}
+
+impl<S: ItemStore> Semaphore<S> {
+    /// The lines' safety net (F8): for every lock someone waits on, takes out of line the
+    /// waiters near the head whose execution has ended (its cleanup event was lost), then hands
+    /// free slots to the head (a waker that crashed between a release and its hand-off left the
+    /// slot free with someone waiting).
+    pub async fn sweep_lines<W: Waker>(
+        &self,
+        executions: &impl ExecutionStatus,
+        waker: &W,
+    ) -> Result<LineSweep, Error> {
+        let mut report = LineSweep::default();
+        for item in self.list().await?.into_iter().flatten() {
+            if item.waiting == 0 {
+                continue;
+            }
+            let waiters = self
+                .waiters(&item.lock, None, WAITERS_CHECKED_PER_LOCK)
+                .await?;
+            for waiter in waiters {
+                report.waiters_checked += 1;
+                match executions.describe(&waiter.identity.holder).await {
+                    Ok(state) if state.reclaim_reason().is_some() => {
+                        match self.leave(&item.lock, waiter.key).await {
+                            Ok(true) => report
+                                .removed
+                                .push((item.lock.clone(), waiter.identity.holder.clone())),
+                            Ok(false) => {}
+                            Err(e) => report.errors.push(format!("{}: {e}", item.lock)),
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => report
+                        .errors
+                        .push(format!("{}: {e}", waiter.identity.holder)),
+                }
+            }
+            match self.hand_off(&item.lock, None, waker, executions).await {
+                Ok(handed) => report.woken += handed.woken.len(),
+                Err(e) => report.errors.push(format!("{}: {e}", item.lock)),
             }
         }
         Ok(report)

@@ -45,7 +45,10 @@ pub enum Check {
     /// The waiter's record is there with this task token: the grant wakes the token it read, so
     /// a waiter that parked anew since (a new token) is granted by a hand-off that read the new
     /// one, and is not woken with a token no task waits on.
-    QueuedWith { key: QueueKey, task_token: TaskToken },
+    QueuedWith {
+        key: QueueKey,
+        task_token: TaskToken,
+    },
 }
 
 /// A change the write makes once every check holds. Every write also increments the version.

@@ -14,11 +14,22 @@
 //! Lambda takes to start it (see `semaphore_core::Timing`).
 //!
 //! Answer (every outcome): `{"acquired", "outcome":
-//! "acquired"|"already_held"|"full"|"expired", "token", "count", "limit", "lock", "holder",
-//! "acquisition", "child_name", "wait_seconds", "work"}`. "Full" is an answer (the machine waits
-//! `wait_seconds` and asks again with the same acquisition), not an error; so is "expired" (the
-//! request is older than the horizon: the machine enters its acquire state again, which makes a
-//! new request time). `work` names the child execution to start with the slot.
+//! "acquired"|"already_held"|"full"|"expired"|"queued", "token", "count", "limit", "lock",
+//! "holder", "acquisition", "child_name", "queued_at", "work"}`. "Full" is an answer, not an
+//! error: the machine then waits in line (below), passing `queued_at` (this request's time, its
+//! place in line) back. "Expired" (the request is older than the horizon) makes the machine
+//! enter its acquire state again, which makes a new request time. `work` names the child
+//! execution to start with the slot.
+//!
+//! Waiting in line: a payload with `task_token` (`$$.Task.Token` of a `.waitForTaskToken` task)
+//! and `queued_at` parks the execution (see `semaphore_core::queue`). The function keeps the
+//! waiter's place if it is in line already (a fallback check: the parked task timed out and was
+//! entered again, with a new token), else queues it, then hands any free slot to the head of
+//! the line (a slot may have been freed between "full" and "queued"). The task is completed by
+//! whoever grants the waiter a slot (`SendTaskSuccess` of the answer above, `acquired`), by this
+//! function when the slot is free or already held (it completes its own task), or with
+//! `SendTaskFailure` (`SemaphoreFenced`, `SemaphoreWaitTimeout`, `SemaphoreInvalidInput`,
+//! `SemaphoreStoreError`). Its own answer (`outcome` "queued" or "acquired") is for the logs.
 //!
 //! A redriven execution acquires in its new run (`redrive_count`), with its own acquisition: the
 //! cleanup of an earlier run fenced that run only, so the new one waits its turn like any other.
@@ -31,20 +42,20 @@
 use std::time::Duration;
 
 use lambda_common::{
-    child_execution_name, AcquireRequest, ConfigError, HandlerError, Resolver, Settings, Work,
-    WorkKind,
+    child_execution_name, granted_answer, AcquireRequest, ConfigError, HandOffs, HandlerError,
+    Resolver, Settings, TaskCallbacks, WaitRequest, Work, WorkKind,
 };
 use lambda_runtime::LambdaEvent;
-use semaphore_core::{AcquireOutcome, ItemStore, Semaphore};
+use semaphore_core::{
+    rfc3339_millis, AcquireOutcome, ExecutionStatus, FencingToken, ItemStore, QueueOutcome,
+    Semaphore, Waiter,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The shortest wait between two polls, in seconds.
-pub const MIN_WAIT_SECONDS: u64 = 1;
-/// The longest first wait: the waits are drawn from `MIN..=` this at first...
-pub const FIRST_WAIT_SECONDS: u64 = 5;
-/// ...and their upper end grows by a second per minute waited, up to this.
-pub const LONGEST_WAIT_SECONDS: u64 = 15;
+/// How often one invocation tries to queue when the lock turns free and full again between its
+/// writes (each round is a write that found the other state): then the fallback check goes on.
+const QUEUE_ROUNDS: usize = 3;
 
 /// What the function reads once per cold start besides the semaphore.
 #[derive(Debug, Clone)]
@@ -54,6 +65,9 @@ pub struct Config {
     pub resolver: Resolver,
     /// `MAX_WAIT_SECONDS`: past it, a full answer is `SemaphoreWaitTimeout`.
     pub max_wait: Duration,
+    /// `QUEUE_FALLBACK_SECONDS`: how long a parked execution waits before it checks again (its
+    /// wait task's timeout): the most a lost wake-up costs.
+    pub fallback: Duration,
 }
 
 impl Config {
@@ -63,6 +77,7 @@ impl Config {
         Ok(Self {
             resolver: settings.resolver()?,
             max_wait: settings.max_wait()?,
+            fallback: settings.queue_fallback()?,
         })
     }
 }
@@ -74,6 +89,8 @@ pub enum Outcome {
     AlreadyHeld,
     Full,
     Expired,
+    /// In line (a wait payload): the task completes when a slot is handed to it.
+    Queued,
 }
 
 impl Outcome {
@@ -83,6 +100,7 @@ impl Outcome {
             Self::AlreadyHeld => "already_held",
             Self::Full => "full",
             Self::Expired => "expired",
+            Self::Queued => "queued",
         }
     }
 }
@@ -134,18 +152,14 @@ pub struct AcquireResponse {
     /// machine that starts its work with `startExecution.sync:2` names it so, which makes a
     /// redrive into the work fail instead of running it again without a slot.
     pub child_name: String,
-    /// Full: how long to wait before asking again (jittered, growing with how long the
-    /// execution has waited); 0 otherwise.
-    pub wait_seconds: u64,
+    /// Full (or queued): the request time that is the execution's place in line, RFC 3339: pass
+    /// it back as the wait payload's `queued_at`. `null` otherwise.
+    pub queued_at: Option<String>,
+    /// Full: the timeout of the wait task (`TimeoutSecondsPath`), after which a parked
+    /// execution checks again. 0 otherwise.
+    pub fallback_seconds: u64,
     /// The work to run with the slot; `null` without an execution input.
     pub work: Option<WorkAnswer>,
-}
-
-/// Seconds to wait before the next poll: uniform in `1..=min(15, 5 + minutes waited)`, so
-/// pollers spread out, and a long wait polls less often.
-pub fn wait_seconds(waited: Duration) -> u64 {
-    let upper = (FIRST_WAIT_SECONDS + waited.as_secs() / 60).min(LONGEST_WAIT_SECONDS);
-    fastrand::u64(MIN_WAIT_SECONDS..=upper)
 }
 
 fn work_answer(
@@ -169,21 +183,100 @@ fn work_answer(
     }
 }
 
-/// Validates the payload, then takes a slot. Nothing is sent to the table for bad input.
-pub async fn acquire<S: ItemStore>(
+/// The answer to `request` once it holds `token` (`None`: the answer a waiter is queued with,
+/// which the hand-off that grants it fills in: see `lambda_common::granted_answer`).
+fn holding_answer(
+    request: &AcquireRequest,
+    outcome: Outcome,
+    token: Option<u64>,
+    count: Option<usize>,
+) -> AcquireResponse {
+    let identity = &request.identity;
+    let child_name = child_execution_name(identity);
+    AcquireResponse {
+        acquired: token.is_some(),
+        outcome,
+        token,
+        count,
+        limit: request.limit.get(),
+        lock: request.lock.to_string(),
+        holder: identity.holder.to_string(),
+        acquisition: identity.acquisition.to_string(),
+        queued_at: None,
+        fallback_seconds: 0,
+        work: request
+            .work
+            .as_ref()
+            .map(|work| work_answer(work, request, &child_name, token)),
+        child_name,
+    }
+}
+
+fn fenced(request: &AcquireRequest, reason: semaphore_core::FenceReason) -> HandlerError {
+    let identity = &request.identity;
+    let message = format!(
+        "acquisition {} of {} on lock \"{}\" is fenced: {}; it can never hold a slot, a new \
+         acquire needs a new acquisition id",
+        identity.acquisition,
+        identity.holder,
+        request.lock,
+        reason.describe()
+    );
+    tracing::warn!(lock = %request.lock, holder = %identity.holder, acquisition = %identity.acquisition, "{message}");
+    HandlerError::Fenced(message)
+}
+
+/// How long the execution has waited, and the error once that is past `MAX_WAIT_SECONDS`.
+fn wait_budget(
+    request: &AcquireRequest,
+    config: &Config,
+    now_ms: u64,
+    count: Option<usize>,
+) -> Result<(), HandlerError> {
+    // Without a known start the wait has no budget.
+    let Some(since) = request.waiting_since_ms else {
+        return Ok(());
+    };
+    let waited = Duration::from_millis(now_ms.saturating_sub(since));
+    if waited <= config.max_wait {
+        return Ok(());
+    }
+    let identity = &request.identity;
+    let message = format!(
+        "{} has waited {} s for a slot of lock \"{}\" (limit {}{}), longer than the acquire \
+         function's MAX_WAIT_SECONDS of {} s; it holds no slot. Start it again later, or raise \
+         the limit or the stack's MaxWaitSeconds",
+        identity.holder,
+        waited.as_secs(),
+        request.lock,
+        request.limit,
+        count.map_or(String::new(), |n| format!(", {n} held")),
+        config.max_wait.as_secs()
+    );
+    tracing::warn!(lock = %request.lock, holder = %identity.holder, acquisition = %identity.acquisition, "{message}");
+    Err(HandlerError::WaitTimeout(message))
+}
+
+/// Validates the payload, then takes a slot (or, for a wait payload, waits in line). Nothing is
+/// sent to the table for bad input.
+pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     semaphore: &Semaphore<S>,
     config: &Config,
+    hand_offs: &HandOffs<C, X>,
     payload: &Value,
 ) -> Result<AcquireResponse, HandlerError> {
     // Bad input is logged by the runtime with the error it answers.
     let request = config.resolver.acquire(payload)?;
+    if let Some(wait) = &request.wait {
+        // Boxed: a deep future, kept off the fast path's.
+        return Box::pin(wait_in_line(semaphore, config, hand_offs, &request, wait)).await;
+    }
     let AcquireRequest {
         lock,
         limit,
         identity,
         run,
         requested_at_ms,
-        waiting_since_ms,
         ..
     } = &request;
     let answer = semaphore
@@ -191,61 +284,23 @@ pub async fn acquire<S: ItemStore>(
         .await
         .map_err(HandlerError::from)
         .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "acquire failed"))?;
-    let (outcome, token, count) = match answer {
+    let response = match answer {
         AcquireOutcome::Acquired { token, count } => {
-            (Outcome::Acquired, Some(token.0), Some(count))
+            holding_answer(&request, Outcome::Acquired, Some(token.0), Some(count))
         }
         AcquireOutcome::AlreadyHeld { token, count } => {
-            (Outcome::AlreadyHeld, Some(token.0), Some(count))
+            holding_answer(&request, Outcome::AlreadyHeld, Some(token.0), Some(count))
         }
-        AcquireOutcome::Full { count, .. } => (Outcome::Full, None, Some(count)),
-        AcquireOutcome::Expired => (Outcome::Expired, None, None),
-        AcquireOutcome::Fenced(reason) => {
-            let message = format!(
-                "acquisition {} of {} on lock \"{lock}\" is fenced: {}; it can never hold a slot, \
-                 a new acquire needs a new acquisition id",
-                identity.acquisition,
-                identity.holder,
-                reason.describe()
-            );
-            tracing::warn!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, "{message}");
-            return Err(HandlerError::Fenced(message));
+        AcquireOutcome::Full { count, .. } => {
+            wait_budget(&request, config, semaphore.now_ms(), Some(count))?;
+            AcquireResponse {
+                queued_at: Some(rfc3339_millis(*requested_at_ms)),
+                fallback_seconds: config.fallback.as_secs(),
+                ..holding_answer(&request, Outcome::Full, None, Some(count))
+            }
         }
-    };
-    let waiting = outcome == Outcome::Full;
-    let waited = waiting_since_ms
-        .map(|since| Duration::from_millis(semaphore.now_ms().saturating_sub(since)))
-        .unwrap_or_default();
-    // Without a known start the wait has no budget (waited is 0 then).
-    if waiting && waited > config.max_wait {
-        let message = format!(
-            "{} has waited {} s for a slot of lock \"{lock}\" (limit {limit}, {} held), longer than the acquire function's MAX_WAIT_SECONDS of \
-             {} s; it holds no slot. Start it again later, or raise the limit or the stack's \
-             MaxWaitSeconds",
-            identity.holder,
-            waited.as_secs(),
-            count.unwrap_or_default(),
-            config.max_wait.as_secs()
-        );
-        tracing::warn!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, "{message}");
-        return Err(HandlerError::WaitTimeout(message));
-    }
-    let child_name = child_execution_name(identity);
-    let response = AcquireResponse {
-        acquired: token.is_some(),
-        outcome,
-        token,
-        count,
-        limit: limit.get(),
-        lock: lock.to_string(),
-        holder: identity.holder.to_string(),
-        acquisition: identity.acquisition.to_string(),
-        wait_seconds: if waiting { wait_seconds(waited) } else { 0 },
-        work: request
-            .work
-            .as_ref()
-            .map(|work| work_answer(work, &request, &child_name, token)),
-        child_name,
+        AcquireOutcome::Expired => holding_answer(&request, Outcome::Expired, None, None),
+        AcquireOutcome::Fenced(reason) => return Err(fenced(&request, reason)),
     };
     tracing::info!(
         lock = %lock,
@@ -255,38 +310,160 @@ pub async fn acquire<S: ItemStore>(
         token = response.token,
         count = response.count,
         limit = response.limit,
-        wait_seconds = response.wait_seconds,
         work = response.work.as_ref().map(|w| w.state_machine.as_str()),
         "acquire"
     );
     Ok(response)
 }
 
-/// The Lambda handler.
-pub async fn handle<S: ItemStore>(
+/// The wait mode (see the module documentation). Every final answer also completes the parked
+/// task, so the machine goes on whether Step Functions takes the task's outcome from the
+/// callback or from this invocation's error.
+async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     semaphore: &Semaphore<S>,
     config: &Config,
-    event: LambdaEvent<Value>,
+    hand_offs: &HandOffs<C, X>,
+    request: &AcquireRequest,
+    wait: &WaitRequest,
 ) -> Result<AcquireResponse, HandlerError> {
-    acquire(semaphore, config, &event.payload).await
+    let callbacks = &hand_offs.waker.callbacks;
+    let result = queue(semaphore, config, hand_offs, request, wait).await;
+    let (lock, identity) = (&request.lock, &request.identity);
+    match &result {
+        Ok(Queued::InLine) => {}
+        Ok(Queued::Holding { token, count }) => {
+            // Complete our own task: the slot is ours already.
+            let context =
+                serde_json::to_string(&holding_answer(request, Outcome::Acquired, None, None))
+                    .map_err(|e| HandlerError::InvalidInput(e.to_string()))?;
+            let answer = granted_answer(&context, *token).map_err(HandlerError::InvalidInput)?;
+            if let Err(e) = callbacks.succeed(&wait.task_token, &answer).await {
+                // Its fallback check finds the slot held and completes the task then.
+                tracing::warn!(lock = %lock, holder = %identity.holder, error = %e, "could not complete the waiting task; its fallback check will");
+            }
+            tracing::info!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, token = token.0, count, "acquire (waited)");
+            return Ok(holding_answer(
+                request,
+                Outcome::Acquired,
+                Some(token.0),
+                Some(*count),
+            ));
+        }
+        Err(e) => {
+            if let Err(sent) = callbacks
+                .fail(&wait.task_token, e.error_type(), e.message())
+                .await
+            {
+                tracing::warn!(lock = %lock, holder = %identity.holder, error = %sent, "could not fail the waiting task");
+            }
+        }
+    }
+    result?;
+    tracing::info!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, queued_at = wait.queued_at_ms, "queued");
+    Ok(AcquireResponse {
+        queued_at: Some(rfc3339_millis(wait.queued_at_ms)),
+        ..holding_answer(request, Outcome::Queued, None, None)
+    })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Where a wait left the execution.
+enum Queued {
+    /// In line: whoever grants it a slot completes its task.
+    InLine,
+    /// It holds a slot: complete its task now.
+    Holding { token: FencingToken, count: usize },
+}
 
-    #[test]
-    fn waits_are_jittered_and_grow_with_the_wait_up_to_fifteen_seconds() {
-        let range = |waited_s: u64| {
-            let draws: Vec<u64> = (0..2_000)
-                .map(|_| wait_seconds(Duration::from_secs(waited_s)))
-                .collect();
-            (*draws.iter().min().unwrap(), *draws.iter().max().unwrap())
-        };
-        assert_eq!(range(0), (1, 5));
-        assert_eq!(range(59), (1, 5));
-        assert_eq!(range(3 * 60), (1, 8));
-        assert_eq!(range(10 * 60), (1, 15));
-        assert_eq!(range(10 * 3600), (1, 15));
+async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
+    semaphore: &Semaphore<S>,
+    config: &Config,
+    hand_offs: &HandOffs<C, X>,
+    request: &AcquireRequest,
+    wait: &WaitRequest,
+) -> Result<Queued, HandlerError> {
+    let (lock, identity) = (&request.lock, &request.identity);
+    let key = wait.key(identity);
+    let store_error = |e: semaphore_core::Error| {
+        let e = HandlerError::from(e);
+        tracing::error!(lock = %lock, error = %e, "waiting in line failed");
+        e
+    };
+    if let Err(timeout) = wait_budget(request, config, semaphore.now_ms(), None) {
+        // Out of line first; a slot granted meanwhile is freed by the release the machine
+        // runs after this error.
+        semaphore.leave(lock, key).await.map_err(store_error)?;
+        return Err(timeout);
     }
+    // A fallback check: still in line, with the new task's token from now on.
+    if semaphore
+        .repark(lock, key, wait.task_token.clone())
+        .await
+        .map_err(store_error)?
+    {
+        hand_offs.run(semaphore, lock, None).await;
+        return Ok(Queued::InLine);
+    }
+    let context = serde_json::to_string(&holding_answer(request, Outcome::Acquired, None, None))
+        .map_err(|e| HandlerError::InvalidInput(e.to_string()))?;
+    let waiter = Waiter::new(
+        lock.clone(),
+        identity.clone(),
+        request.run,
+        request.limit,
+        wait.queued_at_ms,
+        wait.task_token.clone(),
+        context,
+    );
+    for _ in 0..QUEUE_ROUNDS {
+        match semaphore
+            .enqueue(&waiter, request.requested_at_ms)
+            .await
+            .map_err(store_error)?
+        {
+            QueueOutcome::Queued | QueueOutcome::AlreadyQueued => {
+                // F8: a slot freed between our "full" and our queueing has no one else to
+                // hand it on.
+                hand_offs.run(semaphore, lock, None).await;
+                return Ok(Queued::InLine);
+            }
+            QueueOutcome::AlreadyHeld { token, count } => {
+                return Ok(Queued::Holding { token, count })
+            }
+            QueueOutcome::Fenced(reason) => return Err(fenced(request, reason)),
+            QueueOutcome::Expired => break,
+            QueueOutcome::Free => match semaphore
+                .acquire_in_run(
+                    lock,
+                    identity,
+                    request.run,
+                    request.limit,
+                    request.requested_at_ms,
+                )
+                .await
+                .map_err(store_error)?
+            {
+                AcquireOutcome::Acquired { token, count }
+                | AcquireOutcome::AlreadyHeld { token, count } => {
+                    return Ok(Queued::Holding { token, count })
+                }
+                AcquireOutcome::Fenced(reason) => return Err(fenced(request, reason)),
+                AcquireOutcome::Full { .. } => continue,
+                AcquireOutcome::Expired => break,
+            },
+        }
+    }
+    // The request went past its horizon, or the lock kept changing under it: nothing is held
+    // and nothing queued; the parked task's fallback timeout asks again.
+    tracing::info!(lock = %lock, holder = %identity.holder, "not queued this time; the fallback check asks again");
+    Ok(Queued::InLine)
+}
+
+/// The Lambda handler.
+pub async fn handle<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
+    semaphore: &Semaphore<S>,
+    config: &Config,
+    hand_offs: &HandOffs<C, X>,
+    event: LambdaEvent<Value>,
+) -> Result<AcquireResponse, HandlerError> {
+    acquire(semaphore, config, hand_offs, &event.payload).await
 }

@@ -7,14 +7,18 @@ async fn main() -> Result<(), Error> {
     // Everything is read and checked once, at cold start: a bad variable stops the function
     // with a message naming it, before any invocation.
     let settings = Settings::from_env();
+    let sdk = load_aws_config().await;
     let semaphore = settings
-        .semaphore(&load_aws_config().await)
+        .semaphore(&sdk)
         .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
     let config = lambda_acquire::Config::from_settings(&settings)
         .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    let (semaphore, config) = (&semaphore, &config);
+    let hand_offs = settings
+        .hand_offs(&sdk)
+        .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
+    let (semaphore, config, hand_offs) = (&semaphore, &config, &hand_offs);
     lambda_runtime::run(service_fn(move |event| {
-        lambda_acquire::handle(semaphore, config, event)
+        lambda_acquire::handle(semaphore, config, hand_offs, event)
     }))
     .await
 }

@@ -75,6 +75,13 @@ fn release_resolver() -> Resolver {
 }
 
 /// A semaphore on a fresh table, built the way the function's `main` builds it.
+/// Hand-offs through the local server's Step Functions, as the function's `main` builds them.
+fn hand_offs() -> lambda_common::SfnHandOffs {
+    Settings::from_lookup(|_| None)
+        .hand_offs(&sdk_config())
+        .expect("settings")
+}
+
 async fn semaphore() -> Semaphore<DynamoStore> {
     let table = fresh_table().await.table().to_owned();
     semaphore_on(table)
@@ -106,16 +113,22 @@ async fn acquire(
     config: &Config,
     payload: Value,
 ) -> Result<Value, Diagnostic> {
-    lambda_acquire::handle(sem, config, LambdaEvent::new(payload, Context::default()))
-        .await
-        .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
-        .map_err(Diagnostic::from)
+    lambda_acquire::handle(
+        sem,
+        config,
+        &hand_offs(),
+        LambdaEvent::new(payload, Context::default()),
+    )
+    .await
+    .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
+    .map_err(Diagnostic::from)
 }
 
 async fn release(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, Diagnostic> {
     lambda_release::handle(
         sem,
         &release_resolver(),
+        &hand_offs(),
         LambdaEvent::new(payload, Context::default()),
     )
     .await

@@ -26,7 +26,12 @@
 //!    invoked, so while it runs the answer is `deferred` with `retry_after_seconds`, the slots
 //!    are kept (fenced), and the cleanup state machine asks again. A child whose start was in
 //!    flight when the parent ended is waited for the same way, briefly.
-//! 6. No work running: the core cleanup on every lock frees what the execution holds.
+//! 6. No work running: the core cleanup on every lock frees what the execution holds, and the
+//!    freed slots are handed to the heads of those locks' lines (waiters woken).
+//!
+//! Right after the fences (step 3), the execution's places in line are removed (F8: a waiter
+//! that died while queued): the wait tasks in its history name them (their `queued_at`), and
+//! once its run is fenced it cannot queue again.
 //!
 //! Every status other than the three is answered with a no-op. Duplicate, late and
 //! out-of-order events are harmless: every step is idempotent, a fence refuses acquires that
@@ -45,7 +50,7 @@ use lambda_common::sfn::{
     child_state, may_still_start, ChildState, Described, Executions, SfnClient, SfnError,
     STEP_FUNCTIONS_ERROR,
 };
-use lambda_common::{ConfigError, HandlerError, Resolver, Settings};
+use lambda_common::{ConfigError, HandlerError, Resolver, Settings, SfnHandOffs};
 use lambda_runtime::{Diagnostic, LambdaEvent};
 use semaphore_core::{DynamoStore, Fenced, HolderId, ItemStore, LockName, Semaphore};
 use serde::{Deserialize, Serialize};
@@ -164,6 +169,12 @@ pub struct CleanupSummary {
     pub retry_after_seconds: u64,
     pub locks: Vec<LockCleanup>,
     pub children: Vec<ChildWork>,
+    /// The locks whose line the execution was taken out of (it died waiting).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_line: Vec<String>,
+    /// Waiters woken with the slots this cleanup freed.
+    #[serde(default)]
+    pub handed_off: usize,
     /// What the history did not tell (see `lambda_common::history::Footprint::notes`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history_notes: Vec<String>,
@@ -274,6 +285,8 @@ pub struct Cleanup<S, X> {
     pub semaphore: Semaphore<S>,
     pub executions: X,
     pub config: Config,
+    /// Hands the freed slots on to the waiters in line.
+    pub hand_offs: SfnHandOffs,
 }
 
 impl Cleanup<DynamoStore, SfnClient> {
@@ -287,6 +300,7 @@ impl Cleanup<DynamoStore, SfnClient> {
             semaphore: settings.semaphore(sdk)?,
             executions: SfnClient::new(aws_sdk_sfn::Client::new(sdk)),
             config: Config::from_settings(settings)?,
+            hand_offs: settings.hand_offs(sdk)?,
         })
     }
 }
@@ -372,6 +386,8 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
             retry_after_seconds: 0,
             locks: Vec::new(),
             children: Vec::new(),
+            left_line: Vec::new(),
+            handed_off: 0,
             history_notes: Vec::new(),
             note: None,
         };
@@ -418,11 +434,13 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
         };
         let resolver = &self.config.resolver;
         let lock_of = |payload: &Value| resolver.lock(payload).map_err(|e| e.to_string());
+        let waiter_of = |payload: &Value| resolver.waiter(payload).ok().flatten();
         let footprint = history::read(
             &events,
             Some(LockReading {
                 acquire: &self.config.acquire,
                 lock_of: &lock_of,
+                waiter_of: &waiter_of,
             }),
         );
         summary.history_notes = footprint.notes;
@@ -463,6 +481,22 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
             .collect();
         let fenced: BTreeMap<LockName, Fenced> = fenced.into_iter().collect();
         let fenced_locks: Vec<LockName> = fenced.keys().cloned().collect();
+
+        // 3b. Out of line: a fenced run queues no more, so these are all its places.
+        for (lock, key) in &footprint.waiters {
+            match self.semaphore.leave(lock, *key).await {
+                Ok(true) => {
+                    summary.left_line.push(lock.to_string());
+                    tracing::info!(execution = arn, lock = %lock, place = %key, "removed from the line");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    let e = HandlerError::from(e);
+                    tracing::error!(execution = arn, lock = %lock, error = %e, "leaving the line failed");
+                    failures.0.push((lock.clone(), "leaving the line", e));
+                }
+            }
+        }
 
         // 4. Still ended once the fences stand?
         let stopped_ms = match self.executions.describe(arn).await? {
@@ -511,6 +545,10 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
             .await;
         let now = self.semaphore.now_ms();
         for (lock, outcome) in outcomes {
+            if !outcome.freed.is_empty() && outcome.waiting > 0 {
+                let handed = self.hand_offs.run(&self.semaphore, &lock, None).await;
+                summary.handed_off += handed.woken.len();
+            }
             let Some(entry) = summary.locks.iter_mut().find(|e| e.lock == lock.as_str()) else {
                 continue;
             };

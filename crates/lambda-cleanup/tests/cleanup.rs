@@ -197,6 +197,7 @@ impl World {
             .with_timing(plain.semaphore.timing()),
             executions: SfnClient::new(aws_sdk_sfn::Client::from_conf(sfn)),
             config: plain.config,
+            hand_offs: plain.hand_offs,
         }
     }
 
@@ -855,6 +856,9 @@ async fn a_child_whose_start_was_in_flight_is_waited_for_briefly() {
         semaphore: Semaphore::new(MemoryStore::new()).with_clock(clock.clone()),
         executions: Canned { stopped, events },
         config: Config::from_settings(&w.settings(&w.table)).unwrap(),
+        hand_offs: Settings::from_lookup(|_| None)
+            .hand_offs(&sdk_config())
+            .unwrap(),
     };
     let sem = &cleanup.semaphore;
     take(sem, "orders", PARENT, "r0").await;

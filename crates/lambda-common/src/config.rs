@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use semaphore_core::{DynamoStore, Limit, LockName, Semaphore, Timing};
 
+use crate::arn::StateMachineArn;
+use crate::executions::SfnExecutions;
 use crate::request::{AllowedWork, Defaults, Resolver, WorkKind};
+use crate::waiting::{HandOffs, SfnHandOffs};
 
 /// The variables the acquire and release functions read besides the table and timing.
 pub mod var {
@@ -28,7 +31,12 @@ pub mod var {
 }
 
 /// The wait budget when `MAX_WAIT_SECONDS` is unset: the template's default.
-pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(900);
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(86_400);
+/// How long a parked waiter waits before it checks again, by default: the most a lost wake-up
+/// costs, and 12 checks (a transition and an invocation each) per waiting hour.
+pub const DEFAULT_QUEUE_FALLBACK: Duration = Duration::from_secs(300);
+/// Fallback periods accepted, in whole seconds: from 5 s (tests) to a day.
+pub const QUEUE_FALLBACK_RANGE: std::ops::RangeInclusive<u64> = 5..=86_400;
 /// Wait budgets accepted, in whole seconds: up to a year, the longest a Standard execution runs.
 pub const MAX_WAIT_RANGE: std::ops::RangeInclusive<u64> = 1..=31_536_000;
 
@@ -258,6 +266,16 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         self.seconds(var::MAX_WAIT_SECONDS, DEFAULT_MAX_WAIT, MAX_WAIT_RANGE)
     }
 
+    /// `QUEUE_FALLBACK_SECONDS`: how long a parked waiter waits before it checks again (default
+    /// [`DEFAULT_QUEUE_FALLBACK`]).
+    pub fn queue_fallback(&self) -> Result<Duration, ConfigError> {
+        self.seconds(
+            "QUEUE_FALLBACK_SECONDS",
+            DEFAULT_QUEUE_FALLBACK,
+            QUEUE_FALLBACK_RANGE,
+        )
+    }
+
     /// The defaults and the allowed work: how the acquire and release functions resolve a
     /// payload.
     pub fn resolver(&self) -> Result<Resolver, ConfigError> {
@@ -267,8 +285,9 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         })
     }
 
-    /// The semaphore on `TABLE_NAME` with the configured timing, using `sdk`'s region,
-    /// credentials and endpoint.
+    /// The semaphore on `TABLE_NAME` (its waiters in `QUEUE_TABLE_NAME`, default
+    /// `<TABLE_NAME>-queue`) with the configured timing, using `sdk`'s region, credentials and
+    /// endpoint.
     pub fn semaphore(
         &self,
         sdk: &aws_config::SdkConfig,
@@ -276,7 +295,42 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         let table = self.table_name()?;
         let timing = self.timing()?;
         let client = aws_sdk_dynamodb::Client::new(sdk);
-        Ok(Semaphore::new(DynamoStore::new(client, table)).with_timing(timing))
+        let mut store = DynamoStore::new(client, table);
+        if let Some(queue_table) = self.optional("QUEUE_TABLE_NAME") {
+            store = store.with_queue_table(queue_table);
+        }
+        Ok(Semaphore::new(store).with_timing(timing))
+    }
+
+    /// `STATE_MACHINE_ARN` (one) and `STATE_MACHINE_ARNS` (comma-separated), both optional: the
+    /// machines whose executions the function judges (the lock-protected machine and the user's
+    /// own machines that take the semaphore); none set judges every execution.
+    pub fn state_machines(&self) -> Result<Vec<StateMachineArn>, ConfigError> {
+        let mut state_machines: Vec<StateMachineArn> = Vec::new();
+        for name in ["STATE_MACHINE_ARN", "STATE_MACHINE_ARNS"] {
+            for machine in self.list(name, |part| {
+                StateMachineArn::parse(part).ok_or_else(|| {
+                    format!(
+                        "{part:?}: expected arn:<partition>:states:<region>:<account>:stateMachine:<name>, or unset to judge every execution"
+                    )
+                })
+            })? {
+                if !state_machines.contains(&machine) {
+                    state_machines.push(machine);
+                }
+            }
+        }
+        Ok(state_machines)
+    }
+
+    /// What moves a lock's line: `SendTaskSuccess` to wake a granted waiter, and
+    /// `DescribeExecution` (of [`Settings::state_machines`]' executions) when a wake-up fails.
+    pub fn hand_offs(&self, sdk: &aws_config::SdkConfig) -> Result<SfnHandOffs, ConfigError> {
+        let client = aws_sdk_sfn::Client::new(sdk);
+        Ok(HandOffs::new(
+            client.clone(),
+            SfnExecutions::of_machines(client, self.state_machines()?),
+        ))
     }
 }
 

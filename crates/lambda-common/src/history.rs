@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_sfn::types::{HistoryEvent, HistoryEventType as Kind};
-use semaphore_core::LockName;
+use semaphore_core::{LockName, QueueKey};
 use serde_json::Value;
 
 use crate::arn::StateMachineArn;
@@ -63,12 +63,17 @@ pub fn function_name(reference: &str) -> Option<&str> {
 /// it and held nothing under it.
 pub type LockOf<'a> = &'a (dyn Fn(&Value) -> Result<LockName, String> + Sync);
 
+/// How a wait payload's lock and place in line are resolved (`Resolver::waiter`): `None` for
+/// an acquire payload that does not wait, or one that names no valid place.
+pub type WaiterOf<'a> = &'a (dyn Fn(&Value) -> Option<(LockName, QueueKey)> + Sync);
+
 /// What to look for to find the locks. Without it (the sweeper, which reads the table for
 /// those), only the children are read.
 #[derive(Clone, Copy)]
 pub struct LockReading<'a> {
     pub acquire: &'a AcquireFunction,
     pub lock_of: LockOf<'a>,
+    pub waiter_of: WaiterOf<'a>,
 }
 
 /// One child execution of a `startExecution.sync` task.
@@ -86,6 +91,8 @@ pub struct ChildExecution {
 pub struct Footprint {
     /// Every lock an acquire task asked for, once each, in the order first asked.
     pub locks: Vec<LockName>,
+    /// Every place in line a wait task asked for (lock and key), once each.
+    pub waiters: Vec<(LockName, QueueKey)>,
     /// Every child execution of a `startExecution.sync` task, once each, in the order started.
     pub children: Vec<ChildExecution>,
     /// What could not be told: an acquire payload that is not JSON or names no valid lock, a
@@ -203,18 +210,28 @@ fn acquire_task(footprint: &mut Footprint, reading: LockReading<'_>, id: i64, pa
     }
     match parameters.get("Payload") {
         Some(Value::String(text)) => resolve_lock(footprint, reading, id, text),
-        Some(payload) => push_lock(footprint, id, (reading.lock_of)(payload)),
-        None => push_lock(footprint, id, (reading.lock_of)(&Value::Null)),
+        Some(payload) => push_payload(footprint, reading, id, payload),
+        None => push_payload(footprint, reading, id, &Value::Null),
     }
 }
 
 /// A payload given as JSON text.
 fn resolve_lock(footprint: &mut Footprint, reading: LockReading<'_>, id: i64, text: &str) {
     match serde_json::from_str::<Value>(text) {
-        Ok(payload) => push_lock(footprint, id, (reading.lock_of)(&payload)),
+        Ok(payload) => push_payload(footprint, reading, id, &payload),
         Err(e) => footprint.notes.push(format!(
             "the acquire payload of event {id} is not JSON ({e}): its lock is unknown"
         )),
+    }
+}
+
+/// An acquire payload's lock and, for a wait payload, its place in line.
+fn push_payload(footprint: &mut Footprint, reading: LockReading<'_>, id: i64, payload: &Value) {
+    push_lock(footprint, id, (reading.lock_of)(payload));
+    if let Some(waiter) = (reading.waiter_of)(payload) {
+        if !footprint.waiters.contains(&waiter) {
+            footprint.waiters.push(waiter);
+        }
     }
 }
 
@@ -378,8 +395,54 @@ mod tests {
             Some(LockReading {
                 acquire: &acquire,
                 lock_of: &lock_of,
+                waiter_of: &waiter_of,
             }),
         )
+    }
+
+    /// The acquire function's rule for a wait payload, through the real resolver.
+    fn waiter_of(payload: &Value) -> Option<(LockName, QueueKey)> {
+        let resolver = crate::Resolver {
+            defaults: crate::Defaults {
+                lock: Some(LockName::new("demo-lock").unwrap()),
+                limit: None,
+            },
+            ..crate::Resolver::default()
+        };
+        resolver.waiter(payload).ok().flatten()
+    }
+
+    #[test]
+    fn a_wait_task_names_its_place_in_line() {
+        let holder = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
+        let wait = |id, queued_at: &str| {
+            invoke(
+                id,
+                ACQUIRE,
+                serde_json::json!({
+                    "holder": holder, "redrive_count": 0, "lock": "l",
+                    "requested_at": "2026-12-03T10:15:40.000Z",
+                    "task_token": "token-1", "queued_at": queued_at
+                }),
+            )
+        };
+        let read = footprint(&[
+            wait(1, "2026-12-03T10:15:30.123Z"),
+            wait(5, "2026-12-03T10:15:30.123Z"),
+        ]);
+        let identity = semaphore_core::Identity::new(
+            semaphore_core::HolderId::new(holder).unwrap(),
+            semaphore_core::AcquisitionId::new("r0").unwrap(),
+        );
+        assert_eq!(
+            read.waiters,
+            vec![(
+                LockName::new("l").unwrap(),
+                QueueKey::new(&identity, 1_796_292_930_123)
+            )],
+            "one place, however often the task was entered"
+        );
+        assert_eq!(read.locks, vec![LockName::new("l").unwrap()]);
     }
 
     fn invoke(id: i64, function: &str, payload: Value) -> HistoryEvent {

@@ -18,18 +18,22 @@
 pub mod arn;
 mod config;
 mod error;
+pub mod executions;
 pub mod history;
 mod payload;
 mod request;
 pub mod sfn;
+pub mod waiting;
 
 pub use config::{var, ConfigError, Settings, DEFAULT_MAX_WAIT, MAX_WAIT_RANGE};
 pub use error::{error_type, HandlerError};
+pub use executions::SfnExecutions;
 pub use payload::{hint, kind, quoted, Payload};
 pub use request::{
     child_execution_name, incarnation_acquisition, AcquireRequest, AllowedWork, Defaults, Resolver,
-    Target, Work, WorkKind, ACQUIRE_PAYLOAD, RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
+    Target, WaitRequest, Work, WorkKind, ACQUIRE_PAYLOAD, RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
 };
+pub use waiting::{granted_answer, HandOffs, SfnHandOffs, TaskCallbacks, TaskWaker};
 
 /// Installs the JSON log subscriber: one JSON object per line on stdout, level from `RUST_LOG`
 /// (default `info`), no ANSI colours and no timestamp (CloudWatch stamps every line). The

@@ -22,7 +22,9 @@
 //!
 //! A field given in the payload wins over the same one from the input or the execution node.
 
-use semaphore_core::{AcquisitionId, HolderId, Identity, Limit, LockName, Run};
+use semaphore_core::{
+    AcquisitionId, HolderId, Identity, Limit, LockName, QueueKey, Run, TaskToken,
+};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -220,6 +222,26 @@ pub struct AcquireRequest {
     pub waiting_since_ms: Option<u64>,
     /// The work to run under the slot; `None` without an execution input.
     pub work: Option<Work>,
+    /// Present when the request comes from a parked task (`.waitForTaskToken`): wait in line.
+    pub wait: Option<WaitRequest>,
+}
+
+/// A request to wait in line (see `semaphore_core::queue`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitRequest {
+    /// `task_token`: `$$.Task.Token` of the parked task.
+    pub task_token: TaskToken,
+    /// `queued_at`: when the execution first asked for the slot it waits for (the acquire
+    /// answer's `queued_at`, which is that acquire's request time), ms since the epoch: its
+    /// place in line, kept across fallback checks. The request time when absent.
+    pub queued_at_ms: u64,
+}
+
+impl WaitRequest {
+    /// The waiter's place in line.
+    pub fn key(&self, identity: &Identity) -> QueueKey {
+        QueueKey::new(identity, self.queued_at_ms)
+    }
 }
 
 /// Resolves payloads against the function's defaults and allowed work. Build it once per cold
@@ -352,6 +374,23 @@ impl<'a> Parts<'a> {
         })
     }
 
+    /// `task_token` and `queued_at`, when the payload waits in line.
+    fn wait(&self, requested_at_ms: u64) -> Result<Option<WaitRequest>, HandlerError> {
+        let Some(token) = self.payload.optional_string("task_token")? else {
+            return Ok(None);
+        };
+        let task_token = TaskToken::new(token)
+            .map_err(|e| HandlerError::InvalidInput(format!("task_token: {e}")))?;
+        let queued_at_ms = self
+            .payload
+            .optional_time_ms("queued_at", "the acquire answer's queued_at")?
+            .unwrap_or(requested_at_ms);
+        Ok(Some(WaitRequest {
+            task_token,
+            queued_at_ms,
+        }))
+    }
+
     /// Since when the execution has waited: its start, or its last redrive if it was redriven.
     fn waiting_since_ms(&self, redrive_count: Option<u32>) -> Result<Option<u64>, HandlerError> {
         const START: &str = "$$.Execution.StartTime";
@@ -459,6 +498,7 @@ impl Resolver {
             .as_ref()
             .map(|input| self.work.resolve(input))
             .transpose()?;
+        let wait = parts.wait(requested_at_ms)?;
         Ok(AcquireRequest {
             lock,
             limit,
@@ -467,7 +507,19 @@ impl Resolver {
             requested_at_ms,
             waiting_since_ms,
             work,
+            wait,
         })
+    }
+
+    /// The lock and place in line a wait payload (one with `task_token`) names, resolved as
+    /// [`Resolver::acquire`] resolves them; `None` for a payload that does not wait.
+    pub fn waiter(&self, payload: &Value) -> Result<Option<(LockName, QueueKey)>, HandlerError> {
+        let parts = Parts::new(payload, ACQUIRE_PAYLOAD)?;
+        let Some(wait) = parts.wait(parts.payload.requested_at_ms()?)? else {
+            return Ok(None);
+        };
+        let target = parts.target(&self.defaults)?;
+        Ok(Some((target.lock, wait.key(&target.identity))))
     }
 }
 

@@ -21,14 +21,17 @@
 //! - anything else is passed on as caught.
 //!
 //! One write, no read, no condition: a retried or duplicated release frees nothing more and only
-//! moves the version. Errors: `SemaphoreInvalidInput` (nothing written), `SemaphoreOldFormat`
+//! moves the version. When someone waits in line (the write hands back the lock's `waiting`),
+//! the freed slot is then handed to the head of the line and its execution woken
+//! (`lambda_common::HandOffs`); a hand-off that fails is logged and does not fail the release. Errors: `SemaphoreInvalidInput` (nothing written), `SemaphoreOldFormat`
 //! (the lock's item is of version 1; nothing written), `SemaphoreStoreError` (retry).
 
 use lambda_common::{
-    error_type, ConfigError, HandlerError, Payload, Resolver, Settings, Target, RELEASE_PAYLOAD,
+    error_type, ConfigError, HandOffs, HandlerError, Payload, Resolver, Settings, Target,
+    TaskCallbacks, RELEASE_PAYLOAD,
 };
 use lambda_runtime::LambdaEvent;
-use semaphore_core::{ItemStore, ReleaseOutcome, Semaphore};
+use semaphore_core::{ExecutionStatus, ItemStore, ReleaseOutcome, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -178,16 +181,20 @@ pub struct ReleaseResponse {
     pub count: usize,
     pub lock: String,
     pub acquisition: String,
+    /// Waiters this release woke with a slot (0 or 1, more if slots were free).
+    pub handed_off: usize,
     /// The error to fail the execution with; `null` without `"error"` in the payload.
     pub error: Option<String>,
     /// Its cause; `null` without `"error"` in the payload.
     pub cause: Option<String>,
 }
 
-/// Validates the payload, then releases. Nothing is sent to the table for bad input.
-pub async fn release<S: ItemStore>(
+/// Validates the payload, then releases and hands the slot on. Nothing is sent to the table for
+/// bad input.
+pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     semaphore: &Semaphore<S>,
     resolver: &Resolver,
+    hand_offs: &HandOffs<C, X>,
     payload: &Value,
 ) -> Result<ReleaseResponse, HandlerError> {
     // Bad input is logged by the runtime with the error it answers.
@@ -198,9 +205,16 @@ pub async fn release<S: ItemStore>(
         .await
         .map_err(HandlerError::from)
         .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "release failed"))?;
-    let (released, outcome, count) = match outcome {
-        ReleaseOutcome::Released { count, .. } => (true, Outcome::Released, count),
-        ReleaseOutcome::NotHeld { count } => (false, Outcome::NotHeld, count),
+    let (released, outcome, count, waiting) = match outcome {
+        ReleaseOutcome::Released { count, waiting, .. } => {
+            (true, Outcome::Released, count, waiting)
+        }
+        ReleaseOutcome::NotHeld { count, waiting } => (false, Outcome::NotHeld, count, waiting),
+    };
+    let handed_off = if waiting > 0 {
+        hand_offs.run(semaphore, lock, None).await.woken.len()
+    } else {
+        0
     };
     let (error, cause) = match &failure {
         Some(failure) => {
@@ -215,6 +229,8 @@ pub async fn release<S: ItemStore>(
         acquisition = %identity.acquisition,
         outcome = outcome.as_str(),
         count,
+        waiting,
+        handed_off,
         caught = failure.as_ref().map(|f| f.error.as_str()),
         error = error.as_deref(),
         "release"
@@ -225,18 +241,20 @@ pub async fn release<S: ItemStore>(
         count,
         lock: lock.to_string(),
         acquisition: identity.acquisition.to_string(),
+        handed_off,
         error,
         cause,
     })
 }
 
 /// The Lambda handler.
-pub async fn handle<S: ItemStore>(
+pub async fn handle<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     semaphore: &Semaphore<S>,
     resolver: &Resolver,
+    hand_offs: &HandOffs<C, X>,
     event: LambdaEvent<Value>,
 ) -> Result<ReleaseResponse, HandlerError> {
-    release(semaphore, resolver, &event.payload).await
+    release(semaphore, resolver, hand_offs, &event.payload).await
 }
 
 #[cfg(test)]

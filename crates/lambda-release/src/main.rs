@@ -7,14 +7,18 @@ async fn main() -> Result<(), Error> {
     // Read and checked once, at cold start: a bad variable stops the function with a message
     // naming it, before any invocation.
     let settings = Settings::from_env();
+    let sdk = load_aws_config().await;
     let semaphore = settings
-        .semaphore(&load_aws_config().await)
+        .semaphore(&sdk)
         .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
     let resolver = lambda_release::resolver(&settings)
         .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    let (semaphore, resolver) = (&semaphore, &resolver);
+    let hand_offs = settings
+        .hand_offs(&sdk)
+        .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
+    let (semaphore, resolver, hand_offs) = (&semaphore, &resolver, &hand_offs);
     lambda_runtime::run(service_fn(move |event| {
-        lambda_release::handle(semaphore, resolver, event)
+        lambda_release::handle(semaphore, resolver, hand_offs, event)
     }))
     .await
 }

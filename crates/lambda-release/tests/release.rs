@@ -24,6 +24,13 @@ const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtec
 const ACQUISITION: &str = "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab";
 const DEMO: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:demo-work";
 
+/// Hand-offs through the local server's Step Functions, as the function's `main` builds them.
+fn hand_offs() -> lambda_common::SfnHandOffs {
+    Settings::from_lookup(|_| None)
+        .hand_offs(&sdk_config())
+        .expect("settings")
+}
+
 async fn semaphore() -> Semaphore<DynamoStore> {
     let table = fresh_table().await.table().to_owned();
     Settings::from_lookup(move |name| (name == "TABLE_NAME").then(|| table.clone()))
@@ -44,10 +51,15 @@ async fn release_with(
     resolver: &Resolver,
     payload: Value,
 ) -> Result<Value, Diagnostic> {
-    lambda_release::handle(sem, resolver, LambdaEvent::new(payload, Context::default()))
-        .await
-        .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
-        .map_err(Diagnostic::from)
+    lambda_release::handle(
+        sem,
+        resolver,
+        &hand_offs(),
+        LambdaEvent::new(payload, Context::default()),
+    )
+    .await
+    .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
+    .map_err(Diagnostic::from)
 }
 
 async fn release(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, Diagnostic> {

@@ -20,131 +20,18 @@
 
 pub mod notice;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use lambda_common::history;
-use lambda_common::sfn::{
-    child_state, may_still_start, ChildState, Described, Executions, SfnClient,
-};
-use lambda_common::{ConfigError, HandlerError, Settings};
+use lambda_common::{ConfigError, HandlerError, Settings, TaskWaker};
 use lambda_runtime::LambdaEvent;
-use semaphore_core::{
-    DynamoStore, ExecutionState, ExecutionStatus, HolderId, ItemStore, Semaphore,
-};
+use semaphore_core::{DynamoStore, ExecutionStatus, ItemStore, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use lambda_common::arn::{self, ExecutionArn, ExecutionKind, StateMachineArn};
+pub use lambda_common::SfnExecutions;
 pub use notice::{
     emf_line, human_duration, subject, Notice, DEFAULT_NAMESPACE, ITEM_BYTES_METRIC_NAME,
     METRIC_NAME,
 };
-
-/// Execution states from `DescribeExecution`, and for an ended execution whether its work
-/// still runs (from its history).
-#[derive(Debug, Clone)]
-pub struct SfnExecutions {
-    sfn: SfnClient,
-    /// When not empty, only executions of these state machines are judged; other holders are
-    /// left alone like operator ids (the function may describe these machines' executions
-    /// only).
-    state_machines: Vec<StateMachineArn>,
-}
-
-impl SfnExecutions {
-    /// Judges the executions of `state_machine`, or every execution when `None`.
-    pub fn new(client: aws_sdk_sfn::Client, state_machine: Option<StateMachineArn>) -> Self {
-        Self::of_machines(client, state_machine.into_iter().collect())
-    }
-
-    /// Judges the executions of these state machines, or every execution when empty.
-    pub fn of_machines(client: aws_sdk_sfn::Client, state_machines: Vec<StateMachineArn>) -> Self {
-        Self {
-            sfn: SfnClient::new(client),
-            state_machines,
-        }
-    }
-
-    /// A child execution of the ended `parent` that still runs (or whose start was in flight
-    /// when the parent ended, just now), if any.
-    async fn running_work(
-        &self,
-        parent: &str,
-        described: &Described,
-    ) -> Result<Option<String>, String> {
-        let Some(events) = self.sfn.history(parent).await.map_err(|e| e.to_string())? else {
-            return Ok(None);
-        };
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        for child in history::read(&events, None).children {
-            match child_state(&self.sfn, &child)
-                .await
-                .map_err(|e| e.to_string())?
-            {
-                ChildState::Running { .. } => return Ok(Some(child.execution_arn)),
-                ChildState::Missing if may_still_start(&child, described.stop_date_ms, now_ms) => {
-                    return Ok(Some(child.execution_arn))
-                }
-                ChildState::Ended { .. } | ChildState::Missing => {}
-            }
-        }
-        Ok(None)
-    }
-}
-
-impl ExecutionStatus for SfnExecutions {
-    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, String> {
-        let Some(arn) = ExecutionArn::parse(holder.as_str()) else {
-            return Ok(ExecutionState::NotAnExecution);
-        };
-        // DescribeExecution does not support Express executions: not ours to judge.
-        if arn.kind == ExecutionKind::Express {
-            return Ok(ExecutionState::NotAnExecution);
-        }
-        if !self.state_machines.is_empty() && !self.state_machines.iter().any(|m| m.owns(&arn)) {
-            return Ok(ExecutionState::NotAnExecution);
-        }
-        // This client can only answer for its own region: never take "does not exist" from
-        // the wrong region for a verdict.
-        let region = self.sfn.client().config().region().map(|r| r.as_ref());
-        if region != Some(arn.region.as_str()) {
-            return Err(format!(
-                "an execution in region {}, and this sweeper runs in {}: not checked",
-                arn.region,
-                region.unwrap_or("no region")
-            ));
-        }
-        // Only "does not exist" proves the execution is gone; any failure (throttling, access
-        // denied...) leaves the holder alone until the next sweep.
-        match self
-            .sfn
-            .describe(holder.as_str())
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            None => Ok(ExecutionState::Missing),
-            Some(described) if described.is_running() => Ok(ExecutionState::Running),
-            Some(described) => match self.running_work(holder.as_str(), &described).await? {
-                // Its work still runs under the slot: the slot is not the sweeper's to take.
-                Some(child) => {
-                    tracing::info!(
-                        holder = %holder,
-                        status = described.status(),
-                        child = %child,
-                        "ended, but its work still runs: slot kept until it ends"
-                    );
-                    Ok(ExecutionState::Running)
-                }
-                None => Ok(ExecutionState::Ended {
-                    status: described.status().to_owned(),
-                    last_run: described.run,
-                }),
-            },
-        }
-    }
-}
 
 /// The sweep's answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,6 +42,15 @@ pub struct SweepSummary {
     pub largest_item_lock: Option<String>,
     pub holders_checked: usize,
     pub reclaimed: usize,
+    /// Waiters near the head of a line whose execution was checked.
+    #[serde(default)]
+    pub waiters_checked: usize,
+    /// Of those, taken out of line because their execution had ended.
+    #[serde(default)]
+    pub waiters_removed: usize,
+    /// Waiters woken with a slot the sweep handed on.
+    #[serde(default)]
+    pub woken: usize,
     pub notices_published: usize,
     pub errors: Vec<String>,
 }
@@ -175,6 +71,8 @@ pub struct Sweeper<S, E> {
     pub sns: aws_sdk_sns::Client,
     pub topic_arn: String,
     pub namespace: String,
+    /// Wakes the waiters the sweep's hand-offs grant a slot.
+    pub waker: TaskWaker<aws_sdk_sfn::Client>,
 }
 
 impl Sweeper<DynamoStore, SfnExecutions> {
@@ -195,26 +93,16 @@ impl Sweeper<DynamoStore, SfnExecutions> {
         let namespace = settings
             .optional("METRIC_NAMESPACE")
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
-        let mut state_machines: Vec<StateMachineArn> = Vec::new();
-        for name in ["STATE_MACHINE_ARN", "STATE_MACHINE_ARNS"] {
-            for machine in settings.list(name, |part| {
-                StateMachineArn::parse(part).ok_or_else(|| {
-                    format!(
-                        "{part:?}: expected arn:<partition>:states:<region>:<account>:stateMachine:<name>, or unset to judge every execution"
-                    )
-                })
-            })? {
-                if !state_machines.contains(&machine) {
-                    state_machines.push(machine);
-                }
-            }
-        }
+        let state_machines = settings.state_machines()?;
         Ok(Self {
             semaphore,
             executions: SfnExecutions::of_machines(aws_sdk_sfn::Client::new(sdk), state_machines),
             sns: aws_sdk_sns::Client::new(sdk),
             topic_arn,
             namespace,
+            waker: TaskWaker {
+                callbacks: aws_sdk_sfn::Client::new(sdk),
+            },
         })
     }
 }
@@ -234,14 +122,29 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
             Some(largest) => (largest.bytes, Some(largest.lock.to_string())),
             None => (0, None),
         };
+        // The lines after the holders: a slot the sweep freed goes to the head of its line.
+        let lines = self
+            .semaphore
+            .sweep_lines(&self.executions, &self.waker)
+            .await
+            .map_err(HandlerError::from)
+            .inspect_err(|e| tracing::error!(error = %e, "sweep of the lines failed"))?;
+        for (lock, holder) in &lines.removed {
+            tracing::warn!(lock = %lock, holder = %holder, "took a dead waiter out of line");
+        }
+        let mut errors = report.errors;
+        errors.extend(lines.errors);
         let mut summary = SweepSummary {
             locks: report.locks,
             largest_item_bytes,
             largest_item_lock,
             holders_checked: report.holders_checked,
             reclaimed: report.reclaimed.len(),
+            waiters_checked: lines.waiters_checked,
+            waiters_removed: lines.removed.len(),
+            woken: lines.woken,
             notices_published: 0,
-            errors: report.errors,
+            errors,
         };
         let mut notices = Vec::with_capacity(report.reclaimed.len());
         for slot in &report.reclaimed {
@@ -282,6 +185,9 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
             largest_item_lock = summary.largest_item_lock.as_deref().unwrap_or(""),
             holders_checked = summary.holders_checked,
             reclaimed = summary.reclaimed,
+            waiters_checked = summary.waiters_checked,
+            waiters_removed = summary.waiters_removed,
+            woken = summary.woken,
             notices_published = summary.notices_published,
             errors = summary.errors.len(),
             "swept"

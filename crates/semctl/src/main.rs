@@ -469,10 +469,10 @@ impl Request {
                 merge(
                     &mut out,
                     match outcome {
-                        ReleaseOutcome::Released { token, count } => {
+                        ReleaseOutcome::Released { token, count, .. } => {
                             json!({"outcome": "released", "token": token.0, "count": count})
                         }
-                        ReleaseOutcome::NotHeld { count } => json!({
+                        ReleaseOutcome::NotHeld { count, .. } => json!({
                             "outcome": "not_held",
                             "count": count,
                             "message": format!("{} held nothing on {lock}; nothing to release", identity.slot_key()),

@@ -132,11 +132,13 @@ impl DynamoStore {
                 ],
             )
             .await?;
-        Ok(if items == TableSetup::Created || queue == TableSetup::Created {
-            TableSetup::Created
-        } else {
-            TableSetup::AlreadyExisted
-        })
+        Ok(
+            if items == TableSetup::Created || queue == TableSetup::Created {
+                TableSetup::Created
+            } else {
+                TableSetup::AlreadyExisted
+            },
+        )
     }
 
     async fn create_one(
@@ -737,7 +739,10 @@ pub fn read_units(bytes: usize) -> usize {
     bytes.div_ceil(4096).max(1)
 }
 
-pub(crate) fn get_number(attrs: &HashMap<String, AttributeValue>, name: &str) -> Result<u128, String> {
+pub(crate) fn get_number(
+    attrs: &HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<u128, String> {
     attrs
         .get(name)
         .and_then(|v| v.as_n().ok())

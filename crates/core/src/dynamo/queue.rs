@@ -248,7 +248,9 @@ impl DynamoStore {
                         continue;
                     }
                     other => {
-                        return Err(self.failed_queue("TransactWriteItems", DisplayErrorContext(other)))
+                        return Err(
+                            self.failed_queue("TransactWriteItems", DisplayErrorContext(other))
+                        )
                     }
                 },
                 Err(e) => {
@@ -267,10 +269,9 @@ impl DynamoStore {
             let item_refused = code(0) == "ConditionalCheckFailed";
             let waiter_refused = code(1) == "ConditionalCheckFailed";
             if !item_refused && !waiter_refused {
-                return Err(self.failed_queue(
-                    "TransactWriteItems",
-                    format!("cancelled: {:?}", reasons),
-                ));
+                return Err(
+                    self.failed_queue("TransactWriteItems", format!("cancelled: {:?}", reasons))
+                );
             }
             // The item as it is: handed back when its own check failed (absent: no item yet),
             // else read.

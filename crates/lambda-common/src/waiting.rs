@@ -1,0 +1,186 @@
+//! Waking waiters: what every function that frees a slot (release, cleanup, sweeper) and the
+//! acquire function's wait mode share to move a lock's line (see `semaphore_core::queue`).
+//!
+//! A parked execution waits on a `.waitForTaskToken` task; its waiter record carries its task
+//! token and the answer the acquire function would give it with a slot (`context`, the acquire
+//! answer with no token yet). Waking it is `SendTaskSuccess` of that answer with the fencing
+//! token the grant made, so the lock-protected machine goes on exactly as after a plain acquire.
+
+use std::future::Future;
+
+use aws_sdk_sfn::error::{DisplayErrorContext, SdkError};
+use semaphore_core::{
+    Error as CoreError, ExecutionStatus, FencingToken, HandOff, ItemStore, LockName, Semaphore,
+    SemaphoreItem, TaskToken, Waiter, Waker,
+};
+use serde_json::Value;
+
+/// The answer a granted waiter's task gets: its `context` (the acquire answer it was queued
+/// with) with the slot filled in: `acquired`, `outcome` "acquired", `token`, and the work's
+/// `semaphore.fencing_token`.
+pub fn granted_answer(context: &str, token: FencingToken) -> Result<String, String> {
+    let mut answer: Value = serde_json::from_str(context)
+        .map_err(|e| format!("the waiter's context is not JSON ({e})"))?;
+    let Value::Object(fields) = &mut answer else {
+        return Err("the waiter's context is not a JSON object".to_owned());
+    };
+    fields.insert("acquired".to_owned(), Value::Bool(true));
+    fields.insert("outcome".to_owned(), Value::from("acquired"));
+    fields.insert("token".to_owned(), Value::from(token.0));
+    if let Some(Value::Object(semaphore)) = fields
+        .get_mut("work")
+        .and_then(|work| work.get_mut("context"))
+        .and_then(|context| context.get_mut("semaphore"))
+    {
+        semaphore.insert("fencing_token".to_owned(), Value::from(token.0));
+    }
+    Ok(answer.to_string())
+}
+
+/// Sends task outcomes to Step Functions.
+pub trait TaskCallbacks: Send + Sync {
+    fn succeed(
+        &self,
+        token: &TaskToken,
+        output: &str,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+
+    fn fail(
+        &self,
+        token: &TaskToken,
+        error: &str,
+        cause: &str,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+impl TaskCallbacks for aws_sdk_sfn::Client {
+    async fn succeed(&self, token: &TaskToken, output: &str) -> Result<(), String> {
+        self.send_task_success()
+            .task_token(token.as_str())
+            .output(output)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(describe)
+    }
+
+    async fn fail(&self, token: &TaskToken, error: &str, cause: &str) -> Result<(), String> {
+        self.send_task_failure()
+            .task_token(token.as_str())
+            .error(error)
+            .cause(cut(cause, 32_768))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(describe)
+    }
+}
+
+fn describe<E, R>(e: SdkError<E, R>) -> String
+where
+    E: std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    DisplayErrorContext(e).to_string()
+}
+
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The core's [`Waker`] through task callbacks: `SendTaskSuccess` of the granted answer.
+#[derive(Debug, Clone)]
+pub struct TaskWaker<C> {
+    pub callbacks: C,
+}
+
+impl<C: TaskCallbacks> Waker for TaskWaker<C> {
+    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), String> {
+        let answer = granted_answer(&waiter.context, token)?;
+        self.callbacks.succeed(&waiter.task_token, &answer).await
+    }
+}
+
+/// The hand-offs of a function on AWS: task callbacks and `DescribeExecution` through the SDK.
+pub type SfnHandOffs = HandOffs<aws_sdk_sfn::Client, crate::SfnExecutions>;
+
+/// What a function needs to move a line: a waker and a judge of executions.
+#[derive(Debug, Clone)]
+pub struct HandOffs<C, X> {
+    pub waker: TaskWaker<C>,
+    pub executions: X,
+}
+
+impl<C: TaskCallbacks, X: ExecutionStatus> HandOffs<C, X> {
+    pub fn new(callbacks: C, executions: X) -> Self {
+        Self {
+            waker: TaskWaker { callbacks },
+            executions,
+        }
+    }
+
+    /// Hands the lock's free slots to the head of its line, if anyone waits (`known`: the item
+    /// as the caller's own write left it, so a lock nobody waits on costs no request). A failure
+    /// is logged, never raised: the caller's own write stands, and the waiters' fallback checks
+    /// (or the sweeper) move the line.
+    pub async fn run<S: ItemStore>(
+        &self,
+        semaphore: &Semaphore<S>,
+        lock: &LockName,
+        known: Option<SemaphoreItem>,
+    ) -> HandOff {
+        if known.as_ref().is_some_and(|item| item.waiting == 0) {
+            return HandOff::default();
+        }
+        // Boxed: the hand-off's future nests deep (grant, wake, describe, cleanup), and inlined
+        // into each function's own it outgrows the compiler's layout depth.
+        let result: Result<HandOff, CoreError> =
+            Box::pin(semaphore.hand_off(lock, known, &self.waker, &self.executions)).await;
+        match &result {
+            Ok(report) if !report.is_empty() => tracing::info!(
+                lock = %lock,
+                woken = report.woken.len(),
+                parked = report.parked.len(),
+                freed = report.freed.len(),
+                skipped = report.skipped.len(),
+                "hand-off"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                lock = %lock,
+                error = %e,
+                "hand-off failed; the waiters' fallback checks and the sweeper move the line"
+            ),
+        }
+        result.unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_granted_answer_fills_in_the_slot_everywhere_the_machine_reads_it() {
+        let context = json!({
+            "acquired": false, "outcome": "full", "token": null,
+            "lock": "l", "work": {"state_machine": "arn:sm", "name": "n",
+                "context": {"semaphore": {"lock": "l", "fencing_token": null}}}
+        });
+        let answer: Value =
+            serde_json::from_str(&granted_answer(&context.to_string(), FencingToken(42)).unwrap())
+                .unwrap();
+        assert_eq!(answer["acquired"], true);
+        assert_eq!(answer["outcome"], "acquired");
+        assert_eq!(answer["token"], 42);
+        assert_eq!(answer["work"]["context"]["semaphore"]["fencing_token"], 42);
+        assert_eq!(answer["lock"], "l");
+        assert!(granted_answer("[1]", FencingToken(1)).is_err());
+        assert!(granted_answer("not json", FencingToken(1)).is_err());
+    }
+}
