@@ -14,17 +14,27 @@ Step Functions interpreter calls every service over HTTP at localhost:$MOTO_PORT
 of the ARN (`...:function:acquire` -> `acquire`, a `:qualifier` is dropped). A forwarded call
 does NOT hold the serialization lock: the Lambda calls DynamoDB back through this server.
 
-With the bridge on, one deviation of moto's Step Functions interpreter from AWS is also fixed:
-StopExecution of an execution whose Task state is waiting for a Lambda leaves it RUNNING until
-the Lambda answers. On AWS the execution is ABORTED at once and the Lambda runs on (a zombie):
-exactly the situation the semaphore must survive, so the local run needs it. The patch replaces
-one method of the pinned moto (checked by a digest of its source: a moto upgrade that changes
-it stops the server with an error rather than silently running without it).
+Two deviations of moto's Step Functions interpreter from AWS in how a Task state ends are fixed
+(each patch replaces or wraps methods of the pinned moto, checked by a digest of their source: a
+moto upgrade that changes them stops the server with an error rather than silently running
+without them). StopExecution of an execution whose Task state is waiting (for a Lambda, or for
+a task token) left it RUNNING until the task answered; on AWS the execution is ABORTED at once
+and the Lambda runs on (a zombie): exactly the situation the semaphore must survive, so the
+local run and the tests of a waiter stopped in line need it. And a task token stayed good after
+its task had ended (timed out, completed, or its execution ended): SendTaskSuccess to it
+succeeded and did nothing, where AWS answers TaskTimedOut ("the task associated with the token
+has already been closed"), which is how the semaphore learns that a waiter it granted a slot
+did not take it.
 
-Two more deviations, of the context object, are fixed whether or not the bridge is on: moto has
-no `$$.Execution.RedriveCount`, which AWS gives every execution (0 until it is redriven), so any
-definition reading it failed with States.Runtime; the patch adds it, 0 (moto cannot redrive),
-and steps aside once moto has the field itself. And moto's `$$.Execution.StartTime` is a Python
+A Catch whose Next is its own state (the lock-protected machine's "Wait in line" catches its
+own States.Timeout to park again, as AWS allows) was taken by moto for no Catch at all: the
+execution went on to the state's Next, here the protected work, without a slot. Fixed by
+wrapping the catcher and the choice of the next state.
+
+Two more deviations, of the context object, are fixed too (all of them whether or not the
+bridge is on): moto has no `$$.Execution.RedriveCount`, which AWS gives every execution (0
+until it is redriven), so any definition reading it failed with States.Runtime; the patch adds
+it, 0 (moto cannot redrive), and steps aside once moto has the field itself. And moto's `$$.Execution.StartTime` is a Python
 datetime, not the ISO 8601 text AWS gives: a state output holding it broke DescribeExecution.
 And the Step Functions integration (`states:startExecution`, `.sync`, `.sync:2`, what the
 lock-protected machine runs its work with) did not work at all: moto 5.2.5 ships the methods
@@ -183,7 +193,8 @@ def patch_stop_aborts_waiting_tasks():
     at the execution's state. This one waits in slices and, once the execution is no longer
     running, closes the task's frame and returns: the state then ends without output, the
     execution records ExecutionAborted and reports ABORTED, and the worker thread (the Lambda
-    call) carries on unobserved, as a Lambda does on AWS after StopExecution.
+    call, or the wait for a task token, whose token is then unknown: InvalidToken) carries on
+    unobserved, as a Lambda does on AWS after StopExecution.
     """
     import copy
     import hashlib
@@ -272,6 +283,101 @@ def patch_stop_aborts_waiting_tasks():
     state_class._evaluate_with_timeout = _evaluate_with_timeout
 
 
+# sha256 of the sources of moto 5.2.5's StateTaskServiceCallback._eval_body (makes a task's
+# token and runs the task) and CallbackPoolManager.add (registers a token), which
+# patch_closed_task_tokens() wraps.
+CALLBACK_EVAL_BODY_SHA256 = "1565ede7010df6af128057e199741623fe7d813996476dea3b2f9d647a1d9ab4"
+CALLBACK_POOL_ADD_SHA256 = "642af2a3229b6856bc2fddd992cf4a4b2e9fd3ca37208d6eed5bdfb46280e225"
+
+
+def patch_closed_task_tokens():
+    """Makes a task token unusable once its task has ended, as on AWS.
+
+    Moto keeps every token of an execution in its callback pool for good, so SendTaskSuccess,
+    SendTaskFailure and SendTaskHeartbeat with the token of a task that timed out or was already
+    completed succeed while the execution runs, and change nothing. (Its own code for such a
+    token raises TaskTimedOut or TaskDoesNotExist without the message their constructor needs:
+    an HTTP 500.) AWS answers TaskTimedOut. Once a `.waitForTaskToken` task's state has been
+    evaluated, however it ended, its token is remembered as closed, and the three calls answer
+    it with TaskTimedOut.
+    """
+    import hashlib
+    import inspect
+
+    from moto.stepfunctions.parser.api import TaskTimedOut
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
+        StateTaskServiceCallback,
+    )
+    from moto.stepfunctions.parser.asl.eval.callback.callback import CallbackPoolManager
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
+    for method, expected in (
+        (StateTaskServiceCallback._eval_body, CALLBACK_EVAL_BODY_SHA256),
+        (CallbackPoolManager.add, CALLBACK_POOL_ADD_SHA256),
+    ):
+        digest = hashlib.sha256(inspect.getsource(method).encode()).hexdigest()
+        if digest != expected:
+            raise SystemExit(
+                f"moto_server.py: moto's {method.__qualname__} is not the one the task-token "
+                f"patch was written for (sha256 {digest}); moto is pinned in "
+                "local/requirements.txt: review the patch before changing the pin"
+            )
+    callbacks = ("send_task_success", "send_task_failure", "send_task_heartbeat")
+    for name in callbacks:
+        parameters = list(inspect.signature(getattr(StepFunctionsParserBackend, name)).parameters)
+        if parameters[:2] != ["self", "task_token"]:
+            raise SystemExit(
+                f"moto_server.py: moto's StepFunctionsParserBackend.{name} takes {parameters}, "
+                "not (self, task_token, ...): review the task-token patch"
+            )
+
+    closed = set()
+    closed_lock = threading.Lock()
+    # The endpoint a task state's thread registered last: _eval_body registers its task's
+    # token and evaluates the task in the same thread (branches of Parallel and Map states run
+    # in threads of their own).
+    registered = threading.local()
+    original_add = CallbackPoolManager.add
+    original_eval_body = StateTaskServiceCallback._eval_body
+
+    def add(self, callback_id):
+        endpoint = original_add(self, callback_id)
+        registered.endpoint = endpoint
+        return endpoint
+
+    def _eval_body(self, env):
+        registered.endpoint = None
+        try:
+            original_eval_body(self, env)
+        finally:
+            endpoint = registered.endpoint
+            registered.endpoint = None
+            if endpoint is not None:
+                with closed_lock:
+                    closed.add(endpoint.callback_id)
+
+    def refuse_closed(original):
+        def callback(self, task_token, *args, **kwargs):
+            with closed_lock:
+                is_closed = task_token in closed
+            if is_closed:
+                raise TaskTimedOut(
+                    "Task Timed Out: 'Provided task does not exist anymore'", "TaskTimedOut"
+                )
+            return original(self, task_token, *args, **kwargs)
+
+        return callback
+
+    CallbackPoolManager.add = add
+    StateTaskServiceCallback._eval_body = _eval_body
+    for name in callbacks:
+        setattr(
+            StepFunctionsParserBackend,
+            name,
+            refuse_closed(getattr(StepFunctionsParserBackend, name)),
+        )
+
+
 def patch_context_object():
     """Makes `$$.Execution` what AWS gives: `RedriveCount: 0` and `StartTime` as text.
 
@@ -300,6 +406,41 @@ def patch_context_object():
         return env
 
     ExecutionWorker._get_evaluation_environment = _get_evaluation_environment
+
+
+def patch_catch_to_the_same_state():
+    """Lets a Catch send a state back to itself, as AWS does.
+
+    moto 5.2.5 decides a state's next state after its Catch ran by comparing the next state's
+    name with the state's own: equal means "nothing overrode Next", so a Catch whose Next is the
+    state itself (the lock-protected machine's "Wait in line" catches its own States.Timeout to
+    park again) is taken for no Catch at all, and the execution goes on to the state's Next,
+    here into the protected work without a slot. Wraps the catcher (to mark the state it sent
+    the execution to) and the choice of the next state (to keep that choice).
+    """
+    from moto.stepfunctions.parser.asl.component.common.catch.catcher_decl import CatcherDecl
+    from moto.stepfunctions.parser.asl.component.common.catch.catcher_outcome import (
+        CatcherOutcomeCaught,
+    )
+    from moto.stepfunctions.parser.asl.component.state.state import CommonStateField
+
+    original_catch = CatcherDecl._eval_body
+    original_set_next = CommonStateField._set_next
+
+    def _eval_body(self, env):
+        original_catch(self, env)
+        if env.stack and isinstance(env.stack[-1], CatcherOutcomeCaught):
+            env._caught_to = self.next_decl.name
+
+    def _set_next(self, env):
+        if getattr(env, "_caught_to", None) == self.name == env.next_state_name:
+            env._caught_to = None
+            return
+        env._caught_to = None
+        original_set_next(self, env)
+
+    CatcherDecl._eval_body = _eval_body
+    CommonStateField._set_next = _set_next
 
 
 def patch_step_functions_integration():
@@ -400,10 +541,12 @@ def main():
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     patch_context_object()
+    patch_catch_to_the_same_state()
     patch_step_functions_integration()
+    patch_stop_aborts_waiting_tasks()
+    patch_closed_task_tokens()
     app = serialized(DomainDispatcherApplication(create_backend_app))
     if args.lambda_endpoint:
-        patch_stop_aborts_waiting_tasks()
         app = lambda_bridge(app, args.lambda_endpoint, args.lambda_concurrency)
     server = make_server(
         "127.0.0.1", args.port, app, threaded=True, request_handler=NoDelayHandler

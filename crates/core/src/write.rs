@@ -144,6 +144,17 @@ impl Write {
         })
     }
 
+    /// Whether the write checks or changes the lock's item. A write that only gives a waiter's
+    /// record a new task token does not: the lock is the same, so its version does not move,
+    /// and a parked waiter's fallback check costs no write of the lock's (hot) item.
+    pub fn touches_item(&self) -> bool {
+        self.checks.iter().any(|c| c.waiter_key().is_none())
+            || self
+                .changes
+                .iter()
+                .any(|c| !matches!(c, Change::Repark { .. }))
+    }
+
     /// What the write does to `item` (`None`: the lock has no item yet, and the write creates
     /// it from the empty one): the item after it, or the first check that fails (the item is
     /// then unchanged). For a write without a waiter record.
@@ -169,7 +180,9 @@ impl Write {
         {
             return Err(failed);
         }
-        next.version = next.version.next();
+        if self.touches_item() {
+            next.version = next.version.next();
+        }
         for change in &self.changes {
             match change {
                 Change::PutHolder {

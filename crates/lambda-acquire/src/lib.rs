@@ -331,6 +331,10 @@ async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     let (lock, identity) = (&request.lock, &request.identity);
     match &result {
         Ok(Queued::InLine) => {}
+        Ok(Queued::NotYet) => {
+            tracing::info!(lock = %lock, holder = %identity.holder, "not queued this time; the fallback check asks again");
+            return Ok(holding_answer(request, Outcome::Expired, None, None));
+        }
         Ok(Queued::Holding { token, count }) => {
             // Complete our own task: the slot is ours already.
             let context =
@@ -341,7 +345,7 @@ async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
                 // Its fallback check finds the slot held and completes the task then.
                 tracing::warn!(lock = %lock, holder = %identity.holder, error = %e, "could not complete the waiting task; its fallback check will");
             }
-            tracing::info!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, token = token.0, count, "acquire (waited)");
+            tracing::info!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, token = token.0, count, at_ms = semaphore.now_ms(), "acquire (waited)");
             return Ok(holding_answer(
                 request,
                 Outcome::Acquired,
@@ -359,7 +363,7 @@ async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         }
     }
     result?;
-    tracing::info!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, queued_at = wait.queued_at_ms, "queued");
+    tracing::info!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, queued_at = wait.queued_at_ms, in_line_at_ms = semaphore.now_ms(), "queued");
     Ok(AcquireResponse {
         queued_at: Some(rfc3339_millis(wait.queued_at_ms)),
         ..holding_answer(request, Outcome::Queued, None, None)
@@ -372,6 +376,9 @@ enum Queued {
     InLine,
     /// It holds a slot: complete its task now.
     Holding { token: FencingToken, count: usize },
+    /// Not in line this time (its request went past the horizon, or the lock kept turning
+    /// free and full under it): the parked task's fallback timeout asks again.
+    NotYet,
 }
 
 async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
@@ -454,8 +461,7 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     }
     // The request went past its horizon, or the lock kept changing under it: nothing is held
     // and nothing queued; the parked task's fallback timeout asks again.
-    tracing::info!(lock = %lock, holder = %identity.holder, "not queued this time; the fallback check asks again");
-    Ok(Queued::InLine)
+    Ok(Queued::NotYet)
 }
 
 /// The Lambda handler.

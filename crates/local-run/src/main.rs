@@ -16,6 +16,7 @@
 
 mod driver;
 mod events;
+mod line;
 mod local_aws;
 mod poller;
 mod procs;
@@ -112,6 +113,10 @@ pub struct Args {
     /// The sweeper's schedule, compressed: one sweep every this many seconds.
     #[arg(long, default_value_t = 5.0)]
     pub sweep_every: f64,
+    /// The stack's QueueFallbackSeconds: how long a parked waiter waits before it checks again
+    /// (the most a lost wake-up costs it). Short here, so that the run sees fallback checks.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(5..=86_400))]
+    pub queue_fallback_seconds: u64,
     /// Give up waiting for the executions after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,

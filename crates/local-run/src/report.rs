@@ -202,6 +202,8 @@ pub struct Report {
     pub test_runner: Option<String>,
     pub your_workflow_example: Option<String>,
     pub transitions: Option<TransitionsReport>,
+    /// The waiting line: grant order, hand-off latency, what waiting cost.
+    pub line: Option<crate::line::LineReport>,
     pub wall_seconds: f64,
     pub logs: String,
     pub checks: Vec<Check>,
@@ -502,6 +504,60 @@ impl Report {
                     t.work.len(),
                     t.work.join(", "),
                     t.semaphore_share
+                ),
+            );
+        }
+        if let Some(l) = &self.line {
+            line(
+                "waiting line",
+                format!(
+                    "{} executions waited and were granted a slot: {} woken by a hand-off, {} \
+                     found it on their own check; {} fallback checks",
+                    l.waiters_granted,
+                    l.woken_by_hand_off,
+                    l.granted_on_own_check,
+                    l.fallback_checks
+                ),
+            );
+            line(
+                "grant order",
+                format!(
+                    "{} pairs of waiters both in line compared by fencing token: {} granted out \
+                     of line order; {} newcomers passed the line",
+                    l.pairs_checked, l.order_violations, l.newcomers_passing
+                ),
+            );
+            let ms = |v: Option<i64>| v.map_or("-".to_owned(), |v| format!("{v} ms"));
+            line(
+                "hand-off",
+                format!(
+                    "slot freed to waiter resumed: p50 {}, p99 {}, max {}",
+                    ms(l.hand_off_p50_ms),
+                    ms(l.hand_off_p99_ms),
+                    ms(l.hand_off_max_ms)
+                ),
+            );
+            let s = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} s"));
+            line(
+                "waits",
+                format!(
+                    "longest {}, mean {} (from asking to entering the work)",
+                    s(l.longest_wait_s),
+                    s(l.mean_wait_s)
+                ),
+            );
+            let per = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+            line(
+                "waiting cost",
+                format!(
+                    "{} transitions over {:.1} waiter-minutes: {} per waiting minute (entries of \
+                     \"Wait in line\"); version 1's polling would have made {:.0}: {} per \
+                     waiting minute",
+                    l.transitions_waiting,
+                    l.waiting_minutes,
+                    per(l.transitions_per_waiting_minute),
+                    l.polling_transitions,
+                    per(l.polling_transitions_per_waiting_minute)
                 ),
             );
         }

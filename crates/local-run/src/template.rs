@@ -101,7 +101,10 @@ pub struct Plan {
     pub stack: Stack,
     /// Every parameter's value (defaults, then overrides).
     pub parameters: BTreeMap<String, String>,
+    /// The semaphore table (the functions' `TABLE_NAME`).
     pub table: TablePlan,
+    /// Every other table (the waiters' `QUEUE_TABLE_NAME`).
+    pub other_tables: Vec<TablePlan>,
     pub topics: Vec<TopicPlan>,
     pub functions: Vec<FunctionPlan>,
     pub machines: Vec<MachinePlan>,
@@ -826,7 +829,7 @@ impl Template {
     }
 
     pub fn plan(&self) -> Result<Plan, String> {
-        let mut table = None;
+        let mut tables = Vec::new();
         let mut topics = Vec::new();
         let mut functions = Vec::new();
         let mut machines = Vec::new();
@@ -847,9 +850,6 @@ impl Template {
             };
             match kind.as_str() {
                 "AWS::DynamoDB::Table" => {
-                    if table.is_some() {
-                        return Err("template.yaml has more than one table".to_owned());
-                    }
                     let pairs =
                         |key: &str, a: &str, b: &str| -> Result<Vec<(String, String)>, String> {
                             let Some(Value::Sequence(items)) = get(props, key) else {
@@ -869,7 +869,7 @@ impl Template {
                                 })
                                 .collect()
                         };
-                    table = Some(TablePlan {
+                    tables.push(TablePlan {
                         logical_id: id.clone(),
                         name: self.ref_resource(&id)?,
                         attributes: pairs(
@@ -897,10 +897,26 @@ impl Template {
                 _ => skipped.push((id.clone(), kind)),
             }
         }
+        // The semaphore table is the one every function gets as TABLE_NAME (or the only one).
+        let semaphore_table = functions
+            .first()
+            .and_then(|f: &FunctionPlan| f.environment.get("TABLE_NAME"));
+        let at = match semaphore_table {
+            Some(name) => tables
+                .iter()
+                .position(|t: &TablePlan| t.name == *name)
+                .ok_or_else(|| format!("TABLE_NAME {name} is no table of template.yaml"))?,
+            None if tables.len() == 1 => 0,
+            None => {
+                return Err("template.yaml has no table, or several and no TABLE_NAME".to_owned())
+            }
+        };
+        let table = tables.remove(at);
         Ok(Plan {
             stack: self.stack.clone(),
             parameters: self.parameters.clone(),
-            table: table.ok_or("template.yaml has no AWS::DynamoDB::Table")?,
+            table,
+            other_tables: tables,
             topics,
             functions,
             machines,
@@ -1065,7 +1081,25 @@ Resources:
         }
         let acquire = &plan.function("acquire").unwrap().environment;
         assert_eq!(acquire["DEFAULT_LIMIT"], "5");
-        assert_eq!(acquire["MAX_WAIT_SECONDS"], "900");
+        assert_eq!(acquire["MAX_WAIT_SECONDS"], "86400");
+        assert_eq!(acquire["QUEUE_FALLBACK_SECONDS"], "300");
+        // The waiters' table is deployed too, and every function knows it.
+        assert_eq!(plan.other_tables.len(), 1);
+        let queue = &plan.other_tables[0];
+        assert_eq!(
+            queue.key_schema,
+            [
+                ("lock".to_owned(), "HASH".to_owned()),
+                ("place".to_owned(), "RANGE".to_owned())
+            ]
+        );
+        for f in &plan.functions {
+            assert_eq!(
+                f.environment["QUEUE_TABLE_NAME"], queue.name,
+                "{}",
+                f.binary
+            );
+        }
         assert_eq!(acquire["DEFAULT_WORK"], demo.arn);
         // The default lists are empty: the demo work only, no function.
         assert_eq!(acquire["WORK_STATE_MACHINES"], demo.arn);

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::driver::{self, LockItems, Setup, Watch};
 use crate::events::{Ended, Target};
+use crate::line;
 use crate::local_aws::{self, sdk_config};
 use crate::poller::Layout;
 use crate::progress::{phase, Progress};
@@ -251,9 +252,10 @@ struct Deployed {
 }
 
 async fn deploy(plan: &Plan, sdk: &aws_config::SdkConfig) -> Result<Deployed, String> {
-    let t = &plan.table;
-    driver::create_table(&aws_sdk_dynamodb::Client::new(sdk), t).await?;
-    eprintln!("    table          {} (key {:?})", t.name, t.key_schema);
+    for t in std::iter::once(&plan.table).chain(&plan.other_tables) {
+        driver::create_table(&aws_sdk_dynamodb::Client::new(sdk), t).await?;
+        eprintln!("    table          {} (key {:?})", t.name, t.key_schema);
+    }
 
     let sns = aws_sdk_sns::Client::new(sdk);
     let sqs = aws_sdk_sqs::Client::new(sdk);
@@ -458,6 +460,10 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         ("LockName".to_owned(), locks[0].name.clone()),
         ("ConcurrencyLimit".to_owned(), locks[0].limit.to_string()),
         ("WorkFunctionArns".to_owned(), work_function.clone()),
+        (
+            "QueueFallbackSeconds".to_owned(),
+            args.queue_fallback_seconds.to_string(),
+        ),
     ]);
     let template = Template::load(&root.join("template.yaml"), stack.clone(), &overrides)?;
     let plan = template.plan()?;
@@ -1140,6 +1146,22 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     report.your_workflow_example = Some(example_run.clone());
     report.transitions = Some(transitions);
 
+    // The line: every execution's history, and the functions' hand-off log lines.
+    let mut traces = Vec::with_capacity(executions.len());
+    for e in &executions {
+        let events = history(&sfn, &e.arn).await?;
+        let output = outcomes
+            .get(&e.arn)
+            .and_then(|o| o.output.as_deref())
+            .and_then(|s| serde_json::from_str::<Value>(s).ok());
+        traces.push(line::trace(&e.arn, e.lock, &events, output.as_ref()));
+    }
+    let line_report = line::report(&traces, dir);
+    for arn in line_report.unexplained.iter().take(3) {
+        save_history(&sfn, arn, dir).await;
+    }
+    report.line = Some(line_report.clone());
+
     // The invariants, per lock first.
     for l in report.locks.clone() {
         report.check(
@@ -1288,6 +1310,36 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             )
         },
     );
+    report.check(
+        "L2 fairness",
+        line_report.order_violations == 0 && line_report.newcomers_passing == 0,
+        format!(
+            "{} waiters granted in line order ({} pairs both in line checked by fencing token: \
+             {} granted out of order; {} newcomers passed the line){}",
+            line_report.waiters_granted,
+            line_report.pairs_checked,
+            line_report.order_violations,
+            line_report.newcomers_passing,
+            if line_report.violation_examples.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", line_report.violation_examples.join("; "))
+            }
+        ),
+    );
     report.finish();
     Ok(report)
+}
+
+/// Every event of an execution's history, oldest first.
+async fn history(sfn: &Sfn, arn: &str) -> Result<Vec<aws_sdk_sfn::types::HistoryEvent>, String> {
+    sfn.get_execution_history()
+        .execution_arn(arn)
+        .max_results(1000)
+        .into_paginator()
+        .items()
+        .send()
+        .collect::<Result<Vec<_>, _>>()
+        .await
+        .map_err(sfn_error)
 }

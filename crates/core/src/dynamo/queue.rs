@@ -211,6 +211,9 @@ impl DynamoStore {
             lock: write.lock.to_string(),
             problem: "a transaction for a write without a waiter".to_owned(),
         })?;
+        if !write.touches_item() {
+            return self.write_record_alone(write, key).await;
+        }
         let rendered = render(write)?;
         let item_update = Update::builder()
             .table_name(self.table())
@@ -293,6 +296,52 @@ impl DynamoStore {
             table: self.table().to_owned(),
             message: format!("cancelled by conflicting writes {CONFLICT_ROUNDS} times"),
         })
+    }
+
+    /// A write of the waiter's record alone (a new task token): one conditional `UpdateItem`
+    /// of the record, no transaction.
+    async fn write_record_alone(
+        &self,
+        write: &Write,
+        key: QueueKey,
+    ) -> Result<WriteResult, StoreError> {
+        let action = record_action(self, write, key)?;
+        let Some(update) = action.update() else {
+            return Err(StoreError::Unexpected {
+                lock: write.lock.to_string(),
+                problem: "a write of a waiter's record alone that is not an update".to_owned(),
+            });
+        };
+        let sent = self
+            .client()
+            .update_item()
+            .table_name(update.table_name())
+            .set_key(Some(update.key().clone()))
+            .condition_expression(update.condition_expression().unwrap_or_default())
+            .update_expression(update.update_expression())
+            .set_expression_attribute_names(update.expression_attribute_names().cloned())
+            .set_expression_attribute_values(update.expression_attribute_values().cloned())
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(WriteResult::Landed),
+            Err(SdkError::ServiceError(e))
+                if matches!(
+                    e.err(),
+                    aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_)
+                ) =>
+            {
+                let current = self
+                    .load(&write.lock)
+                    .await?
+                    .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone()));
+                Ok(WriteResult::Refused {
+                    current,
+                    waiter_refused: true,
+                })
+            }
+            Err(e) => Err(self.failed_queue("UpdateItem", DisplayErrorContext(e))),
+        }
     }
 
     pub(super) async fn query_waiters(
