@@ -1,7 +1,7 @@
 //! Just enough of the Amazon States Language to play a definition's states against the real
 //! Lambda handlers: payload templates rendered with a context object, `ResultSelector` and
-//! `ResultPath` applied to a task's result, and the paths `Choice`, `Wait`, `Pass` and `Fail`
-//! states read. A path that is not there panics, as Step Functions fails such a state with
+//! `ResultPath` applied to a task's result, and the paths `Choice`, `Pass` and `Fail` states and
+//! a task's `TimeoutSecondsPath` read. A path that is not there panics, as Step Functions fails such a state with
 //! `States.Runtime`: a field an answer lacks, or a definition reading one it does not give, is
 //! noticed here. So is any expression this evaluator does not know, so a change of the
 //! definitions is noticed too.
@@ -19,6 +19,9 @@ pub struct Context {
     pub execution: Value,
     /// `$$.State.EnteredTime`.
     pub entered_time: String,
+    /// `$$.Task.Token`: there only while a `.waitForTaskToken` task is played (see
+    /// [`Context::with_task_token`]); reading it elsewhere fails as Step Functions does.
+    pub task_token: Option<String>,
 }
 
 impl Context {
@@ -33,14 +36,25 @@ impl Context {
                 "RedriveCount": 0
             }),
             entered_time: entered_time.to_owned(),
+            task_token: None,
         }
     }
 
-    /// The same execution entering a state at `entered_time`.
+    /// The same execution entering a state at `entered_time` (a plain state: no task token).
     pub fn entered(&self, entered_time: &str) -> Self {
         Self {
             execution: self.execution.clone(),
             entered_time: entered_time.to_owned(),
+            task_token: None,
+        }
+    }
+
+    /// The same state played as a `.waitForTaskToken` task whose token is `token` (Step
+    /// Functions makes a new one each time the task is entered).
+    pub fn with_task_token(&self, token: &str) -> Self {
+        Self {
+            task_token: Some(token.to_owned()),
+            ..self.clone()
         }
     }
 
@@ -52,10 +66,14 @@ impl Context {
     }
 
     fn value(&self) -> Value {
-        json!({
+        let mut value = json!({
             "Execution": self.execution,
             "State": {"EnteredTime": self.entered_time}
-        })
+        });
+        if let Some(token) = &self.task_token {
+            value["Task"] = json!({"Token": token});
+        }
+        value
     }
 }
 
@@ -277,14 +295,24 @@ pub fn choose<'a>(choice: &'a Value, input: &Value) -> &'a str {
         .unwrap_or_else(|| panic!("States.NoChoiceMatched for {input}"))
 }
 
-/// The seconds a `Wait` state with `SecondsPath` waits: a whole number from 0, or Step
-/// Functions fails the state.
-pub fn wait_seconds(wait: &Value, input: &Value) -> u64 {
-    let seconds_path = wait["SecondsPath"].as_str().expect("a SecondsPath");
-    read(input, seconds_path)
+/// The timeout of a Task state in seconds: its `TimeoutSeconds`, or the value at its
+/// `TimeoutSecondsPath` in `input`, which must be a whole number from 1 (Step Functions fails
+/// the state otherwise).
+pub fn timeout_seconds(task: &Value, input: &Value) -> u64 {
+    if let Some(seconds) = task.get("TimeoutSeconds") {
+        return seconds
+            .as_u64()
+            .filter(|s| *s >= 1)
+            .unwrap_or_else(|| panic!("TimeoutSeconds {seconds} is not a whole number from 1"));
+    }
+    let timeout_path = task["TimeoutSecondsPath"]
+        .as_str()
+        .expect("a TimeoutSeconds or TimeoutSecondsPath");
+    read(input, timeout_path)
         .and_then(Value::as_u64)
+        .filter(|s| *s >= 1)
         .unwrap_or_else(|| {
-            panic!("States.Runtime: {seconds_path} is not a whole number in {input}")
+            panic!("States.Runtime: {timeout_path} is not a whole number from 1 in {input}")
         })
 }
 

@@ -2,8 +2,10 @@
 //! that holds requests in flight, the original AWS sample's protocol as a reference, an
 //! independent reader of the raw table, a stand-in Lambda Runtime API to run the built
 //! function binaries, an exact counter of the requests an SDK client sends, validated test
-//! inputs from literals, items as version 1 stored them, DynamoDB's JSON wire format, and
-//! enough of the States Language to play a definition's states against the Lambda handlers.
+//! inputs from literals, items as version 1 stored them, DynamoDB's JSON wire format, enough of
+//! the States Language to play a definition's states against the Lambda handlers, and real
+//! executions of the local server's Step Functions, parked in line on real task tokens
+//! (`sfn::park`).
 
 pub mod asl;
 pub mod counter;

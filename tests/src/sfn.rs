@@ -15,6 +15,9 @@ use tokio::sync::OnceCell;
 
 use crate::server::{endpoint, sdk_config};
 
+/// The Step Functions client, for tests that do not depend on the SDK themselves.
+pub type Client = aws_sdk_sfn::Client;
+
 /// The role every test state machine is made with (moto does not check it).
 pub const ROLE: &str = "arn:aws:iam::123456789012:role/semaphore-test";
 
@@ -220,4 +223,198 @@ pub async fn end_parent_while_child_runs(
     ended(sfn, &execution).await;
     assert_eq!(status(sfn, &child).await.as_deref(), Some("RUNNING"));
     (execution, child)
+}
+
+/// The ARN an execution named `name` of `machine` gets.
+pub fn execution_arn(machine: &str, name: &str) -> String {
+    format!(
+        "{}:{name}",
+        machine.replace(":stateMachine:", ":execution:")
+    )
+}
+
+/// The execution's status and output (`None` while it has none).
+pub async fn described(sfn: &aws_sdk_sfn::Client, execution: &str) -> (String, Option<Value>) {
+    let described = sfn
+        .describe_execution()
+        .execution_arn(execution)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("describe {execution}: {}", DisplayErrorContext(e)));
+    let output = described
+        .output()
+        .map(|text| serde_json::from_str(text).expect("an execution's output is JSON"));
+    (described.status().as_str().to_owned(), output)
+}
+
+/// The output of every task of the execution that succeeded (`TaskSucceeded`), oldest first:
+/// for a `.waitForTaskToken` task, what `SendTaskSuccess` sent.
+pub async fn task_outputs(sfn: &aws_sdk_sfn::Client, execution: &str) -> Vec<Value> {
+    let mut outputs = Vec::new();
+    let mut next = None;
+    loop {
+        let page = sfn
+            .get_execution_history()
+            .execution_arn(execution)
+            .set_next_token(next)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("history of {execution}: {}", DisplayErrorContext(e)));
+        for event in page.events() {
+            if let Some(output) = event
+                .task_succeeded_event_details()
+                .and_then(|details| details.output())
+            {
+                outputs.push(serde_json::from_str(output).expect("a task's output is JSON"));
+            }
+        }
+        next = page.next_token().map(str::to_owned);
+        if next.is_none() {
+            return outputs;
+        }
+    }
+}
+
+/// A machine that plays `definition`'s wait state (`wait_state`, a
+/// `lambda:invoke.waitForTaskToken` task of the acquire function) with a real task token that
+/// the local server can park on and complete: what the acquire function would be invoked with
+/// reaches the test as an SQS message, and the execution waits until `SendTaskSuccess` (or
+/// `SendTaskFailure`, or the wait's timeout) ends the task, as on AWS.
+///
+/// Why a stand-in: no Lambda runs on the local server (moto would need Docker), so the wait
+/// state itself fails at once there. It is played anyway, first, so that the history records
+/// the scheduled wait task with its payload as AWS records it (what the cleanup function reads
+/// an execution's place in line from); its failure is caught. The execution then parks on
+/// `sqs:sendMessage.waitForTaskToken`, which moto runs locally, with the wait state's own
+/// payload as the message (rendered for this task: its `$$.Task.Token`, its entry time), the
+/// wait state's `TimeoutSecondsPath` and `ResultPath`. A timeout (the fallback check) enters the
+/// wait state again, as the definition's `Catch` of `States.Timeout` does. Before it the
+/// acquire state is played by the test: the input's `parked.answer` is its answer (`full`),
+/// with `fallback_seconds` set to `fallbacks[0]` for the first wait and `fallbacks[1]` for the
+/// later ones (short ones make a test's fallback check come soon). The task's output ends the
+/// execution (SUCCEEDED, its output the state with the task's result).
+pub fn parking_machine(definition: &Value, wait_state: &str, fallbacks: [u64; 2]) -> Value {
+    let wait = &definition["States"][wait_state];
+    assert_eq!(
+        wait["Resource"], "arn:aws:states:::lambda:invoke.waitForTaskToken",
+        "{wait_state} is a wait state: {wait}"
+    );
+    let payload = wait["Parameters"]["Payload"].clone();
+    let fallback = |seconds: u64, next: &str| {
+        serde_json::json!({
+            "Type": "Pass",
+            "Result": seconds,
+            "ResultPath": "$.semaphore.fallback_seconds",
+            "Next": next
+        })
+    };
+    serde_json::json!({
+        "Comment": format!("{wait_state} of the definition, parked on an SQS task (tests/src/sfn.rs)"),
+        "StartAt": "Acquire slot",
+        "States": {
+            "Acquire slot": {
+                "Type": "Pass",
+                "Comment": "Played by the test: its answer is the input's parked.answer",
+                "Parameters": {"semaphore.$": "$.parked.answer"},
+                "Next": "First fallback"
+            },
+            "First fallback": fallback(fallbacks[0], wait_state),
+            wait_state: {
+                "Type": "Task",
+                "Resource": wait["Resource"],
+                "Parameters": wait["Parameters"],
+                "ResultPath": "$.no_lambda_here",
+                "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.no_lambda_here", "Next": "Parked"}],
+                "Next": "Parked"
+            },
+            "Parked": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
+                "Parameters": {
+                    "QueueUrl.$": "$$.Execution.Input.parked.queue",
+                    "MessageBody": payload
+                },
+                "TimeoutSecondsPath": wait["TimeoutSecondsPath"],
+                "ResultPath": wait["ResultPath"],
+                "Catch": [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.fallback", "Next": "Later fallback"}],
+                "Next": "Granted"
+            },
+            "Later fallback": fallback(fallbacks[1], wait_state),
+            "Granted": {"Type": "Succeed"}
+        }
+    })
+}
+
+/// An execution of a [`parking_machine`]: its wait tasks' payloads arrive on its own queue.
+pub struct Parked {
+    pub execution: String,
+    queue_url: String,
+    sqs: aws_sdk_sqs::Client,
+}
+
+/// Starts an execution named `name` of `machine` (a [`parking_machine`]) with the execution
+/// input `input` (an object), after its acquire state answered `answer`.
+pub async fn park(
+    sfn: &aws_sdk_sfn::Client,
+    machine: &str,
+    name: &str,
+    input: &Value,
+    answer: &Value,
+) -> Parked {
+    let sqs = aws_sdk_sqs::Client::new(&crate::server::sdk_config());
+    let queue_url = sqs
+        .create_queue()
+        .queue_name(unique("parked"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("create a queue: {}", DisplayErrorContext(e)))
+        .queue_url()
+        .expect("a queue URL")
+        .to_owned();
+    let mut input = input.clone();
+    input["parked"] = serde_json::json!({"queue": queue_url, "answer": answer});
+    let execution = start(sfn, machine, name, &input).await;
+    assert_eq!(execution, execution_arn(machine, name));
+    Parked {
+        execution,
+        queue_url,
+        sqs,
+    }
+}
+
+impl Parked {
+    /// The payload of the next wait task the execution parked on (its `task_token` is the
+    /// task's): what the acquire function would be invoked with. Panics after 30 s.
+    pub async fn next_wait(&self) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // No long polling: the local server serializes its requests, and a long poll would
+            // hold every other one back.
+            let received = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.queue_url)
+                .max_number_of_messages(1)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("receive: {}", DisplayErrorContext(e)));
+            if let Some(message) = received.messages().first() {
+                self.sqs
+                    .delete_message()
+                    .queue_url(&self.queue_url)
+                    .receipt_handle(message.receipt_handle().expect("a receipt handle"))
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("delete: {}", DisplayErrorContext(e)));
+                let body = message.body().expect("a message body");
+                return serde_json::from_str(body).expect("the wait payload is JSON");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} parked on no new task within 30 s",
+                self.execution
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }

@@ -75,8 +75,9 @@ async fn worker(table: String, lock: Arc<LockUnderTest>, worker: usize) -> usize
                     lock.expired.fetch_add(1, Ordering::SeqCst);
                 }
                 Ok(AcquireOutcome::Full { .. }) => {
-                    // Waiters back off with jitter, as the state machine's wait loop does, so
-                    // the serialized local server is not flooded by polls.
+                    // Waiters ask again after a jittered backoff, so the serialized local server
+                    // is not flooded (this drives the core's acquire alone; the state machines
+                    // wait in line instead: crates/lambda-acquire/tests/waiting.rs).
                     waits += 1;
                     let delay = backoff_ms / 2 + fastrand::u64(0..=backoff_ms / 2);
                     tokio::time::sleep(Duration::from_millis(delay)).await;

@@ -1,26 +1,29 @@
 //! The acquire handler invoked with the payloads statemachines/lock-protected.asl.json renders
 //! (its context object filled in with real values), against a fresh table on the local server.
-//! Each answer goes through the definition's ResultSelector, Choice, Wait, Protected work,
-//! Release and Fail states as Step Functions would apply them, so every field they read must be
-//! there. Covered: defaults from the environment, lock/limit/work from the input, bad input
-//! (nothing written), the redrive guard with its fence rotations, the wait budget, the named
-//! errors, and the explicit shape callers' own machines send.
+//! Each answer goes through the definition's ResultSelector, Choice, Wait in line, Protected
+//! work, Release and Fail states as Step Functions would apply them, so every field they read
+//! must be there. Covered: defaults from the environment, lock/limit/work from the input, a full
+//! lock's line (the wait task's payload, its record, a retried wait, a fallback check, a granted
+//! answer through the wait state), bad input (nothing written), the redrive guard with its fence
+//! rotations, the wait budget, the named errors, and the explicit shape callers' own machines
+//! send.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lambda_acquire::Config;
-use lambda_common::{child_execution_name, Resolver, Settings};
+use lambda_common::{child_execution_name, granted_answer, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, Clock, DynamoStore, FenceKey, FenceReason, HolderId,
-    ManualClock, Run, Semaphore, SystemClock, Timing,
+    protocol, rfc3339_millis, AcquireOutcome, Clock, DynamoStore, FenceKey, FenceReason,
+    FencingToken, HolderId, ItemStore, LockName, ManualClock, QueueKey, Run, Semaphore,
+    SystemClock, Timing, WriteResult,
 };
 use semaphore_tests::asl::{self, Context as Ctx};
 use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::{observe, raw_item};
+use semaphore_tests::observe::{assert_consistent, observe, raw_item, text, RawRecord};
 use semaphore_tests::{all_items, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
@@ -149,11 +152,72 @@ fn keys(v: &Value) -> BTreeSet<&str> {
         .collect()
 }
 
-/// The one state of `definition` that calls `function`.
-fn task<'a>(definition: &'a Value, function: &str) -> (&'a str, &'a Value) {
-    let tasks = asl::tasks_calling(definition, function);
-    assert_eq!(tasks.len(), 1, "exactly one state calls {function}");
-    tasks[0]
+/// The two states of `definition` that call the acquire function: the acquire state (a plain
+/// `lambda:invoke`, "Acquire slot") and the wait state (`lambda:invoke.waitForTaskToken`, "Wait
+/// in line").
+fn acquire_states(definition: &Value) -> [(&str, &Value); 2] {
+    let tasks = asl::tasks_calling(definition, "ACQUIRE");
+    let of = |resource: &str| {
+        let found: Vec<(&str, &Value)> = tasks
+            .iter()
+            .copied()
+            .filter(|(_, s)| s["Resource"] == json!(resource))
+            .collect();
+        assert_eq!(found.len(), 1, "exactly one {resource} task calls ACQUIRE");
+        found[0]
+    };
+    assert_eq!(
+        tasks.len(),
+        2,
+        "two states call ACQUIRE: acquire, wait in line"
+    );
+    [
+        of("arn:aws:states:::lambda:invoke"),
+        of("arn:aws:states:::lambda:invoke.waitForTaskToken"),
+    ]
+}
+
+/// The acquire state of `definition`.
+fn acquire_state(definition: &Value) -> (&str, &Value) {
+    acquire_states(definition)[0]
+}
+
+/// The wait state of `definition`.
+fn wait_state(definition: &Value) -> (&str, &Value) {
+    acquire_states(definition)[1]
+}
+
+/// Grants the head of the lock's line a slot with the core's own grant write, as a hand-off
+/// does, and wakes nobody: a hand-off's `SendTaskSuccess` needs a real parked task (see
+/// tests/waiting.rs). Answers the granted waiter's fencing token and its stored context (what
+/// the hand-off sends, filled in by `granted_answer`).
+async fn grant_head(sem: &Semaphore<DynamoStore>, lock_name: &str) -> (FencingToken, String) {
+    let lock = LockName::new(lock_name).unwrap();
+    let head = sem
+        .waiters(&lock, None, 1)
+        .await
+        .unwrap()
+        .pop()
+        .expect("someone in line");
+    let write = protocol::grant(&head, sem.now_ms());
+    let result = sem.store().write(&write).await.unwrap();
+    assert_eq!(result, WriteResult::Landed, "the grant landed");
+    let token = sem.status(&lock).await.unwrap().holders[&head.identity].token;
+    (token, head.context)
+}
+
+/// Holders <= limit and `waiting` = the records in line, read raw; answers the records.
+async fn consistent(sem: &Semaphore<DynamoStore>, lock_name: &str, limit: usize) -> Vec<RawRecord> {
+    let store = sem.store();
+    assert_consistent(
+        store.client(),
+        store.table(),
+        store.queue_table(),
+        lock_name,
+        limit,
+    )
+    .await
+    .1
 }
 
 /// The acquire state played: its payload rendered for `ctx`, the handler invoked, and (if it
@@ -172,7 +236,7 @@ async fn play_acquire(
     state_input: &Value,
 ) -> Played {
     let definition = asl::with_functions("lock-protected.asl.json");
-    let (_, acquire_state) = task(&definition, "ACQUIRE");
+    let (_, acquire_state) = acquire_state(&definition);
     let payload = asl::render(&acquire_state["Parameters"]["Payload"], state_input, ctx);
     let answer = acquire(sem, config, payload.clone()).await;
     let next = answer.as_ref().ok().map(|answer| {
@@ -200,7 +264,7 @@ fn route_acquire_error(
     state_input: &Value,
 ) -> (String, Option<(String, String)>) {
     let definition = asl::with_functions("lock-protected.asl.json");
-    let (_, acquire_state) = task(&definition, "ACQUIRE");
+    let (_, acquire_state) = acquire_state(&definition);
     let catcher = asl::catcher(acquire_state, &error.error_type);
     let next = catcher["Next"].as_str().unwrap().to_owned();
     let output = asl::caught(
@@ -246,7 +310,8 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
             "holder",
             "acquisition",
             "child_name",
-            "wait_seconds",
+            "queued_at",
+            "fallback_seconds",
             "work"
         ])
     );
@@ -264,7 +329,8 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
             "holder": HOLDER,
             "acquisition": "r0",
             "child_name": name,
-            "wait_seconds": 0,
+            "queued_at": null,
+            "fallback_seconds": 0,
             "work": {
                 "state_machine": DEMO,
                 "name": name,
@@ -332,7 +398,7 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
     assert_eq!(
         released,
         json!({"released": true, "outcome": "released", "count": 0, "lock": "demo-lock",
-               "acquisition": "r0", "error": null, "cause": null})
+               "acquisition": "r0", "handed_off": 0, "error": null, "cause": null})
     );
     let state = asl::task_output(
         release_state,
@@ -371,8 +437,10 @@ async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
     assert_eq!(start["Input"]["customer"], json!(42));
     assert_eq!(start["Input"]["semaphore"]["lock"], json!("batch"));
 
-    // A second execution with the same input finds the lock full, and waits as told.
-    let second = Ctx::new(&holder(2), input.clone(), &now(&sem));
+    // A second execution with the same input finds the lock full: its request time is its place
+    // in line, and the machine waits in line with it.
+    let second_ms = sem.now_ms();
+    let second = Ctx::new(&holder(2), input.clone(), &rfc3339_millis(second_ms));
     let played = play_acquire(&sem, &config, &second, &input).await;
     let full = played.answer.unwrap();
     assert_eq!(
@@ -384,17 +452,124 @@ async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
         ),
         (&json!(false), &json!("full"), &json!(null), &json!(1))
     );
+    assert_eq!(full["queued_at"], json!(second.entered_time));
+    assert_eq!(full["fallback_seconds"], json!(config.fallback.as_secs()));
     // Nothing held yet: the work's context has no token.
     assert_eq!(
         full["work"]["context"]["semaphore"]["fencing_token"],
         json!(null)
     );
     let (state, next) = played.next.unwrap();
-    assert_eq!(next, "Wait for a free slot");
-    let wait = asl::state(&definition, &next);
-    let seconds = asl::wait_seconds(wait, &state);
-    assert!((1..=5).contains(&seconds), "{seconds}");
-    assert_eq!(wait["Next"], json!(task(&definition, "ACQUIRE").0));
+    let (wait_name, wait) = wait_state(&definition);
+    assert_eq!(next, wait_name);
+    // Parked until woken; its timeout (the fallback check) is the answer's fallback_seconds.
+    assert_eq!(
+        asl::timeout_seconds(wait, &state),
+        config.fallback.as_secs()
+    );
+
+    // The wait task's payload: the execution, the wait state's entry time, the task's token and
+    // the place in line, the full answer's queued_at.
+    let parked = second.entered(&now(&sem)).with_task_token("task-token-1");
+    let payload = asl::render(&wait["Parameters"]["Payload"], &state, &parked);
+    assert_eq!(
+        payload,
+        json!({
+            "execution": second.execution,
+            "requested_at": parked.entered_time,
+            "task_token": "task-token-1",
+            "queued_at": full["queued_at"]
+        })
+    );
+    let queued = acquire(&sem, &config, payload.clone()).await.unwrap();
+    assert_eq!(
+        (
+            &queued["acquired"],
+            &queued["outcome"],
+            &queued["token"],
+            &queued["queued_at"]
+        ),
+        (
+            &json!(false),
+            &json!("queued"),
+            &json!(null),
+            &full["queued_at"]
+        )
+    );
+    // In line: one record, at the place its first request named, with the task's token; the
+    // lock counts it.
+    let place = QueueKey::new(&id(&holder(2), "r0"), second_ms).render();
+    let in_line = |records: &[RawRecord], token: &str| {
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(
+            (
+                text(&records[0], "place"),
+                text(&records[0], "holder"),
+                text(&records[0], "acquisition"),
+                text(&records[0], "task_token")
+            ),
+            (place.as_str(), holder(2).as_str(), "r0", token)
+        );
+    };
+    in_line(&consistent(&sem, "batch", 1).await, "task-token-1");
+    let seen = observe(sem.store().client(), sem.store().table(), "batch")
+        .await
+        .unwrap();
+    assert_eq!((seen.waiting, seen.holders.len()), (1, 1));
+
+    // Step Functions retries the invocation (same payload): still one record.
+    let retried = acquire(&sem, &config, payload).await.unwrap();
+    assert_eq!(retried["outcome"], json!("queued"));
+    in_line(&consistent(&sem, "batch", 1).await, "task-token-1");
+
+    // The fallback timeout: the wait state is entered again (its Catch of States.Timeout), with
+    // a new token and the same queued_at: same place, the new token stored.
+    let catcher = asl::catcher(wait, "States.Timeout");
+    assert_eq!(catcher["Next"], json!(wait_name), "a timeout waits again");
+    let timed_out = asl::caught(catcher, &state, "States.Timeout", "");
+    let again = second.entered(&now(&sem)).with_task_token("task-token-2");
+    let payload = asl::render(&wait["Parameters"]["Payload"], &timed_out, &again);
+    assert_eq!(payload["queued_at"], full["queued_at"]);
+    assert_eq!(payload["requested_at"], json!(again.entered_time));
+    let checked = acquire(&sem, &config, payload).await.unwrap();
+    assert_eq!(checked["outcome"], json!("queued"));
+    in_line(&consistent(&sem, "batch", 1).await, "task-token-2");
+
+    // The first execution releases, and the slot is granted to the head of the line: the task
+    // gets the waiter's stored answer with the slot filled in (what the hand-off sends with
+    // SendTaskSuccess), and the wait state hands it to "Protected work".
+    sem.release(&lock("batch"), &id(&holder(1), "r0"))
+        .await
+        .unwrap();
+    let (token, context) = grant_head(&sem, "batch").await;
+    let granted: Value = serde_json::from_str(&granted_answer(&context, token).unwrap()).unwrap();
+    assert_eq!(
+        (&granted["acquired"], &granted["outcome"], &granted["token"]),
+        (&json!(true), &json!("acquired"), &json!(token.0))
+    );
+    let state = asl::task_output(wait, &timed_out, &again, granted.clone());
+    assert_eq!(state["semaphore"], granted);
+    assert_eq!(wait["Next"], json!("Protected work"));
+    let start = asl::render(
+        &asl::state(&definition, "Protected work")["Parameters"],
+        &state,
+        &again,
+    );
+    let name = child_execution_name(&id(&holder(2), "r0"));
+    assert_eq!(full["work"]["name"], json!(name));
+    assert_eq!(
+        start,
+        json!({
+            "StateMachineArn": MINE,
+            "Name": name,
+            "Input": {
+                "lock": "batch", "limit": 1, "work": MINE, "customer": 42,
+                "semaphore": {"lock": "batch", "fencing_token": token.0, "holder": holder(2),
+                              "acquisition": "r0"}
+            }
+        })
+    );
+    assert!(consistent(&sem, "batch", 1).await.is_empty());
 
     // The default lock is another semaphore: not full.
     let other = Ctx::new(&holder(3), json!({}), &now(&sem));
@@ -588,8 +763,8 @@ async fn a_redriven_execution_acquires_in_its_new_run_while_the_old_runs_fence_s
     );
     let run0_fence = FenceKey::execution(&HolderId::new(HOLDER).unwrap(), Run::FIRST);
 
-    // Redriven, it enters its acquire state again (a redrive from "Wait for a free slot", or
-    // from "Acquire slot" after an abort there): run 1, acquisition r1, which no cleanup fenced.
+    // Redriven, it enters its acquire state again (a redrive from "Acquire slot" after an abort
+    // there): run 1, acquisition r1, which no cleanup fenced.
     clock.advance_ms(500);
     let run1 = run0.redriven(1).entered(&now(&sem));
     let played = play_acquire(&sem, &config, &run1, &input).await;
@@ -599,9 +774,9 @@ async fn a_redriven_execution_acquires_in_its_new_run_while_the_old_runs_fence_s
             &answer["acquired"],
             &answer["outcome"],
             &answer["acquisition"],
-            &answer["wait_seconds"]
+            &answer["queued_at"]
         ),
-        (&json!(true), &json!("acquired"), &json!("r1"), &json!(0))
+        (&json!(true), &json!("acquired"), &json!("r1"), &json!(null))
     );
     assert_eq!(played.next.unwrap().1, "Protected work");
     // Its work is a new child: the old one's name belongs to run 0.
@@ -719,7 +894,8 @@ async fn waiting_longer_than_the_budget_is_semaphore_wait_timeout_and_the_slot_i
         .unwrap();
     assert_eq!(full["outcome"], json!("full"));
 
-    // 61 s: over it. The answer names the wait and the lock; nothing is held.
+    // 61 s: over it (an execution that enters its acquire state that late, e.g. after
+    // "expired" answers). The answer names the wait and the lock; nothing is held.
     clock.advance_ms(31_000);
     let waiter = waiter.entered(&now(&sem));
     let err = play_acquire(&sem, &config, &waiter, &input)
@@ -741,7 +917,7 @@ async fn waiting_longer_than_the_budget_is_semaphore_wait_timeout_and_the_slot_i
     let (next, failed) = route_acquire_error(&err, &input);
     assert_eq!(next, "Release after failure");
     assert!(failed.is_none());
-    let catcher = asl::catcher(task(&definition, "ACQUIRE").1, &err.error_type);
+    let catcher = asl::catcher(acquire_state(&definition).1, &err.error_type);
     let cause = json!({"errorType": err.error_type, "errorMessage": err.error_message}).to_string();
     let state = asl::caught(catcher, &input, &err.error_type, &cause);
     let release_state = asl::state(&definition, &next);
@@ -797,29 +973,56 @@ async fn waiting_longer_than_the_budget_is_semaphore_wait_timeout_and_the_slot_i
         err.error_message
     );
 
-    // Waits grow with the time waited, up to 15 s.
-    clock.advance_ms(20 * 60_000);
-    let patient = config_with(&[("MAX_WAIT_SECONDS", "3600")]);
-    let waiter = Ctx::new(&holder(5), input.clone(), &start).entered(&now(&sem));
-    let waits: BTreeSet<u64> = waits_of_polls(&sem, &patient, &waiter, &input).await;
-    assert!(waits.iter().all(|w| (1..=15).contains(w)), "{waits:?}");
-    assert!(waits.iter().any(|w| *w > 5), "{waits:?}");
-}
-
-/// The waits of 40 polls of a full lock.
-async fn waits_of_polls(
-    sem: &Semaphore<DynamoStore>,
-    config: &Config,
-    ctx: &Ctx,
-    input: &Value,
-) -> BTreeSet<u64> {
-    let mut waits = BTreeSet::new();
-    for _ in 0..40 {
-        let answer = play_acquire(sem, config, ctx, input).await.answer.unwrap();
-        assert_eq!(answer["outcome"], json!("full"));
-        waits.insert(answer["wait_seconds"].as_u64().unwrap());
-    }
-    waits
+    // Waiting in line is bounded the same way: an execution queued within the budget is taken
+    // out of line by the first fallback check past it, which fails its task with
+    // SemaphoreWaitTimeout; the definition then releases (a grant may have landed) and fails.
+    let started = now(&sem);
+    let patient = Ctx::new(&holder(5), input.clone(), &started);
+    let full = play_acquire(&sem, &config, &patient, &input).await;
+    let (state, next) = full.next.unwrap();
+    let (wait_name, wait) = wait_state(&definition);
+    assert_eq!(next, wait_name);
+    let parked = patient.entered(&now(&sem)).with_task_token("patient-1");
+    let payload = asl::render(&wait["Parameters"]["Payload"], &state, &parked);
+    let queued = acquire(&sem, &config, payload).await.unwrap();
+    assert_eq!(queued["outcome"], json!("queued"));
+    assert_eq!(consistent(&sem, "busy", 1).await.len(), 1);
+    clock.advance_ms(61_000);
+    let timed_out = asl::caught(
+        asl::catcher(wait, "States.Timeout"),
+        &state,
+        "States.Timeout",
+        "",
+    );
+    let check = patient.entered(&now(&sem)).with_task_token("patient-2");
+    let payload = asl::render(&wait["Parameters"]["Payload"], &timed_out, &check);
+    let err = acquire(&sem, &config, payload).await.unwrap_err();
+    assert_eq!(err.error_type, "SemaphoreWaitTimeout");
+    assert!(
+        err.error_message.contains("has waited 61 s"),
+        "{}",
+        err.error_message
+    );
+    assert!(
+        consistent(&sem, "busy", 1).await.is_empty(),
+        "out of line, and the lock no longer counts it"
+    );
+    let catcher = asl::catcher(wait, &err.error_type);
+    assert_eq!(catcher["Next"], json!("Release after failure"));
+    let cause = json!({"errorType": err.error_type, "errorMessage": err.error_message}).to_string();
+    let state = asl::caught(catcher, &timed_out, &err.error_type, &cause);
+    let release_state = asl::state(&definition, "Release after failure");
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &state, &check);
+    let released = release(&sem, payload).await.unwrap();
+    assert_eq!(
+        (&released["released"], &released["error"]),
+        (&json!(false), &json!("SemaphoreWaitTimeout"))
+    );
+    let item = sem.status(&lock("busy")).await.unwrap();
+    assert_eq!(
+        item.holders.keys().cloned().collect::<Vec<_>>(),
+        [id(&holder(1), "r0")]
+    );
 }
 
 #[tokio::test]
@@ -847,11 +1050,13 @@ async fn a_request_older_than_the_horizon_answers_expired_writes_nothing_and_is_
             &expired["outcome"],
             &expired["token"],
             &expired["count"],
-            &expired["wait_seconds"]
+            &expired["queued_at"],
+            &expired["fallback_seconds"]
         ),
         (
             &json!(false),
             &json!("expired"),
+            &json!(null),
             &json!(null),
             &json!(null),
             &json!(0)
@@ -861,7 +1066,7 @@ async fn a_request_older_than_the_horizon_answers_expired_writes_nothing_and_is_
     // The machine enters its acquire state again, which makes a new request time.
     assert_eq!(
         played.next.unwrap().1,
-        task(&asl::with_functions("lock-protected.asl.json"), "ACQUIRE").0
+        acquire_state(&asl::with_functions("lock-protected.asl.json")).0
     );
     let again = play_acquire(&sem, &config, &run2.entered(&now(&sem)), &input)
         .await
@@ -899,7 +1104,7 @@ async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
             "acquired": true, "outcome": "acquired", "token": 1, "count": 1, "limit": 5,
             "lock": "demo-lock", "holder": HOLDER,
             "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab", "child_name": name,
-            "wait_seconds": 0, "work": null
+            "queued_at": null, "fallback_seconds": 0, "work": null
         })
     );
     let released = release(
@@ -1029,7 +1234,7 @@ async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
     let fragment = asl::with_functions("protect-your-workflow.asl.json");
     let input = json!({"order": 7});
     let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
-    let (_, acquire_state) = task(&fragment, "ACQUIRE");
+    let (_, acquire_state) = acquire_state(&fragment);
     let payload = asl::render(&acquire_state["Parameters"]["Payload"], &input, &ctx);
     let answer = acquire(&sem, &config, payload).await.unwrap();
     assert_eq!(answer["outcome"], json!("acquired"));
@@ -1076,6 +1281,72 @@ async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
         asl::fail(fail, &failed),
         ("MyError".to_owned(), "my cause".to_owned())
     );
+
+    // Two executions hold both slots; a third finds the lock full and waits in line.
+    for n in [2, 3] {
+        let ctx = Ctx::new(&holder(n), input.clone(), &now(&sem));
+        let payload = asl::render(&acquire_state["Parameters"]["Payload"], &input, &ctx);
+        let answer = acquire(&sem, &config, payload).await.unwrap();
+        assert_eq!(answer["outcome"], json!("acquired"));
+    }
+    let third = Ctx::new(&holder(4), input.clone(), &now(&sem));
+    let payload = asl::render(&acquire_state["Parameters"]["Payload"], &input, &third);
+    let full = acquire(&sem, &config, payload).await.unwrap();
+    assert_eq!(full["outcome"], json!("full"));
+    let state = asl::task_output(acquire_state, &input, &third, json!({"Payload": full}));
+    let (wait_name, wait) = wait_state(&fragment);
+    assert_eq!(asl::choose(choice, &state), wait_name);
+    assert_eq!(
+        asl::timeout_seconds(wait, &state),
+        config.fallback.as_secs()
+    );
+    let parked = third.entered(&now(&sem)).with_task_token("fragment-token");
+    let payload = asl::render(&wait["Parameters"]["Payload"], &state, &parked);
+    assert_eq!(
+        payload,
+        json!({
+            "lock": "example-lock", "limit": 2, "holder": holder(4), "redrive_count": 0,
+            "started_at": third.entered_time, "requested_at": parked.entered_time,
+            "task_token": "fragment-token", "queued_at": full["queued_at"]
+        })
+    );
+    let queued = acquire(&sem, &config, payload).await.unwrap();
+    assert_eq!(queued["outcome"], json!("queued"));
+    assert_eq!(consistent(&sem, "example-lock", 2).await.len(), 1);
+    assert_eq!(
+        asl::catcher(wait, "States.Timeout")["Next"],
+        json!(wait_name)
+    );
+
+    // A slot is freed and granted to it: the granted answer, through the wait state's
+    // ResultSelector and ResultPath, gives "Your work" its fencing token.
+    sem.release(&lock("example-lock"), &id(&holder(2), "r0"))
+        .await
+        .unwrap();
+    let (token, context) = grant_head(&sem, "example-lock").await;
+    let granted: Value = serde_json::from_str(&granted_answer(&context, token).unwrap()).unwrap();
+    let state = asl::task_output(wait, &state, &parked, granted);
+    assert_eq!(
+        state["semaphore"],
+        json!({"acquired": true, "outcome": "acquired", "token": token.0,
+               "child_name": child_execution_name(&id(&holder(4), "r0"))})
+    );
+    assert_eq!(wait["Next"], json!(work));
+    let branch_output = asl::render(&placeholder["Parameters"], &state, &parked);
+    assert_eq!(branch_output, json!({"fencing_token": token.0}));
+    let after_work = asl::task_output(work_state, &state, &parked, json!([branch_output]));
+    let release_state = asl::state(&fragment, work_state["Next"].as_str().unwrap());
+    let payload = asl::render(
+        &release_state["Parameters"]["Payload"],
+        &after_work,
+        &parked,
+    );
+    let released = release(&sem, payload).await.unwrap();
+    assert_eq!(
+        (&released["released"], &released["acquisition"]),
+        (&json!(true), &json!("r0"))
+    );
+    assert!(consistent(&sem, "example-lock", 2).await.is_empty());
 }
 
 #[tokio::test]
@@ -1120,15 +1391,14 @@ async fn a_missing_table_is_the_named_error_semaphore_store_error_which_is_retri
         err.error_message
     );
     let definition = asl::with_functions("lock-protected.asl.json");
-    let retried = task(&definition, "ACQUIRE").1["Retry"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|r| {
+    // Both states that call the function retry it.
+    for (_, state) in acquire_states(&definition) {
+        let retried = state["Retry"].as_array().unwrap().iter().any(|r| {
             r["ErrorEquals"]
                 .as_array()
                 .unwrap()
                 .contains(&json!("SemaphoreStoreError"))
         });
-    assert!(retried);
+        assert!(retried);
+    }
 }

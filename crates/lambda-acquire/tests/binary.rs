@@ -92,7 +92,7 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
         json!({
             "acquired": true, "outcome": outcome, "token": 1, "count": 1, "limit": 5,
             "lock": "demo-lock", "holder": HOLDER, "acquisition": "r0", "child_name": name,
-            "wait_seconds": 0,
+            "queued_at": null, "fallback_seconds": 0,
             "work": {"state_machine": DEMO, "name": name, "context": {"semaphore": {
                 "lock": "demo-lock", "fencing_token": 1, "holder": HOLDER, "acquisition": "r0"
             }}}

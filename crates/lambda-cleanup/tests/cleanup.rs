@@ -360,6 +360,7 @@ async fn the_locks_are_read_from_the_history_and_freed_without_configuration() {
             "cleaned": true,
             "deferred": false,
             "retry_after_seconds": 0,
+            "handed_off": 0,
             "locks": [
                 {"lock": DEFAULT_LOCK, "count": 1},
                 {"lock": "orders", "count": 0}
@@ -501,6 +502,7 @@ async fn a_running_work_function_defers_the_cleanup_until_it_ends() {
             "cleaned": false,
             "deferred": true,
             "retry_after_seconds": 5,
+            "handed_off": 0,
             "locks": [
                 {"lock": DEFAULT_LOCK, "freed": [], "kept": ["r0"], "count": null},
                 {"lock": "orders", "freed": [], "kept": ["o1"], "count": null}
@@ -614,6 +616,7 @@ async fn other_statuses_are_a_no_op_that_writes_and_asks_nothing() {
                 "cleaned": false,
                 "deferred": false,
                 "retry_after_seconds": 0,
+                "handed_off": 0,
                 "locks": [],
                 "children": [],
                 "note": format!("status {status} needs no cleanup (only FAILED, TIMED_OUT, ABORTED do): nothing done"),

@@ -50,7 +50,7 @@ async fn the_binary_releases_once_names_the_error_to_fail_with_and_names_bad_inp
     let answer = |released: bool, outcome: &str, error: Value, cause: Value| {
         Answer::Response(json!({
             "released": released, "outcome": outcome, "count": 0, "lock": "demo-lock",
-            "acquisition": "r0", "error": error, "cause": cause
+            "acquisition": "r0", "handed_off": 0, "error": error, "cause": cause
         }))
     };
     assert_eq!(

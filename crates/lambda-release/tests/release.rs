@@ -77,7 +77,7 @@ fn acquired_state(token: u64) -> Value {
     json!({"semaphore": {
         "acquired": true, "outcome": "acquired", "token": token, "count": 1, "limit": 5,
         "lock": "demo-lock", "holder": HOLDER, "acquisition": "r0", "child_name": name,
-        "wait_seconds": 0,
+        "queued_at": null, "fallback_seconds": 0,
         "work": {"state_machine": DEMO, "name": name, "context": {"semaphore": {
             "lock": "demo-lock", "fencing_token": token, "holder": HOLDER, "acquisition": "r0"
         }}}
@@ -117,6 +117,7 @@ async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_i
             "count",
             "lock",
             "acquisition",
+            "handed_off",
             "error",
             "cause"
         ])
@@ -124,7 +125,7 @@ async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_i
     assert_eq!(
         first,
         json!({"released": true, "outcome": "released", "count": 1, "lock": "batch",
-               "acquisition": "r0", "error": null, "cause": null})
+               "acquisition": "r0", "handed_off": 0, "error": null, "cause": null})
     );
     let output = asl::task_output(release_state, &state, &ctx, json!({"Payload": first}));
     assert_eq!(output["release"], json!({"released": true, "count": 1}));
@@ -179,7 +180,7 @@ async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
     assert_eq!(
         release_with(&sem, &bare, payload.clone()).await.unwrap(),
         json!({"released": true, "outcome": "released", "count": 0, "lock": "demo-lock",
-               "acquisition": ACQUISITION, "error": null, "cause": null})
+               "acquisition": ACQUISITION, "handed_off": 0, "error": null, "cause": null})
     );
     assert_eq!(
         release_with(&sem, &bare, payload).await.unwrap()["outcome"],

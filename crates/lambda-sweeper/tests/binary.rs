@@ -78,6 +78,9 @@ async fn the_binary_sweeps_and_prints_the_metric() {
             "largest_item_lock": "demo-lock",
             "holders_checked": 1,
             "reclaimed": 1,
+            "waiters_checked": 0,
+            "waiters_removed": 0,
+            "woken": 0,
             "notices_published": 1,
             "errors": []
         }))],

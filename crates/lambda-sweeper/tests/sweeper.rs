@@ -250,6 +250,9 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
             "largest_item_lock": "demo-lock",
             "holders_checked": 5,
             "reclaimed": 3,
+            "waiters_checked": 0,
+            "waiters_removed": 0,
+            "woken": 0,
             "notices_published": 3,
             "errors": []
         })
