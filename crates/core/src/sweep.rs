@@ -89,6 +89,9 @@ pub struct SweepReport {
     /// Holders that could not be checked or cleaned, and items that could not be read, with
     /// why; retried by the next sweep.
     pub errors: Vec<String>,
+    /// The locks someone waited on when the sweep read them: the lines
+    /// [`Semaphore::sweep_lines`] visits, without reading the table again.
+    pub lines: Vec<LockName>,
 }
 
 impl<S: ItemStore> Semaphore<S> {
@@ -150,6 +153,11 @@ impl<S: ItemStore> Semaphore<S> {
                 Err(e) => report.errors.push(e.to_string()),
             }
         }
+        report.lines = items
+            .iter()
+            .filter(|item| item.waiting > 0)
+            .map(|item| item.lock.clone())
+            .collect();
         report.largest_item = items
             .iter()
             .map(|item| LargestItem {
@@ -233,33 +241,31 @@ pub struct LineSweep {
 }
 
 impl<S: ItemStore> Semaphore<S> {
-    /// The lines' safety net (F8): for every lock someone waits on, takes out of line the
-    /// waiters near the head whose execution has ended (its cleanup event was lost), then hands
-    /// free slots to the head (a waker that crashed between a release and its hand-off left the
-    /// slot free with someone waiting).
+    /// The lines' safety net (F8): for every lock of `lines` (the locks someone waited on when
+    /// [`Semaphore::sweep`] read the table: its report's `lines`, so the table is read once per
+    /// sweep), takes out of line the waiters near the head whose execution has ended (its
+    /// cleanup event was lost), then hands free slots to the head (a waker that crashed between
+    /// a release and its hand-off left the slot free with someone waiting). A line that formed
+    /// since that read moves without it: its first waiter hands off right after it queues.
     pub async fn sweep_lines<W: Waker>(
         &self,
+        lines: &[LockName],
         executions: &impl ExecutionStatus,
         waker: &W,
     ) -> Result<LineSweep, Error> {
         let mut report = LineSweep::default();
-        for item in self.list().await?.into_iter().flatten() {
-            if item.waiting == 0 {
-                continue;
-            }
-            let waiters = self
-                .waiters(&item.lock, None, WAITERS_CHECKED_PER_LOCK)
-                .await?;
+        for lock in lines {
+            let waiters = self.waiters(lock, None, WAITERS_CHECKED_PER_LOCK).await?;
             for waiter in waiters {
                 report.waiters_checked += 1;
                 match executions.describe(&waiter.identity.holder).await {
                     Ok(state) if state.reclaim_reason().is_some() => {
-                        match self.leave(&item.lock, waiter.key).await {
+                        match self.leave(lock, waiter.key).await {
                             Ok(true) => report
                                 .removed
-                                .push((item.lock.clone(), waiter.identity.holder.clone())),
+                                .push((lock.clone(), waiter.identity.holder.clone())),
                             Ok(false) => {}
-                            Err(e) => report.errors.push(format!("{}: {e}", item.lock)),
+                            Err(e) => report.errors.push(format!("{lock}: {e}")),
                         }
                     }
                     Ok(_) => {}
@@ -268,9 +274,9 @@ impl<S: ItemStore> Semaphore<S> {
                         .push(format!("{}: {e}", waiter.identity.holder)),
                 }
             }
-            match self.hand_off(&item.lock, None, waker, executions).await {
+            match self.hand_off(lock, None, waker, executions).await {
                 Ok(handed) => report.woken += handed.woken.len(),
-                Err(e) => report.errors.push(format!("{}: {e}", item.lock)),
+                Err(e) => report.errors.push(format!("{lock}: {e}")),
             }
         }
         Ok(report)

@@ -13,9 +13,11 @@
 //! cost grows with the current holders only (a history is read for ended holders only).
 //!
 //! Input: any JSON (the schedule's event). Answer: `{"locks": n, "largest_item_bytes": n,
-//! "largest_item_lock": name or null, "holders_checked": n, "reclaimed": n,
-//! "notices_published": n, "errors": [..]}`; a holder that could not be checked
-//! or a notice that could not be published is listed in `errors` and does not fail the sweep.
+//! "largest_item_lock": name or null, "holders_checked": n, "reclaimed": n, "waiters_checked":
+//! n, "waiters_removed": n, "woken": n, "notices_published": n, "errors": [..]}`; a holder that
+//! could not be checked or a notice that could not be published is listed in `errors` and does
+//! not fail the sweep. The lines are visited from the same read of the table: only the locks
+//! someone waited on then are queried.
 //! Errors: `SemaphoreStoreError` when the table cannot be read.
 
 pub mod notice;
@@ -125,7 +127,7 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
         // The lines after the holders: a slot the sweep freed goes to the head of its line.
         let lines = self
             .semaphore
-            .sweep_lines(&self.executions, &self.waker)
+            .sweep_lines(&report.lines, &self.executions, &self.waker)
             .await
             .map_err(HandlerError::from)
             .inspect_err(|e| tracing::error!(error = %e, "sweep of the lines failed"))?;

@@ -2,7 +2,8 @@
 //! mode), SNS and SQS: one execution stopped (ABORTED), one left RUNNING, one that never
 //! existed, one that ended while its work (a child execution) still runs; the notices are read
 //! back from an SQS queue subscribed to the topic and checked field by field, and the EMF line
-//! is checked.
+//! is checked. The lines: executions parked in line on real task tokens (`sfn::park`), one of
+//! them stopped, swept.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,14 +14,16 @@ use lambda_common::Settings;
 use lambda_runtime::{Context, LambdaEvent};
 use lambda_sweeper::{Notice, SfnExecutions, StateMachineArn, Sweeper};
 use semaphore_core::{
-    AcquireOutcome, DynamoStore, FenceReason, HolderId, Limit, LockName, ManualClock, Semaphore,
+    rfc3339_millis, AcquireOutcome, DynamoStore, FenceReason, HolderId, Limit, LockName,
+    ManualClock, QueueOutcome, Run, Semaphore, TaskToken, Waiter,
 };
 use semaphore_tests::counter::RequestCounter;
 use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::names::id;
-use semaphore_tests::observe::{observe, raw_item};
+use semaphore_tests::observe::{assert_consistent, observe, raw_item};
 use semaphore_tests::sfn::{
-    create_machine, end_parent_while_child_runs, ended, execution_mode, status, stop, unique,
+    create_machine, described, end_parent_while_child_runs, ended, execution_mode, park,
+    parking_machine, status, stop, unique,
 };
 use semaphore_tests::{endpoint, fresh_table, sdk_config};
 use serde_json::{json, Value};
@@ -784,4 +787,118 @@ fn a_missing_topic_or_a_bad_state_machine_arn_stops_the_cold_start() {
             .starts_with("environment variable STATE_MACHINE_ARNS is \"arn:aws:states:us-east-1:123456789012:stateMachine:A, B\": \"B\": expected"),
         "{err}"
     );
+}
+
+/// F8 for the lines, with a lost status event: the holder of a full lock and the first waiter
+/// in its line were both stopped, and no cleanup ran for either. One sweep reclaims the slot,
+/// takes the dead waiter out of line (DescribeExecution: ABORTED), and hands the slot to the
+/// live waiter behind it, whose parked execution (a real task token) goes on with the granted
+/// answer. The lines are read from the sweep's one Scan.
+#[tokio::test]
+async fn a_sweep_takes_dead_waiters_out_of_line_and_wakes_the_next_live_one_with_the_slot() {
+    let local = local().await;
+    let sfn = &local.sfn;
+    let definition = semaphore_tests::asl::with_functions("lock-protected.asl.json");
+    let parking = create_machine(
+        sfn,
+        &unique("Parking"),
+        &parking_machine(&definition, "Wait in line", [300, 300]),
+    )
+    .await;
+    let table = fresh_table().await.table().to_owned();
+    let vars = BTreeMap::from([
+        ("TABLE_NAME", table.clone()),
+        ("TOPIC_ARN", local.topic_arn.clone()),
+        (
+            "STATE_MACHINE_ARNS",
+            format!("{},{parking}", local.machine_arn),
+        ),
+    ]);
+    let settings = Settings::from_lookup(move |name| vars.get(name).cloned());
+    let mut sweeper = Sweeper::from_settings(&settings, &sdk_config()).unwrap();
+    let counter = RequestCounter::new();
+    sweeper.semaphore = Semaphore::new(DynamoStore::new(
+        counter.dynamodb_client(endpoint()),
+        &table,
+    ))
+    .with_timing(sweeper.semaphore.timing());
+    let sem = &sweeper.semaphore;
+    let lock = LockName::new("lined").unwrap();
+    let one = Limit::new(1).unwrap();
+
+    let holder = local.start(&unique("holder")).await;
+    let AcquireOutcome::Acquired { .. } =
+        sem.acquire(&lock, &id(&holder, "r0"), one).await.unwrap()
+    else {
+        panic!("the first acquire takes the slot")
+    };
+    // Two executions wait in line, each parked on its wait task's real token.
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let queued_at_ms = now_ms();
+        let answer = json!({"outcome": "full", "queued_at": rfc3339_millis(queued_at_ms)});
+        let input = json!({"lock": "lined", "limit": 1});
+        let parked = park(sfn, &parking, &unique("waiter"), &input, &answer).await;
+        let wait = parked.next_wait().await;
+        let who = id(&parked.execution, "r0");
+        let context = json!({"acquired": false, "outcome": "full", "token": null,
+                             "lock": "lined", "holder": parked.execution});
+        let waiter = Waiter::new(
+            lock.clone(),
+            who,
+            Run::FIRST,
+            one,
+            queued_at_ms,
+            TaskToken::new(wait["task_token"].as_str().unwrap()).unwrap(),
+            context.to_string(),
+        );
+        assert_eq!(
+            sem.enqueue(&waiter, sem.now_ms()).await.unwrap(),
+            QueueOutcome::Queued
+        );
+        waiters.push(parked);
+    }
+    let (dead, live) = (&waiters[0], &waiters[1]);
+    local.stop(&holder).await;
+    stop(sfn, &dead.execution).await;
+    assert_eq!(ended(sfn, &dead.execution).await, "ABORTED");
+    counter.take();
+
+    let summary = sweeper.sweep().await.unwrap().summary;
+    assert_eq!(
+        (
+            summary.reclaimed,
+            summary.waiters_checked,
+            summary.waiters_removed,
+            summary.woken
+        ),
+        (1, 2, 1, 1),
+        "{summary:?}"
+    );
+    assert!(summary.errors.is_empty(), "{:?}", summary.errors);
+    assert_eq!(
+        counter.take().requests.get("DynamoDB.Scan"),
+        Some(&1),
+        "one read of the table, for the holders and the lines"
+    );
+    let item = sem.status(&lock).await.unwrap();
+    let token = item.holders[&id(&live.execution, "r0")].token;
+    assert_eq!((item.count(), item.waiting), (1, 0));
+    assert_eq!(ended(sfn, &live.execution).await, "SUCCEEDED");
+    let (_, output) = described(sfn, &live.execution).await;
+    let granted = &output.unwrap()["semaphore"];
+    assert_eq!(
+        (&granted["acquired"], &granted["outcome"], &granted["token"]),
+        (&json!(true), &json!("acquired"), &json!(token.0)),
+        "{granted}"
+    );
+    let store = sem.store();
+    assert_consistent(
+        store.client(),
+        store.table(),
+        store.queue_table(),
+        "lined",
+        1,
+    )
+    .await;
 }
