@@ -57,11 +57,13 @@
 pub mod explore;
 pub mod hash;
 pub mod ours;
+pub mod queue;
 pub mod sample;
 pub mod world;
 
 pub use explore::{explore, Counterexample, Reach, Report, Violation};
 pub use ours::{Ours, Variant};
+pub use queue::{QueueConfig, QueueVariant, QueueWorld};
 pub use sample::Sample;
 pub use world::{Config, World};
 
@@ -79,6 +81,11 @@ pub fn ours_world(config: Config, variant: Variant) -> World<Ours> {
         variant,
     );
     World::new(protocol, config)
+}
+
+/// Checks the waiting line (or a broken `variant` of it) in the queue world `config`.
+pub fn check_queue(config: QueueConfig, variant: QueueVariant, max_states: Option<u64>) -> Report {
+    explore(&QueueWorld::new(config, variant), max_states)
 }
 
 /// Checks the AWS sample's protocol in the world `config`, without a sweeper (the sample has

@@ -2,13 +2,18 @@
 //!
 //! `cargo run --release -p semaphore-model --bin model-check -- --executions 4 --limit 2`
 //! checks the product's protocol; `--protocol sample` the AWS sample's (which must fail);
-//! `--variant <name>` a deliberately broken variant of the product's. Exit status: 0 if the
-//! result is the expected one, 1 if not, 2 for bad arguments.
+//! `--variant <name>` a deliberately broken variant of the product's; `--queue` the waiting line
+//! in its own world (`semaphore_model::queue`). Exit status: 0 if the result is the expected
+//! one, 1 if not, 2 for bad arguments.
 
 use std::process::ExitCode;
 
+use semaphore_model::queue::MAX_WAITERS;
 use semaphore_model::world::{MAX_EXECUTIONS, MAX_INCARNATIONS};
-use semaphore_model::{explore, ours_world, sample_world, Config, Variant};
+use semaphore_model::{
+    explore, ours_world, sample_world, Config, QueueConfig, QueueVariant, QueueWorld, Report,
+    Variant,
+};
 
 const USAGE: &str = "\
 usage: model-check [options]
@@ -46,7 +51,152 @@ death, lost and late events, late writes, a final sweep); options change it.
   --max-states N             stop after N states (the result is then incomplete)
   --exact                    identify states exactly, not up to renaming the executions and
                              version numbers (slower; for checking the reduction)
-Exit status: 0 if ours passes (or the sample / a broken variant fails, as it must), 1 otherwise.";
+Exit status: 0 if ours passes (or the sample / a broken variant fails, as it must), 1 otherwise.
+
+usage: model-check --queue [options]
+The waiting line in its own world: executions that find the lock full queue, park, are handed
+a slot and woken (or re-check on a fallback timeout), work and release; hand-offs are one
+request per step; executions die, cleanup events are lost, Lambdas crash between requests,
+parked tasks time out early (each bounded). Checks S1, S3, L2 (grants in line order, no acquire
+passing the line), F8 (grants to the dead freed, nobody sleeping through a free slot) and L1
+(no stall: the fallback re-checks let everyone finish).
+  --variant NAME             a broken variant: real (default), hand-off-without-wake-retry,
+                             newcomer-passes-the-line, dead-waiter-not-skipped
+  --executions N             executions contending (default 3, at most 4)
+  --limit N                  the lock's limit (default 1)
+  --deaths N                 executions that may be stopped (default 1)
+  --lost-events N            cleanup events that may be lost (default 1)
+  --crashes N                wait, release or cleanup Lambdas that may crash (default 1)
+  --timeouts N               early fallback timeouts of parked tasks, at any moment, racing
+                             wake-ups (default 0; each multiplies the states by about 40)
+  --strict-order             L2 as \"every grant goes to the head of the line as it lands\",
+                             without the exception for queue writes that land after the
+                             hand-off read the head (the real protocol does not meet it)
+  --no-sweeper               no sweeper: the slots the design leaves to it (a holder that
+                             died with its cleanup event lost) stall the line (L1 must fail)
+  --max-states N             stop after N states (the result is then incomplete)
+  --exact                    identify states exactly, not up to versions and executions that
+                             are gone (slower; for checking the reduction)
+Exit status: 0 if the real line passes (or a broken variant, --strict-order or --no-sweeper
+fails, as it must), 1 otherwise.";
+
+struct QueueArgs {
+    config: QueueConfig,
+    variant: QueueVariant,
+    max_states: Option<u64>,
+    exact: bool,
+}
+
+fn parse_queue() -> Result<QueueArgs, String> {
+    let mut args = QueueArgs {
+        config: QueueConfig::small(1),
+        variant: QueueVariant::Real,
+        max_states: None,
+        exact: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| -> Result<u64, String> {
+            let text = it.next().ok_or(format!("{name} needs a value"))?;
+            text.parse()
+                .map_err(|_| format!("{name}: {text:?} is not a whole number"))
+        };
+        let small =
+            |n: u64, name: &str| u8::try_from(n).map_err(|_| format!("{name}: {n} is too large"));
+        let c = &mut args.config;
+        match flag.as_str() {
+            "--queue" => {}
+            "--variant" => {
+                let name = it.next().unwrap_or_default();
+                args.variant = QueueVariant::parse(&name)
+                    .ok_or(format!("--variant: unknown variant of the line {name:?}"))?;
+            }
+            "--executions" => c.executions = small(value(&flag)?, &flag)?,
+            "--limit" => {
+                c.limit = u32::try_from(value(&flag)?).map_err(|_| "--limit is too large")?
+            }
+            "--deaths" => c.deaths = small(value(&flag)?, &flag)?,
+            "--lost-events" => c.lost_events = small(value(&flag)?, &flag)?,
+            "--crashes" => c.crashes = small(value(&flag)?, &flag)?,
+            "--timeouts" => c.timeouts = small(value(&flag)?, &flag)?,
+            "--strict-order" => c.strict_order = true,
+            "--no-sweeper" => c.sweeper = false,
+            "--exact" => args.exact = true,
+            "--max-states" => args.max_states = Some(value(&flag)?),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown option {other:?} (with --queue)")),
+        }
+    }
+    let c = &args.config;
+    if !(1..=MAX_WAITERS).contains(&usize::from(c.executions)) {
+        return Err(format!(
+            "--executions must be from 1 to {MAX_WAITERS} with --queue"
+        ));
+    }
+    if !(1..=u32::from(c.executions)).contains(&c.limit) {
+        return Err("--limit must be from 1 to the number of executions with --queue".into());
+    }
+    Ok(args)
+}
+
+/// Prints what the exploration found; whether it is what was expected.
+fn print_report(report: &Report, passed: &str, must_fail: bool) -> bool {
+    println!("states explored: {}", report.states);
+    println!("transitions:     {}", report.transitions);
+    println!("max depth:       {}", report.max_depth);
+    println!("time:            {:.2?}", report.elapsed);
+    match &report.counterexample {
+        Some(cex) => {
+            println!(
+                "result:          {} VIOLATED; counterexample ({} steps):",
+                cex.violation.property,
+                cex.steps.len()
+            );
+            println!("{cex}");
+        }
+        None if report.complete => println!("result:          {passed}"),
+        None => {
+            println!("result:          INCOMPLETE: stopped at --max-states, no violation so far")
+        }
+    }
+    if must_fail {
+        report.counterexample.is_some()
+    } else {
+        report.passed()
+    }
+}
+
+fn queue_main() -> ExitCode {
+    let args = match parse_queue() {
+        Ok(args) => args,
+        Err(problem) => {
+            eprintln!("model-check: {problem}");
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let world = QueueWorld::new(args.config, args.variant);
+    let world = if args.exact { world.exact() } else { world };
+    let report = explore(&world, args.max_states);
+    println!(
+        "model check of the waiting line, variant {}",
+        args.variant.name()
+    );
+    println!("world: {}", args.config);
+    let as_expected = print_report(
+        &report,
+        "no violation of S1, S3, L2, F8 or L1 in any reachable state",
+        args.variant != QueueVariant::Real || args.config.strict_order || !args.config.sweeper,
+    );
+    if as_expected {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
 
 struct Args {
     sample: bool,
@@ -151,6 +301,9 @@ fn parse() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
+    if std::env::args().any(|a| a == "--queue") {
+        return queue_main();
+    }
     let args = match parse() {
         Ok(args) => args,
         Err(problem) => {
@@ -182,31 +335,11 @@ fn main() -> ExitCode {
     };
     println!("model check of {what}");
     println!("world: {config}");
-    println!("states explored: {}", report.states);
-    println!("transitions:     {}", report.transitions);
-    println!("max depth:       {}", report.max_depth);
-    println!("time:            {:.2?}", report.elapsed);
-    match &report.counterexample {
-        Some(cex) => {
-            println!(
-                "result:          {} VIOLATED; counterexample ({} steps):",
-                cex.violation.property,
-                cex.steps.len()
-            );
-            println!("{cex}");
-        }
-        None if report.complete => {
-            println!("result:          no violation of S1, S2, S3 or L1 in any reachable state")
-        }
-        None => {
-            println!("result:          INCOMPLETE: stopped at --max-states, no violation so far")
-        }
-    }
-    let as_expected = if must_fail {
-        report.counterexample.is_some()
-    } else {
-        report.passed()
-    };
+    let as_expected = print_report(
+        &report,
+        "no violation of S1, S2, S3 or L1 in any reachable state",
+        must_fail,
+    );
     if as_expected {
         ExitCode::SUCCESS
     } else {

@@ -1,0 +1,2425 @@
+//! The waiting line, model-checked: a small world of executions that wait in one lock's line,
+//! driving the core's real queue writes.
+//!
+//! # The world
+//!
+//! `K` executions (`exec-1` ... `exec-K`, one acquisition each, their first run) contend for one
+//! lock of limit `L`, run by the lock-protected state machine with waiting (version 2):
+//!
+//! - **acquire**: one write ([`protocol::acquire`]), in flight from the start and landing at any
+//!   later step. Each execution asked at its own millisecond (`exec-1` first), which is its place
+//!   in line if it has to wait (`queued_at`, the acquire state's entry time): every order of
+//!   places against every order of landings is a renaming of one explored here.
+//! - **"full"**: the execution parks on its wait task (task token 0), whose acquire function
+//!   queues it ([`protocol::enqueue`]; `Free`: acquires directly and completes its own task;
+//!   `AlreadyHeld`: completes its own task; a direct acquire told "full" queues again, at most
+//!   three rounds, then gives up and leaves it to the fallback), then hands off (a slot may have
+//!   been freed between "full" and "queued", F8).
+//! - **parked**: until a hand-off wakes it (`SendTaskSuccess` with the token in its record), or
+//!   its task's fallback timeout fires: it enters the wait task again with a new token, and the
+//!   function re-checks: [`protocol::repark`] (still in line: keeps its place, new token) then
+//!   hands off; not in line: queues again as above (which finds a slot it was granted and
+//!   completes its own task).
+//! - **work**, then **release** ([`protocol::release`]), then a hand-off if its write saw anyone
+//!   waiting; the execution succeeds when its release task returns.
+//! - **hand-off** ([`Semaphore::hand_off`](semaphore_core::Semaphore::hand_off)), one request per
+//!   step: read the lock; read the head; the grant ([`protocol::grant`]) lands; read the lock (the
+//!   slot's token); wake; on a failed wake `DescribeExecution`: ended → the cleanup of its run
+//!   ([`protocol::cleanup_fence`], [`protocol::cleanup_free`]) and on, running → it keeps the slot
+//!   ("parked"); a grant refused as moved → on from the lock it was refused on; dead or holding →
+//!   [`protocol::leave`] and on; no slot → stop.
+//! - **deaths**: an execution may be stopped at any point (a bounded number), also while queued,
+//!   parked or between its grant and its wake-up; its Lambdas keep running as zombies, its task
+//!   tokens no longer wake anything. Ending (stopped, or failed) emits a cleanup event, which is
+//!   delivered at any later step or lost (a bounded number). The **cleanup** fences the run,
+//!   takes its place out of line if it ever waited (its history names it), frees what the fence
+//!   saw, and hands off if it freed a slot while someone waits.
+//! - **crashes** (a bounded number): a Lambda that waits, releases or cleans up stops between
+//!   two of its requests, e.g. between a grant landing and its wake-up (a lost wake-up). As the
+//!   state machines say: a crashed release fails the execution; a crashed wait task whose token
+//!   is current goes to "Release after failure" and fails; a crashed cleanup is not retried.
+//! - **early fallback timeouts** (a bounded number): a parked task times out at any moment, also
+//!   while its function still runs or a wake-up is on its way (the old token then fails).
+//!
+//! Every write is the core's own, landed with [`Write::apply_with`] on a copy of the lock's item
+//! and its line (exactly what the memory store does), and every answer is the core's reading of
+//! the result ([`protocol::acquired`], [`protocol::queued`], [`protocol::granted`],
+//! [`protocol::was_queued`], ...). The hand-off's and the acquire function's control flow are
+//! restated step by step (they are async code over several requests), from
+//! `Semaphore::hand_off` and `lambda-acquire`'s wait mode.
+//!
+//! Faults are bounded, and everything else is not: a parked execution's fallback re-check is
+//! what heals a lost wake-up, so it must always come eventually. Explored steps include the
+//! bounded early timeouts; in a *stable* state (nothing in flight, nothing pending, nobody
+//! working: only timers left) the liveness check fires the remaining fallbacks itself (see
+//! below).
+//!
+//! # Properties
+//!
+//! In every reachable state:
+//! - **S1**: no more than `L` slots held; the stored count of waiters (`waiting`) equals the
+//!   records in line; every execution doing its work holds a slot.
+//! - **S3**: no acquire, queue write or grant of an execution lands after a release of it or a
+//!   fence of its run (by a cleanup, or a hand-off freeing a dead waiter's grant) has landed.
+//! - **L2**: no acquire lands while someone is in line; and every grant lands for the head of
+//!   the line, except that waiters whose record landed after the hand-off read the head (their
+//!   queue write was late) may be ahead of it by then. With `strict_order` that exception is
+//!   dropped: every grant must go to the head of the line at the moment it lands. The real
+//!   protocol does not meet that (a place is the time a waiter first asked, so a late queue write
+//!   lands ahead of waiters already in line, and a grant already on its way passes it): the
+//!   strict check shows that trace.
+//! - **L1** (a live execution is never refused): no live execution's acquire, queue write or
+//!   direct acquire is answered "fenced".
+//!
+//! In every stable state:
+//! - **F8, dead grants**: no slot is held by an execution that was granted it after it had
+//!   ended, unless the hand-off that granted it crashed before dealing with it: the hand-off
+//!   frees grants to the dead itself, without the sweeper. (A slot an execution held when it
+//!   died, or took afterwards through a zombie request, is its cleanup's, and, if that event was
+//!   lost, the sweeper's.)
+//! - **F8, no sleeping through a free slot**: unless the design relies on a fallback re-check
+//!   (a crash, an early timeout, a waiter that gave up queueing), every parked execution is in
+//!   line with its current task token, holds no slot (no lost wake-up), and no slot is free.
+//! - **L1, no stall**: the fallback re-checks of the parked executions, fired in turn (each run
+//!   to completion, no more faults), let every live execution finish its work. Only where the
+//!   design leaves a slot to the sweeper (an execution that held it when it died, or took it
+//!   through a zombie request, or whose granting hand-off crashed, with its cleanup lost or cut
+//!   short) does the check run one sweep (the sweeper's cleanup of every ended execution that
+//!   holds a slot or a place, then a hand-off) before re-checking again.
+//!
+//! The sweeper is in the world only there, and only for what the design leaves to it: without
+//! it (`sweeper: false`) a holder stopped with its cleanup event lost stalls the line, which the
+//! check finds.
+//!
+//! States are identified up to what nothing reads any more: the version and fencing tokens in
+//! the item, and everything about an execution that is gone (see `QueueWorld::identify`); a
+//! test explores small worlds both ways and compares the verdicts. Executions are not renamed:
+//! their places in line tell them apart. A unit test runs the step-by-step hand-off alone from
+//! thousands of reachable states and compares it with the core's `Semaphore::hand_off` on a
+//! memory store holding the same item and line.
+//!
+//! Not covered here: time (no horizon expires, no fence rotates: the main world checks those),
+//! retries of the fast acquire and lost writes (the main world), `MaxWaitSeconds`, store and
+//! `DescribeExecution` errors, throttled wake-ups of live waiters other than by a stale token,
+//! redrives, several locks.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::rc::Rc;
+use std::time::Duration;
+
+use semaphore_core::item::{Identity, Run, SemaphoreItem};
+use semaphore_core::protocol::{self, Grant, Timing, WriteResult};
+use semaphore_core::{
+    AcquireOutcome, AcquisitionId, Change, Check, FenceKey, HolderId, Limit, LockName, QueueKey,
+    QueueOutcome, TaskToken, Waiter, Write,
+};
+
+use crate::explore::{Model, Violation};
+use crate::hash::{Build, Fingerprint};
+use crate::world::exec_name;
+
+/// The most executions the queue world can have.
+pub const MAX_WAITERS: usize = 4;
+
+/// How many times the acquire function's wait mode queues again after a direct acquire told
+/// "full" (`QUEUE_ROUNDS` in `lambda-acquire`).
+pub const QUEUE_ROUNDS: u8 = 3;
+
+/// The model's clock (2023-11-14T22:13:20Z): execution `e` asked at `NOW_MS + e`; every later
+/// request is made at [`LATER_MS`].
+const NOW_MS: u64 = 1_700_000_000_000;
+const LATER_MS: u64 = NOW_MS + 1_000;
+/// No request expires here: time is the main world's concern.
+const TIMING: Timing = Timing {
+    horizon: Duration::from_secs(3_600),
+    clock_skew: Duration::ZERO,
+};
+
+/// The size and the faults of the queue world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Executions contending for the lock (1 to [`MAX_WAITERS`]).
+    pub executions: u8,
+    /// The lock's limit.
+    pub limit: u32,
+    /// Executions that may be stopped (at any point).
+    pub deaths: u8,
+    /// Cleanup events that may be lost.
+    pub lost_events: u8,
+    /// Lambdas (wait, release or cleanup) that may crash between two of their requests.
+    pub crashes: u8,
+    /// Fallback timeouts of parked tasks that may fire early, at any moment (racing a wake-up
+    /// or the function still running).
+    pub timeouts: u8,
+    /// L2 without the exception for queue writes that land after the hand-off read the head.
+    pub strict_order: bool,
+    /// The sweeper runs (on its schedule): the liveness check may count on it for the slots the
+    /// design leaves to it. Without it, a holder that dies with its cleanup event lost stalls
+    /// the line for ever, which the check must find.
+    pub sweeper: bool,
+}
+
+impl QueueConfig {
+    /// The world `model-check --queue` checks for a limit: 3 executions, one death, one lost
+    /// event, one crash, no early timeout (each early timeout multiplies the states by about
+    /// 40; the tests check them with fewer executions or fewer faults).
+    pub fn small(limit: u32) -> Self {
+        Self {
+            executions: 3,
+            limit,
+            deaths: 1,
+            lost_events: 1,
+            crashes: 1,
+            timeouts: 0,
+            strict_order: false,
+            sweeper: true,
+        }
+    }
+}
+
+impl fmt::Display for QueueConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plural =
+            |n: u8, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        write!(
+            f,
+            "{} executions, limit {}; {}, {}, {} (wait, release or cleanup Lambdas), {}; \
+             late writes; fallback re-checks when stable{}; L2 {}",
+            self.executions,
+            self.limit,
+            plural(self.deaths, "death", "deaths"),
+            plural(
+                self.lost_events,
+                "lost cleanup event",
+                "lost cleanup events"
+            ),
+            plural(self.crashes, "crash", "crashes"),
+            plural(
+                self.timeouts,
+                "early fallback timeout",
+                "early fallback timeouts"
+            ),
+            if self.sweeper {
+                ", the sweeper for what is left to it"
+            } else {
+                ", no sweeper"
+            },
+            if self.strict_order {
+                "strict (every grant to the head as it lands)"
+            } else {
+                "as defined (grants to the head, but for waiters queued after the head was read)"
+            },
+        )
+    }
+}
+
+/// A deliberately broken variant of the line, to show that the checker notices. Each skips a
+/// step of the hand-off or alters one of the core's writes; the core is untouched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueVariant {
+    /// The product as it is.
+    Real,
+    /// A failed wake-up of a waiter whose execution has ended leaves its slot held and the
+    /// hand-off stops (no cleanup of its run, no next waiter).
+    HandOffWithoutWakeRetry,
+    /// The acquire's write does not check that nobody waits (`Check::QueueEmpty` removed): a
+    /// newcomer can take a free slot ahead of the line.
+    NewcomerPassesTheLine,
+    /// A grant refused because the waiter is dead (its run or acquisition fenced) stops the
+    /// hand-off and leaves the record in line.
+    DeadWaiterNotSkipped,
+}
+
+impl QueueVariant {
+    pub const ALL: [QueueVariant; 4] = [
+        QueueVariant::Real,
+        QueueVariant::HandOffWithoutWakeRetry,
+        QueueVariant::NewcomerPassesTheLine,
+        QueueVariant::DeadWaiterNotSkipped,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Real => "real",
+            Self::HandOffWithoutWakeRetry => "hand-off-without-wake-retry",
+            Self::NewcomerPassesTheLine => "newcomer-passes-the-line",
+            Self::DeadWaiterNotSkipped => "dead-waiter-not-skipped",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.name() == name)
+    }
+}
+
+/// Where an execution is in the lock-protected state machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Stage {
+    /// Its acquire is in flight.
+    Acquiring,
+    /// Parked on its wait task (the token is `Exec::token`).
+    Waiting,
+    /// Doing its protected work.
+    Working,
+    /// In "Release slot" (`failed: false`) or "Release after failure".
+    Releasing {
+        failed: bool,
+    },
+    Succeeded,
+    /// Stopped, or failed: a cleanup event was emitted.
+    Ended,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Exec {
+    stage: Stage,
+    /// The task token of its current wait task: 0, then one more per fallback timeout.
+    token: u8,
+    /// It entered its wait state: its history names its place in line.
+    waited: bool,
+}
+
+impl Exec {
+    fn alive(&self) -> bool {
+        !matches!(self.stage, Stage::Succeeded | Stage::Ended)
+    }
+}
+
+/// Which Lambda invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Task {
+    /// The fast acquire.
+    Acquire,
+    /// The acquire function in wait mode, invoked by the wait task with this token.
+    Wait {
+        token: u8,
+    },
+    Release,
+    /// The cleanup of an ended execution.
+    Cleanup,
+    /// The sweeper's hand-off (in the liveness check only).
+    Sweep,
+}
+
+/// One request of a hand-off, about to be made (a write: in flight).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Hand {
+    /// Read the lock.
+    ReadLock,
+    /// Read the head of the line; `count`: the slots held, as last read.
+    ReadHead { count: u8 },
+    /// The grant of the head, as read (its task token), is in flight; `line_at_read`: who was
+    /// in line when the head was read.
+    Grant {
+        head: u8,
+        token: u8,
+        line_at_read: u8,
+    },
+    /// Read the lock after a grant (the slot's fencing token).
+    ReadGranted { head: u8, token: u8 },
+    /// `SendTaskSuccess` to the head's token; (`waiting`, `count`): the lock as last read.
+    Wake {
+        head: u8,
+        token: u8,
+        waiting: u8,
+        count: u8,
+    },
+    /// `DescribeExecution` of a head whose wake-up failed.
+    Describe { head: u8, waiting: u8, count: u8 },
+    /// The fence of the dead head's run is in flight (its cleanup).
+    Fence { head: u8 },
+    /// The free of the slots the fence saw is in flight.
+    Free { head: u8 },
+    /// The head's record is taken out of line (it was dead or held a slot).
+    Leave { head: u8 },
+}
+
+impl Hand {
+    /// The head whose grant this hand-off has landed and not dealt with yet (wake-up or free).
+    fn granted_head(self) -> Option<u8> {
+        match self {
+            Self::ReadGranted { head, .. }
+            | Self::Wake { head, .. }
+            | Self::Describe { head, .. }
+            | Self::Fence { head }
+            | Self::Free { head } => Some(head),
+            _ => None,
+        }
+    }
+}
+
+/// A Lambda's next request (a write: in flight).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Step {
+    /// The fast acquire's write.
+    Acquire,
+    /// A fallback re-check: keep the place with the new token.
+    Repark,
+    /// Queue, `round` of [`QUEUE_ROUNDS`].
+    Enqueue {
+        round: u8,
+    },
+    /// Take the slot the queue write found free.
+    Direct {
+        round: u8,
+    },
+    /// `SendTaskSuccess` to its own task.
+    SelfWake,
+    Release,
+    /// The cleanup's fence of the run.
+    Fence,
+    /// The cleanup takes the place out of line; `slots`: its fence saw a slot.
+    Leave {
+        slots: bool,
+    },
+    /// The cleanup frees the slot its fence saw.
+    Free,
+    Hand(Hand),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Lambda {
+    exec: u8,
+    task: Task,
+    step: Step,
+}
+
+/// What landed when it must not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Bad {
+    /// S3: a write of `exec` landed after a release or fence of it had.
+    Resurrected { exec: u8, what: &'static str },
+    /// L2: an acquire landed while someone was in line.
+    PassedTheLine { exec: u8, line: u8 },
+    /// L2: a grant landed while waiters were ahead of it.
+    OutOfOrder { exec: u8, ahead: u8 },
+    /// L1: a live execution was answered "fenced".
+    Refused { exec: u8 },
+}
+
+/// A state of the queue world.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct QueueState {
+    /// The lock's item and line (interned).
+    table: u32,
+    execs: [Exec; MAX_WAITERS],
+    /// Running Lambda invocations, sorted.
+    lambdas: Vec<Lambda>,
+    /// Cleanup events emitted and not delivered yet (bit e).
+    events: u8,
+    deaths_left: u8,
+    lost_left: u8,
+    crashes_left: u8,
+    timeouts_left: u8,
+    /// Executions a release or fence of which has landed (S3).
+    retired: u8,
+    /// Executions whose slot the design leaves to their cleanup or the sweeper: it held it when
+    /// it ended, took it through a zombie request, or the hand-off that granted it crashed.
+    sweepers: u8,
+    /// Something happened that the design heals only with a fallback re-check.
+    relied: bool,
+    bad: Option<Bad>,
+    /// The execution that ended in the step being taken (its event's fate is chosen next).
+    emitted: Option<u8>,
+}
+
+/// A lock's item and line, as one key.
+#[derive(Clone, PartialEq, Eq)]
+struct TableKey(Option<SemaphoreItem>, BTreeMap<QueueKey, Waiter>);
+
+impl Hash for TableKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        if let Some(item) = &self.0 {
+            (
+                &item.lock,
+                item.limit,
+                item.version,
+                &item.holders,
+                &item.fences,
+                item.waiting,
+            )
+                .hash(h);
+        }
+        self.1.hash(h);
+    }
+}
+
+/// An interned table and what the world asks about it.
+struct Table {
+    item: Option<SemaphoreItem>,
+    line: BTreeMap<QueueKey, Waiter>,
+    /// Executions holding a slot (bit e).
+    holders: u8,
+    /// Executions with a record in line (bit e).
+    in_line: u8,
+    /// The head of the line: (execution, task token).
+    head: Option<(u8, u8)>,
+    /// Everything but what no check reads (the version, fencing tokens, when slots were taken).
+    shape: u64,
+}
+
+impl Table {
+    fn count(&self) -> u8 {
+        self.holders.count_ones() as u8
+    }
+    fn waiting(&self) -> u64 {
+        self.item.as_ref().map_or(0, |item| item.waiting)
+    }
+}
+
+/// A request that writes: which write, of which execution (and task token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Request {
+    Acquire(u8),
+    Enqueue(u8, u8),
+    Repark(u8, u8),
+    Grant(u8, u8),
+    Leave(u8),
+    Release(u8),
+    Fence(u8),
+    Free(u8),
+}
+
+/// What the world has computed once: tables (items and lines), the writes of requests, and
+/// what each request's write does to each table it lands on.
+#[derive(Default)]
+struct Tables {
+    ids: HashMap<TableKey, u32, Build>,
+    all: Vec<Rc<Table>>,
+    writes: HashMap<Request, Rc<Write>, Build>,
+    landings: HashMap<(u32, Request), (Rc<WriteResult>, u32), Build>,
+}
+
+/// Words for a trace, made only when one is printed.
+#[derive(Clone)]
+struct Words(Option<String>);
+
+impl Words {
+    fn new(on: bool) -> Self {
+        Self(on.then(String::new))
+    }
+    fn say(&mut self, words: impl FnOnce() -> String) {
+        if let Some(text) = &mut self.0 {
+            text.push_str(&words());
+        }
+    }
+    fn into_string(self) -> String {
+        self.0.unwrap_or_default()
+    }
+}
+
+/// The queue world, explorable by [`crate::explore::explore`].
+pub struct QueueWorld {
+    pub config: QueueConfig,
+    pub variant: QueueVariant,
+    lock: LockName,
+    limit: Limit,
+    identities: Vec<Identity>,
+    keys: Vec<QueueKey>,
+    /// What each fence is, in traces.
+    fence_names: HashMap<FenceKey, String>,
+    /// Identify states up to what nothing reads (see `identify`); off, every difference counts
+    /// (for checking that the reduction changes no verdict).
+    reduce: bool,
+    tables: RefCell<Tables>,
+}
+
+fn bit(e: u8) -> u8 {
+    1 << e
+}
+
+fn names(mask: u8) -> String {
+    let names: Vec<String> = (0..8u8)
+        .filter(|e| mask & bit(*e) != 0)
+        .map(exec_name)
+        .collect();
+    names.join(", ")
+}
+
+fn task_token(e: u8, n: u8) -> TaskToken {
+    TaskToken::new(format!("{}-task-{n}", exec_name(e))).expect("a valid task token")
+}
+
+impl QueueWorld {
+    pub fn new(config: QueueConfig, variant: QueueVariant) -> Self {
+        assert!(
+            (1..=MAX_WAITERS).contains(&usize::from(config.executions)),
+            "1 to {MAX_WAITERS} executions"
+        );
+        assert!(config.limit >= 1, "a limit of at least 1");
+        let identities: Vec<Identity> = (0..config.executions)
+            .map(|e| {
+                Identity::new(
+                    HolderId::new(exec_name(e)).expect("a valid holder"),
+                    AcquisitionId::new("r0").expect("a valid acquisition"),
+                )
+            })
+            .collect();
+        let keys = identities
+            .iter()
+            .enumerate()
+            .map(|(e, identity)| QueueKey::new(identity, NOW_MS + e as u64))
+            .collect();
+        let fence_names = identities
+            .iter()
+            .flat_map(|id| {
+                [
+                    (
+                        FenceKey::execution(&id.holder, Run::FIRST),
+                        format!("{}'s run", id.holder),
+                    ),
+                    (
+                        FenceKey::acquisition(id),
+                        format!("{}/{}", id.holder, id.acquisition),
+                    ),
+                ]
+            })
+            .collect();
+        let world = Self {
+            config,
+            variant,
+            fence_names,
+            reduce: true,
+            lock: LockName::new("model").expect("a valid lock name"),
+            limit: Limit::new(i64::from(config.limit)).expect("a valid limit"),
+            identities,
+            keys,
+            tables: RefCell::default(),
+        };
+        let empty = world.intern(None, BTreeMap::new());
+        assert_eq!(empty, 0);
+        world
+    }
+
+    /// The same world, explored without identifying states up to what nothing reads.
+    pub fn exact(self) -> Self {
+        Self {
+            reduce: false,
+            ..self
+        }
+    }
+
+    fn n(&self) -> u8 {
+        self.config.executions
+    }
+
+    fn table(&self, id: u32) -> Rc<Table> {
+        self.tables.borrow().all[id as usize].clone()
+    }
+
+    fn exec_of(&self, identity: &Identity) -> u8 {
+        self.identities
+            .iter()
+            .position(|i| i == identity)
+            .expect("an identity of the model") as u8
+    }
+
+    fn token_number(token: &TaskToken) -> u8 {
+        let (_, n) = token
+            .as_str()
+            .rsplit_once("-task-")
+            .expect("a task token of the model");
+        n.parse().expect("a task token of the model")
+    }
+
+    fn intern(&self, item: Option<SemaphoreItem>, line: BTreeMap<QueueKey, Waiter>) -> u32 {
+        let key = TableKey(item, line);
+        if let Some(&id) = self.tables.borrow().ids.get(&key) {
+            return id;
+        }
+        let TableKey(item, line) = key.clone();
+        let holders = item.as_ref().map_or(0, |item| {
+            item.holders
+                .keys()
+                .fold(0, |m, id| m | bit(self.exec_of(id)))
+        });
+        let in_line = line
+            .values()
+            .fold(0, |m, w| m | bit(self.exec_of(&w.identity)));
+        let head = line
+            .values()
+            .next()
+            .map(|w| (self.exec_of(&w.identity), Self::token_number(&w.task_token)));
+        let shape = {
+            let mut h = Fingerprint::default();
+            if let Some(item) = &item {
+                (
+                    item.limit,
+                    item.holders.keys().collect::<Vec<_>>(),
+                    &item.fences,
+                    item.waiting,
+                )
+                    .hash(&mut h);
+            }
+            for w in line.values() {
+                (w.key, &w.task_token).hash(&mut h);
+            }
+            h.finish()
+        };
+        let table = Table {
+            item,
+            line,
+            holders,
+            in_line,
+            head,
+            shape,
+        };
+        let mut tables = self.tables.borrow_mut();
+        let id = u32::try_from(tables.all.len()).expect("fewer than 2^32 tables");
+        tables.all.push(Rc::new(table));
+        tables.ids.insert(key, id);
+        id
+    }
+
+    /// The waiter record of execution `e` with task token `token`.
+    fn waiter(&self, e: u8, token: u8) -> Waiter {
+        let waiter = Waiter::new(
+            self.lock.clone(),
+            self.identities[e as usize].clone(),
+            Run::FIRST,
+            self.limit,
+            NOW_MS + u64::from(e),
+            task_token(e, token),
+            String::new(),
+        );
+        debug_assert_eq!(waiter.key, self.keys[e as usize]);
+        waiter
+    }
+
+    /// The acquire write of execution `e` (fast, or direct after "free").
+    fn acquire_write(&self, e: u8) -> Write {
+        let mut write = protocol::acquire(
+            &self.lock,
+            &self.identities[e as usize],
+            Run::FIRST,
+            self.limit,
+            NOW_MS + u64::from(e),
+            LATER_MS,
+            &TIMING,
+        )
+        .expect("no request expires in the queue world");
+        if self.variant == QueueVariant::NewcomerPassesTheLine {
+            write.checks.retain(|check| *check != Check::QueueEmpty);
+        }
+        write
+    }
+
+    /// The write a request sends: the core's, built once.
+    fn write(&self, request: Request) -> Rc<Write> {
+        if let Some(write) = self.tables.borrow().writes.get(&request) {
+            return write.clone();
+        }
+        let lock = &self.lock;
+        let write = match request {
+            Request::Acquire(e) => self.acquire_write(e),
+            Request::Enqueue(e, token) => {
+                protocol::enqueue(&self.waiter(e, token), LATER_MS, LATER_MS, &TIMING)
+                    .expect("no request expires in the queue world")
+            }
+            Request::Repark(e, token) => {
+                protocol::repark(lock, self.keys[e as usize], task_token(e, token))
+            }
+            Request::Grant(e, token) => protocol::grant(&self.waiter(e, token), LATER_MS),
+            Request::Leave(e) => protocol::leave(lock, self.keys[e as usize]),
+            Request::Release(e) => protocol::release(lock, &self.identities[e as usize]),
+            Request::Fence(e) => {
+                protocol::cleanup_fence(lock, &self.identities[e as usize].holder, Run::FIRST)
+            }
+            Request::Free(e) => {
+                protocol::cleanup_free(lock, std::slice::from_ref(&self.identities[e as usize]))
+            }
+        };
+        let write = Rc::new(write);
+        self.tables
+            .borrow_mut()
+            .writes
+            .insert(request, write.clone());
+        write
+    }
+
+    /// The write lands on the lock's item and line as they are: [`Write::apply_with`], as the
+    /// memory store applies it (`Applied` with the item before, `Landed` for a write that names a
+    /// waiter's record, `Refused` with the item as it is). Decided once per table and request.
+    fn land(&self, table: u32, request: Request) -> (Rc<WriteResult>, u32) {
+        if let Some(known) = self.tables.borrow().landings.get(&(table, request)) {
+            return known.clone();
+        }
+        let write = self.write(request);
+        let t = self.table(table);
+        let key = write.waiter_key();
+        let record = key.and_then(|key| t.line.get(&key));
+        let (result, after) = match write.apply_with(t.item.as_ref(), record) {
+            Ok((next, record)) => {
+                let mut line = t.line.clone();
+                let result = match key {
+                    None => WriteResult::Applied {
+                        before: t.item.clone(),
+                    },
+                    Some(key) => {
+                        match record {
+                            Some(record) => line.insert(key, record),
+                            None => line.remove(&key),
+                        };
+                        WriteResult::Landed
+                    }
+                };
+                (result, self.intern(Some(next), line))
+            }
+            Err(_) => {
+                let current = t
+                    .item
+                    .clone()
+                    .unwrap_or_else(|| SemaphoreItem::empty(self.lock.clone()));
+                let waiter_refused = write.checks.iter().any(|check| {
+                    check.waiter_key().is_some() && !check.holds_with(&current, record)
+                });
+                (
+                    WriteResult::Refused {
+                        current,
+                        waiter_refused,
+                    },
+                    table,
+                )
+            }
+        };
+        let known = (Rc::new(result), after);
+        self.tables
+            .borrow_mut()
+            .landings
+            .insert((table, request), known.clone());
+        known
+    }
+
+    /// Sends `request` of execution `e` in state `s`, and it lands, with what it did in words:
+    /// the write, what became of it, and whether it landed. An acquire, queue write or grant
+    /// that lands is checked against S3 and L2's "no acquire passes the line".
+    fn send(
+        &self,
+        s: &mut QueueState,
+        e: u8,
+        request: Request,
+        w: &mut Words,
+    ) -> (Rc<Write>, WriteResult, bool) {
+        let write = self.write(request);
+        let before = self.table(s.table);
+        let (result, after) = self.land(s.table, request);
+        let result = (*result).clone();
+        let landed = !matches!(result, WriteResult::Refused { .. });
+        s.table = after;
+        w.say(|| {
+            format!(
+                "{} {}: {}",
+                self.show_write(&write),
+                if landed { "lands" } else { "is refused" },
+                self.show(after)
+            )
+        });
+        let what = match request {
+            Request::Acquire(_) => Some("acquire"),
+            Request::Enqueue(..) => Some("queue write"),
+            Request::Grant(..) => Some("grant"),
+            _ => None,
+        };
+        if landed && s.bad.is_none() {
+            if let Some(what) = what {
+                if s.retired & bit(e) != 0 {
+                    s.bad = Some(Bad::Resurrected { exec: e, what });
+                } else if what == "acquire" && before.waiting() > 0 {
+                    s.bad = Some(Bad::PassedTheLine {
+                        exec: e,
+                        line: before.in_line,
+                    });
+                }
+            }
+        }
+        (write, result, landed)
+    }
+
+    fn show(&self, table: u32) -> String {
+        let t = self.table(table);
+        let Some(item) = &t.item else {
+            return "no item".to_owned();
+        };
+        let holders: Vec<String> = item
+            .holders
+            .iter()
+            .map(|(id, h)| format!("{} token {}", id.holder, h.token.0))
+            .collect();
+        let mut text = format!("v{}, {} held", item.version.0, item.count());
+        if !holders.is_empty() {
+            text.push_str(&format!(" [{}]", holders.join(", ")));
+        }
+        let fences: Vec<String> = (0..self.n())
+            .filter_map(|e| {
+                let id = &self.identities[e as usize];
+                let run = FenceKey::execution(&id.holder, Run::FIRST);
+                let acq = FenceKey::acquisition(id);
+                match (item.is_fenced(&run), item.is_fenced(&acq)) {
+                    (true, true) => Some(format!("{} (run, acquisition)", id.holder)),
+                    (true, false) => Some(format!("{} (run)", id.holder)),
+                    (false, true) => Some(format!("{} (acquisition)", id.holder)),
+                    (false, false) => None,
+                }
+            })
+            .collect();
+        if !fences.is_empty() {
+            text.push_str(&format!(", fenced: {}", fences.join(", ")));
+        }
+        let line: Vec<String> = t
+            .line
+            .values()
+            .map(|w| {
+                format!(
+                    "{} (task {})",
+                    w.identity.holder,
+                    Self::token_number(&w.task_token)
+                )
+            })
+            .collect();
+        text.push_str(&format!(", waiting {}", item.waiting));
+        if !line.is_empty() {
+            text.push_str(&format!(", line: {}", line.join(" < ")));
+        }
+        text
+    }
+
+    fn show_write(&self, write: &Write) -> String {
+        let checks: Vec<String> = write
+            .checks
+            .iter()
+            .map(|check| match check {
+                Check::NotHolding(_) => "not holding".to_owned(),
+                Check::HoldersBelow(limit) => format!("fewer than {limit} held"),
+                Check::NotFenced(key) => format!(
+                    "{} not fenced",
+                    self.fence_names.get(key).map_or("?", String::as_str)
+                ),
+                Check::RotatedBefore { .. } => "in time".to_owned(),
+                Check::LastRotation(_) => "last rotation".to_owned(),
+                Check::QueueEmpty => "nobody in line".to_owned(),
+                Check::Busy(limit) => format!("{limit} held or someone in line"),
+                Check::NotQueued(_) => "not in line".to_owned(),
+                Check::Queued(_) => "in line".to_owned(),
+                Check::QueuedWith { task_token, .. } => {
+                    format!("in line with task {}", Self::token_number(task_token))
+                }
+            })
+            .collect();
+        let changes: Vec<String> = write
+            .changes
+            .iter()
+            .map(|change| match change {
+                Change::PutHolder { identity, .. } => format!("slot for {}", identity.holder),
+                Change::SetLimit(limit) => format!("limit {limit}"),
+                Change::RemoveHolder(identity) => format!("free {}'s slot", identity.holder),
+                Change::AddFence(key) => format!(
+                    "fence {}",
+                    self.fence_names.get(key).map_or("?", String::as_str)
+                ),
+                Change::Rotate { .. } => "rotate".to_owned(),
+                Change::Enqueue(w) => format!(
+                    "queue {} (task {})",
+                    w.identity.holder,
+                    Self::token_number(&w.task_token)
+                ),
+                Change::Dequeue(_) => "out of line".to_owned(),
+                Change::Repark { task_token, .. } => {
+                    format!("task {}", Self::token_number(task_token))
+                }
+            })
+            .collect();
+        if checks.is_empty() {
+            format!("({})", changes.join(", "))
+        } else {
+            format!("(if {}: {})", checks.join(", "), changes.join(", "))
+        }
+    }
+
+    fn lambda_name(&self, s: &QueueState, l: &Lambda) -> String {
+        let who = exec_name(l.exec);
+        let x = s.execs[l.exec as usize];
+        let zombie = if x.alive() { "" } else { " (zombie)" };
+        match l.task {
+            Task::Acquire => format!("{who}'s acquire{zombie}"),
+            Task::Wait { token } => format!(
+                "{who}'s wait function (task {token}){}",
+                if !x.alive() {
+                    " (zombie)"
+                } else if x.stage != Stage::Waiting || x.token != token {
+                    " (its task is over)"
+                } else {
+                    ""
+                }
+            ),
+            Task::Release => format!("{who}'s release{zombie}"),
+            Task::Cleanup => format!("the cleanup of {who}"),
+            Task::Sweep => "the sweeper's hand-off".to_owned(),
+        }
+    }
+
+    /// Whether execution `e` is parked on the wait task of `token` (a wake-up with it lands).
+    fn parked_on(s: &QueueState, e: u8, token: u8) -> bool {
+        let x = s.execs[e as usize];
+        x.stage == Stage::Waiting && x.token == token
+    }
+
+    fn spawn(s: &mut QueueState, exec: u8, task: Task, step: Step) {
+        s.lambdas.push(Lambda { exec, task, step });
+    }
+
+    /// Execution `e` ends (stopped, or failed): its event is emitted, and a slot it holds is its
+    /// cleanup's (or the sweeper's).
+    fn end(&self, s: &mut QueueState, e: u8, w: &mut Words) {
+        s.execs[e as usize].stage = Stage::Ended;
+        if self.table(s.table).holders & bit(e) != 0 {
+            s.sweepers |= bit(e);
+        }
+        debug_assert!(s.emitted.is_none(), "one step ends at most one execution");
+        s.emitted = Some(e);
+        w.say(|| format!("; a cleanup event for {} is emitted", exec_name(e)));
+    }
+
+    /// A Lambda has no more requests to make.
+    fn done(&self, s: &mut QueueState, l: Lambda, w: &mut Words) {
+        if l.task == Task::Release {
+            let e = l.exec;
+            if let Stage::Releasing { failed } = s.execs[e as usize].stage {
+                if failed {
+                    w.say(|| format!(" => {} fails", exec_name(e)));
+                    self.end(s, e, w);
+                } else {
+                    w.say(|| format!(" => {} succeeds", exec_name(e)));
+                    s.execs[e as usize].stage = Stage::Succeeded;
+                }
+            }
+        }
+    }
+
+    /// Goes on with `l` at `step`, or ends it.
+    fn next(&self, s: &mut QueueState, l: Lambda, step: Option<Step>, w: &mut Words) {
+        match step {
+            Some(step) => Self::spawn(s, l.exec, l.task, step),
+            None => self.done(s, l, w),
+        }
+    }
+
+    /// The hand-off's loop, on the lock as last read.
+    fn hand_on(waiting: u64, count: usize, w: &mut Words) -> Option<Step> {
+        if waiting == 0 {
+            w.say(|| "; nobody waits: the hand-off is done".to_owned());
+            return None;
+        }
+        w.say(|| "; it reads the head of the line".to_owned());
+        Some(Step::Hand(Hand::ReadHead { count: count as u8 }))
+    }
+
+    fn refused(&self, s: &mut QueueState, e: u8, current: bool, w: &mut Words) {
+        if current && s.bad.is_none() {
+            s.bad = Some(Bad::Refused { exec: e });
+        }
+        w.say(|| {
+            if current {
+                format!(" => {} is refused", exec_name(e))
+            } else {
+                " (nobody waits for the answer)".to_owned()
+            }
+        });
+    }
+
+    /// One step of Lambda `l`, which the caller has taken out of `s.lambdas`.
+    fn step(&self, s: &mut QueueState, l: Lambda, w: &mut Words) {
+        let e = l.exec;
+        let identity = &self.identities[e as usize];
+        w.say(|| format!("{}: ", self.lambda_name(s, &l)));
+        let alive = s.execs[e as usize].alive();
+        match l.step {
+            Step::Acquire => {
+                let (write, result, landed) = self.send(s, e, Request::Acquire(e), w);
+                if landed && !alive {
+                    s.sweepers |= bit(e);
+                }
+                let outcome = protocol::acquired(&write, identity, self.limit, result)
+                    .expect("the core reads its own write's result");
+                w.say(|| format!(" => {outcome:?}"));
+                if s.execs[e as usize].stage != Stage::Acquiring {
+                    w.say(|| " (nobody waits for the answer)".to_owned());
+                    return self.done(s, l, w);
+                }
+                match outcome {
+                    AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
+                        s.execs[e as usize].stage = Stage::Working;
+                        w.say(|| format!("; {} does its work", exec_name(e)));
+                    }
+                    AcquireOutcome::Full { .. } => {
+                        let x = &mut s.execs[e as usize];
+                        x.stage = Stage::Waiting;
+                        x.waited = true;
+                        let token = x.token;
+                        w.say(|| {
+                            format!(
+                                "; {} parks on its wait task (task {token}), which invokes the \
+                                 acquire function to queue it",
+                                exec_name(e)
+                            )
+                        });
+                        Self::spawn(s, e, Task::Wait { token }, Step::Enqueue { round: 0 });
+                    }
+                    AcquireOutcome::Fenced(_) => self.refused(s, e, true, w),
+                    AcquireOutcome::Expired => unreachable!("no request expires here"),
+                }
+                self.done(s, l, w)
+            }
+            Step::Repark => {
+                let Task::Wait { token } = l.task else {
+                    unreachable!("only a wait function reparks")
+                };
+                let (write, result, _) = self.send(s, e, Request::Repark(e, token), w);
+                let queued = protocol::was_queued(&write, &result)
+                    .expect("the core reads its own write's result");
+                let step = if queued {
+                    w.say(|| " => still in line; it hands off: it reads the lock".to_owned());
+                    Step::Hand(Hand::ReadLock)
+                } else {
+                    w.say(|| " => not in line; it queues".to_owned());
+                    Step::Enqueue { round: 0 }
+                };
+                self.next(s, l, Some(step), w)
+            }
+            Step::Enqueue { round } => {
+                let Task::Wait { token } = l.task else {
+                    unreachable!("only a wait function queues")
+                };
+                let current = Self::parked_on(s, e, token);
+                let (write, result, _) = self.send(s, e, Request::Enqueue(e, token), w);
+                let outcome = protocol::queued(&write, identity, result)
+                    .expect("the core reads its own write's result");
+                w.say(|| format!(" => {outcome:?}"));
+                let step = match outcome {
+                    QueueOutcome::Queued | QueueOutcome::AlreadyQueued => {
+                        w.say(|| "; it hands off: it reads the lock".to_owned());
+                        Some(Step::Hand(Hand::ReadLock))
+                    }
+                    QueueOutcome::Free => {
+                        w.say(|| "; it acquires directly".to_owned());
+                        Some(Step::Direct { round })
+                    }
+                    QueueOutcome::AlreadyHeld { .. } => {
+                        w.say(|| "; it completes its own task".to_owned());
+                        Some(Step::SelfWake)
+                    }
+                    QueueOutcome::Fenced(_) => {
+                        self.refused(s, e, current, w);
+                        None
+                    }
+                    QueueOutcome::Expired => unreachable!("no request expires here"),
+                };
+                self.next(s, l, step, w)
+            }
+            Step::Direct { round } => {
+                let Task::Wait { token } = l.task else {
+                    unreachable!("only a wait function acquires directly")
+                };
+                let current = Self::parked_on(s, e, token);
+                let (write, result, landed) = self.send(s, e, Request::Acquire(e), w);
+                if landed && !alive {
+                    s.sweepers |= bit(e);
+                }
+                let outcome = protocol::acquired(&write, identity, self.limit, result)
+                    .expect("the core reads its own write's result");
+                w.say(|| format!(" => {outcome:?}"));
+                let step = match outcome {
+                    AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
+                        w.say(|| "; it completes its own task".to_owned());
+                        Some(Step::SelfWake)
+                    }
+                    AcquireOutcome::Full { .. } if round + 1 < QUEUE_ROUNDS => {
+                        w.say(|| "; it queues again".to_owned());
+                        Some(Step::Enqueue { round: round + 1 })
+                    }
+                    AcquireOutcome::Full { .. } => {
+                        // The lock kept changing under it: nothing held, nothing queued; the
+                        // parked task's fallback re-checks.
+                        s.relied = true;
+                        w.say(|| "; it gives up queueing (the fallback will re-check)".to_owned());
+                        None
+                    }
+                    AcquireOutcome::Fenced(_) => {
+                        self.refused(s, e, current, w);
+                        None
+                    }
+                    AcquireOutcome::Expired => unreachable!("no request expires here"),
+                };
+                self.next(s, l, step, w)
+            }
+            Step::SelfWake => {
+                let Task::Wait { token } = l.task else {
+                    unreachable!("only a wait function wakes itself")
+                };
+                if Self::parked_on(s, e, token) {
+                    s.execs[e as usize].stage = Stage::Working;
+                    w.say(|| {
+                        format!(
+                            "SendTaskSuccess (task {token}) => {} does its work",
+                            exec_name(e)
+                        )
+                    });
+                } else {
+                    w.say(|| format!("SendTaskSuccess (task {token}) fails: no such task waits"));
+                }
+                self.done(s, l, w)
+            }
+            Step::Release => {
+                let (write, result, _) = self.send(s, e, Request::Release(e), w);
+                s.retired |= bit(e);
+                let (outcome, after) = protocol::released(&write, identity, result)
+                    .expect("the core reads its own write's result");
+                w.say(|| format!(" => {outcome:?}"));
+                let step = (after.waiting > 0).then(|| {
+                    w.say(|| "; someone waits: it hands off: it reads the lock".to_owned());
+                    Step::Hand(Hand::ReadLock)
+                });
+                self.next(s, l, step, w)
+            }
+            Step::Fence => {
+                let (write, result, _) = self.send(s, e, Request::Fence(e), w);
+                s.retired |= bit(e);
+                let (slots, _) = protocol::fenced_slots(&write, &identity.holder, result)
+                    .expect("the core reads its own write's result");
+                let slots = !slots.is_empty();
+                w.say(|| format!(" => it saw {}", if slots { "a slot" } else { "no slot" }));
+                let step = if s.execs[e as usize].waited {
+                    w.say(|| "; its history names its place: it takes it out of line".to_owned());
+                    Some(Step::Leave { slots })
+                } else {
+                    slots.then_some(Step::Free)
+                };
+                self.next(s, l, step, w)
+            }
+            Step::Leave { slots } => {
+                let (write, result, _) = self.send(s, e, Request::Leave(e), w);
+                let was = protocol::was_queued(&write, &result)
+                    .expect("the core reads its own write's result");
+                w.say(|| format!(" => {}", if was { "left" } else { "was not in line" }));
+                self.next(s, l, slots.then_some(Step::Free), w)
+            }
+            Step::Free => {
+                let slots = std::slice::from_ref(identity);
+                let (write, result, _) = self.send(s, e, Request::Free(e), w);
+                let (outcome, _) = protocol::freed(&write, slots, result)
+                    .expect("the core reads its own write's result");
+                w.say(|| format!(" => freed {}", outcome.freed.len()));
+                let step = (!outcome.freed.is_empty() && outcome.waiting > 0).then(|| {
+                    w.say(|| "; someone waits: it hands off: it reads the lock".to_owned());
+                    Step::Hand(Hand::ReadLock)
+                });
+                self.next(s, l, step, w)
+            }
+            Step::Hand(hand) => {
+                let step = self.hand_step(s, hand, w);
+                self.next(s, l, step, w)
+            }
+        }
+    }
+
+    /// One request of a hand-off (see `Semaphore::hand_off`).
+    fn hand_step(&self, s: &mut QueueState, hand: Hand, w: &mut Words) -> Option<Step> {
+        match hand {
+            Hand::ReadLock => {
+                let t = self.table(s.table);
+                w.say(|| format!("reads the lock: {}", self.show(s.table)));
+                // No item: nothing to hand off.
+                let item = t.item.as_ref()?;
+                Self::hand_on(item.waiting, t.count().into(), w)
+            }
+            Hand::ReadHead { count } => {
+                let t = self.table(s.table);
+                let Some((head, token)) = t.head else {
+                    w.say(|| "reads the head: nobody in line: done".to_owned());
+                    return None;
+                };
+                w.say(|| format!("reads the head: {} (task {token})", exec_name(head)));
+                if u32::from(count) >= self.limit.get() {
+                    w.say(|| format!("; {count} held (as read): no slot to hand, done"));
+                    return None;
+                }
+                w.say(|| format!("; {count} held (as read): it grants it a slot"));
+                Some(Step::Hand(Hand::Grant {
+                    head,
+                    token,
+                    line_at_read: t.in_line,
+                }))
+            }
+            Hand::Grant {
+                head,
+                token,
+                line_at_read,
+            } => {
+                let before = self.table(s.table);
+                let (write, result, landed) = self.send(s, head, Request::Grant(head, token), w);
+                if landed && s.bad.is_none() {
+                    // Waiters ahead of the one granted, as the grant lands.
+                    let mut ahead = (0..self.n())
+                        .filter(|&x| {
+                            before.in_line & bit(x) != 0
+                                && self.keys[x as usize] < self.keys[head as usize]
+                        })
+                        .fold(0, |m, x| m | bit(x));
+                    if !self.config.strict_order {
+                        ahead &= line_at_read;
+                    }
+                    if ahead != 0 {
+                        s.bad = Some(Bad::OutOfOrder { exec: head, ahead });
+                    }
+                }
+                let grant = protocol::granted(&write, result)
+                    .expect("the core reads its own write's result");
+                match grant {
+                    Grant::Granted => {
+                        w.say(|| " => granted; it reads the lock".to_owned());
+                        Some(Step::Hand(Hand::ReadGranted { head, token }))
+                    }
+                    Grant::Moved { current } => {
+                        w.say(|| " => moved".to_owned());
+                        Self::hand_on(current.waiting, current.count(), w)
+                    }
+                    Grant::Dead { .. } if self.variant == QueueVariant::DeadWaiterNotSkipped => {
+                        w.say(|| " => dead; the hand-off stops (broken variant)".to_owned());
+                        None
+                    }
+                    Grant::Dead { .. } | Grant::Holding { .. } => {
+                        w.say(|| {
+                            format!(
+                                " => {}; it takes {} out of line",
+                                if matches!(grant, Grant::Dead { .. }) {
+                                    "dead"
+                                } else {
+                                    "holding"
+                                },
+                                exec_name(head)
+                            )
+                        });
+                        Some(Step::Hand(Hand::Leave { head }))
+                    }
+                    Grant::NoSlot { .. } => {
+                        w.say(|| " => no slot: done".to_owned());
+                        None
+                    }
+                }
+            }
+            Hand::ReadGranted { head, token } => {
+                let t = self.table(s.table);
+                w.say(|| format!("reads the lock: {}", self.show(s.table)));
+                if t.holders & bit(head) == 0 {
+                    w.say(|| format!("; {} holds nothing any more", exec_name(head)));
+                    return Self::hand_on(t.waiting(), t.count().into(), w);
+                }
+                w.say(|| format!("; it wakes {}", exec_name(head)));
+                Some(Step::Hand(Hand::Wake {
+                    head,
+                    token,
+                    waiting: t.waiting() as u8,
+                    count: t.count(),
+                }))
+            }
+            Hand::Wake {
+                head,
+                token,
+                waiting,
+                count,
+            } => {
+                if Self::parked_on(s, head, token) {
+                    s.execs[head as usize].stage = Stage::Working;
+                    w.say(|| {
+                        format!(
+                            "SendTaskSuccess to {} (task {token}) => {} does its work",
+                            exec_name(head),
+                            exec_name(head)
+                        )
+                    });
+                    Self::hand_on(waiting.into(), count.into(), w)
+                } else {
+                    w.say(|| {
+                        format!(
+                            "SendTaskSuccess to {} (task {token}) fails; DescribeExecution next",
+                            exec_name(head)
+                        )
+                    });
+                    Some(Step::Hand(Hand::Describe {
+                        head,
+                        waiting,
+                        count,
+                    }))
+                }
+            }
+            Hand::Describe {
+                head,
+                waiting,
+                count,
+            } => {
+                if s.execs[head as usize].alive() {
+                    w.say(|| {
+                        format!(
+                            "DescribeExecution: {} is RUNNING: it keeps the slot (parked)",
+                            exec_name(head)
+                        )
+                    });
+                    return Self::hand_on(waiting.into(), count.into(), w);
+                }
+                if self.variant == QueueVariant::HandOffWithoutWakeRetry {
+                    w.say(|| {
+                        format!(
+                            "DescribeExecution: {} has ended; the slot stays held and the \
+                             hand-off stops (broken variant)",
+                            exec_name(head)
+                        )
+                    });
+                    return None;
+                }
+                w.say(|| {
+                    format!(
+                        "DescribeExecution: {} has ended: it cleans up its run",
+                        exec_name(head)
+                    )
+                });
+                Some(Step::Hand(Hand::Fence { head }))
+            }
+            Hand::Fence { head } => {
+                let holder = &self.identities[head as usize].holder;
+                let (write, result, _) = self.send(s, head, Request::Fence(head), w);
+                s.retired |= bit(head);
+                let (slots, _) = protocol::fenced_slots(&write, holder, result)
+                    .expect("the core reads its own write's result");
+                if slots.is_empty() {
+                    w.say(|| " => it saw no slot; it reads the lock".to_owned());
+                    Some(Step::Hand(Hand::ReadLock))
+                } else {
+                    w.say(|| " => it saw the slot; it frees it".to_owned());
+                    Some(Step::Hand(Hand::Free { head }))
+                }
+            }
+            Hand::Free { head } => {
+                let slots = std::slice::from_ref(&self.identities[head as usize]);
+                let (write, result, _) = self.send(s, head, Request::Free(head), w);
+                protocol::freed(&write, slots, result)
+                    .expect("the core reads its own write's result");
+                w.say(|| "; it reads the lock".to_owned());
+                Some(Step::Hand(Hand::ReadLock))
+            }
+            Hand::Leave { head } => {
+                let (write, result, _) = self.send(s, head, Request::Leave(head), w);
+                protocol::was_queued(&write, &result)
+                    .expect("the core reads its own write's result");
+                w.say(|| "; it reads the lock".to_owned());
+                Some(Step::Hand(Hand::ReadLock))
+            }
+        }
+    }
+
+    /// Lambda `l` (taken out of `s.lambdas`) crashes before its next request.
+    fn crash(&self, s: &mut QueueState, l: Lambda, w: &mut Words) {
+        let e = l.exec;
+        s.crashes_left -= 1;
+        s.relied = true;
+        w.say(|| format!("{} crashes", self.lambda_name(s, &l)));
+        if let Step::Hand(hand) = l.step {
+            if let Some(head) = hand.granted_head() {
+                // The grant it landed is left to the head's fallback re-check (alive), or to
+                // the head's cleanup and the sweeper (ended).
+                s.sweepers |= bit(head);
+                w.say(|| {
+                    format!(
+                        " with {}'s grant landed and not dealt with",
+                        exec_name(head)
+                    )
+                });
+            }
+        }
+        match l.task {
+            Task::Release if matches!(s.execs[e as usize].stage, Stage::Releasing { .. }) => {
+                w.say(|| format!("; its release task fails: {} fails", exec_name(e)));
+                self.end(s, e, w);
+            }
+            Task::Wait { token } if Self::parked_on(s, e, token) => {
+                s.execs[e as usize].stage = Stage::Releasing { failed: true };
+                w.say(|| "; its wait task fails: Release after failure".to_owned());
+                Self::spawn(s, e, Task::Release, Step::Release);
+            }
+            _ => {}
+        }
+    }
+
+    /// A fallback timeout of execution `e`'s wait task: it enters the task again with a new
+    /// token, and the acquire function re-checks.
+    fn time_out(s: &mut QueueState, e: u8, w: &mut Words) {
+        let x = &mut s.execs[e as usize];
+        let old = x.token;
+        x.token += 1;
+        let token = x.token;
+        w.say(|| {
+            format!(
+                "{}'s wait task (task {old}) times out; it enters the wait task again (task \
+                 {token}): the acquire function re-checks",
+                exec_name(e)
+            )
+        });
+        Self::spawn(s, e, Task::Wait { token }, Step::Repark);
+    }
+
+    fn deliver(s: &mut QueueState, e: u8, w: &mut Words) {
+        s.events &= !bit(e);
+        w.say(|| format!("the cleanup event for {} is delivered", exec_name(e)));
+        Self::spawn(s, e, Task::Cleanup, Step::Fence);
+    }
+
+    fn finish_work(s: &mut QueueState, e: u8, w: &mut Words) {
+        s.execs[e as usize].stage = Stage::Releasing { failed: false };
+        w.say(|| format!("{} finishes its work and releases", exec_name(e)));
+        Self::spawn(s, e, Task::Release, Step::Release);
+    }
+
+    /// Adds successor `t`, once for each fate of the cleanup event its step emitted, if any:
+    /// delivered later, or lost. (Choosing at emission loses nothing: a pending event does
+    /// nothing until delivered.)
+    fn fan_out(
+        &self,
+        mut t: QueueState,
+        w: Words,
+        out: &mut Vec<QueueState>,
+        labels: &mut Option<&mut Vec<String>>,
+    ) {
+        let mut fates = Vec::with_capacity(2);
+        match t.emitted.take() {
+            None => fates.push((t, w)),
+            Some(e) => {
+                if t.lost_left > 0 {
+                    let mut lost = t.clone();
+                    lost.lost_left -= 1;
+                    let mut w = w.clone();
+                    w.say(|| " (it will be lost)".to_owned());
+                    fates.push((lost, w));
+                }
+                t.events |= bit(e);
+                fates.insert(0, (t, w));
+            }
+        }
+        for (mut t, w) in fates {
+            t.lambdas.sort_unstable();
+            out.push(t);
+            if let Some(labels) = labels.as_deref_mut() {
+                labels.push(w.into_string());
+            }
+        }
+    }
+
+    /// Nothing is in flight, nothing pending and nobody works: only timers are left (fallback
+    /// timeouts, the sweeper's schedule).
+    fn stable(&self, s: &QueueState) -> bool {
+        s.lambdas.is_empty()
+            && s.events == 0
+            && s.execs[..self.n() as usize]
+                .iter()
+                .all(|x| matches!(x.stage, Stage::Waiting | Stage::Succeeded | Stage::Ended))
+    }
+
+    /// S1, in any state.
+    fn safety(&self, s: &QueueState) -> Result<(), Violation> {
+        let t = self.table(s.table);
+        if u32::from(t.count()) > self.config.limit {
+            return Err(Violation {
+                property: "S1",
+                detail: format!(
+                    "{} slots held with limit {}: {}",
+                    t.count(),
+                    self.config.limit,
+                    self.show(s.table)
+                ),
+            });
+        }
+        if t.waiting() != t.line.len() as u64 {
+            return Err(Violation {
+                property: "S1",
+                detail: format!(
+                    "the lock counts {} waiting but {} records are in line: {}",
+                    t.waiting(),
+                    t.line.len(),
+                    self.show(s.table)
+                ),
+            });
+        }
+        let without = (0..self.n())
+            .filter(|&e| s.execs[e as usize].stage == Stage::Working && t.holders & bit(e) == 0)
+            .fold(0, |m, e| m | bit(e));
+        if without != 0 {
+            return Err(Violation {
+                property: "S1",
+                detail: format!(
+                    "{} does its work without holding a slot: {}",
+                    names(without),
+                    self.show(s.table)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn bad(&self, s: &QueueState, bad: Bad) -> Violation {
+        let table = self.show(s.table);
+        match bad {
+            Bad::Resurrected { exec, what } => Violation {
+                property: "S3",
+                detail: format!(
+                    "a {what} of {} landed after a release of it or a fence of its run had: {table}",
+                    exec_name(exec)
+                ),
+            },
+            Bad::PassedTheLine { exec, line } => Violation {
+                property: "L2",
+                detail: format!(
+                    "an acquire of {} landed while {} waited in line: {table}",
+                    exec_name(exec),
+                    names(line)
+                ),
+            },
+            Bad::OutOfOrder { exec, ahead } => Violation {
+                property: "L2",
+                detail: format!(
+                    "a grant to {} landed while {} {} ahead of it in line{}: {table}",
+                    exec_name(exec),
+                    names(ahead),
+                    if ahead.count_ones() == 1 { "was" } else { "were" },
+                    if self.config.strict_order {
+                        " (strict order)"
+                    } else {
+                        ", in line already when the hand-off read the head"
+                    }
+                ),
+            },
+            Bad::Refused { exec } => Violation {
+                property: "L1",
+                detail: format!(
+                    "{} was answered \"fenced\" while it was running: {table}",
+                    exec_name(exec)
+                ),
+            },
+        }
+    }
+
+    /// Every successor of `s`; with `labels`, what each step does.
+    fn moves(
+        &self,
+        s: &QueueState,
+        out: &mut Vec<QueueState>,
+        mut labels: Option<&mut Vec<String>>,
+    ) {
+        let on = labels.is_some();
+        for (i, &l) in s.lambdas.iter().enumerate() {
+            if i > 0 && s.lambdas[i - 1] == l {
+                continue;
+            }
+            let mut t = s.clone();
+            t.lambdas.remove(i);
+            let mut w = Words::new(on);
+            self.step(&mut t, l, &mut w);
+            self.fan_out(t, w, out, &mut labels);
+            if s.crashes_left > 0
+                && matches!(l.task, Task::Wait { .. } | Task::Release | Task::Cleanup)
+            {
+                let mut t = s.clone();
+                t.lambdas.remove(i);
+                let mut w = Words::new(on);
+                self.crash(&mut t, l, &mut w);
+                self.fan_out(t, w, out, &mut labels);
+            }
+        }
+        for e in 0..self.n() {
+            let x = s.execs[e as usize];
+            if x.stage == Stage::Working {
+                let mut t = s.clone();
+                let mut w = Words::new(on);
+                Self::finish_work(&mut t, e, &mut w);
+                self.fan_out(t, w, out, &mut labels);
+            }
+            if x.stage == Stage::Waiting && s.timeouts_left > 0 {
+                let mut t = s.clone();
+                t.timeouts_left -= 1;
+                t.relied = true;
+                let mut w = Words::new(on);
+                w.say(|| "early: ".to_owned());
+                Self::time_out(&mut t, e, &mut w);
+                self.fan_out(t, w, out, &mut labels);
+            }
+            if x.alive() && s.deaths_left > 0 {
+                let mut t = s.clone();
+                t.deaths_left -= 1;
+                let mut w = Words::new(on);
+                w.say(|| format!("{} is stopped", exec_name(e)));
+                self.end(&mut t, e, &mut w);
+                self.fan_out(t, w, out, &mut labels);
+            }
+        }
+        for e in 0..self.n() {
+            if s.events & bit(e) != 0 {
+                let mut t = s.clone();
+                let mut w = Words::new(on);
+                Self::deliver(&mut t, e, &mut w);
+                self.fan_out(t, w, out, &mut labels);
+            }
+        }
+    }
+
+    /// The first step there is with no faults (a Lambda's next request, else someone finishing
+    /// its work, else an event delivered), taken in `s`; `false` if there is none.
+    fn first_step(&self, s: &mut QueueState, w: &mut Words) -> bool {
+        if !s.lambdas.is_empty() {
+            let l = s.lambdas.remove(0);
+            self.step(s, l, w);
+        } else if let Some(e) = (0..self.n()).find(|&e| s.execs[e as usize].stage == Stage::Working)
+        {
+            Self::finish_work(s, e, w);
+        } else if let Some(e) = (0..self.n()).find(|&e| s.events & bit(e) != 0) {
+            Self::deliver(s, e, w);
+        } else {
+            return false;
+        }
+        if let Some(e) = s.emitted.take() {
+            s.events |= bit(e);
+        }
+        s.lambdas.sort_unstable();
+        true
+    }
+
+    /// Runs `s` with no faults, always taking the first step there is, until it is stable.
+    fn settle(&self, s: &mut QueueState, log: &mut Option<String>) -> Result<(), String> {
+        for _ in 0..10_000 {
+            if self.stable(s) {
+                return Ok(());
+            }
+            let mut w = Words::new(log.is_some());
+            if !self.first_step(s, &mut w) {
+                return Err("nothing can happen, yet it is not stable".to_owned());
+            }
+            if let Some(log) = log {
+                log.push_str(&format!("\n   - {}", w.into_string()));
+            }
+            if let Some(bad) = s.bad {
+                let v = self.bad(s, bad);
+                return Err(format!("{} violated: {}", v.property, v.detail));
+            }
+            self.safety(s)
+                .map_err(|v| format!("{} violated: {}", v.property, v.detail))?;
+        }
+        Err("it does not settle in 10,000 steps".to_owned())
+    }
+
+    /// What makes a difference to whether anyone ever finishes (task tokens do not).
+    fn progress(&self, s: &QueueState) -> (Vec<Stage>, u8, u8) {
+        let t = self.table(s.table);
+        (
+            s.execs[..self.n() as usize]
+                .iter()
+                .map(|x| x.stage)
+                .collect(),
+            t.holders,
+            t.in_line,
+        )
+    }
+
+    fn parked(&self, s: &QueueState) -> u8 {
+        (0..self.n())
+            .filter(|&e| s.execs[e as usize].stage == Stage::Waiting)
+            .fold(0, |m, e| m | bit(e))
+    }
+
+    /// Ended executions holding a slot (bit e).
+    fn dead_holders(&self, s: &QueueState) -> u8 {
+        let t = self.table(s.table);
+        (0..self.n())
+            .filter(|&e| !s.execs[e as usize].alive() && t.holders & bit(e) != 0)
+            .fold(0, |m, e| m | bit(e))
+    }
+
+    /// From stable state `s`: fires the fallback timeouts of the parked executions in turn,
+    /// each re-check run to completion with no more faults, until every live execution has
+    /// finished, or a round of them changes nothing twice (then, once, the sweeper, if the
+    /// design leaves a slot to it). With `log`, what happened.
+    fn heal(&self, s: &QueueState, log: &mut Option<String>) -> Result<(), String> {
+        let mut t = s.clone();
+        let mut swept = false;
+        let mut idle = 0;
+        for round in 1..=8 * usize::from(self.n()) + 8 {
+            let before = self.progress(&t);
+            if let Some(log) = log {
+                log.push_str(&format!("\n  round {round}:"));
+            }
+            for e in 0..self.n() {
+                if t.execs[e as usize].stage != Stage::Waiting {
+                    continue;
+                }
+                let mut w = Words::new(log.is_some());
+                Self::time_out(&mut t, e, &mut w);
+                if let Some(log) = log {
+                    log.push_str(&format!("\n   - {}", w.into_string()));
+                }
+                t.lambdas.sort_unstable();
+                self.settle(&mut t, log)?;
+            }
+            if self.parked(&t) == 0 {
+                return Ok(());
+            }
+            idle = if self.progress(&t) == before {
+                idle + 1
+            } else {
+                0
+            };
+            if idle < 2 {
+                continue;
+            }
+            let dead = self.dead_holders(&t);
+            if self.config.sweeper && !swept && dead != 0 && dead & !t.sweepers == 0 {
+                swept = true;
+                idle = 0;
+                self.sweep(&mut t, log)?;
+                continue;
+            }
+            let unswept = dead & !t.sweepers;
+            return Err(format!(
+                "{} {} parked for ever{}: {}",
+                names(self.parked(&t)),
+                if self.parked(&t).count_ones() == 1 {
+                    "stays"
+                } else {
+                    "stay"
+                },
+                if unswept != 0 {
+                    format!(
+                        " ({} ended and holds a slot it was granted after it ended, which the \
+                         hand-off should have freed)",
+                        names(unswept)
+                    )
+                } else if dead != 0 && !self.config.sweeper {
+                    format!(
+                        " ({} ended holding a slot, and there is no sweeper)",
+                        names(dead)
+                    )
+                } else {
+                    String::new()
+                },
+                self.show(t.table)
+            ));
+        }
+        Err(format!(
+            "{} still parked after every round: {}",
+            names(self.parked(&t)),
+            self.show(t.table)
+        ))
+    }
+
+    /// The sweeper: the cleanup of every ended execution that holds a slot or a place in line,
+    /// then a hand-off.
+    fn sweep(&self, t: &mut QueueState, log: &mut Option<String>) -> Result<(), String> {
+        let table = self.table(t.table);
+        let ended = (0..self.n())
+            .filter(|&e| {
+                !t.execs[e as usize].alive() && (table.holders | table.in_line) & bit(e) != 0
+            })
+            .fold(0, |m, e| m | bit(e));
+        if let Some(log) = log {
+            log.push_str(&format!("\n  the sweeper cleans up {}", names(ended)));
+        }
+        for e in 0..self.n() {
+            if ended & bit(e) != 0 {
+                Self::spawn(t, e, Task::Cleanup, Step::Fence);
+            }
+        }
+        t.lambdas.sort_unstable();
+        self.settle(t, log)?;
+        Self::spawn(t, 0, Task::Sweep, Step::Hand(Hand::ReadLock));
+        self.settle(t, log)
+    }
+
+    /// The properties of a stable state: F8 (dead grants freed, no sleeping through a free
+    /// slot) and L1 (no stall).
+    fn settled(&self, s: &QueueState) -> Result<(), Violation> {
+        let t = self.table(s.table);
+        let leaked = self.dead_holders(s) & !s.sweepers;
+        if leaked != 0 {
+            return Err(Violation {
+                property: "F8",
+                detail: format!(
+                    "{} was granted a slot after it had ended, and holds it with nothing in \
+                     flight or pending that could free it (the hand-off that granted it did not \
+                     crash; only the sweeper could): {}",
+                    names(leaked),
+                    self.show(s.table)
+                ),
+            });
+        }
+        let parked = self.parked(s);
+        if !s.relied && parked != 0 {
+            let holding = parked & t.holders;
+            let out_of_line = (0..self.n())
+                .filter(|&e| {
+                    parked & bit(e) != 0
+                        && t.line.get(&self.keys[e as usize]).is_none_or(|w| {
+                            Self::token_number(&w.task_token) != s.execs[e as usize].token
+                        })
+                })
+                .fold(0, |m, e| m | bit(e));
+            let why = if holding != 0 {
+                Some(format!(
+                    "{} is parked holding a slot it was granted: its wake-up was lost",
+                    names(holding)
+                ))
+            } else if out_of_line != 0 {
+                Some(format!(
+                    "{} is parked but not in line with its current task token: nobody will \
+                     wake it",
+                    names(out_of_line)
+                ))
+            } else if u32::from(t.count()) < self.config.limit {
+                Some(format!(
+                    "{} {} parked while a slot is free",
+                    names(parked),
+                    if parked.count_ones() == 1 {
+                        "is"
+                    } else {
+                        "are"
+                    }
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(Violation {
+                    property: "F8",
+                    detail: format!(
+                        "{why}, though no crash, early timeout or give-up happened that the \
+                         design needs a fallback re-check for: {}",
+                        self.show(s.table)
+                    ),
+                });
+            }
+        }
+        if parked != 0 && self.heal(s, &mut None).is_err() {
+            let mut log = Some(String::new());
+            let why = self
+                .heal(s, &mut log)
+                .expect_err("the same run fails the same way");
+            return Err(Violation {
+                property: "L1",
+                detail: format!(
+                    "stall: with no more faults, the fallback re-checks of the parked executions \
+                     (in turn, each to completion) never let every live execution finish: {why}\n  \
+                     what they do:{}",
+                    log.unwrap_or_default()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Model for QueueWorld {
+    type State = QueueState;
+
+    fn initial(&self) -> QueueState {
+        let mut s = QueueState {
+            table: 0,
+            execs: [Exec {
+                stage: Stage::Succeeded,
+                token: 0,
+                waited: false,
+            }; MAX_WAITERS],
+            lambdas: Vec::new(),
+            events: 0,
+            deaths_left: self.config.deaths,
+            lost_left: self.config.lost_events,
+            crashes_left: self.config.crashes,
+            timeouts_left: self.config.timeouts,
+            retired: 0,
+            sweepers: 0,
+            relied: false,
+            bad: None,
+            emitted: None,
+        };
+        for e in 0..self.n() {
+            s.execs[e as usize].stage = Stage::Acquiring;
+            Self::spawn(&mut s, e, Task::Acquire, Step::Acquire);
+        }
+        s.lambdas.sort_unstable();
+        s
+    }
+
+    fn describe_initial(&self, _: &QueueState) -> String {
+        format!(
+            "the line ({}{}); lock limit {}, no item; {} send their acquire [in flight], asked \
+             in that order (their places in line if they wait)",
+            if self.variant == QueueVariant::Real {
+                "the product's protocol"
+            } else {
+                "BROKEN variant "
+            },
+            if self.variant == QueueVariant::Real {
+                ""
+            } else {
+                self.variant.name()
+            },
+            self.config.limit,
+            names((1u8 << self.n()) - 1),
+        )
+    }
+
+    fn successors(
+        &self,
+        s: &QueueState,
+        out: &mut Vec<QueueState>,
+        labels: Option<&mut Vec<String>>,
+    ) {
+        self.moves(s, out, labels);
+    }
+
+    fn check(&self, s: &QueueState) -> Result<(), Violation> {
+        if let Some(bad) = s.bad {
+            return Err(self.bad(s, bad));
+        }
+        self.safety(s)?;
+        if self.stable(s) {
+            self.settled(s)?;
+        }
+        Ok(())
+    }
+
+    /// Every state without a successor is stable (a Lambda can always take its next step); the
+    /// stable states' properties are checked by `check`.
+    fn may_stop(&self, s: &QueueState) -> bool {
+        self.stable(s)
+    }
+
+    /// Everything but what nothing reads any more: the version and fencing tokens in the item,
+    /// and all about an execution that is gone (ended or succeeded, with no Lambda of its own
+    /// running, no event pending, no slot and no place in line: whatever else refers to it
+    /// only asks whether it runs, and it does not).
+    fn identify(&self, s: &QueueState, h: &mut Fingerprint) {
+        if !self.reduce {
+            s.hash(h);
+            return;
+        }
+        let t = self.table(s.table);
+        t.shape.hash(h);
+        for e in 0..self.n() {
+            let x = s.execs[e as usize];
+            let gone = !x.alive()
+                && (s.events | t.holders | t.in_line) & bit(e) == 0
+                && s.lambdas.iter().all(|l| l.exec != e);
+            if gone {
+                u8::MAX.hash(h);
+            } else {
+                (x, s.retired & bit(e), s.sweepers & bit(e)).hash(h);
+            }
+        }
+        s.lambdas.hash(h);
+        (
+            s.events,
+            s.deaths_left,
+            s.lost_left,
+            s.crashes_left,
+            s.timeouts_left,
+            s.relied,
+            s.bad,
+        )
+            .hash(h);
+    }
+}
+
+/// Witnesses that the behaviours the checks are about do happen in the queue world, so that a
+/// check that passes is not vacuous about them.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::explore::{explore, Reach};
+
+    fn config(
+        executions: u8,
+        deaths: u8,
+        lost_events: u8,
+        crashes: u8,
+        timeouts: u8,
+    ) -> QueueConfig {
+        QueueConfig {
+            executions,
+            limit: 1,
+            deaths,
+            lost_events,
+            crashes,
+            timeouts,
+            strict_order: false,
+            sweeper: true,
+        }
+    }
+
+    /// One step a witness must meet.
+    type Milestone<'w> = Box<dyn Fn(&QueueState) -> bool + 'w>;
+
+    /// A shortest path through `steps`, in words; panics if there is none.
+    fn witness(world: &QueueWorld, what: &'static str, steps: Vec<Milestone<'_>>) -> String {
+        let reach = Reach {
+            model: world,
+            steps,
+            what,
+        };
+        let report = explore(&reach, None);
+        let Some(cex) = report.counterexample.clone() else {
+            panic!("not reachable: {what} ({report})")
+        };
+        assert_eq!(cex.violation.property, "reached", "{cex}");
+        let text = cex.to_string();
+        println!("{what}:\n{text}");
+        text
+    }
+
+    fn held(world: &QueueWorld, s: &QueueState) -> u8 {
+        world.table(s.table).holders
+    }
+
+    fn all_succeeded(world: &QueueWorld, s: &QueueState) -> bool {
+        s.execs[..world.n() as usize]
+            .iter()
+            .all(|x| x.stage == Stage::Succeeded)
+    }
+
+    /// Nothing runs any more, and someone's work was done.
+    fn all_done(world: &QueueWorld, s: &QueueState) -> bool {
+        let execs = &s.execs[..world.n() as usize];
+        s.lambdas.is_empty()
+            && execs.iter().all(|x| !x.alive())
+            && execs.iter().any(|x| x.stage == Stage::Succeeded)
+    }
+
+    fn lambda_at(s: &QueueState, f: impl Fn(&Lambda) -> bool) -> bool {
+        s.lambdas.iter().any(f)
+    }
+
+    #[test]
+    fn a_lost_wake_up_is_healed_by_the_waiters_fallback_re_check() {
+        let world = QueueWorld::new(config(2, 0, 0, 1, 1), QueueVariant::Real);
+        let text = witness(
+            &world,
+            "a waiter parked holding a slot granted to it (its waker crashed), then everyone done",
+            vec![
+                Box::new(|s| {
+                    s.lambdas.is_empty()
+                        && (0..world.n()).any(|e| {
+                            s.execs[e as usize].stage == Stage::Waiting
+                                && held(&world, s) & bit(e) != 0
+                        })
+                }),
+                Box::new(|s| all_done(&world, s) && held(&world, s) == 0),
+            ],
+        );
+        assert!(text.contains("crashes with"), "{text}");
+        assert!(text.contains("times out"), "{text}");
+        assert!(text.contains("completes its own task"), "{text}");
+    }
+
+    #[test]
+    fn a_grant_to_a_waiter_that_ended_is_freed_by_the_hand_off_itself() {
+        let world = QueueWorld::new(config(2, 1, 1, 0, 0), QueueVariant::Real);
+        let text = witness(
+            &world,
+            "an ended waiter granted a slot with its cleanup event lost, then nothing held",
+            vec![
+                Box::new(|s| {
+                    (0..world.n()).any(|e| {
+                        s.execs[e as usize].stage == Stage::Ended
+                            && held(&world, s) & bit(e) != 0
+                            && s.sweepers & bit(e) == 0
+                            && s.events & bit(e) == 0
+                            && s.lambdas
+                                .iter()
+                                .all(|l| !(l.exec == e && l.task == Task::Cleanup))
+                    })
+                }),
+                Box::new(|s| held(&world, s) == 0 && s.lambdas.is_empty()),
+            ],
+        );
+        assert!(text.contains("it will be lost"), "{text}");
+        assert!(text.contains("has ended: it cleans up its run"), "{text}");
+    }
+
+    #[test]
+    fn a_waiter_whose_slot_freed_before_it_queued_is_handed_one_by_its_own_hand_off() {
+        let world = QueueWorld::new(config(3, 0, 0, 0, 0), QueueVariant::Real);
+        witness(
+            &world,
+            "a wait function's own hand-off lands a grant",
+            vec![Box::new(|s| {
+                lambda_at(s, |l| {
+                    matches!(l.task, Task::Wait { .. })
+                        && matches!(l.step, Step::Hand(Hand::ReadGranted { .. }))
+                })
+            })],
+        );
+        let text = witness(
+            &world,
+            "a queue write refused as free, then a direct acquire",
+            vec![Box::new(|s| {
+                lambda_at(s, |l| matches!(l.step, Step::Direct { .. }))
+            })],
+        );
+        assert!(text.contains("Free; it acquires directly"), "{text}");
+    }
+
+    #[test]
+    fn a_wake_up_racing_a_fallback_timeout_fails_and_the_waiter_keeps_its_slot() {
+        let world = QueueWorld::new(config(2, 0, 0, 0, 1), QueueVariant::Real);
+        let text = witness(
+            &world,
+            "a wake-up of a live waiter fails (its task timed out), then everyone done",
+            vec![
+                Box::new(|s| {
+                    lambda_at(s, |l| match l.step {
+                        Step::Hand(Hand::Describe { head, .. }) => s.execs[head as usize].alive(),
+                        _ => false,
+                    })
+                }),
+                Box::new(|s| all_succeeded(&world, s)),
+            ],
+        );
+        assert!(
+            text.contains("is RUNNING: it keeps the slot (parked)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_dead_waiter_is_skipped_and_taken_out_of_line() {
+        let world = QueueWorld::new(config(3, 1, 0, 0, 0), QueueVariant::Real);
+        let text = witness(
+            &world,
+            "a grant refused as dead, the record taken out of line, then everyone else done",
+            vec![
+                Box::new(|s| lambda_at(s, |l| matches!(l.step, Step::Hand(Hand::Leave { .. })))),
+                Box::new(|s| {
+                    s.lambdas.is_empty() && s.execs[..world.n() as usize].iter().all(|x| !x.alive())
+                }),
+            ],
+        );
+        assert!(text.contains("=> dead; it takes"), "{text}");
+    }
+
+    /// The hand-off as the model runs it, one request per step, run alone from every state a
+    /// small world reaches: it must do exactly what the core's `Semaphore::hand_off` does from the
+    /// same item and line (the same writes, so the same item, versions included, and line),
+    /// with a waker and `DescribeExecution` that answer as the model's world would.
+    #[test]
+    fn the_hand_off_step_by_step_is_the_cores_hand_off() {
+        use std::collections::HashSet;
+        use std::sync::{Arc, Mutex};
+
+        use semaphore_core::{
+            ExecutionState, ExecutionStatus, FencingToken, ManualClock, MemoryStore, Semaphore,
+            Waker,
+        };
+
+        struct Parked(Mutex<Vec<(String, String)>>);
+        impl Waker for Parked {
+            async fn wake(&self, waiter: &Waiter, _: FencingToken) -> Result<(), String> {
+                let mut parked = self.0.lock().unwrap();
+                let who = (
+                    waiter.identity.holder.to_string(),
+                    waiter.task_token.as_str().to_owned(),
+                );
+                match parked.iter().position(|p| *p == who) {
+                    Some(i) => {
+                        parked.remove(i);
+                        Ok(())
+                    }
+                    None => Err("no such task waits".to_owned()),
+                }
+            }
+        }
+        struct Alive(Vec<String>);
+        impl ExecutionStatus for Alive {
+            async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, String> {
+                Ok(if self.0.iter().any(|h| h == holder.as_str()) {
+                    ExecutionState::Running
+                } else {
+                    ExecutionState::Ended {
+                        status: "ABORTED".to_owned(),
+                        last_run: Run::FIRST,
+                    }
+                })
+            }
+        }
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for limit in [1, 2] {
+            let world = QueueWorld::new(
+                QueueConfig {
+                    limit,
+                    ..config(3, 1, 1, 0, 1)
+                },
+                QueueVariant::Real,
+            );
+            // Every distinct (item, line, who is parked on which token, who runs), breadth
+            // first from the start, up to a bound.
+            let mut seen = HashSet::new();
+            let mut starts = HashSet::new();
+            let mut frontier = std::collections::VecDeque::from([world.initial()]);
+            let mut compared = 0;
+            // Hand-offs that woke, kept a slot for a waiter not woken, freed a dead waiter's
+            // grant, and skipped a dead waiter.
+            let mut kinds = [0; 4];
+            while let Some(s) = frontier.pop_front() {
+                if seen.len() > 300_000 {
+                    break;
+                }
+                let mut next = Vec::new();
+                world.moves(&s, &mut next, None);
+                for t in next {
+                    if seen.insert(t.clone()) {
+                        frontier.push_back(t);
+                    }
+                }
+                let table = world.table(s.table);
+                let (Some(item), false) = (&table.item, table.line.is_empty()) else {
+                    continue;
+                };
+                let alive: Vec<bool> = s.execs.iter().map(|x| x.alive()).collect();
+                if !starts.insert((s.table, s.execs, alive)) {
+                    continue;
+                }
+                compared += 1;
+
+                // The model, alone.
+                let mut t = s.clone();
+                t.lambdas = vec![Lambda {
+                    exec: 0,
+                    task: Task::Sweep,
+                    step: Step::Hand(Hand::ReadLock),
+                }];
+                let mut woken = Vec::new();
+                while let Some(l) = t.lambdas.pop() {
+                    let before: Vec<Stage> = t.execs.iter().map(|x| x.stage).collect();
+                    world.step(&mut t, l, &mut Words::new(false));
+                    t.emitted = None;
+                    for e in 0..world.n() {
+                        if before[e as usize] == Stage::Waiting
+                            && t.execs[e as usize].stage == Stage::Working
+                        {
+                            woken.push(exec_name(e));
+                        }
+                    }
+                }
+                let model = world.table(t.table);
+
+                // The core, on a memory store holding the same item and line.
+                let store = MemoryStore::new();
+                let mut start = item.clone();
+                start.waiting -= table.line.len() as u64;
+                start.version.0 -= table.line.len() as u64;
+                store.put_now(start);
+                for waiter in table.line.values() {
+                    store.write_now(&Write {
+                        lock: world.lock.clone(),
+                        checks: Vec::new(),
+                        changes: vec![Change::Enqueue(Box::new(waiter.clone()))],
+                    });
+                }
+                assert_eq!(store.load_now(&world.lock).as_ref(), Some(item));
+                let parked = (0..world.n())
+                    .filter(|&e| s.execs[e as usize].stage == Stage::Waiting)
+                    .map(|e| {
+                        (
+                            exec_name(e),
+                            task_token(e, s.execs[e as usize].token).as_str().to_owned(),
+                        )
+                    })
+                    .collect();
+                let alive = (0..world.n())
+                    .filter(|&e| s.execs[e as usize].alive())
+                    .map(exec_name)
+                    .collect();
+                let semaphore = Semaphore::new(&store)
+                    .with_clock(Arc::new(ManualClock::new(LATER_MS)))
+                    .with_timing(TIMING);
+                let report = runtime
+                    .block_on(semaphore.hand_off(
+                        &world.lock,
+                        None,
+                        &Parked(Mutex::new(parked)),
+                        &Alive(alive),
+                    ))
+                    .unwrap();
+                for (kind, happened) in [
+                    !report.woken.is_empty(),
+                    !report.parked.is_empty(),
+                    !report.freed.is_empty(),
+                    !report.skipped.is_empty(),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    kinds[kind] += usize::from(happened);
+                }
+                let core_woken: Vec<String> = report
+                    .woken
+                    .iter()
+                    .map(|(id, _)| id.holder.to_string())
+                    .collect();
+                let context = || format!("from {}", world.show(s.table));
+                assert_eq!(core_woken, woken, "{}", context());
+                assert_eq!(
+                    store.load_now(&world.lock).as_ref(),
+                    model.item.as_ref(),
+                    "{}",
+                    context()
+                );
+                let line: Vec<Waiter> = model.line.values().cloned().collect();
+                assert_eq!(
+                    store.waiters_now(&world.lock, None, 10),
+                    line,
+                    "{}",
+                    context()
+                );
+            }
+            println!(
+                "limit {limit}: {compared} hand-offs compared; (woke, parked, freed, skipped): \
+                 {kinds:?}"
+            );
+            assert!(compared > 1_000, "only {compared} hand-offs compared");
+            assert!(kinds.iter().all(|&n| n > 0), "{kinds:?}");
+        }
+    }
+
+    #[test]
+    fn a_record_queued_late_keeps_the_old_task_token_and_its_grant_waits_for_a_fallback() {
+        // The wait function of task 0 queues the waiter; its task times out before that write
+        // lands, and the function of task 1 finds the record not there yet, queues too, and is
+        // answered "already queued" once the first write has landed: the record keeps task 0's
+        // token. Everything stops with the waiter parked on task 1 and its record naming task 0:
+        // the grant's wake-up will fail, and the next fallback re-check finds the slot held.
+        let world = QueueWorld::new(config(2, 0, 0, 0, 1), QueueVariant::Real);
+        let text = witness(
+            &world,
+            "a parked waiter whose record in line names an older task token, nothing running",
+            vec![Box::new(|s| {
+                let t = world.table(s.table);
+                s.lambdas.is_empty()
+                    && (0..world.n()).any(|e| {
+                        let x = s.execs[e as usize];
+                        x.stage == Stage::Waiting
+                            && t.line
+                                .get(&world.keys[e as usize])
+                                .is_some_and(|w| QueueWorld::token_number(&w.task_token) != x.token)
+                    })
+            })],
+        );
+        assert!(text.contains("AlreadyQueued"), "{text}");
+    }
+}
