@@ -369,6 +369,8 @@ impl<S: ItemStore> Semaphore<S> {
         executions: &X,
     ) -> Result<HandOff, Error> {
         let mut report = HandOff::default();
+        // The caller's write that freed a slot (if any) has just landed.
+        let freed_at_ms = self.now_ms();
         let mut item = match known {
             Some(item) => item,
             None => match self.store.load(lock).await? {
@@ -399,7 +401,20 @@ impl<S: ItemStore> Semaphore<S> {
                     };
                     item = after;
                     match waker.wake(&head, token).await {
-                        Ok(()) => report.woken.push((head.identity.clone(), token)),
+                        Ok(()) => {
+                            // With the times: the local run's hand-off latency (slot freed to
+                            // waiter resumed) and its grant-order check read them.
+                            tracing::info!(
+                                %lock,
+                                holder = %head.identity.holder,
+                                acquisition = %head.identity.acquisition,
+                                token = token.0,
+                                freed_at_ms,
+                                woken_at_ms = self.now_ms(),
+                                "handed off"
+                            );
+                            report.woken.push((head.identity.clone(), token));
+                        }
                         Err(why) => {
                             let holder = &head.identity.holder;
                             match executions.describe(holder).await {

@@ -136,37 +136,19 @@ impl<C: TaskCallbacks, X: ExecutionStatus> HandOffs<C, X> {
         if known.as_ref().is_some_and(|item| item.waiting == 0) {
             return HandOff::default();
         }
-        // The caller's write that freed the slot has just landed.
-        let freed_at_ms = semaphore.now_ms();
         // Boxed: the hand-off's future nests deep (grant, wake, describe, cleanup), and inlined
         // into each function's own it outgrows the compiler's layout depth.
         let result: Result<HandOff, CoreError> =
             Box::pin(semaphore.hand_off(lock, known, &self.waker, &self.executions)).await;
         match &result {
-            Ok(report) if !report.is_empty() => {
-                let woken_at_ms = semaphore.now_ms();
-                // One line per waiter woken, with the times: the local run's hand-off latency
-                // (slot freed to waiter resumed) and grant-order check read them.
-                for (identity, token) in &report.woken {
-                    tracing::info!(
-                        lock = %lock,
-                        holder = %identity.holder,
-                        acquisition = %identity.acquisition,
-                        token = token.0,
-                        freed_at_ms,
-                        woken_at_ms,
-                        "handed off"
-                    );
-                }
-                tracing::info!(
-                    lock = %lock,
-                    woken = report.woken.len(),
-                    parked = report.parked.len(),
-                    freed = report.freed.len(),
-                    skipped = report.skipped.len(),
-                    "hand-off"
-                )
-            }
+            Ok(report) if !report.is_empty() => tracing::info!(
+                lock = %lock,
+                woken = report.woken.len(),
+                parked = report.parked.len(),
+                freed = report.freed.len(),
+                skipped = report.skipped.len(),
+                "hand-off"
+            ),
             Ok(_) => {}
             Err(e) => tracing::warn!(
                 lock = %lock,

@@ -96,6 +96,8 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
             "6",
             "--sweep-every",
             "3",
+            "--queue-fallback-seconds",
+            "5",
         ],
     );
     let checks = report["checks"].as_array().expect("checks");
@@ -170,6 +172,13 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
     );
     assert!(n(&report, "/sweeper/sweeps") >= 1);
     assert_eq!(n(&report, "/cleanup_executions/failed"), 0);
+    // Waiting in line (issue 11): executions waited, each was granted in line order, no
+    // newcomer passed the line, and each waiter's slot came from a hand-off or its own check.
+    assert!(n(&report, "/line/waiters_granted") >= 5, "{report:#}");
+    assert_eq!(n(&report, "/line/order_violations"), 0, "{report:#}");
+    assert_eq!(n(&report, "/line/newcomers_passing"), 0, "{report:#}");
+    assert_eq!(report["line"]["unexplained"], serde_json::json!([]), "{report:#}");
+    assert!(n(&report, "/line/woken_by_hand_off") >= 1, "{report:#}");
 }
 
 #[test]

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use aws_config::{BehaviorVersion, SdkConfig};
 use clap::{Parser, Subcommand};
+use lambda_common::HandOffs;
 use lambda_sweeper::{ExecutionArn, SfnExecutions, StateMachineArn};
 use semaphore_core::{
     rfc3339_millis, AcquireOutcome, AcquisitionId, CleanupOutcome, Clock, DynamoStore, HolderId,
@@ -40,6 +41,10 @@ struct Cli {
     /// The semaphore table.
     #[arg(long, global = true, env = "TABLE_NAME", default_value = "semaphores")]
     table: String,
+    /// The waiters' table (the stack's QueueTable output; default: <table>-queue, what
+    /// `semctl init` creates).
+    #[arg(long, global = true, env = "QUEUE_TABLE_NAME")]
+    queue_table: Option<String>,
     /// How long after its request an acquire may still land (whole seconds, 1-300); the
     /// deployed functions' AcquireHorizonSeconds. With the clock skew it makes the fence window.
     #[arg(long, global = true, env = "ACQUIRE_HORIZON_SECONDS", value_name = "SECONDS",
@@ -282,7 +287,10 @@ async fn run(cli: Cli, requested_at_ms: u64) -> Result<Answer, Failure> {
     if config.region().is_none() {
         return Err(Failure::NoRegion);
     }
-    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&config), &cli.table);
+    let mut store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&config), &cli.table);
+    if let Some(queue_table) = &cli.queue_table {
+        store = store.with_queue_table(queue_table);
+    }
     let semaphore = Semaphore::new(store).with_timing(Timing {
         horizon: Duration::from_secs(cli.horizon_seconds),
         clock_skew: Duration::from_secs(cli.clock_skew_seconds),
@@ -461,10 +469,28 @@ impl Request {
             }
             Self::Release(lock, identity) => {
                 let outcome = semaphore.release(&lock, &identity).await?;
+                let waiting = match outcome {
+                    ReleaseOutcome::Released { waiting, .. }
+                    | ReleaseOutcome::NotHeld { waiting, .. } => waiting,
+                };
+                // Someone waits in line: the freed slot goes to the head, as a release by the
+                // state machine hands it on.
+                let handed_off = if waiting > 0 {
+                    let sfn = aws_sdk_sfn::Client::new(sdk);
+                    HandOffs::new(sfn.clone(), SfnExecutions::of_machines(sfn, Vec::new()))
+                        .run(semaphore, &lock, None)
+                        .await
+                        .woken
+                        .len()
+                } else {
+                    0
+                };
                 let mut out = json!({
                     "lock": lock.as_str(),
                     "holder": identity.holder.as_str(),
                     "acquisition": identity.acquisition.as_str(),
+                    "waiting": waiting,
+                    "handed_off": handed_off,
                 });
                 merge(
                     &mut out,
@@ -694,6 +720,8 @@ fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Value {
         "lock": item.lock.as_str(),
         "limit": item.limit.map(Limit::get),
         "count": item.count(),
+        // Executions parked in the lock's line (their records are in the waiters' table).
+        "waiting": item.waiting,
         "version": item.version.0,
         "holders": holders,
         // Two generations of fences; a rotation drops `old` and ages `young`, at most once per

@@ -432,7 +432,8 @@ impl ItemStore for DynamoStore {
             return self.transact(write).await;
         }
         let rendered = render(write)?;
-        for _ in 0..CREATE_ROUNDS {
+        let (mut creates, mut conflicts) = (0, 0);
+        while creates < CREATE_ROUNDS {
             let sent = self
                 .client
                 .update_item()
@@ -465,11 +466,20 @@ impl ItemStore for DynamoStore {
                                 })
                             }
                             None => {
+                                creates += 1;
                                 if let Some(result) = self.create(write).await? {
                                     return Ok(result);
                                 }
                             }
                         }
+                    }
+                    // A transaction of the waiting line on this item was in flight: DynamoDB
+                    // rejected the write without applying it, so sending it again is safe.
+                    UpdateItemError::TransactionConflictException(_)
+                        if conflicts < queue::CONFLICT_ROUNDS =>
+                    {
+                        queue::backoff(conflicts).await;
+                        conflicts += 1;
                     }
                     other => return Err(self.failed("UpdateItem", DisplayErrorContext(other))),
                 },

@@ -37,7 +37,7 @@ pub mod queue_attr {
 
 /// How often a transaction is sent again when DynamoDB cancels it for a conflict with another
 /// write of the same items in flight (nothing was written).
-const CONFLICT_ROUNDS: u32 = 5;
+pub(super) const CONFLICT_ROUNDS: u32 = 5;
 
 pub fn encode_waiter(waiter: &Waiter) -> HashMap<String, AttributeValue> {
     HashMap::from([
@@ -312,17 +312,31 @@ impl DynamoStore {
                 problem: "a write of a waiter's record alone that is not an update".to_owned(),
             });
         };
-        let sent = self
-            .client()
-            .update_item()
-            .table_name(update.table_name())
-            .set_key(Some(update.key().clone()))
-            .condition_expression(update.condition_expression().unwrap_or_default())
-            .update_expression(update.update_expression())
-            .set_expression_attribute_names(update.expression_attribute_names().cloned())
-            .set_expression_attribute_values(update.expression_attribute_values().cloned())
-            .send()
-            .await;
+        let mut conflicts = 0;
+        let sent = loop {
+            let sent = self
+                .client()
+                .update_item()
+                .table_name(update.table_name())
+                .set_key(Some(update.key().clone()))
+                .condition_expression(update.condition_expression().unwrap_or_default())
+                .update_expression(update.update_expression())
+                .set_expression_attribute_names(update.expression_attribute_names().cloned())
+                .set_expression_attribute_values(update.expression_attribute_values().cloned())
+                .send()
+                .await;
+            // Rejected, not applied, for a transaction on the record in flight: send it again.
+            match &sent {
+                Err(SdkError::ServiceError(e))
+                    if e.err().is_transaction_conflict_exception()
+                        && conflicts < CONFLICT_ROUNDS =>
+                {
+                    backoff(conflicts).await;
+                    conflicts += 1;
+                }
+                _ => break sent,
+            }
+        };
         match sent {
             Ok(_) => Ok(WriteResult::Landed),
             Err(SdkError::ServiceError(e))
@@ -387,7 +401,7 @@ impl DynamoStore {
     }
 }
 
-async fn backoff(round: u32) {
+pub(super) async fn backoff(round: u32) {
     let ms = fastrand::u64(5..=(20u64 << round.min(4)));
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
