@@ -1208,10 +1208,10 @@ impl QueueWorld {
             Step::Free => {
                 let slots = std::slice::from_ref(identity);
                 let (write, result, _) = self.send(s, e, Request::Free(e), w);
-                let (outcome, _) = protocol::freed(&write, slots, result)
+                let (outcome, after) = protocol::freed(&write, slots, result)
                     .expect("the core reads its own write's result");
                 w.say(|| format!(" => freed {}", outcome.freed.len()));
-                let step = (!outcome.freed.is_empty() && outcome.waiting > 0).then(|| {
+                let step = (!outcome.freed.is_empty() && after.waiting > 0).then(|| {
                     w.say(|| "; someone waits: it hands off: it reads the lock".to_owned());
                     Step::Hand(Hand::ReadLock)
                 });
