@@ -427,7 +427,18 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
             .await
             .map_err(store_error)?
         {
-            QueueOutcome::Queued | QueueOutcome::AlreadyQueued => {
+            QueueOutcome::AlreadyQueued => {
+                // Its record landed since the re-park above found none: a queue write of its
+                // earlier task, which timed out before it landed, so the record carries that
+                // task's token. This task's token from now on, or its wake-up would fail.
+                semaphore
+                    .repark(lock, key, wait.task_token.clone())
+                    .await
+                    .map_err(store_error)?;
+                hand_offs.run(semaphore, lock, None).await;
+                return Ok(Queued::InLine);
+            }
+            QueueOutcome::Queued => {
                 // F8: a slot freed between our "full" and our queueing has no one else to
                 // hand it on.
                 hand_offs.run(semaphore, lock, None).await;
