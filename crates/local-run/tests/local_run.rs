@@ -177,7 +177,11 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
     assert!(n(&report, "/line/waiters_granted") >= 5, "{report:#}");
     assert_eq!(n(&report, "/line/order_violations"), 0, "{report:#}");
     assert_eq!(n(&report, "/line/newcomers_passing"), 0, "{report:#}");
-    assert_eq!(report["line"]["unexplained"], serde_json::json!([]), "{report:#}");
+    assert_eq!(
+        report["line"]["unexplained"],
+        serde_json::json!([]),
+        "{report:#}"
+    );
     assert!(n(&report, "/line/woken_by_hand_off") >= 1, "{report:#}");
 }
 
