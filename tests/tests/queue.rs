@@ -24,7 +24,7 @@ use semaphore_core::{
 };
 use semaphore_tests::counter::RequestCounter;
 use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::{observe, raw_item};
+use semaphore_tests::observe::{self, observe};
 use semaphore_tests::{client_for, endpoint, fresh_table};
 
 const T0: u64 = 1_800_000_000_000;
@@ -78,45 +78,10 @@ async fn release<S: ItemStore>(sem: &Semaphore<S>, l: &LockName, who: &Identity)
 
 /// The lock item's `waiting`, read raw (absent: 0).
 async fn raw_waiting(client: &Client, table: &str, l: &LockName) -> i64 {
-    let item = raw_item(client, table, l.as_str())
+    let waiting = observe(client, table, l.as_str())
         .await
-        .unwrap_or_default();
-    match item.get("waiting") {
-        None => 0,
-        Some(value) => value
-            .as_n()
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("waiting is not a number: {item:?}")),
-    }
-}
-
-/// Every record in `l`'s line as a consistent `Query` returns them (sort key order).
-async fn raw_line(
-    client: &Client,
-    queue_table: &str,
-    l: &LockName,
-) -> Vec<HashMap<String, AttributeValue>> {
-    let mut records = Vec::new();
-    let mut start = None;
-    loop {
-        let page = client
-            .query()
-            .table_name(queue_table)
-            .key_condition_expression("#lock = :lock")
-            .expression_attribute_names("#lock", "lock")
-            .expression_attribute_values(":lock", AttributeValue::S(l.to_string()))
-            .consistent_read(true)
-            .set_exclusive_start_key(start)
-            .send()
-            .await
-            .expect("Query the waiters' table");
-        records.extend(page.items().iter().cloned());
-        match page.last_evaluated_key() {
-            Some(key) if !key.is_empty() => start = Some(key.clone()),
-            _ => return records,
-        }
-    }
+        .map_or(0, |seen| seen.waiting);
+    i64::try_from(waiting).expect("waiting fits an i64")
 }
 
 fn place(record: &HashMap<String, AttributeValue>) -> String {
@@ -145,7 +110,9 @@ async fn raw_record(
 /// when nothing else writes the lock).
 async fn assert_counted(store: &DynamoStore, l: &LockName) -> usize {
     let client = store.client();
-    let records = raw_line(client, store.queue_table(), l).await.len();
+    let records = observe::raw_line(client, store.queue_table(), l.as_str())
+        .await
+        .len();
     let waiting = raw_waiting(client, store.table(), l).await;
     assert_eq!(waiting, records as i64, "{l}: waiting vs. records in line");
     records
@@ -313,7 +280,7 @@ async fn a_query_reads_the_line_in_order_across_many_waiters_and_pages() {
     }
     assert_eq!(paged, waiters, "pages read after a key continue the line");
     assert_eq!(sem.waiters(&l, None, 1).await.unwrap(), waiters[..1]);
-    let raw: Vec<String> = raw_line(store.client(), store.queue_table(), &l)
+    let raw: Vec<String> = observe::raw_line(store.client(), store.queue_table(), l.as_str())
         .await
         .iter()
         .map(place)
@@ -500,7 +467,7 @@ async fn a_hand_off_over_dynamodb_grants_in_line_order_and_frees_skips_or_parks_
         "the slot handed to the ended waiter was freed by a cleanup of it"
     );
     assert_eq!(assert_counted(&store, &l).await, 2);
-    let raw: Vec<String> = raw_line(store.client(), store.queue_table(), &l)
+    let raw: Vec<String> = observe::raw_line(store.client(), store.queue_table(), l.as_str())
         .await
         .iter()
         .map(place)
