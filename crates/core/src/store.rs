@@ -201,11 +201,21 @@ impl<S: ItemStore> Semaphore<S> {
         lock: &LockName,
         identity: &Identity,
     ) -> Result<ReleaseOutcome, Error> {
+        Ok(self.release_seeing(lock, identity).await?.0)
+    }
+
+    /// [`Semaphore::release`], also answering the lock's item as the release's write left it:
+    /// what a [`Semaphore::hand_off`] of the freed slot starts from, without reading it again.
+    pub async fn release_seeing(
+        &self,
+        lock: &LockName,
+        identity: &Identity,
+    ) -> Result<(ReleaseOutcome, SemaphoreItem), Error> {
         let write = protocol::release(lock, identity);
         let result = self.store.write(&write).await?;
         let (outcome, after) = protocol::released(&write, identity, result)?;
         self.rotate_if_busy(&after).await;
-        Ok(outcome)
+        Ok((outcome, after))
     }
 
     /// Fences the execution's ended `last_run` and every run before it, without freeing
@@ -416,25 +426,11 @@ impl<S: ItemStore> Semaphore<S> {
                             report.woken.push((head.identity.clone(), token));
                         }
                         Err(why) => {
-                            let holder = &head.identity.holder;
-                            match executions.describe(holder).await {
-                                Ok(
-                                    state
-                                    @ (ExecutionState::Ended { .. } | ExecutionState::Missing),
-                                ) => {
-                                    tracing::info!(%lock, %holder, %why, "granted waiter's execution has ended: freeing its slot");
-                                    self.cleanup_run(lock, holder, state.last_run()).await?;
-                                    report.freed.push(head.identity.clone());
-                                    item = self.status(lock).await?;
-                                }
-                                Ok(ExecutionState::Running | ExecutionState::NotAnExecution) => {
-                                    tracing::info!(%lock, %holder, %why, "granted waiter not woken; it keeps the slot and finds it when it checks again");
-                                    report.parked.push(head.identity.clone());
-                                }
-                                Err(e) => {
-                                    tracing::warn!(%lock, %holder, %why, error = %e, "granted waiter not woken and its execution not described; the sweeper checks it");
-                                    report.parked.push(head.identity.clone());
-                                }
+                            if self
+                                .settle_failed_wake(lock, &head, &why, executions, &mut report)
+                                .await?
+                            {
+                                item = self.status(lock).await?;
                             }
                         }
                     }
@@ -449,6 +445,38 @@ impl<S: ItemStore> Semaphore<S> {
             }
         }
         Ok(report)
+    }
+
+    /// A granted waiter's wake-up failed (`why`): if its execution has ended, free the slot again
+    /// (a cleanup of its run) and answer `true`, the hand-off going on with the next waiter; if
+    /// it may still run, it keeps the slot and finds it when its fallback check asks again.
+    async fn settle_failed_wake<X: ExecutionStatus>(
+        &self,
+        lock: &LockName,
+        head: &Waiter,
+        why: &str,
+        executions: &X,
+        report: &mut HandOff,
+    ) -> Result<bool, Error> {
+        let holder = &head.identity.holder;
+        match executions.describe(holder).await {
+            Ok(state @ (ExecutionState::Ended { .. } | ExecutionState::Missing)) => {
+                tracing::info!(%lock, %holder, %why, "granted waiter's execution has ended: freeing its slot");
+                self.cleanup_run(lock, holder, state.last_run()).await?;
+                report.freed.push(head.identity.clone());
+                Ok(true)
+            }
+            Ok(ExecutionState::Running | ExecutionState::NotAnExecution) => {
+                tracing::info!(%lock, %holder, %why, "granted waiter not woken; it keeps the slot and finds it when it checks again");
+                report.parked.push(head.identity.clone());
+                Ok(false)
+            }
+            Err(e) => {
+                tracing::warn!(%lock, %holder, %why, error = %e, "granted waiter not woken and its execution not described; the sweeper checks it");
+                report.parked.push(head.identity.clone());
+                Ok(false)
+            }
+        }
     }
 
     pub async fn status(&self, lock: &LockName) -> Result<SemaphoreItem, Error> {

@@ -200,8 +200,8 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     // Bad input is logged by the runtime with the error it answers.
     let ReleaseRequest { target, failure } = ReleaseRequest::parse(resolver, payload)?;
     let Target { lock, identity, .. } = &target;
-    let outcome = semaphore
-        .release(lock, identity)
+    let (outcome, after) = semaphore
+        .release_seeing(lock, identity)
         .await
         .map_err(HandlerError::from)
         .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "release failed"))?;
@@ -211,11 +211,12 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         }
         ReleaseOutcome::NotHeld { count, waiting } => (false, Outcome::NotHeld, count, waiting),
     };
-    let handed_off = if waiting > 0 {
-        hand_offs.run(semaphore, lock, None).await.woken.len()
-    } else {
-        0
-    };
+    // Starts from the item the release left: nobody waiting costs no request.
+    let handed_off = hand_offs
+        .run(semaphore, lock, Some(after))
+        .await
+        .woken
+        .len();
     let (error, cause) = match &failure {
         Some(failure) => {
             let (error, cause) = fail_with(failure, &target);

@@ -468,23 +468,17 @@ impl Request {
                 Answer::exit(out, code)
             }
             Self::Release(lock, identity) => {
-                let outcome = semaphore.release(&lock, &identity).await?;
-                let waiting = match outcome {
-                    ReleaseOutcome::Released { waiting, .. }
-                    | ReleaseOutcome::NotHeld { waiting, .. } => waiting,
-                };
+                let (outcome, after) = semaphore.release_seeing(&lock, &identity).await?;
+                let waiting = after.waiting;
                 // Someone waits in line: the freed slot goes to the head, as a release by the
-                // state machine hands it on.
-                let handed_off = if waiting > 0 {
-                    let sfn = aws_sdk_sfn::Client::new(sdk);
+                // state machine hands it on (nobody waiting: no request).
+                let sfn = aws_sdk_sfn::Client::new(sdk);
+                let handed_off =
                     HandOffs::new(sfn.clone(), SfnExecutions::of_machines(sfn, Vec::new()))
-                        .run(semaphore, &lock, None)
+                        .run(semaphore, &lock, Some(after))
                         .await
                         .woken
-                        .len()
-                } else {
-                    0
-                };
+                        .len();
                 let mut out = json!({
                     "lock": lock.as_str(),
                     "holder": identity.holder.as_str(),
