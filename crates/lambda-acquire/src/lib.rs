@@ -337,10 +337,8 @@ async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         }
         Ok(Queued::Holding { token, count }) => {
             // Complete our own task: the slot is ours already.
-            let context =
-                serde_json::to_string(&holding_answer(request, Outcome::Acquired, None, None))
-                    .map_err(|e| HandlerError::InvalidInput(e.to_string()))?;
-            let answer = granted_answer(&context, *token).map_err(HandlerError::InvalidInput)?;
+            let answer = granted_answer(&waiter_context(request)?, *token)
+                .map_err(HandlerError::InvalidInput)?;
             if let Err(e) = callbacks.succeed(&wait.task_token, &answer).await {
                 // Its fallback check finds the slot held and completes the task then.
                 tracing::warn!(lock = %lock, holder = %identity.holder, error = %e, "could not complete the waiting task; its fallback check will");
@@ -368,6 +366,13 @@ async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         queued_at: Some(rfc3339_millis(wait.queued_at_ms)),
         ..holding_answer(request, Outcome::Queued, None, None)
     })
+}
+
+/// The answer a waiter gets with its slot, before the slot is known: what its record keeps for
+/// the hand-off to fill in (`lambda_common::granted_answer`).
+fn waiter_context(request: &AcquireRequest) -> Result<String, HandlerError> {
+    serde_json::to_string(&holding_answer(request, Outcome::Acquired, None, None))
+        .map_err(|e| HandlerError::InvalidInput(e.to_string()))
 }
 
 /// Where a wait left the execution.
@@ -410,8 +415,7 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         hand_offs.run(semaphore, lock, None).await;
         return Ok(Queued::InLine);
     }
-    let context = serde_json::to_string(&holding_answer(request, Outcome::Acquired, None, None))
-        .map_err(|e| HandlerError::InvalidInput(e.to_string()))?;
+    let context = waiter_context(request)?;
     let waiter = Waiter::new(
         lock.clone(),
         identity.clone(),
