@@ -22,7 +22,17 @@ pub struct Observed {
     pub approx_bytes: usize,
     /// The lock's count of waiters in line (`waiting`; absent: 0).
     pub waiting: u64,
+    /// The stored sum of the held weights (`used`).
+    pub used: i64,
+    /// Each holder's weight, read from its stored number: the digits above the 28 of its
+    /// acquisition time and token, plus one.
+    pub weights: Vec<u64>,
+    /// When the last acquisition landed (`started_at`, epoch ms), if any did.
+    pub started_at: Option<u64>,
 }
+
+/// A stored holding's number is `(weight - 1) * 10^28 + acquired_at_ms * 10^15 + token`.
+const WEIGHT_DIGITS: u32 = 28;
 
 pub async fn raw_item(
     client: &Client,
@@ -60,7 +70,29 @@ pub async fn observe(client: &Client, table: &str, lock: &str) -> Option<Observe
             .map(|m| m.keys().cloned().collect())
             .unwrap_or_default()
     };
+    let weights = item
+        .get("holders")
+        .and_then(|v| v.as_m().ok())
+        .map(|m| {
+            m.values()
+                .map(|v| {
+                    let packed: u128 = v
+                        .as_n()
+                        .ok()
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or_else(|| panic!("a holder is not a number: {item:?}"));
+                    u64::try_from(packed / 10u128.pow(WEIGHT_DIGITS)).expect("a weight") + 1
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     Some(Observed {
+        used: number("used"),
+        weights,
+        started_at: item
+            .get("started_at")
+            .map(|v| v.as_n().ok().and_then(|n| n.parse().ok()))
+            .map(|at| at.unwrap_or_else(|| panic!("started_at is not a number: {item:?}"))),
         holders: map_keys("holders"),
         version: number("version"),
         fences,
@@ -136,13 +168,57 @@ pub async fn assert_consistent(
 }
 
 impl Observed {
-    /// S1 on one stored state: no more holders than the limit. (No count is stored: the acquire's
-    /// condition counts the holder map itself, `size(holders)`.)
+    /// The sum of the holders' weights, as their own numbers say.
+    pub fn weight_held(&self) -> u64 {
+        self.weights.iter().sum()
+    }
+
+    /// S1 on this read: the stored `used` is the sum of the holders' weights, and that sum is
+    /// within `limit` (with weight 1 everywhere: at most `limit` holders).
     pub fn assert_safe(&self, limit: usize) {
-        assert!(
-            self.holders.len() <= limit,
-            "{} holders with limit {limit}: {self:?}",
-            self.holders.len()
+        assert_eq!(
+            self.used,
+            i64::try_from(self.weight_held()).expect("a sum of weights"),
+            "stored used differs from the holders' weights: {self:?}"
         );
+        assert!(
+            self.weight_held() <= limit as u64,
+            "weight {} held with limit {limit}: {self:?}",
+            self.weight_held()
+        );
+    }
+}
+
+/// The most of `starts` (sorted start times, epoch ms) in any window of `window_ms`:
+/// `[t, t + window_ms)`. The start-rate check of the tests, the local run and the bench.
+pub fn most_in_window(starts: &[u64], window_ms: u64) -> usize {
+    let mut most = 0;
+    let mut first = 0;
+    for (last, &t) in starts.iter().enumerate() {
+        while starts[first] + window_ms <= t {
+            first += 1;
+        }
+        most = most.max(last + 1 - first);
+    }
+    most
+}
+
+/// The least gap between consecutive `starts` (sorted).
+pub fn least_spacing(starts: &[u64]) -> Option<u64> {
+    starts.windows(2).map(|w| w[1] - w[0]).min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_are_counted_per_window_and_spaced() {
+        let starts = [0, 500, 1_000, 1_499, 2_600, 12_000];
+        assert_eq!(most_in_window(&starts, 1_000), 3);
+        assert_eq!(most_in_window(&starts, 10_000), 5);
+        assert_eq!(most_in_window(&[], 1_000), 0);
+        assert_eq!(least_spacing(&starts), Some(499));
+        assert_eq!(least_spacing(&[7]), None);
     }
 }

@@ -4,7 +4,7 @@
 //! [`HoldingProxy`] and local-run's delaying proxy are both this proxy with their own policy.
 //! [`recognise`] tells the protocol's writes apart on the wire (an acquire is an `UpdateItem`
 //! that SETs `#holders.#hN = #version + ...`), so a test can hold exactly the acquire it races;
-//! it also reads an acquire's checks (the fences, the horizon and the limit its condition names),
+//! it also reads an acquire's checks (the fences, the horizon and the room its condition names),
 //! by which local-run's proxy tells why a held write was refused. [`crate::wire`] writes the
 //! requests the product sends, for tests of a policy.
 //!
@@ -227,8 +227,9 @@ pub enum ProtocolWrite {
         fences: Vec<FenceKey>,
         /// Its horizon (`#rotated_at < :v`): refused if the fences rotated at or after it.
         deadline_ms: Option<u64>,
-        /// The limit it checks (`size(#holders) < :v`).
-        limit: Option<usize>,
+        /// The most weight that may be held for it to land, its limit less its weight
+        /// (`#used <= :v`).
+        room: Option<u64>,
     },
     /// `UpdateItem` that REMOVEs one holder and ADDs a fence to `#young`: a release.
     Release(Identity),
@@ -342,9 +343,19 @@ fn recognise_update(body: &Value) -> Option<ProtocolWrite> {
     }
     let removed: Vec<Identity> = remove.iter().filter_map(|path| p.slot(path)).collect();
     let fences = add.iter().any(|action| named(action, "young"));
+    // A release of nothing held fences alone, on the check that the slot is absent.
+    let unheld = body
+        .get("ConditionExpression")
+        .and_then(Value::as_str)
+        .and_then(|c| c.split("attribute_not_exists(").nth(1))
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|path| p.slot(path));
     match (removed.as_slice(), fences) {
         ([identity], true) => Some(ProtocolWrite::Release(identity.clone())),
-        ([], true) => Some(ProtocolWrite::CleanupFence),
+        ([], true) => Some(match unheld {
+            Some(identity) => ProtocolWrite::Release(identity),
+            None => ProtocolWrite::CleanupFence,
+        }),
         (_, false) if !removed.is_empty() => Some(ProtocolWrite::CleanupFree(removed)),
         _ => None,
     }
@@ -352,9 +363,9 @@ fn recognise_update(body: &Value) -> Option<ProtocolWrite> {
 
 /// An acquire of `identity` with the checks its condition makes: each term of the condition
 /// (`A AND B AND (C OR D)`) read for the fences it must not find, the rotation it must precede
-/// and the size the holders must stay below.
+/// and the room it needs under the limit.
 fn acquire_checks(identity: Identity, condition: &str, p: &Placeholders) -> ProtocolWrite {
-    let (mut fences, mut deadline_ms, mut limit) = (Vec::new(), None, None);
+    let (mut fences, mut deadline_ms, mut room) = (Vec::new(), None, None);
     for term in condition.split(" AND ") {
         let term = term.trim().trim_matches(|c| c == '(' || c == ')');
         let term = term.rsplit(" OR ").next().unwrap_or(term).trim();
@@ -369,20 +380,19 @@ fn acquire_checks(identity: Identity, condition: &str, p: &Placeholders) -> Prot
             if let Some(fence) = fence.filter(|f| !fences.contains(f)) {
                 fences.push(fence);
             }
+        } else if let Some((left, operand)) = term.split_once(" <= ") {
+            if p.name(left) == Some("used") {
+                room = p
+                    .value(operand)
+                    .and_then(wire::number)
+                    .and_then(|n| u64::try_from(n).ok());
+            }
         } else if let Some((left, operand)) = term.split_once(" < ") {
-            let below = p.value(operand).and_then(wire::number);
-            let size_of = left
-                .trim()
-                .strip_prefix("size(")
-                .and_then(|a| a.strip_suffix(')'));
-            match size_of {
-                Some(attribute) if p.name(attribute) == Some("holders") => {
-                    limit = below.and_then(|n| usize::try_from(n).ok());
-                }
-                None if p.name(left) == Some("rotated_at") => {
-                    deadline_ms = below.and_then(|n| u64::try_from(n).ok());
-                }
-                _ => {}
+            if p.name(left) == Some("rotated_at") {
+                deadline_ms = p
+                    .value(operand)
+                    .and_then(wire::number)
+                    .and_then(|n| u64::try_from(n).ok());
             }
         }
     }
@@ -390,7 +400,7 @@ fn acquire_checks(identity: Identity, condition: &str, p: &Placeholders) -> Prot
         identity,
         fences,
         deadline_ms,
-        limit,
+        room,
     }
 }
 
@@ -552,7 +562,11 @@ mod tests {
     fn holds_acquire_writes_and_lets_releases_cleanups_and_rotations_pass() {
         let policy = HoldNext::default();
         *policy.to_hold.lock().unwrap() = Some((Target::Acquire(Some(id("e1", "a1"))), 1));
-        let release = update_body(&protocol::release(&lock("l"), &id("e1", "a1")));
+        let release = update_body(&protocol::release(
+            &lock("l"),
+            &id("e1", "a1"),
+            semaphore_core::Weight::ONE,
+        ));
         let fence = update_body(&protocol::cleanup_fence(
             &lock("l"),
             &id("e1", "a1").holder,
@@ -585,7 +599,7 @@ mod tests {
                 FenceKey::acquisition(&who),
             ],
             deadline_ms: Some(9_000),
-            limit: Some(2),
+            room: Some(1),
         };
         assert_eq!(
             update(&acquire_write("arn:aws:states:us-east-1:1:execution:m:e#1")),
@@ -593,7 +607,11 @@ mod tests {
             "requested at 1 s, horizon 8 s"
         );
         assert_eq!(
-            update(&protocol::release(&l, &who)),
+            update(&protocol::release(&l, &who, semaphore_core::Weight::ONE)),
+            Some(ProtocolWrite::Release(who.clone()))
+        );
+        assert_eq!(
+            update(&protocol::release_unheld(&l, &who)),
             Some(ProtocolWrite::Release(who.clone()))
         );
         assert_eq!(
@@ -608,8 +626,12 @@ mod tests {
             who.clone(),
             id("arn:aws:states:us-east-1:1:execution:m:e#1", "a2"),
         ];
+        let weighted = both
+            .iter()
+            .map(|id| (id.clone(), semaphore_core::Weight::ONE))
+            .collect::<Vec<_>>();
         assert_eq!(
-            update(&protocol::cleanup_free(&l, &both)),
+            update(&protocol::cleanup_free(&l, &weighted)),
             Some(ProtocolWrite::CleanupFree(both.to_vec()))
         );
         let mut item = semaphore_core::SemaphoreItem::empty(l.clone());
@@ -635,7 +657,7 @@ mod tests {
             Some(who.clone())
         );
         assert_eq!(
-            put(&protocol::release(&l, &who)),
+            put(&protocol::release_unheld(&l, &who)),
             Some(ProtocolWrite::Create { acquiring: None })
         );
         assert_eq!(recognise(Some("GetItem"), b"{}"), None);
@@ -660,9 +682,9 @@ mod tests {
             .as_object()
             .unwrap()
             .clone();
-        assert!(values.len() < 10, "`:v1` is no prefix of another value");
+        // The longest first, so `:v1` is never replaced inside `:v10`.
         let renamed = |text: &str| {
-            let text = (0..values.len()).fold(text.to_owned(), |text, n| {
+            let text = (0..values.len()).rev().fold(text.to_owned(), |text, n| {
                 text.replace(&format!(":v{n}"), &format!(":x{}", values.len() - 1 - n))
             });
             names.keys().fold(text, |text, name| {
@@ -682,7 +704,7 @@ mod tests {
         assert_eq!(recognise(Some("UpdateItem"), &body), expected);
         assert!(matches!(
             expected,
-            Some(ProtocolWrite::Acquire { ref fences, deadline_ms: Some(_), limit: Some(2), .. })
+            Some(ProtocolWrite::Acquire { ref fences, deadline_ms: Some(_), room: Some(1), .. })
                 if fences.len() == 2
         ));
     }

@@ -151,6 +151,14 @@ impl Waker for RecordingWaker {
             Ok(())
         }
     }
+
+    /// No lock here has a start rate: a deferral is a failure the test sees.
+    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), String> {
+        panic!(
+            "{} deferred to {next_start_ms} on a lock without a rate",
+            waiter.identity.holder
+        )
+    }
 }
 
 #[derive(Default)]
@@ -500,6 +508,7 @@ async fn a_slot_freed_between_full_and_queueing_is_taken_not_slept_through() {
     let l = lock("full-then-free");
     let full = AcquireOutcome::Full {
         count: 1,
+        used: 1,
         limit: limit(1),
     };
     let h = exec_id("h");
@@ -662,6 +671,13 @@ impl Waker for ChannelWaker {
                 .map_err(|_| "the waiting task is gone".to_owned()),
             None => Err(format!("{} was woken twice", waiter.identity.holder)),
         }
+    }
+
+    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), String> {
+        panic!(
+            "{} deferred to {next_start_ms} on a lock without a rate",
+            waiter.identity.holder
+        )
     }
 }
 

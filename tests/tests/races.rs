@@ -379,8 +379,12 @@ async fn acquirers_racing_for_the_last_slot_one_wins_the_rest_are_full_each_with
                 assert_eq!(sent.total_failed(), 0);
                 winners.push(who);
             }
-            AcquireOutcome::Full { count, limit: l } => {
-                assert_eq!((count, l), (5, limit(5)));
+            AcquireOutcome::Full {
+                count,
+                used,
+                limit: l,
+            } => {
+                assert_eq!((count, used, l), (5, 5, limit(5)));
                 assert_eq!(sent.failed(UPDATE), 1, "refused by the limit check");
             }
             other => panic!("{who:?}: {other:?}"),

@@ -1,11 +1,20 @@
-//! Wall-clock time, injectable so that fence expiry can be tested without sleeping.
+//! Wall-clock time, injectable so that fence expiry and start rates can be tested without
+//! sleeping.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A wait for [`Clock::sleep_until`].
+pub type Sleep<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
+
+    /// Returns once the clock reads `at_ms` or later.
+    fn sleep_until(&self, at_ms: u64) -> Sleep<'_>;
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -17,6 +26,11 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0)
+    }
+
+    fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
+        let wait = at_ms.saturating_sub(self.now_ms());
+        Box::pin(tokio::time::sleep(std::time::Duration::from_millis(wait)))
     }
 }
 
@@ -67,6 +81,12 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
+    }
+
+    /// Moves the clock to `at_ms` (if it is behind) at once.
+    fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
+        self.0.fetch_max(at_ms, Ordering::SeqCst);
+        Box::pin(std::future::ready(()))
     }
 }
 

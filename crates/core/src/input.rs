@@ -16,6 +16,9 @@ pub const MAX_ACQUISITION_BYTES: usize = 128;
 /// Largest concurrency limit accepted. Every holder is a few hundred bytes of the one semaphore
 /// item, and a DynamoDB item is at most 400 KB.
 pub const MAX_LIMIT: u32 = 1000;
+/// Most acquisitions per second a start-rate limit may allow: one per millisecond, the
+/// resolution of the times the lock's item keeps.
+pub const MAX_RATE: f64 = 1000.0;
 
 /// Bad input: what was wrong and what to pass instead. Nothing is written when one is returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +47,12 @@ pub enum InputError {
     ControlCharacter { field: &'static str, at: usize },
     #[error("limit must be a whole number from 1 to {MAX_LIMIT}; got {got}")]
     InvalidLimit { got: String },
+    #[error("weight must be a whole number from 1 to the limit ({MAX_LIMIT} at most); got {got}")]
+    InvalidWeight { got: String },
+    #[error("weight {weight} is above the limit {limit}: it could never be granted; ask for at most {limit}, or raise the limit")]
+    WeightAboveLimit { weight: u32, limit: u32 },
+    #[error("rate must be a number of acquisitions per second from {min} (one a day) to {MAX_RATE}; got {got}", min = Rate::MIN_PER_SECOND)]
+    InvalidRate { got: String },
     #[error("task token is {len} bytes long; the maximum is {max} bytes", max = crate::queue::MAX_TASK_TOKEN_BYTES)]
     TaskTokenTooLong { len: usize },
     #[error("{field} is missing: {hint}")]
@@ -170,6 +179,149 @@ impl Limit {
     }
 }
 
+/// How many of a lock's `limit` units one acquisition takes: 1 unless it asks for more (a big job
+/// takes 4 of 10, a small one 1). The limit bounds the sum of the weights held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Weight(u32);
+
+impl Weight {
+    pub const ONE: Self = Self(1);
+
+    pub fn new(n: i64) -> Result<Self, InputError> {
+        match u32::try_from(n) {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(Self(n)),
+            _ => Err(InputError::InvalidWeight { got: n.to_string() }),
+        }
+    }
+
+    /// Parses text such as a CLI argument: "4" is fine, "0", "-1", "1.5" and "four" are not.
+    pub fn parse(text: &str) -> Result<Self, InputError> {
+        let invalid = || InputError::InvalidWeight {
+            got: format!("{text:?}"),
+        };
+        let n = text.trim().parse::<i64>().map_err(|_| invalid())?;
+        Self::new(n).map_err(|_| invalid())
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl Default for Weight {
+    fn default() -> Self {
+        Self::ONE
+    }
+}
+
+/// A start-rate limit: at most this many acquisitions of the lock per second, enforced as a
+/// least spacing between two starts (`1 / rate`), which DynamoDB checks when an acquire lands.
+/// Kept as that spacing, in whole milliseconds (the resolution of the times in the item).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Rate {
+    spacing_ms: u64,
+}
+
+impl Rate {
+    /// The slowest rate accepted: one start a day.
+    pub const MIN_PER_SECOND: f64 = 1.0 / 86_400.0;
+
+    /// `per_second` acquisitions per second, from one a day to [`MAX_RATE`].
+    pub fn per_second(per_second: f64) -> Result<Self, InputError> {
+        if !per_second.is_finite() || !(Self::MIN_PER_SECOND..=MAX_RATE).contains(&per_second) {
+            return Err(InputError::InvalidRate {
+                got: per_second.to_string(),
+            });
+        }
+        // Rounded up: the achieved rate never exceeds the one asked for.
+        let spacing_ms = (1000.0 / per_second).ceil() as u64;
+        Ok(Self {
+            spacing_ms: spacing_ms.max(1),
+        })
+    }
+
+    /// Parses text such as a CLI argument: "2", "0.5" are fine; "0", "-1", "inf", "fast" are not.
+    pub fn parse(text: &str) -> Result<Self, InputError> {
+        let invalid = || InputError::InvalidRate {
+            got: format!("{text:?}"),
+        };
+        let n = text.trim().parse::<f64>().map_err(|_| invalid())?;
+        Self::per_second(n).map_err(|_| invalid())
+    }
+
+    /// The rate kept as its spacing (as stored).
+    pub fn from_spacing_ms(spacing_ms: u64) -> Result<Self, InputError> {
+        let max = (1000.0 / Self::MIN_PER_SECOND).ceil() as u64;
+        if (1..=max).contains(&spacing_ms) {
+            Ok(Self { spacing_ms })
+        } else {
+            Err(InputError::InvalidRate {
+                got: format!("one per {spacing_ms} ms"),
+            })
+        }
+    }
+
+    /// The least time between two starts.
+    pub fn spacing_ms(self) -> u64 {
+        self.spacing_ms
+    }
+
+    /// Starts per second this rate allows.
+    pub fn as_per_second(self) -> f64 {
+        1000.0 / self.spacing_ms as f64
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/s", (self.as_per_second() * 1000.0).round() / 1000.0)
+    }
+}
+
+/// What one acquisition asks for: the lock's limit as it sees it, its weight, and the lock's
+/// start rate. Each acquire (and each waiter's grant) is checked against its own terms when it
+/// lands, and sets the lock's stored limit and rate to them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Terms {
+    pub limit: Limit,
+    pub weight: Weight,
+    pub rate: Option<Rate>,
+}
+
+impl Terms {
+    /// Weight `weight` of a lock of `limit`, at most `rate` starts per second: a weight above
+    /// the limit is refused (it could never be granted).
+    pub fn new(limit: Limit, weight: Weight, rate: Option<Rate>) -> Result<Self, InputError> {
+        if weight.get() > limit.get() {
+            return Err(InputError::WeightAboveLimit {
+                weight: weight.get(),
+                limit: limit.get(),
+            });
+        }
+        Ok(Self {
+            limit,
+            weight,
+            rate,
+        })
+    }
+
+    /// The largest sum of weights held that still leaves room for this acquisition.
+    pub fn room(&self) -> u64 {
+        u64::from(self.limit.get() - self.weight.get())
+    }
+}
+
+/// Weight 1, no rate limit: a plain slot of `limit`.
+impl From<Limit> for Terms {
+    fn from(limit: Limit) -> Self {
+        Self {
+            limit,
+            weight: Weight::ONE,
+            rate: None,
+        }
+    }
+}
+
 macro_rules! display_as_str {
     ($($t:ty),*) => {$(
         impl fmt::Display for $t {
@@ -182,6 +334,12 @@ macro_rules! display_as_str {
 display_as_str!(LockName, HolderId, AcquisitionId);
 
 impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for Weight {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
     }
@@ -244,5 +402,47 @@ mod tests {
             );
         }
         assert!(Limit::new(i64::MAX).is_err());
+    }
+
+    #[test]
+    fn weights_are_positive_and_never_above_the_limit() {
+        assert_eq!(Weight::parse("4").unwrap().get(), 4);
+        for bad in ["0", "-1", "1.5", "four", "", "1001"] {
+            assert!(
+                matches!(Weight::parse(bad), Err(InputError::InvalidWeight { .. })),
+                "{bad:?}"
+            );
+        }
+        let limit = Limit::new(3).unwrap();
+        assert_eq!(
+            Terms::new(limit, Weight::new(4).unwrap(), None),
+            Err(InputError::WeightAboveLimit {
+                weight: 4,
+                limit: 3
+            })
+        );
+        let terms = Terms::new(limit, Weight::new(3).unwrap(), None).unwrap();
+        assert_eq!(terms.room(), 0);
+        assert_eq!(Terms::from(limit).room(), 2);
+    }
+
+    #[test]
+    fn rates_are_finite_positive_and_kept_as_a_spacing_rounded_up() {
+        assert_eq!(Rate::parse("2").unwrap().spacing_ms(), 500);
+        assert_eq!(Rate::parse("0.5").unwrap().spacing_ms(), 2_000);
+        assert_eq!(Rate::parse("3").unwrap().spacing_ms(), 334, "never faster");
+        assert_eq!(Rate::parse("1000").unwrap().spacing_ms(), 1);
+        assert_eq!(Rate::parse("2").unwrap().to_string(), "2/s");
+        for bad in ["0", "-1", "inf", "NaN", "1001", "0.00001", "fast", ""] {
+            assert!(
+                matches!(Rate::parse(bad), Err(InputError::InvalidRate { .. })),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            Rate::from_spacing_ms(500).unwrap(),
+            Rate::per_second(2.0).unwrap()
+        );
+        assert!(Rate::from_spacing_ms(0).is_err());
     }
 }

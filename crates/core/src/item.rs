@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
 
-use crate::input::{AcquisitionId, HolderId, Limit, LockName};
+use crate::input::{AcquisitionId, HolderId, Limit, LockName, Rate, Terms, Weight};
 
 /// The item's version counter. Every write increments it, so the fencing tokens it hands out are
 /// strictly increasing per lock.
@@ -88,6 +88,8 @@ impl Identity {
 pub struct Holding {
     pub token: FencingToken,
     pub acquired_at_ms: u64,
+    /// How many of the limit's units it takes.
+    pub weight: Weight,
 }
 
 /// A fence: a compact record that writes on behalf of an ended execution (or a released
@@ -200,6 +202,15 @@ pub struct SemaphoreItem {
     /// Waiters in the lock's line (see [`crate::queue`]): changed only by the writes that queue
     /// or unqueue one, together with the waiter's own record.
     pub waiting: u64,
+    /// The sum of the holders' weights, stored so that DynamoDB can check the limit when an
+    /// acquire lands (`used <= limit - weight`): changed only by the writes that put or remove a
+    /// holder, by that holder's weight, so it always equals the sum (S1).
+    pub used: u64,
+    /// The start rate the last acquisition asked for (`None`: none), shown by `semctl status`.
+    pub rate: Option<Rate>,
+    /// When the last acquisition landed (epoch ms, by its writer's clock): a rate-limited
+    /// acquire lands only a spacing after it.
+    pub started_at_ms: Option<u64>,
 }
 
 impl SemaphoreItem {
@@ -212,18 +223,35 @@ impl SemaphoreItem {
             holders: BTreeMap::new(),
             fences: Fences::default(),
             waiting: 0,
+            used: 0,
+            rate: None,
+            started_at_ms: None,
         }
     }
 
-    /// Slots held now.
+    /// Holders now (whatever their weights).
     pub fn count(&self) -> usize {
         self.holders.len()
     }
 
-    /// Whether a slot can be taken without passing anyone in line: fewer than `limit` held and
-    /// nobody waiting.
-    pub fn is_free(&self, limit: crate::input::Limit) -> bool {
-        self.count() < limit.get() as usize && self.waiting == 0
+    /// The sum of the held weights, from the holders themselves (the stored `used` must equal
+    /// it).
+    pub fn weight_held(&self) -> u64 {
+        self.holders
+            .values()
+            .map(|h| u64::from(h.weight.get()))
+            .sum()
+    }
+
+    /// Whether an acquisition on `terms` fits under its limit now (ignoring the line and the
+    /// rate).
+    pub fn fits(&self, terms: &Terms) -> bool {
+        self.used <= terms.room()
+    }
+
+    /// When an acquisition at `rate` may start next (`None`: now).
+    pub fn next_start_ms(&self, rate: Option<Rate>) -> Option<u64> {
+        Some(self.started_at_ms?.saturating_add(rate?.spacing_ms()))
     }
 
     pub fn is_fenced(&self, key: &FenceKey) -> bool {

@@ -1,7 +1,8 @@
 //! A distributed semaphore for AWS Step Functions that cannot leak.
 //!
-//! One DynamoDB item per lock holds its holders, a version counter and the fences of the last
-//! window or two. Every operation is one conditional write (cleanup: two) described as a plain
+//! One DynamoDB item per lock holds its holders (with their weights and the sum of them), a
+//! version counter and the fences of the last window or two. Every operation is one conditional
+//! write (cleanup: two; a release or cleanup whose slot went meanwhile, one more) described as a plain
 //! [`Write`] (checks + changes): [`protocol`] says which writes each operation sends and what
 //! their results mean, [`Write::apply`] is their meaning, the [`MemoryStore`] applies them with
 //! it and the [`DynamoStore`] renders them as `UpdateItem` expressions. A [`Semaphore`] runs an
@@ -14,8 +15,11 @@
 //! - fences are dropped only by a rotation, and an acquire whose request is older than the
 //!   horizon is refused once a rotation happened, so dropping fences reopens nothing (F1);
 //! - an identity that already holds a slot is answered "already held", not given a second (F5);
-//! - release and cleanup have no checks: duplicates and reorderings each remove only what their
-//!   identity holds (F4), and every input is validated before any request is sent (F6).
+//! - the limit bounds the sum of the weights held, stored as `used`; a write that removes a slot
+//!   checks it is there with the weight it subtracts, so duplicates and reorderings each remove
+//!   only what their identity holds and subtract it once (F4, S1); a start rate is a least
+//!   spacing since the last start, checked when the write lands;
+//! - every input is validated before any request is sent (F6).
 
 pub mod clock;
 pub mod dynamo;
@@ -32,13 +36,13 @@ pub mod write;
 pub use clock::{rfc3339_millis, Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
 pub use error::{Error, StoreError};
-pub use input::{AcquisitionId, HolderId, InputError, Limit, LockName};
+pub use input::{AcquisitionId, HolderId, InputError, Limit, LockName, Rate, Terms, Weight};
 pub use item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
 pub use memory::MemoryStore;
 pub use protocol::{
-    AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, Timing, WriteResult,
+    AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, Step, Timing, WriteResult,
 };
 pub use queue::{HandOff, QueueKey, QueueOutcome, TaskToken, Waiter, Waker};
-pub use store::{Fenced, ItemStore, Semaphore};
+pub use store::{Fenced, ItemStore, Semaphore, MAX_ROUNDS};
 pub use sweep::{ExecutionState, ExecutionStatus, LargestItem, LineSweep, Reclaimed, SweepReport};
 pub use write::{Change, Check, Write};

@@ -5,10 +5,11 @@
 //!
 //! | operation | checks (when the write lands) | changes |
 //! |---|---|---|
-//! | acquire | not fenced (the execution's run, acquisition); not holding; fewer than `limit` holders; no rotation since the request's horizon | put the holder (token: the new version), set the limit |
-//! | release | none | remove the holder, fence the acquisition |
+//! | acquire | not fenced (the execution's run, acquisition); not holding; no rotation since the request's horizon; the weight fits (`used + weight <= limit`); nobody in line; with a rate, a spacing since the last start | put the holder (token: the new version), add its weight to `used`, record the start, set the limit and rate |
+//! | release | holds a slot of the weight it subtracts | remove the holder, subtract its weight, fence the acquisition |
+//! | release of nothing held | holds no slot | fence the acquisition |
 //! | cleanup, 1st | none | fence the execution's ended run and every run before it |
-//! | cleanup, 2nd (only if the 1st saw slots) | none | remove the slots the 1st write saw |
+//! | cleanup, 2nd (only if the 1st saw slots) | still holds each, with its weight | remove the slots the 1st write saw, subtract their weights |
 //! | rotation (when due) | the last rotation is the one read | drop the old fences, age the young ones |
 //!
 //! Every write also increments the version, so fencing tokens are strictly increasing per lock.
@@ -26,13 +27,18 @@
 //!   release is simply gone already (removing it again is a no-op).
 //! - **F5.** A retried acquire whose first attempt landed fails "not holding": the item it is
 //!   handed back shows the slot, and the answer is "already held" with the original token.
-//! - **F4, S4.** Release and cleanup have no checks: duplicated, late and reordered ones each
-//!   remove only what their identity holds and add a fence that is already there.
+//! - **F4, S4.** A write that removes a slot checks that the slot is there with the weight it
+//!   subtracts from `used`, so duplicated, late and reordered releases and cleanups each remove
+//!   only what their identity holds, subtract its weight once, and add a fence that is already
+//!   there. A release refused because the slot is gone (or of another weight) is sent again as
+//!   the item handed back says: a fence alone, on the check that nothing is held, or the removal
+//!   with the weight held; an acquire of the same acquisition can land between the two only
+//!   once, so this ends within a few rounds (see [`Step`]).
 
 use std::time::Duration;
 
 use crate::error::StoreError;
-use crate::input::{HolderId, Limit, LockName};
+use crate::input::{HolderId, Limit, LockName, Terms, Weight};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, Run, SemaphoreItem};
 use crate::queue::{QueueKey, QueueOutcome, TaskToken, Waiter};
 use crate::write::{Change, Check, Write};
@@ -127,9 +133,16 @@ pub enum AcquireOutcome {
         token: FencingToken,
         count: usize,
     },
+    /// The weight does not fit (`used` of `limit` held), or someone waits in line.
     Full {
         count: usize,
+        used: u64,
         limit: Limit,
+    },
+    /// The lock's start rate is spent: the next acquisition may start at `next_start_ms` (by
+    /// the clock of the writer of the last start). Nothing was taken.
+    RateLimited {
+        next_start_ms: u64,
     },
     Fenced(FenceReason),
     /// The request is older than the horizon (see [`Timing`]) and the fences rotated since:
@@ -156,6 +169,14 @@ pub struct CleanupOutcome {
     pub count: usize,
     /// How many wait in line now (a hand-off moves them).
     pub waiting: u64,
+}
+
+/// What an operation of several rounds does next: it is done, or sends this write (its last one
+/// was refused on a check whose answer the item handed back tells).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<T> {
+    Done(T),
+    Again(Write),
 }
 
 /// What became of a write.
@@ -200,11 +221,12 @@ pub fn acquire(
     lock: &LockName,
     identity: &Identity,
     run: Run,
-    limit: Limit,
+    terms: impl Into<Terms>,
     requested_at_ms: u64,
     now_ms: u64,
     timing: &Timing,
 ) -> Result<Write, AcquireOutcome> {
+    let terms = terms.into();
     // A request time ahead of this host's clock is taken as now: a later one would stretch the
     // horizon beyond what the fence window was derived for.
     let requested_at_ms = requested_at_ms.min(now_ms);
@@ -212,26 +234,46 @@ pub fn acquire(
     if now_ms >= deadline_ms {
         return Err(AcquireOutcome::Expired);
     }
+    let mut checks = vec![
+        // Fences first: refusing a zombie must not depend on whether it also looks "full".
+        Check::NotFenced(FenceKey::execution(&identity.holder, run)),
+        Check::NotFenced(FenceKey::acquisition(identity)),
+        Check::NotHolding(identity.clone()),
+        Check::RotatedBefore { deadline_ms },
+        Check::Fits {
+            limit: terms.limit,
+            weight: terms.weight,
+        },
+        // L2: a newcomer does not pass the line.
+        Check::QueueEmpty,
+    ];
+    checks.extend(spaced(&terms, now_ms));
     Ok(Write {
         lock: lock.clone(),
-        checks: vec![
-            // Fences first: refusing a zombie must not depend on whether it also looks "full".
-            Check::NotFenced(FenceKey::execution(&identity.holder, run)),
-            Check::NotFenced(FenceKey::acquisition(identity)),
-            Check::NotHolding(identity.clone()),
-            Check::RotatedBefore { deadline_ms },
-            Check::HoldersBelow(limit),
-            // L2: a newcomer does not pass the line.
-            Check::QueueEmpty,
-        ],
-        changes: vec![
-            Change::PutHolder {
-                identity: identity.clone(),
-                acquired_at_ms: now_ms,
-            },
-            Change::SetLimit(limit),
-        ],
+        checks,
+        changes: take_slot(identity, &terms, now_ms),
     })
+}
+
+/// The start-rate check of an acquisition on `terms` landing at `now_ms`, if it has a rate.
+fn spaced(terms: &Terms, now_ms: u64) -> Option<Check> {
+    terms.rate.map(|rate| Check::Spaced { rate, now_ms })
+}
+
+/// What an acquire or a grant changes: the slot, and the lock's limit and rate as the
+/// acquisition asked for them. Its limit held when the write landed (`used + weight <= limit`),
+/// so the stored limit is never below the weight held after it, even when this acquisition
+/// lowered it.
+fn take_slot(identity: &Identity, terms: &Terms, now_ms: u64) -> Vec<Change> {
+    vec![
+        Change::PutHolder {
+            identity: identity.clone(),
+            acquired_at_ms: now_ms,
+            weight: terms.weight,
+        },
+        Change::SetLimit(terms.limit),
+        Change::SetRate(terms.rate),
+    ]
 }
 
 /// The answer to an acquire from what became of its write.
@@ -271,13 +313,18 @@ pub fn acquired(
                     count: current.count(),
                 },
                 Some(Check::RotatedBefore { .. }) => AcquireOutcome::Expired,
-                Some(Check::HoldersBelow(_) | Check::QueueEmpty) => AcquireOutcome::Full {
+                Some(Check::Fits { .. } | Check::QueueEmpty) => AcquireOutcome::Full {
                     count: current.count(),
+                    used: current.used,
                     limit,
+                },
+                Some(Check::Spaced { rate, .. }) => AcquireOutcome::RateLimited {
+                    next_start_ms: current.next_start_ms(Some(*rate)).unwrap_or_default(),
                 },
                 Some(
                     Check::LastRotation(_)
-                    | Check::Busy(_)
+                    | Check::Busy { .. }
+                    | Check::HoldsWeight { .. }
                     | Check::NotQueued(_)
                     | Check::Queued(_)
                     | Check::QueuedWith { .. },
@@ -293,26 +340,58 @@ pub fn acquired(
     }
 }
 
-/// Frees the identity's slot, if held, and fences the acquisition, so that a late attempt of the
-/// same acquire cannot take a slot again (F3). Always written: the acquisition may still have an
+/// Frees the identity's slot of `weight` (what the caller believes it holds: its acquire's
+/// weight) and fences the acquisition, so that a late attempt of the same acquire cannot take a
+/// slot again (F3). Refused if the identity holds no slot of that weight; [`released`] then
+/// says what to send instead. A release is always written: the acquisition may still have an
 /// acquire in flight even when it holds nothing.
-pub fn release(lock: &LockName, identity: &Identity) -> Write {
+pub fn release(lock: &LockName, identity: &Identity, weight: Weight) -> Write {
     Write {
         lock: lock.clone(),
-        checks: Vec::new(),
+        checks: vec![Check::HoldsWeight {
+            identity: identity.clone(),
+            weight,
+        }],
         changes: vec![
-            Change::RemoveHolder(identity.clone()),
+            Change::RemoveHolder {
+                identity: identity.clone(),
+                weight,
+            },
             Change::AddFence(FenceKey::acquisition(identity)),
         ],
     }
 }
 
+/// The release of an acquisition that holds nothing: its fence alone, on the check that it
+/// still holds nothing (an acquire of it that lands first is then removed by the release sent
+/// instead).
+pub fn release_unheld(lock: &LockName, identity: &Identity) -> Write {
+    Write {
+        lock: lock.clone(),
+        checks: vec![Check::NotHolding(identity.clone())],
+        changes: vec![Change::AddFence(FenceKey::acquisition(identity))],
+    }
+}
+
+/// What a release's write did: done (the answer, and the item as the write left it), or the
+/// write to send instead, from the item handed back.
 pub fn released(
     write: &Write,
     identity: &Identity,
     result: WriteResult,
-) -> Result<(ReleaseOutcome, SemaphoreItem), StoreError> {
-    let before = applied_before(write, result)?;
+) -> Result<Step<(ReleaseOutcome, SemaphoreItem)>, StoreError> {
+    let before = match result {
+        WriteResult::Applied { before } => before,
+        WriteResult::Landed => {
+            return Err(unexpected(write, "a release was sent as a transaction"))
+        }
+        WriteResult::Refused { current, .. } => {
+            return Ok(Step::Again(match current.holders.get(identity) {
+                Some(holding) => release(&write.lock, identity, holding.weight),
+                None => release_unheld(&write.lock, identity),
+            }))
+        }
+    };
     let after = applied(write, before.as_ref())?;
     let (count, waiting) = (after.count(), after.waiting);
     let outcome = match before.as_ref().and_then(|item| item.holders.get(identity)) {
@@ -323,7 +402,7 @@ pub fn released(
         },
         None => ReleaseOutcome::NotHeld { count, waiting },
     };
-    Ok((outcome, after))
+    Ok(Step::Done((outcome, after)))
 }
 
 /// The first write of a cleanup: fence the execution's run that ended (`last_run`) and every
@@ -342,54 +421,99 @@ pub fn cleanup_fence(lock: &LockName, holder: &HolderId, last_run: Run) -> Write
     }
 }
 
-/// The slots the fenced execution held when its fence landed: all it can ever hold from then on.
+/// The slots the fenced execution held when its fence landed (with their weights): all it can
+/// ever hold from then on.
 pub fn fenced_slots(
     write: &Write,
     holder: &HolderId,
     result: WriteResult,
-) -> Result<(Vec<Identity>, SemaphoreItem), StoreError> {
+) -> Result<(Vec<(Identity, Weight)>, SemaphoreItem), StoreError> {
     let before = applied_before(write, result)?;
     let after = applied(write, before.as_ref())?;
-    let slots = after.slots_of(holder).map(|(id, _)| id.clone()).collect();
+    let slots = after
+        .slots_of(holder)
+        .map(|(id, holding)| (id.clone(), holding.weight))
+        .collect();
     Ok((slots, after))
 }
 
-/// The second write of a cleanup, when the first saw slots: remove them.
-pub fn cleanup_free(lock: &LockName, slots: &[Identity]) -> Write {
+/// The second write of a cleanup, when the first saw slots: remove them, each on the check that
+/// it is still held with its weight (a release may have freed it since).
+pub fn cleanup_free(lock: &LockName, slots: &[(Identity, Weight)]) -> Write {
+    let (checks, changes) = slots
+        .iter()
+        .map(|(identity, weight)| {
+            let (identity, weight) = (identity.clone(), *weight);
+            (
+                Check::HoldsWeight {
+                    identity: identity.clone(),
+                    weight,
+                },
+                Change::RemoveHolder { identity, weight },
+            )
+        })
+        .unzip();
     Write {
         lock: lock.clone(),
-        checks: Vec::new(),
-        changes: slots
-            .iter()
-            .map(|identity| Change::RemoveHolder(identity.clone()))
-            .collect(),
+        checks,
+        changes,
     }
 }
 
+/// What a cleanup's second write did: done (what it freed, and the item as it left it), or the
+/// write to send instead when some of the slots were freed meanwhile (the rest, as the item
+/// handed back shows them; none left: done, having freed nothing).
 pub fn freed(
     write: &Write,
-    slots: &[Identity],
     result: WriteResult,
-) -> Result<(CleanupOutcome, SemaphoreItem), StoreError> {
-    let before = applied_before(write, result)?;
+) -> Result<Step<(CleanupOutcome, SemaphoreItem)>, StoreError> {
+    let slots: Vec<&Identity> = write
+        .changes
+        .iter()
+        .filter_map(|change| match change {
+            Change::RemoveHolder { identity, .. } => Some(identity),
+            _ => None,
+        })
+        .collect();
+    let before = match result {
+        WriteResult::Applied { before } => before,
+        WriteResult::Landed => {
+            return Err(unexpected(write, "a cleanup was sent as a transaction"))
+        }
+        WriteResult::Refused { current, .. } => {
+            let still: Vec<_> = slots
+                .iter()
+                .filter_map(|id| current.holders.get(*id).map(|h| ((*id).clone(), h.weight)))
+                .collect();
+            if still.is_empty() {
+                let outcome = CleanupOutcome {
+                    freed: Vec::new(),
+                    count: current.count(),
+                    waiting: current.waiting,
+                };
+                return Ok(Step::Done((outcome, current)));
+            }
+            return Ok(Step::Again(cleanup_free(&write.lock, &still)));
+        }
+    };
     let after = applied(write, before.as_ref())?;
     let freed = before
         .iter()
         .flat_map(|item| {
             slots
                 .iter()
-                .filter_map(|id| item.holders.get(id).map(|h| (id.clone(), *h)))
+                .filter_map(|id| item.holders.get(*id).map(|h| ((*id).clone(), *h)))
         })
         .collect();
     let count = after.count();
-    Ok((
+    Ok(Step::Done((
         CleanupOutcome {
             freed,
             count,
             waiting: after.waiting,
         },
         after,
-    ))
+    )))
 }
 
 /// Young fences that make a rotation worth a write to the writer that has just added one.
@@ -461,7 +585,10 @@ pub fn enqueue(
             Check::NotHolding(identity.clone()),
             Check::RotatedBefore { deadline_ms },
             Check::NotQueued(waiter.key),
-            Check::Busy(waiter.limit),
+            Check::Busy {
+                terms: waiter.terms,
+                now_ms,
+            },
         ],
         changes: vec![Change::Enqueue(Box::new(waiter.clone()))],
     })
@@ -487,7 +614,7 @@ pub fn queued(
             },
             Check::RotatedBefore { .. } => QueueOutcome::Expired,
             Check::NotQueued(_) => QueueOutcome::AlreadyQueued,
-            Check::Busy(_) => QueueOutcome::Free,
+            Check::Busy { .. } => QueueOutcome::Free,
             _ => return Err(unexpected(write, "refused by a check a queue write lacks")),
         },
         (WriteResult::Refused { .. }, None) => {
@@ -504,26 +631,29 @@ pub fn queued(
 /// the task token that was read (else the waiter parked anew; read the head again).
 pub fn grant(waiter: &Waiter, now_ms: u64) -> Write {
     let identity = &waiter.identity;
+    let terms = &waiter.terms;
+    let mut checks = vec![
+        Check::QueuedWith {
+            key: waiter.key,
+            task_token: waiter.task_token.clone(),
+        },
+        // A waiter whose run was cleaned up is dead: skipped, never granted (F8).
+        Check::NotFenced(FenceKey::execution(&identity.holder, waiter.run)),
+        Check::NotFenced(FenceKey::acquisition(identity)),
+        Check::NotHolding(identity.clone()),
+        // A head whose weight does not fit waits, and nobody passes it (L2).
+        Check::Fits {
+            limit: terms.limit,
+            weight: terms.weight,
+        },
+    ];
+    checks.extend(spaced(terms, now_ms));
+    let mut changes = vec![Change::Dequeue(waiter.key)];
+    changes.extend(take_slot(identity, terms, now_ms));
     Write {
         lock: waiter.lock.clone(),
-        checks: vec![
-            Check::QueuedWith {
-                key: waiter.key,
-                task_token: waiter.task_token.clone(),
-            },
-            // A waiter whose run was cleaned up is dead: skipped, never granted (F8).
-            Check::NotFenced(FenceKey::execution(&identity.holder, waiter.run)),
-            Check::NotFenced(FenceKey::acquisition(identity)),
-            Check::NotHolding(identity.clone()),
-            Check::HoldersBelow(waiter.limit),
-        ],
-        changes: vec![
-            Change::Dequeue(waiter.key),
-            Change::PutHolder {
-                identity: identity.clone(),
-                acquired_at_ms: now_ms,
-            },
-        ],
+        checks,
+        changes,
     }
 }
 
@@ -540,8 +670,13 @@ pub enum Grant {
     Dead { current: SemaphoreItem },
     /// It holds a slot already: remove its record.
     Holding { current: SemaphoreItem },
-    /// No slot is free.
+    /// Its weight does not fit.
     NoSlot { current: SemaphoreItem },
+    /// The start rate is spent until `next_start_ms`: tell the waiter to come back then.
+    TooSoon {
+        current: SemaphoreItem,
+        next_start_ms: u64,
+    },
 }
 
 pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> {
@@ -552,7 +687,11 @@ pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> 
             Some(Check::QueuedWith { .. }) => Grant::Moved { current },
             Some(Check::NotFenced(_)) => Grant::Dead { current },
             Some(Check::NotHolding(_)) => Grant::Holding { current },
-            Some(Check::HoldersBelow(_)) => Grant::NoSlot { current },
+            Some(Check::Fits { .. }) => Grant::NoSlot { current },
+            Some(Check::Spaced { rate, .. }) => Grant::TooSoon {
+                next_start_ms: current.next_start_ms(Some(rate)).unwrap_or_default(),
+                current,
+            },
             _ => {
                 return Err(unexpected(
                     write,
@@ -637,6 +776,13 @@ mod tests {
         clock_skew: Duration::from_secs(2),
     };
 
+    fn done<T>(step: Result<Step<T>, StoreError>) -> T {
+        match step.unwrap() {
+            Step::Done(done) => done,
+            Step::Again(write) => panic!("refused, calling for {write:?}"),
+        }
+    }
+
     /// Applies a write as a store would and hands back its result.
     fn land(write: &Write, item: &mut Option<SemaphoreItem>) -> WriteResult {
         match write.apply(item.as_ref()) {
@@ -685,11 +831,12 @@ mod tests {
             take(&mut item, &c, 2, 0),
             AcquireOutcome::Full {
                 count: 2,
+                used: 2,
                 limit: limit(2)
             }
         );
-        let write = release(&lock(), &a);
-        let (outcome, _) = released(&write, &a, land(&write, &mut item)).unwrap();
+        let write = release(&lock(), &a, Weight::ONE);
+        let (outcome, _) = done(released(&write, &a, land(&write, &mut item)));
         assert_eq!(
             outcome,
             ReleaseOutcome::Released {
@@ -704,13 +851,13 @@ mod tests {
         );
         let write = cleanup_fence(&lock(), &b.holder, Run::FIRST);
         let (slots, _) = fenced_slots(&write, &b.holder, land(&write, &mut item)).unwrap();
-        assert_eq!(slots, std::slice::from_ref(&b));
+        assert_eq!(slots, [(b.clone(), Weight::ONE)]);
         assert_eq!(
             take(&mut item, &id("b", "2"), 2, 0),
             AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
         );
         let write = cleanup_free(&lock(), &slots);
-        let (outcome, after) = freed(&write, &slots, land(&write, &mut item)).unwrap();
+        let (outcome, after) = done(freed(&write, land(&write, &mut item)));
         assert_eq!(outcome.freed.len(), 1);
         assert_eq!(after.count(), 0);
         assert_eq!(after.version.0, 5, "refused writes change nothing");
@@ -732,7 +879,7 @@ mod tests {
             Err(AcquireOutcome::Expired)
         );
         let mut item = None;
-        let write = release(&lock(), &id("x", "1"));
+        let write = release_unheld(&lock(), &id("x", "1"));
         land(&write, &mut item);
         // Decided at 1 s (request at 1 s, deadline 9 s); a rotation at 9 s lands first.
         let late = acquire(
@@ -780,14 +927,14 @@ mod tests {
                 busy_rotation(&now, 1_000, &T, BUSY_YOUNG_FENCES).is_none(),
                 "{n} young fences"
             );
-            let write = release(&lock(), &id(&format!("e{n}"), "1"));
+            let write = release_unheld(&lock(), &id(&format!("e{n}"), "1"));
             land(&write, &mut item);
         }
         let now = item.as_ref().unwrap();
         assert!(busy_rotation(now, 1_000, &T, BUSY_YOUNG_FENCES).is_some());
         // A window later, one fence is enough for the sweeper, not for a writer.
         let mut one = None;
-        land(&release(&lock(), &id("x", "1")), &mut one);
+        land(&release_unheld(&lock(), &id("x", "1")), &mut one);
         let one = one.unwrap();
         assert!(rotation(&one, 1_000, &T).is_some());
         assert!(busy_rotation(&one, 1_000, &T, BUSY_YOUNG_FENCES).is_none());
@@ -875,7 +1022,7 @@ mod queue_tests {
         );
         let store = MemoryStore::new();
         take(&store, "a", 1);
-        store.write_now(&release(&lock(), &id("x")));
+        store.write_now(&release_unheld(&lock(), &id("x")));
         // Decided at T0 (deadline T0 + 8 s); a rotation at the deadline lands first.
         let late = enqueue(&w, T0, T0, &T).unwrap();
         assert!(late.checks.contains(&Check::RotatedBefore {
@@ -921,7 +1068,7 @@ mod queue_tests {
         let gone = waiter("g", 1, T0);
         assert!(matches!(outcome(&grant_of(&gone)), Grant::Moved { .. }));
 
-        store.write_now(&release(&lock(), &id("a")));
+        store.write_now(&release(&lock(), &id("a"), Weight::ONE));
         // Its run was cleaned up while it waited: dead (checked before the limit and holding).
         store.write_now(&cleanup_fence(&lock(), &w.identity.holder, Run::FIRST));
         assert!(matches!(outcome(&grant_of(&w)), Grant::Dead { .. }));
@@ -938,7 +1085,7 @@ mod queue_tests {
         take(&store, "b", 1);
         assert_eq!(queue(&store, &first), QueueOutcome::Queued);
         assert_eq!(queue(&store, &again), QueueOutcome::Queued);
-        store.write_now(&release(&lock(), &id("b")));
+        store.write_now(&release(&lock(), &id("b"), Weight::ONE));
         let result = store.write_now(&grant_of(&first));
         assert_eq!(result, WriteResult::Landed);
         let item = store.load_now(&lock()).unwrap();

@@ -20,7 +20,7 @@ use std::future::Future;
 
 use sha2::{Digest, Sha256};
 
-use crate::input::{InputError, Limit, LockName};
+use crate::input::{InputError, LockName, Terms};
 use crate::item::{FencingToken, Identity, Run};
 
 /// Longest task token accepted, in bytes. Step Functions' task tokens are at most 1024
@@ -134,8 +134,9 @@ pub struct Waiter {
     /// The run of the execution that queued: a grant checks that run's fence, so a waiter whose
     /// run was cleaned up is skipped, not granted.
     pub run: Run,
-    /// The limit the waiter asked for: its grant takes a slot only while fewer are held.
-    pub limit: Limit,
+    /// The limit, weight and rate the waiter asked for: its grant takes a slot only while its
+    /// weight fits under its limit, and a spacing after the last start if it has a rate.
+    pub terms: Terms,
     /// Wakes the parked task; replaced when the task's fallback timeout parks it anew.
     pub task_token: TaskToken,
     /// What the waiter's caller wants back when the slot is granted (opaque here: the acquire
@@ -150,7 +151,7 @@ impl Waiter {
         lock: LockName,
         identity: Identity,
         run: Run,
-        limit: Limit,
+        terms: impl Into<Terms>,
         queued_at_ms: u64,
         task_token: TaskToken,
         context: String,
@@ -160,7 +161,7 @@ impl Waiter {
             lock,
             identity,
             run,
-            limit,
+            terms: terms.into(),
             task_token,
             context,
         }
@@ -176,6 +177,18 @@ pub trait Waker: Send + Sync {
         &self,
         waiter: &Waiter,
         token: FencingToken,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+
+    /// Tells the head of the line, whose grant the lock's start rate refused, to check again at
+    /// `next_start_ms` (in production: `SendTaskSuccess` with a "rate limited" answer; its state
+    /// machine waits until then and enters its wait task again, keeping its place). Nobody else
+    /// would: no slot is freed when the rate frees up. `Err(why)`: it did not take it (its task
+    /// was woken already, or its execution ended); its record stays, and whoever next moves the
+    /// line, or its fallback check, tries again.
+    fn defer(
+        &self,
+        waiter: &Waiter,
+        next_start_ms: u64,
     ) -> impl Future<Output = Result<(), String>> + Send;
 }
 
@@ -211,6 +224,8 @@ pub struct HandOff {
     /// Waiters removed from the line without a slot: their run was fenced (it ended and was
     /// cleaned up).
     pub skipped: Vec<Identity>,
+    /// The head told to come back when the start rate allows (at that time, epoch ms).
+    pub deferred: Option<(Identity, u64)>,
 }
 
 impl HandOff {
@@ -219,6 +234,7 @@ impl HandOff {
             && self.parked.is_empty()
             && self.freed.is_empty()
             && self.skipped.is_empty()
+            && self.deferred.is_none()
     }
 }
 
@@ -287,7 +303,7 @@ mod record_tests {
             lock(),
             who,
             Run::FIRST,
-            Limit::new(1).unwrap(),
+            crate::Limit::new(1).unwrap(),
             queued_at_ms,
             TaskToken::new(token).unwrap(),
             "{}".to_owned(),
@@ -298,7 +314,7 @@ mod record_tests {
     fn a_waiters_place_depends_on_its_identity_and_entry_time_only() {
         let w = waiter(id("x", "r0"), 1_000, "t1");
         let mut other = waiter(id("x", "r0"), 1_000, "t2");
-        other.limit = Limit::new(7).unwrap();
+        other.terms.limit = crate::Limit::new(7).unwrap();
         assert_eq!(w.key, other.key, "token and limit do not move it");
         assert_ne!(w.key.digest, waiter(id("x", "r1"), 1_000, "t1").key.digest);
         assert_ne!(w.key.digest, waiter(id("y", "r0"), 1_000, "t1").key.digest);

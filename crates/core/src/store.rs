@@ -1,16 +1,17 @@
 //! The [`Semaphore`]: each operation sends the protocol's writes to an [`ItemStore`] and turns
 //! what became of them into an answer. No operation reads first, and none retries on a conflict:
-//! there are none (see `protocol`).
+//! there are none (see `protocol`). A release or cleanup whose slot went (or is of another
+//! weight) meanwhile sends the write its refusal calls for.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, StoreError};
-use crate::input::{HolderId, Limit, LockName};
+use crate::input::{HolderId, LockName, Terms, Weight};
 use crate::item::{Identity, Run, SemaphoreItem};
 use crate::protocol::{
-    self, AcquireOutcome, CleanupOutcome, Grant, ReleaseOutcome, Timing, WriteResult,
+    self, AcquireOutcome, CleanupOutcome, Grant, ReleaseOutcome, Step, Timing, WriteResult,
 };
 use crate::queue::{HandOff, QueueKey, QueueOutcome, TaskToken, Waiter, Waker};
 use crate::sweep::{ExecutionState, ExecutionStatus};
@@ -20,6 +21,17 @@ use crate::write::Write;
 /// next one (a release, a waiter's fallback check, the sweeper): bounds one Lambda's work when
 /// thousands of waiters died at once.
 pub const MAX_HAND_OFF_STEPS: usize = 64;
+
+/// The longest a hand-off waits for the start rate to allow its head's grant, in all: a head
+/// that would wait longer is told to come back ([`Waker::defer`]), which costs it a few state
+/// transitions and a second or more; sleeping this long in the Lambda costs less and keeps a
+/// rate above one per second reachable while a line waits.
+pub const RATE_WAIT_BUDGET_MS: u64 = 2_000;
+
+/// Most writes one release or cleanup sends (see [`Semaphore::release_seeing`]): a chain of
+/// refusals is at most three long (the slot gone, then an acquire of it landing, then a
+/// duplicate release removing it), so this is never reached but by a store that misbehaves.
+pub const MAX_ROUNDS: usize = 8;
 
 /// Somewhere semaphore items live. `write` must be atomic: apply the write iff every check holds
 /// on the item as it is when the write lands (creating the item from the empty one if there is
@@ -88,7 +100,8 @@ where
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fenced {
     pub lock: LockName,
-    pub slots: Vec<Identity>,
+    /// With their weights.
+    pub slots: Vec<(Identity, Weight)>,
     pub count: usize,
     pub waiting: u64,
 }
@@ -142,14 +155,14 @@ impl<S: ItemStore> Semaphore<S> {
         self.clock.now_ms()
     }
 
-    /// Takes a slot for a request made now.
+    /// Takes a slot on `terms` (a [`Limit`] alone: weight 1, no rate) for a request made now.
     pub async fn acquire(
         &self,
         lock: &LockName,
         identity: &Identity,
-        limit: Limit,
+        terms: impl Into<Terms>,
     ) -> Result<AcquireOutcome, Error> {
-        self.acquire_requested_at(lock, identity, limit, self.now_ms())
+        self.acquire_requested_at(lock, identity, terms, self.now_ms())
             .await
     }
 
@@ -158,10 +171,10 @@ impl<S: ItemStore> Semaphore<S> {
         &self,
         lock: &LockName,
         identity: &Identity,
-        limit: Limit,
+        terms: impl Into<Terms>,
         requested_at_ms: u64,
     ) -> Result<AcquireOutcome, Error> {
-        self.acquire_in_run(lock, identity, Run::FIRST, limit, requested_at_ms)
+        self.acquire_in_run(lock, identity, Run::FIRST, terms, requested_at_ms)
             .await
     }
 
@@ -175,14 +188,15 @@ impl<S: ItemStore> Semaphore<S> {
         lock: &LockName,
         identity: &Identity,
         run: Run,
-        limit: Limit,
+        terms: impl Into<Terms>,
         requested_at_ms: u64,
     ) -> Result<AcquireOutcome, Error> {
+        let terms = terms.into();
         let write = match protocol::acquire(
             lock,
             identity,
             run,
-            limit,
+            terms,
             requested_at_ms,
             self.now_ms(),
             &self.timing,
@@ -191,31 +205,61 @@ impl<S: ItemStore> Semaphore<S> {
             Err(answer) => return Ok(answer),
         };
         let result = self.store.write(&write).await?;
-        Ok(protocol::acquired(&write, identity, limit, result)?)
+        Ok(protocol::acquired(&write, identity, terms.limit, result)?)
     }
 
-    /// Frees the identity's slot, if held, and fences the acquisition. One write (and, about once
-    /// per fence window per lock, a rotation of the fences).
+    /// Frees the identity's slot, if held, and fences the acquisition. One write for a slot of
+    /// weight 1 (and, about once per fence window per lock, a rotation of the fences); see
+    /// [`Semaphore::release_seeing`] for others.
     pub async fn release(
         &self,
         lock: &LockName,
         identity: &Identity,
     ) -> Result<ReleaseOutcome, Error> {
-        Ok(self.release_seeing(lock, identity).await?.0)
+        Ok(self.release_seeing(lock, identity, Weight::ONE).await?.0)
     }
 
-    /// [`Semaphore::release`], also answering the lock's item as the release's write left it:
-    /// what a [`Semaphore::hand_off`] of the freed slot starts from, without reading it again.
+    /// [`Semaphore::release`] of a slot believed to be of `weight` (its acquire's), also
+    /// answering the lock's item as the release left it: what a [`Semaphore::hand_off`] of the
+    /// freed slot starts from, without reading it again. One write when the belief is right;
+    /// when it is not (another weight, or nothing held) the refusal hands back the item, and the
+    /// write it calls for is sent instead.
     pub async fn release_seeing(
         &self,
         lock: &LockName,
         identity: &Identity,
+        weight: Weight,
     ) -> Result<(ReleaseOutcome, SemaphoreItem), Error> {
-        let write = protocol::release(lock, identity);
-        let result = self.store.write(&write).await?;
-        let (outcome, after) = protocol::released(&write, identity, result)?;
+        let mut write = protocol::release(lock, identity, weight);
+        let (outcome, after) = self
+            .rounds(&mut write, |write, result| {
+                protocol::released(write, identity, result)
+            })
+            .await?;
         self.rotate_if_busy(&after).await;
         Ok((outcome, after))
+    }
+
+    /// Sends `write`, then each write its refusal calls for, until `step` says done. An
+    /// acquisition lands at most once and never after its fence, and a fenced execution's slots
+    /// only go, so every chain of refusals is short; [`MAX_ROUNDS`] bounds it all the same.
+    async fn rounds<T>(
+        &self,
+        write: &mut Write,
+        step: impl Fn(&Write, WriteResult) -> Result<Step<T>, StoreError>,
+    ) -> Result<T, Error> {
+        for _ in 0..MAX_ROUNDS {
+            let result = self.store.write(write).await?;
+            match step(write, result)? {
+                Step::Done(done) => return Ok(done),
+                Step::Again(next) => *write = next,
+            }
+        }
+        Err(StoreError::Unexpected {
+            lock: write.lock.to_string(),
+            problem: format!("still refused after {MAX_ROUNDS} rounds"),
+        }
+        .into())
     }
 
     /// Fences the execution's ended `last_run` and every run before it, without freeing
@@ -251,9 +295,8 @@ impl<S: ItemStore> Semaphore<S> {
                 waiting: fenced.waiting,
             });
         }
-        let free = protocol::cleanup_free(&fenced.lock, &fenced.slots);
-        let result = self.store.write(&free).await?;
-        let (outcome, after) = protocol::freed(&free, &fenced.slots, result)?;
+        let mut free = protocol::cleanup_free(&fenced.lock, &fenced.slots);
+        let (outcome, after) = self.rounds(&mut free, protocol::freed).await?;
         self.rotate_if_busy(&after).await;
         Ok(outcome)
     }
@@ -381,6 +424,7 @@ impl<S: ItemStore> Semaphore<S> {
         let mut report = HandOff::default();
         // The caller's write that freed a slot (if any) has just landed.
         let freed_at_ms = self.now_ms();
+        let mut rate_wait_left_ms = RATE_WAIT_BUDGET_MS;
         let mut item = match known {
             Some(item) => item,
             None => match self.store.load(lock).await? {
@@ -395,7 +439,8 @@ impl<S: ItemStore> Semaphore<S> {
             let Some(head) = self.store.waiters(lock, None, 1).await?.pop() else {
                 break;
             };
-            if item.count() >= head.limit.get() as usize {
+            // A head whose weight does not fit waits; nobody passes it (L2).
+            if !item.fits(&head.terms) {
                 break;
             }
             let write = protocol::grant(&head, self.now_ms());
@@ -442,6 +487,28 @@ impl<S: ItemStore> Semaphore<S> {
                     item = self.status(lock).await?;
                 }
                 Grant::NoSlot { .. } => break,
+                Grant::TooSoon {
+                    next_start_ms,
+                    current,
+                } => {
+                    let wait_ms = next_start_ms.saturating_sub(self.now_ms());
+                    if wait_ms <= rate_wait_left_ms {
+                        rate_wait_left_ms -= wait_ms;
+                        self.clock.sleep_until(next_start_ms).await;
+                        item = current;
+                        continue;
+                    }
+                    // No release will come when the rate frees up: the head comes back itself.
+                    match waker.defer(&head, next_start_ms).await {
+                        Ok(()) => {
+                            report.deferred = Some((head.identity.clone(), next_start_ms));
+                        }
+                        Err(why) => {
+                            tracing::info!(%lock, holder = %head.identity.holder, %why, next_start_ms, "head of the line not told when the rate allows its start; its next check finds out");
+                        }
+                    }
+                    break;
+                }
             }
         }
         Ok(report)
@@ -554,8 +621,8 @@ mod tests {
     fn id(h: &str, a: &str) -> Identity {
         Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new(a).unwrap())
     }
-    fn limit(n: i64) -> Limit {
-        Limit::new(n).unwrap()
+    fn limit(n: i64) -> crate::Limit {
+        crate::Limit::new(n).unwrap()
     }
 
     #[tokio::test]
@@ -629,7 +696,7 @@ mod tests {
         sem.acquire(&lock(), &held, limit(2)).await.unwrap();
         assert_eq!(
             sem.fence(&lock(), &holder, Run::FIRST).await.unwrap().slots,
-            std::slice::from_ref(&held)
+            [(held.clone(), Weight::ONE)]
         );
         let item = sem.status(&lock()).await.unwrap();
         assert!(item.holders.contains_key(&held), "the slot stays held");
@@ -751,8 +818,8 @@ mod queue_tests {
     fn id(h: &str) -> Identity {
         Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new("r0").unwrap())
     }
-    fn limit(n: i64) -> Limit {
-        Limit::new(n).unwrap()
+    fn limit(n: i64) -> crate::Limit {
+        crate::Limit::new(n).unwrap()
     }
     fn task_token(text: &str) -> TaskToken {
         TaskToken::new(text).unwrap()
@@ -779,6 +846,7 @@ mod queue_tests {
     struct RecordingWaker {
         calls: Mutex<Vec<(Waiter, FencingToken)>>,
         failing: Mutex<BTreeSet<String>>,
+        deferred: Mutex<Vec<(Identity, u64)>>,
     }
 
     impl RecordingWaker {
@@ -808,6 +876,14 @@ mod queue_tests {
             } else {
                 Ok(())
             }
+        }
+
+        async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), String> {
+            self.deferred
+                .lock()
+                .unwrap()
+                .push((waiter.identity.clone(), next_start_ms));
+            Ok(())
         }
     }
 
@@ -1020,6 +1096,7 @@ mod queue_tests {
             f.sem.acquire(&lock(), &id("n"), limit(2)).await.unwrap(),
             AcquireOutcome::Full {
                 count: 1,
+                used: 1,
                 limit: limit(2)
             },
             "the newcomer is refused while someone waits"

@@ -107,7 +107,7 @@ impl<S: ItemStore> Semaphore<S> {
         let mut fenced = self.fence(&scanned.lock, holder, last_run).await?;
         fenced
             .slots
-            .retain(|slot| scanned.holders.contains_key(slot));
+            .retain(|(slot, _)| scanned.holders.contains_key(slot));
         self.free(&fenced).await
     }
 }

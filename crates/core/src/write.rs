@@ -6,12 +6,14 @@
 //!
 //! No write is conditioned on the version. Acquirers do not conflict with each other: the limit,
 //! the holder and the fences are checked when the write lands, against the item as it is then.
-//! Release and cleanup have no checks at all. Only a rotation of the fences names something it
-//! read (the time of the previous rotation), so that two rotations cannot both drop fences.
+//! Release and cleanup check only the slots they remove (there, with the weight they subtract
+//! from `used`), never anything another writer changes on its way. Only a rotation of the fences
+//! names something it read (the time of the previous rotation), so that two rotations cannot both
+//! drop fences.
 
 use std::collections::BTreeSet;
 
-use crate::input::{Limit, LockName};
+use crate::input::{Limit, LockName, Rate, Terms, Weight};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem};
 use crate::queue::{QueueKey, TaskToken, Waiter};
 
@@ -21,8 +23,15 @@ pub enum Check {
     /// The identity holds no slot (a retried acquire whose first attempt landed must not take a
     /// second one, F5).
     NotHolding(Identity),
-    /// Fewer than `limit` slots are held (S1).
-    HoldersBelow(Limit),
+    /// The weight fits: the weights held plus `weight` are at most `limit` (S1).
+    Fits { limit: Limit, weight: Weight },
+    /// The last start was at least the rate's spacing before `now_ms` (the writer's clock): a
+    /// start-rate limit.
+    Spaced { rate: Rate, now_ms: u64 },
+    /// The identity holds a slot of exactly this weight: a write that removes it subtracts that
+    /// weight from `used`, so it must not land on a slot that is gone (a duplicate release would
+    /// subtract twice) or of another weight.
+    HoldsWeight { identity: Identity, weight: Weight },
     /// The key is fenced in neither generation (F1-F3: a release or cleanup that landed first
     /// wins, however late this write lands).
     NotFenced(FenceKey),
@@ -34,10 +43,10 @@ pub enum Check {
     LastRotation(Option<u64>),
     /// Nobody waits in line: an acquire must not pass the queue (L2).
     QueueEmpty,
-    /// A slot cannot be taken without passing the line: `limit` slots are held, or someone
-    /// waits. Queueing is allowed only then, so a waiter never queues behind a free slot that
-    /// no one will hand it (F8).
-    Busy(Limit),
+    /// A slot cannot be taken on `terms` at `now_ms` without passing the line: the weight does
+    /// not fit, or someone waits, or the start rate is spent. Queueing is allowed only then, so
+    /// a waiter never queues behind a free slot that no one will hand it (F8).
+    Busy { terms: Terms, now_ms: u64 },
     /// The waiter's record is not there (a retried queue attempt must not queue twice).
     NotQueued(QueueKey),
     /// The waiter's record is there (with any task token).
@@ -54,14 +63,21 @@ pub enum Check {
 /// A change the write makes once every check holds. Every write also increments the version.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Change {
-    /// Takes a slot; its token is the version this write makes.
+    /// Takes a slot of `weight` (added to `used`); its token is the version this write makes,
+    /// and `acquired_at_ms` is the lock's last start.
     PutHolder {
         identity: Identity,
         acquired_at_ms: u64,
+        weight: Weight,
     },
     SetLimit(Limit),
-    /// Frees the identity's slot if it holds one (a no-op otherwise).
-    RemoveHolder(Identity),
+    SetRate(Option<Rate>),
+    /// Frees the identity's slot if it holds one, and subtracts `weight` from `used` whether
+    /// it did or not (as DynamoDB's `ADD` does): the write's checks must make sure it did.
+    RemoveHolder {
+        identity: Identity,
+        weight: Weight,
+    },
     /// Adds a fence to the young generation.
     AddFence(FenceKey),
     /// Drops the old generation, moves `young_seen` (what the rotating writer read in the young
@@ -117,10 +133,25 @@ impl Check {
     pub fn holds(&self, item: &SemaphoreItem) -> bool {
         match self {
             Self::QueueEmpty => item.waiting == 0,
-            Self::Busy(limit) => item.count() >= limit.get() as usize || item.waiting > 0,
+            Self::Busy { terms, now_ms } => {
+                !item.fits(terms)
+                    || item.waiting > 0
+                    || item
+                        .next_start_ms(terms.rate)
+                        .is_some_and(|next| next > *now_ms)
+            }
             Self::NotQueued(_) | Self::Queued(_) | Self::QueuedWith { .. } => false,
             Self::NotHolding(identity) => !item.holders.contains_key(identity),
-            Self::HoldersBelow(limit) => item.count() < limit.get() as usize,
+            Self::Fits { limit, weight } => {
+                item.used + u64::from(weight.get()) <= u64::from(limit.get())
+            }
+            Self::Spaced { rate, now_ms } => item
+                .next_start_ms(Some(*rate))
+                .is_none_or(|next| next <= *now_ms),
+            Self::HoldsWeight { identity, weight } => item
+                .holders
+                .get(identity)
+                .is_some_and(|h| h.weight == *weight),
             Self::NotFenced(key) => !item.fences.contains(key),
             Self::RotatedBefore { deadline_ms } => item
                 .fences
@@ -188,18 +219,24 @@ impl Write {
                 Change::PutHolder {
                     identity,
                     acquired_at_ms,
+                    weight,
                 } => {
                     next.holders.insert(
                         identity.clone(),
                         Holding {
                             token: FencingToken(next.version.0),
                             acquired_at_ms: *acquired_at_ms,
+                            weight: *weight,
                         },
                     );
+                    next.used += u64::from(weight.get());
+                    next.started_at_ms = Some(*acquired_at_ms);
                 }
                 Change::SetLimit(limit) => next.limit = Some(*limit),
-                Change::RemoveHolder(identity) => {
+                Change::SetRate(rate) => next.rate = *rate,
+                Change::RemoveHolder { identity, weight } => {
                     next.holders.remove(identity);
+                    next.used = next.used.saturating_sub(u64::from(weight.get()));
                 }
                 Change::AddFence(key) => {
                     next.fences.young.insert(*key);
@@ -252,10 +289,14 @@ mod tests {
     fn a_write_creates_the_item_bumps_the_version_and_tokens_are_the_new_version() {
         let take = |who: &str| {
             write(
-                vec![Check::HoldersBelow(Limit::new(2).unwrap())],
+                vec![Check::Fits {
+                    limit: Limit::new(2).unwrap(),
+                    weight: Weight::ONE,
+                }],
                 vec![Change::PutHolder {
                     identity: id(who),
                     acquired_at_ms: 7,
+                    weight: Weight::ONE,
                 }],
             )
         };
@@ -264,9 +305,13 @@ mod tests {
         assert_eq!(item.holders[&id("a")].token, FencingToken(1));
         let item = take("b").apply(Some(&item)).unwrap();
         assert_eq!(item.holders[&id("b")].token, FencingToken(2));
+        assert_eq!(item.used, 2);
         assert_eq!(
             take("c").apply(Some(&item)),
-            Err(&Check::HoldersBelow(Limit::new(2).unwrap()))
+            Err(&Check::Fits {
+                limit: Limit::new(2).unwrap(),
+                weight: Weight::ONE
+            })
         );
     }
 

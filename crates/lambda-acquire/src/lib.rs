@@ -4,20 +4,23 @@
 //! Payload (what the lock-protected state machine sends; see `lambda_common::Resolver` for every
 //! shape): `{"input": $$.Execution.Input, "holder": $$.Execution.Id, "redrive_count":
 //! $$.Execution.RedriveCount, "started_at": $$.Execution.StartTime, "requested_at":
-//! $$.State.EnteredTime}`. The lock, limit and work come from the execution input, else from the
-//! function's `DEFAULT_LOCK`, `DEFAULT_LIMIT` and `DEFAULT_WORK`; the acquisition is
+//! $$.State.EnteredTime}`. The lock, limit, weight, rate and work come from the payload, else
+//! the execution input, else the function's `DEFAULT_LOCK`, `DEFAULT_LIMIT`, `DEFAULT_WEIGHT`
+//! (else 1), `DEFAULT_RATE` (else none) and `DEFAULT_WORK`; the acquisition is
 //! `r<redrive_count>`, one per run of the execution. A caller's own machine may send `{"lock",
-//! "limit", "holder", "acquisition", "requested_at"}` instead.
+//! "limit", "weight", "rate", "holder", "acquisition", "requested_at"}` instead.
 //!
 //! One conditional write, no read. `requested_at` is when the acquire was asked for: the state's
 //! entry time comes before any release or cleanup this acquire must not outlive, however long
 //! Lambda takes to start it (see `semaphore_core::Timing`).
 //!
 //! Answer (every outcome): `{"acquired", "outcome":
-//! "acquired"|"already_held"|"full"|"expired"|"queued", "token", "count", "limit", "lock",
-//! "holder", "acquisition", "child_name", "queued_at", "work"}`. "Full" is an answer, not an
-//! error: the machine then waits in line (below), passing `queued_at` (this request's time, its
-//! place in line) back. "Expired" (the request is older than the horizon) makes the machine
+//! "acquired"|"already_held"|"full"|"rate_limited"|"expired"|"queued", "token", "count",
+//! "limit", "weight", "rate", "next_start_at", "lock", "holder", "acquisition", "child_name",
+//! "queued_at", "fallback_seconds", "work"}`. "Full" (the weight does not fit, or others wait)
+//! and "rate_limited" (the lock's start rate is spent; `next_start_at` says when the next start
+//! may land) are answers, not errors: the machine then waits in line (below), passing
+//! `queued_at` (this request's time, its place in line) back. "Expired" (the request is older than the horizon) makes the machine
 //! enter its acquire state again, which makes a new request time. `work` names the child
 //! execution to start with the slot.
 //!
@@ -29,7 +32,11 @@
 //! whoever grants the waiter a slot (`SendTaskSuccess` of the answer above, `acquired`), by this
 //! function when the slot is free or already held (it completes its own task), or with
 //! `SendTaskFailure` (`SemaphoreFenced`, `SemaphoreWaitTimeout`, `SemaphoreInvalidInput`,
-//! `SemaphoreStoreError`). Its own answer (`outcome` "queued" or "acquired") is for the logs.
+//! `SemaphoreStoreError`). Its own answer (`outcome` "queued" or "acquired") is for the logs. A
+//! head of the line whose start the lock's rate holds back for more than 2 s is told to come
+//! back instead (`SendTaskSuccess` of `lambda_common::deferred_answer`: `acquired` false,
+//! "rate_limited", `wait_seconds`): the machine waits that long and enters its wait task again,
+//! keeping its place.
 //!
 //! A redriven execution acquires in its new run (`redrive_count`), with its own acquisition: the
 //! cleanup of an earlier run fenced that run only, so the new one waits its turn like any other.
@@ -60,8 +67,9 @@ const QUEUE_ROUNDS: usize = 3;
 /// What the function reads once per cold start besides the semaphore.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Defaults and allowed work (`DEFAULT_LOCK`, `DEFAULT_LIMIT`, `DEFAULT_WORK`,
-    /// `WORK_STATE_MACHINES`, `WORK_FUNCTIONS`, `WORK_FUNCTION_RUNNER`).
+    /// Defaults and allowed work (`DEFAULT_LOCK`, `DEFAULT_LIMIT`, `DEFAULT_WEIGHT`,
+    /// `DEFAULT_RATE`, `DEFAULT_WORK`, `WORK_STATE_MACHINES`, `WORK_FUNCTIONS`,
+    /// `WORK_FUNCTION_RUNNER`).
     pub resolver: Resolver,
     /// `MAX_WAIT_SECONDS`: past it, a full answer is `SemaphoreWaitTimeout`.
     pub max_wait: Duration,
@@ -88,6 +96,9 @@ pub enum Outcome {
     Acquired,
     AlreadyHeld,
     Full,
+    /// The lock's start rate is spent: wait in line as for `Full` (the line's hand-offs start
+    /// waiters at the rate).
+    RateLimited,
     Expired,
     /// In line (a wait payload): the task completes when a slot is handed to it.
     Queued,
@@ -99,6 +110,7 @@ impl Outcome {
             Self::Acquired => "acquired",
             Self::AlreadyHeld => "already_held",
             Self::Full => "full",
+            Self::RateLimited => "rate_limited",
             Self::Expired => "expired",
             Self::Queued => "queued",
         }
@@ -134,7 +146,7 @@ pub struct WorkAnswer {
     pub context: WorkContext,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AcquireResponse {
     /// True when this identity holds a slot now (newly taken or already held).
     pub acquired: bool,
@@ -145,6 +157,12 @@ pub struct AcquireResponse {
     pub count: Option<usize>,
     /// The limit the request asked for.
     pub limit: u32,
+    /// The weight the request asked for (1 unless it named one): pass it to the release.
+    pub weight: u32,
+    /// The start rate the request asked for, acquisitions per second; `null`: none.
+    pub rate: Option<f64>,
+    /// Rate limited: when the next start may land (RFC 3339). `null` otherwise.
+    pub next_start_at: Option<String>,
     pub lock: String,
     pub holder: String,
     pub acquisition: String,
@@ -198,7 +216,10 @@ fn holding_answer(
         outcome,
         token,
         count,
-        limit: request.limit.get(),
+        limit: request.terms.limit.get(),
+        weight: request.terms.weight.get(),
+        rate: request.terms.rate.map(|rate| rate.as_per_second()),
+        next_start_at: None,
         lock: request.lock.to_string(),
         holder: identity.holder.to_string(),
         acquisition: identity.acquisition.to_string(),
@@ -249,7 +270,7 @@ fn wait_budget(
         identity.holder,
         waited.as_secs(),
         request.lock,
-        request.limit,
+        request.terms.limit,
         count.map_or(String::new(), |n| format!(", {n} held")),
         config.max_wait.as_secs()
     );
@@ -273,14 +294,14 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     }
     let AcquireRequest {
         lock,
-        limit,
+        terms,
         identity,
         run,
         requested_at_ms,
         ..
     } = &request;
     let answer = semaphore
-        .acquire_in_run(lock, identity, *run, *limit, *requested_at_ms)
+        .acquire_in_run(lock, identity, *run, *terms, *requested_at_ms)
         .await
         .map_err(HandlerError::from)
         .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "acquire failed"))?;
@@ -297,6 +318,15 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
                 queued_at: Some(rfc3339_millis(*requested_at_ms)),
                 fallback_seconds: config.fallback.as_secs(),
                 ..holding_answer(&request, Outcome::Full, None, Some(count))
+            }
+        }
+        AcquireOutcome::RateLimited { next_start_ms } => {
+            wait_budget(&request, config, semaphore.now_ms(), None)?;
+            AcquireResponse {
+                queued_at: Some(rfc3339_millis(*requested_at_ms)),
+                fallback_seconds: config.fallback.as_secs(),
+                next_start_at: Some(rfc3339_millis(next_start_ms)),
+                ..holding_answer(&request, Outcome::RateLimited, None, None)
             }
         }
         AcquireOutcome::Expired => holding_answer(&request, Outcome::Expired, None, None),
@@ -337,7 +367,7 @@ async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         }
         Ok(Queued::Holding { token, count }) => {
             // Complete our own task: the slot is ours already.
-            let answer = granted_answer(&waiter_context(request)?, *token)
+            let answer = granted_answer(&waiter_context(request, wait, config)?, *token)
                 .map_err(HandlerError::InvalidInput)?;
             if let Err(e) = callbacks.succeed(&wait.task_token, &answer).await {
                 // Its fallback check finds the slot held and completes the task then.
@@ -369,10 +399,20 @@ async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
 }
 
 /// The answer a waiter gets with its slot, before the slot is known: what its record keeps for
-/// the hand-off to fill in (`lambda_common::granted_answer`).
-fn waiter_context(request: &AcquireRequest) -> Result<String, HandlerError> {
-    serde_json::to_string(&holding_answer(request, Outcome::Acquired, None, None))
-        .map_err(|e| HandlerError::InvalidInput(e.to_string()))
+/// the hand-off to fill in (`lambda_common::granted_answer`). It keeps the waiter's place and
+/// fallback too: a head the start rate defers (`lambda_common::deferred_answer`) enters its
+/// wait task again with them.
+fn waiter_context(
+    request: &AcquireRequest,
+    wait: &WaitRequest,
+    config: &Config,
+) -> Result<String, HandlerError> {
+    serde_json::to_string(&AcquireResponse {
+        queued_at: Some(rfc3339_millis(wait.queued_at_ms)),
+        fallback_seconds: config.fallback.as_secs(),
+        ..holding_answer(request, Outcome::Acquired, None, None)
+    })
+    .map_err(|e| HandlerError::InvalidInput(e.to_string()))
 }
 
 /// Where a wait left the execution.
@@ -415,12 +455,12 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         hand_offs.run(semaphore, lock, None).await;
         return Ok(Queued::InLine);
     }
-    let context = waiter_context(request)?;
+    let context = waiter_context(request, wait, config)?;
     let waiter = Waiter::new(
         lock.clone(),
         identity.clone(),
         request.run,
-        request.limit,
+        request.terms,
         wait.queued_at_ms,
         wait.task_token.clone(),
         context,
@@ -458,7 +498,7 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
                     lock,
                     identity,
                     request.run,
-                    request.limit,
+                    request.terms,
                     request.requested_at_ms,
                 )
                 .await
@@ -469,7 +509,7 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
                     return Ok(Queued::Holding { token, count })
                 }
                 AcquireOutcome::Fenced(reason) => return Err(fenced(request, reason)),
-                AcquireOutcome::Full { .. } => continue,
+                AcquireOutcome::Full { .. } | AcquireOutcome::RateLimited { .. } => continue,
                 AcquireOutcome::Expired => break,
             },
         }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lambda_acquire::Config;
-use lambda_common::{child_execution_name, granted_answer, Resolver, Settings};
+use lambda_common::{child_execution_name, deferred_answer, granted_answer, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use semaphore_core::{
     protocol, rfc3339_millis, AcquireOutcome, Clock, DynamoStore, FenceKey, FenceReason,
@@ -278,6 +278,20 @@ fn route_acquire_error(
     (next, failed)
 }
 
+/// Where `definition` goes once its wait state has completed with the output `state`: through
+/// the Choice after it ("Slot granted?") to the work, to the start rate's Wait state, or back
+/// in line.
+fn after_wait<'a>(definition: &'a Value, state: &Value) -> &'a str {
+    let (_, wait) = wait_state(definition);
+    let choice = asl::state(definition, wait["Next"].as_str().expect("a Next"));
+    assert_eq!(
+        choice["Type"],
+        json!("Choice"),
+        "the wait state is followed by a Choice"
+    );
+    asl::choose(choice, state)
+}
+
 #[tokio::test]
 async fn a_critical_section_through_the_definition_with_the_defaults() {
     let sem = semaphore().await;
@@ -306,6 +320,9 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
             "token",
             "count",
             "limit",
+            "weight",
+            "rate",
+            "next_start_at",
             "lock",
             "holder",
             "acquisition",
@@ -325,6 +342,9 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
             "token": 1,
             "count": 1,
             "limit": 5,
+            "weight": 1,
+            "rate": null,
+            "next_start_at": null,
             "lock": "demo-lock",
             "holder": HOLDER,
             "acquisition": "r0",
@@ -549,7 +569,7 @@ async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
     );
     let state = asl::task_output(wait, &timed_out, &again, granted.clone());
     assert_eq!(state["semaphore"], granted);
-    assert_eq!(wait["Next"], json!("Protected work"));
+    assert_eq!(after_wait(&definition, &state), "Protected work");
     let start = asl::render(
         &asl::state(&definition, "Protected work")["Parameters"],
         &state,
@@ -691,6 +711,62 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
             "input.lock must be a JSON string; got an array [\"a\"]".into(),
         ),
     ];
+    let weight = "weight must be a whole number from 1 to the limit (1000 at most)";
+    let rate = "rate must be a number of acquisitions per second from 0.000011574074074074073 \
+                (one a day) to 1000";
+    let above = |weight: u32, limit: u32| {
+        format!(
+            "weight {weight} is above the limit {limit}: it could never be granted; ask for at \
+             most {limit}, or raise the limit"
+        )
+    };
+    let cases = cases.into_iter().chain([
+        (
+            json!({"weight": 0}),
+            format!("input.weight: {weight}; got 0"),
+        ),
+        (
+            json!({"weight": -1}),
+            format!("input.weight: {weight}; got -1"),
+        ),
+        (
+            json!({"weight": 2.5}),
+            format!("input.weight: {weight}; got 2.5"),
+        ),
+        (
+            json!({"weight": "4"}),
+            format!("input.weight: {weight}; got the string \"4\""),
+        ),
+        (
+            json!({"weight": 1001}),
+            format!("input.weight: {weight}; got 1001"),
+        ),
+        // Above the default limit (5), and above the input's own limit.
+        (json!({"weight": 6}), above(6, 5)),
+        (json!({"limit": 2, "weight": 3}), above(3, 2)),
+        (json!({"rate": 0}), format!("input.rate: {rate}; got 0")),
+        (json!({"rate": -1}), format!("input.rate: {rate}; got -1")),
+        (
+            json!({"rate": -0.5}),
+            format!("input.rate: {rate}; got -0.5"),
+        ),
+        (
+            json!({"rate": "fast"}),
+            format!("input.rate: {rate}; got the string \"fast\""),
+        ),
+        (
+            json!({"rate": "2"}),
+            format!("input.rate: {rate}; got the string \"2\""),
+        ),
+        (
+            json!({"rate": 1e9}),
+            format!("input.rate: {rate}; got 1000000000"),
+        ),
+        (
+            json!({"rate": [2]}),
+            format!("input.rate: {rate}; got an array [2]"),
+        ),
+    ]);
     for (input, message) in cases {
         let ctx = Ctx::new(&holder(2), input.clone(), &now(&sem));
         let err = play_acquire(&sem, &config, &ctx, &input)
@@ -1025,6 +1101,216 @@ async fn waiting_longer_than_the_budget_is_semaphore_wait_timeout_and_the_slot_i
     );
 }
 
+/// Weights and a start rate from the execution input: the answers carry them, the item keeps
+/// the sum of the weights, and an acquire the rate holds back answers "rate_limited" with when
+/// the next start may be, writes nothing, and is sent to wait in line like "full". A head of
+/// the line the rate defers (`deferred_answer`, what the hand-off sends) waits wait_seconds in
+/// the definition's Wait state and enters the line again with its place; no answer without a
+/// slot reaches the work.
+#[tokio::test]
+async fn a_weight_and_a_start_rate_from_the_input_and_a_rate_limited_answer_waits_in_line() {
+    let (sem, clock) = semaphore_with_clock().await;
+    let config = config();
+    let definition = asl::with_functions("lock-protected.asl.json");
+    let heavy = json!({"lock": "paced", "limit": 3, "weight": 2, "rate": 0.5});
+    let first = Ctx::new(&holder(1), heavy.clone(), &now(&sem));
+    let started_ms = sem.now_ms();
+    let played = play_acquire(&sem, &config, &first, &heavy).await;
+    let answer = played.answer.unwrap();
+    assert_eq!(
+        (
+            &answer["outcome"],
+            &answer["limit"],
+            &answer["weight"],
+            &answer["rate"],
+            &answer["next_start_at"]
+        ),
+        (
+            &json!("acquired"),
+            &json!(3),
+            &json!(2),
+            &json!(0.5),
+            &json!(null)
+        )
+    );
+    assert_eq!(played.next.unwrap().1, "Protected work");
+    let seen = observe(sem.store().client(), sem.store().table(), "paced")
+        .await
+        .unwrap();
+    assert_eq!((seen.used, &seen.weights), (2, &vec![2]));
+    assert_eq!(seen.started_at, Some(started_ms));
+    seen.assert_safe(3);
+    let before = all_items(&sem).await;
+
+    // A second execution, weight 1: it fits (2 + 1 <= 3), but one start every 2 s is spent.
+    clock.advance_ms(500);
+    let light = json!({"lock": "paced", "limit": 3, "rate": 0.5});
+    let second = Ctx::new(&holder(2), light.clone(), &now(&sem));
+    let played = play_acquire(&sem, &config, &second, &light).await;
+    let limited = played.answer.unwrap();
+    assert_eq!(
+        (
+            &limited["acquired"],
+            &limited["outcome"],
+            &limited["token"],
+            &limited["weight"],
+            &limited["rate"]
+        ),
+        (
+            &json!(false),
+            &json!("rate_limited"),
+            &json!(null),
+            &json!(1),
+            &json!(0.5)
+        ),
+        "{limited}"
+    );
+    assert_eq!(
+        limited["next_start_at"],
+        json!(rfc3339_millis(started_ms + 2_000))
+    );
+    // Answered like "full": its place in line and the wait task's timeout.
+    assert_eq!(limited["queued_at"], json!(second.entered_time));
+    assert_eq!(
+        limited["fallback_seconds"],
+        json!(config.fallback.as_secs())
+    );
+    assert_eq!(all_items(&sem).await, before, "nothing was written");
+    let (state, next) = played.next.unwrap();
+    let (wait_name, wait) = wait_state(&definition);
+    assert_eq!(next, wait_name, "rate_limited waits in line");
+    let parked = second.entered(&now(&sem)).with_task_token("paced-1");
+    let payload = asl::render(&wait["Parameters"]["Payload"], &state, &parked);
+    assert_eq!(payload["queued_at"], limited["queued_at"]);
+    assert_eq!(
+        asl::timeout_seconds(wait, &state),
+        config.fallback.as_secs()
+    );
+
+    // A head of the line the rate defers (the hand-off's SendTaskSuccess): acquired false,
+    // "rate_limited", wait_seconds. The machine waits that long, then enters the line again
+    // with the same place and fallback.
+    let deferred: Value = serde_json::from_str(
+        &deferred_answer(
+            &serde_json::to_string(&limited).unwrap(),
+            started_ms + 2_000,
+            sem.now_ms(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            &deferred["acquired"],
+            &deferred["outcome"],
+            &deferred["wait_seconds"],
+            &deferred["next_start_at"]
+        ),
+        (
+            &json!(false),
+            &json!("rate_limited"),
+            &json!(2),
+            &limited["next_start_at"]
+        )
+    );
+    let state = asl::task_output(wait, &state, &parked, deferred.clone());
+    let pause_name = after_wait(&definition, &state);
+    assert_eq!(pause_name, "Wait for the start rate");
+    let pause = asl::state(&definition, pause_name);
+    assert_eq!(pause["Type"], json!("Wait"));
+    let seconds_path = pause["SecondsPath"].as_str().unwrap();
+    assert_eq!(asl::read(&state, seconds_path), Some(&json!(2)));
+    assert_eq!(pause["Next"], json!(wait_name));
+    let again = second.entered(&now(&sem)).with_task_token("paced-2");
+    let payload = asl::render(&wait["Parameters"]["Payload"], &state, &again);
+    assert_eq!(
+        payload["queued_at"], limited["queued_at"],
+        "its place is kept"
+    );
+    assert_eq!(
+        asl::timeout_seconds(wait, &state),
+        config.fallback.as_secs()
+    );
+    // Any other answer without a slot goes back in line, never to the work.
+    for outcome in ["full", "queued", "expired", "acquired"] {
+        let mut other = deferred.clone();
+        other["outcome"] = json!(outcome);
+        let state = asl::task_output(wait, &state, &parked, other);
+        assert_eq!(after_wait(&definition, &state), wait_name, "{outcome}");
+    }
+    // The same in the copy-paste fragment.
+    let fragment = asl::with_functions("protect-your-workflow.asl.json");
+    let (fragment_wait_name, fragment_wait) = wait_state(&fragment);
+    let state = asl::task_output(fragment_wait, &json!({}), &parked, deferred.clone());
+    let pause_name = after_wait(&fragment, &state);
+    let pause = asl::state(&fragment, pause_name);
+    assert_eq!(
+        (
+            &pause["Type"],
+            asl::read(&state, pause["SecondsPath"].as_str().unwrap()),
+            &pause["Next"]
+        ),
+        (&json!("Wait"), Some(&json!(2)), &json!(fragment_wait_name))
+    );
+    let payload = asl::render(&fragment_wait["Parameters"]["Payload"], &state, &again);
+    assert_eq!(payload["queued_at"], limited["queued_at"]);
+    let mut granted = deferred.clone();
+    granted["outcome"] = json!("queued");
+    let state = asl::task_output(fragment_wait, &json!({}), &parked, granted);
+    assert_eq!(after_wait(&fragment, &state), fragment_wait_name);
+
+    // Once the spacing has passed, a new request takes its slot (weight 1: 3 of 3 used).
+    clock.advance_ms(1_500);
+    let third = second.entered(&now(&sem));
+    let answer = play_acquire(&sem, &config, &third, &light)
+        .await
+        .answer
+        .unwrap();
+    assert_eq!(
+        (&answer["outcome"], &answer["count"]),
+        (&json!("acquired"), &json!(2))
+    );
+    let seen = observe(sem.store().client(), sem.store().table(), "paced")
+        .await
+        .unwrap();
+    let mut weights = seen.weights.clone();
+    weights.sort_unstable();
+    assert_eq!((seen.used, weights), (3, vec![1, 2]));
+    assert_eq!(seen.started_at, Some(started_ms + 2_000));
+    seen.assert_safe(3);
+
+    // Full now for any weight (and the rate is spent again): nothing more is taken.
+    clock.advance_ms(2_000);
+    let fourth = Ctx::new(&holder(3), light.clone(), &now(&sem));
+    let full = play_acquire(&sem, &config, &fourth, &light)
+        .await
+        .answer
+        .unwrap();
+    assert_eq!(
+        (&full["acquired"], &full["outcome"], &full["count"]),
+        (&json!(false), &json!("full"), &json!(2))
+    );
+
+    // The heavy holder's release frees its weight 2, resolved from its input like the acquire.
+    let release_ctx = first.entered(&now(&sem));
+    let release_state = asl::state(&definition, "Release slot");
+    let payload = asl::render(
+        &release_state["Parameters"]["Payload"],
+        &json!({}),
+        &release_ctx,
+    );
+    assert_eq!(payload["execution"]["Input"]["weight"], json!(2));
+    let released = release(&sem, payload).await.unwrap();
+    assert_eq!(
+        (&released["released"], &released["count"]),
+        (&json!(true), &json!(1))
+    );
+    let seen = observe(sem.store().client(), sem.store().table(), "paced")
+        .await
+        .unwrap();
+    assert_eq!((seen.used, &seen.weights), (1, &vec![1]));
+}
+
 #[tokio::test]
 async fn a_request_older_than_the_horizon_answers_expired_writes_nothing_and_is_asked_again() {
     let sem = semaphore().await;
@@ -1102,6 +1388,7 @@ async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
         answer,
         json!({
             "acquired": true, "outcome": "acquired", "token": 1, "count": 1, "limit": 5,
+            "weight": 1, "rate": null, "next_start_at": null,
             "lock": "demo-lock", "holder": HOLDER,
             "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab", "child_name": name,
             "queued_at": null, "fallback_seconds": 0, "work": null
@@ -1305,7 +1592,8 @@ async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
     assert_eq!(
         payload,
         json!({
-            "lock": "example-lock", "limit": 2, "holder": holder(4), "redrive_count": 0,
+            "lock": "example-lock", "limit": 2, "weight": 1, "holder": holder(4),
+            "redrive_count": 0,
             "started_at": third.entered_time, "requested_at": parked.entered_time,
             "task_token": "fragment-token", "queued_at": full["queued_at"]
         })
@@ -1325,13 +1613,25 @@ async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
         .unwrap();
     let (token, context) = grant_head(&sem, "example-lock").await;
     let granted: Value = serde_json::from_str(&granted_answer(&context, token).unwrap()).unwrap();
-    let state = asl::task_output(wait, &state, &parked, granted);
+    let state = asl::task_output(wait, &state, &parked, granted.clone());
+    // The whole answer (no ResultSelector: a rate_limited one carries wait_seconds, which a
+    // granted one does not have).
+    assert_eq!(state["semaphore"], granted);
     assert_eq!(
-        state["semaphore"],
-        json!({"acquired": true, "outcome": "acquired", "token": token.0,
-               "child_name": child_execution_name(&id(&holder(4), "r0"))})
+        (
+            &granted["acquired"],
+            &granted["outcome"],
+            &granted["token"],
+            &granted["child_name"]
+        ),
+        (
+            &json!(true),
+            &json!("acquired"),
+            &json!(token.0),
+            &json!(child_execution_name(&id(&holder(4), "r0")))
+        )
     );
-    assert_eq!(wait["Next"], json!(work));
+    assert_eq!(after_wait(&fragment, &state), work);
     let branch_output = asl::render(&placeholder["Parameters"], &state, &parked);
     assert_eq!(branch_output, json!({"fencing_token": token.0}));
     let after_work = asl::task_output(work_state, &state, &parked, json!([branch_output]));

@@ -91,7 +91,7 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
     let answer = |outcome: &str| {
         json!({
             "acquired": true, "outcome": outcome, "token": 1, "count": 1, "limit": 5,
-            "lock": "demo-lock", "holder": HOLDER, "acquisition": "r0", "child_name": name,
+            "weight": 1, "rate": null, "next_start_at": null, "lock": "demo-lock", "holder": HOLDER, "acquisition": "r0", "child_name": name,
             "queued_at": null, "fallback_seconds": 0,
             "work": {"state_machine": DEMO, "name": name, "context": {"semaphore": {
                 "lock": "demo-lock", "fencing_token": 1, "holder": HOLDER, "acquisition": "r0"

@@ -543,3 +543,194 @@ async fn f8_a_slot_freed_between_full_and_queued_is_taken_by_the_wait_invocation
     assert_eq!(released["released"], json!(true));
     assert!(w.consistent().await.is_empty());
 }
+
+/// A parking machine whose wait task goes on as the definition's does: through "Slot granted?"
+/// to "Granted" (the work) or to the start rate's Wait state and back in line, so that moto
+/// runs the definition's own rate_limited path. Like `sfn::parking_machine`, the wait state's
+/// Lambda invoke fails (no Lambda here) and the task parks on an SQS message instead.
+fn rate_parking_machine(definition: &Value) -> Value {
+    let wait = asl::state(definition, "Wait in line");
+    let choice_name = wait["Next"].as_str().expect("a Next");
+    let mut choice = asl::state(definition, choice_name).clone();
+    let mut pause_name = None;
+    for rule in choice["Choices"].as_array_mut().unwrap() {
+        if rule["Next"] == json!("Protected work") {
+            rule["Next"] = json!("Granted");
+        } else {
+            pause_name = rule["Next"].as_str().map(str::to_owned);
+        }
+    }
+    assert_eq!(choice["Default"], json!("Wait in line"));
+    let pause_name = pause_name.expect("a rule to the start rate's Wait state");
+    let pause = asl::state(definition, &pause_name).clone();
+    assert_eq!(pause["Type"], json!("Wait"));
+    assert_eq!(pause["Next"], json!("Wait in line"));
+    let mut states = serde_json::Map::new();
+    states.insert(
+        "Acquire slot".into(),
+        json!({"Type": "Pass", "Parameters": {"semaphore.$": "$.parked.answer"}, "Next": "Wait in line"}),
+    );
+    states.insert(
+        "Wait in line".into(),
+        json!({
+            "Type": "Task",
+            "Resource": wait["Resource"],
+            "Parameters": wait["Parameters"],
+            "ResultPath": "$.no_lambda_here",
+            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.no_lambda_here", "Next": "Parked"}],
+            "Next": "Parked"
+        }),
+    );
+    states.insert(
+        "Parked".into(),
+        json!({
+            "Type": "Task",
+            "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
+            "Parameters": {
+                "QueueUrl.$": "$$.Execution.Input.parked.queue",
+                "MessageBody": wait["Parameters"]["Payload"]
+            },
+            "TimeoutSecondsPath": wait["TimeoutSecondsPath"],
+            "ResultPath": wait["ResultPath"],
+            "Next": choice_name
+        }),
+    );
+    states.insert(choice_name.into(), choice);
+    states.insert(pause_name, pause);
+    states.insert("Granted".into(), json!({"Type": "Succeed"}));
+    json!({"StartAt": "Acquire slot", "States": states})
+}
+
+/// A start rate with a real parked task: an execution that asks within the rate's spacing of
+/// the last start is answered "rate_limited" and waits in line; its wait invocation queues it,
+/// and its hand-off finds the next start more than 2 s away, so it defers the head
+/// (`SendTaskSuccess` with "rate_limited" and wait_seconds) instead of sleeping. The definition's
+/// Wait state waits that long and enters the line again with the same place; that wait
+/// invocation's hand-off grants it the slot once the rate allows, and the execution goes on to
+/// its work with it. Nothing was held while it waited.
+#[tokio::test]
+async fn a_head_of_the_line_held_back_by_the_start_rate_waits_and_is_granted_when_it_allows() {
+    let sfn = sfn::execution_mode().await;
+    let table = fresh_table().await.table().to_owned();
+    let settings = settings(&table);
+    let definition = asl::definition(
+        "lock-protected.asl.json",
+        &[
+            ("AcquireFunctionArn", ACQUIRE),
+            ("ReleaseFunctionArn", RELEASE),
+        ],
+    );
+    let machine =
+        sfn::create_machine(&sfn, &unique("Paced"), &rate_parking_machine(&definition)).await;
+    let lock = unique("paced");
+    // One start every 5 s; room for both.
+    let w = World {
+        sem: settings.semaphore(&sdk_config()).unwrap(),
+        config: Config::from_settings(&settings).unwrap(),
+        input: json!({"lock": lock, "limit": 2, "rate": 0.2}),
+        sfn,
+        table,
+        definition,
+        machine,
+        lock,
+    };
+    let first = w
+        .acquire(
+            json!({"lock": w.lock, "limit": 2, "rate": 0.2, "holder": HOLDER,
+                        "acquisition": HELD, "requested_at": rfc3339_millis(w.sem.now_ms())}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first["outcome"], json!("acquired"));
+    let started_ms = w
+        .sem
+        .status(&w.lock())
+        .await
+        .unwrap()
+        .started_at_ms
+        .unwrap();
+
+    let name = unique("paced");
+    let (execution, limited) = w.acquire_state(&name).await;
+    assert_eq!(
+        (&limited["acquired"], &limited["outcome"]),
+        (&json!(false), &json!("rate_limited")),
+        "{limited}"
+    );
+    assert_eq!(
+        limited["next_start_at"],
+        json!(rfc3339_millis(started_ms + 5_000))
+    );
+    let parked = park(&w.sfn, &w.machine, &name, &w.input, &limited).await;
+    let wait = parked.next_wait().await;
+    assert_eq!(wait["queued_at"], limited["queued_at"]);
+    let queued = w.acquire(wait.clone()).await.unwrap();
+    assert_eq!(queued["outcome"], json!("queued"), "{queued}");
+    assert!(
+        w.sem.now_ms() < started_ms + 3_000,
+        "the test needs the first wait within 3 s of the first start, so that the next start \
+         is more than 2 s away and the hand-off defers the head"
+    );
+    // Deferred: still in line (its record keeps its place), nothing held.
+    let waiter = Waiter {
+        parked,
+        wait,
+        full: limited,
+    };
+    assert_eq!(w.line().await, std::slice::from_ref(&execution));
+    assert_eq!(
+        w.holders()
+            .await
+            .into_iter()
+            .map(|(who, _)| who)
+            .collect::<Vec<_>>(),
+        [id(HOLDER, HELD)]
+    );
+    let deferred = task_outputs(&w.sfn, &execution)
+        .await
+        .last()
+        .cloned()
+        .expect("the wait task succeeded with the deferral");
+    assert_eq!(
+        (
+            &deferred["acquired"],
+            &deferred["outcome"],
+            &deferred["next_start_at"],
+            &deferred["queued_at"],
+            &deferred["fallback_seconds"]
+        ),
+        (
+            &json!(false),
+            &json!("rate_limited"),
+            &waiter.full["next_start_at"],
+            &waiter.full["queued_at"],
+            &waiter.full["fallback_seconds"]
+        ),
+        "{deferred}"
+    );
+    let wait_seconds = deferred["wait_seconds"].as_u64().expect("wait_seconds");
+    assert!((3..=5).contains(&wait_seconds), "{deferred}");
+
+    // After the Wait state: in line again, same place, a new task.
+    let check = waiter.parked.next_wait().await;
+    assert!(
+        w.sem.now_ms() + 1_000 >= started_ms + 5_000,
+        "the Wait state waited wait_seconds"
+    );
+    assert_ne!(check["task_token"], waiter.wait["task_token"]);
+    assert_eq!(check["queued_at"], waiter.wait["queued_at"]);
+    w.acquire(check).await.unwrap();
+    let holders = w.holders().await;
+    let token = holders
+        .iter()
+        .find(|(who, _)| *who == waiter.identity())
+        .expect("granted")
+        .1;
+    w.assert_granted(&waiter, token).await;
+    let item = w.sem.status(&w.lock()).await.unwrap();
+    assert!(
+        item.started_at_ms.unwrap() >= started_ms + 5_000,
+        "started no sooner than the rate allows: {item:?}"
+    );
+    assert_eq!((item.count(), item.used, item.waiting), (2, 2, 0));
+}

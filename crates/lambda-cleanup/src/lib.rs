@@ -474,7 +474,7 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
                 kept: fence
                     .slots
                     .iter()
-                    .map(|s| s.acquisition.to_string())
+                    .map(|(s, _)| s.acquisition.to_string())
                     .collect(),
                 count: None,
             })

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use semaphore_core::{DynamoStore, Limit, LockName, Semaphore, Timing};
+use semaphore_core::{DynamoStore, Limit, LockName, Rate, Semaphore, Timing, Weight};
 
 use crate::arn::StateMachineArn;
 use crate::executions::SfnExecutions;
@@ -18,6 +18,11 @@ pub mod var {
     pub const DEFAULT_LOCK: &str = "DEFAULT_LOCK";
     /// The limit of an execution whose input and payload name none.
     pub const DEFAULT_LIMIT: &str = "DEFAULT_LIMIT";
+    /// The weight of an acquire whose payload and input name none (unset or empty: 1).
+    pub const DEFAULT_WEIGHT: &str = "DEFAULT_WEIGHT";
+    /// The start rate (acquisitions per second) of an acquire whose payload and input name
+    /// none (unset or empty: no rate limit).
+    pub const DEFAULT_RATE: &str = "DEFAULT_RATE";
     /// The work of an execution whose input names none: one of the allowed.
     pub const DEFAULT_WORK: &str = "DEFAULT_WORK";
     /// Comma-separated state machine ARNs an execution's input may name as its work.
@@ -171,30 +176,48 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         Ok(items)
     }
 
-    /// `DEFAULT_LOCK` and `DEFAULT_LIMIT`, each optional: without one, a payload whose input
-    /// does not name it is refused with `SemaphoreInvalidInput`.
+    /// `DEFAULT_LOCK`, `DEFAULT_LIMIT`, `DEFAULT_WEIGHT` and `DEFAULT_RATE`, each optional:
+    /// without a lock or limit, a payload whose input does not name it is refused with
+    /// `SemaphoreInvalidInput`.
     pub fn defaults(&self) -> Result<Defaults, ConfigError> {
+        let parsed = |name: &'static str, value: String, e: semaphore_core::InputError| {
+            ConfigError::Invalid {
+                name,
+                value,
+                problem: e.to_string(),
+            }
+        };
         let lock = self
             .optional(var::DEFAULT_LOCK)
             .map(|value| {
-                LockName::new(value.as_str()).map_err(|e| ConfigError::Invalid {
-                    name: var::DEFAULT_LOCK,
-                    value: value.clone(),
-                    problem: e.to_string(),
-                })
+                LockName::new(value.as_str())
+                    .map_err(|e| parsed(var::DEFAULT_LOCK, value.clone(), e))
             })
             .transpose()?;
         let limit = self
             .optional(var::DEFAULT_LIMIT)
             .map(|value| {
-                Limit::parse(&value).map_err(|e| ConfigError::Invalid {
-                    name: var::DEFAULT_LIMIT,
-                    value: value.clone(),
-                    problem: e.to_string(),
-                })
+                Limit::parse(&value).map_err(|e| parsed(var::DEFAULT_LIMIT, value.clone(), e))
             })
             .transpose()?;
-        Ok(Defaults { lock, limit })
+        let weight = self
+            .optional(var::DEFAULT_WEIGHT)
+            .map(|value| {
+                Weight::parse(&value).map_err(|e| parsed(var::DEFAULT_WEIGHT, value.clone(), e))
+            })
+            .transpose()?;
+        let rate = self
+            .optional(var::DEFAULT_RATE)
+            .map(|value| {
+                Rate::parse(&value).map_err(|e| parsed(var::DEFAULT_RATE, value.clone(), e))
+            })
+            .transpose()?;
+        Ok(Defaults {
+            lock,
+            limit,
+            weight,
+            rate,
+        })
     }
 
     /// `WORK_STATE_MACHINES` and `WORK_FUNCTIONS` (comma-separated ARNs of their kind, blanks
@@ -412,6 +435,42 @@ mod tests {
         let long = "x".repeat(257);
         let err = settings(&[("DEFAULT_LOCK", &long)]).defaults().unwrap_err();
         assert!(err.to_string().contains("257 bytes long"), "{err}");
+    }
+
+    #[test]
+    fn default_weight_and_rate_are_optional_empty_is_unset_and_bad_ones_are_named() {
+        // The template passes an empty DefaultRate (and could pass an empty weight): unset.
+        let empty = settings(&[("DEFAULT_WEIGHT", ""), ("DEFAULT_RATE", "  ")])
+            .defaults()
+            .unwrap();
+        assert_eq!((empty.weight, empty.rate), (None, None));
+        let set = settings(&[("DEFAULT_WEIGHT", "3"), ("DEFAULT_RATE", "0.5")])
+            .defaults()
+            .unwrap();
+        assert_eq!(set.weight.unwrap().get(), 3);
+        assert_eq!(set.rate.unwrap().spacing_ms(), 2_000);
+        for (name, bad) in [
+            ("DEFAULT_WEIGHT", "0"),
+            ("DEFAULT_WEIGHT", "-1"),
+            ("DEFAULT_WEIGHT", "2.5"),
+            ("DEFAULT_WEIGHT", "1001"),
+            ("DEFAULT_RATE", "0"),
+            ("DEFAULT_RATE", "-2"),
+            ("DEFAULT_RATE", "fast"),
+            ("DEFAULT_RATE", "1e9"),
+        ] {
+            let err = settings(&[(name, bad)]).defaults().unwrap_err();
+            assert!(
+                matches!(err, ConfigError::Invalid { name: n, .. } if n == name),
+                "{name}={bad}: {err}"
+            );
+            let field = if name == "DEFAULT_WEIGHT" {
+                "weight must be"
+            } else {
+                "rate must be"
+            };
+            assert!(err.to_string().contains(field), "{err}");
+        }
     }
 
     #[test]

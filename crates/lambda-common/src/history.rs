@@ -406,6 +406,7 @@ mod tests {
             defaults: crate::Defaults {
                 lock: Some(LockName::new("demo-lock").unwrap()),
                 limit: None,
+                ..crate::Defaults::default()
             },
             ..crate::Resolver::default()
         };

@@ -33,7 +33,9 @@ pub use request::{
     child_execution_name, incarnation_acquisition, AcquireRequest, AllowedWork, Defaults, Resolver,
     Target, WaitRequest, Work, WorkKind, ACQUIRE_PAYLOAD, RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
 };
-pub use waiting::{granted_answer, HandOffs, SfnHandOffs, TaskCallbacks, TaskWaker};
+pub use waiting::{
+    deferred_answer, granted_answer, HandOffs, SfnHandOffs, TaskCallbacks, TaskWaker,
+};
 
 /// Installs the JSON log subscriber: one JSON object per line on stdout, level from `RUST_LOG`
 /// (default `info`), no ANSI colours and no timestamp (CloudWatch stamps every line). The

@@ -6,7 +6,9 @@
 //! say) is named by its path, `input.lock`, so the message says where the bad value came from.
 
 use aws_sdk_dynamodb::primitives::{DateTime, DateTimeFormat as Format};
-use semaphore_core::{AcquisitionId, HolderId, Identity, InputError, Limit, LockName};
+use semaphore_core::{
+    AcquisitionId, HolderId, Identity, InputError, Limit, LockName, Rate, Weight,
+};
 use serde_json::{Map, Value};
 
 use crate::error::HandlerError;
@@ -245,6 +247,48 @@ impl<'a> Payload<'a> {
             other => format!("{} {}", kind(other), quoted(other)),
         };
         Err(self.input_error(field, InputError::InvalidLimit { got }))
+    }
+
+    /// `weight` as a JSON integer from 1 to the core's maximum limit; `None` when absent or
+    /// null. Refused like a limit: never from a string, never rounded.
+    pub fn optional_weight(&self, field: &str) -> Result<Option<Weight>, HandlerError> {
+        let Some(value) = self.get(field) else {
+            return Ok(None);
+        };
+        let got = match value {
+            Value::Number(n) => match n.as_i64() {
+                Some(n) => {
+                    return Weight::new(n)
+                        .map(Some)
+                        .map_err(|e| self.input_error(field, e))
+                }
+                None => n.to_string(),
+            },
+            Value::String(_) => format!("the string {}", quoted(value)),
+            other => format!("{} {}", kind(other), quoted(other)),
+        };
+        Err(self.input_error(field, InputError::InvalidWeight { got }))
+    }
+
+    /// `rate` as a JSON number of acquisitions per second (`2`, `0.5`); `None` when absent or
+    /// null. A string, zero, a negative or an absurd rate is refused.
+    pub fn optional_rate(&self, field: &str) -> Result<Option<Rate>, HandlerError> {
+        let Some(value) = self.get(field) else {
+            return Ok(None);
+        };
+        let got = match value {
+            Value::Number(n) => match n.as_f64() {
+                Some(n) => {
+                    return Rate::per_second(n)
+                        .map(Some)
+                        .map_err(|e| self.input_error(field, e))
+                }
+                None => n.to_string(),
+            },
+            Value::String(_) => format!("the string {}", quoted(value)),
+            other => format!("{} {}", kind(other), quoted(other)),
+        };
+        Err(self.input_error(field, InputError::InvalidRate { got }))
     }
 
     /// A required `limit`.

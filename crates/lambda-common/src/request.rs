@@ -23,7 +23,8 @@
 //! A field given in the payload wins over the same one from the input or the execution node.
 
 use semaphore_core::{
-    AcquisitionId, HolderId, Identity, Limit, LockName, QueueKey, Run, TaskToken,
+    AcquisitionId, HolderId, Identity, Limit, LockName, QueueKey, Rate, Run, TaskToken, Terms,
+    Weight,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -32,10 +33,10 @@ use crate::error::HandlerError;
 use crate::payload::{hint, quoted, Payload};
 
 /// The acquire payload's fields, as named in errors.
-pub const ACQUIRE_PAYLOAD: &str = r#"{"input": object, "holder": string, "redrive_count": integer, "started_at": RFC 3339 string, "requested_at": RFC 3339 string}, or {"lock": string, "limit": integer, "holder": string, "acquisition": string, "requested_at": RFC 3339 string}"#;
+pub const ACQUIRE_PAYLOAD: &str = r#"{"input": object, "holder": string, "redrive_count": integer, "started_at": RFC 3339 string, "requested_at": RFC 3339 string}, or {"lock": string, "limit": integer, "weight": integer (optional), "rate": number per second (optional), "holder": string, "acquisition": string, "requested_at": RFC 3339 string}"#;
 
 /// The release payload's fields, as named in errors.
-pub const RELEASE_PAYLOAD: &str = r#"{"input": object, "holder": string, "redrive_count": integer, "error": {"Error": string, "Cause": string} if it failed}, or {"lock": string, "holder": string, "acquisition": string}"#;
+pub const RELEASE_PAYLOAD: &str = r#"{"input": object, "holder": string, "redrive_count": integer, "error": {"Error": string, "Cause": string} if it failed}, or {"lock": string, "holder": string, "acquisition": string, "weight": integer (optional: the acquire's)}"#;
 
 /// The key of the work's input under which it gets the semaphore's context: an execution input
 /// must not have it (the work's input is the execution input merged with the context).
@@ -55,11 +56,14 @@ mod missing {
         logical acquire, \"acquisition.$\": \"States.UUID()\"";
 }
 
-/// Defaults for what a payload leaves out: the function's `DEFAULT_LOCK` and `DEFAULT_LIMIT`.
+/// Defaults for what a payload leaves out: the function's `DEFAULT_LOCK`, `DEFAULT_LIMIT`,
+/// `DEFAULT_WEIGHT` (1 when unset) and `DEFAULT_RATE` (none when unset).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Defaults {
     pub lock: Option<LockName>,
     pub limit: Option<Limit>,
+    pub weight: Option<Weight>,
+    pub rate: Option<Rate>,
 }
 
 /// What an allowed work ARN names.
@@ -202,13 +206,18 @@ pub struct Target {
     pub identity: Identity,
     /// `redrive_count` (or the execution node's `RedriveCount`), if the payload has one.
     pub redrive_count: Option<u32>,
+    /// The weight its acquire asked for, resolved as for the acquire (1 when nothing names
+    /// one): what a release expects to free, checked by the store, which finds the right one
+    /// if it is not.
+    pub weight: Weight,
 }
 
 /// A validated acquire request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcquireRequest {
     pub lock: LockName,
-    pub limit: Limit,
+    /// The limit, weight and start rate asked for.
+    pub terms: Terms,
     pub identity: Identity,
     /// The execution's run (its redrive count; the first run when the payload does not say):
     /// the run whose fence this acquire checks.
@@ -312,6 +321,17 @@ impl<'a> Parts<'a> {
         })
     }
 
+    /// The limit, weight and rate, each resolved on its own; a weight above the limit is
+    /// refused.
+    fn terms(&self, defaults: &Defaults) -> Result<Terms, HandlerError> {
+        Terms::new(
+            self.limit(defaults)?,
+            self.weight(defaults)?,
+            self.rate(defaults)?,
+        )
+        .map_err(|e| HandlerError::InvalidInput(e.to_string()))
+    }
+
     fn holder(&self) -> Result<HolderId, HandlerError> {
         if let Some(holder) = self.payload.optional_holder("holder")? {
             return Ok(holder);
@@ -371,7 +391,34 @@ impl<'a> Parts<'a> {
             lock,
             identity: Identity::new(holder, acquisition),
             redrive_count,
+            weight: self.weight(defaults)?,
         })
+    }
+
+    /// The payload's, else the input's, else the default, else 1.
+    fn weight(&self, defaults: &Defaults) -> Result<Weight, HandlerError> {
+        if let Some(weight) = self.payload.optional_weight("weight")? {
+            return Ok(weight);
+        }
+        let from_input = self
+            .input
+            .map(|i| i.optional_weight("weight"))
+            .transpose()?
+            .flatten();
+        Ok(from_input.or(defaults.weight).unwrap_or_default())
+    }
+
+    /// The payload's, else the input's, else the default (none: no rate limit).
+    fn rate(&self, defaults: &Defaults) -> Result<Option<Rate>, HandlerError> {
+        if let Some(rate) = self.payload.optional_rate("rate")? {
+            return Ok(Some(rate));
+        }
+        let from_input = self
+            .input
+            .map(|i| i.optional_rate("rate"))
+            .transpose()?
+            .flatten();
+        Ok(from_input.or(defaults.rate))
     }
 
     /// `task_token` and `queued_at`, when the payload waits in line.
@@ -489,8 +536,9 @@ impl Resolver {
             lock,
             identity,
             redrive_count,
+            ..
         } = parts.target(&self.defaults)?;
-        let limit = parts.limit(&self.defaults)?;
+        let terms = parts.terms(&self.defaults)?;
         let requested_at_ms = parts.payload.requested_at_ms()?;
         let waiting_since_ms = parts.waiting_since_ms(redrive_count)?;
         let work = parts
@@ -501,7 +549,7 @@ impl Resolver {
         let wait = parts.wait(requested_at_ms)?;
         Ok(AcquireRequest {
             lock,
-            limit,
+            terms,
             identity,
             run: Run(redrive_count.unwrap_or(0)),
             requested_at_ms,
@@ -539,6 +587,7 @@ mod tests {
             defaults: Defaults {
                 lock: Some(LockName::new("demo-lock").unwrap()),
                 limit: Some(Limit::new(5).unwrap()),
+                ..Defaults::default()
             },
             work: AllowedWork {
                 default: Some(DEMO.to_owned()),
@@ -564,7 +613,7 @@ mod tests {
         let r = resolver();
         let from_defaults = r.acquire(&machine_payload(json!({}))).unwrap();
         assert_eq!(from_defaults.lock.as_str(), "demo-lock");
-        assert_eq!(from_defaults.limit.get(), 5);
+        assert_eq!(from_defaults.terms.limit.get(), 5);
         assert_eq!(from_defaults.identity.acquisition.as_str(), "r0");
         assert_eq!(from_defaults.waiting_since_ms, Some(1_796_292_900_000));
         assert_eq!(from_defaults.requested_at_ms, 1_796_292_930_123);
@@ -582,7 +631,10 @@ mod tests {
                 json!({"lock": "a", "limit": 2, "work": FUNCTION}),
             ))
             .unwrap();
-        assert_eq!((from_input.lock.as_str(), from_input.limit.get()), ("a", 2));
+        assert_eq!(
+            (from_input.lock.as_str(), from_input.terms.limit.get()),
+            ("a", 2)
+        );
         assert_eq!(
             from_input.work,
             Some(Work {
@@ -600,7 +652,7 @@ mod tests {
         assert_eq!(
             (
                 explicit.lock.as_str(),
-                explicit.limit.get(),
+                explicit.terms.limit.get(),
                 explicit.identity.acquisition.as_str()
             ),
             ("b", 3, "uuid-1")
@@ -719,6 +771,128 @@ mod tests {
         assert_eq!(
             r.acquire(&payload).unwrap_err().message(),
             format!("acquisition is missing: {}", missing::ACQUISITION)
+        );
+    }
+
+    #[test]
+    fn weight_and_rate_come_from_the_payload_else_the_input_else_the_defaults() {
+        let weight = |r: &Resolver, payload: &Value| r.acquire(payload).unwrap().terms.weight.get();
+        let rate = |r: &Resolver, payload: &Value| {
+            r.acquire(payload)
+                .unwrap()
+                .terms
+                .rate
+                .map(|rate| rate.spacing_ms())
+        };
+        // Nothing anywhere: weight 1, no rate.
+        let r = resolver();
+        let bare = machine_payload(json!({}));
+        assert_eq!((weight(&r, &bare), rate(&r, &bare)), (1, None));
+        // The function's defaults.
+        let mut with_defaults = resolver();
+        with_defaults.defaults.weight = Some(Weight::new(2).unwrap());
+        with_defaults.defaults.rate = Some(Rate::per_second(4.0).unwrap());
+        assert_eq!(
+            (weight(&with_defaults, &bare), rate(&with_defaults, &bare)),
+            (2, Some(250))
+        );
+        // The input wins over the defaults.
+        let from_input = machine_payload(json!({"weight": 3, "rate": 0.5}));
+        assert_eq!(
+            (
+                weight(&with_defaults, &from_input),
+                rate(&with_defaults, &from_input)
+            ),
+            (3, Some(2_000))
+        );
+        // The payload wins over the input.
+        let mut explicit = from_input.clone();
+        explicit["weight"] = json!(4);
+        explicit["rate"] = json!(10);
+        assert_eq!(
+            (
+                weight(&with_defaults, &explicit),
+                rate(&with_defaults, &explicit)
+            ),
+            (4, Some(100))
+        );
+        // null is "not given": the next source decides.
+        let nulls = machine_payload(json!({"weight": null, "rate": null}));
+        assert_eq!(
+            (weight(&with_defaults, &nulls), rate(&with_defaults, &nulls)),
+            (2, Some(250))
+        );
+        // The release resolves the weight alike (its hint of what to free).
+        assert_eq!(with_defaults.target(&explicit).unwrap().weight.get(), 4);
+        assert_eq!(with_defaults.target(&from_input).unwrap().weight.get(), 3);
+        assert_eq!(with_defaults.target(&bare).unwrap().weight.get(), 2);
+        assert_eq!(r.target(&bare).unwrap().weight, Weight::ONE);
+    }
+
+    #[test]
+    fn bad_weights_and_rates_are_named_where_they_came_from() {
+        let r = resolver();
+        let weight = "weight must be a whole number from 1 to the limit (1000 at most)";
+        let rate = "rate must be a number of acquisitions per second from 0.000011574074074074073 \
+                    (one a day) to 1000";
+        let cases: Vec<(Value, String)> = vec![
+            (
+                json!({"weight": 0}),
+                format!("input.weight: {weight}; got 0"),
+            ),
+            (
+                json!({"weight": -1}),
+                format!("input.weight: {weight}; got -1"),
+            ),
+            (
+                json!({"weight": 2.5}),
+                format!("input.weight: {weight}; got 2.5"),
+            ),
+            (
+                json!({"weight": "4"}),
+                format!("input.weight: {weight}; got the string \"4\""),
+            ),
+            (
+                json!({"weight": 6}),
+                "weight 6 is above the limit 5: it could never be granted; ask for at most 5, \
+                 or raise the limit"
+                    .to_owned(),
+            ),
+            (
+                json!({"limit": 2, "weight": 3}),
+                "weight 3 is above the limit 2: it could never be granted; ask for at most 2, \
+                 or raise the limit"
+                    .to_owned(),
+            ),
+            (json!({"rate": 0}), format!("input.rate: {rate}; got 0")),
+            (json!({"rate": -2}), format!("input.rate: {rate}; got -2")),
+            (
+                json!({"rate": "fast"}),
+                format!("input.rate: {rate}; got the string \"fast\""),
+            ),
+            (
+                json!({"rate": 1e9}),
+                format!("input.rate: {rate}; got 1000000000"),
+            ),
+        ];
+        for (input, message) in cases {
+            let err = r.acquire(&machine_payload(input.clone())).unwrap_err();
+            assert_eq!(err.error_type(), "SemaphoreInvalidInput", "{input}");
+            assert_eq!(err.message(), message, "{input}");
+        }
+        // In the payload itself, the field is named without a prefix, and a bad payload value
+        // is refused even when the input has a good one.
+        let mut payload = machine_payload(json!({"weight": 1, "rate": 1}));
+        payload["weight"] = json!(0);
+        assert_eq!(
+            r.acquire(&payload).unwrap_err().message(),
+            format!("{weight}; got 0")
+        );
+        payload["weight"] = json!(1);
+        payload["rate"] = json!("2/s");
+        assert_eq!(
+            r.acquire(&payload).unwrap_err().message(),
+            format!("{rate}; got the string \"2/s\"")
         );
     }
 

@@ -10,8 +10,8 @@ use std::future::Future;
 
 use aws_sdk_sfn::error::{DisplayErrorContext, SdkError};
 use semaphore_core::{
-    Error as CoreError, ExecutionStatus, FencingToken, HandOff, ItemStore, LockName, Semaphore,
-    SemaphoreItem, TaskToken, Waiter, Waker,
+    Clock, Error as CoreError, ExecutionStatus, FencingToken, HandOff, ItemStore, LockName,
+    Semaphore, SemaphoreItem, TaskToken, Waiter, Waker,
 };
 use serde_json::Value;
 
@@ -34,6 +34,27 @@ pub fn granted_answer(context: &str, token: FencingToken) -> Result<String, Stri
     {
         semaphore.insert("fencing_token".to_owned(), Value::from(token.0));
     }
+    Ok(answer.to_string())
+}
+
+/// The answer a head of the line gets when the lock's start rate refused its grant: its
+/// `context` with `acquired` false, `outcome` "rate_limited", `next_start_at` (RFC 3339) and
+/// `wait_seconds` (whole seconds until then, at least 1: a Wait state's `SecondsPath`), after
+/// which its machine enters its wait task again, keeping its place.
+pub fn deferred_answer(context: &str, next_start_ms: u64, now_ms: u64) -> Result<String, String> {
+    let mut answer: Value = serde_json::from_str(context)
+        .map_err(|e| format!("the waiter's context is not JSON ({e})"))?;
+    let Value::Object(fields) = &mut answer else {
+        return Err("the waiter's context is not a JSON object".to_owned());
+    };
+    fields.insert("acquired".to_owned(), Value::Bool(false));
+    fields.insert("outcome".to_owned(), Value::from("rate_limited"));
+    fields.insert(
+        "next_start_at".to_owned(),
+        Value::from(semaphore_core::rfc3339_millis(next_start_ms)),
+    );
+    let wait_seconds = next_start_ms.saturating_sub(now_ms).div_ceil(1000).max(1);
+    fields.insert("wait_seconds".to_owned(), Value::from(wait_seconds));
     Ok(answer.to_string())
 }
 
@@ -101,6 +122,12 @@ pub struct TaskWaker<C> {
 impl<C: TaskCallbacks> Waker for TaskWaker<C> {
     async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), String> {
         let answer = granted_answer(&waiter.context, token)?;
+        self.callbacks.succeed(&waiter.task_token, &answer).await
+    }
+
+    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), String> {
+        let now_ms = semaphore_core::SystemClock.now_ms();
+        let answer = deferred_answer(&waiter.context, next_start_ms, now_ms)?;
         self.callbacks.succeed(&waiter.task_token, &answer).await
     }
 }

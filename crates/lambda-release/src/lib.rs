@@ -6,7 +6,9 @@
 //! "holder": $$.Execution.Id, "redrive_count": $$.Execution.RedriveCount}`, plus `"error":
 //! {"Error", "Cause"}` (what a `Catch` caught) after a failure. The lock and acquisition are
 //! resolved exactly as the acquire function resolves them (`lambda_common::Resolver`); a
-//! caller's own machine may send `{"lock", "holder", "acquisition"}` instead.
+//! caller's own machine may send `{"lock", "holder", "acquisition"}` instead. The `weight` (the
+//! payload's, else the input's, else `DEFAULT_WEIGHT`, else 1) is what the release expects to
+//! free: the core checks it, and frees the slot's own weight if it is another (one write more).
 //!
 //! Answer: `{"released": bool, "outcome": "released"|"not_held", "count": n, "lock",
 //! "acquisition", "error", "cause"}`. `error` and `cause` are `null` without `"error"` in the
@@ -20,8 +22,8 @@
 //!   cause;
 //! - anything else is passed on as caught.
 //!
-//! One write, no read, no condition: a retried or duplicated release frees nothing more and only
-//! moves the version. When someone waits in line (the write hands back the lock's `waiting`),
+//! One write, no read (two when the weight it expects is not the slot's): a retried or
+//! duplicated release frees nothing more and only moves the version. When someone waits in line (the write hands back the lock's `waiting`),
 //! the freed slot is then handed to the head of the line and its execution woken
 //! (`lambda_common::HandOffs`); a hand-off that fails is logged and does not fail the release. Errors: `SemaphoreInvalidInput` (nothing written), `SemaphoreOldFormat`
 //! (the lock's item is of version 1; nothing written), `SemaphoreStoreError` (retry).
@@ -199,9 +201,14 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
 ) -> Result<ReleaseResponse, HandlerError> {
     // Bad input is logged by the runtime with the error it answers.
     let ReleaseRequest { target, failure } = ReleaseRequest::parse(resolver, payload)?;
-    let Target { lock, identity, .. } = &target;
+    let Target {
+        lock,
+        identity,
+        weight,
+        ..
+    } = &target;
     let (outcome, after) = semaphore
-        .release_seeing(lock, identity)
+        .release_seeing(lock, identity, *weight)
         .await
         .map_err(HandlerError::from)
         .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "release failed"))?;
@@ -274,6 +281,7 @@ mod tests {
                 AcquisitionId::new("r1").unwrap(),
             ),
             redrive_count: Some(1),
+            weight: semaphore_core::Weight::ONE,
         }
     }
 

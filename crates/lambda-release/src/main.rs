@@ -1,3 +1,8 @@
+// The release's future nests the core's release rounds and the hand-off (with its start-rate
+// wait) inside the runtime's service: its type is deeper than rustc's default limit of 128
+// queries when its layout is computed.
+#![recursion_limit = "256"]
+
 use lambda_common::{init_tracing, load_aws_config, Settings};
 use lambda_runtime::{service_fn, Error};
 

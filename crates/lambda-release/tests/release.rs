@@ -11,12 +11,13 @@ use std::collections::BTreeSet;
 use lambda_common::{child_execution_name, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, DynamoStore, FenceKey, FenceReason, HolderId, Semaphore,
+    rfc3339_millis, AcquireOutcome, DynamoStore, FenceKey, FenceReason, HolderId, Semaphore, Terms,
+    Weight,
 };
 use semaphore_tests::asl::{self, Context as Ctx};
 use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::raw_item;
+use semaphore_tests::observe::{observe, raw_item};
 use semaphore_tests::{all_items, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
@@ -442,6 +443,88 @@ async fn any_other_error_is_passed_on_as_caught() {
     );
 }
 
+/// A weighted slot is freed whole whatever weight the release is told: the execution input's
+/// (as the acquire resolved it: one write), none (the default 1), or a wrong one in the
+/// payload. The core finds the holder's real weight; the lock's `used` always equals the sum of
+/// the weights held.
+#[tokio::test]
+async fn a_weighted_release_frees_the_slots_own_weight_even_when_told_another() {
+    let sem = semaphore().await;
+    let definition = asl::with_functions("lock-protected.asl.json");
+    let release_state = asl::state(&definition, "Release slot");
+    let terms = |weight: i64| Terms::new(limit(6), Weight::new(weight).unwrap(), None).unwrap();
+    let other = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2";
+    let third = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-3";
+    for (holder, weight) in [(HOLDER, 3), (other, 2), (third, 1)] {
+        let taken = sem
+            .acquire(&lock("weighted"), &id(holder, "r0"), terms(weight))
+            .await
+            .unwrap();
+        assert!(
+            matches!(taken, AcquireOutcome::Acquired { .. }),
+            "{taken:?}"
+        );
+    }
+    let used = |sem: &Semaphore<DynamoStore>| {
+        let (client, table) = (sem.store().client().clone(), sem.store().table().to_owned());
+        async move {
+            let seen = observe(&client, &table, "weighted").await.unwrap();
+            seen.assert_safe(6);
+            let mut weights = seen.weights.clone();
+            weights.sort_unstable();
+            (seen.used, weights)
+        }
+    };
+    assert_eq!(used(&sem).await, (6, vec![1, 2, 3]));
+
+    // Its input names no weight (the default, 1), though it holds 3.
+    let ctx = Ctx::new(HOLDER, json!({"lock": "weighted", "limit": 6}), &now(&sem));
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &json!({}), &ctx);
+    let released = release(&sem, payload.clone()).await.unwrap();
+    assert_eq!(
+        (&released["released"], &released["count"]),
+        (&json!(true), &json!(2))
+    );
+    assert_eq!(used(&sem).await, (3, vec![1, 2]));
+    // Idempotent: again, nothing more is freed.
+    let again = release(&sem, payload).await.unwrap();
+    assert_eq!(again["outcome"], json!("not_held"));
+    assert_eq!(used(&sem).await, (3, vec![1, 2]));
+
+    // A caller's own machine names a wrong weight in the payload (4 for a slot of 2).
+    let released = release(
+        &sem,
+        json!({"lock": "weighted", "holder": other, "acquisition": "r0", "weight": 4}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(released["released"], json!(true));
+    assert_eq!(used(&sem).await, (1, vec![1]));
+
+    // The right weight, from the execution input as the acquire resolved it.
+    let ctx = Ctx::new(
+        third,
+        json!({"lock": "weighted", "limit": 6, "weight": 1}),
+        &now(&sem),
+    );
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &json!({}), &ctx);
+    let released = release(&sem, payload).await.unwrap();
+    assert_eq!(
+        (&released["released"], &released["count"]),
+        (&json!(true), &json!(0))
+    );
+    assert_eq!(used(&sem).await, (0, vec![]));
+    // All 6 units are free again: one acquisition of the whole limit fits.
+    let whole = sem
+        .acquire(&lock("weighted"), &id("whole", "w"), terms(6))
+        .await
+        .unwrap();
+    assert!(
+        matches!(whole, AcquireOutcome::Acquired { .. }),
+        "{whole:?}"
+    );
+}
+
 #[tokio::test]
 async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
     let sem = semaphore().await;
@@ -518,6 +601,22 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
         (
             json!(17),
             format!("the payload must be a JSON object {shape}; got a number 17"),
+        ),
+        (
+            with("weight", json!(0)),
+            "weight must be a whole number from 1 to the limit (1000 at most); got 0".into(),
+        ),
+        (
+            with("input", json!({"weight": "4"})),
+            "input.weight: weight must be a whole number from 1 to the limit (1000 at most); \
+             got the string \"4\""
+                .into(),
+        ),
+        (
+            with("input", json!({"weight": 2.5})),
+            "input.weight: weight must be a whole number from 1 to the limit (1000 at most); \
+             got 2.5"
+                .into(),
         ),
     ];
     for (bad, message) in cases {

@@ -7,15 +7,20 @@
 //! any point and leave zombies; cleanup events are lost, duplicated and reordered; a sweeper runs
 //! at any moment; the clock moves on and the fences rotate at any moment they are due; Step
 //! Functions redrives failed and stopped executions, which run again from where they stopped as
-//! a new incarnation with an acquisition of its own (F7). Every write
+//! a new incarnation with an acquisition of its own (F7); executions may acquire with different
+//! weights (`Config::weights`). A release is one write, or several: a refused one (its slot is
+//! gone, or of another weight) is followed by the write the core's reading of the refusal calls
+//! for, and so is a cleanup's refused free, each a step of its own, so that an acquire may land
+//! between the rounds. Every write
 //! of the product's protocol is the core's own, applied by the core's `Write::apply` ([`ours`]);
 //! the same world also runs the AWS sample's protocol ([`sample`]), where the checker finds the
 //! seed race.
 //!
 //! Properties checked in every reachable state:
-//! - **S1**: no more than `limit` holders; no more than `limit` live executions are working
-//!   under the lock, and each of them holds a slot of its current incarnation (a slot an
-//!   earlier incarnation left does not count: cleanup and the sweeper may free it at any time).
+//! - **S1**: the weights held add up to at most `limit`, and the item's stored sum (`used`)
+//!   equals them; the live executions working under the lock weigh at most `limit` together,
+//!   and each of them holds a slot of its current incarnation (a slot an earlier incarnation
+//!   left does not count: cleanup and the sweeper may free it at any time).
 //! - **S3**: no acquire of an incarnation lands after a release by that incarnation, or a
 //!   cleanup of its execution after it had ended, has landed (an incarnation redriven since a
 //!   cleanup may acquire: that is not a resurrection).
@@ -43,7 +48,8 @@
 //! - a rotation is allowed whenever one is due, whatever the number of fences (a superset of
 //!   the production rule, which also waits for a few young fences).
 //!
-//! Not covered: clock skew (the horizon and the fence window are one tick each, and the
+//! Not covered: start rates (no execution asks for one: `Grant::TooSoon`, `Waker::defer` and
+//! `RateLimited` are not explored), clock skew (the horizon and the fence window are one tick each, and the
 //! window's derivation adds the skew: `Timing`); starvation and fairness (a waiting execution
 //! may poll for ever; backoff and jitter are real-time matters), partitions other than delayed
 //! or lost requests, a failing read, several locks, and several acquisitions per incarnation.
@@ -77,6 +83,7 @@ pub fn ours_world(config: Config, variant: Variant) -> World<Ours> {
     let protocol = Ours::new(
         config.executions,
         config.limit,
+        &config.weights[..usize::from(config.executions)],
         config.redrives + 1,
         variant,
     );
@@ -99,6 +106,7 @@ pub fn check_sample(config: Config, max_states: Option<u64>) -> Report {
 /// again without a slot, F7, by design), and it leaks without any redrive already.
 pub fn sample_world(config: Config) -> World<Sample> {
     let config = Config {
+        weights: [1; world::MAX_EXECUTIONS],
         sweeper: false,
         ticks: 0,
         rotations: 0,

@@ -1,9 +1,11 @@
 //! The product's protocol, as the world sees it: every write is the core's own
-//! ([`protocol::acquire`], [`protocol::release`], [`protocol::cleanup_fence`] and
-//! [`protocol::cleanup_free`], [`protocol::rotation`]), every landing is [`Write::apply`] (what
-//! the memory store does, and what the DynamoDB store renders: applied iff its checks hold on the
-//! item as it is when it lands), and every answer is the core's reading of the result
-//! ([`protocol::acquired`], [`protocol::fenced_slots`], ...).
+//! ([`protocol::acquire`], [`protocol::release`] and [`protocol::release_unheld`],
+//! [`protocol::cleanup_fence`] and [`protocol::cleanup_free`], [`protocol::rotation`]), every
+//! landing is [`Write::apply`] (what the memory store does, and what the DynamoDB store renders:
+//! applied iff its checks hold on the item as it is when it lands), and every answer is the
+//! core's reading of the result
+//! ([`protocol::acquired`], [`protocol::fenced_slots`], ...), including the write a refused
+//! release or free calls for ([`Step::Again`]), sent as the attempt's next write.
 //!
 //! Items and writes are interned (each distinct one gets a small number) so that world states
 //! stay small and cheap to hash; since everything is pure, each (call, phase, item, tick) is
@@ -20,9 +22,9 @@ use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use semaphore_core::item::{FenceKey, Identity, Run, SemaphoreItem};
-use semaphore_core::protocol::{self, FenceReason, Timing, WriteResult};
+use semaphore_core::protocol::{self, FenceReason, Step, Timing, WriteResult};
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockName, Write,
+    AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockName, Terms, Weight, Write,
 };
 
 use crate::hash::{hash_one, Build};
@@ -40,6 +42,10 @@ pub const TIMING: Timing = Timing {
     horizon: Duration::from_millis(TICK_MS),
     clock_skew: Duration::ZERO,
 };
+
+/// Most writes one release or one cleanup's free sends before the core gives up with an error:
+/// the core's, as the type the model counts rounds in.
+pub const MAX_ROUNDS: u8 = semaphore_core::MAX_ROUNDS as u8;
 
 fn tick_ms(tick: u8) -> u64 {
     NOW_MS + u64::from(tick) * TICK_MS
@@ -94,10 +100,16 @@ pub enum Variant {
     /// the same key again, which keeps the age of the first. A rotation then drops it a window
     /// too early for an acquire the redriven run requested after the first fence (S3).
     OneFenceForEveryRun,
+    /// The release's write without its check that the slot is held with the weight it
+    /// subtracts (as a naive `REMOVE holder ADD used -weight` would be): a release of an
+    /// acquisition that holds nothing (it gave up after "full", or its slot was cleaned up, or
+    /// a duplicate) still subtracts its weight, `used` drifts below the weight held, and the
+    /// limit is exceeded (S1).
+    ReleaseWithoutWeightCheck,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 12] = [
+    pub const ALL: [Variant; 13] = [
         Variant::Real,
         Variant::CleanupWithoutFence,
         Variant::CleanupSkipsWhenNothingHeld,
@@ -110,6 +122,7 @@ impl Variant {
         Variant::CleanupIgnoresRedrive,
         Variant::CleanupChecksRunningOnlyBeforeFence,
         Variant::OneFenceForEveryRun,
+        Variant::ReleaseWithoutWeightCheck,
     ];
 
     pub fn name(self) -> &'static str {
@@ -126,6 +139,7 @@ impl Variant {
             Self::CleanupIgnoresRedrive => "cleanup-ignores-redrive",
             Self::CleanupChecksRunningOnlyBeforeFence => "cleanup-checks-running-only-before-fence",
             Self::OneFenceForEveryRun => "one-fence-for-every-run",
+            Self::ReleaseWithoutWeightCheck => "release-without-weight-check",
         }
     }
 
@@ -151,8 +165,9 @@ impl Variant {
 pub enum Phase {
     /// About to send its first write, for a request made at tick `requested`.
     Start { requested: u8 },
-    /// Write `write` (interned) is in flight; `second`: a cleanup's second write.
-    Flight { write: u32, second: bool },
+    /// Write `write` (interned) is in flight; `second`: a cleanup's second write (its free);
+    /// `round`: how many writes of the release, or of the free, were refused before it.
+    Flight { write: u32, second: bool, round: u8 },
 }
 
 /// An item as a hash key.
@@ -167,6 +182,7 @@ impl Hash for Key {
         item.version.hash(h);
         item.holders.hash(h);
         item.fences.hash(h);
+        item.used.hash(h);
     }
 }
 
@@ -196,6 +212,8 @@ type MemoKey = (Op, Phase, Option<u32>, u8, bool);
 pub struct Ours {
     lock: LockName,
     limit: Limit,
+    /// Per execution, the weight it acquires with.
+    weights: Vec<Weight>,
     /// Per execution, the identity of each incarnation's acquisition: `exec-1#r0`, `exec-1#r1`...
     identities: Vec<Vec<Identity>>,
     /// Per identity, its execution and acquisition index.
@@ -206,13 +224,26 @@ pub struct Ours {
     variant: Variant,
     interner: RefCell<Interner>,
     memo: RefCell<HashMap<MemoKey, Advance<u32, Phase>, Build>>,
+    /// The most writes one release or free has sent so far.
+    most_rounds: std::cell::Cell<u8>,
 }
 
 impl Ours {
-    /// The protocol for `executions` executions of up to `incarnations` incarnations each (one
-    /// more than the world's redrives).
-    pub fn new(executions: u8, limit: u32, incarnations: u8, variant: Variant) -> Self {
+    /// The protocol for `executions` executions of `weights` (one each) and up to
+    /// `incarnations` incarnations each (one more than the world's redrives).
+    pub fn new(
+        executions: u8,
+        limit: u32,
+        weights: &[u32],
+        incarnations: u8,
+        variant: Variant,
+    ) -> Self {
         assert!((1..=MAX_INCARNATIONS).contains(&usize::from(incarnations)));
+        assert_eq!(weights.len(), usize::from(executions), "one weight each");
+        let weights = weights
+            .iter()
+            .map(|&w| Weight::new(i64::from(w)).expect("a weight from 1 to 1000"))
+            .collect();
         let identities: Vec<Vec<Identity>> = (0..executions)
             .map(|e| {
                 let holder = HolderId::new(exec_name(e)).expect("a valid holder");
@@ -262,6 +293,7 @@ impl Ours {
         Self {
             lock: LockName::new("model").expect("a valid lock name"),
             limit: Limit::new(i64::from(limit)).expect("a limit from 1 to 1000"),
+            weights,
             identities,
             index,
             fences,
@@ -269,7 +301,20 @@ impl Ours {
             variant,
             interner: RefCell::default(),
             memo: RefCell::default(),
+            most_rounds: std::cell::Cell::new(0),
         }
+    }
+
+    /// The most writes one release, or one cleanup's free, has sent in the states explored so
+    /// far (the core gives up after [`MAX_ROUNDS`]).
+    pub fn most_rounds(&self) -> u8 {
+        self.most_rounds.get()
+    }
+
+    /// What execution `e` acquires on: the lock's limit and its weight, no rate.
+    fn terms(&self, e: u8) -> Terms {
+        Terms::new(self.limit, self.weights[usize::from(e)], None)
+            .expect("the world checks that every weight is within the limit")
     }
 
     /// The identity `op`'s incarnation acquires and releases with (for a cleanup: the
@@ -394,7 +439,10 @@ impl Ours {
                 let acquisitions: Vec<_> = mine
                     .iter()
                     .zip(acquisitions)
-                    .map(|(identity, acq)| (item.holders.contains_key(identity), fenced(acq)))
+                    .map(|(identity, acq)| {
+                        let weight = item.holders.get(identity).map(|h| h.weight);
+                        (weight, fenced(acq))
+                    })
                     .collect();
                 let runs: Vec<_> = runs.iter().map(fenced).collect();
                 hash_one(&(runs, acquisitions))
@@ -420,7 +468,16 @@ impl Ours {
                 .all(|k| self.fence_names.contains_key(k)),
             "a fence from outside the model"
         );
-        let common = hash_one(&(1u8, &item.lock, item.limit, item.fences.rotated_at_ms));
+        // The last start (`started_at_ms`) is read only by a start rate, which no execution here
+        // asks for; `used` is read by every acquire's limit check.
+        let common = hash_one(&(
+            1u8,
+            &item.lock,
+            item.limit,
+            item.fences.rotated_at_ms,
+            item.used,
+            item.rate,
+        ));
         (common, per_exec)
     }
 
@@ -433,14 +490,18 @@ impl Ours {
                 Check::NotHolding(identity) => {
                     (1u8, self.acquisition_index(identity, e)).hash(&mut h)
                 }
-                Check::HoldersBelow(limit) => (2u8, limit).hash(&mut h),
+                Check::Fits { limit, weight } => (2u8, limit, weight).hash(&mut h),
+                Check::HoldsWeight { identity, weight } => {
+                    (15u8, self.acquisition_index(identity, e), weight).hash(&mut h)
+                }
+                Check::Spaced { rate, now_ms } => (16u8, rate, now_ms).hash(&mut h),
                 Check::NotFenced(key) => (3u8, self.fence_role(key, e)).hash(&mut h),
                 Check::RotatedBefore { deadline_ms } => (4u8, deadline_ms).hash(&mut h),
                 Check::LastRotation(at) => (5u8, at).hash(&mut h),
                 // This world has no line (see `queue` for the one that has): these hold the
                 // same way for every execution.
                 Check::QueueEmpty => 11u8.hash(&mut h),
-                Check::Busy(limit) => (12u8, limit).hash(&mut h),
+                Check::Busy { terms, now_ms } => (12u8, terms, now_ms).hash(&mut h),
                 Check::NotQueued(_) | Check::Queued(_) | Check::QueuedWith { .. } => {
                     13u8.hash(&mut h)
                 }
@@ -448,12 +509,14 @@ impl Ours {
         }
         for change in &write.changes {
             match change {
-                Change::PutHolder { identity, .. } => {
-                    (6u8, self.acquisition_index(identity, e)).hash(&mut h)
-                }
+                // When the slot is taken (the last start) is read by no check here (no rate).
+                Change::PutHolder {
+                    identity, weight, ..
+                } => (6u8, self.acquisition_index(identity, e), weight).hash(&mut h),
                 Change::SetLimit(limit) => (7u8, limit).hash(&mut h),
-                Change::RemoveHolder(identity) => {
-                    (8u8, self.acquisition_index(identity, e)).hash(&mut h)
+                Change::SetRate(rate) => (17u8, rate).hash(&mut h),
+                Change::RemoveHolder { identity, weight } => {
+                    (8u8, self.acquisition_index(identity, e), weight).hash(&mut h)
                 }
                 Change::AddFence(key) => (9u8, self.fence_role(key, e)).hash(&mut h),
                 Change::Rotate { at_ms, .. } => (10u8, at_ms).hash(&mut h),
@@ -472,9 +535,19 @@ impl Ours {
         let holders: Vec<String> = item
             .holders
             .iter()
-            .map(|(id, h)| format!("{} token {}", self.who(id), h.token.0))
+            .map(|(id, h)| {
+                let weight = if h.weight == Weight::ONE {
+                    String::new()
+                } else {
+                    format!(" weight {}", h.weight)
+                };
+                format!("{} token {}{weight}", self.who(id), h.token.0)
+            })
             .collect();
         let mut text = format!("v{}, {} held", item.version.0, item.count());
+        if item.used != item.count() as u64 || self.weights.iter().any(|&w| w != Weight::ONE) {
+            text.push_str(&format!(" (used {})", item.used));
+        }
         if !holders.is_empty() {
             text.push_str(&format!(" [{}]", holders.join(", ")));
         }
@@ -505,7 +578,11 @@ impl Ours {
         for check in &write.checks {
             parts.push(match check {
                 Check::NotHolding(_) => "not holding".to_owned(),
-                Check::HoldersBelow(limit) => format!("fewer than {limit} held"),
+                Check::Fits { limit, weight } => format!("used + {weight} <= {limit}"),
+                Check::HoldsWeight { identity, weight } => {
+                    format!("{} holds weight {weight}", self.who(identity))
+                }
+                Check::Spaced { rate, .. } => format!("spaced by {rate}"),
                 Check::NotFenced(key) => format!(
                     "{} not fenced",
                     self.fence_names.get(key).map_or("?", String::as_str)
@@ -522,7 +599,9 @@ impl Ours {
                     ))
                 ),
                 Check::QueueEmpty => "nobody in line".to_owned(),
-                Check::Busy(limit) => format!("{limit} held or someone in line"),
+                Check::Busy { terms, .. } => {
+                    format!("{} does not fit or someone in line", terms.weight)
+                }
                 Check::NotQueued(_) => "not in line".to_owned(),
                 Check::Queued(_) | Check::QueuedWith { .. } => "in line".to_owned(),
             });
@@ -536,11 +615,18 @@ impl Ours {
             .changes
             .iter()
             .map(|change| match change {
-                Change::PutHolder { identity, .. } => {
-                    format!("take a slot for {}", self.who(identity))
-                }
+                Change::PutHolder {
+                    identity, weight, ..
+                } if *weight == Weight::ONE => format!("take a slot for {}", self.who(identity)),
+                Change::PutHolder {
+                    identity, weight, ..
+                } => format!("take a slot of weight {weight} for {}", self.who(identity)),
                 Change::SetLimit(limit) => format!("limit {limit}"),
-                Change::RemoveHolder(identity) => format!("free {}'s slot", self.who(identity)),
+                Change::SetRate(None) => "no rate".to_owned(),
+                Change::SetRate(Some(rate)) => format!("rate {rate}"),
+                Change::RemoveHolder { identity, weight } => {
+                    format!("free {}'s slot, used - {weight}", self.who(identity))
+                }
                 Change::AddFence(key) => format!(
                     "fence {}",
                     self.fence_names.get(key).map_or("?", String::as_str)
@@ -598,7 +684,7 @@ impl Ours {
                     &self.lock,
                     identity,
                     self.run_of(op.inc),
-                    self.limit,
+                    self.terms(op.exec),
                     tick_ms(requested),
                     tick_ms(now),
                     &TIMING,
@@ -611,20 +697,20 @@ impl Ours {
                     );
                 };
                 write.checks.retain(|check| match check {
-                    Check::HoldersBelow(_) => self.variant != Variant::AcquireWithoutLimit,
+                    Check::Fits { .. } => self.variant != Variant::AcquireWithoutLimit,
                     Check::NotFenced(_) => self.variant != Variant::AcquireChecksFencesWhenSent,
                     Check::RotatedBefore { .. } => self.variant != Variant::RotationWithoutHorizon,
                     _ => true,
                 });
                 write
             }
-            OpKind::Release => {
-                let mut write = protocol::release(&self.lock, identity);
-                if self.variant == Variant::ReleaseWithoutFence {
-                    write.changes.retain(|c| !matches!(c, Change::AddFence(_)));
-                }
-                write
-            }
+            // The release believes it holds a slot of its acquire's weight (the weight is in the
+            // execution's input).
+            OpKind::Release => self.release_write(protocol::release(
+                &self.lock,
+                identity,
+                self.weights[usize::from(op.exec)],
+            )),
             // The execution was redriven since its event (or since the sweeper listed it): the
             // cleanup asks DescribeExecution first, and stops.
             OpKind::Cleanup if running && self.variant != Variant::CleanupIgnoresRedrive => {
@@ -662,16 +748,36 @@ impl Ours {
                 write
             }
         };
-        self.in_flight(write, false, store, log)
+        self.in_flight(write, false, 0, store, log)
+    }
+
+    /// A release's write (the first, or one a refusal called for) as the variant sends it.
+    fn release_write(&self, mut write: Write) -> Write {
+        match self.variant {
+            Variant::ReleaseWithoutFence => {
+                write.changes.retain(|c| !matches!(c, Change::AddFence(_)));
+            }
+            Variant::ReleaseWithoutWeightCheck => {
+                write
+                    .checks
+                    .retain(|c| !matches!(c, Check::HoldsWeight { .. }));
+            }
+            _ => {}
+        }
+        write
     }
 
     fn in_flight(
         &self,
         write: Write,
         second: bool,
+        round: u8,
         store: Option<u32>,
         log: Option<&mut String>,
     ) -> Advance<u32, Phase> {
+        if round + 1 > self.most_rounds.get() {
+            self.most_rounds.set(round + 1);
+        }
         if let Some(log) = log {
             log.push_str(&format!("sends {} [in flight]", self.show_write(&write)));
         }
@@ -681,8 +787,35 @@ impl Ours {
             next: Next::Continue(Phase::Flight {
                 write: self.intern_write(write),
                 second,
+                round,
             }),
         }
+    }
+
+    /// The write a refusal calls for, sent as the next round; after [`MAX_ROUNDS`] writes the
+    /// core gives up with an error, which the caller sees as a failed request.
+    fn again(
+        &self,
+        write: Write,
+        second: bool,
+        round: u8,
+        store: Option<u32>,
+        mut log: Option<&mut String>,
+    ) -> Advance<u32, Phase> {
+        if round + 1 >= MAX_ROUNDS {
+            if let Some(log) = log {
+                log.push_str(&format!("; refused {MAX_ROUNDS} times: the core gives up"));
+            }
+            return Advance {
+                store,
+                wrote: false,
+                next: Next::Finished(Answer::Lost),
+            };
+        }
+        if let Some(log) = log.as_deref_mut() {
+            log.push_str("; the item handed back calls for another write: it ");
+        }
+        self.in_flight(write, second, round + 1, store, log)
     }
 
     /// The write lands on the item as it is: the core's `Write::apply`, as the memory store
@@ -704,11 +837,13 @@ impl Ours {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn arrive(
         &self,
         op: Op,
         write: u32,
         second: bool,
+        round: u8,
         store: Option<u32>,
         running: bool,
         mut log: Option<&mut String>,
@@ -748,6 +883,9 @@ impl Ours {
                     }
                     AcquireOutcome::Fenced(_) => Answer::Fenced,
                     AcquireOutcome::Expired => Answer::Expired,
+                    AcquireOutcome::RateLimited { .. } => {
+                        unreachable!("no execution of the model asks for a start rate")
+                    }
                 };
                 say(
                     log,
@@ -760,10 +898,18 @@ impl Ours {
                 answer
             }
             OpKind::Release => {
-                let (outcome, _) = protocol::released(&write, identity, result)
-                    .expect("the core reads its own write's result");
-                say(log, format!("{outcome:?}"));
-                Answer::Done
+                match protocol::released(&write, identity, result)
+                    .expect("the core reads its own write's result")
+                {
+                    Step::Done((outcome, _)) => {
+                        say(log, format!("{outcome:?}"));
+                        Answer::Done
+                    }
+                    Step::Again(next) => {
+                        let next = self.release_write(next);
+                        return self.again(next, false, round, after, log);
+                    }
+                }
             }
             OpKind::Cleanup if !second => {
                 let (slots, _) = protocol::fenced_slots(&write, &identity.holder, result)
@@ -773,7 +919,7 @@ impl Ours {
                 // in between): every slot the fence saw is of an incarnation that has ended,
                 // unless the execution runs again, when one of them may be the new one's.
                 if !slots.is_empty() && running && self.rechecks_after_fence() {
-                    let names: Vec<String> = slots.iter().map(|id| self.who(id)).collect();
+                    let names: Vec<String> = slots.iter().map(|(id, _)| self.who(id)).collect();
                     say(
                         log,
                         format!(
@@ -791,27 +937,22 @@ impl Ours {
                 }
                 if !slots.is_empty() {
                     let free = protocol::cleanup_free(&self.lock, &slots);
-                    let mut advance = self.in_flight(free, true, after, log);
+                    let mut advance = self.in_flight(free, true, 0, after, log);
                     advance.wrote = wrote;
                     return advance;
                 }
                 say(log, "it held nothing".to_owned());
                 Answer::Done
             }
-            OpKind::Cleanup => {
-                let slots: Vec<Identity> = write
-                    .changes
-                    .iter()
-                    .filter_map(|change| match change {
-                        Change::RemoveHolder(identity) => Some(identity.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                let (outcome, _) = protocol::freed(&write, &slots, result)
-                    .expect("the core reads its own write's result");
-                say(log, format!("freed {}", outcome.freed.len()));
-                Answer::Done
-            }
+            OpKind::Cleanup => match protocol::freed(&write, result)
+                .expect("the core reads its own write's result")
+            {
+                Step::Done((outcome, _)) => {
+                    say(log, format!("freed {}", outcome.freed.len()));
+                    Answer::Done
+                }
+                Step::Again(next) => return self.again(next, true, round, after, log),
+            },
         };
         Advance {
             store: after,
@@ -867,7 +1008,11 @@ impl Protocol for Ours {
         let running = running && op.kind == OpKind::Cleanup;
         let compute = |log| match phase {
             Phase::Start { requested } => self.send(op, requested, store, now, running, log),
-            Phase::Flight { write, second } => self.arrive(op, write, second, store, running, log),
+            Phase::Flight {
+                write,
+                second,
+                round,
+            } => self.arrive(op, write, second, round, store, running, log),
         };
         if log.is_some() {
             return compute(log);
@@ -887,6 +1032,7 @@ impl Protocol for Ours {
         Some(Phase::Flight {
             write: self.intern_write(write),
             second: false,
+            round: 0,
         })
     }
 
@@ -934,9 +1080,10 @@ impl Protocol for Ours {
         self.variant != Variant::RedriveWithoutGuard
     }
 
-    /// No count is stored: the acquire's condition counts the holder map (`size(holders)`).
-    fn stored_count(&self, store: Option<u32>) -> i64 {
-        i64::from(self.holders(store).count_ones())
+    /// `used`: the sum of the held weights, which the acquire's condition checks.
+    fn stored_used(&self, store: Option<u32>) -> i64 {
+        self.item(store)
+            .map_or(0, |item| i64::try_from(item.used).expect("a small sum"))
     }
 
     fn describe(&self, store: Option<u32>) -> String {
@@ -965,9 +1112,14 @@ impl Protocol for Ours {
         match phase {
             Phase::Start { requested } => hash_one(&(0u8, requested)),
             // A write in flight mentions its own execution only (its identity, its fences).
-            Phase::Flight { write, second } => hash_one(&(
+            Phase::Flight {
+                write,
+                second,
+                round,
+            } => hash_one(&(
                 1u8,
                 second,
+                round,
                 self.write_key(&self.write(write), op.exec as usize),
             )),
         }

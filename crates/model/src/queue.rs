@@ -3,8 +3,9 @@
 //!
 //! # The world
 //!
-//! `K` executions (`exec-1` ... `exec-K`, one acquisition each, their first run) contend for one
-//! lock of limit `L`, run by the lock-protected state machine with waiting (version 2):
+//! `K` executions (`exec-1` ... `exec-K`, one acquisition each, their first run, each of its own
+//! weight: by default 1, 2, 1 on a limit of 2) contend for one lock of limit `L`, run by the
+//! lock-protected state machine with waiting (version 2):
 //!
 //! - **acquire**: one write ([`protocol::acquire`]), in flight from the start and landing at any
 //!   later step. Each execution asked at its own millisecond (`exec-1` first), which is its place
@@ -20,10 +21,13 @@
 //!   function re-checks: [`protocol::repark`] (still in line: keeps its place, new token) then
 //!   hands off; not in line: queues again as above (which finds a slot it was granted and
 //!   completes its own task).
-//! - **work**, then **release** ([`protocol::release`]), then a hand-off if its write saw anyone
-//!   waiting; the execution succeeds when its release task returns.
+//! - **work**, then **release** ([`protocol::release`] of its weight; refused, the write the
+//!   core's [`protocol::released`] calls for, [`protocol::release_unheld`] or the release again,
+//!   one write per step, at most `MAX_ROUNDS`), then a hand-off if its write saw anyone waiting;
+//!   the execution succeeds when its release task returns.
 //! - **hand-off** ([`Semaphore::hand_off`](semaphore_core::Semaphore::hand_off)), one request per
-//!   step: read the lock; read the head; the grant ([`protocol::grant`]) lands; read the lock (the
+//!   step: read the lock; read the head (stop if its weight does not fit the weight held as last
+//!   read: nobody passes it); the grant ([`protocol::grant`]) lands; read the lock (the
 //!   slot's token); wake; on a failed wake `DescribeExecution`: ended → the cleanup of its run
 //!   ([`protocol::cleanup_fence`], [`protocol::cleanup_free`]) and on, running → it keeps the slot
 //!   ("parked"); a grant refused as moved → on from the lock it was refused on; dead or holding →
@@ -57,8 +61,9 @@
 //! # Properties
 //!
 //! In every reachable state:
-//! - **S1**: no more than `L` slots held; the stored count of waiters (`waiting`) equals the
-//!   records in line; every execution doing its work holds a slot.
+//! - **S1**: the weights held add up to at most `L`, and the stored sum (`used`) equals them;
+//!   the stored count of waiters (`waiting`) equals the records in line; every execution doing
+//!   its work holds a slot.
 //! - **S3**: no acquire, queue write or grant of an execution lands after a release of it or a
 //!   fence of its run (by a cleanup, or a hand-off freeing a dead waiter's grant) has landed.
 //! - **L2**: no acquire lands while someone is in line; and every grant lands for the head of
@@ -69,7 +74,7 @@
 //!   lands ahead of waiters already in line, and a grant already on its way passes it): the
 //!   strict check shows that trace.
 //! - **L1** (a live execution is never refused): no live execution's acquire, queue write or
-//!   direct acquire is answered "fenced".
+//!   direct acquire is answered "fenced"; no release or free is refused `MAX_ROUNDS` times.
 //!
 //! In every stable state:
 //! - **F8, dead grants**: no slot is held by an execution that was granted it after it had
@@ -79,7 +84,8 @@
 //!   lost, the sweeper's.)
 //! - **F8, no sleeping through a free slot**: unless the design relies on a fallback re-check
 //!   (a crash, an early timeout, a waiter that gave up queueing), every parked execution is in
-//!   line with its current task token, holds no slot (no lost wake-up), and no slot is free.
+//!   line with its current task token, holds no slot (no lost wake-up), and the head of the line
+//!   does not fit (a light waiter behind a heavy head waits too: L2).
 //! - **L1, no stall**: the fallback re-checks of the parked executions, fired in turn (each run
 //!   to completion, no more faults), let every live execution finish its work. Only where the
 //!   design leaves a slot to the sweeper (an execution that held it when it died, or took it
@@ -98,10 +104,10 @@
 //! thousands of reachable states and compares it with the core's `Semaphore::hand_off` on a
 //! memory store holding the same item and line.
 //!
-//! Not covered here: time (no horizon expires, no fence rotates: the main world checks those),
-//! retries of the fast acquire and lost writes (the main world), `MaxWaitSeconds`, store and
-//! `DescribeExecution` errors, throttled wake-ups of live waiters other than by a stale token,
-//! redrives, several locks.
+//! Not covered here: start rates (no waiter has one), time (no horizon expires, no fence
+//! rotates: the main world checks those), retries of the fast acquire and lost writes (the main
+//! world), `MaxWaitSeconds`, store and `DescribeExecution` errors, throttled wake-ups of live
+//! waiters other than by a stale token, redrives, several locks.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -114,11 +120,12 @@ use semaphore_core::item::{Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, Grant, Timing, WriteResult};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Change, Check, FenceKey, HolderId, Limit, LockName, QueueKey,
-    QueueOutcome, TaskToken, Waiter, Write,
+    QueueOutcome, TaskToken, Terms, Waiter, Weight, Write,
 };
 
 use crate::explore::{Model, Violation};
 use crate::hash::{Build, Fingerprint};
+use crate::ours::MAX_ROUNDS;
 use crate::world::exec_name;
 
 /// The most executions the queue world can have.
@@ -145,6 +152,8 @@ pub struct QueueConfig {
     pub executions: u8,
     /// The lock's limit.
     pub limit: u32,
+    /// The weight each execution acquires with (`exec-1` first; 1 to `limit`).
+    pub weights: [u32; MAX_WAITERS],
     /// Executions that may be stopped (at any point).
     pub deaths: u8,
     /// Cleanup events that may be lost.
@@ -163,13 +172,25 @@ pub struct QueueConfig {
 }
 
 impl QueueConfig {
-    /// The world `model-check --queue` checks for a limit: 3 executions, one death, one lost
-    /// event, one crash, no early timeout (each early timeout multiplies the states by about
-    /// 40; the tests check them with fewer executions or fewer faults).
+    /// The world `model-check --queue` checks: [`QueueConfig::small`] with a heavy execution
+    /// in the middle: limit 2, `exec-2` of weight 2, the others of weight 1. Whenever `exec-2`
+    /// is at the head of the line it waits for both units, and `exec-3`, behind it, whose
+    /// weight would fit, must not pass it (L2).
+    pub fn weighted() -> Self {
+        Self {
+            weights: [1, 2, 1, 1],
+            ..Self::small(2)
+        }
+    }
+
+    /// 3 executions of weight 1 for a limit, one death, one lost event, one crash, no early
+    /// timeout (each early timeout multiplies the states by about 40; the tests check them with
+    /// fewer executions or fewer faults).
     pub fn small(limit: u32) -> Self {
         Self {
             executions: 3,
             limit,
+            weights: [1; MAX_WAITERS],
             deaths: 1,
             lost_events: 1,
             crashes: 1,
@@ -184,9 +205,16 @@ impl fmt::Display for QueueConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let plural =
             |n: u8, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let weights = &self.weights[..usize::from(self.executions)];
+        let weights = if weights.iter().all(|&w| w == 1) {
+            String::new()
+        } else {
+            let named: Vec<String> = weights.iter().map(u32::to_string).collect();
+            format!(", weights {}", named.join(", "))
+        };
         write!(
             f,
-            "{} executions, limit {}; {}, {}, {} (wait, release or cleanup Lambdas), {}; \
+            "{} executions, limit {}{weights}; {}, {}, {} (wait, release or cleanup Lambdas), {}; \
              late writes; fallback re-checks when stable{}; L2 {}",
             self.executions,
             self.limit,
@@ -231,14 +259,19 @@ pub enum QueueVariant {
     /// A grant refused because the waiter is dead (its run or acquisition fenced) stops the
     /// hand-off and leaves the record in line.
     DeadWaiterNotSkipped,
+    /// The grant's write checks that a slot of weight 1 fits instead of the head's weight (as
+    /// a grant written before weights would): a hand-off that read the lock before another
+    /// slot was taken grants a heavy head more than is free (S1).
+    GrantIgnoresWeight,
 }
 
 impl QueueVariant {
-    pub const ALL: [QueueVariant; 4] = [
+    pub const ALL: [QueueVariant; 5] = [
         QueueVariant::Real,
         QueueVariant::HandOffWithoutWakeRetry,
         QueueVariant::NewcomerPassesTheLine,
         QueueVariant::DeadWaiterNotSkipped,
+        QueueVariant::GrantIgnoresWeight,
     ];
 
     pub fn name(self) -> &'static str {
@@ -247,6 +280,7 @@ impl QueueVariant {
             Self::HandOffWithoutWakeRetry => "hand-off-without-wake-retry",
             Self::NewcomerPassesTheLine => "newcomer-passes-the-line",
             Self::DeadWaiterNotSkipped => "dead-waiter-not-skipped",
+            Self::GrantIgnoresWeight => "grant-ignores-weight",
         }
     }
 
@@ -309,8 +343,8 @@ enum Task {
 enum Hand {
     /// Read the lock.
     ReadLock,
-    /// Read the head of the line; `count`: the slots held, as last read.
-    ReadHead { count: u8 },
+    /// Read the head of the line; `used`: the weight held, as last read.
+    ReadHead { used: u8 },
     /// The grant of the head, as read (its task token), is in flight; `line_at_read`: who was
     /// in line when the head was read.
     Grant {
@@ -320,19 +354,19 @@ enum Hand {
     },
     /// Read the lock after a grant (the slot's fencing token).
     ReadGranted { head: u8, token: u8 },
-    /// `SendTaskSuccess` to the head's token; (`waiting`, `count`): the lock as last read.
+    /// `SendTaskSuccess` to the head's token; (`waiting`, `used`): the lock as last read.
     Wake {
         head: u8,
         token: u8,
         waiting: u8,
-        count: u8,
+        used: u8,
     },
     /// `DescribeExecution` of a head whose wake-up failed.
-    Describe { head: u8, waiting: u8, count: u8 },
+    Describe { head: u8, waiting: u8, used: u8 },
     /// The fence of the dead head's run is in flight (its cleanup).
     Fence { head: u8 },
-    /// The free of the slots the fence saw is in flight.
-    Free { head: u8 },
+    /// The free of the slots the fence saw is in flight, after `round` refused ones.
+    Free { head: u8, round: u8 },
     /// The head's record is taken out of line (it was dead or held a slot).
     Leave { head: u8 },
 }
@@ -345,7 +379,7 @@ impl Hand {
             | Self::Wake { head, .. }
             | Self::Describe { head, .. }
             | Self::Fence { head }
-            | Self::Free { head } => Some(head),
+            | Self::Free { head, .. } => Some(head),
             _ => None,
         }
     }
@@ -368,15 +402,22 @@ enum Step {
     },
     /// `SendTaskSuccess` to its own task.
     SelfWake,
-    Release,
+    /// A release's write (`unheld`: the one for an acquisition that holds nothing), after
+    /// `round` refused ones.
+    Release {
+        unheld: bool,
+        round: u8,
+    },
     /// The cleanup's fence of the run.
     Fence,
     /// The cleanup takes the place out of line; `slots`: its fence saw a slot.
     Leave {
         slots: bool,
     },
-    /// The cleanup frees the slot its fence saw.
-    Free,
+    /// The cleanup frees the slot its fence saw, after `round` refused writes.
+    Free {
+        round: u8,
+    },
     Hand(Hand),
 }
 
@@ -398,6 +439,9 @@ enum Bad {
     OutOfOrder { exec: u8, ahead: u8 },
     /// L1: a live execution was answered "fenced".
     Refused { exec: u8 },
+    /// L1: a release or free of `exec`'s slot was refused [`MAX_ROUNDS`] times (the core then
+    /// gives up with an error).
+    Rounds { exec: u8 },
 }
 
 /// A state of the queue world.
@@ -440,6 +484,7 @@ impl Hash for TableKey {
                 &item.holders,
                 &item.fences,
                 item.waiting,
+                item.used,
             )
                 .hash(h);
         }
@@ -468,6 +513,14 @@ impl Table {
     fn waiting(&self) -> u64 {
         self.item.as_ref().map_or(0, |item| item.waiting)
     }
+    /// The weight held, as stored (`used`).
+    fn used(&self) -> u64 {
+        self.item.as_ref().map_or(0, |item| item.used)
+    }
+    /// The weight held, from the holders themselves.
+    fn weight_held(&self) -> u64 {
+        self.item.as_ref().map_or(0, SemaphoreItem::weight_held)
+    }
 }
 
 /// A request that writes: which write, of which execution (and task token).
@@ -478,8 +531,12 @@ enum Request {
     Repark(u8, u8),
     Grant(u8, u8),
     Leave(u8),
+    /// The release of a slot of the execution's weight.
     Release(u8),
+    /// The release of an acquisition that holds nothing (its fence alone).
+    ReleaseUnheld(u8),
     Fence(u8),
+    /// The free of the slot (of the execution's weight) a fence saw.
     Free(u8),
 }
 
@@ -517,6 +574,8 @@ pub struct QueueWorld {
     pub variant: QueueVariant,
     lock: LockName,
     limit: Limit,
+    /// Per execution, the weight it acquires with.
+    weights: Vec<Weight>,
     identities: Vec<Identity>,
     keys: Vec<QueueKey>,
     /// What each fence is, in traces.
@@ -550,6 +609,16 @@ impl QueueWorld {
             "1 to {MAX_WAITERS} executions"
         );
         assert!(config.limit >= 1, "a limit of at least 1");
+        let weights = config.weights[..usize::from(config.executions)]
+            .iter()
+            .map(|&w| {
+                assert!(
+                    (1..=config.limit).contains(&w),
+                    "weights from 1 to the limit"
+                );
+                Weight::new(i64::from(w)).expect("a valid weight")
+            })
+            .collect();
         let identities: Vec<Identity> = (0..config.executions)
             .map(|e| {
                 Identity::new(
@@ -585,6 +654,7 @@ impl QueueWorld {
             reduce: true,
             lock: LockName::new("model").expect("a valid lock name"),
             limit: Limit::new(i64::from(config.limit)).expect("a valid limit"),
+            weights,
             identities,
             keys,
             tables: RefCell::default(),
@@ -648,9 +718,13 @@ impl QueueWorld {
             if let Some(item) = &item {
                 (
                     item.limit,
-                    item.holders.keys().collect::<Vec<_>>(),
+                    item.holders
+                        .iter()
+                        .map(|(id, h)| (id, h.weight))
+                        .collect::<Vec<_>>(),
                     &item.fences,
                     item.waiting,
+                    item.used,
                 )
                     .hash(&mut h);
             }
@@ -674,13 +748,19 @@ impl QueueWorld {
         id
     }
 
+    /// What execution `e` acquires on: the lock's limit and its weight, no rate.
+    fn terms(&self, e: u8) -> Terms {
+        Terms::new(self.limit, self.weights[e as usize], None)
+            .expect("weights are checked against the limit")
+    }
+
     /// The waiter record of execution `e` with task token `token`.
     fn waiter(&self, e: u8, token: u8) -> Waiter {
         let waiter = Waiter::new(
             self.lock.clone(),
             self.identities[e as usize].clone(),
             Run::FIRST,
-            self.limit,
+            self.terms(e),
             NOW_MS + u64::from(e),
             task_token(e, token),
             String::new(),
@@ -695,7 +775,7 @@ impl QueueWorld {
             &self.lock,
             &self.identities[e as usize],
             Run::FIRST,
-            self.limit,
+            self.terms(e),
             NOW_MS + u64::from(e),
             LATER_MS,
             &TIMING,
@@ -722,15 +802,34 @@ impl QueueWorld {
             Request::Repark(e, token) => {
                 protocol::repark(lock, self.keys[e as usize], task_token(e, token))
             }
-            Request::Grant(e, token) => protocol::grant(&self.waiter(e, token), LATER_MS),
+            Request::Grant(e, token) => {
+                let mut write = protocol::grant(&self.waiter(e, token), LATER_MS);
+                if self.variant == QueueVariant::GrantIgnoresWeight {
+                    for check in &mut write.checks {
+                        if let Check::Fits { weight, .. } = check {
+                            *weight = Weight::ONE;
+                        }
+                    }
+                }
+                write
+            }
             Request::Leave(e) => protocol::leave(lock, self.keys[e as usize]),
-            Request::Release(e) => protocol::release(lock, &self.identities[e as usize]),
+            Request::Release(e) => {
+                protocol::release(lock, &self.identities[e as usize], self.weights[e as usize])
+            }
+            Request::ReleaseUnheld(e) => {
+                protocol::release_unheld(lock, &self.identities[e as usize])
+            }
             Request::Fence(e) => {
                 protocol::cleanup_fence(lock, &self.identities[e as usize].holder, Run::FIRST)
             }
-            Request::Free(e) => {
-                protocol::cleanup_free(lock, std::slice::from_ref(&self.identities[e as usize]))
-            }
+            Request::Free(e) => protocol::cleanup_free(
+                lock,
+                &[(
+                    self.identities[e as usize].clone(),
+                    self.weights[e as usize],
+                )],
+            ),
         };
         let write = Rc::new(write);
         self.tables
@@ -846,9 +945,18 @@ impl QueueWorld {
         let holders: Vec<String> = item
             .holders
             .iter()
-            .map(|(id, h)| format!("{} token {}", id.holder, h.token.0))
+            .map(|(id, h)| {
+                if h.weight == Weight::ONE {
+                    format!("{} token {}", id.holder, h.token.0)
+                } else {
+                    format!("{} token {} weight {}", id.holder, h.token.0, h.weight)
+                }
+            })
             .collect();
         let mut text = format!("v{}, {} held", item.version.0, item.count());
+        if item.used != item.count() as u64 || self.weights.iter().any(|&w| w != Weight::ONE) {
+            text.push_str(&format!(" (used {} of {})", item.used, self.limit));
+        }
         if !holders.is_empty() {
             text.push_str(&format!(" [{}]", holders.join(", ")));
         }
@@ -892,7 +1000,11 @@ impl QueueWorld {
             .iter()
             .map(|check| match check {
                 Check::NotHolding(_) => "not holding".to_owned(),
-                Check::HoldersBelow(limit) => format!("fewer than {limit} held"),
+                Check::Fits { limit, weight } => format!("used + {weight} <= {limit}"),
+                Check::HoldsWeight { identity, weight } => {
+                    format!("{} holds weight {weight}", identity.holder)
+                }
+                Check::Spaced { rate, .. } => format!("spaced by {rate}"),
                 Check::NotFenced(key) => format!(
                     "{} not fenced",
                     self.fence_names.get(key).map_or("?", String::as_str)
@@ -900,7 +1012,9 @@ impl QueueWorld {
                 Check::RotatedBefore { .. } => "in time".to_owned(),
                 Check::LastRotation(_) => "last rotation".to_owned(),
                 Check::QueueEmpty => "nobody in line".to_owned(),
-                Check::Busy(limit) => format!("{limit} held or someone in line"),
+                Check::Busy { terms, .. } => {
+                    format!("{} does not fit or someone in line", terms.weight)
+                }
                 Check::NotQueued(_) => "not in line".to_owned(),
                 Check::Queued(_) => "in line".to_owned(),
                 Check::QueuedWith { task_token, .. } => {
@@ -912,9 +1026,18 @@ impl QueueWorld {
             .changes
             .iter()
             .map(|change| match change {
-                Change::PutHolder { identity, .. } => format!("slot for {}", identity.holder),
+                Change::PutHolder {
+                    identity, weight, ..
+                } if *weight == Weight::ONE => format!("slot for {}", identity.holder),
+                Change::PutHolder {
+                    identity, weight, ..
+                } => format!("slot of weight {weight} for {}", identity.holder),
                 Change::SetLimit(limit) => format!("limit {limit}"),
-                Change::RemoveHolder(identity) => format!("free {}'s slot", identity.holder),
+                Change::SetRate(None) => "no rate".to_owned(),
+                Change::SetRate(Some(rate)) => format!("rate {rate}"),
+                Change::RemoveHolder { identity, weight } => {
+                    format!("free {}'s slot, used - {weight}", identity.holder)
+                }
                 Change::AddFence(key) => format!(
                     "fence {}",
                     self.fence_names.get(key).map_or("?", String::as_str)
@@ -1007,13 +1130,37 @@ impl QueueWorld {
     }
 
     /// The hand-off's loop, on the lock as last read.
-    fn hand_on(waiting: u64, count: usize, w: &mut Words) -> Option<Step> {
+    fn hand_on(waiting: u64, used: u64, w: &mut Words) -> Option<Step> {
         if waiting == 0 {
             w.say(|| "; nobody waits: the hand-off is done".to_owned());
             return None;
         }
         w.say(|| "; it reads the head of the line".to_owned());
-        Some(Step::Hand(Hand::ReadHead { count: count as u8 }))
+        Some(Step::Hand(Hand::ReadHead { used: used as u8 }))
+    }
+
+    /// The request that sends `write`, a write a refusal of one of execution `e`'s release or
+    /// free writes called for: the model sends only requests it names, so a write of another
+    /// shape (a slot of another weight than the execution's) would be a gap in the model.
+    fn request_for(&self, e: u8, write: &Write, candidates: &[Request]) -> Request {
+        *candidates
+            .iter()
+            .find(|&&request| *self.write(request) == *write)
+            .unwrap_or_else(|| panic!("{} sends a write the model lacks: {write:?}", exec_name(e)))
+    }
+
+    /// The next write of a release or a free that was refused, as `step` (the core's reading)
+    /// calls for, or `None` when `MAX_ROUNDS` writes were refused (the core gives up: L1).
+    fn round_again(&self, s: &mut QueueState, e: u8, round: u8, w: &mut Words) -> Option<u8> {
+        if round + 1 >= MAX_ROUNDS {
+            if s.bad.is_none() {
+                s.bad = Some(Bad::Rounds { exec: e });
+            }
+            w.say(|| format!("; refused {MAX_ROUNDS} times: the core gives up"));
+            return None;
+        }
+        w.say(|| "; the item handed back calls for another write".to_owned());
+        Some(round + 1)
     }
 
     fn refused(&self, s: &mut QueueState, e: u8, current: bool, w: &mut Words) {
@@ -1069,6 +1216,7 @@ impl QueueWorld {
                     }
                     AcquireOutcome::Fenced(_) => self.refused(s, e, true, w),
                     AcquireOutcome::Expired => unreachable!("no request expires here"),
+                    AcquireOutcome::RateLimited { .. } => unreachable!("no rate here"),
                 }
                 self.done(s, l, w)
             }
@@ -1151,6 +1299,7 @@ impl QueueWorld {
                         None
                     }
                     AcquireOutcome::Expired => unreachable!("no request expires here"),
+                    AcquireOutcome::RateLimited { .. } => unreachable!("no rate here"),
                 };
                 self.next(s, l, step, w)
             }
@@ -1171,16 +1320,38 @@ impl QueueWorld {
                 }
                 self.done(s, l, w)
             }
-            Step::Release => {
-                let (write, result, _) = self.send(s, e, Request::Release(e), w);
-                s.retired |= bit(e);
-                let (outcome, after) = protocol::released(&write, identity, result)
-                    .expect("the core reads its own write's result");
-                w.say(|| format!(" => {outcome:?}"));
-                let step = (after.waiting > 0).then(|| {
-                    w.say(|| "; someone waits: it hands off: it reads the lock".to_owned());
-                    Step::Hand(Hand::ReadLock)
-                });
+            Step::Release { unheld, round } => {
+                let request = if unheld {
+                    Request::ReleaseUnheld(e)
+                } else {
+                    Request::Release(e)
+                };
+                let (write, result, landed) = self.send(s, e, request, w);
+                if landed {
+                    s.retired |= bit(e);
+                }
+                let step = match protocol::released(&write, identity, result)
+                    .expect("the core reads its own write's result")
+                {
+                    semaphore_core::Step::Done((outcome, after)) => {
+                        w.say(|| format!(" => {outcome:?}"));
+                        (after.waiting > 0).then(|| {
+                            w.say(|| "; someone waits: it hands off: it reads the lock".to_owned());
+                            Step::Hand(Hand::ReadLock)
+                        })
+                    }
+                    semaphore_core::Step::Again(next) => {
+                        let request = self.request_for(
+                            e,
+                            &next,
+                            &[Request::Release(e), Request::ReleaseUnheld(e)],
+                        );
+                        self.round_again(s, e, round, w).map(|round| Step::Release {
+                            unheld: request == Request::ReleaseUnheld(e),
+                            round,
+                        })
+                    }
+                };
                 self.next(s, l, step, w)
             }
             Step::Fence => {
@@ -1194,7 +1365,7 @@ impl QueueWorld {
                     w.say(|| "; its history names its place: it takes it out of line".to_owned());
                     Some(Step::Leave { slots })
                 } else {
-                    slots.then_some(Step::Free)
+                    slots.then_some(Step::Free { round: 0 })
                 };
                 self.next(s, l, step, w)
             }
@@ -1203,18 +1374,26 @@ impl QueueWorld {
                 let was = protocol::was_queued(&write, &result)
                     .expect("the core reads its own write's result");
                 w.say(|| format!(" => {}", if was { "left" } else { "was not in line" }));
-                self.next(s, l, slots.then_some(Step::Free), w)
+                self.next(s, l, slots.then_some(Step::Free { round: 0 }), w)
             }
-            Step::Free => {
-                let slots = std::slice::from_ref(identity);
+            Step::Free { round } => {
                 let (write, result, _) = self.send(s, e, Request::Free(e), w);
-                let (outcome, after) = protocol::freed(&write, slots, result)
-                    .expect("the core reads its own write's result");
-                w.say(|| format!(" => freed {}", outcome.freed.len()));
-                let step = (!outcome.freed.is_empty() && after.waiting > 0).then(|| {
-                    w.say(|| "; someone waits: it hands off: it reads the lock".to_owned());
-                    Step::Hand(Hand::ReadLock)
-                });
+                let step = match protocol::freed(&write, result)
+                    .expect("the core reads its own write's result")
+                {
+                    semaphore_core::Step::Done((outcome, after)) => {
+                        w.say(|| format!(" => freed {}", outcome.freed.len()));
+                        (!outcome.freed.is_empty() && after.waiting > 0).then(|| {
+                            w.say(|| "; someone waits: it hands off: it reads the lock".to_owned());
+                            Step::Hand(Hand::ReadLock)
+                        })
+                    }
+                    semaphore_core::Step::Again(next) => {
+                        self.request_for(e, &next, &[Request::Free(e)]);
+                        self.round_again(s, e, round, w)
+                            .map(|round| Step::Free { round })
+                    }
+                };
                 self.next(s, l, step, w)
             }
             Step::Hand(hand) => {
@@ -1232,20 +1411,24 @@ impl QueueWorld {
                 w.say(|| format!("reads the lock: {}", self.show(s.table)));
                 // No item: nothing to hand off.
                 let item = t.item.as_ref()?;
-                Self::hand_on(item.waiting, t.count().into(), w)
+                Self::hand_on(item.waiting, item.used, w)
             }
-            Hand::ReadHead { count } => {
+            Hand::ReadHead { used } => {
                 let t = self.table(s.table);
                 let Some((head, token)) = t.head else {
                     w.say(|| "reads the head: nobody in line: done".to_owned());
                     return None;
                 };
                 w.say(|| format!("reads the head: {} (task {token})", exec_name(head)));
-                if u32::from(count) >= self.limit.get() {
-                    w.say(|| format!("; {count} held (as read): no slot to hand, done"));
+                // A head whose weight does not fit waits; nobody passes it (L2).
+                let weight = self.weights[head as usize];
+                if u32::from(used) + weight.get() > self.limit.get() {
+                    w.say(|| {
+                        format!("; {used} used (as read): its weight {weight} does not fit, done")
+                    });
                     return None;
                 }
-                w.say(|| format!("; {count} held (as read): it grants it a slot"));
+                w.say(|| format!("; {used} used (as read): it grants it a slot"));
                 Some(Step::Hand(Hand::Grant {
                     head,
                     token,
@@ -1283,7 +1466,7 @@ impl QueueWorld {
                     }
                     Grant::Moved { current } => {
                         w.say(|| " => moved".to_owned());
-                        Self::hand_on(current.waiting, current.count(), w)
+                        Self::hand_on(current.waiting, current.used, w)
                     }
                     Grant::Dead { .. } if self.variant == QueueVariant::DeadWaiterNotSkipped => {
                         w.say(|| " => dead; the hand-off stops (broken variant)".to_owned());
@@ -1307,6 +1490,7 @@ impl QueueWorld {
                         w.say(|| " => no slot: done".to_owned());
                         None
                     }
+                    Grant::TooSoon { .. } => unreachable!("no waiter of the model has a rate"),
                 }
             }
             Hand::ReadGranted { head, token } => {
@@ -1314,21 +1498,21 @@ impl QueueWorld {
                 w.say(|| format!("reads the lock: {}", self.show(s.table)));
                 if t.holders & bit(head) == 0 {
                     w.say(|| format!("; {} holds nothing any more", exec_name(head)));
-                    return Self::hand_on(t.waiting(), t.count().into(), w);
+                    return Self::hand_on(t.waiting(), t.used(), w);
                 }
                 w.say(|| format!("; it wakes {}", exec_name(head)));
                 Some(Step::Hand(Hand::Wake {
                     head,
                     token,
                     waiting: t.waiting() as u8,
-                    count: t.count(),
+                    used: t.used() as u8,
                 }))
             }
             Hand::Wake {
                 head,
                 token,
                 waiting,
-                count,
+                used,
             } => {
                 if Self::parked_on(s, head, token) {
                     s.execs[head as usize].stage = Stage::Working;
@@ -1339,7 +1523,7 @@ impl QueueWorld {
                             exec_name(head)
                         )
                     });
-                    Self::hand_on(waiting.into(), count.into(), w)
+                    Self::hand_on(waiting.into(), used.into(), w)
                 } else {
                     w.say(|| {
                         format!(
@@ -1350,14 +1534,14 @@ impl QueueWorld {
                     Some(Step::Hand(Hand::Describe {
                         head,
                         waiting,
-                        count,
+                        used,
                     }))
                 }
             }
             Hand::Describe {
                 head,
                 waiting,
-                count,
+                used,
             } => {
                 if s.execs[head as usize].alive() {
                     w.say(|| {
@@ -1366,7 +1550,7 @@ impl QueueWorld {
                             exec_name(head)
                         )
                     });
-                    return Self::hand_on(waiting.into(), count.into(), w);
+                    return Self::hand_on(waiting.into(), used.into(), w);
                 }
                 if self.variant == QueueVariant::HandOffWithoutWakeRetry {
                     w.say(|| {
@@ -1397,16 +1581,24 @@ impl QueueWorld {
                     Some(Step::Hand(Hand::ReadLock))
                 } else {
                     w.say(|| " => it saw the slot; it frees it".to_owned());
-                    Some(Step::Hand(Hand::Free { head }))
+                    Some(Step::Hand(Hand::Free { head, round: 0 }))
                 }
             }
-            Hand::Free { head } => {
-                let slots = std::slice::from_ref(&self.identities[head as usize]);
+            Hand::Free { head, round } => {
                 let (write, result, _) = self.send(s, head, Request::Free(head), w);
-                protocol::freed(&write, slots, result)
-                    .expect("the core reads its own write's result");
-                w.say(|| "; it reads the lock".to_owned());
-                Some(Step::Hand(Hand::ReadLock))
+                match protocol::freed(&write, result)
+                    .expect("the core reads its own write's result")
+                {
+                    semaphore_core::Step::Done(_) => {
+                        w.say(|| "; it reads the lock".to_owned());
+                        Some(Step::Hand(Hand::ReadLock))
+                    }
+                    semaphore_core::Step::Again(next) => {
+                        self.request_for(head, &next, &[Request::Free(head)]);
+                        self.round_again(s, head, round, w)
+                            .map(|round| Step::Hand(Hand::Free { head, round }))
+                    }
+                }
             }
             Hand::Leave { head } => {
                 let (write, result, _) = self.send(s, head, Request::Leave(head), w);
@@ -1445,7 +1637,15 @@ impl QueueWorld {
             Task::Wait { token } if Self::parked_on(s, e, token) => {
                 s.execs[e as usize].stage = Stage::Releasing { failed: true };
                 w.say(|| "; its wait task fails: Release after failure".to_owned());
-                Self::spawn(s, e, Task::Release, Step::Release);
+                Self::spawn(
+                    s,
+                    e,
+                    Task::Release,
+                    Step::Release {
+                        unheld: false,
+                        round: 0,
+                    },
+                );
             }
             _ => {}
         }
@@ -1477,7 +1677,15 @@ impl QueueWorld {
     fn finish_work(s: &mut QueueState, e: u8, w: &mut Words) {
         s.execs[e as usize].stage = Stage::Releasing { failed: false };
         w.say(|| format!("{} finishes its work and releases", exec_name(e)));
-        Self::spawn(s, e, Task::Release, Step::Release);
+        Self::spawn(
+            s,
+            e,
+            Task::Release,
+            Step::Release {
+                unheld: false,
+                round: 0,
+            },
+        );
     }
 
     /// Adds successor `t`, once for each fate of the cleanup event its step emitted, if any:
@@ -1527,13 +1735,25 @@ impl QueueWorld {
     /// S1, in any state.
     fn safety(&self, s: &QueueState) -> Result<(), Violation> {
         let t = self.table(s.table);
-        if u32::from(t.count()) > self.config.limit {
+        if t.weight_held() > u64::from(self.config.limit) {
             return Err(Violation {
                 property: "S1",
                 detail: format!(
-                    "{} slots held with limit {}: {}",
+                    "{} slots of weight {} held with limit {}: {}",
                     t.count(),
+                    t.weight_held(),
                     self.config.limit,
+                    self.show(s.table)
+                ),
+            });
+        }
+        if t.used() != t.weight_held() {
+            return Err(Violation {
+                property: "S1",
+                detail: format!(
+                    "the lock records {} used but the holders' weights add up to {}: {}",
+                    t.used(),
+                    t.weight_held(),
                     self.show(s.table)
                 ),
             });
@@ -1601,6 +1821,13 @@ impl QueueWorld {
                 property: "L1",
                 detail: format!(
                     "{} was answered \"fenced\" while it was running: {table}",
+                    exec_name(exec)
+                ),
+            },
+            Bad::Rounds { exec } => Violation {
+                property: "L1",
+                detail: format!(
+                    "a release or free of {}'s slot was refused {MAX_ROUNDS} times: {table}",
                     exec_name(exec)
                 ),
             },
@@ -1879,9 +2106,12 @@ impl QueueWorld {
                      wake it",
                     names(out_of_line)
                 ))
-            } else if u32::from(t.count()) < self.config.limit {
+            } else if t.head.is_some_and(|(head, _)| {
+                t.used() + u64::from(self.weights[head as usize].get())
+                    <= u64::from(self.config.limit)
+            }) {
                 Some(format!(
-                    "{} {} parked while a slot is free",
+                    "{} {} parked while the head of the line fits",
                     names(parked),
                     if parked.count_ones() == 1 {
                         "is"
@@ -2051,6 +2281,7 @@ mod tests {
         QueueConfig {
             executions,
             limit: 1,
+            weights: [1; MAX_WAITERS],
             deaths,
             lost_events,
             crashes,
@@ -2240,6 +2471,9 @@ mod tests {
                     None => Err("no such task waits".to_owned()),
                 }
             }
+            async fn defer(&self, _: &Waiter, _: u64) -> Result<(), String> {
+                unreachable!("no waiter of the model has a rate")
+            }
         }
         struct Alive(Vec<String>);
         impl ExecutionStatus for Alive {
@@ -2258,10 +2492,16 @@ mod tests {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        for limit in [1, 2] {
+        // Weights 1, 2, 1 on limit 2: a heavy head that does not fit stops the hand-off.
+        for (limit, weights) in [
+            (1, [1; MAX_WAITERS]),
+            (2, [1; MAX_WAITERS]),
+            (2, [1, 2, 1, 1]),
+        ] {
             let world = QueueWorld::new(
                 QueueConfig {
                     limit,
+                    weights,
                     ..config(3, 1, 1, 0, 1)
                 },
                 QueueVariant::Real,
@@ -2389,8 +2629,8 @@ mod tests {
                 );
             }
             println!(
-                "limit {limit}: {compared} hand-offs compared; (woke, parked, freed, skipped): \
-                 {kinds:?}"
+                "limit {limit}, weights {weights:?}: {compared} hand-offs compared; (woke, parked, \
+                 freed, skipped): {kinds:?}"
             );
             assert!(compared > 1_000, "only {compared} hand-offs compared");
             assert!(kinds.iter().all(|&n| n > 0), "{kinds:?}");

@@ -248,7 +248,8 @@ impl Protocol for Sample {
         false
     }
 
-    fn stored_count(&self, store: Option<SampleItem>) -> i64 {
+    /// The count: every acquisition here is of weight 1.
+    fn stored_used(&self, store: Option<SampleItem>) -> i64 {
         store.map_or(0, |i| i64::from(i.count))
     }
 

@@ -9,7 +9,8 @@
 //!
 //! - an attempt (one Lambda invocation) advances: it sends its write (or its read, for the
 //!   sample), or its write in flight lands, at any later step and in any order with every other
-//!   request; a cleanup sends its second write when its first has landed;
+//!   request; a cleanup sends its second write when its first has landed; a release or free
+//!   refused sends the write the refusal calls for, as a step of its own;
 //! - a write in flight is lost (the attempt ends with an error);
 //! - Step Functions retries an attempt (a timeout or a lost response): the old attempt keeps
 //!   running as a zombie and a new one starts with the same acquisition id;
@@ -75,6 +76,9 @@ pub struct Config {
     pub executions: u8,
     /// The lock's limit.
     pub limit: u32,
+    /// The weight each execution acquires with (`exec-1` first; 1 to `limit`): the limit
+    /// bounds the sum of the weights held. The AWS sample is checked with weight 1 for all.
+    pub weights: [u32; MAX_EXECUTIONS],
     /// Step Functions retries per execution: a new attempt of the acquire Task (or of the
     /// release Task, after an error, or after a timeout if `release_timeouts`) while the old
     /// one may still be running.
@@ -112,6 +116,26 @@ pub struct Config {
 }
 
 impl Config {
+    /// The weight execution `e` acquires with.
+    pub fn weight(&self, e: u8) -> u32 {
+        self.weights[usize::from(e)]
+    }
+
+    /// The sum of the weights of the executions in `execs` (bit e).
+    pub fn weight_of(&self, execs: u32) -> u32 {
+        (0..self.executions)
+            .filter(|e| execs & (1 << e) != 0)
+            .map(|e| self.weight(e))
+            .sum()
+    }
+
+    /// The sum of the weights of the slots in a mask of slots (each of its execution's weight).
+    pub fn weight_of_slots(&self, slots: u32) -> u32 {
+        (0..self.executions)
+            .map(|e| exec_part(slots, e).count_ones() * self.weight(e))
+            .sum()
+    }
+
     /// The world `cargo test` checks for a given limit: 3 executions, one Step Functions retry
     /// each (zombie attempts), one of them may die (a zombie of a dead execution), cleanup
     /// events may be lost, late and reordered, writes land arbitrarily late, and the final
@@ -121,6 +145,7 @@ impl Config {
         Self {
             executions: 3,
             limit,
+            weights: [1; MAX_EXECUTIONS],
             retries: 1,
             release_timeouts: false,
             polls: None,
@@ -143,6 +168,7 @@ impl Config {
         Self {
             executions,
             limit,
+            weights: [1; MAX_EXECUTIONS],
             retries: 1,
             release_timeouts: true,
             polls: None,
@@ -192,9 +218,16 @@ impl fmt::Display for Config {
         if self.redrives > 0 {
             faults.push(plural(self.redrives, "redrive", "redrives"));
         }
+        let weights = &self.weights[..usize::from(self.executions)];
+        let weights = if weights.iter().all(|&w| w == 1) {
+            String::new()
+        } else {
+            let named: Vec<String> = weights.iter().map(u32::to_string).collect();
+            format!(", weights {}", named.join(", "))
+        };
         write!(
             f,
-            "{} executions, limit {}; each with {} ({}), {} after \"full\"; {}; sweeper: {}",
+            "{} executions, limit {}{weights}; each with {} ({}), {} after \"full\"; {}; sweeper: {}",
             self.executions,
             self.limit,
             plural(
@@ -339,8 +372,9 @@ pub trait Protocol {
     /// Whether a redrive into the protected work is refused (the work task meets the child
     /// execution that already ran under the old acquisition) instead of running the work again.
     fn guards_redriven_work(&self) -> bool;
-    /// The number of holders the item records (its count attribute, or derived).
-    fn stored_count(&self, store: Option<Self::Item>) -> i64;
+    /// The weight the item records as held (the sample's count attribute, ours' `used`): it
+    /// must equal the sum of the holders' weights (S1).
+    fn stored_used(&self, store: Option<Self::Item>) -> i64;
     fn describe(&self, store: Option<Self::Item>) -> String;
 
     /// Whether states may be identified by the keys below, up to a renaming of the executions.
@@ -599,6 +633,10 @@ impl<P: Protocol> World<P> {
             usize::from(config.redrives) < MAX_INCARNATIONS,
             "at most {} redrives",
             MAX_INCARNATIONS - 1
+        );
+        assert!(
+            (0..config.executions).all(|e| (1..=config.limit).contains(&config.weight(e))),
+            "every weight from 1 to the limit"
         );
         Self {
             protocol,
@@ -982,6 +1020,8 @@ impl<P: Protocol> World<P> {
             .map(|phase| self.protocol.rotation_exec_key(phase, e));
         hash_one(&(
             (stage, x.retries_left, x.polls_left, x.inc, x.resume),
+            // Executions of different weights are not interchangeable.
+            self.config.weight(e),
             self.protocol.item_exec_key(s.store, e),
             &*attempts,
             s.events[e as usize],
@@ -1068,7 +1108,7 @@ impl<P: Protocol> World<P> {
             if logging {
                 log.push_str(&format!(" cleanup of {}:", exec_name(e)));
             }
-            // A cleanup is at most two writes.
+            // The fence, then the free, landing at once: nothing else runs.
             for _ in 0..3 {
                 let mut words = String::new();
                 // Everything has ended: nothing runs again.
@@ -1414,23 +1454,23 @@ impl<P: Protocol> Model for World<P> {
     fn check(&self, s: &Self::State) -> Result<(), Violation> {
         let holders = self.protocol.holders(s.store);
         let limit = self.config.limit;
-        if holders.count_ones() > limit {
+        let held = self.config.weight_of_slots(holders);
+        if held > limit {
             return Err(Violation {
                 property: "S1",
                 detail: format!(
-                    "{} slots held with limit {limit}: {}",
+                    "{} slots of weight {held} held with limit {limit}: {}",
                     holders.count_ones(),
                     self.protocol.describe(s.store)
                 ),
             });
         }
-        let count = self.protocol.stored_count(s.store);
-        if count != i64::from(holders.count_ones()) {
+        let used = self.protocol.stored_used(s.store);
+        if used != i64::from(held) {
             return Err(Violation {
                 property: "S1",
                 detail: format!(
-                    "the stored count is {count} but {} executions hold a slot: {}",
-                    holders.count_ones(),
+                    "the item records {used} held but the holders' weights add up to {held}: {}",
                     self.protocol.describe(s.store)
                 ),
             });
@@ -1448,12 +1488,13 @@ impl<P: Protocol> Model for World<P> {
                 }
             }
         }
-        if working.count_ones() > limit {
+        if self.config.weight_of(working) > limit {
             return Err(Violation {
                 property: "S1",
                 detail: format!(
-                    "{} are working under the lock (limit {limit}), but the item is {}",
+                    "{} are working under the lock (weight {}, limit {limit}), but the item is {}",
                     names(working),
+                    self.config.weight_of(working),
                     self.protocol.describe(s.store)
                 ),
             });

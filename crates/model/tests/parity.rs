@@ -1,6 +1,8 @@
 //! Parity of the two renderings of the protocol: one scenario (acquires, releases and cleanups of
 //! a few identities, including "already held", "full", "fenced", "expired", releasing what is not
-//! held, duplicate cleanups, the first write of a lock, and fence rotations a window apart) runs
+//! held, duplicate cleanups, the first write of a lock, fence rotations a window apart, and
+//! weighted slots: a heavy acquire that does not fit, a release that believes in the wrong
+//! weight and is sent again as the refusal calls for, a duplicate weighted release) runs
 //! against the in-memory store the model checker explores and against the DynamoDB store on the
 //! local server, with the same clock; after every step the answers and the whole stored tables
 //! must be equal.
@@ -8,9 +10,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use semaphore_core::clock::Sleep;
 use semaphore_core::{
     AcquireOutcome, CleanupOutcome, Clock, FenceReason, HolderId, ItemStore, Limit, ManualClock,
-    MemoryStore, ReleaseOutcome, Semaphore, SemaphoreItem, Timing,
+    MemoryStore, ReleaseOutcome, Semaphore, SemaphoreItem, Terms, Timing, Weight,
 };
 use semaphore_tests::fresh_table;
 use semaphore_tests::names::{id, lock};
@@ -25,9 +28,13 @@ const WINDOW_MS: u64 = 3_000;
 #[derive(Debug, Clone, Copy)]
 enum Op {
     Acquire(&'static str, &'static str, &'static str, i64),
+    /// An acquire of this weight (of the limit).
+    AcquireWeighing(&'static str, &'static str, &'static str, i64, i64),
     /// An acquire whose request was made this many milliseconds ago.
     AcquireAsked(&'static str, &'static str, &'static str, i64, u64),
     Release(&'static str, &'static str, &'static str),
+    /// A release that believes its slot is of this weight.
+    ReleaseWeighing(&'static str, &'static str, &'static str, i64),
     /// A release by a writer whose clock is this many milliseconds ahead.
     ReleaseAhead(&'static str, &'static str, &'static str, u64),
     Cleanup(&'static str, &'static str),
@@ -57,6 +64,7 @@ impl Answer {
             Self::Acquire(AcquireOutcome::Fenced(FenceReason::ExecutionEnded)) => {
                 "fenced: ended".into()
             }
+            Self::Acquire(AcquireOutcome::RateLimited { .. }) => "rate limited".into(),
             Self::Release(ReleaseOutcome::Released { .. }) => "released".into(),
             Self::Release(ReleaseOutcome::NotHeld { .. }) => "not held".into(),
             Self::Cleanup(c) => format!("freed {}", c.freed.len()),
@@ -78,6 +86,10 @@ struct Ahead(Arc<ManualClock>, u64);
 impl Clock for Ahead {
     fn now_ms(&self) -> u64 {
         self.0.now_ms() + self.1
+    }
+
+    fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
+        self.0.sleep_until(at_ms.saturating_sub(self.1))
     }
 }
 
@@ -117,7 +129,22 @@ async fn apply<S: ItemStore>(writers: &Writers<S>, op: Op) -> Answer {
             .await
             .unwrap(),
         ),
+        Op::AcquireWeighing(l, h, a, limit, weight) => {
+            let terms = Terms::new(
+                Limit::new(limit).unwrap(),
+                Weight::new(weight).unwrap(),
+                None,
+            )
+            .unwrap();
+            Answer::Acquire(sem.acquire(&lock(l), &id(h, a), terms).await.unwrap())
+        }
         Op::Release(l, h, a) => Answer::Release(sem.release(&lock(l), &id(h, a)).await.unwrap()),
+        Op::ReleaseWeighing(l, h, a, weight) => Answer::Release(
+            sem.release_seeing(&lock(l), &id(h, a), Weight::new(weight).unwrap())
+                .await
+                .unwrap()
+                .0,
+        ),
         Op::Cleanup(l, h) => Answer::Cleanup(
             sem.cleanup(&lock(l), &HolderId::new(h).unwrap())
                 .await
@@ -195,6 +222,21 @@ async fn memory_and_dynamodb_stores_agree_after_every_step() {
         (Release("q", "b", "1"), "released"),
         (Acquire("q", "a", "1", 1), "acquired"),
         (Acquire("q", "c", "1", 1), "full"),
+        // Weights: the limit bounds the sum held (`used`), checked when the write lands.
+        (AcquireWeighing("w", "a", "1", 3, 2), "acquired"),
+        (AcquireWeighing("w", "b", "1", 3, 2), "full"),
+        (Acquire("w", "b", "1", 3), "acquired"),
+        (AcquireWeighing("w", "c", "1", 3, 1), "full"),
+        // A release that believes in weight 1 is refused (a holds 2) and sent again with the
+        // weight the item handed back: `used` goes down by 2, not 1.
+        (ReleaseWeighing("w", "a", "1", 1), "released"),
+        // A duplicate: refused (nothing held), sent again as a fence alone, subtracting nothing.
+        (ReleaseWeighing("w", "a", "1", 2), "not held"),
+        (AcquireWeighing("w", "c", "1", 3, 2), "acquired"),
+        (AcquireWeighing("w", "d", "1", 3, 1), "full"),
+        (Cleanup("w", "c"), "freed 1"),
+        (Cleanup("w", "c"), "freed 0"),
+        (AcquireWeighing("w", "d", "1", 3, 2), "acquired"),
     ];
 
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));
@@ -235,7 +277,9 @@ async fn memory_and_dynamodb_stores_agree_after_every_step() {
     }
     let end = table(&memory.on_time).await;
     let names: Vec<&str> = end.iter().map(|i| i.lock.as_str()).collect();
-    assert_eq!(names, ["p", "q", "r"]);
+    assert_eq!(names, ["p", "q", "r", "w"]);
+    let w = &end[3];
+    assert_eq!((w.used, w.weight_held()), (3, 3), "{w:?}");
     // p rotated twice: the fences of its first window are gone.
     let p = &end[0];
     assert!(p.fences.rotated_at_ms.is_some());

@@ -77,6 +77,45 @@ fn the_line_passes_with_three_executions_and_limit_2() {
 }
 
 #[test]
+fn a_heavy_head_waits_and_nobody_passes_it() {
+    // Weights 1, 2, 1 on limit 2 (the world `model-check --queue` checks, without the crash):
+    // whenever exec-2 heads the line it waits for both units, while exec-3 behind it would fit.
+    let config = QueueConfig {
+        crashes: 0,
+        ..QueueConfig::weighted()
+    };
+    assert_passes(
+        "3 executions of weights 1, 2, 1, limit 2, a death, a lost event",
+        config,
+        500_000,
+    );
+}
+
+#[test]
+fn a_grant_that_checks_weight_1_is_caught_exceeding_the_limit() {
+    // A hand-off reads the lock with one unit free, a release frees another and its own
+    // hand-off grants the first waiter; the first hand-off's grant of the heavy head, checked
+    // for weight 1, lands on one free unit.
+    let report = check_queue(
+        QueueConfig::weighted(),
+        QueueVariant::GrantIgnoresWeight,
+        None,
+    );
+    show("grant-ignores-weight", &report);
+    let cex = report.counterexample.expect("a violation");
+    println!("{cex}");
+    assert_eq!(
+        (cex.violation.property, cex.steps.len()),
+        ("S1", 13),
+        "{cex}"
+    );
+    assert!(
+        cex.violation.detail.contains("weight 3 held with limit 2"),
+        "{cex}"
+    );
+}
+
+#[test]
 fn every_broken_variant_of_the_line_is_caught() {
     // The world `model-check --queue` checks: 3 executions, limit 1, a death, a lost event, a
     // crash.
@@ -98,11 +137,12 @@ fn every_broken_variant_of_the_line_is_caught() {
             "exec-2 ended and holds a slot it was granted after it ended",
         ),
         // A waiter queued behind one whose wait task failed (its record stays, its acquisition
-        // fenced): every hand-off stops at the dead head.
+        // fenced): every hand-off stops at the dead head. The failed waiter's release holds
+        // nothing: its first write is refused and the fence alone is sent next.
         (
             QueueVariant::DeadWaiterNotSkipped,
             "L1",
-            16,
+            17,
             "=> dead; the hand-off stops (broken variant)",
         ),
     ] {
@@ -243,5 +283,28 @@ fn identifying_states_up_to_versions_and_finished_executions_changes_no_verdict(
         if variant == QueueVariant::Real {
             assert!(reduced.states < exact.states);
         }
+    }
+    // Weights 1, 2 on limit 2: the grant that ignores the weight is caught both ways too.
+    let weighted = QueueConfig {
+        executions: 2,
+        weights: [1, 2, 1, 1],
+        ..world(2, 2)
+    };
+    for variant in [QueueVariant::Real, QueueVariant::GrantIgnoresWeight] {
+        let reduced = explore(&QueueWorld::new(weighted, variant), None);
+        let exact = explore(&QueueWorld::new(weighted, variant).exact(), None);
+        show(&format!("{} weighted, reduced", variant.name()), &reduced);
+        show(&format!("{} weighted, exact", variant.name()), &exact);
+        assert!(reduced.complete && exact.complete);
+        assert_eq!(
+            reduced
+                .counterexample
+                .map(|c| (c.violation.property, c.steps.len())),
+            exact
+                .counterexample
+                .map(|c| (c.violation.property, c.steps.len())),
+            "{} weighted",
+            variant.name()
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! `semctl`: inspect and operate a semaphore table by hand.
 //!
 //! Exit status: 0 done (acquired, already held, released, nothing held, cleaned, status, list,
-//! sweep), 2 the lock is full, 3 refused because this holder/acquisition was released or
+//! sweep), 2 the lock is full (the weight does not fit, or others wait in line) or its start
+//! rate is spent (the answer says when the next start may be), 3 refused because this holder/acquisition was released or
 //! cleaned up (fenced), 4 expired (the request is older than the acquire horizon and the fences
 //! rotated since: nothing was taken, run it again), 1 any error (message on stderr, nothing
 //! written on bad input; also a lock whose item version 1 wrote). Output is JSON on stdout.
@@ -20,8 +21,8 @@ use lambda_common::HandOffs;
 use lambda_sweeper::{ExecutionArn, SfnExecutions, StateMachineArn};
 use semaphore_core::{
     rfc3339_millis, AcquireOutcome, AcquisitionId, CleanupOutcome, Clock, DynamoStore, HolderId,
-    Identity, InputError, Limit, LockName, Reclaimed, ReleaseOutcome, Semaphore, SemaphoreItem,
-    StoreError, SystemClock, TableSetup, Timing,
+    Identity, InputError, Limit, LockName, Rate, Reclaimed, ReleaseOutcome, Semaphore,
+    SemaphoreItem, StoreError, SystemClock, TableSetup, Terms, Timing, Weight,
 };
 use serde_json::{json, Value};
 
@@ -66,17 +67,26 @@ enum Command {
     /// Create the table (partition key `lock`, on-demand) unless it exists.
     Init,
     /// One attempt to take a slot, requested when semctl started. Exit 0 acquired or already
-    /// held, 2 full, 3 fenced, 4 expired.
+    /// held, 2 full (the weight does not fit, or others wait in line) or rate limited (the
+    /// answer's next_start_at says when the next start may be), 3 fenced, 4 expired.
     Acquire {
         #[arg(long)]
         lock: String,
         #[arg(long)]
         holder: String,
-        /// Positive whole number.
+        /// Positive whole number: the most weight held at once.
         #[arg(long, allow_hyphen_values = true)]
         limit: String,
         #[arg(long, default_value = AcquisitionId::DEFAULT)]
         acquisition: String,
+        /// How many of the limit's units this acquisition takes: a whole number from 1 to the
+        /// limit.
+        #[arg(long, allow_hyphen_values = true, default_value = "1")]
+        weight: String,
+        /// At most this many acquisitions of the lock start per second (a number, e.g. 2 or
+        /// 0.5, from one a day to 1000). Default: no start rate.
+        #[arg(long, allow_hyphen_values = true)]
+        rate: Option<String>,
     },
     /// Free the slot of one acquisition (a no-op, exit 0, when nothing is held). With
     /// --all-of EXECUTION, for an execution that ended without its cleanup: fence it and free
@@ -94,6 +104,10 @@ enum Command {
         /// The holder's acquisition whose slot is freed.
         #[arg(long, default_value = AcquisitionId::DEFAULT, conflicts_with = "all_of")]
         acquisition: String,
+        /// The weight its acquire took, if known: then the release is one write. Not needed:
+        /// without it, or with a wrong one, the slot's own weight is found and freed.
+        #[arg(long, allow_hyphen_values = true, conflicts_with = "all_of")]
+        weight: Option<String>,
         /// The ARN of an execution that ended without its cleanup
         /// (arn:...:execution:<machine>:<name>). Step Functions is not asked whether it has
         /// ended: freeing the slots of one that still runs lets its work run without them
@@ -109,8 +123,9 @@ enum Command {
         #[arg(long)]
         holder: String,
     },
-    /// The semaphore as stored: limit, count, version, holders, fences, last rotation, the
-    /// fence window, item bytes and write units per write.
+    /// The semaphore as stored: limit, count, used (the sum of the holders' weights), version,
+    /// holders (each with its weight), waiting, the start rate and last start, fences, last
+    /// rotation, the fence window, item bytes and write units per write.
     Status {
         #[arg(long)]
         lock: String,
@@ -301,8 +316,9 @@ async fn run(cli: Cli, requested_at_ms: u64) -> Result<Answer, Failure> {
 /// A command with its inputs validated.
 enum Request {
     Init,
-    Acquire(LockName, Identity, Limit),
-    Release(LockName, Identity),
+    Acquire(LockName, Identity, Terms),
+    /// With the weight to expect (1 unless given; the core finds the real one).
+    Release(LockName, Identity, Weight),
     /// Every slot of an execution, on one lock or (`None`) on every lock holding it.
     ReleaseAllOf(HolderId, Option<LockName>),
     Cleanup(LockName, HolderId),
@@ -364,10 +380,16 @@ impl Request {
                 holder,
                 limit,
                 acquisition,
+                weight,
+                rate,
             } => Self::Acquire(
                 LockName::new(lock)?,
                 identity(&holder, &acquisition)?,
-                Limit::parse(&limit)?,
+                Terms::new(
+                    Limit::parse(&limit)?,
+                    Weight::parse(&weight)?,
+                    rate.as_deref().map(Rate::parse).transpose()?,
+                )?,
             ),
             Command::Release {
                 lock,
@@ -383,9 +405,15 @@ impl Request {
                 holder,
                 acquisition,
                 all_of: None,
+                weight,
             } => Self::Release(
                 LockName::new(lock.unwrap_or_default())?,
                 identity(&holder.unwrap_or_default(), &acquisition)?,
+                weight
+                    .as_deref()
+                    .map(Weight::parse)
+                    .transpose()?
+                    .unwrap_or_default(),
             ),
             Command::Cleanup { lock, holder } => {
                 Self::Cleanup(LockName::new(lock)?, HolderId::new(holder)?)
@@ -426,15 +454,17 @@ impl Request {
                 };
                 Answer::done(json!({"table": table, "outcome": outcome}))
             }
-            Self::Acquire(lock, identity, limit) => {
+            Self::Acquire(lock, identity, terms) => {
                 let outcome = semaphore
-                    .acquire_requested_at(&lock, &identity, limit, requested_at_ms)
+                    .acquire_requested_at(&lock, &identity, terms, requested_at_ms)
                     .await?;
                 let mut out = json!({
                     "lock": lock.as_str(),
                     "holder": identity.holder.as_str(),
                     "acquisition": identity.acquisition.as_str(),
-                    "limit": limit.get(),
+                    "limit": terms.limit.get(),
+                    "weight": terms.weight.get(),
+                    "rate": terms.rate.map(Rate::as_per_second),
                 });
                 let (fields, code) = match outcome {
                     AcquireOutcome::Acquired { token, count } => (
@@ -445,9 +475,34 @@ impl Request {
                         json!({"outcome": "already_held", "token": token.0, "count": count}),
                         0,
                     ),
-                    AcquireOutcome::Full { count, .. } => {
-                        (json!({"outcome": "full", "count": count}), EXIT_FULL)
-                    }
+                    AcquireOutcome::Full { count, used, limit } => (
+                        json!({
+                            "outcome": "full",
+                            "count": count,
+                            "used": used,
+                            "message": format!(
+                                "{used} of {limit} held, or others wait in line: weight {} \
+                                 does not fit now; nothing was taken",
+                                terms.weight
+                            ),
+                        }),
+                        EXIT_FULL,
+                    ),
+                    AcquireOutcome::RateLimited { next_start_ms } => (
+                        json!({
+                            "outcome": "rate_limited",
+                            "next_start_at": rfc3339_millis(next_start_ms),
+                            "next_start_at_ms": next_start_ms,
+                            "message": format!(
+                                "the start rate{} is spent: the next acquisition may start at \
+                                 {} (in {} ms); nothing was taken",
+                                terms.rate.map_or(String::new(), |rate| format!(" ({rate})")),
+                                rfc3339_millis(next_start_ms),
+                                next_start_ms.saturating_sub(semaphore.now_ms())
+                            ),
+                        }),
+                        EXIT_FULL,
+                    ),
                     AcquireOutcome::Fenced(reason) => (
                         json!({"outcome": "fenced", "reason": reason.describe()}),
                         EXIT_FENCED,
@@ -467,9 +522,11 @@ impl Request {
                 merge(&mut out, fields);
                 Answer::exit(out, code)
             }
-            Self::Release(lock, identity) => {
-                let (outcome, after) = semaphore.release_seeing(&lock, &identity).await?;
+            Self::Release(lock, identity, weight) => {
+                // A wrong weight costs one write more: the core finds the slot's own.
+                let (outcome, after) = semaphore.release_seeing(&lock, &identity, weight).await?;
                 let waiting = after.waiting;
+                let used = after.used;
                 // Someone waits in line: the freed slot goes to the head, as a release by the
                 // state machine hands it on (nobody waiting: no request).
                 let sfn = aws_sdk_sfn::Client::new(sdk);
@@ -484,6 +541,8 @@ impl Request {
                     "holder": identity.holder.as_str(),
                     "acquisition": identity.acquisition.as_str(),
                     "waiting": waiting,
+                    // The sum of the weights held after the release (before any hand-off).
+                    "used": used,
                     "handed_off": handed_off,
                 });
                 merge(
@@ -687,6 +746,7 @@ fn cleaned_json(lock: &LockName, outcome: &CleanupOutcome, now_ms: u64) -> Value
             json!({
                 "acquisition": identity.acquisition.as_str(),
                 "token": holding.token.0,
+                "weight": holding.weight.get(),
                 "held_ms": now_ms.saturating_sub(holding.acquired_at_ms),
             })
         })
@@ -703,6 +763,7 @@ fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Value {
                 "holder": identity.holder.as_str(),
                 "acquisition": identity.acquisition.as_str(),
                 "token": holding.token.0,
+                "weight": holding.weight.get(),
                 "acquired_at": rfc3339_millis(holding.acquired_at_ms),
                 "acquired_at_ms": holding.acquired_at_ms,
                 "held_ms": now_ms.saturating_sub(holding.acquired_at_ms),
@@ -714,10 +775,18 @@ fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Value {
         "lock": item.lock.as_str(),
         "limit": item.limit.map(Limit::get),
         "count": item.count(),
+        // The sum of the holders' weights: what the limit bounds.
+        "used": item.used,
         // Executions parked in the lock's line (their records are in the waiters' table).
         "waiting": item.waiting,
         "version": item.version.0,
         "holders": holders,
+        // The start rate the last acquisition asked for (acquisitions per second; null: none),
+        // when the last acquisition started, and when the next may start at that rate.
+        "rate": item.rate.map(Rate::as_per_second),
+        "started_at": item.started_at_ms.map(rfc3339_millis),
+        "started_at_ms": item.started_at_ms,
+        "next_start_at": item.next_start_ms(item.rate).map(rfc3339_millis),
         // Two generations of fences; a rotation drops `old` and ages `young`, at most once per
         // fence window, so every fence is kept at least one window and at most about two.
         "fences": {"young": fences.young.len(), "old": fences.old.len()},

@@ -12,7 +12,8 @@ use std::time::Duration;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore,
+    AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName,
+    Semaphore, SystemClock,
 };
 use semaphore_tests::observe::{observe, raw_item};
 use semaphore_tests::proxy::{ForwardingProxy, HoldingProxy, Policy, Verdict};
@@ -295,6 +296,133 @@ async fn acquire_full_release_and_status_report_what_happened() {
     );
 }
 
+/// Weighted acquisitions and a start rate: a weight that does not fit is "full" (exit 2), a
+/// spent rate is "rate_limited" (exit 2) with when the next start may be; a release frees the
+/// slot's own weight whether it is told the weight, none, or a wrong one; status and list show
+/// used/limit, each holder's weight, the rate and the last start.
+#[tokio::test]
+async fn weights_and_a_start_rate_full_rate_limited_and_a_release_that_finds_the_weight() {
+    let semctl = Semctl::new().await;
+    let acquire = |holder: &'static str, weight: &'static str, rate: Option<&'static str>| {
+        let mut args = vec![
+            "acquire", "--lock", "W", "--holder", holder, "--limit", "5", "--weight", weight,
+        ];
+        if let Some(rate) = rate {
+            args.extend(["--rate", rate]);
+        }
+        args
+    };
+    let big = semctl.json(&acquire("big", "3", Some("0.5")), 0);
+    assert_eq!(
+        (&big["outcome"], &big["limit"], &big["weight"], &big["rate"]),
+        (&json!("acquired"), &json!(5), &json!(3), &json!(0.5))
+    );
+    // 3 + 3 > 5: full, whatever the rate.
+    let full = semctl.json(&acquire("small", "3", None), 2);
+    assert_eq!(
+        (&full["outcome"], &full["count"], &full["used"]),
+        (&json!("full"), &json!(1), &json!(3))
+    );
+    assert!(
+        full["message"].as_str().unwrap().contains("3 of 5 held"),
+        "{full:#}"
+    );
+    // 3 + 2 fits, but one start every 2 s is spent.
+    let limited = semctl.json(&acquire("small", "2", Some("0.5")), 2);
+    assert_eq!(limited["outcome"], json!("rate_limited"), "{limited:#}");
+    let next_start_ms = limited["next_start_at_ms"].as_u64().unwrap();
+    let next_start_at = limited["next_start_at"].as_str().unwrap();
+    assert!(
+        next_start_at.len() == 24 && next_start_at.ends_with('Z'),
+        "{limited:#}"
+    );
+    let message = limited["message"].as_str().unwrap();
+    assert!(
+        message.contains("the start rate (0.5/s) is spent")
+            && message.contains(&format!("may start at {next_start_at}")),
+        "{message}"
+    );
+
+    let status = semctl.json(&["status", "--lock", "W"], 0);
+    assert_eq!(
+        (
+            &status["limit"],
+            &status["count"],
+            &status["used"],
+            &status["rate"]
+        ),
+        (&json!(5), &json!(1), &json!(3), &json!(0.5))
+    );
+    assert_eq!(status["holders"][0]["holder"], "big");
+    assert_eq!(status["holders"][0]["weight"], 3);
+    let started_ms = status["started_at_ms"].as_u64().unwrap();
+    assert_eq!(started_ms + 2_000, next_start_ms);
+    assert!(status["started_at"].is_string());
+    assert_eq!(status["next_start_at"], json!(next_start_at));
+    let stored = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "W")
+        .await
+        .unwrap();
+    assert_eq!((stored.used, &stored.weights), (3, &vec![3]));
+    assert_eq!(stored.started_at, Some(started_ms));
+
+    // Once the spacing has passed, the weight-2 acquisition starts: 5 of 5 used.
+    tokio::time::sleep(Duration::from_millis(
+        next_start_ms.saturating_sub(SystemClock.now_ms()) + 50,
+    ))
+    .await;
+    let small = semctl.json(&acquire("small", "2", Some("0.5")), 0);
+    assert_eq!(small["outcome"], json!("acquired"), "{small:#}");
+    let listed = semctl.json(&["list"], 0);
+    let entry = &listed[0];
+    assert_eq!((&entry["lock"], &entry["used"]), (&json!("W"), &json!(5)));
+    let mut weights: Vec<u64> = entry["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["weight"].as_u64().unwrap())
+        .collect();
+    weights.sort_unstable();
+    assert_eq!(weights, [2, 3]);
+
+    // The release is told no weight (1) for a slot of 3: the slot's own weight is freed.
+    let released = semctl.json(&["release", "--lock", "W", "--holder", "big"], 0);
+    assert_eq!(
+        (&released["outcome"], &released["count"], &released["used"]),
+        (&json!("released"), &json!(1), &json!(2))
+    );
+    // A wrong weight (4 for a slot of 2): freed all the same.
+    let released = semctl.json(
+        &[
+            "release", "--lock", "W", "--holder", "small", "--weight", "4",
+        ],
+        0,
+    );
+    assert_eq!(
+        (&released["outcome"], &released["count"], &released["used"]),
+        (&json!("released"), &json!(0), &json!(0))
+    );
+    let stored = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "W")
+        .await
+        .unwrap();
+    assert_eq!((stored.used, stored.weights.len()), (0, 0));
+    // The right weight: one acquisition of the whole limit, released with its weight.
+    semctl.json(&acquire("whole", "5", None), 0);
+    let released = semctl.json(
+        &[
+            "release", "--lock", "W", "--holder", "whole", "--weight", "5",
+        ],
+        0,
+    );
+    assert_eq!(
+        (&released["outcome"], &released["used"]),
+        (&json!("released"), &json!(0))
+    );
+    let status = semctl.json(&["status", "--lock", "W"], 0);
+    assert_eq!((&status["count"], &status["used"]), (&json!(0), &json!(0)));
+    // The last acquisition asked for no rate: none is shown.
+    assert_eq!(status["rate"], Value::Null);
+}
+
 #[tokio::test]
 async fn acquire_after_cleanup_of_the_same_holder_is_the_zombie_case_and_exits_3() {
     let semctl = Semctl::new().await;
@@ -478,6 +606,61 @@ async fn f6_every_bad_input_is_a_named_error_and_writes_nothing() {
                 "-1",
             ],
             "expected whole seconds from 1 to 60",
+        ),
+        // Weights and start rates (the lock's limit here is 3).
+        (
+            vec![
+                "acquire", "--lock", "L", "--holder", "h", "--limit", "3", "--weight", "0",
+            ],
+            "weight must be a whole number from 1 to the limit",
+        ),
+        (
+            vec![
+                "acquire", "--lock", "L", "--holder", "h", "--limit", "3", "--weight", "-1",
+            ],
+            "weight must be a whole number from 1 to the limit",
+        ),
+        (
+            vec![
+                "acquire", "--lock", "L", "--holder", "h", "--limit", "3", "--weight", "2.5",
+            ],
+            "weight must be a whole number from 1 to the limit",
+        ),
+        (
+            vec![
+                "acquire", "--lock", "L", "--holder", "h", "--limit", "3", "--weight", "4",
+            ],
+            "weight 4 is above the limit 3: it could never be granted",
+        ),
+        (
+            vec![
+                "acquire", "--lock", "L", "--holder", "h", "--limit", "3", "--rate", "0",
+            ],
+            "rate must be a number of acquisitions per second",
+        ),
+        (
+            vec![
+                "acquire", "--lock", "L", "--holder", "h", "--limit", "3", "--rate", "-1",
+            ],
+            "rate must be a number of acquisitions per second",
+        ),
+        (
+            vec![
+                "acquire", "--lock", "L", "--holder", "h", "--limit", "3", "--rate", "fast",
+            ],
+            "rate must be a number of acquisitions per second",
+        ),
+        (
+            vec![
+                "acquire", "--lock", "L", "--holder", "h", "--limit", "3", "--rate", "1e9",
+            ],
+            "rate must be a number of acquisitions per second",
+        ),
+        (
+            vec![
+                "release", "--lock", "L", "--holder", "exec-1", "--weight", "0",
+            ],
+            "weight must be a whole number from 1 to the limit",
         ),
         // The flag it replaced is gone, not ignored.
         (

@@ -27,7 +27,7 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 
 use crate::error::StoreError;
-use crate::input::{Limit, LockName};
+use crate::input::{Limit, LockName, Rate, Weight};
 use crate::item::{FenceKey, Fences, FencingToken, Holding, Identity, SemaphoreItem, Version};
 use crate::protocol::WriteResult;
 use crate::store::ItemStore;
@@ -51,18 +51,41 @@ pub mod attr {
     pub const ROTATED_AT: &str = "rotated_at";
     /// How many waiters are in the lock's line (absent: none).
     pub const WAITING: &str = "waiting";
+    /// The sum of the holders' weights (always there: the limit check reads it).
+    pub const USED: &str = "used";
+    /// The last acquisition's start rate, as its spacing in ms (absent: none).
+    pub const SPACING: &str = "spacing_ms";
+    /// When the last acquisition landed (epoch ms; absent: none yet).
+    pub const STARTED_AT: &str = "started_at";
 }
 
-/// The item format this version writes and reads.
-pub const FORMAT: u64 = 2;
+/// The item format this version writes and reads. Format 2 (before weights) kept no `used`.
+pub const FORMAT: u64 = 3;
 
-/// A holding is stored as one number, `acquired_at_ms * TOKEN_SPAN + token`. The token is the
-/// version the acquire's write makes, which only DynamoDB knows when the write lands; an update
+/// A holding is stored as one number,
+/// `(weight - 1) * WEIGHT_SPAN + acquired_at_ms * TOKEN_SPAN + token`. The token is the version
+/// the acquire's write makes, which only DynamoDB knows when the write lands; an update
 /// expression can compute a number from the version (`#version + :c`) but cannot build a map
-/// from it, so one number carries both. Versions stay below 10^15 (a thousand writes a second
-/// for 31,000 years), and the number has at most 28 digits until the year 2286 (DynamoDB keeps
-/// 38).
+/// from it, so one number carries all three. Versions stay below
+/// 10^15 (a thousand writes a second for 31,000 years), times below 10^13 ms (until the year
+/// 2286), weights at most 1000: at most 31 digits (DynamoDB keeps 38). The weight leads, so "a
+/// slot of weight w" is a range a condition can check (`BETWEEN`), which a release needs: it
+/// subtracts the weight it removes from `used`.
 pub const TOKEN_SPAN: u128 = 1_000_000_000_000_000;
+/// See [`TOKEN_SPAN`]: `TOKEN_SPAN * 10^13`.
+pub const WEIGHT_SPAN: u128 = TOKEN_SPAN * 10_000_000_000_000;
+
+/// The stored number of a holding.
+fn pack(holding: &Holding) -> u128 {
+    weight_floor(holding.weight)
+        + u128::from(holding.acquired_at_ms) * TOKEN_SPAN
+        + u128::from(holding.token.0)
+}
+
+/// The least stored number of a holding of `weight`.
+fn weight_floor(weight: Weight) -> u128 {
+    u128::from(weight.get() - 1) * WEIGHT_SPAN
+}
 
 mod queue;
 
@@ -258,10 +281,21 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
     for check in &write.checks {
         conditions.push(match check {
             Check::NotHolding(identity) => format!("attribute_not_exists({})", p.slot(identity)),
-            Check::HoldersBelow(limit) => {
-                let holders = p.attr(attr::HOLDERS);
-                let limit = p.value(number(limit.get()));
-                format!("size({holders}) < {limit}")
+            Check::Fits { limit, weight } => {
+                let used = p.attr(attr::USED);
+                let room = p.value(number(limit.get() - weight.get()));
+                format!("{used} <= {room}")
+            }
+            Check::Spaced { rate, now_ms } => {
+                let started = p.attr(attr::STARTED_AT);
+                let since = p.value(number(now_ms.saturating_sub(rate.spacing_ms())));
+                format!("(attribute_not_exists({started}) OR {started} <= {since})")
+            }
+            Check::HoldsWeight { identity, weight } => {
+                let slot = p.slot(identity);
+                let low = p.value(number(weight_floor(*weight)));
+                let high = p.value(number(weight_floor(*weight) + WEIGHT_SPAN - 1));
+                format!("{slot} BETWEEN {low} AND {high}")
             }
             Check::NotFenced(key) => {
                 let (young, old) = (p.attr(attr::YOUNG), p.attr(attr::OLD));
@@ -285,11 +319,17 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 let zero = p.value(number(0));
                 format!("(attribute_not_exists({waiting}) OR {waiting} = {zero})")
             }
-            Check::Busy(limit) => {
-                let (holders, waiting) = (p.attr(attr::HOLDERS), p.attr(attr::WAITING));
-                let limit = p.value(number(limit.get()));
+            Check::Busy { terms, now_ms } => {
+                let (used, waiting) = (p.attr(attr::USED), p.attr(attr::WAITING));
+                let room = p.value(number(terms.room()));
                 let zero = p.value(number(0));
-                format!("(size({holders}) >= {limit} OR {waiting} > {zero})")
+                let mut busy = format!("{used} > {room} OR {waiting} > {zero}");
+                if let Some(rate) = terms.rate {
+                    let started = p.attr(attr::STARTED_AT);
+                    let since = p.value(number(now_ms.saturating_sub(rate.spacing_ms())));
+                    busy.push_str(&format!(" OR {started} > {since}"));
+                }
+                format!("({busy})")
             }
             // The waiter's record is another item: its check goes with its own action (see
             // `queue::transaction`).
@@ -302,25 +342,45 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
     let mut set = vec![format!("{version} = {version} + {one}")];
     let (mut remove, mut add, mut delete) = (Vec::new(), Vec::new(), Vec::new());
     let mut fences_added = BTreeSet::new();
-    let mut waiting_by: i64 = 0;
+    let (mut waiting_by, mut used_by): (i64, i64) = (0, 0);
     for change in &write.changes {
         match change {
             Change::PutHolder {
                 identity,
                 acquired_at_ms,
+                weight,
             } => {
                 // The version before this write plus this constant is the holding: token = the
                 // new version, see TOKEN_SPAN.
-                let constant = u128::from(*acquired_at_ms) * TOKEN_SPAN + 1;
+                let constant = pack(&Holding {
+                    token: FencingToken(1),
+                    acquired_at_ms: *acquired_at_ms,
+                    weight: *weight,
+                });
                 let slot = p.slot(identity);
                 let constant = p.value(number(constant));
                 set.push(format!("{slot} = {version} + {constant}"));
+                let started = p.attr(attr::STARTED_AT);
+                set.push(format!("{started} = {}", p.value(number(acquired_at_ms))));
+                used_by += i64::from(weight.get());
             }
             Change::SetLimit(limit) => {
                 let name = p.attr(attr::LIMIT);
                 set.push(format!("{name} = {}", p.value(number(limit.get()))));
             }
-            Change::RemoveHolder(identity) => remove.push(p.slot(identity)),
+            Change::SetRate(rate) => {
+                let name = p.attr(attr::SPACING);
+                match rate {
+                    Some(rate) => {
+                        set.push(format!("{name} = {}", p.value(number(rate.spacing_ms()))))
+                    }
+                    None => remove.push(name),
+                }
+            }
+            Change::RemoveHolder { identity, weight } => {
+                remove.push(p.slot(identity));
+                used_by -= i64::from(weight.get());
+            }
             Change::Enqueue(_) => waiting_by += 1,
             Change::Dequeue(_) => waiting_by -= 1,
             // Only the waiter's record changes (and the version, as for every write).
@@ -354,9 +414,11 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
         let young = p.attr(attr::YOUNG);
         add.push(format!("{young} {}", p.value(binary_set(&fences_added))));
     }
-    if waiting_by != 0 {
-        let waiting = p.attr(attr::WAITING);
-        add.push(format!("{waiting} {}", p.value(number(waiting_by))));
+    for (name, by) in [(attr::WAITING, waiting_by), (attr::USED, used_by)] {
+        if by != 0 {
+            let name = p.attr(name);
+            add.push(format!("{name} {}", p.value(number(by))));
+        }
     }
     let mut update = format!("SET {}", set.join(", "));
     for (keyword, clauses) in [("REMOVE", remove), ("ADD", add), ("DELETE", delete)] {
@@ -551,18 +613,21 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
     let holders = item
         .holders
         .iter()
-        .map(|(identity, holding)| {
-            let packed =
-                u128::from(holding.acquired_at_ms) * TOKEN_SPAN + u128::from(holding.token.0);
-            (identity.slot_key(), number(packed))
-        })
+        .map(|(identity, holding)| (identity.slot_key(), number(pack(holding))))
         .collect();
     let mut attrs = HashMap::from([
         (attr::LOCK.to_owned(), string(item.lock.as_str())),
         (attr::FORMAT.to_owned(), number(FORMAT)),
         (attr::VERSION.to_owned(), number(item.version.0)),
         (attr::HOLDERS.to_owned(), AttributeValue::M(holders)),
+        (attr::USED.to_owned(), number(item.used)),
     ]);
+    if let Some(rate) = item.rate {
+        attrs.insert(attr::SPACING.to_owned(), number(rate.spacing_ms()));
+    }
+    if let Some(at_ms) = item.started_at_ms {
+        attrs.insert(attr::STARTED_AT.to_owned(), number(at_ms));
+    }
     if let Some(limit) = item.limit {
         attrs.insert(attr::LIMIT.to_owned(), number(limit.get()));
     }
@@ -597,6 +662,13 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
     match attrs.get(attr::FORMAT) {
         Some(_) => {
             let format = get_number(attrs, attr::FORMAT).map_err(&corrupt)?;
+            if format == 2 {
+                return Err(corrupt(
+                    "item format 2, written before weighted permits (it keeps no `used`): delete \
+                     the item once no execution uses the lock, or use a new lock name"
+                        .to_owned(),
+                ));
+            }
             if format != u128::from(FORMAT) {
                 return Err(corrupt(format!(
                     "item format {format}, where this version reads format {FORMAT}"
@@ -635,10 +707,15 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
             .ok()
             .and_then(|n| n.parse::<u128>().ok())
             .ok_or_else(|| corrupt(format!("holder {key:?} is not a whole number")))?;
-        let (token, acquired_at_ms) = (packed % TOKEN_SPAN, packed / TOKEN_SPAN);
+        let (weight, rest) = (packed / WEIGHT_SPAN + 1, packed % WEIGHT_SPAN);
+        let (token, acquired_at_ms) = (rest % TOKEN_SPAN, rest / TOKEN_SPAN);
         let holding = Holding {
             token: FencingToken(u64::try_from(token).map_err(|e| corrupt(e.to_string()))?),
             acquired_at_ms: u64::try_from(acquired_at_ms).map_err(|e| corrupt(e.to_string()))?,
+            weight: i64::try_from(weight)
+                .map_err(|e| e.to_string())
+                .and_then(|w| Weight::new(w).map_err(|e| e.to_string()))
+                .map_err(|problem| corrupt(format!("holder {key:?}: {problem}")))?,
         };
         holders.insert(identity, holding);
     }
@@ -651,13 +728,23 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
         let at = get_number(attrs, attr::ROTATED_AT).map_err(&corrupt)?;
         fences.rotated_at_ms = Some(u64::try_from(at).map_err(|e| corrupt(e.to_string()))?);
     }
-    let waiting = match attrs.get(attr::WAITING) {
-        None => 0,
-        Some(_) => {
-            let n = get_number(attrs, attr::WAITING).map_err(&corrupt)?;
-            u64::try_from(n).map_err(|e| corrupt(e.to_string()))?
+    let optional = |name: &str| -> Result<Option<u64>, StoreError> {
+        match attrs.get(name) {
+            None => Ok(None),
+            Some(_) => {
+                let n = get_number(attrs, name).map_err(&corrupt)?;
+                Ok(Some(u64::try_from(n).map_err(|e| corrupt(e.to_string()))?))
+            }
         }
     };
+    let waiting = optional(attr::WAITING)?.unwrap_or(0);
+    let used = optional(attr::USED)?
+        .ok_or_else(|| corrupt(format!("attribute {} is missing", attr::USED)))?;
+    let rate = optional(attr::SPACING)?
+        .map(Rate::from_spacing_ms)
+        .transpose()
+        .map_err(|e| corrupt(e.to_string()))?;
+    let started_at_ms = optional(attr::STARTED_AT)?;
     Ok(SemaphoreItem {
         lock,
         limit,
@@ -665,6 +752,9 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
         holders,
         fences,
         waiting,
+        used,
+        rate,
+        started_at_ms,
     })
 }
 
@@ -793,6 +883,7 @@ mod tests {
             Holding {
                 token: FencingToken(6),
                 acquired_at_ms: 1_700_000_000_123,
+                weight: Weight::new(4).unwrap(),
             },
         );
         item.fences.young.insert(FenceKey::acquisition(&id));
@@ -813,6 +904,7 @@ mod tests {
             Holding {
                 token: FencingToken(42),
                 acquired_at_ms: 1_796_000_123_456,
+                weight: Weight::ONE,
             },
         );
         let attrs = encode(&item);
@@ -840,16 +932,63 @@ mod tests {
              AND NOT contains(#young, :v2) AND NOT contains(#old, :v2) \
              AND attribute_not_exists(#holders.#h0) \
              AND (attribute_not_exists(#rotated_at) OR #rotated_at < :v3) \
-             AND size(#holders) < :v4 \
+             AND #used <= :v4 \
              AND (attribute_not_exists(#waiting) OR #waiting = :v5)"
         );
         assert_eq!(
             r.update,
-            "SET #version = #version + :v6, #holders.#h0 = #version + :v7, #limit = :v8"
+            "SET #version = #version + :v6, #holders.#h0 = #version + :v7, #started_at = :v8, \
+             #limit = :v9 REMOVE #spacing_ms ADD #used :v10"
         );
+        assert_eq!(r.values[":v4"], number(4), "room: limit 5 less weight 1");
+        assert_eq!(r.values[":v10"], number(1));
         assert_eq!(r.names["#h0"], identity().slot_key());
         assert_eq!(r.values[":v3"], number(9_000));
         assert_eq!(r.values[":v7"], number(1_500u128 * TOKEN_SPAN + 1));
+    }
+
+    #[test]
+    fn a_weighted_rate_limited_acquire_checks_room_and_spacing_and_adds_its_weight() {
+        let lock = LockName::new("l").unwrap();
+        let terms = crate::Terms::new(
+            Limit::new(10).unwrap(),
+            Weight::new(4).unwrap(),
+            Some(Rate::per_second(2.0).unwrap()),
+        )
+        .unwrap();
+        let write = crate::protocol::acquire(
+            &lock,
+            &identity(),
+            crate::Run::FIRST,
+            terms,
+            1_000,
+            1_500,
+            &crate::protocol::Timing::default(),
+        )
+        .unwrap();
+        let r = render(&write).unwrap();
+        assert!(
+            r.condition.ends_with(
+                "AND #used <= :v4 AND (attribute_not_exists(#waiting) OR #waiting = :v5) \
+                 AND (attribute_not_exists(#started_at) OR #started_at <= :v6)"
+            ),
+            "{}",
+            r.condition
+        );
+        assert_eq!(r.values[":v4"], number(6));
+        assert_eq!(
+            r.values[":v6"],
+            number(1_000),
+            "now less the 500 ms spacing"
+        );
+        assert!(r.update.contains("#spacing_ms = "), "{}", r.update);
+        assert!(r.update.ends_with("ADD #used :v12"), "{}", r.update);
+        assert_eq!(r.values[":v12"], number(4));
+        assert_eq!(
+            r.values[":v8"],
+            number(3 * WEIGHT_SPAN + 1_500 * TOKEN_SPAN + 1),
+            "the holding leads with its weight"
+        );
     }
 
     /// DynamoDB refuses a request that declares a placeholder it does not use.
@@ -877,9 +1016,10 @@ mod tests {
                 &timing,
             )
             .unwrap(),
-            crate::protocol::release(&lock, &identity()),
+            crate::protocol::release(&lock, &identity(), Weight::new(3).unwrap()),
+            crate::protocol::release_unheld(&lock, &identity()),
             crate::protocol::cleanup_fence(&lock, &holder, crate::Run::FIRST),
-            crate::protocol::cleanup_free(&lock, &[identity()]),
+            crate::protocol::cleanup_free(&lock, &[(identity(), Weight::ONE)]),
             crate::protocol::rotation(&busy, 60_000, &timing).unwrap(),
             crate::protocol::rotation(&quiet, 60_000, &timing).unwrap(),
         ];
@@ -897,12 +1037,23 @@ mod tests {
     #[test]
     fn release_cleanup_and_rotation_render_without_checks_or_with_the_last_rotation() {
         let lock = LockName::new("l").unwrap();
-        let r = render(&crate::protocol::release(&lock, &identity())).unwrap();
-        assert_eq!(r.condition, "#format = :v0");
+        let r = render(&crate::protocol::release(
+            &lock,
+            &identity(),
+            Weight::new(2).unwrap(),
+        ))
+        .unwrap();
+        assert_eq!(
+            r.condition,
+            "#format = :v0 AND #holders.#h0 BETWEEN :v1 AND :v2"
+        );
+        assert_eq!(r.values[":v1"], number(WEIGHT_SPAN));
+        assert_eq!(r.values[":v2"], number(2 * WEIGHT_SPAN - 1));
         assert_eq!(
             r.update,
-            "SET #version = #version + :v1 REMOVE #holders.#h0 ADD #young :v2"
+            "SET #version = #version + :v3 REMOVE #holders.#h0 ADD #young :v4, #used :v5"
         );
+        assert_eq!(r.values[":v5"], number(-2));
         let mut item = SemaphoreItem::empty(lock.clone());
         item.fences.young.insert(FenceKey::acquisition(&identity()));
         item.fences.rotated_at_ms = Some(5);

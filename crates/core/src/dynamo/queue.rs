@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::types::{
 
 use super::{attr, decode, get_number, number, render, string, DynamoStore};
 use crate::error::StoreError;
-use crate::input::{AcquisitionId, HolderId, Limit, LockName};
+use crate::input::{AcquisitionId, HolderId, Limit, LockName, Rate, Terms, Weight};
 use crate::item::{Identity, Run, SemaphoreItem};
 use crate::protocol::WriteResult;
 use crate::queue::{QueueKey, TaskToken, Waiter};
@@ -31,6 +31,9 @@ pub mod queue_attr {
     pub const ACQUISITION: &str = "acquisition";
     pub const RUN: &str = "run";
     pub const LIMIT: &str = "limit";
+    /// The waiter's weight (absent: 1) and start rate as its spacing in ms (absent: none).
+    pub const WEIGHT: &str = "weight";
+    pub const SPACING: &str = "spacing_ms";
     pub const TASK_TOKEN: &str = "task_token";
     pub const CONTEXT: &str = "context";
 }
@@ -40,7 +43,7 @@ pub mod queue_attr {
 pub(super) const CONFLICT_ROUNDS: u32 = 5;
 
 pub fn encode_waiter(waiter: &Waiter) -> HashMap<String, AttributeValue> {
-    HashMap::from([
+    let mut attrs = HashMap::from([
         (queue_attr::LOCK.to_owned(), string(waiter.lock.as_str())),
         (queue_attr::PLACE.to_owned(), string(&waiter.key.render())),
         (
@@ -52,13 +55,24 @@ pub fn encode_waiter(waiter: &Waiter) -> HashMap<String, AttributeValue> {
             string(waiter.identity.acquisition.as_str()),
         ),
         (queue_attr::RUN.to_owned(), number(waiter.run.0)),
-        (queue_attr::LIMIT.to_owned(), number(waiter.limit.get())),
+        (
+            queue_attr::LIMIT.to_owned(),
+            number(waiter.terms.limit.get()),
+        ),
+        (
+            queue_attr::WEIGHT.to_owned(),
+            number(waiter.terms.weight.get()),
+        ),
         (
             queue_attr::TASK_TOKEN.to_owned(),
             string(waiter.task_token.as_str()),
         ),
         (queue_attr::CONTEXT.to_owned(), string(&waiter.context)),
-    ])
+    ]);
+    if let Some(rate) = waiter.terms.rate {
+        attrs.insert(queue_attr::SPACING.to_owned(), number(rate.spacing_ms()));
+    }
+    attrs
 }
 
 pub fn decode_waiter(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter, StoreError> {
@@ -89,6 +103,23 @@ pub fn decode_waiter(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter, 
         .and_then(|n| i64::try_from(n).map_err(|e| e.to_string()))
         .and_then(|n| Limit::new(n).map_err(|e| e.to_string()))
         .map_err(&corrupt)?;
+    let weight = match attrs.get(queue_attr::WEIGHT) {
+        None => Weight::ONE,
+        Some(_) => get_number(attrs, queue_attr::WEIGHT)
+            .and_then(|n| i64::try_from(n).map_err(|e| e.to_string()))
+            .and_then(|n| Weight::new(n).map_err(|e| e.to_string()))
+            .map_err(&corrupt)?,
+    };
+    let rate = match attrs.get(queue_attr::SPACING) {
+        None => None,
+        Some(_) => Some(
+            get_number(attrs, queue_attr::SPACING)
+                .and_then(|n| u64::try_from(n).map_err(|e| e.to_string()))
+                .and_then(|n| Rate::from_spacing_ms(n).map_err(|e| e.to_string()))
+                .map_err(&corrupt)?,
+        ),
+    };
+    let terms = Terms::new(limit, weight, rate).map_err(|e| corrupt(e.to_string()))?;
     let task_token = TaskToken::new(text(queue_attr::TASK_TOKEN).map_err(&corrupt)?)
         .map_err(|e| corrupt(e.to_string()))?;
     Ok(Waiter {
@@ -96,7 +127,7 @@ pub fn decode_waiter(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter, 
         key,
         identity,
         run: Run(run),
-        limit,
+        terms,
         task_token,
         context: text(queue_attr::CONTEXT).map_err(&corrupt)?,
     })

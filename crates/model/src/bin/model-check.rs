@@ -26,11 +26,15 @@ death, lost and late events, late writes, a final sweep); options change it.
   --variant NAME             a broken variant of ours: real (default), cleanup-without-fence,
                              cleanup-skips-when-nothing-held, release-without-fence,
                              acquire-without-limit, acquire-checks-fences-when-sent,
-                             rotation-without-horizon; with redrives (default 1 for these):
-                             redrive-without-guard, redrive-reuses-acquisition,
-                             cleanup-ignores-redrive, cleanup-checks-running-only-before-fence
+                             rotation-without-horizon, release-without-weight-check; with
+                             redrives (default 1 for these): redrive-without-guard,
+                             redrive-reuses-acquisition,
+                             cleanup-ignores-redrive, cleanup-checks-running-only-before-fence,
+                             one-fence-for-every-run
   --executions N             executions contending (default 3)
   --limit N                  the lock's limit (default 1)
+  --weights W,W,...          the weight each execution acquires with, exec-1 first (default 1
+                             each; each from 1 to the limit; missing ones are 1)
   --retries N                Step Functions retries per execution (default 1)
   --polls N                  more acquires after 'full' before giving up (default: any
                              number; an execution may give up after any 'full')
@@ -54,16 +58,21 @@ death, lost and late events, late writes, a final sweep); options change it.
 Exit status: 0 if ours passes (or the sample / a broken variant fails, as it must), 1 otherwise.
 
 usage: model-check --queue [options]
-The waiting line in its own world: executions that find the lock full queue, park, are handed
-a slot and woken (or re-check on a fallback timeout), work and release; hand-offs are one
-request per step; executions die, cleanup events are lost, Lambdas crash between requests,
-parked tasks time out early (each bounded). Checks S1, S3, L2 (grants in line order, no acquire
-passing the line), F8 (grants to the dead freed, nobody sleeping through a free slot) and L1
+The waiting line in its own world (default: 3 executions of weights 1, 2, 1 on a lock of limit
+2, so a heavy head waits for both units and nobody passes it): executions that find the lock
+full queue, park, are handed a slot and woken (or re-check on a fallback timeout), work and
+release; hand-offs are one request per step; executions die, cleanup events are lost, Lambdas
+crash between requests, parked tasks time out early (each bounded). Checks S1 (the weights held
+at most the limit and equal to `used`), S3, L2 (grants in line order, no acquire passing the
+line, a heavy head waiting), F8 (grants to the dead freed, nobody sleeping through a free slot) and L1
 (no stall: the fallback re-checks let everyone finish).
   --variant NAME             a broken variant: real (default), hand-off-without-wake-retry,
-                             newcomer-passes-the-line, dead-waiter-not-skipped
+                             newcomer-passes-the-line, dead-waiter-not-skipped,
+                             grant-ignores-weight
   --executions N             executions contending (default 3, at most 4)
-  --limit N                  the lock's limit (default 1)
+  --limit N                  the lock's limit (default 2)
+  --weights W,W,...          the weight each execution acquires with, exec-1 first (default
+                             1,2,1,1; each from 1 to the limit; missing ones are 1)
   --deaths N                 executions that may be stopped (default 1)
   --lost-events N            cleanup events that may be lost (default 1)
   --crashes N                wait, release or cleanup Lambdas that may crash (default 1)
@@ -80,6 +89,37 @@ passing the line), F8 (grants to the dead freed, nobody sleeping through a free 
 Exit status: 0 if the real line passes (or a broken variant, --strict-order or --no-sweeper
 fails, as it must), 1 otherwise.";
 
+/// Parses `--weights 1,2,1`: one weight per execution, `exec-1` first; the rest are 1.
+fn weights<const N: usize>(text: &str) -> Result<[u32; N], String> {
+    let mut weights = [1; N];
+    let parts: Vec<&str> = text.split(',').collect();
+    if parts.len() > N {
+        return Err(format!("--weights: at most {N} weights"));
+    }
+    for (weight, part) in weights.iter_mut().zip(parts) {
+        *weight = part
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&w| w >= 1)
+            .ok_or(format!("--weights: {part:?} is not a whole number from 1"))?;
+    }
+    Ok(weights)
+}
+
+/// Checks that the first `executions` weights are within the limit.
+fn within(weights: &[u32], executions: u8, limit: u32) -> Result<(), String> {
+    match weights[..usize::from(executions)]
+        .iter()
+        .find(|&&w| w > limit)
+    {
+        Some(w) => Err(format!(
+            "a weight of {w} is above the limit {limit}: pass --weights (or a larger --limit)"
+        )),
+        None => Ok(()),
+    }
+}
+
 struct QueueArgs {
     config: QueueConfig,
     variant: QueueVariant,
@@ -89,7 +129,7 @@ struct QueueArgs {
 
 fn parse_queue() -> Result<QueueArgs, String> {
     let mut args = QueueArgs {
-        config: QueueConfig::small(1),
+        config: QueueConfig::weighted(),
         variant: QueueVariant::Real,
         max_states: None,
         exact: false,
@@ -119,6 +159,7 @@ fn parse_queue() -> Result<QueueArgs, String> {
             "--lost-events" => c.lost_events = small(value(&flag)?, &flag)?,
             "--crashes" => c.crashes = small(value(&flag)?, &flag)?,
             "--timeouts" => c.timeouts = small(value(&flag)?, &flag)?,
+            "--weights" => c.weights = weights(&it.next().unwrap_or_default())?,
             "--strict-order" => c.strict_order = true,
             "--no-sweeper" => c.sweeper = false,
             "--exact" => args.exact = true,
@@ -136,9 +177,12 @@ fn parse_queue() -> Result<QueueArgs, String> {
             "--executions must be from 1 to {MAX_WAITERS} with --queue"
         ));
     }
-    if !(1..=u32::from(c.executions)).contains(&c.limit) {
-        return Err("--limit must be from 1 to the number of executions with --queue".into());
+    if !(1..=c.weights[..usize::from(c.executions)].iter().sum()).contains(&c.limit) {
+        return Err(
+            "--limit must be from 1 to the sum of the executions' weights with --queue".into(),
+        );
     }
+    within(&c.weights, c.executions, c.limit)?;
     Ok(args)
 }
 
@@ -253,6 +297,7 @@ fn parse() -> Result<Args, String> {
                 c.limit = u32::try_from(value(&flag)?).map_err(|_| "--limit is too large")?
             }
             "--retries" => c.retries = small(value(&flag)?, &flag)?,
+            "--weights" => c.weights = weights(&it.next().unwrap_or_default())?,
             "--polls" => c.polls = Some(small(value(&flag)?, &flag)?),
             "--ticks" => c.ticks = small(value(&flag)?, &flag)?,
             "--rotations" => c.rotations = small(value(&flag)?, &flag)?,
@@ -282,6 +327,9 @@ fn parse() -> Result<Args, String> {
     }
     if !(1..=100).contains(&c.limit) {
         return Err("--limit must be from 1 to 100".into());
+    }
+    if !args.sample {
+        within(&c.weights, c.executions, c.limit)?;
     }
     if let Some(deaths) = deaths {
         c.deaths = deaths;
