@@ -4,17 +4,24 @@
 //! `Semaphore` or its own sample client, sharing only the HTTP client. Requests are counted
 //! exactly per run (and ours also by kind of write, to tell rotations and "full" answers from
 //! anything else); the run is a fixed number of critical sections.
+//!
+//! Ours also runs in variants (issue 12), measured against the same run's plain figures: a
+//! weighted one (each critical section takes a weight drawn from 1-4 of a limit of 10; the
+//! weights held, not the holders, are bounded) and a rate-limited one (limit 5, weight 1, at most
+//! R starts a second). A contender answered "rate limited" waits until the next start the
+//! answer names plus a full jitter of 1, 2, 4 ... 16 spacings (doubling with each such answer
+//! in a row), then asks again.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName,
-    ReleaseOutcome, Semaphore,
+    AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName, Rate,
+    ReleaseOutcome, Semaphore, SystemClock, Terms, Weight,
 };
 use semaphore_tests::counter::RequestCounter;
-use semaphore_tests::observe::raw_item;
+use semaphore_tests::observe::{least_spacing, most_in_window, raw_item};
 use semaphore_tests::reference::SampleProtocol;
 use serde::Serialize;
 
@@ -24,6 +31,91 @@ use crate::writes::{CountedStore, WriteCounter, WriteTally};
 use semaphore_core::dynamo::item_size;
 
 pub const LIMIT: i64 = 5;
+
+/// The weighted variant's limit and the weights its critical sections draw from (uniformly).
+pub const WEIGHTED_LIMIT: i64 = 10;
+pub const WEIGHTS: [i64; 4] = [1, 2, 3, 4];
+
+/// What the critical sections of a run ask for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Variant {
+    /// Weight 1 of [`LIMIT`], no start rate: the main tables.
+    Plain,
+    /// A weight drawn from [`WEIGHTS`] of [`WEIGHTED_LIMIT`].
+    Weighted,
+    /// Weight 1 of [`LIMIT`], at most this many starts a second.
+    RateLimited(Rate),
+}
+
+impl Variant {
+    pub fn name(self) -> String {
+        match self {
+            Self::Plain => "plain".to_owned(),
+            Self::Weighted => "weighted".to_owned(),
+            Self::RateLimited(rate) => format!("rate {rate}"),
+        }
+    }
+
+    pub fn label(self) -> String {
+        match self {
+            Self::Plain => format!("weight 1 of {LIMIT}"),
+            Self::Weighted => format!(
+                "weights {}-{} of {WEIGHTED_LIMIT}",
+                WEIGHTS[0],
+                WEIGHTS[WEIGHTS.len() - 1]
+            ),
+            Self::RateLimited(rate) => format!("weight 1 of {LIMIT}, at most {rate} starts"),
+        }
+    }
+
+    pub fn limit(self) -> i64 {
+        match self {
+            Self::Weighted => WEIGHTED_LIMIT,
+            _ => LIMIT,
+        }
+    }
+
+    pub fn rate(self) -> Option<Rate> {
+        match self {
+            Self::RateLimited(rate) => Some(rate),
+            _ => None,
+        }
+    }
+
+    /// The terms of one critical section (its weight drawn here).
+    fn terms(self) -> Terms {
+        let limit = Limit::new(self.limit()).expect("limit");
+        let weight = match self {
+            Self::Weighted => WEIGHTS[fastrand::usize(..WEIGHTS.len())],
+            _ => 1,
+        };
+        Terms::new(limit, Weight::new(weight).expect("weight"), self.rate()).expect("terms")
+    }
+}
+
+/// What a variant run measured besides the plain figures: the weights held and, with a rate,
+/// the starts (from the acquire writes that landed: their `acquired_at_ms`, one clock).
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantFigures {
+    pub variant: String,
+    pub limit: i64,
+    pub weights: Vec<i64>,
+    /// The start rate asked for (acquisitions per second, as its spacing allows), if any.
+    pub rate_per_s: Option<f64>,
+    pub spacing_ms: Option<u64>,
+    /// The largest sum of weights seen inside at once (bounded by `limit`).
+    pub max_weight_seen: i64,
+    /// Acquire calls answered "rate limited", per section.
+    pub rate_limited_answers_per_section: f64,
+    /// Starts on the lock (warm-up included), and the most in any 1 s and 10 s window.
+    pub starts: usize,
+    pub max_starts_in_1s: usize,
+    pub max_starts_in_10s: usize,
+    /// The least time between two consecutive starts.
+    pub min_start_spacing_ms: Option<u64>,
+    /// Starts per second from the first measured start to the last.
+    pub achieved_start_rate_per_s: f64,
+}
 
 /// Error messages kept per run (the count is exact; these say what they were).
 const ERROR_SAMPLES: usize = 5;
@@ -62,6 +154,9 @@ pub struct LoadRun {
     pub item_bytes_at_end: usize,
     /// Ours: the protocol's writes by kind, for the whole run.
     pub writes: WriteTally,
+    /// A variant's own figures (none for the plain runs of the main tables).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<VariantFigures>,
 }
 
 #[derive(Default)]
@@ -69,6 +164,7 @@ struct Tally {
     acquire_ms: Vec<f64>,
     release_ms: Vec<f64>,
     full: u64,
+    rate_limited: u64,
     expired: u64,
     errors: u64,
     error_samples: Vec<String>,
@@ -84,21 +180,37 @@ impl Tally {
 }
 
 struct Shared {
+    limit: i64,
     inside: AtomicI64,
     max_inside: AtomicI64,
+    weight_inside: AtomicI64,
+    max_weight_inside: AtomicI64,
     violations: AtomicU64,
 }
 
 impl Shared {
-    fn enter(&self) {
+    fn new(limit: i64) -> Self {
+        Self {
+            limit,
+            inside: AtomicI64::new(0),
+            max_inside: AtomicI64::new(0),
+            weight_inside: AtomicI64::new(0),
+            max_weight_inside: AtomicI64::new(0),
+            violations: AtomicU64::new(0),
+        }
+    }
+    fn enter(&self, weight: i64) {
         let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_inside.fetch_max(now, Ordering::SeqCst);
-        if now > LIMIT {
+        let held = self.weight_inside.fetch_add(weight, Ordering::SeqCst) + weight;
+        self.max_weight_inside.fetch_max(held, Ordering::SeqCst);
+        if now > self.limit || held > self.limit {
             self.violations.fetch_add(1, Ordering::SeqCst);
         }
     }
-    fn leave(&self) {
+    fn leave(&self, weight: i64) {
         self.inside.fetch_sub(1, Ordering::SeqCst);
+        self.weight_inside.fetch_sub(weight, Ordering::SeqCst);
     }
 }
 
@@ -110,6 +222,8 @@ enum Contender {
 enum Attempt {
     Took,
     Full,
+    /// The start rate is spent until then (epoch ms).
+    RateLimited(u64),
     Expired,
     Failed,
 }
@@ -120,28 +234,34 @@ async fn contend(
     worker: usize,
     sections: usize,
     regime: Regime,
+    variant: Variant,
     shared: Arc<Shared>,
 ) -> Result<Tally, String> {
     let mut tally = Tally::default();
-    let limit = Limit::new(LIMIT).expect("limit");
     let lock_name = LockName::new(lock.clone()).expect("lock");
     for n in 0..sections {
+        let terms = variant.terms();
+        let weight = i64::from(terms.weight.get());
         let holder = execution_arn(&format!("w{worker}"), n);
         let identity = Identity::new(
             HolderId::new(holder.clone()).expect("holder"),
             AcquisitionId::new(uuid()).expect("acquisition"),
         );
         let mut polls = 0;
+        let mut rate_polls: u32 = 0;
         loop {
             let started = Instant::now();
             // Each attempt is a new entry into the acquire state: its request time is now.
             let attempt = match &*contender {
-                Contender::Ours(sem) => match sem.acquire(&lock_name, &identity, limit).await {
+                Contender::Ours(sem) => match sem.acquire(&lock_name, &identity, terms).await {
                     // Already held: an attempt that failed on the wire had landed (F5).
                     Ok(AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. }) => {
                         Attempt::Took
                     }
                     Ok(AcquireOutcome::Full { .. }) => Attempt::Full,
+                    Ok(AcquireOutcome::RateLimited { next_start_ms }) => {
+                        Attempt::RateLimited(next_start_ms)
+                    }
                     Ok(AcquireOutcome::Expired) => Attempt::Expired,
                     Ok(AcquireOutcome::Fenced(reason)) => {
                         return Err(format!(
@@ -169,6 +289,18 @@ async fn contend(
                 }
                 // As the state machine: "expired" enters the acquire state again at once.
                 Attempt::Expired => tally.expired += 1,
+                // Until the start the answer names, then a full jitter of 1, 2, 4 ... 16
+                // spacings (doubling with each such answer in a row), so that the contenders
+                // refused together do not all ask again at the same instant.
+                Attempt::RateLimited(next_start_ms) => {
+                    tally.rate_limited += 1;
+                    rate_polls += 1;
+                    let spacing = variant.rate().map_or(1, |r| r.spacing_ms()).max(1);
+                    let spread = spacing << (rate_polls - 1).min(4);
+                    let wait = next_start_ms.saturating_sub(SystemClock.now_ms())
+                        + fastrand::u64(0..spread);
+                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                }
                 Attempt::Full | Attempt::Failed => {
                     if matches!(attempt, Attempt::Full) {
                         tally.full += 1;
@@ -178,14 +310,18 @@ async fn contend(
                 }
             }
         }
-        shared.enter();
+        shared.enter(weight);
         tokio::time::sleep(regime.hold()).await;
-        shared.leave();
+        shared.leave(weight);
         let mut failures = 0;
         loop {
             let started = Instant::now();
             let done = match &*contender {
-                Contender::Ours(sem) => match sem.release(&lock_name, &identity).await {
+                Contender::Ours(sem) => match sem
+                    .release_seeing(&lock_name, &identity, terms.weight)
+                    .await
+                    .map(|(outcome, _)| outcome)
+                {
                     Ok(ReleaseOutcome::Released { .. }) => true,
                     // Only after a failed attempt that had landed; otherwise the slot was lost.
                     Ok(ReleaseOutcome::NotHeld { .. }) if failures > 0 => true,
@@ -220,9 +356,11 @@ async fn contend(
 }
 
 /// One run: `contenders` contenders share `sections` critical sections on a fresh lock.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     regime: Regime,
     proto: Proto,
+    variant: Variant,
     contenders: usize,
     sections: usize,
     endpoint: &str,
@@ -241,11 +379,10 @@ pub async fn run(
             table: table.to_owned(),
         }),
     };
-    let shared = Arc::new(Shared {
-        inside: AtomicI64::new(0),
-        max_inside: AtomicI64::new(0),
-        violations: AtomicU64::new(0),
-    });
+    if proto == Proto::Reference && variant != Variant::Plain {
+        return Err("the sample's protocol has neither weights nor a start rate".to_owned());
+    }
+    let shared = Arc::new(Shared::new(variant.limit()));
 
     // Warm-up, not counted: one critical section creates the item (ours: a refused update and a
     // put; the release adds the lock's first fence) and opens connections.
@@ -259,11 +396,15 @@ pub async fn run(
         contenders,
         1,
         regime,
+        variant,
         shared.clone(),
     )
     .await?;
     counter.take();
     writes.take();
+    // The warm-up's start stays among the lock's starts: the rate spaces the first measured
+    // one from it too.
+    let measured_from = writes.starts().len();
 
     let per = sections / contenders;
     let extra = sections % contenders;
@@ -277,6 +418,7 @@ pub async fn run(
             worker,
             n,
             regime,
+            variant,
             shared.clone(),
         )));
     }
@@ -289,6 +431,7 @@ pub async fn run(
         tally.acquire_ms.extend(t.acquire_ms);
         tally.release_ms.extend(t.release_ms);
         tally.full += t.full;
+        tally.rate_limited += t.rate_limited;
         tally.expired += t.expired;
         tally.errors += t.errors;
         for e in t.error_samples {
@@ -299,11 +442,14 @@ pub async fn run(
     }
     let elapsed = started.elapsed();
     let counts = counter.take();
+    let mut starts = writes.starts();
     let writes = writes.take();
     if shared.violations.load(Ordering::SeqCst) > 0 {
         return Err(format!(
-            "{}: more than {LIMIT} holders inside at once (S1 violated)",
-            proto.label()
+            "{} {}: more than {} holders or weight inside at once (S1 violated)",
+            proto.label(),
+            variant.name(),
+            variant.limit()
         ));
     }
     let done = tally.release_ms.len();
@@ -318,6 +464,31 @@ pub async fn run(
         .map(|item| item_size(&item))
         .unwrap_or(0);
     let per_section = |n: u64| n as f64 / sections as f64;
+    let figures = (variant != Variant::Plain).then(|| {
+        starts.sort_unstable();
+        let measured = &starts[measured_from.min(starts.len())..];
+        let span_s = match (measured.first(), measured.last()) {
+            (Some(a), Some(b)) if b > a => (b - a) as f64 / 1000.0,
+            _ => f64::NAN,
+        };
+        VariantFigures {
+            variant: variant.name(),
+            limit: variant.limit(),
+            weights: match variant {
+                Variant::Weighted => WEIGHTS.to_vec(),
+                _ => vec![1],
+            },
+            rate_per_s: variant.rate().map(Rate::as_per_second),
+            spacing_ms: variant.rate().map(Rate::spacing_ms),
+            max_weight_seen: shared.max_weight_inside.load(Ordering::SeqCst),
+            rate_limited_answers_per_section: per_section(tally.rate_limited),
+            starts: starts.len(),
+            max_starts_in_1s: most_in_window(&starts, 1_000),
+            max_starts_in_10s: most_in_window(&starts, 10_000),
+            min_start_spacing_ms: least_spacing(&starts),
+            achieved_start_rate_per_s: measured.len().saturating_sub(1) as f64 / span_s,
+        }
+    });
     Ok(LoadRun {
         regime,
         proto,
@@ -342,18 +513,25 @@ pub async fn run(
         max_holders_seen: shared.max_inside.load(Ordering::SeqCst),
         item_bytes_at_end,
         writes,
+        variant: figures,
     })
 }
 
 /// What must hold exactly in a run of ours, whatever the machine's speed: every request is one
 /// of the protocol's writes (no read, no put once the item exists), and every refused write is
-/// an acquire that found the lock full or a rotation that lost to another (no conflicts).
+/// an acquire that found the lock full (or its start rate spent) or a rotation that lost to
+/// another (no conflicts). A variant's weights held stay within its limit, and its starts
+/// within its rate: at most rate x window + 1 in any window, never closer than the spacing.
 pub fn check(run: &LoadRun, problems: &mut Vec<String>) {
     let label = format!(
-        "load {} C={} {}",
+        "load {} C={} {}{}",
         run.regime.short(),
         run.contenders,
-        run.proto.label()
+        run.proto.label(),
+        run.variant
+            .as_ref()
+            .map(|v| format!(" {}", v.variant))
+            .unwrap_or_default()
     );
     if run.errors > 0 {
         problems.push(format!(
@@ -361,8 +539,38 @@ pub fn check(run: &LoadRun, problems: &mut Vec<String>) {
             run.errors, run.error_samples
         ));
     }
-    if run.max_holders_seen > LIMIT {
+    let limit = run.variant.as_ref().map_or(LIMIT, |v| v.limit);
+    if run.max_holders_seen > limit {
         problems.push(format!("{label}: {} holders inside", run.max_holders_seen));
+    }
+    let mut rate_limited = 0;
+    if let Some(v) = &run.variant {
+        if v.max_weight_seen > v.limit {
+            problems.push(format!(
+                "{label}: weight {} held inside at once, limit {}",
+                v.max_weight_seen, v.limit
+            ));
+        }
+        rate_limited = (v.rate_limited_answers_per_section * run.sections as f64).round() as u64;
+        if let (Some(rate), Some(spacing)) = (v.rate_per_s, v.spacing_ms) {
+            for (window_s, most) in [(1.0, v.max_starts_in_1s), (10.0, v.max_starts_in_10s)] {
+                if most as f64 > rate * window_s + 1.0 {
+                    problems.push(format!(
+                        "{label}: {most} starts in {window_s} s, above {rate}/s x {window_s} s + 1"
+                    ));
+                }
+            }
+            if v.min_start_spacing_ms.is_some_and(|least| least < spacing) {
+                problems.push(format!(
+                    "{label}: two starts {:?} ms apart, the spacing is {spacing} ms",
+                    v.min_start_spacing_ms
+                ));
+            }
+        } else if rate_limited > 0 {
+            problems.push(format!(
+                "{label}: {rate_limited} \"rate limited\" answers without a rate"
+            ));
+        }
     }
     if run.proto != Proto::Ours {
         return;
@@ -376,13 +584,14 @@ pub fn check(run: &LoadRun, problems: &mut Vec<String>) {
             run.get_item_per_section, run.put_item_per_section
         ));
     }
+    let refusals = full + rate_limited + run.expired_answers;
     if w.release != sections
-        || w.acquire != sections + full + run.expired_answers
-        || w.acquire_refused != full + run.expired_answers
+        || w.acquire != sections + refusals
+        || w.acquire_refused != refusals
         || w.refused_unexpectedly != 0
     {
         problems.push(format!(
-            "{label}: want {sections} releases and {sections} acquires besides the {full} \"full\" and {} \"expired\" answers (the only refusals); got {w:?}",
+            "{label}: want {sections} releases and {sections} acquires besides the {full} \"full\", {rate_limited} \"rate limited\" and {} \"expired\" answers (the only refusals); got {w:?}",
             run.expired_answers
         ));
     }
@@ -392,5 +601,26 @@ pub fn check(run: &LoadRun, problems: &mut Vec<String>) {
             "{label}: {failed_on_the_wire} failed conditional writes on the wire, {} refused by the protocol's checks",
             w.refused()
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_draw_weights_within_their_limit() {
+        for _ in 0..100 {
+            let terms = Variant::Weighted.terms();
+            assert!(WEIGHTS.contains(&i64::from(terms.weight.get())));
+            assert_eq!(i64::from(terms.limit.get()), WEIGHTED_LIMIT);
+        }
+        let rate = Rate::parse("5").unwrap();
+        let terms = Variant::RateLimited(rate).terms();
+        assert_eq!((terms.weight, terms.rate), (Weight::ONE, Some(rate)));
+        assert_eq!(
+            Variant::Plain.terms(),
+            Terms::from(Limit::new(LIMIT).unwrap())
+        );
     }
 }

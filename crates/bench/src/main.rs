@@ -53,12 +53,58 @@ struct Cli {
     /// The saturated regime: how long a contender holds its slot.
     #[arg(long, default_value_t = 10)]
     hold_ms: u64,
+    /// The rate-limited load variant's start rate, acquisitions per second (real time, in both
+    /// regimes).
+    #[arg(long, default_value = "5", value_parser = parse_rate)]
+    rate: semaphore_core::Rate,
     /// Only these parts (comma-separated): requests, load, size, lambdas, sweeper.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Where the natively built handler binaries are (default: next to this binary).
     #[arg(long)]
     lambda_bin_dir: Option<PathBuf>,
+}
+
+fn parse_rate(text: &str) -> Result<semaphore_core::Rate, String> {
+    semaphore_core::Rate::parse(text).map_err(|e| e.to_string())
+}
+
+/// A load variant (weights, a start rate) against the same run's plain figures of ours, at the
+/// same regime and contenders: medians over the repeats.
+#[derive(Serialize)]
+struct VariantSummary {
+    regime: Regime,
+    variant: String,
+    label: String,
+    contenders: usize,
+    runs: usize,
+    throughput_per_s: f64,
+    throughput_vs_plain: f64,
+    requests_per_section: f64,
+    requests_vs_plain: f64,
+    acquire_p50_ms: f64,
+    acquire_p99_ms: f64,
+    acquire_p99_vs_plain: f64,
+    release_p50_ms: f64,
+    release_p99_ms: f64,
+    full_answers_per_section: f64,
+    rate_limited_answers_per_section: f64,
+    failed_writes_per_section: f64,
+    /// The largest weight held at once in any run, and the limit.
+    max_weight_seen: i64,
+    limit: i64,
+    rate_per_s: Option<f64>,
+    /// The most starts in any 1 s / 10 s window in any run, and the least spacing of any run.
+    max_starts_in_1s: usize,
+    max_starts_in_10s: usize,
+    min_start_spacing_ms: Option<u64>,
+    achieved_start_rate_per_s: f64,
+    errors_total: u64,
+    /// The plain figures compared against (ours, weight 1 of the plain limit).
+    plain_throughput_per_s: f64,
+    plain_requests_per_section: f64,
+    plain_acquire_p50_ms: f64,
+    plain_acquire_p99_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -288,15 +334,28 @@ async fn main() -> ExitCode {
             }
         };
         let protos = [Proto::Ours, Proto::Reference];
+        let variants = [
+            load::Variant::Weighted,
+            load::Variant::RateLimited(cli.rate),
+        ];
         let mut runs: Vec<load::LoadRun> = Vec::new();
+        let mut variant_runs: Vec<load::LoadRun> = Vec::new();
         for rep in 0..repeats {
             for regime in regimes {
                 for &(contenders, sections) in plan(regime) {
                     // Alternate the order so that no protocol always runs first (or last).
                     for k in 0..protos.len() {
                         let proto = protos[(k + rep) % protos.len()];
-                        match load::run(regime, proto, contenders, sections, &endpoint, &table)
-                            .await
+                        match load::run(
+                            regime,
+                            proto,
+                            load::Variant::Plain,
+                            contenders,
+                            sections,
+                            &endpoint,
+                            &table,
+                        )
+                        .await
                         {
                             Ok(run) => {
                                 eprintln!(
@@ -309,6 +368,37 @@ async fn main() -> ExitCode {
                                 );
                                 load::check(&run, &mut problems);
                                 runs.push(run);
+                            }
+                            Err(e) => problems.push(e),
+                        }
+                    }
+                    // The variants of ours, under contention only.
+                    if contenders == 1 {
+                        continue;
+                    }
+                    for variant in variants {
+                        match load::run(
+                            regime,
+                            Proto::Ours,
+                            variant,
+                            contenders,
+                            sections,
+                            &endpoint,
+                            &table,
+                        )
+                        .await
+                        {
+                            Ok(run) => {
+                                eprintln!(
+                                    "load rep {rep} {:<17} C={contenders:<2} ours, {:<20} {:>7.1} CS/s  acquire p50 {:>7.1} ms  req/CS {:.2}",
+                                    regime.short(),
+                                    variant.name(),
+                                    run.throughput_per_s,
+                                    run.acquire_p50_ms,
+                                    run.requests_per_section
+                                );
+                                load::check(&run, &mut problems);
+                                variant_runs.push(run);
                             }
                             Err(e) => problems.push(e),
                         }
@@ -447,9 +537,151 @@ async fn main() -> ExitCode {
                 && saturated.iter().all(|s| s.throughput_vs_reference >= 0.8)
                 && errors == 0,
         });
+        let mut variant_summaries = Vec::new();
+        for regime in regimes {
+            for &(contenders, _) in plan(regime).iter().filter(|(c, _)| *c > 1) {
+                let med = |rs: &[&load::LoadRun], g: fn(&load::LoadRun) -> f64| {
+                    median(&rs.iter().map(|r| g(r)).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+                };
+                let plain: Vec<&load::LoadRun> = runs
+                    .iter()
+                    .filter(|r| {
+                        r.regime == regime && r.proto == Proto::Ours && r.contenders == contenders
+                    })
+                    .collect();
+                let plain_tp = med(&plain, |r| r.throughput_per_s);
+                let plain_req = med(&plain, |r| r.requests_per_section);
+                let plain_p99 = med(&plain, |r| r.acquire_p99_ms);
+                for variant in variants {
+                    let rs: Vec<&load::LoadRun> = variant_runs
+                        .iter()
+                        .filter(|r| {
+                            r.regime == regime
+                                && r.contenders == contenders
+                                && r.variant.as_ref().map(|v| v.variant.as_str())
+                                    == Some(variant.name().as_str())
+                        })
+                        .collect();
+                    if rs.is_empty() {
+                        continue;
+                    }
+                    let figures: Vec<&load::VariantFigures> =
+                        rs.iter().filter_map(|r| r.variant.as_ref()).collect();
+                    let tp = med(&rs, |r| r.throughput_per_s);
+                    let req = med(&rs, |r| r.requests_per_section);
+                    let p99 = med(&rs, |r| r.acquire_p99_ms);
+                    variant_summaries.push(VariantSummary {
+                        regime,
+                        variant: variant.name(),
+                        label: variant.label(),
+                        contenders,
+                        runs: rs.len(),
+                        throughput_per_s: tp,
+                        throughput_vs_plain: ratio(tp, plain_tp),
+                        requests_per_section: req,
+                        requests_vs_plain: ratio(req, plain_req),
+                        acquire_p50_ms: med(&rs, |r| r.acquire_p50_ms),
+                        acquire_p99_ms: p99,
+                        acquire_p99_vs_plain: ratio(p99, plain_p99),
+                        release_p50_ms: med(&rs, |r| r.release_p50_ms),
+                        release_p99_ms: med(&rs, |r| r.release_p99_ms),
+                        full_answers_per_section: med(&rs, |r| r.full_answers_per_section),
+                        rate_limited_answers_per_section: med(&rs, |r| {
+                            r.variant
+                                .as_ref()
+                                .map_or(0.0, |v| v.rate_limited_answers_per_section)
+                        }),
+                        failed_writes_per_section: med(&rs, |r| r.failed_writes_per_section),
+                        max_weight_seen: figures
+                            .iter()
+                            .map(|v| v.max_weight_seen)
+                            .max()
+                            .unwrap_or(0),
+                        limit: variant.limit(),
+                        rate_per_s: variant.rate().map(semaphore_core::Rate::as_per_second),
+                        max_starts_in_1s: figures
+                            .iter()
+                            .map(|v| v.max_starts_in_1s)
+                            .max()
+                            .unwrap_or(0),
+                        max_starts_in_10s: figures
+                            .iter()
+                            .map(|v| v.max_starts_in_10s)
+                            .max()
+                            .unwrap_or(0),
+                        min_start_spacing_ms: figures
+                            .iter()
+                            .filter_map(|v| v.min_start_spacing_ms)
+                            .min(),
+                        achieved_start_rate_per_s: med(&rs, |r| {
+                            r.variant
+                                .as_ref()
+                                .map_or(f64::NAN, |v| v.achieved_start_rate_per_s)
+                        }),
+                        errors_total: rs.iter().map(|r| r.errors).sum(),
+                        plain_throughput_per_s: plain_tp,
+                        plain_requests_per_section: plain_req,
+                        plain_acquire_p50_ms: med(&plain, |r| r.acquire_p50_ms),
+                        plain_acquire_p99_ms: plain_p99,
+                    });
+                }
+            }
+        }
+        println!(
+            "## Weights and a start rate: ours, medians of {repeats} run(s) per cell, against the same run's plain figures (weight 1 of {})\n",
+            load::LIMIT
+        );
+        println!("| regime | contenders | variant | CS/s | vs plain | requests/CS | vs plain | acquire p50 / p99 ms | p99 vs plain | \"full\" / \"rate limited\" answers/CS | max weight held | starts: most in 1 s / 10 s, least spacing ms, achieved /s | errors |");
+        println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for v in &variant_summaries {
+            println!(
+                "| {} | {} | {} | {} | {}x | {} | {}x | {} / {} | {}x | {} / {} | {} of {} | {} | {} |",
+                v.regime.short(),
+                v.contenders,
+                v.label,
+                f(v.throughput_per_s, 1),
+                f(v.throughput_vs_plain, 2),
+                f(v.requests_per_section, 2),
+                f(v.requests_vs_plain, 2),
+                f(v.acquire_p50_ms, 1),
+                f(v.acquire_p99_ms, 1),
+                f(v.acquire_p99_vs_plain, 2),
+                f(v.full_answers_per_section, 2),
+                f(v.rate_limited_answers_per_section, 2),
+                v.max_weight_seen,
+                v.limit,
+                match v.rate_per_s {
+                    Some(_) => format!(
+                        "{} / {}, {}, {}",
+                        v.max_starts_in_1s,
+                        v.max_starts_in_10s,
+                        v.min_start_spacing_ms
+                            .map_or("-".to_owned(), |ms| ms.to_string()),
+                        f(v.achieved_start_rate_per_s, 2)
+                    ),
+                    None => "-".to_owned(),
+                },
+                v.errors_total
+            );
+        }
+        println!();
         out.insert(
             "load".into(),
-            json!({"limit": load::LIMIT, "runs": runs, "medians": summaries}),
+            json!({
+                "limit": load::LIMIT,
+                "runs": runs,
+                "medians": summaries,
+                "variants": {
+                    "weighted": {"limit": load::WEIGHTED_LIMIT, "weights": load::WEIGHTS},
+                    "rate_limited": {
+                        "limit": load::LIMIT,
+                        "rate_per_s": cli.rate.as_per_second(),
+                        "spacing_ms": cli.rate.spacing_ms(),
+                    },
+                    "runs": variant_runs,
+                    "medians": variant_summaries,
+                },
+            }),
         );
         part_done(&mut timings, "load", part_started);
     }

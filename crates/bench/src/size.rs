@@ -151,6 +151,8 @@ pub fn model() -> SizeModel {
     let mut item = SemaphoreItem::empty(lock);
     item.limit = Some(Limit::new(5).expect("limit"));
     item.version = Version(123_456);
+    // A lock that has had an acquisition keeps when it last started (item format 3).
+    item.started_at_ms = Some(T0_MS + 100);
     let base = stored_size(&item);
     let who = id(&execution_arn("model", 1), &uuid());
     item.holders.insert(
@@ -158,8 +160,10 @@ pub fn model() -> SizeModel {
         Holding {
             token: FencingToken(123_456),
             acquired_at_ms: T0_MS + 123,
+            weight: semaphore_core::Weight::ONE,
         },
     );
+    item.used = 1;
     let with_holder = stored_size(&item);
     let fence = |n: usize| {
         FenceKey::execution(

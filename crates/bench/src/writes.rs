@@ -55,7 +55,13 @@ fn kind(write: &Write) -> Kind {
     } else if has(|c| matches!(c, Change::PutHolder { .. })) {
         Kind::Acquire
     } else if has(|c| matches!(c, Change::AddFence(_))) {
-        if has(|c| matches!(c, Change::RemoveHolder(_))) {
+        // A release removes its slot with its fence; a release of a slot no longer held
+        // (`protocol::release_unheld`) adds the fence alone, on the check that nothing is held.
+        let unheld_release = write
+            .checks
+            .iter()
+            .any(|c| matches!(c, semaphore_core::Check::NotHolding(_)));
+        if has(|c| matches!(c, Change::RemoveHolder { .. })) || unheld_release {
             Kind::Release
         } else {
             Kind::CleanupFence
@@ -70,6 +76,9 @@ fn kind(write: &Write) -> Kind {
 #[derive(Debug, Clone, Default)]
 pub struct WriteCounter {
     tally: Arc<Mutex<WriteTally>>,
+    /// When each acquire that landed says it started (`acquired_at_ms`, the writer's clock):
+    /// the lock's starts, which a start rate spaces.
+    starts: Arc<Mutex<Vec<u64>>>,
 }
 
 impl WriteCounter {
@@ -87,6 +96,14 @@ impl WriteCounter {
     /// The tally so far, and start again from zero.
     pub fn take(&self) -> WriteTally {
         std::mem::take(&mut *self.lock())
+    }
+
+    /// Every start recorded so far (not reset by `take`), in the order they landed.
+    pub fn starts(&self) -> Vec<u64> {
+        self.starts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, WriteTally> {
@@ -116,8 +133,26 @@ impl<S: ItemStore> ItemStore for CountedStore<S> {
 
     async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
         let result = self.inner.write(write).await;
-        let mut t = self.counter.lock();
         let kind = kind(write);
+        if kind == Kind::Acquire
+            && matches!(
+                result,
+                Ok(WriteResult::Applied { .. } | WriteResult::Landed)
+            )
+        {
+            let started = write.changes.iter().find_map(|c| match c {
+                Change::PutHolder { acquired_at_ms, .. } => Some(*acquired_at_ms),
+                _ => None,
+            });
+            if let Some(at) = started {
+                self.counter
+                    .starts
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(at);
+            }
+        }
+        let mut t = self.counter.lock();
         match kind {
             Kind::Acquire => t.acquire += 1,
             Kind::Release => t.release += 1,

@@ -22,7 +22,7 @@ use crate::progress::Progress;
 use crate::proxy::DelayProxy;
 use crate::report::{LockReport, Report};
 use crate::template::{Stack, TablePlan};
-use crate::{plan_locks, plan_roles, Args, LockSpec, Role};
+use crate::{plan_locks, plan_roles, plan_weights, Args, LockSpec, Role};
 
 /// What a mode's run starts from.
 #[derive(Clone, Copy)]
@@ -78,6 +78,8 @@ pub struct Planned {
     pub role: Role,
     /// Its lock: an index into the run's locks.
     pub lock: usize,
+    /// The weight its input asks for (`--weights`); `None`: its input names none (1).
+    pub weight: Option<u32>,
 }
 
 /// The run's executions, roles and locks chosen up front from the seed: `machine`'s executions
@@ -94,11 +96,13 @@ pub fn plan_executions(
     let mut rng = fastrand::Rng::with_seed(setup.seed);
     let roles = plan_roles(n, args.shares(), &mut rng);
     let lock_of = plan_locks(n, locks, &mut rng);
+    let weights = plan_weights(&lock_of, locks, &args.weights, setup.seed);
     let executions: Vec<Planned> = roles
         .into_iter()
         .zip(lock_of)
+        .zip(weights)
         .enumerate()
-        .map(|(i, (role, lock))| {
+        .map(|(i, ((role, lock), weight))| {
             let name = format!("run-{:03}", i + 1);
             let arn = format!(
                 "arn:{}:states:{}:{}:execution:{machine}:{name}",
@@ -109,6 +113,7 @@ pub fn plan_executions(
                 name,
                 role,
                 lock,
+                weight,
             }
         })
         .collect();
@@ -173,7 +178,10 @@ impl Watch {
         let poller = Poller::start(
             item.ddb.clone(),
             item.table.clone(),
-            item.locks.iter().map(|l| l.name.clone()).collect(),
+            item.locks
+                .iter()
+                .map(|l| (l.name.clone(), l.limit))
+                .collect(),
             item.layout,
             Duration::from_millis(100),
         );
@@ -304,6 +312,26 @@ impl Watch {
                 default: i == 0,
                 executions: planned.iter().filter(|e| e.lock == i).count(),
                 max_holders: seen.max_holders,
+                max_weight: seen.max_weight,
+                weights: planned
+                    .iter()
+                    .filter(|e| e.lock == i)
+                    .filter_map(|e| e.weight)
+                    .fold(BTreeMap::new(), |mut counts, w| {
+                        *counts.entry(w).or_insert(0) += 1;
+                        counts
+                    }),
+                rate: args.rate.map(|rate| {
+                    let spacing_ms = semaphore_core::Rate::per_second(rate)
+                        .map(semaphore_core::Rate::spacing_ms)
+                        .unwrap_or_default();
+                    // The starts of the run: from the poller's start on (a probe's before it
+                    // had no rate).
+                    let from = u64::try_from(poll.started_ms).unwrap_or_default();
+                    let starts: Vec<u64> =
+                        seen.starts.iter().copied().filter(|t| *t >= from).collect();
+                    crate::report::StartRate::of(rate, spacing_ms, &starts)
+                }),
                 reads: seen.reads,
                 inconsistent_reads: seen.inconsistent_reads,
                 first_inconsistency: seen.first_inconsistency.clone(),

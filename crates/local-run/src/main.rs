@@ -71,6 +71,15 @@ pub struct Args {
     /// The first lock's limit, instead of the one --locks gives it.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub limit: Option<u32>,
+    /// Weighted permits: each execution's input gets a "weight" drawn from this list
+    /// (comma-separated, repeats make a weight likelier; deterministic by --seed), among the
+    /// weights that fit its lock's limit. Not given: no weight in the input (1).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub weights: Vec<u32>,
+    /// A start-rate limit: each execution's input gets "rate": R (acquisitions per second) for
+    /// its lock, and the report checks the starts the poller saw against it.
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<f64>,
     /// Seconds of protected work per execution (its "work_seconds" input).
     #[arg(long, default_value_t = 2)]
     pub work_seconds: u32,
@@ -145,6 +154,11 @@ pub struct Args {
     /// Do not `cargo build` the Lambda binaries first.
     #[arg(long)]
     pub no_build: bool,
+}
+
+fn parse_rate(text: &str) -> Result<f64, String> {
+    semaphore_core::Rate::parse(text).map_err(|e| e.to_string())?;
+    text.trim().parse().map_err(|e| format!("{e}"))
 }
 
 /// A lock of the run and its limit.
@@ -266,10 +280,28 @@ impl Args {
                 return Err(format!("{name} out of range: {v}"));
             }
         }
+        let locks = self.locks()?;
+        if self.protocol == Protocol::Reference && (!self.weights.is_empty() || self.rate.is_some())
+        {
+            return Err(
+                "--weights and --rate are this project's; the sample's protocol has \
+                        neither"
+                    .to_owned(),
+            );
+        }
+        if !self.weights.is_empty() {
+            for lock in &locks {
+                if !self.weights.iter().any(|w| *w <= lock.limit) {
+                    return Err(format!(
+                        "--weights: none of {:?} fits {}'s limit {}",
+                        self.weights, lock.name, lock.limit
+                    ));
+                }
+            }
+        }
         if self.acquire_instances == 0 {
             return Err("--acquire-instances must be at least 1".to_owned());
         }
-        self.locks()?;
         Ok(())
     }
 }
@@ -294,6 +326,30 @@ pub fn plan_roles(n: usize, shares: (f64, f64, f64), rng: &mut fastrand::Rng) ->
     roles.resize(n, Role::Normal);
     rng.shuffle(&mut roles);
     roles
+}
+
+/// The weight of each of `n` executions, given its lock (`lock_of`): drawn uniformly from the
+/// entries of `weights` that fit the lock's limit; `None` for every one when no weights are
+/// given. Drawn from a generator of its own, so that the roles and locks of a seed stay the
+/// same with or without weights.
+pub fn plan_weights(
+    lock_of: &[usize],
+    locks: &[LockSpec],
+    weights: &[u32],
+    seed: u64,
+) -> Vec<Option<u32>> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x3e19_4700);
+    lock_of
+        .iter()
+        .map(|&lock| {
+            let fitting: Vec<u32> = weights
+                .iter()
+                .copied()
+                .filter(|w| *w <= locks[lock].limit)
+                .collect();
+            (!fitting.is_empty()).then(|| fitting[rng.usize(..fitting.len())])
+        })
+        .collect()
 }
 
 /// Which lock each of `n` executions takes: counts in proportion to the limits (largest
@@ -453,6 +509,24 @@ mod tests {
     }
 
     #[test]
+    fn weights_are_drawn_by_seed_among_those_that_fit_the_lock() {
+        let locks = Args::parse_from(["local-run", "--locks", "a:5,b:2"])
+            .locks()
+            .unwrap();
+        let lock_of: Vec<usize> = (0..200).map(|i| i % 2).collect();
+        let plan = plan_weights(&lock_of, &locks, &[1, 1, 2, 4], 12);
+        assert_eq!(plan, plan_weights(&lock_of, &locks, &[1, 1, 2, 4], 12));
+        for (lock, weight) in lock_of.iter().zip(&plan) {
+            let weight = weight.unwrap();
+            assert!(weight <= locks[*lock].limit, "{weight} on {lock}");
+        }
+        assert!(plan.contains(&Some(4)) && plan.contains(&Some(2)));
+        assert!(plan_weights(&lock_of, &locks, &[], 12)
+            .iter()
+            .all(Option::is_none));
+    }
+
+    #[test]
     fn the_cli_parses_and_validates() {
         let args = Args::parse_from(["local-run", "--executions", "20", "--limit", "3"]);
         assert!(args.validate().is_ok());
@@ -476,6 +550,23 @@ mod tests {
         }
         let bad = Args::parse_from(["local-run", "--drop-events", "1.5"]);
         assert!(bad.validate().is_err());
+        let weighted = Args::parse_from(["local-run", "--weights", "1,1,2,4", "--rate", "2"]);
+        assert!(weighted.validate().is_ok());
+        assert_eq!(
+            (weighted.weights.as_slice(), weighted.rate),
+            (&[1, 1, 2, 4][..], Some(2.0))
+        );
+        for bad in [
+            &["--rate", "0"][..],
+            &["--rate", "fast"],
+            &["--weights", "0"],
+        ] {
+            let args = std::iter::once("local-run").chain(bad.iter().copied());
+            assert!(Args::try_parse_from(args).is_err(), "{bad:?}");
+        }
+        // A weight that fits no limit of a lock is refused up front.
+        let unfit = Args::parse_from(["local-run", "--weights", "3,4", "--locks", "a:5,b:2"]);
+        assert!(unfit.validate().is_err());
         let calm = Args::parse_from(["local-run", "--calm"]);
         assert_eq!(calm.shares().1, 0.0);
         assert_eq!(calm.event_chaos().drop, 0.0);

@@ -50,8 +50,9 @@ pub struct ProxyStats {
     /// Held writes refused because the fences rotated after their request's horizon: they
     /// could have missed a fence the rotation dropped.
     pub refused_by_horizon: u64,
-    /// Held writes refused for another reason: the lock was full, or the identity already held
-    /// a slot (for the sample's protocol: every refusal, it has no fences).
+    /// Held writes refused for another reason: the lock was full (its weight did not fit), its
+    /// start rate was spent, or the identity already held a slot (for the sample's protocol:
+    /// every refusal, it has no fences).
     pub refused_otherwise: u64,
     pub other_outcome: u64,
     /// One line per answered held write: whose, how long it was held, what became of it.
@@ -81,9 +82,9 @@ struct HeldWrite {
     fences: Vec<FenceKey>,
     /// The acquire's horizon: refused if the stored `rotated_at` is at or after it.
     deadline_ms: Option<u64>,
-    /// The limit its condition checks (`size(#holders) < :vN`); `None` for the sample's and for
-    /// a lock's first write.
-    limit: Option<usize>,
+    /// The room under the limit its condition checks (`#used <= :vN`: the limit less its
+    /// weight); `None` for the sample's and for a lock's first write.
+    room: Option<u64>,
 }
 
 /// Why a refused held write was refused, checked in the order the acquire's answer names them.
@@ -119,11 +120,13 @@ impl HeldWrite {
             .and_then(Value::as_object);
         let holding =
             item.contains_key(&self.slot) || holders.is_some_and(|m| m.contains_key(&self.slot));
-        // Without the limit (the sample's write, a put), any refusal left is "full or held".
-        let full = self
-            .limit
-            .is_none_or(|limit| holders.map_or(0, Map::len) >= limit);
-        (holding || full).then_some(Refusal::Otherwise)
+        // Without the room (the sample's write, a put), any refusal left is "full or held".
+        // With a start rate, the last start may also have been too recent: no fence, no
+        // rotation, room left and not held, so the only check left is the rate's.
+        let used = item.get("used").and_then(wire::number).unwrap_or(0);
+        let full = self.room.is_none_or(|room| used > u128::from(room));
+        let rate_limited = item.contains_key("spacing_ms");
+        (holding || full || rate_limited).then_some(Refusal::Otherwise)
     }
 }
 
@@ -262,7 +265,7 @@ impl Policy for DelayAcquireWrites {
                 }
                 Refusal::Otherwise => {
                     state.stats.refused_otherwise += 1;
-                    "refused (full or already held)"
+                    "refused (full, start rate or already held)"
                 }
             };
             (taken, fate)
@@ -344,11 +347,11 @@ fn acquire_write(kind: WriteKind, operation: Option<&str>, body: &[u8]) -> Optio
                 identity,
                 fences,
                 deadline_ms,
-                limit,
+                room,
             } => Some(HeldWrite {
                 fences,
                 deadline_ms,
-                limit,
+                room,
                 ..HeldWrite::of(&identity)
             }),
             // The first write has nothing to meet: no fence, no rotation, and it is alone.
@@ -370,7 +373,7 @@ fn acquire_write(kind: WriteKind, operation: Option<&str>, body: &[u8]) -> Optio
                 slot: slot.to_owned(),
                 fences: Vec::new(),
                 deadline_ms: None,
-                limit: None,
+                room: None,
             })
         }
     }
@@ -384,7 +387,7 @@ impl HeldWrite {
             slot: identity.slot_key(),
             fences: Vec::new(),
             deadline_ms: None,
-            limit: None,
+            room: None,
         }
     }
 }
@@ -441,15 +444,15 @@ mod tests {
                     FenceKey::acquisition(&identity())
                 ],
                 deadline_ms: Some(9_000),
-                limit: Some(2),
+                room: Some(1),
             },
             "requested at 1 s, horizon 8 s"
         );
         // Release, cleanup and rotation set no holder entry.
-        let release = protocol::release(&lock(), &identity());
+        let release = protocol::release(&lock(), &identity(), semaphore_core::Weight::ONE);
         let cleanup =
             protocol::cleanup_fence(&lock(), &identity().holder, semaphore_core::Run::FIRST);
-        let free = protocol::cleanup_free(&lock(), &[identity()]);
+        let free = protocol::cleanup_free(&lock(), &[(identity(), semaphore_core::Weight::ONE)]);
         let mut item = SemaphoreItem::empty(lock());
         item.fences.young.insert(FenceKey::acquisition(&identity()));
         let rotation = protocol::rotation(&item, 60_000, &Timing::default()).unwrap();
@@ -474,7 +477,11 @@ mod tests {
         assert_eq!(held.unwrap().holder, ARN);
         // The first write of a lock made by a release holds nobody.
         assert_eq!(
-            acquire_write(WriteKind::Versioned, put, &put_body(&release)),
+            acquire_write(
+                WriteKind::Versioned,
+                put,
+                &put_body(&protocol::release_unheld(&lock(), &identity()))
+            ),
             None
         );
     }
@@ -515,6 +522,7 @@ mod tests {
         let holding = |token| semaphore_core::Holding {
             token: semaphore_core::FencingToken(token),
             acquired_at_ms: 5,
+            weight: semaphore_core::Weight::ONE,
         };
         let other =
             |h: &str| Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new("a").unwrap());
@@ -545,6 +553,7 @@ mod tests {
             refusal_on(|i| {
                 i.holders.insert(other("x"), holding(1));
                 i.holders.insert(other("y"), holding(2));
+                i.used = 2;
             }),
             Some(Refusal::Otherwise),
             "full"

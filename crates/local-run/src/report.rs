@@ -81,6 +81,12 @@ pub struct LockReport {
     pub executions: usize,
     pub succeeded: usize,
     pub max_holders: usize,
+    /// The largest sum of the holders' weights one read saw (S1 bounds it by the limit).
+    pub max_weight: u64,
+    /// Executions per weight their input asked for (`--weights`); empty: no weights given.
+    pub weights: std::collections::BTreeMap<u32, usize>,
+    /// The start rate the run asked for (`--rate`), and what the poller saw of the starts.
+    pub rate: Option<StartRate>,
     pub reads: u64,
     pub inconsistent_reads: u64,
     pub first_inconsistency: Option<String>,
@@ -91,6 +97,54 @@ pub struct LockReport {
     pub leaked_holders: Vec<String>,
     /// Fencing tokens are the lock's versions: distinct per lock, not across locks.
     pub fencing_tokens_unique: Option<bool>,
+}
+
+/// A lock's starts under a start-rate limit, as the poller saw them: every holder's
+/// `acquired_at` and the item's `started_at` (the writers' clock: this machine's, for all).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct StartRate {
+    /// Acquisitions per second asked for, and the spacing it is kept as.
+    pub rate_per_s: f64,
+    pub spacing_ms: u64,
+    /// Starts seen from the poller's start on.
+    pub starts: usize,
+    pub max_in_1s: usize,
+    pub max_in_10s: usize,
+    /// The least time between two consecutive starts.
+    pub min_spacing_ms: Option<u64>,
+    /// Starts per second from the first seen to the last.
+    pub achieved_per_s: Option<f64>,
+}
+
+impl StartRate {
+    /// At most rate x window + 1 starts in any 1 s and 10 s window, never two closer than the
+    /// spacing.
+    pub fn ok(&self) -> bool {
+        self.max_in_1s as f64 <= self.rate_per_s + 1.0
+            && self.max_in_10s as f64 <= self.rate_per_s * 10.0 + 1.0
+            && self.min_spacing_ms.is_none_or(|s| s >= self.spacing_ms)
+    }
+
+    /// From the starts seen (sorted or not).
+    pub fn of(rate_per_s: f64, spacing_ms: u64, starts: &[u64]) -> Self {
+        let mut starts = starts.to_vec();
+        starts.sort_unstable();
+        let achieved_per_s = match (starts.first(), starts.last()) {
+            (Some(a), Some(b)) if b > a => {
+                Some((starts.len() - 1) as f64 * 1000.0 / (b - a) as f64)
+            }
+            _ => None,
+        };
+        Self {
+            rate_per_s,
+            spacing_ms,
+            starts: starts.len(),
+            max_in_1s: semaphore_tests::observe::most_in_window(&starts, 1_000),
+            max_in_10s: semaphore_tests::observe::most_in_window(&starts, 10_000),
+            min_spacing_ms: semaphore_tests::observe::least_spacing(&starts),
+            achieved_per_s,
+        }
+    }
 }
 
 /// The work under the lock: every child execution (the demo work) against the slot of the
@@ -318,6 +372,43 @@ impl Report {
                     l.max_holders, l.limit, l.reads, l.inconsistent_reads
                 ),
             );
+            if !l.weights.is_empty() {
+                let asked: Vec<String> = l
+                    .weights
+                    .iter()
+                    .map(|(w, n)| format!("{n} x weight {w}"))
+                    .collect();
+                line(
+                    "  max weight held",
+                    format!(
+                        "{}/{} (inputs asked for {}; every read: used = the holders' weights)",
+                        l.max_weight,
+                        l.limit,
+                        asked.join(", ")
+                    ),
+                );
+            }
+            if let Some(r) = &l.rate {
+                line(
+                    "  start rate",
+                    format!(
+                        "{}/s asked (spacing {} ms): {} starts seen, at most {} in any 1 s \
+                         (bound {:.0}) and {} in any 10 s (bound {:.0}); least spacing {}; \
+                         achieved {}",
+                        r.rate_per_s,
+                        r.spacing_ms,
+                        r.starts,
+                        r.max_in_1s,
+                        r.rate_per_s + 1.0,
+                        r.max_in_10s,
+                        r.rate_per_s * 10.0 + 1.0,
+                        r.min_spacing_ms
+                            .map_or("-".to_owned(), |ms| format!("{ms} ms")),
+                        r.achieved_per_s
+                            .map_or("-".to_owned(), |a| format!("{a:.2}/s"))
+                    ),
+                );
+            }
             line(
                 "  leaked at end",
                 format!(
@@ -356,8 +447,8 @@ impl Report {
             format!("{} refused (full or already held)", d.refused())
         } else {
             format!(
-                "{} refused by a fence, {} refused by the horizon, {} refused otherwise (full or \
-                 already held)",
+                "{} refused by a fence, {} refused by the horizon, {} refused otherwise (full, \
+                 start rate or already held)",
                 d.refused_by_fence, d.refused_by_horizon, d.refused_otherwise
             )
         };

@@ -736,8 +736,20 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             format!("{on} on {} (limit {})", l.name, l.limit)
         })
         .collect();
+    let mut asked = Vec::new();
+    if !args.weights.is_empty() {
+        asked.push(format!("weights drawn from {:?}", args.weights));
+    }
+    if let Some(rate) = args.rate {
+        asked.push(format!("at most {rate} starts/s"));
+    }
+    let terms = if asked.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", asked.join(", "))
+    };
     phase(&format!(
-        "starting {n} executions of {} ({}; {} as work, {} s each; {} fail, {} stopped \
+        "starting {n} executions of {} ({}{terms}; {} as work, {} s each; {} fail, {} stopped \
          mid-acquire, {} stopped mid-work)",
         protected.name,
         spread.join(", "),
@@ -774,6 +786,12 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
                 if e.lock > 0 {
                     input["lock"] = json!(locks[e.lock].name);
                     input["limit"] = json!(locks[e.lock].limit);
+                }
+                if let Some(weight) = e.weight {
+                    input["weight"] = json!(weight);
+                }
+                if let Some(rate) = args.rate {
+                    input["rate"] = json!(rate);
                 }
                 (e.name.clone(), input.to_string())
             })
@@ -845,6 +863,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             started.clone(),
         );
         let locks = locks.clone();
+        let weighted = !args.weights.is_empty();
         Progress::start(move || {
             let done = outcomes.lock().expect("outcomes").len();
             let started = started.load(std::sync::atomic::Ordering::SeqCst);
@@ -861,8 +880,16 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
                 .map(|l| {
                     let seen = poll.lock(&l.name);
                     format!(
-                        "{} {} (max {}/{})",
-                        l.name, seen.holders_now, seen.max_holders, l.limit
+                        "{} {} (max {}/{}{})",
+                        l.name,
+                        seen.holders_now,
+                        seen.max_holders,
+                        l.limit,
+                        if weighted {
+                            format!(", weight {}", seen.max_weight)
+                        } else {
+                            String::new()
+                        }
                     )
                 })
                 .collect();
@@ -1166,11 +1193,13 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     for l in report.locks.clone() {
         report.check(
             &format!("S1 safety [{}]", l.lock),
-            l.max_holders <= l.limit && l.inconsistent_reads == 0,
+            l.max_holders <= l.limit && l.max_weight <= l.limit as u64 && l.inconsistent_reads == 0,
             format!(
-                "at most {} of {} slots held at once over {} reads; every read consistent \
-                 (format 2, each holder's token distinct and within the version){}",
+                "at most {} holders and weight {} of {} held at once over {} reads; every read \
+                 consistent (format 3, used = the sum of the holders' weights <= the limit, \
+                 each holder's token distinct and within the version){}",
                 l.max_holders,
+                l.max_weight,
                 l.limit,
                 l.reads,
                 l.first_inconsistency
@@ -1179,6 +1208,28 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
                     .unwrap_or_default()
             ),
         );
+        if let Some(r) = &l.rate {
+            report.check(
+                &format!("start rate [{}]", l.lock),
+                r.ok() && r.starts > 0,
+                format!(
+                    "{} starts at {}/s (spacing {} ms): at most {} in any 1 s (<= {:.0}), {} in \
+                     any 10 s (<= {:.0}), least spacing {} (>= {} ms); achieved {}",
+                    r.starts,
+                    r.rate_per_s,
+                    r.spacing_ms,
+                    r.max_in_1s,
+                    r.rate_per_s + 1.0,
+                    r.max_in_10s,
+                    r.rate_per_s * 10.0 + 1.0,
+                    r.min_spacing_ms
+                        .map_or("-".to_owned(), |ms| format!("{ms} ms")),
+                    r.spacing_ms,
+                    r.achieved_per_s
+                        .map_or("-".to_owned(), |a| format!("{a:.2}/s"))
+                ),
+            );
+        }
         report.check(
             &format!("S2 no leak [{}]", l.lock),
             l.leaked_at_end == 0,

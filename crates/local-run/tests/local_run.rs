@@ -1,7 +1,7 @@
 //! The local run end to end: the README's first command, short, with chaos on, two locks with
-//! their own limits and the demo work as each execution's child; and the same chaos against the
-//! original sample's protocol (the reference mode), which must leak, so that the check is shown
-//! able to fail.
+//! their own limits, weighted permits and a start rate, and the demo work as each execution's
+//! child; and the same chaos against the original sample's protocol (the reference mode), which
+//! must leak, so that the check is shown able to fail.
 //!
 //! They need the local AWS tools (.venv with the pinned moto and cargo-lambda) and take a minute
 //! or two each, so they are ignored by a plain `cargo test`; `bash local/test.sh` installs the
@@ -98,6 +98,12 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
             "3",
             "--queue-fallback-seconds",
             "5",
+            // Weighted permits and a start rate (issue 12): inputs ask for weight 1 or 2, and
+            // at most 5 starts a second of each lock.
+            "--weights",
+            "1,2",
+            "--rate",
+            "5",
         ],
     );
     let checks = report["checks"].as_array().expect("checks");
@@ -119,6 +125,21 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
         assert_eq!(n(lock, "/inconsistent_reads"), 0, "{lock:#}");
         assert_eq!(n(lock, "/leaked_at_end"), 0, "{lock:#}");
         assert_eq!(lock["fencing_tokens_unique"], true, "{lock:#}");
+        // The weights held, not only the holders, stayed within the limit on every read (and
+        // `used` equalled the holders' weights: an inconsistent read otherwise); the inputs
+        // asked for both weights.
+        assert!(n(lock, "/max_weight") <= limit, "{lock:#}");
+        assert!(n(lock, "/max_weight") >= 1, "{lock:#}");
+        let asked: u64 = ["/weights/1", "/weights/2"]
+            .iter()
+            .map(|w| lock.pointer(w).and_then(Value::as_u64).unwrap_or(0))
+            .sum();
+        assert_eq!(asked, n(lock, "/executions"), "{lock:#}");
+        // Its starts kept the rate: at most 5 x window + 1 in any window, 200 ms apart.
+        assert!(n(lock, "/rate/starts") >= 1, "{lock:#}");
+        assert!(n(lock, "/rate/max_in_1s") <= 6, "{lock:#}");
+        assert!(n(lock, "/rate/max_in_10s") <= 51, "{lock:#}");
+        assert!(n(lock, "/rate/min_spacing_ms") >= 200, "{lock:#}");
     }
     assert_eq!(n(&report, "/poller/inconsistent_reads"), 0);
     assert_eq!(n(&report, "/leaked_slots_at_end"), 0);
