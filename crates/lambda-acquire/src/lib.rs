@@ -340,6 +340,8 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         token = response.token,
         count = response.count,
         limit = response.limit,
+        weight = response.weight,
+        rate = response.rate,
         work = response.work.as_ref().map(|w| w.state_machine.as_str()),
         "acquire"
     );

@@ -174,6 +174,7 @@ impl<C: TaskCallbacks, X: ExecutionStatus> HandOffs<C, X> {
                 parked = report.parked.len(),
                 freed = report.freed.len(),
                 skipped = report.skipped.len(),
+                deferred_until_ms = report.deferred.as_ref().map(|(_, at)| *at),
                 "hand-off"
             ),
             Ok(_) => {}

@@ -30,8 +30,11 @@ pub struct Trace {
     pub acquire_sent_ms: Option<i64>,
     /// When it asked (its place in line: the first wait payload's `queued_at`), epoch ms.
     pub queued_at_ms: Option<u64>,
-    /// Entries of "Wait in line": 1 + its fallback checks.
+    /// Entries of "Wait in line": 1 + its fallback checks + its start-rate waits.
     pub wait_entries: usize,
+    /// Entries of "Wait for the start rate": the hand-off told it, at the head of the line,
+    /// to come back when the lock's start rate allows.
+    pub rate_waits: usize,
     /// When it entered its work (it held a slot), epoch ms.
     pub resumed_ms: Option<i64>,
 }
@@ -48,6 +51,12 @@ pub fn trace(arn: &str, lock: usize, events: &[HistoryEvent], output: Option<&Va
     for e in events {
         let at = e.timestamp().to_millis().ok();
         match e.r#type() {
+            HistoryEventType::WaitStateEntered => {
+                let name = e.state_entered_event_details().map(|d| d.name());
+                if name == Some("Wait for the start rate") {
+                    t.rate_waits += 1;
+                }
+            }
             HistoryEventType::TaskStateEntered | HistoryEventType::ChoiceStateEntered => {
                 let name = e
                     .state_entered_event_details()
@@ -153,6 +162,9 @@ pub struct LineReport {
     pub granted_on_own_check: usize,
     /// Fallback checks (a parked task's timeout making it check again).
     pub fallback_checks: usize,
+    /// Heads of the line told to come back when the start rate allows (a Wait state, then the
+    /// line again, in their place).
+    pub rate_waits: usize,
     /// Grant-order violations (see the module documentation): a later place granted ahead of
     /// an earlier one already in line.
     pub order_violations: usize,
@@ -217,8 +229,9 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
     let mut latencies = Vec::new();
     let mut waits = Vec::new();
     for t in traces {
-        r.fallback_checks += t.wait_entries.saturating_sub(1);
-        r.transitions_waiting += t.wait_entries;
+        r.fallback_checks += t.wait_entries.saturating_sub(1 + t.rate_waits);
+        r.rate_waits += t.rate_waits;
+        r.transitions_waiting += t.wait_entries + t.rate_waits;
         let (Some(queued_at), Some(resumed)) = (t.queued_at_ms, t.resumed_ms) else {
             continue;
         };

@@ -603,11 +603,12 @@ impl Report {
                 "waiting line",
                 format!(
                     "{} executions waited and were granted a slot: {} woken by a hand-off, {} \
-                     found it on their own check; {} fallback checks",
+                     found it on their own check; {} fallback checks, {} waits for the start rate",
                     l.waiters_granted,
                     l.woken_by_hand_off,
                     l.granted_on_own_check,
-                    l.fallback_checks
+                    l.fallback_checks,
+                    l.rate_waits
                 ),
             );
             line(
