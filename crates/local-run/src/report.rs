@@ -120,9 +120,14 @@ impl StartRate {
     /// At most rate x window + 1 starts in any 1 s and 10 s window, never two closer than the
     /// spacing.
     pub fn ok(&self) -> bool {
-        self.max_in_1s as f64 <= self.rate_per_s + 1.0
-            && self.max_in_10s as f64 <= self.rate_per_s * 10.0 + 1.0
+        self.max_in_1s as f64 <= self.bound(1.0)
+            && self.max_in_10s as f64 <= self.bound(10.0)
             && self.min_spacing_ms.is_none_or(|s| s >= self.spacing_ms)
+    }
+
+    /// The most starts the rate allows in any window of `seconds` (clocks agree here: one host).
+    pub fn bound(&self, seconds: f64) -> f64 {
+        self.rate_per_s * seconds + 1.0
     }
 
     /// From the starts seen (sorted or not).
@@ -399,9 +404,9 @@ impl Report {
                         r.spacing_ms,
                         r.starts,
                         r.max_in_1s,
-                        r.rate_per_s + 1.0,
+                        r.bound(1.0),
                         r.max_in_10s,
-                        r.rate_per_s * 10.0 + 1.0,
+                        r.bound(10.0),
                         r.min_spacing_ms
                             .map_or("-".to_owned(), |ms| format!("{ms} ms")),
                         r.achieved_per_s

@@ -1219,9 +1219,9 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
                     r.rate_per_s,
                     r.spacing_ms,
                     r.max_in_1s,
-                    r.rate_per_s + 1.0,
+                    r.bound(1.0),
                     r.max_in_10s,
-                    r.rate_per_s * 10.0 + 1.0,
+                    r.bound(10.0),
                     r.min_spacing_ms
                         .map_or("-".to_owned(), |ms| format!("{ms} ms")),
                     r.spacing_ms,
