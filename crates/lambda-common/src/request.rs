@@ -285,40 +285,33 @@ impl<'a> Parts<'a> {
         })
     }
 
+    /// The payload's value, else the execution input's: `read` reads one of them.
+    fn given<T>(
+        &self,
+        read: impl Fn(&Payload<'a>) -> Result<Option<T>, HandlerError>,
+    ) -> Result<Option<T>, HandlerError> {
+        if let Some(value) = read(&self.payload)? {
+            return Ok(Some(value));
+        }
+        Ok(self.input.as_ref().map(read).transpose()?.flatten())
+    }
+
     /// The payload's, else the input's, else the default.
     fn lock(&self, defaults: &Defaults) -> Result<LockName, HandlerError> {
-        if let Some(lock) = self.payload.optional_lock("lock")? {
-            return Ok(lock);
-        }
-        if let Some(lock) = self
-            .input
-            .map(|i| i.optional_lock("lock"))
-            .transpose()?
-            .flatten()
-        {
-            return Ok(lock);
-        }
-        defaults.lock.clone().ok_or_else(|| {
-            HandlerError::InvalidInput(format!("lock is missing: {}", missing::LOCK))
-        })
+        self.given(|p| p.optional_lock("lock"))?
+            .or_else(|| defaults.lock.clone())
+            .ok_or_else(|| {
+                HandlerError::InvalidInput(format!("lock is missing: {}", missing::LOCK))
+            })
     }
 
     /// The payload's, else the input's, else the default.
     fn limit(&self, defaults: &Defaults) -> Result<Limit, HandlerError> {
-        if let Some(limit) = self.payload.optional_limit("limit")? {
-            return Ok(limit);
-        }
-        if let Some(limit) = self
-            .input
-            .map(|i| i.optional_limit("limit"))
-            .transpose()?
-            .flatten()
-        {
-            return Ok(limit);
-        }
-        defaults.limit.ok_or_else(|| {
-            HandlerError::InvalidInput(format!("limit is missing: {}", missing::LIMIT))
-        })
+        self.given(|p| p.optional_limit("limit"))?
+            .or(defaults.limit)
+            .ok_or_else(|| {
+                HandlerError::InvalidInput(format!("limit is missing: {}", missing::LIMIT))
+            })
     }
 
     /// The limit, weight and rate, each resolved on its own; a weight above the limit is
@@ -397,28 +390,15 @@ impl<'a> Parts<'a> {
 
     /// The payload's, else the input's, else the default, else 1.
     fn weight(&self, defaults: &Defaults) -> Result<Weight, HandlerError> {
-        if let Some(weight) = self.payload.optional_weight("weight")? {
-            return Ok(weight);
-        }
-        let from_input = self
-            .input
-            .map(|i| i.optional_weight("weight"))
-            .transpose()?
-            .flatten();
-        Ok(from_input.or(defaults.weight).unwrap_or_default())
+        Ok(self
+            .given(|p| p.optional_weight("weight"))?
+            .or(defaults.weight)
+            .unwrap_or_default())
     }
 
     /// The payload's, else the input's, else the default (none: no rate limit).
     fn rate(&self, defaults: &Defaults) -> Result<Option<Rate>, HandlerError> {
-        if let Some(rate) = self.payload.optional_rate("rate")? {
-            return Ok(Some(rate));
-        }
-        let from_input = self
-            .input
-            .map(|i| i.optional_rate("rate"))
-            .transpose()?
-            .flatten();
-        Ok(from_input.or(defaults.rate))
+        Ok(self.given(|p| p.optional_rate("rate"))?.or(defaults.rate))
     }
 
     /// `task_token` and `queued_at`, when the payload waits in line.
