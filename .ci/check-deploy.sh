@@ -7,7 +7,7 @@
 #   bash .ci/check-deploy.sh          (VENV=path to put the Python tools elsewhere)
 #
 # Installs, pinned:
-#   ${VENV:-.venv-deploy}: aws-sam-cli, cfn-lint               (pip)
+#   ${VENV:-.venv-deploy}: aws-sam-cli, cfn-lint, parliament   (pip)
 #   .ci/node_modules:      @wmfs/statelint, asl-validator      (npm ci, .ci/package-lock.json)
 # Then prints one PASS/FAIL line per check, a closing count, and exits
 # non-zero if any check failed. `sam build` is not run here (it needs the Rust
@@ -18,7 +18,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 VENV="${VENV:-.venv-deploy}"
-PY_PINS=(aws-sam-cli==1.170.0 cfn-lint==1.58.0)
+PY_PINS=(aws-sam-cli==1.170.0 cfn-lint==1.58.0 parliament==1.6.4)
 
 # Offline, and never with anyone's real credentials: dummy region and keys,
 # no profile or config files, no instance metadata look-ups, no telemetry.
@@ -101,6 +101,11 @@ done
 check "sam validate --lint" "$SAM" validate --lint --template-file template.yaml
 check "cfn-lint template.yaml" "$CFN_LINT" template.yaml
 check --show "DefinitionSubstitutions keys == \${...} used, per state machine" python3 .ci/check_substitutions.py template.yaml
+# The template as the SAM translator emits it, measured against AWS's deploy-time limits
+# (.ci/check_template.py names the AWS quota of each).
+PY="$VENV/bin/python"
+check --show "names built from the stack name fit their AWS limits at the longest stack name" "$PY" .ci/check_template.py names template.yaml
+check --show "every DynamoDB table has the same point-in-time recovery" "$PY" .ci/check_template.py pitr template.yaml
 
 echo "deploy-checks: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -548,7 +548,7 @@ pub async fn run_test_runner(sfn: &Sfn, runner: &MachinePlan) -> Result<(bool, S
     Ok((ok, summary))
 }
 
-/// Runs the README's copy-paste fragment as the stack deploys it (`your-workflow-example`,
+/// Runs the README's copy-paste fragment as the stack deploys it (`your-workflow`,
 /// lock `example-lock`, limit 2): one more execution than the limit at once, so that one of
 /// them waits in the fragment's loop. Ok when each succeeded with a fencing token of its own
 /// and the lock holds nothing after.

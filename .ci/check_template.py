@@ -1,0 +1,591 @@
+#!/usr/bin/env python3
+"""Deploy-time checks of template.yaml as the SAM translator emits it.
+
+AWS enforces limits at deploy time that no local run meets: a state machine
+name longer than 80 characters, a function's environment over 4 KB, a policy
+over IAM's size quotas, an event pattern over EventBridge's. This script
+translates the template with the SAM translator (samtranslator, which
+aws-sam-cli brings into .venv-deploy; its own YAML reader), evaluates the
+CloudFormation intrinsics with the parameters at their longest accepted values
+and the stack name at the longest the template allows, and measures each
+limited thing against its AWS quota (the AWS documentation's number is named
+next to each one below).
+
+Usage (the venv's python: samtranslator and parliament live there):
+  check_template.py names  [template.yaml]  every name built from the stack name fits
+  check_template.py lists  [template.yaml]  environments, policies and event patterns fit
+                                             with every parameter at its longest
+  check_template.py iam    [template.yaml]  parliament finds nothing but the recorded
+                                             exceptions (.ci/iam-exceptions.json)
+  check_template.py pitr   [template.yaml]  every table has the same point-in-time recovery
+Prints what it measured; exits 1 on any failure.
+"""
+
+import copy
+import json
+import os
+import re
+import sys
+
+from samtranslator.translator.transform import transform
+from samtranslator.yaml_helper import yaml_parse
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXCEPTIONS = os.path.join(HERE, "iam-exceptions.json")
+
+# CloudFormation: "a stack name can contain only alphanumeric characters
+# (case-sensitive) and hyphens ... 128 characters" (CreateStack, StackName).
+CFN_STACK_NAME_MAX = 128
+# The longest partition and region names there are, so that every ARN the
+# template builds is measured at its longest.
+PARTITION = "aws-us-gov"
+REGION = "ap-southeast-7"
+ACCOUNT = "123456789012"
+
+# Name properties and their AWS limits (characters).
+NAME_LIMITS = {
+    # Step Functions CreateStateMachine, name: "Maximum length of 80".
+    ("AWS::StepFunctions::StateMachine", "StateMachineName"): 80,
+    # CloudWatch Logs CreateLogGroup: "Log group names can be between 1 and 512 characters long".
+    ("AWS::Logs::LogGroup", "LogGroupName"): 512,
+    # Lambda CreateFunction, FunctionName: 64 characters (the name alone).
+    ("AWS::Lambda::Function", "FunctionName"): 64,
+    # IAM quotas: role names 64 characters, managed policy names 128.
+    ("AWS::IAM::Role", "RoleName"): 64,
+    ("AWS::IAM::ManagedPolicy", "ManagedPolicyName"): 128,
+    # DynamoDB CreateTable, TableName: 3 to 255 characters.
+    ("AWS::DynamoDB::Table", "TableName"): 255,
+    # SNS CreateTopic: topic names up to 256 characters.
+    ("AWS::SNS::Topic", "TopicName"): 256,
+    # EventBridge PutRule, Name: 64 characters.
+    ("AWS::Events::Rule", "Name"): 64,
+    # CloudWatch PutMetricAlarm, AlarmName: 255 characters.
+    ("AWS::CloudWatch::Alarm", "AlarmName"): 255,
+}
+
+# Size quotas.
+# Lambda quotas: "Environment variables: 4 KB", the total of the function's set. Counted
+# here as the JSON object of the variables (keys, values, quotes and separators), which
+# is at least what Lambda counts however it counts keys and values.
+LAMBDA_ENV_BYTES = 4096
+# IAM and AWS STS quotas ("IAM doesn't count white space when calculating the size of a
+# policy"): managed policy 6,144 characters; a role's inline policies 10,240 in all;
+# a role trust policy 2,048; 10 managed policies attached to a role (default quota).
+IAM_MANAGED_POLICY_CHARS = 6144
+IAM_ROLE_INLINE_CHARS = 10240
+IAM_TRUST_POLICY_CHARS = 2048
+IAM_MANAGED_POLICIES_PER_ROLE = 10
+# EventBridge quotas: "Event pattern size: 2,048 characters" (default; adjustable).
+EVENT_PATTERN_CHARS = 2048
+# CloudFormation quotas: a parameter value is at most 4,096 bytes.
+CFN_PARAMETER_BYTES = 4096
+
+# The shortest and the longest element each list parameter's AllowedPattern accepts
+# (the shortest is the worst case: every element adds quotes, ":*" and separators
+# where it is copied). The check verifies both against the pattern.
+LIST_ELEMENTS = {
+    "states": (
+        "arn:aws:states:a:123456789012:stateMachine:x",
+        f"arn:{PARTITION}:states:{REGION}:123456789012:stateMachine:" + "m" * 80,
+    ),
+    "lambda": (
+        "arn:aws:lambda:a:123456789012:function:x",
+        f"arn:{PARTITION}:lambda:{REGION}:123456789012:function:" + "f" * 64 + ":" + "q" * 128,
+    ),
+}
+
+NO_VALUE = object()
+
+
+class CheckError(Exception):
+    pass
+
+
+# ------------------------------------------------------------------ template
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return yaml_parse(f.read())
+
+
+def translate(template, parameter_values):
+    """The template as CloudFormation receives it from `sam deploy`."""
+    template = copy.deepcopy(template)
+    # `sam deploy` uploads the code and definitions and puts their S3 locations here;
+    # the translator refuses local paths. What is uploaded measures nothing here.
+    function_globals = template.get("Globals", {}).get("Function", {})
+    if "CodeUri" in function_globals:
+        function_globals["CodeUri"] = "s3://bucket/code.zip"
+    for resource in template["Resources"].values():
+        props = resource.get("Properties", {})
+        if "CodeUri" in props:
+            props["CodeUri"] = "s3://bucket/code.zip"
+        if "DefinitionUri" in props:
+            props["DefinitionUri"] = "s3://bucket/definition.json"
+
+    class NoManagedPolicies:
+        # The template names AWS managed policies by ARN only.
+        def load(self):
+            return {}
+
+    return transform(template, dict(parameter_values), NoManagedPolicies())
+
+
+def stack_name_bound(template):
+    """The longest stack name the template promises to deploy with."""
+    description = " ".join(str(template.get("Description", "")).split())
+    found = re.search(r"stack name at most (\d+) characters", description)
+    if not found:
+        raise CheckError(
+            "template Description states no 'stack name at most N characters': the names "
+            f"are checked at CloudFormation's {CFN_STACK_NAME_MAX}"
+        )
+    bound = int(found.group(1))
+    if not 1 <= bound <= CFN_STACK_NAME_MAX:
+        raise CheckError(f"Description's stack name bound {bound} is not 1..{CFN_STACK_NAME_MAX}")
+    return bound
+
+
+def longest_value(name, spec):
+    """The longest value CloudFormation accepts for a parameter (as text)."""
+    kind = spec.get("Type", "String")
+    if "AllowedValues" in spec:
+        return max((str(v) for v in spec["AllowedValues"]), key=len)
+    if kind == "Number":
+        if "MaxValue" not in spec or "MinValue" not in spec:
+            raise CheckError(f"parameter {name}: a Number without MinValue and MaxValue")
+        return max((str(spec["MinValue"]), str(spec["MaxValue"])), key=len)
+    if kind != "String":
+        raise CheckError(f"parameter {name}: type {kind} is not measured (use String and !Split)")
+    if "MaxLength" not in spec:
+        raise CheckError(
+            f"parameter {name}: a String without MaxLength reaches the deployed resources "
+            "unbounded"
+        )
+    n = int(spec["MaxLength"])
+    if n > CFN_PARAMETER_BYTES:
+        raise CheckError(f"parameter {name}: MaxLength {n} > CloudFormation's {CFN_PARAMETER_BYTES}")
+    pattern = spec.get("AllowedPattern")
+    for service, (short, long_) in LIST_ELEMENTS.items():
+        if pattern and matches(pattern, short):
+            # A list parameter: its worst case is the most elements (the shortest ones).
+            return list_value(name, spec, short)
+    for candidate in ("a" * n, "1" * n, "a" * (n - 6) + "@a.com", "rate(" + "1" * (n - 13) + " minutes)"):
+        if len(candidate) == n and (not pattern or matches(pattern, candidate)):
+            return candidate
+    raise CheckError(f"parameter {name}: no value of its MaxLength {n} found that matches its pattern")
+
+
+def matches(pattern, value):
+    return re.fullmatch(pattern, value) is not None
+
+
+def list_value(name, spec, element):
+    """A comma-separated list of `element` as long as the parameter accepts."""
+    n = int(spec["MaxLength"])
+    pattern = spec.get("AllowedPattern", "")
+    if not matches(pattern, element):
+        raise CheckError(f"parameter {name}: its pattern refuses the element {element}")
+    count = (n + 1) // (len(element) + 1)
+    value = ",".join([element] * count)
+    if count == 0 or not matches(pattern, value) or len(value) > n:
+        raise CheckError(f"parameter {name}: its pattern refuses a list of {count} x {element}")
+    return value
+
+
+def list_parameters(template):
+    """Parameters holding comma-separated ARN lists: name -> (short, long) element."""
+    found = {}
+    for name, spec in template.get("Parameters", {}).items():
+        if spec.get("Type") == "CommaDelimitedList":
+            raise CheckError(
+                f"parameter {name}: CommaDelimitedList has no MaxLength; use a String with "
+                "MaxLength and an AllowedPattern, and !Split where a list is needed"
+            )
+        pattern = spec.get("AllowedPattern")
+        for service, (short, long_) in LIST_ELEMENTS.items():
+            if pattern and matches(pattern, short):
+                if not matches(pattern, long_) or not matches(pattern, short + "," + long_):
+                    raise CheckError(f"parameter {name}: its pattern refuses {long_}")
+                found[name] = (short, long_)
+    return found
+
+
+# ---------------------------------------------------------------- intrinsics
+
+
+class Stack:
+    """Evaluates CloudFormation intrinsics as CloudFormation would, with placeholder
+    physical names for what CloudFormation generates ("<stack>-<logical id>-<random>",
+    cut to the resource's name limit)."""
+
+    def __init__(self, template, parameters, name):
+        self.template = template
+        self.resources = template.get("Resources", {})
+        self.conditions = template.get("Conditions", {})
+        self.parameters = parameters
+        self.name = name
+        self._condition_cache = {}
+
+    # physical names
+    def generated(self, logical_id, limit):
+        return f"{self.name}-{logical_id}-ABCDEFGHIJKLM"[:limit]
+
+    def arn(self, service, resource, region=True):
+        r = REGION if region else ""
+        return f"arn:{PARTITION}:{service}:{r}:{ACCOUNT}:{resource}"
+
+    def physical_name(self, logical_id):
+        resource = self.resources[logical_id]
+        kind = resource["Type"]
+        props = resource.get("Properties", {})
+        for (k, prop), limit in NAME_LIMITS.items():
+            if k == kind:
+                if prop in props:
+                    return self.resolve(props[prop])
+                return self.generated(logical_id, limit)
+        return self.generated(logical_id, 64)
+
+    def ref(self, name):
+        pseudo = {
+            "AWS::StackName": self.name,
+            "AWS::Region": REGION,
+            "AWS::AccountId": ACCOUNT,
+            "AWS::Partition": PARTITION,
+            "AWS::URLSuffix": "amazonaws.com",
+            "AWS::StackId": self.arn("cloudformation", f"stack/{self.name}/" + "0" * 36),
+            "AWS::NoValue": NO_VALUE,
+        }
+        if name in pseudo:
+            return pseudo[name]
+        if name in self.parameters:
+            return self.parameters[name]
+        if name not in self.resources:
+            raise CheckError(f"Ref {name}: no such parameter or resource")
+        kind = self.resources[name]["Type"]
+        physical = self.physical_name(name)
+        return {
+            "AWS::StepFunctions::StateMachine": lambda: self.arn("states", f"stateMachine:{physical}"),
+            "AWS::SNS::Topic": lambda: self.arn("sns", physical),
+            "AWS::IAM::ManagedPolicy": lambda: self.arn("iam", f"policy/{physical}", region=False),
+        }.get(kind, lambda: physical)()
+
+    def get_att(self, logical_id, attribute):
+        kind = self.resources[logical_id]["Type"]
+        name = self.physical_name(logical_id)
+        table = {
+            ("AWS::DynamoDB::Table", "Arn"): lambda: self.arn("dynamodb", f"table/{name}"),
+            ("AWS::Lambda::Function", "Arn"): lambda: self.arn("lambda", f"function:{name}"),
+            ("AWS::StepFunctions::StateMachine", "Arn"): lambda: self.ref(logical_id),
+            ("AWS::StepFunctions::StateMachine", "Name"): lambda: name,
+            ("AWS::SNS::Topic", "TopicArn"): lambda: self.ref(logical_id),
+            ("AWS::SNS::Topic", "TopicName"): lambda: name,
+            ("AWS::Logs::LogGroup", "Arn"): lambda: self.arn("logs", f"log-group:{name}:*"),
+            ("AWS::IAM::Role", "Arn"): lambda: self.arn("iam", f"role/{name}", region=False),
+            ("AWS::Events::Rule", "Arn"): lambda: self.arn("events", f"rule/{name}"),
+        }
+        if (kind, attribute) not in table:
+            raise CheckError(f"Fn::GetAtt {logical_id}.{attribute} ({kind}) is not emulated")
+        return table[(kind, attribute)]()
+
+    def condition(self, name):
+        if name not in self._condition_cache:
+            if name not in self.conditions:
+                raise CheckError(f"condition {name} is not declared")
+            self._condition_cache[name] = self.truth(self.conditions[name])
+        return self._condition_cache[name]
+
+    def truth(self, value):
+        v = self.resolve(value)
+        if isinstance(v, bool):
+            return v
+        if v in ("true", "false"):
+            return v == "true"
+        raise CheckError(f"a condition evaluated to {v!r}")
+
+    def sub(self, text, variables):
+        def one(m):
+            inner = m.group(1)
+            if inner.startswith("!"):
+                return "${" + inner[1:] + "}"
+            if inner in variables:
+                return str(self.resolve(variables[inner]))
+            if "." in inner and inner.split(".", 1)[0] in self.resources:
+                return str(self.get_att(*inner.split(".", 1)))
+            value = self.ref(inner)
+            if isinstance(value, list):
+                raise CheckError(f"Fn::Sub ${{{inner}}} is a list")
+            return str(value)
+
+        return re.sub(r"\$\{([^}]*)\}", one, text)
+
+    def resolve(self, value):
+        if isinstance(value, list):
+            out = [self.resolve(v) for v in value]
+            return [v for v in out if v is not NO_VALUE]
+        if not isinstance(value, dict):
+            return value
+        if len(value) == 1:
+            (key, arg), = value.items()
+            if key == "Ref":
+                return self.ref(arg)
+            if key == "Condition":
+                return self.condition(arg)
+            if key.startswith("Fn::"):
+                return self.intrinsic(key, arg)
+        out = {k: self.resolve(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v is not NO_VALUE}
+
+    def intrinsic(self, key, arg):
+        if key == "Fn::Sub":
+            if isinstance(arg, str):
+                return self.sub(arg, {})
+            return self.sub(arg[0], arg[1])
+        if key == "Fn::GetAtt":
+            logical_id, attribute = arg if isinstance(arg, list) else arg.split(".", 1)
+            return self.get_att(logical_id, attribute)
+        if key == "Fn::Join":
+            sep, items = arg[0], self.resolve(arg[1])
+            if not isinstance(items, list):
+                raise CheckError(f"Fn::Join of {items!r}")
+            return sep.join(str(i) for i in items)
+        if key == "Fn::Split":
+            sep, text = arg[0], self.resolve(arg[1])
+            return text.split(sep)
+        if key == "Fn::Select":
+            index, items = int(self.resolve(arg[0])), self.resolve(arg[1])
+            return items[index]
+        if key == "Fn::If":
+            name, then, otherwise = arg
+            return self.resolve(then if self.condition(name) else otherwise)
+        if key == "Fn::Not":
+            return not self.truth(arg[0])
+        if key == "Fn::And":
+            return all(self.truth(a) for a in arg)
+        if key == "Fn::Or":
+            return any(self.truth(a) for a in arg)
+        if key == "Fn::Equals":
+            a, b = (self.resolve(x) for x in arg)
+            return str(a) == str(b)
+        raise CheckError(f"{key} is not emulated")
+
+
+def render(template, values, stack_name):
+    """The translated template, every intrinsic evaluated."""
+    translated = translate(template, values)
+    stack = Stack(translated, typed(template, values), stack_name)
+    rendered = {}
+    for logical_id, resource in translated["Resources"].items():
+        if "Condition" in resource and not stack.condition(resource["Condition"]):
+            continue
+        rendered[logical_id] = {
+            "Type": resource["Type"],
+            "Properties": stack.resolve(resource.get("Properties", {})),
+        }
+    return translated, rendered
+
+
+def typed(template, values):
+    """Parameter values as Ref gives them (a CommaDelimitedList is a list)."""
+    out = {}
+    for name, spec in template.get("Parameters", {}).items():
+        value = values.get(name, spec.get("Default", ""))
+        value = str(value)
+        out[name] = value.split(",") if spec.get("Type") == "CommaDelimitedList" else value
+    return out
+
+
+def compact(document):
+    """A policy or pattern as IAM and EventBridge count it: JSON without white space."""
+    return json.dumps(document, separators=(",", ":"))
+
+
+# -------------------------------------------------------------------- checks
+
+
+def check_names(path):
+    template = load(path)
+    bound = stack_name_bound(template)
+    stack_name = "s" * bound
+    values = {n: str(s["Default"]) for n, s in template.get("Parameters", {}).items() if "Default" in s}
+    translated, rendered = render(template, values, stack_name)
+    failures = []
+    print(f"stack name: {bound} characters (the template's Description)")
+    for logical_id, resource in translated["Resources"].items():
+        for prop, raw in resource.get("Properties", {}).items():
+            built = "AWS::StackName" in json.dumps(raw)
+            limit = NAME_LIMITS.get((resource["Type"], prop))
+            if limit is None:
+                if built and prop.endswith("Name"):
+                    failures.append(
+                        f"{logical_id}.{prop} is built from the stack name and this check "
+                        "knows no limit for it: add it to NAME_LIMITS"
+                    )
+                continue
+            if logical_id not in rendered:
+                continue
+            value = rendered[logical_id]["Properties"].get(prop)
+            if not isinstance(value, str):
+                continue
+            verdict = "ok" if len(value) <= limit else "TOO LONG"
+            line = f"{logical_id}.{prop}: {len(value)}/{limit} {verdict}"
+            if len(value) > limit:
+                failures.append(f"{line}: {value}")
+            elif built:
+                print(line)
+    for f in failures:
+        print("FAIL", f)
+    return not failures
+
+
+def check_lists(path):
+    template = load(path)
+    bound = stack_name_bound(template)
+    stack_name = "s" * bound
+    parameters = template.get("Parameters", {})
+    lists = list_parameters(template)
+    if not lists:
+        raise CheckError("no ARN-list parameter found (String with an ARN-list AllowedPattern)")
+    worst = {name: longest_value(name, spec) for name, spec in parameters.items()}
+    cases = {"shortest ARNs": worst}
+    longest = dict(worst)
+    for name, (short, long_) in lists.items():
+        longest[name] = list_value(name, parameters[name], long_)
+    cases["longest ARNs"] = longest
+    for name in lists:
+        print(
+            f"{name}: MaxLength {parameters[name]['MaxLength']} = "
+            f"{worst[name].count(',') + 1} shortest or {longest[name].count(',') + 1} longest ARNs"
+        )
+    failures = []
+    for case, values in cases.items():
+        _, rendered = render(template, values, stack_name)
+        failures += measure(case, rendered)
+    for f in failures:
+        print("FAIL", f)
+    return not failures
+
+
+def measure(case, rendered):
+    failures = []
+    rows = []
+
+    def limit(what, size, quota):
+        rows.append(f"  {what}: {size}/{quota}")
+        if size > quota:
+            failures.append(f"{case}: {what} is {size}, over {quota}")
+
+    managed = {}
+    for logical_id, r in rendered.items():
+        props = r["Properties"]
+        if r["Type"] == "AWS::Lambda::Function":
+            variables = props.get("Environment", {}).get("Variables", {})
+            limit(f"{logical_id} environment", len(compact(variables).encode()), LAMBDA_ENV_BYTES)
+        elif r["Type"] == "AWS::IAM::ManagedPolicy":
+            size = len(compact(props["PolicyDocument"]))
+            managed[logical_id] = size
+            limit(f"{logical_id} (managed policy)", size, IAM_MANAGED_POLICY_CHARS)
+        elif r["Type"] == "AWS::IAM::Role":
+            inline = sum(
+                len(p["PolicyName"]) + len(compact(p["PolicyDocument"])) for p in props.get("Policies", [])
+            )
+            limit(f"{logical_id} inline policies", inline, IAM_ROLE_INLINE_CHARS)
+            limit(f"{logical_id} trust policy", len(compact(props["AssumeRolePolicyDocument"])), IAM_TRUST_POLICY_CHARS)
+            limit(f"{logical_id} managed policies", len(props.get("ManagedPolicyArns", [])), IAM_MANAGED_POLICIES_PER_ROLE)
+        elif r["Type"] == "AWS::Events::Rule" and "EventPattern" in props:
+            limit(f"{logical_id} event pattern", len(compact(props["EventPattern"])), EVENT_PATTERN_CHARS)
+    print(f"{case}:")
+    for row in rows:
+        print(row)
+    return failures
+
+
+def check_pitr(path):
+    template = load(path)
+    values = {n: str(s["Default"]) for n, s in template.get("Parameters", {}).items() if "Default" in s}
+    _, rendered = render(template, values, "s")
+    settings = {
+        logical_id: r["Properties"].get("PointInTimeRecoverySpecification")
+        for logical_id, r in rendered.items()
+        if r["Type"] == "AWS::DynamoDB::Table"
+    }
+    for logical_id, spec in settings.items():
+        print(f"{logical_id}: {compact(spec) if spec else 'no PointInTimeRecoverySpecification (off)'}")
+    distinct = {compact(s) if s else None for s in settings.values()}
+    if len(distinct) > 1:
+        print("FAIL the tables' point-in-time recovery differs: restoring one without the other "
+              "breaks the count of waiters the lock item keeps")
+        return False
+    return True
+
+
+def policies(rendered):
+    """(where, document) of every identity policy the stack creates."""
+    for logical_id, r in rendered.items():
+        props = r["Properties"]
+        if r["Type"] == "AWS::IAM::ManagedPolicy":
+            yield logical_id, props["PolicyDocument"]
+        elif r["Type"] == "AWS::IAM::Role":
+            for p in props.get("Policies", []):
+                yield f"{logical_id}/{p['PolicyName']}", p["PolicyDocument"]
+
+
+def check_iam(path):
+    from parliament import analyze_policy_string
+
+    template = load(path)
+    parameters = template.get("Parameters", {})
+    values = {n: str(s["Default"]) for n, s in parameters.items() if "Default" in s}
+    # Every list given, so that every conditional statement is linted.
+    for name, (short, _) in list_parameters(template).items():
+        values[name] = short
+    _, rendered = render(template, values, "stack")
+    with open(EXCEPTIONS, encoding="utf-8") as f:
+        exceptions = json.load(f)["exceptions"]
+    used = set()
+    new = []
+    count = 0
+    for where, document in policies(rendered):
+        count += 1
+        policy = analyze_policy_string(json.dumps(document))
+        for finding in policy.findings:
+            detail = compact(finding.detail) if not isinstance(finding.detail, str) else finding.detail
+            hit = [
+                i
+                for i, e in enumerate(exceptions)
+                if re.fullmatch(e["policy"], where)
+                and e["issue"] == finding.issue
+                and re.search(e["detail"], detail)
+            ]
+            if hit:
+                used.update(hit)
+                print(f"accepted {where}: {finding.issue} ({exceptions[hit[0]]['source']})")
+            else:
+                new.append(f"{where}: {finding.issue} {detail}")
+    stale = [e for i, e in enumerate(exceptions) if i not in used]
+    print(f"{count} policies linted")
+    for n in new:
+        print("FAIL new finding:", n)
+    for e in stale:
+        print("FAIL exception no longer found (remove it):", compact(e))
+    return not new and not stale
+
+
+CHECKS = {"names": check_names, "lists": check_lists, "iam": check_iam, "pitr": check_pitr}
+
+
+def main(argv):
+    if len(argv) not in (2, 3) or argv[1] not in CHECKS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    path = argv[2] if len(argv) == 3 else "template.yaml"
+    try:
+        return 0 if CHECKS[argv[1]](path) else 1
+    except CheckError as e:
+        print("FAIL", e)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
