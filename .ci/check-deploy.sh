@@ -106,6 +106,8 @@ check --show "DefinitionSubstitutions keys == \${...} used, per state machine" p
 PY="$VENV/bin/python"
 check --show "names built from the stack name fit their AWS limits at the longest stack name" "$PY" .ci/check_template.py names template.yaml
 check --show "every DynamoDB table has the same point-in-time recovery" "$PY" .ci/check_template.py pitr template.yaml
+check --show "environments, policies and event patterns fit AWS quotas with every parameter at its longest" "$PY" .ci/check_template.py lists template.yaml
+check --show "parliament: no IAM finding but the recorded exceptions (.ci/iam-exceptions.json)" "$PY" .ci/check_template.py iam template.yaml
 
 echo "deploy-checks: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
