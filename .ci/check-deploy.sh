@@ -108,6 +108,7 @@ check --show "names built from the stack name fit their AWS limits at the longes
 check --show "every DynamoDB table has the same point-in-time recovery" "$PY" .ci/check_template.py pitr template.yaml
 check --show "environments, policies and event patterns fit AWS quotas with every parameter at its longest" "$PY" .ci/check_template.py lists template.yaml
 check --show "parliament: no IAM finding but the recorded exceptions (.ci/iam-exceptions.json)" "$PY" .ci/check_template.py iam template.yaml
+check --show "each template check fails on a template broken for it" "$PY" .ci/check_template.py selftest template.yaml
 
 echo "deploy-checks: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -18,6 +18,8 @@ Usage (the venv's python: samtranslator and parliament live there):
   check_template.py iam    [template.yaml]  parliament finds nothing but the recorded
                                              exceptions (.ci/iam-exceptions.json)
   check_template.py pitr   [template.yaml]  every table has the same point-in-time recovery
+  check_template.py selftest [template.yaml] each check above fails on a template broken
+                                             for it (and passes on the template itself)
 Prints what it measured; exits 1 on any failure.
 """
 
@@ -28,6 +30,7 @@ import os
 import re
 import sys
 
+import yaml
 from samtranslator.translator.transform import transform
 from samtranslator.yaml_helper import yaml_parse
 
@@ -65,6 +68,8 @@ NAME_LIMITS = {
     ("AWS::Events::Rule", "Name"): 64,
     # CloudWatch PutMetricAlarm, AlarmName: 255 characters.
     ("AWS::CloudWatch::Alarm", "AlarmName"): 255,
+    # SQS CreateQueue, QueueName: up to 80 characters.
+    ("AWS::SQS::Queue", "QueueName"): 80,
 }
 
 # Size quotas.
@@ -175,7 +180,7 @@ def longest_value(name, spec):
     if element:
         # A list parameter: its worst case is the most elements (the shortest ones).
         return list_value(name, spec, element[0])
-    for candidate in ("a" * n, "1" * n, "a" * (n - 6) + "@a.com", "rate(" + "1" * (n - 13) + " minutes)"):
+    for candidate in ("a" * n, "1" * n, "a" * (n - 6) + "@a.com"):
         if len(candidate) == n and (not pattern or matches(pattern, candidate)):
             return candidate
     raise CheckError(f"parameter {name}: no value of its MaxLength {n} found that matches its pattern")
@@ -283,6 +288,7 @@ class Stack:
             "AWS::StepFunctions::StateMachine": lambda: self.arn("states", f"stateMachine:{physical}"),
             "AWS::SNS::Topic": lambda: self.arn("sns", physical),
             "AWS::IAM::ManagedPolicy": lambda: self.arn("iam", f"policy/{physical}", region=False),
+            "AWS::SQS::Queue": lambda: f"https://sqs.{self.region}.amazonaws.com/{ACCOUNT}/{physical}",
         }.get(kind, lambda: physical)()
 
     def get_att(self, logical_id, attribute):
@@ -298,9 +304,16 @@ class Stack:
             ("AWS::Logs::LogGroup", "Arn"): lambda: self.arn("logs", f"log-group:{name}:*"),
             ("AWS::IAM::Role", "Arn"): lambda: self.arn("iam", f"role/{name}", region=False),
             ("AWS::Events::Rule", "Arn"): lambda: self.arn("events", f"rule/{name}"),
+            ("AWS::SQS::Queue", "Arn"): lambda: self.arn("sqs", name),
+            ("AWS::SQS::Queue", "QueueName"): lambda: name,
+            ("AWS::SQS::Queue", "QueueUrl"): lambda: self.ref(logical_id),
+            ("AWS::CloudWatch::Alarm", "Arn"): lambda: self.arn("cloudwatch", f"alarm:{name}"),
         }
         if (kind, attribute) not in table:
-            raise CheckError(f"Fn::GetAtt {logical_id}.{attribute} ({kind}) is not emulated")
+            raise CheckError(
+                f"Fn::GetAtt {logical_id}.{attribute} ({kind}) is not emulated: add it to "
+                "Stack.get_att in .ci/check_template.py"
+            )
         return table[(kind, attribute)]()
 
     def condition(self, name):
@@ -418,14 +431,21 @@ def compact(document):
 # -------------------------------------------------------------------- checks
 
 
-def check_names(path):
-    template = load(path)
+def check_names(template, root):
     bound = stack_name_bound(template)
     stack_name = "s" * bound
     values = {n: str(s["Default"]) for n, s in template.get("Parameters", {}).items() if "Default" in s}
     translated, rendered = render(template, values, stack_name)
     failures = []
     print(f"stack name: {bound} characters (the template's Description)")
+    samconfig = os.path.join(root, "samconfig.toml")
+    if os.path.exists(samconfig):
+        import tomllib
+
+        with open(samconfig, "rb") as f:
+            name = tomllib.load(f).get("default", {}).get("global", {}).get("parameters", {}).get("stack_name", "")
+        if len(name) > bound:
+            failures.append(f"samconfig.toml's stack_name {name} is {len(name)} characters, over {bound}")
     for logical_id, resource in translated["Resources"].items():
         for prop, raw in resource.get("Properties", {}).items():
             built = "AWS::StackName" in json.dumps(raw)
@@ -453,8 +473,7 @@ def check_names(path):
     return not failures
 
 
-def check_lists(path):
-    template = load(path)
+def check_lists(template, root):
     bound = stack_name_bound(template)
     stack_name = "s" * bound
     parameters = template.get("Parameters", {})
@@ -516,8 +535,7 @@ def measure(case, rendered):
     return failures
 
 
-def check_pitr(path):
-    template = load(path)
+def check_pitr(template, root):
     values = {n: str(s["Default"]) for n, s in template.get("Parameters", {}).items() if "Default" in s}
     _, rendered = render(template, values, "s")
     settings = {
@@ -564,10 +582,9 @@ def subject(finding, document):
     return actions(document)
 
 
-def check_iam(path):
+def check_iam(template, root):
     from parliament import analyze_policy_string
 
-    template = load(path)
     parameters = template.get("Parameters", {})
     values = {n: str(s["Default"]) for n, s in parameters.items() if "Default" in s}
     # Every list given, so that every conditional statement is linted: one ordinary ARN each.
@@ -610,7 +627,78 @@ def check_iam(path):
     return not new and not stale
 
 
-CHECKS = {"names": check_names, "lists": check_lists, "iam": check_iam, "pitr": check_pitr}
+def run(check, template, root):
+    try:
+        return CHECKS[check](template, root)
+    except CheckError as e:
+        print("FAIL", e)
+        return False
+
+
+def breakages(template):
+    """(check, what, a copy of the template broken so that only that check must fail)."""
+
+    def broken(change):
+        t = copy.deepcopy(template)
+        change(t)
+        return t
+
+    resources = template["Resources"]
+
+    def long_machine_name(t):
+        # The suffix the example machine had before issue 18: 87 characters at 65.
+        t["Resources"]["YourWorkflowExampleStateMachine"]["Properties"]["Name"] = {
+            "Fn::Sub": "${AWS::StackName}-your-workflow-example"
+        }
+
+    def queue_table_without_pitr(t):
+        t["Resources"]["QueueTable"]["Properties"].pop("PointInTimeRecoverySpecification")
+
+    def longer_protected_list(t):
+        t["Parameters"]["ProtectedStateMachineArns"]["MaxLength"] = 2000
+
+    def dynamodb_read_on_a_machine(t):
+        t["Resources"]["HandOffPolicy"]["Properties"]["PolicyDocument"]["Statement"].append(
+            {"Effect": "Allow", "Action": "dynamodb:GetItem", "Resource": {"Ref": "LockProtectedStateMachine"}}
+        )
+
+    for check, what, change, needs in (
+        ("names", "-your-workflow-example as the example machine's suffix", long_machine_name, "YourWorkflowExampleStateMachine"),
+        ("pitr", "QueueTable without point-in-time recovery", queue_table_without_pitr, "QueueTable"),
+        ("lists", "ProtectedStateMachineArns up to 2,000 characters", longer_protected_list, None),
+        ("iam", "dynamodb:GetItem on a state machine ARN in HandOffPolicy", dynamodb_read_on_a_machine, "HandOffPolicy"),
+    ):
+        if needs and needs not in resources:
+            raise CheckError(f"selftest: the template has no {needs} to break")
+        yield check, what, broken(change)
+
+
+def check_selftest(template, root):
+    """Each check fails on a template broken for it, and passes on the template itself."""
+    import contextlib
+    import io
+
+    ok = True
+    for check, what, broken in breakages(template):
+        quiet = io.StringIO()
+        with contextlib.redirect_stdout(quiet):
+            passes_as_is = run(check, template, root)
+            fails_broken = not run(check, broken, root)
+        reason = next((line for line in quiet.getvalue().splitlines() if line.startswith("FAIL")), "")
+        print(f"{check}: {'fails' if fails_broken else 'PASSES'} with {what}: {reason}")
+        if not (passes_as_is and fails_broken):
+            print(f"FAIL the {check} check cannot fail on {what} (or fails on the template itself)")
+            ok = False
+    return ok
+
+
+CHECKS = {
+    "names": check_names,
+    "lists": check_lists,
+    "iam": check_iam,
+    "pitr": check_pitr,
+    "selftest": check_selftest,
+}
 
 
 def main(argv):
@@ -619,10 +707,11 @@ def main(argv):
         return 2
     path = argv[2] if len(argv) == 3 else "template.yaml"
     try:
-        return 0 if CHECKS[argv[1]](path) else 1
-    except CheckError as e:
-        print("FAIL", e)
+        template = load(path)
+    except (OSError, yaml.YAMLError) as e:
+        print("FAIL cannot read", path, e)
         return 1
+    return 0 if run(argv[1], template, os.path.dirname(os.path.abspath(path))) else 1
 
 
 if __name__ == "__main__":
