@@ -31,6 +31,7 @@ import re
 import sys
 
 import yaml
+from samtranslator.model.exceptions import InvalidDocumentException
 from samtranslator.translator.transform import transform
 from samtranslator.yaml_helper import yaml_parse
 
@@ -379,6 +380,8 @@ class Stack:
             return sep.join(str(i) for i in items)
         if key == "Fn::Split":
             sep, text = arg[0], self.resolve(arg[1])
+            if not isinstance(text, str):
+                raise CheckError(f"Fn::Split of {text!r}, not a string")
             return text.split(sep)
         if key == "Fn::Select":
             index, items = int(self.resolve(arg[0])), self.resolve(arg[1])
@@ -632,6 +635,9 @@ def run(check, template, root):
         return CHECKS[check](template, root)
     except CheckError as e:
         print("FAIL", e)
+        return False
+    except InvalidDocumentException as e:
+        print("FAIL the SAM translator refuses the template:", "; ".join(str(c) for c in e.causes))
         return False
 
 
