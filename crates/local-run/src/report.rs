@@ -204,6 +204,10 @@ pub struct StopParentReport {
     /// How many times the cleanup answered "deferred" and waited for the work to end.
     pub cleanup_waits: usize,
     pub cleanup_status: String,
+    /// The status event as EventBridge emits it, and as the cleanup machine got it (through
+    /// the rule's input transformer), in bytes.
+    pub event_bytes: usize,
+    pub delivered_bytes: usize,
     pub ok: bool,
 }
 
@@ -550,7 +554,7 @@ impl Report {
                 "stop the parent",
                 format!(
                     "{} work: {} stopped; its child {} ended {} ({} ms later){}; the slot freed \
-                     {}",
+                     {}; its status event {} bytes, {} as delivered",
                     p.work,
                     short(&p.parent),
                     short(&p.child),
@@ -565,7 +569,9 @@ impl Report {
                         Some(ms) if ms >= 0 => format!("{ms} ms after the child ended"),
                         Some(ms) => format!("{} ms BEFORE the child ended", -ms),
                         None => "never".to_owned(),
-                    }
+                    },
+                    p.event_bytes,
+                    p.delivered_bytes
                 ),
             );
         }

@@ -396,6 +396,8 @@ pub struct StopParent<'a> {
     /// The machine the child runs on: the demo work, or the work-function runner.
     pub child_machine: &'a MachinePlan,
     pub cleanup: &'a MachinePlan,
+    /// The rule's input transformer: the cleanup gets what EventBridge would send it.
+    pub transformer: Option<&'a crate::events::InputTransformer>,
     pub input: Value,
     pub name: &'a str,
     pub work: &'a str,
@@ -467,13 +469,24 @@ pub async fn stop_the_parent(
         &stack.account,
         &format!("{}-event", probe.name),
     );
-    let cleanup = start(
-        sfn,
-        &probe.cleanup.arn,
-        &format!("{}-evt", probe.name),
-        &event,
-    )
-    .await?;
+    let delivered = crate::events::target_input(probe.transformer, &event)?;
+    let cleanup = sfn
+        .start_execution()
+        .state_machine_arn(&probe.cleanup.arn)
+        .name(format!("{}-evt", probe.name))
+        .input(&delivered)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "{}: the cleanup machine refused its status event ({} bytes as delivered): {}",
+                probe.name,
+                delivered.len(),
+                sfn_error(e)
+            )
+        })?
+        .execution_arn()
+        .to_owned();
     let cleaned = wait_ended(sfn, &cleanup, std::time::Duration::from_secs(180)).await?;
     let child_end = wait_ended(sfn, &child.arn, std::time::Duration::from_secs(60)).await?;
     let (child_ended, _) = describe(sfn, &child.arn).await?;
@@ -515,6 +528,8 @@ pub async fn stop_the_parent(
         freed_after_child_ms,
         cleanup_waits: waits,
         cleanup_status: cleaned.status,
+        event_bytes: event.to_string().len(),
+        delivered_bytes: delivered.len(),
     })
 }
 
