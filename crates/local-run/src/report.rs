@@ -188,6 +188,18 @@ pub struct RedriveGuardReport {
     pub ok: bool,
 }
 
+/// A machine the stack does not protect calls the acquire function (#18 item 16): it must fail
+/// with SemaphoreMisconfigured, and nothing be written for its lock.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct MisconfiguredReport {
+    pub execution: String,
+    pub status: String,
+    pub error: Option<String>,
+    /// Whether its lock's item exists after it ended.
+    pub lock_written: bool,
+    pub ok: bool,
+}
+
 /// Stopping the parent while its work runs, one execution at a time: its status event goes to
 /// the cleanup machine on time, and the poller of its lock watches when its slot is freed.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -260,6 +272,7 @@ pub struct Report {
     pub sweeper: Option<SweeperCounts>,
     pub work: Option<WorkReport>,
     pub redrive_guard: Option<RedriveGuardReport>,
+    pub misconfigured_caller: Option<MisconfiguredReport>,
     pub stopped_parent_probes: Vec<StopParentReport>,
     /// The test runner's run: its input and answer.
     pub test_runner: Option<String>,
@@ -586,6 +599,22 @@ impl Report {
                     r.status,
                     r.error.as_deref().unwrap_or("(no error)"),
                     r.held_after
+                ),
+            );
+        }
+        if let Some(m) = &self.misconfigured_caller {
+            line(
+                "not protected",
+                format!(
+                    "{} (a machine not in ProtectedStateMachineArns) -> {} {}; its lock {}",
+                    short(&m.execution),
+                    m.status,
+                    m.error.as_deref().unwrap_or("(no error)"),
+                    if m.lock_written {
+                        "WAS written"
+                    } else {
+                        "untouched"
+                    }
                 ),
             );
         }

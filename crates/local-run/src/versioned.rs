@@ -606,6 +606,13 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         redrive.status,
         redrive.error.as_deref().unwrap_or("")
     );
+    let misconfigured = work::misconfigured_caller(&sfn, &protected, &item).await?;
+    eprintln!(
+        "    {}: a machine the stack does not protect ended {} {}",
+        if misconfigured.ok { "ok" } else { "NOT OK" },
+        misconfigured.status,
+        misconfigured.error.as_deref().unwrap_or("")
+    );
     let mut stop_probes = Vec::new();
     for probe in [
         work::StopParent {
@@ -1188,6 +1195,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     );
     report.work = Some(work_report.clone());
     report.redrive_guard = Some(redrive.clone());
+    report.misconfigured_caller = Some(misconfigured.clone());
     report.stopped_parent_probes = stop_probes.clone();
     report.test_runner = Some(test_runner_run.clone());
     report.your_workflow_example = Some(example_run.clone());
@@ -1315,6 +1323,21 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         "your workflow",
         example_ok,
         format!("the README's fragment, deployed as it is: {example_run}"),
+    );
+    report.check(
+        "F12 not protected",
+        misconfigured.ok,
+        format!(
+            "an execution of a machine not in ProtectedStateMachineArns that asked for a slot \
+             ended {} {}, its lock {}",
+            misconfigured.status,
+            misconfigured.error.as_deref().unwrap_or("(no error)"),
+            if misconfigured.lock_written {
+                "written"
+            } else {
+                "untouched"
+            }
+        ),
     );
     report.check(
         "F7 redrive guard",
