@@ -43,6 +43,9 @@ that map a task's parameters to the SDK's names and the answer back to the names
 `Output`) as no-ops, so every such task failed with States.Runtime "'StateMachineArn'". The
 patch maps them for that integration, from botocore's model of the API, as AWS does.
 
+One AWS limit moto does not have is enforced, before moto sees the request: StartExecution's
+input of at most 256 KB (limit_start_execution_input).
+
 Usage: python moto_server.py [--port N] [--port-file PATH] [--parent-pid PID]
                              [--lambda-endpoint URL] [--lambda-concurrency N]
   --port 0 picks a free port; the chosen port is printed and written to --port-file.
@@ -504,6 +507,74 @@ def patch_step_functions_integration():
     StateTaskService._normalise_response = _normalise_response
 
 
+# StartExecution's input, at most 262,144 bytes of UTF-8 (Step Functions API reference,
+# StartExecution / ExecutionStartedEventDetails: "Length Constraints: Maximum length of 262144",
+# "expressed as bytes in UTF-8 encoding"). Moto 5.2.5 starts an execution with any input.
+START_EXECUTION_INPUT_MAX_BYTES = 262144
+
+
+def limit_start_execution_input(app):
+    """Refuses a StartExecution (or StartSyncExecution) whose input is over 256 KB, as AWS does.
+
+    Moto starts it; AWS answers ValidationException before anything starts. Whatever starts an
+    execution meets it: a client, EventBridge delivering a status event to the cleanup machine
+    (the local run plays that delivery through the same API), or a `states:startExecution` task
+    (moto's interpreter calls this server over HTTP). A wrapper of the WSGI app, not of moto's
+    code; the number is checked against botocore's model of the API at start, so a change there
+    stops the server instead of enforcing a stale limit.
+    """
+    import io
+
+    import botocore.session
+
+    shape = (
+        botocore.session.get_session()
+        .get_service_model("stepfunctions")
+        .operation_model("StartExecution")
+        .input_shape.members["input"]
+    )
+    if shape.metadata.get("max") != START_EXECUTION_INPUT_MAX_BYTES:
+        raise SystemExit(
+            "moto_server.py: botocore's model gives StartExecution's input a maximum of "
+            f"{shape.metadata.get('max')}, not {START_EXECUTION_INPUT_MAX_BYTES}: review "
+            "limit_start_execution_input"
+        )
+    targets = {"AWSStepFunctions.StartExecution", "AWSStepFunctions.StartSyncExecution"}
+
+    def wrapped(environ, start_response):
+        if environ.get("HTTP_X_AMZ_TARGET") not in targets:
+            return app(environ, start_response)
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(body)
+        try:
+            given = json.loads(body or b"{}").get("input") or ""
+        except ValueError:
+            return app(environ, start_response)
+        size = len(given.encode("utf-8"))
+        if size <= START_EXECUTION_INPUT_MAX_BYTES:
+            return app(environ, start_response)
+        payload = json.dumps(
+            {
+                "__type": "ValidationException",
+                "message": "1 validation error detected: Value at 'input' failed to satisfy "
+                f"constraint: Member must have length less than or equal to "
+                f"{START_EXECUTION_INPUT_MAX_BYTES} (it is {size} bytes)",
+            }
+        ).encode()
+        start_response(
+            "400 Bad Request",
+            [
+                ("Content-Type", "application/x-amz-json-1.0"),
+                ("Content-Length", str(len(payload))),
+                ("x-amzn-ErrorType", "ValidationException"),
+            ],
+        )
+        return [payload]
+
+    return wrapped
+
+
 def watch_parent(pid):
     while True:
         try:
@@ -545,7 +616,7 @@ def main():
     patch_step_functions_integration()
     patch_stop_aborts_waiting_tasks()
     patch_closed_task_tokens()
-    app = serialized(DomainDispatcherApplication(create_backend_app))
+    app = limit_start_execution_input(serialized(DomainDispatcherApplication(create_backend_app)))
     if args.lambda_endpoint:
         app = lambda_bridge(app, args.lambda_endpoint, args.lambda_concurrency)
     server = make_server(

@@ -44,5 +44,8 @@ pub use protocol::{
 };
 pub use queue::{HandOff, QueueKey, QueueOutcome, TaskToken, Waiter, Waker};
 pub use store::{Fenced, ItemStore, Semaphore, MAX_ROUNDS};
-pub use sweep::{ExecutionState, ExecutionStatus, LargestItem, LineSweep, Reclaimed, SweepReport};
+pub use sweep::{
+    missing_long_enough, ExecutionState, ExecutionStatus, LargestItem, LineSweep, Reclaimed,
+    SweepReport, MISSING_EXECUTION_GRACE_MS,
+};
 pub use write::{Change, Check, Write};

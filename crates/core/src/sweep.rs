@@ -12,6 +12,18 @@ use crate::item::{FencingToken, Run, SemaphoreItem};
 use crate::queue::Waker;
 use crate::store::{ItemStore, Semaphore};
 
+/// How long after a holder acquired (or a waiter queued) an answer of "execution does not exist"
+/// is not believed (F11). `DescribeExecution` is eventually consistent: its API reference says
+/// "the results are best effort and may not reflect very recent updates and changes", and the
+/// Step Functions developer guide ("Read consistency in Step Functions") gives "within a few
+/// seconds" for its control plane to converge. An execution that acquired a moment ago exists
+/// (only a running execution can invoke the acquire), so "does not exist" for it is a stale
+/// read, and freeing its slot would put a second execution in its place while it works (S1).
+/// 60 s is an order of magnitude above "a few seconds", and well under the sweep period
+/// (`SweepSchedule`, 5 minutes by default): a holder whose execution is really gone is
+/// reclaimed by the next sweep after the grace, so the price is at most one sweep period.
+pub const MISSING_EXECUTION_GRACE_MS: u64 = 60_000;
+
 /// What the sweeper learns about a holder (from `DescribeExecution` in production).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecutionState {
@@ -89,6 +101,10 @@ pub struct SweepReport {
     /// Holders that could not be checked or cleaned, and items that could not be read, with
     /// why; retried by the next sweep.
     pub errors: Vec<String>,
+    /// Holders whose execution was "not found" but which acquired on the lock less than
+    /// [`MISSING_EXECUTION_GRACE_MS`] ago: kept (not fenced, nothing freed), a later sweep
+    /// asks again.
+    pub too_young: Vec<(LockName, HolderId)>,
     /// The locks someone waited on when the sweep read them: the lines
     /// [`Semaphore::sweep_lines`] visits, without reading the table again.
     pub lines: Vec<LockName>,
@@ -185,6 +201,14 @@ impl<S: ItemStore> Semaphore<S> {
                     }
                 };
                 let now = self.now_ms();
+                let youngest = item.slots_of(holder).map(|(_, h)| h.acquired_at_ms).max();
+                if matches!(states[holder], Ok(ExecutionState::Missing))
+                    && youngest.is_some_and(|at| !missing_long_enough(at, now))
+                {
+                    tracing::info!(lock = %item.lock, %holder, "execution not found but acquired within the grace period: kept for a later sweep");
+                    report.too_young.push((item.lock.clone(), holder.clone()));
+                    continue;
+                }
                 if mode == SweepMode::DryRun {
                     report
                         .reclaimed
@@ -259,6 +283,9 @@ impl<S: ItemStore> Semaphore<S> {
             for waiter in waiters {
                 report.waiters_checked += 1;
                 match executions.describe(&waiter.identity.holder).await {
+                    // A waiter queued within the grace is not taken out on "not found".
+                    Ok(ExecutionState::Missing)
+                        if !missing_long_enough(waiter.key.queued_at_ms, self.now_ms()) => {}
                     Ok(state) if state.reclaim_reason().is_some() => {
                         match self.leave(lock, waiter.key).await {
                             Ok(true) => report
@@ -281,6 +308,12 @@ impl<S: ItemStore> Semaphore<S> {
         }
         Ok(report)
     }
+}
+
+/// Whether "execution does not exist" is believed of one that acquired or queued at `since_ms`.
+/// A clock behind `since_ms` (skew) counts as young.
+pub fn missing_long_enough(since_ms: u64, now_ms: u64) -> bool {
+    now_ms.saturating_sub(since_ms) >= MISSING_EXECUTION_GRACE_MS
 }
 
 #[cfg(test)]
@@ -307,7 +340,8 @@ mod tests {
 
     #[tokio::test]
     async fn only_holders_of_ended_or_missing_executions_are_reclaimed() {
-        let sem = Semaphore::new(MemoryStore::new());
+        let clock = std::sync::Arc::new(crate::clock::ManualClock::new(1_000_000));
+        let sem = Semaphore::new(MemoryStore::new()).with_clock(clock.clone());
         let lock = LockName::new("l").unwrap();
         let limit = Limit::new(10).unwrap();
         for (h, a) in [
@@ -332,6 +366,8 @@ mod tests {
             ("gone".to_owned(), ExecutionState::Missing),
             ("op".to_owned(), ExecutionState::NotAnExecution),
         ]));
+        // "gone" is believed gone only past the grace period (see the next test).
+        clock.advance_ms(MISSING_EXECUTION_GRACE_MS);
         // A dry run reports the same slots and writes nothing.
         let before = sem.status(&lock).await.unwrap();
         let dry = sem.sweep_dry_run(&states).await.unwrap();
@@ -367,6 +403,44 @@ mod tests {
         assert_eq!(left, ["op", "run", "unknown"]);
         // A second sweep finds nothing more to reclaim.
         assert!(sem.sweep(&states).await.unwrap().reclaimed.is_empty());
+    }
+
+    /// F11: "does not exist" of a holder that acquired within the grace period is a stale read
+    /// of an eventually consistent DescribeExecution: kept, not fenced; believed after.
+    #[tokio::test]
+    async fn a_missing_execution_is_believed_only_past_the_grace_period() {
+        let clock = std::sync::Arc::new(crate::clock::ManualClock::new(1_000_000));
+        let sem = Semaphore::new(MemoryStore::new()).with_clock(clock.clone());
+        let lock = LockName::new("l").unwrap();
+        sem.acquire(&lock, &id("gone", "1"), Limit::new(10).unwrap())
+            .await
+            .unwrap();
+        let states = Fixed(HashMap::from([(
+            "gone".to_owned(),
+            ExecutionState::Missing,
+        )]));
+        clock.advance_ms(MISSING_EXECUTION_GRACE_MS - 1);
+        let report = sem.sweep(&states).await.unwrap();
+        assert!(report.reclaimed.is_empty());
+        assert_eq!(
+            report.too_young,
+            [(lock.clone(), HolderId::new("gone").unwrap())]
+        );
+        assert!(sem
+            .sweep_dry_run(&states)
+            .await
+            .unwrap()
+            .reclaimed
+            .is_empty());
+        clock.advance_ms(1);
+        let report = sem.sweep(&states).await.unwrap();
+        assert_eq!(report.reclaimed.len(), 1);
+        assert!(report.too_young.is_empty());
+        assert!(missing_long_enough(0, MISSING_EXECUTION_GRACE_MS));
+        assert!(
+            !missing_long_enough(5_000, 1_000),
+            "a clock behind counts as young"
+        );
     }
 
     /// The execution is found ended, then redriven: its new incarnation takes a slot before the

@@ -42,15 +42,17 @@
 //! cleanup of an earlier run fenced that run only, so the new one waits its turn like any other.
 //!
 //! Errors: `SemaphoreFenced` (this acquisition was released or its execution cleaned up: it
-//! will never get a slot), `SemaphoreInvalidInput` (nothing written), `SemaphoreOldFormat` (the
+//! will never get a slot), `SemaphoreInvalidInput` (nothing written), `SemaphoreMisconfigured`
+//! (the caller is not a machine the stack protects, or is Express, or the work is an Express
+//! machine: `lambda_common::deployment`; nothing written), `SemaphoreOldFormat` (the
 //! lock's item is of version 1), `SemaphoreWaitTimeout` (waited longer than `MAX_WAIT_SECONDS`;
 //! holds no slot), `SemaphoreStoreError` (retry).
 
 use std::time::Duration;
 
 use lambda_common::{
-    child_execution_name, granted_answer, AcquireRequest, ConfigError, HandOffs, HandlerError,
-    Resolver, Settings, TaskCallbacks, WaitRequest, Work, WorkKind,
+    child_execution_name, granted_answer, AcquireRequest, ConfigError, Deployment, HandOffs,
+    HandlerError, Resolver, Settings, TaskCallbacks, WaitRequest, Work, WorkKind,
 };
 use lambda_runtime::LambdaEvent;
 use semaphore_core::{
@@ -76,6 +78,9 @@ pub struct Config {
     /// `QUEUE_FALLBACK_SECONDS`: how long a parked execution waits before it checks again (its
     /// wait task's timeout): the most a lost wake-up costs.
     pub fallback: Duration,
+    /// The protected machines (`STATE_MACHINE_ARNS`) a caller must be one of, and the work
+    /// machines' types (set by `main`: `DescribeStateMachine`); see `lambda_common::deployment`.
+    pub deployment: Deployment,
 }
 
 impl Config {
@@ -86,6 +91,10 @@ impl Config {
             resolver: settings.resolver()?,
             max_wait: settings.max_wait()?,
             fallback: settings.queue_fallback()?,
+            deployment: Deployment {
+                protected: settings.state_machines()?,
+                machine_types: None,
+            },
         })
     }
 }
@@ -288,6 +297,13 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
 ) -> Result<AcquireResponse, HandlerError> {
     // Bad input is logged by the runtime with the error it answers.
     let request = config.resolver.acquire(payload)?;
+    // Before anything is written: a misconfigured stack is refused by name, not left to hang.
+    config
+        .deployment
+        .check_caller(request.identity.holder.as_str())?;
+    if let Some(work) = &request.work {
+        config.deployment.check_work(work).await?;
+    }
     if let Some(wait) = &request.wait {
         // Boxed: a deep future, kept off the fast path's.
         return Box::pin(wait_in_line(semaphore, config, hand_offs, &request, wait)).await;

@@ -11,8 +11,9 @@ async fn main() -> Result<(), Error> {
     let semaphore = settings
         .semaphore(&sdk)
         .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    let config = lambda_acquire::Config::from_settings(&settings)
+    let mut config = lambda_acquire::Config::from_settings(&settings)
         .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
+    config.deployment.machine_types = Some(lambda_common::MachineTypes::from_sdk(&sdk));
     let hand_offs = settings
         .hand_offs(&sdk)
         .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;

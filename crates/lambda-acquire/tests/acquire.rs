@@ -1702,3 +1702,131 @@ async fn a_missing_table_is_the_named_error_semaphore_store_error_which_is_retri
         assert!(retried);
     }
 }
+
+/// #18 item 16 (F12), (b): a machine that calls the acquire function without being one the
+/// stack protects (STATE_MACHINE_ARNS) would wait in line for ever (no `SendTaskSuccess` to its
+/// tasks) and its failures would never be cleaned up; an Express execution cannot be described
+/// at all. Each is refused by name before anything is written, and the definition fails at once.
+#[tokio::test]
+async fn a_caller_the_stack_does_not_protect_is_misconfigured_and_writes_nothing() {
+    let sem = semaphore().await;
+    let protected = "arn:aws:states:us-east-1:123456789012:stateMachine:LockProtected";
+    let config = config_with(&[("STATE_MACHINE_ARNS", protected)]);
+    // A protected caller goes on as before (and leaves an item, so "nothing written" below
+    // also means "the existing item is unchanged").
+    let ctx = Ctx::new(HOLDER, json!({}), &now(&sem));
+    let played = play_acquire(&sem, &config, &ctx, &json!({})).await;
+    assert_eq!(played.answer.unwrap()["outcome"], json!("acquired"));
+    let before = all_items(&sem).await;
+
+    let rogue = "arn:aws:states:us-east-1:123456789012:execution:NotDeclared:run-1";
+    let express =
+        "arn:aws:states:us-east-1:123456789012:express:LockProtected:run-2:0b1c7e93-5f5c-4bd8";
+    for (caller, says) in [
+        (
+            rogue,
+            format!(
+                "{rogue} is an execution of state machine NotDeclared, which this stack does not \
+                 protect (its STATE_MACHINE_ARNS: {protected}): its waiters would never be woken \
+                 and a slot it holds when it fails would not be cleaned up. Add its ARN to the \
+                 stack's ProtectedStateMachineArns parameter"
+            ),
+        ),
+        (
+            express,
+            format!("{express} is an execution of an Express state machine, which cannot take"),
+        ),
+    ] {
+        let ctx = Ctx::new(caller, json!({}), &now(&sem));
+        let err = play_acquire(&sem, &config, &ctx, &json!({}))
+            .await
+            .answer
+            .expect_err(caller);
+        assert_eq!(err.error_type, "SemaphoreMisconfigured", "{caller}");
+        assert!(
+            err.error_message.starts_with(&says),
+            "{}",
+            err.error_message
+        );
+        let (next, failed) = route_acquire_error(&err, &json!({}));
+        assert_eq!(next, "Fail without a slot", "{caller}");
+        assert_eq!(failed.expect("a Fail state").0, "SemaphoreMisconfigured");
+    }
+    assert_eq!(all_items(&sem).await, before, "a refused caller wrote");
+    // Without the list (a deployment that does not set it) every standard execution may call.
+    let ctx = Ctx::new(rogue, json!({}), &now(&sem));
+    let played = play_acquire(&sem, &config_with(&[]), &ctx, &json!({})).await;
+    assert_eq!(played.answer.unwrap()["outcome"], json!("acquired"));
+}
+
+/// #18 item 16 (F12), (a): an Express state machine as the work cannot be described or stopped,
+/// so a cleanup would free its slot while it runs. Its type comes from DescribeStateMachine
+/// (real machines on the local server), asked once per machine per function instance; the
+/// acquire is refused by name before anything is written, and the definition fails at once.
+/// (c), work the stack does not allow, is `SemaphoreInvalidInput` (see
+/// `bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_nothing`).
+#[tokio::test]
+async fn express_work_is_misconfigured_and_writes_nothing() {
+    use aws_sdk_sfn::types::StateMachineType;
+    let sfn = semaphore_tests::sfn::execution_mode().await;
+    let definition = json!({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": true}}});
+    let create = |kind: StateMachineType| {
+        let sfn = sfn.clone();
+        let definition = definition.to_string();
+        async move {
+            sfn.create_state_machine()
+                .name(semaphore_tests::sfn::unique("work"))
+                .definition(definition)
+                .role_arn("arn:aws:iam::123456789012:role/semaphore-test")
+                .r#type(kind)
+                .send()
+                .await
+                .expect("create a machine")
+                .state_machine_arn()
+                .to_owned()
+        }
+    };
+    let express = create(StateMachineType::Express).await;
+    let standard = create(StateMachineType::Standard).await;
+    let counter = semaphore_tests::counter::RequestCounter::new();
+    let counted = aws_sdk_sfn::Client::from_conf(
+        aws_sdk_sfn::config::Builder::from(&sdk_config())
+            .interceptor(counter.clone())
+            .build(),
+    );
+    let allowed = format!("{DEMO},{express},{standard}");
+    let mut config = config_with(&[("WORK_STATE_MACHINES", &allowed)]);
+    config.deployment.machine_types = Some(lambda_common::MachineTypes::new(counted));
+    let sem = semaphore().await;
+    let ctx = Ctx::new(HOLDER, json!({"work": standard}), &now(&sem));
+    let played = play_acquire(&sem, &config, &ctx, &json!({"work": standard})).await;
+    assert_eq!(played.answer.unwrap()["outcome"], json!("acquired"));
+    let before = all_items(&sem).await;
+
+    for n in 0..2 {
+        let input = json!({"work": express});
+        let ctx = Ctx::new(&holder(10 + n), input.clone(), &now(&sem));
+        let err = play_acquire(&sem, &config, &ctx, &input)
+            .await
+            .answer
+            .expect_err("Express work is refused");
+        assert_eq!(err.error_type, "SemaphoreMisconfigured");
+        assert!(
+            err.error_message.starts_with(&format!(
+                "the work {express} is an Express state machine, which cannot run under this \
+                 semaphore"
+            )),
+            "{}",
+            err.error_message
+        );
+        let (next, failed) = route_acquire_error(&err, &input);
+        assert_eq!(next, "Fail without a slot");
+        assert_eq!(failed.expect("a Fail state").0, "SemaphoreMisconfigured");
+    }
+    assert_eq!(all_items(&sem).await, before, "a refused acquire wrote");
+    // Each machine's type was asked once: the second refusal came from the instance's memory.
+    assert_eq!(
+        counter.take().requests.get("SFN.DescribeStateMachine"),
+        Some(&2)
+    );
+}

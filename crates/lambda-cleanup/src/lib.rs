@@ -5,7 +5,9 @@
 //! can never land afterwards.
 //!
 //! No lock list is configured and the execution input is not needed (the event drops an input
-//! above 248 KB): the locks are read from the execution's history, the payload of every task
+//! above 248 KB, and the rule's input transformer drops it always, with the output and the
+//! error cause: they could pass Step Functions' 256 KB input limit; an event delivered whole,
+//! as before the transformer, is read the same): the locks are read from the execution's history, the payload of every task
 //! that invoked the acquire function (`ACQUIRE_FUNCTION_ARN`), resolved as the acquire function
 //! resolves it (`payload.lock`, else `payload.input.lock`, else `DEFAULT_LOCK`).
 //!
@@ -71,7 +73,9 @@ pub const RETRY_AFTER_MAX_SECONDS: u64 = 60;
 pub const CHILD_STOP_ERROR: &str = "SemaphoreParentEnded";
 
 /// The `detail` of a "Step Functions Execution Status Change" event, as documented in the Step
-/// Functions developer guide. Fields Step Functions may add later are ignored.
+/// Functions developer guide. Fields Step Functions may add later are ignored. The stack's rule
+/// passes only the execution's ARN, machine, name, status and dates (template.yaml,
+/// `InputTransformer`); the optional fields are then absent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecutionStatusChange {

@@ -600,6 +600,71 @@ async fn early_and_late_events_are_harmless() {
     assert!(holders(sem, "orders").await.is_empty());
 }
 
+/// What template.yaml's input transformer passes on of the event (#18 item 13): who ended,
+/// how and when, no input, output, error or cause (local-run's events tests build it from the
+/// template itself and check that this function reads it).
+fn transformed(event: &Value) -> Value {
+    let d = &event["detail"];
+    json!({
+        "id": event["id"], "time": event["time"], "source": event["source"],
+        "detail-type": event["detail-type"],
+        "detail": {
+            "executionArn": d["executionArn"], "stateMachineArn": d["stateMachineArn"],
+            "name": d["name"], "status": d["status"], "startDate": d["startDate"],
+            "stopDate": d["stopDate"]
+        }
+    })
+}
+
+/// The rule passes the cleanup only what it needs; events already in flight when that was
+/// deployed still come whole. Both shapes free the same slots, with the same answer.
+#[tokio::test]
+async fn the_transformed_event_and_the_whole_one_clean_up_alike() {
+    let w = world().await;
+    let cleanup = w.cleanup();
+    let sem = &cleanup.semaphore;
+    let mut answers = Vec::new();
+    for shape in ["transformed", "whole"] {
+        let execution = w.ended_parent(json!({})).await;
+        take(sem, DEFAULT_LOCK, &execution, "d1").await;
+        take(sem, "orders", &execution, "o1").await;
+        let whole = event(&execution, "FAILED");
+        let given = if shape == "transformed" {
+            transformed(&whole)
+        } else {
+            whole
+        };
+        let mut summary = invoke(&cleanup, given).await.expect(shape);
+        assert_eq!(summary["cleaned"], json!(true), "{shape}: {summary:#}");
+        let mut slots: Vec<(String, String)> = freed(&summary)
+            .into_iter()
+            .map(|(lock, acquisition, _)| (lock, acquisition))
+            .collect();
+        slots.sort();
+        assert_eq!(
+            slots,
+            [
+                (DEFAULT_LOCK.to_owned(), "d1".to_owned()),
+                ("orders".to_owned(), "o1".to_owned())
+            ],
+            "{shape}"
+        );
+        assert!(holders(sem, DEFAULT_LOCK).await.is_empty(), "{shape}");
+        assert_eq!(
+            late_acquire(sem, "orders", &execution).await,
+            AcquireOutcome::Fenced(FenceReason::ExecutionEnded),
+            "{shape}"
+        );
+        // The same answer but for the execution's name and the slots' times and tokens.
+        summary["execution"] = json!(null);
+        for entry in summary["locks"].as_array_mut().unwrap() {
+            entry["freed"] = json!(null);
+        }
+        answers.push(summary);
+    }
+    assert_eq!(answers[0], answers[1]);
+}
+
 #[tokio::test]
 async fn other_statuses_are_a_no_op_that_writes_and_asks_nothing() {
     let w = world().await;

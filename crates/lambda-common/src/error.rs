@@ -19,6 +19,10 @@ pub mod error_type {
     /// The execution waited longer than the acquire function's `MAX_WAIT_SECONDS` for a slot and
     /// holds none. Start it again later, or raise the limit or the wait budget.
     pub const WAIT_TIMEOUT: &str = "SemaphoreWaitTimeout";
+    /// The stack is deployed in a way that would make this request hang or leak (a caller that
+    /// is not a protected machine, an Express execution, Express work): nothing was written.
+    /// Retrying does not help; fix the deployment (the message names the parameter).
+    pub const MISCONFIGURED: &str = "SemaphoreMisconfigured";
     /// Not raised by a function: the error the release function names, for the execution to fail
     /// with, when a redrive met the work's child execution that already ran (its slot was freed
     /// when the execution ended, so the work is not run again). Start a new execution.
@@ -37,6 +41,8 @@ pub enum HandlerError {
     Store(String),
     #[error("{0}")]
     WaitTimeout(String),
+    #[error("{0}")]
+    Misconfigured(String),
 }
 
 impl HandlerError {
@@ -47,6 +53,7 @@ impl HandlerError {
             Self::OldFormat(_) => error_type::OLD_FORMAT,
             Self::Store(_) => error_type::STORE,
             Self::WaitTimeout(_) => error_type::WAIT_TIMEOUT,
+            Self::Misconfigured(_) => error_type::MISCONFIGURED,
         }
     }
 
@@ -58,6 +65,7 @@ impl HandlerError {
             Self::OldFormat(_) => Self::OldFormat(message),
             Self::Store(_) => Self::Store(message),
             Self::WaitTimeout(_) => Self::WaitTimeout(message),
+            Self::Misconfigured(_) => Self::Misconfigured(message),
         }
     }
 
@@ -67,7 +75,8 @@ impl HandlerError {
             | Self::Fenced(m)
             | Self::OldFormat(m)
             | Self::Store(m)
-            | Self::WaitTimeout(m) => m,
+            | Self::WaitTimeout(m)
+            | Self::Misconfigured(m) => m,
         }
     }
 }

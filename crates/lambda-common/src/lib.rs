@@ -17,6 +17,7 @@
 
 pub mod arn;
 mod config;
+pub mod deployment;
 mod error;
 pub mod executions;
 pub mod history;
@@ -26,6 +27,7 @@ pub mod sfn;
 pub mod waiting;
 
 pub use config::{var, ConfigError, Settings, DEFAULT_MAX_WAIT, MAX_WAIT_RANGE};
+pub use deployment::{Deployment, MachineTypes};
 pub use error::{error_type, HandlerError};
 pub use executions::SfnExecutions;
 pub use payload::{hint, kind, quoted, Payload};

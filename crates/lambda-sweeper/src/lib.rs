@@ -3,7 +3,10 @@
 //!
 //! For every holder of every semaphore it asks Step Functions (`DescribeExecution`) whether the
 //! execution still runs. A holder whose execution has ended, or no longer exists, is released
-//! through the same core cleanup as the cleanup function (so it is fenced too), unless the work
+//! through the same core cleanup as the cleanup function (so it is fenced too); "does not exist"
+//! is believed only of a holder that acquired more than a grace period ago
+//! (`semaphore_core::MISSING_EXECUTION_GRACE_MS`: DescribeExecution is eventually consistent),
+//! unless the work
 //! it ran under the slot still runs: an ended execution's history (`GetExecutionHistory`, read
 //! as the cleanup function reads it) names its child executions, and while one of them runs (a
 //! Lambda function invoked by the work-function runner cannot be stopped, and Step Functions
@@ -13,7 +16,7 @@
 //! cost grows with the current holders only (a history is read for ended holders only).
 //!
 //! Input: any JSON (the schedule's event). Answer: `{"locks": n, "largest_item_bytes": n,
-//! "largest_item_lock": name or null, "holders_checked": n, "reclaimed": n, "waiters_checked":
+//! "largest_item_lock": name or null, "holders_checked": n, "reclaimed": n, "kept_not_found": n, "waiters_checked":
 //! n, "waiters_removed": n, "woken": n, "notices_published": n, "errors": [..]}`; a holder that
 //! could not be checked or a notice that could not be published is listed in `errors` and does
 //! not fail the sweep. The lines are visited from the same read of the table: only the locks
@@ -44,6 +47,11 @@ pub struct SweepSummary {
     pub largest_item_lock: Option<String>,
     pub holders_checked: usize,
     pub reclaimed: usize,
+    /// Holders whose execution was not found but which acquired less than
+    /// `MISSING_EXECUTION_GRACE_MS` ago (DescribeExecution is eventually consistent): kept, a
+    /// later sweep asks again.
+    #[serde(default)]
+    pub kept_not_found: usize,
     /// Waiters near the head of a line whose execution was checked.
     #[serde(default)]
     pub waiters_checked: usize,
@@ -142,6 +150,7 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
             largest_item_lock,
             holders_checked: report.holders_checked,
             reclaimed: report.reclaimed.len(),
+            kept_not_found: report.too_young.len(),
             waiters_checked: lines.waiters_checked,
             waiters_removed: lines.removed.len(),
             woken: lines.woken,

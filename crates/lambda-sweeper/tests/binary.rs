@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use semaphore_core::{AcquisitionId, HolderId, Identity, Limit, LockName, Semaphore};
+use semaphore_core::{AcquisitionId, Clock, HolderId, Identity, Limit, LockName, Semaphore};
 use semaphore_tests::runtime_api::{run_function, Answer};
 use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
@@ -14,7 +14,12 @@ const EXE: &str = env!("CARGO_BIN_EXE_sweeper");
 async fn the_binary_sweeps_and_prints_the_metric() {
     let store = fresh_table().await;
     let table = store.table().to_owned();
-    let sem = Semaphore::new(store);
+    // Acquired two minutes ago (a clock behind): "does not exist" is believed of it only past
+    // the grace period (MISSING_EXECUTION_GRACE_MS).
+    let two_minutes_ago = semaphore_core::SystemClock.now_ms() - 120_000;
+    let sem = Semaphore::new(store).with_clock(std::sync::Arc::new(
+        semaphore_core::ManualClock::new(two_minutes_ago),
+    ));
     let sfn = semaphore_tests::sfn::execution_mode().await;
     let machine = format!("Sweep-{:x}", fastrand::u64(..));
     let machine_arn = sfn
@@ -78,6 +83,7 @@ async fn the_binary_sweeps_and_prints_the_metric() {
             "largest_item_lock": "demo-lock",
             "holders_checked": 1,
             "reclaimed": 1,
+            "kept_not_found": 0,
             "waiters_checked": 0,
             "waiters_removed": 0,
             "woken": 0,

@@ -15,7 +15,7 @@ use lambda_runtime::{Context, LambdaEvent};
 use lambda_sweeper::{Notice, SfnExecutions, StateMachineArn, Sweeper};
 use semaphore_core::{
     rfc3339_millis, AcquireOutcome, DynamoStore, FenceReason, HolderId, Limit, LockName,
-    ManualClock, QueueOutcome, Run, Semaphore, TaskToken, Waiter,
+    ManualClock, QueueOutcome, Run, Semaphore, TaskToken, Waiter, MISSING_EXECUTION_GRACE_MS,
 };
 use semaphore_tests::counter::RequestCounter;
 use semaphore_tests::legacy::put_version_1_item;
@@ -204,6 +204,19 @@ async fn take(sem: &Semaphore<DynamoStore>, lock: &str, holder: &str, acquisitio
     }
 }
 
+/// `take`, acquired as if past the grace period ago: a sweep believes "does not exist" of it
+/// (`MISSING_EXECUTION_GRACE_MS`; the grace has a test of its own).
+async fn take_past_grace(
+    sem: &Semaphore<DynamoStore>,
+    lock: &str,
+    holder: &str,
+    acquisition: &str,
+) -> u64 {
+    let long_ago = now_ms() - MISSING_EXECUTION_GRACE_MS - 1_000;
+    let sem = sem.clone().with_clock(Arc::new(ManualClock::new(long_ago)));
+    take(&sem, lock, holder, acquisition).await
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -232,7 +245,7 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
     let sem = &sweeper.semaphore;
     take(sem, "demo-lock", &running, "r1").await;
     let aborted_token = take(sem, "demo-lock", &aborted, "a1").await;
-    let missing_token = take(sem, "demo-lock", &missing, "m1").await;
+    let missing_token = take_past_grace(sem, "demo-lock", &missing, "m1").await;
     take(sem, "demo-lock", operator, "op").await;
     take(sem, "demo-lock", &foreign, "f1").await;
     let orders_token = take(sem, "orders", &aborted, "o1").await;
@@ -253,6 +266,7 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
             "largest_item_lock": "demo-lock",
             "holders_checked": 5,
             "reclaimed": 3,
+            "kept_not_found": 0,
             "waiters_checked": 0,
             "waiters_removed": 0,
             "woken": 0,
@@ -371,7 +385,11 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
         assert_eq!(notice.acquisition, acquisition);
         assert_eq!(notice.token, token);
         assert_eq!(notice.reason, reason);
-        assert!(notice.held_for_ms < 60_000, "{}", notice.held_for_ms);
+        assert!(
+            notice.held_for_ms < MISSING_EXECUTION_GRACE_MS + 60_000,
+            "{}",
+            notice.held_for_ms
+        );
         assert_eq!(
             notice.held_for,
             lambda_sweeper::human_duration(notice.held_for_ms)
@@ -411,6 +429,79 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
     assert_eq!(local.status(&running).await, "RUNNING");
 }
 
+/// F11: DescribeExecution is eventually consistent, so "does not exist" right after an execution
+/// started (and acquired) may be a stale read. A holder that acquired within
+/// MISSING_EXECUTION_GRACE_MS is kept, neither fenced nor freed; one older is reclaimed; the
+/// young one is reclaimed by a sweep once the grace has passed.
+#[tokio::test]
+async fn a_holder_not_found_is_kept_within_the_grace_period_and_reclaimed_after() {
+    let local = local().await;
+    let not_found = |name: &str| {
+        format!(
+            "arn:aws:states:{ACCOUNT_REGION}:execution:{}:{name}",
+            local.machine_name
+        )
+    };
+    let (young, old) = (not_found("just-started"), not_found("long-gone"));
+    let table = fresh_table().await.table().to_owned();
+    let clock = Arc::new(ManualClock::new(now_ms()));
+    let mut sweeper = local.sweeper(&table);
+    sweeper.semaphore = sweeper.semaphore.clone().with_clock(clock.clone());
+    let sem = &sweeper.semaphore;
+    take(sem, "demo-lock", &old, "o1").await;
+    clock.advance_ms(MISSING_EXECUTION_GRACE_MS);
+    take(sem, "demo-lock", &young, "y1").await;
+    let lock = LockName::new("demo-lock").unwrap();
+
+    let first = sweeper.sweep().await.expect("the sweep");
+    assert_eq!(first.summary.holders_checked, 2);
+    assert_eq!(first.summary.reclaimed, 1);
+    assert_eq!(first.summary.kept_not_found, 1);
+    assert!(
+        first.summary.errors.is_empty(),
+        "{:?}",
+        first.summary.errors
+    );
+    let held: Vec<String> = sem
+        .status(&lock)
+        .await
+        .unwrap()
+        .holders
+        .keys()
+        .map(|i| i.holder.to_string())
+        .collect();
+    assert_eq!(held, std::slice::from_ref(&young));
+    // Kept means not fenced either: its next acquire (a retry, another lock) still lands.
+    assert!(matches!(
+        sem.acquire(&lock, &id(&young, "y2"), Limit::new(10).unwrap())
+            .await
+            .unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+
+    // One millisecond short of the grace: still kept.
+    clock.advance_ms(MISSING_EXECUTION_GRACE_MS - 1);
+    let second = sweeper.sweep().await.expect("the sweep");
+    assert_eq!(
+        (second.summary.reclaimed, second.summary.kept_not_found),
+        (0, 1)
+    );
+    // Past it (y2, taken a moment after y1, with it): both its slots go, and it is fenced.
+    clock.advance_ms(1_000);
+    let third = sweeper.sweep().await.expect("the sweep");
+    assert_eq!(
+        (third.summary.reclaimed, third.summary.kept_not_found),
+        (2, 0)
+    );
+    assert_eq!(sem.status(&lock).await.unwrap().count(), 0);
+    assert_eq!(
+        sem.acquire(&lock, &id(&young, "y3"), Limit::new(10).unwrap())
+            .await
+            .unwrap(),
+        AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
+    );
+}
+
 #[tokio::test]
 async fn every_sweep_emits_the_metric_even_when_nothing_leaked() {
     let local = local().await;
@@ -443,7 +534,7 @@ async fn what_cannot_be_checked_or_announced_is_reported_without_failing_the_swe
     );
     // An execution of another region cannot be checked from here: kept and reported.
     let unknown = "arn:aws:states:eu-west-1:123456789012:execution:LockProtected:run-1";
-    take(&sweeper.semaphore, "demo-lock", &gone, "g1").await;
+    take_past_grace(&sweeper.semaphore, "demo-lock", &gone, "g1").await;
     take(&sweeper.semaphore, "demo-lock", unknown, "u1").await;
 
     let result = sweeper.sweep().await.unwrap();
@@ -506,9 +597,9 @@ async fn a_sweep_reads_the_table_once_and_reclaims_with_two_writes_per_ended_exe
     };
     let sem = &sweeper.semaphore;
     take(sem, "demo-lock", &running, "r1").await;
-    take(sem, "demo-lock", &missing("gone-1"), "x1").await;
-    take(sem, "demo-lock", &missing("gone-1"), "x2").await;
-    take(sem, "demo-lock", &missing("gone-2"), "y1").await;
+    take_past_grace(sem, "demo-lock", &missing("gone-1"), "x1").await;
+    take_past_grace(sem, "demo-lock", &missing("gone-1"), "x2").await;
+    take_past_grace(sem, "demo-lock", &missing("gone-2"), "y1").await;
     counter.take();
 
     let result = sweeper.sweep().await.unwrap();
@@ -602,7 +693,7 @@ async fn a_version_1_item_is_reported_and_left_alone_and_the_other_locks_are_swe
         local.machine_name
     );
     let v1 = put_version_1_item(sem.store().client(), &table, "old-lock", &gone, "g0").await;
-    take(sem, "demo-lock", &gone, "g1").await;
+    take_past_grace(sem, "demo-lock", &gone, "g1").await;
 
     let summary = sweeper.sweep().await.unwrap().summary;
     assert_eq!(summary.locks, 2);

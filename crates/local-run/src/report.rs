@@ -188,6 +188,18 @@ pub struct RedriveGuardReport {
     pub ok: bool,
 }
 
+/// A machine the stack does not protect calls the acquire function (#18 item 16): it must fail
+/// with SemaphoreMisconfigured, and nothing be written for its lock.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct MisconfiguredReport {
+    pub execution: String,
+    pub status: String,
+    pub error: Option<String>,
+    /// Whether its lock's item exists after it ended.
+    pub lock_written: bool,
+    pub ok: bool,
+}
+
 /// Stopping the parent while its work runs, one execution at a time: its status event goes to
 /// the cleanup machine on time, and the poller of its lock watches when its slot is freed.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -204,6 +216,10 @@ pub struct StopParentReport {
     /// How many times the cleanup answered "deferred" and waited for the work to end.
     pub cleanup_waits: usize,
     pub cleanup_status: String,
+    /// The status event as EventBridge emits it, and as the cleanup machine got it (through
+    /// the rule's input transformer), in bytes.
+    pub event_bytes: usize,
+    pub delivered_bytes: usize,
     pub ok: bool,
 }
 
@@ -256,6 +272,7 @@ pub struct Report {
     pub sweeper: Option<SweeperCounts>,
     pub work: Option<WorkReport>,
     pub redrive_guard: Option<RedriveGuardReport>,
+    pub misconfigured_caller: Option<MisconfiguredReport>,
     pub stopped_parent_probes: Vec<StopParentReport>,
     /// The test runner's run: its input and answer.
     pub test_runner: Option<String>,
@@ -550,7 +567,7 @@ impl Report {
                 "stop the parent",
                 format!(
                     "{} work: {} stopped; its child {} ended {} ({} ms later){}; the slot freed \
-                     {}",
+                     {}; its status event {} bytes, {} as delivered",
                     p.work,
                     short(&p.parent),
                     short(&p.child),
@@ -565,7 +582,9 @@ impl Report {
                         Some(ms) if ms >= 0 => format!("{ms} ms after the child ended"),
                         Some(ms) => format!("{} ms BEFORE the child ended", -ms),
                         None => "never".to_owned(),
-                    }
+                    },
+                    p.event_bytes,
+                    p.delivered_bytes
                 ),
             );
         }
@@ -580,6 +599,22 @@ impl Report {
                     r.status,
                     r.error.as_deref().unwrap_or("(no error)"),
                     r.held_after
+                ),
+            );
+        }
+        if let Some(m) = &self.misconfigured_caller {
+            line(
+                "not protected",
+                format!(
+                    "{} (a machine not in ProtectedStateMachineArns) -> {} {}; its lock {}",
+                    short(&m.execution),
+                    m.status,
+                    m.error.as_deref().unwrap_or("(no error)"),
+                    if m.lock_written {
+                        "WAS written"
+                    } else {
+                        "untouched"
+                    }
                 ),
             );
         }

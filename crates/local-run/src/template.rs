@@ -71,6 +71,11 @@ pub struct RulePlan {
     pub name: String,
     /// The event pattern, intrinsics resolved.
     pub pattern: serde_json::Value,
+    /// What the target gets instead of the event, when the rule transforms it.
+    pub transformer: Option<crate::events::InputTransformer>,
+    /// Where EventBridge puts an event it could not deliver: the queue's logical id (SAM's
+    /// `DeadLetterConfig` with `Type: SQS`) or ARN.
+    pub dead_letter_queue: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -736,6 +741,20 @@ impl Template {
         })
     }
 
+    /// A rule target's `InputTransformer`: `InputPathsMap` (name -> JSON path) and
+    /// `InputTemplate`, intrinsics resolved.
+    fn input_transformer(&self, value: &Value) -> Result<crate::events::InputTransformer, String> {
+        let map = as_map(Some(value), "InputTransformer")?;
+        let template = get(map, "InputTemplate")
+            .map(|v| self.resolve_string(v))
+            .transpose()?
+            .ok_or("InputTransformer: no InputTemplate")?;
+        Ok(crate::events::InputTransformer {
+            paths: self.resolved_map(get(map, "InputPathsMap"))?,
+            template,
+        })
+    }
+
     fn machine_plan(&self, logical_id: &str, props: &Mapping) -> Result<MachinePlan, String> {
         let uri = get(props, "DefinitionUri")
             .map(|v| self.resolve_string(v))
@@ -786,7 +805,27 @@ impl Template {
                             .ok_or_else(|| format!("{logical_id} event {name}: no Pattern"))?;
                         let pattern = serde_json::to_value(self.resolve(pattern)?)
                             .map_err(|e| format!("{logical_id} event {name}: {e}"))?;
-                        rules.push(RulePlan { name, pattern });
+                        let transformer = get(event_props, "InputTransformer")
+                            .map(|t| self.input_transformer(t))
+                            .transpose()
+                            .map_err(|e| format!("{logical_id} event {name}: {e}"))?;
+                        let dead_letter_queue = match get(event_props, "DeadLetterConfig") {
+                            None => None,
+                            Some(config) => {
+                                let config = as_map(Some(config), "DeadLetterConfig")?;
+                                let queue = get(config, "Arn")
+                                    .or_else(|| get(config, "QueueLogicalId"))
+                                    .map(|v| self.resolve_string(v))
+                                    .transpose()?;
+                                Some(queue.unwrap_or_else(|| format!("{logical_id}{name}Queue")))
+                            }
+                        };
+                        rules.push(RulePlan {
+                            name,
+                            pattern,
+                            transformer,
+                            dead_letter_queue,
+                        });
                     }
                     "Schedule" | "ScheduleV2" => {
                         let expression = get(event_props, "Schedule")

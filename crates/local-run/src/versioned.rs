@@ -20,6 +20,10 @@ use crate::report::{short, CleanupCounts, ExecutionCounts, Report, SweeperCounts
 use crate::template::{Plan, Stack, Template};
 use crate::{work, Role};
 
+/// Elements `"ab"` of the big-input probe's padding: 200,000 bytes of input (under
+/// StartExecution's 262,144), 280,000 once escaped into the status event's `input` text.
+const BIG_INPUT_ITEMS: usize = 40_000;
+
 pub(crate) type Sfn = aws_sdk_sfn::Client;
 
 pub(crate) fn sfn_error(e: impl std::error::Error + 'static) -> String {
@@ -602,22 +606,44 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         redrive.status,
         redrive.error.as_deref().unwrap_or("")
     );
+    let misconfigured = work::misconfigured_caller(&sfn, &protected, &item).await?;
+    eprintln!(
+        "    {}: a machine the stack does not protect ended {} {}",
+        if misconfigured.ok { "ok" } else { "NOT OK" },
+        misconfigured.status,
+        misconfigured.error.as_deref().unwrap_or("")
+    );
     let mut stop_probes = Vec::new();
     for probe in [
         work::StopParent {
             protected: &protected,
             child_machine: &work_machine,
             cleanup: &cleanup_machine,
+            transformer: rule.transformer.as_ref(),
             // Long enough that only a stop ends it in time.
             input: json!({"work_seconds": 60}),
             name: "probe-stop-parent-machine-work",
             work: "state machine",
             expect_stopped: true,
         },
+        // #18 item 13: an input near the 256 KB limit, full of quotes as JSON inputs are. Its
+        // status event carries it as escaped text, past the 256 KB StartExecution takes (the
+        // local server enforces it): only the rule's input transformer gets it to the cleanup.
+        work::StopParent {
+            protected: &protected,
+            child_machine: &work_machine,
+            cleanup: &cleanup_machine,
+            transformer: rule.transformer.as_ref(),
+            input: json!({"work_seconds": 60, "pad": vec!["ab"; BIG_INPUT_ITEMS]}),
+            name: "probe-stop-parent-big-input",
+            work: "state machine (a ~200 KB input)",
+            expect_stopped: true,
+        },
         work::StopParent {
             protected: &protected,
             child_machine: &runner_machine,
             cleanup: &cleanup_machine,
+            transformer: rule.transformer.as_ref(),
             input: json!({"work": work_function, "work_seconds": 6}),
             name: "probe-stop-parent-lambda-work",
             work: "Lambda function",
@@ -663,6 +689,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let target = Target::StateMachine {
         client: sfn.clone(),
         arn: cleanup_machine.arn.clone(),
+        transformer: rule.transformer.clone(),
     };
     let pattern = Some(rule.pattern.clone());
     let (watch, ended_tx) = Watch::start(setup, &stack, item, proxy, pattern, target);
@@ -1168,6 +1195,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     );
     report.work = Some(work_report.clone());
     report.redrive_guard = Some(redrive.clone());
+    report.misconfigured_caller = Some(misconfigured.clone());
     report.stopped_parent_probes = stop_probes.clone();
     report.test_runner = Some(test_runner_run.clone());
     report.your_workflow_example = Some(example_run.clone());
@@ -1295,6 +1323,21 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         "your workflow",
         example_ok,
         format!("the README's fragment, deployed as it is: {example_run}"),
+    );
+    report.check(
+        "F12 not protected",
+        misconfigured.ok,
+        format!(
+            "an execution of a machine not in ProtectedStateMachineArns that asked for a slot \
+             ended {} {}, its lock {}",
+            misconfigured.status,
+            misconfigured.error.as_deref().unwrap_or("(no error)"),
+            if misconfigured.lock_written {
+                "written"
+            } else {
+                "untouched"
+            }
+        ),
     );
     report.check(
         "F7 redrive guard",

@@ -222,6 +222,68 @@ pub async fn redrive_guard(
     })
 }
 
+/// #18 item 16 (F12): a machine that takes the semaphore without being one the stack protects
+/// (here: the lock-protected definition deployed under another name, not in
+/// ProtectedStateMachineArns) must fail at once with SemaphoreMisconfigured, the acquire
+/// function having written nothing, instead of waiting in line for a wake-up that never comes.
+pub async fn misconfigured_caller(
+    sfn: &Sfn,
+    protected: &MachinePlan,
+    items: &LockItems,
+) -> Result<crate::report::MisconfiguredReport, String> {
+    let name = format!("{}-undeclared", protected.name);
+    let machine = sfn
+        .create_state_machine()
+        .name(&name)
+        .definition(&protected.definition)
+        .role_arn(format!(
+            "arn:aws:iam::{}:role/{name}",
+            protected.arn.split(':').nth(4).unwrap_or_default()
+        ))
+        .send()
+        .await
+        .map_err(|e| format!("CreateStateMachine {name}: {}", sfn_error(e)))?
+        .state_machine_arn()
+        .to_owned();
+    let lock = "probe-misconfigured";
+    let started = start(
+        sfn,
+        &machine,
+        "probe-misconfigured-caller",
+        &json!({"lock": lock, "limit": 1}),
+    )
+    .await?;
+    let outcome = wait_ended(sfn, &started, std::time::Duration::from_secs(120)).await?;
+    let lock_written = items
+        .ddb
+        .get_item()
+        .table_name(&items.table)
+        .key(
+            "lock",
+            aws_sdk_dynamodb::types::AttributeValue::S(lock.to_owned()),
+        )
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "GetItem {lock}: {}",
+                aws_sdk_dynamodb::error::DisplayErrorContext(e)
+            )
+        })?
+        .item
+        .is_some();
+    Ok(crate::report::MisconfiguredReport {
+        ok: outcome.status == "FAILED"
+            && outcome.error.as_deref() == Some("SemaphoreMisconfigured")
+            && !lock_written,
+        execution: started,
+        status: outcome.status,
+        error: outcome.error,
+        lock_written,
+    })
+}
+
 /// Every child against its parent's slot, as the poller saw it: a child must have ended
 /// before the first read that no longer saw its parent holding (or its parent still held at
 /// the end). `stopped` are the parents the run stopped, `swept` the holders whose slot a sweep
@@ -396,6 +458,8 @@ pub struct StopParent<'a> {
     /// The machine the child runs on: the demo work, or the work-function runner.
     pub child_machine: &'a MachinePlan,
     pub cleanup: &'a MachinePlan,
+    /// The rule's input transformer: the cleanup gets what EventBridge would send it.
+    pub transformer: Option<&'a crate::events::InputTransformer>,
     pub input: Value,
     pub name: &'a str,
     pub work: &'a str,
@@ -467,13 +531,24 @@ pub async fn stop_the_parent(
         &stack.account,
         &format!("{}-event", probe.name),
     );
-    let cleanup = start(
-        sfn,
-        &probe.cleanup.arn,
-        &format!("{}-evt", probe.name),
-        &event,
-    )
-    .await?;
+    let delivered = crate::events::target_input(probe.transformer, &event)?;
+    let cleanup = sfn
+        .start_execution()
+        .state_machine_arn(&probe.cleanup.arn)
+        .name(format!("{}-evt", probe.name))
+        .input(&delivered)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "{}: the cleanup machine refused its status event ({} bytes as delivered): {}",
+                probe.name,
+                delivered.len(),
+                sfn_error(e)
+            )
+        })?
+        .execution_arn()
+        .to_owned();
     let cleaned = wait_ended(sfn, &cleanup, std::time::Duration::from_secs(180)).await?;
     let child_end = wait_ended(sfn, &child.arn, std::time::Duration::from_secs(60)).await?;
     let (child_ended, _) = describe(sfn, &child.arn).await?;
@@ -515,6 +590,8 @@ pub async fn stop_the_parent(
         freed_after_child_ms,
         cleanup_waits: waits,
         cleanup_status: cleaned.status,
+        event_bytes: event.to_string().len(),
+        delivered_bytes: delivered.len(),
     })
 }
 

@@ -715,6 +715,12 @@ async fn sweep(
             "lock": largest.lock.as_str(),
             "bytes": largest.bytes,
         })),
+        // Not found, but acquired within the grace period (DescribeExecution is eventually
+        // consistent): kept, a later sweep asks again.
+        "kept_not_found": report.too_young.iter().map(|(lock, holder)| json!({
+            "lock": lock.as_str(),
+            "holder": holder.as_str(),
+        })).collect::<Vec<_>>(),
         "errors": report.errors,
     });
     // Distinct keys, so that a dry run's output is never read as slots taken back.

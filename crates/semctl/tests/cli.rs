@@ -135,6 +135,23 @@ impl Semctl {
 }
 
 /// Takes a slot as the acquire function would, so that semctl finds it held.
+/// `take`, acquired as if past the sweep's grace period ago: a sweep believes "does not exist"
+/// of it (`MISSING_EXECUTION_GRACE_MS`).
+async fn take_past_grace(
+    sem: &Semaphore<DynamoStore>,
+    lock: &str,
+    holder: &str,
+    acquisition: &str,
+) -> u64 {
+    let long_ago = SystemClock.now_ms() - semaphore_core::MISSING_EXECUTION_GRACE_MS - 1_000;
+    let sem = sem
+        .clone()
+        .with_clock(std::sync::Arc::new(semaphore_core::ManualClock::new(
+            long_ago,
+        )));
+    take(&sem, lock, holder, acquisition).await
+}
+
 async fn take(sem: &Semaphore<DynamoStore>, lock: &str, holder: &str, acquisition: &str) -> u64 {
     match sem
         .acquire(
@@ -1089,7 +1106,7 @@ async fn sweep_dry_run_writes_nothing_and_lists_exactly_what_the_sweep_then_recl
     let a1 = take(&sem, "jobs", &aborted, "a1").await;
     take(&sem, "jobs", "operator-1", "op").await;
     let o0 = take(&sem, "orders", &aborted, "o0").await;
-    let f0 = take(&sem, "orders", &foreign, "f0").await;
+    let f0 = take_past_grace(&sem, "orders", &foreign, "f0").await;
     let before = semctl.snapshot(&["jobs", "orders"]).await;
 
     let only = ["--state-machine-arn", machine.as_str()];
@@ -1187,7 +1204,7 @@ async fn a_sweep_that_meets_a_version_1_item_sweeps_the_rest_and_exits_1() {
     execution_mode().await;
     let semctl = Semctl::new().await;
     let gone = execution("LockProtected", &unique("gone"));
-    let token = take(&semctl.direct(), "jobs", &gone, "g0").await;
+    let token = take_past_grace(&semctl.direct(), "jobs", &gone, "g0").await;
     semctl.put_version_1("v1-lock").await;
     let stored = semctl.raw("v1-lock").await;
 

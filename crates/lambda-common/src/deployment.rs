@@ -1,0 +1,139 @@
+//! Misconfiguration the acquire function refuses by name (`SemaphoreMisconfigured`) before it
+//! writes anything, where it would otherwise become a silent hang or a leak (F12):
+//!
+//! - A caller that is not one of the stack's protected machines (`STATE_MACHINE_ARNS`: the
+//!   lock-protected machine, the example, `ProtectedStateMachineArns`). Its waiters would never
+//!   be woken (the functions may send `SendTaskSuccess` only to those machines' tasks), and its
+//!   failures would never be cleaned up (the EventBridge rule matches only those machines), so
+//!   a slot it holds when it fails waits for the sweeper, which judges only those machines too.
+//! - A caller that is an Express execution: Step Functions has no `DescribeExecution` or
+//!   `GetExecutionHistory` for Express executions, nor `.waitForTaskToken` (the line), so neither
+//!   the cleanup nor the sweeper could ever tell that it ended.
+//! - Work that is an Express state machine: `DescribeExecution` and `StopExecution` do not apply
+//!   to Express executions, so the cleanup of a parent that ended could neither see nor stop its
+//!   work, and would free the slot under it. The machine's type comes from
+//!   `DescribeStateMachine`, asked once per machine per Lambda instance (a machine's type cannot
+//!   change: it is set when the machine is created).
+//!
+//! Work that is not in the stack's allowed lists is refused already, as `SemaphoreInvalidInput`
+//! (the input names it; `Resolver`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use aws_sdk_sfn::types::StateMachineType;
+
+use crate::arn::{ExecutionArn, ExecutionKind, StateMachineArn};
+use crate::error::HandlerError;
+use crate::request::{Work, WorkKind};
+
+/// What the acquire function checks a request against besides its input.
+#[derive(Debug, Clone, Default)]
+pub struct Deployment {
+    /// `STATE_MACHINE_ARNS` (and `STATE_MACHINE_ARN`): the machines allowed to take the
+    /// semaphore. Empty (unset): every standard execution may (a deployment without the list,
+    /// e.g. a test's).
+    pub protected: Vec<StateMachineArn>,
+    /// Asks a work machine's type; `None`: not checked.
+    pub machine_types: Option<MachineTypes>,
+}
+
+/// `DescribeStateMachine`'s type of each work machine, remembered for the Lambda instance.
+#[derive(Debug, Clone)]
+pub struct MachineTypes {
+    client: aws_sdk_sfn::Client,
+    known: Arc<Mutex<HashMap<String, StateMachineType>>>,
+}
+
+impl MachineTypes {
+    pub fn new(client: aws_sdk_sfn::Client) -> Self {
+        Self {
+            client,
+            known: Arc::default(),
+        }
+    }
+
+    pub fn from_sdk(sdk: &aws_config::SdkConfig) -> Self {
+        Self::new(aws_sdk_sfn::Client::new(sdk))
+    }
+
+    /// The machine's type; `None` when it could not be asked (the work's own start then fails
+    /// by name if the machine is missing or not allowed).
+    async fn of(&self, machine: &str) -> Option<StateMachineType> {
+        if let Some(known) = self.known.lock().expect("machine types").get(machine) {
+            return Some(known.clone());
+        }
+        match self
+            .client
+            .describe_state_machine()
+            .state_machine_arn(machine)
+            .send()
+            .await
+        {
+            Ok(described) => {
+                let kind = described.r#type().clone();
+                self.known
+                    .lock()
+                    .expect("machine types")
+                    .insert(machine.to_owned(), kind.clone());
+                Some(kind)
+            }
+            Err(e) => {
+                tracing::warn!(machine, error = %aws_sdk_sfn::error::DisplayErrorContext(&e), "DescribeStateMachine of the work failed: its type is not checked");
+                None
+            }
+        }
+    }
+}
+
+fn misconfigured(message: String) -> HandlerError {
+    HandlerError::Misconfigured(message)
+}
+
+impl Deployment {
+    /// Refuses a caller (the holder, `$$.Execution.Id`) that the stack does not protect. A
+    /// holder that is not an execution ARN (a caller's own id) is not judged here.
+    pub fn check_caller(&self, holder: &str) -> Result<(), HandlerError> {
+        let Some(execution) = ExecutionArn::parse(holder) else {
+            return Ok(());
+        };
+        if execution.kind == ExecutionKind::Express {
+            return Err(misconfigured(format!(
+                "{holder} is an execution of an Express state machine, which cannot take this \
+                 semaphore: Step Functions cannot describe an Express execution or read its \
+                 history, so the cleanup and the sweeper could never free what it holds, and it \
+                 cannot wait in line (no .waitForTaskToken). Use a STANDARD state machine"
+            )));
+        }
+        if self.protected.is_empty() || self.protected.iter().any(|m| m.owns(&execution)) {
+            return Ok(());
+        }
+        let list: Vec<String> = self.protected.iter().map(ToString::to_string).collect();
+        Err(misconfigured(format!(
+            "{holder} is an execution of state machine {}, which this stack does not protect \
+             (its STATE_MACHINE_ARNS: {}): its waiters would never be woken and a slot it \
+             holds when it fails would not be cleaned up. Add its ARN to the stack's \
+             ProtectedStateMachineArns parameter",
+            execution.machine,
+            list.join(", ")
+        )))
+    }
+
+    /// Refuses work that is an Express state machine.
+    pub async fn check_work(&self, work: &Work) -> Result<(), HandlerError> {
+        let (Some(types), WorkKind::StateMachine) = (&self.machine_types, work.kind) else {
+            return Ok(());
+        };
+        if types.of(&work.state_machine).await == Some(StateMachineType::Express) {
+            return Err(misconfigured(format!(
+                "the work {} is an Express state machine, which cannot run under this \
+                 semaphore: Step Functions cannot describe or stop an Express execution, so a \
+                 cleanup could neither see nor stop the work of an execution that ended, and \
+                 would free its slot while it runs. Use a STANDARD state machine as the work, \
+                 or remove it from the stack's WorkStateMachineArns parameter",
+                work.state_machine
+            )));
+        }
+        Ok(())
+    }
+}
