@@ -567,7 +567,9 @@ def patch_transaction_idempotency():
         if not token:
             return original(self)
         rest = {k: v for k, v in self.body.items() if k != "ClientRequestToken"}
-        fingerprint = hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+        # Binary attribute values are parsed into bytes: written as their repr.
+        text = json.dumps(rest, sort_keys=True, default=repr)
+        fingerprint = hashlib.sha256(text.encode()).hexdigest()
         key = (self.current_account, self.region, token)
         now = time.monotonic()
         for stale in [k for k, (_, at) in committed.items() if now - at > IDEMPOTENCY_WINDOW_SECONDS]:
