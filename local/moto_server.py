@@ -46,6 +46,10 @@ patch maps them for that integration, from botocore's model of the API, as AWS d
 One AWS limit moto does not have is enforced, before moto sees the request: StartExecution's
 input of at most 256 KB (limit_start_execution_input).
 
+DynamoDB's TransactWriteItems honours its ClientRequestToken (see
+patch_transaction_idempotency): a committed transaction sent again with its token succeeds
+without applying twice, as on AWS; moto evaluated it anew.
+
 Usage: python moto_server.py [--port N] [--port-file PATH] [--parent-pid PID]
                              [--lambda-endpoint URL] [--lambda-concurrency N]
   --port 0 picks a free port; the chosen port is printed and written to --port-file.
@@ -575,6 +579,85 @@ def limit_start_execution_input(app):
     return wrapped
 
 
+# sha256 of the source of moto 5.2.5's DynamoHandler.transact_write_items, which
+# patch_transaction_idempotency() wraps.
+TRANSACT_WRITE_ITEMS_SHA256 = "61c163fff213f33a39317a17fda194a9c1e800992421575d2080f4500bf45372"
+# "A client request token is valid for 10 minutes after the first request that uses it is
+# completed" (TransactWriteItems, ClientRequestToken, Amazon DynamoDB API Reference).
+IDEMPOTENCY_WINDOW_SECONDS = 600
+
+
+def patch_transaction_idempotency():
+    """Makes TransactWriteItems honour its ClientRequestToken, as DynamoDB does.
+
+    Moto ignores the token: a transaction sent again after its answer was lost (the SDK re-sends
+    the same request, token included) is evaluated anew, and a grant that committed is then
+    refused by its own effects. DynamoDB (API Reference, TransactWriteItems, ClientRequestToken):
+    "multiple identical calls have the same effect as one single call"; "If the original
+    TransactWriteItems call was successful, subsequent TransactWriteItems calls with the same
+    client token return successfully without making any changes"; the token is valid for 10
+    minutes after the first request that used it completed, after which it is a new request;
+    "If you submit a request with the same client token but a change in other parameters within
+    the 10-minute idempotency window, DynamoDB returns an IdempotentParameterMismatch
+    exception". This wrapper remembers each committed transaction's token with a digest of the
+    rest of its request, answers a repeat success without applying it, and a repeat with other
+    parameters IdempotentParameterMismatchException. A cancelled transaction is not
+    remembered: nothing of it committed. (Requests are serialized, so the "in progress" case,
+    TransactionInProgressException, cannot arise here; tests produce it through the proxy.)
+    """
+    import hashlib
+    import inspect
+
+    from moto.core.responses import ActionResult
+    from moto.dynamodb.exceptions import ERROR_TYPE_PREFIX, DynamodbException
+    from moto.dynamodb.responses import DynamoHandler
+
+    original = DynamoHandler.transact_write_items
+    digest = hashlib.sha256(inspect.getsource(original).encode()).hexdigest()
+    if digest != TRANSACT_WRITE_ITEMS_SHA256:
+        raise SystemExit(
+            "moto_server.py: moto's DynamoHandler.transact_write_items is not the one the "
+            f"idempotency patch was written for (sha256 {digest}); moto is pinned in "
+            "local/requirements.txt: review the patch before changing the pin"
+        )
+
+    class IdempotentParameterMismatchException(DynamodbException):
+        def __init__(self):
+            super().__init__(
+                ERROR_TYPE_PREFIX + "IdempotentParameterMismatchException",
+                message="The request uses the same client token as a previous, but non-identical "
+                "request. Do not reuse a client token with different requests, unless the "
+                "requests are identical.",
+            )
+
+    # (account, region, token) -> (digest of the other parameters, when it committed)
+    committed = {}
+
+    def transact_write_items(self):
+        token = self.body.get("ClientRequestToken")
+        if not token:
+            return original(self)
+        rest = {k: v for k, v in self.body.items() if k != "ClientRequestToken"}
+        # Binary attribute values are parsed into bytes: written as their repr.
+        text = json.dumps(rest, sort_keys=True, default=repr)
+        fingerprint = hashlib.sha256(text.encode()).hexdigest()
+        key = (self.current_account, self.region, token)
+        now = time.monotonic()
+        for stale in [k for k, (_, at) in committed.items() if now - at > IDEMPOTENCY_WINDOW_SECONDS]:
+            del committed[stale]
+        seen = committed.get(key)
+        if seen is not None:
+            if seen[0] != fingerprint:
+                raise IdempotentParameterMismatchException()
+            # Committed already: succeed again without applying it again.
+            return ActionResult({"ConsumedCapacity": [], "ItemCollectionMetrics": {}})
+        result = original(self)
+        committed[key] = (fingerprint, time.monotonic())
+        return result
+
+    DynamoHandler.transact_write_items = transact_write_items
+
+
 def watch_parent(pid):
     while True:
         try:
@@ -616,6 +699,7 @@ def main():
     patch_step_functions_integration()
     patch_stop_aborts_waiting_tasks()
     patch_closed_task_tokens()
+    patch_transaction_idempotency()
     app = limit_start_execution_input(serialized(DomainDispatcherApplication(create_backend_app)))
     if args.lambda_endpoint:
         app = lambda_bridge(app, args.lambda_endpoint, args.lambda_concurrency)

@@ -8,6 +8,11 @@
 //! by which local-run's proxy tells why a held write was refused. [`crate::wire`] writes the
 //! requests the product sends, for tests of a policy.
 //!
+//! It also plays the service's faults that a real server produces and the local one cannot (F10),
+//! as canned answers that say so ([`Faults`]): an answer lost after the write landed
+//! ([`Verdict::LoseAnswer`]), throttled or conflicting transactions, a transaction still in
+//! progress ([`Canned`]).
+//!
 //! Each client connection carries one request (the proxy asks the server to close after it),
 //! which keeps the proxy a few lines of plain HTTP/1.1.
 
@@ -32,6 +37,79 @@ pub enum Verdict {
     /// Until [`ForwardingProxy::release_held`].
     Hold,
     Delay(Duration),
+    /// Forward, let the write land, and answer the client a server error instead of the
+    /// server's answer: a response lost after the write landed (F10). DynamoDB documents that
+    /// an `InternalServerError` request "may or may not have succeeded"; the SDK sends it again.
+    LoseAnswer,
+    /// Answer this instead of forwarding: nothing reaches the server.
+    Answer(Canned),
+}
+
+/// A canned answer of DynamoDB's that the local server (moto, one request at a time, no
+/// capacity limits) never gives: a test fault, not a server's behaviour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Canned {
+    /// `TransactionCanceledException` with every reason `ThrottlingError`: DynamoDB cancels a
+    /// transaction whose table or index is throttled, and nothing of it is written.
+    ThrottledTransaction,
+    /// `TransactionCanceledException` with every reason `TransactionConflict`: another
+    /// transaction on one of its items was in flight; nothing is written.
+    ConflictedTransaction,
+    /// `TransactionInProgressException`: a transaction with this client request token is still
+    /// being processed (the first attempt of a request the SDK sent again).
+    TransactionInProgress,
+    /// `TransactionConflictException`: a single-item write met a transaction on its item.
+    TransactionConflict,
+}
+
+impl Canned {
+    /// The HTTP response, for a request with `body`.
+    fn response(self, body: &[u8]) -> Vec<u8> {
+        let actions = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|b| b.get("TransactItems")?.as_array().map(Vec::len))
+            .unwrap_or(1);
+        let reasons = |code: &str, message: &str| {
+            Value::Array(vec![
+                serde_json::json!({"Code": code, "Message": message});
+                actions
+            ])
+        };
+        let prefix = "com.amazonaws.dynamodb.v20120810#";
+        let answer = match self {
+            Self::ThrottledTransaction => serde_json::json!({
+                "__type": format!("{prefix}TransactionCanceledException"),
+                "message": "Transaction cancelled, please refer cancellation reasons for specific reasons [ThrottlingError]",
+                "CancellationReasons": reasons("ThrottlingError", "Throughput exceeds the current capacity of your table or index."),
+            }),
+            Self::ConflictedTransaction => serde_json::json!({
+                "__type": format!("{prefix}TransactionCanceledException"),
+                "message": "Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict]",
+                "CancellationReasons": reasons("TransactionConflict", "Transaction is ongoing for the item"),
+            }),
+            Self::TransactionInProgress => serde_json::json!({
+                "__type": format!("{prefix}TransactionInProgressException"),
+                "message": "The transaction with the given request token is already in progress.",
+            }),
+            Self::TransactionConflict => serde_json::json!({
+                "__type": format!("{prefix}TransactionConflictException"),
+                "message": "Transaction is ongoing for the item",
+            }),
+        };
+        http_answer(400, "Bad Request", &answer)
+    }
+}
+
+/// An HTTP/1.1 response with a JSON body, as DynamoDB answers.
+fn http_answer(status: u16, reason: &str, body: &Value) -> Vec<u8> {
+    let body = body.to_string();
+    format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/x-amz-json-1.0\r\n\
+         x-amzn-RequestId: proxy-{:016x}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        fastrand::u64(..),
+        body.len()
+    )
+    .into_bytes()
 }
 
 pub trait Policy: Send + Sync + 'static {
@@ -207,6 +285,99 @@ impl HoldingProxy {
     /// The server's answers to the held requests that went on, in the order they came back.
     pub fn held_answers(&self) -> Vec<HeldAnswer> {
         self.policy().answers.lock().unwrap().clone()
+    }
+}
+
+/// Which requests a scripted fault of [`Faults`] meets.
+pub type Matcher = Box<dyn Fn(Option<&str>, &[u8]) -> bool + Send + Sync>;
+
+/// A request as the proxy saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub operation: Option<String>,
+    /// A transaction's `ClientRequestToken`.
+    pub token: Option<String>,
+    /// What the proxy did with it.
+    pub verdict: Verdict,
+}
+
+/// Scripted faults, each for the next request it matches ([`ForwardingProxy::fault`]), and a log
+/// of every request: the service's faults a real server produces and the local one cannot
+/// (see [`Verdict::LoseAnswer`], [`Canned`]).
+#[derive(Default)]
+pub struct Faults {
+    script: Mutex<Vec<(Matcher, Verdict)>>,
+    seen: Mutex<Vec<Seen>>,
+}
+
+impl Policy for Faults {
+    fn decide(&self, operation: Option<&str>, body: &[u8]) -> Verdict {
+        let mut script = self.script.lock().unwrap();
+        let verdict = match script.iter().position(|(m, _)| m(operation, body)) {
+            Some(i) => script.remove(i).1,
+            None => Verdict::Forward,
+        };
+        let token = serde_json::from_slice::<Value>(body).ok().and_then(|b| {
+            b.get("ClientRequestToken")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        });
+        self.seen.lock().unwrap().push(Seen {
+            operation: operation.map(str::to_owned),
+            token,
+            verdict,
+        });
+        verdict
+    }
+}
+
+pub type FaultyProxy = ForwardingProxy<Faults>;
+
+impl FaultyProxy {
+    pub async fn start(upstream_endpoint: &str) -> Self {
+        Self::with_policy(upstream_endpoint, Faults::default())
+            .await
+            .expect("start the faulty proxy")
+    }
+
+    /// The next request that `matches` gets `verdict` (faults are met in the order scripted).
+    pub fn fault(
+        &self,
+        matches: impl Fn(Option<&str>, &[u8]) -> bool + Send + Sync + 'static,
+        verdict: Verdict,
+    ) {
+        self.policy()
+            .script
+            .lock()
+            .unwrap()
+            .push((Box::new(matches), verdict));
+    }
+
+    /// The next request of `operation` (as in `X-Amz-Target: DynamoDB_20120810.UpdateItem`)
+    /// gets `verdict`.
+    pub fn fault_next(&self, operation: &'static str, verdict: Verdict) {
+        self.fault(
+            move |op, _| op.is_some_and(|op| op.eq_ignore_ascii_case(operation)),
+            verdict,
+        );
+    }
+
+    /// Faults scripted and not met yet.
+    pub fn pending(&self) -> usize {
+        self.policy().script.lock().unwrap().len()
+    }
+
+    /// Every request so far, in order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.policy().seen.lock().unwrap().clone()
+    }
+
+    /// The requests of `operation` so far.
+    pub fn seen_of(&self, operation: &str) -> Vec<Seen> {
+        self.seen()
+            .into_iter()
+            .filter(|s| s.operation.as_deref() == Some(operation))
+            .collect()
     }
 }
 
@@ -492,6 +663,11 @@ async fn serve<P: Policy>(
             let _ = released.await;
         }
         Verdict::Delay(pause) => tokio::time::sleep(pause).await,
+        Verdict::LoseAnswer => {}
+        Verdict::Answer(canned) => {
+            client.write_all(&canned.response(body)).await?;
+            return client.shutdown().await;
+        }
     }
     shared.forwarded.fetch_add(1, Ordering::SeqCst);
     // Ask for one request per connection so the response ends at EOF.
@@ -516,6 +692,16 @@ async fn serve<P: Policy>(
             .and_then(|h| h.split_whitespace().nth(1)?.parse().ok())
             .unwrap_or(0);
         shared.policy.answered(status, answer_body);
+    }
+    if verdict == Verdict::LoseAnswer {
+        let lost = serde_json::json!({
+            "__type": "com.amazonaws.dynamodb.v20120810#InternalServerError",
+            "message": "Internal server error (the test proxy lost the answer to a write that landed)",
+        });
+        client
+            .write_all(&http_answer(500, "Internal Server Error", &lost))
+            .await?;
+        return client.shutdown().await;
     }
     client.write_all(&response).await?;
     client.shutdown().await

@@ -109,7 +109,7 @@ async fn a_release_subtracts_the_weight_held_once_whatever_its_caller_believes()
     assert_eq!(
         outcome,
         ReleaseOutcome::Released {
-            token,
+            token: Some(token),
             count: 0,
             waiting: 0
         }

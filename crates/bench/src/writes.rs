@@ -161,9 +161,15 @@ impl<S: ItemStore> ItemStore for CountedStore<S> {
             Kind::Rotation => t.rotation += 1,
         }
         match (&result, kind) {
-            (Ok(WriteResult::Refused { .. }), Kind::Acquire) => t.acquire_refused += 1,
-            (Ok(WriteResult::Refused { .. }), Kind::Rotation) => t.rotation_refused += 1,
-            (Ok(WriteResult::Refused { .. }), _) => t.refused_unexpectedly += 1,
+            (Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }), Kind::Acquire) => {
+                t.acquire_refused += 1
+            }
+            (Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }), Kind::Rotation) => {
+                t.rotation_refused += 1
+            }
+            (Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }), _) => {
+                t.refused_unexpectedly += 1
+            }
             (Err(_), _) => t.errors += 1,
             (Ok(WriteResult::Applied { .. } | WriteResult::Landed), _) => {}
         }

@@ -152,9 +152,12 @@ pub enum AcquireOutcome {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReleaseOutcome {
-    /// `waiting`: how many wait in line now (a hand-off moves them).
+    /// `waiting`: how many wait in line now (a hand-off moves them). `token`: the slot's
+    /// fencing token, `None` when the release's first attempt freed the slot but its answer was
+    /// lost, so that the attempt answered found the slot gone and its own fence there
+    /// ([`WriteResult::Unsure`]): the token went with the slot.
     Released {
-        token: FencingToken,
+        token: Option<FencingToken>,
         count: usize,
         waiting: u64,
     },
@@ -195,23 +198,39 @@ pub enum WriteResult {
         current: SemaphoreItem,
         waiter_refused: bool,
     },
+    /// The write was sent more than once because an earlier attempt's answer was lost (F10:
+    /// the store's client sent it again after a timeout or a server error), and the attempt
+    /// answered was refused: `current` is the item as it is, which may carry this very write's
+    /// changes, made by the attempt whose answer was lost. Each operation reads from `current`
+    /// whether its own write landed (see [`released`] and [`freed_seen`]); one that cannot tell
+    /// takes it as [`WriteResult::Refused`].
+    Unsure { current: SemaphoreItem },
 }
 
 impl WriteResult {
     /// The first of the write's checks that failed (in the order the write lists them), from
     /// what a refusal handed back.
     pub fn failed_check<'w>(&self, write: &'w Write) -> Option<&'w Check> {
-        let Self::Refused {
-            current,
-            waiter_refused,
-        } = self
-        else {
-            return None;
+        let (current, waiter_refused) = match self {
+            Self::Refused {
+                current,
+                waiter_refused,
+            } => (current, *waiter_refused),
+            Self::Unsure { current } => (current, false),
+            Self::Applied { .. } | Self::Landed => return None,
         };
         write.checks.iter().find(|check| match check.waiter_key() {
-            Some(_) => *waiter_refused,
+            Some(_) => waiter_refused,
             None => !check.holds(current),
         })
+    }
+
+    /// The item a refusal handed back (`None`: the write landed).
+    pub fn refused_item(&self) -> Option<&SemaphoreItem> {
+        match self {
+            Self::Refused { current, .. } | Self::Unsure { current } => Some(current),
+            Self::Applied { .. } | Self::Landed => None,
+        }
     }
 }
 
@@ -298,11 +317,11 @@ pub fn acquired(
             })
         }
         WriteResult::Landed => Err(unexpected(write, "an acquire was sent as a transaction")),
-        refused @ WriteResult::Refused { .. } => {
+        // An acquire whose first attempt landed unanswered is refused by its own slot
+        // (`NotHolding`): already held, with the first attempt's token (F5, F10).
+        refused @ (WriteResult::Refused { .. } | WriteResult::Unsure { .. }) => {
             let failed = refused.failed_check(write);
-            let WriteResult::Refused { current, .. } = refused else {
-                unreachable!("matched as refused")
-            };
+            let current = refused.refused_item().expect("matched as refused");
             Ok(match failed {
                 Some(Check::NotFenced(key)) if *key == FenceKey::acquisition(identity) => {
                     AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
@@ -385,7 +404,25 @@ pub fn released(
         WriteResult::Landed => {
             return Err(unexpected(write, "a release was sent as a transaction"))
         }
-        WriteResult::Refused { current, .. } => {
+        // The first attempt of this very write freed the slot and fenced the acquisition, and
+        // its answer was lost (F10): the slot is gone and the fence there. Said as released, or
+        // the caller would take it for a release of nothing and hand the freed slot to nobody.
+        WriteResult::Unsure { current }
+            if write
+                .changes
+                .iter()
+                .any(|c| matches!(c, Change::RemoveHolder { .. }))
+                && !current.holders.contains_key(identity)
+                && current.fences.contains(&FenceKey::acquisition(identity)) =>
+        {
+            let outcome = ReleaseOutcome::Released {
+                token: None,
+                count: current.count(),
+                waiting: current.waiting,
+            };
+            return Ok(Step::Done((outcome, current)));
+        }
+        WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => {
             return Ok(Step::Again(match current.holders.get(identity) {
                 Some(holding) => release(&write.lock, identity, holding.weight),
                 None => release_unheld(&write.lock, identity),
@@ -396,7 +433,7 @@ pub fn released(
     let (count, waiting) = (after.count(), after.waiting);
     let outcome = match before.as_ref().and_then(|item| item.holders.get(identity)) {
         Some(holding) => ReleaseOutcome::Released {
-            token: holding.token,
+            token: Some(holding.token),
             count,
             waiting,
         },
@@ -467,6 +504,18 @@ pub fn freed(
     write: &Write,
     result: WriteResult,
 ) -> Result<Step<(CleanupOutcome, SemaphoreItem)>, StoreError> {
+    freed_seen(write, result, &[])
+}
+
+/// [`freed`] by a cleanup that saw the slots it frees (`seen`: as its fence found them). When
+/// its write's first attempt freed them but the answer was lost (F10), the attempt answered is
+/// refused and finds every one of them gone: reported as freed, with the holdings seen, instead
+/// of as freed by someone else. A slot missing from `seen` is not claimed.
+pub fn freed_seen(
+    write: &Write,
+    result: WriteResult,
+    seen: &[(Identity, Holding)],
+) -> Result<Step<(CleanupOutcome, SemaphoreItem)>, StoreError> {
     let slots: Vec<&Identity> = write
         .changes
         .iter()
@@ -480,7 +529,23 @@ pub fn freed(
         WriteResult::Landed => {
             return Err(unexpected(write, "a cleanup was sent as a transaction"))
         }
-        WriteResult::Refused { current, .. } => {
+        WriteResult::Unsure { current }
+            if slots.iter().all(|id| {
+                !current.holders.contains_key(*id) && seen.iter().any(|(s, _)| s == *id)
+            }) =>
+        {
+            let freed = slots
+                .iter()
+                .filter_map(|id| seen.iter().find(|(s, _)| s == *id).cloned())
+                .collect();
+            let outcome = CleanupOutcome {
+                freed,
+                count: current.count(),
+                waiting: current.waiting,
+            };
+            return Ok(Step::Done((outcome, current)));
+        }
+        WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => {
             let still: Vec<_> = slots
                 .iter()
                 .filter_map(|id| current.holders.get(*id).map(|h| ((*id).clone(), h.weight)))
@@ -603,21 +668,23 @@ pub fn queued(
     let failed = result.failed_check(write);
     Ok(match (&result, failed) {
         (WriteResult::Applied { .. } | WriteResult::Landed, _) => QueueOutcome::Queued,
-        (WriteResult::Refused { current, .. }, Some(check)) => match check {
-            Check::NotFenced(key) if *key == FenceKey::acquisition(identity) => {
-                QueueOutcome::Fenced(FenceReason::AcquisitionReleased)
+        (WriteResult::Refused { current, .. } | WriteResult::Unsure { current }, Some(check)) => {
+            match check {
+                Check::NotFenced(key) if *key == FenceKey::acquisition(identity) => {
+                    QueueOutcome::Fenced(FenceReason::AcquisitionReleased)
+                }
+                Check::NotFenced(_) => QueueOutcome::Fenced(FenceReason::ExecutionEnded),
+                Check::NotHolding(_) => QueueOutcome::AlreadyHeld {
+                    token: current.holders[identity].token,
+                    count: current.count(),
+                },
+                Check::RotatedBefore { .. } => QueueOutcome::Expired,
+                Check::NotQueued(_) => QueueOutcome::AlreadyQueued,
+                Check::Busy { .. } => QueueOutcome::Free,
+                _ => return Err(unexpected(write, "refused by a check a queue write lacks")),
             }
-            Check::NotFenced(_) => QueueOutcome::Fenced(FenceReason::ExecutionEnded),
-            Check::NotHolding(_) => QueueOutcome::AlreadyHeld {
-                token: current.holders[identity].token,
-                count: current.count(),
-            },
-            Check::RotatedBefore { .. } => QueueOutcome::Expired,
-            Check::NotQueued(_) => QueueOutcome::AlreadyQueued,
-            Check::Busy { .. } => QueueOutcome::Free,
-            _ => return Err(unexpected(write, "refused by a check a queue write lacks")),
-        },
-        (WriteResult::Refused { .. }, None) => {
+        }
+        (WriteResult::Refused { .. } | WriteResult::Unsure { .. }, None) => {
             return Err(unexpected(
                 write,
                 "the queue write was refused but its checks hold on what was handed back",
@@ -683,7 +750,7 @@ pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> 
     let failed = result.failed_check(write).cloned();
     Ok(match result {
         WriteResult::Applied { .. } | WriteResult::Landed => Grant::Granted,
-        WriteResult::Refused { current, .. } => match failed {
+        WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => match failed {
             Some(Check::QueuedWith { .. }) => Grant::Moved { current },
             Some(Check::NotFenced(_)) => Grant::Dead { current },
             Some(Check::NotHolding(_)) => Grant::Holding { current },
@@ -737,7 +804,9 @@ fn applied_before(write: &Write, result: WriteResult) -> Result<Option<Semaphore
     match result {
         WriteResult::Applied { before } => Ok(before),
         WriteResult::Landed => Err(unexpected(write, "an item write was sent as a transaction")),
-        WriteResult::Refused { .. } => Err(unexpected(write, "a write without checks was refused")),
+        WriteResult::Refused { .. } | WriteResult::Unsure { .. } => {
+            Err(unexpected(write, "a write without checks was refused"))
+        }
     }
 }
 
@@ -808,6 +877,66 @@ mod tests {
         }
     }
 
+    /// Lands a write, loses its answer, and answers the SDK's second attempt of it (F10).
+    fn land_unanswered(write: &Write, item: &mut Option<SemaphoreItem>) -> WriteResult {
+        let _lost = land(write, item);
+        match land(write, item) {
+            WriteResult::Refused { current, .. } => WriteResult::Unsure { current },
+            applied => applied,
+        }
+    }
+
+    #[test]
+    fn a_release_or_cleanup_whose_answer_was_lost_says_what_its_first_attempt_did() {
+        let mut item = None;
+        let (a, b) = (id("a", "1"), id("a", "2"));
+        for who in [&a, &b] {
+            assert!(matches!(
+                take(&mut item, who, 3, 0),
+                AcquireOutcome::Acquired { .. }
+            ));
+        }
+        // A retried acquire finds its own slot.
+        let write = acquire(&lock(), &a, Run::FIRST, limit(3), 0, 0, &T).unwrap();
+        let token = item.as_ref().unwrap().holders[&a].token;
+        assert_eq!(
+            acquired(&write, &a, limit(3), land_unanswered(&write, &mut item)).unwrap(),
+            AcquireOutcome::AlreadyHeld { token, count: 2 }
+        );
+        // A release: the slot is gone and its own fence is there: it released.
+        let write = release(&lock(), &a, Weight::ONE);
+        let (outcome, _) = done(released(&write, &a, land_unanswered(&write, &mut item)));
+        assert_eq!(
+            outcome,
+            ReleaseOutcome::Released {
+                token: None,
+                count: 1,
+                waiting: 0
+            }
+        );
+        // A duplicate release, answered, still says it held nothing.
+        let result = land(&write, &mut item);
+        let Step::Again(unheld) = released(&write, &a, result).unwrap() else {
+            panic!("a refused release sends the release of nothing held")
+        };
+        let (outcome, _) = done(released(&unheld, &a, land(&unheld, &mut item)));
+        assert!(matches!(outcome, ReleaseOutcome::NotHeld { .. }));
+        // A cleanup: what it freed, as its fence saw it, rather than nothing.
+        let fence = cleanup_fence(&lock(), &b.holder, Run::FIRST);
+        let (slots, after) = fenced_slots(&fence, &b.holder, land(&fence, &mut item)).unwrap();
+        let seen: Vec<_> = slots
+            .iter()
+            .map(|(id, _)| (id.clone(), after.holders[id]))
+            .collect();
+        let free = cleanup_free(&lock(), &slots);
+        let (outcome, _) = done(freed_seen(&free, land_unanswered(&free, &mut item), &seen));
+        assert_eq!(outcome.freed, seen);
+        assert_eq!(outcome.count, 0);
+        // Answered (a duplicate cleanup), it freed nothing.
+        let (outcome, _) = done(freed_seen(&free, land(&free, &mut item), &seen));
+        assert!(outcome.freed.is_empty());
+    }
+
     #[test]
     fn acquire_answers_follow_from_the_checks_that_failed() {
         let mut item = None;
@@ -840,7 +969,7 @@ mod tests {
         assert_eq!(
             outcome,
             ReleaseOutcome::Released {
-                token: FencingToken(1),
+                token: Some(FencingToken(1)),
                 count: 1,
                 waiting: 0
             }

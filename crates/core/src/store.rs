@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, StoreError};
 use crate::input::{HolderId, LockName, Terms, Weight};
-use crate::item::{Identity, Run, SemaphoreItem};
+use crate::item::{Holding, Identity, Run, SemaphoreItem};
 use crate::protocol::{
     self, AcquireOutcome, CleanupOutcome, Grant, ReleaseOutcome, Step, Timing, WriteResult,
 };
@@ -100,8 +100,9 @@ where
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fenced {
     pub lock: LockName,
-    /// With their weights.
-    pub slots: Vec<(Identity, Weight)>,
+    /// As the fence found them (their weights, tokens and times): what a cleanup whose freeing
+    /// write's answer was lost reports as freed (see [`protocol::freed_seen`]).
+    pub slots: Vec<(Identity, Holding)>,
     pub count: usize,
     pub waiting: u64,
 }
@@ -274,8 +275,12 @@ impl<S: ItemStore> Semaphore<S> {
     ) -> Result<Fenced, Error> {
         let fence = protocol::cleanup_fence(lock, holder, last_run);
         let result = self.store.write(&fence).await?;
-        let (slots, after) = protocol::fenced_slots(&fence, holder, result)?;
+        let (_, after) = protocol::fenced_slots(&fence, holder, result)?;
         self.rotate_if_busy(&after).await;
+        let slots = after
+            .slots_of(holder)
+            .map(|(id, holding)| (id.clone(), *holding))
+            .collect();
         Ok(Fenced {
             lock: lock.clone(),
             slots,
@@ -295,8 +300,17 @@ impl<S: ItemStore> Semaphore<S> {
                 waiting: fenced.waiting,
             });
         }
-        let mut free = protocol::cleanup_free(&fenced.lock, &fenced.slots);
-        let (outcome, after) = self.rounds(&mut free, protocol::freed).await?;
+        let weights: Vec<_> = fenced
+            .slots
+            .iter()
+            .map(|(id, holding)| (id.clone(), holding.weight))
+            .collect();
+        let mut free = protocol::cleanup_free(&fenced.lock, &weights);
+        let (outcome, after) = self
+            .rounds(&mut free, |write, result| {
+                protocol::freed_seen(write, result, &fenced.slots)
+            })
+            .await?;
         self.rotate_if_busy(&after).await;
         Ok(outcome)
     }
@@ -348,7 +362,7 @@ impl<S: ItemStore> Semaphore<S> {
         };
         match self.store.write(&write).await {
             Ok(WriteResult::Applied { .. } | WriteResult::Landed) => true,
-            Ok(WriteResult::Refused { .. }) => false,
+            Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }) => false,
             Err(e) => {
                 tracing::warn!(lock = %write.lock, error = %e, "fence rotation failed; a later write retries it");
                 false
@@ -704,8 +718,12 @@ mod tests {
         let holder = HolderId::new("x").unwrap();
         let held = Identity::new(holder.clone(), AcquisitionId::new("1").unwrap());
         sem.acquire(&lock(), &held, limit(2)).await.unwrap();
+        let slots = sem.fence(&lock(), &holder, Run::FIRST).await.unwrap().slots;
         assert_eq!(
-            sem.fence(&lock(), &holder, Run::FIRST).await.unwrap().slots,
+            slots
+                .iter()
+                .map(|(id, holding)| (id.clone(), holding.weight))
+                .collect::<Vec<_>>(),
             [(held.clone(), Weight::ONE)]
         );
         let item = sem.status(&lock()).await.unwrap();

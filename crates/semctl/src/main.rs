@@ -549,7 +549,7 @@ impl Request {
                     &mut out,
                     match outcome {
                         ReleaseOutcome::Released { token, count, .. } => {
-                            json!({"outcome": "released", "token": token.0, "count": count})
+                            json!({"outcome": "released", "token": token.map(|t| t.0), "count": count})
                         }
                         ReleaseOutcome::NotHeld { count, .. } => json!({
                             "outcome": "not_held",

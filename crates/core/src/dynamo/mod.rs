@@ -88,8 +88,11 @@ fn weight_floor(weight: Weight) -> u128 {
 }
 
 mod queue;
+mod retry;
 
 pub use queue::{decode_waiter, encode_waiter, queue_attr};
+pub use retry::throttle_backoff;
+use retry::LostAnswers;
 
 #[derive(Debug, Clone)]
 pub struct DynamoStore {
@@ -454,23 +457,38 @@ impl DynamoStore {
                 }))
             }
         };
-        let put = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(encode(&item)))
-            .condition_expression("attribute_not_exists(#lock)")
-            .expression_attribute_names("#lock", attr::LOCK)
-            .send()
-            .await;
-        match put {
-            Ok(_) => Ok(Some(WriteResult::Applied { before: None })),
-            Err(SdkError::ServiceError(e))
-                if matches!(e.err(), PutItemError::ConditionalCheckFailedException(_)) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(self.failed("PutItem", DisplayErrorContext(e))),
+        let mut conflicts = 0;
+        loop {
+            let put = self
+                .client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(encode(&item)))
+                .condition_expression("attribute_not_exists(#lock)")
+                .expression_attribute_names("#lock", attr::LOCK)
+                .send()
+                .await;
+            return match put {
+                Ok(_) => Ok(Some(WriteResult::Applied { before: None })),
+                // Someone created it, or this put's own first attempt did and its answer was
+                // lost: the caller sends the update, which answers either way.
+                Err(SdkError::ServiceError(e))
+                    if matches!(e.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+                {
+                    Ok(None)
+                }
+                // A transaction on the key was in flight: rejected without being applied, so
+                // sending it again is safe (as for the update, see `write`).
+                Err(SdkError::ServiceError(e))
+                    if matches!(e.err(), PutItemError::TransactionConflictException(_))
+                        && conflicts < queue::CONFLICT_ROUNDS =>
+                {
+                    queue::backoff(conflicts).await;
+                    conflicts += 1;
+                    continue;
+                }
+                Err(e) => Err(self.failed("PutItem", DisplayErrorContext(e))),
+            };
         }
     }
 }
@@ -495,6 +513,9 @@ impl ItemStore for DynamoStore {
         }
         let rendered = render(write)?;
         let (mut creates, mut conflicts) = (0, 0);
+        // Whether an attempt of this write went unanswered (F10): the SDK sent it again, and a
+        // refusal may then be the first attempt's own doing.
+        let lost = LostAnswers::default();
         while creates < CREATE_ROUNDS {
             let sent = self
                 .client
@@ -509,6 +530,8 @@ impl ItemStore for DynamoStore {
                 .return_values_on_condition_check_failure(
                     ReturnValuesOnConditionCheckFailure::AllOld,
                 )
+                .customize()
+                .interceptor(lost.clone())
                 .send()
                 .await;
             match sent {
@@ -521,6 +544,11 @@ impl ItemStore for DynamoStore {
                         match failed.item() {
                             // Refused: the item handed back says which check failed (or that
                             // it is of another format, which `decode` names).
+                            Some(current) if lost.happened() => {
+                                return Ok(WriteResult::Unsure {
+                                    current: decode(current)?,
+                                })
+                            }
                             Some(current) => {
                                 return Ok(WriteResult::Refused {
                                     current: decode(current)?,

@@ -12,7 +12,9 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, Delete, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 
-use super::{attr, decode, get_number, number, render, string, DynamoStore};
+use super::{
+    attr, decode, get_number, number, render, retry, string, throttle_backoff, DynamoStore,
+};
 use crate::error::StoreError;
 use crate::input::{AcquisitionId, HolderId, Limit, LockName, Rate, Terms, Weight};
 use crate::item::{Identity, Run, SemaphoreItem};
@@ -39,7 +41,8 @@ pub mod queue_attr {
 }
 
 /// How often a transaction is sent again when DynamoDB cancels it for a conflict with another
-/// write of the same items in flight (nothing was written).
+/// write of the same items in flight (nothing was written), or answers that it is still in
+/// progress.
 pub(super) const CONFLICT_ROUNDS: u32 = 5;
 
 pub fn encode_waiter(waiter: &Waiter) -> HashMap<String, AttributeValue> {
@@ -266,11 +269,25 @@ impl DynamoStore {
             TransactWriteItem::builder().update(item_update).build(),
             record_action(self, write, key)?,
         ];
-        for round in 0..CONFLICT_ROUNDS {
+        // One client request token for the write, kept until DynamoDB says the transaction did
+        // not commit (F10). The SDK sends a request whose answer was lost again with the same
+        // token, and DynamoDB answers a committed one success again without applying it twice
+        // (the token is good for 10 minutes); after TransactionInProgressException (that
+        // attempt was still in flight) it is sent again with the same token, which completes
+        // it. A new token would make a committed grant read as refused by its own record's
+        // removal ("moved"), and the waiter it granted would not be woken. After a
+        // cancellation nothing committed, and the next round gets a new token.
+        let mut token = retry::new_token();
+        let throttle_attempts = retry::throttle_attempts(self.client().config().retry_config());
+        let (mut rounds, mut throttled) = (0, 0);
+        while rounds < CONFLICT_ROUNDS {
+            let round = rounds;
+            rounds += 1;
             let sent = self
                 .client()
                 .transact_write_items()
                 .set_transact_items(Some(actions.clone()))
+                .client_request_token(&token)
                 .send()
                 .await;
             let cancelled = match sent {
@@ -293,10 +310,27 @@ impl DynamoStore {
             };
             let reasons = cancelled.cancellation_reasons();
             let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
-            if [code(0), code(1)]
-                .iter()
-                .any(|c| *c == "TransactionConflict" || *c == "ThrottlingError")
-            {
+            if [code(0), code(1)].contains(&"ThrottlingError") {
+                // Throttled: waits as the SDK waits for a throttle, as often as it would try.
+                throttled += 1;
+                if throttled >= throttle_attempts {
+                    return Err(self.failed_queue(
+                        "TransactWriteItems",
+                        format!("throttled {throttled} times: cancelled: {reasons:?}"),
+                    ));
+                }
+                token = retry::new_token();
+                rounds -= 1;
+                let wait = throttle_backoff(
+                    self.client().config().retry_config(),
+                    throttled - 1,
+                    fastrand::f64(),
+                );
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            if [code(0), code(1)].contains(&"TransactionConflict") {
+                token = retry::new_token();
                 backoff(round).await;
                 continue;
             }

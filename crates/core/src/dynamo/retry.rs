@@ -1,0 +1,123 @@
+//! What the store does about DynamoDB's answers that are not answers to the write itself (F10):
+//! an attempt whose answer was lost (the SDK sends it again; the first may have landed), a
+//! transaction throttled, and the one client request token of a transaction.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::config::interceptors::FinalizerInterceptorContextRef;
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_dynamodb::error::BoxError;
+
+/// Notes whether an attempt of one request went without an answer: no response (a timeout, a
+/// connection closed) or a server error (5xx: "the request may or may not have succeeded").
+/// The SDK then sends the same request again; if the first attempt landed, the answer the
+/// caller gets is to the second, and a conditional write is refused by its own first attempt.
+#[derive(Debug, Clone, Default)]
+pub(super) struct LostAnswers(Arc<AtomicBool>);
+
+impl LostAnswers {
+    pub(super) fn happened(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Intercept for LostAnswers {
+    fn name(&self) -> &'static str {
+        "LostAnswers"
+    }
+
+    fn read_after_attempt(
+        &self,
+        context: &FinalizerInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let answered = context
+            .response()
+            .is_some_and(|response| response.status().as_u16() < 500);
+        if !answered {
+            self.0.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
+/// The SDK's standard retry mode, where the client's config names none: 3 attempts, backoff
+/// from 1 s doubling up to 20 s (`aws_smithy_types::retry::RetryConfig::standard`).
+fn standard() -> RetryConfig {
+    RetryConfig::standard()
+}
+
+/// How many times in all a transaction cancelled for throttling is sent: as many as the SDK
+/// sends a throttled request (the client's `max_attempts`, 3 in standard mode).
+pub(super) fn throttle_attempts(config: Option<&RetryConfig>) -> u32 {
+    config
+        .cloned()
+        .unwrap_or_else(standard)
+        .max_attempts()
+        .max(1)
+}
+
+/// The wait before sending again a transaction that DynamoDB cancelled for throttling
+/// (`ThrottlingError` among its cancellation reasons) for the `throttled`-th time (from 0): the
+/// SDK's standard backoff for a throttle, `jitter * min(initial * 2^throttled, max)`, from the
+/// client's retry config, with `jitter` drawn from [0, 1) ("full jitter"). The SDK does not
+/// retry such a cancellation itself (it is a `TransactionCanceledException`, not a throttling
+/// error code), so the store does, as the SDK would a throttle.
+pub fn throttle_backoff(config: Option<&RetryConfig>, throttled: u32, jitter: f64) -> Duration {
+    let config = config.cloned().unwrap_or_else(standard);
+    let exponential = config
+        .initial_backoff()
+        .checked_mul(2u32.saturating_pow(throttled))
+        .unwrap_or(Duration::MAX)
+        .min(config.max_backoff());
+    exponential.mul_f64(jitter.clamp(0.0, 1.0))
+}
+
+/// A new client request token for a transaction: 32 hex digits (DynamoDB takes 1 to 36
+/// characters).
+pub(super) fn new_token() -> String {
+    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_throttled_transaction_backs_off_as_the_sdk_backs_off_a_throttle() {
+        let standard = RetryConfig::standard();
+        // Full jitter of 1 s, 2 s, 4 s ... capped at 20 s.
+        assert_eq!(
+            throttle_backoff(Some(&standard), 0, 1.0),
+            Duration::from_secs(1)
+        );
+        assert_eq!(throttle_backoff(None, 1, 1.0), Duration::from_secs(2));
+        assert_eq!(throttle_backoff(None, 1, 0.5), Duration::from_secs(1));
+        assert_eq!(throttle_backoff(None, 10, 1.0), Duration::from_secs(20));
+        assert_eq!(throttle_backoff(None, 40, 1.0), Duration::from_secs(20));
+        assert_eq!(throttle_backoff(None, 3, 0.0), Duration::ZERO);
+        let quick = RetryConfig::standard()
+            .with_initial_backoff(Duration::from_millis(10))
+            .with_max_backoff(Duration::from_millis(50));
+        assert_eq!(
+            throttle_backoff(Some(&quick), 2, 1.0),
+            Duration::from_millis(40)
+        );
+        assert_eq!(throttle_attempts(None), 3);
+        assert_eq!(
+            throttle_attempts(Some(&RetryConfig::standard().with_max_attempts(5))),
+            5
+        );
+    }
+
+    #[test]
+    fn tokens_are_new_and_fit_dynamodb() {
+        let (a, b) = (new_token(), new_token());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 32);
+    }
+}
