@@ -464,6 +464,9 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             "QueueFallbackSeconds".to_owned(),
             args.queue_fallback_seconds.to_string(),
         ),
+        // No execution waits longer than the run: with a day's wait the acquire function would
+        // lengthen a short fallback to keep a day of checks within the history quota.
+        ("MaxWaitSeconds".to_owned(), args.timeout.to_string()),
     ]);
     let template = Template::load(&root.join("template.yaml"), stack.clone(), &overrides)?;
     let plan = template.plan()?;
@@ -601,6 +604,25 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         if redrive.ok { "ok" } else { "NOT OK" },
         redrive.status,
         redrive.error.as_deref().unwrap_or("")
+    );
+    let history_probe =
+        work::long_wait_with_a_big_input(&sfn, &protected, args.queue_fallback_seconds, dir)
+            .await?;
+    eprintln!(
+        "    {}: an input of {} bytes waited through {} fallback checks ({:?} events each) and \
+         ended {}; {} events in all, largest task parameters {} bytes ({})",
+        if history_probe.status == "SUCCEEDED" {
+            "ok"
+        } else {
+            "NOT OK"
+        },
+        history_probe.input_bytes,
+        history_probe.events_per_fallback_check.len(),
+        history_probe.events_per_fallback_check,
+        history_probe.status,
+        history_probe.events,
+        history_probe.largest_task_parameters_bytes,
+        history_probe.largest_task_parameters_state
     );
     let mut stop_probes = Vec::new();
     for probe in [
@@ -1172,6 +1194,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     report.test_runner = Some(test_runner_run.clone());
     report.your_workflow_example = Some(example_run.clone());
     report.transitions = Some(transitions);
+    report.history_probe = Some(history_probe.clone());
 
     // The line: every execution's history, and the functions' hand-off log lines.
     let mut traces = Vec::with_capacity(executions.len());
@@ -1283,6 +1306,37 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             .collect::<Vec<_>>()
             .join("; "),
     );
+    let per_check = lambda_common::EVENTS_PER_FALLBACK_CHECK as usize;
+    report.check(
+        "F9 history and payload quotas",
+        history_probe.status == "SUCCEEDED"
+            && history_probe.events_per_fallback_check.len() >= 2
+            && history_probe
+                .events_per_fallback_check
+                .iter()
+                .all(|n| *n <= per_check)
+            && history_probe.events_outside_checks as u64 <= lambda_common::HISTORY_RESERVE
+            && history_probe.largest_task_parameters_bytes <= 256 * 1024,
+        format!(
+            "an execution with an input of {} bytes waited through {} fallback checks of {:?} \
+             events (the acquire function's bound assumes at most {per_check}), {} events \
+             outside them (at most {} reserved), and ended {}{}; its largest task parameters \
+             were {} bytes ({}; the local server fails a task past 262,144)",
+            history_probe.input_bytes,
+            history_probe.events_per_fallback_check.len(),
+            history_probe.events_per_fallback_check,
+            history_probe.events_outside_checks,
+            lambda_common::HISTORY_RESERVE,
+            history_probe.status,
+            history_probe
+                .error
+                .as_ref()
+                .map(|e| format!(" {e}: {}", history_probe.cause.as_deref().unwrap_or("")))
+                .unwrap_or_default(),
+            history_probe.largest_task_parameters_bytes,
+            history_probe.largest_task_parameters_state
+        ),
+    );
     report.check(
         "test runner",
         test_runner_ok,
@@ -1383,7 +1437,10 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
 }
 
 /// Every event of an execution's history, oldest first.
-async fn history(sfn: &Sfn, arn: &str) -> Result<Vec<aws_sdk_sfn::types::HistoryEvent>, String> {
+pub(crate) async fn history(
+    sfn: &Sfn,
+    arn: &str,
+) -> Result<Vec<aws_sdk_sfn::types::HistoryEvent>, String> {
     sfn.get_execution_history()
         .execution_arn(arn)
         .max_results(1000)
