@@ -58,11 +58,11 @@ pub const MAX_WAIT_RANGE: std::ops::RangeInclusive<u64> = 1..=31_536_000;
 /// history size: 25,000 events", Step Functions service quotas): past it the execution fails
 /// outright, not with `SemaphoreWaitTimeout`, and holds whatever it held.
 pub const HISTORY_EVENT_QUOTA: u64 = 25_000;
-/// Events one fallback check of the lock-protected machine adds to its history: "Wait in line"
-/// entered, its Lambda task scheduled, started, submitted and timed out. Counted from real
-/// histories by the local run's history probe (`crates/local-run`), which fails if a check
-/// adds more.
-pub const EVENTS_PER_FALLBACK_CHECK: u64 = 5;
+/// Events one fallback check of the lock-protected machine adds to its history, counted from a
+/// real history (moto's) by the local run's history probe (`crates/local-run`), which fails if
+/// a check adds more: from "Wait in line" entered to its next entry (see the probe's report for
+/// the event types).
+pub const EVENTS_PER_FALLBACK_CHECK: u64 = 6;
 /// The events of an execution left for everything but its fallback checks: its start and end,
 /// the acquire, the work and the release with every Retry attempt (at most 7 attempts of 3 to
 /// 4 events for each of the four tasks: about 120), the waits for a start rate and the wake-ups
@@ -75,7 +75,7 @@ pub const MAX_FALLBACK_CHECKS: u64 =
 
 /// The fallback a waiter uses: the configured one, lengthened where needed so that a wait of
 /// `max_wait` makes at most [`MAX_FALLBACK_CHECKS`] checks and its history stays within
-/// [`HISTORY_EVENT_QUOTA`] (a year's wait checks every 7,886 s at least; the template's
+/// [`HISTORY_EVENT_QUOTA`] (a year's wait checks every 9,465 s at least; the template's
 /// defaults, a day and 300 s, are unchanged). A lost wake-up then costs at most that.
 pub fn history_safe_fallback(max_wait: Duration, fallback: Duration) -> Duration {
     let least = max_wait.as_secs().div_ceil(MAX_FALLBACK_CHECKS);
@@ -671,7 +671,7 @@ mod tests {
         );
         assert_eq!(
             history_safe_fallback(Duration::from_secs(31_536_000), Duration::from_secs(11)),
-            Duration::from_secs(7_886)
+            Duration::from_secs(9_465)
         );
         let (max_wait, fallback) = settings(&[
             ("MAX_WAIT_SECONDS", "31536000"),
@@ -681,7 +681,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (max_wait.as_secs(), fallback.as_secs()),
-            (31_536_000, 7_886)
+            (31_536_000, 9_465)
         );
     }
 

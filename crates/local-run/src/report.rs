@@ -233,6 +233,8 @@ pub struct HistoryProbeReport {
     pub events: usize,
     /// The events of each of its fallback checks.
     pub events_per_fallback_check: Vec<usize>,
+    /// The types of the events of its first fallback check, in order.
+    pub fallback_check_event_types: Vec<String>,
     /// Its events outside the fallback checks.
     pub events_outside_checks: usize,
     /// The holder's history: a critical section with no wait.

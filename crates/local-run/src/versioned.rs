@@ -609,8 +609,8 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         work::long_wait_with_a_big_input(&sfn, &protected, args.queue_fallback_seconds, dir)
             .await?;
     eprintln!(
-        "    {}: an input of {} bytes waited through {} fallback checks ({:?} events each) and \
-         ended {}; {} events in all, largest task parameters {} bytes ({})",
+        "    {}: an input of {} bytes waited through {} fallback checks ({:?} events each: {}) \
+         and ended {}; {} events in all; task parameters, bytes: {:?}",
         if history_probe.status == "SUCCEEDED" {
             "ok"
         } else {
@@ -619,10 +619,10 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         history_probe.input_bytes,
         history_probe.events_per_fallback_check.len(),
         history_probe.events_per_fallback_check,
+        history_probe.fallback_check_event_types.join(", "),
         history_probe.status,
         history_probe.events,
-        history_probe.largest_task_parameters_bytes,
-        history_probe.largest_task_parameters_state
+        history_probe.task_parameters_bytes
     );
     let mut stop_probes = Vec::new();
     for probe in [

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aws_sdk_sfn::types::ExecutionStatus;
+use aws_sdk_sfn::types::{ExecutionStatus, HistoryEventType};
 use serde_json::{json, Value};
 
 use crate::driver::{LockItems, Planned};
@@ -176,6 +176,32 @@ pub async fn long_wait_with_a_big_input(
             *bytes = (*bytes).max(scheduled.parameters().len());
         }
     }
+    // The first fallback check's events: from the "Wait in line" entry whose task timed out to
+    // the next state entered.
+    let mut check_types = Vec::new();
+    let entries: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.state_entered_event_details().is_some())
+        .map(|(i, _)| i)
+        .collect();
+    for pair in entries.windows(2) {
+        let span = &events[pair[0]..pair[1]];
+        let is_wait = span[0]
+            .state_entered_event_details()
+            .is_some_and(|d| d.name() == "Wait in line");
+        if is_wait
+            && span
+                .iter()
+                .any(|e| e.r#type() == &HistoryEventType::TaskTimedOut)
+        {
+            check_types = span
+                .iter()
+                .map(|e| e.r#type().as_str().to_owned())
+                .collect();
+            break;
+        }
+    }
     let (largest_state, largest) = per_state
         .iter()
         .max_by_key(|(_, bytes)| **bytes)
@@ -189,6 +215,7 @@ pub async fn long_wait_with_a_big_input(
         events: trace.events,
         events_outside_checks: trace.events_outside_checks(),
         events_per_fallback_check: trace.fallback_check_events,
+        fallback_check_event_types: check_types,
         holder_events: history(sfn, &holder).await?.len(),
         largest_task_parameters_bytes: largest,
         largest_task_parameters_state: largest_state,
