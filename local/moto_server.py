@@ -45,7 +45,8 @@ patch maps them for that integration, from botocore's model of the API, as AWS d
 
 And one limit of AWS that moto leaves out is enforced: a task whose parameters (a Lambda
 payload, a child execution's input) pass Step Functions' 256 KiB fails with
-States.DataLimitExceeded, as on AWS (moto checks only results and state outputs).
+States.DataLimitExceeded, as on AWS (moto checks only results and state outputs); and that
+error is terminal, as on AWS: a Catch or Retry of States.ALL does not match it.
 
 Usage: python moto_server.py [--port N] [--port-file PATH] [--parent-pid PID]
                              [--lambda-endpoint URL] [--lambda-concurrency N]
@@ -593,6 +594,55 @@ def patch_task_parameters_quota():
     StateTaskService._before_eval_execution = _before_eval_execution
 
 
+# sha256 of the source of moto 5.2.5's ErrorEqualsDecl._eval_body (whether a Retry's or a
+# Catch's ErrorEquals matches an error), which patch_data_limit_is_terminal() wraps.
+ERROR_EQUALS_EVAL_BODY_SHA256 = "aeda14a0cc01747d7fe2e620ba35c9c78b43178fbb03665b8578c206f196b019"
+
+
+def patch_data_limit_is_terminal():
+    """Makes States.DataLimitExceeded the terminal error AWS makes it: States.ALL does not match it.
+
+    Step Functions, "Handling errors in Step Functions workflows", error names:
+    "States.DataLimitExceeded: a terminal error that can't be caught by the States.ALL error
+    type" (reported when a connector's output, a state's output, or a state's input after
+    Parameters is larger than the payload size quota). moto 5.2.5 matched States.ALL with every
+    error, so a Catch of States.ALL (the lock-protected machine's "Release after failure")
+    handled a payload over the quota that on AWS fails the execution outright, its slot left for
+    the cleanup. An ErrorEquals that names States.DataLimitExceeded itself still matches it.
+    """
+    import hashlib
+    import inspect
+
+    from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import (
+        ErrorEqualsDecl,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import (
+        StatesErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        StatesErrorNameType,
+    )
+
+    digest = hashlib.sha256(inspect.getsource(ErrorEqualsDecl._eval_body).encode()).hexdigest()
+    if digest != ERROR_EQUALS_EVAL_BODY_SHA256:
+        raise SystemExit(
+            "moto_server.py: moto's ErrorEqualsDecl._eval_body is not the one the terminal "
+            f"DataLimitExceeded patch was written for (sha256 {digest}); moto is pinned in "
+            "local/requirements.txt: review the patch before changing the pin"
+        )
+    terminal = StatesErrorName(typ=StatesErrorNameType.StatesStatesDataLimitExceeded)
+    original = ErrorEqualsDecl._eval_body
+
+    def _eval_body(self, env):
+        if env.stack and env.stack[-1] == terminal and terminal not in self.error_names:
+            env.stack.pop()
+            env.stack.append(False)
+            return
+        original(self, env)
+
+    ErrorEqualsDecl._eval_body = _eval_body
+
+
 def watch_parent(pid):
     while True:
         try:
@@ -635,6 +685,7 @@ def main():
     patch_stop_aborts_waiting_tasks()
     patch_closed_task_tokens()
     patch_task_parameters_quota()
+    patch_data_limit_is_terminal()
     app = serialized(DomainDispatcherApplication(create_backend_app))
     if args.lambda_endpoint:
         app = lambda_bridge(app, args.lambda_endpoint, args.lambda_concurrency)

@@ -7,7 +7,8 @@
 //!
 //! A machine of one `sqs:sendMessage` task (moto runs it locally, no Lambda needed) sends the
 //! execution input twice: an input of 120,000 bytes makes parameters under the quota, one of
-//! 140,000 bytes parameters over it.
+//! 140,000 bytes parameters over it. Its Retry and Catch of `States.ALL` do not handle the
+//! error: on AWS it is terminal (`patch_data_limit_is_terminal`).
 
 use semaphore_tests::sfn::{create_machine, described, ended, execution_mode, start, unique};
 use serde_json::json;
@@ -25,6 +26,8 @@ async fn a_task_scheduled_with_more_than_256_kib_fails_with_data_limit_exceeded(
         .queue_url()
         .expect("a queue URL")
         .to_owned();
+    // A Catch and a Retry of States.ALL, which on AWS do not match States.DataLimitExceeded:
+    // "a terminal error that can't be caught by the States.ALL error type".
     let definition = json!({
         "StartAt": "Send the input twice",
         "States": {
@@ -35,8 +38,11 @@ async fn a_task_scheduled_with_more_than_256_kib_fails_with_data_limit_exceeded(
                     "QueueUrl": queue,
                     "MessageBody": {"a.$": "$$.Execution.Input", "b.$": "$$.Execution.Input"}
                 },
+                "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 2, "IntervalSeconds": 1}],
+                "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Caught"}],
                 "End": true
-            }
+            },
+            "Caught": {"Type": "Succeed"}
         }
     });
     let machine = create_machine(&sfn, &unique("payload-limit"), &definition).await;
@@ -67,7 +73,7 @@ async fn a_task_scheduled_with_more_than_256_kib_fails_with_data_limit_exceeded(
         "parameters of about 240,000 bytes are within the quota"
     );
     let (status, error, cause, _) = run(140_000).await;
-    assert_eq!(status, "FAILED");
+    assert_eq!(status, "FAILED", "not caught by States.ALL");
     assert_eq!(error.as_deref(), Some("States.DataLimitExceeded"));
     let cause = cause.unwrap_or_default();
     assert!(
