@@ -43,7 +43,7 @@ use crate::payload::{hint, quoted, Payload};
 pub const ACQUIRE_PAYLOAD: &str = r#"{"input": object (or "answer": the acquire answer), "holder": string, "redrive_count": integer, "started_at": RFC 3339 string, "requested_at": RFC 3339 string}, or {"lock": string, "limit": integer, "weight": integer (optional), "rate": number per second (optional), "holder": string, "acquisition": string, "requested_at": RFC 3339 string}"#;
 
 /// The release payload's fields, as named in errors.
-pub const RELEASE_PAYLOAD: &str = r#"{"input": object (or "answer": the acquire answer), "holder": string, "redrive_count": integer, "error": {"Error": string, "Cause": string} if it failed}, or {"lock": string, "holder": string, "acquisition": string, "weight": integer (optional: the acquire's)}"#;
+pub const RELEASE_PAYLOAD: &str = r#"{"input": object (or "answer": the acquire answer, or "state": the failed state's data), "holder": string, "redrive_count": integer, "error": {"Error": string, "Cause": string} if it failed}, or {"lock": string, "holder": string, "acquisition": string, "weight": integer (optional: the acquire's)}"#;
 
 /// The key of the work's input under which it gets the semaphore's context: an execution input
 /// must not have it (the work's input is the execution input merged with the context).
@@ -52,6 +52,7 @@ pub const RESERVED_INPUT_KEY: &str = "semaphore";
 const INPUT_IS: &str = "the execution input, \"input.$\": \"$$.Execution.Input\"";
 const EXECUTION_IS: &str = "Step Functions' context object node, \"execution.$\": \"$$.Execution\"";
 const ANSWER_IS: &str = "the acquire answer this task follows, \"answer.$\": \"$.semaphore\"";
+const STATE_IS: &str = "the failed state's data, \"state.$\": \"$\"";
 
 /// What to pass when a value is found nowhere.
 mod missing {
@@ -291,7 +292,22 @@ impl<'a> Parts<'a> {
             (None, Some(execution)) => execution.object("Input", "input.", INPUT_IS)?,
             (None, None) => None,
         };
-        let answer = payload.object("answer", "answer.", ANSWER_IS)?;
+        // A failed state's data (the release after a failure): the acquire answer under
+        // `semaphore` (an input never has that key: the acquire refuses it), else the input.
+        let state = payload.object("state", "state.", STATE_IS)?;
+        let state_answer = match &state {
+            Some(state) => state.object("semaphore", "state.semaphore.", ANSWER_IS)?,
+            None => None,
+        };
+        let input = match (input, &state) {
+            (Some(input), _) => Some(input),
+            (None, Some(state)) if state_answer.is_none() => Some(*state),
+            (None, _) => None,
+        };
+        let answer = match payload.object("answer", "answer.", ANSWER_IS)? {
+            Some(answer) => Some(answer),
+            None => state_answer,
+        };
         Ok(Self {
             payload,
             execution,
@@ -1027,6 +1043,37 @@ mod tests {
         let mut both = wait;
         both["input"] = json!({"lock": "b", "limit": 2});
         assert_eq!(r.acquire(&both).unwrap().lock.as_str(), "b");
+    }
+
+    #[test]
+    fn a_release_after_failure_reads_the_failed_states_data() {
+        let r = resolver();
+        let since = "2026-12-03T10:15:00.000Z";
+        let error = json!({"Error": "States.TaskFailed", "Cause": "the child's description"});
+        // The work failed: the state holds the acquire answer (the lock the input named).
+        let after_work = json!({
+            "holder": HOLDER, "redrive_count": 0,
+            "state": {"semaphore": answer("a", json!(null), "r0", since), "error": error}
+        });
+        let target = r.target(&after_work).unwrap();
+        assert_eq!((target.lock.as_str(), target.weight.get()), ("a", 2));
+        // The acquire failed: the state is the execution input with what the Catch caught.
+        let after_acquire = json!({
+            "holder": HOLDER, "redrive_count": 0,
+            "state": {"lock": "b", "limit": 3, "weight": 3, "error": error}
+        });
+        let target = r.target(&after_acquire).unwrap();
+        assert_eq!((target.lock.as_str(), target.weight.get()), ("b", 3));
+        // An input naming none: the default lock, as for its acquire.
+        let defaults = json!({"holder": HOLDER, "redrive_count": 0, "state": {"error": error}});
+        assert_eq!(r.target(&defaults).unwrap().lock.as_str(), "demo-lock");
+        // A state that is not an object is named.
+        let bad = json!({"holder": HOLDER, "redrive_count": 0, "state": [1]});
+        assert!(r
+            .target(&bad)
+            .unwrap_err()
+            .to_string()
+            .starts_with("state must be a JSON object"));
     }
 
     #[test]

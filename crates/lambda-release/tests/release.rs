@@ -277,12 +277,19 @@ async fn fail_the_work(
     let caught = asl::caught(catcher, state, error, cause);
     let release_state = asl::state(&definition, catcher["Next"].as_str().unwrap());
     let payload = asl::render(&release_state["Parameters"]["Payload"], &caught, ctx);
+    // The failed state's data (the acquire answer and what the Catch caught), not the
+    // execution input beside the cause, which carries the child's input.
     assert_eq!(
         payload,
         json!({
-            "execution": ctx.execution,
-            "error": {"Error": error, "Cause": cause}
+            "holder": ctx.execution["Id"],
+            "redrive_count": ctx.execution["RedriveCount"],
+            "state": caught
         })
+    );
+    assert_eq!(
+        payload["state"]["error"],
+        json!({"Error": error, "Cause": cause})
     );
     let answer = release(sem, payload).await.unwrap();
     let output = asl::task_output(release_state, &caught, ctx, json!({"Payload": answer}));

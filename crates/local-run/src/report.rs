@@ -244,6 +244,10 @@ pub struct HistoryProbeReport {
     pub largest_task_parameters_state: String,
     /// Per state: the largest parameters a task of the waiter was scheduled with there, bytes.
     pub task_parameters_bytes: std::collections::BTreeMap<String, usize>,
+    /// An execution with the same input whose work fails: how it ended (the work's own error,
+    /// after its release; not States.DataLimitExceeded).
+    pub failing_status: String,
+    pub failing_error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

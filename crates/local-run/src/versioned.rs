@@ -1316,12 +1316,14 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
                 .iter()
                 .all(|n| *n <= per_check)
             && history_probe.events_outside_checks as u64 <= lambda_common::HISTORY_RESERVE
-            && history_probe.largest_task_parameters_bytes <= 256 * 1024,
+            && history_probe.largest_task_parameters_bytes <= 256 * 1024
+            && history_probe.failing_error.as_deref() == Some("WorkFailed"),
         format!(
             "an execution with an input of {} bytes waited through {} fallback checks of {:?} \
              events (the acquire function's bound assumes at most {per_check}), {} events \
              outside them (at most {} reserved), and ended {}{}; its largest task parameters \
-             were {} bytes ({}; the local server fails a task past 262,144)",
+             were {} bytes ({}; the local server fails a task past 262,144); one whose work \
+             failed ended {} {:?} (expected the work's own WorkFailed)",
             history_probe.input_bytes,
             history_probe.events_per_fallback_check.len(),
             history_probe.events_per_fallback_check,
@@ -1334,7 +1336,9 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
                 .map(|e| format!(" {e}: {}", history_probe.cause.as_deref().unwrap_or("")))
                 .unwrap_or_default(),
             history_probe.largest_task_parameters_bytes,
-            history_probe.largest_task_parameters_state
+            history_probe.largest_task_parameters_state,
+            history_probe.failing_status,
+            history_probe.failing_error
         ),
     );
     report.check(

@@ -121,7 +121,8 @@ pub const BIG_INPUT_BYTES: usize = 200 * 1024;
 /// periods and a bit; an execution with an input of [`BIG_INPUT_BYTES`] waits in line behind it
 /// (at least two fallback checks), then acquires, runs its work and releases. Its history shows
 /// the events one fallback check adds and the parameters each of its tasks was scheduled with
-/// (the local server fails a task past Step Functions' 256 KiB).
+/// (the local server fails a task past Step Functions' 256 KiB). Then one with the same input
+/// whose work fails must fail with the work's own error after its release.
 pub async fn long_wait_with_a_big_input(
     sfn: &Sfn,
     protected: &MachinePlan,
@@ -161,6 +162,15 @@ pub async fn long_wait_with_a_big_input(
     if ended.status != "SUCCEEDED" || holder_ended.status != "SUCCEEDED" {
         save_history(sfn, &waiter, dir).await;
         save_history(sfn, &holder, dir).await;
+    }
+    // The same input, a work that fails: the release after the failure must still fit (the
+    // failed child's cause carries the child's input).
+    let mut failing_input = input.clone();
+    failing_input["fail"] = json!(true);
+    let failing = start(sfn, &protected.arn, "probe-history-failing", &failing_input).await?;
+    let failing_ended = wait_ended(sfn, &failing, within).await?;
+    if failing_ended.error.as_deref() != Some("WorkFailed") {
+        save_history(sfn, &failing, dir).await;
     }
     let events = history(sfn, &waiter).await?;
     let trace = crate::line::trace(&waiter, 0, &events, None);
@@ -220,6 +230,8 @@ pub async fn long_wait_with_a_big_input(
         largest_task_parameters_bytes: largest,
         largest_task_parameters_state: largest_state,
         task_parameters_bytes: per_state,
+        failing_status: failing_ended.status,
+        failing_error: failing_ended.error,
     })
 }
 

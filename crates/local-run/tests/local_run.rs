@@ -241,6 +241,17 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
     for state in ["Wait in line", "Release slot"] {
         assert!(sizes.contains_key(state), "no {state} task: {probe:#}");
     }
+    // The same input with a work that fails: it releases (the failed child's cause, which
+    // carries the child's input, is not sent beside the execution input) and fails with the
+    // work's own error, not the terminal States.DataLimitExceeded.
+    assert_eq!(
+        (&probe["failing_status"], &probe["failing_error"]),
+        (
+            &serde_json::json!("FAILED"),
+            &serde_json::json!("WorkFailed")
+        ),
+        "{probe:#}"
+    );
 }
 
 #[test]
