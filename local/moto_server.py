@@ -50,6 +50,11 @@ DynamoDB's TransactWriteItems honours its ClientRequestToken (see
 patch_transaction_idempotency): a committed transaction sent again with its token succeeds
 without applying twice, as on AWS; moto evaluated it anew.
 
+And one limit of AWS that moto leaves out is enforced: a task whose parameters (a Lambda
+payload, a child execution's input) pass Step Functions' 256 KiB fails with
+States.DataLimitExceeded, as on AWS (moto checks only results and state outputs); and that
+error is terminal, as on AWS: a Catch or Retry of States.ALL does not match it.
+
 Usage: python moto_server.py [--port N] [--port-file PATH] [--parent-pid PID]
                              [--lambda-endpoint URL] [--lambda-concurrency N]
   --port 0 picks a free port; the chosen port is printed and written to --port-file.
@@ -658,6 +663,140 @@ def patch_transaction_idempotency():
     DynamoHandler.transact_write_items = transact_write_items
 
 
+# sha256 of the source of moto 5.2.5's StateTaskService._before_eval_execution (records a
+# service task's TaskScheduled with its parameters), which patch_task_parameters_quota() wraps.
+BEFORE_EVAL_EXECUTION_SHA256 = "6c5ad214e88d62d5e6f1ca69aefee77cf1218f8711eec905b37f9b4beb38820b"
+
+
+def patch_task_parameters_quota():
+    """Fails a task whose parameters pass Step Functions' 256 KiB quota, as AWS does.
+
+    Step Functions service quotas, "Maximum input or output size for a task, state, or
+    execution: 256 KiB of data as a UTF-8 encoded string", which "affects tasks (activity,
+    Lambda function, or integrated service), state or execution output, and input data when
+    scheduling a task, entering a state, or starting an execution"; the history's
+    TaskScheduled parameters and LambdaFunctionScheduled input have a "Maximum length of
+    262144" (Step Functions API reference). Past it the task fails with
+    States.DataLimitExceeded. moto 5.2.5 checks a state's output and a task's result against
+    that quota (moto.stepfunctions.parser.quotas, 256 * 1024 bytes), but not the parameters a
+    task is scheduled with: a lambda:invoke payload of any size went through, so a payload that
+    carries the execution input beside more (the whole $$.Execution, a task token) never failed
+    here. Lambda's own limit on a synchronous invoke is 6 MB, so the 256 KiB of Step Functions is
+    the one that binds. Wraps the method that schedules a service task (lambda:invoke,
+    states:startExecution, ...).
+    """
+    import hashlib
+    import inspect
+
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service import (
+        StateTaskService,
+    )
+    from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+        FailureEvent,
+        FailureEventException,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import (
+        StatesErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        StatesErrorNameType,
+    )
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+    from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
+    from moto.stepfunctions.parser.quotas import MAX_STATE_SIZE_UTF8_BYTES
+
+    method = StateTaskService._before_eval_execution
+    digest = hashlib.sha256(inspect.getsource(method).encode()).hexdigest()
+    if digest != BEFORE_EVAL_EXECUTION_SHA256:
+        raise SystemExit(
+            "moto_server.py: moto's StateTaskService._before_eval_execution is not the one the "
+            f"task-parameters quota patch was written for (sha256 {digest}); moto is pinned in "
+            "local/requirements.txt: review the patch before changing the pin"
+        )
+    if MAX_STATE_SIZE_UTF8_BYTES != 256 * 1024:
+        raise SystemExit(
+            f"moto_server.py: moto's state size quota is {MAX_STATE_SIZE_UTF8_BYTES} bytes, "
+            "not Step Functions' 256 KiB: review the task-parameters quota patch"
+        )
+    original = method
+
+    def _before_eval_execution(self, env, resource_runtime_part, raw_parameters, state_credentials):
+        size = len(to_json_str(raw_parameters).encode("utf-8"))
+        if size > MAX_STATE_SIZE_UTF8_BYTES:
+            error = StatesErrorNameType.StatesStatesDataLimitExceeded
+            raise FailureEventException(
+                failure_event=FailureEvent(
+                    env=env,
+                    error_name=StatesErrorName(typ=error),
+                    event_type=HistoryEventType.TaskFailed,
+                    event_details=EventDetails(
+                        taskFailedEventDetails=TaskFailedEventDetails(
+                            error=error.to_name(),
+                            cause=(
+                                f"The task's parameters are {size} bytes, more than the "
+                                f"{MAX_STATE_SIZE_UTF8_BYTES} bytes a task may be scheduled with."
+                            ),
+                            resourceType=self._get_sfn_resource_type(),
+                            resource=self._get_sfn_resource(),
+                        )
+                    ),
+                )
+            )
+        return original(self, env, resource_runtime_part, raw_parameters, state_credentials)
+
+    StateTaskService._before_eval_execution = _before_eval_execution
+
+
+# sha256 of the source of moto 5.2.5's ErrorEqualsDecl._eval_body (whether a Retry's or a
+# Catch's ErrorEquals matches an error), which patch_data_limit_is_terminal() wraps.
+ERROR_EQUALS_EVAL_BODY_SHA256 = "aeda14a0cc01747d7fe2e620ba35c9c78b43178fbb03665b8578c206f196b019"
+
+
+def patch_data_limit_is_terminal():
+    """Makes States.DataLimitExceeded the terminal error AWS makes it: States.ALL does not match it.
+
+    Step Functions, "Handling errors in Step Functions workflows", error names:
+    "States.DataLimitExceeded: a terminal error that can't be caught by the States.ALL error
+    type" (reported when a connector's output, a state's output, or a state's input after
+    Parameters is larger than the payload size quota). moto 5.2.5 matched States.ALL with every
+    error, so a Catch of States.ALL (the lock-protected machine's "Release after failure")
+    handled a payload over the quota that on AWS fails the execution outright, its slot left for
+    the cleanup. An ErrorEquals that names States.DataLimitExceeded itself still matches it.
+    """
+    import hashlib
+    import inspect
+
+    from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import (
+        ErrorEqualsDecl,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import (
+        StatesErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        StatesErrorNameType,
+    )
+
+    digest = hashlib.sha256(inspect.getsource(ErrorEqualsDecl._eval_body).encode()).hexdigest()
+    if digest != ERROR_EQUALS_EVAL_BODY_SHA256:
+        raise SystemExit(
+            "moto_server.py: moto's ErrorEqualsDecl._eval_body is not the one the terminal "
+            f"DataLimitExceeded patch was written for (sha256 {digest}); moto is pinned in "
+            "local/requirements.txt: review the patch before changing the pin"
+        )
+    terminal = StatesErrorName(typ=StatesErrorNameType.StatesStatesDataLimitExceeded)
+    original = ErrorEqualsDecl._eval_body
+
+    def _eval_body(self, env):
+        if env.stack and env.stack[-1] == terminal and terminal not in self.error_names:
+            env.stack.pop()
+            env.stack.append(False)
+            return
+        original(self, env)
+
+    ErrorEqualsDecl._eval_body = _eval_body
+
+
 def watch_parent(pid):
     while True:
         try:
@@ -700,6 +839,8 @@ def main():
     patch_stop_aborts_waiting_tasks()
     patch_closed_task_tokens()
     patch_transaction_idempotency()
+    patch_task_parameters_quota()
+    patch_data_limit_is_terminal()
     app = limit_start_execution_input(serialized(DomainDispatcherApplication(create_backend_app)))
     if args.lambda_endpoint:
         app = lambda_bridge(app, args.lambda_endpoint, args.lambda_concurrency)

@@ -76,7 +76,9 @@ pub struct Config {
     /// `MAX_WAIT_SECONDS`: past it, a full answer is `SemaphoreWaitTimeout`.
     pub max_wait: Duration,
     /// `QUEUE_FALLBACK_SECONDS`: how long a parked execution waits before it checks again (its
-    /// wait task's timeout): the most a lost wake-up costs.
+    /// wait task's timeout): the most a lost wake-up costs. Lengthened where `max_wait` would
+    /// otherwise let one wait's checks pass Step Functions' history quota
+    /// (`lambda_common::history_safe_fallback`).
     pub fallback: Duration,
     /// The protected machines (`STATE_MACHINE_ARNS`) a caller must be one of, and the work
     /// machines' types (set by `main`: `DescribeStateMachine`); see `lambda_common::deployment`.
@@ -87,10 +89,11 @@ impl Config {
     pub fn from_settings<F: Fn(&str) -> Option<String>>(
         settings: &Settings<F>,
     ) -> Result<Self, ConfigError> {
+        let (max_wait, fallback) = settings.waiting()?;
         Ok(Self {
             resolver: settings.resolver()?,
-            max_wait: settings.max_wait()?,
-            fallback: settings.queue_fallback()?,
+            max_wait,
+            fallback,
             deployment: Deployment {
                 protected: settings.state_machines()?,
                 machine_types: None,
@@ -185,6 +188,10 @@ pub struct AcquireResponse {
     /// Full: the timeout of the wait task (`TimeoutSecondsPath`), after which a parked
     /// execution checks again. 0 otherwise.
     pub fallback_seconds: u64,
+    /// Since when this run of the execution has waited (its start, or its redrive), RFC 3339:
+    /// the wait budget's start, which a later task that passes this answer back instead of the
+    /// execution node and input (`"answer.$": "$.semaphore"`) keeps. `null` when unknown.
+    pub waiting_since: Option<String>,
     /// The work to run with the slot; `null` without an execution input.
     pub work: Option<WorkAnswer>,
 }
@@ -234,6 +241,7 @@ fn holding_answer(
         acquisition: identity.acquisition.to_string(),
         queued_at: None,
         fallback_seconds: 0,
+        waiting_since: request.waiting_since_ms.map(rfc3339_millis),
         work: request
             .work
             .as_ref()

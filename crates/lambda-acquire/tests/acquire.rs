@@ -329,6 +329,7 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
             "child_name",
             "queued_at",
             "fallback_seconds",
+            "waiting_since",
             "work"
         ])
     );
@@ -351,6 +352,7 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
             "child_name": name,
             "queued_at": null,
             "fallback_seconds": 0,
+            "waiting_since": started,
             "work": {
                 "state_machine": DEMO,
                 "name": name,
@@ -413,7 +415,11 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
         &state,
         &release_ctx,
     );
-    assert_eq!(payload, json!({"execution": release_ctx.execution}));
+    assert_eq!(
+        payload,
+        json!({"holder": HOLDER, "redrive_count": 0, "answer": state["semaphore"]}),
+        "the release payload: the acquire answer, not the execution input"
+    );
     let released = release(&sem, payload).await.unwrap();
     assert_eq!(
         released,
@@ -488,14 +494,18 @@ async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
         config.fallback.as_secs()
     );
 
-    // The wait task's payload: the execution, the wait state's entry time, the task's token and
-    // the place in line, the full answer's queued_at.
+    // The wait task's payload: the execution's id, run and start, the full answer (instead of
+    // the execution input, which may be near 256 KiB), the wait state's entry time, the task's
+    // token and the place in line, the full answer's queued_at.
     let parked = second.entered(&now(&sem)).with_task_token("task-token-1");
     let payload = asl::render(&wait["Parameters"]["Payload"], &state, &parked);
     assert_eq!(
         payload,
         json!({
-            "execution": second.execution,
+            "holder": second.execution["Id"],
+            "redrive_count": 0,
+            "started_at": second.execution["StartTime"],
+            "answer": state["semaphore"],
             "requested_at": parked.entered_time,
             "task_token": "task-token-1",
             "queued_at": full["queued_at"]
@@ -1117,6 +1127,7 @@ async fn a_weight_and_a_start_rate_from_the_input_and_a_rate_limited_answer_wait
     let started_ms = sem.now_ms();
     let played = play_acquire(&sem, &config, &first, &heavy).await;
     let answer = played.answer.unwrap();
+    let heavy_answer = answer.clone();
     assert_eq!(
         (
             &answer["outcome"],
@@ -1291,15 +1302,16 @@ async fn a_weight_and_a_start_rate_from_the_input_and_a_rate_limited_answer_wait
         (&json!(false), &json!("full"), &json!(2))
     );
 
-    // The heavy holder's release frees its weight 2, resolved from its input like the acquire.
+    // The heavy holder's release frees its weight 2, read from its acquire answer (which the
+    // acquire resolved from the input).
     let release_ctx = first.entered(&now(&sem));
     let release_state = asl::state(&definition, "Release slot");
     let payload = asl::render(
         &release_state["Parameters"]["Payload"],
-        &json!({}),
+        &json!({"semaphore": heavy_answer, "work": {"output": {}}}),
         &release_ctx,
     );
-    assert_eq!(payload["execution"]["Input"]["weight"], json!(2));
+    assert_eq!(payload["answer"]["weight"], json!(2));
     let released = release(&sem, payload).await.unwrap();
     assert_eq!(
         (&released["released"], &released["count"]),
@@ -1391,7 +1403,7 @@ async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
             "weight": 1, "rate": null, "next_start_at": null,
             "lock": "demo-lock", "holder": HOLDER,
             "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab", "child_name": name,
-            "queued_at": null, "fallback_seconds": 0, "work": null
+            "queued_at": null, "fallback_seconds": 0, "waiting_since": null, "work": null
         })
     );
     let released = release(

@@ -86,13 +86,19 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
     // A lock whose item version 1 wrote.
     put_version_1_item(store.client(), &table, "old-lock", HOLDER, "a0").await;
     let old = payload_entered(0, json!({"lock": "old-lock"}));
-    let run1 = run(env(&table), vec![payload(), payload(), bad, expired, old]).await;
+    let (first, second) = (payload(), payload());
+    let run1 = run(
+        env(&table),
+        vec![first.clone(), second.clone(), bad, expired, old],
+    )
+    .await;
     let name = child_execution_name(&id(HOLDER, "r0"));
-    let answer = |outcome: &str| {
+    // The wait budget counts from the execution's start, which the answer keeps.
+    let answer = |outcome: &str, payload: &Value| {
         json!({
             "acquired": true, "outcome": outcome, "token": 1, "count": 1, "limit": 5,
             "weight": 1, "rate": null, "next_start_at": null, "lock": "demo-lock", "holder": HOLDER, "acquisition": "r0", "child_name": name,
-            "queued_at": null, "fallback_seconds": 0,
+            "queued_at": null, "fallback_seconds": 0, "waiting_since": payload["started_at"],
             "work": {"state_machine": DEMO, "name": name, "context": {"semaphore": {
                 "lock": "demo-lock", "fencing_token": 1, "holder": HOLDER, "acquisition": "r0"
             }}}
@@ -101,8 +107,8 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
     assert_eq!(
         run1.answers[..3],
         [
-            Answer::Response(answer("acquired")),
-            Answer::Response(answer("already_held")),
+            Answer::Response(answer("acquired", &first)),
+            Answer::Response(answer("already_held", &second)),
             error(
                 "SemaphoreInvalidInput",
                 "input.limit: limit must be a whole number from 1 to 1000; got the string \"5\""

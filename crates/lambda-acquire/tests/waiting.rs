@@ -224,7 +224,17 @@ impl World {
         assert_eq!(full["outcome"], json!("full"), "{full}");
         let parked = park(&self.sfn, &self.machine, &name, &self.input, &full).await;
         let wait = parked.next_wait().await;
-        assert_eq!(wait["execution"]["Id"], json!(execution));
+        assert_eq!(wait["holder"], json!(execution));
+        // The answer it follows (its fallback_seconds set by the parking machine), not the
+        // execution input.
+        assert_eq!(
+            (&wait["answer"]["lock"], &wait["answer"]["work"]),
+            (&full["lock"], &full["work"])
+        );
+        assert!(
+            wait.get("input").is_none() && wait.get("execution").is_none(),
+            "{wait}"
+        );
         assert_eq!(wait["queued_at"], full["queued_at"]);
         assert!(wait["task_token"].is_string(), "{wait}");
         let queued = self.acquire(wait.clone()).await.unwrap();

@@ -21,6 +21,13 @@
 //! never been redriven), which the wait budget of a redriven execution needs.
 //!
 //! A field given in the payload wins over the same one from the input or the execution node.
+//!
+//! A later task of the same run (the lock-protected machine's wait and release) need not carry
+//! the execution input, which may be near Step Functions' 256 KiB: it passes the acquire answer
+//! it follows, `"answer.$": "$.semaphore"`, instead. The lock, limit, weight, rate and work are
+//! read from the input first (an older payload that has it), else from that answer; the wait
+//! budget's start from the answer's `waiting_since` when the payload gives no start of its own
+//! run (a redriven run's `RedriveTime` is only in the execution node).
 
 use semaphore_core::{
     AcquisitionId, HolderId, Identity, Limit, LockName, QueueKey, Rate, Run, TaskToken, Terms,
@@ -33,10 +40,10 @@ use crate::error::HandlerError;
 use crate::payload::{hint, quoted, Payload};
 
 /// The acquire payload's fields, as named in errors.
-pub const ACQUIRE_PAYLOAD: &str = r#"{"input": object, "holder": string, "redrive_count": integer, "started_at": RFC 3339 string, "requested_at": RFC 3339 string}, or {"lock": string, "limit": integer, "weight": integer (optional), "rate": number per second (optional), "holder": string, "acquisition": string, "requested_at": RFC 3339 string}"#;
+pub const ACQUIRE_PAYLOAD: &str = r#"{"input": object (or "answer": the acquire answer), "holder": string, "redrive_count": integer, "started_at": RFC 3339 string, "requested_at": RFC 3339 string}, or {"lock": string, "limit": integer, "weight": integer (optional), "rate": number per second (optional), "holder": string, "acquisition": string, "requested_at": RFC 3339 string}"#;
 
 /// The release payload's fields, as named in errors.
-pub const RELEASE_PAYLOAD: &str = r#"{"input": object, "holder": string, "redrive_count": integer, "error": {"Error": string, "Cause": string} if it failed}, or {"lock": string, "holder": string, "acquisition": string, "weight": integer (optional: the acquire's)}"#;
+pub const RELEASE_PAYLOAD: &str = r#"{"input": object (or "answer": the acquire answer, or "state": the failed state's data), "holder": string, "redrive_count": integer, "error": {"Error": string, "Cause": string} if it failed}, or {"lock": string, "holder": string, "acquisition": string, "weight": integer (optional: the acquire's)}"#;
 
 /// The key of the work's input under which it gets the semaphore's context: an execution input
 /// must not have it (the work's input is the execution input merged with the context).
@@ -44,6 +51,8 @@ pub const RESERVED_INPUT_KEY: &str = "semaphore";
 
 const INPUT_IS: &str = "the execution input, \"input.$\": \"$$.Execution.Input\"";
 const EXECUTION_IS: &str = "Step Functions' context object node, \"execution.$\": \"$$.Execution\"";
+const ANSWER_IS: &str = "the acquire answer this task follows, \"answer.$\": \"$.semaphore\"";
+const STATE_IS: &str = "the failed state's data, \"state.$\": \"$\"";
 
 /// What to pass when a value is found nowhere.
 mod missing {
@@ -158,12 +167,16 @@ impl AllowedWork {
 
     /// `input.work`, else the default, checked against the allowed lists.
     fn resolve(&self, input: &Payload) -> Result<Work, HandlerError> {
-        let named = input.optional_string("work")?;
+        self.named(input.optional_string("work")?, &input.name("work"))
+    }
+
+    /// The work `named` (where it came from: `field`), else the default, checked against the
+    /// allowed lists.
+    fn named(&self, named: Option<&str>, field: &str) -> Result<Work, HandlerError> {
         let Some(arn) = named.or(self.default.as_deref()) else {
             return Err(HandlerError::InvalidInput(format!(
-                "{} is missing and the function has no DEFAULT_WORK: name the state machine or \
+                "{field} is missing and the function has no DEFAULT_WORK: name the state machine or \
                  Lambda function to run under the lock, one of those this stack allows ({})",
-                input.name("work"),
                 self.describe()
             )));
         };
@@ -177,11 +190,10 @@ impl AllowedWork {
                 None => String::new(),
             };
             return Err(HandlerError::InvalidInput(format!(
-                "{} is {}, which this stack does not allow: name one it allows ({}){default}. \
+                "{field} is {}, which this stack does not allow: name one it allows ({}){default}. \
                  To allow another, add it to the stack's WorkStateMachineArns or \
                  WorkFunctionArns parameter (the acquire function's WORK_STATE_MACHINES and \
                  WORK_FUNCTIONS)",
-                input.name("work"),
                 quoted(&Value::String(arn.to_owned())),
                 self.describe()
             )));
@@ -261,11 +273,13 @@ pub struct Resolver {
     pub work: AllowedWork,
 }
 
-/// A payload's parts: the payload itself, the execution node and the execution input.
+/// A payload's parts: the payload itself, the execution node, the execution input and the
+/// acquire answer a later task passes instead of the input.
 struct Parts<'a> {
     payload: Payload<'a>,
     execution: Option<Payload<'a>>,
     input: Option<Payload<'a>>,
+    answer: Option<Payload<'a>>,
 }
 
 impl<'a> Parts<'a> {
@@ -278,14 +292,32 @@ impl<'a> Parts<'a> {
             (None, Some(execution)) => execution.object("Input", "input.", INPUT_IS)?,
             (None, None) => None,
         };
+        // A failed state's data (the release after a failure): the acquire answer under
+        // `semaphore` (an input never has that key: the acquire refuses it), else the input.
+        let state = payload.object("state", "state.", STATE_IS)?;
+        let state_answer = match &state {
+            Some(state) => state.object("semaphore", "state.semaphore.", ANSWER_IS)?,
+            None => None,
+        };
+        let input = match (input, &state) {
+            (Some(input), _) => Some(input),
+            (None, Some(state)) if state_answer.is_none() => Some(*state),
+            (None, _) => None,
+        };
+        let answer = match payload.object("answer", "answer.", ANSWER_IS)? {
+            Some(answer) => Some(answer),
+            None => state_answer,
+        };
         Ok(Self {
             payload,
             execution,
             input,
+            answer,
         })
     }
 
-    /// The payload's value, else the execution input's: `read` reads one of them.
+    /// The payload's value, else the execution input's, else the acquire answer's: `read`
+    /// reads one of them.
     fn given<T>(
         &self,
         read: impl Fn(&Payload<'a>) -> Result<Option<T>, HandlerError>,
@@ -293,7 +325,45 @@ impl<'a> Parts<'a> {
         if let Some(value) = read(&self.payload)? {
             return Ok(Some(value));
         }
-        Ok(self.input.as_ref().map(read).transpose()?.flatten())
+        if let Some(value) = self.input.as_ref().map(&read).transpose()?.flatten() {
+            return Ok(Some(value));
+        }
+        Ok(self.answer.as_ref().map(read).transpose()?.flatten())
+    }
+
+    /// The work: the execution input's `work` (or the default) when the payload has the
+    /// input; else the work the acquire answer named (its `work.context.semaphore.function`
+    /// for a Lambda function, its `work.state_machine` otherwise), checked again against the
+    /// allowed lists; `None` with neither.
+    fn work(&self, allowed: &AllowedWork) -> Result<Option<Work>, HandlerError> {
+        if let Some(input) = &self.input {
+            return allowed.resolve(input).map(Some);
+        }
+        let Some(answer) = &self.answer else {
+            return Ok(None);
+        };
+        let Some(work) = answer.object("work", "answer.work.", "the work the answer named")? else {
+            return Ok(None);
+        };
+        let function = work
+            .object("context", "answer.work.context.", "the work's context")?
+            .and_then(|c| {
+                c.object(
+                    "semaphore",
+                    "answer.work.context.semaphore.",
+                    "the semaphore context",
+                )
+                .transpose()
+            })
+            .transpose()?
+            .map(|semaphore| semaphore.optional_string("function"))
+            .transpose()?
+            .flatten();
+        let named = match function {
+            Some(function) => function,
+            None => work.string("state_machine", "pass the acquire answer as it was given")?,
+        };
+        allowed.named(Some(named), "answer.work").map(Some)
     }
 
     /// The payload's, else the input's, else the default.
@@ -435,10 +505,23 @@ impl<'a> Parts<'a> {
         };
         // A redriven execution keeps its first StartTime: waiting since then would count the
         // time it lay failed before its redrive, and time it out at once.
-        Ok(match redrive_count {
+        let own = match redrive_count {
             Some(count) if count > 0 => redriven_at,
             _ => started_at,
-        })
+        };
+        if own.is_some() {
+            return Ok(own);
+        }
+        // A payload without the execution node: the answer's start, if the answer is this
+        // run's (a run redriven into its wait task follows an answer of the run before).
+        let Some(answer) = &self.answer else {
+            return Ok(None);
+        };
+        let this_run = incarnation_acquisition(redrive_count.unwrap_or(0));
+        if answer.optional_string("acquisition")? != Some(this_run.as_str()) {
+            return Ok(None);
+        }
+        answer.optional_time_ms("waiting_since", "the acquire answer's waiting_since")
     }
 }
 
@@ -521,11 +604,7 @@ impl Resolver {
         let terms = parts.terms(&self.defaults)?;
         let requested_at_ms = parts.payload.requested_at_ms()?;
         let waiting_since_ms = parts.waiting_since_ms(redrive_count)?;
-        let work = parts
-            .input
-            .as_ref()
-            .map(|input| self.work.resolve(input))
-            .transpose()?;
+        let work = parts.work(&self.work)?;
         let wait = parts.wait(requested_at_ms)?;
         Ok(AcquireRequest {
             lock,
@@ -874,6 +953,127 @@ mod tests {
             r.acquire(&payload).unwrap_err().message(),
             format!("{rate}; got the string \"2/s\"")
         );
+    }
+
+    /// The answer the acquire function gave `machine_payload(input)`, as the lock-protected
+    /// machine keeps it in `$.semaphore` (the fields a later task reads).
+    fn answer(lock: &str, work: Value, acquisition: &str, waiting_since: &str) -> Value {
+        json!({
+            "acquired": false, "outcome": "full", "token": null, "limit": 2, "weight": 2,
+            "rate": 0.5, "lock": lock, "holder": HOLDER, "acquisition": acquisition,
+            "queued_at": "2026-12-03T10:15:30.123Z", "fallback_seconds": 300,
+            "waiting_since": waiting_since, "work": work
+        })
+    }
+
+    #[test]
+    fn a_wait_or_release_that_passes_the_answer_instead_of_the_input_resolves_alike() {
+        let r = resolver();
+        let input = json!({"lock": "a", "limit": 2, "weight": 2, "rate": 0.5, "work": FUNCTION});
+        let first = r.acquire(&machine_payload(input)).unwrap();
+        let work = json!({
+            "state_machine": RUNNER, "name": "run-1-0123456789abcdef",
+            "context": {"semaphore": {"lock": "a", "fencing_token": null, "holder": HOLDER,
+                                      "acquisition": "r0", "function": FUNCTION}}
+        });
+        let since = "2026-12-03T10:15:00.000Z";
+        // The lock-protected machine's wait payload: no input, no execution node.
+        let wait = json!({
+            "holder": HOLDER, "redrive_count": 0, "started_at": since,
+            "answer": answer("a", work.clone(), "r0", since),
+            "requested_at": "2026-12-03T10:20:30.000Z", "task_token": "token-1",
+            "queued_at": "2026-12-03T10:15:30.123Z"
+        });
+        let waited = r.acquire(&wait).unwrap();
+        assert_eq!(
+            (
+                &waited.lock,
+                waited.terms,
+                &waited.identity,
+                waited.work.as_ref()
+            ),
+            (
+                &first.lock,
+                first.terms,
+                &first.identity,
+                first.work.as_ref()
+            )
+        );
+        assert_eq!(waited.waiting_since_ms, first.waiting_since_ms);
+        assert_eq!(
+            r.waiter(&wait).unwrap().map(|(lock, _)| lock.to_string()),
+            Some("a".to_owned())
+        );
+        // State machine work is named by the answer's state_machine.
+        let mut mine = wait.clone();
+        mine["answer"]["work"] = json!({"state_machine": MINE, "name": "n", "context": {}});
+        assert_eq!(r.acquire(&mine).unwrap().work.unwrap().arn, MINE);
+        // A work the stack no longer allows is refused, and named where it came from.
+        let mut gone = wait.clone();
+        gone["answer"]["work"]["context"]["semaphore"]["function"] =
+            json!("arn:aws:lambda:us-east-1:123456789012:function:gone");
+        let err = r.acquire(&gone).unwrap_err().to_string();
+        assert!(err.starts_with("answer.work is \"arn:aws:lambda"), "{err}");
+        // A redriven run's wait with no execution node: the answer's start is its own run's
+        // only if the answer is (a run redriven into its wait follows the earlier run's answer).
+        let redriven_at = "2026-12-04T08:00:00.000Z";
+        let mut own = wait.clone();
+        own["redrive_count"] = json!(1);
+        own["answer"] = answer("a", work.clone(), "r1", redriven_at);
+        assert_eq!(
+            r.acquire(&own).unwrap().waiting_since_ms,
+            Some(1_796_371_200_000)
+        );
+        let mut stale = own.clone();
+        stale["answer"]["acquisition"] = json!("r0");
+        assert_eq!(r.acquire(&stale).unwrap().waiting_since_ms, None);
+        // The release payload: the answer gives the lock and the weight.
+        let release =
+            json!({"holder": HOLDER, "redrive_count": 0, "answer": answer("a", work, "r0", since)});
+        let target = r.target(&release).unwrap();
+        assert_eq!(
+            (
+                target.lock.as_str(),
+                target.weight.get(),
+                target.identity.acquisition.as_str()
+            ),
+            ("a", 2, "r0")
+        );
+        // An input, where a payload has one, wins over the answer.
+        let mut both = wait;
+        both["input"] = json!({"lock": "b", "limit": 2});
+        assert_eq!(r.acquire(&both).unwrap().lock.as_str(), "b");
+    }
+
+    #[test]
+    fn a_release_after_failure_reads_the_failed_states_data() {
+        let r = resolver();
+        let since = "2026-12-03T10:15:00.000Z";
+        let error = json!({"Error": "States.TaskFailed", "Cause": "the child's description"});
+        // The work failed: the state holds the acquire answer (the lock the input named).
+        let after_work = json!({
+            "holder": HOLDER, "redrive_count": 0,
+            "state": {"semaphore": answer("a", json!(null), "r0", since), "error": error}
+        });
+        let target = r.target(&after_work).unwrap();
+        assert_eq!((target.lock.as_str(), target.weight.get()), ("a", 2));
+        // The acquire failed: the state is the execution input with what the Catch caught.
+        let after_acquire = json!({
+            "holder": HOLDER, "redrive_count": 0,
+            "state": {"lock": "b", "limit": 3, "weight": 3, "error": error}
+        });
+        let target = r.target(&after_acquire).unwrap();
+        assert_eq!((target.lock.as_str(), target.weight.get()), ("b", 3));
+        // An input naming none: the default lock, as for its acquire.
+        let defaults = json!({"holder": HOLDER, "redrive_count": 0, "state": {"error": error}});
+        assert_eq!(r.target(&defaults).unwrap().lock.as_str(), "demo-lock");
+        // A state that is not an object is named.
+        let bad = json!({"holder": HOLDER, "redrive_count": 0, "state": [1]});
+        assert!(r
+            .target(&bad)
+            .unwrap_err()
+            .to_string()
+            .starts_with("state must be a JSON object"));
     }
 
     #[test]

@@ -2,9 +2,14 @@
 //! of the same acquire can never take a slot again. Idempotent. After a failure it also names
 //! the error the execution fails with.
 //!
-//! Payload (what the lock-protected state machine sends): `{"input": $$.Execution.Input,
-//! "holder": $$.Execution.Id, "redrive_count": $$.Execution.RedriveCount}`, plus `"error":
-//! {"Error", "Cause"}` (what a `Catch` caught) after a failure. The lock and acquisition are
+//! Payload (what the lock-protected state machine sends): `{"answer": $.semaphore, "holder":
+//! $$.Execution.Id, "redrive_count": $$.Execution.RedriveCount}` after the work; after a
+//! failure `{"state": $, "holder", "redrive_count"}`, the failed state's data, which holds what
+//! the `Catch` caught under `error` (`{"Error", "Cause"}`) beside the acquire answer
+//! (`semaphore`), or beside the execution input when the acquire itself failed. Never the
+//! execution input and a failed child's cause together: the cause carries the child's input,
+//! and both would pass Step Functions' 256 KiB (a terminal `States.DataLimitExceeded`). Older
+//! payloads pass `{"input": $$.Execution.Input, ...}` and `"error"` itself. The lock and acquisition are
 //! resolved exactly as the acquire function resolves them (`lambda_common::Resolver`); a
 //! caller's own machine may send `{"lock", "holder", "acquisition"}` instead. The `weight` (the
 //! payload's, else the input's, else `DEFAULT_WEIGHT`, else 1) is what the release expects to
@@ -59,15 +64,24 @@ pub struct Failure {
 }
 
 impl Failure {
-    /// The payload's `error`, if any.
+    /// The payload's `error`, else its `state`'s (the failed state's data, which holds what
+    /// the Catch caught under `error`), if any.
     pub fn parse(payload: &Value) -> Result<Option<Self>, HandlerError> {
+        const CAUGHT: &str =
+            "what the Catch caught, \"error.$\": \"$.error\" with \"ResultPath\": \"$.error\"";
         let p = Payload::new(payload, RELEASE_PAYLOAD)?;
-        let Some(caught) = p.object(
-            "error",
-            "error.",
-            "what the Catch caught, \"error.$\": \"$.error\" with \"ResultPath\": \"$.error\"",
-        )?
-        else {
+        let caught = match p.object("error", "error.", CAUGHT)? {
+            Some(caught) => Some(caught),
+            None => match p.object(
+                "state",
+                "state.",
+                "the failed state's data, \"state.$\": \"$\"",
+            )? {
+                Some(state) => state.object("error", "state.error.", CAUGHT)?,
+                None => None,
+            },
+        };
+        let Some(caught) = caught else {
             return Ok(None);
         };
         Ok(Some(Self {

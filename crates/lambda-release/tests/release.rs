@@ -101,9 +101,17 @@ async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_i
         .unwrap();
 
     let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
-    let state = json!({"work": {"output": {}}});
+    // After the work: the acquire answer (the lock the input named) and the work's output.
+    let mut state = acquired_state(1);
+    state["semaphore"]["lock"] = json!("batch");
+    state["semaphore"]["limit"] = json!(2);
+    state["work"] = json!({"output": {}});
     let payload = asl::render(&release_state["Parameters"]["Payload"], &state, &ctx);
-    assert_eq!(payload, json!({"execution": ctx.execution}));
+    // The acquire answer, not the execution input (which may be near 256 KiB).
+    assert_eq!(
+        payload,
+        json!({"holder": HOLDER, "redrive_count": 0, "answer": state["semaphore"]})
+    );
     let first = release(&sem, payload.clone()).await.unwrap();
     assert_eq!(
         first
@@ -269,12 +277,19 @@ async fn fail_the_work(
     let caught = asl::caught(catcher, state, error, cause);
     let release_state = asl::state(&definition, catcher["Next"].as_str().unwrap());
     let payload = asl::render(&release_state["Parameters"]["Payload"], &caught, ctx);
+    // The failed state's data (the acquire answer and what the Catch caught), not the
+    // execution input beside the cause, which carries the child's input.
     assert_eq!(
         payload,
         json!({
-            "execution": ctx.execution,
-            "error": {"Error": error, "Cause": cause}
+            "holder": ctx.execution["Id"],
+            "redrive_count": ctx.execution["RedriveCount"],
+            "state": caught
         })
+    );
+    assert_eq!(
+        payload["state"]["error"],
+        json!({"Error": error, "Cause": cause})
     );
     let answer = release(sem, payload).await.unwrap();
     let output = asl::task_output(release_state, &caught, ctx, json!({"Payload": answer}));
@@ -477,9 +492,11 @@ async fn a_weighted_release_frees_the_slots_own_weight_even_when_told_another() 
     };
     assert_eq!(used(&sem).await, (6, vec![1, 2, 3]));
 
-    // Its input names no weight (the default, 1), though it holds 3.
+    // The answer it releases with says weight 1 (what an input naming none resolves to),
+    // though it holds 3.
     let ctx = Ctx::new(HOLDER, json!({"lock": "weighted", "limit": 6}), &now(&sem));
-    let payload = asl::render(&release_state["Parameters"]["Payload"], &json!({}), &ctx);
+    let told = json!({"semaphore": {"lock": "weighted", "limit": 6, "weight": 1}});
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &told, &ctx);
     let released = release(&sem, payload.clone()).await.unwrap();
     assert_eq!(
         (&released["released"], &released["count"]),
@@ -501,13 +518,14 @@ async fn a_weighted_release_frees_the_slots_own_weight_even_when_told_another() 
     assert_eq!(released["released"], json!(true));
     assert_eq!(used(&sem).await, (1, vec![1]));
 
-    // The right weight, from the execution input as the acquire resolved it.
+    // The right weight, from the acquire answer (as the acquire resolved it from the input).
     let ctx = Ctx::new(
         third,
         json!({"lock": "weighted", "limit": 6, "weight": 1}),
         &now(&sem),
     );
-    let payload = asl::render(&release_state["Parameters"]["Payload"], &json!({}), &ctx);
+    let answer = json!({"semaphore": {"lock": "weighted", "limit": 6, "weight": 1}});
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &answer, &ctx);
     let released = release(&sem, payload).await.unwrap();
     assert_eq!(
         (&released["released"], &released["count"]),

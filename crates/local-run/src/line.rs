@@ -37,6 +37,19 @@ pub struct Trace {
     pub rate_waits: usize,
     /// When it entered its work (it held a slot), epoch ms.
     pub resumed_ms: Option<i64>,
+    /// Events in its history (Step Functions fails an execution at 25,000).
+    pub events: usize,
+    /// The events of each fallback check: from an entry of "Wait in line" whose task timed out
+    /// to the next state entered (the same state again, by its Catch).
+    pub fallback_check_events: Vec<usize>,
+}
+
+impl Trace {
+    /// Events of its history outside its fallback checks.
+    pub fn events_outside_checks(&self) -> usize {
+        self.events
+            .saturating_sub(self.fallback_check_events.iter().sum::<usize>())
+    }
 }
 
 /// Reads a history (every page, oldest first).
@@ -48,8 +61,24 @@ pub fn trace(arn: &str, lock: usize, events: &[HistoryEvent], output: Option<&Va
         ..Trace::default()
     };
     let mut last_entered: Option<String> = None;
-    for e in events {
+    t.events = events.len();
+    // (index of the "Wait in line" entry, whether its task timed out) of the wait in progress.
+    let mut waiting: Option<(usize, bool)> = None;
+    for (i, e) in events.iter().enumerate() {
         let at = e.timestamp().to_millis().ok();
+        if let Some(entered) = e.state_entered_event_details() {
+            if let Some((start, true)) = waiting.take() {
+                t.fallback_check_events.push(i - start);
+            }
+            if entered.name() == "Wait in line" {
+                waiting = Some((i, false));
+            }
+        }
+        if e.r#type() == &HistoryEventType::TaskTimedOut {
+            if let Some((_, timed_out)) = waiting.as_mut() {
+                *timed_out = true;
+            }
+        }
         match e.r#type() {
             HistoryEventType::WaitStateEntered => {
                 let name = e.state_entered_event_details().map(|d| d.name());

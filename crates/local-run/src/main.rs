@@ -124,7 +124,8 @@ pub struct Args {
     pub sweep_every: f64,
     /// The stack's QueueFallbackSeconds: how long a parked waiter waits before it checks again
     /// (the most a lost wake-up costs it). Short here, so that the run sees fallback checks.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(5..=86_400))]
+    /// At least the acquire function's timeout plus a second, as the function requires.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(lambda_common::QUEUE_FALLBACK_RANGE))]
     pub queue_fallback_seconds: u64,
     /// Give up waiting for the executions after this many seconds.
     #[arg(long, default_value_t = 900)]

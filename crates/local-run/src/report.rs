@@ -235,6 +235,37 @@ pub struct TransitionsReport {
     pub semaphore_share: usize,
 }
 
+/// The history probe: an execution with a big input that waits in line through fallback
+/// checks, then acquires, works and releases (Step Functions' 256 KiB payloads and 25,000
+/// history events, issue 18).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HistoryProbeReport {
+    /// The waiter's execution input, bytes of JSON.
+    pub input_bytes: usize,
+    pub status: String,
+    pub error: Option<String>,
+    pub cause: Option<String>,
+    /// Events in the waiter's history.
+    pub events: usize,
+    /// The events of each of its fallback checks.
+    pub events_per_fallback_check: Vec<usize>,
+    /// The types of the events of its first fallback check, in order.
+    pub fallback_check_event_types: Vec<String>,
+    /// Its events outside the fallback checks.
+    pub events_outside_checks: usize,
+    /// The holder's history: a critical section with no wait.
+    pub holder_events: usize,
+    /// The largest parameters a task of the waiter was scheduled with, bytes, and its state.
+    pub largest_task_parameters_bytes: usize,
+    pub largest_task_parameters_state: String,
+    /// Per state: the largest parameters a task of the waiter was scheduled with there, bytes.
+    pub task_parameters_bytes: std::collections::BTreeMap<String, usize>,
+    /// An execution with the same input whose work fails: how it ended (the work's own error,
+    /// after its release; not States.DataLimitExceeded).
+    pub failing_status: String,
+    pub failing_error: Option<String>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
     pub name: String,
@@ -278,6 +309,8 @@ pub struct Report {
     pub test_runner: Option<String>,
     pub your_workflow_example: Option<String>,
     pub transitions: Option<TransitionsReport>,
+    /// A long wait with a big input: its history's events and its tasks' payload sizes.
+    pub history_probe: Option<HistoryProbeReport>,
     /// The waiting line: grant order, hand-off latency, what waiting cost.
     pub line: Option<crate::line::LineReport>,
     pub wall_seconds: f64,

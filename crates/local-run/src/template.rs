@@ -1007,6 +1007,46 @@ mod tests {
         Template::load(&root, Stack::default(), &BTreeMap::new()).expect("template.yaml loads")
     }
 
+    /// A parameter's bound in template.yaml, e.g. `MinValue` of `QueueFallbackSeconds`.
+    fn parameter_bound(name: &str, bound: &str) -> u64 {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml");
+        let root: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(path).expect("read template.yaml"))
+                .expect("template.yaml is YAML");
+        root["Parameters"][name][bound]
+            .as_u64()
+            .unwrap_or_else(|| panic!("template.yaml: {name} has no whole {bound}"))
+    }
+
+    #[test]
+    fn the_fallback_bounds_are_the_acquire_functions_and_above_its_timeout() {
+        let plan = repo_template().plan().expect("plan");
+        let timeout = u64::from(plan.function("acquire").unwrap().timeout_seconds);
+        // The function's own check and the template's bound are the same numbers...
+        assert_eq!(
+            timeout,
+            lambda_common::ACQUIRE_FUNCTION_TIMEOUT.as_secs(),
+            "the acquire function's Timeout in template.yaml is not lambda_common::ACQUIRE_FUNCTION_TIMEOUT"
+        );
+        let min = parameter_bound("QueueFallbackSeconds", "MinValue");
+        let max = parameter_bound("QueueFallbackSeconds", "MaxValue");
+        assert_eq!(min..=max, lambda_common::QUEUE_FALLBACK_RANGE);
+        // ...and a fallback check never starts while the previous invocation may still run.
+        assert!(
+            min > timeout,
+            "QueueFallbackSeconds MinValue {min} <= Timeout {timeout}"
+        );
+        let wait = (
+            parameter_bound("MaxWaitSeconds", "MinValue"),
+            parameter_bound("MaxWaitSeconds", "MaxValue"),
+        );
+        assert_eq!(
+            wait.0..=wait.1,
+            lambda_common::MAX_WAIT_RANGE,
+            "MaxWaitSeconds' bounds are the function's"
+        );
+    }
+
     #[test]
     fn intrinsics_resolve_in_short_and_long_form() {
         let text = r#"

@@ -468,6 +468,9 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             "QueueFallbackSeconds".to_owned(),
             args.queue_fallback_seconds.to_string(),
         ),
+        // No execution waits longer than the run: with a day's wait the acquire function would
+        // lengthen a short fallback to keep a day of checks within the history quota.
+        ("MaxWaitSeconds".to_owned(), args.timeout.to_string()),
     ]);
     let template = Template::load(&root.join("template.yaml"), stack.clone(), &overrides)?;
     let plan = template.plan()?;
@@ -612,6 +615,25 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         if misconfigured.ok { "ok" } else { "NOT OK" },
         misconfigured.status,
         misconfigured.error.as_deref().unwrap_or("")
+    );
+    let history_probe =
+        work::long_wait_with_a_big_input(&sfn, &protected, args.queue_fallback_seconds, dir)
+            .await?;
+    eprintln!(
+        "    {}: an input of {} bytes waited through {} fallback checks ({:?} events each: {}) \
+         and ended {}; {} events in all; task parameters, bytes: {:?}",
+        if history_probe.status == "SUCCEEDED" {
+            "ok"
+        } else {
+            "NOT OK"
+        },
+        history_probe.input_bytes,
+        history_probe.events_per_fallback_check.len(),
+        history_probe.events_per_fallback_check,
+        history_probe.fallback_check_event_types.join(", "),
+        history_probe.status,
+        history_probe.events,
+        history_probe.task_parameters_bytes
     );
     let mut stop_probes = Vec::new();
     for probe in [
@@ -1200,6 +1222,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     report.test_runner = Some(test_runner_run.clone());
     report.your_workflow_example = Some(example_run.clone());
     report.transitions = Some(transitions);
+    report.history_probe = Some(history_probe.clone());
 
     // The line: every execution's history, and the functions' hand-off log lines.
     let mut traces = Vec::with_capacity(executions.len());
@@ -1310,6 +1333,41 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             })
             .collect::<Vec<_>>()
             .join("; "),
+    );
+    let per_check = lambda_common::EVENTS_PER_FALLBACK_CHECK as usize;
+    report.check(
+        "F9 history and payload quotas",
+        history_probe.status == "SUCCEEDED"
+            && history_probe.events_per_fallback_check.len() >= 2
+            && history_probe
+                .events_per_fallback_check
+                .iter()
+                .all(|n| *n <= per_check)
+            && history_probe.events_outside_checks as u64 <= lambda_common::HISTORY_RESERVE
+            && history_probe.largest_task_parameters_bytes <= 256 * 1024
+            && history_probe.failing_error.as_deref() == Some("WorkFailed"),
+        format!(
+            "an execution with an input of {} bytes waited through {} fallback checks of {:?} \
+             events (the acquire function's bound assumes at most {per_check}), {} events \
+             outside them (at most {} reserved), and ended {}{}; its largest task parameters \
+             were {} bytes ({}; the local server fails a task past 262,144); one whose work \
+             failed ended {} {:?} (expected the work's own WorkFailed)",
+            history_probe.input_bytes,
+            history_probe.events_per_fallback_check.len(),
+            history_probe.events_per_fallback_check,
+            history_probe.events_outside_checks,
+            lambda_common::HISTORY_RESERVE,
+            history_probe.status,
+            history_probe
+                .error
+                .as_ref()
+                .map(|e| format!(" {e}: {}", history_probe.cause.as_deref().unwrap_or("")))
+                .unwrap_or_default(),
+            history_probe.largest_task_parameters_bytes,
+            history_probe.largest_task_parameters_state,
+            history_probe.failing_status,
+            history_probe.failing_error
+        ),
     );
     report.check(
         "test runner",
@@ -1426,7 +1484,10 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
 }
 
 /// Every event of an execution's history, oldest first.
-async fn history(sfn: &Sfn, arn: &str) -> Result<Vec<aws_sdk_sfn::types::HistoryEvent>, String> {
+pub(crate) async fn history(
+    sfn: &Sfn,
+    arn: &str,
+) -> Result<Vec<aws_sdk_sfn::types::HistoryEvent>, String> {
     sfn.get_execution_history()
         .execution_arn(arn)
         .max_results(1000)

@@ -96,8 +96,9 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
             "6",
             "--sweep-every",
             "3",
+            // The shortest the acquire function accepts (above its 10 s timeout).
             "--queue-fallback-seconds",
-            "5",
+            "11",
             // Weighted permits and a start rate (issue 12): inputs ask for weight 1 or 2, and
             // at most 5 starts a second of each lock.
             "--weights",
@@ -204,6 +205,53 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
         "{report:#}"
     );
     assert!(n(&report, "/line/woken_by_hand_off") >= 1, "{report:#}");
+    // Step Functions' quotas (issue 18, items 10 and 14), from the real history of an
+    // execution with a ~200 KiB input that waited in line through fallback checks: it
+    // acquired, worked and released; each check added at most the events the acquire
+    // function's bound on the fallback assumes (a change of the machine that adds events to a
+    // check fails here); only the first acquire and the work's start carry the input, every
+    // other task is scheduled with the acquire answer instead (the local server fails a task
+    // whose parameters pass 256 KiB).
+    let probe = &report["history_probe"];
+    assert_eq!(probe["status"], "SUCCEEDED", "{probe:#}");
+    assert!(n(probe, "/input_bytes") >= 200 * 1024, "{probe:#}");
+    let checks = probe["events_per_fallback_check"]
+        .as_array()
+        .expect("checks");
+    assert!(checks.len() >= 2, "{probe:#}");
+    for events in checks {
+        assert!(
+            events.as_u64().unwrap() <= lambda_common::EVENTS_PER_FALLBACK_CHECK,
+            "{probe:#}"
+        );
+    }
+    assert!(n(probe, "/events_outside_checks") <= lambda_common::HISTORY_RESERVE);
+    let sizes = probe["task_parameters_bytes"].as_object().expect("sizes");
+    for (state, bytes) in sizes {
+        let bytes = bytes.as_u64().unwrap();
+        if state == "Acquire slot" || state == "Protected work" {
+            assert!(bytes > 200 * 1024, "{state}: {bytes} bytes: {probe:#}");
+        } else {
+            assert!(
+                bytes < 8 * 1024,
+                "{state} carries the input: {bytes} bytes: {probe:#}"
+            );
+        }
+    }
+    for state in ["Wait in line", "Release slot"] {
+        assert!(sizes.contains_key(state), "no {state} task: {probe:#}");
+    }
+    // The same input with a work that fails: it releases (the failed child's cause, which
+    // carries the child's input, is not sent beside the execution input) and fails with the
+    // work's own error, not the terminal States.DataLimitExceeded.
+    assert_eq!(
+        (&probe["failing_status"], &probe["failing_error"]),
+        (
+            &serde_json::json!("FAILED"),
+            &serde_json::json!("WorkFailed")
+        ),
+        "{probe:#}"
+    );
 }
 
 #[test]
