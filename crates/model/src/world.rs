@@ -45,11 +45,19 @@
 //!   earlier run fenced (in the broken variant `one-fence-for-every-run`, an acquire refused by
 //!   the earlier run's fence is answered "redriven", and the execution waits and asks again
 //!   until two rotations have dropped the fence);
-//! - in the protected work: the child execution is named after the old acquisition and exists
-//!   already, so the work task fails (`ExecutionAlreadyExists`); the execution releases (its own,
-//!   new acquisition: nothing) and fails with `SemaphoreRedriveRefused`, emitting a cleanup event;
-//! - in a release task: it releases again (its new acquisition's, which frees nothing: the slot
-//!   of the incarnation that acquired is left to cleanup or the sweeper);
+//! - in the protected work: the child execution is named after the old acquisition. If that
+//!   child still runs (the execution died in its work, and neither Step Functions' best-effort
+//!   stop nor a cleanup has stopped it yet), `StartExecution` with its name and input returns it
+//!   (AWS's and moto's idempotent start) and the new run waits for it, working under the old
+//!   run's slot (re-attached). If it has ended, the work task fails (`ExecutionAlreadyExists`);
+//!   the execution releases and fails with `SemaphoreRedriveRefused`, emitting a cleanup event;
+//! - in a release task: it releases again.
+//!
+//! The release of a redriven run n fences runs 0..=n and frees what that fence saw (the
+//! cleanup's two writes, with no `DescribeExecution`): the slot a re-attached child worked
+//! under, or one a zombie acquire of an earlier run took, is freed by the run itself (in the
+//! broken variant `release-frees-only-its-run`, the release of its own acquisition only, the
+//! execution can succeed with the first run's slot held: S2).
 //! - at a Fail state: it fails again at once, emitting another cleanup event.
 //!
 //! A cleanup (event or sweeper) asks `DescribeExecution` before its fence and does nothing if the
@@ -57,7 +65,10 @@
 //! saw, and frees nothing if the execution runs again by then (an incarnation redriven between
 //! the first question and the fence may hold a slot the fence saw; asking only before the fence
 //! is the broken variant `cleanup-checks-running-only-before-fence`). A cleanup that stops so
-//! leaves what the old incarnations held to a later event or the sweeper.
+//! leaves what the old incarnations held to the execution: its release, or the cleanup of its
+//! next end; not to the sweeper (S2 counts it as a leak). Before it frees, a cleanup (or the
+//! sweeper) stops the child still running of the execution it has found ended (the sweeper
+//! really waits for it to end; stopping it at that moment is one of the ways it can end).
 //!
 //! States are identified up to a renaming of the executions (they are interchangeable) and, for
 //! the product's protocol, up to the values of the version counter (see [`Protocol`]'s
