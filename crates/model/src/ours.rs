@@ -354,12 +354,23 @@ impl Ours {
         )
     }
 
-    /// Whether `op` is the release of a redriven run, which frees what every run of its
-    /// execution up to this one holds (the cleanup's two writes, sent by the execution itself,
-    /// with no `DescribeExecution`): a slot an earlier run took that no cleanup freed, because
-    /// the execution ran again when it asked (a child re-attached to, or a zombie acquire).
+    /// Whether `op` is the release of a redriven run, which, once its own acquisition is
+    /// released, frees what the earlier runs of its execution hold (the cleanup's two writes for
+    /// runs 0..n-1, sent by the execution itself, with no `DescribeExecution`): a slot an earlier
+    /// run took that no cleanup freed, because the execution ran again when it asked (a child
+    /// re-attached to, or a zombie acquire).
     fn clears_runs(&self, op: Op) -> bool {
         op.kind == OpKind::Release && op.inc > 0 && self.variant != Variant::ReleaseFreesOnlyItsRun
+    }
+
+    /// Whether `write` is a cleanup's fence (no check, fences only): for a release of a
+    /// redriven run with `second`, its fence of the earlier runs rather than their free.
+    fn is_fence(write: &Write) -> bool {
+        write.checks.is_empty()
+            && write
+                .changes
+                .iter()
+                .all(|c| matches!(c, Change::AddFence(_)))
     }
 
     /// An identity in traces: by its execution alone when every execution has one.
@@ -723,11 +734,6 @@ impl Ours {
                 });
                 write
             }
-            // A redriven run's release: fence this run and every run before it, then free
-            // what the fence saw (see `clears_runs`).
-            OpKind::Release if self.clears_runs(op) => {
-                protocol::cleanup_fence(&self.lock, &identity.holder, self.run_of(op.inc))
-            }
             // The release believes it holds a slot of its acquire's weight (the weight is in the
             // execution's input).
             OpKind::Release => self.release_write(protocol::release(
@@ -921,10 +927,24 @@ impl Ours {
                 );
                 answer
             }
-            OpKind::Release if !self.clears_runs(op) => {
+            OpKind::Release if !second => {
                 match protocol::released(&write, identity, result)
                     .expect("the core reads its own write's result")
                 {
+                    Step::Done((outcome, _)) if self.clears_runs(op) => {
+                        say(
+                            log.as_deref_mut(),
+                            format!("{outcome:?}; then the earlier runs: it "),
+                        );
+                        let fence = protocol::cleanup_fence(
+                            &self.lock,
+                            &identity.holder,
+                            self.run_of(op.inc - 1),
+                        );
+                        let mut advance = self.in_flight(fence, true, 0, after, log);
+                        advance.wrote = wrote;
+                        return advance;
+                    }
                     Step::Done((outcome, _)) => {
                         say(log, format!("{outcome:?}"));
                         Answer::Done
@@ -935,7 +955,9 @@ impl Ours {
                     }
                 }
             }
-            OpKind::Cleanup | OpKind::Release if !second => {
+            OpKind::Cleanup | OpKind::Release
+                if (op.kind == OpKind::Cleanup && !second) || Self::is_fence(&write) =>
+            {
                 let (slots, _) = protocol::fenced_slots(&write, &identity.holder, result)
                     .expect("the core reads its own write's result");
                 // Asked once the fence has landed (modelled at that moment: a redrive after it
@@ -1104,8 +1126,15 @@ impl Protocol for Ours {
         self.variant != Variant::RedriveWithoutGuard
     }
 
-    fn release_clears_runs(&self, op: Op) -> bool {
-        self.clears_runs(op)
+    fn release_fences_earlier_runs(&self, op: Op, phase: Phase) -> bool {
+        match phase {
+            Phase::Flight {
+                write,
+                second: true,
+                ..
+            } => self.clears_runs(op) && Self::is_fence(&self.write(write)),
+            _ => false,
+        }
     }
 
     fn freeing(&self, phase: Phase) -> bool {

@@ -53,8 +53,8 @@
 //!   the execution releases and fails with `SemaphoreRedriveRefused`, emitting a cleanup event;
 //! - in a release task: it releases again.
 //!
-//! The release of a redriven run n fences runs 0..=n and frees what that fence saw (the
-//! cleanup's two writes, with no `DescribeExecution`): the slot a re-attached child worked
+//! The release of a redriven run n releases its own acquisition, then fences runs 0..n-1 and
+//! frees what that fence saw (the cleanup's two writes, with no `DescribeExecution`): the slot a re-attached child worked
 //! under, or one a zombie acquire of an earlier run took, is freed by the run itself (in the
 //! broken variant `release-frees-only-its-run`, the release of its own acquisition only, the
 //! execution can succeed with the first run's slot held: S2).
@@ -383,9 +383,10 @@ pub trait Protocol {
     /// Whether a redrive into the protected work is refused (the work task meets the child
     /// execution that already ran under the old acquisition) instead of running the work again.
     fn guards_redriven_work(&self) -> bool;
-    /// Whether release `op` (of a redriven run) fences and frees every run of its execution up
-    /// to its own, as a cleanup does, rather than its own acquisition alone.
-    fn release_clears_runs(&self, _op: Op) -> bool {
+    /// Whether the write of release `op` in `phase` is its fence of the earlier runs of its
+    /// execution (a redriven run's release frees what they hold once its own acquisition is
+    /// released, with a cleanup's fence and free).
+    fn release_fences_earlier_runs(&self, _op: Op, _phase: Self::Phase) -> bool {
         false
     }
     /// Whether an attempt in `phase` is a cleanup's free (its second write): the cleanup has
@@ -1009,8 +1010,8 @@ impl<P: Protocol> World<P> {
                 words.say(|| " => the cleanup machine will retry it".to_owned());
             }
             // A cleanup that stopped because its execution runs again leaves what the old runs
-            // hold to the execution itself: its release (which frees every run's, see
-            // `Protocol::release_clears_runs`), or the cleanup of its next end. Not to the
+            // hold to the execution itself: its release (which frees the earlier runs', see
+            // `Protocol::release_fences_earlier_runs`), or the cleanup of its next end. Not to the
             // sweeper: a slot the sweeper reclaims is a leak notice (S2).
             Role::Event | Role::Sweep => {}
         }
@@ -1030,8 +1031,8 @@ impl<P: Protocol> World<P> {
         let incarnation = slot_bit(e, a.op.inc);
         if advance.wrote {
             match a.op.kind {
-                OpKind::Release if self.protocol.release_clears_runs(a.op) => {
-                    s.retired |= slots_below(e, a.op.inc + 1);
+                OpKind::Release if self.protocol.release_fences_earlier_runs(a.op, a.phase) => {
+                    s.retired |= slots_below(e, a.op.inc);
                 }
                 OpKind::Release => s.retired |= incarnation,
                 OpKind::Cleanup => s.retired |= slots_below(e, a.op.inc + 1),
