@@ -32,13 +32,19 @@
 //! the freed slot is then handed to the head of the line and its execution woken
 //! (`lambda_common::HandOffs`); a hand-off that fails is logged and does not fail the release. Errors: `SemaphoreInvalidInput` (nothing written), `SemaphoreOldFormat`
 //! (the lock's item is of version 1; nothing written), `SemaphoreStoreError` (retry).
+//!
+//! A redriven run (`redrive_count` n > 0) then also frees what the earlier runs of its execution
+//! hold, with the cleanup's two writes (fence runs 0..n-1, free what the fence saw; the second
+//! only if the first saw a slot): a run redriven into the work while the first run's child
+//! still ran re-attached to that child and worked under the first run's slot, which its own
+//! acquisition's release would leave to the sweeper (a false leak notice).
 
 use lambda_common::{
     error_type, ConfigError, HandOffs, HandlerError, Payload, Resolver, Settings, Target,
     TaskCallbacks, RELEASE_PAYLOAD,
 };
 use lambda_runtime::LambdaEvent;
-use semaphore_core::{ExecutionStatus, ItemStore, ReleaseOutcome, Semaphore};
+use semaphore_core::{ExecutionStatus, ItemStore, ReleaseOutcome, Run, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -221,23 +227,60 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         weight,
         ..
     } = &target;
+    let failed = |e: semaphore_core::Error| {
+        let e = HandlerError::from(e);
+        tracing::error!(lock = %lock, error = %e, "release failed");
+        e
+    };
     let (outcome, after) = semaphore
         .release_seeing(lock, identity, *weight)
         .await
-        .map_err(HandlerError::from)
-        .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "release failed"))?;
-    let (released, outcome, count, waiting) = match outcome {
-        ReleaseOutcome::Released { count, waiting, .. } => {
-            (true, Outcome::Released, count, waiting)
-        }
-        ReleaseOutcome::NotHeld { count, waiting } => (false, Outcome::NotHeld, count, waiting),
+        .map_err(failed)?;
+    let (mut released, mut count, mut waiting) = match outcome {
+        ReleaseOutcome::Released { count, waiting, .. } => (true, count, waiting),
+        ReleaseOutcome::NotHeld { count, waiting } => (false, count, waiting),
     };
     // Starts from the item the release left: nobody waiting costs no request.
-    let handed_off = hand_offs
+    let mut handed_off = hand_offs
         .run(semaphore, lock, Some(after))
         .await
         .woken
         .len();
+    // A redriven run n also frees what the earlier runs of its execution hold, as a cleanup of
+    // runs 0..n-1 would (their fence, then the free of what it saw): a run redriven into the
+    // work while the first run's child still ran re-attached to that child (StartExecution of
+    // a running execution's name and input returns it) and worked under the first run's slot,
+    // which the first run's cleanup, finding the execution running again, left to it; a zombie
+    // acquire of an earlier run may have landed the same way. Its own acquisition holds none of
+    // that, so releasing only it left those slots to the sweeper, a false leak notice (F11).
+    // Safe: those runs have ended, and so has every child of theirs once a later run reaches a
+    // release state (a redrive resumes where the run stopped; no state after the work leads
+    // back to it), and no acquire of theirs lands after their fence.
+    if let Some(n) = target.redrive_count.filter(|&n| n > 0) {
+        let fenced = semaphore
+            .fence(lock, &identity.holder, Run(n - 1))
+            .await
+            .map_err(failed)?;
+        let freed = semaphore.free(&fenced).await.map_err(failed)?;
+        if !freed.freed.is_empty() {
+            let runs: Vec<String> = freed
+                .freed
+                .iter()
+                .map(|(slot, _)| slot.acquisition.to_string())
+                .collect();
+            tracing::info!(lock = %lock, holder = %identity.holder, run = n, freed = ?runs, "redriven run: freed the slots of its earlier runs");
+            released = true;
+            if freed.waiting > 0 {
+                handed_off += hand_offs.run(semaphore, lock, None).await.woken.len();
+            }
+        }
+        (count, waiting) = (freed.count, freed.waiting);
+    }
+    let outcome = if released {
+        Outcome::Released
+    } else {
+        Outcome::NotHeld
+    };
     let (error, cause) = match &failure {
         Some(failure) => {
             let (error, cause) = fail_with(failure, &target);

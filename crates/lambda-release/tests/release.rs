@@ -11,13 +11,14 @@ use std::collections::BTreeSet;
 use lambda_common::{child_execution_name, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, DynamoStore, FenceKey, FenceReason, HolderId, Semaphore, Terms,
-    Weight,
+    rfc3339_millis, AcquireOutcome, DynamoStore, FenceKey, FenceReason, HolderId, Run, Semaphore,
+    Terms, Weight,
 };
 use semaphore_tests::asl::{self, Context as Ctx};
 use semaphore_tests::legacy::put_version_1_item;
 use semaphore_tests::names::{id, limit, lock};
 use semaphore_tests::observe::{observe, raw_item};
+use semaphore_tests::sfn::{create_machine, ended, execution_mode, start, unique};
 use semaphore_tests::{all_items, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
@@ -385,7 +386,8 @@ async fn a_redrive_that_meets_the_child_that_already_ran_fails_with_semaphore_re
         &cause,
     )
     .await;
-    // Run 1 never held a slot: nothing to free; its acquisition is fenced all the same.
+    // Run 1 never held a slot: nothing to free; its acquisition is fenced all the same, and so
+    // is run 0 (the earlier runs a redriven run's release frees: nothing here).
     assert_eq!(
         (
             &answer["released"],
@@ -405,11 +407,118 @@ async fn a_redrive_that_meets_the_child_that_already_ran_fails_with_semaphore_re
             )
         )
     );
-    assert!(sem
-        .status(&lock("demo-lock"))
+    let holder = HolderId::new(HOLDER).unwrap();
+    let item = sem.status(&lock("demo-lock")).await.unwrap();
+    assert!(item.is_fenced(&FenceKey::acquisition(&id(HOLDER, "r1"))));
+    assert!(item.is_fenced(&FenceKey::execution(&holder, Run(0))));
+}
+
+/// Issue 18, item 9 (F11). On AWS, StartExecution with the name and input of a RUNNING
+/// execution succeeds and returns that execution; only a closed one, or other input, is
+/// ExecutionAlreadyExists (StartExecution API reference: "idempotent"). The local server does
+/// the same (moto 5.2.5's `_handle_name_input_idempotency`; this test fails if it stops doing
+/// so). So a run redriven into "Protected work" while the first run's child still runs (the
+/// parent was stopped mid-work, and neither Step Functions' best-effort stop nor the cleanup
+/// has stopped the child yet) re-attaches to that child and works under the first run's slot.
+/// The cleanup of the first run finds the execution RUNNING again and leaves its slots to it
+/// (lambda-cleanup's `an_execution_running_again_since_the_event_is_left_alone`). Run 1's
+/// "Release slot" must then free the first run's slot: releasing its own acquisition, r1,
+/// freed nothing and left r0's slot to the sweeper, a false leak notice.
+#[tokio::test]
+async fn a_run_redriven_into_the_work_while_the_child_runs_re_attaches_and_its_release_frees_the_first_runs_slot(
+) {
+    let sem = semaphore().await;
+    let sfn = execution_mode().await;
+    let work = create_machine(
+        &sfn,
+        &unique("work"),
+        &json!({"StartAt": "Work", "States": {
+            "Work": {"Type": "Wait", "SecondsPath": "$.work_seconds", "End": true}
+        }}),
+    )
+    .await;
+    let demo = lock("demo-lock");
+    // Run 0 took its slot and started its child, named after its acquisition; then it was
+    // stopped mid-work, its child still running.
+    sem.acquire(&demo, &id(HOLDER, "r0"), limit(5))
         .await
-        .unwrap()
-        .is_fenced(&FenceKey::acquisition(&id(HOLDER, "r1"))));
+        .unwrap();
+    let name = child_execution_name(&id(HOLDER, "r0"));
+    let input = json!({"work_seconds": 3});
+    let child = start(&sfn, &work, &name, &input).await;
+
+    // Redriven from "Protected work", run 1 starts the child with the name and input it had
+    // (the state's input is run 0's): the running child is returned, not refused.
+    let again = sfn
+        .start_execution()
+        .state_machine_arn(&work)
+        .name(&name)
+        .input(input.to_string())
+        .send()
+        .await
+        .expect("the name and input of a running execution: that execution");
+    assert_eq!(again.execution_arn(), child);
+    // Other input under that name is refused even while it runs.
+    let other = sfn
+        .start_execution()
+        .state_machine_arn(&work)
+        .name(&name)
+        .input(json!({"work_seconds": 4}).to_string())
+        .send()
+        .await
+        .expect_err("other input under a running execution's name");
+    assert!(other.into_service_error().is_execution_already_exists());
+
+    // Run 1 waits for the child (re-attached), which works under r0's slot; run 1 holds none.
+    let item = sem.status(&demo).await.unwrap();
+    assert_eq!(item.count(), 1);
+    assert!(item.holders.contains_key(&id(HOLDER, "r0")));
+    assert_eq!(ended(&sfn, &child).await, "SUCCEEDED");
+
+    // Run 1's "Release slot", rendered from the definition, against the real function.
+    let definition = asl::with_functions("lock-protected.asl.json");
+    let release_state = asl::state(&definition, "Release slot");
+    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem)).redriven(1);
+    let mut state = acquired_state(1);
+    state["work"] = json!({"output": {}});
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &state, &ctx);
+    let answer = release(&sem, payload).await.unwrap();
+    assert_eq!(
+        (
+            &answer["released"],
+            &answer["count"],
+            &answer["acquisition"]
+        ),
+        (&json!(true), &json!(0), &json!("r1"))
+    );
+    let item = sem.status(&demo).await.unwrap();
+    assert_eq!(
+        item.count(),
+        0,
+        "the first run's slot is freed by the run that used it"
+    );
+    let holder = HolderId::new(HOLDER).unwrap();
+    assert!(item.is_fenced(&FenceKey::execution(&holder, Run(0))));
+    assert!(item.is_fenced(&FenceKey::acquisition(&id(HOLDER, "r1"))));
+    // No zombie acquire of either run lands any more.
+    for run in ["r0", "r1"] {
+        assert!(matches!(
+            sem.acquire(&demo, &id(HOLDER, run), limit(5))
+                .await
+                .unwrap(),
+            AcquireOutcome::Fenced(_)
+        ));
+    }
+    // The child has ended: a later redrive into the work meets its name taken (the guard).
+    let closed = sfn
+        .start_execution()
+        .state_machine_arn(&work)
+        .name(&name)
+        .input(input.to_string())
+        .send()
+        .await
+        .expect_err("the name of a closed execution");
+    assert!(closed.into_service_error().is_execution_already_exists());
 }
 
 #[tokio::test]

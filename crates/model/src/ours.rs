@@ -106,10 +106,18 @@ pub enum Variant {
     /// a duplicate) still subtracts its weight, `used` drifts below the weight held, and the
     /// limit is exceeded (S1).
     ReleaseWithoutWeightCheck,
+    /// The release of a redriven run frees only that run's own acquisition (as before issue 18,
+    /// item 9). A run redriven into the protected work while the first run's child still runs
+    /// re-attaches to it (`StartExecution` of a running execution's name and input returns that
+    /// execution) and works under the first run's slot; the cleanup of the first run, finding
+    /// the execution running again, leaves that slot to it, but its release frees only its own
+    /// (nothing): the execution succeeds still holding the first run's slot, which only the
+    /// sweeper frees, with a leak notice (S2).
+    ReleaseFreesOnlyItsRun,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 13] = [
+    pub const ALL: [Variant; 14] = [
         Variant::Real,
         Variant::CleanupWithoutFence,
         Variant::CleanupSkipsWhenNothingHeld,
@@ -123,6 +131,7 @@ impl Variant {
         Variant::CleanupChecksRunningOnlyBeforeFence,
         Variant::OneFenceForEveryRun,
         Variant::ReleaseWithoutWeightCheck,
+        Variant::ReleaseFreesOnlyItsRun,
     ];
 
     pub fn name(self) -> &'static str {
@@ -140,6 +149,7 @@ impl Variant {
             Self::CleanupChecksRunningOnlyBeforeFence => "cleanup-checks-running-only-before-fence",
             Self::OneFenceForEveryRun => "one-fence-for-every-run",
             Self::ReleaseWithoutWeightCheck => "release-without-weight-check",
+            Self::ReleaseFreesOnlyItsRun => "release-frees-only-its-run",
         }
     }
 
@@ -152,6 +162,7 @@ impl Variant {
                 | Self::CleanupIgnoresRedrive
                 | Self::CleanupChecksRunningOnlyBeforeFence
                 | Self::OneFenceForEveryRun
+                | Self::ReleaseFreesOnlyItsRun
         )
     }
 
@@ -341,6 +352,25 @@ impl Ours {
             self.variant,
             Variant::CleanupIgnoresRedrive | Variant::CleanupChecksRunningOnlyBeforeFence
         )
+    }
+
+    /// Whether `op` is the release of a redriven run, which, once its own acquisition is
+    /// released, frees what the earlier runs of its execution hold (the cleanup's two writes for
+    /// runs 0..n-1, sent by the execution itself, with no `DescribeExecution`): a slot an earlier
+    /// run took that no cleanup freed, because the execution ran again when it asked (a child
+    /// re-attached to, or a zombie acquire).
+    fn clears_runs(&self, op: Op) -> bool {
+        op.kind == OpKind::Release && op.inc > 0 && self.variant != Variant::ReleaseFreesOnlyItsRun
+    }
+
+    /// Whether `write` is a cleanup's fence (no check, fences only): for a release of a
+    /// redriven run with `second`, its fence of the earlier runs rather than their free.
+    fn is_fence(write: &Write) -> bool {
+        write.checks.is_empty()
+            && write
+                .changes
+                .iter()
+                .all(|c| matches!(c, Change::AddFence(_)))
     }
 
     /// An identity in traces: by its execution alone when every execution has one.
@@ -897,10 +927,24 @@ impl Ours {
                 );
                 answer
             }
-            OpKind::Release => {
+            OpKind::Release if !second => {
                 match protocol::released(&write, identity, result)
                     .expect("the core reads its own write's result")
                 {
+                    Step::Done((outcome, _)) if self.clears_runs(op) => {
+                        say(
+                            log.as_deref_mut(),
+                            format!("{outcome:?}; then the earlier runs: it "),
+                        );
+                        let fence = protocol::cleanup_fence(
+                            &self.lock,
+                            &identity.holder,
+                            self.run_of(op.inc - 1),
+                        );
+                        let mut advance = self.in_flight(fence, true, 0, after, log);
+                        advance.wrote = wrote;
+                        return advance;
+                    }
                     Step::Done((outcome, _)) => {
                         say(log, format!("{outcome:?}"));
                         Answer::Done
@@ -911,7 +955,9 @@ impl Ours {
                     }
                 }
             }
-            OpKind::Cleanup if !second => {
+            OpKind::Cleanup | OpKind::Release
+                if (op.kind == OpKind::Cleanup && !second) || Self::is_fence(&write) =>
+            {
                 let (slots, _) = protocol::fenced_slots(&write, &identity.holder, result)
                     .expect("the core reads its own write's result");
                 // Asked once the fence has landed (modelled at that moment: a redrive after it
@@ -944,7 +990,7 @@ impl Ours {
                 say(log, "it held nothing".to_owned());
                 Answer::Done
             }
-            OpKind::Cleanup => match protocol::freed(&write, result)
+            OpKind::Cleanup | OpKind::Release => match protocol::freed(&write, result)
                 .expect("the core reads its own write's result")
             {
                 Step::Done((outcome, _)) => {
@@ -1078,6 +1124,21 @@ impl Protocol for Ours {
     /// acquisition, so a redrive into it meets the child that already ran and fails.
     fn guards_redriven_work(&self) -> bool {
         self.variant != Variant::RedriveWithoutGuard
+    }
+
+    fn release_fences_earlier_runs(&self, op: Op, phase: Phase) -> bool {
+        match phase {
+            Phase::Flight {
+                write,
+                second: true,
+                ..
+            } => self.clears_runs(op) && Self::is_fence(&self.write(write)),
+            _ => false,
+        }
+    }
+
+    fn freeing(&self, phase: Phase) -> bool {
+        matches!(phase, Phase::Flight { second: true, .. })
     }
 
     /// `used`: the sum of the held weights, which the acquire's condition checks.

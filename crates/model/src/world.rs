@@ -45,11 +45,19 @@
 //!   earlier run fenced (in the broken variant `one-fence-for-every-run`, an acquire refused by
 //!   the earlier run's fence is answered "redriven", and the execution waits and asks again
 //!   until two rotations have dropped the fence);
-//! - in the protected work: the child execution is named after the old acquisition and exists
-//!   already, so the work task fails (`ExecutionAlreadyExists`); the execution releases (its own,
-//!   new acquisition: nothing) and fails with `SemaphoreRedriveRefused`, emitting a cleanup event;
-//! - in a release task: it releases again (its new acquisition's, which frees nothing: the slot
-//!   of the incarnation that acquired is left to cleanup or the sweeper);
+//! - in the protected work: the child execution is named after the old acquisition. If that
+//!   child still runs (the execution died in its work, and neither Step Functions' best-effort
+//!   stop nor a cleanup has stopped it yet), `StartExecution` with its name and input returns it
+//!   (AWS's and moto's idempotent start) and the new run waits for it, working under the old
+//!   run's slot (re-attached). If it has ended, the work task fails (`ExecutionAlreadyExists`);
+//!   the execution releases and fails with `SemaphoreRedriveRefused`, emitting a cleanup event;
+//! - in a release task: it releases again.
+//!
+//! The release of a redriven run n releases its own acquisition, then fences runs 0..n-1 and
+//! frees what that fence saw (the cleanup's two writes, with no `DescribeExecution`): the slot a re-attached child worked
+//! under, or one a zombie acquire of an earlier run took, is freed by the run itself (in the
+//! broken variant `release-frees-only-its-run`, the release of its own acquisition only, the
+//! execution can succeed with the first run's slot held: S2).
 //! - at a Fail state: it fails again at once, emitting another cleanup event.
 //!
 //! A cleanup (event or sweeper) asks `DescribeExecution` before its fence and does nothing if the
@@ -57,7 +65,10 @@
 //! saw, and frees nothing if the execution runs again by then (an incarnation redriven between
 //! the first question and the fence may hold a slot the fence saw; asking only before the fence
 //! is the broken variant `cleanup-checks-running-only-before-fence`). A cleanup that stops so
-//! leaves what the old incarnations held to a later event or the sweeper.
+//! leaves what the old incarnations held to the execution: its release, or the cleanup of its
+//! next end; not to the sweeper (S2 counts it as a leak). Before it frees, a cleanup (or the
+//! sweeper) stops the child still running of the execution it has found ended (the sweeper
+//! really waits for it to end; stopping it at that moment is one of the ways it can end).
 //!
 //! States are identified up to a renaming of the executions (they are interchangeable) and, for
 //! the product's protocol, up to the values of the version counter (see [`Protocol`]'s
@@ -372,6 +383,17 @@ pub trait Protocol {
     /// Whether a redrive into the protected work is refused (the work task meets the child
     /// execution that already ran under the old acquisition) instead of running the work again.
     fn guards_redriven_work(&self) -> bool;
+    /// Whether the write of release `op` in `phase` is its fence of the earlier runs of its
+    /// execution (a redriven run's release frees what they hold once its own acquisition is
+    /// released, with a cleanup's fence and free).
+    fn release_fences_earlier_runs(&self, _op: Op, _phase: Self::Phase) -> bool {
+        false
+    }
+    /// Whether an attempt in `phase` is a cleanup's free (its second write): the cleanup has
+    /// settled the execution's work (stopped its child) before sending it.
+    fn freeing(&self, _phase: Self::Phase) -> bool {
+        false
+    }
     /// The weight the item records as held (the sample's count attribute, ours' `used`): it
     /// must equal the sum of the holders' weights (S1).
     fn stored_used(&self, store: Option<Self::Item>) -> i64;
@@ -458,6 +480,14 @@ struct Exec {
     inc: u8,
     /// Where a redrive would resume it, once it has ended.
     resume: Resume,
+    /// The acquisition its work's child execution is named after, while that child runs: from
+    /// its acquire until the work ends, and, in a world with redrives, after the execution
+    /// died in its work, until the child ends on its own or a cleanup stops it before freeing
+    /// (Step Functions' own stop of the child is best effort). A run redriven into the work
+    /// while it runs re-attaches to it: `StartExecution` with the name and input of a running
+    /// execution returns that execution. (Without redrives the child ends with its parent, as
+    /// before.)
+    child: Option<u8>,
 }
 
 impl Exec {
@@ -533,6 +563,17 @@ impl<I, P> State<I, P> {
     /// Whether execution `e` is doing its protected work.
     pub fn working(&self, e: u8) -> bool {
         self.execs[e as usize].stage == Stage::Holding
+    }
+
+    /// The acquisition execution `e`'s running child execution (its work) is named after, if
+    /// one runs.
+    pub fn child(&self, e: u8) -> Option<u8> {
+        self.execs[e as usize].child
+    }
+
+    /// Whether execution `e` has ended (in its current run).
+    pub fn ended(&self, e: u8) -> bool {
+        !self.execs[e as usize].alive()
     }
 
     /// Whether execution `e` is in its acquire or wait state.
@@ -693,7 +734,9 @@ impl<P: Protocol> World<P> {
     }
 
     fn quiescent(&self, s: &State<P::Item, P::Phase>) -> bool {
-        self.execs(s).iter().all(|x| !x.alive())
+        self.execs(s)
+            .iter()
+            .all(|x| !x.alive() && x.child.is_none())
             && s.attempts.is_empty()
             && s.events.iter().all(|&n| n == 0)
             && s.rotation.is_none()
@@ -772,6 +815,12 @@ impl<P: Protocol> World<P> {
             invocations: 0,
             inc: s.execs[e as usize].inc,
             resume: if redrivable { resume } else { Resume::Never },
+            // A child still running when its parent dies runs on (see `Exec::child`).
+            child: if self.config.redrives > 0 {
+                s.execs[e as usize].child
+            } else {
+                None
+            },
         };
         if how != End::Succeeded {
             // What becomes of the event (delivered, lost, or delivered twice) is chosen when it
@@ -810,6 +859,7 @@ impl<P: Protocol> World<P> {
             invocations: 0,
             inc,
             resume: Resume::Never,
+            child: x.child,
         };
         let acquisition = acquisition_name(self.protocol.acquisition_of(inc));
         words.say(|| {
@@ -827,6 +877,21 @@ impl<P: Protocol> World<P> {
                 s.execs[e as usize].stage = Stage::Waiting;
                 words.say(|| "it waits for a free slot again".to_owned());
             }
+            Resume::Work if x.child.is_some() => {
+                // The work task's StartExecution names the child of the acquisition in the
+                // state's input, which still runs: Step Functions returns that execution and
+                // the new run waits for it, working under the old run's slot.
+                s.execs[e as usize].stage = Stage::Holding;
+                words.say(|| {
+                    format!(
+                        "its protected work starts the child execution named after {}, which \
+                         still runs: StartExecution returns it, and {} waits for it \
+                         (re-attached)",
+                        acquisition_name(self.protocol.acquisition_of(x.child.unwrap_or(0))),
+                        exec_name(e)
+                    )
+                });
+            }
             Resume::Work if self.protocol.guards_redriven_work() => {
                 // The work task starts the child execution named after the old acquisition,
                 // which exists already: ExecutionAlreadyExists, caught; "Release after failure"
@@ -842,6 +907,7 @@ impl<P: Protocol> World<P> {
             }
             Resume::Work => {
                 s.execs[e as usize].stage = Stage::Holding;
+                s.execs[e as usize].child = Some(inc);
                 words.say(|| {
                     "it runs its protected work again (no guard: broken variant)".to_owned()
                 });
@@ -873,6 +939,7 @@ impl<P: Protocol> World<P> {
         match (a.op.kind, answer) {
             (OpKind::Acquire, Answer::Acquired) => {
                 s.execs[e as usize].stage = Stage::Holding;
+                s.execs[e as usize].child = Some(x.inc);
                 words.say(|| format!(" => {} holds a slot and does its work", name()));
             }
             // "redriven" (one broken variant's) is answered as "full" is: wait, ask again.
@@ -942,11 +1009,10 @@ impl<P: Protocol> World<P> {
                 s.events[a.op.exec as usize] += 1;
                 words.say(|| " => the cleanup machine will retry it".to_owned());
             }
-            // For S2, a cleanup that stopped because its execution runs again is like a lost
-            // event: what the old incarnations hold is left to a later event or the sweeper.
-            Role::Event | Role::Sweep if answer == Answer::Running => {
-                s.lost |= 1 << a.op.exec;
-            }
+            // A cleanup that stopped because its execution runs again leaves what the old runs
+            // hold to the execution itself: its release (which frees the earlier runs', see
+            // `Protocol::release_fences_earlier_runs`), or the cleanup of its next end. Not to the
+            // sweeper: a slot the sweeper reclaims is a leak notice (S2).
             Role::Event | Role::Sweep => {}
         }
     }
@@ -965,6 +1031,9 @@ impl<P: Protocol> World<P> {
         let incarnation = slot_bit(e, a.op.inc);
         if advance.wrote {
             match a.op.kind {
+                OpKind::Release if self.protocol.release_fences_earlier_runs(a.op, a.phase) => {
+                    s.retired |= slots_below(e, a.op.inc);
+                }
                 OpKind::Release => s.retired |= incarnation,
                 OpKind::Cleanup => s.retired |= slots_below(e, a.op.inc + 1),
                 OpKind::Acquire if s.retired & incarnation != 0 => s.resurrected |= incarnation,
@@ -972,7 +1041,29 @@ impl<P: Protocol> World<P> {
             }
         }
         match advance.next {
-            Next::Continue(phase) => s.attempts.push(Attempt { phase, ..a }),
+            Next::Continue(phase) => {
+                if a.op.kind == OpKind::Cleanup
+                    && self.protocol.freeing(phase)
+                    && !self.protocol.freeing(a.phase)
+                {
+                    // Before it frees, the cleanup settles the work: it stops a child still
+                    // running, once it has found the execution not running (the real protocol
+                    // asks in this very step). A broken variant that frees without asking
+                    // again may find it running: its work is left as it is, to show the loss.
+                    let x = &mut s.execs[e as usize];
+                    let orphan = if x.alive() { None } else { x.child.take() };
+                    if let Some(k) = orphan {
+                        words.say(|| {
+                            format!(
+                                "; it stops {}'s child execution (of {}) before freeing",
+                                exec_name(e),
+                                acquisition_name(self.protocol.acquisition_of(k))
+                            )
+                        });
+                    }
+                }
+                s.attempts.push(Attempt { phase, ..a });
+            }
             Next::Finished(answer) => self.finished(s, a, answer, words),
         }
     }
@@ -988,7 +1079,8 @@ impl<P: Protocol> World<P> {
             stage => Ok(stage),
         };
         let redrivable = s.redrives_left > 0 && x.resume != Resume::Never;
-        if stage.is_err() && !pending && holders & (1 << e) == 0 && !redrivable {
+        if stage.is_err() && !pending && holders & (1 << e) == 0 && !redrivable && x.child.is_none()
+        {
             // Finished: nothing will ever act for this execution again, and only requests for
             // it could read what the item says about it.
             return hash_one(&stage);
@@ -1019,7 +1111,14 @@ impl<P: Protocol> World<P> {
             .rotation
             .map(|phase| self.protocol.rotation_exec_key(phase, e));
         hash_one(&(
-            (stage, x.retries_left, x.polls_left, x.inc, x.resume),
+            (
+                stage,
+                x.retries_left,
+                x.polls_left,
+                x.inc,
+                x.resume,
+                x.child,
+            ),
             // Executions of different weights are not interchangeable.
             self.config.weight(e),
             self.protocol.item_exec_key(s.store, e),
@@ -1172,6 +1271,7 @@ impl<P: Protocol> Model for World<P> {
                 invocations: 0,
                 inc: 0,
                 resume: Resume::Never,
+                child: None,
             }; MAX_EXECUTIONS],
             attempts: Vec::new(),
             events: [0; MAX_EXECUTIONS],
@@ -1196,6 +1296,7 @@ impl<P: Protocol> Model for World<P> {
                 invocations: 0,
                 inc: 0,
                 resume: Resume::Never,
+                child: None,
             };
         }
         for e in 0..c.executions {
@@ -1272,6 +1373,7 @@ impl<P: Protocol> Model for World<P> {
             }
             if x.stage == Stage::Holding {
                 let mut t = s.clone();
+                t.execs[e as usize].child = None;
                 t.execs[e as usize].stage = Stage::Releasing { failed: false };
                 let mut words = Words::new(on);
                 words.say(|| format!("{} finishes its work: ", exec_name(e)));
@@ -1279,6 +1381,7 @@ impl<P: Protocol> Model for World<P> {
                 emit(t, words);
                 if self.config.work_failures {
                     let mut t = s.clone();
+                    t.execs[e as usize].child = None;
                     t.execs[e as usize].stage = Stage::Releasing { failed: true };
                     let mut words = Words::new(on);
                     words.say(|| format!("{}'s work fails: ", exec_name(e)));
@@ -1287,6 +1390,19 @@ impl<P: Protocol> Model for World<P> {
                 }
             }
             if !x.alive() {
+                if let Some(k) = x.child {
+                    let mut t = s.clone();
+                    t.execs[e as usize].child = None;
+                    let mut words = Words::new(on);
+                    words.say(|| {
+                        format!(
+                            "the child execution of {} (of {}) ends on its own",
+                            exec_name(e),
+                            acquisition_name(self.protocol.acquisition_of(k))
+                        )
+                    });
+                    emit(t, words);
+                }
                 continue;
             }
             // Step Functions gives up waiting for the current attempt (a timeout, or its
@@ -1475,16 +1591,16 @@ impl<P: Protocol> Model for World<P> {
                 ),
             });
         }
-        // Working under the lock means holding a slot of the current incarnation: a slot an
-        // earlier incarnation left is cleanup's and the sweeper's to free, at any moment.
+        // The child execution is the work: while it runs (its parent working, re-attached, or
+        // ended with the child not stopped yet), the acquisition it is named after holds a slot.
         let mut working = 0u32;
         let mut without = 0u32;
         for (e, x) in self.execs(s).iter().enumerate() {
-            if x.stage == Stage::Holding {
+            if let Some(k) = x.child {
                 let e = e as u8;
                 working |= 1 << e;
-                if holders & slot_bit(e, self.protocol.acquisition_of(x.inc)) == 0 {
-                    without |= slot_bit(e, x.inc);
+                if holders & slot_bit(e, self.protocol.acquisition_of(k)) == 0 {
+                    without |= slot_bit(e, k);
                 }
             }
         }
@@ -1511,7 +1627,7 @@ impl<P: Protocol> Model for World<P> {
                         "are"
                     },
                     if self.config.redrives > 0 {
-                        " of its current incarnation"
+                        " of the acquisition its child execution is named after"
                     } else {
                         ""
                     },
@@ -1620,7 +1736,15 @@ impl<P: Protocol> Model for World<P> {
             // Everything but the attempt numbers (names in traces, which grow with every poll).
             s.store.hash(h);
             for x in self.execs(s) {
-                (x.stage, x.retries_left, x.polls_left, x.inc, x.resume).hash(h);
+                (
+                    x.stage,
+                    x.retries_left,
+                    x.polls_left,
+                    x.inc,
+                    x.resume,
+                    x.child,
+                )
+                    .hash(h);
             }
             let mut attempts: Vec<_> = s
                 .attempts

@@ -319,11 +319,27 @@ fn every_redrive_variant_of_ours_is_caught() {
             );
             continue;
         }
+        // The old release of a redriven run (its own acquisition only): the run re-attached to
+        // the first run's child, whose cleanup found the execution running again, succeeds with
+        // the first run's slot still held, for the sweeper to reclaim with a notice (S2).
+        if variant == Variant::ReleaseFreesOnlyItsRun {
+            assert_eq!(cex.violation.property, "S2", "{cex}");
+            let step = |words: &str| cex.steps.iter().position(|s| s.contains(words));
+            let reattached =
+                step("which still runs: StartExecution returns it").expect("re-attach");
+            let running = step("is RUNNING (redriven): nothing to do").expect("left alone");
+            let succeeds = step("=> exec-1 succeeds").expect("success");
+            assert!(reattached < succeeds && running < succeeds, "{cex}");
+            assert!(cex.violation.detail.contains("1 held [exec-1/r0"), "{cex}");
+            continue;
+        }
         assert_eq!(cex.violation.property, "S1", "{}: {cex}", variant.name());
         assert!(
-            cex.violation
-                .detail
-                .starts_with("exec-1/r1 is working under the lock without holding a slot of its current incarnation"),
+            cex.violation.detail.starts_with("exec-1/r")
+                && cex.violation.detail.contains(
+                    "is working under the lock without holding a slot of the acquisition its \
+                     child execution is named after"
+                ),
             "{}: {cex}",
             variant.name()
         );
@@ -336,9 +352,11 @@ fn every_redrive_variant_of_ours_is_caught() {
         let redrive = step("Step Functions redrives exec-1");
         let last = cex.steps.last().expect("steps");
         match variant {
-            // The slot it worked under was freed by cleanup; the redrive runs the work again.
+            // The first run's child has ended (one step more since the child outlives a dead
+            // parent: a redrive while it runs re-attaches to it); the redrive runs the work again
+            // under a new child, without a slot.
             Variant::RedriveWithoutGuard => {
-                assert_eq!(cex.steps.len(), 4, "{cex}");
+                assert_eq!(cex.steps.len(), 5, "{cex}");
                 assert!(last.contains("runs its protected work again"), "{cex}");
             }
             // A zombie acquire of the first incarnation takes r0's slot; the cleanup sees it and
@@ -359,25 +377,69 @@ fn every_redrive_variant_of_ours_is_caught() {
                 );
             }
             // The cleanup asked DescribeExecution (ended) and sent its fence; the execution is
-            // redriven and acquires before the fence lands; the fence sees that slot and the
-            // cleanup frees it.
+            // redriven into its work and re-attaches to the first run's child, still running,
+            // before the fence lands; the cleanup, not asking again, frees the slot that child
+            // works under (the other trace of this family: the redriven run acquires r1 before
+            // the fence lands, and loses it).
             Variant::CleanupChecksRunningOnlyBeforeFence => {
                 assert!(
                     step("the cleanup event for exec-1 is delivered") < redrive,
                     "{cex}"
                 );
                 assert!(
-                    step("Acquired") < step("fence exec-1 (execution)) lands"),
+                    step("StartExecution returns it") < step("fence exec-1 (execution)) lands"),
                     "{cex}"
                 );
                 assert!(
-                    last.contains("free exec-1/r1's slot, used - 1) lands"),
+                    last.contains("free exec-1/r0's slot, used - 1) lands"),
                     "{cex}"
                 );
             }
             other => unreachable!("{other:?}"),
         }
     }
+}
+
+#[test]
+fn a_run_redriven_while_its_child_still_runs_re_attaches_and_its_release_frees_the_first_runs_slot()
+{
+    // Not vacuous (issue 18, item 9): the real protocol reaches a redrive into the work while
+    // the first run's child still runs (its cleanup not yet past its check), the new run waits
+    // for that child under the first run's slot, and its release frees that slot itself.
+    let world = ours_world(
+        Config {
+            executions: 1,
+            ..redriven(1)
+        },
+        Variant::Real,
+    );
+    let reach = Reach {
+        model: &world,
+        steps: vec![
+            Box::new(|s: &State<_, _>| {
+                s.incarnation(0) == 1 && s.working(0) && s.child(0) == Some(0)
+            }),
+            Box::new(|s: &State<_, _>| s.incarnation(0) == 1 && s.ended(0)),
+        ],
+        what: "a run re-attached to the first run's child, then ended",
+    };
+    let report = explore(&reach, None);
+    let cex = report.counterexample.expect("reachable");
+    println!("{cex}");
+    let step = |words: &str| cex.steps.iter().position(|s| s.contains(words));
+    let reattached = step("which still runs: StartExecution returns it").expect("re-attach");
+    let freed = cex
+        .steps
+        .iter()
+        .position(|s| {
+            s.starts_with("exec-1 (redrive 1) release #1: its write")
+                && s.contains("free exec-1/r0's slot")
+                && s.contains("lands")
+        })
+        .expect("the redriven run's release frees r0");
+    assert!(reattached < freed, "{cex}");
+    let last = cex.steps.last().expect("steps");
+    assert!(last.contains("exec-1 succeeds"), "{cex}");
 }
 
 #[test]
@@ -395,7 +457,7 @@ fn a_redriven_execution_cleaned_up_before_its_redrive_acquires_in_its_new_run_at
     let reach = Reach {
         model: &world,
         steps: vec![Box::new(|s: &State<_, _>| {
-            s.incarnation(0) == 1 && s.working(0) && s.retired(0, 0)
+            s.incarnation(0) == 1 && s.working(0) && s.child(0) == Some(1) && s.retired(0, 0)
         })],
         what: "the redriven execution works, its first run cleaned up",
     };
