@@ -437,8 +437,27 @@ pub fn fenced_slots(
     Ok((slots, after))
 }
 
-/// The second write of a cleanup, when the first saw slots: remove them, each on the check that
-/// it is still held with its weight (a release may have freed it since).
+/// Most slots one write of a cleanup removes. Each slot puts a `BETWEEN` check (about 40 bytes,
+/// 3 operators) in the write's condition and a `REMOVE` in its update: DynamoDB refuses an
+/// expression over 4 KB or 300 operators (`dynamo::MAX_EXPRESSION_BYTES`), which one write
+/// naming every slot passed at about 100 slots, and then failed for ever after the fence had
+/// landed (F9). 50 slots render to about 2.1 KB and 150 operators, whatever the identities'
+/// lengths (their names go in placeholders).
+///
+/// Freeing the slots in several writes is as safe as in one: once the first write (the fence)
+/// has landed, no acquire of the fenced runs can land, so the slots it saw are all the execution
+/// will ever hold there, and they can only go (a release, or a chunk of this cleanup), never
+/// come back. Each chunk removes its slots on the check that each is still held with the weight
+/// it subtracts, as the single write did, so `used` stays the sum of the weights held after every
+/// chunk; what another writer sees between two chunks (some slots freed, others not yet) is what
+/// it would see had the execution released them one by one. A cleanup that fails between two
+/// chunks leaves the rest held by a fenced execution, which the next cleanup or the sweeper
+/// frees (S2), as after a failed single write.
+pub const MAX_SLOTS_PER_FREE: usize = 50;
+
+/// A write of a cleanup's second step, when the first saw slots: remove them (at most
+/// [`MAX_SLOTS_PER_FREE`]: the caller splits more), each on the check that it is still held with
+/// its weight (a release may have freed it since).
 pub fn cleanup_free(lock: &LockName, slots: &[(Identity, Weight)]) -> Write {
     let (checks, changes) = slots
         .iter()

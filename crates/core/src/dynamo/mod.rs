@@ -75,6 +75,61 @@ pub const TOKEN_SPAN: u128 = 1_000_000_000_000_000;
 /// See [`TOKEN_SPAN`]: `TOKEN_SPAN * 10^13`.
 pub const WEIGHT_SPAN: u128 = TOKEN_SPAN * 10_000_000_000_000;
 
+/// DynamoDB's limits on one expression string ("Constraints in Amazon DynamoDB", section
+/// "Expression parameters"): "The maximum length of any expression string is 4 KB" (1 KB = 1024
+/// bytes there), and at most 300 operators or functions in an expression. A request over either
+/// is refused with a ValidationException, whatever its condition would have said.
+pub const MAX_EXPRESSION_BYTES: usize = 4 * 1024;
+/// See [`MAX_EXPRESSION_BYTES`].
+pub const MAX_EXPRESSION_OPERATORS: usize = 300;
+
+/// The operators and functions in an expression, counted generously (the `AND` of a `BETWEEN`
+/// and the `=` of a `SET` action count too), so that a count within the limit is within it
+/// however DynamoDB counts.
+fn operators(expression: &str) -> usize {
+    let words = expression
+        .split(|c: char| c.is_whitespace() || c == ',' || c == ')')
+        .filter(|w| {
+            matches!(
+                w.to_ascii_uppercase().as_str(),
+                "AND"
+                    | "OR"
+                    | "NOT"
+                    | "BETWEEN"
+                    | "IN"
+                    | "="
+                    | "<>"
+                    | "<"
+                    | "<="
+                    | ">"
+                    | ">="
+                    | "+"
+                    | "-"
+            )
+        })
+        .count();
+    words + expression.matches('(').count()
+}
+
+/// The expression, or the typed error DynamoDB's limits call for: a request AWS would refuse is
+/// never sent (and, for a cleanup, is never left to fail after its fence landed).
+fn within_limits(
+    lock: &LockName,
+    expression: &'static str,
+    text: String,
+) -> Result<String, StoreError> {
+    let operators = operators(&text);
+    if text.len() > MAX_EXPRESSION_BYTES || operators > MAX_EXPRESSION_OPERATORS {
+        return Err(StoreError::ExpressionTooLarge {
+            lock: lock.to_string(),
+            expression,
+            bytes: text.len(),
+            operators,
+        });
+    }
+    Ok(text)
+}
+
 /// The stored number of a holding.
 fn pack(holding: &Holding) -> u128 {
     weight_floor(holding.weight)
@@ -427,8 +482,8 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
         }
     }
     Ok(Rendered {
-        condition: conditions.join(" AND "),
-        update,
+        condition: within_limits(&write.lock, "ConditionExpression", conditions.join(" AND "))?,
+        update: within_limits(&write.lock, "UpdateExpression", update)?,
         names: p.names,
         values: p.values,
     })
@@ -1065,6 +1120,63 @@ mod tests {
             r.update,
             "SET #version = #version + :v2, #old = :v3, #rotated_at = :v4 DELETE #young :v3"
         );
+    }
+
+    /// The slots of one holder, with the longest identities and weights accepted.
+    fn slots(n: usize) -> Vec<(Identity, Weight)> {
+        (0..n)
+            .map(|i| {
+                let holder = format!("{i:0>width$}", width = crate::input::MAX_HOLDER_BYTES);
+                let acquisition = format!("{i:0>w$}", w = crate::input::MAX_ACQUISITION_BYTES);
+                let identity = Identity::new(
+                    HolderId::new(holder).unwrap(),
+                    AcquisitionId::new(acquisition).unwrap(),
+                );
+                (identity, Weight::new(1000).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cleanup_write_of_the_most_slots_it_removes_fits_dynamodbs_expression_limits() {
+        let lock = LockName::new("l".repeat(crate::input::MAX_LOCK_NAME_BYTES)).unwrap();
+        let chunk = slots(crate::protocol::MAX_SLOTS_PER_FREE);
+        let r = render(&crate::protocol::cleanup_free(&lock, &chunk)).unwrap();
+        for expression in [&r.condition, &r.update] {
+            assert!(
+                expression.len() <= MAX_EXPRESSION_BYTES,
+                "{}",
+                expression.len()
+            );
+            assert!(operators(expression) <= MAX_EXPRESSION_OPERATORS);
+        }
+    }
+
+    /// The limit the issue met: one write naming 150 slots is a ConditionExpression of about
+    /// 6 KB, which DynamoDB refuses. It is a typed error here, and no request is sent.
+    #[test]
+    fn a_write_over_4_kb_is_a_typed_error_not_a_request() {
+        let lock = LockName::new("l").unwrap();
+        let err = render(&crate::protocol::cleanup_free(&lock, &slots(150))).unwrap_err();
+        match err {
+            StoreError::ExpressionTooLarge {
+                expression, bytes, ..
+            } => {
+                assert_eq!(expression, "ConditionExpression");
+                assert!(bytes > MAX_EXPRESSION_BYTES, "{bytes}");
+            }
+            other => panic!("expected ExpressionTooLarge, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn operators_are_counted_generously() {
+        assert_eq!(operators("a = :b"), 1);
+        assert_eq!(
+            operators("#h BETWEEN :a AND :b AND attribute_not_exists(#x)"),
+            4
+        );
+        assert_eq!(operators("NOT contains(#y, :k) OR size(#o) <= :n"), 5);
     }
 
     #[test]
