@@ -244,6 +244,8 @@ pub fn acquire(
             limit: terms.limit,
             weight: terms.weight,
         },
+        // F9: the item stays under DynamoDB's 400 KB, so that releases and cleanups land.
+        Check::Room,
         // L2: a newcomer does not pass the line.
         Check::QueueEmpty,
     ];
@@ -313,11 +315,13 @@ pub fn acquired(
                     count: current.count(),
                 },
                 Some(Check::RotatedBefore { .. }) => AcquireOutcome::Expired,
-                Some(Check::Fits { .. } | Check::QueueEmpty) => AcquireOutcome::Full {
-                    count: current.count(),
-                    used: current.used,
-                    limit,
-                },
+                Some(Check::Fits { .. } | Check::Room | Check::QueueEmpty) => {
+                    AcquireOutcome::Full {
+                        count: current.count(),
+                        used: current.used,
+                        limit,
+                    }
+                }
                 Some(Check::Spaced { rate, .. }) => AcquireOutcome::RateLimited {
                     next_start_ms: current.next_start_ms(Some(*rate)).unwrap_or_default(),
                 },
@@ -665,6 +669,8 @@ pub fn grant(waiter: &Waiter, now_ms: u64) -> Write {
             limit: terms.limit,
             weight: terms.weight,
         },
+        // Nor does one for whom the item has no room (F9: see `acquire`).
+        Check::Room,
     ];
     checks.extend(spaced(terms, now_ms));
     let mut changes = vec![Change::Dequeue(waiter.key)];
@@ -706,7 +712,7 @@ pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> 
             Some(Check::QueuedWith { .. }) => Grant::Moved { current },
             Some(Check::NotFenced(_)) => Grant::Dead { current },
             Some(Check::NotHolding(_)) => Grant::Holding { current },
-            Some(Check::Fits { .. }) => Grant::NoSlot { current },
+            Some(Check::Fits { .. } | Check::Room) => Grant::NoSlot { current },
             Some(Check::Spaced { rate, .. }) => Grant::TooSoon {
                 next_start_ms: current.next_start_ms(Some(rate)).unwrap_or_default(),
                 current,
