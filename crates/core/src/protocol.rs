@@ -5,11 +5,11 @@
 //!
 //! | operation | checks (when the write lands) | changes |
 //! |---|---|---|
-//! | acquire | not fenced (the execution's run, acquisition); not holding; no rotation since the request's horizon; the weight fits (`used + weight <= limit`); nobody in line; with a rate, a spacing since the last start | put the holder (token: the new version), add its weight to `used`, record the start, set the limit and rate |
+//! | acquire | not fenced (the execution's run, acquisition); not holding; no rotation since the request's horizon; the weight fits (`used + weight <= limit`); room in the item (`held_bytes`, fences: F9); nobody in line; with a rate, a spacing since the last start | put the holder (token: the new version), add its weight to `used` and its entry to `held_bytes`, record the start, set the limit and rate |
 //! | release | holds a slot of the weight it subtracts | remove the holder, subtract its weight, fence the acquisition |
 //! | release of nothing held | holds no slot | fence the acquisition |
 //! | cleanup, 1st | none | fence the execution's ended run and every run before it |
-//! | cleanup, 2nd (only if the 1st saw slots) | still holds each, with its weight | remove the slots the 1st write saw, subtract their weights |
+//! | cleanup, 2nd (only if the 1st saw slots) | still holds each, with its weight | remove the slots the 1st write saw, subtract their weights (at most [`MAX_SLOTS_PER_FREE`] a write) |
 //! | rotation (when due) | the last rotation is the one read | drop the old fences, age the young ones |
 //!
 //! Every write also increments the version, so fencing tokens are strictly increasing per lock.
@@ -695,7 +695,7 @@ pub enum Grant {
     Dead { current: SemaphoreItem },
     /// It holds a slot already: remove its record.
     Holding { current: SemaphoreItem },
-    /// Its weight does not fit.
+    /// Its weight does not fit, or the item has no room for another holder.
     NoSlot { current: SemaphoreItem },
     /// The start rate is spent until `next_start_ms`: tell the waiter to come back then.
     TooSoon {

@@ -423,11 +423,12 @@ mod tests {
             .1
             .unwrap()
             .contains("share token 5"));
-        // An item of another format (version 1 stored a count and no format; 2 had no `used`).
+        // An item of another format (version 1 stored a count and no format; 2 had no `used`, 3 no
+        // `held_bytes`).
         let mut old = ours("7", &[]);
         old.remove("format");
         old.insert("count".to_owned(), n("0"));
-        assert!(decode(Layout::Versioned, &old).1.unwrap().contains("not 3"));
+        assert!(decode(Layout::Versioned, &old).1.unwrap().contains("not 4"));
     }
 
     #[test]
