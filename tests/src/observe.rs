@@ -29,7 +29,13 @@ pub struct Observed {
     pub weights: Vec<u64>,
     /// When the last acquisition landed (`started_at`, epoch ms), if any did.
     pub started_at: Option<u64>,
+    /// The stored bytes of the holder map's entries (`held_bytes`).
+    pub held_bytes: i64,
 }
+
+/// What `held_bytes` counts per holder besides its key: its number at its largest (31 digits,
+/// 17 bytes as DynamoDB sizes numbers) and 1 byte per map element.
+const HELD_BYTES_PER_ENTRY: usize = 17 + 1;
 
 /// A stored holding's number is `(weight - 1) * 10^28 + acquired_at_ms * 10^15 + token`.
 const WEIGHT_DIGITS: u32 = 28;
@@ -88,6 +94,7 @@ pub async fn observe(client: &Client, table: &str, lock: &str) -> Option<Observe
         .unwrap_or_default();
     Some(Observed {
         used: number("used"),
+        held_bytes: number("held_bytes"),
         weights,
         started_at: item
             .get("started_at")
@@ -180,6 +187,16 @@ impl Observed {
             self.used,
             i64::try_from(self.weight_held()).expect("a sum of weights"),
             "stored used differs from the holders' weights: {self:?}"
+        );
+        let entries: usize = self
+            .holders
+            .iter()
+            .map(|key| key.len() + HELD_BYTES_PER_ENTRY)
+            .sum();
+        assert_eq!(
+            self.held_bytes,
+            i64::try_from(entries).expect("a size"),
+            "stored held_bytes differs from the holders' entries: {self:?}"
         );
         assert!(
             self.weight_held() <= limit as u64,

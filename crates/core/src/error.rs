@@ -17,6 +17,17 @@ pub enum StoreError {
     /// not migrated (nothing was released with it), and version 2 refuses to touch them.
     #[error("the item for lock {lock:?} was written by version 1 of this semaphore, whose item format version 2 does not read: use a new lock name or a new table, or delete the item once no execution uses the lock")]
     OldFormat { lock: String },
+    /// A write rendered an expression DynamoDB would refuse ("Constraints in Amazon DynamoDB",
+    /// "Expression parameters": at most 4 KB per expression string, at most 300 operators or
+    /// functions per expression). Caught before the request is sent, so nothing was written; the
+    /// protocol splits what could grow (see `protocol::MAX_SLOTS_PER_FREE`), so this is a bug.
+    #[error("lock {lock:?}: the {expression} of a write would be {bytes} bytes with {operators} operators, over DynamoDB's limit of {max_bytes} bytes and {max_operators} operators per expression; nothing was sent", max_bytes = crate::dynamo::MAX_EXPRESSION_BYTES, max_operators = crate::dynamo::MAX_EXPRESSION_OPERATORS)]
+    ExpressionTooLarge {
+        lock: String,
+        expression: &'static str,
+        bytes: usize,
+        operators: usize,
+    },
     #[error("lock {lock:?}: {problem} (a bug in this semaphore or a table that does not behave like DynamoDB)")]
     Unexpected { lock: String, problem: String },
 }

@@ -71,6 +71,15 @@ impl Identity {
         format!("{}#{}", self.holder, self.acquisition)
     }
 
+    /// The bytes this identity's entry in the holder map takes, as DynamoDB sizes a map element
+    /// ("DynamoDB item sizes and formats": its name, its value and 1 byte), with the value at its
+    /// largest ([`HOLDING_VALUE_BYTES`]): what the item's `held_bytes` counts for it, added by
+    /// the write that puts the holder and subtracted by the one that removes it.
+    pub fn held_bytes(&self) -> u64 {
+        let key = self.holder.as_str().len() + 1 + self.acquisition.as_str().len();
+        key as u64 + HOLDING_VALUE_BYTES + 1
+    }
+
     /// The identity a holder-map key names (the inverse of [`Identity::slot_key`]).
     pub fn from_slot_key(key: &str) -> Result<Self, String> {
         let (holder, acquisition) = key
@@ -82,6 +91,44 @@ impl Identity {
         ))
     }
 }
+
+/// The most bytes a holding's stored number takes: at most 31 digits (see
+/// `dynamo::TOKEN_SPAN`), and DynamoDB sizes a number at 1 byte per two significant digits plus 1.
+pub const HOLDING_VALUE_BYTES: u64 = 17;
+
+/// The largest holder-map entry: the longest holder and acquisition id accepted
+/// (`input::MAX_HOLDER_BYTES`, `input::MAX_ACQUISITION_BYTES`).
+pub const MAX_HELD_BYTES: u64 =
+    (crate::input::MAX_HOLDER_BYTES + 1 + crate::input::MAX_ACQUISITION_BYTES) as u64
+        + HOLDING_VALUE_BYTES
+        + 1;
+
+/// The item's budget, against DynamoDB's 400 KB item limit ("Constraints in Amazon DynamoDB",
+/// "Items": "The maximum item size in DynamoDB is 400 KB", 409,600 bytes, names and values).
+/// A write that would make the item bigger is refused with a ValidationException ("Item size to
+/// update has exceeded the maximum allowed size"), so the item must never come near it:
+///
+/// - holders: `held_bytes` at most 300 KB (307,200 bytes; about 600 holders with 480-byte
+///   execution ARNs; a limit of 1,000 holders of the longest names, 659 bytes each, cannot fit
+///   in 400 KB at all);
+/// - fences: 8 bytes each, at most [`FENCES_PER_GENERATION`] in each of the two generations
+///   (64 KB) while anything is admitted;
+/// - the rest, about 36 KB after the lock's name and the other attributes (under 1 KB), is what
+///   the writes that must always land may add once admission stops: a release or cleanup removes
+///   a holder (at least 21 bytes) for each fence (8 bytes) it adds with it, so it only shrinks the
+///   item; a cleanup's fence of an execution that holds nothing, and a release of an acquisition
+///   that holds nothing, add 8 bytes a run: 4,500 of them within a window, until the next
+///   rotation drops a generation.
+///
+/// Acquires and grants are admitted only while there is room for the largest entry (an
+/// acquisition past the budget is answered `full`, and waits in line), so releases and
+/// cleanups, which only remove holders, always land.
+pub const HELD_BYTES_BUDGET: u64 = 300 * 1024;
+
+/// Fences in one generation (young or old) beyond which nothing is admitted: see
+/// [`HELD_BYTES_BUDGET`]. 4,096 fences are 32 KB; a lock needs that many only past 400 releases
+/// a second at the default fence window.
+pub const FENCES_PER_GENERATION: usize = 4096;
 
 /// One held slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -208,6 +255,11 @@ pub struct SemaphoreItem {
     pub used: u64,
     /// The start rate the last acquisition asked for (`None`: none), shown by `semctl status`.
     pub rate: Option<Rate>,
+    /// The bytes of the holder map's entries ([`Identity::held_bytes`] of each holder), stored so
+    /// that DynamoDB can keep the item under its size limit when an acquire lands (see
+    /// [`HELD_BYTES_BUDGET`]): changed only by the writes that put or remove a holder, as `used`
+    /// is, so it always equals the sum.
+    pub held_bytes: u64,
     /// When the last acquisition landed (epoch ms, by its writer's clock): a rate-limited
     /// acquire lands only a spacing after it.
     pub started_at_ms: Option<u64>,
@@ -226,7 +278,22 @@ impl SemaphoreItem {
             used: 0,
             rate: None,
             started_at_ms: None,
+            held_bytes: 0,
         }
+    }
+
+    /// The sum of the holders' entry bytes, from the holders themselves (the stored
+    /// `held_bytes` must equal it).
+    pub fn bytes_held(&self) -> u64 {
+        self.holders.keys().map(Identity::held_bytes).sum()
+    }
+
+    /// Whether the item has room for one more holder of any identity: its entry within the
+    /// holders' budget, and neither fence generation past its own (see [`HELD_BYTES_BUDGET`]).
+    pub fn has_room(&self) -> bool {
+        self.held_bytes <= HELD_BYTES_BUDGET - MAX_HELD_BYTES
+            && self.fences.young.len() <= FENCES_PER_GENERATION
+            && self.fences.old.len() <= FENCES_PER_GENERATION
     }
 
     /// Holders now (whatever their weights).

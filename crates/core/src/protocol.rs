@@ -5,11 +5,11 @@
 //!
 //! | operation | checks (when the write lands) | changes |
 //! |---|---|---|
-//! | acquire | not fenced (the execution's run, acquisition); not holding; no rotation since the request's horizon; the weight fits (`used + weight <= limit`); nobody in line; with a rate, a spacing since the last start | put the holder (token: the new version), add its weight to `used`, record the start, set the limit and rate |
+//! | acquire | not fenced (the execution's run, acquisition); not holding; no rotation since the request's horizon; the weight fits (`used + weight <= limit`); room in the item (`held_bytes`, fences: F9); nobody in line; with a rate, a spacing since the last start | put the holder (token: the new version), add its weight to `used` and its entry to `held_bytes`, record the start, set the limit and rate |
 //! | release | holds a slot of the weight it subtracts | remove the holder, subtract its weight, fence the acquisition |
 //! | release of nothing held | holds no slot | fence the acquisition |
 //! | cleanup, 1st | none | fence the execution's ended run and every run before it |
-//! | cleanup, 2nd (only if the 1st saw slots) | still holds each, with its weight | remove the slots the 1st write saw, subtract their weights |
+//! | cleanup, 2nd (only if the 1st saw slots) | still holds each, with its weight | remove the slots the 1st write saw, subtract their weights (at most [`MAX_SLOTS_PER_FREE`] a write) |
 //! | rotation (when due) | the last rotation is the one read | drop the old fences, age the young ones |
 //!
 //! Every write also increments the version, so fencing tokens are strictly increasing per lock.
@@ -263,6 +263,8 @@ pub fn acquire(
             limit: terms.limit,
             weight: terms.weight,
         },
+        // F9: the item stays under DynamoDB's 400 KB, so that releases and cleanups land.
+        Check::Room,
         // L2: a newcomer does not pass the line.
         Check::QueueEmpty,
     ];
@@ -332,11 +334,13 @@ pub fn acquired(
                     count: current.count(),
                 },
                 Some(Check::RotatedBefore { .. }) => AcquireOutcome::Expired,
-                Some(Check::Fits { .. } | Check::QueueEmpty) => AcquireOutcome::Full {
-                    count: current.count(),
-                    used: current.used,
-                    limit,
-                },
+                Some(Check::Fits { .. } | Check::Room | Check::QueueEmpty) => {
+                    AcquireOutcome::Full {
+                        count: current.count(),
+                        used: current.used,
+                        limit,
+                    }
+                }
                 Some(Check::Spaced { rate, .. }) => AcquireOutcome::RateLimited {
                     next_start_ms: current.next_start_ms(Some(*rate)).unwrap_or_default(),
                 },
@@ -474,8 +478,27 @@ pub fn fenced_slots(
     Ok((slots, after))
 }
 
-/// The second write of a cleanup, when the first saw slots: remove them, each on the check that
-/// it is still held with its weight (a release may have freed it since).
+/// Most slots one write of a cleanup removes. Each slot puts a `BETWEEN` check (about 40 bytes,
+/// 3 operators) in the write's condition and a `REMOVE` in its update: DynamoDB refuses an
+/// expression over 4 KB or 300 operators (`dynamo::MAX_EXPRESSION_BYTES`), which one write
+/// naming every slot passed at about 100 slots, and then failed for ever after the fence had
+/// landed (F9). 50 slots render to about 2.1 KB and 150 operators, whatever the identities'
+/// lengths (their names go in placeholders).
+///
+/// Freeing the slots in several writes is as safe as in one: once the first write (the fence)
+/// has landed, no acquire of the fenced runs can land, so the slots it saw are all the execution
+/// will ever hold there, and they can only go (a release, or a chunk of this cleanup), never
+/// come back. Each chunk removes its slots on the check that each is still held with the weight
+/// it subtracts, as the single write did, so `used` stays the sum of the weights held after every
+/// chunk; what another writer sees between two chunks (some slots freed, others not yet) is what
+/// it would see had the execution released them one by one. A cleanup that fails between two
+/// chunks leaves the rest held by a fenced execution, which the next cleanup or the sweeper
+/// frees (S2), as after a failed single write.
+pub const MAX_SLOTS_PER_FREE: usize = 50;
+
+/// A write of a cleanup's second step, when the first saw slots: remove them (at most
+/// [`MAX_SLOTS_PER_FREE`]: the caller splits more), each on the check that it is still held with
+/// its weight (a release may have freed it since).
 pub fn cleanup_free(lock: &LockName, slots: &[(Identity, Weight)]) -> Write {
     let (checks, changes) = slots
         .iter()
@@ -713,6 +736,8 @@ pub fn grant(waiter: &Waiter, now_ms: u64) -> Write {
             limit: terms.limit,
             weight: terms.weight,
         },
+        // Nor does one for whom the item has no room (F9: see `acquire`).
+        Check::Room,
     ];
     checks.extend(spaced(terms, now_ms));
     let mut changes = vec![Change::Dequeue(waiter.key)];
@@ -737,7 +762,7 @@ pub enum Grant {
     Dead { current: SemaphoreItem },
     /// It holds a slot already: remove its record.
     Holding { current: SemaphoreItem },
-    /// Its weight does not fit.
+    /// Its weight does not fit, or the item has no room for another holder.
     NoSlot { current: SemaphoreItem },
     /// The start rate is spent until `next_start_ms`: tell the waiter to come back then.
     TooSoon {
@@ -754,7 +779,7 @@ pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> 
             Some(Check::QueuedWith { .. }) => Grant::Moved { current },
             Some(Check::NotFenced(_)) => Grant::Dead { current },
             Some(Check::NotHolding(_)) => Grant::Holding { current },
-            Some(Check::Fits { .. }) => Grant::NoSlot { current },
+            Some(Check::Fits { .. } | Check::Room) => Grant::NoSlot { current },
             Some(Check::Spaced { rate, .. }) => Grant::TooSoon {
                 next_start_ms: current.next_start_ms(Some(rate)).unwrap_or_default(),
                 current,

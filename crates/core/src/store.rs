@@ -289,29 +289,35 @@ impl<S: ItemStore> Semaphore<S> {
         })
     }
 
-    /// Frees the slots a [`Semaphore::fence`] saw: one write, none when it saw none. Only those
-    /// slots: one taken since (by a redriven execution, whose new acquisition is another slot)
-    /// is left alone, and one freed since by a release is a no-op.
+    /// Frees the slots a [`Semaphore::fence`] saw: one write per [`protocol::MAX_SLOTS_PER_FREE`]
+    /// of them (why several writes are as safe as one: see there), none when it saw none. Only
+    /// those slots: one taken since (by a redriven execution, whose new acquisition is another
+    /// slot) is left alone, and one freed since by a release is a no-op.
     pub async fn free(&self, fenced: &Fenced) -> Result<CleanupOutcome, Error> {
-        if fenced.slots.is_empty() {
-            return Ok(CleanupOutcome {
-                freed: Vec::new(),
-                count: fenced.count,
-                waiting: fenced.waiting,
-            });
+        let mut outcome = CleanupOutcome {
+            freed: Vec::new(),
+            count: fenced.count,
+            waiting: fenced.waiting,
+        };
+        let mut last = None;
+        for chunk in fenced.slots.chunks(protocol::MAX_SLOTS_PER_FREE) {
+            let weights: Vec<_> = chunk
+                .iter()
+                .map(|(id, holding)| (id.clone(), holding.weight))
+                .collect();
+            let mut free = protocol::cleanup_free(&fenced.lock, &weights);
+            let (chunk_outcome, after) = self
+                .rounds(&mut free, |write, result| {
+                    protocol::freed_seen(write, result, chunk)
+                })
+                .await?;
+            outcome.freed.extend(chunk_outcome.freed);
+            (outcome.count, outcome.waiting) = (chunk_outcome.count, chunk_outcome.waiting);
+            last = Some(after);
         }
-        let weights: Vec<_> = fenced
-            .slots
-            .iter()
-            .map(|(id, holding)| (id.clone(), holding.weight))
-            .collect();
-        let mut free = protocol::cleanup_free(&fenced.lock, &weights);
-        let (outcome, after) = self
-            .rounds(&mut free, |write, result| {
-                protocol::freed_seen(write, result, &fenced.slots)
-            })
-            .await?;
-        self.rotate_if_busy(&after).await;
+        if let Some(after) = last {
+            self.rotate_if_busy(&after).await;
+        }
         Ok(outcome)
     }
 

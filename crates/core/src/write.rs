@@ -25,6 +25,10 @@ pub enum Check {
     NotHolding(Identity),
     /// The weight fits: the weights held plus `weight` are at most `limit` (S1).
     Fits { limit: Limit, weight: Weight },
+    /// The item has room for one more holder, of any identity (see
+    /// [`crate::item::HELD_BYTES_BUDGET`]): DynamoDB refuses a write that makes an item over
+    /// 400 KB, so admission stops first, and releases and cleanups, which shrink it, land.
+    Room,
     /// The last start was at least the rate's spacing before `now_ms` (the writer's clock): a
     /// start-rate limit.
     Spaced { rate: Rate, now_ms: u64 },
@@ -44,7 +48,7 @@ pub enum Check {
     /// Nobody waits in line: an acquire must not pass the queue (L2).
     QueueEmpty,
     /// A slot cannot be taken on `terms` at `now_ms` without passing the line: the weight does
-    /// not fit, or someone waits, or the start rate is spent. Queueing is allowed only then, so
+    /// not fit, or someone waits, or the start rate is spent, or the item has no room. Queueing is allowed only then, so
     /// a waiter never queues behind a free slot that no one will hand it (F8).
     Busy { terms: Terms, now_ms: u64 },
     /// The waiter's record is not there (a retried queue attempt must not queue twice).
@@ -135,6 +139,7 @@ impl Check {
             Self::QueueEmpty => item.waiting == 0,
             Self::Busy { terms, now_ms } => {
                 !item.fits(terms)
+                    || !item.has_room()
                     || item.waiting > 0
                     || item
                         .next_start_ms(terms.rate)
@@ -145,6 +150,7 @@ impl Check {
             Self::Fits { limit, weight } => {
                 item.used + u64::from(weight.get()) <= u64::from(limit.get())
             }
+            Self::Room => item.has_room(),
             Self::Spaced { rate, now_ms } => item
                 .next_start_ms(Some(*rate))
                 .is_none_or(|next| next <= *now_ms),
@@ -230,6 +236,7 @@ impl Write {
                         },
                     );
                     next.used += u64::from(weight.get());
+                    next.held_bytes += identity.held_bytes();
                     next.started_at_ms = Some(*acquired_at_ms);
                 }
                 Change::SetLimit(limit) => next.limit = Some(*limit),
@@ -237,6 +244,7 @@ impl Write {
                 Change::RemoveHolder { identity, weight } => {
                     next.holders.remove(identity);
                     next.used = next.used.saturating_sub(u64::from(weight.get()));
+                    next.held_bytes = next.held_bytes.saturating_sub(identity.held_bytes());
                 }
                 Change::AddFence(key) => {
                     next.fences.young.insert(*key);
@@ -313,6 +321,62 @@ mod tests {
                 weight: Weight::ONE
             })
         );
+    }
+
+    #[test]
+    fn held_bytes_follow_the_holders_and_admission_stops_at_the_items_budget() {
+        use crate::item::{FENCES_PER_GENERATION, HELD_BYTES_BUDGET, MAX_HELD_BYTES};
+        let (a, b) = (id("a"), id(&"b".repeat(300)));
+        let terms = Terms::new(Limit::new(10).unwrap(), Weight::ONE, None).unwrap();
+        let put = |who: &Identity| {
+            write(
+                vec![Check::Room],
+                vec![Change::PutHolder {
+                    identity: who.clone(),
+                    acquired_at_ms: 1,
+                    weight: Weight::ONE,
+                }],
+            )
+        };
+        let remove = |who: &Identity| {
+            write(
+                vec![Check::HoldsWeight {
+                    identity: who.clone(),
+                    weight: Weight::ONE,
+                }],
+                vec![Change::RemoveHolder {
+                    identity: who.clone(),
+                    weight: Weight::ONE,
+                }],
+            )
+        };
+        let item = put(&a).apply(None).unwrap();
+        let item = put(&b).apply(Some(&item)).unwrap();
+        assert_eq!(item.held_bytes, a.held_bytes() + b.held_bytes());
+        assert_eq!(item.held_bytes, item.bytes_held());
+        let item = remove(&b).apply(Some(&item)).unwrap();
+        assert_eq!(item.held_bytes, a.held_bytes());
+
+        // Past the budget (less room for the largest entry), nothing is admitted, queueing is
+        // allowed, and a removal still lands.
+        let mut full = item.clone();
+        full.held_bytes = HELD_BYTES_BUDGET - MAX_HELD_BYTES + 1;
+        assert_eq!(put(&b).apply(Some(&full)), Err(&Check::Room));
+        let busy = Check::Busy { terms, now_ms: 1 };
+        assert!(busy.holds(&full) && !busy.holds(&item));
+        assert!(remove(&a).apply(Some(&full)).is_ok());
+        full.held_bytes -= 1;
+        assert!(put(&b).apply(Some(&full)).is_ok());
+
+        // So past a generation's fence budget.
+        let mut fenced = item.clone();
+        fenced.fences.old = (0..=FENCES_PER_GENERATION as u64)
+            .map(|n| FenceKey::from_bytes(n.to_be_bytes()))
+            .collect();
+        assert_eq!(put(&b).apply(Some(&fenced)), Err(&Check::Room));
+        assert!(busy.holds(&fenced));
+        fenced.fences.old.pop_first();
+        assert!(put(&b).apply(Some(&fenced)).is_ok());
     }
 
     #[test]

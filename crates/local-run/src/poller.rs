@@ -14,7 +14,7 @@ use tokio::sync::watch;
 /// The item layout to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// Ours (item format 3): `holders` map keyed `<holder>#<acquisition>`, each entry one number
+    /// Ours (item format 4): `holders` map keyed `<holder>#<acquisition>`, each entry one number
     /// `(weight - 1) * 10^28 + acquired_at_ms * 10^15 + token`; `version`; `used`, the stored
     /// sum of the holders' weights (the acquire's condition checks it against the limit);
     /// `started_at`, the last start, and `spacing_ms`, the last acquisition's start rate.
@@ -36,7 +36,7 @@ pub struct LockPoll {
     pub max_holders: usize,
     /// The largest sum of the holders' weights one read saw (ours; the sample's: holders).
     pub max_weight: u64,
-    /// Reads of an inconsistent item. Ours: not format 3, a holder entry that is not a packed
+    /// Reads of an inconsistent item. Ours: not format 4, a holder entry that is not a packed
     /// number of weight 1 to 1000, a token above the version, two holders with one token (every
     /// write bumps the version and a token is the version its acquire made), a stored `used`
     /// that differs from the sum of the holders' weights, or that sum above the lock's limit.
@@ -148,8 +148,8 @@ pub fn read(
             let started_at = number("started_at").and_then(|n| u64::try_from(n).ok());
             read.starts.extend(started_at);
             read.problem = match (number("format"), number("version"), entries) {
-                (format, _, _) if format != Some(3) => {
-                    Some(format!("format {:?}, not 3", item.get("format")))
+                (format, _, _) if format != Some(4) => {
+                    Some(format!("format {:?}, not 4", item.get("format")))
                 }
                 (_, Some(version), Some(entries)) => match holdings(version, entries) {
                     Err(problem) => Some(problem),
@@ -374,7 +374,7 @@ mod tests {
     fn ours(version: &str, holders: &[(&str, &str)]) -> HashMap<String, AttributeValue> {
         HashMap::from([
             ("lock".to_owned(), AttributeValue::S("l".to_owned())),
-            ("format".to_owned(), n("3")),
+            ("format".to_owned(), n("4")),
             ("version".to_owned(), n(version)),
             (
                 "holders".to_owned(),
@@ -423,11 +423,12 @@ mod tests {
             .1
             .unwrap()
             .contains("share token 5"));
-        // An item of another format (version 1 stored a count and no format; 2 had no `used`).
+        // An item of another format (version 1 stored a count and no format; 2 had no `used`, 3 no
+        // `held_bytes`).
         let mut old = ours("7", &[]);
         old.remove("format");
         old.insert("count".to_owned(), n("0"));
-        assert!(decode(Layout::Versioned, &old).1.unwrap().contains("not 3"));
+        assert!(decode(Layout::Versioned, &old).1.unwrap().contains("not 4"));
     }
 
     #[test]

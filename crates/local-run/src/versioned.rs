@@ -1247,7 +1247,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             l.max_holders <= l.limit && l.max_weight <= l.limit as u64 && l.inconsistent_reads == 0,
             format!(
                 "at most {} holders and weight {} of {} held at once over {} reads; every read \
-                 consistent (format 3, used = the sum of the holders' weights <= the limit, \
+                 consistent (format 4, used = the sum of the holders' weights <= the limit, \
                  each holder's token distinct and within the version){}",
                 l.max_holders,
                 l.max_weight,

@@ -521,6 +521,8 @@ impl Ours {
                     (1u8, self.acquisition_index(identity, e)).hash(&mut h)
                 }
                 Check::Fits { limit, weight } => (2u8, limit, weight).hash(&mut h),
+                // The same for every identity: room for the largest entry.
+                Check::Room => 17u8.hash(&mut h),
                 Check::HoldsWeight { identity, weight } => {
                     (15u8, self.acquisition_index(identity, e), weight).hash(&mut h)
                 }
@@ -609,6 +611,7 @@ impl Ours {
             parts.push(match check {
                 Check::NotHolding(_) => "not holding".to_owned(),
                 Check::Fits { limit, weight } => format!("used + {weight} <= {limit}"),
+                Check::Room => "room in the item".to_owned(),
                 Check::HoldsWeight { identity, weight } => {
                     format!("{} holds weight {weight}", self.who(identity))
                 }

@@ -1001,6 +1001,7 @@ impl QueueWorld {
             .map(|check| match check {
                 Check::NotHolding(_) => "not holding".to_owned(),
                 Check::Fits { limit, weight } => format!("used + {weight} <= {limit}"),
+                Check::Room => "room in the item".to_owned(),
                 Check::HoldsWeight { identity, weight } => {
                     format!("{} holds weight {weight}", identity.holder)
                 }

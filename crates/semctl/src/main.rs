@@ -604,7 +604,8 @@ fn unreadable_lock(e: &StoreError) -> Option<&str> {
     match e {
         StoreError::OldFormat { lock }
         | StoreError::CorruptItem { lock, .. }
-        | StoreError::Unexpected { lock, .. } => Some(lock),
+        | StoreError::Unexpected { lock, .. }
+        | StoreError::ExpressionTooLarge { lock, .. } => Some(lock),
         StoreError::TableNotFound { .. } | StoreError::Dynamo { .. } => None,
     }
 }

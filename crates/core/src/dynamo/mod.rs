@@ -28,7 +28,10 @@ use aws_sdk_dynamodb::Client;
 
 use crate::error::StoreError;
 use crate::input::{Limit, LockName, Rate, Weight};
-use crate::item::{FenceKey, Fences, FencingToken, Holding, Identity, SemaphoreItem, Version};
+use crate::item::{
+    FenceKey, Fences, FencingToken, Holding, Identity, SemaphoreItem, Version,
+    FENCES_PER_GENERATION, HELD_BYTES_BUDGET, MAX_HELD_BYTES,
+};
 use crate::protocol::WriteResult;
 use crate::store::ItemStore;
 use crate::write::{Change, Check, Write};
@@ -57,10 +60,14 @@ pub mod attr {
     pub const SPACING: &str = "spacing_ms";
     /// When the last acquisition landed (epoch ms; absent: none yet).
     pub const STARTED_AT: &str = "started_at";
+    /// The bytes of the holder map's entries (always there: the acquire's room check reads it).
+    pub const HELD_BYTES: &str = "held_bytes";
 }
 
-/// The item format this version writes and reads. Format 2 (before weights) kept no `used`.
-pub const FORMAT: u64 = 3;
+/// The item format this version writes and reads. Format 2 (before weights) kept no `used`;
+/// format 3 (before the item's size budget) kept no `held_bytes`, which every acquire's condition
+/// reads and every removal subtracts from: a write of this version must not land on one.
+pub const FORMAT: u64 = 4;
 
 /// A holding is stored as one number,
 /// `(weight - 1) * WEIGHT_SPAN + acquired_at_ms * TOKEN_SPAN + token`. The token is the version
@@ -74,6 +81,61 @@ pub const FORMAT: u64 = 3;
 pub const TOKEN_SPAN: u128 = 1_000_000_000_000_000;
 /// See [`TOKEN_SPAN`]: `TOKEN_SPAN * 10^13`.
 pub const WEIGHT_SPAN: u128 = TOKEN_SPAN * 10_000_000_000_000;
+
+/// DynamoDB's limits on one expression string ("Constraints in Amazon DynamoDB", section
+/// "Expression parameters"): "The maximum length of any expression string is 4 KB" (1 KB = 1024
+/// bytes there), and at most 300 operators or functions in an expression. A request over either
+/// is refused with a ValidationException, whatever its condition would have said.
+pub const MAX_EXPRESSION_BYTES: usize = 4 * 1024;
+/// See [`MAX_EXPRESSION_BYTES`].
+pub const MAX_EXPRESSION_OPERATORS: usize = 300;
+
+/// The operators and functions in an expression, counted generously (the `AND` of a `BETWEEN`
+/// and the `=` of a `SET` action count too), so that a count within the limit is within it
+/// however DynamoDB counts.
+fn operators(expression: &str) -> usize {
+    let words = expression
+        .split(|c: char| c.is_whitespace() || c == ',' || c == ')')
+        .filter(|w| {
+            matches!(
+                w.to_ascii_uppercase().as_str(),
+                "AND"
+                    | "OR"
+                    | "NOT"
+                    | "BETWEEN"
+                    | "IN"
+                    | "="
+                    | "<>"
+                    | "<"
+                    | "<="
+                    | ">"
+                    | ">="
+                    | "+"
+                    | "-"
+            )
+        })
+        .count();
+    words + expression.matches('(').count()
+}
+
+/// The expression, or the typed error DynamoDB's limits call for: a request AWS would refuse is
+/// never sent (and, for a cleanup, is never left to fail after its fence landed).
+fn within_limits(
+    lock: &LockName,
+    expression: &'static str,
+    text: String,
+) -> Result<String, StoreError> {
+    let operators = operators(&text);
+    if text.len() > MAX_EXPRESSION_BYTES || operators > MAX_EXPRESSION_OPERATORS {
+        return Err(StoreError::ExpressionTooLarge {
+            lock: lock.to_string(),
+            expression,
+            bytes: text.len(),
+            operators,
+        });
+    }
+    Ok(text)
+}
 
 /// The stored number of a holding.
 fn pack(holding: &Holding) -> u128 {
@@ -289,6 +351,21 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 let room = p.value(number(limit.get() - weight.get()));
                 format!("{used} <= {room}")
             }
+            Check::Room => {
+                let (held, young, old) = (
+                    p.attr(attr::HELD_BYTES),
+                    p.attr(attr::YOUNG),
+                    p.attr(attr::OLD),
+                );
+                let room = p.value(number(HELD_BYTES_BUDGET - MAX_HELD_BYTES));
+                let fences = p.value(number(FENCES_PER_GENERATION));
+                // `size` of a missing set is no number to compare (moto refuses the request).
+                format!(
+                    "({held} <= {room} \
+                     AND (attribute_not_exists({young}) OR size({young}) <= {fences}) \
+                     AND (attribute_not_exists({old}) OR size({old}) <= {fences}))"
+                )
+            }
             Check::Spaced { rate, now_ms } => {
                 let started = p.attr(attr::STARTED_AT);
                 let since = p.value(number(now_ms.saturating_sub(rate.spacing_ms())));
@@ -326,7 +403,20 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 let (used, waiting) = (p.attr(attr::USED), p.attr(attr::WAITING));
                 let room = p.value(number(terms.room()));
                 let zero = p.value(number(0));
-                let mut busy = format!("{used} > {room} OR {waiting} > {zero}");
+                let (held, young, old) = (
+                    p.attr(attr::HELD_BYTES),
+                    p.attr(attr::YOUNG),
+                    p.attr(attr::OLD),
+                );
+                let held_room = p.value(number(HELD_BYTES_BUDGET - MAX_HELD_BYTES));
+                let fences = p.value(number(FENCES_PER_GENERATION));
+                // The negation of the acquire's checks of the weight, the room and the line.
+                let mut busy = format!(
+                    "{used} > {room} OR {held} > {held_room} \
+                     OR (attribute_exists({young}) AND size({young}) > {fences}) \
+                     OR (attribute_exists({old}) AND size({old}) > {fences}) \
+                     OR {waiting} > {zero}"
+                );
                 if let Some(rate) = terms.rate {
                     let started = p.attr(attr::STARTED_AT);
                     let since = p.value(number(now_ms.saturating_sub(rate.spacing_ms())));
@@ -345,7 +435,7 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
     let mut set = vec![format!("{version} = {version} + {one}")];
     let (mut remove, mut add, mut delete) = (Vec::new(), Vec::new(), Vec::new());
     let mut fences_added = BTreeSet::new();
-    let (mut waiting_by, mut used_by): (i64, i64) = (0, 0);
+    let (mut waiting_by, mut used_by, mut bytes_by): (i64, i64, i64) = (0, 0, 0);
     for change in &write.changes {
         match change {
             Change::PutHolder {
@@ -366,6 +456,7 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 let started = p.attr(attr::STARTED_AT);
                 set.push(format!("{started} = {}", p.value(number(acquired_at_ms))));
                 used_by += i64::from(weight.get());
+                bytes_by += identity.held_bytes() as i64;
             }
             Change::SetLimit(limit) => {
                 let name = p.attr(attr::LIMIT);
@@ -383,6 +474,7 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
             Change::RemoveHolder { identity, weight } => {
                 remove.push(p.slot(identity));
                 used_by -= i64::from(weight.get());
+                bytes_by -= identity.held_bytes() as i64;
             }
             Change::Enqueue(_) => waiting_by += 1,
             Change::Dequeue(_) => waiting_by -= 1,
@@ -417,7 +509,11 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
         let young = p.attr(attr::YOUNG);
         add.push(format!("{young} {}", p.value(binary_set(&fences_added))));
     }
-    for (name, by) in [(attr::WAITING, waiting_by), (attr::USED, used_by)] {
+    for (name, by) in [
+        (attr::WAITING, waiting_by),
+        (attr::USED, used_by),
+        (attr::HELD_BYTES, bytes_by),
+    ] {
         if by != 0 {
             let name = p.attr(name);
             add.push(format!("{name} {}", p.value(number(by))));
@@ -430,8 +526,8 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
         }
     }
     Ok(Rendered {
-        condition: conditions.join(" AND "),
-        update,
+        condition: within_limits(&write.lock, "ConditionExpression", conditions.join(" AND "))?,
+        update: within_limits(&write.lock, "UpdateExpression", update)?,
         names: p.names,
         values: p.values,
     })
@@ -649,6 +745,7 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
         (attr::VERSION.to_owned(), number(item.version.0)),
         (attr::HOLDERS.to_owned(), AttributeValue::M(holders)),
         (attr::USED.to_owned(), number(item.used)),
+        (attr::HELD_BYTES.to_owned(), number(item.held_bytes)),
     ]);
     if let Some(rate) = item.rate {
         attrs.insert(attr::SPACING.to_owned(), number(rate.spacing_ms()));
@@ -694,6 +791,14 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
                 return Err(corrupt(
                     "item format 2, written before weighted permits (it keeps no `used`): delete \
                      the item once no execution uses the lock, or use a new lock name"
+                        .to_owned(),
+                ));
+            }
+            if format == 3 {
+                return Err(corrupt(
+                    "item format 3, written before the item's size budget (it keeps no \
+                     `held_bytes`): delete the item once no execution uses the lock, or use a \
+                     new lock name"
                         .to_owned(),
                 ));
             }
@@ -773,6 +878,8 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
         .transpose()
         .map_err(|e| corrupt(e.to_string()))?;
     let started_at_ms = optional(attr::STARTED_AT)?;
+    let held_bytes = optional(attr::HELD_BYTES)?
+        .ok_or_else(|| corrupt(format!("attribute {} is missing", attr::HELD_BYTES)))?;
     Ok(SemaphoreItem {
         lock,
         limit,
@@ -783,6 +890,7 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
         used,
         rate,
         started_at_ms,
+        held_bytes,
     })
 }
 
@@ -961,18 +1069,31 @@ mod tests {
              AND attribute_not_exists(#holders.#h0) \
              AND (attribute_not_exists(#rotated_at) OR #rotated_at < :v3) \
              AND #used <= :v4 \
-             AND (attribute_not_exists(#waiting) OR #waiting = :v5)"
+             AND (#held_bytes <= :v5 AND (attribute_not_exists(#young) OR size(#young) <= :v6) \
+             AND (attribute_not_exists(#old) OR size(#old) <= :v6)) \
+             AND (attribute_not_exists(#waiting) OR #waiting = :v7)"
         );
         assert_eq!(
             r.update,
-            "SET #version = #version + :v6, #holders.#h0 = #version + :v7, #started_at = :v8, \
-             #limit = :v9 REMOVE #spacing_ms ADD #used :v10"
+            "SET #version = #version + :v8, #holders.#h0 = #version + :v9, #started_at = :v10, \
+             #limit = :v11 REMOVE #spacing_ms ADD #used :v12, #held_bytes :v13"
         );
         assert_eq!(r.values[":v4"], number(4), "room: limit 5 less weight 1");
-        assert_eq!(r.values[":v10"], number(1));
+        assert_eq!(
+            r.values[":v5"],
+            number(HELD_BYTES_BUDGET - MAX_HELD_BYTES),
+            "room for the largest entry"
+        );
+        assert_eq!(r.values[":v6"], number(FENCES_PER_GENERATION));
+        assert_eq!(r.values[":v12"], number(1));
+        assert_eq!(r.values[":v13"], number(identity().held_bytes()));
+        assert_eq!(
+            identity().held_bytes(),
+            identity().slot_key().len() as u64 + 18
+        );
         assert_eq!(r.names["#h0"], identity().slot_key());
         assert_eq!(r.values[":v3"], number(9_000));
-        assert_eq!(r.values[":v7"], number(1_500u128 * TOKEN_SPAN + 1));
+        assert_eq!(r.values[":v9"], number(1_500u128 * TOKEN_SPAN + 1));
     }
 
     #[test]
@@ -997,23 +1118,30 @@ mod tests {
         let r = render(&write).unwrap();
         assert!(
             r.condition.ends_with(
-                "AND #used <= :v4 AND (attribute_not_exists(#waiting) OR #waiting = :v5) \
-                 AND (attribute_not_exists(#started_at) OR #started_at <= :v6)"
+                "AND (attribute_not_exists(#waiting) OR #waiting = :v7) \
+                 AND (attribute_not_exists(#started_at) OR #started_at <= :v8)"
             ),
             "{}",
             r.condition
         );
+        assert!(r
+            .condition
+            .contains("AND #used <= :v4 AND (#held_bytes <= :v5 "));
         assert_eq!(r.values[":v4"], number(6));
         assert_eq!(
-            r.values[":v6"],
+            r.values[":v8"],
             number(1_000),
             "now less the 500 ms spacing"
         );
         assert!(r.update.contains("#spacing_ms = "), "{}", r.update);
-        assert!(r.update.ends_with("ADD #used :v12"), "{}", r.update);
-        assert_eq!(r.values[":v12"], number(4));
+        assert!(
+            r.update.ends_with("ADD #used :v14, #held_bytes :v15"),
+            "{}",
+            r.update
+        );
+        assert_eq!(r.values[":v14"], number(4));
         assert_eq!(
-            r.values[":v8"],
+            r.values[":v10"],
             number(3 * WEIGHT_SPAN + 1_500 * TOKEN_SPAN + 1),
             "the holding leads with its weight"
         );
@@ -1079,9 +1207,11 @@ mod tests {
         assert_eq!(r.values[":v2"], number(2 * WEIGHT_SPAN - 1));
         assert_eq!(
             r.update,
-            "SET #version = #version + :v3 REMOVE #holders.#h0 ADD #young :v4, #used :v5"
+            "SET #version = #version + :v3 REMOVE #holders.#h0 ADD #young :v4, #used :v5, \
+             #held_bytes :v6"
         );
         assert_eq!(r.values[":v5"], number(-2));
+        assert_eq!(r.values[":v6"], number(-(identity().held_bytes() as i64)));
         let mut item = SemaphoreItem::empty(lock.clone());
         item.fences.young.insert(FenceKey::acquisition(&identity()));
         item.fences.rotated_at_ms = Some(5);
@@ -1093,6 +1223,63 @@ mod tests {
             r.update,
             "SET #version = #version + :v2, #old = :v3, #rotated_at = :v4 DELETE #young :v3"
         );
+    }
+
+    /// The slots of one holder, with the longest identities and weights accepted.
+    fn slots(n: usize) -> Vec<(Identity, Weight)> {
+        (0..n)
+            .map(|i| {
+                let holder = format!("{i:0>width$}", width = crate::input::MAX_HOLDER_BYTES);
+                let acquisition = format!("{i:0>w$}", w = crate::input::MAX_ACQUISITION_BYTES);
+                let identity = Identity::new(
+                    HolderId::new(holder).unwrap(),
+                    AcquisitionId::new(acquisition).unwrap(),
+                );
+                (identity, Weight::new(1000).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cleanup_write_of_the_most_slots_it_removes_fits_dynamodbs_expression_limits() {
+        let lock = LockName::new("l".repeat(crate::input::MAX_LOCK_NAME_BYTES)).unwrap();
+        let chunk = slots(crate::protocol::MAX_SLOTS_PER_FREE);
+        let r = render(&crate::protocol::cleanup_free(&lock, &chunk)).unwrap();
+        for expression in [&r.condition, &r.update] {
+            assert!(
+                expression.len() <= MAX_EXPRESSION_BYTES,
+                "{}",
+                expression.len()
+            );
+            assert!(operators(expression) <= MAX_EXPRESSION_OPERATORS);
+        }
+    }
+
+    /// The limit the issue met: one write naming 150 slots is a ConditionExpression of about
+    /// 6 KB, which DynamoDB refuses. It is a typed error here, and no request is sent.
+    #[test]
+    fn a_write_over_4_kb_is_a_typed_error_not_a_request() {
+        let lock = LockName::new("l").unwrap();
+        let err = render(&crate::protocol::cleanup_free(&lock, &slots(150))).unwrap_err();
+        match err {
+            StoreError::ExpressionTooLarge {
+                expression, bytes, ..
+            } => {
+                assert_eq!(expression, "ConditionExpression");
+                assert!(bytes > MAX_EXPRESSION_BYTES, "{bytes}");
+            }
+            other => panic!("expected ExpressionTooLarge, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn operators_are_counted_generously() {
+        assert_eq!(operators("a = :b"), 1);
+        assert_eq!(
+            operators("#h BETWEEN :a AND :b AND attribute_not_exists(#x)"),
+            4
+        );
+        assert_eq!(operators("NOT contains(#y, :k) OR size(#o) <= :n"), 5);
     }
 
     #[test]
