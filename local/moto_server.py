@@ -83,6 +83,22 @@ import urllib.request
 import uuid
 
 
+def require_source(method, expected_sha256, patch):
+    """Stops the server unless `method` is the moto code `patch` was written for (the sha256 of
+    its source; `inspect` reads through a `functools.wraps` wrapper of an earlier patch): a moto
+    upgrade must fail loudly, never run without the fix."""
+    import hashlib
+    import inspect
+
+    digest = hashlib.sha256(inspect.getsource(method).encode()).hexdigest()
+    if digest != expected_sha256:
+        raise SystemExit(
+            f"moto_server.py: moto's {method.__qualname__} is not the one the {patch} patch was "
+            f"written for (sha256 {digest}); moto is pinned in local/requirements.txt: review "
+            "the patch before changing the pin"
+        )
+
+
 def serialized(app):
     lock = threading.Lock()
 
@@ -210,8 +226,6 @@ def patch_stop_aborts_waiting_tasks():
     unobserved, as a Lambda does on AWS after StopExecution.
     """
     import copy
-    import hashlib
-    import inspect
 
     from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import (
         EvalTimeoutError,
@@ -220,14 +234,7 @@ def patch_stop_aborts_waiting_tasks():
     from moto.stepfunctions.parser.utils import TMP_THREADS
 
     state_class = execute_state.ExecutionState
-    source = inspect.getsource(state_class._evaluate_with_timeout)
-    digest = hashlib.sha256(source.encode()).hexdigest()
-    if digest != EVALUATE_WITH_TIMEOUT_SHA256:
-        raise SystemExit(
-            "moto_server.py: moto's ExecutionState._evaluate_with_timeout is not the one the "
-            f"StopExecution patch was written for (sha256 {digest}); moto is pinned in "
-            "local/requirements.txt: review the patch before changing the pin"
-        )
+    require_source(state_class._evaluate_with_timeout, EVALUATE_WITH_TIMEOUT_SHA256, "StopExecution")
 
     def _evaluate_with_timeout(self, env):
         self.timeout.eval(env=env)
@@ -314,7 +321,6 @@ def patch_closed_task_tokens():
     evaluated, however it ended, its token is remembered as closed, and the three calls answer
     it with TaskTimedOut.
     """
-    import hashlib
     import inspect
 
     from moto.stepfunctions.parser.api import TaskTimedOut
@@ -328,13 +334,7 @@ def patch_closed_task_tokens():
         (StateTaskServiceCallback._eval_body, CALLBACK_EVAL_BODY_SHA256),
         (CallbackPoolManager.add, CALLBACK_POOL_ADD_SHA256),
     ):
-        digest = hashlib.sha256(inspect.getsource(method).encode()).hexdigest()
-        if digest != expected:
-            raise SystemExit(
-                f"moto_server.py: moto's {method.__qualname__} is not the one the task-token "
-                f"patch was written for (sha256 {digest}); moto is pinned in "
-                "local/requirements.txt: review the patch before changing the pin"
-            )
+        require_source(method, expected, "task-token")
     callbacks = ("send_task_success", "send_task_failure", "send_task_heartbeat")
     for name in callbacks:
         parameters = list(inspect.signature(getattr(StepFunctionsParserBackend, name)).parameters)
@@ -612,20 +612,13 @@ def patch_transaction_idempotency():
     TransactionInProgressException, cannot arise here; tests produce it through the proxy.)
     """
     import hashlib
-    import inspect
 
     from moto.core.responses import ActionResult
     from moto.dynamodb.exceptions import ERROR_TYPE_PREFIX, DynamodbException
     from moto.dynamodb.responses import DynamoHandler
 
     original = DynamoHandler.transact_write_items
-    digest = hashlib.sha256(inspect.getsource(original).encode()).hexdigest()
-    if digest != TRANSACT_WRITE_ITEMS_SHA256:
-        raise SystemExit(
-            "moto_server.py: moto's DynamoHandler.transact_write_items is not the one the "
-            f"idempotency patch was written for (sha256 {digest}); moto is pinned in "
-            "local/requirements.txt: review the patch before changing the pin"
-        )
+    require_source(original, TRANSACT_WRITE_ITEMS_SHA256, "idempotency")
 
     class IdempotentParameterMismatchException(DynamodbException):
         def __init__(self):
@@ -686,8 +679,6 @@ def patch_task_parameters_quota():
     the one that binds. Wraps the method that schedules a service task (lambda:invoke,
     states:startExecution, ...).
     """
-    import hashlib
-    import inspect
 
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service import (
         StateTaskService,
@@ -708,13 +699,7 @@ def patch_task_parameters_quota():
     from moto.stepfunctions.parser.quotas import MAX_STATE_SIZE_UTF8_BYTES
 
     method = StateTaskService._before_eval_execution
-    digest = hashlib.sha256(inspect.getsource(method).encode()).hexdigest()
-    if digest != BEFORE_EVAL_EXECUTION_SHA256:
-        raise SystemExit(
-            "moto_server.py: moto's StateTaskService._before_eval_execution is not the one the "
-            f"task-parameters quota patch was written for (sha256 {digest}); moto is pinned in "
-            "local/requirements.txt: review the patch before changing the pin"
-        )
+    require_source(method, BEFORE_EVAL_EXECUTION_SHA256, "task-parameters quota")
     if MAX_STATE_SIZE_UTF8_BYTES != 256 * 1024:
         raise SystemExit(
             f"moto_server.py: moto's state size quota is {MAX_STATE_SIZE_UTF8_BYTES} bytes, "
@@ -765,8 +750,6 @@ def patch_data_limit_is_terminal():
     handled a payload over the quota that on AWS fails the execution outright, its slot left for
     the cleanup. An ErrorEquals that names States.DataLimitExceeded itself still matches it.
     """
-    import hashlib
-    import inspect
 
     from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import (
         ErrorEqualsDecl,
@@ -778,13 +761,7 @@ def patch_data_limit_is_terminal():
         StatesErrorNameType,
     )
 
-    digest = hashlib.sha256(inspect.getsource(ErrorEqualsDecl._eval_body).encode()).hexdigest()
-    if digest != ERROR_EQUALS_EVAL_BODY_SHA256:
-        raise SystemExit(
-            "moto_server.py: moto's ErrorEqualsDecl._eval_body is not the one the terminal "
-            f"DataLimitExceeded patch was written for (sha256 {digest}); moto is pinned in "
-            "local/requirements.txt: review the patch before changing the pin"
-        )
+    require_source(ErrorEqualsDecl._eval_body, ERROR_EQUALS_EVAL_BODY_SHA256, "terminal DataLimitExceeded")
     terminal = StatesErrorName(typ=StatesErrorNameType.StatesStatesDataLimitExceeded)
     original = ErrorEqualsDecl._eval_body
 
@@ -842,20 +819,12 @@ def patch_expression_limits():
     A ValidationException, before anything is written (for a transaction, before any of its
     actions), as AWS answers it.
     """
-    import hashlib
-    import inspect
 
     from moto.dynamodb.exceptions import MockValidationException
     from moto.dynamodb.responses import DynamoHandler
 
     for name, expected in DYNAMODB_HANDLER_SHA256.items():
-        digest = hashlib.sha256(inspect.getsource(getattr(DynamoHandler, name)).encode()).hexdigest()
-        if digest != expected:
-            raise SystemExit(
-                f"moto_server.py: moto's DynamoHandler.{name} is not the one the expression-limit "
-                f"patch was written for (sha256 {digest}); moto is pinned in "
-                "local/requirements.txt: review the patch before changing the pin"
-            )
+        require_source(getattr(DynamoHandler, name), expected, "expression-limit")
 
     def checked(original):
         # functools.wraps: a later patch's digest guard reads the original's source through it.
