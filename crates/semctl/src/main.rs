@@ -7,10 +7,15 @@
 //! rotated since: nothing was taken, run it again), 1 any error (message on stderr, nothing
 //! written on bad input; also a lock whose item version 1 wrote). Output is JSON on stdout.
 //!
+//! `top` draws a live view on the terminal instead (`--once`: one frame as plain text), exits 0
+//! when quit, 1 on an error (also `--once` meeting an item it cannot read, which it shows).
+//!
 //! Three commands go over the whole table and can meet an item they cannot read (version 1's,
 //! say) among good ones: `list`, `sweep` and `release --all-of` without `--lock`. They do what
 //! they can with the rest, print it with each unreadable item named, say so on stderr and exit
 //! 1: a script notices, and one bad item never hides the other locks from an operator.
+
+mod top;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -151,6 +156,27 @@ enum Command {
         #[arg(long = "state-machine-arn", value_name = "ARN")]
         state_machine_arns: Vec<String>,
     },
+    /// A live view of every lock in the table, refreshed every --interval: the weight used
+    /// against the limit as a bar, the holders (the longest held first) with their weight and
+    /// age, the line's length and its oldest waiter's age, and the start rate ("set": the rate
+    /// the lock's last acquisition set; "seen": acquisitions seen in the last 10 s, a lower
+    /// bound). q, Esc or Ctrl-C quits; the arrows scroll. Each refresh is one eventually
+    /// consistent Scan of the table (a view needs no more; a stale page is caught up by the next
+    /// refresh) and, per lock with waiters, a Query of its line's head.
+    Top {
+        /// Print one frame and exit (for scripts): plain text, no escape codes, 100 columns
+        /// wide unless stdout is a terminal. Exit 1 if an item could not be read (it is shown
+        /// with its error, the other locks as usual).
+        #[arg(long)]
+        once: bool,
+        /// Seconds between refreshes: a number from 0.5 to 10.
+        #[arg(long, value_name = "SECONDS", default_value = "1", allow_hyphen_values = true,
+              value_parser = refresh_interval)]
+        interval: Duration,
+        /// Holders listed under each lock, the longest held first (the others are counted).
+        #[arg(long, value_name = "N", default_value_t = 3)]
+        holders: usize,
+    },
 }
 
 const EXIT_ERROR: u8 = 1;
@@ -171,6 +197,16 @@ fn seconds_in(text: &str, range: std::ops::RangeInclusive<u64>) -> Result<u64, S
                 range.end()
             )
         })
+}
+
+fn refresh_interval(text: &str) -> Result<Duration, String> {
+    let (least, most) = top::INTERVAL_RANGE;
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|secs| (least..=most).contains(secs))
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("expected seconds from {least} to {most}"))
 }
 
 fn horizon_seconds(text: &str) -> Result<u64, String> {
@@ -195,11 +231,14 @@ enum Failure {
     Semaphore(#[from] semaphore_core::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Top(#[from] top::TopError),
 }
 
 /// What a command printed, and its exit status.
 struct Answer {
-    output: Value,
+    /// JSON for stdout; `None` for `top`, which printed its own.
+    output: Option<Value>,
     code: u8,
     /// Why the status is not 0 although there is an answer (items that could not be read,
     /// errors of a sweep): said on stderr.
@@ -213,9 +252,18 @@ impl Answer {
 
     fn exit(output: Value, code: u8) -> Self {
         Self {
-            output,
+            output: Some(output),
             code,
             problem: None,
+        }
+    }
+
+    /// Nothing more to print: exit 0, or 1 with `problem` on stderr.
+    fn printed(problem: Option<String>) -> Self {
+        Self {
+            output: None,
+            code: if problem.is_some() { EXIT_ERROR } else { 0 },
+            problem,
         }
     }
 
@@ -225,7 +273,7 @@ impl Answer {
             return Self::done(output);
         }
         Self {
-            output,
+            output: Some(output),
             code: EXIT_ERROR,
             problem: Some(format!(
                 "{what} ({} listed in the output): {}",
@@ -272,10 +320,12 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli, requested_at_ms)) {
         Ok(answer) => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&answer.output).unwrap_or_default()
-            );
+            if let Some(output) = &answer.output {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(output).unwrap_or_default()
+                );
+            }
             if let Some(problem) = answer.problem {
                 eprintln!("semctl: error: {problem}");
             }
@@ -328,6 +378,7 @@ enum Request {
         dry_run: bool,
         state_machines: Vec<StateMachineArn>,
     },
+    Top(top::Options),
 }
 
 const EXECUTION_ARN_FORM: &str =
@@ -420,6 +471,15 @@ impl Request {
             }
             Command::Status { lock } => Self::Status(LockName::new(lock)?),
             Command::List => Self::List,
+            Command::Top {
+                once,
+                interval,
+                holders,
+            } => Self::Top(top::Options {
+                once,
+                interval,
+                holders,
+            }),
             Command::Sweep {
                 dry_run,
                 state_machine_arns,
@@ -587,6 +647,7 @@ impl Request {
                 Answer::done(status_json(&item, semaphore.now_ms(), &semaphore.timing()))
             }
             Self::List => list(semaphore).await?,
+            Self::Top(options) => Answer::printed(top::run(semaphore, &options).await?),
             Self::Sweep {
                 dry_run,
                 state_machines,
