@@ -366,7 +366,7 @@ impl View {
 
     fn footer(&self, hidden: usize) -> Line<'_> {
         let mut text = format!(
-            "start rate: set = the lock's own, seen = acquisitions seen in the last {} s",
+            "start rate: set = the lock's own rate, seen = starts seen in the last {} s",
             SEEN_WINDOW.as_secs()
         );
         if self.live.is_some() {
