@@ -2,8 +2,8 @@
 //! tmux and is read off the screen with `capture-pane` (each lock, its used/limit, a holder, the
 //! line's length and its oldest waiter's age, the start rate), follows a change of the table on
 //! its next refreshes, redraws at a new size, keeps the last frame with the failure named when a
-//! refresh fails, and leaves the terminal as it found it (normal screen, cooked mode) when q or
-//! Ctrl-C ends it. `--once` prints the same frame as plain text; bad input is a named error.
+//! refresh fails, and leaves the terminal as it found it (normal screen, cooked mode) when q,
+//! Esc, Ctrl-C or SIGTERM ends it. `--once` prints the same frame as plain text; bad input is a named error.
 //!
 //! The tmux tests skip, saying so, where tmux is not installed (CI installs it: `.ci/run`).
 
@@ -322,12 +322,10 @@ async fn top_shows_every_lock_follows_a_release_redraws_on_resize_and_q_restores
     let screen = tmux.wait_for("the frame at 80 columns", |screen| {
         row(screen, "builds").is_some_and(|builds| builds[2].chars().count() < wide_bar)
     });
-    assert!(
-        screen.lines().all(|line| line.chars().count() <= 80),
-        "{screen}"
-    );
-    for name in ["builds", "deploys", "reports"] {
-        assert!(row(&screen, name).is_some(), "{name}: {screen}");
+    // Laid out anew, not cut: every row still ends with its start rate.
+    for (name, which) in [("builds", "seen"), ("deploys", "set"), ("reports", "seen")] {
+        let words = row(&screen, name).unwrap();
+        assert_eq!(words.last(), Some(&which), "{name}: {screen}");
     }
 
     // The table gone: the last frame stays, with the failure named; the view goes on.
@@ -353,16 +351,34 @@ async fn top_shows_every_lock_follows_a_release_redraws_on_resize_and_q_restores
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn ctrl_c_ends_top_and_restores_the_terminal() {
+async fn ctrl_c_esc_and_sigterm_end_top_and_restore_the_terminal() {
     if !Tmux::installed() {
         return;
     }
     let (store, _semaphore) = busy_table().await;
-    let tmux = Tmux::start(&semctl(endpoint(), store.table(), &["top"]), 100, 24);
-    tmux.wait_for("the first frame", |screen| row(screen, "builds").is_some());
-    assert!(tmux.alternate_screen());
-    tmux.keys("C-c");
-    assert_restored(&tmux, 0);
+    for ending in ["C-c", "Escape", "SIGTERM"] {
+        let tmux = Tmux::start(&semctl(endpoint(), store.table(), &["top"]), 100, 24);
+        tmux.wait_for("the first frame", |screen| row(screen, "builds").is_some());
+        assert!(tmux.alternate_screen());
+        if ending == "SIGTERM" {
+            // semctl is the only child of the pane's shell.
+            let shell = tmux.run(&["display-message", "-p", "#{pane_pid}"]);
+            let children = Command::new("ps")
+                .args(["-o", "pid=", "--ppid", shell.trim()])
+                .output()
+                .unwrap();
+            let semctl_pid = String::from_utf8_lossy(&children.stdout).trim().to_owned();
+            assert!(semctl_pid.parse::<u32>().is_ok(), "{semctl_pid:?}");
+            let killed = Command::new("kill")
+                .args(["-TERM", &semctl_pid])
+                .status()
+                .unwrap();
+            assert!(killed.success());
+        } else {
+            tmux.keys(ending);
+        }
+        assert_restored(&tmux, 0);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
