@@ -164,9 +164,9 @@ enum Command {
     /// consistent Scan of the table (a view needs no more; a stale page is caught up by the next
     /// refresh) and, per lock with waiters, a Query of its line's head.
     Top {
-        /// Print one frame and exit (for scripts): plain text, no escape codes, 100 columns
-        /// wide unless stdout is a terminal. Exit 1 if an item could not be read (it is shown
-        /// with its error, the other locks as usual).
+        /// Print one frame and exit (for scripts): on a terminal at its width and in colour,
+        /// otherwise plain text without escape codes, 100 columns wide. Exit 1 if an item could
+        /// not be read (it is shown with its error, the other locks as usual).
         #[arg(long)]
         once: bool,
         /// Seconds between refreshes: a number from 0.5 to 10.

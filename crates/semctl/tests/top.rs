@@ -3,7 +3,8 @@
 //! line's length and its oldest waiter's age, the start rate), follows a change of the table on
 //! its next refreshes, redraws at a new size, keeps the last frame with the failure named when a
 //! refresh fails, and leaves the terminal as it found it (normal screen, cooked mode) when q,
-//! Esc, Ctrl-C or SIGTERM ends it. `--once` prints the same frame as plain text; bad input is a named error.
+//! Esc, Ctrl-C or SIGTERM ends it. `--once` prints the same frame, in colour at the terminal's
+//! width on a terminal, as plain text otherwise; bad input is a named error.
 //!
 //! The tmux tests skip, saying so, where tmux is not installed (CI installs it: `.ci/run`).
 
@@ -397,6 +398,39 @@ async fn top_on_a_table_that_does_not_exist_says_so_and_leaves_the_terminal_alon
     );
     assert!(!screen.contains("panicked"), "{screen}");
     assert_restored(&tmux, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn once_on_a_terminal_prints_the_frame_in_colour_into_the_scrollback() {
+    if !Tmux::installed() {
+        return;
+    }
+    let (store, _semaphore) = busy_table().await;
+    let tmux = Tmux::start(
+        &semctl(endpoint(), store.table(), &["top", "--once"]),
+        90,
+        24,
+    );
+    let screen = tmux.wait_for("semctl to end", |screen| screen.contains("tty: "));
+    assert!(screen.contains("semctl exited 0"), "{screen}");
+    let builds = row(&screen, "builds").expect("the frame stays on screen");
+    assert_eq!((builds[1], builds[4]), ("3/3", "2"), "{screen}");
+    // The frame was sized to the terminal: the bar fills what the other columns leave of 90.
+    let longest = screen.lines().map(|l| l.chars().count()).max().unwrap();
+    assert_eq!(longest, 90, "{screen}");
+    // With its colours: the full bar red, as the escape codes tmux keeps for the pane say.
+    let coloured = tmux.run(&["capture-pane", "-p", "-e"]);
+    let bar_line = coloured
+        .lines()
+        .find(|line| line.contains("builds"))
+        .unwrap();
+    assert!(
+        bar_line.contains("\x1b[31m█") || bar_line.contains("\x1b[38;5;1m█"),
+        "a red bar: {bar_line:?}"
+    );
+    // Printed like any command's output: no alternate screen, the terminal in cooked mode.
+    assert!(!tmux.alternate_screen());
+    assert!(screen.contains("tty: icanon echo"), "{screen}");
 }
 
 fn text(out: &Output) -> (String, String) {

@@ -1,10 +1,11 @@
 //! `semctl top`: a live view of every lock in the table (see [`view`] for what it shows and
-//! [`read`] for what it reads), or one frame as text with `--once`.
+//! [`read`] for what it reads), or one frame with `--once`, printed like any command's output:
+//! on a terminal at its width and in colour, otherwise as plain text.
 //!
 //! The live screen is ratatui's on the alternate screen in raw mode. It is restored however the
 //! view ends: a key (q, Esc, Ctrl-C; in raw mode Ctrl-C is a key, not a signal), SIGTERM or
 //! SIGHUP, an error of the terminal, or a panic (ratatui's hook). A refresh that fails keeps the
-//! last frame on screen with the failure in its title, and the next refresh tries again; only the
+//! last frame on screen with the failure named under it, and the next refresh tries again; only the
 //! first reading's failure (a table that does not exist, an endpoint that does not answer) ends
 //! the command, before the screen is touched.
 
@@ -23,7 +24,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use read::{read, Reading};
-use view::{plain_text, Starts, View};
+use view::{plain_text, write_styled, Starts, View};
 
 /// The width of `--once`'s text when stdout is not a terminal.
 const TEXT_WIDTH: u16 = 100;
@@ -69,12 +70,14 @@ pub async fn run(
     if options.once {
         let mut view = View::new(table, options.holders, None);
         view.show(&first, &starts);
-        let width = if std::io::stdout().is_terminal() {
-            ratatui::crossterm::terminal::size().map_or(TEXT_WIDTH, |(columns, _)| columns)
+        if std::io::stdout().is_terminal() {
+            let width =
+                ratatui::crossterm::terminal::size().map_or(TEXT_WIDTH, |(columns, _)| columns);
+            write_styled(&view, width, &mut std::io::stdout().lock())
+                .map_err(TopError::Terminal)?;
         } else {
-            TEXT_WIDTH
-        };
-        print!("{}", plain_text(&view, width));
+            print!("{}", plain_text(&view, TEXT_WIDTH));
+        }
         let unreadable = first.unreadable();
         return Ok((!unreadable.is_empty()).then(|| {
             format!(

@@ -4,7 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use ratatui::buffer::Buffer;
+use ratatui::backend::IntoCrossterm;
+use ratatui::buffer::{Buffer, Cell};
+use ratatui::crossterm::queue;
+use ratatui::crossterm::style::{Print, PrintStyledContent, StyledContent};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style, Stylize};
 use ratatui::text::{Line, Span};
@@ -480,21 +483,51 @@ fn humantime_secs(secs: f64) -> String {
     format!("{}s", (secs * 10.0).round() / 10.0)
 }
 
-/// The frame as plain text, `width` columns wide: one line per row of cells, trailing blanks cut,
-/// no escape codes (what `--once` prints when stdout is not a terminal).
-pub fn plain_text(view: &View, width: u16) -> String {
+/// The whole frame, `width` columns wide, as cells.
+fn rendered(view: &View, width: u16) -> Buffer {
     let area = Rect::new(0, 0, width, view.height());
     let mut buf = Buffer::empty(area);
     view.render(area, &mut buf);
+    buf
+}
+
+/// Each row of cells, up to its last one that shows something.
+fn rows(buf: &Buffer) -> impl Iterator<Item = &[Cell]> {
+    buf.content
+        .chunks(usize::from(buf.area.width.max(1)))
+        .map(|row| {
+            let shown = row
+                .iter()
+                .rposition(|cell| cell.symbol() != " " || cell.style() != Style::default())
+                .map_or(0, |last| last + 1);
+            &row[..shown]
+        })
+}
+
+/// The frame as plain text, `width` columns wide: one line per row of cells, trailing blanks cut,
+/// no escape codes (what `--once` prints when stdout is not a terminal).
+pub fn plain_text(view: &View, width: u16) -> String {
     let mut text = String::new();
-    for y in 0..area.height {
-        let line: String = (0..area.width)
-            .map(|x| buf[(x, y)].symbol())
-            .collect::<String>();
+    for row in rows(&rendered(view, width)) {
+        let line: String = row.iter().map(Cell::symbol).collect();
         text.push_str(line.trim_end());
         text.push('\n');
     }
     text
+}
+
+/// The frame with its colours, for `--once` on a terminal: printed into the scrollback like any
+/// command's output (no alternate screen, no raw mode), each run of one style set by crossterm.
+pub fn write_styled(view: &View, width: u16, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    for row in rows(&rendered(view, width)) {
+        for run in row.chunk_by(|a, b| a.style() == b.style()) {
+            let text: String = run.iter().map(Cell::symbol).collect();
+            let style = run[0].style().into_crossterm();
+            queue!(out, PrintStyledContent(StyledContent::new(style, text)))?;
+        }
+        queue!(out, Print("\n"))?;
+    }
+    out.flush()
 }
 
 #[cfg(test)]
