@@ -532,7 +532,57 @@ pub fn write_styled(view: &View, width: u16, out: &mut impl std::io::Write) -> s
 
 #[cfg(test)]
 mod tests {
+    use semaphore_core::{
+        AcquisitionId, FencingToken, HolderId, Holding, Identity, SemaphoreItem, Weight,
+    };
+
     use super::*;
+
+    /// Lock `l` read at `at_ms` with a holder per (token, acquired at).
+    fn reading(at_ms: u64, holders: &[(u64, u64)]) -> Reading {
+        let mut item = SemaphoreItem::empty(LockName::new("l").unwrap());
+        for (token, acquired_at_ms) in holders {
+            item.holders.insert(
+                Identity::new(
+                    HolderId::new(format!("h{token}")).unwrap(),
+                    AcquisitionId::new("a").unwrap(),
+                ),
+                Holding {
+                    token: FencingToken(*token),
+                    acquired_at_ms: *acquired_at_ms,
+                    weight: Weight::ONE,
+                },
+            );
+        }
+        let read = LockRead {
+            item,
+            oldest_queued_at_ms: None,
+            problem: None,
+        };
+        Reading {
+            at_ms,
+            entries: vec![Entry::Lock(read)],
+        }
+    }
+
+    #[test]
+    fn seen_starts_count_every_acquisition_seen_until_it_started_a_window_ago() {
+        let l = LockName::new("l").unwrap();
+        let mut starts = Starts::default();
+        starts.observe(&reading(100_000, &[(1, 95_000), (2, 99_000)]));
+        assert_eq!(starts.per_second(&l), 0.2);
+        // 1 and 2 were freed meanwhile: still counted, they started within the window.
+        starts.observe(&reading(101_000, &[(3, 100_500)]));
+        assert_eq!(starts.per_second(&l), 0.3);
+        // A holder seen again is one acquisition, not two.
+        starts.observe(&reading(102_000, &[(3, 100_500)]));
+        assert_eq!(starts.per_second(&l), 0.3);
+        // 1 started more than 10 s before this reading.
+        starts.observe(&reading(105_500, &[]));
+        assert_eq!(starts.per_second(&l), 0.2);
+        starts.observe(&reading(120_000, &[]));
+        assert_eq!(starts.per_second(&l), 0.0);
+    }
 
     #[test]
     fn ages_read_as_a_person_says_them() {
