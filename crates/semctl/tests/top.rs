@@ -100,7 +100,7 @@ fn seconds(age: &str) -> u64 {
 
 /// A tmux server of this test's own (its own socket), killed when dropped.
 struct Tmux {
-    socket: String,
+    socket: std::path::PathBuf,
 }
 
 impl Tmux {
@@ -123,7 +123,7 @@ impl Tmux {
     /// detached session of `width` x `height`.
     fn start(command: &Command, width: u16, height: u16) -> Self {
         let tmux = Self {
-            socket: format!("semctl-top-{:016x}", fastrand::u64(..)),
+            socket: std::env::temp_dir().join(format!("semctl-top-{:016x}", fastrand::u64(..))),
         };
         let mut line = vec![command.get_program().to_string_lossy().into_owned()];
         line.extend(command.get_args().map(|a| a.to_string_lossy().into_owned()));
@@ -162,7 +162,9 @@ impl Tmux {
 
     fn run(&self, args: &[&str]) -> String {
         let out = Command::new("tmux")
-            .args(["-L", &self.socket, "-f", "/dev/null"])
+            .arg("-S")
+            .arg(&self.socket)
+            .args(["-f", "/dev/null"])
             .args(args)
             .env_remove("TMUX")
             .output()
@@ -210,8 +212,12 @@ impl Tmux {
 impl Drop for Tmux {
     fn drop(&mut self) {
         let _ = Command::new("tmux")
-            .args(["-L", &self.socket, "kill-server"])
+            .arg("-S")
+            .arg(&self.socket)
+            .arg("kill-server")
             .output();
+        // tmux leaves its socket behind.
+        let _ = std::fs::remove_file(&self.socket);
     }
 }
 
