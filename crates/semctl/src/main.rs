@@ -7,8 +7,9 @@
 //! rotated since: nothing was taken, run it again), 1 any error (message on stderr, nothing
 //! written on bad input; also a lock whose item version 1 wrote). Output is JSON on stdout.
 //!
-//! `top` draws a live view on the terminal instead (`--once`: one frame as plain text), exits 0
-//! when quit, 1 on an error (also `--once` meeting an item it cannot read, which it shows).
+//! `top` draws a live view on the terminal instead (`--once`: one frame, in colour on a
+//! terminal, plain text otherwise), exits 0 when quit, 1 on an error (also `--once` meeting an
+//! item it cannot read, which it shows).
 //!
 //! Three commands go over the whole table and can meet an item they cannot read (version 1's,
 //! say) among good ones: `list`, `sweep` and `release --all-of` without `--lock`. They do what
