@@ -7,7 +7,9 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::{check_finite, colour, draw_svg, ChartError, Svg, FONT};
 
-const PANEL_WIDTH: u32 = 330;
+/// A panel's width: this much per group of bars, and at least `PANEL_WIDTH`.
+const PANEL_WIDTH: u32 = 300;
+const GROUP_WIDTH: u32 = 100;
 const HEIGHT: u32 = 360;
 const HEADER: u32 = 56;
 
@@ -97,11 +99,14 @@ impl BarPanel {
                     value_style.clone(),
                 )))?;
             }
-            chart.draw_series(std::iter::once(Text::new(
+            // Under the axis, in the label area (outside the plot's coordinates).
+            let (x, y) = chart.backend_coord(&(g as f64 + 0.5, 0.0));
+            let (x0, y0) = area.get_base_pixel();
+            area.draw(&Text::new(
                 label.to_string(),
-                (g as f64 + 0.5, 0.0),
+                (x - x0, y - y0 + 6),
                 label_style.clone(),
-            )))?;
+            ))?;
         }
         Ok(())
     }
@@ -146,7 +151,9 @@ impl BarChart {
 
     pub fn svg(&self) -> Result<Svg, ChartError> {
         self.check()?;
-        let width = 20 + PANEL_WIDTH * self.panels.len() as u32;
+        let groups = self.panels.iter().map(|p| p.groups().len()).max();
+        let panel_width = PANEL_WIDTH.max(GROUP_WIDTH * groups.unwrap_or(0) as u32);
+        let width = 20 + panel_width * self.panels.len() as u32;
         draw_svg(&self.title, (width, HEIGHT), |root| {
             root.fill(&WHITE)?;
             let (head, body) = root.split_vertically(HEADER);
@@ -163,7 +170,7 @@ impl BarChart {
                     (x + 10, 33),
                     (FONT, 13).into_font().color(&BLACK),
                 ))?;
-                x += 40 + 8 * name.chars().count() as i32;
+                x += 40 + 7 * name.chars().count() as i32;
             }
             let areas = body.split_evenly((1, self.panels.len()));
             for (panel, area) in self.panels.iter().zip(&areas) {
