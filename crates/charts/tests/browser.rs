@@ -3,8 +3,8 @@
 //! outside the page, lay out every chart with every shape and text drawn (a non-empty box), and
 //! paint them (the series' colours are on the screenshot).
 //!
-//! Without Chromium the test says so and passes, except in CI (`CI` set), where .ci/run installs
-//! it and its absence is a failure.
+//! Chromium is /usr/bin/chromium, or `CHROMIUM` if set. Without it the test says so and passes,
+//! except in CI (`CI` set), where .ci/run installs it and its absence is a failure.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,11 +15,14 @@ use semaphore_charts::{
     Section, Table, Timeline, TimelinePanel,
 };
 
+/// `CHROMIUM` if set (only it), else Debian's.
 fn chromium() -> Option<PathBuf> {
-    let candidates = std::env::var_os("CHROMIUM")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(["/usr/bin/chromium", "/usr/bin/chromium-browser"].map(PathBuf::from));
+    let candidates = match std::env::var_os("CHROMIUM") {
+        Some(path) => vec![PathBuf::from(path)],
+        None => ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+            .map(PathBuf::from)
+            .to_vec(),
+    };
     candidates.into_iter().find(|p| p.is_file())
 }
 
@@ -187,7 +190,8 @@ fn chromium_loads_the_report_without_errors_and_draws_every_chart() {
         }
         eprintln!(
             "SKIPPED chromium_loads_the_report_without_errors_and_draws_every_chart: no Chromium \
-             at /usr/bin/chromium (apt-get install -y chromium, or set CHROMIUM=path)"
+             at {} (apt-get install -y chromium, or set CHROMIUM=path)",
+            std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into())
         );
         return;
     };
