@@ -8,14 +8,28 @@
 #   bash bench/run.sh --smoke --out target/bench-smoke.json
 #       # CI: a dev build (what the tests already built), well under a minute of running; it
 #       # checks that every part runs and its numbers are sane, not how fast anything is.
+#   bash bench/run.sh charts    # redraw bench/charts/*.svg from BENCHMARKS-results.json, no run
+#
+# A run draws the headline tables' charts from the file it wrote: a full run into bench/charts
+# (what BENCHMARKS.md shows), a smoke run into target/bench-smoke-charts; `--charts DIR` says
+# where instead.
 set -euo pipefail
 source "$(dirname "$0")/../scripts/local-aws-env.sh"
 cd "$ROOT"
+if [ "${1:-}" = charts ]; then
+  # Drawing needs no server and no speed: the dev build the tests already made.
+  exec cargo run --locked -q -p semaphore-bench --bin bench -- "$@"
+fi
 ensure_venv
 start_local_aws
 export SEMAPHORE_TEST_ENDPOINT="$LOCAL_AWS_ENDPOINT"
 profile=release
-for arg in "$@"; do [ "$arg" = "--smoke" ] && profile=debug; done
+charts=bench/charts
+for arg in "$@"; do
+  [ "$arg" = "--smoke" ] && profile=debug && charts=target/bench-smoke-charts
+  case "$arg" in --charts | --charts=*) charts= ;; esac
+done
+[ -n "$charts" ] && set -- "$@" --charts "$charts"
 flags=(--locked -p semaphore-bench -p lambda-acquire -p lambda-release -p lambda-cleanup -p lambda-sweeper)
 [ "$profile" = release ] && flags+=(--release)
 # The bench finds the handler binaries next to itself, in the same target/<profile>.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How long the bench's execution ARNs are: the state machine `LockProtected` in a 12-digit
 /// account and a 31-character execution name. The holder map is keyed by the ARN, so item sizes
@@ -33,7 +33,7 @@ pub fn uuid() -> String {
 }
 
 /// The protocols compared, all against the same server in the same run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Proto {
     /// Our protocol exactly as the deployed Lambdas run it: `Semaphore` with the default
@@ -55,7 +55,7 @@ impl Proto {
 
 /// How contenders behave: how long they hold a slot and how they wait before polling a full lock
 /// again. The same for every protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Regime {
     /// The lock-protected state machine with time scaled down: one second of it lasts `unit_ms`.

@@ -8,6 +8,7 @@
 //! The local server (moto behind one lock) serves one request at a time: every throughput and
 //! latency figure is bounded by it, and compares the protocols' request patterns, not AWS.
 
+mod charts;
 mod common;
 mod lambdas;
 mod load;
@@ -63,6 +64,41 @@ struct Cli {
     /// Where the natively built handler binaries are (default: next to this binary).
     #[arg(long)]
     lambda_bin_dir: Option<PathBuf>,
+    /// After the run, draw the headline tables' charts from the results file (`--out`) into
+    /// this directory (bench/run.sh: bench/charts, next to BENCHMARKS.md).
+    #[arg(long)]
+    charts: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Draw the headline tables' charts from a results file, running nothing.
+    Charts {
+        /// The results file a run wrote.
+        #[arg(long, default_value = "BENCHMARKS-results.json")]
+        from: PathBuf,
+        /// Where to write the SVG files.
+        #[arg(long, default_value = "bench/charts")]
+        dir: PathBuf,
+    },
+}
+
+/// Draws the charts from `from` into `dir`, saying which files it wrote.
+fn draw_charts(from: &std::path::Path, dir: &std::path::Path) -> bool {
+    match charts::draw(from, dir) {
+        Ok(files) => {
+            for file in files {
+                println!("drew {}", file.display());
+            }
+            true
+        }
+        Err(e) => {
+            eprintln!("charts: {e}");
+            false
+        }
+    }
 }
 
 fn parse_rate(text: &str) -> Result<semaphore_core::Rate, String> {
@@ -194,6 +230,13 @@ fn f(x: f64, digits: usize) -> String {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Charts { from, dir }) = &cli.command {
+        return if draw_charts(from, dir) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let wanted = |part: &str| cli.only.is_empty() || cli.only.iter().any(|p| p == part);
     let repeats = cli.repeats.unwrap_or(if cli.smoke { 1 } else { 5 });
     let started = Instant::now();
@@ -942,6 +985,16 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     println!("wrote {} in {elapsed:.1} s", cli.out.display());
+    // The charts are of the requests and load tables: a run of other parts draws none.
+    if let Some(dir) = cli
+        .charts
+        .as_ref()
+        .filter(|_| wanted("requests") || wanted("load"))
+    {
+        if !draw_charts(&cli.out, dir) {
+            return ExitCode::FAILURE;
+        }
+    }
     if problems.is_empty() {
         ExitCode::SUCCESS
     } else {
