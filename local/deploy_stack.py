@@ -105,15 +105,20 @@ def create_stack(cfn, name, body, parameters):
 
 
 def unresolved(value):
-    """Text CloudFormation should have resolved: a ${...} or an intrinsic left as an object."""
-    text = json.dumps(value)
-    return bool(PLACEHOLDER.search(text)) or '"Ref"' in text or '"Fn::' in text
+    """A value CloudFormation should have resolved: an intrinsic left as an object, or a ${...}."""
+    return not isinstance(value, (str, int, float, bool)) or bool(PLACEHOLDER.search(str(value)))
+
+
+def may_be_absent(value):
+    """A declared value that may resolve to nothing: an Fn::If with an AWS::NoValue branch."""
+    branches = value.get("Fn::If", [None])[1:] if isinstance(value, dict) else []
+    return {"Ref": "AWS::NoValue"} in branches
 
 
 def describe(session, endpoint, name, translated, binaries):
-    client = lambda service: session.client(service, endpoint_url=endpoint)  # noqa: E731
     cfn, lam, sfn, events, sns, sqs = (
-        client(s) for s in ("cloudformation", "lambda", "stepfunctions", "events", "sns", "sqs")
+        session.client(service, endpoint_url=endpoint)
+        for service in ("cloudformation", "lambda", "stepfunctions", "events", "sns", "sqs")
     )
     stack = cfn.describe_stacks(StackName=name)["Stacks"][0]
     deployed = {
@@ -131,20 +136,20 @@ def describe(session, endpoint, name, translated, binaries):
     functions = []
     for logical_id, binary in binaries.items():
         config = lam.get_function_configuration(FunctionName=physical[logical_id])
+        variables = config.get("Environment", {}).get("Variables", {})
+        declared = translated["Resources"][logical_id]["Properties"].get("Environment", {})
+        for variable, value in declared.get("Variables", {}).items():
+            if variable not in variables and not may_be_absent(value):
+                problems.append(f"function {logical_id}: {variable} is not set")
+        for variable, value in variables.items():
+            if unresolved(value):
+                problems.append(f"function {logical_id}: {variable} is unresolved: {value}")
         # Lambda's variables are text; moto keeps a parameter's number as CloudFormation's
         # resolution left it (8, not "8"), which the API would never answer.
         environment = {
             variable: value if isinstance(value, str) else json.dumps(value)
-            for variable, value in config.get("Environment", {}).get("Variables", {}).items()
+            for variable, value in variables.items()
         }
-        declared = translated["Resources"][logical_id]["Properties"].get("Environment", {})
-        for variable, value in declared.get("Variables", {}).items():
-            conditional = isinstance(value, dict) and "Fn::If" in value
-            if variable not in environment and not conditional:
-                problems.append(f"function {logical_id}: {variable} is not set")
-        for variable, value in environment.items():
-            if unresolved(value):
-                problems.append(f"function {logical_id}: {variable} is unresolved: {value}")
         functions.append(
             {
                 "logical_id": logical_id,

@@ -51,6 +51,11 @@ DynamoDB's TransactWriteItems honours its ClientRequestToken (see
 patch_transaction_idempotency): a committed transaction sent again with its token succeeds
 without applying twice, as on AWS; moto evaluated it anew.
 
+CloudFormation, which the local run deploys template.yaml with (local/deploy_stack.py, after the
+SAM transform), has two gaps patched: an AWS::StepFunctions::StateMachine's
+DefinitionSubstitutions were ignored (patch_state_machine_from_cloudformation), and an
+`AWS::NoValue` in a list stayed as a null (patch_no_value_in_lists).
+
 And one limit of AWS that moto leaves out is enforced: a task whose parameters (a Lambda
 payload, a child execution's input) pass Step Functions' 256 KiB fails with
 States.DataLimitExceeded, as on AWS (moto checks only results and state outputs); and that
