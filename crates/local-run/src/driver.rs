@@ -1,4 +1,4 @@
-//! What the two modes' runs do alike: the table, the planned executions, the watchers (poller,
+//! What the two modes' runs do alike: the planned executions, the watchers (poller,
 //! event player, delaying proxy), the stopper, the settling and the report's common part. Each
 //! mode (`versioned`, `reference`) keeps only how its executions run and what it checks.
 
