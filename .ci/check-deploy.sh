@@ -100,10 +100,10 @@ done
 
 check "sam validate --lint" "$SAM" validate --lint --template-file template.yaml
 check "cfn-lint template.yaml" "$CFN_LINT" template.yaml
-check --show "DefinitionSubstitutions keys == \${...} used, per state machine" python3 .ci/check_substitutions.py template.yaml
+PY="$VENV/bin/python"
+check --show "DefinitionSubstitutions keys == \${...} used, per state machine" "$PY" .ci/check_substitutions.py template.yaml
 # The template as the SAM translator emits it, measured against AWS's deploy-time limits
 # (.ci/check_template.py names the AWS quota of each).
-PY="$VENV/bin/python"
 check --show "names built from the stack name fit their AWS limits at the longest stack name" "$PY" .ci/check_template.py names template.yaml
 check --show "every DynamoDB table has the same point-in-time recovery" "$PY" .ci/check_template.py pitr template.yaml
 check --show "environments, policies and event patterns fit AWS quotas with every parameter at its longest" "$PY" .ci/check_template.py lists template.yaml

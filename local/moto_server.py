@@ -11,7 +11,8 @@ Lambda invoke uses, `POST /2015-03-31/functions/<name or ARN>/invocations`, is f
 local Lambda emulator (`cargo lambda watch`) instead of moto, which would start Docker. Moto's
 Step Functions interpreter calls every service over HTTP at localhost:$MOTO_PORT, so its
 `lambda:invoke` tasks then run our Rust Lambda binaries. The function name is the last segment
-of the ARN (`...:function:acquire` -> `acquire`, a `:qualifier` is dropped). A forwarded call
+of the ARN (a `:qualifier` is dropped), and a function deployed from template.yaml is handed to
+the binary its code was staged from (emulated_name). A forwarded call
 does NOT hold the serialization lock: the Lambda calls DynamoDB back through this server.
 
 Two deviations of moto's Step Functions interpreter from AWS in how a Task state ends are fixed
@@ -49,6 +50,11 @@ input of at most 256 KB (limit_start_execution_input).
 DynamoDB's TransactWriteItems honours its ClientRequestToken (see
 patch_transaction_idempotency): a committed transaction sent again with its token succeeds
 without applying twice, as on AWS; moto evaluated it anew.
+
+CloudFormation, which the local run deploys template.yaml with (local/deploy_stack.py, after the
+SAM transform), has two gaps patched: an AWS::StepFunctions::StateMachine's
+DefinitionSubstitutions were ignored (patch_state_machine_from_cloudformation), and an
+`AWS::NoValue` in a list stayed as a null (patch_no_value_in_lists).
 
 And one limit of AWS that moto leaves out is enforced: a task whose parameters (a Lambda
 payload, a child execution's input) pass Step Functions' 256 KiB fails with
@@ -129,6 +135,25 @@ def function_name(path):
     return target.split(":", 1)[0] or None
 
 
+def emulated_name(name):
+    """The emulator's name for the function `name`: `cargo lambda watch` serves the project's
+    cargo binaries by their names, while a function deployed from template.yaml has the name
+    CloudFormation gave it (`semaphore-local-AcquireFunction-X1Y2`). local/deploy_stack.py
+    stages each function's code as `<binary>.zip`, so the function's S3Key names its binary. A
+    function moto does not know (the local run's own work function) keeps its name."""
+    from moto.awslambda.models import lambda_backends
+    from moto.core import DEFAULT_ACCOUNT_ID
+
+    for backend in list(lambda_backends[DEFAULT_ACCOUNT_ID].values()):
+        try:
+            key = backend.get_function(name).code.get("S3Key", "")
+        except Exception:  # moto's UnknownFunctionException, or a function without code
+            continue
+        if key.endswith(".zip"):
+            return key.rsplit("/", 1)[-1][: -len(".zip")]
+    return name
+
+
 def invoke_response(start_response, status, content_type, payload):
     """Answers as the Lambda Invoke API does, which is not what the emulator does.
 
@@ -183,6 +208,7 @@ def lambda_bridge(app, endpoint, concurrency):
             name = function_name(environ.get("PATH_INFO", ""))
         if name is None:
             return app(environ, start_response)
+        name = emulated_name(name)
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
         url = f"{endpoint.rstrip('/')}{INVOKE_PREFIX}{urllib.parse.quote(name, safe='')}{INVOKE_SUFFIX}"
@@ -845,6 +871,101 @@ def patch_expression_limits():
         setattr(DynamoHandler, name, checked(getattr(DynamoHandler, name)))
 
 
+# sha256 of the source of moto 5.2.5's StateMachine.create_from_cloudformation_json, which
+# patch_state_machine_from_cloudformation() replaces.
+STATE_MACHINE_FROM_CLOUDFORMATION_SHA256 = (
+    "97e9fc1f9bd3ba26ace6f66e81c28f52368fac2e48927dea8f87d6378f33964a"
+)
+# A DefinitionSubstitutions placeholder, as CloudFormation reads them: ${Name}.
+DEFINITION_PLACEHOLDER = r"\$\{([A-Za-z0-9_]+)\}"
+
+
+def patch_state_machine_from_cloudformation():
+    """Makes CloudFormation's AWS::StepFunctions::StateMachine create the machine AWS would.
+
+    The local run deploys template.yaml through the SAM transform and moto's CloudFormation
+    (local/deploy_stack.py). Moto 5.2.5 reads only the resource's DefinitionString: its
+    DefinitionSubstitutions were dropped, so every machine kept its `${AcquireFunctionArn}`
+    placeholders, and its `Definition` (an object) and StateMachineType were ignored too. (Moto
+    ships the substitution in its Step Functions resource provider, which nothing calls.) And it
+    created the machine in the backend without the execution mode: with the mode on, the API
+    serves another backend, where the machine did not exist. This one takes DefinitionString
+    or Definition, replaces each `${Name}` with its substitution (a placeholder without one
+    fails the stack, as on AWS), and creates the machine, with its type, where the API finds it.
+    Substitutions are not folded into Fn::Sub: moto's Fn::Sub turns the definitions' `$$.`
+    into `$.`.
+    """
+    import re
+
+    from moto.cloudformation.exceptions import ValidationError
+    from moto.stepfunctions.models import StateMachine
+    from moto.stepfunctions.responses import get_backend
+    from moto.stepfunctions.utils import cfn_to_api_tags
+
+    require_source(
+        StateMachine.create_from_cloudformation_json,
+        STATE_MACHINE_FROM_CLOUDFORMATION_SHA256,
+        "DefinitionSubstitutions",
+    )
+
+    def create_from_cloudformation_json(
+        cls, resource_name, cloudformation_json, account_id, region_name, **kwargs
+    ):
+        properties = cloudformation_json["Properties"]
+        definition = properties.get("DefinitionString")
+        if definition is None and "Definition" in properties:
+            definition = json.dumps(properties["Definition"])
+        substitutions = properties.get("DefinitionSubstitutions") or {}
+
+        def substitute(match):
+            name = match.group(1)
+            if name not in substitutions:
+                raise ValidationError(
+                    message=f"state machine {resource_name}: ${{{name}}} has no DefinitionSubstitutions entry"
+                )
+            return str(substitutions[name])
+
+        definition = re.sub(DEFINITION_PLACEHOLDER, substitute, definition or "")
+        return get_backend(account_id, region_name).create_state_machine(
+            properties.get("StateMachineName", resource_name),
+            definition,
+            properties.get("RoleArn", ""),
+            tags=cfn_to_api_tags(properties.get("Tags", [])),
+            sm_type=properties.get("StateMachineType"),
+        )
+
+    StateMachine.create_from_cloudformation_json = classmethod(create_from_cloudformation_json)
+
+
+# sha256 of the source of moto 5.2.5's cloudformation.parsing.clean_json, which
+# patch_no_value_in_lists() wraps.
+CLEAN_JSON_SHA256 = "9fbe5dedab810616dba1c7ee506131dcb3b24945d5a99b2e1363ea23aa4f2856"
+
+
+def patch_no_value_in_lists():
+    """Drops `AWS::NoValue` from lists, as CloudFormation does.
+
+    template.yaml leaves a policy statement out with `!If [Cond, {statement}, !Ref
+    AWS::NoValue]` inside a Statement list (HandOffPolicy, the functions' policies). Moto 5.2.5
+    drops NoValue from a mapping but leaves it in a list as null, and its IAM then refuses the
+    whole policy ("Syntax errors in policy"): the stack did not deploy. Moto resolves NoValue
+    (and nothing else) to None, so a None item of a resolved list is one.
+    """
+    from moto.cloudformation import parsing
+
+    require_source(parsing.clean_json, CLEAN_JSON_SHA256, "AWS::NoValue in a list")
+    original = parsing.clean_json
+
+    # The original calls the module's clean_json for nested values, so they come here too.
+    def clean_json(resource_json, resources_map):
+        if isinstance(resource_json, list):
+            cleaned = (clean_json(item, resources_map) for item in resource_json)
+            return [item for item in cleaned if item is not None]
+        return original(resource_json, resources_map)
+
+    parsing.clean_json = clean_json
+
+
 def watch_parent(pid):
     while True:
         try:
@@ -890,6 +1011,8 @@ def main():
     patch_transaction_idempotency()
     patch_task_parameters_quota()
     patch_data_limit_is_terminal()
+    patch_state_machine_from_cloudformation()
+    patch_no_value_in_lists()
     app = limit_start_execution_input(serialized(DomainDispatcherApplication(create_backend_app)))
     if args.lambda_endpoint:
         app = lambda_bridge(app, args.lambda_endpoint, args.lambda_concurrency)

@@ -6,11 +6,13 @@
 //! noticed here. So is any expression this evaluator does not know, so a change of the
 //! definitions is noticed too.
 
-use std::path::Path;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
 
 use serde_json::{json, Map, Value};
 
-use crate::server::repo_root;
+use crate::server::{endpoint, repo_root};
 
 /// What `$$` holds for the state being played.
 #[derive(Debug, Clone)]
@@ -77,32 +79,62 @@ impl Context {
     }
 }
 
-/// `statemachines/<file>` with each `${Name}` of `substitutions` replaced (the template's
-/// `DefinitionSubstitutions`).
-pub fn definition(file: &str, substitutions: &[(&str, &str)]) -> Value {
-    let path = repo_root().join("statemachines").join(file);
-    definition_at(&path, substitutions)
+/// template.yaml as `sam deploy` makes it: deployed once per test binary to the local server by
+/// `local/deploy_stack.py` (the SAM transform, then CloudFormation), as the local run deploys
+/// it. Its description gives every state machine's definition with its `DefinitionSubstitutions`
+/// applied and every function's ARN, so a test plays the definitions as deployed.
+fn deployed() -> &'static Value {
+    static DEPLOYED: OnceLock<Value> = OnceLock::new();
+    DEPLOYED.get_or_init(|| {
+        let root = repo_root();
+        let python = std::env::var_os("SEMAPHORE_PYTHON")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join(".venv/bin/python"));
+        let output = Command::new(&python)
+            .arg(root.join("local/deploy_stack.py"))
+            .args(["--endpoint", endpoint()])
+            .args(["--stack-name", &crate::sfn::unique("semaphore-asl")])
+            .output()
+            .unwrap_or_else(|e| panic!("run {}: {e}", python.display()));
+        assert!(
+            output.status.success(),
+            "local/deploy_stack.py failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).expect("the stack's description is JSON")
+    })
 }
 
-/// `statemachines/<file>` with its acquire and release functions named `ACQUIRE` and `RELEASE`
-/// (what `tasks_calling` finds them by).
-pub fn with_functions(file: &str) -> Value {
-    definition(
-        file,
-        &[
-            ("AcquireFunctionArn", "ACQUIRE"),
-            ("ReleaseFunctionArn", "RELEASE"),
-        ],
-    )
+/// Deploys the stack now, if this test binary has not yet: it takes seconds, so a test that
+/// takes the time (its acquire's request time) before it reads a definition deploys first.
+pub fn deploy() {
+    deployed();
 }
 
-pub fn definition_at(path: &Path, substitutions: &[(&str, &str)]) -> Value {
-    let mut text =
-        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    for (name, value) in substitutions {
-        text = text.replace(&format!("${{{name}}}"), value);
-    }
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+/// `statemachines/<file>` as deployed: its definition, substitutions applied.
+pub fn definition(file: &str) -> Value {
+    let uri = format!("statemachines/{file}");
+    let machine = deployed()["machines"]
+        .as_array()
+        .expect("machines")
+        .iter()
+        .find(|m| m["definition_uri"] == json!(uri))
+        .unwrap_or_else(|| panic!("no state machine of template.yaml is defined by {uri}"));
+    serde_json::from_str(machine["definition"].as_str().expect("a definition"))
+        .unwrap_or_else(|e| panic!("{uri} as deployed is not JSON: {e}"))
+}
+
+/// The deployed ARN of the function built from the cargo binary `binary`: what the
+/// definitions' tasks invoke.
+pub fn function_arn(binary: &str) -> String {
+    deployed()["functions"]
+        .as_array()
+        .expect("functions")
+        .iter()
+        .find(|f| f["binary"] == json!(binary))
+        .and_then(|f| f["arn"].as_str())
+        .unwrap_or_else(|| panic!("template.yaml has no function built from {binary}"))
+        .to_owned()
 }
 
 /// The state named `name`.

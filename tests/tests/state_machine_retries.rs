@@ -2,7 +2,7 @@
 //! makes: a Lambda service error (`Lambda.ClientExecutionTimeoutException` among them), a
 //! function that timed out or crashed (`Lambda.Unknown`, or `Sandbox.Timedout`, the `errorType`
 //! Lambda answers a timed-out invoke with), and a refused or throttled `StartExecution` of the
-//! protected work. No server is needed: the definitions are read as files.
+//! protected work. The definitions are read as deployed (`semaphore_tests::asl::definition`).
 //!
 //! Why each is safe to retry: the semaphore's functions are idempotent by design (an acquire is
 //! one acquisition per run, so a retry whose first attempt landed is answered `already_held`; a
@@ -19,7 +19,7 @@
 //! error `StepFunctions.<exception>` (`StepFunctions.ExecutionLimitExceededException` when the
 //! account's open executions are at their quota).
 
-use semaphore_tests::asl::definition;
+use semaphore_tests::asl::{definition, function_arn};
 use serde_json::Value;
 
 /// The Lambda service's transient errors: every Lambda task retries them.
@@ -44,13 +44,8 @@ const START_REFUSED: [&str; 4] = [
     "StepFunctions.AWSStepFunctionsException",
 ];
 
-/// The semaphore's functions, as the definitions name them before substitution.
-const OURS: [&str; 4] = [
-    "${AcquireFunctionArn}",
-    "${ReleaseFunctionArn}",
-    "${CleanupFunctionArn}",
-    "${SweeperFunctionArn}",
-];
+/// The semaphore's functions: the binaries whose deployed functions the definitions invoke.
+const OURS: [&str; 4] = ["acquire", "release", "cleanup", "sweeper"];
 
 const DEFINITIONS: [&str; 7] = [
     "lock-protected.asl.json",
@@ -99,8 +94,9 @@ fn every_lambda_task_retries_the_lambda_service_errors_and_ours_retry_a_timed_ou
     let mut lambda_tasks = 0;
     let mut ours = 0;
     let mut missing = Vec::new();
+    let ours_arns: Vec<String> = OURS.into_iter().map(function_arn).collect();
     for file in DEFINITIONS {
-        let definition = definition(file, &[]);
+        let definition = definition(file);
         for (name, task) in tasks(&definition["States"]) {
             let resource = task["Resource"].as_str().unwrap_or_default();
             if !resource.starts_with("arn:aws:states:::lambda:invoke") {
@@ -108,7 +104,7 @@ fn every_lambda_task_retries_the_lambda_service_errors_and_ours_retry_a_timed_ou
             }
             lambda_tasks += 1;
             let function = task["Parameters"]["FunctionName"].as_str().unwrap_or("");
-            let is_ours = OURS.contains(&function);
+            let is_ours = ours_arns.iter().any(|arn| arn == function);
             ours += usize::from(is_ours);
             let expected = LAMBDA_SERVICE
                 .iter()
@@ -129,7 +125,7 @@ fn every_lambda_task_retries_the_lambda_service_errors_and_ours_retry_a_timed_ou
 
 #[test]
 fn the_protected_work_retries_a_refused_or_throttled_start_and_nothing_else() {
-    let definition = definition("lock-protected.asl.json", &[]);
+    let definition = definition("lock-protected.asl.json");
     let work = &definition["States"]["Protected work"];
     assert_eq!(
         work["Resource"], "arn:aws:states:::states:startExecution.sync:2",

@@ -86,6 +86,8 @@ fn hand_offs() -> lambda_common::SfnHandOffs {
 }
 
 async fn semaphore() -> Semaphore<DynamoStore> {
+    // Before any test takes its request time: the definitions it plays come from the stack.
+    asl::deploy();
     let table = fresh_table().await.table().to_owned();
     semaphore_on(table)
 }
@@ -156,20 +158,20 @@ fn keys(v: &Value) -> BTreeSet<&str> {
 /// `lambda:invoke`, "Acquire slot") and the wait state (`lambda:invoke.waitForTaskToken`, "Wait
 /// in line").
 fn acquire_states(definition: &Value) -> [(&str, &Value); 2] {
-    let tasks = asl::tasks_calling(definition, "ACQUIRE");
+    let tasks = asl::tasks_calling(definition, &asl::function_arn("acquire"));
     let of = |resource: &str| {
         let found: Vec<(&str, &Value)> = tasks
             .iter()
             .copied()
             .filter(|(_, s)| s["Resource"] == json!(resource))
             .collect();
-        assert_eq!(found.len(), 1, "exactly one {resource} task calls ACQUIRE");
+        assert_eq!(found.len(), 1, "exactly one {resource} task calls acquire");
         found[0]
     };
     assert_eq!(
         tasks.len(),
         2,
-        "two states call ACQUIRE: acquire, wait in line"
+        "two states call acquire: acquire, wait in line"
     );
     [
         of("arn:aws:states:::lambda:invoke"),
@@ -235,7 +237,7 @@ async fn play_acquire(
     ctx: &Ctx,
     state_input: &Value,
 ) -> Played {
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let (_, acquire_state) = acquire_state(&definition);
     let payload = asl::render(&acquire_state["Parameters"]["Payload"], state_input, ctx);
     let answer = acquire(sem, config, payload.clone()).await;
@@ -263,7 +265,7 @@ fn route_acquire_error(
     error: &Diagnostic,
     state_input: &Value,
 ) -> (String, Option<(String, String)>) {
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let (_, acquire_state) = acquire_state(&definition);
     let catcher = asl::catcher(acquire_state, &error.error_type);
     let next = catcher["Next"].as_str().unwrap().to_owned();
@@ -296,7 +298,7 @@ fn after_wait<'a>(definition: &'a Value, state: &Value) -> &'a str {
 async fn a_critical_section_through_the_definition_with_the_defaults() {
     let sem = semaphore().await;
     let config = config();
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let input = json!({"work_seconds": 0});
     let started = now(&sem);
     let ctx = Ctx::new(HOLDER, input.clone(), &started);
@@ -443,7 +445,7 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
 async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
     let sem = semaphore().await;
     let config = config();
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let input = json!({"lock": "batch", "limit": 1, "work": MINE, "customer": 42});
     let first = Ctx::new(&holder(1), input.clone(), &now(&sem));
     let played = play_acquire(&sem, &config, &first, &input).await;
@@ -630,14 +632,14 @@ async fn lambda_work_runs_through_the_runner_which_invokes_the_function() {
         json!(FUNCTION)
     );
     let (state, _) = played.next.unwrap();
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let start = asl::render(
         &asl::state(&definition, "Protected work")["Parameters"],
         &state,
         &ctx,
     );
     // The runner's one state invokes the function named in its input with the whole input.
-    let runner = asl::definition("work-function.asl.json", &[]);
+    let runner = asl::definition("work-function.asl.json");
     let invoke = asl::state(&runner, runner["StartAt"].as_str().unwrap());
     let child_ctx = Ctx::new("arn:child", start["Input"].clone(), &now(&sem));
     let parameters = asl::render(&invoke["Parameters"], &start["Input"], &child_ctx);
@@ -962,7 +964,7 @@ async fn a_fence_is_final_for_a_run_that_was_not_redriven_or_an_acquisition_rele
 async fn waiting_longer_than_the_budget_is_semaphore_wait_timeout_and_the_slot_is_released() {
     let (sem, clock) = semaphore_with_clock().await;
     let config = config_with(&[("MAX_WAIT_SECONDS", "60")]);
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let input = json!({"lock": "busy", "limit": 1});
     let holding = Ctx::new(&holder(1), input.clone(), &now(&sem));
     play_acquire(&sem, &config, &holding, &input)
@@ -1121,7 +1123,7 @@ async fn waiting_longer_than_the_budget_is_semaphore_wait_timeout_and_the_slot_i
 async fn a_weight_and_a_start_rate_from_the_input_and_a_rate_limited_answer_waits_in_line() {
     let (sem, clock) = semaphore_with_clock().await;
     let config = config();
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let heavy = json!({"lock": "paced", "limit": 3, "weight": 2, "rate": 0.5});
     let first = Ctx::new(&holder(1), heavy.clone(), &now(&sem));
     let started_ms = sem.now_ms();
@@ -1250,7 +1252,7 @@ async fn a_weight_and_a_start_rate_from_the_input_and_a_rate_limited_answer_wait
         assert_eq!(after_wait(&definition, &state), wait_name, "{outcome}");
     }
     // The same in the copy-paste fragment.
-    let fragment = asl::with_functions("protect-your-workflow.asl.json");
+    let fragment = asl::definition("protect-your-workflow.asl.json");
     let (fragment_wait_name, fragment_wait) = wait_state(&fragment);
     let state = asl::task_output(fragment_wait, &json!({}), &parked, deferred.clone());
     let pause_name = after_wait(&fragment, &state);
@@ -1364,7 +1366,7 @@ async fn a_request_older_than_the_horizon_answers_expired_writes_nothing_and_is_
     // The machine enters its acquire state again, which makes a new request time.
     assert_eq!(
         played.next.unwrap().1,
-        acquire_state(&asl::with_functions("lock-protected.asl.json")).0
+        acquire_state(&asl::definition("lock-protected.asl.json")).0
     );
     let again = play_acquire(&sem, &config, &run2.entered(&now(&sem)), &input)
         .await
@@ -1530,7 +1532,7 @@ async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
 async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
     let sem = semaphore().await;
     let config = config();
-    let fragment = asl::with_functions("protect-your-workflow.asl.json");
+    let fragment = asl::definition("protect-your-workflow.asl.json");
     let input = json!({"order": 7});
     let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
     let (_, acquire_state) = acquire_state(&fragment);
@@ -1702,7 +1704,7 @@ async fn a_missing_table_is_the_named_error_semaphore_store_error_which_is_retri
         "{}",
         err.error_message
     );
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     // Both states that call the function retry it.
     for (_, state) in acquire_states(&definition) {
         let retried = state["Retry"].as_array().unwrap().iter().any(|r| {

@@ -39,9 +39,6 @@ use semaphore_tests::sfn::{
 use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
 
-/// The acquire function as the definition names it (no function runs on the local server).
-const ACQUIRE: &str = "arn:aws:lambda:us-east-1:123456789012:function:semaphore-acquire";
-const RELEASE: &str = "arn:aws:lambda:us-east-1:123456789012:function:semaphore-release";
 const DEMO: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:demo-work";
 /// Holds the lock's one slot when the tests begin (an operator's id: never judged).
 const HOLDER: &str = "slot-holder";
@@ -55,7 +52,9 @@ fn settings(table: &str) -> Settings<impl Fn(&str) -> Option<String>> {
         ("DEFAULT_LIMIT", "1".to_owned()),
         ("DEFAULT_WORK", DEMO.to_owned()),
         ("WORK_STATE_MACHINES", DEMO.to_owned()),
-        ("ACQUIRE_FUNCTION_ARN", ACQUIRE.to_owned()),
+        // The acquire function as the deployed definition names it (no function runs on the
+        // local server).
+        ("ACQUIRE_FUNCTION_ARN", asl::function_arn("acquire")),
         ("MAX_WAIT_SECONDS", "3600".to_owned()),
     ]);
     Settings::from_lookup(move |name| vars.get(name).cloned())
@@ -95,13 +94,7 @@ async fn world(fallbacks: [u64; 2]) -> World {
     let sfn = sfn::execution_mode().await;
     let table = fresh_table().await.table().to_owned();
     let settings = settings(&table);
-    let definition = asl::definition(
-        "lock-protected.asl.json",
-        &[
-            ("AcquireFunctionArn", ACQUIRE),
-            ("ReleaseFunctionArn", RELEASE),
-        ],
-    );
+    let definition = asl::definition("lock-protected.asl.json");
     let machine = sfn::create_machine(
         &sfn,
         &unique("Parking"),
@@ -623,13 +616,7 @@ async fn a_head_of_the_line_held_back_by_the_start_rate_waits_and_is_granted_whe
     let sfn = sfn::execution_mode().await;
     let table = fresh_table().await.table().to_owned();
     let settings = settings(&table);
-    let definition = asl::definition(
-        "lock-protected.asl.json",
-        &[
-            ("AcquireFunctionArn", ACQUIRE),
-            ("ReleaseFunctionArn", RELEASE),
-        ],
-    );
+    let definition = asl::definition("lock-protected.asl.json");
     let machine =
         sfn::create_machine(&sfn, &unique("Paced"), &rate_parking_machine(&definition)).await;
     let lock = unique("paced");

@@ -34,6 +34,8 @@ fn hand_offs() -> lambda_common::SfnHandOffs {
 }
 
 async fn semaphore() -> Semaphore<DynamoStore> {
+    // Before any test takes its request time: the definitions it plays come from the stack.
+    asl::deploy();
     let table = fresh_table().await.table().to_owned();
     Settings::from_lookup(move |name| (name == "TABLE_NAME").then(|| table.clone()))
         .semaphore(&sdk_config())
@@ -89,7 +91,7 @@ fn acquired_state(token: u64) -> Value {
 #[tokio::test]
 async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_is_idempotent() {
     let sem = semaphore().await;
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let release_state = asl::state(&definition, "Release slot");
     // Run 0 of the execution holds a slot of the lock its input names.
     let input = json!({"lock": "batch", "limit": 2});
@@ -272,7 +274,7 @@ async fn fail_the_work(
     error: &str,
     cause: &str,
 ) -> (Value, (String, String)) {
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let work = asl::state(&definition, "Protected work");
     let catcher = asl::catcher(work, error);
     let caught = asl::caught(catcher, state, error, cause);
@@ -476,7 +478,7 @@ async fn a_run_redriven_into_the_work_while_the_child_runs_re_attaches_and_its_r
     assert_eq!(ended(&sfn, &child).await, "SUCCEEDED");
 
     // Run 1's "Release slot", rendered from the definition, against the real function.
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let release_state = asl::state(&definition, "Release slot");
     let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem)).redriven(1);
     let mut state = acquired_state(1);
@@ -524,7 +526,7 @@ async fn a_run_redriven_into_the_work_while_the_child_runs_re_attaches_and_its_r
 #[tokio::test]
 async fn any_other_error_is_passed_on_as_caught() {
     let sem = semaphore().await;
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let input = json!({});
     let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
     // The acquire's own error after its retries (SemaphoreWaitTimeout, a store error...): the
@@ -574,7 +576,7 @@ async fn any_other_error_is_passed_on_as_caught() {
 #[tokio::test]
 async fn a_weighted_release_frees_the_slots_own_weight_even_when_told_another() {
     let sem = semaphore().await;
-    let definition = asl::with_functions("lock-protected.asl.json");
+    let definition = asl::definition("lock-protected.asl.json");
     let release_state = asl::state(&definition, "Release slot");
     let terms = |weight: i64| Terms::new(limit(6), Weight::new(weight).unwrap(), None).unwrap();
     let other = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2";

@@ -889,7 +889,7 @@ fn a_missing_topic_or_a_bad_state_machine_arn_stops_the_cold_start() {
 async fn a_sweep_takes_dead_waiters_out_of_line_and_wakes_the_next_live_one_with_the_slot() {
     let local = local().await;
     let sfn = &local.sfn;
-    let definition = semaphore_tests::asl::with_functions("lock-protected.asl.json");
+    let definition = semaphore_tests::asl::definition("lock-protected.asl.json");
     let parking = create_machine(
         sfn,
         &unique("Parking"),

@@ -1,4 +1,4 @@
-//! What the two modes' runs do alike: the table, the planned executions, the watchers (poller,
+//! What the two modes' runs do alike: the planned executions, the watchers (poller,
 //! event player, delaying proxy), the stopper, the settling and the report's common part. Each
 //! mode (`versioned`, `reference`) keeps only how its executions run and what it checks.
 
@@ -8,10 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ScalarAttributeType,
-};
+use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -21,7 +18,7 @@ use crate::procs::Supervisor;
 use crate::progress::Progress;
 use crate::proxy::DelayProxy;
 use crate::report::{LockReport, Report};
-use crate::template::{Stack, TablePlan};
+use crate::stack::Stack;
 use crate::{plan_locks, plan_roles, plan_weights, Args, LockSpec, Role};
 
 /// What a mode's run starts from.
@@ -38,36 +35,6 @@ pub struct Setup<'a> {
 
 fn ddb_error(e: impl std::error::Error + 'static) -> String {
     aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string()
-}
-
-pub async fn create_table(ddb: &aws_sdk_dynamodb::Client, t: &TablePlan) -> Result<(), String> {
-    let mut create = ddb
-        .create_table()
-        .table_name(&t.name)
-        .billing_mode(BillingMode::from(t.billing_mode.as_str()));
-    for (name, kind) in &t.attributes {
-        create = create.attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(name)
-                .attribute_type(ScalarAttributeType::from(kind.as_str()))
-                .build()
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    for (name, kind) in &t.key_schema {
-        create = create.key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(name)
-                .key_type(KeyType::from(kind.as_str()))
-                .build()
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    create
-        .send()
-        .await
-        .map_err(|e| format!("CreateTable {}: {}", t.name, ddb_error(e)))?;
-    Ok(())
 }
 
 /// One planned execution of the run.

@@ -106,7 +106,7 @@ pub fn status_change_event(ended: &Ended, region: &str, account: &str, id: &str)
 /// A rule target's `InputTransformer` (EventBridge API reference, "InputTransformer"; user
 /// guide, "Amazon EventBridge input transformation"): variables from JSON paths of the event in
 /// dot notation, put into a template as `<name>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 pub struct InputTransformer {
     pub paths: BTreeMap<String, String>,
     pub template: String,
@@ -285,7 +285,7 @@ impl Player {
                 let mut stats = task_stats.lock().expect("event stats");
                 stats.emitted += 1;
                 if let Some(pattern) = &pattern {
-                    if !crate::template::matches(pattern, &event) {
+                    if !matches(pattern, &event) {
                         continue;
                     }
                 }
@@ -350,26 +350,54 @@ fn delivery_name(execution: &str, serial: u64) -> String {
     format!("{base}{suffix}")
 }
 
+/// Does `event` match the EventBridge `pattern`? Supports what rule patterns of this kind use:
+/// nested objects, and lists of exact values (strings, numbers, booleans, null).
+pub fn matches(pattern: &Value, event: &Value) -> bool {
+    match pattern {
+        Value::Object(fields) => fields.iter().all(|(key, want)| {
+            let got = event.get(key).unwrap_or(&Value::Null);
+            match want {
+                Value::Object(_) => matches(want, got),
+                Value::Array(options) => options.iter().any(|o| match got {
+                    Value::Array(items) => items.contains(o),
+                    single => single == o,
+                }),
+                exact => got == exact,
+            }
+        }),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::template::{Stack, Template};
 
-    /// The cleanup rule's transformer, as template.yaml gives it.
+    /// The cleanup rule's transformer, as the deployed stack has it.
     fn cleanup_rule_transformer() -> InputTransformer {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml");
-        let template =
-            Template::load(&root, Stack::default(), &BTreeMap::new()).expect("template.yaml");
-        let plan = template.plan().expect("the plan");
-        let (_, rule) = plan.rule_target().expect("the rule");
-        assert_eq!(
-            rule.dead_letter_queue.as_deref(),
-            Some("CleanupEventsDeadLetterQueue"),
-            "the rule has a dead-letter queue"
+        let rule = &crate::stack::tests::deployed().rule;
+        assert!(
+            rule.dead_letter_queue
+                .as_deref()
+                .is_some_and(|q| q.contains(":sqs:") && q.contains("CleanupEventsDeadLetterQueue")),
+            "the rule has a dead-letter queue: {rule:?}"
         );
         rule.transformer
             .clone()
             .expect("the rule transforms the event")
+    }
+
+    #[test]
+    fn rule_patterns_match_like_eventbridge() {
+        let pattern = json!({
+            "source": ["aws.states"],
+            "detail": {"status": ["FAILED", "ABORTED"], "stateMachineArn": ["m"]}
+        });
+        let event = |status: &str, machine: &str| json!({"source": "aws.states", "detail": {"status": status, "stateMachineArn": machine}});
+        assert!(matches(&pattern, &event("FAILED", "m")));
+        assert!(matches(&pattern, &event("ABORTED", "m")));
+        assert!(!matches(&pattern, &event("SUCCEEDED", "m")));
+        assert!(!matches(&pattern, &event("FAILED", "other")));
     }
 
     /// An ended execution whose input is `items` times `"ab"` in a list: 5 bytes each as JSON,

@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::config::{Credentials, SharedCredentialsProvider};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::procs::Supervisor;
-use crate::template::FunctionPlan;
+use crate::stack::Function;
 
 /// Dummy credentials: nothing here reaches AWS.
 pub const ACCESS_KEY: &str = "testing";
@@ -289,7 +289,7 @@ pub fn start_functions(
     supervisor: &Supervisor,
     binary_dir: &Path,
     run_dir: &Path,
-    function: &FunctionPlan,
+    function: &Function,
     instances: usize,
     emulator_port: u16,
     endpoint: &str,
@@ -309,7 +309,7 @@ pub fn start_functions(
             "AWS_LAMBDA_RUNTIME_API",
             format!("http://127.0.0.1:{emulator_port}/.rt/{}", function.binary),
         ),
-        ("AWS_LAMBDA_FUNCTION_NAME", function.binary.clone()),
+        ("AWS_LAMBDA_FUNCTION_NAME", function.name.clone()),
         ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST".to_owned()),
         (
             "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",

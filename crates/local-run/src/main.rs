@@ -24,7 +24,7 @@ mod progress;
 mod proxy;
 mod reference;
 mod report;
-mod template;
+mod stack;
 mod versioned;
 mod work;
 

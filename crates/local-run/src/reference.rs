@@ -24,7 +24,7 @@ use crate::poller::{now_ms, Layout};
 use crate::progress::{phase, Progress};
 use crate::proxy::{DelayProxy, WriteKind};
 use crate::report::{ExecutionCounts, Report};
-use crate::template::{Stack, Template};
+use crate::stack::{Deployed, Stack};
 use crate::Role;
 
 /// How long a reference execution waits for a slot before it gives up (the sample has no cap;
@@ -111,22 +111,21 @@ async fn execute(
 pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let (args, root, dir, seed) = (setup.args, setup.root, setup.dir, setup.seed);
     let stack = Stack::default();
-    let template = Template::load(&root.join("template.yaml"), stack.clone(), &BTreeMap::new())?;
-    let plan = template.plan()?;
-    // The sample takes one lock: the run's first, under the template's LockName.
-    let mut spec = args.locks()?.remove(0);
-    spec.name = plan.lock_name()?;
-    let lock = spec.name.clone();
-    let limit = i64::from(spec.limit);
 
     phase(
-        "starting the local AWS on 127.0.0.1 (DynamoDB only: the sample's protocol runs from here)",
+        "starting the local AWS on 127.0.0.1 (the stack's table only: the sample's protocol runs from here)",
     );
     let python = args
         .python
         .clone()
         .unwrap_or_else(|| root.join(".venv/bin/python"));
     let endpoint = local_aws::start_server(setup.supervisor, &python, root, dir, None)?;
+    let deployed = Deployed::deploy(&python, root, &endpoint, &stack, &BTreeMap::new())?;
+    // The sample takes one lock: the run's first, under the template's LockName.
+    let mut spec = args.locks()?.remove(0);
+    spec.name = deployed.parameter("LockName")?.to_owned();
+    let lock = spec.name.clone();
+    let limit = i64::from(spec.limit);
     let (proxy, held_rx) =
         DelayProxy::start(&endpoint, WriteKind::Reference, args.hold_for(), None).await?;
     eprintln!(
@@ -136,8 +135,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
 
     let sdk = sdk_config(&endpoint, &stack.region);
     let ddb = aws_sdk_dynamodb::Client::new(&sdk);
-    let table = plan.table.name.clone();
-    driver::create_table(&ddb, &plan.table).await?;
+    let table = deployed.table("SemaphoreTable")?.to_owned();
     let direct = Arc::new(SampleProtocol {
         client: ddb.clone(),
         table: table.clone(),

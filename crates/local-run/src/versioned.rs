@@ -17,7 +17,7 @@ use crate::poller::Layout;
 use crate::progress::{phase, Progress};
 use crate::proxy::{DelayProxy, WriteKind};
 use crate::report::{short, CleanupCounts, ExecutionCounts, Report, SweeperCounts};
-use crate::template::{Plan, Stack, Template};
+use crate::stack::{Deployed, Stack};
 use crate::{work, Role};
 
 /// Elements `"ab"` of the big-input probe's padding: 200,000 bytes of input (under
@@ -251,120 +251,6 @@ async fn preflight(
     }
 }
 
-struct Deployed {
-    queue_url: String,
-}
-
-async fn deploy(plan: &Plan, sdk: &aws_config::SdkConfig) -> Result<Deployed, String> {
-    for t in std::iter::once(&plan.table).chain(&plan.other_tables) {
-        driver::create_table(&aws_sdk_dynamodb::Client::new(sdk), t).await?;
-        eprintln!("    table          {} (key {:?})", t.name, t.key_schema);
-    }
-
-    let sns = aws_sdk_sns::Client::new(sdk);
-    let sqs = aws_sdk_sqs::Client::new(sdk);
-    let queue = sqs
-        .create_queue()
-        .queue_name(format!("{}-notices", plan.stack.name))
-        .send()
-        .await
-        .map_err(|e| {
-            format!(
-                "CreateQueue: {}",
-                aws_sdk_sqs::error::DisplayErrorContext(e)
-            )
-        })?;
-    let queue_url = queue.queue_url().unwrap_or_default().to_owned();
-    let attributes = sqs
-        .get_queue_attributes()
-        .queue_url(&queue_url)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .map_err(|e| {
-            format!(
-                "GetQueueAttributes: {}",
-                aws_sdk_sqs::error::DisplayErrorContext(e)
-            )
-        })?;
-    let queue_arn = attributes
-        .attributes()
-        .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn))
-        .cloned()
-        .ok_or("the queue has no ARN")?;
-    for topic in &plan.topics {
-        let created = sns
-            .create_topic()
-            .name(&topic.name)
-            .send()
-            .await
-            .map_err(|e| {
-                format!(
-                    "CreateTopic {}: {}",
-                    topic.name,
-                    aws_sdk_sns::error::DisplayErrorContext(e)
-                )
-            })?;
-        if created.topic_arn() != Some(topic.arn.as_str()) {
-            return Err(format!(
-                "topic {} was created as {:?}, not the {} the template resolves to",
-                topic.logical_id,
-                created.topic_arn(),
-                topic.arn
-            ));
-        }
-        sns.subscribe()
-            .topic_arn(&topic.arn)
-            .protocol("sqs")
-            .endpoint(&queue_arn)
-            .send()
-            .await
-            .map_err(|e| format!("Subscribe: {}", aws_sdk_sns::error::DisplayErrorContext(e)))?;
-        eprintln!(
-            "    topic          {} -> SQS {}",
-            topic.name,
-            short(&queue_arn)
-        );
-    }
-
-    let sfn = Sfn::new(sdk);
-    for machine in &plan.machines {
-        let created = sfn
-            .create_state_machine()
-            .name(&machine.name)
-            .definition(&machine.definition)
-            .role_arn(format!(
-                "arn:{}:iam::{}:role/{}-{}",
-                plan.stack.partition, plan.stack.account, plan.stack.name, machine.logical_id
-            ))
-            .r#type(aws_sdk_sfn::types::StateMachineType::from(
-                machine.machine_type.as_str(),
-            ))
-            .send()
-            .await
-            .map_err(|e| format!("CreateStateMachine {}: {}", machine.name, sfn_error(e)))?;
-        if created.state_machine_arn() != machine.arn {
-            return Err(format!(
-                "state machine {} was created as {}, not the {} the template resolves to",
-                machine.logical_id,
-                created.state_machine_arn(),
-                machine.arn
-            ));
-        }
-        let subs: Vec<String> = machine.substitutions.keys().cloned().collect();
-        eprintln!(
-            "    state machine  {} ({}, substitutions: {})",
-            machine.name,
-            machine.definition_uri,
-            subs.join(", ")
-        );
-    }
-    for (id, kind) in &plan.skipped {
-        eprintln!("    not emulated   {id} ({kind})");
-    }
-    Ok(Deployed { queue_url })
-}
-
 /// Reads every notice from the queue until it stays empty.
 async fn read_notices(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Vec<Value> {
     let mut notices = Vec::new();
@@ -472,38 +358,6 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         // lengthen a short fallback to keep a day of checks within the history quota.
         ("MaxWaitSeconds".to_owned(), args.timeout.to_string()),
     ]);
-    let template = Template::load(&root.join("template.yaml"), stack.clone(), &overrides)?;
-    let plan = template.plan()?;
-    let protected = plan.machine("LockProtectedStateMachine")?.clone();
-    // The work the executions run: the template's default work (the acquire function's
-    // DEFAULT_WORK), the demo work.
-    let machine_of = |variable: &str| -> Result<crate::template::MachinePlan, String> {
-        let arn = plan
-            .functions
-            .iter()
-            .find_map(|f| f.environment.get(variable))
-            .ok_or_else(|| format!("template.yaml gives no function a {variable}"))?;
-        plan.machines
-            .iter()
-            .find(|m| &m.arn == arn)
-            .cloned()
-            .ok_or_else(|| format!("{variable} {arn} is none of the template's machines"))
-    };
-    let work_machine = machine_of("DEFAULT_WORK")?;
-    // The machine that runs a Lambda function as the work.
-    let runner_machine = machine_of("WORK_FUNCTION_RUNNER")?;
-    let (cleanup_machine, rule) = plan.rule_target()?;
-    let (cleanup_machine, rule) = (cleanup_machine.clone(), rule.clone());
-    let (sweeper_machine, schedule) = plan.scheduled()?;
-    let (sweeper_machine, schedule) = (sweeper_machine.clone(), schedule.clone());
-    let timing = plan.timing_seconds()?;
-
-    let binaries: Vec<&str> = plan.functions.iter().map(|f| f.binary.as_str()).collect();
-    if !args.no_build {
-        phase(&format!("cargo build --bin {}", binaries.join(" --bin ")));
-        local_aws::build_functions(root, dir, &binaries)?;
-    }
-
     phase("starting the local AWS on 127.0.0.1");
     let python = args
         .python
@@ -518,6 +372,51 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let endpoint = local_aws::start_server(setup.supervisor, &python, root, dir, Some(&emulator))?;
     local_aws::enable_step_functions_execution(&endpoint).await?;
     eprintln!("    moto server    {endpoint} (serialized; Step Functions execution mode on; Lambda invokes -> {emulator})");
+
+    phase("deploying template.yaml: the SAM transform, then moto's CloudFormation");
+    let deployed = Deployed::deploy(&python, root, &endpoint, &stack, &overrides)?;
+    for (logical_id, table) in &deployed.tables {
+        eprintln!("    table          {table} ({logical_id})");
+    }
+    for topic in &deployed.topics {
+        eprintln!(
+            "    topic          {} -> SQS (the notices read back)",
+            short(topic)
+        );
+    }
+    for machine in &deployed.machines {
+        eprintln!(
+            "    state machine  {} ({})",
+            machine.name, machine.definition_uri
+        );
+    }
+    for skipped in &deployed.skipped {
+        eprintln!(
+            "    not emulated   {} ({})",
+            skipped.logical_id, skipped.kind
+        );
+    }
+    let protected = deployed.machine("LockProtectedStateMachine")?.clone();
+    // The work the executions run: the template's default work (the acquire function's
+    // DEFAULT_WORK), the demo work.
+    let work_machine = deployed.machine_named_by("DEFAULT_WORK")?.clone();
+    // The machine that runs a Lambda function as the work.
+    let runner_machine = deployed.machine_named_by("WORK_FUNCTION_RUNNER")?.clone();
+    let cleanup_machine = deployed.rule_target()?.clone();
+    let rule = deployed.rule.clone();
+    let sweeper_machine = deployed.scheduled()?.clone();
+    let schedule = deployed.schedule.clone();
+    let timing = deployed.timing_seconds()?;
+
+    let binaries: Vec<&str> = deployed
+        .functions
+        .iter()
+        .map(|f| f.binary.as_str())
+        .collect();
+    if !args.no_build {
+        phase(&format!("cargo build --bin {}", binaries.join(" --bin ")));
+        local_aws::build_functions(root, dir, &binaries)?;
+    }
     local_aws::start_emulator(setup.supervisor, &cargo_lambda, root, dir, emulator_port)?;
     eprintln!("    Lambda API     {emulator} (cargo lambda watch --only-lambda-apis)");
     work::serve_work_function(emulator.clone());
@@ -537,7 +436,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         proxy.endpoint()
     );
     let binary_dir = local_aws::target_dir(root).join("debug");
-    for function in &plan.functions {
+    for function in &deployed.functions {
         let (instances, via) = match function.binary.as_str() {
             "acquire" => (args.acquire_instances, proxy.endpoint()),
             "release" => (4, endpoint.clone()),
@@ -554,14 +453,11 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             &stack.region,
         )?;
         eprintln!(
-            "    function       {} x{instances} (AWS_ENDPOINT_URL {via})",
-            function.binary
+            "    function       {} x{instances} ({}, AWS_ENDPOINT_URL {via})",
+            function.name, function.binary
         );
     }
-
-    phase("deploying from template.yaml");
     let sdk = sdk_config(&endpoint, &stack.region);
-    let deployed = deploy(&plan, &sdk).await?;
     let sfn = Sfn::new(&sdk);
 
     phase(
@@ -578,7 +474,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
 
     let item = LockItems {
         ddb: aws_sdk_dynamodb::Client::new(&sdk),
-        table: plan.table.name.clone(),
+        table: deployed.table("SemaphoreTable")?.to_owned(),
         locks: locks.clone(),
         layout: Layout::Versioned,
     };
@@ -685,18 +581,14 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         );
         stop_probes.push(stopped);
     }
-    let test_runner = plan
-        .machines
-        .iter()
-        .find(|m| m.substitutions.values().any(|v| *v == protected.arn))
-        .ok_or("template.yaml has no machine that starts the lock-protected machine")?;
+    let test_runner = deployed.machine("TestRunnerStateMachine")?;
     let (test_runner_ok, test_runner_run) = work::run_test_runner(&sfn, test_runner).await?;
     eprintln!(
         "    {}: {}: {test_runner_run}",
         if test_runner_ok { "ok" } else { "NOT OK" },
         test_runner.name
     );
-    let example = plan.machine("YourWorkflowExampleStateMachine")?;
+    let example = deployed.machine("YourWorkflowExampleStateMachine")?;
     let (example_ok, example_run) = work::run_your_workflow_example(&sfn, example, &item).await?;
     eprintln!(
         "    {}: {}: {example_run}",
@@ -1178,7 +1070,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         sweeper.reclaimed += summary["reclaimed"].as_u64().unwrap_or(0) as usize;
     }
     let sqs = aws_sdk_sqs::Client::new(&sdk);
-    let notices = read_notices(&sqs, &deployed.queue_url).await;
+    let notices = read_notices(&sqs, &deployed.notice_queue_url).await;
     sweeper.notices_read_back = notices.len();
     sweeper.notices = notices
         .iter()

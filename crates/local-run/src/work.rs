@@ -15,7 +15,7 @@ use crate::poller::{now_ms, PollStats};
 use crate::report::{
     short, HistoryProbeReport, RedriveGuardReport, StopParentReport, TransitionsReport, WorkReport,
 };
-use crate::template::MachinePlan;
+use crate::stack::Machine;
 use crate::versioned::{
     describe, history, list_executions, save_history, sfn_error, wait_ended, Sfn,
 };
@@ -80,7 +80,7 @@ pub async fn states_entered(sfn: &Sfn, arn: &str) -> Result<Vec<String>, String>
 
 /// The lock-protected machine's work state: the one that starts the child execution. Read from
 /// the definition, so that a renamed state is still found.
-pub fn work_state(protected: &MachinePlan) -> Result<String, String> {
+pub fn work_state(protected: &Machine) -> Result<String, String> {
     let definition: Value = serde_json::from_str(&protected.definition)
         .map_err(|e| format!("{}: {e}", protected.definition_uri))?;
     definition["States"]
@@ -125,7 +125,7 @@ pub const BIG_INPUT_BYTES: usize = 200 * 1024;
 /// whose work fails must fail with the work's own error after its release.
 pub async fn long_wait_with_a_big_input(
     sfn: &Sfn,
-    protected: &MachinePlan,
+    protected: &Machine,
     fallback_seconds: u64,
     dir: &std::path::Path,
 ) -> Result<HistoryProbeReport, String> {
@@ -239,8 +239,8 @@ pub async fn long_wait_with_a_big_input(
 /// counts its state transitions: the lock-protected execution's states entered and its child's.
 pub async fn count_transitions(
     sfn: &Sfn,
-    protected: &MachinePlan,
-    work: &MachinePlan,
+    protected: &Machine,
+    work: &Machine,
     dir: &std::path::Path,
 ) -> Result<TransitionsReport, String> {
     let arn = start(sfn, &protected.arn, "probe-transitions", &json!({})).await?;
@@ -294,8 +294,8 @@ async fn invoke(endpoint: &str, function: &str, payload: &Value) -> Result<Value
 pub async fn redrive_guard(
     sfn: &Sfn,
     endpoint: &str,
-    protected: &MachinePlan,
-    work: &MachinePlan,
+    protected: &Machine,
+    work: &Machine,
     items: &LockItems,
     default_lock: &str,
 ) -> Result<RedriveGuardReport, String> {
@@ -355,7 +355,7 @@ pub async fn redrive_guard(
 /// function having written nothing, instead of waiting in line for a wake-up that never comes.
 pub async fn misconfigured_caller(
     sfn: &Sfn,
-    protected: &MachinePlan,
+    protected: &Machine,
     items: &LockItems,
 ) -> Result<crate::report::MisconfiguredReport, String> {
     let name = format!("{}-undeclared", protected.name);
@@ -417,7 +417,7 @@ pub async fn misconfigured_caller(
 /// reclaimed.
 #[allow(clippy::too_many_arguments)]
 pub fn report(
-    work: &MachinePlan,
+    work: &Machine,
     children: &[Child],
     planned: &[Planned],
     locks: &[LockSpec],
@@ -581,10 +581,10 @@ pub fn serve_work_function(emulator: String) {
 
 /// What [`stop_the_parent`] runs.
 pub struct StopParent<'a> {
-    pub protected: &'a MachinePlan,
+    pub protected: &'a Machine,
     /// The machine the child runs on: the demo work, or the work-function runner.
-    pub child_machine: &'a MachinePlan,
-    pub cleanup: &'a MachinePlan,
+    pub child_machine: &'a Machine,
+    pub cleanup: &'a Machine,
     /// The rule's input transformer: the cleanup gets what EventBridge would send it.
     pub transformer: Option<&'a crate::events::InputTransformer>,
     pub input: Value,
@@ -605,7 +605,7 @@ pub async fn stop_the_parent(
     probe: StopParent<'_>,
     items: &LockItems,
     lock: &str,
-    stack: &crate::template::Stack,
+    stack: &crate::stack::Stack,
 ) -> Result<StopParentReport, String> {
     let parent = start(sfn, &probe.protected.arn, probe.name, &probe.input).await?;
     let freed = {
@@ -726,7 +726,7 @@ pub async fn stop_the_parent(
 /// each with `{work_seconds, fail}` in its input for the demo work): a few executions, every
 /// second one failing on purpose. Returns whether it succeeded with exactly the planned
 /// failures, and what it answered.
-pub async fn run_test_runner(sfn: &Sfn, runner: &MachinePlan) -> Result<(bool, String), String> {
+pub async fn run_test_runner(sfn: &Sfn, runner: &Machine) -> Result<(bool, String), String> {
     let input = json!({"executions": 4, "fail_every": 2, "work_seconds": 1});
     let arn = start(sfn, &runner.arn, "probe-test-runner", &input).await?;
     let outcome = wait_ended(sfn, &arn, std::time::Duration::from_secs(180)).await?;
@@ -758,7 +758,7 @@ pub async fn run_test_runner(sfn: &Sfn, runner: &MachinePlan) -> Result<(bool, S
 /// and the lock holds nothing after.
 pub async fn run_your_workflow_example(
     sfn: &Sfn,
-    example: &MachinePlan,
+    example: &Machine,
     item: &LockItems,
 ) -> Result<(bool, String), String> {
     const LOCK: &str = "example-lock";

@@ -1,0 +1,413 @@
+//! The stack as `sam deploy` would make it: `local/deploy_stack.py` puts template.yaml through
+//! the SAM transform (aws-sam-translator) and moto's CloudFormation, checks that nothing was
+//! left unresolved or silently skipped, and describes what was deployed. The run works from
+//! that description: the functions' names and environments, the state machines' definitions,
+//! the event rule and the schedule are SAM's and CloudFormation's, not a reading of our own.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::events::InputTransformer;
+
+/// Pseudo parameters of the local stack.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Stack {
+    pub name: String,
+    pub region: String,
+    pub account: String,
+    pub partition: String,
+}
+
+impl Default for Stack {
+    fn default() -> Self {
+        Self {
+            name: "semaphore-local".to_owned(),
+            region: "us-east-1".to_owned(),
+            // moto's default account: ARNs it builds itself (executions) use it too.
+            account: "123456789012".to_owned(),
+            partition: "aws".to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Function {
+    pub logical_id: String,
+    /// The cargo binary (Metadata.BuildProperties.Binary), which the run starts.
+    pub binary: String,
+    /// The deployed function's name (CloudFormation's), which invokes name.
+    pub name: String,
+    pub arn: String,
+    pub environment: BTreeMap<String, String>,
+    pub memory_mb: u32,
+    pub timeout_seconds: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Machine {
+    pub logical_id: String,
+    pub name: String,
+    pub arn: String,
+    /// As deployed: the definition file with its DefinitionSubstitutions applied.
+    pub definition: String,
+    pub definition_uri: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Rule {
+    pub name: String,
+    pub pattern: serde_json::Value,
+    /// The target machine's ARN.
+    pub target: String,
+    /// What the target gets instead of the event, when the rule transforms it.
+    pub transformer: Option<InputTransformer>,
+    /// Where EventBridge puts an event it could not deliver.
+    pub dead_letter_queue: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Schedule {
+    pub name: String,
+    pub expression: String,
+    pub target: String,
+    pub input: String,
+}
+
+/// A resource of the translated template that moto's CloudFormation does not create.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Skipped {
+    pub logical_id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Deployed {
+    pub stack: Stack,
+    /// Every parameter's value as the stack took it (defaults, then overrides).
+    pub parameters: BTreeMap<String, String>,
+    /// Table name by logical id.
+    pub tables: BTreeMap<String, String>,
+    pub topics: Vec<String>,
+    /// An SQS queue subscribed to every topic: the run reads the notices back from it.
+    pub notice_queue_url: String,
+    pub functions: Vec<Function>,
+    pub machines: Vec<Machine>,
+    pub rule: Rule,
+    pub schedule: Schedule,
+    pub skipped: Vec<Skipped>,
+}
+
+impl Deployed {
+    /// Deploys `root`/template.yaml as `stack.name` to the local AWS at `endpoint` with
+    /// `parameters` overriding its defaults (`python` has the pinned moto and translator).
+    pub fn deploy(
+        python: &Path,
+        root: &Path,
+        endpoint: &str,
+        stack: &Stack,
+        parameters: &BTreeMap<String, String>,
+    ) -> Result<Self, String> {
+        let mut command = std::process::Command::new(python);
+        command
+            .arg(root.join("local/deploy_stack.py"))
+            .args(["--endpoint", endpoint])
+            .arg("--template")
+            .arg(root.join("template.yaml"))
+            .args(["--stack-name", &stack.name, "--region", &stack.region]);
+        for (key, value) in parameters {
+            command.arg("--parameter").arg(format!("{key}={value}"));
+        }
+        let output = command
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+        if !output.status.success() {
+            return Err(format!(
+                "local/deploy_stack.py failed ({}):\n{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        serde_json::from_slice(&output.stdout)
+            .map_err(|e| format!("local/deploy_stack.py printed no stack description: {e}"))
+    }
+
+    pub fn parameter(&self, name: &str) -> Result<&str, String> {
+        self.parameters
+            .get(name)
+            .map(String::as_str)
+            .ok_or_else(|| format!("the stack has no parameter {name}"))
+    }
+
+    /// The protocol's timing the stack gives every function: (horizon, clock skew) in seconds,
+    /// its AcquireHorizonSeconds and ClockSkewSeconds parameters. The fence window is their sum.
+    pub fn timing_seconds(&self) -> Result<(u64, u64), String> {
+        let seconds = |name: &str| -> Result<u64, String> {
+            let value = self.parameter(name)?;
+            value
+                .parse()
+                .map_err(|_| format!("the stack's {name} is {value:?}, not whole seconds"))
+        };
+        Ok((
+            seconds("AcquireHorizonSeconds")?,
+            seconds("ClockSkewSeconds")?,
+        ))
+    }
+
+    pub fn table(&self, logical_id: &str) -> Result<&str, String> {
+        self.tables
+            .get(logical_id)
+            .map(String::as_str)
+            .ok_or_else(|| format!("the stack has no table {logical_id}"))
+    }
+
+    pub fn machine(&self, logical_id: &str) -> Result<&Machine, String> {
+        self.machines
+            .iter()
+            .find(|m| m.logical_id == logical_id)
+            .ok_or_else(|| format!("the stack has no state machine {logical_id}"))
+    }
+
+    pub fn machine_by_arn(&self, arn: &str) -> Result<&Machine, String> {
+        self.machines
+            .iter()
+            .find(|m| m.arn == arn)
+            .ok_or_else(|| format!("{arn} is none of the stack's state machines"))
+    }
+
+    /// The machine a function's environment `variable` names (e.g. DEFAULT_WORK).
+    pub fn machine_named_by(&self, variable: &str) -> Result<&Machine, String> {
+        let arn = self
+            .functions
+            .iter()
+            .find_map(|f| f.environment.get(variable))
+            .ok_or_else(|| format!("the stack gives no function a {variable}"))?;
+        self.machine_by_arn(arn)
+    }
+
+    #[cfg(test)]
+    pub fn function(&self, binary: &str) -> Result<&Function, String> {
+        self.functions
+            .iter()
+            .find(|f| f.binary == binary)
+            .ok_or_else(|| format!("the stack has no function built from binary {binary}"))
+    }
+
+    /// The machine the event rule starts.
+    pub fn rule_target(&self) -> Result<&Machine, String> {
+        self.machine_by_arn(&self.rule.target)
+    }
+
+    /// The machine the schedule starts.
+    pub fn scheduled(&self) -> Result<&Machine, String> {
+        self.machine_by_arn(&self.schedule.target)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+
+    use super::*;
+
+    fn root() -> PathBuf {
+        semaphore_tests::server::repo_root()
+    }
+
+    fn python() -> PathBuf {
+        std::env::var_os("SEMAPHORE_PYTHON")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root().join(".venv/bin/python"))
+    }
+
+    /// template.yaml deployed to the test server as a stack of its own, with `overrides`.
+    pub(crate) fn deploy_with(overrides: &[(&str, &str)]) -> Deployed {
+        let stack = Stack {
+            name: semaphore_tests::sfn::unique("semaphore-test"),
+            ..Stack::default()
+        };
+        let parameters = overrides
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Deployed::deploy(
+            &python(),
+            &root(),
+            semaphore_tests::server::endpoint(),
+            &stack,
+            &parameters,
+        )
+        .expect("template.yaml deploys")
+    }
+
+    /// template.yaml deployed once per test binary with its defaults.
+    pub(crate) fn deployed() -> &'static Deployed {
+        static DEPLOYED: OnceLock<Deployed> = OnceLock::new();
+        DEPLOYED.get_or_init(|| deploy_with(&[]))
+    }
+
+    /// template.yaml's parameter declarations, read with the SAM translator's own YAML parser.
+    fn declared_parameters() -> serde_json::Value {
+        let output = std::process::Command::new(python())
+            .args([
+                "-c",
+                "import json, sys; from samtranslator.yaml_helper import yaml_parse; \
+                 print(json.dumps(yaml_parse(open(sys.argv[1]).read())['Parameters']))",
+            ])
+            .arg(root().join("template.yaml"))
+            .output()
+            .expect("run python");
+        assert!(output.status.success(), "{output:?}");
+        serde_json::from_slice(&output.stdout).expect("JSON")
+    }
+
+    #[test]
+    fn the_fallback_bounds_are_the_acquire_functions_and_above_its_timeout() {
+        let timeout = u64::from(deployed().function("acquire").unwrap().timeout_seconds);
+        // The function's own check and the template's bound are the same numbers...
+        assert_eq!(
+            timeout,
+            lambda_common::ACQUIRE_FUNCTION_TIMEOUT.as_secs(),
+            "the acquire function's Timeout in template.yaml is not lambda_common::ACQUIRE_FUNCTION_TIMEOUT"
+        );
+        let parameters = declared_parameters();
+        let bound = |name: &str, bound: &str| {
+            parameters[name][bound]
+                .as_u64()
+                .unwrap_or_else(|| panic!("template.yaml: {name} has no whole {bound}"))
+        };
+        let (min, max) = (
+            bound("QueueFallbackSeconds", "MinValue"),
+            bound("QueueFallbackSeconds", "MaxValue"),
+        );
+        assert_eq!(min..=max, lambda_common::QUEUE_FALLBACK_RANGE);
+        // ...and a fallback check never starts while the previous invocation may still run.
+        assert!(
+            min > timeout,
+            "QueueFallbackSeconds MinValue {min} <= Timeout {timeout}"
+        );
+        assert_eq!(
+            bound("MaxWaitSeconds", "MinValue")..=bound("MaxWaitSeconds", "MaxValue"),
+            lambda_common::MAX_WAIT_RANGE,
+            "MaxWaitSeconds' bounds are the function's"
+        );
+    }
+
+    #[test]
+    fn the_deployed_stack_has_every_function_machine_and_substitution() {
+        let stack = deployed();
+        let binaries: Vec<&str> = stack.functions.iter().map(|f| f.binary.as_str()).collect();
+        assert_eq!(binaries, ["acquire", "release", "cleanup", "sweeper"]);
+        let table = stack.table("SemaphoreTable").unwrap();
+        let queue = stack.table("QueueTable").unwrap();
+        // Every function gets the protocol's timing from the template's two parameters (the
+        // fence window is computed from them; there is no window parameter to get wrong).
+        assert_eq!(stack.timing_seconds(), Ok((8, 2)));
+        let lock = stack.parameter("LockName").unwrap();
+        for f in &stack.functions {
+            let env = |name: &str| f.environment.get(name).map(String::as_str);
+            assert_eq!(env("TABLE_NAME"), Some(table), "{}", f.binary);
+            assert_eq!(env("QUEUE_TABLE_NAME"), Some(queue), "{}", f.binary);
+            assert_eq!(env("ACQUIRE_HORIZON_SECONDS"), Some("8"), "{}", f.binary);
+            assert_eq!(env("CLOCK_SKEW_SECONDS"), Some("2"), "{}", f.binary);
+            assert_eq!(env("FENCE_WINDOW_SECONDS"), None, "{}", f.binary);
+            // Every function resolves an execution's lock alike.
+            assert_eq!(env("DEFAULT_LOCK"), Some(lock), "{}", f.binary);
+            // A function's name is CloudFormation's, and invokes name its ARN.
+            assert!(f.arn.ends_with(&format!(":function:{}", f.name)), "{f:?}");
+        }
+        let protected = stack.machine("LockProtectedStateMachine").unwrap();
+        let example = stack.machine("YourWorkflowExampleStateMachine").unwrap();
+        let demo = stack.machine("DemoWorkStateMachine").unwrap();
+        let runner = stack.machine("WorkFunctionStateMachine").unwrap();
+        assert_eq!(
+            demo.arn,
+            format!(
+                "arn:aws:states:us-east-1:123456789012:stateMachine:{}-demo-work",
+                stack.stack.name
+            )
+        );
+        let acquire = stack.function("acquire").unwrap();
+        let env = |f: &Function, name: &str| f.environment[name].clone();
+        assert_eq!(env(acquire, "DEFAULT_LIMIT"), "5");
+        assert_eq!(env(acquire, "MAX_WAIT_SECONDS"), "86400");
+        assert_eq!(env(acquire, "QUEUE_FALLBACK_SECONDS"), "300");
+        assert_eq!(env(acquire, "DEFAULT_WORK"), demo.arn);
+        // The default lists are empty: the demo work only, no function.
+        assert_eq!(env(acquire, "WORK_STATE_MACHINES"), demo.arn);
+        assert_eq!(env(acquire, "WORK_FUNCTIONS"), "");
+        assert_eq!(env(acquire, "WORK_FUNCTION_RUNNER"), runner.arn);
+        let cleanup = stack.function("cleanup").unwrap();
+        assert_eq!(env(cleanup, "ACQUIRE_FUNCTION_ARN"), acquire.arn);
+        assert_eq!(env(cleanup, "WORK_FUNCTION_RUNNER"), runner.arn);
+        let sweeper = stack.function("sweeper").unwrap();
+        assert_eq!(stack.topics.len(), 1);
+        assert_eq!(env(sweeper, "TOPIC_ARN"), stack.topics[0]);
+        assert_eq!(
+            env(sweeper, "STATE_MACHINE_ARNS"),
+            format!("{},{}", protected.arn, example.arn)
+        );
+        // The definitions as deployed: substituted, the context object's `$$.` kept.
+        for machine in &stack.machines {
+            assert!(!machine.definition.contains("${"), "{}", machine.name);
+        }
+        let definition: serde_json::Value = serde_json::from_str(&protected.definition).unwrap();
+        let acquire_state = &definition["States"]["Acquire slot"]["Parameters"];
+        assert_eq!(acquire_state["FunctionName"], acquire.arn.as_str());
+        assert_eq!(
+            acquire_state["Payload"]["requested_at.$"],
+            "$$.State.EnteredTime"
+        );
+        assert_eq!(
+            stack.rule_target().unwrap().logical_id,
+            "CleanupStateMachine"
+        );
+        assert_eq!(
+            stack.rule.pattern["detail"]["stateMachineArn"],
+            serde_json::json!([protected.arn, example.arn])
+        );
+        assert_eq!(stack.scheduled().unwrap().logical_id, "SweeperStateMachine");
+        assert_eq!(stack.schedule.expression, "rate(5 minutes)");
+        assert_eq!(stack.machines.len(), 7);
+        // What moto's CloudFormation does not create is listed, not silently missing.
+        let skipped: Vec<&str> = stack.skipped.iter().map(|s| s.kind.as_str()).collect();
+        assert!(skipped.contains(&"AWS::CloudWatch::Alarm"), "{skipped:?}");
+    }
+
+    #[test]
+    fn list_parameters_reach_the_environment_and_the_rule() {
+        let mine = "arn:aws:states:us-east-1:123456789012:stateMachine:mine";
+        let work_machines = format!("{mine},{mine}-too");
+        let stack = deploy_with(&[
+            ("WorkStateMachineArns", &work_machines),
+            (
+                "WorkFunctionArns",
+                "arn:aws:lambda:us-east-1:123456789012:function:work",
+            ),
+            ("ProtectedStateMachineArns", mine),
+        ]);
+        let demo = &stack.machine("DemoWorkStateMachine").unwrap().arn;
+        let acquire = &stack.function("acquire").unwrap().environment;
+        assert_eq!(
+            acquire["WORK_STATE_MACHINES"],
+            format!("{demo},{mine},{mine}-too")
+        );
+        assert_eq!(
+            acquire["WORK_FUNCTIONS"],
+            "arn:aws:lambda:us-east-1:123456789012:function:work"
+        );
+        let protected = stack.machine("LockProtectedStateMachine").unwrap();
+        let example = stack.machine("YourWorkflowExampleStateMachine").unwrap();
+        assert_eq!(
+            stack.rule.pattern["detail"]["stateMachineArn"],
+            serde_json::json!([protected.arn, example.arn, mine])
+        );
+        assert_eq!(
+            stack.function("sweeper").unwrap().environment["STATE_MACHINE_ARNS"],
+            format!("{},{},{mine}", protected.arn, example.arn)
+        );
+    }
+}
