@@ -41,6 +41,7 @@ use crate::protocol::WriteResult;
 use crate::queue::{QueueKey, Waiter};
 use crate::write::Write;
 
+/// The semaphore items of one table and their waiters' records in another (see the module docs).
 #[derive(Debug, Clone)]
 pub struct DynamoStore {
     client: Client,
