@@ -31,7 +31,7 @@
 //! | [`input`] | validated inputs: lock names, holder and acquisition ids, limits, weights, rates, task tokens |
 //! | [`item`] | the semaphore item: holders, fences, version, as plain values |
 //! | [`queue`] | the line's data: a waiter and its place in line |
-//! | [`write`] | a write as a value: its checks, its changes, and [`Write::apply`], their meaning |
+//! | [`write`](mod@write) | a write as a value: its checks, its changes, and [`Write::apply`], their meaning |
 //! | `error` | the errors: bad input, a store that failed |
 //! | [`protocol`] | which writes each operation sends, and what their results mean |
 //! | [`clock`] | time, injectable |

@@ -100,8 +100,8 @@ impl Graph {
         graph
     }
 
-    /// Every cycle, as the modules of each strongly connected component of more than one (or
-    /// one that uses itself).
+    /// Every cycle, as the modules of each strongly connected component of more than one (a
+    /// module's paths to itself are not uses).
     fn cycles(&self) -> Vec<Vec<String>> {
         // Tarjan's algorithm.
         struct State<'g> {
@@ -139,8 +139,7 @@ impl Graph {
                         break;
                     }
                 }
-                let uses_itself = s.graph.uses.get(v).is_some_and(|u| u.contains(v));
-                if component.len() > 1 || uses_itself {
+                if component.len() > 1 {
                     component.sort();
                     s.found.push(component);
                 }

@@ -5,7 +5,7 @@
 //!
 //! Its operations, one file per concern:
 //! - [`slots`]: acquire, release, fence, free and cleanup of slots, and the fences' rotation;
-//! - [`line`]: waiting in line, and the hand-off that moves it;
+//! - [`line`](mod@line): waiting in line, and the hand-off that moves it;
 //! - [`sweep`]: the safety net that reclaims what ended executions hold, and moves stuck lines.
 
 use std::sync::Arc;
