@@ -21,12 +21,15 @@ pub enum StoreError {
     /// "Expression parameters": at most 4 KB per expression string, at most 300 operators or
     /// functions per expression). Caught before the request is sent, so nothing was written; the
     /// protocol splits what could grow (see `protocol::MAX_SLOTS_PER_FREE`), so this is a bug.
-    #[error("lock {lock:?}: the {expression} of a write would be {bytes} bytes with {operators} operators, over DynamoDB's limit of {max_bytes} bytes and {max_operators} operators per expression; nothing was sent", max_bytes = crate::dynamo::MAX_EXPRESSION_BYTES, max_operators = crate::dynamo::MAX_EXPRESSION_OPERATORS)]
+    #[error("lock {lock:?}: the {expression} of a write would be {bytes} bytes with {operators} operators, over DynamoDB's limit of {max_bytes} bytes and {max_operators} operators per expression; nothing was sent")]
     ExpressionTooLarge {
         lock: String,
         expression: &'static str,
         bytes: usize,
         operators: usize,
+        /// The limits it is over (`dynamo::MAX_EXPRESSION_BYTES`, `MAX_EXPRESSION_OPERATORS`).
+        max_bytes: usize,
+        max_operators: usize,
     },
     #[error("lock {lock:?}: {problem} (a bug in this semaphore or a table that does not behave like DynamoDB)")]
     Unexpected { lock: String, problem: String },

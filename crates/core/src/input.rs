@@ -19,6 +19,9 @@ pub const MAX_LIMIT: u32 = 1000;
 /// Most acquisitions per second a start-rate limit may allow: one per millisecond, the
 /// resolution of the times the lock's item keeps.
 pub const MAX_RATE: f64 = 1000.0;
+/// Longest task token accepted, in bytes. Step Functions' task tokens are at most 1024
+/// characters today; `SendTaskSuccess` takes up to 2048.
+pub const MAX_TASK_TOKEN_BYTES: usize = 2048;
 
 /// Bad input: what was wrong and what to pass instead. Nothing is written when one is returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,7 +56,7 @@ pub enum InputError {
     WeightAboveLimit { weight: u32, limit: u32 },
     #[error("rate must be a number of acquisitions per second from {min} (one a day) to {MAX_RATE}; got {got}", min = Rate::MIN_PER_SECOND)]
     InvalidRate { got: String },
-    #[error("task token is {len} bytes long; the maximum is {max} bytes", max = crate::queue::MAX_TASK_TOKEN_BYTES)]
+    #[error("task token is {len} bytes long; the maximum is {MAX_TASK_TOKEN_BYTES} bytes")]
     TaskTokenTooLong { len: usize },
     #[error("{field} is missing: {hint}")]
     Missing {
@@ -141,10 +144,6 @@ impl AcquisitionId {
             return Err(InputError::AcquisitionCharacter { found });
         }
         Ok(Self(id))
-    }
-
-    pub fn default_id() -> Self {
-        Self(Self::DEFAULT.to_owned())
     }
 
     pub fn as_str(&self) -> &str {
@@ -322,6 +321,31 @@ impl From<Limit> for Terms {
     }
 }
 
+/// A Step Functions task token: what wakes a parked execution (`SendTaskSuccess`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskToken(String);
+
+impl TaskToken {
+    pub fn new(token: impl Into<String>) -> Result<Self, InputError> {
+        let token = token.into();
+        if token.is_empty() {
+            return Err(InputError::Missing {
+                field: "task_token",
+                hint: "pass $$.Task.Token from a .waitForTaskToken task",
+            });
+        }
+        if token.len() > MAX_TASK_TOKEN_BYTES {
+            return Err(InputError::TaskTokenTooLong { len: token.len() });
+        }
+        reject_control("task_token", &token)?;
+        Ok(Self(token))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 macro_rules! display_as_str {
     ($($t:ty),*) => {$(
         impl fmt::Display for $t {
@@ -348,6 +372,26 @@ impl fmt::Display for Weight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_tokens_are_bounded_and_printable() {
+        assert!(TaskToken::new("AQB8AAAAKgAAAAMAAAAA").is_ok());
+        assert!(matches!(
+            TaskToken::new(""),
+            Err(InputError::Missing { .. })
+        ));
+        assert!(matches!(
+            TaskToken::new("x".repeat(MAX_TASK_TOKEN_BYTES + 1)),
+            Err(InputError::TaskTokenTooLong { .. })
+        ));
+        assert_eq!(
+            TaskToken::new("a\nb"),
+            Err(InputError::ControlCharacter {
+                field: "task_token",
+                at: 1
+            })
+        );
+    }
 
     #[test]
     fn lock_names_are_bounded_and_printable() {

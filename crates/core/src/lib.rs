@@ -2,11 +2,11 @@
 //!
 //! One DynamoDB item per lock holds its holders (with their weights and the sum of them), a
 //! version counter and the fences of the last window or two. Every operation is one conditional
-//! write (cleanup: two; a release or cleanup whose slot went meanwhile, one more) described as a plain
-//! [`Write`] (checks + changes): [`protocol`] says which writes each operation sends and what
-//! their results mean, [`Write::apply`] is their meaning, the [`MemoryStore`] applies them with
-//! it and the [`DynamoStore`] renders them as `UpdateItem` expressions. A [`Semaphore`] runs an
-//! operation against a store.
+//! write (cleanup: two; a release or cleanup whose slot went meanwhile, one more) described as a
+//! plain [`Write`] (checks + changes): [`protocol`] says which writes each operation sends and
+//! what their results mean, [`Write::apply`] is their meaning, the [`MemoryStore`] applies them
+//! with it and the [`DynamoStore`] renders them as `UpdateItem` expressions. A [`Semaphore`] runs
+//! an operation against a store.
 //!
 //! Which fault each rule defends against (see `DESIGN.md` for F1-F6, and `protocol` for why):
 //! - release and cleanup fence the acquisition or the execution's ended runs; an acquire checks
@@ -20,32 +20,63 @@
 //!   only what their identity holds and subtract it once (F4, S1); a start rate is a least
 //!   spacing since the last start, checked when the write lands;
 //! - every input is validated before any request is sent (F6).
+//!
+//! # Module map
+//!
+//! Each module uses only those listed before it (`tests/module_graph.rs` keeps it so: it fails
+//! on any cycle among them):
+//!
+//! | module | what it is |
+//! |---|---|
+//! | [`input`] | validated inputs: lock names, holder and acquisition ids, limits, weights, rates, task tokens |
+//! | [`item`] | the semaphore item: holders, fences, version, as plain values |
+//! | [`queue`] | the line's data: a waiter and its place in line |
+//! | [`write`](mod@write) | a write as a value: its checks, its changes, and [`Write::apply`], their meaning |
+//! | `error` | the errors: bad input, a store that failed |
+//! | [`protocol`] | which writes each operation sends, and what their results mean |
+//! | [`clock`] | time, injectable |
+//! | [`ports`] | the interfaces to the outside world: [`ItemStore`], [`ExecutionStatus`], [`Waker`] |
+//! | [`memory`] | an in-memory [`ItemStore`], for tests and the model checker |
+//! | [`dynamo`] | the DynamoDB [`ItemStore`]: codec, expressions, sizes, the client |
+//! | [`semaphore`] | the [`Semaphore`]: the protocol run against a store: its [`slots`](semaphore::slots), its [`line`](semaphore::line) and its [`sweep`](semaphore::sweep) |
+//!
+//! The types callers use are re-exported here, at the crate's root.
 
-pub mod clock;
-pub mod dynamo;
-mod error;
 pub mod input;
 pub mod item;
-pub mod memory;
-pub mod protocol;
 pub mod queue;
-mod store;
-pub mod sweep;
 pub mod write;
+
+mod error;
+pub mod protocol;
+
+pub mod clock;
+pub mod ports;
+
+pub mod dynamo;
+pub mod memory;
+
+pub mod semaphore;
 
 pub use clock::{rfc3339_millis, Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
 pub use error::{Error, StoreError};
-pub use input::{AcquisitionId, HolderId, InputError, Limit, LockName, Rate, Terms, Weight};
+pub use input::{
+    AcquisitionId, HolderId, InputError, Limit, LockName, Rate, TaskToken, Terms, Weight,
+};
 pub use item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
 pub use memory::MemoryStore;
+pub use ports::{
+    missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, Waker,
+    MISSING_EXECUTION_GRACE_MS,
+};
 pub use protocol::{
-    AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, Step, Timing, WriteResult,
+    AcquireOutcome, CleanupOutcome, FenceReason, QueueOutcome, ReleaseOutcome, Step, Timing,
+    WriteResult,
 };
-pub use queue::{HandOff, QueueKey, QueueOutcome, TaskToken, Waiter, Waker};
-pub use store::{Fenced, ItemStore, Semaphore, MAX_ROUNDS};
-pub use sweep::{
-    missing_long_enough, ExecutionState, ExecutionStatus, LargestItem, LineSweep, Reclaimed,
-    SweepReport, MISSING_EXECUTION_GRACE_MS,
-};
+pub use queue::{QueueKey, Waiter};
+pub use semaphore::line::HandOff;
+pub use semaphore::slots::{Fenced, MAX_ROUNDS};
+pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport};
+pub use semaphore::Semaphore;
 pub use write::{Change, Check, Write};

@@ -12,9 +12,9 @@ use std::sync::Mutex;
 use crate::error::StoreError;
 use crate::input::LockName;
 use crate::item::SemaphoreItem;
+use crate::ports::ItemStore;
 use crate::protocol::WriteResult;
 use crate::queue::{QueueKey, Waiter};
-use crate::store::ItemStore;
 use crate::write::Write;
 
 #[derive(Debug, Default)]

@@ -13,9 +13,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::input::{Limit, LockName, Rate, Terms, Weight};
+use crate::input::{Limit, LockName, Rate, TaskToken, Terms, Weight};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem};
-use crate::queue::{QueueKey, TaskToken, Waiter};
+use crate::queue::{QueueKey, Waiter};
 
 /// A condition checked when the write lands. All of a write's checks must hold.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -277,7 +277,7 @@ impl Write {
 mod tests {
     use super::*;
     use crate::input::{AcquisitionId, HolderId};
-    use crate::item::Version;
+    use crate::item::{Run, Version};
 
     fn lock() -> LockName {
         LockName::new("l").unwrap()
@@ -382,9 +382,9 @@ mod tests {
     #[test]
     fn a_rotation_keeps_what_came_after_the_read_and_drops_the_old_generation() {
         let (f1, f2, f3) = (
-            FenceKey::execution(&HolderId::new("1").unwrap(), crate::Run::FIRST),
-            FenceKey::execution(&HolderId::new("2").unwrap(), crate::Run::FIRST),
-            FenceKey::execution(&HolderId::new("3").unwrap(), crate::Run::FIRST),
+            FenceKey::execution(&HolderId::new("1").unwrap(), Run::FIRST),
+            FenceKey::execution(&HolderId::new("2").unwrap(), Run::FIRST),
+            FenceKey::execution(&HolderId::new("3").unwrap(), Run::FIRST),
         );
         let add = |key| write(vec![], vec![Change::AddFence(key)]);
         let item = add(f1).apply(None).unwrap();
@@ -418,5 +418,70 @@ mod tests {
         assert!(item.fences.young.is_empty());
         assert!(Check::RotatedBefore { deadline_ms: 201 }.holds(&item));
         assert!(!Check::RotatedBefore { deadline_ms: 200 }.holds(&item));
+    }
+
+    /// A waiter's record and the lock's count, changed by one write.
+    #[test]
+    fn queue_changes_move_the_record_and_the_count_together() {
+        let w = Waiter::new(
+            lock(),
+            id("x"),
+            Run::FIRST,
+            Limit::new(1).unwrap(),
+            1_000,
+            TaskToken::new("t1").unwrap(),
+            "{}".to_owned(),
+        );
+        let item = SemaphoreItem::empty(lock());
+        let enqueue = write(
+            vec![Check::NotQueued(w.key)],
+            vec![Change::Enqueue(Box::new(w.clone()))],
+        );
+        assert_eq!(enqueue.waiter_key(), Some(w.key));
+        let (item, record) = enqueue.apply_with(Some(&item), None).unwrap();
+        assert_eq!((item.waiting, record.as_ref()), (1, Some(&w)));
+        assert_eq!(
+            enqueue.apply_with(Some(&item), record.as_ref()),
+            Err(&Check::NotQueued(w.key)),
+            "queued once"
+        );
+
+        let token = TaskToken::new("t2").unwrap();
+        let repark = write(
+            vec![Check::Queued(w.key)],
+            vec![Change::Repark {
+                key: w.key,
+                task_token: token.clone(),
+            }],
+        );
+        let (item, record) = repark.apply_with(Some(&item), record.as_ref()).unwrap();
+        let record = record.unwrap();
+        assert_eq!(record.task_token, token);
+        assert_eq!(
+            (record.key, item.waiting),
+            (w.key, 1),
+            "same place, same count"
+        );
+
+        // A grant names the token it read: the old one no longer matches.
+        let stale = Check::QueuedWith {
+            key: w.key,
+            task_token: w.task_token.clone(),
+        };
+        assert!(!stale.holds_with(&item, Some(&record)));
+        assert!(
+            !stale.holds(&item),
+            "a record's check never holds on the item alone"
+        );
+        let dequeue = write(
+            vec![Check::QueuedWith {
+                key: w.key,
+                task_token: token,
+            }],
+            vec![Change::Dequeue(w.key)],
+        );
+        let (item, gone) = dequeue.apply_with(Some(&item), Some(&record)).unwrap();
+        assert_eq!((item.waiting, gone), (0, None));
+        assert!(dequeue.apply_with(Some(&item), None).is_err());
     }
 }

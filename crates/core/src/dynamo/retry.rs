@@ -1,6 +1,6 @@
 //! What the store does about DynamoDB's answers that are not answers to the write itself (F10):
 //! an attempt whose answer was lost (the SDK sends it again; the first may have landed), a
-//! transaction throttled, and the one client request token of a transaction.
+//! transaction throttled or in conflict, and the one client request token of a transaction.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -75,6 +75,19 @@ pub fn throttle_backoff(config: Option<&RetryConfig>, throttled: u32, jitter: f6
         .unwrap_or(Duration::MAX)
         .min(config.max_backoff());
     exponential.mul_f64(jitter.clamp(0.0, 1.0))
+}
+
+/// How often a transaction is sent again when DynamoDB cancels it for a conflict with another
+/// write of the same items in flight (nothing was written), or answers that it is still in
+/// progress.
+pub(super) const CONFLICT_ROUNDS: u32 = 5;
+
+/// The wait before sending again, the `round`-th time (from 0), a write DynamoDB rejected for a
+/// conflict with a transaction in flight: a few to a few hundred ms, drawn at random so that
+/// writers that collided do not collide again.
+pub(super) async fn backoff(round: u32) {
+    let ms = fastrand::u64(5..=(20u64 << round.min(4)));
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
 
 /// A new client request token for a transaction: 32 hex digits (DynamoDB takes 1 to 36

@@ -1,0 +1,471 @@
+//! The DynamoDB form of the semaphore's values: a lock's item and a waiter's record as attribute
+//! values, and back. Nothing here sends a request.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::error::StoreError;
+use crate::input::{AcquisitionId, HolderId, Limit, LockName, Rate, TaskToken, Terms, Weight};
+use crate::item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
+use crate::queue::{QueueKey, Waiter};
+
+/// Attribute names of the semaphore item. `lock` is the table's only key; the template's table
+/// and `semctl init` declare exactly this schema.
+pub mod attr {
+    pub const LOCK: &str = "lock";
+    /// The item format: [`super::FORMAT`]. Every write checks it, so a write never lands on an
+    /// item of another format (version 1's items have none), and a missing item is told apart.
+    pub const FORMAT: &str = "format";
+    pub const VERSION: &str = "version";
+    pub const LIMIT: &str = "limit";
+    /// Map: slot key (`holder#acquisition`) -> the holding, packed in one number (see
+    /// [`super::TOKEN_SPAN`]).
+    pub const HOLDERS: &str = "holders";
+    /// Binary sets of 8-byte fence keys, and the time of the last rotation (epoch ms).
+    pub const YOUNG: &str = "young";
+    pub const OLD: &str = "old";
+    pub const ROTATED_AT: &str = "rotated_at";
+    /// How many waiters are in the lock's line (absent: none).
+    pub const WAITING: &str = "waiting";
+    /// The sum of the holders' weights (always there: the limit check reads it).
+    pub const USED: &str = "used";
+    /// The last acquisition's start rate, as its spacing in ms (absent: none).
+    pub const SPACING: &str = "spacing_ms";
+    /// When the last acquisition landed (epoch ms; absent: none yet).
+    pub const STARTED_AT: &str = "started_at";
+    /// The bytes of the holder map's entries (always there: the acquire's room check reads it).
+    pub const HELD_BYTES: &str = "held_bytes";
+}
+
+/// Attribute names of a waiter's item.
+pub mod queue_attr {
+    /// Partition key: the lock's name.
+    pub const LOCK: &str = "lock";
+    /// Sort key: the waiter's place in line, [`QueueKey::render`](crate::queue::QueueKey::render).
+    pub const PLACE: &str = "place";
+    pub const HOLDER: &str = "holder";
+    pub const ACQUISITION: &str = "acquisition";
+    pub const RUN: &str = "run";
+    pub const LIMIT: &str = "limit";
+    /// The waiter's weight (absent: 1) and start rate as its spacing in ms (absent: none).
+    pub const WEIGHT: &str = "weight";
+    pub const SPACING: &str = "spacing_ms";
+    pub const TASK_TOKEN: &str = "task_token";
+    pub const CONTEXT: &str = "context";
+}
+
+/// The item format this version writes and reads. Format 2 (before weights) kept no `used`;
+/// format 3 (before the item's size budget) kept no `held_bytes`, which every acquire's condition
+/// reads and every removal subtracts from: a write of this version must not land on one.
+pub const FORMAT: u64 = 4;
+
+/// A holding is stored as one number,
+/// `(weight - 1) * WEIGHT_SPAN + acquired_at_ms * TOKEN_SPAN + token`. The token is the version
+/// the acquire's write makes, which only DynamoDB knows when the write lands; an update
+/// expression can compute a number from the version (`#version + :c`) but cannot build a map
+/// from it, so one number carries all three. Versions stay below
+/// 10^15 (a thousand writes a second for 31,000 years), times below 10^13 ms (until the year
+/// 2286), weights at most 1000: at most 31 digits (DynamoDB keeps 38). The weight leads, so "a
+/// slot of weight w" is a range a condition can check (`BETWEEN`), which a release needs: it
+/// subtracts the weight it removes from `used`.
+pub const TOKEN_SPAN: u128 = 1_000_000_000_000_000;
+/// See [`TOKEN_SPAN`]: `TOKEN_SPAN * 10^13`.
+pub const WEIGHT_SPAN: u128 = TOKEN_SPAN * 10_000_000_000_000;
+
+/// The stored number of a holding.
+pub(super) fn pack(holding: &Holding) -> u128 {
+    weight_floor(holding.weight)
+        + u128::from(holding.acquired_at_ms) * TOKEN_SPAN
+        + u128::from(holding.token.0)
+}
+
+/// The least stored number of a holding of `weight`.
+pub(super) fn weight_floor(weight: Weight) -> u128 {
+    u128::from(weight.get() - 1) * WEIGHT_SPAN
+}
+
+pub(super) fn number(n: impl ToString) -> AttributeValue {
+    AttributeValue::N(n.to_string())
+}
+
+pub(super) fn string(s: &str) -> AttributeValue {
+    AttributeValue::S(s.to_owned())
+}
+
+pub(super) fn binary(key: &FenceKey) -> AttributeValue {
+    AttributeValue::B(Blob::new(key.as_bytes().to_vec()))
+}
+
+pub(super) fn binary_set(keys: &BTreeSet<FenceKey>) -> AttributeValue {
+    AttributeValue::Bs(
+        keys.iter()
+            .map(|key| Blob::new(key.as_bytes().to_vec()))
+            .collect(),
+    )
+}
+
+/// The DynamoDB attributes of an item. Empty fence generations are left out (DynamoDB has no
+/// empty sets); the holder map is always there, since writes set and remove entries in it.
+pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
+    let holders = item
+        .holders
+        .iter()
+        .map(|(identity, holding)| (identity.slot_key(), number(pack(holding))))
+        .collect();
+    let mut attrs = HashMap::from([
+        (attr::LOCK.to_owned(), string(item.lock.as_str())),
+        (attr::FORMAT.to_owned(), number(FORMAT)),
+        (attr::VERSION.to_owned(), number(item.version.0)),
+        (attr::HOLDERS.to_owned(), AttributeValue::M(holders)),
+        (attr::USED.to_owned(), number(item.used)),
+        (attr::HELD_BYTES.to_owned(), number(item.held_bytes)),
+    ]);
+    if let Some(rate) = item.rate {
+        attrs.insert(attr::SPACING.to_owned(), number(rate.spacing_ms()));
+    }
+    if let Some(at_ms) = item.started_at_ms {
+        attrs.insert(attr::STARTED_AT.to_owned(), number(at_ms));
+    }
+    if let Some(limit) = item.limit {
+        attrs.insert(attr::LIMIT.to_owned(), number(limit.get()));
+    }
+    for (name, keys) in [
+        (attr::YOUNG, &item.fences.young),
+        (attr::OLD, &item.fences.old),
+    ] {
+        if !keys.is_empty() {
+            attrs.insert(name.to_owned(), binary_set(keys));
+        }
+    }
+    if let Some(at_ms) = item.fences.rotated_at_ms {
+        attrs.insert(attr::ROTATED_AT.to_owned(), number(at_ms));
+    }
+    if item.waiting > 0 {
+        attrs.insert(attr::WAITING.to_owned(), number(item.waiting));
+    }
+    attrs
+}
+
+/// Reads an item back, checking that it is one of ours, of this format.
+pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, StoreError> {
+    let lock_name = attrs
+        .get(attr::LOCK)
+        .and_then(|v| v.as_s().ok())
+        .cloned()
+        .unwrap_or_default();
+    let corrupt = |problem: String| StoreError::CorruptItem {
+        lock: lock_name.clone(),
+        problem,
+    };
+    match attrs.get(attr::FORMAT) {
+        Some(_) => {
+            let format = get_number(attrs, attr::FORMAT).map_err(&corrupt)?;
+            if format == 2 {
+                return Err(corrupt(
+                    "item format 2, written before weighted permits (it keeps no `used`): delete \
+                     the item once no execution uses the lock, or use a new lock name"
+                        .to_owned(),
+                ));
+            }
+            if format == 3 {
+                return Err(corrupt(
+                    "item format 3, written before the item's size budget (it keeps no \
+                     `held_bytes`): delete the item once no execution uses the lock, or use a \
+                     new lock name"
+                        .to_owned(),
+                ));
+            }
+            if format != u128::from(FORMAT) {
+                return Err(corrupt(format!(
+                    "item format {format}, where this version reads format {FORMAT}"
+                )));
+            }
+        }
+        // Version 1's items: a `count` and a binary `fences` attribute, no format.
+        None if attrs.contains_key("count") || attrs.contains_key("fences") => {
+            return Err(StoreError::OldFormat { lock: lock_name })
+        }
+        None => return Err(corrupt(format!("attribute {} is missing", attr::FORMAT))),
+    }
+    let lock = LockName::new(lock_name.clone()).map_err(|e| corrupt(e.to_string()))?;
+    let version = get_number(attrs, attr::VERSION).map_err(&corrupt)?;
+    if version >= TOKEN_SPAN {
+        return Err(corrupt(format!("version {version} is out of range")));
+    }
+    let limit = match attrs.get(attr::LIMIT) {
+        None => None,
+        Some(_) => {
+            let n = get_number(attrs, attr::LIMIT).map_err(&corrupt)?;
+            Some(
+                i64::try_from(n)
+                    .map_err(|e| e.to_string())
+                    .and_then(|n| Limit::new(n).map_err(|e| e.to_string()))
+                    .map_err(&corrupt)?,
+            )
+        }
+    };
+    let mut holders = BTreeMap::new();
+    for (key, value) in get_map(attrs, attr::HOLDERS).map_err(&corrupt)? {
+        let identity = Identity::from_slot_key(key)
+            .map_err(|problem| corrupt(format!("holder key {key:?}: {problem}")))?;
+        let packed = value
+            .as_n()
+            .ok()
+            .and_then(|n| n.parse::<u128>().ok())
+            .ok_or_else(|| corrupt(format!("holder {key:?} is not a whole number")))?;
+        let (weight, rest) = (packed / WEIGHT_SPAN + 1, packed % WEIGHT_SPAN);
+        let (token, acquired_at_ms) = (rest % TOKEN_SPAN, rest / TOKEN_SPAN);
+        let holding = Holding {
+            token: FencingToken(u64::try_from(token).map_err(|e| corrupt(e.to_string()))?),
+            acquired_at_ms: u64::try_from(acquired_at_ms).map_err(|e| corrupt(e.to_string()))?,
+            weight: i64::try_from(weight)
+                .map_err(|e| e.to_string())
+                .and_then(|w| Weight::new(w).map_err(|e| e.to_string()))
+                .map_err(|problem| corrupt(format!("holder {key:?}: {problem}")))?,
+        };
+        holders.insert(identity, holding);
+    }
+    let mut fences = Fences {
+        young: get_fences(attrs, attr::YOUNG).map_err(&corrupt)?,
+        old: get_fences(attrs, attr::OLD).map_err(&corrupt)?,
+        rotated_at_ms: None,
+    };
+    if attrs.contains_key(attr::ROTATED_AT) {
+        let at = get_number(attrs, attr::ROTATED_AT).map_err(&corrupt)?;
+        fences.rotated_at_ms = Some(u64::try_from(at).map_err(|e| corrupt(e.to_string()))?);
+    }
+    let optional = |name: &str| -> Result<Option<u64>, StoreError> {
+        match attrs.get(name) {
+            None => Ok(None),
+            Some(_) => {
+                let n = get_number(attrs, name).map_err(&corrupt)?;
+                Ok(Some(u64::try_from(n).map_err(|e| corrupt(e.to_string()))?))
+            }
+        }
+    };
+    let waiting = optional(attr::WAITING)?.unwrap_or(0);
+    let used = optional(attr::USED)?
+        .ok_or_else(|| corrupt(format!("attribute {} is missing", attr::USED)))?;
+    let rate = optional(attr::SPACING)?
+        .map(Rate::from_spacing_ms)
+        .transpose()
+        .map_err(|e| corrupt(e.to_string()))?;
+    let started_at_ms = optional(attr::STARTED_AT)?;
+    let held_bytes = optional(attr::HELD_BYTES)?
+        .ok_or_else(|| corrupt(format!("attribute {} is missing", attr::HELD_BYTES)))?;
+    Ok(SemaphoreItem {
+        lock,
+        limit,
+        version: Version(u64::try_from(version).map_err(|e| corrupt(e.to_string()))?),
+        holders,
+        fences,
+        waiting,
+        used,
+        rate,
+        started_at_ms,
+        held_bytes,
+    })
+}
+
+fn get_fences(
+    attrs: &HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<BTreeSet<FenceKey>, String> {
+    let Some(value) = attrs.get(name) else {
+        return Ok(BTreeSet::new());
+    };
+    let blobs = value
+        .as_bs()
+        .map_err(|_| format!("attribute {name} is not a binary set"))?;
+    blobs
+        .iter()
+        .map(|blob| {
+            <[u8; FenceKey::LEN]>::try_from(blob.as_ref())
+                .map(FenceKey::from_bytes)
+                .map_err(|_| {
+                    format!(
+                        "attribute {name} holds a {}-byte fence; fences are {} bytes",
+                        blob.as_ref().len(),
+                        FenceKey::LEN
+                    )
+                })
+        })
+        .collect()
+}
+
+pub fn encode_waiter(waiter: &Waiter) -> HashMap<String, AttributeValue> {
+    let mut attrs = HashMap::from([
+        (queue_attr::LOCK.to_owned(), string(waiter.lock.as_str())),
+        (queue_attr::PLACE.to_owned(), string(&waiter.key.render())),
+        (
+            queue_attr::HOLDER.to_owned(),
+            string(waiter.identity.holder.as_str()),
+        ),
+        (
+            queue_attr::ACQUISITION.to_owned(),
+            string(waiter.identity.acquisition.as_str()),
+        ),
+        (queue_attr::RUN.to_owned(), number(waiter.run.0)),
+        (
+            queue_attr::LIMIT.to_owned(),
+            number(waiter.terms.limit.get()),
+        ),
+        (
+            queue_attr::WEIGHT.to_owned(),
+            number(waiter.terms.weight.get()),
+        ),
+        (
+            queue_attr::TASK_TOKEN.to_owned(),
+            string(waiter.task_token.as_str()),
+        ),
+        (queue_attr::CONTEXT.to_owned(), string(&waiter.context)),
+    ]);
+    if let Some(rate) = waiter.terms.rate {
+        attrs.insert(queue_attr::SPACING.to_owned(), number(rate.spacing_ms()));
+    }
+    attrs
+}
+
+pub fn decode_waiter(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter, StoreError> {
+    let text = |name: &str| {
+        attrs
+            .get(name)
+            .and_then(|v| v.as_s().ok())
+            .cloned()
+            .ok_or_else(|| format!("attribute {name} is missing or not a string"))
+    };
+    let lock_name = text(queue_attr::LOCK).unwrap_or_default();
+    let corrupt = |problem: String| StoreError::CorruptItem {
+        lock: lock_name.clone(),
+        problem: format!("waiter: {problem}"),
+    };
+    let lock = LockName::new(lock_name.clone()).map_err(|e| corrupt(e.to_string()))?;
+    let key = QueueKey::parse(&text(queue_attr::PLACE).map_err(&corrupt)?).map_err(&corrupt)?;
+    let identity = Identity::new(
+        HolderId::new(text(queue_attr::HOLDER).map_err(&corrupt)?)
+            .map_err(|e| corrupt(e.to_string()))?,
+        AcquisitionId::new(text(queue_attr::ACQUISITION).map_err(&corrupt)?)
+            .map_err(|e| corrupt(e.to_string()))?,
+    );
+    let run = get_number(attrs, queue_attr::RUN)
+        .and_then(|n| u32::try_from(n).map_err(|e| e.to_string()))
+        .map_err(&corrupt)?;
+    let limit = get_number(attrs, queue_attr::LIMIT)
+        .and_then(|n| i64::try_from(n).map_err(|e| e.to_string()))
+        .and_then(|n| Limit::new(n).map_err(|e| e.to_string()))
+        .map_err(&corrupt)?;
+    let weight = match attrs.get(queue_attr::WEIGHT) {
+        None => Weight::ONE,
+        Some(_) => get_number(attrs, queue_attr::WEIGHT)
+            .and_then(|n| i64::try_from(n).map_err(|e| e.to_string()))
+            .and_then(|n| Weight::new(n).map_err(|e| e.to_string()))
+            .map_err(&corrupt)?,
+    };
+    let rate = match attrs.get(queue_attr::SPACING) {
+        None => None,
+        Some(_) => Some(
+            get_number(attrs, queue_attr::SPACING)
+                .and_then(|n| u64::try_from(n).map_err(|e| e.to_string()))
+                .and_then(|n| Rate::from_spacing_ms(n).map_err(|e| e.to_string()))
+                .map_err(&corrupt)?,
+        ),
+    };
+    let terms = Terms::new(limit, weight, rate).map_err(|e| corrupt(e.to_string()))?;
+    let task_token = TaskToken::new(text(queue_attr::TASK_TOKEN).map_err(&corrupt)?)
+        .map_err(|e| corrupt(e.to_string()))?;
+    Ok(Waiter {
+        lock,
+        key,
+        identity,
+        run: Run(run),
+        terms,
+        task_token,
+        context: text(queue_attr::CONTEXT).map_err(&corrupt)?,
+    })
+}
+
+fn get_number(attrs: &HashMap<String, AttributeValue>, name: &str) -> Result<u128, String> {
+    attrs
+        .get(name)
+        .and_then(|v| v.as_n().ok())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("attribute {name} is missing or not a whole number"))
+}
+
+fn get_map<'a>(
+    attrs: &'a HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<&'a HashMap<String, AttributeValue>, String> {
+    attrs
+        .get(name)
+        .and_then(|v| v.as_m().ok())
+        .ok_or_else(|| format!("attribute {name} is missing or not a map"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> Identity {
+        Identity::new(
+            HolderId::new("arn:aws:states:us-east-1:1:execution:m:e#1").unwrap(),
+            AcquisitionId::new("u-1").unwrap(),
+        )
+    }
+
+    #[test]
+    fn an_item_survives_encoding() {
+        let mut item = SemaphoreItem::empty(LockName::new("l").unwrap());
+        item.version = Version(7);
+        item.limit = Some(Limit::new(3).unwrap());
+        let id = identity();
+        item.holders.insert(
+            id.clone(),
+            Holding {
+                token: FencingToken(6),
+                acquired_at_ms: 1_700_000_000_123,
+                weight: Weight::new(4).unwrap(),
+            },
+        );
+        item.fences.young.insert(FenceKey::acquisition(&id));
+        item.fences
+            .old
+            .insert(FenceKey::execution(&id.holder, Run::FIRST));
+        item.fences.rotated_at_ms = Some(1_700_000_000_000);
+        assert_eq!(decode(&encode(&item)).unwrap(), item);
+        let empty = SemaphoreItem::empty(LockName::new("l").unwrap());
+        assert_eq!(decode(&encode(&empty)).unwrap(), empty);
+    }
+
+    #[test]
+    fn a_holding_is_one_number_whose_last_fifteen_digits_are_the_token() {
+        let mut item = SemaphoreItem::empty(LockName::new("l").unwrap());
+        item.holders.insert(
+            identity(),
+            Holding {
+                token: FencingToken(42),
+                acquired_at_ms: 1_796_000_123_456,
+                weight: Weight::ONE,
+            },
+        );
+        let attrs = encode(&item);
+        let entry = &attrs[attr::HOLDERS].as_m().unwrap()[&identity().slot_key()];
+        assert_eq!(entry.as_n().unwrap(), "1796000123456000000000000042");
+    }
+
+    #[test]
+    fn a_version_1_item_is_named_as_such() {
+        let attrs = HashMap::from([
+            (attr::LOCK.to_owned(), string("old-lock")),
+            ("version".to_owned(), number(3)),
+            ("count".to_owned(), number(0)),
+            ("holders".to_owned(), AttributeValue::M(HashMap::new())),
+            ("fences".to_owned(), AttributeValue::B(Blob::new(vec![]))),
+        ]);
+        let err = decode(&attrs).unwrap_err();
+        assert!(matches!(err, StoreError::OldFormat { ref lock } if lock == "old-lock"));
+        assert!(err.to_string().contains("version 1"), "{err}");
+    }
+}

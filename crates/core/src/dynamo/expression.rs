@@ -1,0 +1,689 @@
+//! The expressions DynamoDB evaluates for a [`Write`]: its checks as a condition and its changes
+//! as an update of the lock's item, and the check and change of the waiter's record it names.
+//! Every expression a write is sent with is built here, from the typed write, and nowhere else,
+//! within DynamoDB's limits on an expression.
+
+use std::collections::{BTreeSet, HashMap};
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Delete, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+
+use super::codec::{
+    attr, binary, binary_set, encode_waiter, number, pack, queue_attr, string, weight_floor,
+    FORMAT, WEIGHT_SPAN,
+};
+use crate::error::StoreError;
+use crate::input::LockName;
+use crate::item::{
+    FencingToken, Holding, Identity, FENCES_PER_GENERATION, HELD_BYTES_BUDGET, MAX_HELD_BYTES,
+};
+use crate::queue::QueueKey;
+use crate::write::{Change, Check, Write};
+
+/// DynamoDB's limits on one expression string ("Constraints in Amazon DynamoDB", section
+/// "Expression parameters"): "The maximum length of any expression string is 4 KB" (1 KB = 1024
+/// bytes there), and at most 300 operators or functions in an expression. A request over either
+/// is refused with a ValidationException, whatever its condition would have said.
+pub const MAX_EXPRESSION_BYTES: usize = 4 * 1024;
+/// See [`MAX_EXPRESSION_BYTES`].
+pub const MAX_EXPRESSION_OPERATORS: usize = 300;
+
+/// The operators and functions in an expression, counted generously (the `AND` of a `BETWEEN`
+/// and the `=` of a `SET` action count too), so that a count within the limit is within it
+/// however DynamoDB counts.
+fn operators(expression: &str) -> usize {
+    let words = expression
+        .split(|c: char| c.is_whitespace() || c == ',' || c == ')')
+        .filter(|w| {
+            matches!(
+                w.to_ascii_uppercase().as_str(),
+                "AND"
+                    | "OR"
+                    | "NOT"
+                    | "BETWEEN"
+                    | "IN"
+                    | "="
+                    | "<>"
+                    | "<"
+                    | "<="
+                    | ">"
+                    | ">="
+                    | "+"
+                    | "-"
+            )
+        })
+        .count();
+    words + expression.matches('(').count()
+}
+
+/// The expression, or the typed error DynamoDB's limits call for: a request AWS would refuse is
+/// never sent (and, for a cleanup, is never left to fail after its fence landed).
+fn within_limits(
+    lock: &LockName,
+    expression: &'static str,
+    text: String,
+) -> Result<String, StoreError> {
+    let operators = operators(&text);
+    if text.len() > MAX_EXPRESSION_BYTES || operators > MAX_EXPRESSION_OPERATORS {
+        return Err(StoreError::ExpressionTooLarge {
+            lock: lock.to_string(),
+            expression,
+            bytes: text.len(),
+            operators,
+            max_bytes: MAX_EXPRESSION_BYTES,
+            max_operators: MAX_EXPRESSION_OPERATORS,
+        });
+    }
+    Ok(text)
+}
+
+/// An `UpdateItem`'s expressions, as rendered from a [`Write`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rendered {
+    pub condition: String,
+    pub update: String,
+    pub names: HashMap<String, String>,
+    pub values: HashMap<String, AttributeValue>,
+}
+
+/// Placeholders, each declared once and only when used (DynamoDB refuses unused ones).
+#[derive(Default)]
+struct Placeholders {
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+    slots: HashMap<String, String>,
+}
+
+impl Placeholders {
+    /// `#name` for a fixed attribute name.
+    fn attr(&mut self, name: &str) -> String {
+        let placeholder = format!("#{name}");
+        self.names.insert(placeholder.clone(), name.to_owned());
+        placeholder
+    }
+
+    /// `#holders.#hN` for a slot.
+    fn slot(&mut self, identity: &Identity) -> String {
+        let holders = self.attr(attr::HOLDERS);
+        let key = identity.slot_key();
+        let next = self.slots.len();
+        let placeholder = self
+            .slots
+            .entry(key.clone())
+            .or_insert_with(|| format!("#h{next}"))
+            .clone();
+        self.names.insert(placeholder.clone(), key);
+        format!("{holders}.{placeholder}")
+    }
+
+    /// A new `:vN` for a value.
+    fn value(&mut self, value: AttributeValue) -> String {
+        let placeholder = format!(":v{}", self.values.len());
+        self.values.insert(placeholder.clone(), value);
+        placeholder
+    }
+}
+
+/// The write as one `UpdateItem`: the format check and the write's checks as its condition, the
+/// version increment and the write's changes as its update.
+pub fn render(write: &Write) -> Result<Rendered, StoreError> {
+    let mut p = Placeholders::default();
+    let format = p.attr(attr::FORMAT);
+    let format_value = p.value(number(FORMAT));
+    let mut conditions = vec![format!("{format} = {format_value}")];
+    for check in &write.checks {
+        conditions.push(match check {
+            Check::NotHolding(identity) => format!("attribute_not_exists({})", p.slot(identity)),
+            Check::Fits { limit, weight } => {
+                let used = p.attr(attr::USED);
+                let room = p.value(number(limit.get() - weight.get()));
+                format!("{used} <= {room}")
+            }
+            Check::Room => {
+                let (held, young, old) = (
+                    p.attr(attr::HELD_BYTES),
+                    p.attr(attr::YOUNG),
+                    p.attr(attr::OLD),
+                );
+                let room = p.value(number(HELD_BYTES_BUDGET - MAX_HELD_BYTES));
+                let fences = p.value(number(FENCES_PER_GENERATION));
+                // `size` of a missing set is no number to compare (moto refuses the request).
+                format!(
+                    "({held} <= {room} \
+                     AND (attribute_not_exists({young}) OR size({young}) <= {fences}) \
+                     AND (attribute_not_exists({old}) OR size({old}) <= {fences}))"
+                )
+            }
+            Check::Spaced { rate, now_ms } => {
+                let started = p.attr(attr::STARTED_AT);
+                let since = p.value(number(now_ms.saturating_sub(rate.spacing_ms())));
+                format!("(attribute_not_exists({started}) OR {started} <= {since})")
+            }
+            Check::HoldsWeight { identity, weight } => {
+                let slot = p.slot(identity);
+                let low = p.value(number(weight_floor(*weight)));
+                let high = p.value(number(weight_floor(*weight) + WEIGHT_SPAN - 1));
+                format!("{slot} BETWEEN {low} AND {high}")
+            }
+            Check::NotFenced(key) => {
+                let (young, old) = (p.attr(attr::YOUNG), p.attr(attr::OLD));
+                let key = p.value(binary(key));
+                format!("NOT contains({young}, {key}) AND NOT contains({old}, {key})")
+            }
+            Check::RotatedBefore { deadline_ms } => {
+                let rotated = p.attr(attr::ROTATED_AT);
+                let deadline = p.value(number(deadline_ms));
+                format!("(attribute_not_exists({rotated}) OR {rotated} < {deadline})")
+            }
+            Check::LastRotation(None) => {
+                format!("attribute_not_exists({})", p.attr(attr::ROTATED_AT))
+            }
+            Check::LastRotation(Some(at_ms)) => {
+                let rotated = p.attr(attr::ROTATED_AT);
+                format!("{rotated} = {}", p.value(number(at_ms)))
+            }
+            Check::QueueEmpty => {
+                let waiting = p.attr(attr::WAITING);
+                let zero = p.value(number(0));
+                format!("(attribute_not_exists({waiting}) OR {waiting} = {zero})")
+            }
+            Check::Busy { terms, now_ms } => {
+                let (used, waiting) = (p.attr(attr::USED), p.attr(attr::WAITING));
+                let room = p.value(number(terms.room()));
+                let zero = p.value(number(0));
+                let (held, young, old) = (
+                    p.attr(attr::HELD_BYTES),
+                    p.attr(attr::YOUNG),
+                    p.attr(attr::OLD),
+                );
+                let held_room = p.value(number(HELD_BYTES_BUDGET - MAX_HELD_BYTES));
+                let fences = p.value(number(FENCES_PER_GENERATION));
+                // The negation of the acquire's checks of the weight, the room and the line.
+                let mut busy = format!(
+                    "{used} > {room} OR {held} > {held_room} \
+                     OR (attribute_exists({young}) AND size({young}) > {fences}) \
+                     OR (attribute_exists({old}) AND size({old}) > {fences}) \
+                     OR {waiting} > {zero}"
+                );
+                if let Some(rate) = terms.rate {
+                    let started = p.attr(attr::STARTED_AT);
+                    let since = p.value(number(now_ms.saturating_sub(rate.spacing_ms())));
+                    busy.push_str(&format!(" OR {started} > {since}"));
+                }
+                format!("({busy})")
+            }
+            // The waiter's record is another item: its check goes with its own action (see
+            // `record_action`).
+            Check::NotQueued(_) | Check::Queued(_) | Check::QueuedWith { .. } => continue,
+        });
+    }
+
+    let version = p.attr(attr::VERSION);
+    let one = p.value(number(1));
+    let mut set = vec![format!("{version} = {version} + {one}")];
+    let (mut remove, mut add, mut delete) = (Vec::new(), Vec::new(), Vec::new());
+    let mut fences_added = BTreeSet::new();
+    let (mut waiting_by, mut used_by, mut bytes_by): (i64, i64, i64) = (0, 0, 0);
+    for change in &write.changes {
+        match change {
+            Change::PutHolder {
+                identity,
+                acquired_at_ms,
+                weight,
+            } => {
+                // The version before this write plus this constant is the holding: token = the
+                // new version, see TOKEN_SPAN.
+                let constant = pack(&Holding {
+                    token: FencingToken(1),
+                    acquired_at_ms: *acquired_at_ms,
+                    weight: *weight,
+                });
+                let slot = p.slot(identity);
+                let constant = p.value(number(constant));
+                set.push(format!("{slot} = {version} + {constant}"));
+                let started = p.attr(attr::STARTED_AT);
+                set.push(format!("{started} = {}", p.value(number(acquired_at_ms))));
+                used_by += i64::from(weight.get());
+                bytes_by += identity.held_bytes() as i64;
+            }
+            Change::SetLimit(limit) => {
+                let name = p.attr(attr::LIMIT);
+                set.push(format!("{name} = {}", p.value(number(limit.get()))));
+            }
+            Change::SetRate(rate) => {
+                let name = p.attr(attr::SPACING);
+                match rate {
+                    Some(rate) => {
+                        set.push(format!("{name} = {}", p.value(number(rate.spacing_ms()))))
+                    }
+                    None => remove.push(name),
+                }
+            }
+            Change::RemoveHolder { identity, weight } => {
+                remove.push(p.slot(identity));
+                used_by -= i64::from(weight.get());
+                bytes_by -= identity.held_bytes() as i64;
+            }
+            Change::Enqueue(_) => waiting_by += 1,
+            Change::Dequeue(_) => waiting_by -= 1,
+            // Only the waiter's record changes (and the version, as for every write).
+            Change::Repark { .. } => {}
+            Change::AddFence(key) => {
+                fences_added.insert(*key);
+            }
+            Change::Rotate { young_seen, at_ms } => {
+                let old = p.attr(attr::OLD);
+                if young_seen.is_empty() {
+                    remove.push(old);
+                } else {
+                    let young = p.attr(attr::YOUNG);
+                    let seen = p.value(binary_set(young_seen));
+                    set.push(format!("{old} = {seen}"));
+                    delete.push(format!("{young} {seen}"));
+                }
+                let rotated = p.attr(attr::ROTATED_AT);
+                set.push(format!("{rotated} = {}", p.value(number(at_ms))));
+            }
+        }
+    }
+    if !fences_added.is_empty() {
+        if !delete.is_empty() {
+            // DynamoDB refuses two actions on one attribute; the protocol never asks for it.
+            return Err(StoreError::Unexpected {
+                lock: write.lock.to_string(),
+                problem: "a write both adds fences and rotates them".to_owned(),
+            });
+        }
+        let young = p.attr(attr::YOUNG);
+        add.push(format!("{young} {}", p.value(binary_set(&fences_added))));
+    }
+    for (name, by) in [
+        (attr::WAITING, waiting_by),
+        (attr::USED, used_by),
+        (attr::HELD_BYTES, bytes_by),
+    ] {
+        if by != 0 {
+            let name = p.attr(name);
+            add.push(format!("{name} {}", p.value(number(by))));
+        }
+    }
+    let mut update = format!("SET {}", set.join(", "));
+    for (keyword, clauses) in [("REMOVE", remove), ("ADD", add), ("DELETE", delete)] {
+        if !clauses.is_empty() {
+            update.push_str(&format!(" {keyword} {}", clauses.join(", ")));
+        }
+    }
+    Ok(Rendered {
+        condition: within_limits(&write.lock, "ConditionExpression", conditions.join(" AND "))?,
+        update: within_limits(&write.lock, "UpdateExpression", update)?,
+        names: p.names,
+        values: p.values,
+    })
+}
+
+/// The action on the waiter's record (in `queue_table`) a write asks for, with its check.
+pub(super) fn record_action(
+    queue_table: &str,
+    write: &Write,
+    key: QueueKey,
+) -> Result<TransactWriteItem, StoreError> {
+    let record_key = HashMap::from([
+        (queue_attr::LOCK.to_owned(), string(write.lock.as_str())),
+        (queue_attr::PLACE.to_owned(), string(&key.render())),
+    ]);
+    let place = format!("#{}", queue_attr::PLACE);
+    let exists = format!("attribute_exists({place})");
+    let token_name = format!("#{}", queue_attr::TASK_TOKEN);
+    let mut names = HashMap::from([(place.clone(), queue_attr::PLACE.to_owned())]);
+    let mut values = HashMap::new();
+    let condition = match write.checks.iter().find(|c| c.waiter_key().is_some()) {
+        Some(Check::NotQueued(_)) => format!("attribute_not_exists({place})"),
+        Some(Check::Queued(_)) => exists,
+        Some(Check::QueuedWith { task_token, .. }) => {
+            names.insert(token_name.clone(), queue_attr::TASK_TOKEN.to_owned());
+            values.insert(":token".to_owned(), string(task_token.as_str()));
+            format!("{exists} AND {token_name} = :token")
+        }
+        _ => exists,
+    };
+    let unexpected = |problem: &str| StoreError::Unexpected {
+        lock: write.lock.to_string(),
+        problem: problem.to_owned(),
+    };
+    let built = |e: aws_sdk_dynamodb::error::BuildError| unexpected(&e.to_string());
+    let on_failure = ReturnValuesOnConditionCheckFailure::AllOld;
+    let values = (!values.is_empty()).then_some(values);
+    let change = write
+        .changes
+        .iter()
+        .find(|change| {
+            matches!(
+                change,
+                Change::Enqueue(_) | Change::Dequeue(_) | Change::Repark { .. }
+            )
+        })
+        .ok_or_else(|| unexpected("a write checks a waiter's record but changes none"))?;
+    let action = TransactWriteItem::builder();
+    Ok(match change {
+        Change::Enqueue(waiter) => action.put(
+            Put::builder()
+                .table_name(queue_table)
+                .set_item(Some(encode_waiter(waiter)))
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(values)
+                .return_values_on_condition_check_failure(on_failure)
+                .build()
+                .map_err(built)?,
+        ),
+        Change::Dequeue(_) => action.delete(
+            Delete::builder()
+                .table_name(queue_table)
+                .set_key(Some(record_key))
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(values)
+                .return_values_on_condition_check_failure(on_failure)
+                .build()
+                .map_err(built)?,
+        ),
+        Change::Repark { task_token, .. } => {
+            names.insert(token_name.clone(), queue_attr::TASK_TOKEN.to_owned());
+            let mut values = values.unwrap_or_default();
+            values.insert(":new_token".to_owned(), string(task_token.as_str()));
+            action.update(
+                Update::builder()
+                    .table_name(queue_table)
+                    .set_key(Some(record_key))
+                    .condition_expression(condition)
+                    .update_expression(format!("SET {token_name} = :new_token"))
+                    .set_expression_attribute_names(Some(names))
+                    .set_expression_attribute_values(Some(values))
+                    .return_values_on_condition_check_failure(on_failure)
+                    .build()
+                    .map_err(built)?,
+            )
+        }
+        _ => unreachable!("found as a change of a waiter's record"),
+    }
+    .build())
+}
+
+/// The key condition of a `Query` of `lock`'s line, after the waiter with key `after` (`None`:
+/// from the head), and its placeholders.
+pub(super) fn line_after(lock: &LockName, after: Option<QueueKey>) -> KeyCondition {
+    let mut condition = "#lock = :lock".to_owned();
+    let mut values = HashMap::from([(":lock".to_owned(), string(lock.as_str()))]);
+    let mut names = HashMap::from([("#lock".to_owned(), queue_attr::LOCK.to_owned())]);
+    if let Some(after) = after {
+        condition.push_str(" AND #place > :after");
+        values.insert(":after".to_owned(), string(&after.render()));
+        names.insert("#place".to_owned(), queue_attr::PLACE.to_owned());
+    }
+    KeyCondition {
+        expression: condition,
+        names,
+        values,
+    }
+}
+
+/// A `Query`'s key condition expression, with its placeholders.
+pub(super) struct KeyCondition {
+    pub expression: String,
+    pub names: HashMap<String, String>,
+    pub values: HashMap<String, AttributeValue>,
+}
+
+/// The condition of the put that creates a lock's item: that there still is none (`#lock`
+/// names [`attr::LOCK`]).
+pub(super) const ITEM_ABSENT: &str = "attribute_not_exists(#lock)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dynamo::codec::TOKEN_SPAN;
+    use crate::input::{AcquisitionId, HolderId, Limit, Rate, Terms, Weight};
+    use crate::item::{FenceKey, Run, SemaphoreItem};
+    use crate::protocol::{self, Timing};
+
+    fn identity() -> Identity {
+        Identity::new(
+            HolderId::new("arn:aws:states:us-east-1:1:execution:m:e#1").unwrap(),
+            AcquisitionId::new("u-1").unwrap(),
+        )
+    }
+
+    #[test]
+    fn an_acquire_renders_as_one_update_with_every_check_in_its_condition() {
+        let lock = LockName::new("l").unwrap();
+        let write = protocol::acquire(
+            &lock,
+            &identity(),
+            Run::FIRST,
+            Limit::new(5).unwrap(),
+            1_000,
+            1_500,
+            &Timing::default(),
+        )
+        .unwrap();
+        let r = render(&write).unwrap();
+        assert_eq!(
+            r.condition,
+            "#format = :v0 AND NOT contains(#young, :v1) AND NOT contains(#old, :v1) \
+             AND NOT contains(#young, :v2) AND NOT contains(#old, :v2) \
+             AND attribute_not_exists(#holders.#h0) \
+             AND (attribute_not_exists(#rotated_at) OR #rotated_at < :v3) \
+             AND #used <= :v4 \
+             AND (#held_bytes <= :v5 AND (attribute_not_exists(#young) OR size(#young) <= :v6) \
+             AND (attribute_not_exists(#old) OR size(#old) <= :v6)) \
+             AND (attribute_not_exists(#waiting) OR #waiting = :v7)"
+        );
+        assert_eq!(
+            r.update,
+            "SET #version = #version + :v8, #holders.#h0 = #version + :v9, #started_at = :v10, \
+             #limit = :v11 REMOVE #spacing_ms ADD #used :v12, #held_bytes :v13"
+        );
+        assert_eq!(r.values[":v4"], number(4), "room: limit 5 less weight 1");
+        assert_eq!(
+            r.values[":v5"],
+            number(HELD_BYTES_BUDGET - MAX_HELD_BYTES),
+            "room for the largest entry"
+        );
+        assert_eq!(r.values[":v6"], number(FENCES_PER_GENERATION));
+        assert_eq!(r.values[":v12"], number(1));
+        assert_eq!(r.values[":v13"], number(identity().held_bytes()));
+        assert_eq!(
+            identity().held_bytes(),
+            identity().slot_key().len() as u64 + 18
+        );
+        assert_eq!(r.names["#h0"], identity().slot_key());
+        assert_eq!(r.values[":v3"], number(9_000));
+        assert_eq!(r.values[":v9"], number(1_500u128 * TOKEN_SPAN + 1));
+    }
+
+    #[test]
+    fn a_weighted_rate_limited_acquire_checks_room_and_spacing_and_adds_its_weight() {
+        let lock = LockName::new("l").unwrap();
+        let terms = Terms::new(
+            Limit::new(10).unwrap(),
+            Weight::new(4).unwrap(),
+            Some(Rate::per_second(2.0).unwrap()),
+        )
+        .unwrap();
+        let write = protocol::acquire(
+            &lock,
+            &identity(),
+            Run::FIRST,
+            terms,
+            1_000,
+            1_500,
+            &Timing::default(),
+        )
+        .unwrap();
+        let r = render(&write).unwrap();
+        assert!(
+            r.condition.ends_with(
+                "AND (attribute_not_exists(#waiting) OR #waiting = :v7) \
+                 AND (attribute_not_exists(#started_at) OR #started_at <= :v8)"
+            ),
+            "{}",
+            r.condition
+        );
+        assert!(r
+            .condition
+            .contains("AND #used <= :v4 AND (#held_bytes <= :v5 "));
+        assert_eq!(r.values[":v4"], number(6));
+        assert_eq!(
+            r.values[":v8"],
+            number(1_000),
+            "now less the 500 ms spacing"
+        );
+        assert!(r.update.contains("#spacing_ms = "), "{}", r.update);
+        assert!(
+            r.update.ends_with("ADD #used :v14, #held_bytes :v15"),
+            "{}",
+            r.update
+        );
+        assert_eq!(r.values[":v14"], number(4));
+        assert_eq!(
+            r.values[":v10"],
+            number(3 * WEIGHT_SPAN + 1_500 * TOKEN_SPAN + 1),
+            "the holding leads with its weight"
+        );
+    }
+
+    /// DynamoDB refuses a request that declares a placeholder it does not use.
+    #[test]
+    fn every_kind_of_write_uses_every_placeholder_it_declares() {
+        let lock = LockName::new("l").unwrap();
+        let timing = Timing::default();
+        let holder = identity().holder;
+        let mut quiet = SemaphoreItem::empty(lock.clone());
+        quiet
+            .fences
+            .old
+            .insert(FenceKey::execution(&holder, Run::FIRST));
+        quiet.fences.rotated_at_ms = Some(1);
+        let mut busy = quiet.clone();
+        busy.fences.young.insert(FenceKey::acquisition(&identity()));
+        let writes = [
+            protocol::acquire(
+                &lock,
+                &identity(),
+                Run::FIRST,
+                Limit::new(5).unwrap(),
+                1,
+                2,
+                &timing,
+            )
+            .unwrap(),
+            protocol::release(&lock, &identity(), Weight::new(3).unwrap()),
+            protocol::release_unheld(&lock, &identity()),
+            protocol::cleanup_fence(&lock, &holder, Run::FIRST),
+            protocol::cleanup_free(&lock, &[(identity(), Weight::ONE)]),
+            protocol::rotation(&busy, 60_000, &timing).unwrap(),
+            protocol::rotation(&quiet, 60_000, &timing).unwrap(),
+        ];
+        for write in &writes {
+            let r = render(write).unwrap();
+            for name in r.names.keys().chain(r.values.keys()) {
+                assert!(
+                    r.condition.contains(name.as_str()) || r.update.contains(name.as_str()),
+                    "{name} unused in {r:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn release_cleanup_and_rotation_render_without_checks_or_with_the_last_rotation() {
+        let lock = LockName::new("l").unwrap();
+        let r = render(&protocol::release(
+            &lock,
+            &identity(),
+            Weight::new(2).unwrap(),
+        ))
+        .unwrap();
+        assert_eq!(
+            r.condition,
+            "#format = :v0 AND #holders.#h0 BETWEEN :v1 AND :v2"
+        );
+        assert_eq!(r.values[":v1"], number(WEIGHT_SPAN));
+        assert_eq!(r.values[":v2"], number(2 * WEIGHT_SPAN - 1));
+        assert_eq!(
+            r.update,
+            "SET #version = #version + :v3 REMOVE #holders.#h0 ADD #young :v4, #used :v5, \
+             #held_bytes :v6"
+        );
+        assert_eq!(r.values[":v5"], number(-2));
+        assert_eq!(r.values[":v6"], number(-(identity().held_bytes() as i64)));
+        let mut item = SemaphoreItem::empty(lock.clone());
+        item.fences.young.insert(FenceKey::acquisition(&identity()));
+        item.fences.rotated_at_ms = Some(5);
+        let rotation = protocol::rotation(&item, 60_000, &Timing::default()).unwrap();
+        let r = render(&rotation).unwrap();
+        assert_eq!(r.condition, "#format = :v0 AND #rotated_at = :v1");
+        assert_eq!(
+            r.update,
+            "SET #version = #version + :v2, #old = :v3, #rotated_at = :v4 DELETE #young :v3"
+        );
+    }
+
+    /// The slots of one holder, with the longest identities and weights accepted.
+    fn slots(n: usize) -> Vec<(Identity, Weight)> {
+        (0..n)
+            .map(|i| {
+                let holder = format!("{i:0>width$}", width = crate::input::MAX_HOLDER_BYTES);
+                let acquisition = format!("{i:0>w$}", w = crate::input::MAX_ACQUISITION_BYTES);
+                let identity = Identity::new(
+                    HolderId::new(holder).unwrap(),
+                    AcquisitionId::new(acquisition).unwrap(),
+                );
+                (identity, Weight::new(1000).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cleanup_write_of_the_most_slots_it_removes_fits_dynamodbs_expression_limits() {
+        let lock = LockName::new("l".repeat(crate::input::MAX_LOCK_NAME_BYTES)).unwrap();
+        let chunk = slots(protocol::MAX_SLOTS_PER_FREE);
+        let r = render(&protocol::cleanup_free(&lock, &chunk)).unwrap();
+        for expression in [&r.condition, &r.update] {
+            assert!(
+                expression.len() <= MAX_EXPRESSION_BYTES,
+                "{}",
+                expression.len()
+            );
+            assert!(operators(expression) <= MAX_EXPRESSION_OPERATORS);
+        }
+    }
+
+    /// The limit the issue met: one write naming 150 slots is a ConditionExpression of about
+    /// 6 KB, which DynamoDB refuses. It is a typed error here, and no request is sent.
+    #[test]
+    fn a_write_over_4_kb_is_a_typed_error_not_a_request() {
+        let lock = LockName::new("l").unwrap();
+        let err = render(&protocol::cleanup_free(&lock, &slots(150))).unwrap_err();
+        match err {
+            StoreError::ExpressionTooLarge {
+                expression, bytes, ..
+            } => {
+                assert_eq!(expression, "ConditionExpression");
+                assert!(bytes > MAX_EXPRESSION_BYTES, "{bytes}");
+            }
+            other => panic!("expected ExpressionTooLarge, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn operators_are_counted_generously() {
+        assert_eq!(operators("a = :b"), 1);
+        assert_eq!(
+            operators("#h BETWEEN :a AND :b AND attribute_not_exists(#x)"),
+            4
+        );
+        assert_eq!(operators("NOT contains(#y, :k) OR size(#o) <= :n"), 5);
+    }
+}

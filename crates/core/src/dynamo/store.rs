@@ -1,0 +1,589 @@
+//! The [`DynamoStore`]: the [`ItemStore`] of a DynamoDB table of semaphore items and a table of
+//! their waiters, sending each [`Write`] as the requests its [`expression`](super::expression)s
+//! make.
+//!
+//! One item per lock; a write of the item alone is one `UpdateItem` whose condition is the
+//! write's checks and whose update expression is its changes. Every request asks for the item as
+//! it was before (`ReturnValues: ALL_OLD`) and, when refused, as it is
+//! (`ReturnValuesOnConditionCheckFailure: ALL_OLD`): the caller then knows what the write did, or
+//! why it was refused, without a read. Only the first write of a lock takes two requests: the
+//! update is refused for want of an item, and the item the write would make of an empty lock is
+//! put, on the condition that there still is none.
+//!
+//! The waiters' table holds one item per waiter, partition key the lock, sort key its place in
+//! line ([`QueueKey::render`], whose text order is the line's order), so the head is the first
+//! item a `Query` returns. A write that names a waiter's record is one `TransactWriteItems`: the
+//! lock's item updated as for a write of it alone (its `waiting` count included) and the record
+//! put, deleted or updated under its own check, so both change together or neither does.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::client::Waiters;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
+use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TransactWriteItem, Update,
+};
+use aws_sdk_dynamodb::Client;
+
+use super::codec::{attr, decode, decode_waiter, encode, queue_attr, string};
+use super::expression::{line_after, record_action, render, ITEM_ABSENT};
+use super::retry::{self, throttle_backoff, LostAnswers, CONFLICT_ROUNDS};
+use crate::error::StoreError;
+use crate::input::LockName;
+use crate::item::SemaphoreItem;
+use crate::ports::ItemStore;
+use crate::protocol::WriteResult;
+use crate::queue::{QueueKey, Waiter};
+use crate::write::Write;
+
+/// The semaphore items of one table and their waiters' records in another (see the module docs).
+#[derive(Debug, Clone)]
+pub struct DynamoStore {
+    client: Client,
+    table: String,
+    queue_table: String,
+}
+
+/// What `create_table` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableSetup {
+    Created,
+    AlreadyExisted,
+}
+
+impl DynamoStore {
+    /// The store of the semaphore items in `table`, with their waiters in the table named
+    /// [`DynamoStore::default_queue_table`] (see [`DynamoStore::with_queue_table`]).
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        let table = table.into();
+        Self {
+            client,
+            queue_table: Self::default_queue_table(&table),
+            table,
+        }
+    }
+
+    /// The waiters' table of a semaphore table, unless told otherwise: `<table>-queue`.
+    pub fn default_queue_table(table: &str) -> String {
+        format!("{table}-queue")
+    }
+
+    /// Keeps the waiters in `queue_table` (a stack names both of its tables).
+    pub fn with_queue_table(mut self, queue_table: impl Into<String>) -> Self {
+        self.queue_table = queue_table.into();
+        self
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    pub fn queue_table(&self) -> &str {
+        &self.queue_table
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Creates the table (on-demand, partition key `lock`) and the waiters' table (partition
+    /// key `lock`, sort key `place`), each unless it exists: `Created` if either was made.
+    pub async fn create_table(&self) -> Result<TableSetup, StoreError> {
+        let items = self
+            .create_one(&self.table, &[(attr::LOCK, KeyType::Hash)])
+            .await?;
+        let queue = self
+            .create_one(
+                &self.queue_table,
+                &[
+                    (queue_attr::LOCK, KeyType::Hash),
+                    (queue_attr::PLACE, KeyType::Range),
+                ],
+            )
+            .await?;
+        Ok(
+            if items == TableSetup::Created || queue == TableSetup::Created {
+                TableSetup::Created
+            } else {
+                TableSetup::AlreadyExisted
+            },
+        )
+    }
+
+    async fn create_one(
+        &self,
+        table: &str,
+        keys: &[(&str, KeyType)],
+    ) -> Result<TableSetup, StoreError> {
+        let mut create = self
+            .client
+            .create_table()
+            .table_name(table)
+            .billing_mode(BillingMode::PayPerRequest);
+        for (name, kind) in keys {
+            create = create
+                .attribute_definitions(
+                    AttributeDefinition::builder()
+                        .attribute_name(*name)
+                        .attribute_type(ScalarAttributeType::S)
+                        .build()
+                        .map_err(|e| self.failed("CreateTable", e))?,
+                )
+                .key_schema(
+                    KeySchemaElement::builder()
+                        .attribute_name(*name)
+                        .key_type(kind.clone())
+                        .build()
+                        .map_err(|e| self.failed("CreateTable", e))?,
+                );
+        }
+        match create.send().await {
+            Ok(_) => {}
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), CreateTableError::ResourceInUseException(_)) =>
+            {
+                return Ok(TableSetup::AlreadyExisted)
+            }
+            Err(e) => return Err(self.failed("CreateTable", DisplayErrorContext(e))),
+        }
+        self.client
+            .wait_until_table_exists()
+            .table_name(table)
+            .wait(std::time::Duration::from_secs(120))
+            .await
+            .map_err(|e| self.failed("DescribeTable", DisplayErrorContext(e)))?;
+        Ok(TableSetup::Created)
+    }
+
+    fn failed(&self, operation: &'static str, e: impl std::fmt::Display) -> StoreError {
+        let message = e.to_string();
+        if message.contains("ResourceNotFoundException") {
+            return StoreError::TableNotFound {
+                table: self.table.clone(),
+            };
+        }
+        StoreError::Dynamo {
+            operation,
+            table: self.table.clone(),
+            message,
+        }
+    }
+}
+
+/// How often a write is tried when its lock's item is being created concurrently.
+const CREATE_ROUNDS: usize = 3;
+
+impl DynamoStore {
+    fn key(&self, lock: &LockName) -> HashMap<String, AttributeValue> {
+        HashMap::from([(attr::LOCK.to_owned(), string(lock.as_str()))])
+    }
+
+    /// The lock has no item yet: put the one the write makes of the empty lock, unless another
+    /// writer created it meanwhile (`None`: try the update again).
+    async fn create(&self, write: &Write) -> Result<Option<WriteResult>, StoreError> {
+        let item = match write.apply(None) {
+            Ok(item) => item,
+            Err(_) => {
+                return Ok(Some(WriteResult::Refused {
+                    current: SemaphoreItem::empty(write.lock.clone()),
+                    waiter_refused: false,
+                }))
+            }
+        };
+        let mut conflicts = 0;
+        loop {
+            let put = self
+                .client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(encode(&item)))
+                .condition_expression(ITEM_ABSENT)
+                .expression_attribute_names("#lock", attr::LOCK)
+                .send()
+                .await;
+            return match put {
+                Ok(_) => Ok(Some(WriteResult::Applied { before: None })),
+                // Someone created it, or this put's own first attempt did and its answer was
+                // lost: the caller sends the update, which answers either way.
+                Err(SdkError::ServiceError(e))
+                    if matches!(e.err(), PutItemError::ConditionalCheckFailedException(_)) =>
+                {
+                    Ok(None)
+                }
+                // A transaction on the key was in flight: rejected without being applied, so
+                // sending it again is safe (as for the update, see `write`).
+                Err(SdkError::ServiceError(e))
+                    if matches!(e.err(), PutItemError::TransactionConflictException(_))
+                        && conflicts < CONFLICT_ROUNDS =>
+                {
+                    retry::backoff(conflicts).await;
+                    conflicts += 1;
+                    continue;
+                }
+                Err(e) => Err(self.failed("PutItem", DisplayErrorContext(e))),
+            };
+        }
+    }
+}
+
+impl ItemStore for DynamoStore {
+    async fn load(&self, lock: &LockName) -> Result<Option<SemaphoreItem>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.key(lock)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.failed("GetItem", DisplayErrorContext(e)))?;
+        out.item().map(decode).transpose()
+    }
+
+    async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
+        if write.waiter_key().is_some() {
+            return self.transact(write).await;
+        }
+        let rendered = render(write)?;
+        let (mut creates, mut conflicts) = (0, 0);
+        // Whether an attempt of this write went unanswered (F10): the SDK sent it again, and a
+        // refusal may then be the first attempt's own doing.
+        let lost = LostAnswers::default();
+        while creates < CREATE_ROUNDS {
+            let sent = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(self.key(&write.lock)))
+                .condition_expression(&rendered.condition)
+                .update_expression(&rendered.update)
+                .set_expression_attribute_names(Some(rendered.names.clone()))
+                .set_expression_attribute_values(Some(rendered.values.clone()))
+                .return_values(ReturnValue::AllOld)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .customize()
+                .interceptor(lost.clone())
+                .send()
+                .await;
+            match sent {
+                Ok(out) => {
+                    let before = out.attributes().map(decode).transpose()?;
+                    return Ok(WriteResult::Applied { before });
+                }
+                Err(SdkError::ServiceError(e)) => match e.into_err() {
+                    UpdateItemError::ConditionalCheckFailedException(failed) => {
+                        match failed.item() {
+                            // Refused: the item handed back says which check failed (or that
+                            // it is of another format, which `decode` names).
+                            Some(current) if lost.happened() => {
+                                return Ok(WriteResult::Unsure {
+                                    current: decode(current)?,
+                                })
+                            }
+                            Some(current) => {
+                                return Ok(WriteResult::Refused {
+                                    current: decode(current)?,
+                                    waiter_refused: false,
+                                })
+                            }
+                            None => {
+                                creates += 1;
+                                if let Some(result) = self.create(write).await? {
+                                    return Ok(result);
+                                }
+                            }
+                        }
+                    }
+                    // A transaction of the waiting line on this item was in flight: DynamoDB
+                    // rejected the write without applying it, so sending it again is safe.
+                    UpdateItemError::TransactionConflictException(_)
+                        if conflicts < CONFLICT_ROUNDS =>
+                    {
+                        retry::backoff(conflicts).await;
+                        conflicts += 1;
+                    }
+                    other => return Err(self.failed("UpdateItem", DisplayErrorContext(other))),
+                },
+                Err(e) => return Err(self.failed("UpdateItem", DisplayErrorContext(e))),
+            }
+        }
+        Err(StoreError::Unexpected {
+            lock: write.lock.to_string(),
+            problem: format!(
+                "the item was missing for the update and present for the put, {CREATE_ROUNDS} times"
+            ),
+        })
+    }
+
+    async fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<Waiter>, StoreError> {
+        self.query_waiters(lock, after, limit).await
+    }
+
+    async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| self.failed("Scan", DisplayErrorContext(e)))?;
+            items.extend(page.items().iter().map(decode));
+            match page.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => return Ok(items),
+            }
+        }
+    }
+}
+
+impl DynamoStore {
+    fn failed_queue(&self, operation: &'static str, e: impl std::fmt::Display) -> StoreError {
+        let message = e.to_string();
+        if message.contains("ResourceNotFoundException") {
+            return StoreError::TableNotFound {
+                table: format!("{} or {}", self.table(), self.queue_table()),
+            };
+        }
+        StoreError::Dynamo {
+            operation,
+            table: self.queue_table().to_owned(),
+            message,
+        }
+    }
+
+    /// Sends a write that names a waiter's record as one transaction (see the module docs).
+    async fn transact(&self, write: &Write) -> Result<WriteResult, StoreError> {
+        let key = write.waiter_key().ok_or_else(|| StoreError::Unexpected {
+            lock: write.lock.to_string(),
+            problem: "a transaction for a write without a waiter".to_owned(),
+        })?;
+        if !write.touches_item() {
+            return self.write_record_alone(write, key).await;
+        }
+        let rendered = render(write)?;
+        let item_update = Update::builder()
+            .table_name(self.table())
+            .set_key(Some(HashMap::from([(
+                attr::LOCK.to_owned(),
+                string(write.lock.as_str()),
+            )])))
+            .condition_expression(&rendered.condition)
+            .update_expression(&rendered.update)
+            .set_expression_attribute_names(Some(rendered.names.clone()))
+            .set_expression_attribute_values(Some(rendered.values.clone()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| StoreError::Unexpected {
+                lock: write.lock.to_string(),
+                problem: e.to_string(),
+            })?;
+        let actions = vec![
+            TransactWriteItem::builder().update(item_update).build(),
+            record_action(self.queue_table(), write, key)?,
+        ];
+        // One client request token for the write, kept until DynamoDB says the transaction did
+        // not commit (F10). The SDK sends a request whose answer was lost again with the same
+        // token, and DynamoDB answers a committed one success again without applying it twice
+        // (the token is good for 10 minutes); after TransactionInProgressException (that
+        // attempt was still in flight) it is sent again with the same token, which completes
+        // it. A new token would make a committed grant read as refused by its own record's
+        // removal ("moved"), and the waiter it granted would not be woken. After a
+        // cancellation nothing committed, and the next round gets a new token.
+        let mut token = retry::new_token();
+        let throttle_attempts = retry::throttle_attempts(self.client().config().retry_config());
+        let (mut rounds, mut throttled) = (0, 0);
+        while rounds < CONFLICT_ROUNDS {
+            let round = rounds;
+            rounds += 1;
+            let sent = self
+                .client()
+                .transact_write_items()
+                .set_transact_items(Some(actions.clone()))
+                .client_request_token(&token)
+                .send()
+                .await;
+            let cancelled = match sent {
+                Ok(_) => return Ok(WriteResult::Landed),
+                Err(SdkError::ServiceError(e)) => match e.into_err() {
+                    TransactWriteItemsError::TransactionCanceledException(cancelled) => cancelled,
+                    TransactWriteItemsError::TransactionInProgressException(_) => {
+                        retry::backoff(round).await;
+                        continue;
+                    }
+                    other => {
+                        return Err(
+                            self.failed_queue("TransactWriteItems", DisplayErrorContext(other))
+                        )
+                    }
+                },
+                Err(e) => {
+                    return Err(self.failed_queue("TransactWriteItems", DisplayErrorContext(e)))
+                }
+            };
+            let reasons = cancelled.cancellation_reasons();
+            let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
+            if [code(0), code(1)].contains(&"ThrottlingError") {
+                // Throttled: waits as the SDK waits for a throttle, as often as it would try.
+                throttled += 1;
+                if throttled >= throttle_attempts {
+                    return Err(self.failed_queue(
+                        "TransactWriteItems",
+                        format!("throttled {throttled} times: cancelled: {reasons:?}"),
+                    ));
+                }
+                token = retry::new_token();
+                rounds -= 1;
+                let wait = throttle_backoff(
+                    self.client().config().retry_config(),
+                    throttled - 1,
+                    fastrand::f64(),
+                );
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            if [code(0), code(1)].contains(&"TransactionConflict") {
+                token = retry::new_token();
+                retry::backoff(round).await;
+                continue;
+            }
+            let item_refused = code(0) == "ConditionalCheckFailed";
+            let waiter_refused = code(1) == "ConditionalCheckFailed";
+            if !item_refused && !waiter_refused {
+                return Err(
+                    self.failed_queue("TransactWriteItems", format!("cancelled: {:?}", reasons))
+                );
+            }
+            // The item as it is: handed back when its own check failed (absent: no item yet),
+            // else read.
+            let current = match reasons.first().and_then(|r| r.item()) {
+                Some(attrs) if item_refused => decode(attrs)?,
+                _ if item_refused => SemaphoreItem::empty(write.lock.clone()),
+                _ => self
+                    .load(&write.lock)
+                    .await?
+                    .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone())),
+            };
+            return Ok(WriteResult::Refused {
+                current,
+                waiter_refused,
+            });
+        }
+        Err(StoreError::Dynamo {
+            operation: "TransactWriteItems",
+            table: self.table().to_owned(),
+            message: format!("cancelled by conflicting writes {CONFLICT_ROUNDS} times"),
+        })
+    }
+
+    /// A write of the waiter's record alone (a new task token): one conditional `UpdateItem`
+    /// of the record, no transaction.
+    async fn write_record_alone(
+        &self,
+        write: &Write,
+        key: QueueKey,
+    ) -> Result<WriteResult, StoreError> {
+        let action = record_action(self.queue_table(), write, key)?;
+        let Some(update) = action.update() else {
+            return Err(StoreError::Unexpected {
+                lock: write.lock.to_string(),
+                problem: "a write of a waiter's record alone that is not an update".to_owned(),
+            });
+        };
+        let mut conflicts = 0;
+        let sent = loop {
+            let sent = self
+                .client()
+                .update_item()
+                .table_name(update.table_name())
+                .set_key(Some(update.key().clone()))
+                .condition_expression(update.condition_expression().unwrap_or_default())
+                .update_expression(update.update_expression())
+                .set_expression_attribute_names(update.expression_attribute_names().cloned())
+                .set_expression_attribute_values(update.expression_attribute_values().cloned())
+                .send()
+                .await;
+            // Rejected, not applied, for a transaction on the record in flight: send it again.
+            match &sent {
+                Err(SdkError::ServiceError(e))
+                    if e.err().is_transaction_conflict_exception()
+                        && conflicts < CONFLICT_ROUNDS =>
+                {
+                    retry::backoff(conflicts).await;
+                    conflicts += 1;
+                }
+                _ => break sent,
+            }
+        };
+        match sent {
+            Ok(_) => Ok(WriteResult::Landed),
+            Err(SdkError::ServiceError(e))
+                if matches!(
+                    e.err(),
+                    aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_)
+                ) =>
+            {
+                let current = self
+                    .load(&write.lock)
+                    .await?
+                    .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone()));
+                Ok(WriteResult::Refused {
+                    current,
+                    waiter_refused: true,
+                })
+            }
+            Err(e) => Err(self.failed_queue("UpdateItem", DisplayErrorContext(e))),
+        }
+    }
+
+    async fn query_waiters(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<Waiter>, StoreError> {
+        let mut waiters = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        let key = line_after(lock, after);
+        while waiters.len() < limit {
+            let page = self
+                .client()
+                .query()
+                .table_name(self.queue_table())
+                .key_condition_expression(&key.expression)
+                .set_expression_attribute_names(Some(key.names.clone()))
+                .set_expression_attribute_values(Some(key.values.clone()))
+                .consistent_read(true)
+                .limit(i32::try_from(limit - waiters.len()).unwrap_or(i32::MAX))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| self.failed_queue("Query", DisplayErrorContext(e)))?;
+            for attrs in page.items() {
+                waiters.push(decode_waiter(attrs)?);
+            }
+            match page.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => break,
+            }
+        }
+        waiters.truncate(limit);
+        Ok(waiters)
+    }
+}

@@ -1,0 +1,172 @@
+//! The semaphore's ports: the interfaces through which it meets the outside world, each
+//! implemented by an adapter elsewhere. Nothing here knows DynamoDB, Step Functions or Lambda.
+//!
+//! - [`ItemStore`]: where the semaphore items and the waiters' records live (the
+//!   [`DynamoStore`](crate::dynamo::DynamoStore) in production, the
+//!   [`MemoryStore`](crate::memory::MemoryStore) in tests and the model checker);
+//! - [`ExecutionStatus`]: whether a holder's execution still runs (`DescribeExecution`), asked
+//!   by the sweeper and by a hand-off whose wake-up failed;
+//! - [`Waker`]: wakes a parked waiter whose slot was granted (`SendTaskSuccess`).
+//!
+//! Time, the fourth thing the semaphore takes from outside, is [`Clock`](crate::clock::Clock).
+
+use std::future::Future;
+
+use crate::error::StoreError;
+use crate::input::{HolderId, LockName};
+use crate::item::{FencingToken, Run, SemaphoreItem};
+use crate::protocol::WriteResult;
+use crate::queue::{QueueKey, Waiter};
+use crate::write::Write;
+
+/// Somewhere semaphore items live. `write` must be atomic: apply the write iff every check holds
+/// on the item as it is when the write lands (creating the item from the empty one if there is
+/// none), exactly as [`Write::apply`] says.
+pub trait ItemStore: Send + Sync {
+    fn load(
+        &self,
+        lock: &LockName,
+    ) -> impl Future<Output = Result<Option<SemaphoreItem>, StoreError>> + Send;
+
+    fn write(&self, write: &Write) -> impl Future<Output = Result<WriteResult, StoreError>> + Send;
+
+    /// Every semaphore item (the sweeper's view), each read on its own: an item that cannot be
+    /// read (of version 1, say) is an error in the list, not a failed list.
+    fn list(
+        &self,
+    ) -> impl Future<Output = Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError>> + Send;
+
+    /// The first `limit` waiters in `lock`'s line, in line order, after the one with key `after`
+    /// (`None`: from the head), as read (consistently) now.
+    fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Waiter>, StoreError>> + Send;
+}
+
+/// A store shared by reference or by `Arc` (several semaphores on one store, as processes
+/// share a table).
+impl<P> ItemStore for P
+where
+    P: std::ops::Deref + Send + Sync,
+    P::Target: ItemStore,
+{
+    fn load(
+        &self,
+        lock: &LockName,
+    ) -> impl Future<Output = Result<Option<SemaphoreItem>, StoreError>> + Send {
+        (**self).load(lock)
+    }
+
+    fn write(&self, write: &Write) -> impl Future<Output = Result<WriteResult, StoreError>> + Send {
+        (**self).write(write)
+    }
+
+    fn list(
+        &self,
+    ) -> impl Future<Output = Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError>> + Send
+    {
+        (**self).list()
+    }
+
+    fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Waiter>, StoreError>> + Send {
+        (**self).waiters(lock, after, limit)
+    }
+}
+
+/// What [`ExecutionStatus`] tells of a holder's execution (from `DescribeExecution` in
+/// production).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecutionState {
+    Running,
+    /// Ended with this status (SUCCEEDED, FAILED, TIMED_OUT, ABORTED, ...) in `last_run` (its
+    /// redrive count: the runs up to it are fenced).
+    Ended {
+        status: String,
+        last_run: Run,
+    },
+    /// The execution does not exist (any more): nothing can release its slot.
+    Missing,
+    /// The holder is not an execution (an operator's id): not the sweeper's to judge.
+    NotAnExecution,
+}
+
+impl ExecutionState {
+    /// The run to fence up to: a missing execution's history is gone, and with it any run that
+    /// could still write.
+    pub(crate) fn last_run(&self) -> Run {
+        match self {
+            Self::Ended { last_run, .. } => *last_run,
+            Self::Running | Self::Missing | Self::NotAnExecution => Run::FIRST,
+        }
+    }
+
+    /// Why the execution's slots may be taken back (`None`: they may not).
+    pub(crate) fn reclaim_reason(&self) -> Option<String> {
+        match self {
+            Self::Ended { status, .. } => Some(format!("execution status is {status}")),
+            Self::Missing => Some("execution does not exist".to_owned()),
+            Self::Running | Self::NotAnExecution => None,
+        }
+    }
+}
+
+/// Whether a holder's execution still runs (in production: `DescribeExecution`), asked by the
+/// sweeper of every holder and waiter it checks, and by a hand-off of a granted waiter it could
+/// not wake. "Does not exist" is believed only past [`MISSING_EXECUTION_GRACE_MS`].
+pub trait ExecutionStatus: Send + Sync {
+    /// `Err` is a message: the holder is then left alone until the next sweep.
+    fn describe(
+        &self,
+        holder: &HolderId,
+    ) -> impl Future<Output = Result<ExecutionState, String>> + Send;
+}
+
+/// How long after a holder acquired (or a waiter queued) an answer of "execution does not exist"
+/// is not believed (F11). `DescribeExecution` is eventually consistent: its API reference says
+/// "the results are best effort and may not reflect very recent updates and changes", and the
+/// Step Functions developer guide ("Read consistency in Step Functions") gives "within a few
+/// seconds" for its control plane to converge. An execution that acquired a moment ago exists
+/// (only a running execution can invoke the acquire), so "does not exist" for it is a stale
+/// read, and freeing its slot would put a second execution in its place while it works (S1).
+/// 60 s is an order of magnitude above "a few seconds", and well under the sweep period
+/// (`SweepSchedule`, 5 minutes by default): a holder whose execution is really gone is
+/// reclaimed by the next sweep after the grace, so the price is at most one sweep period.
+pub const MISSING_EXECUTION_GRACE_MS: u64 = 60_000;
+
+/// Whether "execution does not exist" is believed of one that acquired or queued at `since_ms`.
+/// A clock behind `since_ms` (skew) counts as young.
+pub fn missing_long_enough(since_ms: u64, now_ms: u64) -> bool {
+    now_ms.saturating_sub(since_ms) >= MISSING_EXECUTION_GRACE_MS
+}
+
+/// Wakes a waiter whose slot was granted (in production: `SendTaskSuccess` with its token).
+pub trait Waker: Send + Sync {
+    /// `Ok`: the parked task took the answer. `Err(why)`: it did not (its execution ended, its
+    /// token timed out, or the call failed); the hand-off then asks whether the execution still
+    /// runs, and frees the slot if it does not.
+    fn wake(
+        &self,
+        waiter: &Waiter,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+
+    /// Tells the head of the line, whose grant the lock's start rate refused, to check again at
+    /// `next_start_ms` (in production: `SendTaskSuccess` with a "rate limited" answer; its state
+    /// machine waits until then and enters its wait task again, keeping its place). Nobody else
+    /// would: no slot is freed when the rate frees up. `Err(why)`: it did not take it (its task
+    /// was woken already, or its execution ended); its record stays, and whoever next moves the
+    /// line, or its fallback check, tries again.
+    fn defer(
+        &self,
+        waiter: &Waiter,
+        next_start_ms: u64,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+}

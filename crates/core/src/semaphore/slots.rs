@@ -1,0 +1,250 @@
+//! A [`Semaphore`]'s slots: acquire, release, fence, free and cleanup, and the rotation of the
+//! fences a release or cleanup sends once they are worth a write. A release or cleanup whose slot
+//! went (or is of another weight) meanwhile sends the write its refusal calls for.
+
+use super::Semaphore;
+use crate::error::{Error, StoreError};
+use crate::input::{HolderId, LockName, Terms, Weight};
+use crate::item::{Holding, Identity, Run, SemaphoreItem};
+use crate::ports::ItemStore;
+use crate::protocol::{self, AcquireOutcome, CleanupOutcome, ReleaseOutcome, Step, WriteResult};
+use crate::write::Write;
+
+/// Most writes one release or cleanup sends (see [`Semaphore::release_seeing`]): a chain of
+/// refusals is at most three long (the slot gone, then an acquire of it landing, then a
+/// duplicate release removing it), so this is never reached but by a store that misbehaves.
+pub const MAX_ROUNDS: usize = 8;
+
+/// What a [`Semaphore::fence`] found: the slots the fenced execution held on `lock` when its
+/// fence landed (all it will ever hold there), and the slots held and the waiters in line then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fenced {
+    pub lock: LockName,
+    /// As the fence found them (their weights, tokens and times): what a cleanup whose freeing
+    /// write's answer was lost reports as freed (see [`protocol::freed_seen`]).
+    pub slots: Vec<(Identity, Holding)>,
+    pub count: usize,
+    pub waiting: u64,
+}
+
+impl<S: ItemStore> Semaphore<S> {
+    /// Takes a slot on `terms` (a [`Limit`](crate::input::Limit) alone: weight 1, no rate) for a request made now.
+    pub async fn acquire(
+        &self,
+        lock: &LockName,
+        identity: &Identity,
+        terms: impl Into<Terms>,
+    ) -> Result<AcquireOutcome, Error> {
+        self.acquire_requested_at(lock, identity, terms, self.now_ms())
+            .await
+    }
+
+    /// Takes a slot for a request made at `requested_at_ms` by the first run of the execution.
+    pub async fn acquire_requested_at(
+        &self,
+        lock: &LockName,
+        identity: &Identity,
+        terms: impl Into<Terms>,
+        requested_at_ms: u64,
+    ) -> Result<AcquireOutcome, Error> {
+        self.acquire_in_run(lock, identity, Run::FIRST, terms, requested_at_ms)
+            .await
+    }
+
+    /// Takes a slot for a request made at `requested_at_ms` (for a state machine: when it entered
+    /// its acquire state, which is before any fence this acquire must meet; see [`Timing`](crate::protocol::Timing)) by
+    /// `run` of the execution (a redriven execution acquires in its new run, which no cleanup
+    /// of an earlier run fenced). One write; nothing is sent if the request is already past its
+    /// horizon.
+    pub async fn acquire_in_run(
+        &self,
+        lock: &LockName,
+        identity: &Identity,
+        run: Run,
+        terms: impl Into<Terms>,
+        requested_at_ms: u64,
+    ) -> Result<AcquireOutcome, Error> {
+        let terms = terms.into();
+        let write = match protocol::acquire(
+            lock,
+            identity,
+            run,
+            terms,
+            requested_at_ms,
+            self.now_ms(),
+            &self.timing,
+        ) {
+            Ok(write) => write,
+            Err(answer) => return Ok(answer),
+        };
+        let result = self.store.write(&write).await?;
+        Ok(protocol::acquired(&write, identity, terms.limit, result)?)
+    }
+
+    /// Frees the identity's slot, if held, and fences the acquisition. One write for a slot of
+    /// weight 1 (and, about once per fence window per lock, a rotation of the fences); see
+    /// [`Semaphore::release_seeing`] for others.
+    pub async fn release(
+        &self,
+        lock: &LockName,
+        identity: &Identity,
+    ) -> Result<ReleaseOutcome, Error> {
+        Ok(self.release_seeing(lock, identity, Weight::ONE).await?.0)
+    }
+
+    /// [`Semaphore::release`] of a slot believed to be of `weight` (its acquire's), also
+    /// answering the lock's item as the release left it: what a [`Semaphore::hand_off`] of the
+    /// freed slot starts from, without reading it again. One write when the belief is right;
+    /// when it is not (another weight, or nothing held) the refusal hands back the item, and the
+    /// write it calls for is sent instead.
+    pub async fn release_seeing(
+        &self,
+        lock: &LockName,
+        identity: &Identity,
+        weight: Weight,
+    ) -> Result<(ReleaseOutcome, SemaphoreItem), Error> {
+        let mut write = protocol::release(lock, identity, weight);
+        let (outcome, after) = self
+            .rounds(&mut write, |write, result| {
+                protocol::released(write, identity, result)
+            })
+            .await?;
+        self.rotate_if_busy(&after).await;
+        Ok((outcome, after))
+    }
+
+    /// Sends `write`, then each write its refusal calls for, until `step` says done. An
+    /// acquisition lands at most once and never after its fence, and a fenced execution's slots
+    /// only go, so every chain of refusals is short; [`MAX_ROUNDS`] bounds it all the same.
+    async fn rounds<T>(
+        &self,
+        write: &mut Write,
+        step: impl Fn(&Write, WriteResult) -> Result<Step<T>, StoreError>,
+    ) -> Result<T, Error> {
+        for _ in 0..MAX_ROUNDS {
+            let result = self.store.write(write).await?;
+            match step(write, result)? {
+                Step::Done(done) => return Ok(done),
+                Step::Again(next) => *write = next,
+            }
+        }
+        Err(StoreError::Unexpected {
+            lock: write.lock.to_string(),
+            problem: format!("still refused after {MAX_ROUNDS} rounds"),
+        }
+        .into())
+    }
+
+    /// Fences the execution's ended `last_run` and every run before it, without freeing
+    /// anything: from now on no acquire of those runs lands (F1), while the slots the execution
+    /// holds stay held, e.g. because its work may still be running. Answers the slots it holds:
+    /// all those runs will ever hold; [`Semaphore::free`] frees them. One write.
+    pub async fn fence(
+        &self,
+        lock: &LockName,
+        holder: &HolderId,
+        last_run: Run,
+    ) -> Result<Fenced, Error> {
+        let fence = protocol::cleanup_fence(lock, holder, last_run);
+        let result = self.store.write(&fence).await?;
+        let (_, after) = protocol::fenced_slots(&fence, holder, result)?;
+        self.rotate_if_busy(&after).await;
+        let slots = after
+            .slots_of(holder)
+            .map(|(id, holding)| (id.clone(), *holding))
+            .collect();
+        Ok(Fenced {
+            lock: lock.clone(),
+            slots,
+            count: after.count(),
+            waiting: after.waiting,
+        })
+    }
+
+    /// Frees the slots a [`Semaphore::fence`] saw: one write per [`protocol::MAX_SLOTS_PER_FREE`]
+    /// of them (why several writes are as safe as one: see there), none when it saw none. Only
+    /// those slots: one taken since (by a redriven execution, whose new acquisition is another
+    /// slot) is left alone, and one freed since by a release is a no-op.
+    pub async fn free(&self, fenced: &Fenced) -> Result<CleanupOutcome, Error> {
+        let mut outcome = CleanupOutcome {
+            freed: Vec::new(),
+            count: fenced.count,
+            waiting: fenced.waiting,
+        };
+        let mut last = None;
+        for chunk in fenced.slots.chunks(protocol::MAX_SLOTS_PER_FREE) {
+            let weights: Vec<_> = chunk
+                .iter()
+                .map(|(id, holding)| (id.clone(), holding.weight))
+                .collect();
+            let mut free = protocol::cleanup_free(&fenced.lock, &weights);
+            let (chunk_outcome, after) = self
+                .rounds(&mut free, |write, result| {
+                    protocol::freed_seen(write, result, chunk)
+                })
+                .await?;
+            outcome.freed.extend(chunk_outcome.freed);
+            (outcome.count, outcome.waiting) = (chunk_outcome.count, chunk_outcome.waiting);
+            last = Some(after);
+        }
+        if let Some(after) = last {
+            self.rotate_if_busy(&after).await;
+        }
+        Ok(outcome)
+    }
+
+    /// Fences an execution that ended in its first run, then frees every slot it held.
+    pub async fn cleanup(
+        &self,
+        lock: &LockName,
+        holder: &HolderId,
+    ) -> Result<CleanupOutcome, Error> {
+        self.cleanup_run(lock, holder, Run::FIRST).await
+    }
+
+    /// Fences the execution's ended `last_run` and the runs before it, then frees every slot it
+    /// held: [`Semaphore::fence`] then [`Semaphore::free`]. One write, two when it held
+    /// something.
+    pub async fn cleanup_run(
+        &self,
+        lock: &LockName,
+        holder: &HolderId,
+        last_run: Run,
+    ) -> Result<CleanupOutcome, Error> {
+        let fenced = self.fence(lock, holder, last_run).await?;
+        self.free(&fenced).await
+    }
+
+    async fn rotate_if_busy(&self, item: &SemaphoreItem) -> bool {
+        self.rotate(protocol::busy_rotation(
+            item,
+            self.now_ms(),
+            &self.timing,
+            self.busy_young_fences,
+        ))
+        .await
+    }
+
+    /// Rotates the lock's fences if a rotation is due on `item` (there is a fence, and a window
+    /// has passed since the last rotation), as the sweeper does for every lock it passes.
+    pub async fn rotate_if_due(&self, item: &SemaphoreItem) -> bool {
+        self.rotate(protocol::rotation(item, self.now_ms(), &self.timing))
+            .await
+    }
+
+    /// Sends a rotation. Housekeeping: one refused (another writer rotated first) or failed
+    /// changes no answer, and a later write tries again.
+    async fn rotate(&self, rotation: Option<Write>) -> bool {
+        let Some(write) = rotation else {
+            return false;
+        };
+        match self.store.write(&write).await {
+            Ok(WriteResult::Applied { .. } | WriteResult::Landed) => true,
+            Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }) => false,
+            Err(e) => {
+                tracing::warn!(lock = %write.lock, error = %e, "fence rotation failed; a later write retries it");
+                false
+            }
+        }
+    }
+}

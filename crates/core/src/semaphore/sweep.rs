@@ -1,0 +1,257 @@
+//! A [`Semaphore`]'s sweep, the sweeper's rule: a holder whose execution is no longer running is
+//! cleaned up through the same fence and free as an EventBridge-driven cleanup. It is the safety
+//! net for a status event that was lost (F4) and for anything unforeseen; [`Semaphore::sweep_lines`]
+//! is the lines' (F8).
+
+use std::collections::HashMap;
+
+use super::Semaphore;
+use crate::dynamo::stored_size;
+use crate::error::Error;
+use crate::input::{AcquisitionId, HolderId, LockName};
+use crate::item::{FencingToken, Run, SemaphoreItem};
+use crate::ports::{missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, Waker};
+use crate::protocol::CleanupOutcome;
+
+/// One slot the sweeper took back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reclaimed {
+    pub lock: LockName,
+    pub holder: HolderId,
+    pub acquisition: AcquisitionId,
+    pub token: FencingToken,
+    pub held_for_ms: u64,
+    pub reason: String,
+}
+
+/// The biggest semaphore item a sweep scanned, in bytes as DynamoDB counts them. A write is billed
+/// by the size of the item it changes, so this is what each write of the busiest lock costs; it
+/// grows with that lock's holders and its rate (the fences of the last one or two windows), and
+/// one lock's writes share one partition's throughput.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LargestItem {
+    pub lock: LockName,
+    pub bytes: usize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub locks: usize,
+    /// `None` when the table holds no semaphore yet.
+    pub largest_item: Option<LargestItem>,
+    pub holders_checked: usize,
+    pub reclaimed: Vec<Reclaimed>,
+    /// Locks whose fences were rotated by the sweep itself (a lock that went quiet keeps its
+    /// fences until a write rotates them).
+    pub rotated: usize,
+    /// Holders that could not be checked or cleaned, and items that could not be read, with
+    /// why; retried by the next sweep.
+    pub errors: Vec<String>,
+    /// Holders whose execution was "not found" but which acquired on the lock less than
+    /// [`MISSING_EXECUTION_GRACE_MS`](crate::ports::MISSING_EXECUTION_GRACE_MS) ago: kept (not
+    /// fenced, nothing freed), a later sweep asks again.
+    pub too_young: Vec<(LockName, HolderId)>,
+    /// The locks someone waited on when the sweep read them: the lines
+    /// [`Semaphore::sweep_lines`] visits, without reading the table again.
+    pub lines: Vec<LockName>,
+}
+
+impl<S: ItemStore> Semaphore<S> {
+    /// Fences `holder` and frees the slots it held *when the sweep scanned the lock*: the
+    /// execution was found ended after that scan, so a slot it took since can only be a
+    /// redriven execution's (alive again), which must not be freed.
+    async fn reclaim(
+        &self,
+        scanned: &SemaphoreItem,
+        holder: &HolderId,
+        last_run: Run,
+    ) -> Result<CleanupOutcome, Error> {
+        let mut fenced = self.fence(&scanned.lock, holder, last_run).await?;
+        fenced
+            .slots
+            .retain(|(slot, _)| scanned.holders.contains_key(slot));
+        self.free(&fenced).await
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SweepMode {
+    Reclaim,
+    DryRun,
+}
+
+impl<S: ItemStore> Semaphore<S> {
+    /// Checks every current holder once and cleans up those whose execution has ended, and
+    /// rotates the fences of locks where a rotation is due (so a lock that went quiet sheds its
+    /// fences too). The cost grows with the number of current holders and locks only: fences
+    /// and history are not visited.
+    pub async fn sweep(&self, executions: &impl ExecutionStatus) -> Result<SweepReport, Error> {
+        self.sweep_as(executions, SweepMode::Reclaim).await
+    }
+
+    /// What a sweep would reclaim now, without writing anything: the slots of the holders whose
+    /// execution has ended, as they are held now (an operator's `semctl sweep --dry-run`).
+    pub async fn sweep_dry_run(
+        &self,
+        executions: &impl ExecutionStatus,
+    ) -> Result<SweepReport, Error> {
+        self.sweep_as(executions, SweepMode::DryRun).await
+    }
+
+    async fn sweep_as(
+        &self,
+        executions: &impl ExecutionStatus,
+        mode: SweepMode,
+    ) -> Result<SweepReport, Error> {
+        let listed = self.list().await?;
+        let mut report = SweepReport {
+            locks: listed.len(),
+            ..SweepReport::default()
+        };
+        let mut items = Vec::new();
+        for item in listed {
+            match item {
+                Ok(item) => items.push(item),
+                Err(e) => report.errors.push(e.to_string()),
+            }
+        }
+        report.lines = items
+            .iter()
+            .filter(|item| item.waiting > 0)
+            .map(|item| item.lock.clone())
+            .collect();
+        report.largest_item = items
+            .iter()
+            .map(|item| LargestItem {
+                lock: item.lock.clone(),
+                bytes: stored_size(item),
+            })
+            .max_by_key(|largest| largest.bytes);
+        let mut states: HashMap<HolderId, Result<ExecutionState, String>> = HashMap::new();
+        for item in &items {
+            let mut holders: Vec<&HolderId> = item.holders.keys().map(|id| &id.holder).collect();
+            holders.dedup();
+            for holder in holders {
+                if !states.contains_key(holder) {
+                    report.holders_checked += 1;
+                    states.insert(holder.clone(), executions.describe(holder).await);
+                }
+                let (reason, last_run) = match &states[holder] {
+                    Ok(state) => match state.reclaim_reason() {
+                        Some(reason) => (reason, state.last_run()),
+                        None => continue,
+                    },
+                    Err(e) => {
+                        report.errors.push(format!("{holder}: {e}"));
+                        continue;
+                    }
+                };
+                let now = self.now_ms();
+                let youngest = item.slots_of(holder).map(|(_, h)| h.acquired_at_ms).max();
+                if matches!(states[holder], Ok(ExecutionState::Missing))
+                    && youngest.is_some_and(|at| !missing_long_enough(at, now))
+                {
+                    tracing::info!(lock = %item.lock, %holder, "execution not found but acquired within the grace period: kept for a later sweep");
+                    report.too_young.push((item.lock.clone(), holder.clone()));
+                    continue;
+                }
+                if mode == SweepMode::DryRun {
+                    report
+                        .reclaimed
+                        .extend(item.slots_of(holder).map(|(identity, holding)| Reclaimed {
+                            lock: item.lock.clone(),
+                            holder: identity.holder.clone(),
+                            acquisition: identity.acquisition.clone(),
+                            token: holding.token,
+                            held_for_ms: now.saturating_sub(holding.acquired_at_ms),
+                            reason: reason.clone(),
+                        }));
+                    continue;
+                }
+                match self.reclaim(item, holder, last_run).await {
+                    Ok(outcome) => report.reclaimed.extend(outcome.freed.into_iter().map(
+                        |(identity, holding)| Reclaimed {
+                            lock: item.lock.clone(),
+                            holder: identity.holder,
+                            acquisition: identity.acquisition,
+                            token: holding.token,
+                            held_for_ms: now.saturating_sub(holding.acquired_at_ms),
+                            reason: reason.clone(),
+                        },
+                    )),
+                    Err(e) => report
+                        .errors
+                        .push(format!("{holder} on {}: {e}", item.lock)),
+                }
+            }
+            // From the item as scanned: fences added since stay young, and a rotation that
+            // happened since makes this one refused, harmlessly.
+            if mode == SweepMode::Reclaim && self.rotate_if_due(item).await {
+                report.rotated += 1;
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// Waiters a sweep checks per lock, from the head of its line: those next to be granted, where
+/// a dead one would cost the live ones behind it a failed grant (dead waiters further back are
+/// skipped by the hand-off, or checked by a later sweep once nearer the head).
+pub const WAITERS_CHECKED_PER_LOCK: usize = 100;
+
+/// What a sweep of the lines did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LineSweep {
+    pub waiters_checked: usize,
+    /// Waiters taken out of line: their execution had ended.
+    pub removed: Vec<(LockName, HolderId)>,
+    /// Waiters granted a slot and woken by the sweep's hand-offs.
+    pub woken: usize,
+    pub errors: Vec<String>,
+}
+
+impl<S: ItemStore> Semaphore<S> {
+    /// The lines' safety net (F8): for every lock of `lines` (the locks someone waited on when
+    /// [`Semaphore::sweep`] read the table: its report's `lines`, so the table is read once per
+    /// sweep), takes out of line the waiters near the head whose execution has ended (its
+    /// cleanup event was lost), then hands free slots to the head (a waker that crashed between
+    /// a release and its hand-off left the slot free with someone waiting). A line that formed
+    /// since that read moves without it: its first waiter hands off right after it queues.
+    pub async fn sweep_lines<W: Waker>(
+        &self,
+        lines: &[LockName],
+        executions: &impl ExecutionStatus,
+        waker: &W,
+    ) -> Result<LineSweep, Error> {
+        let mut report = LineSweep::default();
+        for lock in lines {
+            let waiters = self.waiters(lock, None, WAITERS_CHECKED_PER_LOCK).await?;
+            for waiter in waiters {
+                report.waiters_checked += 1;
+                match executions.describe(&waiter.identity.holder).await {
+                    // A waiter queued within the grace is not taken out on "not found".
+                    Ok(ExecutionState::Missing)
+                        if !missing_long_enough(waiter.key.queued_at_ms, self.now_ms()) => {}
+                    Ok(state) if state.reclaim_reason().is_some() => {
+                        match self.leave(lock, waiter.key).await {
+                            Ok(true) => report
+                                .removed
+                                .push((lock.clone(), waiter.identity.holder.clone())),
+                            Ok(false) => {}
+                            Err(e) => report.errors.push(format!("{lock}: {e}")),
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => report
+                        .errors
+                        .push(format!("{}: {e}", waiter.identity.holder)),
+                }
+            }
+            match self.hand_off(lock, None, waker, executions).await {
+                Ok(handed) => report.woken += handed.woken.len(),
+                Err(e) => report.errors.push(format!("{lock}: {e}")),
+            }
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,22 @@
+//! The [`Semaphore`](semaphore_core::Semaphore) through the crate's public API, on the memory
+//! store (which applies the same writes the DynamoDB store sends, with the same meaning,
+//! [`Write::apply`](semaphore_core::Write::apply)) and a manual clock. One file per concern, as
+//! in `src/semaphore/`:
+//!
+//! - `slots`: acquire, release, fence, free, cleanup, and what each costs in requests;
+//! - `line`: queueing, hand-offs, re-parking and leaving;
+//! - `sweep`: what the sweeper reclaims, and what it leaves alone.
+
+use semaphore_core::{Limit, LockName};
+
+mod line;
+mod slots;
+mod sweep;
+
+fn lock() -> LockName {
+    LockName::new("l").unwrap()
+}
+
+fn limit(n: i64) -> Limit {
+    Limit::new(n).unwrap()
+}

@@ -1,0 +1,237 @@
+//! Acquire, release, fence, free and cleanup, and the requests each costs.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use semaphore_core::protocol::BUSY_YOUNG_FENCES;
+use semaphore_core::{
+    AcquireOutcome, AcquisitionId, FenceReason, HolderId, Identity, ItemStore, LockName,
+    ManualClock, MemoryStore, QueueKey, Run, Semaphore, SemaphoreItem, StoreError, Waiter, Weight,
+    Write, WriteResult,
+};
+
+use crate::{limit, lock};
+
+/// A memory store counting the requests sent to it and the writes refused.
+#[derive(Clone, Default)]
+struct Counted {
+    inner: Arc<MemoryStore>,
+    loads: Arc<AtomicUsize>,
+    writes: Arc<AtomicUsize>,
+    refused: Arc<AtomicUsize>,
+}
+
+impl Counted {
+    /// (loads, writes, refused writes) since the last call.
+    fn take(&self) -> (usize, usize, usize) {
+        (
+            self.loads.swap(0, Ordering::SeqCst),
+            self.writes.swap(0, Ordering::SeqCst),
+            self.refused.swap(0, Ordering::SeqCst),
+        )
+    }
+}
+
+impl ItemStore for Counted {
+    async fn load(&self, lock: &LockName) -> Result<Option<SemaphoreItem>, StoreError> {
+        self.loads.fetch_add(1, Ordering::SeqCst);
+        self.inner.load(lock).await
+    }
+    async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        let result = self.inner.write(write).await;
+        if matches!(result, Ok(WriteResult::Refused { .. })) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+        }
+        result
+    }
+    async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
+        self.inner.list().await
+    }
+    async fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<Waiter>, StoreError> {
+        self.inner.waiters(lock, after, limit).await
+    }
+}
+
+fn id(h: &str, a: &str) -> Identity {
+    Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new(a).unwrap())
+}
+
+#[tokio::test]
+async fn an_uncontended_critical_section_is_two_writes_and_no_read() {
+    let store = Counted::default();
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let sem = Semaphore::new(store.clone()).with_clock(clock.clone());
+    let section = |n: String| {
+        let sem = sem.clone();
+        async move {
+            let who = id(&n, "1");
+            assert!(matches!(
+                sem.acquire(&lock(), &who, limit(5)).await.unwrap(),
+                AcquireOutcome::Acquired { .. }
+            ));
+            sem.release(&lock(), &who).await.unwrap();
+        }
+    };
+    section("first".into()).await;
+    store.take();
+    for n in 0..BUSY_YOUNG_FENCES - 2 {
+        section(format!("e{n}")).await;
+    }
+    assert_eq!(
+        store.take(),
+        (0, 2 * (BUSY_YOUNG_FENCES - 2), 0),
+        "(loads, writes, refused)"
+    );
+    // The release that makes the young generation worth rotating also rotates it (this lock
+    // never rotated): one more write, once per that many releases at most.
+    section("busy".into()).await;
+    assert_eq!(store.take(), (0, 3, 0));
+    let item = store.inner.load_now(&lock()).unwrap();
+    assert_eq!(item.fences.old.len(), BUSY_YOUNG_FENCES);
+    assert!(item.fences.young.is_empty());
+    // Within the window no rotation, however many fences.
+    for n in 0..BUSY_YOUNG_FENCES + 1 {
+        section(format!("w{n}")).await;
+    }
+    assert_eq!(store.take(), (0, 2 * (BUSY_YOUNG_FENCES + 1), 0));
+    // A window later the next release rotates: the first window's fences are dropped.
+    clock.advance_ms(u64::try_from(sem.timing().window().as_millis()).unwrap());
+    section("late".into()).await;
+    assert_eq!(store.take(), (0, 3, 0));
+    let item = store.inner.load_now(&lock()).unwrap();
+    assert_eq!(item.fences.old.len(), BUSY_YOUNG_FENCES + 2);
+    assert!(item.fences.young.is_empty());
+}
+
+#[tokio::test]
+async fn a_retried_acquire_is_answered_already_held_with_the_first_token() {
+    let sem = Semaphore::new(MemoryStore::new());
+    let who = id("a", "1");
+    let AcquireOutcome::Acquired { token, .. } =
+        sem.acquire(&lock(), &who, limit(1)).await.unwrap()
+    else {
+        panic!("expected acquired")
+    };
+    sem.acquire(&lock(), &id("b", "1"), limit(2)).await.unwrap();
+    assert_eq!(
+        sem.acquire(&lock(), &who, limit(1)).await.unwrap(),
+        AcquireOutcome::AlreadyHeld { token, count: 2 }
+    );
+}
+
+#[tokio::test]
+async fn a_fence_alone_keeps_the_slots_and_refuses_new_acquires() {
+    let sem = Semaphore::new(MemoryStore::new());
+    let holder = HolderId::new("x").unwrap();
+    let held = Identity::new(holder.clone(), AcquisitionId::new("1").unwrap());
+    sem.acquire(&lock(), &held, limit(2)).await.unwrap();
+    let slots = sem.fence(&lock(), &holder, Run::FIRST).await.unwrap().slots;
+    assert_eq!(
+        slots
+            .iter()
+            .map(|(id, holding)| (id.clone(), holding.weight))
+            .collect::<Vec<_>>(),
+        [(held.clone(), Weight::ONE)]
+    );
+    let item = sem.status(&lock()).await.unwrap();
+    assert!(item.holders.contains_key(&held), "the slot stays held");
+    assert_eq!(
+        sem.acquire(
+            &lock(),
+            &Identity::new(holder.clone(), AcquisitionId::new("2").unwrap()),
+            limit(2)
+        )
+        .await
+        .unwrap(),
+        AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
+    );
+    let out = sem.cleanup(&lock(), &holder).await.unwrap();
+    assert_eq!(out.freed.len(), 1);
+}
+
+#[tokio::test]
+async fn cleanup_fences_first_then_frees_what_the_fence_saw() {
+    let store = Counted::default();
+    let sem = Semaphore::new(store.clone());
+    let holder = HolderId::new("x").unwrap();
+    for a in ["1", "2"] {
+        sem.acquire(
+            &lock(),
+            &Identity::new(holder.clone(), AcquisitionId::new(a).unwrap()),
+            limit(3),
+        )
+        .await
+        .unwrap();
+    }
+    store.take();
+    let out = sem.cleanup(&lock(), &holder).await.unwrap();
+    assert_eq!(out.freed.len(), 2);
+    assert_eq!(out.count, 0);
+    // The fence, then the free.
+    assert_eq!(store.take(), (0, 2, 0));
+    assert_eq!(
+        sem.acquire(
+            &lock(),
+            &Identity::new(holder.clone(), AcquisitionId::new("3").unwrap()),
+            limit(3)
+        )
+        .await
+        .unwrap(),
+        AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
+    );
+    // A duplicate cleanup of an execution that holds nothing is one write.
+    let again = sem.cleanup(&lock(), &holder).await.unwrap();
+    assert!(again.freed.is_empty());
+    assert_eq!(
+        store.take(),
+        (0, 2, 1),
+        "the refused acquire, then one fence write"
+    );
+    assert_eq!(
+        sem.status(&lock()).await.unwrap().version.0,
+        5,
+        "every write that landed bumped the version"
+    );
+}
+#[tokio::test]
+async fn a_cleanup_fences_the_run_that_ended_and_the_runs_before_it_never_a_later_one() {
+    let sem = Semaphore::new(MemoryStore::new());
+    let holder = HolderId::new("x").unwrap();
+    let run = |n: u32, acquisition: &str| {
+        (
+            Run(n),
+            Identity::new(holder.clone(), AcquisitionId::new(acquisition).unwrap()),
+        )
+    };
+    let (run0, first) = run(0, "r0");
+    let (run1, second) = run(1, "r1");
+    let (run2, third) = run(2, "r2");
+    let now = sem.now_ms();
+    // Run 1 ended: its cleanup fences runs 0 and 1 (run 0's own cleanup may have found the
+    // execution redriven and fenced nothing).
+    sem.cleanup_run(&lock(), &holder, run1).await.unwrap();
+    for (run, identity) in [(run0, &first), (run1, &second)] {
+        assert_eq!(
+            sem.acquire_in_run(&lock(), identity, run, limit(5), now)
+                .await
+                .unwrap(),
+            AcquireOutcome::Fenced(FenceReason::ExecutionEnded),
+            "{run}"
+        );
+    }
+    // Run 2, redriven after that cleanup, is not fenced.
+    assert!(matches!(
+        sem.acquire_in_run(&lock(), &third, run2, limit(5), now)
+            .await
+            .unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    let item = sem.status(&lock()).await.unwrap();
+    assert_eq!(item.fences.young.len(), 2);
+}
