@@ -19,7 +19,7 @@
 //! error `StepFunctions.<exception>` (`StepFunctions.ExecutionLimitExceededException` when the
 //! account's open executions are at their quota).
 
-use semaphore_tests::asl::definition;
+use local_aws::asl::definition;
 use serde_json::Value;
 
 /// The Lambda service's transient errors: every Lambda task retries them.
