@@ -1257,7 +1257,8 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             format!(
                 "at most {} holders and weight {} of {} held at once over {} reads; every read \
                  consistent (format 4, used = the sum of the holders' weights <= the limit, \
-                 each holder's token distinct and within the version){}",
+                 held_bytes = their entries' bytes, each holder's token distinct and within \
+                 the version){}",
                 l.max_holders,
                 l.max_weight,
                 l.limit,
