@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmarks on a fresh machine: installs the local server (pinned moto in .venv),
-# starts it on 127.0.0.1, builds the bench and the four Lambda handlers natively, and runs
-# `bench`, which writes every number to a JSON file and prints the tables that BENCHMARKS.md
-# quotes. Extra arguments go to `bench` (see `bench --help`).
+# builds the bench and the four Lambda handlers natively, and runs `bench`, which starts the
+# local server on 127.0.0.1 (crates/local-aws), writes every number to a JSON file and prints
+# the tables that BENCHMARKS.md quotes. Extra arguments go to `bench` (see `bench --help`).
 #
 #   bash bench/run.sh --out BENCHMARKS-results.json   # full run, release build: ~10 minutes
 #   bash bench/run.sh --smoke --out target/bench-smoke.json
@@ -21,8 +21,6 @@ if [ "${1:-}" = charts ]; then
   exec cargo run --locked -q -p semaphore-bench --bin bench -- "$@"
 fi
 ensure_venv
-start_local_aws
-export SEMAPHORE_TEST_ENDPOINT="$LOCAL_AWS_ENDPOINT"
 profile=release
 charts=bench/charts
 for arg in "$@"; do

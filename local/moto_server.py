@@ -61,6 +61,9 @@ payload, a child execution's input) pass Step Functions' 256 KiB fails with
 States.DataLimitExceeded, as on AWS (moto checks only results and state outputs); and that
 error is terminal, as on AWS: a Catch or Retry of States.ALL does not match it.
 
+Step Functions' execution mode (moto runs the executions with its States Language interpreter)
+is on from the start (execute_state_machines).
+
 Usage: python moto_server.py [--port N] [--port-file PATH] [--parent-pid PID]
                              [--lambda-endpoint URL] [--lambda-concurrency N]
   --port 0 picks a free port; the chosen port is printed and written to --port-file.
@@ -966,6 +969,15 @@ def patch_no_value_in_lists():
     parsing.clean_json = clean_json
 
 
+def execute_state_machines():
+    """Step Functions runs the executions it starts, from the server's start: moto's execution
+    mode (its States Language interpreter, histories as AWS records them), which is otherwise
+    off and sees no machine made before it is switched on."""
+    from moto.core.config import default_user_config
+
+    default_user_config["stepfunctions"] = {"execute_state_machine": True}
+
+
 def watch_parent(pid):
     while True:
         try:
@@ -1013,6 +1025,7 @@ def main():
     patch_data_limit_is_terminal()
     patch_state_machine_from_cloudformation()
     patch_no_value_in_lists()
+    execute_state_machines()
     app = limit_start_execution_input(serialized(DomainDispatcherApplication(create_backend_app)))
     if args.lambda_endpoint:
         app = lambda_bridge(app, args.lambda_endpoint, args.lambda_concurrency)

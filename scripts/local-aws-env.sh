@@ -1,5 +1,5 @@
 # Sourced by the scripts that need the local AWS: makes .venv (pinned moto from
-# local/requirements.txt) if it is missing or out of date, and defines start/stop helpers.
+# local/requirements.txt) if it is missing or out of date, and defines the start helper.
 # Everything listens on 127.0.0.1 only; the credentials are dummies that reach nothing.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,26 +16,19 @@ ensure_venv() {
   fi
 }
 
-# start_local_aws: starts the serialized moto server on a free port, sets LOCAL_AWS_PID and
-# LOCAL_AWS_ENDPOINT, and arranges for it to stop when the calling shell exits.
+# start_local_aws: starts the local AWS the one way the tests, the bench and the local run do too
+# (crates/local-aws: local/moto_server.py on a free port of 127.0.0.1, waited for until it
+# listens), exports LOCAL_AWS_ENDPOINT; the server stops when the calling shell is gone. The
+# binary is built only if missing or older than the kit's sources: a workspace test build makes
+# it with the tests' features, and `cargo build -p local-aws` would build the SDK again with its
+# own.
 start_local_aws() {
-  local dir="$ROOT/target/local-aws"
-  mkdir -p "$dir"
-  local port_file="$dir/server-$$.port"
-  rm -f "$port_file"
-  "$VENV/bin/python" "$ROOT/local/moto_server.py" --port 0 --port-file "$port_file" --parent-pid $$ \
-    >"$dir/server-$$.log" 2>&1 &
-  LOCAL_AWS_PID=$!
-  trap 'kill "$LOCAL_AWS_PID" 2>/dev/null || true' EXIT
-  for _ in $(seq 1 600); do
-    [ -s "$port_file" ] && break
-    kill -0 "$LOCAL_AWS_PID" 2>/dev/null || { cat "$dir/server-$$.log" >&2; echo "local AWS failed to start" >&2; return 1; }
-    sleep 0.1
-  done
-  [ -s "$port_file" ] || { echo "local AWS did not start in 60 s" >&2; return 1; }
-  LOCAL_AWS_ENDPOINT="http://127.0.0.1:$(cat "$port_file")"
+  local bin="${CARGO_TARGET_DIR:-$ROOT/target}/debug/local-aws"
+  if [ ! -x "$bin" ] || [ -n "$(find "$ROOT/crates/local-aws/src" -newer "$bin" -print -quit)" ]; then
+    cargo build --quiet --locked -p local-aws --bin local-aws
+  fi
+  LOCAL_AWS_ENDPOINT=$("$bin" --parent-pid $$)
   export LOCAL_AWS_ENDPOINT
-  echo "local AWS (moto, serialized) at $LOCAL_AWS_ENDPOINT" >&2
 }
 
 # ensure_emulator: adds the pinned Lambda emulator (cargo-lambda, local/requirements-emulator.txt)

@@ -5,8 +5,11 @@ set -euo pipefail
 source "$(dirname "$0")/../scripts/local-aws-env.sh"
 cd "$ROOT"
 ensure_venv
-start_local_aws
-export SEMAPHORE_TEST_ENDPOINT="$LOCAL_AWS_ENDPOINT"
 # With no arguments, the whole workspace; otherwise exactly what was asked (e.g. -p semctl).
 [ $# -gt 0 ] || set -- --workspace
+# Build first: a build of the whole workspace's tests makes the local-aws binary too (the kit's
+# own test runs it), with the tests' features, so starting the server builds nothing more.
+cargo test --locked --no-run "$@"
+start_local_aws
+export SEMAPHORE_TEST_ENDPOINT="$LOCAL_AWS_ENDPOINT"
 cargo test --locked "$@"

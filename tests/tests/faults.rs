@@ -3,14 +3,14 @@
 //! that are new with version 2's write-time checks (fence removal, zombies sent after the fence,
 //! acquirers racing for the last slot) are in races.rs.
 
+use local_aws::names::{id, limit, lock};
+use local_aws::observe::observe;
+use local_aws::proxy::{HeldAnswer, HoldingProxy};
+use local_aws::reference::SampleProtocol;
+use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
     AcquireOutcome, DynamoStore, FenceReason, HolderId, LockName, ReleaseOutcome, Semaphore,
 };
-use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::observe;
-use semaphore_tests::proxy::{HeldAnswer, HoldingProxy};
-use semaphore_tests::reference::SampleProtocol;
-use semaphore_tests::{client_for, endpoint, fresh_table};
 
 /// A semaphore on `store`'s table whose requests go through `proxy`.
 fn through(proxy: &HoldingProxy, store: &DynamoStore) -> Semaphore<DynamoStore> {

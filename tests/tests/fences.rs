@@ -7,13 +7,13 @@
 
 use std::sync::Arc;
 
+use local_aws::fresh_table;
+use local_aws::names::limit;
+use local_aws::observe::observe;
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Clock, DynamoStore, FenceKey, FenceReason, HolderId, Identity,
     ItemStore, LockName, ManualClock, Semaphore, Timing, WriteResult,
 };
-use semaphore_tests::fresh_table;
-use semaphore_tests::names::limit;
-use semaphore_tests::observe::observe;
 
 const T0: u64 = 1_700_000_000_000;
 

@@ -4,15 +4,15 @@
 
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use local_aws::fresh_table;
+use local_aws::names::{id, limit, lock};
+use local_aws::observe::observe;
 use semaphore_core::dynamo::encode;
 use semaphore_core::dynamo::MAX_EXPRESSION_BYTES;
 use semaphore_core::item::{FenceKey, HELD_BYTES_BUDGET, MAX_HELD_BYTES};
 use semaphore_core::{
     AcquireOutcome, QueueOutcome, Run, Semaphore, SemaphoreItem, TaskToken, Waiter,
 };
-use semaphore_tests::fresh_table;
-use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::observe;
 
 /// One holder with 150 acquisitions on one lock: a cleanup that named every slot in one write
 /// rendered a 6 KB condition, which DynamoDB refused after the fence had landed, leaving the
@@ -88,7 +88,7 @@ async fn the_local_server_refuses_an_expression_over_4_kb() {
         ),
         "{message}"
     );
-    let raw = semaphore_tests::observe::raw_item(client, store.table(), "expression-limit").await;
+    let raw = local_aws::observe::raw_item(client, store.table(), "expression-limit").await;
     assert!(raw.is_none(), "a refused write wrote {raw:?}");
 
     // In a transaction too, before any of its actions is applied.
@@ -118,7 +118,7 @@ async fn the_local_server_refuses_an_expression_over_4_kb() {
     let short = condition(fits);
     assert!(short.len() <= MAX_EXPRESSION_BYTES);
     update(short).send().await.unwrap();
-    let raw = semaphore_tests::observe::raw_item(client, store.table(), "expression-limit").await;
+    let raw = local_aws::observe::raw_item(client, store.table(), "expression-limit").await;
     assert!(raw.is_some());
 }
 

@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use local_aws::observe::observe;
+use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName,
     ReleaseOutcome, Semaphore, Timing,
 };
-use semaphore_tests::observe::observe;
-use semaphore_tests::{client_for, endpoint, fresh_table};
 
 const ROUNDS: usize = 3;
 const TIMING: Timing = Timing {

@@ -10,13 +10,13 @@
 //! 140,000 bytes parameters over it. Its Retry and Catch of `States.ALL` do not handle the
 //! error: on AWS it is terminal (`patch_data_limit_is_terminal`).
 
-use semaphore_tests::sfn::{create_machine, described, ended, execution_mode, start, unique};
+use local_aws::sfn::{client as sfn_client, create_machine, described, ended, start, unique};
 use serde_json::json;
 
 #[tokio::test]
 async fn a_task_scheduled_with_more_than_256_kib_fails_with_data_limit_exceeded() {
-    let sfn = execution_mode().await;
-    let sqs = aws_sdk_sqs::Client::new(&semaphore_tests::sdk_config());
+    let sfn = sfn_client();
+    let sqs = aws_sdk_sqs::Client::new(&local_aws::sdk_config());
     let queue = sqs
         .create_queue()
         .queue_name(unique("payload-limit"))

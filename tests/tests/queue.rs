@@ -14,6 +14,10 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
+use local_aws::counter::RequestCounter;
+use local_aws::names::{id, limit, lock};
+use local_aws::observe::{self, observe};
+use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::dynamo::decode_waiter;
 use semaphore_core::protocol::{self, Grant};
 use semaphore_core::{
@@ -22,10 +26,6 @@ use semaphore_core::{
     ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, TaskToken, Waiter, Waker, Write,
     WriteResult,
 };
-use semaphore_tests::counter::RequestCounter;
-use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::{self, observe};
-use semaphore_tests::{client_for, endpoint, fresh_table};
 
 const T0: u64 = 1_800_000_000_000;
 

@@ -16,16 +16,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use local_aws::counter::RequestCounter;
+use local_aws::names::{id, limit, lock};
+use local_aws::observe::observe;
+use local_aws::proxy::{HeldAnswer, HoldingProxy};
+use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::protocol;
 use semaphore_core::{
     AcquireOutcome, Check, Clock, DynamoStore, FenceKey, FenceReason, Identity, LockName,
     ManualClock, Semaphore, SemaphoreItem, Timing,
 };
-use semaphore_tests::counter::RequestCounter;
-use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::observe;
-use semaphore_tests::proxy::{HeldAnswer, HoldingProxy};
-use semaphore_tests::{client_for, endpoint, fresh_table};
 
 const TIMING: Timing = Timing {
     horizon: Duration::from_secs(2),

@@ -13,15 +13,15 @@
 
 use std::sync::{Arc, Mutex};
 
+use local_aws::names::{id, limit, lock};
+use local_aws::observe::observe;
+use local_aws::proxy::{recognise, Canned, FaultyProxy, ProtocolWrite, Verdict};
+use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
     AcquireOutcome, DynamoStore, ExecutionState, ExecutionStatus, FencingToken, HolderId, Identity,
     LockName, ManualClock, QueueOutcome, ReleaseOutcome, Run, Semaphore, StoreError, TaskToken,
     Waiter, Waker,
 };
-use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::observe;
-use semaphore_tests::proxy::{recognise, Canned, FaultyProxy, ProtocolWrite, Verdict};
-use semaphore_tests::{client_for, endpoint, fresh_table};
 
 const T0: u64 = 1_800_000_000_000;
 const TRANSACT: &str = "TransactWriteItems";

@@ -2,7 +2,7 @@
 //! makes: a Lambda service error (`Lambda.ClientExecutionTimeoutException` among them), a
 //! function that timed out or crashed (`Lambda.Unknown`, or `Sandbox.Timedout`, the `errorType`
 //! Lambda answers a timed-out invoke with), and a refused or throttled `StartExecution` of the
-//! protected work. The definitions are read as deployed (`semaphore_tests::asl::definition`).
+//! protected work. The definitions are read as deployed (`local_aws::asl::definition`).
 //!
 //! Why each is safe to retry: the semaphore's functions are idempotent by design (an acquire is
 //! one acquisition per run, so a retry whose first attempt landed is answered `already_held`; a
@@ -19,7 +19,7 @@
 //! error `StepFunctions.<exception>` (`StepFunctions.ExecutionLimitExceededException` when the
 //! account's open executions are at their quota).
 
-use semaphore_tests::asl::{definition, function_arn};
+use local_aws::asl::{definition, function_arn};
 use serde_json::Value;
 
 /// The Lambda service's transient errors: every Lambda task retries them.

@@ -4,22 +4,22 @@
 //! waits and nobody passes it (L2), a lowered limit admits nothing above it, and a start rate
 //! holds under 50 contenders. Each race is made to happen (held requests, concurrent
 //! contenders) and checked by an independent reader of the raw item
-//! ([`semaphore_tests::observe`]), not by the product's decoder.
+//! ([`local_aws::observe`]), not by the product's decoder.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use local_aws::names::{id, limit, lock};
+use local_aws::observe::{least_spacing, most_in_window, observe};
+use local_aws::proxy::{HoldingProxy, Target};
+use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
     AcquireOutcome, Clock, DynamoStore, ExecutionState, ExecutionStatus, FenceReason, FencingToken,
     HolderId, Identity, LockName, ManualClock, Rate, ReleaseOutcome, Run, Semaphore, TaskToken,
     Terms, Waiter, Waker, Weight,
 };
-use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::{least_spacing, most_in_window, observe};
-use semaphore_tests::proxy::{HoldingProxy, Target};
-use semaphore_tests::{client_for, endpoint, fresh_table};
 
 const T0: u64 = 1_800_000_000_000;
 
@@ -40,7 +40,7 @@ fn rated(n: i64, per_second: f64) -> Terms {
     .unwrap()
 }
 
-async fn seen(store: &DynamoStore, l: &LockName) -> semaphore_tests::observe::Observed {
+async fn seen(store: &DynamoStore, l: &LockName) -> local_aws::observe::Observed {
     observe(store.client(), store.table(), l.as_str())
         .await
         .expect("the lock's item exists")

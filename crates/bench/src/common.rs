@@ -40,7 +40,7 @@ pub enum Proto {
     /// `Timing`, one write per call, no read. A `Semaphore` keeps nothing between calls, so one
     /// per contender is the same as one per call (a Lambda invocation, a `semctl` process).
     Ours,
-    /// The original AWS sample's protocol (`semaphore_tests::reference::SampleProtocol`).
+    /// The original AWS sample's protocol (`local_aws::reference::SampleProtocol`).
     Reference,
 }
 

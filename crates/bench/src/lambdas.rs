@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_sfn::error::DisplayErrorContext;
 use aws_sdk_sfn::types::ExecutionStatus;
+use local_aws::runtime_api::{run_function, Answer};
 use semaphore_core::{
     rfc3339_millis, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName,
     Semaphore, SystemClock,
 };
-use semaphore_tests::runtime_api::{run_function, Answer};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -125,13 +125,13 @@ struct Ended {
 impl Protected {
     async fn new() -> Result<Self, String> {
         // Before the machine is made: one made before execution mode is not seen after.
-        let sfn = semaphore_tests::sfn::execution_mode().await;
-        let definition = semaphore_tests::sfn::acquire_only(ACQUIRE_FUNCTION_ARN);
+        let sfn = local_aws::sfn::client();
+        let definition = local_aws::sfn::acquire_only(ACQUIRE_FUNCTION_ARN);
         let machine = sfn
             .create_state_machine()
             .name(format!("BenchProtected-{}", &uuid()[..8]))
             .definition(definition.to_string())
-            .role_arn(semaphore_tests::sfn::ROLE)
+            .role_arn(local_aws::sfn::ROLE)
             .send()
             .await
             .map_err(|e| format!("create the protected machine: {}", DisplayErrorContext(e)))?
@@ -258,7 +258,7 @@ pub async fn run(
     let mut results = Vec::new();
     for function in ["acquire", "release", "cleanup", "sweeper"] {
         // A table per function, so that the sweeper's scans see only its own holders.
-        let store: DynamoStore = semaphore_tests::fresh_table().await;
+        let store: DynamoStore = local_aws::fresh_table().await;
         let table = store.table().to_owned();
         let sem = Semaphore::new(store);
         let exe = bin_dir.join(function);

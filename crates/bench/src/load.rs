@@ -16,13 +16,13 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use local_aws::counter::RequestCounter;
+use local_aws::observe::{least_spacing, most_in_window, raw_item};
+use local_aws::reference::SampleProtocol;
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName, Rate,
     ReleaseOutcome, Semaphore, SystemClock, Terms, Weight,
 };
-use semaphore_tests::counter::RequestCounter;
-use semaphore_tests::observe::{least_spacing, most_in_window, raw_item};
-use semaphore_tests::reference::SampleProtocol;
 use serde::Serialize;
 
 use crate::common::{execution_arn, uuid, Proto, Regime};

@@ -192,7 +192,7 @@ fn machine() -> Value {
         .unwrap_or("")
         .to_owned();
     let moto = read(
-        &semaphore_tests::server::repo_root()
+        &local_aws::server::repo_root()
             .join("local/requirements.txt")
             .to_string_lossy(),
     )
@@ -208,7 +208,7 @@ fn machine() -> Value {
         "memory": mem,
         "kernel": read("/proc/sys/kernel/osrelease").trim(),
         "server": format!("{moto} behind local/moto_server.py (one request at a time), on 127.0.0.1"),
-        "endpoint": semaphore_tests::endpoint(),
+        "endpoint": local_aws::endpoint(),
     })
 }
 
@@ -247,8 +247,8 @@ async fn main() -> ExitCode {
     out.insert("smoke".into(), json!(cli.smoke));
     out.insert("repeats".into(), json!(repeats));
     out.insert("machine".into(), machine());
-    let endpoint = semaphore_tests::endpoint().to_owned();
-    let table = semaphore_tests::fresh_table().await.table().to_owned();
+    let endpoint = local_aws::endpoint().to_owned();
+    let table = local_aws::fresh_table().await.table().to_owned();
     println!(
         "# semaphore bench{}\n",
         if cli.smoke { " (smoke)" } else { "" }
@@ -845,7 +845,7 @@ async fn main() -> ExitCode {
     // (d) the Lambdas
     if wanted("lambdas") {
         let part_started = Instant::now();
-        let repo = semaphore_tests::server::repo_root();
+        let repo = local_aws::server::repo_root();
         let boots = lambdas::bootstraps(&repo);
         println!("## Lambdas\n");
         if boots.is_empty() {

@@ -13,12 +13,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use local_aws::counter::{Counts, RequestCounter};
+use local_aws::reference::SampleProtocol;
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName,
     ManualClock, ReleaseOutcome, Semaphore, SystemClock, Timing,
 };
-use semaphore_tests::counter::{Counts, RequestCounter};
-use semaphore_tests::reference::SampleProtocol;
 use serde::Serialize;
 
 use crate::common::{execution_arn, uuid};

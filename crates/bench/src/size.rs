@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use local_aws::names::id;
 use semaphore_core::dynamo::{item_size, stored_size, write_units};
 use semaphore_core::{
     AcquireOutcome, Clock, FenceKey, FencingToken, HolderId, Holding, Identity, ItemStore, Limit,
     LockName, ManualClock, MemoryStore, Semaphore, SemaphoreItem, StoreError, Timing, Version,
     Write, WriteResult,
 };
-use semaphore_tests::names::id;
 use serde::Serialize;
 
 use crate::common::{execution_arn, uuid};

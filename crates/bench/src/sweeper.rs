@@ -6,12 +6,12 @@
 use lambda_sweeper::{SfnExecutions, StateMachineArn, Sweeper, DEFAULT_NAMESPACE};
 use std::time::Instant;
 
+use local_aws::counter::{Counts, RequestCounter};
+use local_aws::{fresh_table, sdk_config};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore,
     Timing,
 };
-use semaphore_tests::counter::{Counts, RequestCounter};
-use semaphore_tests::{fresh_table, sdk_config};
 use serde::Serialize;
 use serde_json::json;
 
@@ -81,7 +81,7 @@ async fn local() -> Result<Local, String> {
     // Execution mode, as the lambdas part turns it on (it is the whole server's), before the
     // machine is made: one made before is not seen after, and the sweeps then meet the same
     // Step Functions whichever parts run.
-    let sfn = semaphore_tests::sfn::execution_mode().await;
+    let sfn = local_aws::sfn::client();
     let definition = json!({
         "StartAt": "Work",
         "States": { "Work": { "Type": "Wait", "Seconds": 3600, "End": true } }

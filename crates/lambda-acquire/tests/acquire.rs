@@ -15,16 +15,16 @@ use std::time::Duration;
 use lambda_acquire::Config;
 use lambda_common::{child_execution_name, deferred_answer, granted_answer, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
+use local_aws::asl::{self, Context as Ctx};
+use local_aws::legacy::put_version_1_item;
+use local_aws::names::{id, limit, lock};
+use local_aws::observe::{assert_consistent, observe, raw_item, text, RawRecord};
+use local_aws::{all_items, fresh_table, sdk_config};
 use semaphore_core::{
     protocol, rfc3339_millis, AcquireOutcome, Clock, DynamoStore, FenceKey, FenceReason,
     FencingToken, HolderId, ItemStore, LockName, ManualClock, QueueKey, Run, Semaphore,
     SystemClock, Timing, WriteResult,
 };
-use semaphore_tests::asl::{self, Context as Ctx};
-use semaphore_tests::legacy::put_version_1_item;
-use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::{assert_consistent, observe, raw_item, text, RawRecord};
-use semaphore_tests::{all_items, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
@@ -1782,14 +1782,14 @@ async fn a_caller_the_stack_does_not_protect_is_misconfigured_and_writes_nothing
 #[tokio::test]
 async fn express_work_is_misconfigured_and_writes_nothing() {
     use aws_sdk_sfn::types::StateMachineType;
-    let sfn = semaphore_tests::sfn::execution_mode().await;
+    let sfn = local_aws::sfn::client();
     let definition = json!({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": true}}});
     let create = |kind: StateMachineType| {
         let sfn = sfn.clone();
         let definition = definition.to_string();
         async move {
             sfn.create_state_machine()
-                .name(semaphore_tests::sfn::unique("work"))
+                .name(local_aws::sfn::unique("work"))
                 .definition(definition)
                 .role_arn("arn:aws:iam::123456789012:role/semaphore-test")
                 .r#type(kind)
@@ -1802,7 +1802,7 @@ async fn express_work_is_misconfigured_and_writes_nothing() {
     };
     let express = create(StateMachineType::Express).await;
     let standard = create(StateMachineType::Standard).await;
-    let counter = semaphore_tests::counter::RequestCounter::new();
+    let counter = local_aws::counter::RequestCounter::new();
     let counted = aws_sdk_sfn::Client::from_conf(
         aws_sdk_sfn::config::Builder::from(&sdk_config())
             .interceptor(counter.clone())

@@ -5,13 +5,13 @@
 use std::path::Path;
 
 use lambda_common::child_execution_name;
+use local_aws::fresh_table;
+use local_aws::legacy::put_version_1_item;
+use local_aws::names::id;
+use local_aws::runtime_api::{run_function, Answer};
 use semaphore_core::{
     rfc3339_millis, Clock, DynamoStore, HolderId, LockName, Semaphore, SystemClock, Timing,
 };
-use semaphore_tests::fresh_table;
-use semaphore_tests::legacy::put_version_1_item;
-use semaphore_tests::names::id;
-use semaphore_tests::runtime_api::{run_function, Answer};
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_acquire");
@@ -63,7 +63,7 @@ fn error(error_type: &str, message: &str) -> Answer {
 async fn run(
     env: Vec<(String, String)>,
     events: Vec<Value>,
-) -> semaphore_tests::runtime_api::FunctionRun {
+) -> local_aws::runtime_api::FunctionRun {
     tokio::task::spawn_blocking(move || {
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         run_function(Path::new(EXE), &env, events)

@@ -25,18 +25,18 @@ use lambda_acquire::Config;
 use lambda_cleanup::Cleanup;
 use lambda_common::{Resolver, Settings, SfnHandOffs};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
+use local_aws::asl::{self, Context as Ctx};
+use local_aws::names::{id, limit};
+use local_aws::observe::{assert_consistent, text, RawRecord};
+use local_aws::sfn::{
+    self, described, ended, execution_arn, park, parking_machine, status, stop, task_outputs,
+    unique, Parked,
+};
+use local_aws::{fresh_table, sdk_config};
 use semaphore_core::{
     protocol, rfc3339_millis, AcquireOutcome, DynamoStore, FenceKey, FencingToken, HolderId,
     Identity, ItemStore, LockName, Run, Semaphore, WriteResult,
 };
-use semaphore_tests::asl::{self, Context as Ctx};
-use semaphore_tests::names::{id, limit};
-use semaphore_tests::observe::{assert_consistent, text, RawRecord};
-use semaphore_tests::sfn::{
-    self, described, ended, execution_arn, park, parking_machine, status, stop, task_outputs,
-    unique, Parked,
-};
-use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 const DEMO: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:demo-work";
@@ -91,7 +91,7 @@ impl Waiter {
 }
 
 async fn world(fallbacks: [u64; 2]) -> World {
-    let sfn = sfn::execution_mode().await;
+    let sfn = sfn::client();
     let table = fresh_table().await.table().to_owned();
     let settings = settings(&table);
     let definition = asl::definition("lock-protected.asl.json");
@@ -613,7 +613,7 @@ fn rate_parking_machine(definition: &Value) -> Value {
 /// its work with it. Nothing was held while it waited.
 #[tokio::test]
 async fn a_head_of_the_line_held_back_by_the_start_rate_waits_and_is_granted_when_it_allows() {
-    let sfn = sfn::execution_mode().await;
+    let sfn = sfn::client();
     let table = fresh_table().await.table().to_owned();
     let settings = settings(&table);
     let definition = asl::definition("lock-protected.asl.json");

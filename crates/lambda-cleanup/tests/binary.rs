@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
+use local_aws::fresh_table;
+use local_aws::runtime_api::{run_function, Answer};
+use local_aws::sfn::{acquire_only, client as sfn_client, create_machine, ended, start, unique};
 use semaphore_core::{AcquisitionId, HolderId, Identity, Limit, LockName, Semaphore};
-use semaphore_tests::fresh_table;
-use semaphore_tests::runtime_api::{run_function, Answer};
-use semaphore_tests::sfn::{acquire_only, create_machine, ended, execution_mode, start, unique};
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_cleanup");
@@ -23,7 +23,7 @@ fn fixture() -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_binary_cleans_up_on_the_documented_event() {
-    let sfn = execution_mode().await;
+    let sfn = sfn_client();
     // One acquire task (there is no such Lambda here: the task fails after it was recorded,
     // payload and all), then the execution fails.
     let definition = acquire_only(ACQUIRE);

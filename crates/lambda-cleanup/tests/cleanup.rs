@@ -16,17 +16,18 @@ use lambda_cleanup::{Cleanup, Config};
 use lambda_common::sfn::{Described, Executions, SfnClient, SfnError};
 use lambda_common::Settings;
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
+use local_aws::counter::RequestCounter;
+use local_aws::legacy::put_version_1_item;
+use local_aws::names::{id, lock};
+use local_aws::observe::{observe, raw_item};
+use local_aws::sfn::{
+    client as sfn_client, create_machine, end_parent_while_child_runs, ended, start, status, stop,
+    unique,
+};
+use local_aws::{all_items, endpoint, fresh_table, sdk_config};
 use semaphore_core::{
     AcquireOutcome, DynamoStore, FenceReason, ItemStore, Limit, ManualClock, MemoryStore, Semaphore,
 };
-use semaphore_tests::counter::RequestCounter;
-use semaphore_tests::legacy::put_version_1_item;
-use semaphore_tests::names::{id, lock};
-use semaphore_tests::observe::{observe, raw_item};
-use semaphore_tests::sfn::{
-    create_machine, end_parent_while_child_runs, ended, execution_mode, start, status, stop, unique,
-};
-use semaphore_tests::{all_items, endpoint, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 /// The acquire function as the parent machine names it (it does not exist here).
@@ -153,7 +154,7 @@ struct World {
 }
 
 async fn world() -> World {
-    let sfn = execution_mode().await;
+    let sfn = sfn_client();
     let table = fresh_table().await.table().to_owned();
     let parent = create_machine(&sfn, &unique("Protected"), &parent_definition()).await;
     let work = create_machine(&sfn, &unique("UserWork"), &long_work()).await;

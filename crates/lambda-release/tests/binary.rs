@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
+use local_aws::fresh_table;
+use local_aws::names::{id, limit, lock};
+use local_aws::runtime_api::{run_function, Answer};
 use semaphore_core::Semaphore;
-use semaphore_tests::fresh_table;
-use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::runtime_api::{run_function, Answer};
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_release");

@@ -10,16 +10,16 @@ use std::collections::BTreeSet;
 
 use lambda_common::{child_execution_name, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
+use local_aws::asl::{self, Context as Ctx};
+use local_aws::legacy::put_version_1_item;
+use local_aws::names::{id, limit, lock};
+use local_aws::observe::{observe, raw_item};
+use local_aws::sfn::{client as sfn_client, create_machine, ended, start, unique};
+use local_aws::{all_items, fresh_table, sdk_config};
 use semaphore_core::{
     rfc3339_millis, AcquireOutcome, DynamoStore, FenceKey, FenceReason, HolderId, Run, Semaphore,
     Terms, Weight,
 };
-use semaphore_tests::asl::{self, Context as Ctx};
-use semaphore_tests::legacy::put_version_1_item;
-use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::observe::{observe, raw_item};
-use semaphore_tests::sfn::{create_machine, ended, execution_mode, start, unique};
-use semaphore_tests::{all_items, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
@@ -430,7 +430,7 @@ async fn a_redrive_that_meets_the_child_that_already_ran_fails_with_semaphore_re
 async fn a_run_redriven_into_the_work_while_the_child_runs_re_attaches_and_its_release_frees_the_first_runs_slot(
 ) {
     let sem = semaphore().await;
-    let sfn = execution_mode().await;
+    let sfn = sfn_client();
     let work = create_machine(
         &sfn,
         &unique("work"),

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
+use local_aws::runtime_api::{run_function, Answer};
+use local_aws::{fresh_table, sdk_config};
 use semaphore_core::{AcquisitionId, Clock, HolderId, Identity, Limit, LockName, Semaphore};
-use semaphore_tests::runtime_api::{run_function, Answer};
-use semaphore_tests::{fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_sweeper");
@@ -20,7 +20,7 @@ async fn the_binary_sweeps_and_prints_the_metric() {
     let sem = Semaphore::new(store).with_clock(std::sync::Arc::new(
         semaphore_core::ManualClock::new(two_minutes_ago),
     ));
-    let sfn = semaphore_tests::sfn::execution_mode().await;
+    let sfn = local_aws::sfn::client();
     let machine = format!("Sweep-{:x}", fastrand::u64(..));
     let machine_arn = sfn
         .create_state_machine()
@@ -56,7 +56,7 @@ async fn the_binary_sweeps_and_prints_the_metric() {
         .to_owned();
 
     // The item as stored before the sweep, read back raw: the size the sweep must report.
-    let stored_bytes = semaphore_tests::observe::observe(sem.store().client(), &table, "demo-lock")
+    let stored_bytes = local_aws::observe::observe(sem.store().client(), &table, "demo-lock")
         .await
         .expect("the item exists")
         .approx_bytes;

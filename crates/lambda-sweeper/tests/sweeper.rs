@@ -13,19 +13,19 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use lambda_common::Settings;
 use lambda_runtime::{Context, LambdaEvent};
 use lambda_sweeper::{Notice, SfnExecutions, StateMachineArn, Sweeper};
+use local_aws::counter::RequestCounter;
+use local_aws::legacy::put_version_1_item;
+use local_aws::names::id;
+use local_aws::observe::{assert_consistent, observe, raw_item};
+use local_aws::sfn::{
+    client as sfn_client, create_machine, described, end_parent_while_child_runs, ended, park,
+    parking_machine, status, stop, unique,
+};
+use local_aws::{endpoint, fresh_table, sdk_config};
 use semaphore_core::{
     rfc3339_millis, AcquireOutcome, DynamoStore, FenceReason, HolderId, Limit, LockName,
     ManualClock, QueueOutcome, Run, Semaphore, TaskToken, Waiter, MISSING_EXECUTION_GRACE_MS,
 };
-use semaphore_tests::counter::RequestCounter;
-use semaphore_tests::legacy::put_version_1_item;
-use semaphore_tests::names::id;
-use semaphore_tests::observe::{assert_consistent, observe, raw_item};
-use semaphore_tests::sfn::{
-    create_machine, described, end_parent_while_child_runs, ended, execution_mode, park,
-    parking_machine, status, stop, unique,
-};
-use semaphore_tests::{endpoint, fresh_table, sdk_config};
 use serde_json::{json, Value};
 
 const ACCOUNT_REGION: &str = "us-east-1:123456789012";
@@ -43,7 +43,7 @@ struct Local {
 /// SNS topic and an SQS queue subscribed to it.
 async fn local() -> Local {
     let sdk = sdk_config();
-    let sfn = execution_mode().await;
+    let sfn = sfn_client();
     let sns = aws_sdk_sns::Client::new(&sdk);
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let suffix = format!("{:x}", fastrand::u64(..));
@@ -889,7 +889,7 @@ fn a_missing_topic_or_a_bad_state_machine_arn_stops_the_cold_start() {
 async fn a_sweep_takes_dead_waiters_out_of_line_and_wakes_the_next_live_one_with_the_slot() {
     let local = local().await;
     let sfn = &local.sfn;
-    let definition = semaphore_tests::asl::definition("lock-protected.asl.json");
+    let definition = local_aws::asl::definition("lock-protected.asl.json");
     let parking = create_machine(
         sfn,
         &unique("Parking"),

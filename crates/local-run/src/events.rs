@@ -222,7 +222,7 @@ pub enum Target {
     },
     /// The reference mode: the original sample's cleanup, run directly.
     Reference {
-        protocol: Arc<semaphore_tests::reference::SampleProtocol>,
+        protocol: Arc<local_aws::reference::SampleProtocol>,
         lock: String,
     },
 }
@@ -491,10 +491,10 @@ mod tests {
     /// cannot start the cleanup machine as it is, and does through the rule's transformer.
     #[tokio::test]
     async fn a_big_status_event_starts_the_cleanup_machine_only_through_the_transformer() {
-        let sfn = semaphore_tests::sfn::execution_mode().await;
-        let machine = semaphore_tests::sfn::create_machine(
+        let sfn = local_aws::sfn::client();
+        let machine = local_aws::sfn::create_machine(
             &sfn,
-            &semaphore_tests::sfn::unique("cleanup-stand-in"),
+            &local_aws::sfn::unique("cleanup-stand-in"),
             &json!({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": true}}}),
         )
         .await;
@@ -505,7 +505,7 @@ mod tests {
             transformer,
         };
         let refused = target(None)
-            .deliver(&event, &semaphore_tests::sfn::unique("whole"))
+            .deliver(&event, &local_aws::sfn::unique("whole"))
             .await
             .unwrap_err();
         assert!(
@@ -513,14 +513,14 @@ mod tests {
             "{refused}"
         );
         target(Some(cleanup_rule_transformer()))
-            .deliver(&event, &semaphore_tests::sfn::unique("transformed"))
+            .deliver(&event, &local_aws::sfn::unique("transformed"))
             .await
             .expect("the transformed event starts the cleanup machine");
         // The limit is the API's, not the event's: an input of 262,144 bytes starts.
         let at_limit = format!("\"{}\"", "x".repeat(262_142));
         sfn.start_execution()
             .state_machine_arn(&machine)
-            .name(semaphore_tests::sfn::unique("at-limit"))
+            .name(local_aws::sfn::unique("at-limit"))
             .input(at_limit)
             .send()
             .await

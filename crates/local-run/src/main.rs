@@ -15,9 +15,9 @@
 //! protocol (no version, no fence, no sweeper), to show the leak the seed describes.
 
 mod driver;
+mod emulator;
 mod events;
 mod line;
-mod local_aws;
 mod poller;
 mod procs;
 mod progress;
@@ -386,7 +386,7 @@ fn run_dir(root: &std::path::Path) -> Result<PathBuf, String> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default();
-    let dir = local_aws::target_dir(root)
+    let dir = local_aws::server::target_dir(root)
         .join("local-run")
         .join(format!("{stamp}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

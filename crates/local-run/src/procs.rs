@@ -13,6 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use local_aws::server::{LocalAws, Options};
+
 struct Managed {
     name: String,
     child: Child,
@@ -54,6 +56,12 @@ impl Supervisor {
             .spawn()
             .map_err(|e| format!("cannot start {name} ({:?}): {e}", command.get_program()))?;
         let pid = child.id();
+        self.adopt(name, child, log);
+        Ok(pid)
+    }
+
+    /// Stops `child`, which leads a process group of its own, with the others.
+    fn adopt(&self, name: &str, child: Child, log: &Path) {
         self.children
             .lock()
             .expect("supervisor lock")
@@ -62,7 +70,26 @@ impl Supervisor {
                 child,
                 log: log.to_owned(),
             });
-        Ok(pid)
+    }
+
+    /// Starts the local server (the kit's one way, `python` with the pinned moto; with
+    /// `lambda_endpoint`, its Lambda bridge forwards invokes there) and answers its endpoint.
+    pub fn start_server(
+        &self,
+        python: &Path,
+        run_dir: &Path,
+        lambda_endpoint: Option<&str>,
+    ) -> Result<String, String> {
+        let options = Options {
+            python: python.to_owned(),
+            dir: run_dir.to_owned(),
+            parent_pid: std::process::id(),
+            lambda_endpoint: lambda_endpoint.map(str::to_owned),
+        };
+        let server = LocalAws::start(&options).map_err(|e| e.to_string())?;
+        let (endpoint, log) = (server.endpoint().to_owned(), server.log().to_owned());
+        self.adopt("moto server", server.into_process(), &log);
+        Ok(endpoint)
     }
 
     /// The first child that has exited, with its status and log: a run cannot go on without

@@ -11,16 +11,16 @@
 //! rotated after the request's horizon), or otherwise (the lock was full, or the identity
 //! already held a slot).
 //!
-//! The forwarding itself is the test harness's proxy (`semaphore_tests::proxy`), and so is the
-//! recognition of our writes and of the checks an acquire makes; this is its policy.
+//! The forwarding itself is the kit's proxy (`local_aws::proxy`), and so is the recognition of
+//! the writes (ours, with the checks an acquire makes, and the sample's); this is its policy.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use local_aws::proxy::{recognise, ForwardingProxy, Policy, ProtocolWrite, Verdict};
+use local_aws::wire;
 use semaphore_core::{FenceKey, Identity};
-use semaphore_tests::proxy::{recognise, ForwardingProxy, Policy, ProtocolWrite, Verdict};
-use semaphore_tests::wire;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
@@ -361,16 +361,10 @@ fn acquire_write(kind: WriteKind, operation: Option<&str>, body: &[u8]) -> Optio
             _ => None,
         },
         WriteKind::Reference => {
-            (operation? == "UpdateItem").then_some(())?;
-            let body: Value = serde_json::from_slice(body).ok()?;
-            let update = body.get("UpdateExpression")?.as_str()?;
-            if !update.contains("+ :one") {
-                return None;
-            }
-            let slot = body.get("ExpressionAttributeNames")?.get("#h")?.as_str()?;
+            let holder = local_aws::reference::acquiring(operation, body)?;
             Some(HeldWrite {
-                holder: slot.strip_prefix("holder:")?.to_owned(),
-                slot: slot.to_owned(),
+                slot: format!("holder:{holder}"),
+                holder,
                 fences: Vec::new(),
                 deadline_ms: None,
                 room: None,
@@ -394,9 +388,9 @@ impl HeldWrite {
 
 #[cfg(test)]
 mod tests {
+    use local_aws::wire::{attributes, put_body, update_body};
     use semaphore_core::protocol::{self, Timing};
     use semaphore_core::{AcquisitionId, HolderId, Limit, LockName, SemaphoreItem};
-    use semaphore_tests::wire::{attributes, put_body, update_body};
     use serde_json::json;
 
     use super::*;
@@ -484,24 +478,6 @@ mod tests {
             ),
             None
         );
-    }
-
-    #[test]
-    fn recognises_the_samples_acquire() {
-        let update = Some("UpdateItem");
-        let acquire = json!({
-            "UpdateExpression": "SET #c = #c + :one, #h = :now",
-            "ExpressionAttributeNames": {"#c": "count", "#h": "holder:arn:x"}
-        });
-        let bytes = serde_json::to_vec(&acquire).unwrap();
-        let held = acquire_write(WriteKind::Reference, update, &bytes).unwrap();
-        assert_eq!(held.holder, "arn:x");
-        let release = json!({
-            "UpdateExpression": "SET #c = #c - :one REMOVE #h",
-            "ExpressionAttributeNames": {"#c": "count", "#h": "holder:arn:x"}
-        });
-        let bytes = serde_json::to_vec(&release).unwrap();
-        assert_eq!(acquire_write(WriteKind::Reference, update, &bytes), None);
     }
 
     /// The refusal's reason, from the item as the refusal hands it back.

@@ -1,7 +1,7 @@
 //! TEST-ONLY reference mode: the original AWS sample's protocol under the same chaos, to show
 //! that the run really catches the leak the seed describes.
 //!
-//! The sample's protocol (`tests/src/reference.rs`: a counter plus one `holder:<execution>`
+//! The sample's protocol (`crates/local-aws/src/reference.rs`: a counter plus one `holder:<execution>`
 //! attribute, a conditional `UpdateItem` to acquire, a decrement to release, a read-then-release
 //! cleanup) runs directly from here against the same local table, through the same delaying
 //! proxy, with the same stops and the same imperfect status events; there is no sweeper, as in
@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use semaphore_tests::reference::SampleProtocol;
+use local_aws::reference::SampleProtocol;
+use local_aws::server::sdk_config_for;
 use tokio::sync::mpsc;
 
 use crate::driver::{self, LockItems, Setup, Watch};
 use crate::events::{Ended, Target};
-use crate::local_aws::{self, sdk_config};
 use crate::poller::{now_ms, Layout};
 use crate::progress::{phase, Progress};
 use crate::proxy::{DelayProxy, WriteKind};
@@ -119,7 +119,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         .python
         .clone()
         .unwrap_or_else(|| root.join(".venv/bin/python"));
-    let endpoint = local_aws::start_server(setup.supervisor, &python, root, dir, None)?;
+    let endpoint = setup.supervisor.start_server(&python, dir, None)?;
     let deployed = Deployed::deploy(&python, root, &endpoint, &stack, &BTreeMap::new())?;
     // The sample takes one lock: the run's first, under the template's LockName.
     let mut spec = args.locks()?.remove(0);
@@ -133,7 +133,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         proxy.endpoint()
     );
 
-    let sdk = sdk_config(&endpoint, &stack.region);
+    let sdk = sdk_config_for(&endpoint, &stack.region);
     let ddb = aws_sdk_dynamodb::Client::new(&sdk);
     let table = deployed.table("SemaphoreTable")?.to_owned();
     let direct = Arc::new(SampleProtocol {
@@ -141,7 +141,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         table: table.clone(),
     });
     let acquirer = Arc::new(SampleProtocol {
-        client: aws_sdk_dynamodb::Client::new(&sdk_config(&proxy.endpoint(), &stack.region)),
+        client: aws_sdk_dynamodb::Client::new(&sdk_config_for(&proxy.endpoint(), &stack.region)),
         table: table.clone(),
     });
     direct.init(&lock).await;

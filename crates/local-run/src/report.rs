@@ -144,9 +144,9 @@ impl StartRate {
             rate_per_s,
             spacing_ms,
             starts: starts.len(),
-            max_in_1s: semaphore_tests::observe::most_in_window(&starts, 1_000),
-            max_in_10s: semaphore_tests::observe::most_in_window(&starts, 10_000),
-            min_spacing_ms: semaphore_tests::observe::least_spacing(&starts),
+            max_in_1s: local_aws::observe::most_in_window(&starts, 1_000),
+            max_in_10s: local_aws::observe::most_in_window(&starts, 10_000),
+            min_spacing_ms: local_aws::observe::least_spacing(&starts),
             achieved_per_s,
         }
     }

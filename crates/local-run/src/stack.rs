@@ -214,7 +214,7 @@ pub(crate) mod tests {
     use super::*;
 
     fn root() -> PathBuf {
-        semaphore_tests::server::repo_root()
+        local_aws::server::repo_root()
     }
 
     fn python() -> PathBuf {
@@ -226,7 +226,7 @@ pub(crate) mod tests {
     /// template.yaml deployed to the test server as a stack of its own, with `overrides`.
     pub(crate) fn deploy_with(overrides: &[(&str, &str)]) -> Deployed {
         let stack = Stack {
-            name: semaphore_tests::sfn::unique("semaphore-test"),
+            name: local_aws::sfn::unique("semaphore-test"),
             ..Stack::default()
         };
         let parameters = overrides
@@ -236,7 +236,7 @@ pub(crate) mod tests {
         Deployed::deploy(
             &python(),
             &root(),
-            semaphore_tests::server::endpoint(),
+            local_aws::server::endpoint(),
             &stack,
             &parameters,
         )

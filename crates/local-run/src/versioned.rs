@@ -10,15 +10,16 @@ use aws_sdk_sfn::types::ExecutionStatus;
 use serde_json::{json, Value};
 
 use crate::driver::{self, LockItems, Setup, Watch};
+use crate::emulator;
 use crate::events::{Ended, Target};
 use crate::line;
-use crate::local_aws::{self, sdk_config};
 use crate::poller::Layout;
 use crate::progress::{phase, Progress};
 use crate::proxy::{DelayProxy, WriteKind};
 use crate::report::{short, CleanupCounts, ExecutionCounts, Report, SweeperCounts};
 use crate::stack::{Deployed, Stack};
 use crate::{work, Role};
+use local_aws::server::sdk_config_for;
 
 /// Elements `"ab"` of the big-input probe's padding: 200,000 bytes of input (under
 /// StartExecution's 262,144), 280,000 once escaped into the status event's `input` text.
@@ -206,7 +207,7 @@ async fn preflight(
 ) -> Result<(), String> {
     let hint = format!(
         "moto's Step Functions execution mode and local/moto_server.py's Lambda bridge are \
-         written for the moto pinned in local/requirements.txt; see {}/moto.log and the \
+         written for the moto pinned in local/requirements.txt; see {}/moto-*.log and the \
          lambda-*.log files there",
         dir.display()
     );
@@ -367,10 +368,11 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         .cargo_lambda
         .clone()
         .unwrap_or_else(|| root.join(".venv/bin/cargo-lambda"));
-    let emulator_port = local_aws::free_port()?;
+    let emulator_port = emulator::free_port()?;
     let emulator = format!("http://127.0.0.1:{emulator_port}");
-    let endpoint = local_aws::start_server(setup.supervisor, &python, root, dir, Some(&emulator))?;
-    local_aws::enable_step_functions_execution(&endpoint).await?;
+    let endpoint = setup
+        .supervisor
+        .start_server(&python, dir, Some(&emulator))?;
     eprintln!("    moto server    {endpoint} (serialized; Step Functions execution mode on; Lambda invokes -> {emulator})");
 
     phase("deploying template.yaml: the SAM transform, then moto's CloudFormation");
@@ -408,20 +410,20 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let schedule = deployed.schedule.clone();
     let timing = deployed.timing_seconds()?;
 
-    let binaries: Vec<&str> = deployed
+    let mut binaries: Vec<&str> = deployed
         .functions
         .iter()
         .map(|f| f.binary.as_str())
         .collect();
+    binaries.push(work::WORK_FUNCTION);
     if !args.no_build {
         phase(&format!("cargo build --bin {}", binaries.join(" --bin ")));
-        local_aws::build_functions(root, dir, &binaries)?;
+        emulator::build_functions(root, dir, &binaries)?;
     }
-    local_aws::start_emulator(setup.supervisor, &cargo_lambda, root, dir, emulator_port)?;
+    emulator::start_emulator(setup.supervisor, &cargo_lambda, root, dir, emulator_port)?;
     eprintln!("    Lambda API     {emulator} (cargo lambda watch --only-lambda-apis)");
-    work::serve_work_function(emulator.clone());
     eprintln!(
-        "    function       {} (Lambda work, served by this process)",
+        "    function       {} x2 (Lambda work, the kit's stand-in)",
         work::WORK_FUNCTION
     );
     let (proxy, held_rx) = DelayProxy::start(
@@ -435,14 +437,21 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         "    delay proxy    {} (acquire Lambda -> DynamoDB)",
         proxy.endpoint()
     );
-    let binary_dir = local_aws::target_dir(root).join("debug");
+    let binary_dir = local_aws::server::target_dir(root).join("debug");
+    emulator::start_work_function(
+        setup.supervisor,
+        &binary_dir,
+        dir,
+        emulator_port,
+        &stack.region,
+    )?;
     for function in &deployed.functions {
         let (instances, via) = match function.binary.as_str() {
             "acquire" => (args.acquire_instances, proxy.endpoint()),
             "release" => (4, endpoint.clone()),
             _ => (2, endpoint.clone()),
         };
-        local_aws::start_functions(
+        emulator::start_functions(
             setup.supervisor,
             &binary_dir,
             dir,
@@ -457,7 +466,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             function.name, function.binary
         );
     }
-    let sdk = sdk_config(&endpoint, &stack.region);
+    let sdk = sdk_config_for(&endpoint, &stack.region);
     let sfn = Sfn::new(&sdk);
 
     phase(
@@ -861,7 +870,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             return Err(format!(
                 "{name} exited ({status}); see {}:\n{}",
                 log.display(),
-                local_aws::tail(&log, 20)
+                local_aws::server::tail(&log, 20)
             ));
         }
         let listed = list_executions(&sfn, &protected.arn).await?;
@@ -1140,7 +1149,8 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             format!(
                 "at most {} holders and weight {} of {} held at once over {} reads; every read \
                  consistent (format 4, used = the sum of the holders' weights <= the limit, \
-                 each holder's token distinct and within the version){}",
+                 held_bytes = their entries' bytes, each holder's token distinct and within \
+                 the version){}",
                 l.max_holders,
                 l.max_weight,
                 l.limit,

@@ -10,7 +10,6 @@ use aws_sdk_sfn::types::{ExecutionStatus, HistoryEventType};
 use serde_json::{json, Value};
 
 use crate::driver::{LockItems, Planned};
-use crate::local_aws;
 use crate::poller::{now_ms, PollStats};
 use crate::report::{
     short, HistoryProbeReport, RedriveGuardReport, StopParentReport, TransitionsReport, WorkReport,
@@ -271,17 +270,30 @@ pub async fn count_transitions(
 
 /// Invokes one of our functions through the server's Lambda bridge, as Step Functions does.
 async fn invoke(endpoint: &str, function: &str, payload: &Value) -> Result<Value, String> {
-    let (status, body) = local_aws::http(
-        endpoint,
-        "POST",
-        &format!("/2015-03-31/functions/{function}/invocations"),
-        &payload.to_string(),
-    )
-    .await?;
-    if status != 200 {
-        return Err(format!("invoke {function}: HTTP {status}: {body}"));
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    let failed = |e: &dyn std::fmt::Display| format!("invoke {function}: {e}");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let request = hyper::Request::post(format!(
+        "{endpoint}/2015-03-31/functions/{function}/invocations"
+    ))
+    .header("content-type", "application/json")
+    .body(Full::from(payload.to_string()))
+    .map_err(|e| failed(&e))?;
+    let response = client.request(request).await.map_err(|e| failed(&e))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| failed(&e))?
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    if status != hyper::StatusCode::OK {
+        return Err(failed(&format!("HTTP {status}: {body}")));
     }
-    serde_json::from_str(&body).map_err(|e| format!("invoke {function}: {e}: {body}"))
+    serde_json::from_str(&body).map_err(|e| failed(&format!("{e}: {body}")))
 }
 
 /// The redrive guard's ASL path. A redriven execution that failed in its work re-enters the
@@ -532,52 +544,10 @@ pub async fn any_running(sfn: &Sfn, machine: &str) -> Result<bool, String> {
         .any(|(_, _, s)| *s == ExecutionStatus::Running))
 }
 
-/// The stand-in for a user's Lambda function run as the work (WorkFunctionArns), served from
-/// this process through the emulator's runtime API: an invocation waits its event's
-/// `work_seconds`, then answers `{"worked_seconds", "fencing_token"}`. Named after this
-/// process's binary: the emulator routes invokes only to names of the workspace's binaries.
-pub const WORK_FUNCTION: &str = "local-run";
-
-/// Serves [`WORK_FUNCTION`] until the process ends, each invocation in a task of its own.
-pub fn serve_work_function(emulator: String) {
-    tokio::spawn(async move {
-        let base = format!("/.rt/{WORK_FUNCTION}/2018-06-01/runtime/invocation");
-        loop {
-            let next =
-                local_aws::http_with_headers(&emulator, "GET", &format!("{base}/next"), "").await;
-            let (event, id) = match next {
-                Ok((200, headers, body)) => match headers.get("lambda-runtime-aws-request-id") {
-                    Some(id) => (
-                        serde_json::from_str::<Value>(&body).unwrap_or(Value::Null),
-                        id.clone(),
-                    ),
-                    None => continue,
-                },
-                _ => {
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
-            let (emulator, base) = (emulator.clone(), base.clone());
-            tokio::spawn(async move {
-                let seconds = event["work_seconds"]
-                    .as_f64()
-                    .unwrap_or(1.0)
-                    .clamp(0.0, 600.0);
-                tokio::time::sleep(std::time::Duration::from_secs_f64(seconds)).await;
-                let answer = json!({
-                    "worked_seconds": seconds,
-                    "fencing_token": event["semaphore"]["fencing_token"],
-                });
-                let path = format!("{base}/{id}/response");
-                if let Err(e) = local_aws::http(&emulator, "POST", &path, &answer.to_string()).await
-                {
-                    eprintln!("{WORK_FUNCTION}: answering {id}: {e}");
-                }
-            });
-        }
-    });
-}
+/// The stand-in for a user's Lambda function run as the work (WorkFunctionArns): the kit's
+/// `stand-in-work` binary, a `lambda_runtime` function that waits its event's `work_seconds`.
+/// Named after its binary: the emulator routes invokes only to names of the workspace's binaries.
+pub const WORK_FUNCTION: &str = "stand-in-work";
 
 /// What [`stop_the_parent`] runs.
 pub struct StopParent<'a> {

@@ -10,13 +10,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use local_aws::fresh_table;
+use local_aws::names::{id, lock};
 use semaphore_core::clock::Sleep;
 use semaphore_core::{
     AcquireOutcome, CleanupOutcome, Clock, FenceReason, HolderId, ItemStore, Limit, ManualClock,
     MemoryStore, ReleaseOutcome, Semaphore, SemaphoreItem, Terms, Timing, Weight,
 };
-use semaphore_tests::fresh_table;
-use semaphore_tests::names::{id, lock};
 
 const TIMING: Timing = Timing {
     horizon: Duration::from_secs(2),

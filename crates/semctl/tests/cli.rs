@@ -11,14 +11,14 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
+use local_aws::observe::{observe, raw_item};
+use local_aws::proxy::{ForwardingProxy, HoldingProxy, Policy, Verdict};
+use local_aws::sfn::{client as sfn_client, create_machine, ended, start, status, stop, unique};
+use local_aws::{endpoint, fresh_table};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName,
     Semaphore, SystemClock,
 };
-use semaphore_tests::observe::{observe, raw_item};
-use semaphore_tests::proxy::{ForwardingProxy, HoldingProxy, Policy, Verdict};
-use semaphore_tests::sfn::{create_machine, ended, execution_mode, start, status, stop, unique};
-use semaphore_tests::{endpoint, fresh_table};
 use serde_json::{json, Value};
 
 struct Semctl {
@@ -85,7 +85,7 @@ impl Semctl {
         &self,
         lock: &str,
     ) -> Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
-        raw_item(&semaphore_tests::client_for(endpoint()), &self.table, lock).await
+        raw_item(&local_aws::client_for(endpoint()), &self.table, lock).await
     }
 
     /// The items of `locks` as stored, to tell that nothing was written.
@@ -100,13 +100,13 @@ impl Semctl {
     /// A semaphore on this table, for setting up what semctl is then asked about.
     fn direct(&self) -> Semaphore<DynamoStore> {
         Semaphore::new(DynamoStore::new(
-            semaphore_tests::client_for(endpoint()),
+            local_aws::client_for(endpoint()),
             &self.table,
         ))
     }
 
     async fn put_version_1(&self, lock: &str) {
-        semaphore_tests::client_for(endpoint())
+        local_aws::client_for(endpoint())
             .put_item()
             .table_name(&self.table)
             .set_item(Some(version_1_item(lock)))
@@ -274,7 +274,7 @@ async fn acquire_full_release_and_status_report_what_happened() {
     // The defaults: an 8 s horizon plus 2 s of clock skew.
     assert_eq!(status["fence_window_seconds"], 10);
     // The size of the item as stored, read back raw: what each write of this lock costs.
-    let stored = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "L")
+    let stored = observe(&local_aws::client_for(endpoint()), &semctl.table, "L")
         .await
         .expect("the item exists");
     assert_eq!(status["item_bytes"], stored.approx_bytes);
@@ -376,7 +376,7 @@ async fn weights_and_a_start_rate_full_rate_limited_and_a_release_that_finds_the
     assert_eq!(started_ms + 2_000, next_start_ms);
     assert!(status["started_at"].is_string());
     assert_eq!(status["next_start_at"], json!(next_start_at));
-    let stored = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "W")
+    let stored = observe(&local_aws::client_for(endpoint()), &semctl.table, "W")
         .await
         .unwrap();
     assert_eq!((stored.used, &stored.weights), (3, &vec![3]));
@@ -418,7 +418,7 @@ async fn weights_and_a_start_rate_full_rate_limited_and_a_release_that_finds_the
         (&released["outcome"], &released["count"], &released["used"]),
         (&json!("released"), &json!(0), &json!(0))
     );
-    let stored = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "W")
+    let stored = observe(&local_aws::client_for(endpoint()), &semctl.table, "W")
         .await
         .unwrap();
     assert_eq!((stored.used, stored.weights.len()), (0, 0));
@@ -475,7 +475,7 @@ async fn f6_every_bad_input_is_a_named_error_and_writes_nothing() {
         ],
         0,
     );
-    let before = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "L")
+    let before = observe(&local_aws::client_for(endpoint()), &semctl.table, "L")
         .await
         .unwrap();
 
@@ -739,7 +739,7 @@ async fn f6_every_bad_input_is_a_named_error_and_writes_nothing() {
         assert!(out.stdout.is_empty(), "{name}={value} printed a result");
     }
 
-    let after = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "L")
+    let after = observe(&local_aws::client_for(endpoint()), &semctl.table, "L")
         .await
         .unwrap();
     assert_eq!(before, after, "a rejected request changed the item");
@@ -831,7 +831,7 @@ async fn an_uncontended_acquire_then_release_each_a_fresh_process_is_at_most_thr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_that_lands_after_a_rotation_past_its_horizon_is_expired_and_exits_4() {
     let semctl = Semctl::new().await;
-    let store = DynamoStore::new(semaphore_tests::client_for(endpoint()), &semctl.table);
+    let store = DynamoStore::new(local_aws::client_for(endpoint()), &semctl.table);
     let direct = Semaphore::new(store);
     let lock = LockName::new("X").unwrap();
     // The lock exists, with no rotation yet.
@@ -843,7 +843,7 @@ async fn an_acquire_that_lands_after_a_rotation_past_its_horizon_is_expired_and_
         .acquire(&lock, &other, Limit::new(3).unwrap())
         .await
         .unwrap();
-    let before = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "X")
+    let before = observe(&local_aws::client_for(endpoint()), &semctl.table, "X")
         .await
         .unwrap();
 
@@ -878,7 +878,7 @@ async fn an_acquire_that_lands_after_a_rotation_past_its_horizon_is_expired_and_
     direct.release(&lock, &other).await.unwrap();
     let item = direct.status(&lock).await.unwrap();
     assert!(direct.rotate_if_due(&item).await, "a rotation was due");
-    let rotated = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "X")
+    let rotated = observe(&local_aws::client_for(endpoint()), &semctl.table, "X")
         .await
         .unwrap();
     assert!(rotated.version > before.version, "released and rotated");
@@ -893,7 +893,7 @@ async fn an_acquire_that_lands_after_a_rotation_past_its_horizon_is_expired_and_
             .contains("run the command again"),
         "{expired:#}"
     );
-    let after = observe(&semaphore_tests::client_for(endpoint()), &semctl.table, "X")
+    let after = observe(&local_aws::client_for(endpoint()), &semctl.table, "X")
         .await
         .unwrap();
     assert_eq!(after, rotated, "the expired write changed nothing");
@@ -926,7 +926,7 @@ fn version_1_item(lock: &str) -> HashMap<String, AttributeValue> {
 #[tokio::test]
 async fn a_lock_written_by_version_1_is_a_named_error_for_every_command_and_is_left_alone() {
     let semctl = Semctl::new().await;
-    let client = semaphore_tests::client_for(endpoint());
+    let client = local_aws::client_for(endpoint());
     client
         .put_item()
         .table_name(&semctl.table)
@@ -1088,7 +1088,7 @@ fn slots(answer: &Value, key: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_dry_run_writes_nothing_and_lists_exactly_what_the_sweep_then_reclaims() {
-    let sfn = execution_mode().await;
+    let sfn = sfn_client();
     let machine = waiting_machine(&sfn).await;
     let running = start(&sfn, &machine, &unique("running"), &json!({})).await;
     let aborted = start(&sfn, &machine, &unique("aborted"), &json!({})).await;
@@ -1201,7 +1201,6 @@ async fn sweep_dry_run_writes_nothing_and_lists_exactly_what_the_sweep_then_recl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_that_meets_a_version_1_item_sweeps_the_rest_and_exits_1() {
-    execution_mode().await;
     let semctl = Semctl::new().await;
     let gone = execution("LockProtected", &unique("gone"));
     let token = take_past_grace(&semctl.direct(), "jobs", &gone, "g0").await;

@@ -11,12 +11,12 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use local_aws::names::{id, limit, lock};
+use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
     AcquireOutcome, Clock, DynamoStore, Rate, Run, Semaphore, SystemClock, TaskToken, Terms,
     Waiter, Weight,
 };
-use semaphore_tests::names::{id, limit, lock};
-use semaphore_tests::{client_for, endpoint, fresh_table};
 
 const BUILDER: &str = "arn:aws:states:us-east-1:123456789012:execution:builds";
 
@@ -498,7 +498,7 @@ async fn once_prints_one_frame_as_plain_text() {
 #[tokio::test(flavor = "multi_thread")]
 async fn once_shows_an_unreadable_item_by_name_with_the_others_and_exits_1() {
     let (store, _semaphore) = busy_table().await;
-    semaphore_tests::legacy::put_version_1_item(
+    local_aws::legacy::put_version_1_item(
         &client_for(endpoint()),
         store.table(),
         "legacy",

@@ -11,6 +11,8 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
 
+use crate::observe::RawRecord;
+
 pub struct SampleProtocol {
     pub client: Client,
     pub table: String,
@@ -88,9 +90,7 @@ impl SampleProtocol {
         let item = crate::observe::raw_item(&self.client, &self.table, lock)
             .await
             .unwrap_or_default();
-        item.keys()
-            .filter_map(|k| k.strip_prefix("holder:").map(str::to_owned))
-            .collect()
+        read_item(&item).0
     }
 
     pub async fn count(&self, lock: &str) -> i64 {
@@ -99,6 +99,34 @@ impl SampleProtocol {
             .and_then(|item| item.get("count")?.as_n().ok()?.parse().ok())
             .unwrap_or(0)
     }
+}
+
+/// The holding execution an acquire of the sample's sets, if this request (`operation` as in
+/// `X-Amz-Target`, its JSON `body`) is one: the `UpdateItem` of [`SampleProtocol::acquire`],
+/// which adds one to the count and names the `holder:<execution>` attribute `#h`.
+pub fn acquiring(operation: Option<&str>, body: &[u8]) -> Option<String> {
+    (operation? == "UpdateItem").then_some(())?;
+    let body: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if !body.get("UpdateExpression")?.as_str()?.contains("+ :one") {
+        return None;
+    }
+    let slot = body.get("ExpressionAttributeNames")?.get("#h")?.as_str()?;
+    slot.strip_prefix("holder:").map(str::to_owned)
+}
+
+/// The sample's item read raw: its holders, and what is inconsistent in it (a stored count that
+/// is not the number of holders).
+pub fn read_item(item: &RawRecord) -> (Vec<String>, Option<String>) {
+    let holders: Vec<String> = item
+        .keys()
+        .filter_map(|k| k.strip_prefix("holder:").map(str::to_owned))
+        .collect();
+    let count = item
+        .get("count")
+        .and_then(|c| c.as_n().ok()?.parse::<usize>().ok());
+    let problem = (count != Some(holders.len()))
+        .then(|| format!("count {count:?} with {} holders", holders.len()));
+    (holders, problem)
 }
 
 fn conditional<T>(result: Result<T, SdkError<UpdateItemError>>) -> bool {
@@ -113,5 +141,45 @@ fn conditional<T>(result: Result<T, SdkError<UpdateItemError>>) -> bool {
             "reference UpdateItem failed: {}",
             aws_sdk_dynamodb::error::DisplayErrorContext(e)
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn recognises_the_acquire_and_nothing_else() {
+        let update = Some("UpdateItem");
+        let acquire = serde_json::json!({
+            "UpdateExpression": "SET #c = #c + :one, #h = :now",
+            "ExpressionAttributeNames": {"#c": "count", "#h": "holder:arn:x"}
+        });
+        let bytes = serde_json::to_vec(&acquire).unwrap();
+        assert_eq!(acquiring(update, &bytes).as_deref(), Some("arn:x"));
+        assert_eq!(acquiring(Some("PutItem"), &bytes), None);
+        let release = serde_json::json!({
+            "UpdateExpression": "SET #c = #c - :one REMOVE #h",
+            "ExpressionAttributeNames": {"#c": "count", "#h": "holder:arn:x"}
+        });
+        let bytes = serde_json::to_vec(&release).unwrap();
+        assert_eq!(acquiring(update, &bytes), None);
+    }
+
+    #[test]
+    fn reads_the_holders_and_checks_the_count() {
+        let n = |v: &str| AttributeValue::N(v.to_owned());
+        let item = HashMap::from([
+            ("count".to_owned(), n("1")),
+            ("holder:arn:x".to_owned(), n("5")),
+        ]);
+        assert_eq!(read_item(&item), (vec!["arn:x".to_owned()], None));
+        let item = HashMap::from([
+            ("count".to_owned(), n("2")),
+            ("holder:arn:x".to_owned(), n("5")),
+        ]);
+        assert!(read_item(&item).1.is_some());
     }
 }

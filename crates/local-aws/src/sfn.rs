@@ -1,19 +1,14 @@
-//! The local server's Step Functions with real executions: moto's execution mode runs the
-//! definitions with its States Language interpreter and records their histories as AWS does
-//! (`TaskScheduled` with the task's parameters, and so on).
-//!
-//! The mode is one setting of the whole server, and a state machine made before it is turned
-//! on is not seen after: every test that uses Step Functions calls [`execution_mode`] before it
-//! makes one (it is idempotent; test binaries run one after another).
+//! The local server's Step Functions with real executions: moto's execution mode (on from the
+//! server's start, `local/moto_server.py`) runs the definitions with its States Language
+//! interpreter and records their histories as AWS does (`TaskScheduled` with the task's
+//! parameters, and so on).
 
 use std::time::{Duration, Instant};
 
 use aws_sdk_sfn::error::DisplayErrorContext;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::OnceCell;
 
-use crate::server::{endpoint, sdk_config};
+use crate::server::sdk_config;
 
 /// The Step Functions client, for tests that do not depend on the SDK themselves.
 pub type Client = aws_sdk_sfn::Client;
@@ -21,46 +16,9 @@ pub type Client = aws_sdk_sfn::Client;
 /// The role every test state machine is made with (moto does not check it).
 pub const ROLE: &str = "arn:aws:iam::123456789012:role/semaphore-test";
 
-/// Turns on moto's execution mode, once per test binary, and answers a Step Functions client.
-pub async fn execution_mode() -> aws_sdk_sfn::Client {
-    static ON: OnceCell<()> = OnceCell::const_new();
-    ON.get_or_init(|| async {
-        let body = r#"{"stepfunctions": {"execute_state_machine": true}}"#;
-        let (status, answer) = post(endpoint(), "/moto-api/config", body).await;
-        assert!(
-            (200..300).contains(&status),
-            "POST /moto-api/config answered {status}: {answer}"
-        );
-    })
-    .await;
+/// A Step Functions client for the local server (which runs the executions it starts).
+pub fn client() -> aws_sdk_sfn::Client {
     aws_sdk_sfn::Client::new(&sdk_config())
-}
-
-/// A plain HTTP/1.1 POST to the local server; (status, body).
-async fn post(endpoint: &str, path: &str, body: &str) -> (u16, String) {
-    let addr = endpoint.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the local server");
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.expect("receive");
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("an HTTP status");
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// A name no other test uses: `prefix` and 12 hex digits.
@@ -309,7 +267,7 @@ pub fn parking_machine(definition: &Value, wait_state: &str, fallbacks: [u64; 2]
         })
     };
     serde_json::json!({
-        "Comment": format!("{wait_state} of the definition, parked on an SQS task (tests/src/sfn.rs)"),
+        "Comment": format!("{wait_state} of the definition, parked on an SQS task (crates/local-aws/src/sfn.rs)"),
         "StartAt": "Acquire slot",
         "States": {
             "Acquire slot": {

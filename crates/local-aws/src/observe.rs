@@ -1,0 +1,447 @@
+//! An independent view of the table: raw `GetItem`, checked without the product's decoder, so
+//! an invariant check cannot share a bug with the code it checks.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::Client;
+use semaphore_core::dynamo::item_size;
+
+/// An item of a table as `GetItem` or `Query` hands it back.
+pub type RawRecord = HashMap<String, AttributeValue>;
+
+/// What the raw item says, decoded here ([`decode`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// The holder map's keys, `<holder>#<acquisition>`.
+    pub holders: Vec<String>,
+    /// The holder entries that are packed numbers, unpacked.
+    pub holdings: Vec<RawHolding>,
+    /// The item's format (`format`; 4 now).
+    pub format: Option<u64>,
+    pub version: i64,
+    pub fences: usize,
+    /// When the fences were last rotated (epoch ms), if ever.
+    pub rotated_at: Option<u64>,
+    /// Size of the item as DynamoDB counts it (attribute names plus values), in bytes.
+    pub approx_bytes: usize,
+    /// The lock's count of waiters in line (`waiting`; absent: 0).
+    pub waiting: u64,
+    /// The stored sum of the held weights (`used`).
+    pub used: i64,
+    /// Each holder's weight, read from its stored number: the digits above the 28 of its
+    /// acquisition time and token, plus one.
+    pub weights: Vec<u64>,
+    /// When the last acquisition landed (`started_at`, epoch ms), if any did.
+    pub started_at: Option<u64>,
+    /// The start rate the item last carried, as its spacing (`spacing_ms`).
+    pub spacing_ms: Option<u64>,
+    /// The stored bytes of the holder map's entries (`held_bytes`).
+    pub held_bytes: i64,
+    /// What could not be read: a missing or non-number attribute, a holder entry that is not
+    /// a number. Empty for an item the product wrote.
+    pub malformed: Vec<String>,
+}
+
+/// One holder entry, unpacked from its number `(weight - 1) * 10^28 + acquired_at_ms * 10^15 +
+/// token`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawHolding {
+    pub key: String,
+    pub weight: u64,
+    pub acquired_at_ms: u64,
+    pub token: u64,
+}
+
+/// What `held_bytes` counts per holder besides its key: its number at its largest (31 digits,
+/// 17 bytes as DynamoDB sizes numbers) and 1 byte per map element.
+const HELD_BYTES_PER_ENTRY: usize = 17 + 1;
+
+/// The token part of a packed holder entry (its last 15 digits).
+const TOKEN_SPAN: u128 = 10u128.pow(15);
+/// The weight part of a packed holder entry: `weight - 1` times this (after 13 digits of time).
+const WEIGHT_SPAN: u128 = 10u128.pow(28);
+
+pub async fn raw_item(
+    client: &Client,
+    table: &str,
+    lock: &str,
+) -> Option<HashMap<String, AttributeValue>> {
+    client
+        .get_item()
+        .table_name(table)
+        .key("lock", AttributeValue::S(lock.to_owned()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("GetItem")
+        .item
+}
+
+/// The lock's item read raw and decoded here; panics if it is malformed (see
+/// [`Observed::malformed`]).
+pub async fn observe(client: &Client, table: &str, lock: &str) -> Option<Observed> {
+    let item = raw_item(client, table, lock).await?;
+    let seen = decode(&item);
+    assert!(seen.malformed.is_empty(), "{:?}: {item:?}", seen.malformed);
+    Some(seen)
+}
+
+/// Our lock item (format 4) read without the product's decoder, so that an invariant check
+/// cannot share a bug with the code it checks: the tests' reads, the local run's poller and the
+/// bench's. What cannot be read is listed in [`Observed::malformed`], not fatal: a poller still
+/// sees who holds.
+pub fn decode(item: &RawRecord) -> Observed {
+    let mut malformed = Vec::new();
+    let mut optional = |name: &str| -> Option<u128> {
+        let value = item.get(name)?;
+        let number = value.as_n().ok().and_then(|n| n.parse().ok());
+        if number.is_none() {
+            malformed.push(format!("{name} is {value:?}, not a number"));
+        }
+        number
+    };
+    let (format, rotated_at, started_at, spacing_ms, waiting) = (
+        optional("format"),
+        optional("rotated_at"),
+        optional("started_at"),
+        optional("spacing_ms"),
+        optional("waiting"),
+    );
+    let (version, used, held_bytes) = (
+        optional("version"),
+        optional("used"),
+        optional("held_bytes"),
+    );
+    for (name, value) in [
+        ("version", version),
+        ("used", used),
+        ("held_bytes", held_bytes),
+    ] {
+        if value.is_none() && !item.contains_key(name) {
+            malformed.push(format!("{name} is missing"));
+        }
+    }
+    let entries = item.get("holders").and_then(|v| v.as_m().ok());
+    let mut holdings = Vec::new();
+    for (key, value) in entries.into_iter().flatten() {
+        match value.as_n().ok().and_then(|n| n.parse::<u128>().ok()) {
+            Some(packed) => holdings.push(RawHolding {
+                key: key.clone(),
+                weight: u64::try_from(packed / WEIGHT_SPAN + 1).unwrap_or(u64::MAX),
+                acquired_at_ms: ((packed % WEIGHT_SPAN) / TOKEN_SPAN) as u64,
+                token: (packed % TOKEN_SPAN) as u64,
+            }),
+            None => malformed.push(format!("holder {key} is {value:?}, not a number")),
+        }
+    }
+    let small = |n: Option<u128>| n.and_then(|n| u64::try_from(n).ok());
+    let signed = |n: Option<u128>| n.and_then(|n| i64::try_from(n).ok()).unwrap_or(0);
+    Observed {
+        holders: entries
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default(),
+        weights: holdings.iter().map(|h| h.weight).collect(),
+        holdings,
+        format: small(format),
+        version: signed(version),
+        // Fences are two binary sets of 8-byte keys (the young and the old generation).
+        fences: ["young", "old"]
+            .iter()
+            .filter_map(|name| item.get(*name).and_then(|v| v.as_bs().ok()))
+            .map(Vec::len)
+            .sum(),
+        rotated_at: small(rotated_at),
+        approx_bytes: item_size(item),
+        waiting: small(waiting).unwrap_or(0),
+        used: signed(used),
+        started_at: small(started_at),
+        spacing_ms: small(spacing_ms),
+        held_bytes: signed(held_bytes),
+        malformed,
+    }
+}
+
+/// The records of `lock`'s line in the waiters' table (`queue_table`), raw, in line order
+/// (their sort key, `place`).
+pub async fn raw_line(client: &Client, queue_table: &str, lock: &str) -> Vec<RawRecord> {
+    let mut records = Vec::new();
+    let mut start = None;
+    loop {
+        let page = client
+            .query()
+            .table_name(queue_table)
+            .key_condition_expression("#lock = :lock")
+            .expression_attribute_names("#lock", "lock")
+            .expression_attribute_values(":lock", AttributeValue::S(lock.to_owned()))
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .expect("Query the waiters' table");
+        records.extend(page.items.unwrap_or_default());
+        start = page.last_evaluated_key;
+        if start.is_none() {
+            return records;
+        }
+    }
+}
+
+/// A string attribute of a raw record.
+pub fn text<'a>(record: &'a RawRecord, name: &str) -> &'a str {
+    record
+        .get(name)
+        .and_then(|v| v.as_s().ok())
+        .unwrap_or_else(|| panic!("attribute {name} missing or not a string: {record:?}"))
+}
+
+/// S1 and the line's count of one lock, read raw: no more holders than `limit`, and the item's
+/// `waiting` is the number of records in its line. Answers what was read.
+pub async fn assert_consistent(
+    client: &Client,
+    table: &str,
+    queue_table: &str,
+    lock: &str,
+    limit: usize,
+) -> (Option<Observed>, Vec<RawRecord>) {
+    let seen = observe(client, table, lock).await;
+    let line = raw_line(client, queue_table, lock).await;
+    if let Some(seen) = &seen {
+        seen.assert_safe(limit);
+    }
+    let waiting = seen.as_ref().map_or(0, |s| s.waiting);
+    assert_eq!(
+        waiting,
+        line.len() as u64,
+        "lock {lock}: waiting is {waiting}, and {} records are in line: {line:?}",
+        line.len()
+    );
+    (seen, line)
+}
+
+impl Observed {
+    /// The sum of the holders' weights, as their own numbers say.
+    pub fn weight_held(&self) -> u64 {
+        self.weights.iter().sum()
+    }
+
+    /// The holding executions, one per slot (each key's part before its acquisition).
+    pub fn holder_executions(&self) -> Vec<String> {
+        self.holders
+            .iter()
+            // Acquisition ids have no '#'; a key without one is kept whole, so it still counts.
+            .map(|key| {
+                key.rsplit_once('#')
+                    .map_or(key.as_str(), |(h, _)| h)
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    /// Every start the item shows: each holder's acquisition and the item's last start.
+    pub fn starts(&self) -> Vec<u64> {
+        let held = self.holdings.iter().map(|h| h.acquired_at_ms);
+        held.chain(self.started_at).collect()
+    }
+
+    /// What is inconsistent in this read, if anything (S1 and the item's own bookkeeping): it
+    /// is malformed or not format 4; a holder's weight is not 1 to 1000, or its token is one
+    /// the version has not reached, or shared with another (every write bumps the version and
+    /// a token is the version its acquire made); `used` is not the sum of the holders' weights
+    /// or `held_bytes` not the bytes of their entries; with `limit`, that sum is above it.
+    pub fn problem(&self, limit: Option<u64>) -> Option<String> {
+        if let Some(first) = self.malformed.first() {
+            return Some(first.clone());
+        }
+        if self.format != Some(4) {
+            return Some(format!("format {:?}, not 4", self.format));
+        }
+        let mut tokens = std::collections::BTreeMap::new();
+        for h in &self.holdings {
+            if !(1..=1000).contains(&h.weight) {
+                return Some(format!("holder {} has weight {}", h.key, h.weight));
+            }
+            if h.token == 0 || i64::try_from(h.token).map_or(true, |t| t > self.version) {
+                return Some(format!(
+                    "holder {} has token {}, version {}",
+                    h.key, h.token, self.version
+                ));
+            }
+            if let Some(other) = tokens.insert(h.token, &h.key) {
+                return Some(format!(
+                    "holders {other} and {} share token {}",
+                    h.key, h.token
+                ));
+            }
+        }
+        let weight = self.weight_held();
+        if u64::try_from(self.used).ok() != Some(weight) {
+            return Some(format!(
+                "used {} with holders of weights summing to {weight}",
+                self.used
+            ));
+        }
+        let entries: usize = self
+            .holders
+            .iter()
+            .map(|key| key.len() + HELD_BYTES_PER_ENTRY)
+            .sum();
+        if usize::try_from(self.held_bytes).ok() != Some(entries) {
+            return Some(format!(
+                "held_bytes {} with holder entries of {entries} bytes",
+                self.held_bytes
+            ));
+        }
+        limit
+            .filter(|&limit| weight > limit)
+            .map(|limit| format!("weight {weight} held, above the limit {limit}"))
+    }
+
+    /// S1 on this read: the stored `used` is the sum of the holders' weights, and that sum is
+    /// within `limit` (with weight 1 everywhere: at most `limit` holders); and the rest of
+    /// [`Observed::problem`].
+    pub fn assert_safe(&self, limit: usize) {
+        if let Some(problem) = self.problem(Some(limit as u64)) {
+            panic!("{problem}: {self:?}");
+        }
+    }
+}
+
+/// The most of `starts` (sorted start times, epoch ms) in any window of `window_ms`:
+/// `[t, t + window_ms)`. The start-rate check of the tests, the local run and the bench.
+pub fn most_in_window(starts: &[u64], window_ms: u64) -> usize {
+    let mut most = 0;
+    let mut first = 0;
+    for (last, &t) in starts.iter().enumerate() {
+        while starts[first] + window_ms <= t {
+            first += 1;
+        }
+        most = most.max(last + 1 - first);
+    }
+    most
+}
+
+/// The least gap between consecutive `starts` (sorted).
+pub fn least_spacing(starts: &[u64]) -> Option<u64> {
+    starts.windows(2).map(|w| w[1] - w[0]).min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(v: &str) -> AttributeValue {
+        AttributeValue::N(v.to_owned())
+    }
+
+    /// An item of format 4 with `holders` (key, packed number) and `used`; `held_bytes` as the
+    /// product counts it.
+    fn ours(version: &str, holders: &[(&str, &str)], used: &str) -> RawRecord {
+        let entries: usize = holders.iter().map(|(k, _)| k.len() + 18).sum();
+        HashMap::from([
+            ("lock".to_owned(), AttributeValue::S("l".to_owned())),
+            ("format".to_owned(), n("4")),
+            ("version".to_owned(), n(version)),
+            ("used".to_owned(), n(used)),
+            ("held_bytes".to_owned(), n(&entries.to_string())),
+            (
+                "holders".to_owned(),
+                AttributeValue::M(
+                    holders
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), n(v)))
+                        .collect(),
+                ),
+            ),
+        ])
+    }
+
+    #[test]
+    fn reads_the_holders_and_checks_their_tokens_against_the_version() {
+        let item = ours(
+            "7",
+            &[
+                ("arn:x:run-1#a-1", "1767225600000000000000000003"),
+                ("arn:x:run-2#a-9", "1767225600001000000000000007"),
+            ],
+            "2",
+        );
+        let seen = decode(&item);
+        let mut holders = seen.holder_executions();
+        holders.sort();
+        assert_eq!(holders, ["arn:x:run-1", "arn:x:run-2"]);
+        assert_eq!(seen.problem(None), None);
+        // A token the version has not reached yet, and two holders with one token.
+        let ahead = ours("7", &[("a#1", "1767225600000000000000000008")], "1");
+        assert!(decode(&ahead).problem(None).unwrap().contains("token 8"));
+        let shared = ours("7", &[("a#1", "5"), ("b#1", "1000000000000005")], "2");
+        assert!(decode(&shared)
+            .problem(None)
+            .unwrap()
+            .contains("share token 5"));
+        // An item of another format (version 1 stored a count and no format; 2 had no `used`,
+        // 3 no `held_bytes`).
+        let mut old = ours("7", &[], "0");
+        old.remove("format");
+        assert!(decode(&old).problem(None).unwrap().contains("not 4"));
+        old.remove("held_bytes");
+        assert_eq!(decode(&old).malformed, ["held_bytes is missing"]);
+        // A holder that is not a number still counts as a holder.
+        let odd = ours("7", &[("a#1", "5")], "1");
+        let mut odd = odd;
+        odd.insert(
+            "holders".to_owned(),
+            AttributeValue::M(HashMap::from([(
+                "a#1".to_owned(),
+                AttributeValue::S("x".to_owned()),
+            )])),
+        );
+        let seen = decode(&odd);
+        assert_eq!(seen.holder_executions(), ["a"]);
+        assert!(seen.problem(None).unwrap().contains("not a number"));
+    }
+
+    #[test]
+    fn reads_weights_and_starts_and_checks_used_held_bytes_and_the_limit() {
+        // Weight 4 (3 leads) taken at 1767225600000, weight 1 at 1767225600500.
+        let mut item = ours(
+            "9",
+            &[
+                ("arn:x:run-1#a", "31767225600000000000000000003"),
+                ("arn:x:run-2#a", "1767225600500000000000000009"),
+            ],
+            "5",
+        );
+        item.insert("started_at".to_owned(), n("1767225600500"));
+        item.insert("spacing_ms".to_owned(), n("500"));
+        let seen = decode(&item);
+        assert_eq!((seen.weight_held(), seen.problem(Some(5))), (5, None));
+        let mut starts = seen.starts();
+        starts.sort_unstable();
+        assert_eq!(starts, [1767225600000, 1767225600500, 1767225600500]);
+        assert_eq!(seen.spacing_ms, Some(500));
+        // Above the limit, and stored sums that are not the holders'.
+        assert!(seen.problem(Some(4)).unwrap().contains("above the limit 4"));
+        let mut wrong = item.clone();
+        wrong.insert("used".to_owned(), n("4"));
+        assert!(decode(&wrong).problem(Some(5)).unwrap().contains("used 4"));
+        let mut wrong = item.clone();
+        wrong.insert("held_bytes".to_owned(), n("1"));
+        assert!(decode(&wrong)
+            .problem(Some(5))
+            .unwrap()
+            .contains("held_bytes 1"));
+        item.remove("used");
+        assert!(decode(&item).problem(None).is_some());
+    }
+
+    #[test]
+    fn starts_are_counted_per_window_and_spaced() {
+        let starts = [0, 500, 1_000, 1_499, 2_600, 12_000];
+        assert_eq!(most_in_window(&starts, 1_000), 3);
+        assert_eq!(most_in_window(&starts, 10_000), 5);
+        assert_eq!(most_in_window(&[], 1_000), 0);
+        assert_eq!(least_spacing(&starts), Some(499));
+        assert_eq!(least_spacing(&[7]), None);
+    }
+}

@@ -1,0 +1,220 @@
+//! The Lambda side of the local AWS: `cargo lambda watch` as the Lambda control plane, and our
+//! Lambda binaries as its function instances (the server itself, with its Lambda bridge, is the
+//! kit's: [`local_aws::server::LocalAws`]). Everything listens on 127.0.0.1.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use local_aws::server::{tail, ACCESS_KEY, SECRET_KEY};
+
+use crate::procs::Supervisor;
+use crate::stack::Function;
+use crate::work::WORK_FUNCTION;
+
+/// A free TCP port on 127.0.0.1 (for tools that cannot report the port they picked).
+pub fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port on 127.0.0.1: {e}"))
+}
+
+fn wait_for<T>(
+    supervisor: &Supervisor,
+    what: &str,
+    timeout: Duration,
+    mut ready: impl FnMut() -> Option<T>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = ready() {
+            return Ok(value);
+        }
+        if let Some((name, status, log)) = supervisor.exited() {
+            return Err(format!(
+                "{name} exited ({status}) while waiting for {what}; see {}:\n{}",
+                log.display(),
+                tail(&log, 20)
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("{what}: not ready after {} s", timeout.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Starts `cargo lambda watch --only-lambda-apis` on 127.0.0.1:`port`: the Lambda invoke API
+/// (what the bridge forwards to) and the runtime API our function instances poll. It starts no
+/// function itself; [`start_functions`] does, with each function's own environment.
+pub fn start_emulator(
+    supervisor: &Supervisor,
+    cargo_lambda: &Path,
+    root: &Path,
+    run_dir: &Path,
+    port: u16,
+) -> Result<(), String> {
+    if !cargo_lambda.exists() {
+        return Err(format!(
+            "no cargo-lambda at {}: run `bash local/run.sh` (it installs the pinned \
+             cargo-lambda into .venv), or pass --cargo-lambda",
+            cargo_lambda.display()
+        ));
+    }
+    let mut command = Command::new(cargo_lambda);
+    command
+        .current_dir(root)
+        .args(["lambda", "watch", "--only-lambda-apis", "--invoke-address"])
+        .arg("127.0.0.1")
+        .arg("--invoke-port")
+        .arg(port.to_string());
+    supervisor.spawn(
+        "cargo lambda watch",
+        command,
+        &run_dir.join("cargo-lambda-watch.log"),
+    )?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_for(
+        supervisor,
+        "the Lambda emulator (cargo lambda watch)",
+        Duration::from_secs(120),
+        || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok(),
+    )?;
+    Ok(())
+}
+
+/// `cargo build` of the function binaries, so that no invoke waits for a compile.
+pub fn build_functions(root: &Path, run_dir: &Path, binaries: &[&str]) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let log_path = run_dir.join("cargo-build.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+    let mut command = Command::new(cargo);
+    command.current_dir(root).args(["build", "--locked"]);
+    for binary in binaries {
+        command.args(["--bin", binary]);
+    }
+    let status = command
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!(
+            "cargo build of the Lambda binaries failed ({status}); see {}:\n{}",
+            log_path.display(),
+            tail(&log_path, 30)
+        ));
+    }
+    Ok(())
+}
+
+/// Starts `instances` processes of a function, as Lambda would run them: the template's
+/// environment plus the runtime's own variables, and `endpoint` as `AWS_ENDPOINT_URL`.
+#[allow(clippy::too_many_arguments)]
+pub fn start_functions(
+    supervisor: &Supervisor,
+    binary_dir: &Path,
+    run_dir: &Path,
+    function: &Function,
+    instances: usize,
+    emulator_port: u16,
+    endpoint: &str,
+    region: &str,
+) -> Result<(), String> {
+    let instance = Instance {
+        binary: &function.binary,
+        name: &function.name,
+        environment: &function.environment,
+        memory_mb: function.memory_mb,
+        emulator_port,
+        endpoint,
+        region,
+    };
+    spawn(supervisor, binary_dir, run_dir, &instance, instances)
+}
+
+/// Starts two instances of [`WORK_FUNCTION`] (one invoke at a time each; the run invokes it
+/// from one probe).
+pub fn start_work_function(
+    supervisor: &Supervisor,
+    binary_dir: &Path,
+    run_dir: &Path,
+    emulator_port: u16,
+    region: &str,
+) -> Result<(), String> {
+    let instance = Instance {
+        binary: WORK_FUNCTION,
+        name: WORK_FUNCTION,
+        environment: &BTreeMap::new(),
+        memory_mb: 128,
+        emulator_port,
+        // It calls no AWS service.
+        endpoint: "http://127.0.0.1:9",
+        region,
+    };
+    spawn(supervisor, binary_dir, run_dir, &instance, 2)
+}
+
+/// One function's processes: what each is started with.
+struct Instance<'a> {
+    binary: &'a str,
+    /// The deployed function's name (CloudFormation's), which the runtime reports.
+    name: &'a str,
+    environment: &'a BTreeMap<String, String>,
+    memory_mb: u32,
+    emulator_port: u16,
+    endpoint: &'a str,
+    region: &'a str,
+}
+
+fn spawn(
+    supervisor: &Supervisor,
+    binary_dir: &Path,
+    run_dir: &Path,
+    function: &Instance<'_>,
+    instances: usize,
+) -> Result<(), String> {
+    let name = function.binary;
+    let binary = binary_dir.join(name);
+    if !binary.exists() {
+        return Err(format!(
+            "{} is missing: build it with `cargo build --bin {name}`",
+            binary.display(),
+        ));
+    }
+    let mut env = function.environment.clone();
+    let runtime: [(&str, String); 11] = [
+        (
+            "AWS_LAMBDA_RUNTIME_API",
+            format!("http://127.0.0.1:{}/.rt/{name}", function.emulator_port),
+        ),
+        ("AWS_LAMBDA_FUNCTION_NAME", function.name.to_owned()),
+        ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST".to_owned()),
+        (
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
+            function.memory_mb.to_string(),
+        ),
+        ("AWS_REGION", function.region.to_owned()),
+        ("AWS_DEFAULT_REGION", function.region.to_owned()),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_owned()),
+        ("AWS_ENDPOINT_URL", function.endpoint.to_owned()),
+        // No ~/.aws files: only the variables above configure the SDK.
+        ("AWS_CONFIG_FILE", "/dev/null".to_owned()),
+        ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null".to_owned()),
+    ];
+    env.extend(runtime.into_iter().map(|(k, v)| (k.to_owned(), v)));
+    for i in 1..=instances {
+        let mut command = Command::new(&binary);
+        command.env_clear().envs(&env);
+        supervisor.spawn(
+            &format!("{name} Lambda #{i}"),
+            command,
+            &run_dir.join(format!("lambda-{name}-{i}.log")),
+        )?;
+    }
+    Ok(())
+}
