@@ -2494,10 +2494,12 @@ mod tests {
             .build()
             .unwrap();
         // Weights 1, 2, 1 on limit 2: a heavy head that does not fit stops the hand-off.
-        for (limit, weights) in [
-            (1, [1; MAX_WAITERS]),
-            (2, [1; MAX_WAITERS]),
-            (2, [1, 2, 1, 1]),
+        // Pinned: the hand-offs compared, and how many (woke, kept a slot for a waiter not woken,
+        // freed a dead waiter's grant, skipped a dead waiter).
+        for (limit, weights, expected) in [
+            (1, [1; MAX_WAITERS], (2_649, [447, 172, 85, 73])),
+            (2, [1; MAX_WAITERS], (1_161, [398, 205, 81, 81])),
+            (2, [1, 2, 1, 1], (2_255, [411, 148, 86, 76])),
         ] {
             let world = QueueWorld::new(
                 QueueConfig {
@@ -2633,8 +2635,7 @@ mod tests {
                 "limit {limit}, weights {weights:?}: {compared} hand-offs compared; (woke, parked, \
                  freed, skipped): {kinds:?}"
             );
-            assert!(compared > 1_000, "only {compared} hand-offs compared");
-            assert!(kinds.iter().all(|&n| n > 0), "{kinds:?}");
+            assert_eq!((compared, kinds), expected);
         }
     }
 
