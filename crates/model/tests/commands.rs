@@ -6,8 +6,8 @@
 //!
 //! The worlds that take more than about a minute in a test build are `#[ignore]`d (names ending
 //! in `_world`, their command in the attribute): run them with
-//! `cargo test -p semaphore-model --test commands -- --ignored --test-threads 1` (about half an
-//! hour on a shared 2-core machine; the largest needs 2 GB).
+//! `cargo test -p semaphore-model --test commands -- --ignored --test-threads 1` (about 15
+//! minutes on a shared 2-core machine; the largest needs 2 GB).
 
 use std::process::Command;
 
