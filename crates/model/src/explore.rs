@@ -40,9 +40,60 @@ pub trait Model {
 
     /// Feeds what identifies `state` for the visited set to `hasher`. Two states that feed the
     /// same must have the same future up to renaming and satisfy the same properties; the
-    /// default feeds the whole state.
+    /// default identifies states exactly.
     fn identify(&self, state: &Self::State, hasher: &mut Fingerprint) {
+        self.identify_exactly(state, hasher);
+    }
+
+    /// Feeds all of `state` that can make a difference to `hasher`, up to nothing; the default
+    /// feeds the whole state.
+    fn identify_exactly(&self, state: &Self::State, hasher: &mut Fingerprint) {
         state.hash(hasher);
+    }
+
+    /// This model, explored with states identified exactly: slower, for checking that what
+    /// `identify` leaves out changes no verdict.
+    fn exact(self) -> Exact<Self>
+    where
+        Self: Sized,
+    {
+        Exact(self)
+    }
+}
+
+/// A model explored with its states identified exactly (see [`Model::exact`]).
+pub struct Exact<M>(pub M);
+
+impl<M: Model> Model for Exact<M> {
+    type State = M::State;
+
+    fn initial(&self) -> Self::State {
+        self.0.initial()
+    }
+
+    fn successors(
+        &self,
+        state: &Self::State,
+        out: &mut Vec<Self::State>,
+        labels: Option<&mut Vec<String>>,
+    ) {
+        self.0.successors(state, out, labels);
+    }
+
+    fn check(&self, state: &Self::State) -> Result<(), Violation> {
+        self.0.check(state)
+    }
+
+    fn may_stop(&self, state: &Self::State) -> bool {
+        self.0.may_stop(state)
+    }
+
+    fn describe_initial(&self, state: &Self::State) -> String {
+        self.0.describe_initial(state)
+    }
+
+    fn identify(&self, state: &Self::State, hasher: &mut Fingerprint) {
+        self.0.identify_exactly(state, hasher);
     }
 }
 

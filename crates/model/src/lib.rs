@@ -63,11 +63,12 @@
 pub mod explore;
 pub mod hash;
 pub mod ours;
+pub mod plumbing;
 pub mod queue;
 pub mod sample;
 pub mod world;
 
-pub use explore::{explore, Counterexample, Reach, Report, Violation};
+pub use explore::{explore, Counterexample, Exact, Model, Reach, Report, Violation};
 pub use ours::{Ours, Variant};
 pub use queue::{QueueConfig, QueueVariant, QueueWorld};
 pub use sample::Sample;

@@ -16,7 +16,7 @@
 //! at tick t expires at tick t + 1, and fences may rotate once a tick after the last rotation.
 //! Clock skew is not modelled; `Timing`'s derivation adds it to the window.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
@@ -28,9 +28,9 @@ use semaphore_core::{
 };
 
 use crate::hash::{hash_one, Build};
+use crate::plumbing::{exec_name, show_write, Interner, ItemKey, Memo, Naming};
 use crate::world::{
-    acquisition_name, exec_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol,
-    MAX_INCARNATIONS,
+    acquisition_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_INCARNATIONS,
 };
 
 /// The model's clock at tick 0 (2023-11-14T22:13:20Z).
@@ -181,30 +181,6 @@ pub enum Phase {
     Flight { write: u32, second: bool, round: u8 },
 }
 
-/// An item as a hash key.
-#[derive(Clone, PartialEq, Eq)]
-struct Key(SemaphoreItem);
-
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        let item = &self.0;
-        item.lock.hash(h);
-        item.limit.hash(h);
-        item.version.hash(h);
-        item.holders.hash(h);
-        item.fences.hash(h);
-        item.used.hash(h);
-    }
-}
-
-#[derive(Default)]
-struct Interner {
-    ids: HashMap<Key, u32, Build>,
-    items: Vec<Interned>,
-    write_ids: HashMap<Write, u32, Build>,
-    writes: Vec<Write>,
-}
-
 /// An item and what the world asks about it, computed once.
 struct Interned {
     item: SemaphoreItem,
@@ -233,10 +209,11 @@ pub struct Ours {
     fences: Vec<(Vec<FenceKey>, Vec<FenceKey>)>,
     fence_names: HashMap<FenceKey, String>,
     variant: Variant,
-    interner: RefCell<Interner>,
-    memo: RefCell<HashMap<MemoKey, Advance<u32, Phase>, Build>>,
+    items: RefCell<Interner<ItemKey, Interned>>,
+    writes: RefCell<Interner<Write, Write>>,
+    memo: Memo<MemoKey, Advance<u32, Phase>>,
     /// The most writes one release or free has sent so far.
-    most_rounds: std::cell::Cell<u8>,
+    most_rounds: Cell<u8>,
 }
 
 impl Ours {
@@ -310,9 +287,10 @@ impl Ours {
             fences,
             fence_names,
             variant,
-            interner: RefCell::default(),
-            memo: RefCell::default(),
-            most_rounds: std::cell::Cell::new(0),
+            items: RefCell::default(),
+            writes: RefCell::default(),
+            memo: Memo::default(),
+            most_rounds: Cell::new(0),
         }
     }
 
@@ -373,63 +351,35 @@ impl Ours {
                 .all(|c| matches!(c, Change::AddFence(_)))
     }
 
-    /// An identity in traces: by its execution alone when every execution has one.
-    fn who(&self, identity: &Identity) -> String {
-        if self.identities.first().is_some_and(|mine| mine.len() > 1) {
-            format!("{}/{}", identity.holder, identity.acquisition)
-        } else {
-            identity.holder.to_string()
-        }
-    }
-
-    /// Distinct items reached so far.
-    pub fn items_seen(&self) -> usize {
-        self.interner.borrow().items.len()
-    }
-
     fn intern(&self, item: SemaphoreItem) -> u32 {
-        let mut interner = self.interner.borrow_mut();
-        let key = Key(item);
-        if let Some(&id) = interner.ids.get(&key) {
-            return id;
-        }
-        let holders = key
-            .0
-            .holders
-            .keys()
-            .map(|id| {
-                let (e, k) = self.index[id];
-                slot_bit(e, k)
-            })
-            .fold(0u32, |m, bit| m | bit);
-        let keys = self.keys(&key.0);
-        let id = u32::try_from(interner.items.len()).expect("fewer than 2^32 items");
-        interner.items.push(Interned {
-            item: key.0.clone(),
-            holders,
-            keys,
-        });
-        interner.ids.insert(key, id);
-        id
+        Interner::intern(&self.items, ItemKey(item), |ItemKey(item)| Interned {
+            item: item.clone(),
+            holders: item
+                .holders
+                .keys()
+                .map(|id| {
+                    let (e, k) = self.index[id];
+                    slot_bit(e, k)
+                })
+                .fold(0u32, |m, bit| m | bit),
+            keys: self.keys(item),
+        })
     }
 
     fn intern_write(&self, write: Write) -> u32 {
-        let mut interner = self.interner.borrow_mut();
-        if let Some(&id) = interner.write_ids.get(&write) {
-            return id;
-        }
-        let id = u32::try_from(interner.writes.len()).expect("fewer than 2^32 writes");
-        interner.writes.push(write.clone());
-        interner.write_ids.insert(write, id);
-        id
+        Interner::intern(&self.writes, write, Write::clone)
+    }
+
+    fn interned(&self, id: u32) -> std::cell::Ref<'_, Interned> {
+        std::cell::Ref::map(self.items.borrow(), |items| items.get(id))
     }
 
     fn item(&self, id: Option<u32>) -> Option<SemaphoreItem> {
-        id.map(|id| self.interner.borrow().items[id as usize].item.clone())
+        id.map(|id| self.interned(id).item.clone())
     }
 
     fn write(&self, id: u32) -> Write {
-        self.interner.borrow().writes[id as usize].clone()
+        self.writes.borrow().get(id).clone()
     }
 
     /// What a fence key means, relative to execution `e`: 1 + 2k the fence of its run k, 2 + 2k
@@ -605,76 +555,6 @@ impl Ours {
         text
     }
 
-    fn show_write(&self, write: &Write) -> String {
-        let mut parts = Vec::new();
-        for check in &write.checks {
-            parts.push(match check {
-                Check::NotHolding(_) => "not holding".to_owned(),
-                Check::Fits { limit, weight } => format!("used + {weight} <= {limit}"),
-                Check::Room => "room in the item".to_owned(),
-                Check::HoldsWeight { identity, weight } => {
-                    format!("{} holds weight {weight}", self.who(identity))
-                }
-                Check::Spaced { rate, .. } => format!("spaced by {rate}"),
-                Check::NotFenced(key) => format!(
-                    "{} not fenced",
-                    self.fence_names.get(key).map_or("?", String::as_str)
-                ),
-                Check::RotatedBefore { deadline_ms } => format!(
-                    "no rotation since tick {}",
-                    deadline_ms.saturating_sub(NOW_MS) / TICK_MS
-                ),
-                Check::LastRotation(at) => format!(
-                    "last rotation {}",
-                    at.map_or("none".to_owned(), |at| format!(
-                        "at tick {}",
-                        at.saturating_sub(NOW_MS) / TICK_MS
-                    ))
-                ),
-                Check::QueueEmpty => "nobody in line".to_owned(),
-                Check::Busy { terms, .. } => {
-                    format!("{} does not fit or someone in line", terms.weight)
-                }
-                Check::NotQueued(_) => "not in line".to_owned(),
-                Check::Queued(_) | Check::QueuedWith { .. } => "in line".to_owned(),
-            });
-        }
-        let checks = if parts.is_empty() {
-            "no checks".to_owned()
-        } else {
-            format!("if {}", parts.join(", "))
-        };
-        let changes: Vec<String> = write
-            .changes
-            .iter()
-            .map(|change| match change {
-                Change::PutHolder {
-                    identity, weight, ..
-                } if *weight == Weight::ONE => format!("take a slot for {}", self.who(identity)),
-                Change::PutHolder {
-                    identity, weight, ..
-                } => format!("take a slot of weight {weight} for {}", self.who(identity)),
-                Change::SetLimit(limit) => format!("limit {limit}"),
-                Change::SetRate(None) => "no rate".to_owned(),
-                Change::SetRate(Some(rate)) => format!("rate {rate}"),
-                Change::RemoveHolder { identity, weight } => {
-                    format!("free {}'s slot, used - {weight}", self.who(identity))
-                }
-                Change::AddFence(key) => format!(
-                    "fence {}",
-                    self.fence_names.get(key).map_or("?", String::as_str)
-                ),
-                Change::Rotate { young_seen, .. } => {
-                    format!("rotate (drop old, age {} young)", young_seen.len())
-                }
-                Change::Enqueue(w) => format!("queue {}", self.who(&w.identity)),
-                Change::Dequeue(_) => "take out of line".to_owned(),
-                Change::Repark { .. } => "new task token".to_owned(),
-            })
-            .collect();
-        format!("{checks}: {}", changes.join(", "))
-    }
-
     /// Sends the first write of `op` for a request made at tick `requested`, or answers at once.
     /// `running`: whether `op`'s execution runs (for a cleanup, what `DescribeExecution` says).
     fn send(
@@ -812,7 +692,7 @@ impl Ours {
             self.most_rounds.set(round + 1);
         }
         if let Some(log) = log {
-            log.push_str(&format!("sends {} [in flight]", self.show_write(&write)));
+            log.push_str(&format!("sends {} [in flight]", show_write(self, &write)));
         }
         Advance {
             store,
@@ -888,7 +768,7 @@ impl Ours {
         if let Some(log) = log.as_deref_mut() {
             log.push_str(&format!(
                 "its write ({}) {}: {} -> ",
-                self.show_write(&write),
+                show_write(self, &write),
                 if wrote { "lands" } else { "is refused" },
                 self.show(self.item(after).as_ref())
             ));
@@ -1011,6 +891,27 @@ impl Ours {
     }
 }
 
+impl Naming for Ours {
+    /// By its execution alone when every execution has one acquisition.
+    fn who(&self, identity: &Identity) -> String {
+        if self.identities.first().is_some_and(|mine| mine.len() > 1) {
+            format!("{}/{}", identity.holder, identity.acquisition)
+        } else {
+            identity.holder.to_string()
+        }
+    }
+
+    fn fence(&self, key: &FenceKey) -> String {
+        self.fence_names
+            .get(key)
+            .map_or("?".to_owned(), String::clone)
+    }
+
+    fn moment(&self, at_ms: u64) -> Option<String> {
+        Some(format!("tick {}", at_ms.saturating_sub(NOW_MS) / TICK_MS))
+    }
+}
+
 impl Protocol for Ours {
     type Item = u32;
     type Phase = Phase;
@@ -1066,13 +967,8 @@ impl Protocol for Ours {
         if log.is_some() {
             return compute(log);
         }
-        let key = (op, phase, store, now, running);
-        if let Some(&known) = self.memo.borrow().get(&key) {
-            return known;
-        }
-        let advance = compute(None);
-        self.memo.borrow_mut().insert(key, advance);
-        advance
+        self.memo
+            .get_or((op, phase, store, now, running), || compute(None))
     }
 
     fn rotation(&self, store: Option<u32>, now: u8) -> Option<Phase> {
@@ -1099,7 +995,7 @@ impl Protocol for Ours {
         if let Some(log) = log {
             log.push_str(&format!(
                 "{} {}: {}",
-                self.show_write(&write),
+                show_write(self, &write),
                 if matches!(result, WriteResult::Applied { .. }) {
                     "lands"
                 } else {
@@ -1112,7 +1008,7 @@ impl Protocol for Ours {
     }
 
     fn holders(&self, store: Option<u32>) -> u32 {
-        store.map_or(0, |id| self.interner.borrow().items[id as usize].holders)
+        store.map_or(0, |id| self.interned(id).holders)
     }
 
     fn acquisition_of(&self, inc: u8) -> u8 {
@@ -1163,13 +1059,11 @@ impl Protocol for Ours {
     }
 
     fn item_key(&self, store: Option<u32>) -> u64 {
-        store.map_or(0, |id| self.interner.borrow().items[id as usize].keys.0)
+        store.map_or(0, |id| self.interned(id).keys.0)
     }
 
     fn item_exec_key(&self, store: Option<u32>, e: u8) -> u64 {
-        store.map_or(0, |id| {
-            self.interner.borrow().items[id as usize].keys.1[e as usize]
-        })
+        store.map_or(0, |id| self.interned(id).keys.1[e as usize])
     }
 
     fn phase_key(&self, op: Op, phase: Phase, _store: Option<u32>) -> u64 {

@@ -11,9 +11,8 @@
 //! if the execution is a holder, sends the release update. No version, no fence, no sweeper.
 
 use crate::hash::hash_one;
-use crate::world::{
-    exec_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_EXECUTIONS,
-};
+use crate::plumbing::exec_name;
+use crate::world::{slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_EXECUTIONS};
 
 /// The sample's item: its counter and its holder attributes (bit i: `holder:exec-(i+1)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -79,6 +79,7 @@ use std::hash::Hash;
 
 use crate::explore::{Model, Violation};
 use crate::hash::{hash_one, Fingerprint};
+use crate::plumbing::{exec_name, names, plural, weights_text, Emitting, Fate, Successors, Words};
 
 /// The size and the faults of the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,8 +200,6 @@ impl Config {
 
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let plural =
-            |n: u8, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let mut faults = vec![plural(self.deaths, "death", "deaths")];
         faults.push("late and reordered writes and events".to_owned());
         if self.lost_events {
@@ -229,18 +228,12 @@ impl fmt::Display for Config {
         if self.redrives > 0 {
             faults.push(plural(self.redrives, "redrive", "redrives"));
         }
-        let weights = &self.weights[..usize::from(self.executions)];
-        let weights = if weights.iter().all(|&w| w == 1) {
-            String::new()
-        } else {
-            let named: Vec<String> = weights.iter().map(u32::to_string).collect();
-            format!(", weights {}", named.join(", "))
-        };
         write!(
             f,
-            "{} executions, limit {}{weights}; each with {} ({}), {} after \"full\"; {}; sweeper: {}",
+            "{} executions, limit {}{}; each with {} ({}), {} after \"full\"; {}; sweeper: {}",
             self.executions,
             self.limit,
+            weights_text(&self.weights[..usize::from(self.executions)]),
             plural(
                 self.retries,
                 "Step Functions retry",
@@ -576,19 +569,6 @@ impl<I, P> State<I, P> {
         !self.execs[e as usize].alive()
     }
 
-    /// Whether execution `e` is in its acquire or wait state.
-    pub fn acquiring(&self, e: u8) -> bool {
-        matches!(
-            self.execs[e as usize].stage,
-            Stage::Acquiring | Stage::Waiting
-        )
-    }
-
-    /// Whether execution `e` is in its wait state (told "full" or "redriven").
-    pub fn waiting(&self, e: u8) -> bool {
-        self.execs[e as usize].stage == Stage::Waiting
-    }
-
     /// Whether a release or cleanup for incarnation `k` of execution `e` has landed.
     pub fn retired(&self, e: u8, k: u8) -> bool {
         self.retired & slot_bit(e, k) != 0
@@ -599,9 +579,6 @@ impl<I, P> State<I, P> {
 pub struct World<P> {
     pub protocol: P,
     pub config: Config,
-    /// Identify states up to renaming and version numbers (see `identify`); off, every
-    /// difference counts (for checking that the reduction changes no verdict).
-    pub reduce: bool,
 }
 
 /// The most executions a world can have.
@@ -609,10 +586,6 @@ pub const MAX_EXECUTIONS: usize = 8;
 /// The most incarnations of one execution (its first run and its redrives): slots and
 /// incarnations of all executions fit one `u32` mask.
 pub const MAX_INCARNATIONS: usize = 4;
-
-pub fn exec_name(e: u8) -> String {
-    format!("exec-{}", e + 1)
-}
 
 /// The acquisition id of incarnation `n`, as the product makes it from the redrive count.
 pub fn acquisition_name(n: u8) -> String {
@@ -643,14 +616,6 @@ fn exec_part(slots: u32, e: u8) -> u32 {
     (slots >> (usize::from(e) * MAX_INCARNATIONS)) & ((1 << MAX_INCARNATIONS) - 1)
 }
 
-fn names(mask: u32) -> String {
-    let names: Vec<String> = (0..32u8)
-        .filter(|e| mask & (1 << e) != 0)
-        .map(exec_name)
-        .collect();
-    names.join(", ")
-}
-
 /// Names the slots or incarnations of a mask: `exec-1/r0`.
 fn slot_names(mask: u32) -> String {
     let mut names = Vec::new();
@@ -679,19 +644,7 @@ impl<P: Protocol> World<P> {
             (0..config.executions).all(|e| (1..=config.limit).contains(&config.weight(e))),
             "every weight from 1 to the limit"
         );
-        Self {
-            protocol,
-            config,
-            reduce: true,
-        }
-    }
-
-    /// The same world, explored without identifying states up to renaming and versions.
-    pub fn exact(self) -> Self {
-        Self {
-            reduce: false,
-            ..self
-        }
+        Self { protocol, config }
     }
 
     fn execs<'s>(&self, s: &'s State<P::Item, P::Phase>) -> &'s [Exec] {
@@ -824,7 +777,7 @@ impl<P: Protocol> World<P> {
         };
         if how != End::Succeeded {
             // What becomes of the event (delivered, lost, or delivered twice) is chosen when it
-            // is emitted, see `fan_out`.
+            // is emitted, see `Successors::add`.
             debug_assert!(s.emitted.is_none(), "one step ends at most one execution");
             s.emitted = Some(e);
             words.say(|| format!("; a cleanup event for {} is emitted", exec_name(e)));
@@ -1133,57 +1086,6 @@ impl<P: Protocol> World<P> {
         ))
     }
 
-    /// Adds the successor `t`, once for each fate of the cleanup event the step emitted (if it
-    /// did): delivered once, lost, or delivered twice. Choosing the fate at emission loses no
-    /// behaviour: a pending event does nothing until it is delivered, so losing it later is
-    /// the same as losing it at once, and a second copy emitted now can still be delivered at
-    /// any later moment.
-    fn fan_out(
-        &self,
-        mut t: State<P::Item, P::Phase>,
-        words: Words,
-        out: &mut Vec<State<P::Item, P::Phase>>,
-        labels: Option<&mut Vec<String>>,
-    ) {
-        let Some(e) = t.emitted.take() else {
-            Self::normalize(&mut t);
-            out.push(t);
-            if let Some(labels) = labels {
-                labels.push(words.into_string());
-            }
-            return;
-        };
-        let mut fates = vec![(t.clone(), words.clone())];
-        fates[0].0.events[e as usize] += 1;
-        if self.config.lost_events {
-            let mut lost = t.clone();
-            lost.lost |= 1 << e;
-            let mut words = words.clone();
-            words.say(|| " (it will be lost)".to_owned());
-            fates.push((lost, words));
-        }
-        if t.duplicates_left > 0 {
-            let mut twice = t;
-            twice.duplicates_left -= 1;
-            twice.events[e as usize] += 2;
-            let mut words = words;
-            words.say(|| " (EventBridge will deliver it twice)".to_owned());
-            fates.push((twice, words));
-        }
-        let mut labels = labels;
-        for (mut t, words) in fates {
-            Self::normalize(&mut t);
-            out.push(t);
-            if let Some(labels) = labels.as_deref_mut() {
-                labels.push(words.into_string());
-            }
-        }
-    }
-
-    fn normalize(s: &mut State<P::Item, P::Phase>) {
-        s.attempts.sort_unstable();
-    }
-
     /// The last sweep, once everything has ended: every holder is cleaned up, one at a time,
     /// with nothing else running. Returns the item afterwards and what was done.
     fn final_sweep(
@@ -1233,27 +1135,34 @@ impl<P: Protocol> World<P> {
     }
 }
 
-/// Words for a trace, produced only when a trace is being printed.
-#[derive(Clone)]
-pub struct Words(Option<String>);
+impl<P: Protocol> Emitting for World<P> {
+    type State = State<P::Item, P::Phase>;
 
-impl Words {
-    fn new(on: bool) -> Self {
-        Self(on.then(String::new))
+    fn take_emitted(&self, s: &mut Self::State) -> Option<u8> {
+        s.emitted.take()
     }
 
-    fn say(&mut self, words: impl FnOnce() -> String) {
-        if let Some(text) = &mut self.0 {
-            text.push_str(&words());
+    fn allows(&self, s: &Self::State, fate: Fate) -> bool {
+        match fate {
+            Fate::Delivered => true,
+            Fate::Lost => self.config.lost_events,
+            Fate::Twice => s.duplicates_left > 0,
         }
     }
 
-    fn log(&mut self) -> Option<&mut String> {
-        self.0.as_mut()
+    fn doom(&self, s: &mut Self::State, e: u8, fate: Fate) {
+        match fate {
+            Fate::Delivered => s.events[e as usize] += 1,
+            Fate::Lost => s.lost |= 1 << e,
+            Fate::Twice => {
+                s.duplicates_left -= 1;
+                s.events[e as usize] += 2;
+            }
+        }
     }
 
-    fn into_string(self) -> String {
-        self.0.unwrap_or_default()
+    fn normalize(&self, s: &mut Self::State) {
+        s.attempts.sort_unstable();
     }
 }
 
@@ -1302,7 +1211,7 @@ impl<P: Protocol> Model for World<P> {
         for e in 0..c.executions {
             self.invoke(&mut s, e, OpKind::Acquire, &mut Words::new(false));
         }
-        Self::normalize(&mut s);
+        self.normalize(&mut s);
         s
     }
 
@@ -1311,7 +1220,7 @@ impl<P: Protocol> Model for World<P> {
             "{}; the lock: {}; {} start, each with acquire #1 ({})",
             self.protocol.name(),
             self.protocol.describe(s.store),
-            names((1 << self.config.executions) - 1),
+            names((1u32 << self.config.executions) - 1),
             self.protocol.describe_start(Op {
                 kind: OpKind::Acquire,
                 exec: 0,
@@ -1324,12 +1233,11 @@ impl<P: Protocol> Model for World<P> {
         &self,
         s: &Self::State,
         out: &mut Vec<Self::State>,
-        mut labels: Option<&mut Vec<String>>,
+        labels: Option<&mut Vec<String>>,
     ) {
         let on = labels.is_some();
-        let mut emit = |t: Self::State, words: Words| {
-            self.fan_out(t, words, out, labels.as_deref_mut());
-        };
+        let mut successors = Successors::new(out, labels);
+        let mut emit = |t: Self::State, words: Words| successors.add(self, t, words);
 
         // An attempt takes its next step at the table, or its write in flight is lost.
         for (i, &a) in s.attempts.iter().enumerate() {
@@ -1372,19 +1280,18 @@ impl<P: Protocol> Model for World<P> {
                 emit(t, words);
             }
             if x.stage == Stage::Holding {
-                let mut t = s.clone();
-                t.execs[e as usize].child = None;
-                t.execs[e as usize].stage = Stage::Releasing { failed: false };
-                let mut words = Words::new(on);
-                words.say(|| format!("{} finishes its work: ", exec_name(e)));
-                self.invoke(&mut t, e, OpKind::Release, &mut words);
-                emit(t, words);
-                if self.config.work_failures {
+                for failed in [false, true] {
+                    if failed && !self.config.work_failures {
+                        continue;
+                    }
                     let mut t = s.clone();
                     t.execs[e as usize].child = None;
-                    t.execs[e as usize].stage = Stage::Releasing { failed: true };
+                    t.execs[e as usize].stage = Stage::Releasing { failed };
                     let mut words = Words::new(on);
-                    words.say(|| format!("{}'s work fails: ", exec_name(e)));
+                    words.say(|| match failed {
+                        false => format!("{} finishes its work: ", exec_name(e)),
+                        true => format!("{}'s work fails: ", exec_name(e)),
+                    });
                     self.invoke(&mut t, e, OpKind::Release, &mut words);
                     emit(t, words);
                 }
@@ -1732,40 +1639,8 @@ impl<P: Protocol> Model for World<P> {
     /// in traces, are left out, and so is everything about an execution that has finished
     /// (ended, nothing running or pending for it, holding nothing): nothing reads it again.
     fn identify(&self, s: &Self::State, h: &mut Fingerprint) {
-        if !self.reduce || !self.protocol.symmetric() {
-            // Everything but the attempt numbers (names in traces, which grow with every poll).
-            s.store.hash(h);
-            for x in self.execs(s) {
-                (
-                    x.stage,
-                    x.retries_left,
-                    x.polls_left,
-                    x.inc,
-                    x.resume,
-                    x.child,
-                )
-                    .hash(h);
-            }
-            let mut attempts: Vec<_> = s
-                .attempts
-                .iter()
-                .map(|a| (a.op, a.role, a.requested, a.phase))
-                .collect();
-            attempts.sort_unstable();
-            attempts.hash(h);
-            (
-                s.events,
-                s.duplicates_left,
-                s.deaths_left,
-                s.sweeps_left,
-                s.retired,
-                s.resurrected,
-                s.lost,
-                s.redrives_left,
-            )
-                .hash(h);
-            (s.now, s.ticks_left, s.rotations_left, s.rotation).hash(h);
-            return;
+        if !self.protocol.symmetric() {
+            return self.identify_exactly(s, h);
         }
         let holders = per_exec(self.protocol.holders(s.store));
         let mut keys = [0u64; MAX_EXECUTIONS];
@@ -1791,5 +1666,40 @@ impl<P: Protocol> Model for World<P> {
         )
             .hash(h);
         debug_assert!(s.emitted.is_none());
+    }
+
+    /// Everything but the attempt numbers (names in traces, which grow with every poll).
+    fn identify_exactly(&self, s: &Self::State, h: &mut Fingerprint) {
+        s.store.hash(h);
+        for x in self.execs(s) {
+            (
+                x.stage,
+                x.retries_left,
+                x.polls_left,
+                x.inc,
+                x.resume,
+                x.child,
+            )
+                .hash(h);
+        }
+        let mut attempts: Vec<_> = s
+            .attempts
+            .iter()
+            .map(|a| (a.op, a.role, a.requested, a.phase))
+            .collect();
+        attempts.sort_unstable();
+        attempts.hash(h);
+        (
+            s.events,
+            s.duplicates_left,
+            s.deaths_left,
+            s.sweeps_left,
+            s.retired,
+            s.resurrected,
+            s.lost,
+            s.redrives_left,
+        )
+            .hash(h);
+        (s.now, s.ticks_left, s.rotations_left, s.rotation).hash(h);
     }
 }

@@ -4,22 +4,27 @@
 
 use semaphore_model::world::State;
 use semaphore_model::{
-    check_ours, check_sample, explore, ours_world, Config, Reach, Report, Variant,
+    check_ours, check_sample, explore, ours_world, Config, Model, Reach, Report, Variant,
 };
 
 fn show(name: &str, report: &Report) {
     println!("{name}: {report}");
 }
 
-fn assert_safe(name: &str, config: Config, at_least: u64) -> Report {
+/// Ours passes in `config`, a world of exactly this many states and transitions and this depth
+/// (pinned: README.md quotes them, and a change to the model that changes them must be seen).
+fn assert_safe(
+    name: &str,
+    config: Config,
+    (states, transitions, depth): (u64, u64, u32),
+) -> Report {
     let report = check_ours(config, Variant::Real, None);
     show(name, &report);
     assert!(report.passed(), "{name}: {report}");
-    // Guard against a vacuous world.
-    assert!(
-        report.states > at_least,
-        "{name}: only {} states",
-        report.states
+    assert_eq!(
+        (report.states, report.transitions, report.max_depth),
+        (states, transitions, depth),
+        "{name}: {report}"
     );
     report
 }
@@ -36,12 +41,20 @@ fn three_executions(limit: u32) -> Config {
 
 #[test]
 fn ours_is_safe_with_three_executions_and_limit_1() {
-    assert_safe("3 executions, limit 1", three_executions(1), 100_000);
+    assert_safe(
+        "3 executions, limit 1",
+        three_executions(1),
+        (415_046, 2_320_357, 33),
+    );
 }
 
 #[test]
 fn ours_is_safe_with_three_executions_and_limit_2() {
-    assert_safe("3 executions, limit 2", three_executions(2), 100_000);
+    assert_safe(
+        "3 executions, limit 2",
+        three_executions(2),
+        (212_588, 1_131_499, 30),
+    );
 }
 
 #[test]
@@ -52,7 +65,11 @@ fn ours_is_safe_when_the_clock_moves_and_fences_rotate_at_any_moment() {
         executions: 2,
         ..Config::small(1)
     };
-    assert_safe("2 executions, a tick, 2 rotations", config, 50_000);
+    assert_safe(
+        "2 executions, a tick, 2 rotations",
+        config,
+        (79_230, 331_209, 27),
+    );
 }
 
 #[test]
@@ -68,7 +85,7 @@ fn ours_is_safe_with_duplicated_events_and_a_sweep_at_any_moment() {
     assert_safe(
         "2 executions, duplicated events, a sweep at any moment",
         config,
-        50_000,
+        (301_945, 1_465_420, 28),
     );
 }
 
@@ -84,13 +101,11 @@ fn ours_is_safe_with_lost_writes_work_failures_release_timeouts_and_every_death(
         rotations: 1,
         ..Config::small(1)
     };
-    let report = check_ours(config, Variant::Real, None);
-    show(
+    assert_safe(
         "2 executions, lost writes, work failures, release timeouts",
-        &report,
+        config,
+        (255_253, 1_681_438, 32),
     );
-    assert!(report.passed(), "{report}");
-    assert!(report.states > 50_000, "only {} states", report.states);
 }
 
 #[test]
@@ -268,7 +283,12 @@ fn redriven(executions: u8) -> Config {
 
 #[test]
 fn ours_is_safe_when_a_failed_or_stopped_execution_is_redriven() {
-    assert_safe("2 executions, 1 redrive", redriven(2), 40_000);
+    // `model-check --executions 2 --redrives 1 --retries 0`
+    assert_safe(
+        "2 executions, 1 redrive",
+        redriven(2),
+        (120_267, 420_555, 26),
+    );
 }
 
 #[test]
@@ -282,7 +302,7 @@ fn ours_is_safe_when_a_redriven_execution_has_retried_attempts_and_zombies() {
     assert_safe(
         "2 executions, 1 redrive, 1 retry each, no tick",
         config,
-        200_000,
+        (618_291, 2_894_969, 32),
     );
 }
 
@@ -496,9 +516,12 @@ fn one_fence_for_every_run_lets_a_second_cleanup_inherit_the_age_of_the_first() 
         deaths: 2,
         ..redriven(1)
     };
-    let real = check_ours(config, Variant::Real, None);
-    show("1 execution, 1 redrive, 2 deaths", &real);
-    assert!(real.passed(), "{real}");
+    // `model-check --executions 1 --deaths 2 --redrives 1 --retries 0`
+    assert_safe(
+        "1 execution, 1 redrive, 2 deaths",
+        config,
+        (52_257, 164_806, 23),
+    );
     let report = check_ours(config, Variant::OneFenceForEveryRun, None);
     show("1 execution, 1 redrive, 2 deaths", &report);
     let cex = report.counterexample.expect("the hole");
@@ -551,7 +574,7 @@ fn ours_is_safe_with_executions_of_different_weights() {
     let report = assert_safe(
         "3 executions of weights 2, 1, 1, limit 2",
         weighted(),
-        100_000,
+        (874_717, 4_774_262, 33),
     );
     // A release finds nothing held (its acquire still in flight) and is sent again as a fence
     // alone; the acquire lands first, so the fence alone is refused and the removal sent; a

@@ -3,7 +3,7 @@
 //! limits of what is promised (strict order, liveness without the sweeper) are shown by their
 //! traces. Run with `--nocapture` to see the state counts, times and traces.
 
-use semaphore_model::{check_queue, explore, QueueConfig, QueueVariant, QueueWorld, Report};
+use semaphore_model::{check_queue, explore, Model, QueueConfig, QueueVariant, QueueWorld, Report};
 
 fn show(name: &str, report: &Report) {
     println!("{name}: {report}");
@@ -17,15 +17,16 @@ fn world(executions: u8, limit: u32) -> QueueConfig {
     }
 }
 
-fn assert_passes(name: &str, config: QueueConfig, at_least: u64) {
+/// The line passes in `config`, a world of exactly this many states and transitions and this
+/// depth (pinned: a change to the model that changes them must be seen).
+fn assert_passes(name: &str, config: QueueConfig, (states, transitions, depth): (u64, u64, u32)) {
     let report = check_queue(config, QueueVariant::Real, None);
     show(name, &report);
     assert!(report.passed(), "{name}: {report}");
-    // Guard against a vacuous world.
-    assert!(
-        report.states > at_least,
-        "{name}: only {} states",
-        report.states
+    assert_eq!(
+        (report.states, report.transitions, report.max_depth),
+        (states, transitions, depth),
+        "{name}: {report}"
     );
 }
 
@@ -37,7 +38,12 @@ fn the_line_passes_with_two_executions_and_every_fault() {
         timeouts: 1,
         ..world(2, 1)
     };
-    assert_passes("2 executions, limit 1, every fault", config, 100_000);
+    // `model-check --queue --limit 1 --weights 1,1,1 --executions 2 --timeouts 1`
+    assert_passes(
+        "2 executions, limit 1, every fault",
+        config,
+        (304_011, 1_225_748, 32),
+    );
 }
 
 #[test]
@@ -49,7 +55,7 @@ fn the_line_passes_with_three_executions_a_death_and_a_lost_event() {
     assert_passes(
         "3 executions, limit 1, a death, a lost event",
         config,
-        500_000,
+        (1_146_549, 4_424_121, 34),
     );
 }
 
@@ -64,15 +70,20 @@ fn the_line_passes_with_three_executions_and_an_early_timeout() {
         timeouts: 1,
         ..world(3, 1)
     };
-    assert_passes("3 executions, limit 1, an early timeout", config, 500_000);
+    assert_passes(
+        "3 executions, limit 1, an early timeout",
+        config,
+        (803_520, 3_182_850, 33),
+    );
 }
 
 #[test]
 fn the_line_passes_with_three_executions_and_limit_2() {
+    // `model-check --queue --limit 2 --weights 1,1,1`
     assert_passes(
         "3 executions, limit 2, a death, a lost event, a crash",
         world(3, 2),
-        200_000,
+        (615_613, 2_426_199, 32),
     );
 }
 
@@ -87,7 +98,7 @@ fn a_heavy_head_waits_and_nobody_passes_it() {
     assert_passes(
         "3 executions of weights 1, 2, 1, limit 2, a death, a lost event",
         config,
-        500_000,
+        (1_465_383, 5_870_078, 34),
     );
 }
 

@@ -8,182 +8,299 @@
 
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, ValueEnum};
 use semaphore_model::queue::MAX_WAITERS;
 use semaphore_model::world::{MAX_EXECUTIONS, MAX_INCARNATIONS};
 use semaphore_model::{
-    explore, ours_world, sample_world, Config, QueueConfig, QueueVariant, QueueWorld, Report,
-    Variant,
+    explore, ours_world, sample_world, Config, Model, QueueConfig, QueueVariant, QueueWorld,
+    Report, Variant,
 };
 
-const USAGE: &str = "\
-usage: model-check [options]
-The world starts as the one `cargo test` checks (3 executions, limit 1, one retry each, one
-death, lost and late events, late writes, a final sweep); options change it.
-  --every-fault              start from every fault at once instead: duplicated and lost events,
-                             lost writes, a sweep at any moment, work failures, release
-                             timeouts, every execution may die
-  --protocol ours|sample     which protocol to check (default: ours)
-  --variant NAME             a broken variant of ours: real (default), cleanup-without-fence,
-                             cleanup-skips-when-nothing-held, release-without-fence,
-                             acquire-without-limit, acquire-checks-fences-when-sent,
-                             rotation-without-horizon, release-without-weight-check; with
-                             redrives (default 1 for these): redrive-without-guard,
-                             redrive-reuses-acquisition,
-                             cleanup-ignores-redrive, cleanup-checks-running-only-before-fence,
-                             one-fence-for-every-run
-  --executions N             executions contending (default 3)
-  --limit N                  the lock's limit (default 1)
-  --weights W,W,...          the weight each execution acquires with, exec-1 first (default 1
-                             each; each from 1 to the limit; missing ones are 1)
-  --retries N                Step Functions retries per execution (default 1)
-  --polls N                  more acquires after 'full' before giving up (default: any
-                             number; an execution may give up after any 'full')
-  --ticks N                  times the clock moves on by the horizon (default 1)
-  --rotations N              fence rotations per run, each at any moment it is due (default 2)
-  --deaths N                 executions that may die (default 1; all with --every-fault)
-  --duplicates N             cleanup events that may be delivered twice (default 0)
-  --sweeps N                 sweeps at any moment, besides the final one (default 0)
-  --redrives N               redrives of failed, aborted or timed-out executions per run, each
-                             resuming where the execution stopped (default 0; at most 3; the
-                             sample is always checked without: it has no redrive handling)
-  --no-sweeper               no sweeper at all
-  --no-lost-events           cleanup events are never lost
-  --lost-writes              writes in flight may be lost
-  --no-lost-writes           writes in flight are never lost
-  --work-failures            the protected work may fail
-  --release-timeouts         Step Functions may also time out and retry a running release
-  --max-states N             stop after N states (the result is then incomplete)
-  --exact                    identify states exactly, not up to renaming the executions and
-                             version numbers (slower; for checking the reduction)
-Exit status: 0 if ours passes (or the sample / a broken variant fails, as it must), 1 otherwise.
+/// Explores every reachable state of a small world of executions contending for one lock and
+/// checks the protocol's properties in each (S1, S2, S3, L1; with --queue: S1, S3, L2, F8, L1).
+///
+/// Without --queue the world starts as the one `cargo test` checks (3 executions, limit 1, one
+/// Step Functions retry each, one death, lost and late events, late writes, a tick of the clock,
+/// two fence rotations, a final sweep); options change it.
+///
+/// With --queue, the waiting line in its own world (default: 3 executions of weights 1, 2, 1 on
+/// a lock of limit 2, so a heavy head waits for both units and nobody passes it): executions
+/// that find the lock full queue, park, are handed a slot and woken (or re-check on a fallback
+/// timeout), work and release; hand-offs are one request per step; executions die, cleanup
+/// events are lost, Lambdas crash between requests, parked tasks time out early (each bounded).
+///
+/// Exit status: 0 if the result is the expected one (the real protocol passes; the sample, a
+/// broken variant, --strict-order or --no-sweeper fails, as it must), 1 if not, 2 for bad
+/// arguments.
+#[derive(Parser, Debug)]
+#[command(name = "model-check", verbatim_doc_comment)]
+struct Cli {
+    /// Check the waiting line in its own world instead (the options marked [queue] apply).
+    #[arg(long)]
+    queue: bool,
 
-usage: model-check --queue [options]
-The waiting line in its own world (default: 3 executions of weights 1, 2, 1 on a lock of limit
-2, so a heavy head waits for both units and nobody passes it): executions that find the lock
-full queue, park, are handed a slot and woken (or re-check on a fallback timeout), work and
-release; hand-offs are one request per step; executions die, cleanup events are lost, Lambdas
-crash between requests, parked tasks time out early (each bounded). Checks S1 (the weights held
-at most the limit and equal to `used`), S3, L2 (grants in line order, no acquire passing the
-line, a heavy head waiting), F8 (grants to the dead freed, nobody sleeping through a free slot) and L1
-(no stall: the fallback re-checks let everyone finish).
-  --variant NAME             a broken variant: real (default), hand-off-without-wake-retry,
-                             newcomer-passes-the-line, dead-waiter-not-skipped,
-                             grant-ignores-weight
-  --executions N             executions contending (default 3, at most 4)
-  --limit N                  the lock's limit (default 2)
-  --weights W,W,...          the weight each execution acquires with, exec-1 first (default
-                             1,2,1,1; each from 1 to the limit; missing ones are 1)
-  --deaths N                 executions that may be stopped (default 1)
-  --lost-events N            cleanup events that may be lost (default 1)
-  --crashes N                wait, release or cleanup Lambdas that may crash (default 1)
-  --timeouts N               early fallback timeouts of parked tasks, at any moment, racing
-                             wake-ups (default 0; each multiplies the states by about 40)
-  --strict-order             L2 as \"every grant goes to the head of the line as it lands\",
-                             without the exception for queue writes that land after the
-                             hand-off read the head (the real protocol does not meet it)
-  --no-sweeper               no sweeper: the slots the design leaves to it (a holder that
-                             died with its cleanup event lost) stall the line (L1 must fail)
-  --max-states N             stop after N states (the result is then incomplete)
-  --exact                    identify states exactly, not up to versions and executions that
-                             are gone (slower; for checking the reduction)
-Exit status: 0 if the real line passes (or a broken variant, --strict-order or --no-sweeper
-fails, as it must), 1 otherwise.";
+    /// Which protocol to check: the product's, or the AWS sample's (which must fail; it is
+    /// checked without a sweeper and without redrives: it has neither).
+    #[arg(long, value_enum, default_value_t = Protocol::Ours, conflicts_with = "queue")]
+    protocol: Protocol,
 
-/// Parses `--weights 1,2,1`: one weight per execution, `exec-1` first; the rest are 1.
-fn weights<const N: usize>(text: &str) -> Result<[u32; N], String> {
+    /// A deliberately broken variant of the protocol (or of the line, with --queue), which must
+    /// be caught. Of ours: real, cleanup-without-fence, cleanup-skips-when-nothing-held,
+    /// release-without-fence, acquire-without-limit, acquire-checks-fences-when-sent,
+    /// rotation-without-horizon, release-without-weight-check; with redrives (one by default
+    /// for these): redrive-without-guard, redrive-reuses-acquisition, cleanup-ignores-redrive,
+    /// cleanup-checks-running-only-before-fence, one-fence-for-every-run,
+    /// release-frees-only-its-run. Of the line: real, hand-off-without-wake-retry,
+    /// newcomer-passes-the-line, dead-waiter-not-skipped, grant-ignores-weight.
+    #[arg(long, value_name = "NAME", default_value = "real")]
+    variant: String,
+
+    /// Executions contending [default: 3; at most 8, with --queue 4].
+    #[arg(long, value_name = "N")]
+    executions: Option<u8>,
+
+    /// The lock's limit [default: 1, with --queue 2; from 1 to 100, with --queue at most the
+    /// sum of the weights].
+    #[arg(long, value_name = "N")]
+    limit: Option<u32>,
+
+    /// The weight each execution acquires with, exec-1 first; missing ones are 1; each from 1
+    /// to the limit [default: 1 each, with --queue 1,2,1,1].
+    #[arg(long, value_name = "W,W,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    weights: Option<Vec<u32>>,
+
+    /// Executions that may die, at any point [default: 1; with --every-fault every execution].
+    #[arg(long, value_name = "N")]
+    deaths: Option<u8>,
+
+    /// No sweeper at all (with --queue, the slots the design leaves to it, a holder that died
+    /// with its cleanup event lost, stall the line: L1 must fail).
+    #[arg(long)]
+    no_sweeper: bool,
+
+    /// Stop after N states (the result is then incomplete).
+    #[arg(long, value_name = "N")]
+    max_states: Option<u64>,
+
+    /// Identify states exactly, not up to renaming the executions, version numbers and what no
+    /// check reads (slower; for checking the reduction).
+    #[arg(long)]
+    exact: bool,
+
+    /// Start from every fault at once: duplicated and lost events, lost writes, a sweep at any
+    /// moment, work failures, release timeouts, every execution may die.
+    #[arg(long, conflicts_with = "queue")]
+    every_fault: bool,
+
+    /// Step Functions retries per execution: a new attempt while the old one may still run
+    /// [default: 1].
+    #[arg(long, value_name = "N", conflicts_with = "queue")]
+    retries: Option<u8>,
+
+    /// More acquires after "full" before giving up [default: any number; an execution may give
+    /// up after any "full"].
+    #[arg(long, value_name = "N", conflicts_with = "queue")]
+    polls: Option<u8>,
+
+    /// Times the clock moves on by the horizon, at any moment [default: 1].
+    #[arg(long, value_name = "N", conflicts_with = "queue")]
+    ticks: Option<u8>,
+
+    /// Fence rotations per run, each at any moment it is due [default: 2].
+    #[arg(long, value_name = "N", conflicts_with = "queue")]
+    rotations: Option<u8>,
+
+    /// Cleanup events that may be delivered twice [default: 0].
+    #[arg(long, value_name = "N", conflicts_with = "queue")]
+    duplicates: Option<u8>,
+
+    /// Sweeps at any moment, besides the final one [default: 0].
+    #[arg(long, value_name = "N", conflicts_with = "queue")]
+    sweeps: Option<u8>,
+
+    /// Redrives of failed, aborted or timed-out executions per run, each resuming where the
+    /// execution stopped [default: 0, 1 for the redrive variants; at most 3].
+    #[arg(long, value_name = "N", conflicts_with = "queue")]
+    redrives: Option<u8>,
+
+    /// Cleanup events are never lost.
+    #[arg(long, conflicts_with = "queue")]
+    no_lost_events: bool,
+
+    /// Writes in flight may be lost (the attempt fails with an error).
+    #[arg(long, conflicts_with_all = ["queue", "no_lost_writes"])]
+    lost_writes: bool,
+
+    /// Writes in flight are never lost (the default, but with --every-fault).
+    #[arg(long, conflicts_with = "queue")]
+    no_lost_writes: bool,
+
+    /// The protected work may fail.
+    #[arg(long, conflicts_with = "queue")]
+    work_failures: bool,
+
+    /// Step Functions may also time out and retry a running release.
+    #[arg(long, conflicts_with = "queue")]
+    release_timeouts: bool,
+
+    /// [queue] Cleanup events that may be lost [default: 1].
+    #[arg(long, value_name = "N", requires = "queue")]
+    lost_events: Option<u8>,
+
+    /// [queue] Wait, release or cleanup Lambdas that may crash between two requests
+    /// [default: 1].
+    #[arg(long, value_name = "N", requires = "queue")]
+    crashes: Option<u8>,
+
+    /// [queue] Early fallback timeouts of parked tasks, at any moment, racing wake-ups
+    /// [default: 0; each multiplies the states by about 40].
+    #[arg(long, value_name = "N", requires = "queue")]
+    timeouts: Option<u8>,
+
+    /// [queue] L2 as "every grant goes to the head of the line as it lands", without the
+    /// exception for queue writes that land after the hand-off read the head (the real
+    /// protocol does not meet it: L2 must fail).
+    #[arg(long, requires = "queue")]
+    strict_order: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Protocol {
+    /// The product's protocol.
+    Ours,
+    /// The original AWS sample's.
+    Sample,
+}
+
+/// A bad combination of arguments: the message, and exit status 2.
+fn usage_error(message: String) -> ! {
+    Cli::command()
+        .error(ErrorKind::ValueValidation, message)
+        .exit()
+}
+
+/// `--weights`, one per execution up to `N`, the rest 1.
+fn weights<const N: usize>(given: Option<&[u32]>, default: [u32; N]) -> [u32; N] {
+    let Some(given) = given else {
+        return default;
+    };
+    if given.len() > N {
+        usage_error(format!("--weights: at most {N} weights"));
+    }
     let mut weights = [1; N];
-    let parts: Vec<&str> = text.split(',').collect();
-    if parts.len() > N {
-        return Err(format!("--weights: at most {N} weights"));
-    }
-    for (weight, part) in weights.iter_mut().zip(parts) {
-        *weight = part
-            .trim()
-            .parse()
-            .ok()
-            .filter(|&w| w >= 1)
-            .ok_or(format!("--weights: {part:?} is not a whole number from 1"))?;
-    }
-    Ok(weights)
+    weights[..given.len()].copy_from_slice(given);
+    weights
 }
 
 /// Checks that the first `executions` weights are within the limit.
-fn within(weights: &[u32], executions: u8, limit: u32) -> Result<(), String> {
-    match weights[..usize::from(executions)]
+fn within(weights: &[u32], executions: u8, limit: u32) {
+    if let Some(w) = weights[..usize::from(executions)]
         .iter()
         .find(|&&w| w > limit)
     {
-        Some(w) => Err(format!(
+        usage_error(format!(
             "a weight of {w} is above the limit {limit}: pass --weights (or a larger --limit)"
-        )),
-        None => Ok(()),
-    }
-}
-
-struct QueueArgs {
-    config: QueueConfig,
-    variant: QueueVariant,
-    max_states: Option<u64>,
-    exact: bool,
-}
-
-fn parse_queue() -> Result<QueueArgs, String> {
-    let mut args = QueueArgs {
-        config: QueueConfig::weighted(),
-        variant: QueueVariant::Real,
-        max_states: None,
-        exact: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = |name: &str| -> Result<u64, String> {
-            let text = it.next().ok_or(format!("{name} needs a value"))?;
-            text.parse()
-                .map_err(|_| format!("{name}: {text:?} is not a whole number"))
-        };
-        let small =
-            |n: u64, name: &str| u8::try_from(n).map_err(|_| format!("{name}: {n} is too large"));
-        let c = &mut args.config;
-        match flag.as_str() {
-            "--queue" => {}
-            "--variant" => {
-                let name = it.next().unwrap_or_default();
-                args.variant = QueueVariant::parse(&name)
-                    .ok_or(format!("--variant: unknown variant of the line {name:?}"))?;
-            }
-            "--executions" => c.executions = small(value(&flag)?, &flag)?,
-            "--limit" => {
-                c.limit = u32::try_from(value(&flag)?).map_err(|_| "--limit is too large")?
-            }
-            "--deaths" => c.deaths = small(value(&flag)?, &flag)?,
-            "--lost-events" => c.lost_events = small(value(&flag)?, &flag)?,
-            "--crashes" => c.crashes = small(value(&flag)?, &flag)?,
-            "--timeouts" => c.timeouts = small(value(&flag)?, &flag)?,
-            "--weights" => c.weights = weights(&it.next().unwrap_or_default())?,
-            "--strict-order" => c.strict_order = true,
-            "--no-sweeper" => c.sweeper = false,
-            "--exact" => args.exact = true,
-            "--max-states" => args.max_states = Some(value(&flag)?),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown option {other:?} (with --queue)")),
-        }
-    }
-    let c = &args.config;
-    if !(1..=MAX_WAITERS).contains(&usize::from(c.executions)) {
-        return Err(format!(
-            "--executions must be from 1 to {MAX_WAITERS} with --queue"
         ));
     }
-    if !(1..=c.weights[..usize::from(c.executions)].iter().sum()).contains(&c.limit) {
-        return Err(
-            "--limit must be from 1 to the sum of the executions' weights with --queue".into(),
-        );
+}
+
+impl Cli {
+    fn queue_config(&self) -> (QueueConfig, QueueVariant) {
+        let variant = QueueVariant::parse(&self.variant).unwrap_or_else(|| {
+            usage_error(format!(
+                "--variant: unknown variant of the line {:?}",
+                self.variant
+            ))
+        });
+        let default = QueueConfig::weighted();
+        let config = QueueConfig {
+            executions: self.executions.unwrap_or(default.executions),
+            limit: self.limit.unwrap_or(default.limit),
+            weights: weights(self.weights.as_deref(), default.weights),
+            deaths: self.deaths.unwrap_or(default.deaths),
+            lost_events: self.lost_events.unwrap_or(default.lost_events),
+            crashes: self.crashes.unwrap_or(default.crashes),
+            timeouts: self.timeouts.unwrap_or(default.timeouts),
+            strict_order: self.strict_order,
+            sweeper: !self.no_sweeper,
+        };
+        if !(1..=MAX_WAITERS).contains(&usize::from(config.executions)) {
+            usage_error(format!(
+                "--executions must be from 1 to {MAX_WAITERS} with --queue"
+            ));
+        }
+        let total: u32 = config.weights[..usize::from(config.executions)]
+            .iter()
+            .sum();
+        if !(1..=total).contains(&config.limit) {
+            usage_error(
+                "--limit must be from 1 to the sum of the executions' weights with --queue".into(),
+            );
+        }
+        within(&config.weights, config.executions, config.limit);
+        (config, variant)
     }
-    within(&c.weights, c.executions, c.limit)?;
-    Ok(args)
+
+    fn config(&self) -> (Config, Variant) {
+        let variant = Variant::parse(&self.variant).unwrap_or_else(|| {
+            usage_error(format!("--variant: unknown variant {:?}", self.variant))
+        });
+        let executions = self.executions.unwrap_or(3);
+        let default = if self.every_fault {
+            Config::every_fault(executions, 1)
+        } else {
+            Config {
+                executions,
+                ..Config::small(1)
+            }
+        };
+        let config = Config {
+            executions,
+            limit: self.limit.unwrap_or(default.limit),
+            weights: weights(self.weights.as_deref(), default.weights),
+            retries: self.retries.unwrap_or(default.retries),
+            release_timeouts: default.release_timeouts || self.release_timeouts,
+            polls: self.polls.or(default.polls),
+            deaths: self.deaths.unwrap_or(default.deaths),
+            duplicates: self.duplicates.unwrap_or(default.duplicates),
+            lost_events: default.lost_events && !self.no_lost_events,
+            lost_writes: (default.lost_writes || self.lost_writes) && !self.no_lost_writes,
+            work_failures: default.work_failures || self.work_failures,
+            sweeper: default.sweeper && !self.no_sweeper,
+            sweeps: self.sweeps.unwrap_or(default.sweeps),
+            ticks: self.ticks.unwrap_or(default.ticks),
+            rotations: self.rotations.unwrap_or(default.rotations),
+            // A variant that differs from the real protocol only when executions are redriven
+            // is checked with a redrive unless told otherwise.
+            redrives: self.redrives.unwrap_or(u8::from(variant.needs_redrives())),
+        };
+        if !(1..=MAX_EXECUTIONS).contains(&usize::from(config.executions)) {
+            usage_error(format!("--executions must be from 1 to {MAX_EXECUTIONS}"));
+        }
+        if !(1..=100).contains(&config.limit) {
+            usage_error("--limit must be from 1 to 100".into());
+        }
+        if self.protocol == Protocol::Ours {
+            within(&config.weights, config.executions, config.limit);
+        }
+        if usize::from(config.redrives) >= MAX_INCARNATIONS {
+            usage_error(format!(
+                "--redrives must be at most {}",
+                MAX_INCARNATIONS - 1
+            ));
+        }
+        (config, variant)
+    }
+}
+
+/// Explores `model`, identifying states exactly if asked.
+fn run<M: Model>(model: M, exact: bool, max_states: Option<u64>) -> Report {
+    if exact {
+        explore(&model.exact(), max_states)
+    } else {
+        explore(&model, max_states)
+    }
 }
 
 /// Prints what the exploration found; whether it is what was expected.
@@ -213,181 +330,49 @@ fn print_report(report: &Report, passed: &str, must_fail: bool) -> bool {
     }
 }
 
-fn queue_main() -> ExitCode {
-    let args = match parse_queue() {
-        Ok(args) => args,
-        Err(problem) => {
-            eprintln!("model-check: {problem}");
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let world = QueueWorld::new(args.config, args.variant);
-    let world = if args.exact { world.exact() } else { world };
-    let report = explore(&world, args.max_states);
-    println!(
-        "model check of the waiting line, variant {}",
-        args.variant.name()
-    );
-    println!("world: {}", args.config);
-    let as_expected = print_report(
-        &report,
-        "no violation of S1, S3, L2, F8 or L1 in any reachable state",
-        args.variant != QueueVariant::Real || args.config.strict_order || !args.config.sweeper,
-    );
-    if as_expected {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
-}
-
-struct Args {
-    sample: bool,
-    exact: bool,
-    variant: Variant,
-    config: Config,
-    max_states: Option<u64>,
-}
-
-fn parse() -> Result<Args, String> {
-    let every_fault = std::env::args().any(|a| a == "--every-fault");
-    let mut args = Args {
-        sample: false,
-        exact: false,
-        variant: Variant::Real,
-        config: if every_fault {
-            Config::every_fault(3, 1)
-        } else {
-            Config::small(1)
-        },
-        max_states: None,
-    };
-    let mut deaths = None;
-    let mut redrives = None;
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = |name: &str| -> Result<u64, String> {
-            let text = it.next().ok_or(format!("{name} needs a value"))?;
-            text.parse()
-                .map_err(|_| format!("{name}: {text:?} is not a whole number"))
-        };
-        let small =
-            |n: u64, name: &str| u8::try_from(n).map_err(|_| format!("{name}: {n} is too large"));
-        let c = &mut args.config;
-        match flag.as_str() {
-            "--protocol" => {
-                args.sample = match it.next().as_deref() {
-                    Some("ours") => false,
-                    Some("sample") => true,
-                    other => {
-                        return Err(format!(
-                            "--protocol: expected ours or sample, got {other:?}"
-                        ))
-                    }
-                }
-            }
-            "--variant" => {
-                let name = it.next().unwrap_or_default();
-                args.variant =
-                    Variant::parse(&name).ok_or(format!("--variant: unknown variant {name:?}"))?;
-            }
-            "--executions" => c.executions = small(value(&flag)?, &flag)?,
-            "--limit" => {
-                c.limit = u32::try_from(value(&flag)?).map_err(|_| "--limit is too large")?
-            }
-            "--retries" => c.retries = small(value(&flag)?, &flag)?,
-            "--weights" => c.weights = weights(&it.next().unwrap_or_default())?,
-            "--polls" => c.polls = Some(small(value(&flag)?, &flag)?),
-            "--ticks" => c.ticks = small(value(&flag)?, &flag)?,
-            "--rotations" => c.rotations = small(value(&flag)?, &flag)?,
-            "--deaths" => deaths = Some(small(value(&flag)?, &flag)?),
-            "--duplicates" => c.duplicates = small(value(&flag)?, &flag)?,
-            "--sweeps" => c.sweeps = small(value(&flag)?, &flag)?,
-            "--redrives" => redrives = Some(small(value(&flag)?, &flag)?),
-            "--no-sweeper" => c.sweeper = false,
-            "--no-lost-events" => c.lost_events = false,
-            "--no-lost-writes" => c.lost_writes = false,
-            "--lost-writes" => c.lost_writes = true,
-            "--every-fault" => {}
-            "--exact" => args.exact = true,
-            "--work-failures" => c.work_failures = true,
-            "--release-timeouts" => c.release_timeouts = true,
-            "--max-states" => args.max_states = Some(value(&flag)?),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown option {other:?}")),
-        }
-    }
-    let c = &mut args.config;
-    if !(1..=MAX_EXECUTIONS).contains(&usize::from(c.executions)) {
-        return Err(format!("--executions must be from 1 to {MAX_EXECUTIONS}"));
-    }
-    if !(1..=100).contains(&c.limit) {
-        return Err("--limit must be from 1 to 100".into());
-    }
-    if !args.sample {
-        within(&c.weights, c.executions, c.limit)?;
-    }
-    if let Some(deaths) = deaths {
-        c.deaths = deaths;
-    } else if every_fault {
-        c.deaths = c.executions;
-    }
-    // A variant that differs from the real protocol only when executions are redriven is
-    // checked with a redrive unless told otherwise.
-    c.redrives = redrives.unwrap_or(u8::from(args.variant.needs_redrives()));
-    if usize::from(c.redrives) >= MAX_INCARNATIONS {
-        return Err(format!(
-            "--redrives must be at most {}",
-            MAX_INCARNATIONS - 1
-        ));
-    }
-    Ok(args)
-}
-
 fn main() -> ExitCode {
-    if std::env::args().any(|a| a == "--queue") {
-        return queue_main();
-    }
-    let args = match parse() {
-        Ok(args) => args,
-        Err(problem) => {
-            if !problem.is_empty() {
-                eprintln!("model-check: {problem}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let (what, config, report, must_fail) = if args.sample {
-        let world = sample_world(args.config);
-        let world = if args.exact { world.exact() } else { world };
-        (
-            "the AWS sample's protocol".to_owned(),
-            world.config,
-            explore(&world, args.max_states),
-            true,
+    let cli = Cli::parse();
+    let as_expected = if cli.queue {
+        let (config, variant) = cli.queue_config();
+        let report = run(QueueWorld::new(config, variant), cli.exact, cli.max_states);
+        println!(
+            "model check of the waiting line, variant {}",
+            variant.name()
+        );
+        println!("world: {config}");
+        print_report(
+            &report,
+            "no violation of S1, S3, L2, F8 or L1 in any reachable state",
+            variant != QueueVariant::Real || config.strict_order || !config.sweeper,
         )
     } else {
-        let world = ours_world(args.config, args.variant);
-        let world = if args.exact { world.exact() } else { world };
-        (
-            format!("the product's protocol, variant {}", args.variant.name()),
-            world.config,
-            explore(&world, args.max_states),
-            args.variant != Variant::Real,
+        let (config, variant) = cli.config();
+        let (what, config, report, must_fail) = match cli.protocol {
+            Protocol::Sample => {
+                let world = sample_world(config);
+                let config = world.config;
+                (
+                    "the AWS sample's protocol".to_owned(),
+                    config,
+                    run(world, cli.exact, cli.max_states),
+                    true,
+                )
+            }
+            Protocol::Ours => (
+                format!("the product's protocol, variant {}", variant.name()),
+                config,
+                run(ours_world(config, variant), cli.exact, cli.max_states),
+                variant != Variant::Real,
+            ),
+        };
+        println!("model check of {what}");
+        println!("world: {config}");
+        print_report(
+            &report,
+            "no violation of S1, S2, S3 or L1 in any reachable state",
+            must_fail,
         )
     };
-    println!("model check of {what}");
-    println!("world: {config}");
-    let as_expected = print_report(
-        &report,
-        "no violation of S1, S2, S3 or L1 in any reachable state",
-        must_fail,
-    );
     if as_expected {
         ExitCode::SUCCESS
     } else {

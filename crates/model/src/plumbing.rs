@@ -1,0 +1,315 @@
+//! What both worlds ([`crate::world`] and [`crate::queue`]) are built with: executions' names
+//! in traces, the words of a step (made only when a trace is printed), interning and memos of
+//! what is pure (items, writes, landings), and the fan-out of a successor into one successor per
+//! fate of the cleanup event its step emitted.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use semaphore_core::item::{FenceKey, Identity, SemaphoreItem};
+use semaphore_core::{Change, Check, TaskToken, Weight, Write};
+
+use crate::hash::Build;
+
+/// Execution `e`'s name in traces: `exec-1` for 0.
+pub fn exec_name(e: u8) -> String {
+    format!("exec-{}", e + 1)
+}
+
+/// The names of the executions of a mask (bit e), e.g. `exec-1, exec-3`.
+pub fn names(mask: impl Into<u32>) -> String {
+    let mask = mask.into();
+    let names: Vec<String> = (0..32u8)
+        .filter(|e| mask & (1 << e) != 0)
+        .map(exec_name)
+        .collect();
+    names.join(", ")
+}
+
+/// `1 death`, `2 deaths`.
+pub fn plural(n: u8, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The executions' weights in a world's description: nothing if all are 1, else
+/// `, weights 1, 2, 1`.
+pub fn weights_text(weights: &[u32]) -> String {
+    if weights.iter().all(|&w| w == 1) {
+        return String::new();
+    }
+    let named: Vec<String> = weights.iter().map(u32::to_string).collect();
+    format!(", weights {}", named.join(", "))
+}
+
+/// Words for a trace, produced only when a trace is being printed.
+#[derive(Clone)]
+pub struct Words(Option<String>);
+
+impl Words {
+    pub fn new(on: bool) -> Self {
+        Self(on.then(String::new))
+    }
+
+    pub fn say(&mut self, words: impl FnOnce() -> String) {
+        if let Some(text) = &mut self.0 {
+            text.push_str(&words());
+        }
+    }
+
+    pub fn log(&mut self) -> Option<&mut String> {
+        self.0.as_mut()
+    }
+
+    pub fn into_string(self) -> String {
+        self.0.unwrap_or_default()
+    }
+}
+
+/// Distinct values numbered in the order they are first seen, so that world states can hold a
+/// small number instead of the value (and hash it cheaply).
+pub struct Interner<K, V> {
+    ids: HashMap<K, u32, Build>,
+    values: Vec<V>,
+}
+
+impl<K, V> Default for Interner<K, V> {
+    fn default() -> Self {
+        Self {
+            ids: HashMap::default(),
+            values: Vec::new(),
+        }
+    }
+}
+
+impl<K: Hash + Eq, V> Interner<K, V> {
+    /// The number of `key`, with `make(&key)` stored as its value if it is new. `make` must not
+    /// use `interner`.
+    pub fn intern(interner: &RefCell<Self>, key: K, make: impl FnOnce(&K) -> V) -> u32 {
+        if let Some(&id) = interner.borrow().ids.get(&key) {
+            return id;
+        }
+        let value = make(&key);
+        let mut interner = interner.borrow_mut();
+        let id = u32::try_from(interner.values.len()).expect("fewer than 2^32 values");
+        interner.values.push(value);
+        interner.ids.insert(key, id);
+        id
+    }
+
+    /// The value of number `id`.
+    pub fn get(&self, id: u32) -> &V {
+        &self.values[id as usize]
+    }
+}
+
+/// Results of a pure function, each computed once.
+pub struct Memo<K, V>(RefCell<HashMap<K, V, Build>>);
+
+impl<K, V> Default for Memo<K, V> {
+    fn default() -> Self {
+        Self(RefCell::default())
+    }
+}
+
+impl<K: Hash + Eq, V: Clone> Memo<K, V> {
+    /// The result for `key`, computed by `compute` the first time (which may use the memo).
+    pub fn get_or(&self, key: K, compute: impl FnOnce() -> V) -> V {
+        if let Some(known) = self.0.borrow().get(&key) {
+            return known.clone();
+        }
+        let value = compute();
+        self.0.borrow_mut().insert(key, value.clone());
+        value
+    }
+}
+
+/// What becomes of a cleanup event, chosen when it is emitted. That loses no behaviour: a
+/// pending event does nothing until it is delivered, so losing it later is the same as losing
+/// it at once, and a second copy emitted now can still be delivered at any later moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Delivered (once) at some later step.
+    Delivered,
+    Lost,
+    /// EventBridge delivers it twice.
+    Twice,
+}
+
+impl Fate {
+    const ALL: [Fate; 3] = [Fate::Delivered, Fate::Lost, Fate::Twice];
+
+    fn words(self) -> &'static str {
+        match self {
+            Self::Delivered => "",
+            Self::Lost => " (it will be lost)",
+            Self::Twice => " (EventBridge will deliver it twice)",
+        }
+    }
+}
+
+/// A world whose steps may end an execution, emitting a cleanup event whose fate is chosen as
+/// the successor is added (see [`Successors::add`]).
+pub trait Emitting {
+    type State: Clone;
+
+    /// The execution whose cleanup event the step just taken emitted, taken out of `s`.
+    fn take_emitted(&self, s: &mut Self::State) -> Option<u8>;
+    /// Whether the event may meet `fate` in `s` (it may always be delivered).
+    fn allows(&self, s: &Self::State, fate: Fate) -> bool;
+    /// Records that the event of execution `e` meets `fate`.
+    fn doom(&self, s: &mut Self::State, e: u8, fate: Fate);
+    /// Puts `s` in the form states are compared in (e.g. running requests sorted).
+    fn normalize(&self, s: &mut Self::State);
+}
+
+/// The successors of a state being collected, each with its words if a trace is printed.
+pub struct Successors<'a, S> {
+    out: &'a mut Vec<S>,
+    labels: Option<&'a mut Vec<String>>,
+}
+
+impl<'a, S> Successors<'a, S> {
+    pub fn new(out: &'a mut Vec<S>, labels: Option<&'a mut Vec<String>>) -> Self {
+        Self { out, labels }
+    }
+
+    /// Adds successor `t`, once for each fate the world allows the cleanup event its step
+    /// emitted (if it did), in the order of [`Fate`].
+    pub fn add<W: Emitting<State = S>>(&mut self, world: &W, mut t: S, words: Words)
+    where
+        S: Clone,
+    {
+        let Some(e) = world.take_emitted(&mut t) else {
+            self.push(world, t, words);
+            return;
+        };
+        for fate in Fate::ALL {
+            if fate == Fate::Delivered || world.allows(&t, fate) {
+                let (mut t, mut words) = (t.clone(), words.clone());
+                world.doom(&mut t, e, fate);
+                words.say(|| fate.words().to_owned());
+                self.push(world, t, words);
+            }
+        }
+    }
+
+    fn push<W: Emitting<State = S>>(&mut self, world: &W, mut t: S, words: Words) {
+        world.normalize(&mut t);
+        self.out.push(t);
+        if let Some(labels) = self.labels.as_deref_mut() {
+            labels.push(words.into_string());
+        }
+    }
+}
+
+/// A lock's item as a key of an [`Interner`] (the core's item is not `Hash`): hashed by what
+/// tells the model's items apart, compared whole.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ItemKey(pub SemaphoreItem);
+
+impl Hash for ItemKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        let item = &self.0;
+        (
+            &item.lock,
+            item.limit,
+            item.version,
+            &item.holders,
+            &item.fences,
+            item.waiting,
+            item.used,
+        )
+            .hash(h);
+    }
+}
+
+/// How a world names what the core's writes mention, for [`show_write`].
+pub trait Naming {
+    /// An identity (an execution's acquisition).
+    fn who(&self, identity: &Identity) -> String;
+    /// What a fence is.
+    fn fence(&self, key: &FenceKey) -> String;
+    /// A moment (epoch ms) on the world's clock, e.g. `tick 1`; `None` in a world without time.
+    fn moment(&self, _at_ms: u64) -> Option<String> {
+        None
+    }
+    /// A waiter's task token, e.g. `task 1`; `None` in a world without a line.
+    fn task(&self, _token: &TaskToken) -> Option<String> {
+        None
+    }
+}
+
+/// A write in words: `if CHECKS: CHANGES` (`no checks: CHANGES`).
+pub fn show_write(naming: &impl Naming, write: &Write) -> String {
+    let checks: Vec<String> = write
+        .checks
+        .iter()
+        .map(|check| match check {
+            Check::NotHolding(_) => "not holding".to_owned(),
+            Check::Fits { limit, weight } => format!("used + {weight} <= {limit}"),
+            Check::Room => "room in the item".to_owned(),
+            Check::HoldsWeight { identity, weight } => {
+                format!("{} holds weight {weight}", naming.who(identity))
+            }
+            Check::Spaced { rate, .. } => format!("spaced by {rate}"),
+            Check::NotFenced(key) => format!("{} not fenced", naming.fence(key)),
+            Check::RotatedBefore { deadline_ms } => naming
+                .moment(*deadline_ms)
+                .map_or("in time".to_owned(), |at| format!("no rotation since {at}")),
+            Check::LastRotation(at) => match at {
+                None => "last rotation none".to_owned(),
+                Some(at) => naming.moment(*at).map_or("last rotation".to_owned(), |at| {
+                    format!("last rotation at {at}")
+                }),
+            },
+            Check::QueueEmpty => "nobody in line".to_owned(),
+            Check::Busy { terms, .. } => {
+                format!("{} does not fit or someone in line", terms.weight)
+            }
+            Check::NotQueued(_) => "not in line".to_owned(),
+            Check::Queued(_) => "in line".to_owned(),
+            Check::QueuedWith { task_token, .. } => naming
+                .task(task_token)
+                .map_or("in line".to_owned(), |task| format!("in line with {task}")),
+        })
+        .collect();
+    let changes: Vec<String> = write
+        .changes
+        .iter()
+        .map(|change| match change {
+            Change::PutHolder {
+                identity, weight, ..
+            } if *weight == Weight::ONE => format!("take a slot for {}", naming.who(identity)),
+            Change::PutHolder {
+                identity, weight, ..
+            } => format!(
+                "take a slot of weight {weight} for {}",
+                naming.who(identity)
+            ),
+            Change::SetLimit(limit) => format!("limit {limit}"),
+            Change::SetRate(None) => "no rate".to_owned(),
+            Change::SetRate(Some(rate)) => format!("rate {rate}"),
+            Change::RemoveHolder { identity, weight } => {
+                format!("free {}'s slot, used - {weight}", naming.who(identity))
+            }
+            Change::AddFence(key) => format!("fence {}", naming.fence(key)),
+            Change::Rotate { young_seen, .. } => {
+                format!("rotate (drop old, age {} young)", young_seen.len())
+            }
+            Change::Enqueue(w) => match naming.task(&w.task_token) {
+                Some(task) => format!("queue {} ({task})", naming.who(&w.identity)),
+                None => format!("queue {}", naming.who(&w.identity)),
+            },
+            Change::Dequeue(_) => "take out of line".to_owned(),
+            Change::Repark { task_token, .. } => naming
+                .task(task_token)
+                .unwrap_or_else(|| "new task token".to_owned()),
+        })
+        .collect();
+    if checks.is_empty() {
+        format!("no checks: {}", changes.join(", "))
+    } else {
+        format!("if {}: {}", checks.join(", "), changes.join(", "))
+    }
+}
