@@ -42,7 +42,7 @@ pub use memory::MemoryStore;
 pub use protocol::{
     AcquireOutcome, CleanupOutcome, FenceReason, ReleaseOutcome, Step, Timing, WriteResult,
 };
-pub use queue::{HandOff, QueueKey, QueueOutcome, TaskToken, Waiter, Waker};
+pub use queue::{HandOff, QueueKey, QueueOutcome, TaskToken, Waiter, Wake, Waker};
 pub use store::{Fenced, ItemStore, Semaphore, MAX_ROUNDS};
 pub use sweep::{
     missing_long_enough, ExecutionState, ExecutionStatus, LargestItem, LineSweep, Reclaimed,

@@ -226,6 +226,24 @@ pub struct HandOff {
     pub skipped: Vec<Identity>,
     /// The head told to come back when the start rate allows (at that time, epoch ms).
     pub deferred: Option<(Identity, u64)>,
+    /// For each of `woken`, in the same order: when it waited from and was woken, and the lock
+    /// after its grant (the functions' metrics).
+    pub wakes: Vec<Wake>,
+}
+
+/// When a woken waiter asked and got its slot, and the lock's item after its grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wake {
+    /// Its place in line: when it first asked (epoch ms, Step Functions' clock).
+    pub queued_at_ms: u64,
+    /// When the hand-off began, right after the write that freed the slot landed.
+    pub freed_at_ms: u64,
+    /// When its parked task took the answer.
+    pub woken_at_ms: u64,
+    /// The weight held, the stored limit and the waiters in line after its grant.
+    pub used: u64,
+    pub limit: Option<crate::input::Limit>,
+    pub waiting: u64,
 }
 
 impl HandOff {
