@@ -18,6 +18,10 @@ Usage (the venv's python: samtranslator and parliament live there):
   check_template.py iam    [template.yaml]  parliament finds nothing but the recorded
                                              exceptions (.ci/iam-exceptions.json)
   check_template.py pitr   [template.yaml]  every table has the same point-in-time recovery
+  check_template.py dashboard [template.yaml] every dashboard body is JSON within CloudWatch's
+                                             limits and plots only (and every one of) the
+                                             metrics the functions write, where they write
+                                             them; alarms on them watch written metrics too
   check_template.py selftest [template.yaml] each check above fails on a template broken
                                              for it (and passes on the template itself)
 Prints what it measured; exits 1 on any failure.
@@ -71,6 +75,8 @@ NAME_LIMITS = {
     ("AWS::CloudWatch::Alarm", "AlarmName"): 255,
     # SQS CreateQueue, QueueName: up to 80 characters.
     ("AWS::SQS::Queue", "QueueName"): 80,
+    # CloudWatch PutDashboard, DashboardName: "The maximum length is 255".
+    ("AWS::CloudWatch::Dashboard", "DashboardName"): 255,
 }
 
 # Size quotas.
@@ -89,6 +95,20 @@ IAM_MANAGED_POLICIES_PER_ROLE = 10
 EVENT_PATTERN_CHARS = 2048
 # CloudFormation quotas: a parameter value is at most 4,096 bytes.
 CFN_PARAMETER_BYTES = 4096
+# CloudWatch "Dashboard Body Structure and Syntax": a DashboardBody holds 0 to 500 widgets.
+# CloudWatch service quotas (Dashboards): up to 500 metrics per graph widget and 2,500 per
+# dashboard across its widgets (a SEARCH expression counts as one here; what it finds is
+# bounded by the console, 500 series, not by the body). The body itself is a CloudFormation
+# string within the template, which `sam deploy` uploads (1 MB: CloudFormation quotas,
+# "Template body size in an Amazon S3 object").
+DASHBOARD_WIDGETS = 500
+DASHBOARD_WIDGET_METRICS = 500
+DASHBOARD_METRICS = 2500
+TEMPLATE_BYTES = 1_000_000
+
+# The functions' metric catalogue: one `Metric { name, unit, dimensions }` literal per metric
+# and dimension sets (crates/lambda-common/src/metrics.rs, CATALOGUE).
+METRICS_SOURCE = os.path.join(os.path.dirname(HERE), "crates", "lambda-common", "src", "metrics.rs")
 
 # The shortest and the longest element each list parameter's AllowedPattern accepts
 # (the shortest is the worst case: every element adds quotes, ":*" and separators
@@ -556,6 +576,121 @@ def check_pitr(template, root):
     return True
 
 
+def written_metrics(path=METRICS_SOURCE):
+    """{(metric name, sorted dimension names)} the functions write, from their catalogue."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    found = set()
+    literal = r'Metric\s*\{\s*name:\s*"(\w+)",\s*unit:\s*Unit::\w+,\s*dimensions:\s*&\[(.*?)\],?\s*\}'
+    for name, sets in re.findall(literal, text, re.S):
+        for dimension_set in re.findall(r"&\[(.*?)\]", sets):
+            found.add((name, tuple(sorted(re.findall(r'"(\w+)"', dimension_set)))))
+    if not found:
+        raise CheckError(f"no Metric literal found in {path}: the catalogue's form changed")
+    return found
+
+
+SEARCH = re.compile(r"""SEARCH\(\s*'\{([^}]*)\}\s*MetricName="([^"]+)"[^']*'""")
+
+
+def plotted(body):
+    """(widget title, namespace, metric name, sorted dimension names, dimension values) of
+    every metric a dashboard body plots, SEARCH expressions included (their schema is the
+    dimension set; no values)."""
+    for widget in body.get("widgets", []):
+        if widget.get("type") != "metric":
+            continue
+        props = widget.get("properties", {})
+        title = props.get("title", "(untitled)")
+        for entry in props.get("metrics", []):
+            if not isinstance(entry, list) or not entry:
+                raise CheckError(f"widget {title}: a metric {entry} is not an array")
+            if isinstance(entry[0], dict):
+                expression = entry[0].get("expression", "")
+                for schema, name in SEARCH.findall(expression):
+                    namespace, *dims = [part.strip().strip('"') for part in schema.split(",")]
+                    yield title, namespace, name, tuple(sorted(dims)), None
+                continue
+            strings = [e for e in entry if isinstance(e, str)]
+            if len(strings) < 2 or len(strings) % 2:
+                raise CheckError(f"widget {title}: a metric {entry} is not [namespace, name, dimension, value, ...]")
+            pairs = dict(zip(strings[2::2], strings[3::2]))
+            yield title, strings[0], strings[1], tuple(sorted(pairs)), pairs
+
+
+def check_dashboard(template, root):
+    bound = stack_name_bound(template)
+    parameters = template.get("Parameters", {})
+    defaults = {n: str(s["Default"]) for n, s in parameters.items() if "Default" in s}
+    longest = {name: longest_value(name, spec) for name, spec in parameters.items()}
+    written = written_metrics()
+    failures = []
+    for case, values in (("defaults", defaults), ("every parameter at its longest", longest)):
+        _, rendered = render(template, values, "s" * bound)
+        namespaces = {
+            r["Properties"].get("Environment", {}).get("Variables", {}).get("METRIC_NAMESPACE")
+            for r in rendered.values()
+            if r["Type"] == "AWS::Lambda::Function"
+        }
+        if len(namespaces) != 1 or None in namespaces:
+            failures.append(f"{case}: the functions' METRIC_NAMESPACE differ or are unset: {namespaces}")
+            continue
+        (namespace,) = namespaces
+        dashboards = {k: r for k, r in rendered.items() if r["Type"] == "AWS::CloudWatch::Dashboard"}
+        if not dashboards:
+            failures.append(f"{case}: no AWS::CloudWatch::Dashboard")
+        for logical_id, r in dashboards.items():
+            text = r["Properties"]["DashboardBody"]
+            try:
+                body = json.loads(text)
+            except (TypeError, json.JSONDecodeError) as e:
+                failures.append(f"{case}: {logical_id}'s body is not JSON after substitution: {e}")
+                continue
+            if "${" in text:
+                failures.append(f"{case}: {logical_id}'s body keeps an unsubstituted ${{...}}")
+            widgets = body.get("widgets")
+            if not isinstance(widgets, list):
+                failures.append(f"{case}: {logical_id}'s body has no widgets array")
+                continue
+            counts = [len(w.get("properties", {}).get("metrics", [])) for w in widgets]
+            print(
+                f"{case}: {logical_id}: {len(text.encode())} bytes, {len(widgets)}/{DASHBOARD_WIDGETS} "
+                f"widgets, {sum(counts)}/{DASHBOARD_METRICS} metrics, at most "
+                f"{max(counts, default=0)}/{DASHBOARD_WIDGET_METRICS} in one widget"
+            )
+            if len(widgets) > DASHBOARD_WIDGETS or sum(counts) > DASHBOARD_METRICS:
+                failures.append(f"{case}: {logical_id} has too many widgets or metrics")
+            if max(counts, default=0) > DASHBOARD_WIDGET_METRICS:
+                failures.append(f"{case}: a widget of {logical_id} plots more than {DASHBOARD_WIDGET_METRICS} metrics")
+            if len(text.encode()) > TEMPLATE_BYTES:
+                failures.append(f"{case}: {logical_id}'s body alone is over the template's {TEMPLATE_BYTES} bytes")
+            seen = set()
+            for title, ns, name, dims, values in plotted(body):
+                if ns == namespace:
+                    if (name, dims) not in written:
+                        failures.append(
+                            f"{case}: widget \"{title}\" plots {name} by {list(dims)}, which no function "
+                            f"writes (crates/lambda-common/src/metrics.rs)"
+                        )
+                    seen.add((name, dims))
+                elif not ns.startswith("AWS/"):
+                    failures.append(f"{case}: widget \"{title}\" plots {name} in {ns}, not the functions' namespace {namespace}")
+                elif values is not None and not all(values.values()):
+                    failures.append(f"{case}: widget \"{title}\" plots {ns} {name} with an empty dimension value")
+            for name, dims in sorted(written - seen):
+                failures.append(f"{case}: {logical_id} does not plot {name} by {list(dims)}, which the functions write")
+        for logical_id, r in rendered.items():
+            props = r["Properties"]
+            if r["Type"] == "AWS::CloudWatch::Alarm" and props.get("Namespace") == namespace:
+                dims = tuple(sorted(d["Name"] for d in props.get("Dimensions", [])))
+                if (props.get("MetricName"), dims) not in written:
+                    failures.append(f"{case}: {logical_id} watches {props.get('MetricName')} by {list(dims)}, which no function writes")
+    print(f"{len(written)} metrics written (name and dimensions) in {os.path.relpath(METRICS_SOURCE, root)}")
+    for f in failures:
+        print("FAIL", f)
+    return not failures
+
+
 def policies(rendered):
     """(where, document) of every identity policy the stack creates."""
     for logical_id, r in rendered.items():
@@ -668,7 +803,19 @@ def breakages(template):
             {"Effect": "Allow", "Action": "dynamodb:GetItem", "Resource": {"Ref": "LockProtectedStateMachine"}}
         )
 
+    def body_edit(old, new):
+        def change(t):
+            sub = t["Resources"]["SemaphoreDashboard"]["Properties"]["DashboardBody"]
+            text = sub["Fn::Sub"]
+            if old not in text:
+                raise CheckError(f"selftest: the dashboard body has no {old!r} to break")
+            sub["Fn::Sub"] = text.replace(old, new, 1)
+
+        return change
+
     for check, what, change, needs in (
+        ("dashboard", "a DashboardBody with an unclosed bracket", body_edit('"widgets": [', '"widgets": [['), "SemaphoreDashboard"),
+        ("dashboard", "a widget plotting WaitTimes, which no function writes", body_edit('\\"WaitTime\\"', '\\"WaitTimes\\"'), "SemaphoreDashboard"),
         ("names", "-your-workflow-example as the example machine's suffix", long_machine_name, "YourWorkflowExampleStateMachine"),
         ("pitr", "QueueTable without point-in-time recovery", queue_table_without_pitr, "QueueTable"),
         ("lists", "ProtectedStateMachineArns up to 2,000 characters", longer_protected_list, None),
@@ -703,6 +850,7 @@ CHECKS = {
     "lists": check_lists,
     "iam": check_iam,
     "pitr": check_pitr,
+    "dashboard": check_dashboard,
     "selftest": check_selftest,
 }
 

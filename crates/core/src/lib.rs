@@ -75,7 +75,7 @@ pub use protocol::{
     WriteResult,
 };
 pub use queue::{QueueKey, Waiter};
-pub use semaphore::line::HandOff;
+pub use semaphore::line::{HandOff, Wake};
 pub use semaphore::slots::{Fenced, MAX_ROUNDS};
 pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport};
 pub use semaphore::Semaphore;

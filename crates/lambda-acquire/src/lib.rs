@@ -51,8 +51,8 @@
 use std::time::Duration;
 
 use lambda_common::{
-    child_execution_name, granted_answer, AcquireRequest, ConfigError, Deployment, HandOffs,
-    HandlerError, Resolver, Settings, TaskCallbacks, WaitRequest, Work, WorkKind,
+    child_execution_name, granted_answer, metrics, AcquireRequest, ConfigError, Deployment,
+    HandOffs, HandlerError, Resolver, Settings, TaskCallbacks, WaitRequest, Work, WorkKind,
 };
 use lambda_runtime::LambdaEvent;
 use semaphore_core::{
@@ -324,11 +324,28 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         requested_at_ms,
         ..
     } = &request;
-    let answer = semaphore
-        .acquire_in_run(lock, identity, *run, *terms, *requested_at_ms)
+    let (answer, seen) = semaphore
+        .acquire_seeing(lock, identity, *run, *terms, *requested_at_ms)
         .await
         .map_err(HandlerError::from)
         .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "acquire failed"))?;
+    let now_ms = semaphore.now_ms();
+    let mut line = metrics::Line::of(lock)
+        .dimension(metrics::OUTCOME, outcome_of(&answer))
+        .value(metrics::ACQUISITIONS, 1);
+    if let Some(item) = &seen {
+        line = line
+            .value(metrics::WEIGHT_USED, item.used as f64)
+            .values(metrics::LIMIT, item.limit.map(|l| f64::from(l.get())))
+            .value(metrics::WAITING, item.waiting as f64);
+    }
+    if matches!(answer, AcquireOutcome::Acquired { .. }) {
+        line = line.value(
+            metrics::WAIT_TIME,
+            now_ms.saturating_sub(*requested_at_ms) as f64,
+        );
+    }
+    hand_offs.metrics.emit(now_ms, &line);
     let response = match answer {
         AcquireOutcome::Acquired { token, count } => {
             holding_answer(&request, Outcome::Acquired, Some(token.0), Some(count))
@@ -372,6 +389,56 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     Ok(response)
 }
 
+/// The `Outcome` dimension of an acquire's `Acquisitions` metric.
+fn outcome_of(answer: &AcquireOutcome) -> &'static str {
+    match answer {
+        AcquireOutcome::Acquired { .. } => Outcome::Acquired.as_str(),
+        AcquireOutcome::AlreadyHeld { .. } => Outcome::AlreadyHeld.as_str(),
+        AcquireOutcome::Full { .. } => Outcome::Full.as_str(),
+        AcquireOutcome::RateLimited { .. } => Outcome::RateLimited.as_str(),
+        AcquireOutcome::Expired => Outcome::Expired.as_str(),
+        AcquireOutcome::Fenced(_) => FENCED,
+    }
+}
+
+/// The `Outcome` of an acquisition refused for good (`SemaphoreFenced`).
+const FENCED: &str = "fenced";
+/// The `Outcome` of a wait past `MAX_WAIT_SECONDS` (`SemaphoreWaitTimeout`).
+const TIMED_OUT: &str = "timed_out";
+
+/// The wait mode's `Acquisitions` line: a waiter queued, holding (with its wait from its place
+/// in line), refused, timed out, or not queued this time ("expired"). A fallback check that
+/// finds it still in line writes none: it asked once.
+fn wait_metrics<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
+    semaphore: &Semaphore<S>,
+    hand_offs: &HandOffs<C, X>,
+    request: &AcquireRequest,
+    wait: &WaitRequest,
+    result: &Result<Queued, HandlerError>,
+) {
+    let outcome = match result {
+        Ok(Queued::InLine { new: false }) => return,
+        Ok(Queued::InLine { new: true }) => Outcome::Queued.as_str(),
+        Ok(Queued::Holding { taken: true, .. }) => Outcome::Acquired.as_str(),
+        Ok(Queued::Holding { taken: false, .. }) => Outcome::AlreadyHeld.as_str(),
+        Ok(Queued::NotYet) => Outcome::Expired.as_str(),
+        Err(HandlerError::Fenced(_)) => FENCED,
+        Err(HandlerError::WaitTimeout(_)) => TIMED_OUT,
+        Err(_) => return,
+    };
+    let now_ms = semaphore.now_ms();
+    let mut line = metrics::Line::of(&request.lock)
+        .dimension(metrics::OUTCOME, outcome)
+        .value(metrics::ACQUISITIONS, 1);
+    if let Ok(Queued::Holding { taken: true, .. }) = result {
+        line = line.value(
+            metrics::WAIT_TIME,
+            now_ms.saturating_sub(wait.queued_at_ms) as f64,
+        );
+    }
+    hand_offs.metrics.emit(now_ms, &line);
+}
+
 /// The wait mode (see the module documentation). Every final answer also completes the parked
 /// task, so the machine goes on whether Step Functions takes the task's outcome from the
 /// callback or from this invocation's error.
@@ -384,14 +451,15 @@ async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
 ) -> Result<AcquireResponse, HandlerError> {
     let callbacks = &hand_offs.waker.callbacks;
     let result = queue(semaphore, config, hand_offs, request, wait).await;
+    wait_metrics(semaphore, hand_offs, request, wait, &result);
     let (lock, identity) = (&request.lock, &request.identity);
     match &result {
-        Ok(Queued::InLine) => {}
+        Ok(Queued::InLine { .. }) => {}
         Ok(Queued::NotYet) => {
             tracing::info!(lock = %lock, holder = %identity.holder, "not queued this time; the fallback check asks again");
             return Ok(holding_answer(request, Outcome::Expired, None, None));
         }
-        Ok(Queued::Holding { token, count }) => {
+        Ok(Queued::Holding { token, count, .. }) => {
             // Complete our own task: the slot is ours already.
             let answer = granted_answer(&waiter_context(request, wait, config)?, *token)
                 .map_err(HandlerError::InvalidInput)?;
@@ -443,10 +511,15 @@ fn waiter_context(
 
 /// Where a wait left the execution.
 enum Queued {
-    /// In line: whoever grants it a slot completes its task.
-    InLine,
-    /// It holds a slot: complete its task now.
-    Holding { token: FencingToken, count: usize },
+    /// In line (`new`: queued by this call, not a fallback check finding it there): whoever
+    /// grants it a slot completes its task.
+    InLine { new: bool },
+    /// It holds a slot (`taken`: by this call's own acquire): complete its task now.
+    Holding {
+        token: FencingToken,
+        count: usize,
+        taken: bool,
+    },
     /// Not in line this time (its request went past the horizon, or the lock kept turning
     /// free and full under it): the parked task's fallback timeout asks again.
     NotYet,
@@ -479,7 +552,7 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         .map_err(store_error)?
     {
         hand_offs.run(semaphore, lock, None).await;
-        return Ok(Queued::InLine);
+        return Ok(Queued::InLine { new: false });
     }
     let context = waiter_context(request, wait, config)?;
     let waiter = Waiter::new(
@@ -506,16 +579,20 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
                     .await
                     .map_err(store_error)?;
                 hand_offs.run(semaphore, lock, None).await;
-                return Ok(Queued::InLine);
+                return Ok(Queued::InLine { new: false });
             }
             QueueOutcome::Queued => {
                 // F8: a slot freed between our "full" and our queueing has no one else to
                 // hand it on.
                 hand_offs.run(semaphore, lock, None).await;
-                return Ok(Queued::InLine);
+                return Ok(Queued::InLine { new: true });
             }
             QueueOutcome::AlreadyHeld { token, count } => {
-                return Ok(Queued::Holding { token, count })
+                return Ok(Queued::Holding {
+                    token,
+                    count,
+                    taken: false,
+                })
             }
             QueueOutcome::Fenced(reason) => return Err(fenced(request, reason)),
             QueueOutcome::Expired => break,
@@ -530,9 +607,19 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
                 .await
                 .map_err(store_error)?
             {
-                AcquireOutcome::Acquired { token, count }
-                | AcquireOutcome::AlreadyHeld { token, count } => {
-                    return Ok(Queued::Holding { token, count })
+                AcquireOutcome::Acquired { token, count } => {
+                    return Ok(Queued::Holding {
+                        token,
+                        count,
+                        taken: true,
+                    })
+                }
+                AcquireOutcome::AlreadyHeld { token, count } => {
+                    return Ok(Queued::Holding {
+                        token,
+                        count,
+                        taken: false,
+                    })
                 }
                 AcquireOutcome::Fenced(reason) => return Err(fenced(request, reason)),
                 AcquireOutcome::Full { .. } | AcquireOutcome::RateLimited { .. } => continue,

@@ -142,7 +142,28 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
     assert!(lines
         .iter()
         .any(|l| l["message"] == "acquire" && l["outcome"] == "acquired"));
-    assert!(lines.iter().all(|l| l.get("level").is_some()));
+    // Each a log event, or an EMF metric line (one per answer that reached the table's
+    // semaphore, invalid input aside).
+    let (metrics, logs): (Vec<&Value>, Vec<&Value>) =
+        lines.iter().partition(|l| l.get("_aws").is_some());
+    assert!(logs.iter().all(|l| l.get("level").is_some()));
+    let outcomes: Vec<&Value> = metrics
+        .iter()
+        .map(|l| {
+            lambda_common::metrics::check_emf(&l.to_string()).unwrap();
+            &l["Outcome"]
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            &json!("acquired"),
+            &json!("already_held"),
+            &json!("expired")
+        ],
+        "{}",
+        run1.stdout
+    );
 
     // The execution is cleaned up. Its late retry is refused with SemaphoreFenced; the same
     // execution redriven (run 1, its own acquisition, not fenced) takes a slot.

@@ -20,10 +20,12 @@
 //! equals the records in its line.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use lambda_acquire::Config;
 use lambda_cleanup::Cleanup;
-use lambda_common::{Resolver, Settings, SfnHandOffs};
+use lambda_common::metrics::check_emf;
+use lambda_common::{Metrics, Resolver, Settings, SfnHandOffs};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use local_aws::asl::{self, Context as Ctx};
 use local_aws::names::{id, limit};
@@ -71,6 +73,9 @@ struct World {
     machine: String,
     lock: String,
     input: Value,
+    /// Where the functions' metric lines are kept (`World::metric_lines`).
+    metrics: Metrics,
+    kept: Arc<Mutex<Vec<String>>>,
 }
 
 /// A waiter: its parked execution, the wait payload it queued with, its acquire state's answer.
@@ -102,7 +107,10 @@ async fn world(fallbacks: [u64; 2]) -> World {
     )
     .await;
     let lock = unique("f8");
+    let (metrics, kept) = Metrics::kept();
     World {
+        metrics,
+        kept,
         sem: settings.semaphore(&sdk_config()).unwrap(),
         config: Config::from_settings(&settings).unwrap(),
         input: json!({"lock": lock, "limit": 1}),
@@ -122,7 +130,21 @@ impl World {
     /// The hand-offs as every function's `main` builds them: `SendTaskSuccess` and
     /// `DescribeExecution` through the local server.
     fn hand_offs(&self) -> SfnHandOffs {
-        settings(&self.table).hand_offs(&sdk_config()).unwrap()
+        SfnHandOffs {
+            metrics: self.metrics.clone(),
+            ..settings(&self.table).hand_offs(&sdk_config()).unwrap()
+        }
+    }
+
+    /// The metric lines the acquire and release functions wrote since the last call, each
+    /// checked as EMF.
+    fn metric_lines(&self) -> Vec<Value> {
+        self.kept
+            .lock()
+            .unwrap()
+            .drain(..)
+            .map(|l| check_emf(&l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
     }
 
     async fn acquire(&self, payload: Value) -> Result<Value, Diagnostic> {
@@ -318,7 +340,27 @@ async fn f8_waiters_stopped_in_line_are_taken_out_and_the_slot_goes_to_the_next_
     w.hold().await;
     let dead_first = w.wait_in_line().await;
     let dead_second = w.wait_in_line().await;
+    let before_live = w.sem.now_ms();
     let live = w.wait_in_line().await;
+    // The metrics so far: the holder took the slot; each waiter was answered full (the lock
+    // as its refusal saw it), then queued.
+    let outcomes: Vec<(Value, Value)> = w
+        .metric_lines()
+        .iter()
+        .map(|l| (l["Outcome"].clone(), l["Waiting"].clone()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (json!("acquired"), json!(0)),
+            (json!("full"), json!(0)),
+            (json!("queued"), Value::Null),
+            (json!("full"), json!(1)),
+            (json!("queued"), Value::Null),
+            (json!("full"), json!(2)),
+            (json!("queued"), Value::Null),
+        ]
+    );
     assert_eq!(
         w.line().await,
         [
@@ -346,10 +388,51 @@ async fn f8_waiters_stopped_in_line_are_taken_out_and_the_slot_goes_to_the_next_
     // The holder releases. Its hand-off grants the head, whose wake-up fails (stopped), so the
     // grant is freed again, and the live waiter behind it is granted the slot and woken.
     let released = w.release_holder().await;
+    let after_release = w.sem.now_ms();
     assert_eq!(
         (&released["released"], &released["handed_off"]),
         (&json!(true), &json!(1)),
         "{released}"
+    );
+    // Its metrics: the release (the lock as it left it: two in line), then the hand-off's
+    // grant (how long the live waiter waited since it asked, how long the hand-off took from
+    // the free, the lock after the grant) and the dead head it freed again.
+    let lines = w.metric_lines();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert_eq!(
+        (
+            &lines[0]["WeightUsed"],
+            &lines[0]["Limit"],
+            &lines[0]["Waiting"]
+        ),
+        (&json!(0), &json!(1), &json!(2))
+    );
+    assert!(lines[0]["TimeHeld"].is_u64(), "{}", lines[0]);
+    let granted = &lines[1];
+    assert_eq!(
+        (
+            &granted["Lock"],
+            &granted["Outcome"],
+            &granted["Acquisitions"],
+            &granted["DeadWaitersRemoved"]
+        ),
+        (&json!(w.lock), &json!("granted"), &json!(1), &json!(1))
+    );
+    assert_eq!(
+        (
+            &granted["WeightUsed"],
+            &granted["Limit"],
+            &granted["Waiting"]
+        ),
+        (&json!(1), &json!(1), &json!(0))
+    );
+    let (waited, latency) = (
+        granted["WaitTime"].as_u64().unwrap(),
+        granted["HandOffLatency"].as_u64().unwrap(),
+    );
+    assert!(
+        latency <= waited && waited <= after_release - before_live,
+        "waited {waited} ms, hand-off {latency} ms"
     );
     let holders = w.holders().await;
     assert_eq!(
@@ -621,7 +704,10 @@ async fn a_head_of_the_line_held_back_by_the_start_rate_waits_and_is_granted_whe
         sfn::create_machine(&sfn, &unique("Paced"), &rate_parking_machine(&definition)).await;
     let lock = unique("paced");
     // One start every 5 s; room for both.
+    let (metrics, kept) = Metrics::kept();
     let w = World {
+        metrics,
+        kept,
         sem: settings.semaphore(&sdk_config()).unwrap(),
         config: Config::from_settings(&settings).unwrap(),
         input: json!({"lock": lock, "limit": 2, "rate": 0.2}),

@@ -52,7 +52,7 @@ use lambda_common::sfn::{
     child_state, may_still_start, ChildState, Described, Executions, SfnClient, SfnError,
     STEP_FUNCTIONS_ERROR,
 };
-use lambda_common::{ConfigError, HandlerError, Resolver, Settings, SfnHandOffs};
+use lambda_common::{metrics, ConfigError, HandlerError, Resolver, Settings, SfnHandOffs};
 use lambda_runtime::{Diagnostic, LambdaEvent};
 use semaphore_core::{DynamoStore, Fenced, HolderId, ItemStore, LockName, Semaphore};
 use serde::{Deserialize, Serialize};
@@ -491,6 +491,10 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
             match self.semaphore.leave(lock, *key).await {
                 Ok(true) => {
                     summary.left_line.push(lock.to_string());
+                    self.hand_offs.metrics.emit(
+                        self.semaphore.now_ms(),
+                        &metrics::Line::of(lock).value(metrics::DEAD_WAITERS_REMOVED, 1),
+                    );
                     tracing::info!(execution = arn, lock = %lock, place = %key, "removed from the line");
                 }
                 Ok(false) => {}
@@ -549,6 +553,19 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
             .await;
         let now = self.semaphore.now_ms();
         for (lock, outcome) in outcomes {
+            let mut line = metrics::Line::of(&lock)
+                .value(metrics::WAITING, outcome.waiting as f64)
+                .values(
+                    metrics::TIME_HELD,
+                    outcome
+                        .freed
+                        .iter()
+                        .map(|(_, h)| now.saturating_sub(h.acquired_at_ms) as f64),
+                );
+            if !outcome.freed.is_empty() {
+                line = line.value(metrics::SLOTS_FREED_BY_CLEANUP, outcome.freed.len() as f64);
+            }
+            self.hand_offs.metrics.emit(now, &line);
             if !outcome.freed.is_empty() && outcome.waiting > 0 {
                 let handed = self.hand_offs.run(&self.semaphore, &lock, None).await;
                 summary.handed_off += handed.woken.len();

@@ -405,6 +405,58 @@ async fn the_locks_are_read_from_the_history_and_freed_without_configuration() {
     assert_eq!(holders(sem, DEFAULT_LOCK).await, [format!("{OTHER}#b1")]);
 }
 
+/// The cleanup's metrics: per lock it freed slots on, one EMF line with how many and how long
+/// each was held (as its answer says), and the line's length after.
+#[tokio::test]
+async fn the_cleanup_writes_per_lock_the_slots_it_freed_and_how_long_they_were_held() {
+    let w = world().await;
+    let parent = w.ended_parent(json!({})).await;
+    let mut cleanup = w.cleanup();
+    let (metrics, kept) = lambda_common::Metrics::kept();
+    cleanup.hand_offs.metrics = metrics;
+    let sem = &cleanup.semaphore;
+    take(sem, DEFAULT_LOCK, &parent, "r0").await;
+    take(sem, "orders", &parent, "o1").await;
+    let before = now_ms();
+
+    let summary = invoke(&cleanup, event(&parent, "FAILED")).await.unwrap();
+    let lines: Vec<Value> = kept
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|line| {
+            lambda_common::metrics::check_emf(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+        })
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    for (line, entry) in lines.iter().zip(summary["locks"].as_array().unwrap()) {
+        let stamp = line["_aws"]["Timestamp"].as_u64().unwrap();
+        assert!(stamp >= before && stamp <= now_ms(), "{stamp}");
+        let mut members = line.clone();
+        members.as_object_mut().unwrap().remove("_aws");
+        assert_eq!(
+            members,
+            json!({
+                "Lock": entry["lock"],
+                "SlotsFreedByCleanup": 1,
+                "TimeHeld": entry["freed"][0]["held_for_ms"],
+                "Waiting": 0
+            })
+        );
+        assert_eq!(
+            line["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["Lock"]])
+        );
+    }
+    // A duplicate event frees nothing: no slot counted, no time held.
+    kept.lock().unwrap().clear();
+    invoke(&cleanup, event(&parent, "FAILED")).await.unwrap();
+    for line in kept.lock().unwrap().iter() {
+        let line = lambda_common::metrics::check_emf(line).unwrap();
+        assert!(line.get("SlotsFreedByCleanup").is_none() && line.get("TimeHeld").is_none());
+    }
+}
+
 /// F7: an execution redriven since its status event runs again with the same ARN and needs
 /// its slots (a redriven execution keeps its history, acquire tasks included): the cleanup
 /// leaves it alone, writes nothing and does not fence it. (Moto cannot redrive: an execution

@@ -418,10 +418,22 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
     /// `DescribeExecution` (of [`Settings::state_machines`]' executions) when a wake-up fails.
     pub fn hand_offs(&self, sdk: &aws_config::SdkConfig) -> Result<SfnHandOffs, ConfigError> {
         let client = aws_sdk_sfn::Client::new(sdk);
-        Ok(HandOffs::new(
-            client.clone(),
-            SfnExecutions::of_machines(client, self.state_machines()?),
-        ))
+        Ok(HandOffs {
+            metrics: self.metrics(),
+            ..HandOffs::new(
+                client.clone(),
+                SfnExecutions::of_machines(client, self.state_machines()?),
+            )
+        })
+    }
+
+    /// Metric lines on stdout in `METRIC_NAMESPACE` (default
+    /// [`crate::metrics::DEFAULT_NAMESPACE`]).
+    pub fn metrics(&self) -> crate::Metrics {
+        crate::Metrics::stdout(
+            self.optional("METRIC_NAMESPACE")
+                .unwrap_or_else(|| crate::metrics::DEFAULT_NAMESPACE.to_owned()),
+        )
     }
 }
 

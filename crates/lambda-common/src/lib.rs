@@ -8,6 +8,7 @@
 //! - [`Resolver`]: which lock, limit, acquisition and work a payload asks for, from the payload,
 //!   the execution input and the function's defaults: one set of rules for acquire, release and
 //!   the cleanup function's reading of an ended execution's acquire payloads;
+//! - [`metrics`]: the functions' metrics as CloudWatch embedded-metric-format log lines;
 //! - [`HandlerError`]: the named errors (`SemaphoreInvalidInput`, `SemaphoreFenced`,
 //!   `SemaphoreOldFormat`, `SemaphoreStoreError`, `SemaphoreWaitTimeout`) a state machine can
 //!   `Retry` or `Catch`;
@@ -21,6 +22,7 @@ pub mod deployment;
 mod error;
 pub mod executions;
 pub mod history;
+pub mod metrics;
 mod payload;
 mod request;
 pub mod sfn;
@@ -34,6 +36,7 @@ pub use config::{
 pub use deployment::{Deployment, MachineTypes};
 pub use error::{error_type, HandlerError};
 pub use executions::SfnExecutions;
+pub use metrics::Metrics;
 pub use payload::{hint, kind, quoted, Payload};
 pub use request::{
     child_execution_name, incarnation_acquisition, AcquireRequest, AllowedWork, Defaults, Resolver,

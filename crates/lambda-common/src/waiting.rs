@@ -15,6 +15,8 @@ use semaphore_core::{
 };
 use serde_json::Value;
 
+use crate::metrics::Metrics;
+
 /// The answer a granted waiter's task gets: its `context` (the acquire answer it was queued
 /// with) with the slot filled in: `acquired`, `outcome` "acquired", `token`, and the work's
 /// `semaphore.fencing_token`.
@@ -135,18 +137,22 @@ impl<C: TaskCallbacks> Waker for TaskWaker<C> {
 /// The hand-offs of a function on AWS: task callbacks and `DescribeExecution` through the SDK.
 pub type SfnHandOffs = HandOffs<aws_sdk_sfn::Client, crate::SfnExecutions>;
 
-/// What a function needs to move a line: a waker and a judge of executions.
+/// What a function needs to move a line: a waker and a judge of executions, and where the
+/// function writes its metrics (the hand-offs' and its own).
 #[derive(Debug, Clone)]
 pub struct HandOffs<C, X> {
     pub waker: TaskWaker<C>,
     pub executions: X,
+    pub metrics: Metrics,
 }
 
 impl<C: TaskCallbacks, X: ExecutionStatus> HandOffs<C, X> {
+    /// Without metrics (the functions set theirs: `Settings::hand_offs`).
     pub fn new(callbacks: C, executions: X) -> Self {
         Self {
             waker: TaskWaker { callbacks },
             executions,
+            metrics: Metrics::off(),
         }
     }
 
@@ -167,6 +173,9 @@ impl<C: TaskCallbacks, X: ExecutionStatus> HandOffs<C, X> {
         // into each function's own it outgrows the compiler's layout depth.
         let result: Result<HandOff, CoreError> =
             Box::pin(semaphore.hand_off(lock, known, &self.waker, &self.executions)).await;
+        if let Ok(report) = &result {
+            self.metrics.hand_off(lock, report, semaphore.now_ms());
+        }
         match &result {
             Ok(report) if !report.is_empty() => tracing::info!(
                 lock = %lock,

@@ -40,7 +40,7 @@
 //! acquisition's release would leave to the sweeper (a false leak notice).
 
 use lambda_common::{
-    error_type, ConfigError, HandOffs, HandlerError, Payload, Resolver, Settings, Target,
+    error_type, metrics, ConfigError, HandOffs, HandlerError, Payload, Resolver, Settings, Target,
     TaskCallbacks, RELEASE_PAYLOAD,
 };
 use lambda_runtime::LambdaEvent;
@@ -232,10 +232,22 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         tracing::error!(lock = %lock, error = %e, "release failed");
         e
     };
-    let (outcome, after) = semaphore
-        .release_seeing(lock, identity, *weight)
+    let (outcome, after, held) = semaphore
+        .release_freeing(lock, identity, *weight)
         .await
         .map_err(failed)?;
+    let now_ms = semaphore.now_ms();
+    hand_offs.metrics.emit(
+        now_ms,
+        &metrics::Line::of(lock)
+            .values(
+                metrics::TIME_HELD,
+                held.map(|h| now_ms.saturating_sub(h.acquired_at_ms) as f64),
+            )
+            .value(metrics::WEIGHT_USED, after.used as f64)
+            .values(metrics::LIMIT, after.limit.map(|l| f64::from(l.get())))
+            .value(metrics::WAITING, after.waiting as f64),
+    );
     let (mut released, mut count, mut waiting) = match outcome {
         ReleaseOutcome::Released { count, waiting, .. } => (true, count, waiting),
         ReleaseOutcome::NotHeld { count, waiting } => (false, count, waiting),
@@ -262,6 +274,17 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
             .await
             .map_err(failed)?;
         let freed = semaphore.free(&fenced).await.map_err(failed)?;
+        let now_ms = semaphore.now_ms();
+        hand_offs.metrics.emit(
+            now_ms,
+            &metrics::Line::of(lock).values(
+                metrics::TIME_HELD,
+                freed
+                    .freed
+                    .iter()
+                    .map(|(_, h)| now_ms.saturating_sub(h.acquired_at_ms) as f64),
+            ),
+        );
         if !freed.freed.is_empty() {
             let runs: Vec<String> = freed
                 .freed

@@ -11,8 +11,11 @@
 //! as the cleanup function reads it) names its child executions, and while one of them runs (a
 //! Lambda function invoked by the work-function runner cannot be stopped, and Step Functions
 //! stops a user's child only on a best-effort basis) the slot is kept for the next sweep. For
-//! each slot reclaimed an SNS notice goes to `TOPIC_ARN`, and every sweep prints the
-//! `ReclaimedSlots` and `LargestItemBytes` metrics as an EMF log line (zeros included). The
+//! each slot reclaimed an SNS notice goes to `TOPIC_ARN`, and every sweep prints its metrics as
+//! EMF log lines (`lambda_common::metrics`): `ReclaimedSlots`, `LargestItemBytes` and
+//! `OldestWaiterAge` of every lock together (zeros included), and per lock where there is
+//! something to say, the slots reclaimed and how long they were held, the oldest waiter's age,
+//! the dead waiters removed and the hand-offs' grants. The
 //! cost grows with the current holders only (a history is read for ended holders only).
 //!
 //! Input: any JSON (the schedule's event). Answer: `{"locks": n, "largest_item_bytes": n,
@@ -32,11 +35,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use lambda_common::arn::{self, ExecutionArn, ExecutionKind, StateMachineArn};
+pub use lambda_common::metrics::DEFAULT_NAMESPACE;
 pub use lambda_common::SfnExecutions;
-pub use notice::{
-    emf_line, human_duration, subject, Notice, DEFAULT_NAMESPACE, ITEM_BYTES_METRIC_NAME,
-    METRIC_NAME,
-};
+pub use notice::{human_duration, subject, Notice};
+
+use lambda_common::metrics::{self, Line};
+use semaphore_core::{LineSweep, LockName, SweepReport};
 
 /// The sweep's answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,12 +69,13 @@ pub struct SweepSummary {
     pub errors: Vec<String>,
 }
 
-/// Everything one sweep produced: the answer, the notices sent, and the metric line.
+/// Everything one sweep produced: the answer, the notices sent, and the metric lines (the
+/// first: every lock's together).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SweepResult {
     pub summary: SweepSummary,
     pub notices: Vec<Notice>,
-    pub emf: String,
+    pub emf: Vec<String>,
 }
 
 /// The sweeper's dependencies, built once per cold start.
@@ -142,8 +147,9 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
         for (lock, holder) in &lines.removed {
             tracing::warn!(lock = %lock, holder = %holder, "took a dead waiter out of line");
         }
+        let reclaimed_per_lock = report_metrics(&report);
         let mut errors = report.errors;
-        errors.extend(lines.errors);
+        errors.extend(lines.errors.iter().cloned());
         let mut summary = SweepSummary {
             locks: report.locks,
             largest_item_bytes,
@@ -184,12 +190,10 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
         for error in &summary.errors {
             tracing::warn!(error = %error, "sweep problem; the next sweep retries");
         }
-        let emf = emf_line(
-            &self.namespace,
-            summary.reclaimed,
-            summary.largest_item_bytes,
-            started_ms,
-        );
+        let emf = metric_lines(&reclaimed_per_lock, &lines, &summary, started_ms)
+            .iter()
+            .map(|line| line.render(&self.namespace, started_ms))
+            .collect();
         tracing::info!(
             locks = summary.locks,
             largest_item_bytes = summary.largest_item_bytes,
@@ -224,12 +228,81 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
     }
 }
 
-/// The Lambda handler: sweeps, prints the EMF metric line, answers the summary.
+/// What the metrics read of the holders' sweep: the slots reclaimed per lock, with how long
+/// each was held.
+fn report_metrics(report: &SweepReport) -> Vec<(LockName, u64)> {
+    report
+        .reclaimed
+        .iter()
+        .map(|slot| (slot.lock.clone(), slot.held_for_ms))
+        .collect()
+}
+
+/// The sweep's metric lines: every lock's together first (zeros included, so that the alarms
+/// see data rather than missing data), then one per lock with something to say.
+fn metric_lines(
+    reclaimed: &[(LockName, u64)],
+    lines: &LineSweep,
+    summary: &SweepSummary,
+    now_ms: u64,
+) -> Vec<Line> {
+    let age = |since: u64| now_ms.saturating_sub(since) as f64 / 1000.0;
+    let oldest = lines.oldest.iter().map(|(_, since)| *since).min();
+    let mut out = vec![Line::stack_wide()
+        .value(metrics::RECLAIMED_SLOTS_TOTAL, summary.reclaimed as f64)
+        .value(
+            metrics::LARGEST_ITEM_BYTES,
+            summary.largest_item_bytes as f64,
+        )
+        .value(metrics::OLDEST_WAITER_AGE_TOTAL, oldest.map_or(0.0, age))];
+    let mut locks: Vec<&LockName> = reclaimed.iter().map(|(lock, _)| lock).collect();
+    locks.extend(lines.oldest.iter().map(|(lock, _)| lock));
+    locks.extend(lines.removed.iter().map(|(lock, _)| lock));
+    locks.sort();
+    locks.dedup();
+    for lock in locks {
+        let held: Vec<f64> = reclaimed
+            .iter()
+            .filter(|(l, _)| l == lock)
+            .map(|(_, ms)| *ms as f64)
+            .collect();
+        let removed = lines.removed.iter().filter(|(l, _)| l == lock).count();
+        let mut line = Line::of(lock).values(
+            metrics::OLDEST_WAITER_AGE,
+            lines
+                .oldest
+                .iter()
+                .filter(|(l, _)| l == lock)
+                .map(|(_, since)| age(*since)),
+        );
+        if !held.is_empty() {
+            line = line
+                .value(metrics::RECLAIMED_SLOTS, held.len() as f64)
+                .values(metrics::TIME_HELD, held);
+        }
+        if removed > 0 {
+            line = line.value(metrics::DEAD_WAITERS_REMOVED, removed as f64);
+        }
+        out.push(line);
+    }
+    out.extend(
+        lines
+            .hand_offs
+            .iter()
+            .map(|(lock, handed)| metrics::hand_off_line(lock, handed))
+            .filter(|line| !line.is_empty()),
+    );
+    out
+}
+
+/// The Lambda handler: sweeps, prints the EMF metric lines, answers the summary.
 pub async fn handle<S: ItemStore, E: ExecutionStatus>(
     sweeper: &Sweeper<S, E>,
     _event: LambdaEvent<Value>,
 ) -> Result<SweepSummary, HandlerError> {
     let result = sweeper.sweep().await?;
-    println!("{}", result.emf);
+    for line in &result.emf {
+        println!("{line}");
+    }
     Ok(result.summary)
 }

@@ -1,17 +1,8 @@
-//! What the sweeper tells operators: one SNS notice per reclaimed slot, and the `ReclaimedSlots`
-//! metric as a CloudWatch embedded-metric-format (EMF) log line.
+//! What the sweeper tells operators by SNS: one notice per reclaimed slot (its metrics are
+//! `lambda_common::metrics`').
 
 use semaphore_core::Reclaimed;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-
-/// The metric's name; the alarm in template.yaml watches it (no dimensions).
-pub const METRIC_NAME: &str = "ReclaimedSlots";
-/// The size of the biggest semaphore item, once per sweep: what each write of the busiest lock
-/// costs, which approaches a ceiling as that lock's rate grows (BENCHMARKS.md).
-pub const ITEM_BYTES_METRIC_NAME: &str = "LargestItemBytes";
-/// `METRIC_NAMESPACE` when unset.
-pub const DEFAULT_NAMESPACE: &str = "StepFunctionsSemaphore";
 /// SNS subjects must be ASCII, without control characters, and under 100 characters.
 pub const MAX_SUBJECT_CHARS: usize = 99;
 
@@ -93,38 +84,9 @@ pub fn human_duration(ms: u64) -> String {
         .join(" ")
 }
 
-/// The EMF log line that makes CloudWatch record, in `namespace` (no dimensions) at
-/// `timestamp_ms`, `ReclaimedSlots` = `reclaimed` and `LargestItemBytes` = `largest_item_bytes`.
-/// Printed on stdout once per sweep, zeros included, so that the alarms see data rather than
-/// missing data.
-pub fn emf_line(
-    namespace: &str,
-    reclaimed: usize,
-    largest_item_bytes: usize,
-    timestamp_ms: u64,
-) -> String {
-    json!({
-        "_aws": {
-            "Timestamp": timestamp_ms,
-            "CloudWatchMetrics": [{
-                "Namespace": namespace,
-                "Dimensions": [[]],
-                "Metrics": [
-                    { "Name": METRIC_NAME, "Unit": "Count" },
-                    { "Name": ITEM_BYTES_METRIC_NAME, "Unit": "Bytes" },
-                ],
-            }],
-        },
-        METRIC_NAME: reclaimed,
-        ITEM_BYTES_METRIC_NAME: largest_item_bytes,
-    })
-    .to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
 
     #[test]
     fn subjects_are_valid_for_sns() {
@@ -145,30 +107,5 @@ mod tests {
         assert_eq!(human_duration(185_000), "3m 5s");
         assert_eq!(human_duration(7_207_000), "2h 0m 7s");
         assert_eq!(human_duration(97_200_000), "1d 3h 0m 0s");
-    }
-
-    #[test]
-    fn the_emf_line_declares_two_dimensionless_metrics() {
-        let line = emf_line("StepFunctionsSemaphore", 0, 809, 1_700_000_000_000);
-        assert!(!line.contains('\n'));
-        let doc: Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(
-            doc,
-            json!({
-                "_aws": {
-                    "Timestamp": 1_700_000_000_000u64,
-                    "CloudWatchMetrics": [{
-                        "Namespace": "StepFunctionsSemaphore",
-                        "Dimensions": [[]],
-                        "Metrics": [
-                            {"Name": "ReclaimedSlots", "Unit": "Count"},
-                            {"Name": "LargestItemBytes", "Unit": "Bytes"}
-                        ]
-                    }]
-                },
-                "ReclaimedSlots": 0,
-                "LargestItemBytes": 809
-            })
-        );
     }
 }

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use lambda_common::metrics::check_emf;
 use local_aws::runtime_api::{run_function, Answer};
 use local_aws::{fresh_table, sdk_config};
 use semaphore_core::{AcquisitionId, Clock, HolderId, Identity, Limit, LockName, Semaphore};
@@ -94,18 +95,23 @@ async fn the_binary_sweeps_and_prints_the_metric() {
         run.stdout,
         run.stderr
     );
-    // Exactly one EMF line, a JSON object of its own on stdout, among the JSON logs.
+    // Two EMF lines, JSON objects of their own on stdout among the JSON logs: every lock's
+    // together, then the lock that lost a slot.
     let emf: Vec<Value> = run
         .stdout
         .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| l.get("_aws").is_some())
+        .filter(|l| l.contains("\"_aws\""))
+        .map(|l| check_emf(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
-    assert_eq!(emf.len(), 1, "{}", run.stdout);
+    assert_eq!(emf.len(), 2, "{}", run.stdout);
     assert_eq!(emf[0]["ReclaimedSlots"], json!(1));
     assert_eq!(emf[0]["LargestItemBytes"], json!(stored_bytes));
-    assert_eq!(
-        emf[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"],
-        json!("Test/Semaphore")
-    );
+    assert_eq!(emf[1]["ReclaimedSlots"], json!(1));
+    assert_eq!(emf[1]["Lock"], json!("demo-lock"));
+    for line in &emf {
+        assert_eq!(
+            line["_aws"]["CloudWatchMetrics"][0]["Namespace"],
+            json!("Test/Semaphore")
+        );
+    }
 }

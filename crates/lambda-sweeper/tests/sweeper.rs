@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::types::QueueAttributeName;
+use lambda_common::metrics::check_emf;
 use lambda_common::Settings;
 use lambda_runtime::{Context, LambdaEvent};
 use lambda_sweeper::{Notice, SfnExecutions, StateMachineArn, Sweeper};
@@ -300,25 +301,48 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
         AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
     );
 
-    // The EMF line: two dimensionless metrics in the default namespace.
-    let emf: Value = serde_json::from_str(&result.emf).expect("the EMF line is JSON");
-    assert!(!result.emf.contains('\n'));
-    assert_eq!(emf["ReclaimedSlots"], json!(3));
-    assert_eq!(emf["LargestItemBytes"], json!(demo_bytes));
-    let directive = &emf["_aws"]["CloudWatchMetrics"][0];
-    assert_eq!(directive["Namespace"], json!("StepFunctionsSemaphore"));
-    assert_eq!(directive["Dimensions"], json!([[]]));
+    // The EMF lines, each valid EMF in the default namespace: every lock's together
+    // (dimensionless: the alarms'), then one per lock that lost slots.
+    let emf: Vec<Value> = result
+        .emf
+        .iter()
+        .map(|line| {
+            assert!(!line.contains('\n'));
+            check_emf(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+        })
+        .collect();
+    assert_eq!(emf.len(), 3, "{emf:#?}");
+    assert_eq!(emf[0]["ReclaimedSlots"], json!(3));
+    assert_eq!(emf[0]["LargestItemBytes"], json!(demo_bytes));
+    assert_eq!(emf[0]["OldestWaiterAge"], json!(0), "nobody waits");
     assert_eq!(
-        directive["Metrics"],
-        json!([
-            {"Name": "ReclaimedSlots", "Unit": "Count"},
-            {"Name": "LargestItemBytes", "Unit": "Bytes"}
-        ])
+        emf[0]["_aws"]["CloudWatchMetrics"],
+        json!([{
+            "Namespace": "StepFunctionsSemaphore",
+            "Dimensions": [[]],
+            "Metrics": [
+                {"Name": "ReclaimedSlots", "Unit": "Count"},
+                {"Name": "LargestItemBytes", "Unit": "Bytes"},
+                {"Name": "OldestWaiterAge", "Unit": "Seconds"}
+            ]
+        }])
     );
-    let stamp = emf["_aws"]["Timestamp"]
-        .as_u64()
-        .expect("a millisecond timestamp");
-    assert!(stamp >= before_sweep && stamp <= now_ms(), "{stamp}");
+    for line in &emf {
+        let stamp = line["_aws"]["Timestamp"]
+            .as_u64()
+            .expect("a millisecond timestamp");
+        assert!(stamp >= before_sweep && stamp <= now_ms(), "{stamp}");
+    }
+    let per_lock: BTreeMap<&str, &Value> = emf[1..]
+        .iter()
+        .map(|line| (line["Lock"].as_str().expect("a Lock dimension"), line))
+        .collect();
+    assert_eq!(per_lock["demo-lock"]["ReclaimedSlots"], json!(2));
+    assert_eq!(per_lock["orders"]["ReclaimedSlots"], json!(1));
+    assert_eq!(
+        per_lock["orders"]["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+        json!([["Lock"]])
+    );
 
     // The notices, as delivered through SNS to the subscribed queue.
     let envelopes = local.notices(3, Duration::from_secs(10)).await;
@@ -333,6 +357,21 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
         })
         .collect();
     notices.sort_by(|a, b| (&a.1.lock, a.1.token).cmp(&(&b.1.lock, b.1.token)));
+    // Each lock's TimeHeld values are its notices' held_for_ms.
+    for (lock, line) in &per_lock {
+        let mut metric: Vec<u64> = match &line["TimeHeld"] {
+            Value::Array(values) => values.iter().map(|v| v.as_u64().unwrap()).collect(),
+            one => vec![one.as_u64().expect("TimeHeld")],
+        };
+        let mut held: Vec<u64> = notices
+            .iter()
+            .filter(|(_, n)| n.lock == *lock)
+            .map(|(_, n)| n.held_for_ms)
+            .collect();
+        metric.sort_unstable();
+        held.sort_unstable();
+        assert_eq!(metric, held, "{lock}");
+    }
     let expect = [
         (
             "demo-lock",
@@ -509,9 +548,11 @@ async fn every_sweep_emits_the_metric_even_when_nothing_leaked() {
     let sweeper = local.sweeper(&table);
     let result = sweeper.sweep().await.unwrap();
     assert_eq!(result.summary, Default::default());
-    let emf: Value = serde_json::from_str(&result.emf).unwrap();
+    assert_eq!(result.emf.len(), 1, "{:?}", result.emf);
+    let emf = check_emf(&result.emf[0]).unwrap();
     assert_eq!(emf["ReclaimedSlots"], json!(0));
     assert_eq!(emf["LargestItemBytes"], json!(0));
+    assert_eq!(emf["OldestWaiterAge"], json!(0));
 }
 
 #[tokio::test]
@@ -561,7 +602,7 @@ async fn what_cannot_be_checked_or_announced_is_reported_without_failing_the_swe
         "{:?}",
         result.summary.errors
     );
-    let emf: Value = serde_json::from_str(&result.emf).unwrap();
+    let emf = check_emf(&result.emf[0]).unwrap();
     assert_eq!(emf["ReclaimedSlots"], json!(1));
     let left = sweeper
         .semaphore
@@ -925,8 +966,10 @@ async fn a_sweep_takes_dead_waiters_out_of_line_and_wakes_the_next_live_one_with
     };
     // Two executions wait in line, each parked on its wait task's real token.
     let mut waiters = Vec::new();
+    let mut places = Vec::new();
     for _ in 0..2 {
         let queued_at_ms = now_ms();
+        places.push(queued_at_ms);
         let answer = json!({"outcome": "full", "queued_at": rfc3339_millis(queued_at_ms)});
         let input = json!({"lock": "lined", "limit": 1});
         let parked = park(sfn, &parking, &unique("waiter"), &input, &answer).await;
@@ -955,7 +998,50 @@ async fn a_sweep_takes_dead_waiters_out_of_line_and_wakes_the_next_live_one_with
     assert_eq!(ended(sfn, &dead.execution).await, "ABORTED");
     counter.take();
 
-    let summary = sweeper.sweep().await.unwrap().summary;
+    let before_sweep = now_ms();
+    let result = sweeper.sweep().await.unwrap();
+    let summary = result.summary.clone();
+    // The metrics: the live waiter is the oldest left in line (the dead one, ahead of it, was
+    // taken out), and the slot was handed to it.
+    let emf: Vec<Value> = result.emf.iter().map(|l| check_emf(l).unwrap()).collect();
+    let stamp = emf[0]["_aws"]["Timestamp"].as_u64().unwrap();
+    assert!(stamp >= before_sweep, "{stamp}");
+    let live_age = stamp - places[1];
+    let seconds = |v: &Value| (v.as_f64().expect("a number") * 1000.0).round() as u64;
+    assert_eq!(seconds(&emf[0]["OldestWaiterAge"]), live_age, "{emf:#?}");
+    assert_eq!(emf[0]["ReclaimedSlots"], json!(1));
+    let lined = &emf[1];
+    assert_eq!(lined["Lock"], json!("lined"));
+    assert_eq!(seconds(&lined["OldestWaiterAge"]), live_age);
+    assert_eq!(lined["ReclaimedSlots"], json!(1));
+    assert_eq!(lined["DeadWaitersRemoved"], json!(1));
+    let granted = &emf[2];
+    assert_eq!(
+        (
+            &granted["Lock"],
+            &granted["Outcome"],
+            &granted["Acquisitions"]
+        ),
+        (&json!("lined"), &json!("granted"), &json!(1)),
+        "{granted}"
+    );
+    // Granted after the sweep began, so it waited at least as long as the sweep saw it wait.
+    let waited = granted["WaitTime"].as_u64().unwrap();
+    assert!(
+        waited >= live_age && waited < live_age + 60_000,
+        "{waited} {live_age}"
+    );
+    let latency = granted["HandOffLatency"].as_u64().unwrap();
+    assert!(latency < 60_000, "{latency}");
+    assert_eq!(
+        (
+            &granted["WeightUsed"],
+            &granted["Limit"],
+            &granted["Waiting"]
+        ),
+        (&json!(1), &json!(1), &json!(0))
+    );
+    assert_eq!(emf.len(), 3, "{emf:#?}");
     assert_eq!(
         (
             summary.reclaimed,

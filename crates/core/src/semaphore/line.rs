@@ -3,7 +3,7 @@
 
 use super::Semaphore;
 use crate::error::Error;
-use crate::input::{LockName, TaskToken};
+use crate::input::{Limit, LockName, TaskToken};
 use crate::item::{FencingToken, Identity, SemaphoreItem};
 use crate::ports::{missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, Waker};
 use crate::protocol::{self, Grant, QueueOutcome};
@@ -35,6 +35,24 @@ pub struct HandOff {
     pub skipped: Vec<Identity>,
     /// The head told to come back when the start rate allows (at that time, epoch ms).
     pub deferred: Option<(Identity, u64)>,
+    /// For each of `woken`, in the same order: when it waited from and was woken, and the lock
+    /// after its grant (the functions' metrics).
+    pub wakes: Vec<Wake>,
+}
+
+/// When a woken waiter asked and got its slot, and the lock's item after its grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wake {
+    /// Its place in line: when it first asked (epoch ms, Step Functions' clock).
+    pub queued_at_ms: u64,
+    /// When the hand-off began, right after the write that freed the slot landed.
+    pub freed_at_ms: u64,
+    /// When its parked task took the answer.
+    pub woken_at_ms: u64,
+    /// The weight held, the stored limit and the waiters in line after its grant.
+    pub used: u64,
+    pub limit: Option<Limit>,
+    pub waiting: u64,
 }
 
 impl HandOff {
@@ -151,16 +169,25 @@ impl<S: ItemStore> Semaphore<S> {
                         Ok(()) => {
                             // With the times: the local run's hand-off latency (slot freed to
                             // waiter resumed) and its grant-order check read them.
+                            let woken_at_ms = self.now_ms();
                             tracing::info!(
                                 %lock,
                                 holder = %head.identity.holder,
                                 acquisition = %head.identity.acquisition,
                                 token = token.0,
                                 freed_at_ms,
-                                woken_at_ms = self.now_ms(),
+                                woken_at_ms,
                                 "handed off"
                             );
                             report.woken.push((head.identity.clone(), token));
+                            report.wakes.push(Wake {
+                                queued_at_ms: head.key.queued_at_ms,
+                                freed_at_ms,
+                                woken_at_ms,
+                                used: item.used,
+                                limit: item.limit,
+                                waiting: item.waiting,
+                            });
                         }
                         Err(why) => {
                             if self

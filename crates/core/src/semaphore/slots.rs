@@ -64,6 +64,24 @@ impl<S: ItemStore> Semaphore<S> {
         terms: impl Into<Terms>,
         requested_at_ms: u64,
     ) -> Result<AcquireOutcome, Error> {
+        Ok(self
+            .acquire_seeing(lock, identity, run, terms, requested_at_ms)
+            .await?
+            .0)
+    }
+
+    /// [`Semaphore::acquire_in_run`], also answering the lock's item as the write left it (taken)
+    /// or handed it back (refused): what the functions' metrics read the weight in use, the
+    /// limit and the line's length from, without reading it again. `None` when nothing was sent
+    /// (expired).
+    pub async fn acquire_seeing(
+        &self,
+        lock: &LockName,
+        identity: &Identity,
+        run: Run,
+        terms: impl Into<Terms>,
+        requested_at_ms: u64,
+    ) -> Result<(AcquireOutcome, Option<SemaphoreItem>), Error> {
         let terms = terms.into();
         let write = match protocol::acquire(
             lock,
@@ -75,10 +93,17 @@ impl<S: ItemStore> Semaphore<S> {
             &self.timing,
         ) {
             Ok(write) => write,
-            Err(answer) => return Ok(answer),
+            Err(answer) => return Ok((answer, None)),
         };
         let result = self.store.write(&write).await?;
-        Ok(protocol::acquired(&write, identity, terms.limit, result)?)
+        let seen = match &result {
+            WriteResult::Applied { before } => write.apply(before.as_ref()).ok(),
+            other => other.refused_item().cloned(),
+        };
+        Ok((
+            protocol::acquired(&write, identity, terms.limit, result)?,
+            seen,
+        ))
     }
 
     /// Frees the identity's slot, if held, and fences the acquisition. One write for a slot of
@@ -103,14 +128,33 @@ impl<S: ItemStore> Semaphore<S> {
         identity: &Identity,
         weight: Weight,
     ) -> Result<(ReleaseOutcome, SemaphoreItem), Error> {
+        let (outcome, after, _) = self.release_freeing(lock, identity, weight).await?;
+        Ok((outcome, after))
+    }
+
+    /// [`Semaphore::release_seeing`], also answering the slot it freed as it was held (when it
+    /// was taken: the functions' time-held metric), if the write that freed it was answered.
+    pub async fn release_freeing(
+        &self,
+        lock: &LockName,
+        identity: &Identity,
+        weight: Weight,
+    ) -> Result<(ReleaseOutcome, SemaphoreItem, Option<Holding>), Error> {
         let mut write = protocol::release(lock, identity, weight);
+        let freed = std::sync::Mutex::new(None);
         let (outcome, after) = self
             .rounds(&mut write, |write, result| {
+                if let WriteResult::Applied { before: Some(item) } = &result {
+                    *freed.lock().unwrap_or_else(|e| e.into_inner()) =
+                        item.holders.get(identity).copied();
+                }
                 protocol::released(write, identity, result)
             })
             .await?;
         self.rotate_if_busy(&after).await;
-        Ok((outcome, after))
+        let freed = freed.into_inner().unwrap_or_else(|e| e.into_inner());
+        let freed = freed.filter(|_| matches!(outcome, ReleaseOutcome::Released { .. }));
+        Ok((outcome, after, freed))
     }
 
     /// Sends `write`, then each write its refusal calls for, until `step` says done. An

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use super::line::HandOff;
 use super::Semaphore;
 use crate::dynamo::stored_size;
 use crate::error::Error;
@@ -208,6 +209,11 @@ pub struct LineSweep {
     /// Waiters granted a slot and woken by the sweep's hand-offs.
     pub woken: usize,
     pub errors: Vec<String>,
+    /// Per lock visited, when the first waiter it left in line asked (epoch ms): the oldest
+    /// waiter's age for the functions' metrics.
+    pub oldest: Vec<(LockName, u64)>,
+    /// What each lock's hand-off did.
+    pub hand_offs: Vec<(LockName, HandOff)>,
 }
 
 impl<S: ItemStore> Semaphore<S> {
@@ -226,17 +232,22 @@ impl<S: ItemStore> Semaphore<S> {
         let mut report = LineSweep::default();
         for lock in lines {
             let waiters = self.waiters(lock, None, WAITERS_CHECKED_PER_LOCK).await?;
+            let mut oldest = None;
             for waiter in waiters {
                 report.waiters_checked += 1;
+                let mut left = false;
                 match executions.describe(&waiter.identity.holder).await {
                     // A waiter queued within the grace is not taken out on "not found".
                     Ok(ExecutionState::Missing)
                         if !missing_long_enough(waiter.key.queued_at_ms, self.now_ms()) => {}
                     Ok(state) if state.reclaim_reason().is_some() => {
                         match self.leave(lock, waiter.key).await {
-                            Ok(true) => report
-                                .removed
-                                .push((lock.clone(), waiter.identity.holder.clone())),
+                            Ok(true) => {
+                                left = true;
+                                report
+                                    .removed
+                                    .push((lock.clone(), waiter.identity.holder.clone()));
+                            }
                             Ok(false) => {}
                             Err(e) => report.errors.push(format!("{lock}: {e}")),
                         }
@@ -246,9 +257,18 @@ impl<S: ItemStore> Semaphore<S> {
                         .errors
                         .push(format!("{}: {e}", waiter.identity.holder)),
                 }
+                if !left && oldest.is_none() {
+                    oldest = Some(waiter.key.queued_at_ms);
+                }
+            }
+            if let Some(since) = oldest {
+                report.oldest.push((lock.clone(), since));
             }
             match self.hand_off(lock, None, waker, executions).await {
-                Ok(handed) => report.woken += handed.woken.len(),
+                Ok(handed) => {
+                    report.woken += handed.woken.len();
+                    report.hand_offs.push((lock.clone(), handed));
+                }
                 Err(e) => report.errors.push(format!("{lock}: {e}")),
             }
         }

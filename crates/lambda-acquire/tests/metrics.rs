@@ -1,0 +1,226 @@
+//! The metrics the acquire and release functions write, from the handlers run against a fresh
+//! table on the local server: every line is EMF as the specification defines it
+//! (`lambda_common::metrics::check_emf`) and carries the values of the operation that wrote it.
+
+use std::sync::{Arc, Mutex};
+
+use lambda_acquire::Config;
+use lambda_common::{Metrics, Settings, SfnHandOffs};
+use lambda_runtime::{Context, Diagnostic, LambdaEvent};
+use local_aws::{fresh_table, sdk_config};
+use semaphore_core::{rfc3339_millis, DynamoStore, Semaphore};
+use serde_json::{json, Value};
+
+const LOCK: &str = "metered";
+
+fn holder(n: u32) -> String {
+    format!("arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-{n}")
+}
+
+/// The functions' hand-offs as `main` builds them, their metric lines kept for the test.
+fn hand_offs() -> (SfnHandOffs, Arc<Mutex<Vec<String>>>) {
+    let mut hand_offs = Settings::from_lookup(|_| None)
+        .hand_offs(&sdk_config())
+        .expect("settings");
+    let (metrics, kept) = Metrics::kept();
+    hand_offs.metrics = metrics;
+    (hand_offs, kept)
+}
+
+/// The lines written since the last call, each checked as EMF.
+fn lines(kept: &Mutex<Vec<String>>) -> Vec<Value> {
+    kept.lock()
+        .unwrap()
+        .drain(..)
+        .map(|line| {
+            assert!(!line.contains('\n'), "{line}");
+            lambda_common::metrics::check_emf(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+        })
+        .collect()
+}
+
+/// The one line written since the last call.
+fn line(kept: &Mutex<Vec<String>>) -> Value {
+    let mut lines = lines(kept);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    lines.remove(0)
+}
+
+/// The explicit payload a caller's own machine sends.
+fn payload(n: u32, acquisition: &str, weight: u32, requested_at_ms: u64) -> Value {
+    json!({
+        "lock": LOCK, "limit": 3, "weight": weight, "holder": holder(n),
+        "acquisition": acquisition, "requested_at": rfc3339_millis(requested_at_ms)
+    })
+}
+
+async fn acquire(
+    sem: &Semaphore<DynamoStore>,
+    hand_offs: &SfnHandOffs,
+    payload: Value,
+) -> Result<Value, Diagnostic> {
+    let config = Config::from_settings(&Settings::from_lookup(|_| None)).unwrap();
+    lambda_acquire::handle(
+        sem,
+        &config,
+        hand_offs,
+        LambdaEvent::new(payload, Context::default()),
+    )
+    .await
+    .map(|answer| serde_json::to_value(answer).unwrap())
+    .map_err(Diagnostic::from)
+}
+
+/// Every member of `line` but `_aws`, and the directives' dimension sets with their metrics.
+fn shape(line: &Value) -> (Value, Vec<(Value, Vec<String>)>) {
+    let mut members = line.clone();
+    members.as_object_mut().unwrap().remove("_aws");
+    let directives = line["_aws"]["CloudWatchMetrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            assert_eq!(d["Namespace"], json!("StepFunctionsSemaphore"));
+            let names = d["Metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["Name"].as_str().unwrap().to_owned())
+                .collect();
+            (d["Dimensions"].clone(), names)
+        })
+        .collect();
+    (members, directives)
+}
+
+#[tokio::test]
+async fn each_acquire_and_release_writes_one_emf_line_with_its_outcome_and_the_lock_after_it() {
+    let sem = Semaphore::new(fresh_table().await);
+    let (hand_offs, kept) = hand_offs();
+
+    // Taken: weight 2 of 3, asked 200 ms before the function ran.
+    let started = sem.now_ms();
+    let asked = started - 200;
+    let answer = acquire(&sem, &hand_offs, payload(1, "a", 2, asked))
+        .await
+        .unwrap();
+    assert_eq!(answer["outcome"], json!("acquired"));
+    let acquired = line(&kept);
+    let stamp = acquired["_aws"]["Timestamp"].as_u64().unwrap();
+    assert!(stamp >= started && stamp <= sem.now_ms(), "{stamp}");
+    let waited = acquired["WaitTime"].as_u64().unwrap();
+    assert!(
+        waited >= 200 && waited <= stamp - asked,
+        "{waited} ms from asking to holding"
+    );
+    let (members, directives) = shape(&acquired);
+    assert_eq!(
+        members,
+        json!({"Lock": LOCK, "Outcome": "acquired", "Acquisitions": 1, "WeightUsed": 2,
+               "Limit": 3, "Waiting": 0, "WaitTime": waited})
+    );
+    assert_eq!(
+        directives,
+        [
+            (
+                json!([["Lock", "Outcome"]]),
+                vec!["Acquisitions".to_owned()]
+            ),
+            (
+                json!([["Lock"]]),
+                ["WeightUsed", "Limit", "Waiting", "WaitTime"]
+                    .map(str::to_owned)
+                    .to_vec()
+            )
+        ]
+    );
+
+    // The same acquisition again: already held, the lock as its refusal handed it back.
+    let now = sem.now_ms();
+    acquire(&sem, &hand_offs, payload(1, "a", 2, now))
+        .await
+        .unwrap();
+    let (members, _) = shape(&line(&kept));
+    assert_eq!(
+        members,
+        json!({"Lock": LOCK, "Outcome": "already_held", "Acquisitions": 1, "WeightUsed": 2,
+               "Limit": 3, "Waiting": 0})
+    );
+
+    // Weight 2 more does not fit: full.
+    let answer = acquire(&sem, &hand_offs, payload(2, "b", 2, now))
+        .await
+        .unwrap();
+    assert_eq!(answer["outcome"], json!("full"));
+    let (members, _) = shape(&line(&kept));
+    assert_eq!(
+        members,
+        json!({"Lock": LOCK, "Outcome": "full", "Acquisitions": 1, "WeightUsed": 2,
+               "Limit": 3, "Waiting": 0})
+    );
+
+    // Weight 1 fits, but at one start per 1000 s the rate is spent since the first start.
+    let mut rated = payload(3, "c", 1, now);
+    rated["rate"] = json!(0.001);
+    let answer = acquire(&sem, &hand_offs, rated).await.unwrap();
+    assert_eq!(answer["outcome"], json!("rate_limited"));
+    let (members, _) = shape(&line(&kept));
+    assert_eq!(
+        members,
+        json!({"Lock": LOCK, "Outcome": "rate_limited", "Acquisitions": 1, "WeightUsed": 2,
+               "Limit": 3, "Waiting": 0})
+    );
+
+    // Asked longer ago than the horizon: nothing sent, so nothing known of the lock.
+    let horizon_ms = u64::try_from(sem.timing().horizon.as_millis()).unwrap();
+    let answer = acquire(
+        &sem,
+        &hand_offs,
+        payload(4, "d", 1, now - horizon_ms - 1_000),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer["outcome"], json!("expired"));
+    let (members, _) = shape(&line(&kept));
+    assert_eq!(
+        members,
+        json!({"Lock": LOCK, "Outcome": "expired", "Acquisitions": 1})
+    );
+
+    // The release: how long the slot was held, and the lock after it.
+    let release = json!({"lock": LOCK, "holder": holder(1), "acquisition": "a", "weight": 2});
+    let resolver = lambda_release::resolver(&Settings::from_lookup(|_| None)).unwrap();
+    let answer = lambda_release::release(&sem, &resolver, &hand_offs, &release)
+        .await
+        .unwrap();
+    assert!(answer.released);
+    let released = line(&kept);
+    let held = released["TimeHeld"].as_u64().unwrap();
+    let released_at = released["_aws"]["Timestamp"].as_u64().unwrap();
+    assert!(held <= released_at - started, "held {held} ms");
+    let (members, directives) = shape(&released);
+    assert_eq!(
+        members,
+        json!({"Lock": LOCK, "TimeHeld": held, "WeightUsed": 0, "Limit": 3, "Waiting": 0})
+    );
+    assert_eq!(directives.len(), 1);
+    assert_eq!(directives[0].0, json!([["Lock"]]));
+    // A duplicate release frees nothing: no time held.
+    lambda_release::release(&sem, &resolver, &hand_offs, &release)
+        .await
+        .unwrap();
+    let (members, _) = shape(&line(&kept));
+    assert_eq!(
+        members,
+        json!({"Lock": LOCK, "WeightUsed": 0, "Limit": 3, "Waiting": 0})
+    );
+
+    // The released acquisition asks again: fenced for good (the named error), counted.
+    let err = acquire(&sem, &hand_offs, payload(1, "a", 2, sem.now_ms()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.error_type, "SemaphoreFenced");
+    let (members, _) = shape(&line(&kept));
+    assert_eq!(members["Outcome"], json!("fenced"));
+    assert_eq!(members["Acquisitions"], json!(1));
+}
