@@ -87,7 +87,19 @@ def stage(template, template_dir, s3, bucket):
     return binaries
 
 
+# CloudFormation's template size limits: 51,200 bytes passed inline, 1 MB from S3. template.yaml
+# is past the first (samconfig.toml's resolve_s3 has `sam deploy` upload it), so the translated
+# template must stay within the second; moto enforces neither.
+TEMPLATE_S3_MAX_BYTES = 1_000_000
+
+
 def create_stack(cfn, name, body, parameters):
+    size = len(json.dumps(body).encode())
+    if size > TEMPLATE_S3_MAX_BYTES:
+        raise DeployError(
+            f"the translated template is {size:,} bytes, over CloudFormation's "
+            f"{TEMPLATE_S3_MAX_BYTES:,} even from S3: split the stack"
+        )
     cfn.create_stack(
         StackName=name,
         TemplateBody=json.dumps(body),
