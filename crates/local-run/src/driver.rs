@@ -1,6 +1,6 @@
 //! What the two modes' runs do alike: the planned executions, the watchers (poller,
 //! event player, delaying proxy), the stopper, the settling and the report's common part. Each
-//! mode (`versioned`, `reference`) keeps only how its executions run and what it checks.
+//! mode (`versioned`, `sample`) keeps only how its executions run and what it checks.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;

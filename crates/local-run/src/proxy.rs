@@ -32,7 +32,7 @@ pub enum WriteKind {
     /// as a lock's first write, the `PutItem` of the item that write makes.
     Versioned,
     /// The original sample's: `UpdateItem` with `#h` naming the `holder:<execution>` attribute.
-    Reference,
+    Sample,
 }
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -360,8 +360,8 @@ fn acquire_write(kind: WriteKind, operation: Option<&str>, body: &[u8]) -> Optio
             } => Some(HeldWrite::of(&identity)),
             _ => None,
         },
-        WriteKind::Reference => {
-            let holder = local_aws::reference::acquiring(operation, body)?;
+        WriteKind::Sample => {
+            let holder = local_aws::sample::acquiring(operation, body)?;
             Some(HeldWrite {
                 slot: format!("holder:{holder}"),
                 holder,
@@ -459,7 +459,7 @@ mod tests {
         }
         // Only the protocol's own acquire operation counts.
         let body = update_body(&acquire(1_000));
-        assert_eq!(acquire_write(WriteKind::Reference, update, &body), None);
+        assert_eq!(acquire_write(WriteKind::Sample, update, &body), None);
         assert_eq!(
             acquire_write(WriteKind::Versioned, Some("GetItem"), &body),
             None
