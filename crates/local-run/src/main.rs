@@ -24,8 +24,9 @@ mod progress;
 mod proxy;
 mod report;
 mod sample;
+mod scenario;
+mod sfn;
 mod stack;
-mod versioned;
 mod work;
 
 use std::path::PathBuf;
@@ -415,7 +416,7 @@ async fn run(args: &Args, supervisor: &Supervisor) -> Result<report::Report, Str
         supervisor,
     };
     match args.protocol {
-        Protocol::Versioned => versioned::run(&setup).await,
+        Protocol::Versioned => scenario::run(&setup).await,
         Protocol::Sample => sample::run(&setup).await,
     }
 }

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aws_sdk_sfn::types::{ExecutionStatus, HistoryEventType};
+use aws_sdk_sfn::types::HistoryEventType;
 use serde_json::{json, Value};
 
 use crate::driver::{LockItems, Planned};
@@ -14,10 +14,11 @@ use crate::poller::{now_ms, PollStats};
 use crate::report::{
     short, HistoryProbeReport, RedriveGuardReport, StopParentReport, TransitionsReport, WorkReport,
 };
-use crate::stack::Machine;
-use crate::versioned::{
-    describe, history, list_executions, save_history, sfn_error, wait_ended, Sfn,
+use crate::sfn::{
+    describe, history, list_executions, save_history, sfn_error, start, states_entered, wait_ended,
+    Sfn,
 };
+use crate::stack::Machine;
 use crate::{LockSpec, Role};
 
 /// A child execution of the work machine, and the lock-protected execution that started it
@@ -51,32 +52,6 @@ pub async fn children(sfn: &Sfn, machine: &str) -> Result<Vec<Child>, String> {
     Ok(out)
 }
 
-/// The names of the states an execution entered, in order (one per state transition).
-pub async fn states_entered(sfn: &Sfn, arn: &str) -> Result<Vec<String>, String> {
-    let mut names = Vec::new();
-    let mut token = None;
-    loop {
-        let page = sfn
-            .get_execution_history()
-            .execution_arn(arn)
-            .max_results(1000)
-            .set_next_token(token)
-            .send()
-            .await
-            .map_err(|e| format!("GetExecutionHistory {arn}: {}", sfn_error(e)))?;
-        names.extend(
-            page.events()
-                .iter()
-                .filter_map(|e| e.state_entered_event_details())
-                .map(|d| d.name().to_owned()),
-        );
-        token = page.next_token().map(str::to_owned);
-        if token.is_none() {
-            return Ok(names);
-        }
-    }
-}
-
 /// The lock-protected machine's work state: the one that starts the child execution. Read from
 /// the definition, so that a renamed state is still found.
 pub fn work_state(protected: &Machine) -> Result<String, String> {
@@ -98,17 +73,6 @@ pub fn work_state(protected: &Machine) -> Result<String, String> {
                 protected.definition_uri
             )
         })
-}
-
-async fn start(sfn: &Sfn, machine: &str, name: &str, input: &Value) -> Result<String, String> {
-    sfn.start_execution()
-        .state_machine_arn(machine)
-        .name(name)
-        .input(input.to_string())
-        .send()
-        .await
-        .map(|s| s.execution_arn().to_owned())
-        .map_err(|e| format!("StartExecution {name}: {}", sfn_error(e)))
 }
 
 /// The history probe's execution input: about 200 KiB, the size of input the issue asks to
@@ -534,14 +498,6 @@ pub fn report(
         out.stopped_parents.push(line);
     }
     out
-}
-
-/// Whether any execution of `machine` is still running.
-pub async fn any_running(sfn: &Sfn, machine: &str) -> Result<bool, String> {
-    Ok(list_executions(sfn, machine)
-        .await?
-        .iter()
-        .any(|(_, _, s)| *s == ExecutionStatus::Running))
 }
 
 /// The stand-in for a user's Lambda function run as the work (WorkFunctionArns): the kit's
