@@ -357,25 +357,7 @@ pub async fn misconfigured_caller(
     )
     .await?;
     let outcome = wait_ended(sfn, &started, std::time::Duration::from_secs(120)).await?;
-    let lock_written = items
-        .ddb
-        .get_item()
-        .table_name(&items.table)
-        .key(
-            "lock",
-            aws_sdk_dynamodb::types::AttributeValue::S(lock.to_owned()),
-        )
-        .consistent_read(true)
-        .send()
-        .await
-        .map_err(|e| {
-            format!(
-                "GetItem {lock}: {}",
-                aws_sdk_dynamodb::error::DisplayErrorContext(e)
-            )
-        })?
-        .item
-        .is_some();
+    let lock_written = items.item(lock).await?.is_some();
     Ok(crate::report::MisconfiguredReport {
         ok: outcome.status == "FAILED"
             && outcome.error.as_deref() == Some("SemaphoreMisconfigured")
