@@ -5,6 +5,7 @@
 //! redrive guard's path, and counts the state transitions of one critical section.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use aws_sdk_sfn::types::HistoryEventType;
 use serde_json::{json, Value};
@@ -15,8 +16,8 @@ use crate::report::{
     short, HistoryProbeReport, RedriveGuardReport, StopParentReport, TransitionsReport, WorkReport,
 };
 use crate::sfn::{
-    describe, history, list_executions, save_history, sfn_error, start, states_entered, wait_ended,
-    Sfn,
+    describe, history, json_of, list_executions, save_history, sfn_error, start, states_entered,
+    wait_ended, Sfn,
 };
 use crate::stack::Machine;
 use crate::{LockSpec, Role};
@@ -37,11 +38,7 @@ pub async fn children(sfn: &Sfn, machine: &str) -> Result<Vec<Child>, String> {
     let mut out = Vec::new();
     for (arn, _, _) in list_executions(sfn, machine).await? {
         let (ended, outcome) = describe(sfn, &arn).await?;
-        let input: Value = ended
-            .input
-            .as_deref()
-            .and_then(|i| serde_json::from_str(i).ok())
-            .unwrap_or(Value::Null);
+        let input = json_of(ended.input.as_deref());
         out.push(Child {
             arn,
             parent: input["semaphore"]["holder"].as_str().map(str::to_owned),
@@ -103,23 +100,23 @@ pub async fn long_wait_with_a_big_input(
     .await?;
     // The waiter starts once the holder works, so that it waits for the whole work.
     let work_state = work_state(protected)?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !states_entered(sfn, &holder).await?.contains(&work_state) {
-        if std::time::Instant::now() > deadline {
+        if Instant::now() > deadline {
             return Err(format!(
                 "the history probe's holder {} did not reach its work in 60 s [history: {}]",
                 short(&holder),
                 save_history(sfn, &holder, dir).await
             ));
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let mut input = json!({"lock": lock, "limit": 1, "work_seconds": 0, "padding": ""});
     let padding = BIG_INPUT_BYTES.saturating_sub(input.to_string().len());
     input["padding"] = json!("x".repeat(padding));
     let input_bytes = input.to_string().len();
     let waiter = start(sfn, &protected.arn, "probe-history-waiter", &input).await?;
-    let within = std::time::Duration::from_secs(work_seconds + 120);
+    let within = Duration::from_secs(work_seconds + 120);
     let ended = wait_ended(sfn, &waiter, within).await?;
     let holder_ended = wait_ended(sfn, &holder, within).await?;
     if ended.status != "SUCCEEDED" || holder_ended.status != "SUCCEEDED" {
@@ -207,7 +204,7 @@ pub async fn count_transitions(
     dir: &std::path::Path,
 ) -> Result<TransitionsReport, String> {
     let arn = start(sfn, &protected.arn, "probe-transitions", &json!({})).await?;
-    let outcome = wait_ended(sfn, &arn, std::time::Duration::from_secs(120)).await?;
+    let outcome = wait_ended(sfn, &arn, Duration::from_secs(120)).await?;
     if outcome.status != "SUCCEEDED" {
         return Err(format!(
             "the transition probe {} ended {} {:?}: {:?} [history: {}]",
@@ -300,9 +297,9 @@ pub async fn redrive_guard(
     )
     .await?;
     let first = start(sfn, &work.arn, &child_name, &json!({"work_seconds": 0})).await?;
-    wait_ended(sfn, &first, std::time::Duration::from_secs(60)).await?;
+    wait_ended(sfn, &first, Duration::from_secs(60)).await?;
     let started = start(sfn, &protected.arn, name, &json!({})).await?;
-    let outcome = wait_ended(sfn, &started, std::time::Duration::from_secs(120)).await?;
+    let outcome = wait_ended(sfn, &started, Duration::from_secs(120)).await?;
     let entered = states_entered(sfn, &started).await?;
     let held_after = items
         .holders(default_lock)
@@ -356,7 +353,7 @@ pub async fn misconfigured_caller(
         &json!({"lock": lock, "limit": 1}),
     )
     .await?;
-    let outcome = wait_ended(sfn, &started, std::time::Duration::from_secs(120)).await?;
+    let outcome = wait_ended(sfn, &started, Duration::from_secs(120)).await?;
     let lock_written = items.item(lock).await?.is_some();
     Ok(crate::report::MisconfiguredReport {
         ok: outcome.status == "FAILED"
@@ -519,9 +516,9 @@ pub async fn stop_the_parent(
     let freed = {
         let (items, lock, parent) = (items.clone(), lock.to_owned(), parent.clone());
         tokio::spawn(async move {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+            let deadline = Instant::now() + Duration::from_secs(180);
             let mut held = false;
-            while std::time::Instant::now() < deadline {
+            while Instant::now() < deadline {
                 if let Ok(holders) = items.holders(&lock).await {
                     let answered_ms = now_ms();
                     let holds = holders.contains(&parent);
@@ -530,13 +527,13 @@ pub async fn stop_the_parent(
                     }
                     held |= holds;
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             None
         })
     };
     // Stop it once its child runs (for a Lambda, once the runner has had time to invoke it).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let child = loop {
         let found = children(sfn, &probe.child_machine.arn)
             .await?
@@ -545,12 +542,12 @@ pub async fn stop_the_parent(
         if let Some(child) = found {
             break child;
         }
-        if std::time::Instant::now() >= deadline {
+        if Instant::now() >= deadline {
             return Err(format!("{}: no child started within 60 s", probe.name));
         }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     sfn.stop_execution()
         .execution_arn(&parent)
         .error("LocalRun.StopTheParent")
@@ -558,7 +555,7 @@ pub async fn stop_the_parent(
         .await
         .map_err(|e| format!("StopExecution {}: {}", probe.name, sfn_error(e)))?;
     // The event is emitted once the execution has ended (ABORTED, with its stop date).
-    wait_ended(sfn, &parent, std::time::Duration::from_secs(30)).await?;
+    wait_ended(sfn, &parent, Duration::from_secs(30)).await?;
     let (ended, _) = describe(sfn, &parent).await?;
     let event = crate::events::status_change_event(
         &ended,
@@ -584,8 +581,8 @@ pub async fn stop_the_parent(
         })?
         .execution_arn()
         .to_owned();
-    let cleaned = wait_ended(sfn, &cleanup, std::time::Duration::from_secs(180)).await?;
-    let child_end = wait_ended(sfn, &child.arn, std::time::Duration::from_secs(60)).await?;
+    let cleaned = wait_ended(sfn, &cleanup, Duration::from_secs(180)).await?;
+    let child_end = wait_ended(sfn, &child.arn, Duration::from_secs(60)).await?;
     let (child_ended, _) = describe(sfn, &child.arn).await?;
     let freed_ms = freed.await.unwrap_or(None);
     let waits = {
@@ -637,12 +634,8 @@ pub async fn stop_the_parent(
 pub async fn run_test_runner(sfn: &Sfn, runner: &Machine) -> Result<(bool, String), String> {
     let input = json!({"executions": 4, "fail_every": 2, "work_seconds": 1});
     let arn = start(sfn, &runner.arn, "probe-test-runner", &input).await?;
-    let outcome = wait_ended(sfn, &arn, std::time::Duration::from_secs(180)).await?;
-    let output: Value = outcome
-        .output
-        .as_deref()
-        .and_then(|o| serde_json::from_str(o).ok())
-        .unwrap_or(Value::Null);
+    let outcome = wait_ended(sfn, &arn, Duration::from_secs(180)).await?;
+    let output = outcome.output_json();
     let ok = outcome.status == "SUCCEEDED"
         && output["succeeded"] == 2
         && output["failed"] == 2
@@ -678,12 +671,8 @@ pub async fn run_your_workflow_example(
     let mut tokens = BTreeSet::new();
     let mut ended = Vec::new();
     for arn in &arns {
-        let outcome = wait_ended(sfn, arn, std::time::Duration::from_secs(120)).await?;
-        let output: Value = outcome
-            .output
-            .as_deref()
-            .and_then(|o| serde_json::from_str(o).ok())
-            .unwrap_or(Value::Null);
+        let outcome = wait_ended(sfn, arn, Duration::from_secs(120)).await?;
+        let output = outcome.output_json();
         if let Some(token) = output["work"]["output"]["fencing_token"].as_u64() {
             tokens.insert(token);
         }

@@ -7,7 +7,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::driver::{LockItems, Setup};
@@ -253,12 +252,9 @@ async fn preflight(
         .await
         .map_err(sfn_error)?;
     let swept = wait_ended(sfn, sweep.execution_arn(), Duration::from_secs(120)).await?;
-    let summary: Option<Value> = swept
-        .output
-        .as_deref()
-        .and_then(|o| serde_json::from_str(o).ok());
+    let summary = swept.output_json();
     match &summary {
-        Some(s) if swept.status == "SUCCEEDED" && s.get("reclaimed").is_some() => {
+        s if swept.status == "SUCCEEDED" && s.get("reclaimed").is_some() => {
             eprintln!("    ok: a sweep succeeded with {s}");
         }
         _ => return Err(format!("the preflight sweep went wrong: {swept:?}; {hint}")),

@@ -79,11 +79,7 @@ pub(super) async fn gather(
             continue;
         };
         let was_stopped = stopped.contains_key(arn);
-        let output = o
-            .output
-            .as_deref()
-            .and_then(|s| serde_json::from_str::<Value>(s).ok())
-            .unwrap_or(Value::Null);
+        let output = o.output_json();
         let lock = &locks[e.lock].name;
         // A success must name the lock it was planned to take: the default taken from the
         // template, or the one its input named.
@@ -177,12 +173,7 @@ pub(super) async fn gather(
             continue;
         }
         let (_, o) = describe(sfn, &arn).await?;
-        let summary: Value = o
-            .output
-            .as_deref()
-            .and_then(|s| serde_json::from_str(s).ok())
-            .unwrap_or(Value::Null);
-        sweeper.reclaimed += summary["reclaimed"].as_u64().unwrap_or(0) as usize;
+        sweeper.reclaimed += o.output_json()["reclaimed"].as_u64().unwrap_or(0) as usize;
     }
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let notices = read_notices(&sqs, &deployed.notice_queue_url).await;
