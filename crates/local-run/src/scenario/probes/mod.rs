@@ -5,6 +5,11 @@
 
 use serde_json::json;
 
+mod examples;
+mod guards;
+mod history;
+mod stop_parent;
+
 use super::deploy::Stage;
 use crate::driver::Setup;
 use crate::progress::phase;
@@ -12,7 +17,7 @@ use crate::report::{
     HistoryProbeReport, MisconfiguredReport, RedriveGuardReport, StopParentReport,
     TransitionsReport,
 };
-use crate::work;
+use stop_parent::StopParent;
 
 /// Elements `"ab"` of the big-input probe's padding: 200,000 bytes of input (under
 /// StartExecution's 262,144), 280,000 once escaped into the status event's `input` text.
@@ -60,7 +65,7 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, Stri
         "probes: one uncontended critical section, the redrive guard, stopping the parent, the \
          test runner, your workflow",
     );
-    let transitions = work::count_transitions(sfn, protected, work_machine, dir).await?;
+    let transitions = examples::count_transitions(sfn, protected, work_machine, dir).await?;
     eprintln!(
         "    ok: one critical section entered {} states of {} and {} of {}",
         transitions.protected.len(),
@@ -69,14 +74,14 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, Stri
         work_machine.name
     );
     let redrive =
-        work::redrive_guard(sfn, endpoint, protected, work_machine, item, &locks[0].name).await?;
+        guards::redrive_guard(sfn, endpoint, protected, work_machine, item, &locks[0].name).await?;
     eprintln!(
         "    {}: an execution whose child name was taken ended {} {}",
         ok(redrive.ok),
         redrive.status,
         redrive.error.as_deref().unwrap_or("")
     );
-    let misconfigured = work::misconfigured_caller(sfn, protected, item).await?;
+    let misconfigured = guards::misconfigured_caller(sfn, protected, item).await?;
     eprintln!(
         "    {}: a machine the stack does not protect ended {} {}",
         ok(misconfigured.ok),
@@ -84,7 +89,8 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, Stri
         misconfigured.error.as_deref().unwrap_or("")
     );
     let history_probe =
-        work::long_wait_with_a_big_input(sfn, protected, args.queue_fallback_seconds, dir).await?;
+        history::long_wait_with_a_big_input(sfn, protected, args.queue_fallback_seconds, dir)
+            .await?;
     eprintln!(
         "    {}: an input of {} bytes waited through {} fallback checks ({:?} events each: {}) \
          and ended {}; {} events in all; task parameters, bytes: {:?}",
@@ -99,7 +105,7 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, Stri
     );
     let mut stop_probes = Vec::new();
     for probe in [
-        work::StopParent {
+        StopParent {
             protected,
             child_machine: work_machine,
             cleanup: cleanup_machine,
@@ -113,7 +119,7 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, Stri
         // #18 item 13: an input near the 256 KB limit, full of quotes as JSON inputs are. Its
         // status event carries it as escaped text, past the 256 KB StartExecution takes (the
         // local server enforces it): only the rule's input transformer gets it to the cleanup.
-        work::StopParent {
+        StopParent {
             protected,
             child_machine: work_machine,
             cleanup: cleanup_machine,
@@ -123,7 +129,7 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, Stri
             work: "state machine (a ~200 KB input)",
             expect_stopped: true,
         },
-        work::StopParent {
+        StopParent {
             protected,
             child_machine: runner_machine,
             cleanup: cleanup_machine,
@@ -134,7 +140,7 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, Stri
             expect_stopped: false,
         },
     ] {
-        let stopped = work::stop_the_parent(sfn, probe, item, &locks[0].name, stack).await?;
+        let stopped = stop_parent::stop_the_parent(sfn, probe, item, &locks[0].name, stack).await?;
         eprintln!(
             "    {}: {} work: its child ended {} {} ms after the stop, the slot freed {:?} ms \
              after the child ended (cleanup waited {} times)",
@@ -148,14 +154,14 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, Stri
         stop_probes.push(stopped);
     }
     let test_runner = deployed.machine("TestRunnerStateMachine")?;
-    let (test_runner_ok, test_runner_run) = work::run_test_runner(sfn, test_runner).await?;
+    let (test_runner_ok, test_runner_run) = examples::run_test_runner(sfn, test_runner).await?;
     eprintln!(
         "    {}: {}: {test_runner_run}",
         ok(test_runner_ok),
         test_runner.name
     );
     let example = deployed.machine("YourWorkflowExampleStateMachine")?;
-    let (example_ok, example_run) = work::run_your_workflow_example(sfn, example, item).await?;
+    let (example_ok, example_run) = examples::run_your_workflow_example(sfn, example, item).await?;
     eprintln!("    {}: {}: {example_run}", ok(example_ok), example.name);
     Ok(Probes {
         transitions,
