@@ -6,7 +6,7 @@
 use local_aws::names::{id, limit, lock};
 use local_aws::observe::observe;
 use local_aws::proxy::{HeldAnswer, HoldingProxy};
-use local_aws::reference::SampleProtocol;
+use local_aws::sample::Sample;
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
     AcquireOutcome, DynamoStore, FenceReason, HolderId, LockName, ReleaseOutcome, Semaphore,
@@ -140,11 +140,11 @@ async fn f1_the_put_creating_a_lock_for_its_first_acquire_delayed_past_cleanup_i
 async fn f1_the_same_race_leaks_a_slot_in_the_original_sample_protocol() {
     let store = fresh_table().await;
     let proxy = HoldingProxy::start(endpoint()).await;
-    let direct = SampleProtocol {
+    let direct = Sample {
         client: client_for(endpoint()),
         table: store.table().to_owned(),
     };
-    let delayed = SampleProtocol {
+    let delayed = Sample {
         client: client_for(&proxy.endpoint()),
         table: store.table().to_owned(),
     };
@@ -247,11 +247,11 @@ async fn f3_a_first_attempt_landing_after_its_retry_released_is_rejected() {
 async fn f3_the_same_late_retry_leaks_a_slot_in_the_original_sample_protocol() {
     let store = fresh_table().await;
     let proxy = HoldingProxy::start(endpoint()).await;
-    let direct = SampleProtocol {
+    let direct = Sample {
         client: client_for(endpoint()),
         table: store.table().to_owned(),
     };
-    let slow = SampleProtocol {
+    let slow = Sample {
         client: client_for(&proxy.endpoint()),
         table: store.table().to_owned(),
     };

@@ -77,7 +77,7 @@ pub struct Chart {
 }
 
 fn series() -> Vec<String> {
-    [Proto::Ours, Proto::Reference]
+    [Proto::Ours, Proto::Sample]
         .map(|p| p.label().to_owned())
         .to_vec()
 }
@@ -85,14 +85,14 @@ fn series() -> Vec<String> {
 fn series_index(proto: Proto) -> usize {
     match proto {
         Proto::Ours => 0,
-        Proto::Reference => 1,
+        Proto::Sample => 1,
     }
 }
 
 /// The table's row, short enough to stand under its bar.
 fn request_label(row: &RequestRow) -> String {
     match (row.proto, row.seconds_between_sections) {
-        (Proto::Reference, _) => "AWS sample".to_owned(),
+        (Proto::Sample, _) => "AWS sample".to_owned(),
         (Proto::Ours, Some(s)) => rate_label(Duration::from_secs_f64(s)),
         (Proto::Ours, None) if row.sections == 1 => "first on a new lock".to_owned(),
         (Proto::Ours, None) => "back to back".to_owned(),
@@ -347,7 +347,7 @@ mod tests {
             // Per protocol, its rows' bars in document order: panel after panel, its rows in
             // table order. Then, per panel, every bar as tall as its value on one scale.
             let mut panels: Vec<Vec<(f64, f64)>> = vec![Vec::new(); columns.len()];
-            for proto in [Proto::Ours, Proto::Reference] {
+            for proto in [Proto::Ours, Proto::Sample] {
                 let mut hs = heights(&svg, series_index(proto)).into_iter();
                 for (panel, col) in columns.iter().enumerate() {
                     for (v, _) in col.iter().zip(&protos).filter(|(_, p)| **p == proto) {

@@ -40,15 +40,16 @@ pub enum Proto {
     /// `Timing`, one write per call, no read. A `Semaphore` keeps nothing between calls, so one
     /// per contender is the same as one per call (a Lambda invocation, a `semctl` process).
     Ours,
-    /// The original AWS sample's protocol (`local_aws::reference::SampleProtocol`).
-    Reference,
+    /// The original AWS sample's protocol (`local_aws::sample::Sample`).
+    #[serde(alias = "reference")]
+    Sample,
 }
 
 impl Proto {
     pub fn label(self) -> &'static str {
         match self {
             Self::Ours => "ours (as the Lambdas)",
-            Self::Reference => "AWS sample (reference)",
+            Self::Sample => "AWS sample",
         }
     }
 }

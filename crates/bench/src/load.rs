@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use local_aws::counter::RequestCounter;
 use local_aws::observe::{least_spacing, most_in_window, raw_item};
-use local_aws::reference::SampleProtocol;
+use local_aws::sample::Sample;
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName, Rate,
     ReleaseOutcome, Semaphore, SystemClock, Terms, Weight,
@@ -216,7 +216,7 @@ impl Shared {
 
 enum Contender {
     Ours(Semaphore<CountedStore<DynamoStore>>),
-    Sample(SampleProtocol),
+    Sample(Sample),
 }
 
 enum Attempt {
@@ -374,12 +374,12 @@ pub async fn run(
         Proto::Ours => Contender::Ours(Semaphore::new(
             writes.store(DynamoStore::new(client.clone(), table)),
         )),
-        Proto::Reference => Contender::Sample(SampleProtocol {
+        Proto::Sample => Contender::Sample(Sample {
             client: client.clone(),
             table: table.to_owned(),
         }),
     };
-    if proto == Proto::Reference && variant != Variant::Plain {
+    if proto == Proto::Sample && variant != Variant::Plain {
         return Err("the sample's protocol has neither weights nor a start rate".to_owned());
     }
     let shared = Arc::new(Shared::new(variant.limit()));

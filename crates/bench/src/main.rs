@@ -150,15 +150,15 @@ struct LoadSummary {
     contenders: usize,
     runs: usize,
     throughput_per_s: f64,
-    throughput_vs_reference: f64,
+    throughput_vs_sample: f64,
     acquire_p50_ms: f64,
     acquire_p99_ms: f64,
     release_p50_ms: f64,
     release_p99_ms: f64,
     /// The median run's acquire p99 over the sample's.
-    acquire_p99_vs_reference: f64,
+    acquire_p99_vs_sample: f64,
     requests_per_section: f64,
-    requests_vs_reference: f64,
+    requests_vs_sample: f64,
     failed_writes_per_section: f64,
     full_answers_per_section: f64,
     rotations_per_section: f64,
@@ -297,7 +297,7 @@ async fn main() -> ExitCode {
                         f(r.update_item, 2),
                         f(r.rotations_per_section, 3),
                         f(r.failed_conditional_writes, 2),
-                        f(r.vs_reference, 2)
+                        f(r.vs_sample, 2)
                     );
                 }
                 println!();
@@ -308,14 +308,14 @@ async fn main() -> ExitCode {
                         measured: format!(
                             "{} = {}x back to back, {} failed; with rotations: {}",
                             f(r.requests_per_section, 2),
-                            f(r.vs_reference, 2),
+                            f(r.vs_sample, 2),
                             f(r.failed_conditional_writes, 2),
                             report
                                 .rows
                                 .iter()
                                 .filter_map(|r| r.seconds_between_sections.map(|s| format!(
                                     "{} at {}",
-                                    f(r.vs_reference, 2) + "x",
+                                    f(r.vs_sample, 2) + "x",
                                     requests::rate_label(Duration::from_secs_f64(s))
                                 )))
                                 .collect::<Vec<_>>()
@@ -325,7 +325,7 @@ async fn main() -> ExitCode {
                             .rows
                             .iter()
                             .filter(|r| r.proto == "ours")
-                            .all(|r| r.vs_reference <= 1.25 && r.failed_conditional_writes == 0.0),
+                            .all(|r| r.vs_sample <= 1.25 && r.failed_conditional_writes == 0.0),
                     });
                     let worst = report
                         .rows
@@ -376,7 +376,7 @@ async fn main() -> ExitCode {
                 (false, Regime::Saturated { .. }) => &[(1, 100), (8, 100), (50, 100)],
             }
         };
-        let protos = [Proto::Ours, Proto::Reference];
+        let protos = [Proto::Ours, Proto::Sample];
         let variants = [
             load::Variant::Weighted,
             load::Variant::RateLimited(cli.rate),
@@ -462,10 +462,10 @@ async fn main() -> ExitCode {
                 let med = |rs: &[&load::LoadRun], g: fn(&load::LoadRun) -> f64| {
                     median(&rs.iter().map(|r| g(r)).collect::<Vec<_>>()).unwrap_or(f64::NAN)
                 };
-                let reference = of(Proto::Reference);
-                let ref_tp = med(&reference, |r| r.throughput_per_s);
-                let ref_req = med(&reference, |r| r.requests_per_section);
-                let ref_p99 = med(&reference, |r| r.acquire_p99_ms);
+                let sample = of(Proto::Sample);
+                let ref_tp = med(&sample, |r| r.throughput_per_s);
+                let ref_req = med(&sample, |r| r.requests_per_section);
+                let ref_p99 = med(&sample, |r| r.acquire_p99_ms);
                 for proto in protos {
                     let rs = of(proto);
                     if rs.is_empty() {
@@ -480,14 +480,14 @@ async fn main() -> ExitCode {
                         contenders,
                         runs: rs.len(),
                         throughput_per_s: tp,
-                        throughput_vs_reference: ratio(tp, ref_tp),
+                        throughput_vs_sample: ratio(tp, ref_tp),
                         acquire_p50_ms: med(&rs, |r| r.acquire_p50_ms),
                         acquire_p99_ms: p99,
                         release_p50_ms: med(&rs, |r| r.release_p50_ms),
                         release_p99_ms: med(&rs, |r| r.release_p99_ms),
-                        acquire_p99_vs_reference: ratio(p99, ref_p99),
+                        acquire_p99_vs_sample: ratio(p99, ref_p99),
                         requests_per_section: req,
-                        requests_vs_reference: ratio(req, ref_req),
+                        requests_vs_sample: ratio(req, ref_req),
                         failed_writes_per_section: med(&rs, |r| r.failed_writes_per_section),
                         full_answers_per_section: med(&rs, |r| r.full_answers_per_section),
                         rotations_per_section: med(&rs, |r| r.rotations_per_section),
@@ -512,14 +512,14 @@ async fn main() -> ExitCode {
                     s.contenders,
                     s.proto.label(),
                     f(s.throughput_per_s, 1),
-                    f(s.throughput_vs_reference, 2),
+                    f(s.throughput_vs_sample, 2),
                     f(s.acquire_p50_ms, 1),
                     f(s.acquire_p99_ms, 1),
-                    f(s.acquire_p99_vs_reference, 2),
+                    f(s.acquire_p99_vs_sample, 2),
                     f(s.release_p50_ms, 1),
                     f(s.release_p99_ms, 1),
                     f(s.requests_per_section, 2),
-                    f(s.requests_vs_reference, 2),
+                    f(s.requests_vs_sample, 2),
                     f(s.failed_writes_per_section, 2),
                     f(s.full_answers_per_section, 2),
                     f(s.rotations_per_section, 3),
@@ -551,9 +551,9 @@ async fn main() -> ExitCode {
         targets.push(Target {
             target: "deployment-shaped throughput >= 0.95x the sample's at 1, 8 and 50 contenders"
                 .into(),
-            measured: listed(deployment.clone(), |s| s.throughput_vs_reference),
+            measured: listed(deployment.clone(), |s| s.throughput_vs_sample),
             met: !deployment.is_empty()
-                && deployment.iter().all(|s| s.throughput_vs_reference >= 0.95),
+                && deployment.iter().all(|s| s.throughput_vs_sample >= 0.95),
         });
         let contended: Vec<&LoadSummary> = deployment
             .iter()
@@ -563,9 +563,8 @@ async fn main() -> ExitCode {
         targets.push(Target {
             target: "deployment-shaped acquire p99 <= 2x the sample's at 8 and 50 contenders"
                 .into(),
-            measured: listed(contended.clone(), |s| s.acquire_p99_vs_reference),
-            met: !contended.is_empty()
-                && contended.iter().all(|s| s.acquire_p99_vs_reference <= 2.0),
+            measured: listed(contended.clone(), |s| s.acquire_p99_vs_sample),
+            met: !contended.is_empty() && contended.iter().all(|s| s.acquire_p99_vs_sample <= 2.0),
         });
         let saturated: Vec<&LoadSummary> = ours("saturated").filter(|s| s.contenders > 1).collect();
         let errors: u64 = summaries.iter().map(|s| s.contention_errors_total).sum();
@@ -574,10 +573,10 @@ async fn main() -> ExitCode {
                 .into(),
             measured: format!(
                 "{}; {errors} errors in all runs",
-                listed(saturated.clone(), |s| s.throughput_vs_reference)
+                listed(saturated.clone(), |s| s.throughput_vs_sample)
             ),
             met: !saturated.is_empty()
-                && saturated.iter().all(|s| s.throughput_vs_reference >= 0.8)
+                && saturated.iter().all(|s| s.throughput_vs_sample >= 0.8)
                 && errors == 0,
         });
         let mut variant_summaries = Vec::new();

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use local_aws::counter::{Counts, RequestCounter};
-use local_aws::reference::SampleProtocol;
+use local_aws::sample::Sample;
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName,
     ManualClock, ReleaseOutcome, Semaphore, SystemClock, Timing,
@@ -51,7 +51,7 @@ pub struct RequestRow {
     pub writes: WriteTally,
     #[serde(skip)]
     pub counts: Counts,
-    pub vs_reference: f64,
+    pub vs_sample: f64,
 }
 
 fn row(
@@ -81,7 +81,7 @@ fn row(
         requests_by_operation: counts.requests.clone(),
         counts,
         writes,
-        vs_reference: f64::NAN,
+        vs_sample: f64::NAN,
     }
 }
 
@@ -235,7 +235,7 @@ pub async fn run(
         rows.push(r);
     }
 
-    let sample = SampleProtocol {
+    let sample = Sample {
         client: counter.dynamodb_client(endpoint),
         table: table.to_owned(),
     };
@@ -253,21 +253,21 @@ pub async fn run(
         }
     }
     rows.push(row(
-        "AWS sample (reference)".to_owned(),
-        "reference",
+        "AWS sample".to_owned(),
+        "sample",
         None,
         sections,
         started.elapsed(),
         counter.take(),
         WriteTally::default(),
     ));
-    let reference = rows
+    let sample = rows
         .last()
         .map(|r| r.requests_per_section)
         .unwrap_or(f64::NAN);
     let mut first_section = first_section;
     for r in rows.iter_mut().chain(std::iter::once(&mut first_section)) {
-        r.vs_reference = crate::stats::ratio(r.requests_per_section, reference);
+        r.vs_sample = crate::stats::ratio(r.requests_per_section, sample);
     }
     Ok(Requests {
         rows,
@@ -315,7 +315,7 @@ pub fn check(requests: &Requests, problems: &mut Vec<String>) {
     for r in &requests.rows {
         let n = r.sections as u64;
         let c = &r.counts;
-        if r.proto == "reference" {
+        if r.proto == "sample" {
             if (c.get("DynamoDB.UpdateItem"), c.total(), c.total_failed()) != (2 * n, 2 * n, 0) {
                 problems.push(format!(
                     "requests: the sample must be exactly 2 UpdateItem per section: {c:?}"

@@ -1,13 +1,14 @@
 //! The local AWS for the tests, the local run and the bench: the local server (moto, patched and
 //! serialized by `local/moto_server.py`) started one way ([`server::LocalAws`]; the scripts call
-//! the `local-aws` binary), a proxy that holds or fails requests in flight, the original AWS
-//! sample's protocol as a reference, an independent reader of the raw table (the one decoder of
-//! raw items the invariant checks use), a stand-in Lambda Runtime API to run the built function
-//! binaries, an exact counter of the requests an SDK client sends, validated test inputs from
-//! literals, items as version 1 stored them, DynamoDB's JSON wire format, enough of the States
-//! Language to play a definition's states against the Lambda handlers, and real executions of
-//! the local server's Step Functions, parked in line on real task tokens (`sfn::park`). The
-//! `stand-in-work` binary is the Lambda function the local run runs as a user's work.
+//! the `local-aws` binary), a proxy that holds or fails requests in flight (and, in `refusal`,
+//! why an acquire write it held was refused), the original AWS sample's protocol (to show its
+//! leak), an independent reader of the raw table (the one decoder of raw items the invariant
+//! checks use), a stand-in Lambda Runtime API to run the built function binaries, an exact
+//! counter of the requests an SDK client sends, validated test inputs from literals, items as
+//! version 1 stored them, DynamoDB's JSON wire format, enough of the States Language to play a
+//! definition's states against the Lambda handlers, and real executions of the local server's
+//! Step Functions, parked in line on real task tokens (`sfn::park`). The `stand-in-work` binary
+//! is the Lambda function the local run runs as a user's work.
 
 pub mod asl;
 pub mod counter;
@@ -15,8 +16,9 @@ pub mod legacy;
 pub mod names;
 pub mod observe;
 pub mod proxy;
-pub mod reference;
+pub mod refusal;
 pub mod runtime_api;
+pub mod sample;
 pub mod server;
 pub mod sfn;
 pub mod wire;

@@ -1,6 +1,6 @@
 //! What the two modes' runs do alike: the planned executions, the watchers (poller,
 //! event player, delaying proxy), the stopper, the settling and the report's common part. Each
-//! mode (`versioned`, `reference`) keeps only how its executions run and what it checks.
+//! mode (`versioned`, `sample`) keeps only how its executions run and what it checks.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -20,6 +20,7 @@ use crate::proxy::DelayProxy;
 use crate::report::{LockReport, Report};
 use crate::stack::Stack;
 use crate::{plan_locks, plan_roles, plan_weights, Args, LockSpec, Role};
+use local_aws::observe::RawRecord;
 
 /// What a mode's run starts from.
 #[derive(Clone, Copy)]
@@ -102,19 +103,23 @@ pub struct LockItems {
 }
 
 impl LockItems {
-    /// Who holds a slot of `lock` now (a consistent read).
-    pub async fn holders(&self, lock: &str) -> Result<Vec<String>, String> {
-        let item = self
-            .ddb
+    /// The item of `lock` now, raw (a consistent read); `None` when it has none.
+    pub async fn item(&self, lock: &str) -> Result<Option<RawRecord>, String> {
+        self.ddb
             .get_item()
             .table_name(&self.table)
             .key("lock", AttributeValue::S(lock.to_owned()))
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| format!("GetItem {lock}: {}", ddb_error(e)))?;
+            .map(|answer| answer.item)
+            .map_err(|e| format!("GetItem {lock}: {}", ddb_error(e)))
+    }
+
+    /// Who holds a slot of `lock` now (a consistent read).
+    pub async fn holders(&self, lock: &str) -> Result<Vec<String>, String> {
+        let item = self.item(lock).await?;
         let (holders, _) = item
-            .item
             .as_ref()
             .map(|i| crate::poller::decode(self.layout, i))
             .unwrap_or_default();

@@ -220,9 +220,9 @@ pub enum Target {
         arn: String,
         transformer: Option<InputTransformer>,
     },
-    /// The reference mode: the original sample's cleanup, run directly.
-    Reference {
-        protocol: Arc<local_aws::reference::SampleProtocol>,
+    /// The sample mode: the original sample's cleanup, run directly.
+    Sample {
+        protocol: Arc<local_aws::sample::Sample>,
         lock: String,
     },
 }
@@ -243,7 +243,7 @@ impl Target {
                 .await
                 .map(|_| ())
                 .map_err(|e| aws_sdk_sfn::error::DisplayErrorContext(e).to_string()),
-            Target::Reference { protocol, lock } => {
+            Target::Sample { protocol, lock } => {
                 let holder = event["detail"]["executionArn"]
                     .as_str()
                     .ok_or("event without executionArn")?;

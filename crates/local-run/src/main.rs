@@ -11,7 +11,7 @@
 //! slot), and watches every lock with an independent poller. It ends with a report, per lock,
 //! and exits 1 if an invariant failed.
 //!
-//! `--protocol reference` is a test-only mode: the same chaos against the original AWS sample's
+//! `--protocol sample` is a test-only mode: the same chaos against the original AWS sample's
 //! protocol (no version, no fence, no sweeper), to show the leak the seed describes.
 
 mod driver;
@@ -22,10 +22,11 @@ mod poller;
 mod procs;
 mod progress;
 mod proxy;
-mod reference;
 mod report;
+mod sample;
+mod scenario;
+mod sfn;
 mod stack;
-mod versioned;
 mod work;
 
 use std::path::PathBuf;
@@ -42,14 +43,15 @@ pub enum Protocol {
     /// This project: versioned, fenced conditional writes, cleanup machine and sweeper.
     Versioned,
     /// TEST-ONLY: the original AWS sample's protocol, to show the leak it has.
-    Reference,
+    #[value(alias = "reference")]
+    Sample,
 }
 
 impl Protocol {
     pub fn name(self) -> &'static str {
         match self {
             Protocol::Versioned => "versioned",
-            Protocol::Reference => "reference",
+            Protocol::Sample => "sample",
         }
     }
 }
@@ -136,8 +138,9 @@ pub struct Args {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Which protocol to run. `reference` is a TEST-ONLY mode: the original sample's protocol,
-    /// run directly against the same local table and chaos, to show its leak.
+    /// Which protocol to run. `sample` (old name `reference`) is a TEST-ONLY mode: the original
+    /// AWS sample's protocol, run directly against the same local table and chaos, to show its
+    /// leak.
     #[arg(long, value_enum, default_value_t = Protocol::Versioned)]
     pub protocol: Protocol,
     /// Instances of the acquire function (Lambda concurrency).
@@ -282,8 +285,7 @@ impl Args {
             }
         }
         let locks = self.locks()?;
-        if self.protocol == Protocol::Reference && (!self.weights.is_empty() || self.rate.is_some())
-        {
+        if self.protocol == Protocol::Sample && (!self.weights.is_empty() || self.rate.is_some()) {
             return Err(
                 "--weights and --rate are this project's; the sample's protocol has \
                         neither"
@@ -414,8 +416,8 @@ async fn run(args: &Args, supervisor: &Supervisor) -> Result<report::Report, Str
         supervisor,
     };
     match args.protocol {
-        Protocol::Versioned => versioned::run(&setup).await,
-        Protocol::Reference => reference::run(&setup).await,
+        Protocol::Versioned => scenario::run(&setup).await,
+        Protocol::Sample => sample::run(&setup).await,
     }
 }
 
@@ -568,6 +570,11 @@ mod tests {
         // A weight that fits no limit of a lock is refused up front.
         let unfit = Args::parse_from(["local-run", "--weights", "3,4", "--locks", "a:5,b:2"]);
         assert!(unfit.validate().is_err());
+        // The sample's mode under its old name too, so that old commands still work.
+        for name in ["sample", "reference"] {
+            let args = Args::parse_from(["local-run", "--protocol", name]);
+            assert_eq!(args.protocol, Protocol::Sample);
+        }
         let calm = Args::parse_from(["local-run", "--calm"]);
         assert_eq!(calm.shares().1, 0.0);
         assert_eq!(calm.event_chaos().drop, 0.0);

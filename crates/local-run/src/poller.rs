@@ -21,7 +21,7 @@ pub enum Layout {
     /// `started_at`, the last start, and `spacing_ms`, the last acquisition's start rate.
     Versioned,
     /// The original sample's: `count` and one `holder:<execution>` attribute per holder.
-    Reference,
+    Sample,
 }
 
 /// What the poller saw of one lock.
@@ -123,8 +123,8 @@ pub fn read(layout: Layout, item: &RawRecord, limit: Option<u32>) -> Read {
                 problem: seen.problem(limit.map(u64::from)),
             }
         }
-        Layout::Reference => {
-            let (holders, problem) = local_aws::reference::read_item(item);
+        Layout::Sample => {
+            let (holders, problem) = local_aws::sample::read_item(item);
             Read {
                 weight_held: holders.len() as u64,
                 holders,

@@ -11,17 +11,16 @@
 //! rotated after the request's horizon), or otherwise (the lock was full, or the identity
 //! already held a slot).
 //!
-//! The forwarding itself is the kit's proxy (`local_aws::proxy`), and so is the recognition of
-//! the writes (ours, with the checks an acquire makes, and the sample's); this is its policy.
+//! The forwarding itself is the kit's proxy (`local_aws::proxy`), and so are the recognition of
+//! the writes and the reading of a refusal (`local_aws::refusal`); this is its policy.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use local_aws::proxy::{recognise, ForwardingProxy, Policy, ProtocolWrite, Verdict};
-use local_aws::wire;
-use semaphore_core::{FenceKey, Identity};
-use serde_json::{Map, Value};
+use local_aws::proxy::{ForwardingProxy, Policy, Verdict};
+use local_aws::refusal::{AcquireChecks, Refusal};
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 /// Which protocol's acquire write to recognise.
@@ -32,7 +31,7 @@ pub enum WriteKind {
     /// as a lock's first write, the `PutItem` of the item that write makes.
     Versioned,
     /// The original sample's: `UpdateItem` with `#h` naming the `holder:<execution>` attribute.
-    Reference,
+    Sample,
 }
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -70,66 +69,6 @@ impl ProxyStats {
     }
 }
 
-/// What a held acquire write asks for, as read from its request: enough to tell from the item a
-/// refusal hands back which of its checks failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct HeldWrite {
-    holder: String,
-    /// The holder-map key (ours) or the attribute (the sample's) the write would set.
-    slot: String,
-    /// Fence keys that refuse it: the execution's and the acquisition's. Empty for the sample's
-    /// protocol, and for a lock's first write (the put checks only that there is no item).
-    fences: Vec<FenceKey>,
-    /// The acquire's horizon: refused if the stored `rotated_at` is at or after it.
-    deadline_ms: Option<u64>,
-    /// The room under the limit its condition checks (`#used <= :vN`: the limit less its
-    /// weight); `None` for the sample's and for a lock's first write.
-    room: Option<u64>,
-}
-
-/// Why a refused held write was refused, checked in the order the acquire's answer names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
-    Fence,
-    Horizon,
-    Otherwise,
-}
-
-impl HeldWrite {
-    /// Which check failed on `item` (the item as it was when the write was refused), if this
-    /// write's checks fail there at all.
-    fn refusal(&self, item: &Map<String, Value>) -> Option<Refusal> {
-        let fenced = ["young", "old"].iter().any(|generation| {
-            item.get(*generation)
-                .and_then(wire::fence_keys)
-                .is_some_and(|keys| keys.iter().any(|key| self.fences.contains(key)))
-        });
-        if fenced {
-            return Some(Refusal::Fence);
-        }
-        let rotated_at = item.get("rotated_at").and_then(wire::number);
-        if let (Some(deadline), Some(rotated)) = (self.deadline_ms, rotated_at) {
-            if rotated >= u128::from(deadline) {
-                return Some(Refusal::Horizon);
-            }
-        }
-        // The sample's holders are attributes; ours are entries of the `holders` map.
-        let holders = item
-            .get("holders")
-            .and_then(|h| h.get("M"))
-            .and_then(Value::as_object);
-        let holding =
-            item.contains_key(&self.slot) || holders.is_some_and(|m| m.contains_key(&self.slot));
-        // Without the room (the sample's write, a put), any refusal left is "full or held".
-        // With a start rate, the last start may also have been too recent: no fence, no
-        // rotation, room left and not held, so the only check left is the rate's.
-        let used = item.get("used").and_then(wire::number).unwrap_or(0);
-        let full = self.room.is_none_or(|room| used > u128::from(room));
-        let rate_limited = item.contains_key("spacing_ms");
-        (holding || full || rate_limited).then_some(Refusal::Otherwise)
-    }
-}
-
 /// An execution whose next acquire write is to be held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
@@ -143,7 +82,7 @@ enum Target {
 /// A write being held, and when it was let go (its answer comes back just after).
 #[derive(Debug, Clone)]
 struct Pending {
-    write: HeldWrite,
+    write: AcquireChecks,
     long: bool,
     let_go_at: Instant,
 }
@@ -161,7 +100,7 @@ impl State {
     /// answer is for, so: among the writes already let go (else all), the one let go first
     /// whose checks `fit` the item handed back, else the one let go first. Writes held alike
     /// are let go in the order they came, so this is exact unless two are let go at once.
-    fn take(&mut self, fits: impl Fn(&HeldWrite) -> bool) -> Option<Pending> {
+    fn take(&mut self, fits: impl Fn(&AcquireChecks) -> bool) -> Option<Pending> {
         let now = Instant::now();
         let mut order: Vec<usize> = (0..self.pending.len())
             .filter(|&i| self.pending[i].let_go_at <= now)
@@ -190,7 +129,11 @@ struct DelayAcquireWrites {
 
 impl Policy for DelayAcquireWrites {
     fn decide(&self, operation: Option<&str>, body: &[u8]) -> Verdict {
-        let Some(write) = acquire_write(self.kind, operation, body) else {
+        let write = match self.kind {
+            WriteKind::Versioned => AcquireChecks::ours(operation, body),
+            WriteKind::Sample => AcquireChecks::sample(operation, body),
+        };
+        let Some(write) = write else {
             return Verdict::Forward;
         };
         let mut state = self.state.lock().expect("proxy lock");
@@ -338,209 +281,18 @@ impl DelayProxy {
     }
 }
 
-/// The acquire write this request is, if it is one: ours as the test harness recognises it,
-/// or the sample's.
-fn acquire_write(kind: WriteKind, operation: Option<&str>, body: &[u8]) -> Option<HeldWrite> {
-    match kind {
-        WriteKind::Versioned => match recognise(operation, body)? {
-            ProtocolWrite::Acquire {
-                identity,
-                fences,
-                deadline_ms,
-                room,
-            } => Some(HeldWrite {
-                fences,
-                deadline_ms,
-                room,
-                ..HeldWrite::of(&identity)
-            }),
-            // The first write has nothing to meet: no fence, no rotation, and it is alone.
-            ProtocolWrite::Create {
-                acquiring: Some(identity),
-            } => Some(HeldWrite::of(&identity)),
-            _ => None,
-        },
-        WriteKind::Reference => {
-            let holder = local_aws::reference::acquiring(operation, body)?;
-            Some(HeldWrite {
-                slot: format!("holder:{holder}"),
-                holder,
-                fences: Vec::new(),
-                deadline_ms: None,
-                room: None,
-            })
-        }
-    }
-}
-
-impl HeldWrite {
-    /// Ours, for `identity`, with no checks yet.
-    fn of(identity: &Identity) -> Self {
-        Self {
-            holder: identity.holder.to_string(),
-            slot: identity.slot_key(),
-            fences: Vec::new(),
-            deadline_ms: None,
-            room: None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use local_aws::wire::{attributes, put_body, update_body};
     use semaphore_core::protocol::{self, Timing};
-    use semaphore_core::{AcquisitionId, HolderId, Limit, LockName, SemaphoreItem};
+    use semaphore_core::SemaphoreItem;
+    use semaphore_core::{AcquisitionId, FenceKey, HolderId, Identity, Limit, LockName};
     use serde_json::json;
 
     use super::*;
 
-    const ARN: &str = "arn:aws:states:us-east-1:123456789012:execution:m:run-007";
-
-    fn identity() -> Identity {
-        Identity::new(
-            HolderId::new(ARN).unwrap(),
-            AcquisitionId::new("5f1c-uuid").unwrap(),
-        )
-    }
-
     fn lock() -> LockName {
         LockName::new("demo-lock").unwrap()
-    }
-
-    fn acquire(requested_at_ms: u64) -> semaphore_core::Write {
-        protocol::acquire(
-            &lock(),
-            &identity(),
-            semaphore_core::Run::FIRST,
-            Limit::new(2).unwrap(),
-            requested_at_ms,
-            requested_at_ms + 500,
-            &Timing::default(),
-        )
-        .unwrap()
-    }
-
-    /// How each write is read (its fences, horizon and limit) is the harness's recogniser's,
-    /// tested there; this is which of them are held, and what a held one keeps.
-    #[test]
-    fn holds_our_acquire_as_an_update_or_as_a_locks_first_write_and_nothing_else() {
-        let update = Some("UpdateItem");
-        let held = acquire_write(WriteKind::Versioned, update, &update_body(&acquire(1_000)))
-            .expect("the acquire write");
-        assert_eq!(
-            held,
-            HeldWrite {
-                holder: ARN.to_owned(),
-                slot: identity().slot_key(),
-                fences: vec![
-                    FenceKey::execution(&identity().holder, semaphore_core::Run::FIRST),
-                    FenceKey::acquisition(&identity())
-                ],
-                deadline_ms: Some(9_000),
-                room: Some(1),
-            },
-            "requested at 1 s, horizon 8 s"
-        );
-        // Release, cleanup and rotation set no holder entry.
-        let release = protocol::release(&lock(), &identity(), semaphore_core::Weight::ONE);
-        let cleanup =
-            protocol::cleanup_fence(&lock(), &identity().holder, semaphore_core::Run::FIRST);
-        let free = protocol::cleanup_free(&lock(), &[(identity(), semaphore_core::Weight::ONE)]);
-        let mut item = SemaphoreItem::empty(lock());
-        item.fences.young.insert(FenceKey::acquisition(&identity()));
-        let rotation = protocol::rotation(&item, 60_000, &Timing::default()).unwrap();
-        for write in [&release, &cleanup, &free, &rotation] {
-            assert_eq!(
-                acquire_write(WriteKind::Versioned, update, &update_body(write)),
-                None,
-                "{write:?}"
-            );
-        }
-        // Only the protocol's own acquire operation counts.
-        let body = update_body(&acquire(1_000));
-        assert_eq!(acquire_write(WriteKind::Reference, update, &body), None);
-        assert_eq!(
-            acquire_write(WriteKind::Versioned, Some("GetItem"), &body),
-            None
-        );
-        // As a lock's first write: the put of the item it makes, which checks nothing more.
-        let put = Some("PutItem");
-        let held = acquire_write(WriteKind::Versioned, put, &put_body(&acquire(1_000)));
-        assert_eq!(held, Some(HeldWrite::of(&identity())));
-        assert_eq!(held.unwrap().holder, ARN);
-        // The first write of a lock made by a release holds nobody.
-        assert_eq!(
-            acquire_write(
-                WriteKind::Versioned,
-                put,
-                &put_body(&protocol::release_unheld(&lock(), &identity()))
-            ),
-            None
-        );
-    }
-
-    /// The refusal's reason, from the item as the refusal hands it back.
-    fn refusal_on(edit: impl FnOnce(&mut SemaphoreItem)) -> Option<Refusal> {
-        let held = acquire_write(
-            WriteKind::Versioned,
-            Some("UpdateItem"),
-            &update_body(&acquire(1_000)),
-        )
-        .unwrap();
-        let mut item = SemaphoreItem::empty(lock());
-        edit(&mut item);
-        held.refusal(&attributes(&semaphore_core::dynamo::encode(&item)))
-    }
-
-    #[test]
-    fn tells_a_refusal_by_a_fence_from_one_by_the_horizon_and_from_a_full_lock() {
-        let holding = |token| semaphore_core::Holding {
-            token: semaphore_core::FencingToken(token),
-            acquired_at_ms: 5,
-            weight: semaphore_core::Weight::ONE,
-        };
-        let other =
-            |h: &str| Identity::new(HolderId::new(h).unwrap(), AcquisitionId::new("a").unwrap());
-        assert_eq!(refusal_on(|_| {}), None, "every check holds");
-        assert_eq!(
-            refusal_on(|i| {
-                i.fences.old.insert(FenceKey::execution(
-                    &identity().holder,
-                    semaphore_core::Run::FIRST,
-                ));
-                // A rotation past the horizon too: the fence is what the answer names first.
-                i.fences.rotated_at_ms = Some(9_000);
-            }),
-            Some(Refusal::Fence)
-        );
-        assert_eq!(
-            refusal_on(|i| {
-                i.fences.young.insert(FenceKey::acquisition(&identity()));
-            }),
-            Some(Refusal::Fence)
-        );
-        assert_eq!(
-            refusal_on(|i| i.fences.rotated_at_ms = Some(9_000)),
-            Some(Refusal::Horizon)
-        );
-        assert_eq!(refusal_on(|i| i.fences.rotated_at_ms = Some(8_999)), None);
-        assert_eq!(
-            refusal_on(|i| {
-                i.holders.insert(other("x"), holding(1));
-                i.holders.insert(other("y"), holding(2));
-                i.used = 2;
-            }),
-            Some(Refusal::Otherwise),
-            "full"
-        );
-        assert_eq!(
-            refusal_on(|i| {
-                i.holders.insert(identity(), holding(1));
-            }),
-            Some(Refusal::Otherwise),
-            "already held"
-        );
     }
 
     fn policy(hold_for: Duration, long_hold_for: Duration) -> DelayAcquireWrites {

@@ -275,7 +275,7 @@ pub struct Check {
 
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
-    /// "versioned" (this project) or "reference" (the original sample's protocol; test-only).
+    /// "versioned" (this project) or "sample" (the original sample's protocol; test-only).
     pub protocol: String,
     pub seed: u64,
     /// Per lock; the first is the template's default lock.
@@ -337,8 +337,8 @@ impl Report {
         let mut line = |label: &str, text: String| {
             out.push_str(&format!("  {label:<18}{text}\n"));
         };
-        let title = if self.protocol == "reference" {
-            "the ORIGINAL SAMPLE's protocol (reference mode, test-only)"
+        let title = if self.protocol == "sample" {
+            "the ORIGINAL SAMPLE's protocol (sample mode, test-only)"
         } else {
             "this project's versioned, fenced semaphore"
         };
@@ -497,7 +497,7 @@ impl Report {
             }
         }
         let d = &self.delayed_acquire_writes;
-        let fates = if self.protocol == "reference" {
+        let fates = if self.protocol == "sample" {
             // The sample has no fences: its write is refused only by "full" or "held".
             format!("{} refused (full or already held)", d.refused())
         } else {
@@ -533,7 +533,7 @@ impl Report {
         for write in d.writes.iter().take(10) {
             line("", write.clone());
         }
-        if self.protocol != "reference" {
+        if self.protocol != "sample" {
             line(
                 "acquire answers",
                 format!(

@@ -1,6 +1,6 @@
 //! The local run end to end: the README's first command, short, with chaos on, two locks with
 //! their own limits, weighted permits and a start rate, and the demo work as each execution's
-//! child; and the same chaos against the original sample's protocol (the reference mode), which
+//! child; and the same chaos against the original sample's protocol (the sample mode), which
 //! must leak, so that the check is shown able to fail.
 //!
 //! They need the local AWS tools (.venv with the pinned moto and cargo-lambda) and take a minute
@@ -260,10 +260,10 @@ fn the_same_race_leaks_slots_in_the_original_sample_protocol() {
     // The same held writes; every status event delivered on time (some twice), so the cleanup
     // always runs before the write lands: the leak is the seed race alone (F1).
     let (code, report) = local_run(
-        "reference",
+        "sample",
         &[
             "--protocol",
-            "reference",
+            "sample",
             "--executions",
             "20",
             "--locks",
@@ -286,7 +286,7 @@ fn the_same_race_leaks_slots_in_the_original_sample_protocol() {
             "0",
         ],
     );
-    assert_eq!(code, 1, "the reference run must fail its check: {report:#}");
+    assert_eq!(code, 1, "the sample run must fail its check: {report:#}");
     assert_eq!(report["ok"], false);
     let s2 = report["checks"]
         .as_array()

@@ -1,7 +1,7 @@
-//! TEST-ONLY reference mode: the original AWS sample's protocol under the same chaos, to show
+//! TEST-ONLY sample mode: the original AWS sample's protocol under the same chaos, to show
 //! that the run really catches the leak the seed describes.
 //!
-//! The sample's protocol (`crates/local-aws/src/reference.rs`: a counter plus one `holder:<execution>`
+//! The sample's protocol (`crates/local-aws/src/sample.rs`: a counter plus one `holder:<execution>`
 //! attribute, a conditional `UpdateItem` to acquire, a decrement to release, a read-then-release
 //! cleanup) runs directly from here against the same local table, through the same delaying
 //! proxy, with the same stops and the same imperfect status events; there is no sweeper, as in
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use local_aws::reference::SampleProtocol;
+use local_aws::sample::Sample;
 use local_aws::server::sdk_config_for;
 use tokio::sync::mpsc;
 
@@ -27,7 +27,7 @@ use crate::report::{ExecutionCounts, Report};
 use crate::stack::{Deployed, Stack};
 use crate::Role;
 
-/// How long a reference execution waits for a slot before it gives up (the sample has no cap;
+/// How long a sample execution waits for a slot before it gives up (the sample has no cap;
 /// a run has to end).
 const WAIT_CAP: Duration = Duration::from_secs(30);
 
@@ -67,8 +67,8 @@ impl Execution {
 #[allow(clippy::too_many_arguments)]
 async fn execute(
     e: Arc<Execution>,
-    acquirer: Arc<SampleProtocol>,
-    direct: Arc<SampleProtocol>,
+    acquirer: Arc<Sample>,
+    direct: Arc<Sample>,
     lock: String,
     limit: i64,
     work: Duration,
@@ -127,7 +127,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let lock = spec.name.clone();
     let limit = i64::from(spec.limit);
     let (proxy, held_rx) =
-        DelayProxy::start(&endpoint, WriteKind::Reference, args.hold_for(), None).await?;
+        DelayProxy::start(&endpoint, WriteKind::Sample, args.hold_for(), None).await?;
     eprintln!(
         "    moto server    {endpoint}; delay proxy {}",
         proxy.endpoint()
@@ -136,17 +136,17 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let sdk = sdk_config_for(&endpoint, &stack.region);
     let ddb = aws_sdk_dynamodb::Client::new(&sdk);
     let table = deployed.table("SemaphoreTable")?.to_owned();
-    let direct = Arc::new(SampleProtocol {
+    let direct = Arc::new(Sample {
         client: ddb.clone(),
         table: table.clone(),
     });
-    let acquirer = Arc::new(SampleProtocol {
+    let acquirer = Arc::new(Sample {
         client: aws_sdk_dynamodb::Client::new(&sdk_config_for(&proxy.endpoint(), &stack.region)),
         table: table.clone(),
     });
     direct.init(&lock).await;
 
-    let machine = format!("{}-reference-lock-protected", stack.name);
+    let machine = format!("{}-sample-lock-protected", stack.name);
     let specs = vec![spec];
     let planned = driver::plan_executions(setup, &stack, &machine, &specs, &proxy);
     let n = planned.len();
@@ -171,9 +171,9 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         ddb,
         table,
         locks: specs.clone(),
-        layout: Layout::Reference,
+        layout: Layout::Sample,
     };
-    let target = Target::Reference {
+    let target = Target::Sample {
         protocol: direct.clone(),
         lock: lock.clone(),
     };

@@ -1,5 +1,5 @@
 //! The original AWS sample's protocol ("control concurrency with DynamoDB", 2021), implemented
-//! here only as a reference so that the race tests can show they catch the leak it has.
+//! here only so that the race tests can show they catch the leak it has.
 //!
 //! One item per lock: a counter plus one attribute per holding execution. Acquire is one
 //! `UpdateItem` conditioned on "count below limit and not yet a holder"; release decrements if
@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::Client;
 
 use crate::observe::RawRecord;
 
-pub struct SampleProtocol {
+pub struct Sample {
     pub client: Client,
     pub table: String,
 }
@@ -25,7 +25,7 @@ fn n(v: i64) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
-impl SampleProtocol {
+impl Sample {
     fn holder_attr(holder: &str) -> String {
         format!("holder:{holder}")
     }
@@ -102,7 +102,7 @@ impl SampleProtocol {
 }
 
 /// The holding execution an acquire of the sample's sets, if this request (`operation` as in
-/// `X-Amz-Target`, its JSON `body`) is one: the `UpdateItem` of [`SampleProtocol::acquire`],
+/// `X-Amz-Target`, its JSON `body`) is one: the `UpdateItem` of [`Sample::acquire`],
 /// which adds one to the count and names the `holder:<execution>` attribute `#h`.
 pub fn acquiring(operation: Option<&str>, body: &[u8]) -> Option<String> {
     (operation? == "UpdateItem").then_some(())?;
@@ -138,7 +138,7 @@ fn conditional<T>(result: Result<T, SdkError<UpdateItemError>>) -> bool {
             false
         }
         Err(e) => panic!(
-            "reference UpdateItem failed: {}",
+            "sample UpdateItem failed: {}",
             aws_sdk_dynamodb::error::DisplayErrorContext(e)
         ),
     }

@@ -1,0 +1,274 @@
+//! Step 1: the local AWS, the stack deployed from template.yaml, our Lambda binaries behind the
+//! emulator (the acquire function's writes through the delaying proxy), and a preflight that
+//! answers and errors come back through the bridge as Step Functions expects.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::driver::{LockItems, Setup};
+use crate::emulator;
+use crate::poller::Layout;
+use crate::progress::phase;
+use crate::proxy::{DelayProxy, WriteKind};
+use crate::report::short;
+use crate::sfn::{sfn_error, wait_ended, Sfn};
+use crate::stack::{Deployed, Machine, Stack};
+use crate::{work, LockSpec};
+use local_aws::server::sdk_config_for;
+
+/// The deployed stack and the clients the later steps use.
+pub(super) struct Stage {
+    pub stack: Stack,
+    pub locks: Vec<LockSpec>,
+    /// A Lambda function of the user's, allowed as work: served from this process.
+    pub work_function: String,
+    pub endpoint: String,
+    pub deployed: Deployed,
+    pub protected: Machine,
+    /// The work the executions run: the template's default work (the acquire function's
+    /// DEFAULT_WORK), the demo work.
+    pub work_machine: Machine,
+    /// The machine that runs a Lambda function as the work.
+    pub runner_machine: Machine,
+    pub cleanup_machine: Machine,
+    pub sweeper_machine: Machine,
+    pub timing: (u64, u64),
+    pub proxy: Arc<DelayProxy>,
+    pub sdk: aws_config::SdkConfig,
+    pub sfn: Sfn,
+    /// The lock items, read raw.
+    pub item: LockItems,
+}
+
+/// Deploys the stack and starts its functions; the receiver of the executions whose acquire
+/// write the proxy holds.
+pub(super) async fn deploy(
+    setup: &Setup<'_>,
+) -> Result<(Stage, mpsc::UnboundedReceiver<String>), String> {
+    let (args, root, dir) = (setup.args, setup.root, setup.dir);
+    let stack = Stack::default();
+    let locks = args.locks()?;
+    // The first lock is the template's default: its executions name no lock and no limit, so
+    // the acquire function's defaults (DEFAULT_LOCK, DEFAULT_LIMIT) are what they take.
+    let work_function = format!(
+        "arn:{}:lambda:{}:{}:function:{}",
+        stack.partition,
+        stack.region,
+        stack.account,
+        work::WORK_FUNCTION
+    );
+    let overrides = BTreeMap::from([
+        ("LockName".to_owned(), locks[0].name.clone()),
+        ("ConcurrencyLimit".to_owned(), locks[0].limit.to_string()),
+        ("WorkFunctionArns".to_owned(), work_function.clone()),
+        (
+            "QueueFallbackSeconds".to_owned(),
+            args.queue_fallback_seconds.to_string(),
+        ),
+        // No execution waits longer than the run: with a day's wait the acquire function would
+        // lengthen a short fallback to keep a day of checks within the history quota.
+        ("MaxWaitSeconds".to_owned(), args.timeout.to_string()),
+    ]);
+    phase("starting the local AWS on 127.0.0.1");
+    let python = args
+        .python
+        .clone()
+        .unwrap_or_else(|| root.join(".venv/bin/python"));
+    let cargo_lambda = args
+        .cargo_lambda
+        .clone()
+        .unwrap_or_else(|| root.join(".venv/bin/cargo-lambda"));
+    let emulator_port = emulator::free_port()?;
+    let emulator = format!("http://127.0.0.1:{emulator_port}");
+    let endpoint = setup
+        .supervisor
+        .start_server(&python, dir, Some(&emulator))?;
+    eprintln!("    moto server    {endpoint} (serialized; Step Functions execution mode on; Lambda invokes -> {emulator})");
+
+    phase("deploying template.yaml: the SAM transform, then moto's CloudFormation");
+    let deployed = Deployed::deploy(&python, root, &endpoint, &stack, &overrides)?;
+    for (logical_id, table) in &deployed.tables {
+        eprintln!("    table          {table} ({logical_id})");
+    }
+    for topic in &deployed.topics {
+        eprintln!(
+            "    topic          {} -> SQS (the notices read back)",
+            short(topic)
+        );
+    }
+    for machine in &deployed.machines {
+        eprintln!(
+            "    state machine  {} ({})",
+            machine.name, machine.definition_uri
+        );
+    }
+    for skipped in &deployed.skipped {
+        eprintln!(
+            "    not emulated   {} ({})",
+            skipped.logical_id, skipped.kind
+        );
+    }
+    let protected = deployed.machine("LockProtectedStateMachine")?.clone();
+    let work_machine = deployed.machine_named_by("DEFAULT_WORK")?.clone();
+    let runner_machine = deployed.machine_named_by("WORK_FUNCTION_RUNNER")?.clone();
+    let cleanup_machine = deployed.rule_target()?.clone();
+    let sweeper_machine = deployed.scheduled()?.clone();
+    let timing = deployed.timing_seconds()?;
+
+    let mut binaries: Vec<&str> = deployed
+        .functions
+        .iter()
+        .map(|f| f.binary.as_str())
+        .collect();
+    binaries.push(work::WORK_FUNCTION);
+    if !args.no_build {
+        phase(&format!("cargo build --bin {}", binaries.join(" --bin ")));
+        emulator::build_functions(root, dir, &binaries)?;
+    }
+    emulator::start_emulator(setup.supervisor, &cargo_lambda, root, dir, emulator_port)?;
+    eprintln!("    Lambda API     {emulator} (cargo lambda watch --only-lambda-apis)");
+    eprintln!(
+        "    function       {} x2 (Lambda work, the kit's stand-in)",
+        work::WORK_FUNCTION
+    );
+    let (proxy, held_rx) = DelayProxy::start(
+        &endpoint,
+        WriteKind::Versioned,
+        args.hold_for(),
+        args.long_hold_for(),
+    )
+    .await?;
+    eprintln!(
+        "    delay proxy    {} (acquire Lambda -> DynamoDB)",
+        proxy.endpoint()
+    );
+    let binary_dir = local_aws::server::target_dir(root).join("debug");
+    emulator::start_work_function(
+        setup.supervisor,
+        &binary_dir,
+        dir,
+        emulator_port,
+        &stack.region,
+    )?;
+    for function in &deployed.functions {
+        let (instances, via) = match function.binary.as_str() {
+            "acquire" => (args.acquire_instances, proxy.endpoint()),
+            "release" => (4, endpoint.clone()),
+            _ => (2, endpoint.clone()),
+        };
+        emulator::start_functions(
+            setup.supervisor,
+            &binary_dir,
+            dir,
+            function,
+            instances,
+            emulator_port,
+            &via,
+            &stack.region,
+        )?;
+        eprintln!(
+            "    function       {} x{instances} ({}, AWS_ENDPOINT_URL {via})",
+            function.name, function.binary
+        );
+    }
+    let sdk = sdk_config_for(&endpoint, &stack.region);
+    let sfn = Sfn::new(&sdk);
+
+    phase(
+        "preflight: Step Functions -> Lambda bridge -> emulator -> our Lambdas, answers and errors",
+    );
+    preflight(
+        &sfn,
+        &sweeper_machine.arn,
+        &deployed.schedule.input,
+        &cleanup_machine.arn,
+        dir,
+    )
+    .await?;
+
+    let item = LockItems {
+        ddb: aws_sdk_dynamodb::Client::new(&sdk),
+        table: deployed.table("SemaphoreTable")?.to_owned(),
+        locks: locks.clone(),
+        layout: Layout::Versioned,
+    };
+    Ok((
+        Stage {
+            stack,
+            locks,
+            work_function,
+            endpoint,
+            protected,
+            work_machine,
+            runner_machine,
+            cleanup_machine,
+            sweeper_machine,
+            timing,
+            proxy,
+            sfn,
+            item,
+            sdk,
+            deployed,
+        },
+        held_rx,
+    ))
+}
+
+/// Checks, through the real machines, that a Lambda's answer and a Lambda's named error both
+/// come back through the bridge as Step Functions expects: a sweep must succeed with the
+/// sweeper's summary, and a cleanup of a non-event must fail with `SemaphoreInvalidInput` (its
+/// Retry excludes that error). Either going wrong means the moto pin and the bridge disagree.
+async fn preflight(
+    sfn: &Sfn,
+    sweeper: &str,
+    sweep_input: &str,
+    cleanup: &str,
+    dir: &Path,
+) -> Result<(), String> {
+    let hint = format!(
+        "moto's Step Functions execution mode and local/moto_server.py's Lambda bridge are \
+         written for the moto pinned in local/requirements.txt; see {}/moto-*.log and the \
+         lambda-*.log files there",
+        dir.display()
+    );
+    let sweep = sfn
+        .start_execution()
+        .state_machine_arn(sweeper)
+        .name("preflight")
+        .input(sweep_input)
+        .send()
+        .await
+        .map_err(sfn_error)?;
+    let bad = sfn
+        .start_execution()
+        .state_machine_arn(cleanup)
+        .name("preflight")
+        .input(r#"{"not": "an event"}"#)
+        .send()
+        .await
+        .map_err(sfn_error)?;
+    let swept = wait_ended(sfn, sweep.execution_arn(), Duration::from_secs(120)).await?;
+    let summary = swept.output_json();
+    match &summary {
+        s if swept.status == "SUCCEEDED" && s.get("reclaimed").is_some() => {
+            eprintln!("    ok: a sweep succeeded with {s}");
+        }
+        _ => return Err(format!("the preflight sweep went wrong: {swept:?}; {hint}")),
+    }
+    let refused = wait_ended(sfn, bad.execution_arn(), Duration::from_secs(120)).await?;
+    if refused.status == "FAILED" && refused.error.as_deref() == Some("SemaphoreInvalidInput") {
+        eprintln!(
+            "    ok: a cleanup of a non-event failed with SemaphoreInvalidInput, not retried"
+        );
+        Ok(())
+    } else {
+        Err(format!(
+            "the preflight cleanup of a non-event should fail with SemaphoreInvalidInput: \
+             {refused:?}; {hint}"
+        ))
+    }
+}

@@ -1,0 +1,358 @@
+//! Step 3: the run's executions, started in the background on the lock-protected machine,
+//! with the chaos around them: status events played to the cleanup machine (dropped,
+//! duplicated, late), executions stopped mid-acquire (their write held by the proxy) and
+//! mid-work, the sweeper's schedule compressed; a live view, and a watch until every one ended.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_sfn::types::ExecutionStatus;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::deploy::Stage;
+use crate::driver::{self, Planned, Setup, Watch};
+use crate::events::Target;
+use crate::progress::{phase, Progress};
+use crate::sfn::{describe, list_executions, sfn_error, Outcome};
+use crate::Role;
+
+/// The executions as they ended, and what the steps after them go on with.
+pub(super) struct Ran {
+    pub executions: Vec<Planned>,
+    pub watch: Watch,
+    pub progress: Progress,
+    pub outcomes: BTreeMap<String, Outcome>,
+    /// The executions the run stopped, and why.
+    pub stopped: Arc<Mutex<BTreeMap<String, Role>>>,
+    /// Cleared to end the compressed schedule.
+    pub sweeping: Arc<AtomicBool>,
+    pub timed_out: bool,
+    pub holders_when_all_ended: BTreeMap<String, usize>,
+}
+
+pub(super) async fn run(
+    setup: &Setup<'_>,
+    stage: &Stage,
+    held_rx: mpsc::UnboundedReceiver<String>,
+) -> Result<Ran, String> {
+    let Stage {
+        stack,
+        locks,
+        deployed,
+        protected,
+        work_machine,
+        cleanup_machine,
+        sweeper_machine,
+        proxy,
+        sfn,
+        item,
+        ..
+    } = stage;
+    let (args, seed) = (setup.args, setup.seed);
+    let (rule, schedule) = (&deployed.rule, &deployed.schedule);
+    // The run's plan.
+    let executions = driver::plan_executions(setup, stack, &protected.name, locks, proxy);
+    let n = executions.len();
+    let planned_arns: BTreeSet<String> = executions.iter().map(|e| e.arn.clone()).collect();
+    let target = Target::StateMachine {
+        client: sfn.clone(),
+        arn: cleanup_machine.arn.clone(),
+        transformer: rule.transformer.clone(),
+    };
+    let pattern = Some(rule.pattern.clone());
+    let (watch, ended_tx) =
+        Watch::start(setup, stack, item.clone(), proxy.clone(), pattern, target);
+
+    // A stop is a StopExecution, as an operator's would be.
+    let stopped: Arc<Mutex<BTreeMap<String, Role>>> = Arc::default();
+    {
+        let (sfn, stopped) = (sfn.clone(), stopped.clone());
+        let role_of = executions.iter().map(|e| (e.arn.clone(), e.role)).collect();
+        watch.spawn_stopper(held_rx, role_of, seed, move |arn, role, delay| {
+            if stopped
+                .lock()
+                .expect("stopped")
+                .insert(arn.clone(), role)
+                .is_some()
+            {
+                return;
+            }
+            let sfn = sfn.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Err(e) = sfn
+                    .stop_execution()
+                    .execution_arn(&arn)
+                    .error("LocalRun.Chaos")
+                    .cause(format!("{role:?}"))
+                    .send()
+                    .await
+                {
+                    eprintln!("StopExecution {arn}: {}", sfn_error(e));
+                }
+            });
+        });
+    }
+
+    // The schedule, compressed.
+    let sweep_every = Duration::from_secs_f64(args.sweep_every);
+    let sweeping = Arc::new(AtomicBool::new(true));
+    {
+        let (sfn, sweeping, arn, input) = (
+            sfn.clone(),
+            sweeping.clone(),
+            sweeper_machine.arn.clone(),
+            schedule.input.clone(),
+        );
+        tokio::spawn(async move {
+            let mut n = 0u32;
+            loop {
+                tokio::time::sleep(sweep_every).await;
+                if !sweeping.load(SeqCst) {
+                    break;
+                }
+                n += 1;
+                let _ = sfn
+                    .start_execution()
+                    .state_machine_arn(&arn)
+                    .name(format!("sweep-{n:04}"))
+                    .input(&input)
+                    .send()
+                    .await;
+            }
+        });
+    }
+
+    let planned = |role| executions.iter().filter(|e| e.role == role).count();
+    let spread: Vec<String> = locks
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let on = executions.iter().filter(|e| e.lock == i).count();
+            format!("{on} on {} (limit {})", l.name, l.limit)
+        })
+        .collect();
+    let mut asked = Vec::new();
+    if !args.weights.is_empty() {
+        asked.push(format!("weights drawn from {:?}", args.weights));
+    }
+    if let Some(rate) = args.rate {
+        asked.push(format!("at most {rate} starts/s"));
+    }
+    let terms = if asked.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", asked.join(", "))
+    };
+    phase(&format!(
+        "starting {n} executions of {} ({}{terms}; {} as work, {} s each; {} fail, {} stopped \
+         mid-acquire, {} stopped mid-work)",
+        protected.name,
+        spread.join(", "),
+        work_machine.name,
+        args.work_seconds,
+        planned(Role::Fail),
+        planned(Role::StopMidAcquire),
+        planned(Role::StopMidWork),
+    ));
+    // Started in the background, so that the watcher below plays each status event as soon as
+    // its execution ends (starting 100 executions on moto takes several seconds).
+    let started = Arc::new(AtomicUsize::new(0));
+    let start_error: Arc<Mutex<Option<String>>> = Arc::default();
+    {
+        let (sfn, machine, started, start_error) = (
+            sfn.clone(),
+            protected.arn.clone(),
+            started.clone(),
+            start_error.clone(),
+        );
+        let inputs: Vec<(String, String)> = executions
+            .iter()
+            .map(|e| {
+                // What the demo work reads; the semaphore reads lock and limit. An execution
+                // to be stopped mid-work works long, so that its child still runs when it is
+                // stopped: the cleanup must stop the child before it frees the slot (or a
+                // sweep must wait for it, when the event was dropped).
+                let work_seconds = if e.role == Role::StopMidWork {
+                    (args.work_seconds * 5).max(10)
+                } else {
+                    args.work_seconds
+                };
+                let mut input = json!({"work_seconds": work_seconds, "fail": e.role == Role::Fail});
+                if e.lock > 0 {
+                    input["lock"] = json!(locks[e.lock].name);
+                    input["limit"] = json!(locks[e.lock].limit);
+                }
+                if let Some(weight) = e.weight {
+                    input["weight"] = json!(weight);
+                }
+                if let Some(rate) = args.rate {
+                    input["rate"] = json!(rate);
+                }
+                (e.name.clone(), input.to_string())
+            })
+            .collect();
+        tokio::spawn(async move {
+            for (name, input) in inputs {
+                let result = sfn
+                    .start_execution()
+                    .state_machine_arn(&machine)
+                    .name(&name)
+                    .input(input)
+                    .send()
+                    .await;
+                if let Err(e) = result {
+                    *start_error.lock().expect("start error") =
+                        Some(format!("StartExecution {name}: {}", sfn_error(e)));
+                    return;
+                }
+                started.fetch_add(1, SeqCst);
+            }
+        });
+    }
+
+    // Slots reclaimed by the sweeper so far, from the sweeps' answers (for the live view).
+    let reclaimed_live = Arc::new(AtomicUsize::new(0));
+    {
+        let (sfn, arn, reclaimed, sweeping) = (
+            sfn.clone(),
+            sweeper_machine.arn.clone(),
+            reclaimed_live.clone(),
+            sweeping.clone(),
+        );
+        tokio::spawn(async move {
+            let mut counted = BTreeSet::new();
+            while sweeping.load(SeqCst) {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let Ok(sweeps) = list_executions(&sfn, &arn).await else {
+                    continue;
+                };
+                for (arn, name, status) in sweeps {
+                    if status != ExecutionStatus::Succeeded
+                        || name == "preflight"
+                        || !counted.insert(arn.clone())
+                    {
+                        continue;
+                    }
+                    if let Ok((_, o)) = describe(&sfn, &arn).await {
+                        let n = o.output_json()["reclaimed"].as_u64().unwrap_or(0);
+                        reclaimed.fetch_add(n as usize, SeqCst);
+                    }
+                }
+            }
+        });
+    }
+
+    let outcomes: Arc<Mutex<BTreeMap<String, Outcome>>> = Arc::default();
+    let progress = {
+        let (outcomes, poll, proxy, events, reclaimed, started) = (
+            outcomes.clone(),
+            watch.poller.stats.clone(),
+            watch.proxy.clone(),
+            watch.player.stats.clone(),
+            reclaimed_live.clone(),
+            started.clone(),
+        );
+        let locks = locks.clone();
+        let weighted = !args.weights.is_empty();
+        Progress::start(move || {
+            let done = outcomes.lock().expect("outcomes").len();
+            let started = started.load(SeqCst);
+            let starting = if started < n {
+                format!("started {started}/{n} | ")
+            } else {
+                String::new()
+            };
+            let poll = poll.lock().expect("poll").clone();
+            let proxy = proxy.stats();
+            let events = events.lock().expect("events").clone();
+            let holders: Vec<String> = locks
+                .iter()
+                .map(|l| {
+                    let seen = poll.lock(&l.name);
+                    format!(
+                        "{} {} (max {}/{}{})",
+                        l.name,
+                        seen.holders_now,
+                        seen.max_holders,
+                        l.limit,
+                        if weighted {
+                            format!(", weight {}", seen.max_weight)
+                        } else {
+                            String::new()
+                        }
+                    )
+                })
+                .collect();
+            format!(
+                "{starting}done {done}/{n} | holders {} | reclaimed by sweeper {} | delayed \
+                 writes refused {} | events {} dropped {} dup {} late",
+                holders.join(", "),
+                reclaimed.load(SeqCst),
+                proxy.refused(),
+                events.dropped,
+                events.duplicated,
+                events.late
+            )
+        })
+    };
+
+    // Watch the executions end; each ended one is an event for the player.
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let mut timed_out = false;
+    loop {
+        let failed_start = start_error.lock().expect("start error").clone();
+        if let Some(e) = failed_start {
+            progress.finish().await;
+            return Err(e);
+        }
+        if let Some((name, status, log)) = setup.supervisor.exited() {
+            progress.finish().await;
+            return Err(format!(
+                "{name} exited ({status}); see {}:\n{}",
+                log.display(),
+                local_aws::server::tail(&log, 20)
+            ));
+        }
+        let listed = list_executions(sfn, &protected.arn).await?;
+        for (arn, _, status) in listed {
+            // The probes' executions are not the run's (their status events are not played).
+            if status == ExecutionStatus::Running
+                || !planned_arns.contains(&arn)
+                || outcomes.lock().expect("outcomes").contains_key(&arn)
+            {
+                continue;
+            }
+            let (ended, outcome) = describe(sfn, &arn).await?;
+            outcomes.lock().expect("outcomes").insert(arn, outcome);
+            let _ = ended_tx.send(ended);
+        }
+        if outcomes.lock().expect("outcomes").len() >= n {
+            break;
+        }
+        if Instant::now() >= deadline {
+            timed_out = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let holders_when_all_ended = watch.holders_after_the_last_write().await;
+    progress.note(&format!(
+        "==> all executions ended{}; settling: late events, held writes, cleanups",
+        if timed_out { " or timed out" } else { "" }
+    ));
+    let outcomes = outcomes.lock().expect("outcomes").clone();
+    Ok(Ran {
+        executions,
+        watch,
+        progress,
+        outcomes,
+        stopped,
+        sweeping,
+        timed_out,
+        holders_when_all_ended,
+    })
+}

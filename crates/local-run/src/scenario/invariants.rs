@@ -1,0 +1,595 @@
+//! Step 5: the invariants. What the run saw is gathered (every execution's outcome against its
+//! plan, the fencing tokens, the cleanups and when each finished, the sweeps and their notices,
+//! the work against its parent's slot, the line from every history), then checked: per lock
+//! (S1, start rate, S2, fencing tokens), then across the run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use aws_sdk_sfn::types::ExecutionStatus;
+use serde_json::Value;
+
+use super::deploy::Stage;
+use super::executions::Ran;
+use super::probes::Probes;
+use crate::driver::Setup;
+use crate::line::{self, LineReport};
+use crate::report::{short, CleanupCounts, ExecutionCounts, Report, SweeperCounts, WorkReport};
+use crate::sfn::{clip, describe, history, json_of, list_executions, save_history, Outcome};
+use crate::work;
+
+/// What the checks need beside the report.
+pub(super) struct Seen {
+    n: usize,
+    timed_out: bool,
+    /// Executions seen holding a slot after their cleanup had finished.
+    resurrections: Vec<String>,
+    cleaned_up: usize,
+    reclaimed: usize,
+    read_back: usize,
+    line_report: LineReport,
+    work_report: WorkReport,
+}
+
+pub(super) async fn gather(
+    setup: &Setup<'_>,
+    stage: &Stage,
+    probes: &Probes,
+    run: Ran,
+) -> Result<(Report, Seen), String> {
+    let Stage {
+        locks,
+        deployed,
+        work_machine,
+        cleanup_machine,
+        sweeper_machine,
+        timing,
+        sdk,
+        sfn,
+        ..
+    } = stage;
+    let Ran {
+        executions,
+        watch,
+        progress,
+        outcomes,
+        stopped,
+        timed_out,
+        holders_when_all_ended,
+        ..
+    } = run;
+    let (args, dir, schedule, n) = (setup.args, setup.dir, &deployed.schedule, executions.len());
+    let mut report = watch
+        .finish(progress, setup, &executions, &holders_when_all_ended)
+        .await?;
+    let stopped = stopped.lock().expect("stopped").clone();
+    let mut counts = ExecutionCounts {
+        total: n,
+        ..ExecutionCounts::default()
+    };
+    // Fencing tokens are a lock's versions: distinct per lock.
+    let mut tokens: Vec<Vec<u64>> = vec![Vec::new(); locks.len()];
+    for e in &executions {
+        let (arn, name, role) = (&e.arn, &e.name, &e.role);
+        let Some(o) = outcomes.get(arn) else {
+            counts.unexpected += 1;
+            counts
+                .unexpected_examples
+                .push(format!("{name}: still RUNNING at the timeout"));
+            continue;
+        };
+        let was_stopped = stopped.contains_key(arn);
+        let output = o.output_json();
+        let lock = &locks[e.lock].name;
+        // A success must name the lock it was planned to take: the default taken from the
+        // template, or the one its input named.
+        let wrong_lock = o.status == "SUCCEEDED" && output["lock"].as_str() != Some(lock.as_str());
+        if !wrong_lock && counts.count_planned(*role, &o.status, o.error.as_deref(), was_stopped) {
+            if o.status == "SUCCEEDED" {
+                report.locks[e.lock].succeeded += 1;
+                tokens[e.lock].extend(output["fencing_token"].as_u64());
+            }
+        } else {
+            if wrong_lock {
+                counts.unexpected += 1;
+            }
+            let history = save_history(sfn, arn, dir).await;
+            counts.unexpected_examples.push(format!(
+                "{name} ({role:?}): {} {}{}: {} [history: {history}]",
+                o.status,
+                o.error.as_deref().unwrap_or(""),
+                if was_stopped { " (stopped)" } else { "" },
+                clip(o.cause.as_deref().unwrap_or(""), 300)
+            ));
+        }
+    }
+    report.executions = counts;
+    for (l, tokens) in report.locks.iter_mut().zip(&tokens) {
+        let distinct: BTreeSet<u64> = tokens.iter().copied().collect();
+        l.fencing_tokens_unique =
+            Some(distinct.len() == tokens.len() && tokens.len() == l.succeeded);
+    }
+    report.fenced_answers_in_logs = count_fenced(dir);
+    report.expired_answers_in_logs = count_expired(dir);
+    report.timing_seconds = Some(*timing);
+
+    // When each execution's first cleanup finished, to check that no read after it saw the
+    // execution holding a slot (S3).
+    let mut cleanup = CleanupCounts::default();
+    let mut cleaned_at: BTreeMap<String, i64> = BTreeMap::new();
+    for (arn, name, status) in list_executions(sfn, &cleanup_machine.arn).await? {
+        if name == "preflight" {
+            continue;
+        }
+        cleanup.started += 1;
+        match status {
+            ExecutionStatus::Succeeded => {
+                cleanup.succeeded += 1;
+                let (ended, _) = describe(sfn, &arn).await?;
+                let event = json_of(ended.input.as_deref());
+                if let Some(target) = event["detail"]["executionArn"].as_str() {
+                    let stop = ended.stop_ms;
+                    let entry = cleaned_at.entry(target.to_owned()).or_insert(stop);
+                    *entry = (*entry).min(stop);
+                }
+            }
+            ExecutionStatus::Running => {}
+            _ => {
+                cleanup.failed += 1;
+                let (_, o) = describe(sfn, &arn).await?;
+                let history = save_history(sfn, &arn, dir).await;
+                cleanup.failures.push(format!(
+                    "{}: {} {}: {} [history: {history}]",
+                    short(&arn),
+                    o.status,
+                    o.error.as_deref().unwrap_or(""),
+                    clip(o.cause.as_deref().unwrap_or(""), 300)
+                ));
+            }
+        }
+    }
+    report.cleanup_executions = cleanup;
+    // A read sent 50 ms after the cleanup's end (moto stamps the end after the Lambda answered).
+    let resurrections: Vec<String> = cleaned_at
+        .iter()
+        .filter_map(|(arn, cleaned)| {
+            let seen = *report.poller.last_seen_ms.get(arn)?;
+            (seen > cleaned + 50).then(|| format!("{} ({} ms after)", short(arn), seen - cleaned))
+        })
+        .collect();
+
+    let mut sweeper = SweeperCounts {
+        schedule: schedule.expression.clone(),
+        every_seconds: args.sweep_every,
+        ..SweeperCounts::default()
+    };
+    for (arn, name, status) in list_executions(sfn, &sweeper_machine.arn).await? {
+        if name == "preflight" {
+            continue;
+        }
+        sweeper.sweeps += 1;
+        if status != ExecutionStatus::Succeeded {
+            sweeper.failed_sweeps += 1;
+            continue;
+        }
+        let (_, o) = describe(sfn, &arn).await?;
+        sweeper.reclaimed += o.output_json()["reclaimed"].as_u64().unwrap_or(0) as usize;
+    }
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let notices = read_notices(&sqs, &deployed.notice_queue_url).await;
+    sweeper.notices_read_back = notices.len();
+    sweeper.notices = notices
+        .iter()
+        .map(|n| {
+            format!(
+                "{} held a slot of \"{}\" for {}: reclaimed, {}",
+                short(n["holder"].as_str().unwrap_or("?")),
+                n["lock"].as_str().unwrap_or("?"),
+                n["held_for"].as_str().unwrap_or("?"),
+                n["reason"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    let (reclaimed, read_back) = (sweeper.reclaimed, sweeper.notices_read_back);
+    let swept: BTreeSet<String> = notices
+        .iter()
+        .filter_map(|n| n["holder"].as_str().map(str::to_owned))
+        .collect();
+    report.sweeper = Some(sweeper);
+
+    // The work: every child of the run's executions against its parent's slot.
+    let children = work::children(sfn, &work_machine.arn).await?;
+    let parent_status: BTreeMap<String, String> = outcomes
+        .iter()
+        .map(|(arn, o)| (arn.clone(), o.status.clone()))
+        .collect();
+    let work_report = work::report(
+        work_machine,
+        &children,
+        &executions,
+        locks,
+        &stopped,
+        &parent_status,
+        &report.poller,
+        &swept,
+    );
+    report.work = Some(work_report.clone());
+    report.redrive_guard = Some(probes.redrive.clone());
+    report.misconfigured_caller = Some(probes.misconfigured.clone());
+    report.stopped_parent_probes = probes.stop_parent.clone();
+    report.test_runner = Some(probes.test_runner.1.clone());
+    report.your_workflow_example = Some(probes.your_workflow.1.clone());
+    report.transitions = Some(probes.transitions.clone());
+    report.history_probe = Some(probes.history.clone());
+
+    // The line: every execution's history, and the functions' hand-off log lines.
+    let mut traces = Vec::with_capacity(executions.len());
+    for e in &executions {
+        let events = history(sfn, &e.arn).await?;
+        let output = outcomes.get(&e.arn).map(Outcome::output_json);
+        traces.push(line::trace(&e.arn, e.lock, &events, output.as_ref()));
+    }
+    let line_report = line::report(&traces, dir);
+    for arn in line_report.unexplained.iter().take(3) {
+        save_history(sfn, arn, dir).await;
+    }
+    report.line = Some(line_report.clone());
+
+    Ok((
+        report,
+        Seen {
+            n,
+            timed_out,
+            resurrections,
+            cleaned_up: cleaned_at.len(),
+            reclaimed,
+            read_back,
+            line_report,
+            work_report,
+        },
+    ))
+}
+
+pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
+    let Probes {
+        redrive,
+        misconfigured,
+        history: history_probe,
+        stop_parent: stop_probes,
+        test_runner: (test_runner_ok, test_runner_run),
+        your_workflow: (example_ok, example_run),
+        ..
+    } = probes;
+    let Seen {
+        n,
+        timed_out,
+        resurrections,
+        cleaned_up,
+        reclaimed,
+        read_back,
+        line_report,
+        work_report,
+    } = seen;
+
+    // The invariants, per lock first.
+    for l in report.locks.clone() {
+        report.check(
+            &format!("S1 safety [{}]", l.lock),
+            l.max_holders <= l.limit && l.max_weight <= l.limit as u64 && l.inconsistent_reads == 0,
+            format!(
+                "at most {} holders and weight {} of {} held at once over {} reads; every read \
+                 consistent (format 4, used = the sum of the holders' weights <= the limit, \
+                 held_bytes = their entries' bytes, each holder's token distinct and within \
+                 the version){}",
+                l.max_holders,
+                l.max_weight,
+                l.limit,
+                l.reads,
+                l.first_inconsistency
+                    .as_ref()
+                    .map(|m| format!(" EXCEPT: {m}"))
+                    .unwrap_or_default()
+            ),
+        );
+        if let Some(r) = &l.rate {
+            report.check(
+                &format!("start rate [{}]", l.lock),
+                r.ok() && r.starts > 0,
+                format!(
+                    "{} starts at {}/s (spacing {} ms): at most {} in any 1 s (<= {:.0}), {} in \
+                     any 10 s (<= {:.0}), least spacing {} (>= {} ms); achieved {}",
+                    r.starts,
+                    r.rate_per_s,
+                    r.spacing_ms,
+                    r.max_in_1s,
+                    r.bound(1.0),
+                    r.max_in_10s,
+                    r.bound(10.0),
+                    r.min_spacing_ms
+                        .map_or("-".to_owned(), |ms| format!("{ms} ms")),
+                    r.spacing_ms,
+                    r.achieved_per_s
+                        .map_or("-".to_owned(), |a| format!("{a:.2}/s"))
+                ),
+            );
+        }
+        report.check(
+            &format!("S2 no leak [{}]", l.lock),
+            l.leaked_at_end == 0,
+            format!(
+                "{} slots held at the end, after the final sweep",
+                l.leaked_at_end
+            ),
+        );
+        report.check(
+            &format!("fencing tokens [{}]", l.lock),
+            l.fencing_tokens_unique == Some(true),
+            format!(
+                "each of its {} succeeded executions returned a distinct fencing token",
+                l.succeeded
+            ),
+        );
+    }
+    report.check(
+        "S1 work under the slot",
+        work_report.violations.is_empty() && work_report.children > 0,
+        format!(
+            "{} of {} child executions ended while their parent held its slot; {} parents \
+             stopped mid-work: {} children stopped before the slot was freed, {} ended first",
+            work_report.ended_under_the_slot,
+            work_report.children,
+            work_report.stopped_parents.len(),
+            work_report.children_stopped,
+            work_report.children_ended_on_their_own
+        ),
+    );
+    report.check(
+        "S1 stopping the parent",
+        stop_probes.iter().all(|p| p.ok),
+        stop_probes
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} work: child {} {}, slot freed {}",
+                    p.work,
+                    if p.child_status == "ABORTED" {
+                        "stopped by the cleanup"
+                    } else {
+                        "waited for by the cleanup"
+                    },
+                    p.child_status,
+                    p.freed_after_child_ms
+                        .map(|ms| format!("{ms} ms after it ended"))
+                        .unwrap_or_else(|| "never".to_owned())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    );
+    let per_check = lambda_common::EVENTS_PER_FALLBACK_CHECK as usize;
+    report.check(
+        "F9 history and payload quotas",
+        history_probe.status == "SUCCEEDED"
+            && history_probe.events_per_fallback_check.len() >= 2
+            && history_probe
+                .events_per_fallback_check
+                .iter()
+                .all(|n| *n <= per_check)
+            && history_probe.events_outside_checks as u64 <= lambda_common::HISTORY_RESERVE
+            && history_probe.largest_task_parameters_bytes <= 256 * 1024
+            && history_probe.failing_error.as_deref() == Some("WorkFailed"),
+        format!(
+            "an execution with an input of {} bytes waited through {} fallback checks of {:?} \
+             events (the acquire function's bound assumes at most {per_check}), {} events \
+             outside them (at most {} reserved), and ended {}{}; its largest task parameters \
+             were {} bytes ({}; the local server fails a task past 262,144); one whose work \
+             failed ended {} {:?} (expected the work's own WorkFailed)",
+            history_probe.input_bytes,
+            history_probe.events_per_fallback_check.len(),
+            history_probe.events_per_fallback_check,
+            history_probe.events_outside_checks,
+            lambda_common::HISTORY_RESERVE,
+            history_probe.status,
+            history_probe
+                .error
+                .as_ref()
+                .map(|e| format!(" {e}: {}", history_probe.cause.as_deref().unwrap_or("")))
+                .unwrap_or_default(),
+            history_probe.largest_task_parameters_bytes,
+            history_probe.largest_task_parameters_state,
+            history_probe.failing_status,
+            history_probe.failing_error
+        ),
+    );
+    report.check(
+        "test runner",
+        *test_runner_ok,
+        format!(
+            "its lock-protected executions ran the demo work with their {{work_seconds, fail}} \
+             input: {test_runner_run}"
+        ),
+    );
+    report.check(
+        "your workflow",
+        *example_ok,
+        format!("the README's fragment, deployed as it is: {example_run}"),
+    );
+    report.check(
+        "F12 not protected",
+        misconfigured.ok,
+        format!(
+            "an execution of a machine not in ProtectedStateMachineArns that asked for a slot \
+             ended {} {}, its lock {}",
+            misconfigured.status,
+            misconfigured.error.as_deref().unwrap_or("(no error)"),
+            if misconfigured.lock_written {
+                "written"
+            } else {
+                "untouched"
+            }
+        ),
+    );
+    report.check(
+        "F7 redrive guard",
+        redrive.ok,
+        format!(
+            "an execution that met its child's name already taken ended {} {} and held no slot \
+             ({} held after){}",
+            redrive.status,
+            redrive.error.as_deref().unwrap_or("(no error)"),
+            redrive.held_after,
+            if redrive.ok {
+                String::new()
+            } else {
+                format!(": {}", clip(redrive.cause.as_deref().unwrap_or(""), 300))
+            }
+        ),
+    );
+    report.check(
+        "L1 progress",
+        report.executions.unexpected == 0 && !timed_out,
+        format!(
+            "{} of {n} executions ended as planned{}",
+            n - report.executions.unexpected,
+            if *timed_out {
+                " (TIMED OUT waiting)"
+            } else {
+                ""
+            }
+        ),
+    );
+    report.check(
+        "cleanups",
+        report.cleanup_executions.failed == 0,
+        format!(
+            "{} of {} cleanup executions succeeded (a failure would raise the template's \
+             CleanupFailuresAlarm)",
+            report.cleanup_executions.succeeded, report.cleanup_executions.started
+        ),
+    );
+    report.check(
+        "sweeper notices",
+        reclaimed == read_back
+            && report
+                .sweeper
+                .as_ref()
+                .is_some_and(|s| s.failed_sweeps == 0),
+        format!("{reclaimed} slots reclaimed, {read_back} notices read back from the topic"),
+    );
+    report.check(
+        "S3 no resurrection",
+        resurrections.is_empty(),
+        if resurrections.is_empty() {
+            format!(
+                "no execution was seen holding a slot after its cleanup had finished ({} \
+                 cleaned up; delayed acquire writes: {} refused by a fence, {} by the horizon)",
+                cleaned_up,
+                report.delayed_acquire_writes.refused_by_fence,
+                report.delayed_acquire_writes.refused_by_horizon
+            )
+        } else {
+            format!(
+                "seen holding after their cleanup: {}",
+                resurrections.join(", ")
+            )
+        },
+    );
+    report.check(
+        "L2 fairness",
+        line_report.order_violations == 0 && line_report.newcomers_passing == 0,
+        format!(
+            "{} waiters granted in line order ({} pairs both in line checked by fencing token: \
+             {} granted out of order; {} newcomers passed the line){}",
+            line_report.waiters_granted,
+            line_report.pairs_checked,
+            line_report.order_violations,
+            line_report.newcomers_passing,
+            if line_report.violation_examples.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", line_report.violation_examples.join("; "))
+            }
+        ),
+    );
+}
+
+/// Reads every notice from the queue until it stays empty.
+async fn read_notices(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Vec<Value> {
+    let mut notices = Vec::new();
+    let mut empty_rounds = 0;
+    while empty_rounds < 2 {
+        let received = sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await;
+        let Ok(received) = received else {
+            empty_rounds += 1;
+            continue;
+        };
+        let messages = received.messages();
+        if messages.is_empty() {
+            empty_rounds += 1;
+            continue;
+        }
+        empty_rounds = 0;
+        for m in messages {
+            let envelope: Value = m
+                .body()
+                .and_then(|b| serde_json::from_str(b).ok())
+                .unwrap_or(Value::Null);
+            let notice = envelope["Message"]
+                .as_str()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .unwrap_or(envelope);
+            notices.push(notice);
+            if let Some(handle) = m.receipt_handle() {
+                let _ = sqs
+                    .delete_message()
+                    .queue_url(queue_url)
+                    .receipt_handle(handle)
+                    .send()
+                    .await;
+            }
+        }
+    }
+    notices
+}
+
+/// Lines of the acquire Lambda's logs that `matches` (one JSON object per line).
+fn count_acquire_log_lines(dir: &Path, matches: impl Fn(&str) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("lambda-acquire-")
+        })
+        .map(|e| {
+            std::fs::read_to_string(e.path())
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| matches(l))
+                .count()
+        })
+        .sum()
+}
+
+/// Acquires answered `SemaphoreFenced`: the handler's own warning, one per fenced answer.
+fn count_fenced(dir: &Path) -> usize {
+    count_acquire_log_lines(dir, |l| {
+        l.contains(r#""level":"WARN""#) && l.contains(" is fenced: ")
+    })
+}
+
+/// Acquires answered "expired": the handler's info line for its answer.
+fn count_expired(dir: &Path) -> usize {
+    count_acquire_log_lines(dir, |l| {
+        l.contains(r#""message":"acquire""#) && l.contains(r#""outcome":"expired""#)
+    })
+}

@@ -1,0 +1,150 @@
+//! The refusal paths: the redrive guard (F7), run through its ASL path, and a machine the stack
+//! does not protect (F12).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::driver::LockItems;
+use crate::poller::now_ms;
+use crate::report::RedriveGuardReport;
+use crate::sfn::{sfn_error, start, states_entered, wait_ended, Sfn};
+use crate::stack::Machine;
+use crate::work::work_state;
+
+/// Invokes one of our functions through the server's Lambda bridge, as Step Functions does.
+async fn invoke(endpoint: &str, function: &str, payload: &Value) -> Result<Value, String> {
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    let failed = |e: &dyn std::fmt::Display| format!("invoke {function}: {e}");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let request = hyper::Request::post(format!(
+        "{endpoint}/2015-03-31/functions/{function}/invocations"
+    ))
+    .header("content-type", "application/json")
+    .body(Full::from(payload.to_string()))
+    .map_err(|e| failed(&e))?;
+    let response = client.request(request).await.map_err(|e| failed(&e))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| failed(&e))?
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    if status != hyper::StatusCode::OK {
+        return Err(failed(&format!("HTTP {status}: {body}")));
+    }
+    serde_json::from_str(&body).map_err(|e| failed(&format!("{e}: {body}")))
+}
+
+/// The redrive guard's ASL path. A redriven execution that failed in its work re-enters the
+/// work state with the child name of its first run, already taken: the start fails, the slot is
+/// released, and the execution fails with SemaphoreRedriveRefused. moto has no
+/// RedriveExecution, so the same meeting is made directly: the child name of an execution about
+/// to start is asked of the acquire function itself (on a lock of its own, released at once,
+/// so its fence touches no lock of the run), a child of that name is run first, then the
+/// execution.
+pub async fn redrive_guard(
+    sfn: &Sfn,
+    endpoint: &str,
+    protected: &Machine,
+    work: &Machine,
+    items: &LockItems,
+    default_lock: &str,
+) -> Result<RedriveGuardReport, String> {
+    let name = "probe-redrive-guard";
+    let arn = protected.arn.replace(":stateMachine:", ":execution:") + ":" + name;
+    let probe_lock = json!({"lock": "probe-child-name", "limit": 1});
+    let answer = invoke(
+        endpoint,
+        "acquire",
+        &json!({
+            "holder": arn,
+            "redrive_count": 0,
+            "requested_at": semaphore_core::rfc3339_millis(now_ms() as u64),
+            "input": probe_lock,
+        }),
+    )
+    .await?;
+    let child_name = answer["work"]["name"]
+        .as_str()
+        .ok_or_else(|| format!("the acquire function's answer has no work.name: {answer}"))?
+        .to_owned();
+    invoke(
+        endpoint,
+        "release",
+        &json!({"holder": arn, "redrive_count": 0, "input": probe_lock}),
+    )
+    .await?;
+    let first = start(sfn, &work.arn, &child_name, &json!({"work_seconds": 0})).await?;
+    wait_ended(sfn, &first, Duration::from_secs(60)).await?;
+    let started = start(sfn, &protected.arn, name, &json!({})).await?;
+    let outcome = wait_ended(sfn, &started, Duration::from_secs(120)).await?;
+    let entered = states_entered(sfn, &started).await?;
+    let held_after = items
+        .holders(default_lock)
+        .await?
+        .iter()
+        .filter(|h| **h == started)
+        .count();
+    let ok = outcome.status == "FAILED"
+        && outcome.error.as_deref() == Some("SemaphoreRedriveRefused")
+        && entered.contains(&work_state(protected)?)
+        && held_after == 0;
+    Ok(RedriveGuardReport {
+        execution: started,
+        child_name,
+        status: outcome.status,
+        error: outcome.error,
+        cause: outcome.cause,
+        held_after,
+        ok,
+    })
+}
+
+/// #18 item 16 (F12): a machine that takes the semaphore without being one the stack protects
+/// (here: the lock-protected definition deployed under another name, not in
+/// ProtectedStateMachineArns) must fail at once with SemaphoreMisconfigured, the acquire
+/// function having written nothing, instead of waiting in line for a wake-up that never comes.
+pub async fn misconfigured_caller(
+    sfn: &Sfn,
+    protected: &Machine,
+    items: &LockItems,
+) -> Result<crate::report::MisconfiguredReport, String> {
+    let name = format!("{}-undeclared", protected.name);
+    let machine = sfn
+        .create_state_machine()
+        .name(&name)
+        .definition(&protected.definition)
+        .role_arn(format!(
+            "arn:aws:iam::{}:role/{name}",
+            protected.arn.split(':').nth(4).unwrap_or_default()
+        ))
+        .send()
+        .await
+        .map_err(|e| format!("CreateStateMachine {name}: {}", sfn_error(e)))?
+        .state_machine_arn()
+        .to_owned();
+    let lock = "probe-misconfigured";
+    let started = start(
+        sfn,
+        &machine,
+        "probe-misconfigured-caller",
+        &json!({"lock": lock, "limit": 1}),
+    )
+    .await?;
+    let outcome = wait_ended(sfn, &started, Duration::from_secs(120)).await?;
+    let lock_written = items.item(lock).await?.is_some();
+    Ok(crate::report::MisconfiguredReport {
+        ok: outcome.status == "FAILED"
+            && outcome.error.as_deref() == Some("SemaphoreMisconfigured")
+            && !lock_written,
+        execution: started,
+        status: outcome.status,
+        error: outcome.error,
+        lock_written,
+    })
+}

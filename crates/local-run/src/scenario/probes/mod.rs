@@ -1,0 +1,175 @@
+//! Step 2: one path at a time, before the run's executions start: one uncontended critical
+//! section (its state transitions), the redrive guard, a machine the stack does not protect, a
+//! long wait with a big input (the history and payload quotas), stopping the parent of running
+//! work, the test runner and the README's workflow fragment.
+
+use serde_json::json;
+
+mod examples;
+mod guards;
+mod history;
+mod stop_parent;
+
+use super::deploy::Stage;
+use crate::driver::Setup;
+use crate::progress::phase;
+use crate::report::{
+    HistoryProbeReport, MisconfiguredReport, RedriveGuardReport, StopParentReport,
+    TransitionsReport,
+};
+use stop_parent::StopParent;
+
+/// Elements `"ab"` of the big-input probe's padding: 200,000 bytes of input (under
+/// StartExecution's 262,144), 280,000 once escaped into the status event's `input` text.
+const BIG_INPUT_ITEMS: usize = 40_000;
+
+/// What the probes found; each is checked with the run's invariants.
+pub(super) struct Probes {
+    pub transitions: TransitionsReport,
+    pub redrive: RedriveGuardReport,
+    pub misconfigured: MisconfiguredReport,
+    pub history: HistoryProbeReport,
+    pub stop_parent: Vec<StopParentReport>,
+    /// Whether the test runner did as planned, and what it answered.
+    pub test_runner: (bool, String),
+    /// Whether the README's fragment did as planned, and how its executions ended.
+    pub your_workflow: (bool, String),
+}
+
+/// "ok" or "NOT OK", for the live log.
+pub(super) fn ok(ok: bool) -> &'static str {
+    if ok {
+        "ok"
+    } else {
+        "NOT OK"
+    }
+}
+
+pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, String> {
+    let Stage {
+        stack,
+        locks,
+        work_function,
+        endpoint,
+        deployed,
+        protected,
+        work_machine,
+        runner_machine,
+        cleanup_machine,
+        sfn,
+        item,
+        ..
+    } = stage;
+    let (dir, args, rule) = (setup.dir, setup.args, &deployed.rule);
+    phase(
+        "probes: one uncontended critical section, the redrive guard, stopping the parent, the \
+         test runner, your workflow",
+    );
+    let transitions = examples::count_transitions(sfn, protected, work_machine, dir).await?;
+    eprintln!(
+        "    ok: one critical section entered {} states of {} and {} of {}",
+        transitions.protected.len(),
+        protected.name,
+        transitions.work.len(),
+        work_machine.name
+    );
+    let redrive =
+        guards::redrive_guard(sfn, endpoint, protected, work_machine, item, &locks[0].name).await?;
+    eprintln!(
+        "    {}: an execution whose child name was taken ended {} {}",
+        ok(redrive.ok),
+        redrive.status,
+        redrive.error.as_deref().unwrap_or("")
+    );
+    let misconfigured = guards::misconfigured_caller(sfn, protected, item).await?;
+    eprintln!(
+        "    {}: a machine the stack does not protect ended {} {}",
+        ok(misconfigured.ok),
+        misconfigured.status,
+        misconfigured.error.as_deref().unwrap_or("")
+    );
+    let history_probe =
+        history::long_wait_with_a_big_input(sfn, protected, args.queue_fallback_seconds, dir)
+            .await?;
+    eprintln!(
+        "    {}: an input of {} bytes waited through {} fallback checks ({:?} events each: {}) \
+         and ended {}; {} events in all; task parameters, bytes: {:?}",
+        ok(history_probe.status == "SUCCEEDED"),
+        history_probe.input_bytes,
+        history_probe.events_per_fallback_check.len(),
+        history_probe.events_per_fallback_check,
+        history_probe.fallback_check_event_types.join(", "),
+        history_probe.status,
+        history_probe.events,
+        history_probe.task_parameters_bytes
+    );
+    let mut stop_probes = Vec::new();
+    for probe in [
+        StopParent {
+            protected,
+            child_machine: work_machine,
+            cleanup: cleanup_machine,
+            transformer: rule.transformer.as_ref(),
+            // Long enough that only a stop ends it in time.
+            input: json!({"work_seconds": 60}),
+            name: "probe-stop-parent-machine-work",
+            work: "state machine",
+            expect_stopped: true,
+        },
+        // #18 item 13: an input near the 256 KB limit, full of quotes as JSON inputs are. Its
+        // status event carries it as escaped text, past the 256 KB StartExecution takes (the
+        // local server enforces it): only the rule's input transformer gets it to the cleanup.
+        StopParent {
+            protected,
+            child_machine: work_machine,
+            cleanup: cleanup_machine,
+            transformer: rule.transformer.as_ref(),
+            input: json!({"work_seconds": 60, "pad": vec!["ab"; BIG_INPUT_ITEMS]}),
+            name: "probe-stop-parent-big-input",
+            work: "state machine (a ~200 KB input)",
+            expect_stopped: true,
+        },
+        StopParent {
+            protected,
+            child_machine: runner_machine,
+            cleanup: cleanup_machine,
+            transformer: rule.transformer.as_ref(),
+            input: json!({"work": work_function, "work_seconds": 6}),
+            name: "probe-stop-parent-lambda-work",
+            work: "Lambda function",
+            expect_stopped: false,
+        },
+    ] {
+        let stopped = stop_parent::stop_the_parent(sfn, probe, item, &locks[0].name, stack).await?;
+        eprintln!(
+            "    {}: {} work: its child ended {} {} ms after the stop, the slot freed {:?} ms \
+             after the child ended (cleanup waited {} times)",
+            ok(stopped.ok),
+            stopped.work,
+            stopped.child_status,
+            stopped.child_ended_after_stop_ms,
+            stopped.freed_after_child_ms,
+            stopped.cleanup_waits
+        );
+        stop_probes.push(stopped);
+    }
+    let test_runner = deployed.machine("TestRunnerStateMachine")?;
+    let (test_runner_ok, test_runner_run) = examples::run_test_runner(sfn, test_runner).await?;
+    eprintln!(
+        "    {}: {}: {test_runner_run}",
+        ok(test_runner_ok),
+        test_runner.name
+    );
+    let example = deployed.machine("YourWorkflowExampleStateMachine")?;
+    let (example_ok, example_run) = examples::run_your_workflow_example(sfn, example, item).await?;
+    eprintln!("    {}: {}: {example_run}", ok(example_ok), example.name);
+    Ok(Probes {
+        transitions,
+        redrive,
+        misconfigured,
+        history: history_probe,
+        stop_parent: stop_probes,
+        test_runner: (test_runner_ok, test_runner_run),
+        your_workflow: (example_ok, example_run),
+    })
+}

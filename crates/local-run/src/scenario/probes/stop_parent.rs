@@ -1,0 +1,157 @@
+//! Stopping the parent while its work runs: the cleanup must stop the child (a state machine)
+//! or wait for it (a Lambda function) before it frees the slot.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::driver::LockItems;
+use crate::poller::now_ms;
+use crate::report::StopParentReport;
+use crate::sfn::{describe, sfn_error, start, states_entered, wait_ended, Sfn};
+use crate::stack::Machine;
+use crate::work::children;
+
+/// What [`stop_the_parent`] runs.
+pub struct StopParent<'a> {
+    pub protected: &'a Machine,
+    /// The machine the child runs on: the demo work, or the work-function runner.
+    pub child_machine: &'a Machine,
+    pub cleanup: &'a Machine,
+    /// The rule's input transformer: the cleanup gets what EventBridge would send it.
+    pub transformer: Option<&'a crate::events::InputTransformer>,
+    pub input: Value,
+    pub name: &'a str,
+    pub work: &'a str,
+    /// The child must have been stopped (a state machine), or have ended on its own while the
+    /// cleanup waited (a Lambda function, which cannot be stopped).
+    pub expect_stopped: bool,
+}
+
+/// Stops an execution while its work runs and hands its status event to the cleanup machine
+/// at once; a poller of its lock (every 50 ms) tells when its slot was freed. On AWS, Step
+/// Functions also tries to stop a stopped parent's `.sync` child, best effort; moto does not,
+/// so what is seen here is the cleanup's own guarantee: the child was stopped (or, for a
+/// Lambda, had ended) before the slot was freed.
+pub async fn stop_the_parent(
+    sfn: &Sfn,
+    probe: StopParent<'_>,
+    items: &LockItems,
+    lock: &str,
+    stack: &crate::stack::Stack,
+) -> Result<StopParentReport, String> {
+    let parent = start(sfn, &probe.protected.arn, probe.name, &probe.input).await?;
+    let freed = {
+        let (items, lock, parent) = (items.clone(), lock.to_owned(), parent.clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(180);
+            let mut held = false;
+            while Instant::now() < deadline {
+                if let Ok(holders) = items.holders(&lock).await {
+                    let answered_ms = now_ms();
+                    let holds = holders.contains(&parent);
+                    if held && !holds {
+                        return Some(answered_ms);
+                    }
+                    held |= holds;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            None
+        })
+    };
+    // Stop it once its child runs (for a Lambda, once the runner has had time to invoke it).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let child = loop {
+        let found = children(sfn, &probe.child_machine.arn)
+            .await?
+            .into_iter()
+            .find(|c| c.parent.as_deref() == Some(parent.as_str()) && c.status == "RUNNING");
+        if let Some(child) = found {
+            break child;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("{}: no child started within 60 s", probe.name));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    sfn.stop_execution()
+        .execution_arn(&parent)
+        .error("LocalRun.StopTheParent")
+        .send()
+        .await
+        .map_err(|e| format!("StopExecution {}: {}", probe.name, sfn_error(e)))?;
+    // The event is emitted once the execution has ended (ABORTED, with its stop date).
+    wait_ended(sfn, &parent, Duration::from_secs(30)).await?;
+    let (ended, _) = describe(sfn, &parent).await?;
+    let event = crate::events::status_change_event(
+        &ended,
+        &stack.region,
+        &stack.account,
+        &format!("{}-event", probe.name),
+    );
+    let delivered = crate::events::target_input(probe.transformer, &event)?;
+    let cleanup = sfn
+        .start_execution()
+        .state_machine_arn(&probe.cleanup.arn)
+        .name(format!("{}-evt", probe.name))
+        .input(&delivered)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "{}: the cleanup machine refused its status event ({} bytes as delivered): {}",
+                probe.name,
+                delivered.len(),
+                sfn_error(e)
+            )
+        })?
+        .execution_arn()
+        .to_owned();
+    let cleaned = wait_ended(sfn, &cleanup, Duration::from_secs(180)).await?;
+    let child_end = wait_ended(sfn, &child.arn, Duration::from_secs(60)).await?;
+    let (child_ended, _) = describe(sfn, &child.arn).await?;
+    let freed_ms = freed.await.unwrap_or(None);
+    let waits = {
+        let definition: Value =
+            serde_json::from_str(&probe.cleanup.definition).unwrap_or(Value::Null);
+        let wait_states: BTreeSet<String> = definition["States"]
+            .as_object()
+            .map(|states| {
+                states
+                    .iter()
+                    .filter(|(_, s)| s["Type"] == "Wait")
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        states_entered(sfn, &cleanup)
+            .await?
+            .iter()
+            .filter(|s| wait_states.contains(*s))
+            .count()
+    };
+    let freed_after_child_ms = freed_ms.map(|f| f - child_ended.stop_ms);
+    let ended_as_expected = if probe.expect_stopped {
+        child_end.status == "ABORTED"
+    } else {
+        child_end.status == "SUCCEEDED" && waits > 0
+    };
+    Ok(StopParentReport {
+        work: probe.work.to_owned(),
+        parent,
+        child: child.arn,
+        child_ended_after_stop_ms: child_ended.stop_ms - ended.stop_ms,
+        ok: ended_as_expected
+            && cleaned.status == "SUCCEEDED"
+            && freed_after_child_ms.is_some_and(|ms| ms >= 0),
+        child_status: child_end.status,
+        freed_after_child_ms,
+        cleanup_waits: waits,
+        cleanup_status: cleaned.status,
+        event_bytes: event.to_string().len(),
+        delivered_bytes: delivered.len(),
+    })
+}
