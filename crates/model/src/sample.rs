@@ -1,6 +1,6 @@
 //! The original AWS sample's protocol ("control concurrency with DynamoDB", 2021), as a
 //! reference the checker must find the seed race in. (The same protocol runs against the local
-//! server in `tests/src/reference.rs`.)
+//! server in `crates/local-aws/src/sample.rs`.)
 //!
 //! One item per lock, created up front with `count = 0`: a counter plus one attribute per
 //! holding execution. Acquire is one `UpdateItem` "SET count = count + 1, holder:<exec>"
