@@ -1070,7 +1070,8 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             sweeper.failed_sweeps += 1;
             continue;
         }
-        let (_, o) = describe(&sfn, &arn).await?;
+        let (ended, o) = describe(&sfn, &arn).await?;
+        sweeper.started_ms.push(ended.start_ms);
         let summary: Value = o
             .output
             .as_deref()
