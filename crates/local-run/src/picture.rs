@@ -37,9 +37,13 @@ fn seconds(start_ms: i64, at_ms: i64) -> f64 {
     (at_ms - start_ms) as f64 / 1000.0
 }
 
+/// The kinds of marks, in the order they are coloured (a chart colours kinds in the order they
+/// first come, so every lock's chart lists them in this order, by time within a kind).
+const KINDS: [&str; 4] = ["failure", "stop", "cleanup", "sweep"];
+
 /// A lock's events: its executions' failures (FAILED, TIMED_OUT) and stops (ABORTED) as
-/// played to EventBridge, the cleanups their deliveries started, and every sweep; in time
-/// order, none before the poller started.
+/// played to EventBridge, the cleanups their deliveries started, and every sweep; none before
+/// the poller started.
 fn markers(report: &Report, lock: usize) -> Vec<Marker> {
     let start = report.poller.started_ms;
     let ours = |arn: &str| report.lock_of.get(arn) == Some(&lock);
@@ -55,7 +59,7 @@ fn markers(report: &Report, lock: usize) -> Vec<Marker> {
     marks.extend(delivered.map(|(at, _)| (*at, "cleanup")));
     let sweeps = report.sweeper.iter().flat_map(|s| &s.started_ms);
     marks.extend(sweeps.map(|at| (*at, "sweep")));
-    marks.sort();
+    marks.sort_by_key(|&(at, kind)| (KINDS.iter().position(|k| *k == kind), at));
     marks
         .into_iter()
         .filter(|(at, _)| *at >= start)
@@ -280,7 +284,7 @@ mod tests {
                 },
             );
         }
-        report.lock_of = [("a", 0), ("b", 0), ("c", 1), ("probe", 5)]
+        report.lock_of = [("a", 0), ("b", 0), ("c", 1), ("d", 1), ("probe", 5)]
             .map(|(arn, lock)| (arn.to_owned(), lock))
             .into();
         report.events.ended = [
@@ -288,6 +292,7 @@ mod tests {
             (start + 3_500, "b", "ABORTED"),
             (start + 3_600, "c", "SUCCEEDED"),
             (start + 3_700, "c", "ABORTED"),
+            (start + 4_200, "d", "FAILED"),
         ]
         .map(|(at, arn, status)| (at, arn.to_owned(), status.to_owned()))
         .into();
@@ -338,11 +343,13 @@ mod tests {
                 at(6.0, "sweep")
             ]
         );
-        // The other lock: its own execution's stop and cleanup (not its success), the sweeps.
+        // The other lock: its own executions' failure, stop and cleanup (not a success), the
+        // sweeps; kind by kind, so that a kind has the same colour on every lock's chart.
         let other = timeline(&report, 1);
         assert_eq!(
             marks(&other),
             vec![
+                at(4.2, "failure"),
                 at(3.7, "stop"),
                 at(4.1, "cleanup"),
                 at(4.5, "sweep"),
