@@ -261,8 +261,6 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
     let none = Logged::default();
     let log = |arn: &str| logs.get(arn).unwrap_or(&none);
     let mut r = LineReport::default();
-    let mut latencies = Vec::new();
-    let mut waits = Vec::new();
     for t in traces {
         r.fallback_checks += t.wait_entries.saturating_sub(1 + t.rate_waits);
         r.rate_waits += t.rate_waits;
@@ -274,7 +272,6 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
         let l = log(&t.arn);
         if let Some(freed) = l.freed_at_ms {
             r.woken_by_hand_off += 1;
-            latencies.push(resumed - freed);
             r.hand_offs_ms.push((t.lock, resumed - freed));
         } else if l.own_check {
             r.granted_on_own_check += 1;
@@ -282,7 +279,6 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
             r.unexplained.push(t.arn.clone());
         }
         let waited_s = (resumed - queued_at as i64).max(0) as f64 / 1000.0;
-        waits.push(waited_s);
         r.waits_s.push((t.lock, waited_s));
         r.polling_transitions += polling_transitions(waited_s);
     }
@@ -343,6 +339,8 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
             }
         }
     }
+    let mut latencies: Vec<i64> = r.hand_offs_ms.iter().map(|(_, ms)| *ms).collect();
+    let waits: Vec<f64> = r.waits_s.iter().map(|(_, s)| *s).collect();
     latencies.sort_unstable();
     r.hand_off_p50_ms = percentile(&latencies, 50.0);
     r.hand_off_p99_ms = percentile(&latencies, 99.0);
