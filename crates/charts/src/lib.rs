@@ -10,11 +10,14 @@
 //!   latency), with their count, p50 and p99 in the legend.
 //! - [`page`]: a self-contained HTML page (title, sections, inline SVGs, small tables; no
 //!   script, no external resource).
+//! - [`browser`]: a test helper: such a page checked in headless Chromium (loads without
+//!   errors, lays out and paints every chart).
 //!
 //! Drawn with plotters' SVG backend. Every input is checked first: a chart of nothing, or with a
 //! value that is not finite, is a named [`ChartError`], never a panic or an empty picture.
 
 pub mod bars;
+pub mod browser;
 pub mod distribution;
 pub mod page;
 pub mod timeline;

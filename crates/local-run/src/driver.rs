@@ -328,6 +328,7 @@ impl Watch {
             events: self.player.stats(),
             delayed_acquire_writes: self.proxy.stats(),
             logs: setup.dir.display().to_string(),
+            lock_of: planned.iter().map(|e| (e.arn.clone(), e.lock)).collect(),
             ..Report::default()
         })
     }

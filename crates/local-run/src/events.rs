@@ -53,6 +53,12 @@ pub struct EventStats {
     /// Deliveries made (a duplicated event counts twice).
     pub deliveries: u64,
     pub delivery_errors: u64,
+    /// Every ended execution played, (its end in epoch ms, its ARN, its status), and every
+    /// delivery made, (when, the ARN): the failures, stops and cleanups of the run's picture.
+    #[serde(skip)]
+    pub ended: Vec<(i64, String, String)>,
+    #[serde(skip)]
+    pub delivered: Vec<(i64, String)>,
 }
 
 fn pseudo_uuid(rng: &mut fastrand::Rng) -> String {
@@ -284,6 +290,8 @@ impl Player {
                 let event = status_change_event(&ended, &region, &account, &id);
                 let mut stats = task_stats.lock().expect("event stats");
                 stats.emitted += 1;
+                let played = (ended.stop_ms, ended.arn.clone(), ended.status.clone());
+                stats.ended.push(played);
                 if let Some(pattern) = &pattern {
                     if !matches(pattern, &event) {
                         continue;
@@ -311,7 +319,8 @@ impl Player {
                     };
                     serial += 1;
                     let name = delivery_name(&ended.name, serial);
-                    let (event, target, stats, pending) = (
+                    let (arn, event, target, stats, pending) = (
+                        ended.arn.clone(),
                         event.clone(),
                         target.clone(),
                         task_stats.clone(),
@@ -324,9 +333,12 @@ impl Player {
                         {
                             let mut stats = stats.lock().expect("event stats");
                             stats.deliveries += 1;
-                            if let Err(e) = result {
-                                stats.delivery_errors += 1;
-                                eprintln!("event delivery {name} failed: {e}");
+                            match result {
+                                Ok(()) => stats.delivered.push((crate::poller::now_ms(), arn)),
+                                Err(e) => {
+                                    stats.delivery_errors += 1;
+                                    eprintln!("event delivery {name} failed: {e}");
+                                }
                             }
                         }
                         pending.fetch_sub(1, Ordering::SeqCst);

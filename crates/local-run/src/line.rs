@@ -222,6 +222,12 @@ pub struct LineReport {
     /// second per minute waited, up to 15 s) would have cost for the same waits.
     pub polling_transitions: f64,
     pub polling_transitions_per_waiting_minute: Option<f64>,
+    /// Each granted waiter's (lock, wait in s) and each hand-off's (lock, latency in ms): the
+    /// distributions of the run's picture.
+    #[serde(skip)]
+    pub waits_s: Vec<(usize, f64)>,
+    #[serde(skip)]
+    pub hand_offs_ms: Vec<(usize, i64)>,
 }
 
 /// Expected transitions of version 1's polling over a wait of `seconds`: 3 per poll, each wait
@@ -255,8 +261,6 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
     let none = Logged::default();
     let log = |arn: &str| logs.get(arn).unwrap_or(&none);
     let mut r = LineReport::default();
-    let mut latencies = Vec::new();
-    let mut waits = Vec::new();
     for t in traces {
         r.fallback_checks += t.wait_entries.saturating_sub(1 + t.rate_waits);
         r.rate_waits += t.rate_waits;
@@ -268,14 +272,14 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
         let l = log(&t.arn);
         if let Some(freed) = l.freed_at_ms {
             r.woken_by_hand_off += 1;
-            latencies.push(resumed - freed);
+            r.hand_offs_ms.push((t.lock, resumed - freed));
         } else if l.own_check {
             r.granted_on_own_check += 1;
         } else {
             r.unexplained.push(t.arn.clone());
         }
         let waited_s = (resumed - queued_at as i64).max(0) as f64 / 1000.0;
-        waits.push(waited_s);
+        r.waits_s.push((t.lock, waited_s));
         r.polling_transitions += polling_transitions(waited_s);
     }
     // L2 among granted waiters of one lock: A earlier in line than B, A in line when the
@@ -335,6 +339,8 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
             }
         }
     }
+    let mut latencies: Vec<i64> = r.hand_offs_ms.iter().map(|(_, ms)| *ms).collect();
+    let waits: Vec<f64> = r.waits_s.iter().map(|(_, s)| *s).collect();
     latencies.sort_unstable();
     r.hand_off_p50_ms = percentile(&latencies, 50.0);
     r.hand_off_p99_ms = percentile(&latencies, 99.0);

@@ -18,6 +18,7 @@ mod driver;
 mod emulator;
 mod events;
 mod line;
+mod picture;
 mod poller;
 mod procs;
 mod progress;
@@ -456,6 +457,7 @@ async fn main() {
         }
         Some(Ok(mut report)) => {
             report.wall_seconds = started.elapsed().as_secs_f64();
+            report.html_report = picture::write(&report);
             print!("{}", report.render());
             if let Some(path) = &args.json {
                 let json = serde_json::to_string_pretty(&report).expect("report serializes");

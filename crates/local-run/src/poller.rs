@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use local_aws::observe::{self, RawRecord};
@@ -40,14 +40,26 @@ pub struct LockPoll {
     pub inconsistent_reads: u64,
     pub first_inconsistency: Option<String>,
     pub holders_now: usize,
-    /// (seconds since start, holders) each time the number changed.
-    pub timeline: Vec<(f64, usize)>,
+    /// The weight in use and the line's length, each time either changed (the run's picture).
+    #[serde(skip)]
+    pub samples: Vec<Sample>,
     /// Every start of the lock a read saw (epoch ms, the writers' clock): each holder's
     /// `acquired_at` and the item's `started_at`.
     #[serde(skip)]
     pub starts: BTreeSet<u64>,
     /// The start rate the item last carried, as its spacing (ms).
     pub spacing_ms: Option<u64>,
+}
+
+/// One read of a lock, kept when it differed from the one before.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// When its answer came (epoch ms).
+    pub at_ms: i64,
+    /// The sum of the holders' weights.
+    pub weight: u64,
+    /// The item's count of waiters in line (the sample's protocol has none: 0).
+    pub waiting: u64,
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
@@ -98,6 +110,8 @@ pub struct Read {
     pub starts: Vec<u64>,
     /// The item's start rate, as its spacing (ms).
     pub spacing_ms: Option<u64>,
+    /// Waiters in line (ours: the item's `waiting` count).
+    pub waiting: u64,
     /// What is inconsistent in it, if anything.
     pub problem: Option<String>,
 }
@@ -120,6 +134,7 @@ pub fn read(layout: Layout, item: &RawRecord, limit: Option<u32>) -> Read {
                 weight_held: seen.weight_held(),
                 starts: seen.starts(),
                 spacing_ms: seen.spacing_ms,
+                waiting: seen.waiting,
                 problem: seen.problem(limit.map(u64::from)),
             }
         }
@@ -163,7 +178,6 @@ impl Poller {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // Who each lock's last read saw; the union is what `holders` tells.
         let seen: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
-        let started = Instant::now();
         // One loop per lock, so that a busy server slows each lock's reads, not their sum.
         for (lock, limit) in locks {
             let (client, table, task_stats, task_stop, seen, tx) = (
@@ -175,7 +189,6 @@ impl Poller {
                 tx.clone(),
             );
             tokio::spawn(async move {
-                let mut last = usize::MAX;
                 while !task_stop.load(std::sync::atomic::Ordering::SeqCst) {
                     let sent_ms = now_ms();
                     let answer = client
@@ -201,6 +214,7 @@ impl Poller {
                                     weight_held,
                                     starts,
                                     spacing_ms,
+                                    waiting,
                                     problem,
                                 } = out
                                     .item
@@ -224,9 +238,15 @@ impl Poller {
                                 }
                                 poll.max_holders = poll.max_holders.max(n);
                                 poll.holders_now = n;
-                                if n != last {
-                                    last = n;
-                                    poll.timeline.push((started.elapsed().as_secs_f64(), n));
+                                let sample = Sample {
+                                    at_ms: answered_ms,
+                                    weight: weight_held,
+                                    waiting,
+                                };
+                                if poll.samples.last().is_none_or(|last| {
+                                    (last.weight, last.waiting) != (sample.weight, sample.waiting)
+                                }) {
+                                    poll.samples.push(sample);
                                 }
                                 let now: BTreeSet<String> = holders.into_iter().collect();
                                 let mut seen = seen.lock().expect("seen");

@@ -60,6 +60,9 @@ pub struct SweeperCounts {
     pub notices_read_back: usize,
     /// One line per notice: who held the slot, how long, why it was reclaimed.
     pub notices: Vec<String>,
+    /// When each successful sweep started (epoch ms), for the run's picture.
+    #[serde(skip)]
+    pub started_ms: Vec<i64>,
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
@@ -315,6 +318,11 @@ pub struct Report {
     pub line: Option<crate::line::LineReport>,
     pub wall_seconds: f64,
     pub logs: String,
+    /// Each planned execution's lock (an index into `locks`), for the run's picture.
+    #[serde(skip)]
+    pub lock_of: std::collections::BTreeMap<String, usize>,
+    /// The HTML report with the run's charts (`picture`), once written.
+    pub html_report: Option<String>,
     pub checks: Vec<Check>,
     pub ok: bool,
 }
@@ -743,6 +751,9 @@ impl Report {
         } else {
             "RESULT: an invariant FAILED\n"
         });
+        if let Some(path) = &self.html_report {
+            text.push_str(&format!("HTML report: {path}\n"));
+        }
         text
     }
 }

@@ -7,7 +7,7 @@
 //! or two each, so they are ignored by a plain `cargo test`; `bash local/test.sh` installs the
 //! tools and runs them (CI does).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -64,6 +64,29 @@ fn n(report: &Value, pointer: &str) -> u64 {
         .pointer(pointer)
         .and_then(Value::as_u64)
         .unwrap_or_else(|| panic!("{pointer} missing from the report: {report:#}"))
+}
+
+/// The HTML report the run wrote beside its logs (its path in the JSON report, as at the end of
+/// the text one), opened in headless Chromium: it loads without an error or an outside request,
+/// and lays out and paints its `charts` charts.
+fn check_html_report(report: &Value, charts: usize) {
+    let path = report["html_report"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the run wrote no HTML report: {report:#}"));
+    assert!(
+        Path::new(path).starts_with(report["logs"].as_str().expect("logs")),
+        "{path} is not in the run's directory"
+    );
+    let Some(chromium) = semaphore_charts::browser::chromium().unwrap() else {
+        eprintln!("SKIPPED the HTML report's check in a browser: no Chromium (apt-get install -y chromium, or set CHROMIUM=path)");
+        return;
+    };
+    let probe = semaphore_charts::browser::check_page(&chromium, Path::new(path), charts, 2400)
+        .unwrap_or_else(|e| panic!("the HTML report in Chromium: {e}"));
+    eprintln!(
+        "HTML report {path}: {} charts drawn in Chromium, no error",
+        probe.svgs.len()
+    );
 }
 
 #[test]
@@ -252,6 +275,9 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
         ),
         "{probe:#}"
     );
+    // The picture: a timeline per lock, then the distributions of the waits and the
+    // hand-offs (there were both, as checked above).
+    check_html_report(&report, locks.len() + 2);
 }
 
 #[test]
@@ -301,4 +327,6 @@ fn the_same_race_leaks_slots_in_the_original_sample_protocol() {
     assert_eq!(n(&report, "/leaked_slots_at_end"), 2, "{report:#}");
     // Safety itself held: the sample's flaw is the leak, not over-admission.
     assert!(n(&report, "/locks/0/max_holders") <= 3);
+    // Its picture too: its one lock's timeline (the sample has no line to measure).
+    check_html_report(&report, 1);
 }

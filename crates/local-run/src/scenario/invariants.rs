@@ -172,7 +172,8 @@ pub(super) async fn gather(
             sweeper.failed_sweeps += 1;
             continue;
         }
-        let (_, o) = describe(sfn, &arn).await?;
+        let (ended, o) = describe(sfn, &arn).await?;
+        sweeper.started_ms.push(ended.start_ms);
         sweeper.reclaimed += o.output_json()["reclaimed"].as_u64().unwrap_or(0) as usize;
     }
     let sqs = aws_sdk_sqs::Client::new(sdk);
