@@ -52,9 +52,11 @@ patch_transaction_idempotency): a committed transaction sent again with its toke
 without applying twice, as on AWS; moto evaluated it anew.
 
 CloudFormation, which the local run deploys template.yaml with (local/deploy_stack.py, after the
-SAM transform), has two gaps patched: an AWS::StepFunctions::StateMachine's
-DefinitionSubstitutions were ignored (patch_state_machine_from_cloudformation), and an
-`AWS::NoValue` in a list stayed as a null (patch_no_value_in_lists).
+SAM transform), has three gaps patched: an AWS::StepFunctions::StateMachine's
+DefinitionSubstitutions were ignored (patch_state_machine_from_cloudformation), an
+`AWS::NoValue` in a list stayed as a null (patch_no_value_in_lists), and AWS::CloudWatch::Alarm
+was not a resource moto's CloudFormation makes (patch_alarm_from_cloudformation), so the
+dashboard's `${Alarm.Arn}` failed the stack.
 
 And one limit of AWS that moto leaves out is enforced: a task whose parameters (a Lambda
 payload, a child execution's input) pass Step Functions' 256 KiB fails with
@@ -969,6 +971,93 @@ def patch_no_value_in_lists():
     parsing.clean_json = clean_json
 
 
+# sha256 of the source of moto 5.2.5's CloudWatchBackend.put_metric_alarm, which
+# patch_alarm_from_cloudformation() calls with an alarm's CloudFormation properties.
+PUT_METRIC_ALARM_SHA256 = "aff786ddccbc9f135373cec565c38ac5016cbdf68a3e8196fa36ec2325829fbb"
+
+
+def patch_alarm_from_cloudformation():
+    """Makes CloudFormation create AWS::CloudWatch::Alarm, as AWS does.
+
+    Moto 5.2.5's CloudFormation has no model for alarms: it skips them, and a reference to one
+    (the dashboard's `${ReclaimedSlotsAlarm.Arn}`, template.yaml's alarms widget) fails the
+    whole stack with "Fn::GetAtt references undefined resource". This model puts the alarm
+    through moto's own PutMetricAlarm (so the local stack has the alarms, their actions and
+    thresholds, readable with DescribeAlarms); Ref is its name and GetAtt Arn its ARN, as
+    CloudFormation documents for AWS::CloudWatch::Alarm.
+    """
+    from moto.cloudformation import parsing
+    from moto.cloudwatch.models import CloudWatchBackend, cloudwatch_backends
+    from moto.core.common_models import CloudFormationModel
+
+    require_source(
+        CloudWatchBackend.put_metric_alarm, PUT_METRIC_ALARM_SHA256, "AWS::CloudWatch::Alarm"
+    )
+    if "AWS::CloudWatch::Alarm" in parsing.get_model_map():
+        raise SystemExit("moto_server.py: moto already models AWS::CloudWatch::Alarm: drop the patch")
+
+    class CloudFormationAlarm(CloudFormationModel):
+        # moto's model metaclass files every model under the service its module names.
+        __module__ = "moto.cloudwatch.models"
+
+        def __init__(self, alarm):
+            self.alarm = alarm
+
+        @staticmethod
+        def cloudformation_type():
+            return "AWS::CloudWatch::Alarm"
+
+        @staticmethod
+        def cloudformation_name_type():
+            return "AlarmName"
+
+        @property
+        def physical_resource_id(self):
+            return self.alarm.name
+
+        @classmethod
+        def has_cfn_attr(cls, attr):
+            return attr == "Arn"
+
+        def get_cfn_attribute(self, attribute_name):
+            if attribute_name == "Arn":
+                return self.alarm.alarm_arn
+            return super().get_cfn_attribute(attribute_name)
+
+        @classmethod
+        def create_from_cloudformation_json(
+            cls, resource_name, cloudformation_json, account_id, region_name, **kwargs
+        ):
+            p = cloudformation_json["Properties"]
+            number = lambda key, kind: kind(p[key]) if key in p else None  # noqa: E731
+            alarm = cloudwatch_backends[account_id][region_name].put_metric_alarm(
+                name=p.get("AlarmName") or resource_name,
+                namespace=p.get("Namespace"),
+                metric_name=p.get("MetricName"),
+                comparison_operator=p.get("ComparisonOperator"),
+                evaluation_periods=number("EvaluationPeriods", int),
+                period=number("Period", int),
+                threshold=number("Threshold", float),
+                statistic=p.get("Statistic"),
+                description=p.get("AlarmDescription"),
+                dimensions=p.get("Dimensions", []),
+                alarm_actions=p.get("AlarmActions", []),
+                ok_actions=p.get("OKActions", []),
+                insufficient_data_actions=p.get("InsufficientDataActions", []),
+                datapoints_to_alarm=number("DatapointsToAlarm", int),
+                extended_statistic=p.get("ExtendedStatistic"),
+                unit=p.get("Unit"),
+                actions_enabled=p.get("ActionsEnabled", True),
+                treat_missing_data=p.get("TreatMissingData"),
+            )
+            return cls(alarm)
+
+    # The model map is computed once from CloudFormationModel's subclasses: recompute it.
+    for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
+        cached.cache_clear()
+    assert parsing.get_model_map()["AWS::CloudWatch::Alarm"] is CloudFormationAlarm
+
+
 def execute_state_machines():
     """Step Functions runs the executions it starts, from the server's start: moto's execution
     mode (its States Language interpreter, histories as AWS records them), which is otherwise
@@ -1025,6 +1114,7 @@ def main():
     patch_data_limit_is_terminal()
     patch_state_machine_from_cloudformation()
     patch_no_value_in_lists()
+    patch_alarm_from_cloudformation()
     execute_state_machines()
     app = limit_start_execution_input(serialized(DomainDispatcherApplication(create_backend_app)))
     if args.lambda_endpoint:
