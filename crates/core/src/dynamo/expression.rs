@@ -14,7 +14,7 @@ use super::codec::{
     FORMAT, WEIGHT_SPAN,
 };
 use crate::error::StoreError;
-use crate::input::LockName;
+use crate::input::{LockName, Rate};
 use crate::item::{
     FencingToken, Holding, Identity, FENCES_PER_GENERATION, HELD_BYTES_BUDGET, MAX_HELD_BYTES,
 };
@@ -125,6 +125,49 @@ impl Placeholders {
     }
 }
 
+/// Whether a check is rendered as itself or as its negation (a refusal's reason, `Check::Busy`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Holds {
+    Yes,
+    No,
+}
+
+/// `Check::Room`: the holders' bytes within the budget and each fence generation within its
+/// bound, or its negation. `size` of a missing set is no number to compare (moto refuses the
+/// request), hence the existence tests.
+fn room(p: &mut Placeholders, holds: Holds) -> String {
+    let (held, young, old) = (
+        p.attr(attr::HELD_BYTES),
+        p.attr(attr::YOUNG),
+        p.attr(attr::OLD),
+    );
+    let budget = p.value(number(HELD_BYTES_BUDGET - MAX_HELD_BYTES));
+    let fences = p.value(number(FENCES_PER_GENERATION));
+    match holds {
+        Holds::Yes => format!(
+            "{held} <= {budget} \
+             AND (attribute_not_exists({young}) OR size({young}) <= {fences}) \
+             AND (attribute_not_exists({old}) OR size({old}) <= {fences})"
+        ),
+        Holds::No => format!(
+            "{held} > {budget} \
+             OR (attribute_exists({young}) AND size({young}) > {fences}) \
+             OR (attribute_exists({old}) AND size({old}) > {fences})"
+        ),
+    }
+}
+
+/// `Check::Spaced`: no start since `now_ms` less the rate's spacing, or its negation (a start
+/// there: a missing `started_at` compares as false).
+fn spaced(p: &mut Placeholders, rate: &Rate, now_ms: u64, holds: Holds) -> String {
+    let started = p.attr(attr::STARTED_AT);
+    let since = p.value(number(now_ms.saturating_sub(rate.spacing_ms())));
+    match holds {
+        Holds::Yes => format!("attribute_not_exists({started}) OR {started} <= {since}"),
+        Holds::No => format!("{started} > {since}"),
+    }
+}
+
 /// The write as one `UpdateItem`: the format check and the write's checks as its condition, the
 /// version increment and the write's changes as its update.
 pub fn render(write: &Write) -> Result<Rendered, StoreError> {
@@ -140,25 +183,9 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 let room = p.value(number(limit.get() - weight.get()));
                 format!("{used} <= {room}")
             }
-            Check::Room => {
-                let (held, young, old) = (
-                    p.attr(attr::HELD_BYTES),
-                    p.attr(attr::YOUNG),
-                    p.attr(attr::OLD),
-                );
-                let room = p.value(number(HELD_BYTES_BUDGET - MAX_HELD_BYTES));
-                let fences = p.value(number(FENCES_PER_GENERATION));
-                // `size` of a missing set is no number to compare (moto refuses the request).
-                format!(
-                    "({held} <= {room} \
-                     AND (attribute_not_exists({young}) OR size({young}) <= {fences}) \
-                     AND (attribute_not_exists({old}) OR size({old}) <= {fences}))"
-                )
-            }
+            Check::Room => format!("({})", room(&mut p, Holds::Yes)),
             Check::Spaced { rate, now_ms } => {
-                let started = p.attr(attr::STARTED_AT);
-                let since = p.value(number(now_ms.saturating_sub(rate.spacing_ms())));
-                format!("(attribute_not_exists({started}) OR {started} <= {since})")
+                format!("({})", spaced(&mut p, rate, *now_ms, Holds::Yes))
             }
             Check::HoldsWeight { identity, weight } => {
                 let slot = p.slot(identity);
@@ -190,26 +217,15 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
             }
             Check::Busy { terms, now_ms } => {
                 let (used, waiting) = (p.attr(attr::USED), p.attr(attr::WAITING));
-                let room = p.value(number(terms.room()));
+                let room_left = p.value(number(terms.room()));
                 let zero = p.value(number(0));
-                let (held, young, old) = (
-                    p.attr(attr::HELD_BYTES),
-                    p.attr(attr::YOUNG),
-                    p.attr(attr::OLD),
-                );
-                let held_room = p.value(number(HELD_BYTES_BUDGET - MAX_HELD_BYTES));
-                let fences = p.value(number(FENCES_PER_GENERATION));
-                // The negation of the acquire's checks of the weight, the room and the line.
-                let mut busy = format!(
-                    "{used} > {room} OR {held} > {held_room} \
-                     OR (attribute_exists({young}) AND size({young}) > {fences}) \
-                     OR (attribute_exists({old}) AND size({old}) > {fences}) \
-                     OR {waiting} > {zero}"
-                );
-                if let Some(rate) = terms.rate {
-                    let started = p.attr(attr::STARTED_AT);
-                    let since = p.value(number(now_ms.saturating_sub(rate.spacing_ms())));
-                    busy.push_str(&format!(" OR {started} > {since}"));
+                // The negation of the acquire's checks of the weight, the room and the line,
+                // rendered by the same functions as those checks.
+                let no_room = room(&mut p, Holds::No);
+                let mut busy = format!("{used} > {room_left} OR {no_room} OR {waiting} > {zero}");
+                if let Some(rate) = &terms.rate {
+                    busy.push_str(" OR ");
+                    busy.push_str(&spaced(&mut p, rate, *now_ms, Holds::No));
                 }
                 format!("({busy})")
             }
