@@ -5,13 +5,17 @@
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::{check_finite, colour, draw_svg, ChartError, Svg, FONT};
+use crate::{check_finite, colour, draw_svg, titled, ChartError, Header, Svg, FONT};
 
 /// A panel's width: this much per group of bars, and at least `PANEL_WIDTH`.
 const PANEL_WIDTH: u32 = 300;
 const GROUP_WIDTH: u32 = 100;
 const HEIGHT: u32 = 360;
-const HEADER: u32 = 56;
+const HEADER: Header = Header {
+    height: 56,
+    legend_y: 40,
+    char_width: 7,
+};
 
 /// A chart of bars in panels side by side, sharing one legend of series.
 #[derive(Debug, Clone)]
@@ -155,23 +159,12 @@ impl BarChart {
         let panel_width = PANEL_WIDTH.max(GROUP_WIDTH * groups.unwrap_or(0) as u32);
         let width = 20 + panel_width * self.panels.len() as u32;
         draw_svg(&self.title, (width, HEIGHT), |root| {
-            root.fill(&WHITE)?;
-            let (head, body) = root.split_vertically(HEADER);
-            head.draw(&Text::new(
-                self.title.clone(),
-                (12, 8),
-                (FONT, 18).into_font().color(&BLACK),
-            ))?;
-            let mut x = 14;
-            for (i, name) in self.series.iter().enumerate() {
-                head.draw(&Circle::new((x, 40), 5, colour(i).filled()))?;
-                head.draw(&Text::new(
-                    name.clone(),
-                    (x + 10, 33),
-                    (FONT, 13).into_font().color(&BLACK),
-                ))?;
-                x += 40 + 7 * name.chars().count() as i32;
-            }
+            let body = titled(
+                root,
+                &HEADER,
+                &self.title,
+                self.series.iter().map(String::as_str),
+            )?;
             let areas = body.split_evenly((1, self.panels.len()));
             for (panel, area) in self.panels.iter().zip(&areas) {
                 panel.draw(area)?;

@@ -5,11 +5,15 @@
 
 use plotters::prelude::*;
 
-use crate::{check_finite, colour, draw_svg, ChartError, Svg, FONT};
+use crate::{check_finite, colour, draw_svg, titled, ChartError, Header, Svg, FONT};
 
 const WIDTH: u32 = 900;
 const HEIGHT: u32 = 340;
-const HEADER: u32 = 64;
+const HEADER: Header = Header {
+    height: 64,
+    legend_y: 44,
+    char_width: 7,
+};
 
 #[derive(Debug, Clone)]
 pub struct Distribution {
@@ -103,24 +107,13 @@ impl Distribution {
         let lo = lo.min(0.0);
         let hi = if hi > lo { hi * 1.02 } else { lo + 1.0 };
         draw_svg(&self.title, (WIDTH, HEIGHT), |root| {
-            root.fill(&WHITE)?;
-            let (head, body) = root.split_vertically(HEADER);
-            head.draw(&Text::new(
-                self.title.clone(),
-                (12, 8),
-                (FONT, 18).into_font().color(&BLACK),
-            ))?;
-            let mut x = 14;
-            for (i, set) in self.sets.iter().enumerate() {
-                let label = set.legend();
-                head.draw(&Circle::new((x, 44), 5, colour(i).filled()))?;
-                head.draw(&Text::new(
-                    label.clone(),
-                    (x + 10, 37),
-                    (FONT, 13).into_font().color(&BLACK),
-                ))?;
-                x += 40 + 7 * label.chars().count() as i32;
-            }
+            let legends: Vec<String> = self.sets.iter().map(SampleSet::legend).collect();
+            let body = titled(
+                root,
+                &HEADER,
+                &self.title,
+                legends.iter().map(String::as_str),
+            )?;
             let mut chart = ChartBuilder::on(&body)
                 .margin(8)
                 .x_label_area_size(36)

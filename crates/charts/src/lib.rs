@@ -98,6 +98,47 @@ fn check_finite(chart: &str, what: &str, value: f64) -> Result<(), ChartError> {
 }
 
 /// Draws into an SVG string of the given size; plotters' errors become [`ChartError::Draw`].
+/// The drawing area of an SVG being drawn.
+type SvgArea<'a> =
+    plotters::drawing::DrawingArea<plotters::backend::SVGBackend<'a>, plotters::coord::Shift>;
+
+/// How a chart kind lays out its header: its height, the legend's row (the dots' centre; each
+/// label sits 7 px above it, beside its dot) and the width a label's character is given.
+struct Header {
+    height: u32,
+    legend_y: i32,
+    char_width: i32,
+}
+
+/// Every chart's top: a white page, the title, and a legend row with one dot per label in
+/// `colour(i)`. Returns the area below it, for the chart itself.
+fn titled<'a, 'l>(
+    root: SvgArea<'a>,
+    header: &Header,
+    title: &str,
+    legend: impl IntoIterator<Item = &'l str>,
+) -> Result<SvgArea<'a>, Box<dyn std::error::Error + 'a>> {
+    use plotters::prelude::*;
+    root.fill(&WHITE)?;
+    let (head, body) = root.split_vertically(header.height);
+    head.draw(&Text::new(
+        title.to_owned(),
+        (12, 8),
+        (FONT, 18).into_font().color(&BLACK),
+    ))?;
+    let mut x = 14;
+    for (i, label) in legend.into_iter().enumerate() {
+        head.draw(&Circle::new((x, header.legend_y), 5, colour(i).filled()))?;
+        head.draw(&Text::new(
+            label.to_owned(),
+            (x + 10, header.legend_y - 7),
+            (FONT, 13).into_font().color(&BLACK),
+        ))?;
+        x += 40 + header.char_width * label.chars().count() as i32;
+    }
+    Ok(body)
+}
+
 fn draw_svg<F>(chart: &str, size: (u32, u32), draw: F) -> Result<Svg, ChartError>
 where
     F: FnOnce(

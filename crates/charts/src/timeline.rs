@@ -4,11 +4,15 @@
 
 use plotters::prelude::*;
 
-use crate::{check_finite, colour, draw_svg, ChartError, Svg, FONT};
+use crate::{check_finite, colour, draw_svg, titled, ChartError, Header, Svg, FONT};
 
 const WIDTH: u32 = 900;
 const PANEL_HEIGHT: u32 = 210;
-const HEADER: u32 = 64;
+const HEADER: Header = Header {
+    height: 64,
+    legend_y: 44,
+    char_width: 8,
+};
 
 #[derive(Debug, Clone)]
 pub struct Timeline {
@@ -122,29 +126,13 @@ impl Timeline {
         let end = if end > start { end } else { start + 1.0 };
         let kinds = self.marker_kinds();
         let line_count = self.lines().count();
-        let height = HEADER + PANEL_HEIGHT * self.panels.len() as u32;
+        let height = HEADER.height + PANEL_HEIGHT * self.panels.len() as u32;
         draw_svg(&self.title, (WIDTH, height), |root| {
-            root.fill(&WHITE)?;
-            let (head, body) = root.split_vertically(HEADER);
-            head.draw(&Text::new(
-                self.title.clone(),
-                (12, 8),
-                (FONT, 18).into_font().color(&BLACK),
-            ))?;
             let legend = self
                 .lines()
                 .map(|l| l.label.as_str())
                 .chain(kinds.iter().copied());
-            let mut x = 14;
-            for (i, label) in legend.enumerate() {
-                head.draw(&Circle::new((x, 44), 5, colour(i).filled()))?;
-                head.draw(&Text::new(
-                    label.to_owned(),
-                    (x + 10, 37),
-                    (FONT, 13).into_font().color(&BLACK),
-                ))?;
-                x += 40 + 8 * label.chars().count() as i32;
-            }
+            let body = titled(root, &HEADER, &self.title, legend)?;
             let areas = body.split_evenly((self.panels.len(), 1));
             let mut line_index = 0;
             for (p, (panel, area)) in self.panels.iter().zip(&areas).enumerate() {
