@@ -9,18 +9,31 @@
 //! definition's states against the Lambda handlers, and real executions of the local server's
 //! Step Functions, parked in line on real task tokens (`sfn::park`). The `stand-in-work` binary
 //! is the Lambda function the local run runs as a user's work.
+//!
+//! For the whole app on this local AWS (the local run), also: the stack deployed from
+//! template.yaml as `sam deploy` would make it ([`stack`]), our Lambda binaries run behind
+//! cargo lambda's emulator ([`lambda`]) under one supervisor of processes ([`procs`]), EventBridge
+//! played for the executions' status events ([`eventbridge`]), the proxy that holds the acquire
+//! writes of executions it stops ([`delay`]), and an independent poller of the
+//! lock items ([`poller`]).
 
 pub mod asl;
 pub mod counter;
+pub mod delay;
+pub mod eventbridge;
+pub mod lambda;
 pub mod legacy;
 pub mod names;
 pub mod observe;
+pub mod poller;
+pub mod procs;
 pub mod proxy;
 pub mod refusal;
 pub mod runtime_api;
 pub mod sample;
 pub mod server;
 pub mod sfn;
+pub mod stack;
 pub mod wire;
 
 pub use server::{all_items, client_for, endpoint, fresh_table, sdk_config, LocalAws};

@@ -12,15 +12,15 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::events::{Ended, Player, Target};
-use crate::poller::{Layout, Poller};
-use crate::procs::Supervisor;
 use crate::progress::Progress;
-use crate::proxy::DelayProxy;
 use crate::report::{LockReport, Report};
-use crate::stack::Stack;
 use crate::{plan_locks, plan_roles, plan_weights, Args, LockSpec, Role};
+use local_aws::delay::DelayProxy;
+use local_aws::eventbridge::{Ended, Player, Target};
 use local_aws::observe::RawRecord;
+use local_aws::poller::{Layout, Poller};
+use local_aws::procs::Supervisor;
+use local_aws::stack::Stack;
 
 /// What a mode's run starts from.
 #[derive(Clone, Copy)]
@@ -121,7 +121,7 @@ impl LockItems {
         let item = self.item(lock).await?;
         let (holders, _) = item
             .as_ref()
-            .map(|i| crate::poller::decode(self.layout, i))
+            .map(|i| local_aws::poller::decode(self.layout, i))
             .unwrap_or_default();
         Ok(holders)
     }

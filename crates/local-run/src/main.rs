@@ -15,19 +15,12 @@
 //! protocol (no version, no fence, no sweeper), to show the leak the seed describes.
 
 mod driver;
-mod emulator;
-mod events;
 mod line;
 mod picture;
-mod poller;
-mod procs;
 mod progress;
-mod proxy;
 mod report;
 mod sample;
 mod scenario;
-mod sfn;
-mod stack;
 mod work;
 
 use std::path::PathBuf;
@@ -36,8 +29,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::events::EventChaos;
-use crate::procs::Supervisor;
+use local_aws::eventbridge::EventChaos;
+use local_aws::procs::Supervisor;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Protocol {

@@ -79,7 +79,7 @@ fn timeline(report: &Report, lock: usize) -> Timeline {
     let markers = markers(report, lock);
     let last_sample = samples.last().map_or(0.0, |s| seconds(start, s.at_ms));
     let end = markers.iter().map(|m| m.at).fold(last_sample, f64::max);
-    let step = |value: fn(&crate::poller::Sample) -> u64| {
+    let step = |value: fn(&local_aws::poller::Sample) -> u64| {
         let mut points: Vec<(f64, f64)> = samples
             .iter()
             .map(|s| (seconds(start, s.at_ms).max(0.0), value(s) as f64))
@@ -241,8 +241,8 @@ pub fn page(report: &Report) -> Result<Page, ChartError> {
 mod tests {
     use super::*;
     use crate::line::LineReport;
-    use crate::poller::{LockPoll, Sample};
     use crate::report::{Check, LockReport, SweeperCounts};
+    use local_aws::poller::{LockPoll, Sample};
 
     /// A small made-up run: two locks, the poller's samples, ended executions, deliveries and
     /// sweeps, waits and hand-offs.

@@ -2,10 +2,10 @@
 
 use serde::Serialize;
 
-use crate::events::EventStats;
-use crate::poller::PollStats;
-use crate::proxy::ProxyStats;
 use crate::Role;
+use local_aws::delay::ProxyStats;
+use local_aws::eventbridge::EventStats;
+use local_aws::poller::PollStats;
 
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct ExecutionCounts {

@@ -19,13 +19,13 @@ use local_aws::server::sdk_config_for;
 use tokio::sync::mpsc;
 
 use crate::driver::{self, LockItems, Setup, Watch};
-use crate::events::{Ended, Target};
-use crate::poller::{now_ms, Layout};
 use crate::progress::{phase, Progress};
-use crate::proxy::{DelayProxy, WriteKind};
 use crate::report::{ExecutionCounts, Report};
-use crate::stack::{Deployed, Stack};
 use crate::Role;
+use local_aws::delay::{DelayProxy, WriteKind};
+use local_aws::eventbridge::{Ended, Target};
+use local_aws::poller::{now_ms, Layout};
+use local_aws::stack::{Deployed, Stack};
 
 /// How long a sample execution waits for a slot before it gives up (the sample has no cap;
 /// a run has to end).

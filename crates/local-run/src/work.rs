@@ -8,11 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use crate::driver::Planned;
-use crate::poller::PollStats;
 use crate::report::{short, WorkReport};
-use crate::sfn::{describe, json_of, list_executions, Sfn};
-use crate::stack::Machine;
 use crate::{LockSpec, Role};
+use local_aws::poller::PollStats;
+use local_aws::sfn::{describe, json_of, list_executions, Client as Sfn};
+use local_aws::stack::Machine;
 
 /// A child execution of the work machine, and the lock-protected execution that started it
 /// (the holder its input's semaphore context names).
@@ -176,8 +176,3 @@ pub fn report(
     }
     out
 }
-
-/// The stand-in for a user's Lambda function run as the work (WorkFunctionArns): the kit's
-/// `stand-in-work` binary, a `lambda_runtime` function that waits its event's `work_seconds`.
-/// Named after its binary: the emulator routes invokes only to names of the workspace's binaries.
-pub const WORK_FUNCTION: &str = "stand-in-work";

@@ -10,15 +10,15 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::driver::{LockItems, Setup};
-use crate::emulator;
-use crate::poller::Layout;
 use crate::progress::phase;
-use crate::proxy::{DelayProxy, WriteKind};
 use crate::report::short;
-use crate::sfn::{sfn_error, wait_ended, Sfn};
-use crate::stack::{Deployed, Machine, Stack};
-use crate::{work, LockSpec};
+use crate::LockSpec;
+use local_aws::delay::{DelayProxy, WriteKind};
+use local_aws::lambda;
+use local_aws::poller::Layout;
 use local_aws::server::sdk_config_for;
+use local_aws::sfn::{sfn_error, wait_ended, Client as Sfn};
+use local_aws::stack::{Deployed, Machine, Stack};
 
 /// The deployed stack and the clients the later steps use.
 pub(super) struct Stage {
@@ -59,7 +59,7 @@ pub(super) async fn deploy(
         stack.partition,
         stack.region,
         stack.account,
-        work::WORK_FUNCTION
+        lambda::WORK_FUNCTION
     );
     let overrides = BTreeMap::from([
         ("LockName".to_owned(), locks[0].name.clone()),
@@ -82,7 +82,7 @@ pub(super) async fn deploy(
         .cargo_lambda
         .clone()
         .unwrap_or_else(|| root.join(".venv/bin/cargo-lambda"));
-    let emulator_port = emulator::free_port()?;
+    let emulator_port = lambda::free_port()?;
     let emulator = format!("http://127.0.0.1:{emulator_port}");
     let endpoint = setup
         .supervisor
@@ -124,16 +124,16 @@ pub(super) async fn deploy(
         .iter()
         .map(|f| f.binary.as_str())
         .collect();
-    binaries.push(work::WORK_FUNCTION);
+    binaries.push(lambda::WORK_FUNCTION);
     if !args.no_build {
         phase(&format!("cargo build --bin {}", binaries.join(" --bin ")));
-        emulator::build_functions(root, dir, &binaries)?;
+        lambda::build_functions(root, dir, &binaries)?;
     }
-    emulator::start_emulator(setup.supervisor, &cargo_lambda, root, dir, emulator_port)?;
+    lambda::start_emulator(setup.supervisor, &cargo_lambda, root, dir, emulator_port)?;
     eprintln!("    Lambda API     {emulator} (cargo lambda watch --only-lambda-apis)");
     eprintln!(
         "    function       {} x2 (Lambda work, the kit's stand-in)",
-        work::WORK_FUNCTION
+        lambda::WORK_FUNCTION
     );
     let (proxy, held_rx) = DelayProxy::start(
         &endpoint,
@@ -147,7 +147,7 @@ pub(super) async fn deploy(
         proxy.endpoint()
     );
     let binary_dir = local_aws::server::target_dir(root).join("debug");
-    emulator::start_work_function(
+    lambda::start_work_function(
         setup.supervisor,
         &binary_dir,
         dir,
@@ -160,7 +160,7 @@ pub(super) async fn deploy(
             "release" => (4, endpoint.clone()),
             _ => (2, endpoint.clone()),
         };
-        emulator::start_functions(
+        lambda::start_functions(
             setup.supervisor,
             &binary_dir,
             dir,

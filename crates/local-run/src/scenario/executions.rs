@@ -14,10 +14,10 @@ use tokio::sync::mpsc;
 
 use super::deploy::Stage;
 use crate::driver::{self, Planned, Setup, Watch};
-use crate::events::Target;
 use crate::progress::{phase, Progress};
-use crate::sfn::{describe, list_executions, sfn_error, Outcome};
 use crate::Role;
+use local_aws::eventbridge::Target;
+use local_aws::sfn::{describe, list_executions, sfn_error, Outcome};
 
 /// The executions as they ended, and what the steps after them go on with.
 pub(super) struct Ran {

@@ -15,8 +15,8 @@ use super::probes::Probes;
 use crate::driver::Setup;
 use crate::line::{self, LineReport};
 use crate::report::{short, CleanupCounts, ExecutionCounts, Report, SweeperCounts, WorkReport};
-use crate::sfn::{clip, describe, history, json_of, list_executions, save_history, Outcome};
 use crate::work;
+use local_aws::sfn::{clip, describe, history, json_of, list_executions, save_history, Outcome};
 
 /// What the checks need beside the report.
 pub(super) struct Seen {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::deploy::Stage;
 use super::executions::Ran;
 use crate::driver::Setup;
-use crate::sfn::{any_running, sfn_error, wait_ended};
+use local_aws::sfn::{any_running, sfn_error, wait_ended};
 
 pub(super) async fn settle(setup: &Setup<'_>, stage: &Stage, run: Ran) -> Result<Ran, String> {
     let Stage {

@@ -8,9 +8,9 @@ use serde_json::json;
 
 use crate::driver::LockItems;
 use crate::report::{short, TransitionsReport};
-use crate::sfn::{save_history, start, states_entered, wait_ended, Sfn};
-use crate::stack::Machine;
 use crate::work::{children, work_state};
+use local_aws::sfn::{save_history, start_execution, states_entered, wait_ended, Client as Sfn};
+use local_aws::stack::Machine;
 
 /// Runs one critical section with no contention (the run's executions have not started) and
 /// counts its state transitions: the lock-protected execution's states entered and its child's.
@@ -20,7 +20,7 @@ pub async fn count_transitions(
     work: &Machine,
     dir: &std::path::Path,
 ) -> Result<TransitionsReport, String> {
-    let arn = start(sfn, &protected.arn, "probe-transitions", &json!({})).await?;
+    let arn = start_execution(sfn, &protected.arn, "probe-transitions", &json!({})).await?;
     let outcome = wait_ended(sfn, &arn, Duration::from_secs(120)).await?;
     if outcome.status != "SUCCEEDED" {
         return Err(format!(
@@ -52,7 +52,7 @@ pub async fn count_transitions(
 /// failures, and what it answered.
 pub async fn run_test_runner(sfn: &Sfn, runner: &Machine) -> Result<(bool, String), String> {
     let input = json!({"executions": 4, "fail_every": 2, "work_seconds": 1});
-    let arn = start(sfn, &runner.arn, "probe-test-runner", &input).await?;
+    let arn = start_execution(sfn, &runner.arn, "probe-test-runner", &input).await?;
     let outcome = wait_ended(sfn, &arn, Duration::from_secs(180)).await?;
     let output = outcome.output_json();
     let ok = outcome.status == "SUCCEEDED"
@@ -85,7 +85,7 @@ pub async fn run_your_workflow_example(
     let mut arns = Vec::new();
     for n in 1..=3 {
         let name = format!("probe-your-workflow-{n}");
-        arns.push(start(sfn, &example.arn, &name, &json!({"order": n})).await?);
+        arns.push(start_execution(sfn, &example.arn, &name, &json!({"order": n})).await?);
     }
     let mut tokens = BTreeSet::new();
     let mut ended = Vec::new();

@@ -6,11 +6,11 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::driver::LockItems;
-use crate::poller::now_ms;
 use crate::report::RedriveGuardReport;
-use crate::sfn::{sfn_error, start, states_entered, wait_ended, Sfn};
-use crate::stack::Machine;
 use crate::work::work_state;
+use local_aws::poller::now_ms;
+use local_aws::sfn::{sfn_error, start_execution, states_entered, wait_ended, Client as Sfn};
+use local_aws::stack::Machine;
 
 /// Invokes one of our functions through the server's Lambda bridge, as Step Functions does.
 async fn invoke(endpoint: &str, function: &str, payload: &Value) -> Result<Value, String> {
@@ -79,9 +79,9 @@ pub async fn redrive_guard(
         &json!({"holder": arn, "redrive_count": 0, "input": probe_lock}),
     )
     .await?;
-    let first = start(sfn, &work.arn, &child_name, &json!({"work_seconds": 0})).await?;
+    let first = start_execution(sfn, &work.arn, &child_name, &json!({"work_seconds": 0})).await?;
     wait_ended(sfn, &first, Duration::from_secs(60)).await?;
-    let started = start(sfn, &protected.arn, name, &json!({})).await?;
+    let started = start_execution(sfn, &protected.arn, name, &json!({})).await?;
     let outcome = wait_ended(sfn, &started, Duration::from_secs(120)).await?;
     let entered = states_entered(sfn, &started).await?;
     let held_after = items
@@ -129,7 +129,7 @@ pub async fn misconfigured_caller(
         .state_machine_arn()
         .to_owned();
     let lock = "probe-misconfigured";
-    let started = start(
+    let started = start_execution(
         sfn,
         &machine,
         "probe-misconfigured-caller",

@@ -8,9 +8,11 @@ use aws_sdk_sfn::types::HistoryEventType;
 use serde_json::json;
 
 use crate::report::{short, HistoryProbeReport};
-use crate::sfn::{history, save_history, start, states_entered, wait_ended, Sfn};
-use crate::stack::Machine;
 use crate::work::work_state;
+use local_aws::sfn::{
+    history, save_history, start_execution, states_entered, wait_ended, Client as Sfn,
+};
+use local_aws::stack::Machine;
 
 /// The history probe's execution input: about 200 KiB, the size of input the issue asks to
 /// see acquire, work and release (every task but the first acquire passes the acquire answer,
@@ -31,7 +33,7 @@ pub async fn long_wait_with_a_big_input(
 ) -> Result<HistoryProbeReport, String> {
     let lock = "probe-history-lock";
     let work_seconds = 2 * fallback_seconds + 6;
-    let holder = start(
+    let holder = start_execution(
         sfn,
         &protected.arn,
         "probe-history-holder",
@@ -55,7 +57,7 @@ pub async fn long_wait_with_a_big_input(
     let padding = BIG_INPUT_BYTES.saturating_sub(input.to_string().len());
     input["padding"] = json!("x".repeat(padding));
     let input_bytes = input.to_string().len();
-    let waiter = start(sfn, &protected.arn, "probe-history-waiter", &input).await?;
+    let waiter = start_execution(sfn, &protected.arn, "probe-history-waiter", &input).await?;
     let within = Duration::from_secs(work_seconds + 120);
     let ended = wait_ended(sfn, &waiter, within).await?;
     let holder_ended = wait_ended(sfn, &holder, within).await?;
@@ -67,7 +69,8 @@ pub async fn long_wait_with_a_big_input(
     // failed child's cause carries the child's input).
     let mut failing_input = input.clone();
     failing_input["fail"] = json!(true);
-    let failing = start(sfn, &protected.arn, "probe-history-failing", &failing_input).await?;
+    let failing =
+        start_execution(sfn, &protected.arn, "probe-history-failing", &failing_input).await?;
     let failing_ended = wait_ended(sfn, &failing, within).await?;
     if failing_ended.error.as_deref() != Some("WorkFailed") {
         save_history(sfn, &failing, dir).await;

@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::driver::LockItems;
-use crate::poller::now_ms;
 use crate::report::StopParentReport;
-use crate::sfn::{describe, sfn_error, start, states_entered, wait_ended, Sfn};
-use crate::stack::Machine;
 use crate::work::children;
+use local_aws::poller::now_ms;
+use local_aws::sfn::{
+    describe, sfn_error, start_execution, states_entered, wait_ended, Client as Sfn,
+};
+use local_aws::stack::Machine;
 
 /// What [`stop_the_parent`] runs.
 pub struct StopParent<'a> {
@@ -20,7 +22,7 @@ pub struct StopParent<'a> {
     pub child_machine: &'a Machine,
     pub cleanup: &'a Machine,
     /// The rule's input transformer: the cleanup gets what EventBridge would send it.
-    pub transformer: Option<&'a crate::events::InputTransformer>,
+    pub transformer: Option<&'a local_aws::eventbridge::InputTransformer>,
     pub input: Value,
     pub name: &'a str,
     pub work: &'a str,
@@ -39,9 +41,9 @@ pub async fn stop_the_parent(
     probe: StopParent<'_>,
     items: &LockItems,
     lock: &str,
-    stack: &crate::stack::Stack,
+    stack: &local_aws::stack::Stack,
 ) -> Result<StopParentReport, String> {
-    let parent = start(sfn, &probe.protected.arn, probe.name, &probe.input).await?;
+    let parent = start_execution(sfn, &probe.protected.arn, probe.name, &probe.input).await?;
     let freed = {
         let (items, lock, parent) = (items.clone(), lock.to_owned(), parent.clone());
         tokio::spawn(async move {
@@ -86,13 +88,13 @@ pub async fn stop_the_parent(
     // The event is emitted once the execution has ended (ABORTED, with its stop date).
     wait_ended(sfn, &parent, Duration::from_secs(30)).await?;
     let (ended, _) = describe(sfn, &parent).await?;
-    let event = crate::events::status_change_event(
+    let event = local_aws::eventbridge::status_change_event(
         &ended,
         &stack.region,
         &stack.account,
         &format!("{}-event", probe.name),
     );
-    let delivered = crate::events::target_input(probe.transformer, &event)?;
+    let delivered = local_aws::eventbridge::target_input(probe.transformer, &event)?;
     let cleanup = sfn
         .start_execution()
         .state_machine_arn(&probe.cleanup.arn)

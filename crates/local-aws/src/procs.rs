@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use local_aws::server::{LocalAws, Options};
+use crate::server::{LocalAws, Options};
 
 struct Managed {
     name: String,

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::events::InputTransformer;
+use crate::eventbridge::InputTransformer;
 
 /// Pseudo parameters of the local stack.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -214,7 +214,7 @@ pub(crate) mod tests {
     use super::*;
 
     fn root() -> PathBuf {
-        local_aws::server::repo_root()
+        crate::server::repo_root()
     }
 
     fn python() -> PathBuf {
@@ -226,7 +226,7 @@ pub(crate) mod tests {
     /// template.yaml deployed to the test server as a stack of its own, with `overrides`.
     pub(crate) fn deploy_with(overrides: &[(&str, &str)]) -> Deployed {
         let stack = Stack {
-            name: local_aws::sfn::unique("semaphore-test"),
+            name: crate::sfn::unique("semaphore-test"),
             ..Stack::default()
         };
         let parameters = overrides
@@ -236,7 +236,7 @@ pub(crate) mod tests {
         Deployed::deploy(
             &python(),
             &root(),
-            local_aws::server::endpoint(),
+            crate::server::endpoint(),
             &stack,
             &parameters,
         )

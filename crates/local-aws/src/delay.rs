@@ -1,4 +1,5 @@
-//! The delaying proxy between the acquire Lambda and the local DynamoDB: the seed race, live.
+//! The local run's delaying proxy between the acquire Lambda and the local DynamoDB: the seed
+//! race, live.
 //!
 //! Only the acquire function's `AWS_ENDPOINT_URL` points here; every other function talks to
 //! the server directly. The proxy forwards each request as is, except the acquire *write* of an
@@ -11,15 +12,15 @@
 //! rotated after the request's horizon), or otherwise (the lock was full, or the identity
 //! already held a slot).
 //!
-//! The forwarding itself is the kit's proxy (`local_aws::proxy`), and so are the recognition of
-//! the writes and the reading of a refusal (`local_aws::refusal`); this is its policy.
+//! The forwarding itself is [`crate::proxy`], and the recognition of the writes and the reading
+//! of a refusal are [`crate::refusal`]'s; this is the run's policy.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use local_aws::proxy::{ForwardingProxy, Policy, Verdict};
-use local_aws::refusal::{AcquireChecks, Refusal};
+use crate::proxy::{ForwardingProxy, Policy, Verdict};
+use crate::refusal::{AcquireChecks, Refusal};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -219,13 +220,15 @@ impl Policy for DelayAcquireWrites {
         };
         if let Some(p) = taken {
             let held = if p.long { "long" } else { "short" };
-            let line = format!(
-                "{} (held {held}): {fate}",
-                crate::report::short(&p.write.holder)
-            );
+            let line = format!("{} (held {held}): {fate}", short(&p.write.holder));
             state.stats.writes.push(line);
         }
     }
+}
+
+/// The execution name of an execution ARN.
+fn short(arn: &str) -> &str {
+    arn.rsplit(':').next().unwrap_or(arn)
 }
 
 pub struct DelayProxy(ForwardingProxy<DelayAcquireWrites>);
@@ -283,7 +286,7 @@ impl DelayProxy {
 
 #[cfg(test)]
 mod tests {
-    use local_aws::wire::{attributes, put_body, update_body};
+    use crate::wire::{attributes, put_body, update_body};
     use semaphore_core::protocol::{self, Timing};
     use semaphore_core::SemaphoreItem;
     use semaphore_core::{AcquisitionId, FenceKey, HolderId, Identity, Limit, LockName};

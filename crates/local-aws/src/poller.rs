@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::observe::{self, RawRecord};
 use aws_sdk_dynamodb::types::AttributeValue;
-use local_aws::observe::{self, RawRecord};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -32,7 +32,7 @@ pub struct LockPoll {
     pub max_holders: usize,
     /// The largest sum of the holders' weights one read saw (ours; the sample's: holders).
     pub max_weight: u64,
-    /// Reads of an inconsistent item (`local_aws::observe::Observed::problem`). Ours: not
+    /// Reads of an inconsistent item (`crate::observe::Observed::problem`). Ours: not
     /// format 4, a holder entry that is not a packed number of weight 1 to 1000, a token above
     /// the version, two holders with one token, a stored `used` or `held_bytes` that differs
     /// from the holders' own, or their weights above the lock's limit. The sample's: a stored
@@ -123,7 +123,7 @@ pub fn decode(layout: Layout, item: &RawRecord) -> (Vec<String>, Option<String>)
     (read.holders, read.problem)
 }
 
-/// A raw item as the poller reads it ([`local_aws::observe::decode`] for ours); with `limit`, a
+/// A raw item as the poller reads it ([`crate::observe::decode`] for ours); with `limit`, a
 /// sum of weights above it is a problem too.
 pub fn read(layout: Layout, item: &RawRecord, limit: Option<u32>) -> Read {
     match layout {
@@ -139,7 +139,7 @@ pub fn read(layout: Layout, item: &RawRecord, limit: Option<u32>) -> Read {
             }
         }
         Layout::Sample => {
-            let (holders, problem) = local_aws::sample::read_item(item);
+            let (holders, problem) = crate::sample::read_item(item);
             Read {
                 weight_held: holders.len() as u64,
                 holders,

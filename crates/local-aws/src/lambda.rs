@@ -1,6 +1,6 @@
 //! The Lambda side of the local AWS: `cargo lambda watch` as the Lambda control plane, and our
-//! Lambda binaries as its function instances (the server itself, with its Lambda bridge, is the
-//! kit's: [`local_aws::server::LocalAws`]). Everything listens on 127.0.0.1.
+//! Lambda binaries as its function instances, whose invokes the server's Lambda bridge
+//! ([`crate::server::LocalAws`]) forwards to it. Everything listens on 127.0.0.1.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
@@ -8,11 +8,15 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use local_aws::server::{tail, ACCESS_KEY, SECRET_KEY};
+use crate::server::{tail, ACCESS_KEY, SECRET_KEY};
 
 use crate::procs::Supervisor;
 use crate::stack::Function;
-use crate::work::WORK_FUNCTION;
+
+/// The stand-in for a user's Lambda function run as the work (WorkFunctionArns): this crate's
+/// `stand-in-work` binary, a `lambda_runtime` function that waits its event's `work_seconds`.
+/// Named after its binary: the emulator routes invokes only to names of the workspace's binaries.
+pub const WORK_FUNCTION: &str = "stand-in-work";
 
 /// A free TCP port on 127.0.0.1 (for tools that cannot report the port they picked).
 pub fn free_port() -> Result<u16, String> {

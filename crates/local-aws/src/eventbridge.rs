@@ -228,7 +228,7 @@ pub enum Target {
     },
     /// The sample mode: the original sample's cleanup, run directly.
     Sample {
-        protocol: Arc<local_aws::sample::Sample>,
+        protocol: Arc<crate::sample::Sample>,
         lock: String,
     },
 }
@@ -503,10 +503,10 @@ mod tests {
     /// cannot start the cleanup machine as it is, and does through the rule's transformer.
     #[tokio::test]
     async fn a_big_status_event_starts_the_cleanup_machine_only_through_the_transformer() {
-        let sfn = local_aws::sfn::client();
-        let machine = local_aws::sfn::create_machine(
+        let sfn = crate::sfn::client();
+        let machine = crate::sfn::create_machine(
             &sfn,
-            &local_aws::sfn::unique("cleanup-stand-in"),
+            &crate::sfn::unique("cleanup-stand-in"),
             &json!({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": true}}}),
         )
         .await;
@@ -517,7 +517,7 @@ mod tests {
             transformer,
         };
         let refused = target(None)
-            .deliver(&event, &local_aws::sfn::unique("whole"))
+            .deliver(&event, &crate::sfn::unique("whole"))
             .await
             .unwrap_err();
         assert!(
@@ -525,14 +525,14 @@ mod tests {
             "{refused}"
         );
         target(Some(cleanup_rule_transformer()))
-            .deliver(&event, &local_aws::sfn::unique("transformed"))
+            .deliver(&event, &crate::sfn::unique("transformed"))
             .await
             .expect("the transformed event starts the cleanup machine");
         // The limit is the API's, not the event's: an input of 262,144 bytes starts.
         let at_limit = format!("\"{}\"", "x".repeat(262_142));
         sfn.start_execution()
             .state_machine_arn(&machine)
-            .name(local_aws::sfn::unique("at-limit"))
+            .name(crate::sfn::unique("at-limit"))
             .input(at_limit)
             .send()
             .await
