@@ -222,3 +222,20 @@ fn spawn(
     }
     Ok(())
 }
+
+/// Lines of the logs of `binary`'s instances in `run_dir` (where [`start_functions`] writes
+/// them) that `matches`.
+pub fn log_lines(run_dir: &Path, binary: &str, matches: impl Fn(&str) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(run_dir) else {
+        return 0;
+    };
+    let prefix = format!("lambda-{binary}-");
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            text.lines().filter(|l| matches(l)).count()
+        })
+        .sum()
+}

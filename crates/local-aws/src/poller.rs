@@ -150,6 +150,38 @@ pub fn read(layout: Layout, item: &RawRecord, limit: Option<u32>) -> Read {
     }
 }
 
+/// The lock items of a run, read raw (consistent reads), as the poller and the checks read them.
+#[derive(Clone)]
+pub struct LockItems {
+    pub client: aws_sdk_dynamodb::Client,
+    pub table: String,
+    pub layout: Layout,
+}
+
+impl LockItems {
+    /// The item of `lock` now, raw; `None` when it has none.
+    pub async fn item(&self, lock: &str) -> Result<Option<RawRecord>, String> {
+        self.client
+            .get_item()
+            .table_name(&self.table)
+            .key("lock", AttributeValue::S(lock.to_owned()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map(|answer| answer.item)
+            .map_err(|e| {
+                let e = aws_sdk_dynamodb::error::DisplayErrorContext(e);
+                format!("GetItem {lock}: {e}")
+            })
+    }
+
+    /// Who holds a slot of `lock` now.
+    pub async fn holders(&self, lock: &str) -> Result<Vec<String>, String> {
+        let item = self.item(lock).await?;
+        Ok(item.map(|i| decode(self.layout, &i).0).unwrap_or_default())
+    }
+}
+
 pub struct Poller {
     pub stats: Arc<Mutex<PollStats>>,
     pub holders: watch::Receiver<BTreeSet<String>>,
@@ -158,13 +190,7 @@ pub struct Poller {
 
 impl Poller {
     /// Polls each of `locks` (name, limit).
-    pub fn start(
-        client: aws_sdk_dynamodb::Client,
-        table: String,
-        locks: Vec<(String, u32)>,
-        layout: Layout,
-        every: Duration,
-    ) -> Self {
+    pub fn start(items: LockItems, locks: Vec<(String, u32)>, every: Duration) -> Self {
         let stats = Arc::new(Mutex::new(PollStats {
             locks: locks
                 .iter()
@@ -180,9 +206,8 @@ impl Poller {
         let seen: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
         // One loop per lock, so that a busy server slows each lock's reads, not their sum.
         for (lock, limit) in locks {
-            let (client, table, task_stats, task_stop, seen, tx) = (
-                client.clone(),
-                table.clone(),
+            let (items, task_stats, task_stop, seen, tx) = (
+                items.clone(),
                 stats.clone(),
                 stop.clone(),
                 seen.clone(),
@@ -191,13 +216,7 @@ impl Poller {
             tokio::spawn(async move {
                 while !task_stop.load(std::sync::atomic::Ordering::SeqCst) {
                     let sent_ms = now_ms();
-                    let answer = client
-                        .get_item()
-                        .table_name(&table)
-                        .key("lock", AttributeValue::S(lock.clone()))
-                        .consistent_read(true)
-                        .send()
-                        .await;
+                    let answer = items.item(&lock).await;
                     let answered_ms = now_ms();
                     {
                         let mut stats = task_stats.lock().expect("poll stats");
@@ -217,9 +236,8 @@ impl Poller {
                                     waiting,
                                     problem,
                                 } = out
-                                    .item
                                     .as_ref()
-                                    .map(|item| read(layout, item, Some(limit)))
+                                    .map(|item| read(items.layout, item, Some(limit)))
                                     .unwrap_or_default();
                                 let n = holders.len();
                                 let poll = stats.locks.entry(lock.clone()).or_default();

@@ -200,6 +200,53 @@ impl Deployed {
         self.machine_by_arn(&self.rule.target)
     }
 
+    /// Every notice the stack's topics sent so far, read back from the queue subscribed to
+    /// them (and deleted from it): until the queue stays empty.
+    pub async fn notices(&self, sdk: &aws_config::SdkConfig) -> Vec<serde_json::Value> {
+        let (sqs, queue_url) = (aws_sdk_sqs::Client::new(sdk), &self.notice_queue_url);
+        let mut notices = Vec::new();
+        let mut empty_rounds = 0;
+        while empty_rounds < 2 {
+            let received = sqs
+                .receive_message()
+                .queue_url(queue_url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send()
+                .await;
+            let Ok(received) = received else {
+                empty_rounds += 1;
+                continue;
+            };
+            let messages = received.messages();
+            if messages.is_empty() {
+                empty_rounds += 1;
+                continue;
+            }
+            empty_rounds = 0;
+            for m in messages {
+                let envelope: serde_json::Value = m
+                    .body()
+                    .and_then(|b| serde_json::from_str(b).ok())
+                    .unwrap_or(serde_json::Value::Null);
+                let notice = envelope["Message"]
+                    .as_str()
+                    .and_then(|s| serde_json::from_str(s).ok())
+                    .unwrap_or(envelope);
+                notices.push(notice);
+                if let Some(handle) = m.receipt_handle() {
+                    let _ = sqs
+                        .delete_message()
+                        .queue_url(queue_url)
+                        .receipt_handle(handle)
+                        .send()
+                        .await;
+                }
+            }
+        }
+        notices
+    }
+
     /// The machine the schedule starts.
     pub fn scheduled(&self) -> Result<&Machine, String> {
         self.machine_by_arn(&self.schedule.target)

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -17,8 +16,7 @@ use crate::report::{LockReport, Report};
 use crate::{plan_locks, plan_roles, plan_weights, Args, LockSpec, Role};
 use local_aws::delay::DelayProxy;
 use local_aws::eventbridge::{Ended, Player, Target};
-use local_aws::observe::RawRecord;
-use local_aws::poller::{Layout, Poller};
+use local_aws::poller::{LockItems, Poller};
 use local_aws::procs::Supervisor;
 use local_aws::stack::Stack;
 
@@ -32,10 +30,6 @@ pub struct Setup<'a> {
     pub dir: &'a Path,
     pub seed: u64,
     pub supervisor: &'a Supervisor,
-}
-
-fn ddb_error(e: impl std::error::Error + 'static) -> String {
-    aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string()
 }
 
 /// One planned execution of the run.
@@ -93,44 +87,11 @@ pub fn plan_executions(
     executions
 }
 
-/// The lock items of the run, as the poller and the report read them.
-#[derive(Clone)]
-pub struct LockItems {
-    pub ddb: aws_sdk_dynamodb::Client,
-    pub table: String,
-    pub locks: Vec<LockSpec>,
-    pub layout: Layout,
-}
-
-impl LockItems {
-    /// The item of `lock` now, raw (a consistent read); `None` when it has none.
-    pub async fn item(&self, lock: &str) -> Result<Option<RawRecord>, String> {
-        self.ddb
-            .get_item()
-            .table_name(&self.table)
-            .key("lock", AttributeValue::S(lock.to_owned()))
-            .consistent_read(true)
-            .send()
-            .await
-            .map(|answer| answer.item)
-            .map_err(|e| format!("GetItem {lock}: {}", ddb_error(e)))
-    }
-
-    /// Who holds a slot of `lock` now (a consistent read).
-    pub async fn holders(&self, lock: &str) -> Result<Vec<String>, String> {
-        let item = self.item(lock).await?;
-        let (holders, _) = item
-            .as_ref()
-            .map(|i| local_aws::poller::decode(self.layout, i))
-            .unwrap_or_default();
-        Ok(holders)
-    }
-}
-
 /// What watches the run: the poller of the lock item, the player of the executions' status
 /// events, and the proxy that delays the chosen acquire writes.
 pub struct Watch {
     pub item: LockItems,
+    pub locks: Vec<LockSpec>,
     pub poller: Poller,
     pub player: Player,
     pub proxy: Arc<DelayProxy>,
@@ -143,18 +104,14 @@ impl Watch {
         setup: &Setup<'_>,
         stack: &Stack,
         item: LockItems,
+        locks: Vec<LockSpec>,
         proxy: Arc<DelayProxy>,
         pattern: Option<Value>,
         target: Target,
     ) -> (Self, mpsc::UnboundedSender<Ended>) {
         let poller = Poller::start(
-            item.ddb.clone(),
-            item.table.clone(),
-            item.locks
-                .iter()
-                .map(|l| (l.name.clone(), l.limit))
-                .collect(),
-            item.layout,
+            item.clone(),
+            locks.iter().map(|l| (l.name.clone(), l.limit)).collect(),
             Duration::from_millis(100),
         );
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
@@ -169,6 +126,7 @@ impl Watch {
         );
         let watch = Self {
             item,
+            locks,
             poller,
             player,
             proxy,
@@ -218,10 +176,9 @@ impl Watch {
     /// Holders of each lock when the last execution has ended, after one more round of reads
     /// by the poller.
     pub async fn holders_after_the_last_write(&self) -> BTreeMap<String, usize> {
-        tokio::time::sleep(Duration::from_millis(300) * (1 + self.item.locks.len() as u32)).await;
+        tokio::time::sleep(Duration::from_millis(300) * (1 + self.locks.len() as u32)).await;
         let stats = self.poller.stats();
-        self.item
-            .locks
+        self.locks
             .iter()
             .map(|l| (l.name.clone(), stats.lock(&l.name).holders_now))
             .collect()
@@ -275,7 +232,7 @@ impl Watch {
         let args = setup.args;
         let poll = self.poller.stats();
         let mut locks = Vec::new();
-        for (i, spec) in self.item.locks.iter().enumerate() {
+        for (i, spec) in self.locks.iter().enumerate() {
             let leaked = self.item.holders(&spec.name).await?;
             let seen = poll.lock(&spec.name);
             locks.push(LockReport {

@@ -276,6 +276,141 @@ pub struct Check {
     pub detail: String,
 }
 
+impl Check {
+    pub fn new(name: &str, ok: bool, detail: String) -> Self {
+        Self {
+            name: name.to_owned(),
+            ok,
+            detail,
+        }
+    }
+
+    /// The check as the live log shows it when a probe has run.
+    pub fn line(&self) -> String {
+        format!("{}: {}", if self.ok { "ok" } else { "NOT OK" }, self.detail)
+    }
+}
+
+impl RedriveGuardReport {
+    pub fn check(&self) -> Check {
+        Check::new(
+            "F7 redrive guard",
+            self.ok,
+            format!(
+                "{}: an execution that met its child's name {} already taken ended {} {} and \
+                 held no slot ({} held after; moto 5.2.5 has no RedriveExecution, so the \
+                 guard's path is run directly){}",
+                short(&self.execution),
+                self.child_name,
+                self.status,
+                self.error.as_deref().unwrap_or("(no error)"),
+                self.held_after,
+                match (self.ok, &self.cause) {
+                    (false, Some(cause)) => format!(": {}", local_aws::sfn::clip(cause, 300)),
+                    _ => String::new(),
+                }
+            ),
+        )
+    }
+}
+
+impl MisconfiguredReport {
+    pub fn check(&self) -> Check {
+        Check::new(
+            "F12 not protected",
+            self.ok,
+            format!(
+                "{}, an execution of a machine not in ProtectedStateMachineArns that asked for \
+                 a slot, ended {} {}, its lock {}",
+                short(&self.execution),
+                self.status,
+                self.error.as_deref().unwrap_or("(no error)"),
+                if self.lock_written {
+                    "WAS written"
+                } else {
+                    "untouched"
+                }
+            ),
+        )
+    }
+}
+
+impl StopParentReport {
+    /// What happened, for the live log and the invariant's detail.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} work: {} stopped; its child {} ended {} ({} ms later){}; the slot freed {}; its \
+             status event {} bytes, {} as delivered",
+            self.work,
+            short(&self.parent),
+            short(&self.child),
+            self.child_status,
+            self.child_ended_after_stop_ms,
+            match self.cleanup_waits {
+                0 => String::new(),
+                1 => ", the cleanup having waited for it once (deferred)".to_owned(),
+                n => format!(", the cleanup having waited for it {n} times (deferred)"),
+            },
+            match self.freed_after_child_ms {
+                Some(ms) if ms >= 0 => format!("{ms} ms after the child ended"),
+                Some(ms) => format!("{} ms BEFORE the child ended", -ms),
+                None => "never".to_owned(),
+            },
+            self.event_bytes,
+            self.delivered_bytes
+        )
+    }
+
+    /// S1 when the parent is stopped: over every such probe.
+    pub fn check(probes: &[Self]) -> Check {
+        let summaries: Vec<String> = probes.iter().map(Self::summary).collect();
+        Check::new(
+            "S1 stopping the parent",
+            probes.iter().all(|p| p.ok),
+            summaries.join("; "),
+        )
+    }
+}
+
+impl HistoryProbeReport {
+    pub fn check(&self) -> Check {
+        let per_check = lambda_common::EVENTS_PER_FALLBACK_CHECK as usize;
+        Check::new(
+            "F9 history and payload quotas",
+            self.status == "SUCCEEDED"
+                && self.events_per_fallback_check.len() >= 2
+                && self
+                    .events_per_fallback_check
+                    .iter()
+                    .all(|n| *n <= per_check)
+                && self.events_outside_checks as u64 <= lambda_common::HISTORY_RESERVE
+                && self.largest_task_parameters_bytes <= 256 * 1024
+                && self.failing_error.as_deref() == Some("WorkFailed"),
+            format!(
+                "an execution with an input of {} bytes waited through {} fallback checks of \
+                 {:?} events (the acquire function's bound assumes at most {per_check}), {} \
+                 events outside them (at most {} reserved), and ended {}{}; its largest task \
+                 parameters were {} bytes ({}; the local server fails a task past 262,144); one \
+                 whose work failed ended {} {:?} (expected the work's own WorkFailed)",
+                self.input_bytes,
+                self.events_per_fallback_check.len(),
+                self.events_per_fallback_check,
+                self.events_outside_checks,
+                lambda_common::HISTORY_RESERVE,
+                self.status,
+                self.error
+                    .as_ref()
+                    .map(|e| format!(" {e}: {}", self.cause.as_deref().unwrap_or("")))
+                    .unwrap_or_default(),
+                self.largest_task_parameters_bytes,
+                self.largest_task_parameters_state,
+                self.failing_status,
+                self.failing_error
+            ),
+        )
+    }
+}
+
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
     /// "versioned" (this project) or "sample" (the original sample's protocol; test-only).
@@ -329,11 +464,7 @@ pub struct Report {
 
 impl Report {
     pub fn check(&mut self, name: &str, ok: bool, detail: String) {
-        self.checks.push(Check {
-            name: name.to_owned(),
-            ok,
-            detail,
-        });
+        self.checks.push(Check::new(name, ok, detail));
     }
 
     pub fn finish(&mut self) {
@@ -404,11 +535,6 @@ impl Report {
         for example in e.unexpected_examples.iter().take(5) {
             line("", format!("unexpected: {example}"));
         }
-        let after = if self.sweeper.is_some() {
-            "after the final sweep"
-        } else {
-            "no sweeper in this protocol"
-        };
         for l in &self.locks {
             let chosen = if l.default {
                 "input names no lock"
@@ -428,13 +554,6 @@ impl Report {
                     }
                 ),
             );
-            line(
-                "  max holders",
-                format!(
-                    "{} (limit {}; independent poller, {} reads, {} inconsistent)",
-                    l.max_holders, l.limit, l.reads, l.inconsistent_reads
-                ),
-            );
             if !l.weights.is_empty() {
                 let asked: Vec<String> = l
                     .weights
@@ -450,37 +569,6 @@ impl Report {
                         asked.join(", ")
                     ),
                 );
-            }
-            if let Some(r) = &l.rate {
-                line(
-                    "  start rate",
-                    format!(
-                        "{}/s asked (spacing {} ms): {} starts seen, at most {} in any 1 s \
-                         (bound {:.0}) and {} in any 10 s (bound {:.0}); least spacing {}; \
-                         achieved {}",
-                        r.rate_per_s,
-                        r.spacing_ms,
-                        r.starts,
-                        r.max_in_1s,
-                        r.bound(1.0),
-                        r.max_in_10s,
-                        r.bound(10.0),
-                        r.min_spacing_ms
-                            .map_or("-".to_owned(), |ms| format!("{ms} ms")),
-                        r.achieved_per_s
-                            .map_or("-".to_owned(), |a| format!("{a:.2}/s"))
-                    ),
-                );
-            }
-            line(
-                "  leaked at end",
-                format!(
-                    "{} ({after}; {} held when the last execution ended)",
-                    l.leaked_at_end, l.holders_when_all_ended
-                ),
-            );
-            for holder in l.leaked_holders.iter().take(5) {
-                line("", format!("still held by {}", short(holder)));
             }
         }
         let ev = &self.events;
@@ -603,68 +691,6 @@ impl Report {
                 line("", s.clone());
             }
         }
-        for p in &self.stopped_parent_probes {
-            line(
-                "stop the parent",
-                format!(
-                    "{} work: {} stopped; its child {} ended {} ({} ms later){}; the slot freed \
-                     {}; its status event {} bytes, {} as delivered",
-                    p.work,
-                    short(&p.parent),
-                    short(&p.child),
-                    p.child_status,
-                    p.child_ended_after_stop_ms,
-                    match p.cleanup_waits {
-                        0 => String::new(),
-                        1 => ", the cleanup having waited for it once (deferred)".to_owned(),
-                        n => format!(", the cleanup having waited for it {n} times (deferred)"),
-                    },
-                    match p.freed_after_child_ms {
-                        Some(ms) if ms >= 0 => format!("{ms} ms after the child ended"),
-                        Some(ms) => format!("{} ms BEFORE the child ended", -ms),
-                        None => "never".to_owned(),
-                    },
-                    p.event_bytes,
-                    p.delivered_bytes
-                ),
-            );
-        }
-        if let Some(r) = &self.redrive_guard {
-            line(
-                "redrive guard",
-                format!(
-                    "{}: child name {} already taken -> {} {} ({} slots held after); moto \
-                     5.2.5 has no RedriveExecution, so the guard's path is run directly",
-                    short(&r.execution),
-                    r.child_name,
-                    r.status,
-                    r.error.as_deref().unwrap_or("(no error)"),
-                    r.held_after
-                ),
-            );
-        }
-        if let Some(m) = &self.misconfigured_caller {
-            line(
-                "not protected",
-                format!(
-                    "{} (a machine not in ProtectedStateMachineArns) -> {} {}; its lock {}",
-                    short(&m.execution),
-                    m.status,
-                    m.error.as_deref().unwrap_or("(no error)"),
-                    if m.lock_written {
-                        "WAS written"
-                    } else {
-                        "untouched"
-                    }
-                ),
-            );
-        }
-        if let Some(t) = &self.test_runner {
-            line("test runner", t.clone());
-        }
-        if let Some(t) = &self.your_workflow_example {
-            line("your workflow", t.clone());
-        }
         if let Some(t) = &self.transitions {
             line(
                 "transitions",
@@ -690,14 +716,6 @@ impl Report {
                     l.granted_on_own_check,
                     l.fallback_checks,
                     l.rate_waits
-                ),
-            );
-            line(
-                "grant order",
-                format!(
-                    "{} pairs of waiters both in line compared by fencing token: {} granted out \
-                     of line order; {} newcomers passed the line",
-                    l.pairs_checked, l.order_violations, l.newcomers_passing
                 ),
             );
             let ms = |v: Option<i64>| v.map_or("-".to_owned(), |v| format!("{v} ms"));
@@ -761,4 +779,13 @@ impl Report {
 /// The execution name of an execution ARN.
 pub fn short(arn: &str) -> &str {
     arn.rsplit(':').next().unwrap_or(arn)
+}
+
+/// ": still held by a, b, ..." for the first five holders left at the end; empty for none.
+pub fn held_by(holders: &[String]) -> String {
+    if holders.is_empty() {
+        return String::new();
+    }
+    let names: Vec<&str> = holders.iter().take(5).map(|h| short(h)).collect();
+    format!(": still held by {}", names.join(", "))
 }

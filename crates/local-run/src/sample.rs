@@ -18,13 +18,13 @@ use local_aws::sample::Sample;
 use local_aws::server::sdk_config_for;
 use tokio::sync::mpsc;
 
-use crate::driver::{self, LockItems, Setup, Watch};
+use crate::driver::{self, Setup, Watch};
 use crate::progress::{phase, Progress};
 use crate::report::{ExecutionCounts, Report};
 use crate::Role;
 use local_aws::delay::{DelayProxy, WriteKind};
 use local_aws::eventbridge::{Ended, Target};
-use local_aws::poller::{now_ms, Layout};
+use local_aws::poller::{now_ms, Layout, LockItems};
 use local_aws::stack::{Deployed, Stack};
 
 /// How long a sample execution waits for a slot before it gives up (the sample has no cap;
@@ -168,16 +168,15 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         .collect();
 
     let item = LockItems {
-        ddb,
+        client: ddb,
         table,
-        locks: specs.clone(),
         layout: Layout::Sample,
     };
     let target = Target::Sample {
         protocol: direct.clone(),
         lock: lock.clone(),
     };
-    let (watch, ended_tx) = Watch::start(setup, &stack, item, proxy, None, target);
+    let (watch, ended_tx) = Watch::start(setup, &stack, item, specs.clone(), proxy, None, target);
 
     // A stop is an ABORTED status event; the execution's task sees the flag and ends.
     {

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::driver::{LockItems, Setup};
+use crate::driver::Setup;
 use crate::progress::phase;
 use crate::report::short;
 use crate::LockSpec;
 use local_aws::delay::{DelayProxy, WriteKind};
 use local_aws::lambda;
-use local_aws::poller::Layout;
+use local_aws::poller::{Layout, LockItems};
 use local_aws::server::sdk_config_for;
 use local_aws::sfn::{sfn_error, wait_ended, Client as Sfn};
 use local_aws::stack::{Deployed, Machine, Stack};
@@ -191,9 +191,8 @@ pub(super) async fn deploy(
     .await?;
 
     let item = LockItems {
-        ddb: aws_sdk_dynamodb::Client::new(&sdk),
+        client: aws_sdk_dynamodb::Client::new(&sdk),
         table: deployed.table("SemaphoreTable")?.to_owned(),
-        locks: locks.clone(),
         layout: Layout::Versioned,
     };
     Ok((

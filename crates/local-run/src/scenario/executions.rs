@@ -63,8 +63,15 @@ pub(super) async fn run(
         transformer: rule.transformer.clone(),
     };
     let pattern = Some(rule.pattern.clone());
-    let (watch, ended_tx) =
-        Watch::start(setup, stack, item.clone(), proxy.clone(), pattern, target);
+    let (watch, ended_tx) = Watch::start(
+        setup,
+        stack,
+        item.clone(),
+        locks.clone(),
+        proxy.clone(),
+        pattern,
+        target,
+    );
 
     // A stop is a StopExecution, as an operator's would be.
     let stopped: Arc<Mutex<BTreeMap<String, Role>>> = Arc::default();

@@ -7,15 +7,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use aws_sdk_sfn::types::ExecutionStatus;
-use serde_json::Value;
 
 use super::deploy::Stage;
 use super::executions::Ran;
 use super::probes::Probes;
 use crate::driver::Setup;
 use crate::line::{self, LineReport};
-use crate::report::{short, CleanupCounts, ExecutionCounts, Report, SweeperCounts, WorkReport};
+use crate::report::{
+    held_by, short, CleanupCounts, ExecutionCounts, Report, StopParentReport, SweeperCounts,
+    WorkReport,
+};
 use crate::work;
+use local_aws::lambda;
 use local_aws::sfn::{clip, describe, history, json_of, list_executions, save_history, Outcome};
 
 /// What the checks need beside the report.
@@ -176,8 +179,7 @@ pub(super) async fn gather(
         sweeper.started_ms.push(ended.start_ms);
         sweeper.reclaimed += o.output_json()["reclaimed"].as_u64().unwrap_or(0) as usize;
     }
-    let sqs = aws_sdk_sqs::Client::new(sdk);
-    let notices = read_notices(&sqs, &deployed.notice_queue_url).await;
+    let notices = deployed.notices(sdk).await;
     sweeper.notices_read_back = notices.len();
     sweeper.notices = notices
         .iter()
@@ -218,8 +220,8 @@ pub(super) async fn gather(
     report.redrive_guard = Some(probes.redrive.clone());
     report.misconfigured_caller = Some(probes.misconfigured.clone());
     report.stopped_parent_probes = probes.stop_parent.clone();
-    report.test_runner = Some(probes.test_runner.1.clone());
-    report.your_workflow_example = Some(probes.your_workflow.1.clone());
+    report.test_runner = Some(probes.test_runner.detail.clone());
+    report.your_workflow_example = Some(probes.your_workflow.detail.clone());
     report.transitions = Some(probes.transitions.clone());
     report.history_probe = Some(probes.history.clone());
 
@@ -257,8 +259,8 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
         misconfigured,
         history: history_probe,
         stop_parent: stop_probes,
-        test_runner: (test_runner_ok, test_runner_run),
-        your_workflow: (example_ok, example_run),
+        test_runner,
+        your_workflow,
         ..
     } = probes;
     let Seen {
@@ -318,8 +320,11 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
             &format!("S2 no leak [{}]", l.lock),
             l.leaked_at_end == 0,
             format!(
-                "{} slots held at the end, after the final sweep",
-                l.leaked_at_end
+                "{} slots held at the end, after the final sweep ({} when the last execution \
+                 ended){}",
+                l.leaked_at_end,
+                l.holders_when_all_ended,
+                held_by(&l.leaked_holders)
             ),
         );
         report.check(
@@ -344,108 +349,14 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
             work_report.children_ended_on_their_own
         ),
     );
-    report.check(
-        "S1 stopping the parent",
-        stop_probes.iter().all(|p| p.ok),
-        stop_probes
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} work: child {} {}, slot freed {}",
-                    p.work,
-                    if p.child_status == "ABORTED" {
-                        "stopped by the cleanup"
-                    } else {
-                        "waited for by the cleanup"
-                    },
-                    p.child_status,
-                    p.freed_after_child_ms
-                        .map(|ms| format!("{ms} ms after it ended"))
-                        .unwrap_or_else(|| "never".to_owned())
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; "),
-    );
-    let per_check = lambda_common::EVENTS_PER_FALLBACK_CHECK as usize;
-    report.check(
-        "F9 history and payload quotas",
-        history_probe.status == "SUCCEEDED"
-            && history_probe.events_per_fallback_check.len() >= 2
-            && history_probe
-                .events_per_fallback_check
-                .iter()
-                .all(|n| *n <= per_check)
-            && history_probe.events_outside_checks as u64 <= lambda_common::HISTORY_RESERVE
-            && history_probe.largest_task_parameters_bytes <= 256 * 1024
-            && history_probe.failing_error.as_deref() == Some("WorkFailed"),
-        format!(
-            "an execution with an input of {} bytes waited through {} fallback checks of {:?} \
-             events (the acquire function's bound assumes at most {per_check}), {} events \
-             outside them (at most {} reserved), and ended {}{}; its largest task parameters \
-             were {} bytes ({}; the local server fails a task past 262,144); one whose work \
-             failed ended {} {:?} (expected the work's own WorkFailed)",
-            history_probe.input_bytes,
-            history_probe.events_per_fallback_check.len(),
-            history_probe.events_per_fallback_check,
-            history_probe.events_outside_checks,
-            lambda_common::HISTORY_RESERVE,
-            history_probe.status,
-            history_probe
-                .error
-                .as_ref()
-                .map(|e| format!(" {e}: {}", history_probe.cause.as_deref().unwrap_or("")))
-                .unwrap_or_default(),
-            history_probe.largest_task_parameters_bytes,
-            history_probe.largest_task_parameters_state,
-            history_probe.failing_status,
-            history_probe.failing_error
-        ),
-    );
-    report.check(
-        "test runner",
-        *test_runner_ok,
-        format!(
-            "its lock-protected executions ran the demo work with their {{work_seconds, fail}} \
-             input: {test_runner_run}"
-        ),
-    );
-    report.check(
-        "your workflow",
-        *example_ok,
-        format!("the README's fragment, deployed as it is: {example_run}"),
-    );
-    report.check(
-        "F12 not protected",
-        misconfigured.ok,
-        format!(
-            "an execution of a machine not in ProtectedStateMachineArns that asked for a slot \
-             ended {} {}, its lock {}",
-            misconfigured.status,
-            misconfigured.error.as_deref().unwrap_or("(no error)"),
-            if misconfigured.lock_written {
-                "written"
-            } else {
-                "untouched"
-            }
-        ),
-    );
-    report.check(
-        "F7 redrive guard",
-        redrive.ok,
-        format!(
-            "an execution that met its child's name already taken ended {} {} and held no slot \
-             ({} held after){}",
-            redrive.status,
-            redrive.error.as_deref().unwrap_or("(no error)"),
-            redrive.held_after,
-            if redrive.ok {
-                String::new()
-            } else {
-                format!(": {}", clip(redrive.cause.as_deref().unwrap_or(""), 300))
-            }
-        ),
-    );
+    report.checks.extend([
+        StopParentReport::check(stop_probes),
+        history_probe.check(),
+        test_runner.clone(),
+        your_workflow.clone(),
+        misconfigured.check(),
+        redrive.check(),
+    ]);
     report.check(
         "L1 progress",
         report.executions.unexpected == 0 && !timed_out,
@@ -514,83 +425,16 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
     );
 }
 
-/// Reads every notice from the queue until it stays empty.
-async fn read_notices(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> Vec<Value> {
-    let mut notices = Vec::new();
-    let mut empty_rounds = 0;
-    while empty_rounds < 2 {
-        let received = sqs
-            .receive_message()
-            .queue_url(queue_url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await;
-        let Ok(received) = received else {
-            empty_rounds += 1;
-            continue;
-        };
-        let messages = received.messages();
-        if messages.is_empty() {
-            empty_rounds += 1;
-            continue;
-        }
-        empty_rounds = 0;
-        for m in messages {
-            let envelope: Value = m
-                .body()
-                .and_then(|b| serde_json::from_str(b).ok())
-                .unwrap_or(Value::Null);
-            let notice = envelope["Message"]
-                .as_str()
-                .and_then(|s| serde_json::from_str(s).ok())
-                .unwrap_or(envelope);
-            notices.push(notice);
-            if let Some(handle) = m.receipt_handle() {
-                let _ = sqs
-                    .delete_message()
-                    .queue_url(queue_url)
-                    .receipt_handle(handle)
-                    .send()
-                    .await;
-            }
-        }
-    }
-    notices
-}
-
-/// Lines of the acquire Lambda's logs that `matches` (one JSON object per line).
-fn count_acquire_log_lines(dir: &Path, matches: impl Fn(&str) -> bool) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with("lambda-acquire-")
-        })
-        .map(|e| {
-            std::fs::read_to_string(e.path())
-                .unwrap_or_default()
-                .lines()
-                .filter(|l| matches(l))
-                .count()
-        })
-        .sum()
-}
-
 /// Acquires answered `SemaphoreFenced`: the handler's own warning, one per fenced answer.
 fn count_fenced(dir: &Path) -> usize {
-    count_acquire_log_lines(dir, |l| {
+    lambda::log_lines(dir, "acquire", |l| {
         l.contains(r#""level":"WARN""#) && l.contains(" is fenced: ")
     })
 }
 
 /// Acquires answered "expired": the handler's info line for its answer.
 fn count_expired(dir: &Path) -> usize {
-    count_acquire_log_lines(dir, |l| {
+    lambda::log_lines(dir, "acquire", |l| {
         l.contains(r#""message":"acquire""#) && l.contains(r#""outcome":"expired""#)
     })
 }

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::driver::LockItems;
-use crate::report::{short, TransitionsReport};
+use crate::report::{short, Check, TransitionsReport};
 use crate::work::{children, work_state};
+use local_aws::poller::LockItems;
 use local_aws::sfn::{save_history, start_execution, states_entered, wait_ended, Client as Sfn};
 use local_aws::stack::Machine;
 
@@ -50,7 +50,7 @@ pub async fn count_transitions(
 /// each with `{work_seconds, fail}` in its input for the demo work): a few executions, every
 /// second one failing on purpose. Returns whether it succeeded with exactly the planned
 /// failures, and what it answered.
-pub async fn run_test_runner(sfn: &Sfn, runner: &Machine) -> Result<(bool, String), String> {
+pub async fn run_test_runner(sfn: &Sfn, runner: &Machine) -> Result<Check, String> {
     let input = json!({"executions": 4, "fail_every": 2, "work_seconds": 1});
     let arn = start_execution(sfn, &runner.arn, "probe-test-runner", &input).await?;
     let outcome = wait_ended(sfn, &arn, Duration::from_secs(180)).await?;
@@ -69,7 +69,15 @@ pub async fn run_test_runner(sfn: &Sfn, runner: &Machine) -> Result<(bool, Strin
             outcome.cause.unwrap_or_default()
         )
     };
-    Ok((ok, summary))
+    Ok(Check::new(
+        "test runner",
+        ok,
+        format!(
+            "{}: its lock-protected executions ran the demo work with their {{work_seconds, \
+             fail}} input: {summary}",
+            runner.name
+        ),
+    ))
 }
 
 /// Runs the README's copy-paste fragment as the stack deploys it (`your-workflow`,
@@ -80,7 +88,7 @@ pub async fn run_your_workflow_example(
     sfn: &Sfn,
     example: &Machine,
     item: &LockItems,
-) -> Result<(bool, String), String> {
+) -> Result<Check, String> {
     const LOCK: &str = "example-lock";
     let mut arns = Vec::new();
     for n in 1..=3 {
@@ -100,10 +108,13 @@ pub async fn run_your_workflow_example(
     let held = item.holders(LOCK).await?;
     let ok =
         ended.iter().all(|s| s == "SUCCEEDED") && tokens.len() == arns.len() && held.is_empty();
-    Ok((
+    Ok(Check::new(
+        "your workflow",
         ok,
         format!(
-            "{} executions on {LOCK} (limit 2) ended {}, {} distinct fencing tokens, {} held after",
+            "{}, the README's fragment deployed as it is: {} executions on {LOCK} (limit 2) \
+             ended {}, {} distinct fencing tokens, {} held after",
+            example.name,
             arns.len(),
             ended.join("/"),
             tokens.len(),

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::driver::LockItems;
 use crate::report::RedriveGuardReport;
 use crate::work::work_state;
 use local_aws::poller::now_ms;
+use local_aws::poller::LockItems;
 use local_aws::sfn::{sfn_error, start_execution, states_entered, wait_ended, Client as Sfn};
 use local_aws::stack::Machine;
 

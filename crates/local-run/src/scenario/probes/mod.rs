@@ -14,7 +14,7 @@ use super::deploy::Stage;
 use crate::driver::Setup;
 use crate::progress::phase;
 use crate::report::{
-    HistoryProbeReport, MisconfiguredReport, RedriveGuardReport, StopParentReport,
+    Check, HistoryProbeReport, MisconfiguredReport, RedriveGuardReport, StopParentReport,
     TransitionsReport,
 };
 use stop_parent::StopParent;
@@ -31,18 +31,9 @@ pub(super) struct Probes {
     pub history: HistoryProbeReport,
     pub stop_parent: Vec<StopParentReport>,
     /// Whether the test runner did as planned, and what it answered.
-    pub test_runner: (bool, String),
+    pub test_runner: Check,
     /// Whether the README's fragment did as planned, and how its executions ended.
-    pub your_workflow: (bool, String),
-}
-
-/// "ok" or "NOT OK", for the live log.
-pub(super) fn ok(ok: bool) -> &'static str {
-    if ok {
-        "ok"
-    } else {
-        "NOT OK"
-    }
+    pub your_workflow: Check,
 }
 
 pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, String> {
@@ -75,34 +66,13 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, Stri
     );
     let redrive =
         guards::redrive_guard(sfn, endpoint, protected, work_machine, item, &locks[0].name).await?;
-    eprintln!(
-        "    {}: an execution whose child name was taken ended {} {}",
-        ok(redrive.ok),
-        redrive.status,
-        redrive.error.as_deref().unwrap_or("")
-    );
+    eprintln!("    {}", redrive.check().line());
     let misconfigured = guards::misconfigured_caller(sfn, protected, item).await?;
-    eprintln!(
-        "    {}: a machine the stack does not protect ended {} {}",
-        ok(misconfigured.ok),
-        misconfigured.status,
-        misconfigured.error.as_deref().unwrap_or("")
-    );
+    eprintln!("    {}", misconfigured.check().line());
     let history_probe =
         history::long_wait_with_a_big_input(sfn, protected, args.queue_fallback_seconds, dir)
             .await?;
-    eprintln!(
-        "    {}: an input of {} bytes waited through {} fallback checks ({:?} events each: {}) \
-         and ended {}; {} events in all; task parameters, bytes: {:?}",
-        ok(history_probe.status == "SUCCEEDED"),
-        history_probe.input_bytes,
-        history_probe.events_per_fallback_check.len(),
-        history_probe.events_per_fallback_check,
-        history_probe.fallback_check_event_types.join(", "),
-        history_probe.status,
-        history_probe.events,
-        history_probe.task_parameters_bytes
-    );
+    eprintln!("    {}", history_probe.check().line());
     let mut stop_probes = Vec::new();
     for probe in [
         StopParent {
@@ -141,35 +111,23 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, Stri
         },
     ] {
         let stopped = stop_parent::stop_the_parent(sfn, probe, item, &locks[0].name, stack).await?;
-        eprintln!(
-            "    {}: {} work: its child ended {} {} ms after the stop, the slot freed {:?} ms \
-             after the child ended (cleanup waited {} times)",
-            ok(stopped.ok),
-            stopped.work,
-            stopped.child_status,
-            stopped.child_ended_after_stop_ms,
-            stopped.freed_after_child_ms,
-            stopped.cleanup_waits
-        );
+        let line = if stopped.ok { "ok" } else { "NOT OK" };
+        eprintln!("    {line}: {}", stopped.summary());
         stop_probes.push(stopped);
     }
-    let test_runner = deployed.machine("TestRunnerStateMachine")?;
-    let (test_runner_ok, test_runner_run) = examples::run_test_runner(sfn, test_runner).await?;
-    eprintln!(
-        "    {}: {}: {test_runner_run}",
-        ok(test_runner_ok),
-        test_runner.name
-    );
+    let test_runner =
+        examples::run_test_runner(sfn, deployed.machine("TestRunnerStateMachine")?).await?;
+    eprintln!("    {}", test_runner.line());
     let example = deployed.machine("YourWorkflowExampleStateMachine")?;
-    let (example_ok, example_run) = examples::run_your_workflow_example(sfn, example, item).await?;
-    eprintln!("    {}: {}: {example_run}", ok(example_ok), example.name);
+    let your_workflow = examples::run_your_workflow_example(sfn, example, item).await?;
+    eprintln!("    {}", your_workflow.line());
     Ok(Probes {
         transitions,
         redrive,
         misconfigured,
         history: history_probe,
         stop_parent: stop_probes,
-        test_runner: (test_runner_ok, test_runner_run),
-        your_workflow: (example_ok, example_run),
+        test_runner,
+        your_workflow,
     })
 }

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::driver::LockItems;
 use crate::report::StopParentReport;
 use crate::work::children;
 use local_aws::poller::now_ms;
+use local_aws::poller::LockItems;
 use local_aws::sfn::{
     describe, sfn_error, start_execution, states_entered, wait_ended, Client as Sfn,
 };
