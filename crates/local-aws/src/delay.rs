@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::proxy::{ForwardingProxy, Policy, Verdict};
 use crate::refusal::{AcquireChecks, Refusal};
+use crate::sfn::short;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -224,11 +225,6 @@ impl Policy for DelayAcquireWrites {
             state.stats.writes.push(line);
         }
     }
-}
-
-/// The execution name of an execution ARN.
-fn short(arn: &str) -> &str {
-    arn.rsplit(':').next().unwrap_or(arn)
 }
 
 pub struct DelayProxy(ForwardingProxy<DelayAcquireWrites>);

@@ -307,6 +307,59 @@ impl Observed {
     }
 }
 
+/// A lock's starts under a start-rate limit, as the poller saw them: every holder's
+/// `acquired_at` and the item's `started_at` (the writers' clock: this machine's, for all).
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct StartRate {
+    /// Acquisitions per second asked for, and the spacing it is kept as.
+    pub rate_per_s: f64,
+    pub spacing_ms: u64,
+    /// Starts seen from the poller's start on.
+    pub starts: usize,
+    pub max_in_1s: usize,
+    pub max_in_10s: usize,
+    /// The least time between two consecutive starts.
+    pub min_spacing_ms: Option<u64>,
+    /// Starts per second from the first seen to the last.
+    pub achieved_per_s: Option<f64>,
+}
+
+impl StartRate {
+    /// At most rate x window + 1 starts in any 1 s and 10 s window, never two closer than the
+    /// spacing.
+    pub fn ok(&self) -> bool {
+        self.max_in_1s as f64 <= self.bound(1.0)
+            && self.max_in_10s as f64 <= self.bound(10.0)
+            && self.min_spacing_ms.is_none_or(|s| s >= self.spacing_ms)
+    }
+
+    /// The most starts the rate allows in any window of `seconds` (clocks agree here: one host).
+    pub fn bound(&self, seconds: f64) -> f64 {
+        self.rate_per_s * seconds + 1.0
+    }
+
+    /// From the starts seen (sorted or not).
+    pub fn of(rate_per_s: f64, spacing_ms: u64, starts: &[u64]) -> Self {
+        let mut starts = starts.to_vec();
+        starts.sort_unstable();
+        let achieved_per_s = match (starts.first(), starts.last()) {
+            (Some(a), Some(b)) if b > a => {
+                Some((starts.len() - 1) as f64 * 1000.0 / (b - a) as f64)
+            }
+            _ => None,
+        };
+        Self {
+            rate_per_s,
+            spacing_ms,
+            starts: starts.len(),
+            max_in_1s: most_in_window(&starts, 1_000),
+            max_in_10s: most_in_window(&starts, 10_000),
+            min_spacing_ms: least_spacing(&starts),
+            achieved_per_s,
+        }
+    }
+}
+
 /// The most of `starts` (sorted start times, epoch ms) in any window of `window_ms`:
 /// `[t, t + window_ms)`. The start-rate check of the tests, the local run and the bench.
 pub fn most_in_window(starts: &[u64], window_ms: u64) -> usize {

@@ -11,7 +11,15 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::eventbridge::Ended;
 use crate::observe::RawRecord;
+use crate::poller::now_ms;
 
 pub struct Sample {
     pub client: Client,
@@ -141,6 +149,95 @@ fn conditional<T>(result: Result<T, SdkError<UpdateItemError>>) -> bool {
             "sample UpdateItem failed: {}",
             aws_sdk_dynamodb::error::DisplayErrorContext(e)
         ),
+    }
+}
+
+/// How long an execution played here waits for a slot before it gives up (the sample has no
+/// cap; a run has to end).
+const WAIT_CAP: Duration = Duration::from_secs(30);
+
+/// An execution's end: its status and error.
+pub type Status = (String, Option<String>);
+
+/// An execution of the sample's lock-protected machine, played as a task of the local run's
+/// sample mode rather than a Step Functions execution: what is compared is the protocol, and the
+/// sample's state machines are not part of this project.
+pub struct Execution {
+    pub arn: String,
+    pub name: String,
+    /// Its work fails (the machine ends FAILED; the sample's cleanup is what frees the slot).
+    pub fail: bool,
+    /// Set when the run stops it: its task ends, its zombie call may still land.
+    pub stopped: AtomicBool,
+    pub start_ms: i64,
+}
+
+impl Execution {
+    /// Its status event's content.
+    pub fn ended(&self, status: &str, error: Option<&str>) -> Ended {
+        Ended {
+            arn: self.arn.clone(),
+            machine_arn: self
+                .arn
+                .replace(":execution:", ":stateMachine:")
+                .rsplit_once(':')
+                .map(|(m, _)| m.to_owned())
+                .unwrap_or_default(),
+            name: self.name.clone(),
+            status: status.to_owned(),
+            start_ms: self.start_ms,
+            stop_ms: now_ms(),
+            input: Some("{}".to_owned()),
+            error: error.map(str::to_owned),
+            cause: None,
+        }
+    }
+
+    /// Runs it: acquire through `acquirer` (polling, as the sample's machine does), work for
+    /// `work`, release through `direct`; a failure or timeout is sent to `ended` as its status
+    /// event. Returns its status and error.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn run(
+        self: Arc<Self>,
+        acquirer: Arc<Sample>,
+        direct: Arc<Sample>,
+        lock: String,
+        limit: i64,
+        work: Duration,
+        ended: mpsc::UnboundedSender<Ended>,
+        seed: u64,
+    ) -> Status {
+        let e = self;
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let started = Instant::now();
+        loop {
+            // A zombie: the call goes on even when the execution was stopped meanwhile.
+            let acquired = acquirer.acquire(&lock, &e.arn, limit).await;
+            if e.stopped.load(Ordering::SeqCst) {
+                return ("ABORTED".to_owned(), None);
+            }
+            if acquired {
+                break;
+            }
+            if started.elapsed() >= WAIT_CAP {
+                let _ = ended.send(e.ended("FAILED", Some("SemaphoreWaitTimeout")));
+                return ("FAILED".to_owned(), Some("SemaphoreWaitTimeout".to_owned()));
+            }
+            tokio::time::sleep(Duration::from_millis(rng.u64(500..2000))).await;
+        }
+        let work_end = Instant::now() + work;
+        while Instant::now() < work_end {
+            if e.stopped.load(Ordering::SeqCst) {
+                return ("ABORTED".to_owned(), None);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if e.fail {
+            let _ = ended.send(e.ended("FAILED", Some("WorkFailed")));
+            return ("FAILED".to_owned(), Some("WorkFailed".to_owned()));
+        }
+        direct.release(&lock, &e.arn).await;
+        ("SUCCEEDED".to_owned(), None)
     }
 }
 

@@ -376,6 +376,11 @@ impl Parked {
 
 // The calls the local run makes, which answer its errors rather than panic.
 
+/// The last part of an ARN: an execution's or a state machine's name.
+pub fn short(arn: &str) -> &str {
+    arn.rsplit(':').next().unwrap_or(arn)
+}
+
 pub fn sfn_error(e: impl std::error::Error + 'static) -> String {
     aws_sdk_sfn::error::DisplayErrorContext(e).to_string()
 }
@@ -425,10 +430,7 @@ pub async fn start_execution(
 
 /// Saves an execution's history next to the logs (for executions that did not go as planned).
 pub async fn save_history(sfn: &Client, arn: &str, dir: &Path) -> String {
-    let file = dir.join(format!(
-        "history-{}.json",
-        arn.rsplit(':').next().unwrap_or(arn)
-    ));
+    let file = dir.join(format!("history-{}.json", short(arn)));
     let text = match history(sfn, arn).await {
         Ok(events) => events
             .iter()

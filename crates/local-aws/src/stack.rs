@@ -247,6 +247,32 @@ impl Deployed {
         notices
     }
 
+    /// What was deployed, a line each (for a live log): tables, topics, state machines, and
+    /// the resources moto's CloudFormation does not create.
+    pub fn resources(&self) -> Vec<String> {
+        let tables = self
+            .tables
+            .iter()
+            .map(|(id, t)| format!("table          {t} ({id})"));
+        let topics = self.topics.iter().map(|topic| {
+            let name = crate::sfn::short(topic);
+            format!("topic          {name} -> SQS (the notices read back)")
+        });
+        let machines = self
+            .machines
+            .iter()
+            .map(|m| format!("state machine  {} ({})", m.name, m.definition_uri));
+        let skipped = self
+            .skipped
+            .iter()
+            .map(|s| format!("not emulated   {} ({})", s.logical_id, s.kind));
+        tables
+            .chain(topics)
+            .chain(machines)
+            .chain(skipped)
+            .collect()
+    }
+
     /// The machine the schedule starts.
     pub fn scheduled(&self) -> Result<&Machine, String> {
         self.machine_by_arn(&self.schedule.target)

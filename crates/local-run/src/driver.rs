@@ -259,7 +259,7 @@ impl Watch {
                     let from = u64::try_from(poll.started_ms).unwrap_or_default();
                     let starts: Vec<u64> =
                         seen.starts.iter().copied().filter(|t| *t >= from).collect();
-                    crate::report::StartRate::of(rate, spacing_ms, &starts)
+                    local_aws::observe::StartRate::of(rate, spacing_ms, &starts)
                 }),
                 reads: seen.reads,
                 inconsistent_reads: seen.inconsistent_reads,

@@ -19,6 +19,8 @@ use semaphore_core::{AcquisitionId, HolderId, Identity, QueueKey};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::report::short;
+
 /// One execution of the lock-protected machine, as its history tells it.
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
@@ -355,10 +357,6 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
         r.polling_transitions_per_waiting_minute = Some(r.polling_transitions / r.waiting_minutes);
     }
     r
-}
-
-fn short(arn: &str) -> &str {
-    arn.rsplit(':').next().unwrap_or(arn)
 }
 
 #[cfg(test)]

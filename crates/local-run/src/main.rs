@@ -62,8 +62,12 @@ pub struct Args {
     /// default (its LockName and ConcurrencyLimit are set to it, and its executions' input
     /// names neither); the others are named with their limit in their executions' input.
     /// Executions are spread over the locks in proportion to their limits.
-    #[arg(long, default_value = "demo-lock:5,other-lock:2")]
-    pub locks: String,
+    #[arg(
+        long,
+        default_value = "demo-lock:5,other-lock:2",
+        value_delimiter = ','
+    )]
+    pub locks: Vec<LockSpec>,
     /// The first lock's limit, instead of the one --locks gives it.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub limit: Option<u32>,
@@ -80,15 +84,15 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub work_seconds: u32,
     /// Share of executions whose work fails ("fail": true).
-    #[arg(long, default_value_t = 0.10)]
+    #[arg(long, default_value_t = 0.10, value_parser = share)]
     pub fail_share: f64,
     /// Share of executions stopped while their acquire write is held in flight (the seed race).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = share)]
     pub stop_mid_acquire: f64,
     /// Share of executions stopped while they hold a slot. Their work is long (5 times
     /// --work-seconds, at least 10 s), so that their child execution still runs when they are
     /// stopped: the cleanup must stop it before it frees the slot.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = share)]
     pub stop_mid_work: f64,
     /// How long the delaying proxy holds such an acquire write, in seconds: long enough for the
     /// execution's cleanup to land first (the seed race), so its fence must refuse the write.
@@ -101,13 +105,13 @@ pub struct Args {
     #[arg(long, default_value_t = 30.0)]
     pub long_hold_seconds: f64,
     /// Share of status-change events never delivered.
-    #[arg(long, default_value_t = 0.15)]
+    #[arg(long, default_value_t = 0.15, value_parser = share)]
     pub drop_events: f64,
     /// Share of status-change events delivered twice.
-    #[arg(long, default_value_t = 0.20)]
+    #[arg(long, default_value_t = 0.20, value_parser = share)]
     pub duplicate_events: f64,
     /// Share of deliveries made late.
-    #[arg(long, default_value_t = 0.20)]
+    #[arg(long, default_value_t = 0.20, value_parser = share)]
     pub late_events: f64,
     /// A late delivery comes up to this many seconds after the event.
     #[arg(long, default_value_t = 8.0)]
@@ -154,6 +158,16 @@ pub struct Args {
     pub no_build: bool,
 }
 
+/// A share of executions or events: from 0 to 1.
+fn share(text: &str) -> Result<f64, String> {
+    let v: f64 = text.trim().parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("a share is from 0 to 1, not {v}"))
+    }
+}
+
 fn parse_rate(text: &str) -> Result<f64, String> {
     semaphore_core::Rate::parse(text).map_err(|e| e.to_string())?;
     text.trim().parse().map_err(|e| format!("{e}"))
@@ -166,42 +180,47 @@ pub struct LockSpec {
     pub limit: u32,
 }
 
+impl std::str::FromStr for LockSpec {
+    type Err = String;
+
+    fn from_str(part: &str) -> Result<Self, String> {
+        let (name, limit) = part
+            .trim()
+            .split_once(':')
+            .ok_or_else(|| format!("{part:?} is not NAME:LIMIT"))?;
+        let valid_name = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+        if !valid_name {
+            return Err(format!(
+                "{name:?} is not a lock name (1 to 64 letters, digits, '.', '_', '-')"
+            ));
+        }
+        let limit = limit
+            .parse()
+            .ok()
+            .filter(|l| (1..=1000).contains(l))
+            .ok_or_else(|| format!("the limit of {name} is not from 1 to 1000"))?;
+        Ok(Self {
+            name: name.to_owned(),
+            limit,
+        })
+    }
+}
+
 impl Args {
     /// The run's locks (`--locks`, the first one's limit replaced by `--limit` if given).
     pub fn locks(&self) -> Result<Vec<LockSpec>, String> {
-        let mut locks: Vec<LockSpec> = Vec::new();
-        for part in self.locks.split(',').map(str::trim) {
-            let (name, limit) = part
-                .split_once(':')
-                .ok_or_else(|| format!("--locks: {part:?} is not NAME:LIMIT"))?;
-            let valid_name = !name.is_empty()
-                && name.len() <= 64
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-            if !valid_name {
-                return Err(format!(
-                    "--locks: {name:?} is not a lock name (1 to 64 letters, digits, '.', '_', '-')"
-                ));
+        let mut locks = self.locks.clone();
+        for (i, lock) in locks.iter().enumerate() {
+            if locks[..i].iter().any(|l| l.name == lock.name) {
+                return Err(format!("--locks: {} is named twice", lock.name));
             }
-            let limit: u32 = limit
-                .parse()
-                .ok()
-                .filter(|l| (1..=1000).contains(l))
-                .ok_or_else(|| format!("--locks: the limit of {name} is not from 1 to 1000"))?;
-            if locks.iter().any(|l| l.name == name) {
-                return Err(format!("--locks: {name} is named twice"));
-            }
-            locks.push(LockSpec {
-                name: name.to_owned(),
-                limit,
-            });
         }
         if let (Some(first), Some(limit)) = (locks.first_mut(), self.limit) {
             first.limit = limit;
-        }
-        if locks.is_empty() {
-            return Err("--locks names no lock".to_owned());
         }
         Ok(locks)
     }
@@ -250,18 +269,6 @@ impl Args {
     }
 
     fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
-            ("--fail-share", self.fail_share),
-            ("--stop-mid-acquire", self.stop_mid_acquire),
-            ("--stop-mid-work", self.stop_mid_work),
-            ("--drop-events", self.drop_events),
-            ("--duplicate-events", self.duplicate_events),
-            ("--late-events", self.late_events),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                return Err(format!("{name} must be a share from 0 to 1, got {v}"));
-            }
-        }
         if self.fail_share + self.stop_mid_acquire + self.stop_mid_work > 1.0 {
             return Err(
                 "--fail-share, --stop-mid-acquire and --stop-mid-work add up to more than 1"
@@ -542,12 +549,15 @@ mod tests {
                 }
             ]
         );
+        // Refused as clap parses them, or (a lock named twice) by validate.
+        let refused = |args: &[&str]| {
+            let args = std::iter::once("local-run").chain(args.iter().copied());
+            Args::try_parse_from(args).map_or(true, |a| a.validate().is_err())
+        };
         for bad in ["a", "a:0", "a:1,a:2", "a b:1", ""] {
-            let args = Args::parse_from(["local-run", "--locks", bad]);
-            assert!(args.validate().is_err(), "{bad:?}");
+            assert!(refused(&["--locks", bad]), "{bad:?}");
         }
-        let bad = Args::parse_from(["local-run", "--drop-events", "1.5"]);
-        assert!(bad.validate().is_err());
+        assert!(refused(&["--drop-events", "1.5"]));
         let weighted = Args::parse_from(["local-run", "--weights", "1,1,2,4", "--rate", "2"]);
         assert!(weighted.validate().is_ok());
         assert_eq!(

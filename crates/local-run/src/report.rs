@@ -6,6 +6,7 @@ use crate::Role;
 use local_aws::delay::ProxyStats;
 use local_aws::eventbridge::EventStats;
 use local_aws::poller::PollStats;
+pub use local_aws::sfn::short;
 
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct ExecutionCounts {
@@ -89,7 +90,7 @@ pub struct LockReport {
     /// Executions per weight their input asked for (`--weights`); empty: no weights given.
     pub weights: std::collections::BTreeMap<u32, usize>,
     /// The start rate the run asked for (`--rate`), and what the poller saw of the starts.
-    pub rate: Option<StartRate>,
+    pub rate: Option<local_aws::observe::StartRate>,
     pub reads: u64,
     pub inconsistent_reads: u64,
     pub first_inconsistency: Option<String>,
@@ -100,59 +101,6 @@ pub struct LockReport {
     pub leaked_holders: Vec<String>,
     /// Fencing tokens are the lock's versions: distinct per lock, not across locks.
     pub fencing_tokens_unique: Option<bool>,
-}
-
-/// A lock's starts under a start-rate limit, as the poller saw them: every holder's
-/// `acquired_at` and the item's `started_at` (the writers' clock: this machine's, for all).
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct StartRate {
-    /// Acquisitions per second asked for, and the spacing it is kept as.
-    pub rate_per_s: f64,
-    pub spacing_ms: u64,
-    /// Starts seen from the poller's start on.
-    pub starts: usize,
-    pub max_in_1s: usize,
-    pub max_in_10s: usize,
-    /// The least time between two consecutive starts.
-    pub min_spacing_ms: Option<u64>,
-    /// Starts per second from the first seen to the last.
-    pub achieved_per_s: Option<f64>,
-}
-
-impl StartRate {
-    /// At most rate x window + 1 starts in any 1 s and 10 s window, never two closer than the
-    /// spacing.
-    pub fn ok(&self) -> bool {
-        self.max_in_1s as f64 <= self.bound(1.0)
-            && self.max_in_10s as f64 <= self.bound(10.0)
-            && self.min_spacing_ms.is_none_or(|s| s >= self.spacing_ms)
-    }
-
-    /// The most starts the rate allows in any window of `seconds` (clocks agree here: one host).
-    pub fn bound(&self, seconds: f64) -> f64 {
-        self.rate_per_s * seconds + 1.0
-    }
-
-    /// From the starts seen (sorted or not).
-    pub fn of(rate_per_s: f64, spacing_ms: u64, starts: &[u64]) -> Self {
-        let mut starts = starts.to_vec();
-        starts.sort_unstable();
-        let achieved_per_s = match (starts.first(), starts.last()) {
-            (Some(a), Some(b)) if b > a => {
-                Some((starts.len() - 1) as f64 * 1000.0 / (b - a) as f64)
-            }
-            _ => None,
-        };
-        Self {
-            rate_per_s,
-            spacing_ms,
-            starts: starts.len(),
-            max_in_1s: local_aws::observe::most_in_window(&starts, 1_000),
-            max_in_10s: local_aws::observe::most_in_window(&starts, 10_000),
-            min_spacing_ms: local_aws::observe::least_spacing(&starts),
-            achieved_per_s,
-        }
-    }
 }
 
 /// The work under the lock: every child execution (the demo work) against the slot of the
@@ -391,7 +339,7 @@ impl HistoryProbeReport {
                  {:?} events (the acquire function's bound assumes at most {per_check}), {} \
                  events outside them (at most {} reserved), and ended {}{}; its largest task \
                  parameters were {} bytes ({}; the local server fails a task past 262,144); one \
-                 whose work failed ended {} {:?} (expected the work's own WorkFailed)",
+                 whose work failed ended {} {} (expected the work's own WorkFailed)",
                 self.input_bytes,
                 self.events_per_fallback_check.len(),
                 self.events_per_fallback_check,
@@ -405,7 +353,7 @@ impl HistoryProbeReport {
                 self.largest_task_parameters_bytes,
                 self.largest_task_parameters_state,
                 self.failing_status,
-                self.failing_error
+                self.failing_error.as_deref().unwrap_or("(no error)")
             ),
         )
     }
@@ -465,6 +413,105 @@ pub struct Report {
 impl Report {
     pub fn check(&mut self, name: &str, ok: bool, detail: String) {
         self.checks.push(Check::new(name, ok, detail));
+    }
+
+    /// Per lock: S1 (holders, weight, every read consistent), the start rate if one was asked
+    /// for, S2 (no slot held at the end) and, where the protocol has them, fencing tokens.
+    pub fn lock_checks(&mut self) {
+        let (consistent, after) = if self.protocol == "sample" {
+            (
+                "the stored count = the holders",
+                "no sweeper in this protocol",
+            )
+        } else {
+            (
+                "format 4, used = the sum of the holders' weights <= the limit, held_bytes = \
+                 their entries' bytes, each holder's token distinct and within the version",
+                "after the final sweep",
+            )
+        };
+        for l in self.locks.clone() {
+            self.check(
+                &format!("S1 safety [{}]", l.lock),
+                l.max_holders <= l.limit
+                    && l.max_weight <= l.limit as u64
+                    && l.inconsistent_reads == 0,
+                format!(
+                    "at most {} holders and weight {} of {} held at once over {} reads; every read \
+                     consistent ({}){}",
+                    l.max_holders,
+                    l.max_weight,
+                    l.limit,
+                    l.reads,
+                    consistent,
+                    l.first_inconsistency
+                        .as_ref()
+                        .map(|m| format!(" EXCEPT: {m}"))
+                        .unwrap_or_default()
+                ),
+            );
+            if let Some(r) = &l.rate {
+                self.check(
+                    &format!("start rate [{}]", l.lock),
+                    r.ok() && r.starts > 0,
+                    format!(
+                        "{} starts at {}/s (spacing {} ms): at most {} in any 1 s (<= {:.0}), {} in \
+                         any 10 s (<= {:.0}), least spacing {} (>= {} ms); achieved {}",
+                        r.starts,
+                        r.rate_per_s,
+                        r.spacing_ms,
+                        r.max_in_1s,
+                        r.bound(1.0),
+                        r.max_in_10s,
+                        r.bound(10.0),
+                        r.min_spacing_ms
+                            .map_or("-".to_owned(), |ms| format!("{ms} ms")),
+                        r.spacing_ms,
+                        r.achieved_per_s
+                            .map_or("-".to_owned(), |a| format!("{a:.2}/s"))
+                    ),
+                );
+            }
+            self.check(
+                &format!("S2 no leak [{}]", l.lock),
+                l.leaked_at_end == 0,
+                format!(
+                    "{} slots held at the end, {after} ({} when the last execution ended){}",
+                    l.leaked_at_end,
+                    l.holders_when_all_ended,
+                    held_by(&l.leaked_holders)
+                ),
+            );
+            if l.fencing_tokens_unique.is_none() {
+                continue;
+            }
+            self.check(
+                &format!("fencing tokens [{}]", l.lock),
+                l.fencing_tokens_unique == Some(true),
+                format!(
+                    "each of its {} succeeded executions returned a distinct fencing token",
+                    l.succeeded
+                ),
+            );
+        }
+    }
+
+    /// L1: every execution ended as its role planned, before the run's timeout.
+    pub fn progress_check(&mut self, timed_out: bool) {
+        let (n, unexpected) = (self.executions.total, self.executions.unexpected);
+        self.check(
+            "L1 progress",
+            unexpected == 0 && !timed_out,
+            format!(
+                "{} of {n} executions ended as planned{}",
+                n - unexpected,
+                if timed_out {
+                    " (TIMED OUT waiting)"
+                } else {
+                    ""
+                }
+            ),
+        );
     }
 
     pub fn finish(&mut self) {
@@ -774,11 +821,6 @@ impl Report {
         }
         text
     }
-}
-
-/// The execution name of an execution ARN.
-pub fn short(arn: &str) -> &str {
-    arn.rsplit(':').next().unwrap_or(arn)
 }
 
 /// ": still held by a, b, ..." for the first five holders left at the end; empty for none.

@@ -12,101 +12,19 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use local_aws::sample::Sample;
+use local_aws::sample::{Execution, Sample, Status};
 use local_aws::server::sdk_config_for;
-use tokio::sync::mpsc;
 
 use crate::driver::{self, Setup, Watch};
 use crate::progress::{phase, Progress};
 use crate::report::{ExecutionCounts, Report};
 use crate::Role;
 use local_aws::delay::{DelayProxy, WriteKind};
-use local_aws::eventbridge::{Ended, Target};
+use local_aws::eventbridge::Target;
 use local_aws::poller::{now_ms, Layout, LockItems};
 use local_aws::stack::{Deployed, Stack};
-
-/// How long a sample execution waits for a slot before it gives up (the sample has no cap;
-/// a run has to end).
-const WAIT_CAP: Duration = Duration::from_secs(30);
-
-/// An execution's end: its status and error.
-type Status = (String, Option<String>);
-
-struct Execution {
-    arn: String,
-    name: String,
-    role: Role,
-    stopped: AtomicBool,
-    start_ms: i64,
-}
-
-impl Execution {
-    fn ended(&self, status: &str, error: Option<&str>) -> Ended {
-        Ended {
-            arn: self.arn.clone(),
-            machine_arn: self
-                .arn
-                .replace(":execution:", ":stateMachine:")
-                .rsplit_once(':')
-                .map(|(m, _)| m.to_owned())
-                .unwrap_or_default(),
-            name: self.name.clone(),
-            status: status.to_owned(),
-            start_ms: self.start_ms,
-            stop_ms: now_ms(),
-            input: Some("{}".to_owned()),
-            error: error.map(str::to_owned),
-            cause: None,
-        }
-    }
-}
-
-/// One execution of the sample's lock-protected machine; returns its status and error.
-#[allow(clippy::too_many_arguments)]
-async fn execute(
-    e: Arc<Execution>,
-    acquirer: Arc<Sample>,
-    direct: Arc<Sample>,
-    lock: String,
-    limit: i64,
-    work: Duration,
-    ended: mpsc::UnboundedSender<Ended>,
-    seed: u64,
-) -> Status {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let started = Instant::now();
-    loop {
-        // A zombie: the call goes on even when the execution was stopped meanwhile.
-        let acquired = acquirer.acquire(&lock, &e.arn, limit).await;
-        if e.stopped.load(Ordering::SeqCst) {
-            return ("ABORTED".to_owned(), None);
-        }
-        if acquired {
-            break;
-        }
-        if started.elapsed() >= WAIT_CAP {
-            let _ = ended.send(e.ended("FAILED", Some("SemaphoreWaitTimeout")));
-            return ("FAILED".to_owned(), Some("SemaphoreWaitTimeout".to_owned()));
-        }
-        tokio::time::sleep(Duration::from_millis(rng.u64(500..2000))).await;
-    }
-    let work_end = Instant::now() + work;
-    while Instant::now() < work_end {
-        if e.stopped.load(Ordering::SeqCst) {
-            return ("ABORTED".to_owned(), None);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if e.role == Role::Fail {
-        // The sample's machine ends FAILED; its cleanup machine is what frees the slot.
-        let _ = ended.send(e.ended("FAILED", Some("WorkFailed")));
-        return ("FAILED".to_owned(), Some("WorkFailed".to_owned()));
-    }
-    direct.release(&lock, &e.arn).await;
-    ("SUCCEEDED".to_owned(), None)
-}
 
 pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     let (args, root, dir, seed) = (setup.args, setup.root, setup.dir, setup.seed);
@@ -156,7 +74,7 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
             Arc::new(Execution {
                 arn: p.arn.clone(),
                 name: p.name.clone(),
-                role: p.role,
+                fail: p.role == Role::Fail,
                 stopped: AtomicBool::new(false),
                 start_ms: now_ms(),
             })
@@ -216,17 +134,18 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         );
         let work = Duration::from_secs(u64::from(args.work_seconds));
         tasks.push(tokio::spawn(async move {
-            let outcome = execute(
-                e.clone(),
-                acquirer,
-                direct,
-                lock,
-                limit,
-                work,
-                ended_tx,
-                seed.wrapping_add(i as u64),
-            )
-            .await;
+            let outcome = e
+                .clone()
+                .run(
+                    acquirer,
+                    direct,
+                    lock,
+                    limit,
+                    work,
+                    ended_tx,
+                    seed.wrapping_add(i as u64),
+                )
+                .await;
             done.lock().expect("done").insert(e.arn.clone(), outcome);
         }));
     }
@@ -283,17 +202,17 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
         total: n,
         ..ExecutionCounts::default()
     };
-    for e in &executions {
+    for (e, p) in executions.iter().zip(&planned) {
         let (status, error) = done
             .get(&e.arn)
             .cloned()
             .unwrap_or_else(|| ("RUNNING".to_owned(), None));
         let was_stopped = e.stopped.load(Ordering::SeqCst);
-        if !counts.count_planned(e.role, &status, error.as_deref(), was_stopped) {
+        if !counts.count_planned(p.role, &status, error.as_deref(), was_stopped) {
             counts.unexpected_examples.push(format!(
                 "{} ({:?}): {status} {}",
                 e.name,
-                e.role,
+                p.role,
                 error.unwrap_or_default()
             ));
         }
@@ -301,46 +220,8 @@ pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
     report.executions = counts;
     report.locks[0].succeeded = report.executions.succeeded;
 
-    let l = report.locks[0].clone();
-    report.check(
-        "S1 safety",
-        l.max_holders <= l.limit && l.inconsistent_reads == 0,
-        format!(
-            "at most {} of {} slots held at once over {} reads{}",
-            l.max_holders,
-            l.limit,
-            l.reads,
-            l.first_inconsistency
-                .as_ref()
-                .map(|m| format!(" EXCEPT: {m}"))
-                .unwrap_or_default()
-        ),
-    );
-    report.check(
-        "S2 no leak",
-        report.leaked_slots_at_end == 0,
-        format!(
-            "{} slots held at the end by executions that have all ended (no sweeper in the \
-             sample){}",
-            report.leaked_slots_at_end,
-            if report.delayed_acquire_writes.landed > 0 {
-                format!(
-                    "; {} delayed acquire writes landed after their execution was stopped",
-                    report.delayed_acquire_writes.landed
-                )
-            } else {
-                String::new()
-            }
-        ),
-    );
-    report.check(
-        "L1 progress",
-        report.executions.unexpected == 0,
-        format!(
-            "{} of {n} executions ended as planned",
-            n - report.executions.unexpected
-        ),
-    );
+    report.lock_checks();
+    report.progress_check(false);
     report.finish();
     Ok(report)
 }

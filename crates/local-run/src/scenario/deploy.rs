@@ -11,7 +11,6 @@ use tokio::sync::mpsc;
 
 use crate::driver::Setup;
 use crate::progress::phase;
-use crate::report::short;
 use crate::LockSpec;
 use local_aws::delay::{DelayProxy, WriteKind};
 use local_aws::lambda;
@@ -91,26 +90,8 @@ pub(super) async fn deploy(
 
     phase("deploying template.yaml: the SAM transform, then moto's CloudFormation");
     let deployed = Deployed::deploy(&python, root, &endpoint, &stack, &overrides)?;
-    for (logical_id, table) in &deployed.tables {
-        eprintln!("    table          {table} ({logical_id})");
-    }
-    for topic in &deployed.topics {
-        eprintln!(
-            "    topic          {} -> SQS (the notices read back)",
-            short(topic)
-        );
-    }
-    for machine in &deployed.machines {
-        eprintln!(
-            "    state machine  {} ({})",
-            machine.name, machine.definition_uri
-        );
-    }
-    for skipped in &deployed.skipped {
-        eprintln!(
-            "    not emulated   {} ({})",
-            skipped.logical_id, skipped.kind
-        );
+    for line in deployed.resources() {
+        eprintln!("    {line}");
     }
     let protected = deployed.machine("LockProtectedStateMachine")?.clone();
     let work_machine = deployed.machine_named_by("DEFAULT_WORK")?.clone();

@@ -17,6 +17,7 @@ use crate::driver::{self, Planned, Setup, Watch};
 use crate::progress::{phase, Progress};
 use crate::Role;
 use local_aws::eventbridge::Target;
+use local_aws::lambda;
 use local_aws::sfn::{describe, list_executions, sfn_error, Outcome};
 
 /// The executions as they ended, and what the steps after them go on with.
@@ -221,48 +222,16 @@ pub(super) async fn run(
         });
     }
 
-    // Slots reclaimed by the sweeper so far, from the sweeps' answers (for the live view).
-    let reclaimed_live = Arc::new(AtomicUsize::new(0));
-    {
-        let (sfn, arn, reclaimed, sweeping) = (
-            sfn.clone(),
-            sweeper_machine.arn.clone(),
-            reclaimed_live.clone(),
-            sweeping.clone(),
-        );
-        tokio::spawn(async move {
-            let mut counted = BTreeSet::new();
-            while sweeping.load(SeqCst) {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let Ok(sweeps) = list_executions(&sfn, &arn).await else {
-                    continue;
-                };
-                for (arn, name, status) in sweeps {
-                    if status != ExecutionStatus::Succeeded
-                        || name == "preflight"
-                        || !counted.insert(arn.clone())
-                    {
-                        continue;
-                    }
-                    if let Ok((_, o)) = describe(&sfn, &arn).await {
-                        let n = o.output_json()["reclaimed"].as_u64().unwrap_or(0);
-                        reclaimed.fetch_add(n as usize, SeqCst);
-                    }
-                }
-            }
-        });
-    }
-
     let outcomes: Arc<Mutex<BTreeMap<String, Outcome>>> = Arc::default();
     let progress = {
-        let (outcomes, poll, proxy, events, reclaimed, started) = (
+        let (outcomes, poll, proxy, events, started) = (
             outcomes.clone(),
             watch.poller.stats.clone(),
             watch.proxy.clone(),
             watch.player.stats.clone(),
-            reclaimed_live.clone(),
             started.clone(),
         );
+        let dir = setup.dir.to_owned();
         let locks = locks.clone();
         let weighted = !args.weights.is_empty();
         Progress::start(move || {
@@ -298,7 +267,9 @@ pub(super) async fn run(
                 "{starting}done {done}/{n} | holders {} | reclaimed by sweeper {} | delayed \
                  writes refused {} | events {} dropped {} dup {} late",
                 holders.join(", "),
-                reclaimed.load(SeqCst),
+                // The sweeper's own warning, one per slot it reclaimed.
+                lambda::log_lines(&dir, "sweeper", |l| l
+                    .contains(r#""message":"reclaimed a leaked slot""#)),
                 proxy.refused(),
                 events.dropped,
                 events.duplicated,

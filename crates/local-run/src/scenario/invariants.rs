@@ -14,8 +14,7 @@ use super::probes::Probes;
 use crate::driver::Setup;
 use crate::line::{self, LineReport};
 use crate::report::{
-    held_by, short, CleanupCounts, ExecutionCounts, Report, StopParentReport, SweeperCounts,
-    WorkReport,
+    short, CleanupCounts, ExecutionCounts, Report, StopParentReport, SweeperCounts, WorkReport,
 };
 use crate::work;
 use local_aws::lambda;
@@ -23,7 +22,6 @@ use local_aws::sfn::{clip, describe, history, json_of, list_executions, save_his
 
 /// What the checks need beside the report.
 pub(super) struct Seen {
-    n: usize,
     timed_out: bool,
     /// Executions seen holding a slot after their cleanup had finished.
     resurrections: Vec<String>,
@@ -241,7 +239,6 @@ pub(super) async fn gather(
     Ok((
         report,
         Seen {
-            n,
             timed_out,
             resurrections,
             cleaned_up: cleaned_at.len(),
@@ -264,7 +261,6 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
         ..
     } = probes;
     let Seen {
-        n,
         timed_out,
         resurrections,
         cleaned_up,
@@ -275,67 +271,7 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
     } = seen;
 
     // The invariants, per lock first.
-    for l in report.locks.clone() {
-        report.check(
-            &format!("S1 safety [{}]", l.lock),
-            l.max_holders <= l.limit && l.max_weight <= l.limit as u64 && l.inconsistent_reads == 0,
-            format!(
-                "at most {} holders and weight {} of {} held at once over {} reads; every read \
-                 consistent (format 4, used = the sum of the holders' weights <= the limit, \
-                 held_bytes = their entries' bytes, each holder's token distinct and within \
-                 the version){}",
-                l.max_holders,
-                l.max_weight,
-                l.limit,
-                l.reads,
-                l.first_inconsistency
-                    .as_ref()
-                    .map(|m| format!(" EXCEPT: {m}"))
-                    .unwrap_or_default()
-            ),
-        );
-        if let Some(r) = &l.rate {
-            report.check(
-                &format!("start rate [{}]", l.lock),
-                r.ok() && r.starts > 0,
-                format!(
-                    "{} starts at {}/s (spacing {} ms): at most {} in any 1 s (<= {:.0}), {} in \
-                     any 10 s (<= {:.0}), least spacing {} (>= {} ms); achieved {}",
-                    r.starts,
-                    r.rate_per_s,
-                    r.spacing_ms,
-                    r.max_in_1s,
-                    r.bound(1.0),
-                    r.max_in_10s,
-                    r.bound(10.0),
-                    r.min_spacing_ms
-                        .map_or("-".to_owned(), |ms| format!("{ms} ms")),
-                    r.spacing_ms,
-                    r.achieved_per_s
-                        .map_or("-".to_owned(), |a| format!("{a:.2}/s"))
-                ),
-            );
-        }
-        report.check(
-            &format!("S2 no leak [{}]", l.lock),
-            l.leaked_at_end == 0,
-            format!(
-                "{} slots held at the end, after the final sweep ({} when the last execution \
-                 ended){}",
-                l.leaked_at_end,
-                l.holders_when_all_ended,
-                held_by(&l.leaked_holders)
-            ),
-        );
-        report.check(
-            &format!("fencing tokens [{}]", l.lock),
-            l.fencing_tokens_unique == Some(true),
-            format!(
-                "each of its {} succeeded executions returned a distinct fencing token",
-                l.succeeded
-            ),
-        );
-    }
+    report.lock_checks();
     report.check(
         "S1 work under the slot",
         work_report.violations.is_empty() && work_report.children > 0,
@@ -357,19 +293,7 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
         misconfigured.check(),
         redrive.check(),
     ]);
-    report.check(
-        "L1 progress",
-        report.executions.unexpected == 0 && !timed_out,
-        format!(
-            "{} of {n} executions ended as planned{}",
-            n - report.executions.unexpected,
-            if *timed_out {
-                " (TIMED OUT waiting)"
-            } else {
-                ""
-            }
-        ),
-    );
+    report.progress_check(*timed_out);
     report.check(
         "cleanups",
         report.cleanup_executions.failed == 0,
