@@ -187,32 +187,25 @@ pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>, String> {
         }
         let (counter, writes) = (RequestCounter::new(), WriteCounter::new());
         let sweeper = local.sweeper(&counter, &writes, &table)?;
-        let started = Instant::now();
-        let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
-        rows.push(row(
-            n,
-            "all RUNNING: nothing to reclaim",
-            report.summary.reclaimed,
-            &counter.take(),
-            &writes.take(),
-            started,
-        ));
-        local.stop(&arns).await?;
-        counter.take();
-        writes.take();
-        let started = Instant::now();
-        let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
-        if !report.summary.errors.is_empty() {
-            return Err(format!("sweep errors: {:?}", report.summary.errors));
+        // The executions stopped between the two sweeps.
+        for (case, stopped) in [
+            ("all RUNNING: nothing to reclaim", false),
+            ("all ABORTED: reclaim every slot", true),
+        ] {
+            if stopped {
+                local.stop(&arns).await?;
+                counter.take();
+                writes.take();
+            }
+            let started = Instant::now();
+            let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
+            if !report.summary.errors.is_empty() {
+                return Err(format!("sweep errors: {:?}", report.summary.errors));
+            }
+            let (counts, tally) = (counter.take(), writes.take());
+            let reclaimed = report.summary.reclaimed;
+            rows.push(row(n, case, reclaimed, &counts, &tally, started));
         }
-        rows.push(row(
-            n,
-            "all ABORTED: reclaim every slot",
-            report.summary.reclaimed,
-            &counter.take(),
-            &writes.take(),
-            started,
-        ));
     }
     Ok(rows)
 }
