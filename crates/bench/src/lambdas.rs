@@ -98,7 +98,7 @@ pub fn default_bin_dir() -> Option<PathBuf> {
 }
 
 struct Setup {
-    env: Vec<(String, String)>,
+    env: Vec<(&'static str, String)>,
     events: Vec<Value>,
 }
 
@@ -260,11 +260,8 @@ pub async fn run(
             .await?;
             let exe = exe.clone();
             let run = tokio::task::spawn_blocking(move || {
-                let env: Vec<(&str, &str)> = setup
-                    .env
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect();
+                let env: Vec<(&str, &str)> =
+                    setup.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
                 run_function(&exe, &env, setup.events)
             })
             .await
@@ -320,7 +317,7 @@ async fn prepare(
     protected: &Protected,
     invocations: usize,
 ) -> Result<Setup, String> {
-    let mut env = vec![("TABLE_NAME".to_owned(), table.to_owned())];
+    let mut env = vec![("TABLE_NAME", table.to_owned())];
     let holders: Vec<(String, String)> = (0..invocations)
         .map(|n| (execution_arn(function, n), uuid()))
         .collect();
@@ -352,17 +349,14 @@ async fn prepare(
                 .map(|e| (e.execution.clone(), uuid()))
                 .collect();
             take_slots(sem, &lock_name, &holders).await?;
-            env.push((
-                "ACQUIRE_FUNCTION_ARN".to_owned(),
-                ACQUIRE_FUNCTION_ARN.to_owned(),
-            ));
+            env.push(("ACQUIRE_FUNCTION_ARN", ACQUIRE_FUNCTION_ARN.to_owned()));
             ended.iter().map(|e| protected.status_change(e)).collect()
         }
         _ => {
             // Holders whose executions do not exist: the first sweep reclaims them all (a
             // DescribeExecution, a cleanup and an SNS notice each), the next ones find none.
             take_slots(sem, &lock_name, &holders).await?;
-            env.push(("TOPIC_ARN".to_owned(), topic_arn.to_owned()));
+            env.push(("TOPIC_ARN", topic_arn.to_owned()));
             (0..invocations)
                 .map(|_| json!({"source": "aws.events"}))
                 .collect()
