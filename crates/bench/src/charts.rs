@@ -15,8 +15,10 @@ use crate::requests::rate_label;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("reading {path}: {source}")]
-    Read {
+    /// Reading the results file, or writing the charts.
+    #[error("{doing} {path}: {source}")]
+    Io {
+        doing: &'static str,
         path: PathBuf,
         source: std::io::Error,
     },
@@ -29,11 +31,16 @@ pub enum Error {
     NothingToDraw { path: PathBuf },
     #[error(transparent)]
     Chart(#[from] ChartError),
-    #[error("writing {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+}
+
+/// The error of `doing` ("reading", "writing") `path`.
+fn io(doing: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_owned();
+    move |source| Error::Io {
+        doing,
+        path,
+        source,
+    }
 }
 
 /// What the charts read of a results file; a part the run skipped (`--only`) is absent.
@@ -175,10 +182,7 @@ fn charts(results: &Results) -> Vec<Chart> {
 }
 
 fn read(path: &Path) -> Result<Results, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(io("reading", path))?;
     serde_json::from_str(&text).map_err(|source| Error::Parse {
         path: path.to_owned(),
         source,
@@ -199,15 +203,9 @@ pub fn draw(from: &Path, dir: &Path) -> Result<Vec<PathBuf>, Error> {
         .iter()
         .map(|c| Ok((dir.join(c.file), c.chart.svg()?)))
         .collect::<Result<Vec<_>, Error>>()?;
-    std::fs::create_dir_all(dir).map_err(|source| Error::Write {
-        path: dir.to_owned(),
-        source,
-    })?;
+    std::fs::create_dir_all(dir).map_err(io("writing", dir))?;
     for (path, svg) in &drawn {
-        std::fs::write(path, svg.as_str()).map_err(|source| Error::Write {
-            path: path.clone(),
-            source,
-        })?;
+        std::fs::write(path, svg.as_str()).map_err(io("writing", path))?;
     }
     Ok(drawn.into_iter().map(|(path, _)| path).collect())
 }

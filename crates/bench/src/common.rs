@@ -1,9 +1,15 @@
 //! What every part of the bench shares: names that look like production's, the protocols
-//! compared, and the wait between polls of a full lock.
+//! compared, the wait between polls of a full lock, and the executions and slots the Lambdas
+//! and the sweeper are measured on.
 
 use std::time::Duration;
 
+use aws_sdk_sfn::error::DisplayErrorContext;
+use semaphore_core::{
+    AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore,
+};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// How long the bench's execution ARNs are: the state machine `LockProtected` in a 12-digit
 /// account and a 31-character execution name. The holder map is keyed by the ARN, so item sizes
@@ -30,6 +36,77 @@ fn hex(n: usize) -> String {
 /// An acquisition id as `States.UUID()` makes it.
 pub fn uuid() -> String {
     format!("{}-{}-4{}-8{}-{}", hex(8), hex(4), hex(3), hex(3), hex(12))
+}
+
+/// Takes a slot of `lock` for each (holder, acquisition), as the acquire function would have.
+pub async fn take_slots(
+    sem: &Semaphore<DynamoStore>,
+    lock: &LockName,
+    holders: &[(String, String)],
+) -> Result<(), String> {
+    for (holder, acquisition) in holders {
+        let who = Identity::new(
+            HolderId::new(holder.as_str()).map_err(|e| e.to_string())?,
+            AcquisitionId::new(acquisition.as_str()).map_err(|e| e.to_string())?,
+        );
+        match sem
+            .acquire(lock, &who, Limit::new(1000).map_err(|e| e.to_string())?)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            AcquireOutcome::Acquired { .. } => {}
+            other => return Err(format!("taking a slot of {lock} gave {other:?}")),
+        }
+    }
+    Ok(())
+}
+
+/// A state machine `<name>-<random>` of `definition` on the local Step Functions: its ARN.
+pub async fn state_machine(
+    sfn: &aws_sdk_sfn::Client,
+    name: &str,
+    definition: &Value,
+    role: &str,
+) -> Result<String, String> {
+    Ok(sfn
+        .create_state_machine()
+        .name(format!("{name}-{}", &uuid()[..8]))
+        .definition(definition.to_string())
+        .role_arn(role)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "create the state machine {name}: {}",
+                DisplayErrorContext(e)
+            )
+        })?
+        .state_machine_arn()
+        .to_owned())
+}
+
+/// `n` executions of `machine` started with `input`: their ARNs.
+pub async fn start_executions(
+    sfn: &aws_sdk_sfn::Client,
+    machine: &str,
+    input: &str,
+    n: usize,
+) -> Result<Vec<String>, String> {
+    let mut arns = Vec::with_capacity(n);
+    for _ in 0..n {
+        arns.push(
+            sfn.start_execution()
+                .state_machine_arn(machine)
+                .name(uuid())
+                .input(input)
+                .send()
+                .await
+                .map_err(|e| format!("start: {}", DisplayErrorContext(e)))?
+                .execution_arn()
+                .to_owned(),
+        );
+    }
+    Ok(arns)
 }
 
 /// The protocols compared, all against the same server in the same run.

@@ -10,14 +10,11 @@ use std::time::{Duration, Instant};
 use aws_sdk_sfn::error::DisplayErrorContext;
 use aws_sdk_sfn::types::ExecutionStatus;
 use local_aws::runtime_api::{run_function, Answer};
-use semaphore_core::{
-    rfc3339_millis, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName,
-    Semaphore, SystemClock,
-};
+use semaphore_core::{rfc3339_millis, Clock, DynamoStore, LockName, Semaphore, SystemClock};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::common::{execution_arn, uuid};
+use crate::common::{execution_arn, start_executions, state_machine, take_slots, uuid};
 use crate::stats::{median, ms};
 
 /// The acquire function as the bench's protected machine names it (the cleanup function's
@@ -101,8 +98,7 @@ pub fn default_bin_dir() -> Option<PathBuf> {
 }
 
 struct Setup {
-    function: &'static str,
-    env: Vec<(String, String)>,
+    env: Vec<(&'static str, String)>,
     events: Vec<Value>,
 }
 
@@ -127,37 +123,15 @@ impl Protected {
         // Before the machine is made: one made before execution mode is not seen after.
         let sfn = local_aws::sfn::client();
         let definition = local_aws::sfn::acquire_only(ACQUIRE_FUNCTION_ARN);
-        let machine = sfn
-            .create_state_machine()
-            .name(format!("BenchProtected-{}", &uuid()[..8]))
-            .definition(definition.to_string())
-            .role_arn(local_aws::sfn::ROLE)
-            .send()
-            .await
-            .map_err(|e| format!("create the protected machine: {}", DisplayErrorContext(e)))?
-            .state_machine_arn()
-            .to_owned();
+        let machine =
+            state_machine(&sfn, "BenchProtected", &definition, local_aws::sfn::ROLE).await?;
         Ok(Self { sfn, machine })
     }
 
     /// `n` executions that asked for `lock` and failed.
     async fn failed(&self, lock: &str, n: usize) -> Result<Vec<Ended>, String> {
         let input = json!({"lock": lock}).to_string();
-        let mut started = Vec::with_capacity(n);
-        for _ in 0..n {
-            started.push(
-                self.sfn
-                    .start_execution()
-                    .state_machine_arn(&self.machine)
-                    .name(uuid())
-                    .input(&input)
-                    .send()
-                    .await
-                    .map_err(|e| format!("start: {}", DisplayErrorContext(e)))?
-                    .execution_arn()
-                    .to_owned(),
-            );
-        }
+        let started = start_executions(&self.sfn, &self.machine, &input, n).await?;
         let deadline = Instant::now() + EXECUTION_TIMEOUT;
         let mut ended = Vec::with_capacity(n);
         for execution in started {
@@ -286,16 +260,12 @@ pub async fn run(
             .await?;
             let exe = exe.clone();
             let run = tokio::task::spawn_blocking(move || {
-                let env: Vec<(&str, &str)> = setup
-                    .env
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect();
-                (setup.function, run_function(&exe, &env, setup.events))
+                let env: Vec<(&str, &str)> =
+                    setup.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                run_function(&exe, &env, setup.events)
             })
             .await
             .map_err(|e| e.to_string())?;
-            let (function, run) = run;
             let answered = run
                 .answers
                 .iter()
@@ -338,24 +308,6 @@ pub async fn run(
     Ok(results)
 }
 
-/// Takes a slot of `lock` for each (holder, acquisition), as the acquire function would have.
-async fn take_slots(
-    sem: &Semaphore<DynamoStore>,
-    lock: &LockName,
-    holders: &[(String, String)],
-) -> Result<(), String> {
-    for (holder, acquisition) in holders {
-        let who = Identity::new(
-            HolderId::new(holder.as_str()).map_err(|e| e.to_string())?,
-            AcquisitionId::new(acquisition.as_str()).map_err(|e| e.to_string())?,
-        );
-        sem.acquire(lock, &who, Limit::new(1000).map_err(|e| e.to_string())?)
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
 async fn prepare(
     function: &'static str,
     sem: &Semaphore<DynamoStore>,
@@ -365,7 +317,7 @@ async fn prepare(
     protected: &Protected,
     invocations: usize,
 ) -> Result<Setup, String> {
-    let mut env = vec![("TABLE_NAME".to_owned(), table.to_owned())];
+    let mut env = vec![("TABLE_NAME", table.to_owned())];
     let holders: Vec<(String, String)> = (0..invocations)
         .map(|n| (execution_arn(function, n), uuid()))
         .collect();
@@ -397,27 +349,20 @@ async fn prepare(
                 .map(|e| (e.execution.clone(), uuid()))
                 .collect();
             take_slots(sem, &lock_name, &holders).await?;
-            env.push((
-                "ACQUIRE_FUNCTION_ARN".to_owned(),
-                ACQUIRE_FUNCTION_ARN.to_owned(),
-            ));
+            env.push(("ACQUIRE_FUNCTION_ARN", ACQUIRE_FUNCTION_ARN.to_owned()));
             ended.iter().map(|e| protected.status_change(e)).collect()
         }
         _ => {
             // Holders whose executions do not exist: the first sweep reclaims them all (a
             // DescribeExecution, a cleanup and an SNS notice each), the next ones find none.
             take_slots(sem, &lock_name, &holders).await?;
-            env.push(("TOPIC_ARN".to_owned(), topic_arn.to_owned()));
+            env.push(("TOPIC_ARN", topic_arn.to_owned()));
             (0..invocations)
                 .map(|_| json!({"source": "aws.events"}))
                 .collect()
         }
     };
-    Ok(Setup {
-        function,
-        env,
-        events,
-    })
+    Ok(Setup { env, events })
 }
 
 #[cfg(test)]

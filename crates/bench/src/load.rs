@@ -179,6 +179,7 @@ impl Tally {
     }
 }
 
+#[derive(Default)]
 struct Shared {
     limit: i64,
     inside: AtomicI64,
@@ -189,16 +190,6 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(limit: i64) -> Self {
-        Self {
-            limit,
-            inside: AtomicI64::new(0),
-            max_inside: AtomicI64::new(0),
-            weight_inside: AtomicI64::new(0),
-            max_weight_inside: AtomicI64::new(0),
-            violations: AtomicU64::new(0),
-        }
-    }
     fn enter(&self, weight: i64) {
         let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_inside.fetch_max(now, Ordering::SeqCst);
@@ -382,7 +373,10 @@ pub async fn run(
     if proto == Proto::Sample && variant != Variant::Plain {
         return Err("the sample's protocol has neither weights nor a start rate".to_owned());
     }
-    let shared = Arc::new(Shared::new(variant.limit()));
+    let shared = Arc::new(Shared {
+        limit: variant.limit(),
+        ..Shared::default()
+    });
 
     // Warm-up, not counted: one critical section creates the item (ours: a refused update and a
     // put; the release adds the lock's first fence) and opens connections.
@@ -434,11 +428,8 @@ pub async fn run(
         tally.rate_limited += t.rate_limited;
         tally.expired += t.expired;
         tally.errors += t.errors;
-        for e in t.error_samples {
-            if tally.error_samples.len() < ERROR_SAMPLES {
-                tally.error_samples.push(e);
-            }
-        }
+        tally.error_samples.extend(t.error_samples);
+        tally.error_samples.truncate(ERROR_SAMPLES);
     }
     let elapsed = started.elapsed();
     let counts = counter.take();

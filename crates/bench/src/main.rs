@@ -105,6 +105,39 @@ fn parse_rate(text: &str) -> Result<semaphore_core::Rate, String> {
     semaphore_core::Rate::parse(text).map_err(|e| e.to_string())
 }
 
+/// The medians over a cell's runs that both summaries quote.
+#[derive(Serialize)]
+struct Medians {
+    throughput_per_s: f64,
+    acquire_p50_ms: f64,
+    acquire_p99_ms: f64,
+    release_p50_ms: f64,
+    release_p99_ms: f64,
+    requests_per_section: f64,
+    failed_writes_per_section: f64,
+    full_answers_per_section: f64,
+}
+
+/// The median over `runs` of one figure of theirs (NaN for none).
+fn med(runs: &[&load::LoadRun], g: fn(&load::LoadRun) -> f64) -> f64 {
+    median(&runs.iter().map(|r| g(r)).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+}
+
+impl Medians {
+    fn of(runs: &[&load::LoadRun]) -> Self {
+        Self {
+            throughput_per_s: med(runs, |r| r.throughput_per_s),
+            acquire_p50_ms: med(runs, |r| r.acquire_p50_ms),
+            acquire_p99_ms: med(runs, |r| r.acquire_p99_ms),
+            release_p50_ms: med(runs, |r| r.release_p50_ms),
+            release_p99_ms: med(runs, |r| r.release_p99_ms),
+            requests_per_section: med(runs, |r| r.requests_per_section),
+            failed_writes_per_section: med(runs, |r| r.failed_writes_per_section),
+            full_answers_per_section: med(runs, |r| r.full_answers_per_section),
+        }
+    }
+}
+
 /// A load variant (weights, a start rate) against the same run's plain figures of ours, at the
 /// same regime and contenders: medians over the repeats.
 #[derive(Serialize)]
@@ -114,18 +147,12 @@ struct VariantSummary {
     label: String,
     contenders: usize,
     runs: usize,
-    throughput_per_s: f64,
+    #[serde(flatten)]
+    medians: Medians,
     throughput_vs_plain: f64,
-    requests_per_section: f64,
     requests_vs_plain: f64,
-    acquire_p50_ms: f64,
-    acquire_p99_ms: f64,
     acquire_p99_vs_plain: f64,
-    release_p50_ms: f64,
-    release_p99_ms: f64,
-    full_answers_per_section: f64,
     rate_limited_answers_per_section: f64,
-    failed_writes_per_section: f64,
     /// The largest weight held at once in any run, and the limit.
     max_weight_seen: i64,
     limit: i64,
@@ -149,18 +176,12 @@ struct LoadSummary {
     proto: Proto,
     contenders: usize,
     runs: usize,
-    throughput_per_s: f64,
+    #[serde(flatten)]
+    medians: Medians,
     throughput_vs_sample: f64,
-    acquire_p50_ms: f64,
-    acquire_p99_ms: f64,
-    release_p50_ms: f64,
-    release_p99_ms: f64,
     /// The median run's acquire p99 over the sample's.
     acquire_p99_vs_sample: f64,
-    requests_per_section: f64,
     requests_vs_sample: f64,
-    failed_writes_per_section: f64,
-    full_answers_per_section: f64,
     rotations_per_section: f64,
     expired_answers_total: u64,
     /// Errors of any kind in all runs (the name is kept from version 1, where they were the
@@ -227,6 +248,21 @@ fn f(x: f64, digits: usize) -> String {
     }
 }
 
+/// A ratio as the tables print it: "1.05x".
+fn times(x: f64) -> String {
+    f(x, 2) + "x"
+}
+
+/// Prints a markdown table: its header and alignment rows, one row per item of `rows` (its
+/// cells), and a blank line.
+fn print_table(header: &str, align: &str, rows: impl IntoIterator<Item = Vec<String>>) {
+    println!("{header}\n{align}");
+    for cells in rows {
+        println!("| {} |", cells.join(" | "));
+    }
+    println!();
+}
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -280,29 +316,32 @@ async fn main() -> ExitCode {
             Ok(report) => {
                 println!("## DynamoDB requests per uncontended critical section (acquire + release), counted\n");
                 println!("Ours as the Lambdas run it: each call a new `Semaphore` (no read, no cache), default timing (fence window {} s). A release rotates the lock's fences (one more `UpdateItem`) when a window has passed since the last rotation and the young generation holds at least {} fences: at most once per window and once per {} releases, so it is counted at several rates on a simulated clock too.\n", f(semaphore_core::Timing::default().window().as_secs_f64(), 0), rule::BUSY_YOUNG_FENCES, rule::BUSY_YOUNG_FENCES);
-                println!("| scenario | sections | requests/CS | GetItem | PutItem | UpdateItem | rotations/CS | failed conditional writes/CS | vs sample |");
-                println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-                for r in report
+                let all: Vec<&requests::RequestRow> = report
                     .rows
                     .iter()
                     .chain(std::iter::once(&report.first_section))
-                {
-                    println!(
-                        "| {} | {} | {} | {} | {} | {} | {} | {} | {}x |",
-                        r.scenario,
-                        r.sections,
-                        f(r.requests_per_section, 2),
-                        f(r.get_item, 2),
-                        f(r.put_item, 2),
-                        f(r.update_item, 2),
-                        f(r.rotations_per_section, 3),
-                        f(r.failed_conditional_writes, 2),
-                        f(r.vs_sample, 2)
-                    );
-                }
-                println!();
+                    .collect();
+                print_table(
+                    "| scenario | sections | requests/CS | GetItem | PutItem | UpdateItem | rotations/CS | failed conditional writes/CS | vs sample |",
+                    "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+                    all.iter().map(|r| {
+                        vec![
+                            r.scenario.clone(),
+                            r.sections.to_string(),
+                            f(r.requests_per_section, 2),
+                            f(r.get_item, 2),
+                            f(r.put_item, 2),
+                            f(r.update_item, 2),
+                            f(r.rotations_per_section, 3),
+                            f(r.failed_conditional_writes, 2),
+                            times(r.vs_sample),
+                        ]
+                    }),
+                );
                 requests::check(&report, &mut problems);
-                if let Some(r) = report.rows.iter().find(|r| r.proto == "ours") {
+                let ours: Vec<&requests::RequestRow> =
+                    report.rows.iter().filter(|r| r.proto == "ours").collect();
+                if let Some(r) = ours.first() {
                     targets.push(Target {
                         target: "uncontended requests per CS, as the Lambdas run, <= 1.25x the sample's; 0 failed conditional writes".into(),
                         measured: format!(
@@ -315,22 +354,18 @@ async fn main() -> ExitCode {
                                 .iter()
                                 .filter_map(|r| r.seconds_between_sections.map(|s| format!(
                                     "{} at {}",
-                                    f(r.vs_sample, 2) + "x",
+                                    times(r.vs_sample),
                                     requests::rate_label(Duration::from_secs_f64(s))
                                 )))
                                 .collect::<Vec<_>>()
                                 .join(", ")
                         ),
-                        met: report
-                            .rows
+                        met: ours
                             .iter()
-                            .filter(|r| r.proto == "ours")
                             .all(|r| r.vs_sample <= 1.25 && r.failed_conditional_writes == 0.0),
                     });
-                    let worst = report
-                        .rows
+                    let worst = ours
                         .iter()
-                        .filter(|r| r.proto == "ours")
                         .map(|r| r.requests_per_section)
                         .fold(0.0, f64::max);
                     targets.push(Target {
@@ -343,14 +378,7 @@ async fn main() -> ExitCode {
                         met: worst <= 3.0,
                     });
                 }
-                out.insert(
-                    "requests".into(),
-                    json!(report
-                        .rows
-                        .iter()
-                        .chain(std::iter::once(&report.first_section))
-                        .collect::<Vec<_>>()),
-                );
+                out.insert("requests".into(), json!(all));
             }
             Err(e) => problems.push(format!("requests: {e}")),
         }
@@ -386,62 +414,36 @@ async fn main() -> ExitCode {
         for rep in 0..repeats {
             for regime in regimes {
                 for &(contenders, sections) in plan(regime) {
-                    // Alternate the order so that no protocol always runs first (or last).
-                    for k in 0..protos.len() {
-                        let proto = protos[(k + rep) % protos.len()];
-                        match load::run(
-                            regime,
-                            proto,
-                            load::Variant::Plain,
-                            contenders,
-                            sections,
-                            &endpoint,
-                            &table,
-                        )
-                        .await
-                        {
+                    // Alternate the order so that no protocol always runs first (or last); then
+                    // the variants of ours, under contention only.
+                    let mut kinds: Vec<(Proto, load::Variant)> = (0..protos.len())
+                        .map(|k| (protos[(k + rep) % protos.len()], load::Variant::Plain))
+                        .collect();
+                    if contenders > 1 {
+                        kinds.extend(variants.map(|v| (Proto::Ours, v)));
+                    }
+                    for (proto, variant) in kinds {
+                        let run = load::run(
+                            regime, proto, variant, contenders, sections, &endpoint, &table,
+                        );
+                        match run.await {
                             Ok(run) => {
+                                let who = match variant {
+                                    load::Variant::Plain => format!("{:<24}", proto.label()),
+                                    _ => format!("ours, {:<20}", variant.name()),
+                                };
                                 eprintln!(
-                                    "load rep {rep} {:<17} C={contenders:<2} {:<24} {:>7.1} CS/s  acquire p50 {:>7.1} ms  req/CS {:.2}",
+                                    "load rep {rep} {:<17} C={contenders:<2} {who} {:>7.1} CS/s  acquire p50 {:>7.1} ms  req/CS {:.2}",
                                     regime.short(),
-                                    proto.label(),
                                     run.throughput_per_s,
                                     run.acquire_p50_ms,
                                     run.requests_per_section
                                 );
                                 load::check(&run, &mut problems);
-                                runs.push(run);
-                            }
-                            Err(e) => problems.push(e),
-                        }
-                    }
-                    // The variants of ours, under contention only.
-                    if contenders == 1 {
-                        continue;
-                    }
-                    for variant in variants {
-                        match load::run(
-                            regime,
-                            Proto::Ours,
-                            variant,
-                            contenders,
-                            sections,
-                            &endpoint,
-                            &table,
-                        )
-                        .await
-                        {
-                            Ok(run) => {
-                                eprintln!(
-                                    "load rep {rep} {:<17} C={contenders:<2} ours, {:<20} {:>7.1} CS/s  acquire p50 {:>7.1} ms  req/CS {:.2}",
-                                    regime.short(),
-                                    variant.name(),
-                                    run.throughput_per_s,
-                                    run.acquire_p50_ms,
-                                    run.requests_per_section
-                                );
-                                load::check(&run, &mut problems);
-                                variant_runs.push(run);
+                                match variant {
+                                    load::Variant::Plain => runs.push(run),
+                                    _ => variant_runs.push(run),
+                                }
                             }
                             Err(e) => problems.push(e),
                         }
@@ -450,6 +452,7 @@ async fn main() -> ExitCode {
             }
         }
         let mut summaries = Vec::new();
+        let mut variant_summaries = Vec::new();
         for regime in regimes {
             for &(contenders, _) in plan(regime) {
                 let of = |proto: Proto| -> Vec<&load::LoadRun> {
@@ -459,41 +462,95 @@ async fn main() -> ExitCode {
                         })
                         .collect()
                 };
-                let med = |rs: &[&load::LoadRun], g: fn(&load::LoadRun) -> f64| {
-                    median(&rs.iter().map(|r| g(r)).collect::<Vec<_>>()).unwrap_or(f64::NAN)
-                };
-                let sample = of(Proto::Sample);
-                let ref_tp = med(&sample, |r| r.throughput_per_s);
-                let ref_req = med(&sample, |r| r.requests_per_section);
-                let ref_p99 = med(&sample, |r| r.acquire_p99_ms);
+                let sample = Medians::of(&of(Proto::Sample));
                 for proto in protos {
                     let rs = of(proto);
                     if rs.is_empty() {
                         continue;
                     }
-                    let tp = med(&rs, |r| r.throughput_per_s);
-                    let req = med(&rs, |r| r.requests_per_section);
-                    let p99 = med(&rs, |r| r.acquire_p99_ms);
+                    let m = Medians::of(&rs);
                     summaries.push(LoadSummary {
                         regime,
                         proto,
                         contenders,
                         runs: rs.len(),
-                        throughput_per_s: tp,
-                        throughput_vs_sample: ratio(tp, ref_tp),
-                        acquire_p50_ms: med(&rs, |r| r.acquire_p50_ms),
-                        acquire_p99_ms: p99,
-                        release_p50_ms: med(&rs, |r| r.release_p50_ms),
-                        release_p99_ms: med(&rs, |r| r.release_p99_ms),
-                        acquire_p99_vs_sample: ratio(p99, ref_p99),
-                        requests_per_section: req,
-                        requests_vs_sample: ratio(req, ref_req),
-                        failed_writes_per_section: med(&rs, |r| r.failed_writes_per_section),
-                        full_answers_per_section: med(&rs, |r| r.full_answers_per_section),
+                        throughput_vs_sample: ratio(m.throughput_per_s, sample.throughput_per_s),
+                        acquire_p99_vs_sample: ratio(m.acquire_p99_ms, sample.acquire_p99_ms),
+                        requests_vs_sample: ratio(
+                            m.requests_per_section,
+                            sample.requests_per_section,
+                        ),
                         rotations_per_section: med(&rs, |r| r.rotations_per_section),
                         expired_answers_total: rs.iter().map(|r| r.expired_answers).sum(),
                         contention_errors_total: rs.iter().map(|r| r.errors).sum(),
                         item_bytes_at_end: med(&rs, |r| r.item_bytes_at_end as f64),
+                        medians: m,
+                    });
+                }
+                if contenders == 1 {
+                    continue;
+                }
+                let plain = Medians::of(&of(Proto::Ours));
+                for variant in variants {
+                    let rs: Vec<&load::LoadRun> = variant_runs
+                        .iter()
+                        .filter(|r| {
+                            r.regime == regime
+                                && r.contenders == contenders
+                                && r.variant.as_ref().map(|v| v.variant.as_str())
+                                    == Some(variant.name().as_str())
+                        })
+                        .collect();
+                    if rs.is_empty() {
+                        continue;
+                    }
+                    let figures: Vec<&load::VariantFigures> =
+                        rs.iter().filter_map(|r| r.variant.as_ref()).collect();
+                    let most = |g: fn(&load::VariantFigures) -> usize| {
+                        figures.iter().map(|v| g(v)).max().unwrap_or(0)
+                    };
+                    let m = Medians::of(&rs);
+                    variant_summaries.push(VariantSummary {
+                        regime,
+                        variant: variant.name(),
+                        label: variant.label(),
+                        contenders,
+                        runs: rs.len(),
+                        throughput_vs_plain: ratio(m.throughput_per_s, plain.throughput_per_s),
+                        requests_vs_plain: ratio(
+                            m.requests_per_section,
+                            plain.requests_per_section,
+                        ),
+                        acquire_p99_vs_plain: ratio(m.acquire_p99_ms, plain.acquire_p99_ms),
+                        rate_limited_answers_per_section: med(&rs, |r| {
+                            r.variant
+                                .as_ref()
+                                .map_or(0.0, |v| v.rate_limited_answers_per_section)
+                        }),
+                        max_weight_seen: figures
+                            .iter()
+                            .map(|v| v.max_weight_seen)
+                            .max()
+                            .unwrap_or(0),
+                        limit: variant.limit(),
+                        rate_per_s: variant.rate().map(semaphore_core::Rate::as_per_second),
+                        max_starts_in_1s: most(|v| v.max_starts_in_1s),
+                        max_starts_in_10s: most(|v| v.max_starts_in_10s),
+                        min_start_spacing_ms: figures
+                            .iter()
+                            .filter_map(|v| v.min_start_spacing_ms)
+                            .min(),
+                        achieved_start_rate_per_s: med(&rs, |r| {
+                            r.variant
+                                .as_ref()
+                                .map_or(f64::NAN, |v| v.achieved_start_rate_per_s)
+                        }),
+                        errors_total: rs.iter().map(|r| r.errors).sum(),
+                        plain_throughput_per_s: plain.throughput_per_s,
+                        plain_requests_per_section: plain.requests_per_section,
+                        plain_acquire_p50_ms: plain.acquire_p50_ms,
+                        plain_acquire_p99_ms: plain.acquire_p99_ms,
+                        medians: m,
                     });
                 }
             }
@@ -504,37 +561,39 @@ async fn main() -> ExitCode {
                 regime.label(),
                 load::LIMIT
             );
-            println!("| contenders | protocol | CS/s | vs sample | acquire p50 / p99 ms | p99 vs sample | release p50 / p99 ms | requests/CS | vs sample | failed cond. writes/CS | \"full\" answers/CS | rotations/CS | errors (all runs) | item bytes at end |");
-            println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-            for s in summaries.iter().filter(|s| s.regime == regime) {
-                println!(
-                    "| {} | {} | {} | {}x | {} / {} | {}x | {} / {} | {} | {}x | {} | {} | {} | {} | {} |",
-                    s.contenders,
+            print_table(
+                "| contenders | protocol | CS/s | vs sample | acquire p50 / p99 ms | p99 vs sample | release p50 / p99 ms | requests/CS | vs sample | failed cond. writes/CS | \"full\" answers/CS | rotations/CS | errors (all runs) | item bytes at end |",
+                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                summaries.iter().filter(|s| s.regime == regime).map(|s| {
+                    let m = &s.medians;
+                    vec![
+                        s.contenders.to_string(),
+                        s.proto.label().to_owned(),
+                        f(m.throughput_per_s, 1),
+                        times(s.throughput_vs_sample),
+                        format!("{} / {}", f(m.acquire_p50_ms, 1), f(m.acquire_p99_ms, 1)),
+                        times(s.acquire_p99_vs_sample),
+                        format!("{} / {}", f(m.release_p50_ms, 1), f(m.release_p99_ms, 1)),
+                        f(m.requests_per_section, 2),
+                        times(s.requests_vs_sample),
+                        f(m.failed_writes_per_section, 2),
+                        f(m.full_answers_per_section, 2),
+                        f(s.rotations_per_section, 3),
+                        s.contention_errors_total.to_string(),
+                        f(s.item_bytes_at_end, 0),
+                    ]
+                }),
+            );
+        }
+        for s in &summaries {
+            let tp = s.medians.throughput_per_s;
+            if tp.is_nan() || tp <= 0.0 {
+                problems.push(format!(
+                    "{} C={}: no throughput",
                     s.proto.label(),
-                    f(s.throughput_per_s, 1),
-                    f(s.throughput_vs_sample, 2),
-                    f(s.acquire_p50_ms, 1),
-                    f(s.acquire_p99_ms, 1),
-                    f(s.acquire_p99_vs_sample, 2),
-                    f(s.release_p50_ms, 1),
-                    f(s.release_p99_ms, 1),
-                    f(s.requests_per_section, 2),
-                    f(s.requests_vs_sample, 2),
-                    f(s.failed_writes_per_section, 2),
-                    f(s.full_answers_per_section, 2),
-                    f(s.rotations_per_section, 3),
-                    s.contention_errors_total,
-                    f(s.item_bytes_at_end, 0)
-                );
-                if s.throughput_per_s.is_nan() || s.throughput_per_s <= 0.0 {
-                    problems.push(format!(
-                        "{} C={}: no throughput",
-                        s.proto.label(),
-                        s.contenders
-                    ));
-                }
+                    s.contenders
+                ));
             }
-            println!();
         }
         let ours = |regime: &'static str| {
             summaries
@@ -579,120 +638,16 @@ async fn main() -> ExitCode {
                 && saturated.iter().all(|s| s.throughput_vs_sample >= 0.8)
                 && errors == 0,
         });
-        let mut variant_summaries = Vec::new();
-        for regime in regimes {
-            for &(contenders, _) in plan(regime).iter().filter(|(c, _)| *c > 1) {
-                let med = |rs: &[&load::LoadRun], g: fn(&load::LoadRun) -> f64| {
-                    median(&rs.iter().map(|r| g(r)).collect::<Vec<_>>()).unwrap_or(f64::NAN)
-                };
-                let plain: Vec<&load::LoadRun> = runs
-                    .iter()
-                    .filter(|r| {
-                        r.regime == regime && r.proto == Proto::Ours && r.contenders == contenders
-                    })
-                    .collect();
-                let plain_tp = med(&plain, |r| r.throughput_per_s);
-                let plain_req = med(&plain, |r| r.requests_per_section);
-                let plain_p99 = med(&plain, |r| r.acquire_p99_ms);
-                for variant in variants {
-                    let rs: Vec<&load::LoadRun> = variant_runs
-                        .iter()
-                        .filter(|r| {
-                            r.regime == regime
-                                && r.contenders == contenders
-                                && r.variant.as_ref().map(|v| v.variant.as_str())
-                                    == Some(variant.name().as_str())
-                        })
-                        .collect();
-                    if rs.is_empty() {
-                        continue;
-                    }
-                    let figures: Vec<&load::VariantFigures> =
-                        rs.iter().filter_map(|r| r.variant.as_ref()).collect();
-                    let tp = med(&rs, |r| r.throughput_per_s);
-                    let req = med(&rs, |r| r.requests_per_section);
-                    let p99 = med(&rs, |r| r.acquire_p99_ms);
-                    variant_summaries.push(VariantSummary {
-                        regime,
-                        variant: variant.name(),
-                        label: variant.label(),
-                        contenders,
-                        runs: rs.len(),
-                        throughput_per_s: tp,
-                        throughput_vs_plain: ratio(tp, plain_tp),
-                        requests_per_section: req,
-                        requests_vs_plain: ratio(req, plain_req),
-                        acquire_p50_ms: med(&rs, |r| r.acquire_p50_ms),
-                        acquire_p99_ms: p99,
-                        acquire_p99_vs_plain: ratio(p99, plain_p99),
-                        release_p50_ms: med(&rs, |r| r.release_p50_ms),
-                        release_p99_ms: med(&rs, |r| r.release_p99_ms),
-                        full_answers_per_section: med(&rs, |r| r.full_answers_per_section),
-                        rate_limited_answers_per_section: med(&rs, |r| {
-                            r.variant
-                                .as_ref()
-                                .map_or(0.0, |v| v.rate_limited_answers_per_section)
-                        }),
-                        failed_writes_per_section: med(&rs, |r| r.failed_writes_per_section),
-                        max_weight_seen: figures
-                            .iter()
-                            .map(|v| v.max_weight_seen)
-                            .max()
-                            .unwrap_or(0),
-                        limit: variant.limit(),
-                        rate_per_s: variant.rate().map(semaphore_core::Rate::as_per_second),
-                        max_starts_in_1s: figures
-                            .iter()
-                            .map(|v| v.max_starts_in_1s)
-                            .max()
-                            .unwrap_or(0),
-                        max_starts_in_10s: figures
-                            .iter()
-                            .map(|v| v.max_starts_in_10s)
-                            .max()
-                            .unwrap_or(0),
-                        min_start_spacing_ms: figures
-                            .iter()
-                            .filter_map(|v| v.min_start_spacing_ms)
-                            .min(),
-                        achieved_start_rate_per_s: med(&rs, |r| {
-                            r.variant
-                                .as_ref()
-                                .map_or(f64::NAN, |v| v.achieved_start_rate_per_s)
-                        }),
-                        errors_total: rs.iter().map(|r| r.errors).sum(),
-                        plain_throughput_per_s: plain_tp,
-                        plain_requests_per_section: plain_req,
-                        plain_acquire_p50_ms: med(&plain, |r| r.acquire_p50_ms),
-                        plain_acquire_p99_ms: plain_p99,
-                    });
-                }
-            }
-        }
         println!(
             "## Weights and a start rate: ours, medians of {repeats} run(s) per cell, against the same run's plain figures (weight 1 of {})\n",
             load::LIMIT
         );
-        println!("| regime | contenders | variant | CS/s | vs plain | requests/CS | vs plain | acquire p50 / p99 ms | p99 vs plain | \"full\" / \"rate limited\" answers/CS | max weight held | starts: most in 1 s / 10 s, least spacing ms, achieved /s | errors |");
-        println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for v in &variant_summaries {
-            println!(
-                "| {} | {} | {} | {} | {}x | {} | {}x | {} / {} | {}x | {} / {} | {} of {} | {} | {} |",
-                v.regime.short(),
-                v.contenders,
-                v.label,
-                f(v.throughput_per_s, 1),
-                f(v.throughput_vs_plain, 2),
-                f(v.requests_per_section, 2),
-                f(v.requests_vs_plain, 2),
-                f(v.acquire_p50_ms, 1),
-                f(v.acquire_p99_ms, 1),
-                f(v.acquire_p99_vs_plain, 2),
-                f(v.full_answers_per_section, 2),
-                f(v.rate_limited_answers_per_section, 2),
-                v.max_weight_seen,
-                v.limit,
-                match v.rate_per_s {
+        print_table(
+            "| regime | contenders | variant | CS/s | vs plain | requests/CS | vs plain | acquire p50 / p99 ms | p99 vs plain | \"full\" / \"rate limited\" answers/CS | max weight held | starts: most in 1 s / 10 s, least spacing ms, achieved /s | errors |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            variant_summaries.iter().map(|v| {
+                let m = &v.medians;
+                let starts = match v.rate_per_s {
                     Some(_) => format!(
                         "{} / {}, {}, {}",
                         v.max_starts_in_1s,
@@ -702,11 +657,28 @@ async fn main() -> ExitCode {
                         f(v.achieved_start_rate_per_s, 2)
                     ),
                     None => "-".to_owned(),
-                },
-                v.errors_total
-            );
-        }
-        println!();
+                };
+                vec![
+                    v.regime.short().to_owned(),
+                    v.contenders.to_string(),
+                    v.label.clone(),
+                    f(m.throughput_per_s, 1),
+                    times(v.throughput_vs_plain),
+                    f(m.requests_per_section, 2),
+                    times(v.requests_vs_plain),
+                    format!("{} / {}", f(m.acquire_p50_ms, 1), f(m.acquire_p99_ms, 1)),
+                    times(v.acquire_p99_vs_plain),
+                    format!(
+                        "{} / {}",
+                        f(m.full_answers_per_section, 2),
+                        f(v.rate_limited_answers_per_section, 2)
+                    ),
+                    format!("{} of {}", v.max_weight_seen, v.limit),
+                    starts,
+                    v.errors_total.to_string(),
+                ]
+            }),
+        );
         out.insert(
             "load".into(),
             json!({
@@ -747,43 +719,42 @@ async fn main() -> ExitCode {
             common::ARN_LEN
         );
         println!("A quiet lock ({} critical sections, one a minute, 5 holders), then {} cycles at {} per second (each takes a new execution's slot and releases the oldest), then {} cleanups of ended executions at {} per second:\n", report.quiet.cycles, report.steady.cycles, report.steady.cs_per_second, report.cleanups, report.cleanups_per_second);
-        println!("| phase | operations | simulated s | holders | fences (young + old) | bytes | WCU per write |");
-        println!("|---|---:|---:|---:|---:|---:|---:|");
-        for p in &report.points {
-            println!(
-                "| {} | {} | {} | {} | {} ({} + {}) | {} | {} |",
-                p.phase,
-                p.operations,
-                f(p.simulated_seconds, 0),
-                p.holders,
-                p.fences,
-                p.young,
-                p.old,
-                p.bytes,
-                p.write_units_per_write
-            );
-        }
-        println!();
-        println!("| lock | CS/s | bytes, no fence yet | max bytes | model's worst case | max fences | WCU per write (max) | writes/CS | rotations/CS |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for s in [&report.quiet, &report.steady] {
-            println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                s.lock,
-                f(s.cs_per_second, 3),
-                s.bytes_without_fences,
-                s.max_bytes,
-                f(s.model_max_bytes, 0),
-                s.max_fences,
-                s.max_write_units_per_write,
-                f(s.writes_per_section, 3),
-                f(s.rotations_per_section, 3)
-            );
-        }
+        print_table(
+            "| phase | operations | simulated s | holders | fences (young + old) | bytes | WCU per write |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            report.points.iter().map(|p| {
+                vec![
+                    p.phase.to_owned(),
+                    p.operations.to_string(),
+                    f(p.simulated_seconds, 0),
+                    p.holders.to_string(),
+                    format!("{} ({} + {})", p.fences, p.young, p.old),
+                    p.bytes.to_string(),
+                    p.write_units_per_write.to_string(),
+                ]
+            }),
+        );
+        print_table(
+            "| lock | CS/s | bytes, no fence yet | max bytes | model's worst case | max fences | WCU per write (max) | writes/CS | rotations/CS |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            [&report.quiet, &report.steady].map(|s| {
+                vec![
+                    s.lock.to_owned(),
+                    f(s.cs_per_second, 3),
+                    s.bytes_without_fences.to_string(),
+                    s.max_bytes.to_string(),
+                    f(s.model_max_bytes, 0),
+                    s.max_fences.to_string(),
+                    s.max_write_units_per_write.to_string(),
+                    f(s.writes_per_section, 3),
+                    f(s.rotations_per_section, 3),
+                ]
+            }),
+        );
         let m = &report.model;
         let c = &report.ceiling;
         println!(
-            "\nmodel: bytes = {} + holders x {} + fences x {} (+ {} once there are fences: the two sets' names and rotated_at); fences <= 2 x max({busy}, r x W + 1) (a release or cleanup rotates once a window has passed and {busy} young fences are kept); the sample: {} + holders x {}",
+            "model: bytes = {} + holders x {} + fences x {} (+ {} once there are fences: the two sets' names and rotated_at); fences <= 2 x max({busy}, r x W + 1) (a release or cleanup rotates once a window has passed and {busy} young fences are kept); the sample: {} + holders x {}",
             m.base_bytes,
             m.holder_bytes,
             m.fence_bytes,
@@ -856,54 +827,51 @@ async fn main() -> ExitCode {
         } else {
             (repeats.max(5), 5)
         };
-        let handlers = match (bin_dir, sweeper::topic().await) {
-            (Some(dir), Ok(topic)) => match lambdas::run(&dir, &topic, starts, invocations).await {
-                Ok(h) => h,
-                Err(e) => {
-                    problems.push(format!("lambdas: {e}"));
-                    Vec::new()
-                }
-            },
-            (None, _) => {
-                problems.push("lambdas: no directory with the handler binaries".into());
-                Vec::new()
-            }
-            (_, Err(e)) => {
-                problems.push(format!("lambdas: {e}"));
-                Vec::new()
-            }
+        let handlers = async {
+            let dir = bin_dir.ok_or("no directory with the handler binaries")?;
+            let topic = sweeper::topic().await?;
+            lambdas::run(&dir, &topic, starts, invocations).await
         };
+        let handlers = handlers.await.unwrap_or_else(|e| {
+            problems.push(format!("lambdas: {e}"));
+            Vec::new()
+        });
         let profile = if cfg!(debug_assertions) {
             "debug"
         } else {
             "release"
         };
-        println!("| function | arm64 bootstrap (sam build) | native {profile} binary | init, median of {starts} starts | peak RSS after {invocations} invocations, median / max | 128 MB / max |");
-        println!("|---|---:|---:|---:|---:|---:|");
         let by_name: BTreeMap<String, &lambdas::Bootstrap> = boots
             .iter()
             .map(|b| (b.function.to_ascii_lowercase().replace("function", ""), b))
             .collect();
-        for h in &handlers {
-            let boot = by_name
-                .get(h.function)
-                .map(|b| format!("{} MiB ({})", f(b.mib, 2), b.machine))
-                .unwrap_or_else(|| "n/a".to_owned());
-            println!(
-                "| {} | {} | {} MiB | {} ms | {} / {} MiB | {}x |",
-                h.function,
-                boot,
-                f(h.binary_bytes as f64 / 1_048_576.0, 2),
-                f(h.init_median_ms, 1),
-                f(h.peak_rss_median_mib, 1),
-                f(h.peak_rss_max_mib, 1),
-                f(h.headroom_of_128_mb, 1)
-            );
-            if h.peak_rss_max_mib >= lambdas::MEMORY_SIZE_MB {
-                problems.push(format!("{}: peak memory over 128 MB", h.function));
-            }
+        print_table(
+            &format!("| function | arm64 bootstrap (sam build) | native {profile} binary | init, median of {starts} starts | peak RSS after {invocations} invocations, median / max | 128 MB / max |"),
+            "|---|---:|---:|---:|---:|---:|",
+            handlers.iter().map(|h| {
+                vec![
+                    h.function.to_owned(),
+                    by_name
+                        .get(h.function)
+                        .map(|b| format!("{} MiB ({})", f(b.mib, 2), b.machine))
+                        .unwrap_or_else(|| "n/a".to_owned()),
+                    format!("{} MiB", f(h.binary_bytes as f64 / 1_048_576.0, 2)),
+                    format!("{} ms", f(h.init_median_ms, 1)),
+                    format!(
+                        "{} / {} MiB",
+                        f(h.peak_rss_median_mib, 1),
+                        f(h.peak_rss_max_mib, 1)
+                    ),
+                    format!("{}x", f(h.headroom_of_128_mb, 1)),
+                ]
+            }),
+        );
+        for h in handlers
+            .iter()
+            .filter(|h| h.peak_rss_max_mib >= lambdas::MEMORY_SIZE_MB)
+        {
+            problems.push(format!("{}: peak memory over 128 MB", h.function));
         }
-        println!();
         out.insert(
             "lambdas".into(),
             json!({"bootstraps": boots, "handlers": handlers}),
@@ -918,29 +886,30 @@ async fn main() -> ExitCode {
         match sweeper::run(counts).await {
             Ok(rows) => {
                 println!("## Sweeper: calls per sweep, counted\n");
-                println!("| holders | sweep | reclaimed | Scan | UpdateItem (fence + free + rotations) | GetItem | PutItem | DescribeExecution | SNS Publish | DynamoDB total | Step Functions total | SNS total |");
-                println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-                for r in &rows {
-                    println!(
-                        "| {} | {} | {} | {} | {} ({} + {} + {}) | {} | {} | {} | {} | {} | {} | {} |",
-                        r.holders,
-                        r.case,
-                        r.reclaimed,
-                        r.scan,
-                        r.update_item,
-                        r.cleanup_fence,
-                        r.cleanup_free,
-                        r.rotations,
-                        r.get_item,
-                        r.put_item,
-                        r.describe_execution,
-                        r.publish,
-                        r.dynamodb_total,
-                        r.step_functions_total,
-                        r.sns_total
-                    );
-                }
-                println!();
+                print_table(
+                    "| holders | sweep | reclaimed | Scan | UpdateItem (fence + free + rotations) | GetItem | PutItem | DescribeExecution | SNS Publish | DynamoDB total | Step Functions total | SNS total |",
+                    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                    rows.iter().map(|r| {
+                        let update = format!(
+                            "{} ({} + {} + {})",
+                            r.update_item, r.cleanup_fence, r.cleanup_free, r.rotations
+                        );
+                        vec![
+                            r.holders.to_string(),
+                            r.case.to_owned(),
+                            r.reclaimed.to_string(),
+                            r.scan.to_string(),
+                            update,
+                            r.get_item.to_string(),
+                            r.put_item.to_string(),
+                            r.describe_execution.to_string(),
+                            r.publish.to_string(),
+                            r.dynamodb_total.to_string(),
+                            r.step_functions_total.to_string(),
+                            r.sns_total.to_string(),
+                        ]
+                    }),
+                );
                 sweeper::check(&rows, &mut problems);
                 out.insert("sweeper".into(), json!(rows));
             }
@@ -958,17 +927,14 @@ async fn main() -> ExitCode {
                 ""
             }
         );
-        println!("| target | measured | met? |");
-        println!("|---|---|---|");
-        for t in &targets {
-            println!(
-                "| {} | {} | {} |",
-                t.target,
-                t.measured,
-                if t.met { "yes" } else { "**no**" }
-            );
-        }
-        println!();
+        print_table(
+            "| target | measured | met? |",
+            "|---|---|---|",
+            targets.iter().map(|t| {
+                let met = if t.met { "yes" } else { "**no**" };
+                vec![t.target.clone(), t.measured.clone(), met.to_owned()]
+            }),
+        );
     }
     out.insert("targets".into(), json!(targets));
 

@@ -54,37 +54,6 @@ pub struct RequestRow {
     pub vs_sample: f64,
 }
 
-fn row(
-    scenario: String,
-    proto: &'static str,
-    spacing: Option<Duration>,
-    sections: usize,
-    elapsed: Duration,
-    counts: Counts,
-    writes: WriteTally,
-) -> RequestRow {
-    let per = |n: u64| n as f64 / sections as f64;
-    RequestRow {
-        scenario,
-        proto,
-        seconds_between_sections: spacing.map(|d| d.as_secs_f64()),
-        sections,
-        elapsed_s: elapsed.as_secs_f64(),
-        requests_per_section: per(counts.total()),
-        get_item: per(counts.get("DynamoDB.GetItem")),
-        put_item: per(counts.get("DynamoDB.PutItem")),
-        update_item: per(counts.get("DynamoDB.UpdateItem")),
-        failed_conditional_writes: per(counts.total_failed()),
-        rotations_per_section: per(writes.rotation),
-        rotations: writes.rotation,
-        expected_rotations: None,
-        requests_by_operation: counts.requests.clone(),
-        counts,
-        writes,
-        vs_sample: f64::NAN,
-    }
-}
-
 fn identity(n: usize) -> Identity {
     Identity::new(
         HolderId::new(execution_arn("uncontended", n)).expect("holder"),
@@ -96,6 +65,7 @@ fn identity(n: usize) -> Identity {
 /// caller; they share the HTTP client (connections are not what is measured) and the clock.
 #[derive(Clone)]
 struct Callers {
+    counter: RequestCounter,
     client: aws_sdk_dynamodb::Client,
     table: String,
     writes: WriteCounter,
@@ -122,6 +92,40 @@ impl Callers {
         match self.fresh().release(lock, &who).await {
             Ok(ReleaseOutcome::Released { .. }) => Ok(()),
             other => Err(format!("uncontended release gave {other:?}")),
+        }
+    }
+
+    /// The row of `sections` sections started at `started`: the requests and writes counted
+    /// since the last row.
+    fn row(
+        &self,
+        scenario: String,
+        proto: &'static str,
+        spacing: Option<Duration>,
+        sections: usize,
+        started: Instant,
+    ) -> RequestRow {
+        let elapsed = started.elapsed();
+        let (counts, writes) = (self.counter.take(), self.writes.take());
+        let per = |n: u64| n as f64 / sections as f64;
+        RequestRow {
+            scenario,
+            proto,
+            seconds_between_sections: spacing.map(|d| d.as_secs_f64()),
+            sections,
+            elapsed_s: elapsed.as_secs_f64(),
+            requests_per_section: per(counts.total()),
+            get_item: per(counts.get("DynamoDB.GetItem")),
+            put_item: per(counts.get("DynamoDB.PutItem")),
+            update_item: per(counts.get("DynamoDB.UpdateItem")),
+            failed_conditional_writes: per(counts.total_failed()),
+            rotations_per_section: per(writes.rotation),
+            rotations: writes.rotation,
+            expected_rotations: None,
+            requests_by_operation: counts.requests.clone(),
+            counts,
+            writes,
+            vs_sample: f64::NAN,
         }
     }
 }
@@ -171,6 +175,7 @@ pub async fn run(
     let mut rows = Vec::new();
 
     let callers = Callers {
+        counter: counter.clone(),
         client: counter.dynamodb_client(endpoint),
         table: table.to_owned(),
         writes: WriteCounter::new(),
@@ -179,28 +184,19 @@ pub async fn run(
     let lock = LockName::new(format!("requests-{}", uuid())).expect("lock");
     let started = Instant::now();
     callers.section(&lock, 0).await?;
-    let first_section = row(
+    let mut first_section = callers.row(
         "ours: the first section on a new lock (creates the item; once per lock)".to_owned(),
         "ours",
         None,
         1,
-        started.elapsed(),
-        counter.take(),
-        callers.writes.take(),
+        started,
     );
     let started = Instant::now();
     for n in 1..=sections {
         callers.section(&lock, n).await?;
     }
-    rows.push(row(
-        "ours, as the Lambdas run: back to back, real clock".to_owned(),
-        "ours",
-        None,
-        sections,
-        started.elapsed(),
-        counter.take(),
-        callers.writes.take(),
-    ));
+    let scenario = "ours, as the Lambdas run: back to back, real clock";
+    rows.push(callers.row(scenario.to_owned(), "ours", None, sections, started));
 
     for &(spacing, n) in rates {
         let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
@@ -219,18 +215,11 @@ pub async fn run(
             clock.advance_ms(u64::try_from(spacing.as_millis()).unwrap_or(u64::MAX));
             callers.section(&lock, k).await?;
         }
-        let mut r = row(
-            format!(
-                "ours, as the Lambdas run: {} on the lock (simulated clock)",
-                rate_label(spacing)
-            ),
-            "ours",
-            Some(spacing),
-            n,
-            started.elapsed(),
-            counter.take(),
-            callers.writes.take(),
+        let scenario = format!(
+            "ours, as the Lambdas run: {} on the lock (simulated clock)",
+            rate_label(spacing)
         );
+        let mut r = callers.row(scenario, "ours", Some(spacing), n, started);
         r.expected_rotations = Some(predicted_rotations(n, spacing, window, BUSY_YOUNG_FENCES));
         rows.push(r);
     }
@@ -252,20 +241,12 @@ pub async fn run(
             return Err("the sample's uncontended release found no holder".into());
         }
     }
-    rows.push(row(
-        "AWS sample".to_owned(),
-        "sample",
-        None,
-        sections,
-        started.elapsed(),
-        counter.take(),
-        WriteTally::default(),
-    ));
+    // The sample writes through no counted store: its tally is empty.
+    rows.push(callers.row("AWS sample".to_owned(), "sample", None, sections, started));
     let sample = rows
         .last()
         .map(|r| r.requests_per_section)
         .unwrap_or(f64::NAN);
-    let mut first_section = first_section;
     for r in rows.iter_mut().chain(std::iter::once(&mut first_section)) {
         r.vs_sample = crate::stats::ratio(r.requests_per_section, sample);
     }

@@ -265,10 +265,6 @@ struct Watched {
 }
 
 impl Watched {
-    fn item(&self, lock: &LockName) -> Option<SemaphoreItem> {
-        self.inner.load_now(lock)
-    }
-
     fn take(&self) -> (usize, usize) {
         std::mem::take(&mut *self.largest.lock().unwrap_or_else(|p| p.into_inner()))
     }
@@ -281,7 +277,9 @@ impl ItemStore for Watched {
 
     async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
         let result = self.inner.write(write).await;
-        if let (Ok(WriteResult::Applied { .. }), Some(item)) = (&result, self.item(&write.lock)) {
+        if let (Ok(WriteResult::Applied { .. }), Some(item)) =
+            (&result, self.inner.load_now(&write.lock))
+        {
             let mut largest = self.largest.lock().unwrap_or_else(|p| p.into_inner());
             largest.0 = largest.0.max(stored_size(&item));
             largest.1 = largest.1.max(item.fences.len());
@@ -326,7 +324,8 @@ impl Sim {
         self.sem
             .store()
             .inner()
-            .item(&lock.name)
+            .inner
+            .load_now(&lock.name)
             .expect("the item exists")
     }
 

@@ -8,14 +8,11 @@ use std::time::Instant;
 
 use local_aws::counter::{Counts, RequestCounter};
 use local_aws::{fresh_table, sdk_config};
-use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore,
-    Timing,
-};
+use semaphore_core::{DynamoStore, LockName, Semaphore, Timing};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::common::uuid;
+use crate::common::{start_executions, state_machine, take_slots, uuid};
 use crate::rule::{rotations_between, BUSY_YOUNG_FENCES};
 use crate::writes::{CountedStore, WriteCounter, WriteTally};
 
@@ -86,21 +83,8 @@ async fn local() -> Result<Local, String> {
         "StartAt": "Work",
         "States": { "Work": { "Type": "Wait", "Seconds": 3600, "End": true } }
     });
-    let machine_arn = sfn
-        .create_state_machine()
-        .name(format!("LockProtected-{}", &uuid()[..8]))
-        .definition(definition.to_string())
-        .role_arn("arn:aws:iam::123456789012:role/semaphore-bench")
-        .send()
-        .await
-        .map_err(|e| {
-            format!(
-                "create the state machine: {}",
-                aws_sdk_sfn::error::DisplayErrorContext(e)
-            )
-        })?
-        .state_machine_arn()
-        .to_owned();
+    let role = "arn:aws:iam::123456789012:role/semaphore-bench";
+    let machine_arn = state_machine(&sfn, "LockProtected", &definition, role).await?;
     Ok(Local {
         sfn,
         machine_arn,
@@ -127,25 +111,6 @@ pub async fn topic() -> Result<String, String> {
 }
 
 impl Local {
-    async fn start(&self, n: usize) -> Result<Vec<String>, String> {
-        let mut arns = Vec::with_capacity(n);
-        for _ in 0..n {
-            arns.push(
-                self.sfn
-                    .start_execution()
-                    .state_machine_arn(&self.machine_arn)
-                    .name(uuid())
-                    .input("{}")
-                    .send()
-                    .await
-                    .map_err(|e| format!("start: {}", aws_sdk_sfn::error::DisplayErrorContext(e)))?
-                    .execution_arn()
-                    .to_owned(),
-            );
-        }
-        Ok(arns)
-    }
-
     async fn stop(&self, arns: &[String]) -> Result<(), String> {
         for arn in arns {
             self.sfn
@@ -198,28 +163,6 @@ impl Local {
     }
 }
 
-async fn hold_slots(
-    sem: &Semaphore<DynamoStore>,
-    lock: &LockName,
-    arns: &[String],
-) -> Result<(), String> {
-    for arn in arns {
-        let who = Identity::new(
-            HolderId::new(arn.as_str()).map_err(|e| e.to_string())?,
-            AcquisitionId::new(uuid()).map_err(|e| e.to_string())?,
-        );
-        match sem
-            .acquire(lock, &who, Limit::new(1000).map_err(|e| e.to_string())?)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            AcquireOutcome::Acquired { .. } => {}
-            other => return Err(format!("taking a slot for the sweep gave {other:?}")),
-        }
-    }
-    Ok(())
-}
-
 /// For each holder count: a sweep that finds every holder RUNNING, then (all stopped) a sweep
 /// that reclaims them all.
 pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>, String> {
@@ -230,8 +173,9 @@ pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>, String> {
         let table = store.table().to_owned();
         let sem = Semaphore::new(store);
         let lock = LockName::new(format!("sweep-{n}")).map_err(|e| e.to_string())?;
-        let arns = local.start(n).await?;
-        hold_slots(&sem, &lock, &arns).await?;
+        let arns = start_executions(&local.sfn, &local.machine_arn, "{}", n).await?;
+        let holders: Vec<(String, String)> = arns.iter().map(|a| (a.clone(), uuid())).collect();
+        take_slots(&sem, &lock, &holders).await?;
         // `check` expects no rotation of the sweep's own: the item it scans has no fence (only
         // acquires wrote it), so no rotation is due on it.
         let scanned = sem.status(&lock).await.map_err(|e| e.to_string())?;
@@ -243,32 +187,25 @@ pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>, String> {
         }
         let (counter, writes) = (RequestCounter::new(), WriteCounter::new());
         let sweeper = local.sweeper(&counter, &writes, &table)?;
-        let started = Instant::now();
-        let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
-        rows.push(row(
-            n,
-            "all RUNNING: nothing to reclaim",
-            report.summary.reclaimed,
-            &counter.take(),
-            &writes.take(),
-            started,
-        ));
-        local.stop(&arns).await?;
-        counter.take();
-        writes.take();
-        let started = Instant::now();
-        let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
-        if !report.summary.errors.is_empty() {
-            return Err(format!("sweep errors: {:?}", report.summary.errors));
+        // The executions stopped between the two sweeps.
+        for (case, stopped) in [
+            ("all RUNNING: nothing to reclaim", false),
+            ("all ABORTED: reclaim every slot", true),
+        ] {
+            if stopped {
+                local.stop(&arns).await?;
+                counter.take();
+                writes.take();
+            }
+            let started = Instant::now();
+            let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
+            if !report.summary.errors.is_empty() {
+                return Err(format!("sweep errors: {:?}", report.summary.errors));
+            }
+            let (counts, tally) = (counter.take(), writes.take());
+            let reclaimed = report.summary.reclaimed;
+            rows.push(row(n, case, reclaimed, &counts, &tally, started));
         }
-        rows.push(row(
-            n,
-            "all ABORTED: reclaim every slot",
-            report.summary.reclaimed,
-            &counter.take(),
-            &writes.take(),
-            started,
-        ));
     }
     Ok(rows)
 }

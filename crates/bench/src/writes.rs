@@ -152,26 +152,20 @@ impl<S: ItemStore> ItemStore for CountedStore<S> {
                     .push(at);
             }
         }
-        let mut t = self.counter.lock();
-        match kind {
-            Kind::Acquire => t.acquire += 1,
-            Kind::Release => t.release += 1,
-            Kind::CleanupFence => t.cleanup_fence += 1,
-            Kind::CleanupFree => t.cleanup_free += 1,
-            Kind::Rotation => t.rotation += 1,
-        }
-        match (&result, kind) {
-            (Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }), Kind::Acquire) => {
-                t.acquire_refused += 1
-            }
-            (Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }), Kind::Rotation) => {
-                t.rotation_refused += 1
-            }
-            (Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }), _) => {
-                t.refused_unexpectedly += 1
-            }
-            (Err(_), _) => t.errors += 1,
-            (Ok(WriteResult::Applied { .. } | WriteResult::Landed), _) => {}
+        let t = &mut *self.counter.lock();
+        // The write's count, and where a refusal of it is counted.
+        let (count, refused) = match kind {
+            Kind::Acquire => (&mut t.acquire, &mut t.acquire_refused),
+            Kind::Rotation => (&mut t.rotation, &mut t.rotation_refused),
+            Kind::Release => (&mut t.release, &mut t.refused_unexpectedly),
+            Kind::CleanupFence => (&mut t.cleanup_fence, &mut t.refused_unexpectedly),
+            Kind::CleanupFree => (&mut t.cleanup_free, &mut t.refused_unexpectedly),
+        };
+        *count += 1;
+        match &result {
+            Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }) => *refused += 1,
+            Ok(WriteResult::Applied { .. } | WriteResult::Landed) => {}
+            Err(_) => t.errors += 1,
         }
         result
     }
