@@ -30,7 +30,7 @@ pub struct Starts {
 
 impl Starts {
     pub fn observe(&mut self, reading: &Reading) {
-        let since = reading.at_ms.saturating_sub(window_ms());
+        let since = reading.at_ms.saturating_sub(SEEN_WINDOW.as_millis() as u64);
         for entry in &reading.entries {
             if let Entry::Lock(read) = entry {
                 let seen = self.seen.entry(read.item.lock.clone()).or_default();
@@ -50,10 +50,6 @@ impl Starts {
         let count = self.seen.get(lock).map_or(0, BTreeMap::len);
         count as f64 / SEEN_WINDOW.as_secs_f64()
     }
-}
-
-fn window_ms() -> u64 {
-    SEEN_WINDOW.as_millis() as u64
 }
 
 /// A lock's start rate, and which one it is.
