@@ -197,6 +197,8 @@ enum Failure {
     Argument { flag: &'static str, problem: String },
     #[error("no AWS region: pass --region or set AWS_REGION")]
     NoRegion,
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
     #[error(transparent)]
     Semaphore(#[from] semaphore_core::Error),
     #[error(transparent)]
@@ -278,17 +280,12 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let answer = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("semctl: error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli, requested_at_ms)) {
+        .map_err(Failure::Runtime)
+        .and_then(|runtime| runtime.block_on(run(cli, requested_at_ms)));
+    match answer {
         Ok(answer) => {
             if let Some(output) = &answer.output {
                 println!(

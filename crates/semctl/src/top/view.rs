@@ -240,21 +240,13 @@ struct Columns {
 
 impl Columns {
     fn new(area: Rect, name_width: u16) -> Self {
-        let [name, bar, holders, line, oldest, rate] = Layout::horizontal([
-            Constraint::Length(name_width),
-            Constraint::Fill(1),
-            Constraint::Length(COLUMNS[0].1),
-            Constraint::Length(COLUMNS[1].1),
-            Constraint::Length(COLUMNS[2].1),
-            Constraint::Length(COLUMNS[3].1),
-        ])
-        .spacing(1)
-        .areas(Rect { height: 1, ..area });
-        Self {
-            name,
-            bar,
-            rest: [holders, line, oldest, rate],
-        }
+        let constraints = [Constraint::Length(name_width), Constraint::Fill(1)]
+            .into_iter()
+            .chain(COLUMNS.map(|(_, width)| Constraint::Length(width)));
+        let [name, bar, rest @ ..]: [Rect; 6] = Layout::horizontal(constraints)
+            .spacing(1)
+            .areas(Rect { height: 1, ..area });
+        Self { name, bar, rest }
     }
 
     fn at(&self, y: u16) -> Self {
