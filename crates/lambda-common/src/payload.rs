@@ -263,7 +263,9 @@ mod tests {
 
     fn limit(v: Value) -> Result<Option<Limit>, HandlerError> {
         let payload = json!({ "limit": v });
-        Payload::new(&payload, "{}").unwrap().optional_limit("limit")
+        Payload::new(&payload, "{}")
+            .unwrap()
+            .optional_limit("limit")
     }
 
     #[test]
