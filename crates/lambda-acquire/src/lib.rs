@@ -339,13 +339,11 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
             .values(metrics::LIMIT, item.limit.map(|l| f64::from(l.get())))
             .value(metrics::WAITING, item.waiting as f64);
     }
-    if matches!(answer, AcquireOutcome::Acquired { .. }) {
-        line = line.value(
-            metrics::WAIT_TIME,
-            now_ms.saturating_sub(*requested_at_ms) as f64,
-        );
-    }
-    hand_offs.metrics.emit(now_ms, &line);
+    let waited = matches!(answer, AcquireOutcome::Acquired { .. })
+        .then(|| now_ms.saturating_sub(*requested_at_ms) as f64);
+    hand_offs
+        .metrics
+        .emit(now_ms, &line.values(metrics::WAIT_TIME, waited));
     let response = match answer {
         AcquireOutcome::Acquired { token, count } => {
             holding_answer(&request, Outcome::Acquired, Some(token.0), Some(count))
@@ -427,15 +425,12 @@ fn wait_metrics<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         Err(_) => return,
     };
     let now_ms = semaphore.now_ms();
-    let mut line = metrics::Line::of(&request.lock)
+    let waited = matches!(result, Ok(Queued::Holding { taken: true, .. }))
+        .then(|| now_ms.saturating_sub(wait.queued_at_ms) as f64);
+    let line = metrics::Line::of(&request.lock)
         .dimension(metrics::OUTCOME, outcome)
-        .value(metrics::ACQUISITIONS, 1);
-    if let Ok(Queued::Holding { taken: true, .. }) = result {
-        line = line.value(
-            metrics::WAIT_TIME,
-            now_ms.saturating_sub(wait.queued_at_ms) as f64,
-        );
-    }
+        .value(metrics::ACQUISITIONS, 1)
+        .values(metrics::WAIT_TIME, waited);
     hand_offs.metrics.emit(now_ms, &line);
 }
 

@@ -1,4 +1,4 @@
-use lambda_common::{init_tracing, load_aws_config, Settings};
+use lambda_common::{init_tracing, load_aws_config, ConfigError, Settings};
 use lambda_runtime::{service_fn, Error};
 
 #[tokio::main]
@@ -8,16 +8,14 @@ async fn main() -> Result<(), Error> {
     // with a message naming it, before any invocation.
     let settings = Settings::from_env();
     let sdk = load_aws_config().await;
-    let semaphore = settings
-        .semaphore(&sdk)
-        .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    let mut config = lambda_acquire::Config::from_settings(&settings)
-        .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    config.deployment.machine_types = Some(lambda_common::MachineTypes::from_sdk(&sdk));
-    let hand_offs = settings
-        .hand_offs(&sdk)
-        .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    let (semaphore, config, hand_offs) = (&semaphore, &config, &hand_offs);
+    let started = || -> Result<_, ConfigError> {
+        let semaphore = settings.semaphore(&sdk)?;
+        let mut config = lambda_acquire::Config::from_settings(&settings)?;
+        config.deployment.machine_types = Some(lambda_common::MachineTypes::from_sdk(&sdk));
+        Ok((semaphore, config, settings.hand_offs(&sdk)?))
+    };
+    let (semaphore, config, hand_offs) =
+        &started().inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
     lambda_runtime::run(service_fn(move |event| {
         lambda_acquire::handle(semaphore, config, hand_offs, event)
     }))

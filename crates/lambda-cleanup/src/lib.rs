@@ -161,7 +161,7 @@ pub struct ChildWork {
 
 /// The answer. `deferred` and `retry_after_seconds` are always there: the cleanup state
 /// machine waits that long and asks again while `deferred` is true.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CleanupSummary {
     pub execution: String,
     pub status: String,
@@ -385,15 +385,7 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
         let mut summary = CleanupSummary {
             execution: arn.to_owned(),
             status: detail.status.clone(),
-            cleaned: false,
-            deferred: false,
-            retry_after_seconds: 0,
-            locks: Vec::new(),
-            children: Vec::new(),
-            left_line: Vec::new(),
-            handed_off: 0,
-            history_notes: Vec::new(),
-            note: None,
+            ..CleanupSummary::default()
         };
         if !ENDED_STATUSES.contains(&detail.status.as_str()) {
             summary.note = Some(format!(

@@ -111,9 +111,7 @@ impl StateMachineArn {
             && execution.account == self.account
             && machine == self.name
     }
-}
 
-impl StateMachineArn {
     /// The ARN of this machine's standard execution named `name`: what `StartExecution` of this
     /// machine (any version or alias of it) with that name makes.
     pub fn execution(&self, name: &str) -> String {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use semaphore_core::{DynamoStore, Limit, LockName, Rate, Semaphore, Timing, Weight};
+use semaphore_core::{DynamoStore, InputError, Limit, LockName, Rate, Semaphore, Timing, Weight};
 
 use crate::arn::StateMachineArn;
 use crate::executions::SfnExecutions;
@@ -217,44 +217,29 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
     /// without a lock or limit, a payload whose input does not name it is refused with
     /// `SemaphoreInvalidInput`.
     pub fn defaults(&self) -> Result<Defaults, ConfigError> {
-        let parsed = |name: &'static str, value: String, e: semaphore_core::InputError| {
-            ConfigError::Invalid {
-                name,
-                value,
-                problem: e.to_string(),
-            }
-        };
-        let lock = self
-            .optional(var::DEFAULT_LOCK)
-            .map(|value| {
-                LockName::new(value.as_str())
-                    .map_err(|e| parsed(var::DEFAULT_LOCK, value.clone(), e))
-            })
-            .transpose()?;
-        let limit = self
-            .optional(var::DEFAULT_LIMIT)
-            .map(|value| {
-                Limit::parse(&value).map_err(|e| parsed(var::DEFAULT_LIMIT, value.clone(), e))
-            })
-            .transpose()?;
-        let weight = self
-            .optional(var::DEFAULT_WEIGHT)
-            .map(|value| {
-                Weight::parse(&value).map_err(|e| parsed(var::DEFAULT_WEIGHT, value.clone(), e))
-            })
-            .transpose()?;
-        let rate = self
-            .optional(var::DEFAULT_RATE)
-            .map(|value| {
-                Rate::parse(&value).map_err(|e| parsed(var::DEFAULT_RATE, value.clone(), e))
-            })
-            .transpose()?;
         Ok(Defaults {
-            lock,
-            limit,
-            weight,
-            rate,
+            lock: self.parsed(var::DEFAULT_LOCK, |value| LockName::new(value))?,
+            limit: self.parsed(var::DEFAULT_LIMIT, Limit::parse)?,
+            weight: self.parsed(var::DEFAULT_WEIGHT, Weight::parse)?,
+            rate: self.parsed(var::DEFAULT_RATE, Rate::parse)?,
         })
+    }
+
+    /// The variable parsed by `parse` (its error is the problem to report); unset is `None`.
+    fn parsed<T>(
+        &self,
+        name: &'static str,
+        parse: impl Fn(&str) -> Result<T, InputError>,
+    ) -> Result<Option<T>, ConfigError> {
+        self.optional(name)
+            .map(|value| {
+                parse(&value).map_err(|e| ConfigError::Invalid {
+                    name,
+                    value,
+                    problem: e.to_string(),
+                })
+            })
+            .transpose()
     }
 
     /// `WORK_STATE_MACHINES` and `WORK_FUNCTIONS` (comma-separated ARNs of their kind, blanks
@@ -567,10 +552,10 @@ mod tests {
         ])
         .allowed_work()
         .unwrap();
-        assert_eq!(work.default_work(), Some(DEMO));
-        assert_eq!(work.state_machines(), [DEMO]);
-        assert_eq!(work.functions(), [FUNCTION]);
-        assert_eq!(work.runner(), Some(RUNNER));
+        assert_eq!(work.default.as_deref(), Some(DEMO));
+        assert_eq!(work.state_machines, [DEMO]);
+        assert_eq!(work.functions, [FUNCTION]);
+        assert_eq!(work.runner.as_deref(), Some(RUNNER));
 
         let err = |vars: &[(&str, &str)]| settings(vars).allowed_work().unwrap_err().to_string();
         assert_eq!(

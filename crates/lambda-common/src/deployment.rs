@@ -86,10 +86,6 @@ impl MachineTypes {
     }
 }
 
-fn misconfigured(message: String) -> HandlerError {
-    HandlerError::Misconfigured(message)
-}
-
 impl Deployment {
     /// Refuses a caller (the holder, `$$.Execution.Id`) that the stack does not protect. A
     /// holder that is not an execution ARN (a caller's own id) is not judged here.
@@ -98,7 +94,7 @@ impl Deployment {
             return Ok(());
         };
         if execution.kind == ExecutionKind::Express {
-            return Err(misconfigured(format!(
+            return Err(HandlerError::Misconfigured(format!(
                 "{holder} is an execution of an Express state machine, which cannot take this \
                  semaphore: Step Functions cannot describe an Express execution or read its \
                  history, so the cleanup and the sweeper could never free what it holds, and it \
@@ -109,7 +105,7 @@ impl Deployment {
             return Ok(());
         }
         let list: Vec<String> = self.protected.iter().map(ToString::to_string).collect();
-        Err(misconfigured(format!(
+        Err(HandlerError::Misconfigured(format!(
             "{holder} is an execution of state machine {}, which this stack does not protect \
              (its STATE_MACHINE_ARNS: {}): its waiters would never be woken and a slot it \
              holds when it fails would not be cleaned up. Add its ARN to the stack's \
@@ -125,7 +121,7 @@ impl Deployment {
             return Ok(());
         };
         if types.of(&work.state_machine).await == Some(StateMachineType::Express) {
-            return Err(misconfigured(format!(
+            return Err(HandlerError::Misconfigured(format!(
                 "the work {} is an Express state machine, which cannot run under this \
                  semaphore: Step Functions cannot describe or stop an Express execution, so a \
                  cleanup could neither see nor stop the work of an execution that ended, and \

@@ -46,38 +46,29 @@ pub enum HandlerError {
 }
 
 impl HandlerError {
-    pub fn error_type(&self) -> &'static str {
+    /// Each kind in one row: its Lambda error type, how to make one, and this one's message.
+    fn kind(&self) -> (&'static str, fn(String) -> Self, &str) {
         match self {
-            Self::InvalidInput(_) => error_type::INVALID_INPUT,
-            Self::Fenced(_) => error_type::FENCED,
-            Self::OldFormat(_) => error_type::OLD_FORMAT,
-            Self::Store(_) => error_type::STORE,
-            Self::WaitTimeout(_) => error_type::WAIT_TIMEOUT,
-            Self::Misconfigured(_) => error_type::MISCONFIGURED,
+            Self::InvalidInput(m) => (error_type::INVALID_INPUT, Self::InvalidInput, m),
+            Self::Fenced(m) => (error_type::FENCED, Self::Fenced, m),
+            Self::OldFormat(m) => (error_type::OLD_FORMAT, Self::OldFormat, m),
+            Self::Store(m) => (error_type::STORE, Self::Store, m),
+            Self::WaitTimeout(m) => (error_type::WAIT_TIMEOUT, Self::WaitTimeout, m),
+            Self::Misconfigured(m) => (error_type::MISCONFIGURED, Self::Misconfigured, m),
         }
+    }
+
+    pub fn error_type(&self) -> &'static str {
+        self.kind().0
     }
 
     /// The same kind of error with another message.
     pub fn with_message(&self, message: String) -> Self {
-        match self {
-            Self::InvalidInput(_) => Self::InvalidInput(message),
-            Self::Fenced(_) => Self::Fenced(message),
-            Self::OldFormat(_) => Self::OldFormat(message),
-            Self::Store(_) => Self::Store(message),
-            Self::WaitTimeout(_) => Self::WaitTimeout(message),
-            Self::Misconfigured(_) => Self::Misconfigured(message),
-        }
+        (self.kind().1)(message)
     }
 
     pub fn message(&self) -> &str {
-        match self {
-            Self::InvalidInput(m)
-            | Self::Fenced(m)
-            | Self::OldFormat(m)
-            | Self::Store(m)
-            | Self::WaitTimeout(m)
-            | Self::Misconfigured(m) => m,
-        }
+        self.kind().2
     }
 }
 

@@ -1,9 +1,7 @@
 //! [`SfnExecutions`]: the core's [`ExecutionStatus`] through Step Functions, for the sweeper and
 //! for every hand-off whose wake-up failed (is the waiter's execution still running?).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use semaphore_core::{ExecutionState, ExecutionStatus, HolderId};
+use semaphore_core::{Clock, ExecutionState, ExecutionStatus, HolderId, SystemClock};
 
 use crate::arn::{ExecutionArn, ExecutionKind, StateMachineArn};
 use crate::history;
@@ -44,9 +42,7 @@ impl SfnExecutions {
         let Some(events) = self.sfn.history(parent).await.map_err(|e| e.to_string())? else {
             return Ok(None);
         };
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let now_ms = SystemClock.now_ms();
         for child in history::read(&events, None).children {
             match child_state(&self.sfn, &child)
                 .await

@@ -263,7 +263,8 @@ enum Sink {
     Kept(Arc<Mutex<Vec<String>>>),
 }
 
-/// Writes a function's metric lines in its namespace (`METRIC_NAMESPACE`).
+/// Writes a function's metric lines in its namespace (`METRIC_NAMESPACE`); the default writes
+/// none.
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
     namespace: String,
@@ -277,11 +278,6 @@ impl Metrics {
             namespace: namespace.into(),
             sink: Sink::Stdout,
         }
-    }
-
-    /// No lines.
-    pub fn off() -> Self {
-        Self::default()
     }
 
     /// Lines kept in memory, in the default namespace, and the list they are kept in.

@@ -6,21 +6,14 @@
 //! say) is named by its path, `input.lock`, so the message says where the bad value came from.
 
 use aws_sdk_dynamodb::primitives::{DateTime, DateTimeFormat as Format};
-use semaphore_core::{
-    AcquisitionId, HolderId, Identity, InputError, Limit, LockName, Rate, Weight,
-};
-use serde_json::{Map, Value};
+use semaphore_core::{AcquisitionId, HolderId, InputError, Limit, LockName, Rate, Weight};
+use serde_json::{Map, Number, Value};
 
 use crate::error::HandlerError;
 
 /// What to pass for each field, quoted in the error when the field is missing.
 pub mod hint {
-    pub const LOCK: &str = "pass the semaphore's name, e.g. \"lock\": \"demo-lock\"";
-    pub const LIMIT: &str =
-        "pass the number of slots as a JSON number, a whole number from 1 to 1000, e.g. \"limit\": 5";
     pub const HOLDER: &str = "pass the execution ARN, e.g. \"holder.$\": \"$$.Execution.Id\"";
-    pub const ACQUISITION: &str =
-        "pass an id made once per logical acquire, e.g. \"acquisition.$\": \"States.UUID()\"";
     pub const REQUESTED_AT: &str = "pass when the acquire was asked for, as RFC 3339 text: the \
         acquire state's entry time, \"requested_at.$\": \"$$.State.EnteredTime\"";
 }
@@ -143,42 +136,28 @@ impl<'a> Payload<'a> {
             .ok_or_else(|| self.missing(field, hint))
     }
 
-    pub fn optional_lock(&self, field: &str) -> Result<Option<LockName>, HandlerError> {
+    /// A string field parsed by `parse` (its error named after the field), `None` when absent
+    /// or null.
+    fn optional_parsed<T>(
+        &self,
+        field: &str,
+        parse: impl Fn(&'a str) -> Result<T, InputError>,
+    ) -> Result<Option<T>, HandlerError> {
         self.optional_string(field)?
-            .map(|s| LockName::new(s).map_err(|e| self.input_error(field, e)))
+            .map(|s| parse(s).map_err(|e| self.input_error(field, e)))
             .transpose()
+    }
+
+    pub fn optional_lock(&self, field: &str) -> Result<Option<LockName>, HandlerError> {
+        self.optional_parsed(field, LockName::new)
     }
 
     pub fn optional_holder(&self, field: &str) -> Result<Option<HolderId>, HandlerError> {
-        self.optional_string(field)?
-            .map(|s| HolderId::new(s).map_err(|e| self.input_error(field, e)))
-            .transpose()
+        self.optional_parsed(field, HolderId::new)
     }
 
     pub fn optional_acquisition(&self, field: &str) -> Result<Option<AcquisitionId>, HandlerError> {
-        self.optional_string(field)?
-            .map(|s| AcquisitionId::new(s).map_err(|e| self.input_error(field, e)))
-            .transpose()
-    }
-
-    pub fn lock(&self) -> Result<LockName, HandlerError> {
-        self.optional_lock("lock")?
-            .ok_or_else(|| self.missing("lock", hint::LOCK))
-    }
-
-    pub fn holder(&self) -> Result<HolderId, HandlerError> {
-        self.optional_holder("holder")?
-            .ok_or_else(|| self.missing("holder", hint::HOLDER))
-    }
-
-    pub fn acquisition(&self) -> Result<AcquisitionId, HandlerError> {
-        self.optional_acquisition("acquisition")?
-            .ok_or_else(|| self.missing("acquisition", hint::ACQUISITION))
-    }
-
-    /// `holder` and `acquisition`.
-    pub fn identity(&self) -> Result<Identity, HandlerError> {
-        Ok(Identity::new(self.holder()?, self.acquisition()?))
+        self.optional_parsed(field, AcquisitionId::new)
     }
 
     /// An RFC 3339 date-time (any offset, any fraction of a second) as milliseconds since the
@@ -227,74 +206,53 @@ impl<'a> Payload<'a> {
         }
     }
 
-    /// `limit` as a JSON integer from 1 to the core's maximum; `None` when absent or null.
-    /// `0`, `-1`, `2.5`, `"5"` and `"five"` are all refused: a limit is never taken from a string
-    /// or rounded.
-    pub fn optional_limit(&self, field: &str) -> Result<Option<Limit>, HandlerError> {
+    /// A JSON number read by `number` and made by `make`; `None` when absent or null. Anything
+    /// else (a string, a number `number` does not read) is refused with `invalid`'s error: never
+    /// taken from a string, never rounded.
+    fn optional_number<N, T>(
+        &self,
+        field: &str,
+        number: impl Fn(&Number) -> Option<N>,
+        make: impl Fn(N) -> Result<T, InputError>,
+        invalid: impl Fn(String) -> InputError,
+    ) -> Result<Option<T>, HandlerError> {
         let Some(value) = self.get(field) else {
             return Ok(None);
         };
         let got = match value {
-            Value::Number(n) => match n.as_i64() {
-                Some(n) => {
-                    return Limit::new(n)
-                        .map(Some)
-                        .map_err(|e| self.input_error(field, e))
-                }
+            Value::Number(n) => match number(n) {
+                Some(n) => return make(n).map(Some).map_err(|e| self.input_error(field, e)),
                 None => n.to_string(),
             },
             Value::String(_) => format!("the string {}", quoted(value)),
             other => format!("{} {}", kind(other), quoted(other)),
         };
-        Err(self.input_error(field, InputError::InvalidLimit { got }))
+        Err(self.input_error(field, invalid(got)))
+    }
+
+    /// `limit` as a JSON integer from 1 to the core's maximum; `None` when absent or null.
+    /// `0`, `-1`, `2.5`, `"5"` and `"five"` are all refused: a limit is never taken from a string
+    /// or rounded.
+    pub fn optional_limit(&self, field: &str) -> Result<Option<Limit>, HandlerError> {
+        self.optional_number(field, Number::as_i64, Limit::new, |got| {
+            InputError::InvalidLimit { got }
+        })
     }
 
     /// `weight` as a JSON integer from 1 to the core's maximum limit; `None` when absent or
     /// null. Refused like a limit: never from a string, never rounded.
     pub fn optional_weight(&self, field: &str) -> Result<Option<Weight>, HandlerError> {
-        let Some(value) = self.get(field) else {
-            return Ok(None);
-        };
-        let got = match value {
-            Value::Number(n) => match n.as_i64() {
-                Some(n) => {
-                    return Weight::new(n)
-                        .map(Some)
-                        .map_err(|e| self.input_error(field, e))
-                }
-                None => n.to_string(),
-            },
-            Value::String(_) => format!("the string {}", quoted(value)),
-            other => format!("{} {}", kind(other), quoted(other)),
-        };
-        Err(self.input_error(field, InputError::InvalidWeight { got }))
+        self.optional_number(field, Number::as_i64, Weight::new, |got| {
+            InputError::InvalidWeight { got }
+        })
     }
 
     /// `rate` as a JSON number of acquisitions per second (`2`, `0.5`); `None` when absent or
     /// null. A string, zero, a negative or an absurd rate is refused.
     pub fn optional_rate(&self, field: &str) -> Result<Option<Rate>, HandlerError> {
-        let Some(value) = self.get(field) else {
-            return Ok(None);
-        };
-        let got = match value {
-            Value::Number(n) => match n.as_f64() {
-                Some(n) => {
-                    return Rate::per_second(n)
-                        .map(Some)
-                        .map_err(|e| self.input_error(field, e))
-                }
-                None => n.to_string(),
-            },
-            Value::String(_) => format!("the string {}", quoted(value)),
-            other => format!("{} {}", kind(other), quoted(other)),
-        };
-        Err(self.input_error(field, InputError::InvalidRate { got }))
-    }
-
-    /// A required `limit`.
-    pub fn limit(&self) -> Result<Limit, HandlerError> {
-        self.optional_limit("limit")?
-            .ok_or_else(|| self.missing("limit", hint::LIMIT))
+        self.optional_number(field, Number::as_f64, Rate::per_second, |got| {
+            InputError::InvalidRate { got }
+        })
     }
 }
 
@@ -303,14 +261,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn limit(v: Value) -> Result<Limit, HandlerError> {
+    fn limit(v: Value) -> Result<Option<Limit>, HandlerError> {
         let payload = json!({ "limit": v });
-        Payload::new(&payload, "{}").unwrap().limit()
+        Payload::new(&payload, "{}")
+            .unwrap()
+            .optional_limit("limit")
     }
 
     #[test]
     fn only_json_integers_in_range_are_limits() {
-        assert_eq!(limit(json!(5)).unwrap().get(), 5);
+        assert_eq!(limit(json!(5)).unwrap().map(Limit::get), Some(5));
         let message = |v: Value| limit(v).unwrap_err().to_string();
         assert_eq!(
             message(json!(0)),
@@ -343,10 +303,7 @@ mod tests {
             message(json!(true)),
             "limit must be a whole number from 1 to 1000; got a boolean true"
         );
-        assert_eq!(
-            message(Value::Null),
-            format!("limit is missing: {}", hint::LIMIT)
-        );
+        assert_eq!(limit(Value::Null).unwrap(), None);
     }
 
     #[test]
@@ -382,11 +339,11 @@ mod tests {
         let payload = json!({ "lock": 7, "holder": null });
         let p = Payload::new(&payload, "{}").unwrap();
         assert_eq!(
-            p.lock().unwrap_err().to_string(),
+            p.optional_lock("lock").unwrap_err().to_string(),
             "lock must be a JSON string; got a number 7"
         );
         assert_eq!(
-            p.holder().unwrap_err().to_string(),
+            p.string("holder", hint::HOLDER).unwrap_err().to_string(),
             format!("holder is missing: {}", hint::HOLDER)
         );
         let long = json!(["x".repeat(200)]);

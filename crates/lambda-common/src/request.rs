@@ -136,22 +136,6 @@ pub struct Work {
 }
 
 impl AllowedWork {
-    pub fn default_work(&self) -> Option<&str> {
-        self.default.as_deref()
-    }
-
-    pub fn state_machines(&self) -> &[String] {
-        &self.state_machines
-    }
-
-    pub fn functions(&self) -> &[String] {
-        &self.functions
-    }
-
-    pub fn runner(&self) -> Option<&str> {
-        self.runner.as_deref()
-    }
-
     /// What may be named, for messages.
     fn describe(&self) -> String {
         let list = |arns: &[String]| match arns {

@@ -96,48 +96,55 @@ impl SfnClient {
     }
 }
 
-fn failed<E, R>(operation: &'static str, execution: &str, e: SdkError<E, R>) -> SfnError
+/// The call's answer; `None` when it says the execution does not exist (`missing`). Only that
+/// answer proves it; any other failure (throttling, access denied...) proves nothing.
+fn unless_missing<T, E, R>(
+    answer: Result<T, SdkError<E, R>>,
+    operation: &'static str,
+    execution: &str,
+    missing: impl Fn(&E) -> bool,
+) -> Result<Option<T>, SfnError>
 where
     E: std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
 {
-    SfnError {
-        operation,
-        execution: execution.to_owned(),
-        message: DisplayErrorContext(e).to_string(),
+    match answer {
+        Ok(answer) => Ok(Some(answer)),
+        Err(SdkError::ServiceError(e)) if missing(e.err()) => Ok(None),
+        Err(e) => Err(SfnError {
+            operation,
+            execution: execution.to_owned(),
+            message: DisplayErrorContext(e).to_string(),
+        }),
     }
 }
 
 impl Executions for SfnClient {
     async fn describe(&self, execution: &str) -> Result<Option<Described>, SfnError> {
-        match self
+        let answer = self
             .client
             .describe_execution()
             .execution_arn(execution)
             .send()
-            .await
-        {
-            Ok(out) => Ok(Some(Described {
-                status: out.status().clone(),
-                state_machine_arn: out.state_machine_arn().to_owned(),
-                stop_date_ms: out
-                    .stop_date()
-                    .and_then(|d| d.to_millis().ok())
-                    .and_then(|ms| u64::try_from(ms).ok()),
-                run: Run(out
-                    .redrive_count()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .unwrap_or(0)),
-            })),
-            // Only this answer proves the execution does not exist; anything else (throttling,
-            // access denied...) proves nothing.
-            Err(SdkError::ServiceError(e))
-                if matches!(e.err(), DescribeExecutionError::ExecutionDoesNotExist(_)) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(failed("DescribeExecution", execution, e)),
-        }
+            .await;
+        let described = unless_missing(
+            answer,
+            "DescribeExecution",
+            execution,
+            DescribeExecutionError::is_execution_does_not_exist,
+        )?;
+        Ok(described.map(|out| Described {
+            status: out.status().clone(),
+            state_machine_arn: out.state_machine_arn().to_owned(),
+            stop_date_ms: out
+                .stop_date()
+                .and_then(|d| d.to_millis().ok())
+                .and_then(|ms| u64::try_from(ms).ok()),
+            run: Run(out
+                .redrive_count()
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0)),
+        }))
     }
 
     async fn history(&self, execution: &str) -> Result<Option<Vec<HistoryEvent>>, SfnError> {
@@ -152,35 +159,30 @@ impl Executions for SfnClient {
             .send()
             .collect::<Result<Vec<HistoryEvent>, _>>()
             .await;
-        match pages {
-            Ok(events) => Ok(Some(events)),
-            Err(SdkError::ServiceError(e))
-                if matches!(e.err(), GetExecutionHistoryError::ExecutionDoesNotExist(_)) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(failed("GetExecutionHistory", execution, e)),
-        }
+        unless_missing(
+            pages,
+            "GetExecutionHistory",
+            execution,
+            GetExecutionHistoryError::is_execution_does_not_exist,
+        )
     }
 
     async fn stop(&self, execution: &str, error: &str, cause: &str) -> Result<(), SfnError> {
-        match self
+        let answer = self
             .client
             .stop_execution()
             .execution_arn(execution)
             .error(error)
             .cause(cause)
             .send()
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(SdkError::ServiceError(e))
-                if matches!(e.err(), StopExecutionError::ExecutionDoesNotExist(_)) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(failed("StopExecution", execution, e)),
-        }
+            .await;
+        unless_missing(
+            answer,
+            "StopExecution",
+            execution,
+            StopExecutionError::is_execution_does_not_exist,
+        )
+        .map(|_| ())
     }
 }
 

@@ -13,7 +13,7 @@ use semaphore_core::{
     Clock, Error as CoreError, ExecutionStatus, FencingToken, HandOff, ItemStore, LockName,
     Semaphore, SemaphoreItem, TaskToken, Waiter, Waker,
 };
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::metrics::Metrics;
 
@@ -21,11 +21,7 @@ use crate::metrics::Metrics;
 /// with) with the slot filled in: `acquired`, `outcome` "acquired", `token`, and the work's
 /// `semaphore.fencing_token`.
 pub fn granted_answer(context: &str, token: FencingToken) -> Result<String, String> {
-    let mut answer: Value = serde_json::from_str(context)
-        .map_err(|e| format!("the waiter's context is not JSON ({e})"))?;
-    let Value::Object(fields) = &mut answer else {
-        return Err("the waiter's context is not a JSON object".to_owned());
-    };
+    let mut fields = context_fields(context)?;
     fields.insert("acquired".to_owned(), Value::Bool(true));
     fields.insert("outcome".to_owned(), Value::from("acquired"));
     fields.insert("token".to_owned(), Value::from(token.0));
@@ -36,7 +32,16 @@ pub fn granted_answer(context: &str, token: FencingToken) -> Result<String, Stri
     {
         semaphore.insert("fencing_token".to_owned(), Value::from(token.0));
     }
-    Ok(answer.to_string())
+    Ok(Value::Object(fields).to_string())
+}
+
+/// The fields of a waiter's `context`, the acquire answer it was queued with.
+fn context_fields(context: &str) -> Result<Map<String, Value>, String> {
+    match serde_json::from_str(context) {
+        Ok(Value::Object(fields)) => Ok(fields),
+        Ok(_) => Err("the waiter's context is not a JSON object".to_owned()),
+        Err(e) => Err(format!("the waiter's context is not JSON ({e})")),
+    }
 }
 
 /// The answer a head of the line gets when the lock's start rate refused its grant: its
@@ -44,11 +49,7 @@ pub fn granted_answer(context: &str, token: FencingToken) -> Result<String, Stri
 /// `wait_seconds` (whole seconds until then, at least 1: a Wait state's `SecondsPath`), after
 /// which its machine enters its wait task again, keeping its place.
 pub fn deferred_answer(context: &str, next_start_ms: u64, now_ms: u64) -> Result<String, String> {
-    let mut answer: Value = serde_json::from_str(context)
-        .map_err(|e| format!("the waiter's context is not JSON ({e})"))?;
-    let Value::Object(fields) = &mut answer else {
-        return Err("the waiter's context is not a JSON object".to_owned());
-    };
+    let mut fields = context_fields(context)?;
     fields.insert("acquired".to_owned(), Value::Bool(false));
     fields.insert("outcome".to_owned(), Value::from("rate_limited"));
     fields.insert(
@@ -57,7 +58,7 @@ pub fn deferred_answer(context: &str, next_start_ms: u64, now_ms: u64) -> Result
     );
     let wait_seconds = next_start_ms.saturating_sub(now_ms).div_ceil(1000).max(1);
     fields.insert("wait_seconds".to_owned(), Value::from(wait_seconds));
-    Ok(answer.to_string())
+    Ok(Value::Object(fields).to_string())
 }
 
 /// Sends task outcomes to Step Functions.
@@ -152,7 +153,7 @@ impl<C: TaskCallbacks, X: ExecutionStatus> HandOffs<C, X> {
         Self {
             waker: TaskWaker { callbacks },
             executions,
-            metrics: Metrics::off(),
+            metrics: Metrics::default(),
         }
     }
 

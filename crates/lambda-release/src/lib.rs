@@ -304,13 +304,7 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     } else {
         Outcome::NotHeld
     };
-    let (error, cause) = match &failure {
-        Some(failure) => {
-            let (error, cause) = fail_with(failure, &target);
-            (Some(error), Some(cause))
-        }
-        None => (None, None),
-    };
+    let (error, cause) = failure.as_ref().map(|f| fail_with(f, &target)).unzip();
     tracing::info!(
         lock = %lock,
         holder = %identity.holder,

@@ -3,7 +3,7 @@
 // queries when its layout is computed.
 #![recursion_limit = "256"]
 
-use lambda_common::{init_tracing, load_aws_config, Settings};
+use lambda_common::{init_tracing, load_aws_config, ConfigError, Settings};
 use lambda_runtime::{service_fn, Error};
 
 #[tokio::main]
@@ -13,15 +13,15 @@ async fn main() -> Result<(), Error> {
     // naming it, before any invocation.
     let settings = Settings::from_env();
     let sdk = load_aws_config().await;
-    let semaphore = settings
-        .semaphore(&sdk)
-        .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    let resolver = lambda_release::resolver(&settings)
-        .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    let hand_offs = settings
-        .hand_offs(&sdk)
-        .inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
-    let (semaphore, resolver, hand_offs) = (&semaphore, &resolver, &hand_offs);
+    let started = || -> Result<_, ConfigError> {
+        Ok((
+            settings.semaphore(&sdk)?,
+            lambda_release::resolver(&settings)?,
+            settings.hand_offs(&sdk)?,
+        ))
+    };
+    let (semaphore, resolver, hand_offs) =
+        &started().inspect_err(|e| tracing::error!(error = %e, "cannot start"))?;
     lambda_runtime::run(service_fn(move |event| {
         lambda_release::handle(semaphore, resolver, hand_offs, event)
     }))

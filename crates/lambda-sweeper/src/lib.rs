@@ -40,7 +40,7 @@ pub use lambda_common::SfnExecutions;
 pub use notice::{human_duration, subject, Notice};
 
 use lambda_common::metrics::{self, Line};
-use semaphore_core::{LineSweep, LockName, SweepReport};
+use semaphore_core::{LineSweep, LockName, Reclaimed};
 
 /// The sweep's answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,16 +105,13 @@ impl Sweeper<DynamoStore, SfnExecutions> {
             "TOPIC_ARN",
             "set it to the ARN of the SNS topic that gets a notice per reclaimed slot",
         )?;
-        let namespace = settings
-            .optional("METRIC_NAMESPACE")
-            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
         let state_machines = settings.state_machines()?;
         Ok(Self {
             semaphore,
             executions: SfnExecutions::of_machines(aws_sdk_sfn::Client::new(sdk), state_machines),
             sns: aws_sdk_sns::Client::new(sdk),
             topic_arn,
-            namespace,
+            namespace: settings.metrics().namespace().to_owned(),
             waker: TaskWaker {
                 callbacks: aws_sdk_sfn::Client::new(sdk),
             },
@@ -147,7 +144,6 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
         for (lock, holder) in &lines.removed {
             tracing::warn!(lock = %lock, holder = %holder, "took a dead waiter out of line");
         }
-        let reclaimed_per_lock = report_metrics(&report);
         let mut errors = report.errors;
         errors.extend(lines.errors.iter().cloned());
         let mut summary = SweepSummary {
@@ -190,7 +186,7 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
         for error in &summary.errors {
             tracing::warn!(error = %error, "sweep problem; the next sweep retries");
         }
-        let emf = metric_lines(&reclaimed_per_lock, &lines, &summary, started_ms)
+        let emf = metric_lines(&report.reclaimed, &lines, &summary, started_ms)
             .iter()
             .map(|line| line.render(&self.namespace, started_ms))
             .collect();
@@ -228,20 +224,10 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
     }
 }
 
-/// What the metrics read of the holders' sweep: the slots reclaimed per lock, with how long
-/// each was held.
-fn report_metrics(report: &SweepReport) -> Vec<(LockName, u64)> {
-    report
-        .reclaimed
-        .iter()
-        .map(|slot| (slot.lock.clone(), slot.held_for_ms))
-        .collect()
-}
-
 /// The sweep's metric lines: every lock's together first (zeros included, so that the alarms
 /// see data rather than missing data), then one per lock with something to say.
 fn metric_lines(
-    reclaimed: &[(LockName, u64)],
+    reclaimed: &[Reclaimed],
     lines: &LineSweep,
     summary: &SweepSummary,
     now_ms: u64,
@@ -255,7 +241,7 @@ fn metric_lines(
             summary.largest_item_bytes as f64,
         )
         .value(metrics::OLDEST_WAITER_AGE_TOTAL, oldest.map_or(0.0, age))];
-    let mut locks: Vec<&LockName> = reclaimed.iter().map(|(lock, _)| lock).collect();
+    let mut locks: Vec<&LockName> = reclaimed.iter().map(|slot| &slot.lock).collect();
     locks.extend(lines.oldest.iter().map(|(lock, _)| lock));
     locks.extend(lines.removed.iter().map(|(lock, _)| lock));
     locks.sort();
@@ -263,8 +249,8 @@ fn metric_lines(
     for lock in locks {
         let held: Vec<f64> = reclaimed
             .iter()
-            .filter(|(l, _)| l == lock)
-            .map(|(_, ms)| *ms as f64)
+            .filter(|slot| &slot.lock == lock)
+            .map(|slot| slot.held_for_ms as f64)
             .collect();
         let removed = lines.removed.iter().filter(|(l, _)| l == lock).count();
         let mut line = Line::of(lock).values(

@@ -56,13 +56,13 @@ struct Cli {
     /// deployed functions' AcquireHorizonSeconds. With the clock skew it makes the fence window.
     #[arg(long, global = true, env = "ACQUIRE_HORIZON_SECONDS", value_name = "SECONDS",
           allow_hyphen_values = true, default_value_t = Timing::DEFAULT_HORIZON.as_secs(),
-          value_parser = horizon_seconds)]
+          value_parser = |text: &str| seconds_in(text, Timing::HORIZON_RANGE))]
     horizon_seconds: u64,
     /// How far apart hosts' clocks may be (whole seconds, 1-60); the deployed functions'
     /// ClockSkewSeconds.
     #[arg(long, global = true, env = "CLOCK_SKEW_SECONDS", value_name = "SECONDS",
           allow_hyphen_values = true, default_value_t = Timing::DEFAULT_CLOCK_SKEW.as_secs(),
-          value_parser = clock_skew_seconds)]
+          value_parser = |text: &str| seconds_in(text, Timing::CLOCK_SKEW_RANGE))]
     clock_skew_seconds: u64,
     #[command(subcommand)]
     command: Command,
@@ -164,20 +164,7 @@ enum Command {
     /// bound). q, Esc or Ctrl-C quits; the arrows scroll. Each refresh is one eventually
     /// consistent Scan of the table (a view needs no more; a stale page is caught up by the next
     /// refresh) and, per lock with waiters, a Query of its line's head.
-    Top {
-        /// Print one frame and exit (for scripts): on a terminal at its width and in colour,
-        /// otherwise plain text without escape codes, 100 columns wide. Exit 1 if an item could
-        /// not be read (it is shown with its error, the other locks as usual).
-        #[arg(long)]
-        once: bool,
-        /// Seconds between refreshes: a number from 0.5 to 10.
-        #[arg(long, value_name = "SECONDS", default_value = "1", allow_hyphen_values = true,
-              value_parser = refresh_interval)]
-        interval: Duration,
-        /// Holders listed under each lock, the longest held first (the others are counted).
-        #[arg(long, value_name = "N", default_value_t = 3)]
-        holders: usize,
-    },
+    Top(top::Options),
 }
 
 const EXIT_ERROR: u8 = 1;
@@ -200,24 +187,6 @@ fn seconds_in(text: &str, range: std::ops::RangeInclusive<u64>) -> Result<u64, S
         })
 }
 
-fn refresh_interval(text: &str) -> Result<Duration, String> {
-    let (least, most) = top::INTERVAL_RANGE;
-    text.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|secs| (least..=most).contains(secs))
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("expected seconds from {least} to {most}"))
-}
-
-fn horizon_seconds(text: &str) -> Result<u64, String> {
-    seconds_in(text, Timing::HORIZON_RANGE)
-}
-
-fn clock_skew_seconds(text: &str) -> Result<u64, String> {
-    seconds_in(text, Timing::CLOCK_SKEW_RANGE)
-}
-
 /// Why a command did not run (exit 1, nothing on stdout).
 #[derive(Debug, thiserror::Error)]
 enum Failure {
@@ -228,6 +197,8 @@ enum Failure {
     Argument { flag: &'static str, problem: String },
     #[error("no AWS region: pass --region or set AWS_REGION")]
     NoRegion,
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
     #[error(transparent)]
     Semaphore(#[from] semaphore_core::Error),
     #[error(transparent)]
@@ -309,17 +280,12 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let answer = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("semctl: error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli, requested_at_ms)) {
+        .map_err(Failure::Runtime)
+        .and_then(|runtime| runtime.block_on(run(cli, requested_at_ms)));
+    match answer {
         Ok(answer) => {
             if let Some(output) = &answer.output {
                 println!(
@@ -472,15 +438,7 @@ impl Request {
             }
             Command::Status { lock } => Self::Status(LockName::new(lock)?),
             Command::List => Self::List,
-            Command::Top {
-                once,
-                interval,
-                holders,
-            } => Self::Top(top::Options {
-                once,
-                interval,
-                holders,
-            }),
+            Command::Top(options) => Self::Top(options),
             Command::Sweep {
                 dry_run,
                 state_machine_arns,

@@ -34,10 +34,30 @@ const TEXT_WIDTH: u16 = 100;
 /// [`view::SEEN_WINDOW`], so no slower than that.
 pub const INTERVAL_RANGE: (f64, f64) = (0.5, 10.0);
 
+#[derive(clap::Args)]
 pub struct Options {
+    /// Print one frame and exit (for scripts): on a terminal at its width and in colour,
+    /// otherwise plain text without escape codes, 100 columns wide. Exit 1 if an item could
+    /// not be read (it is shown with its error, the other locks as usual).
+    #[arg(long)]
     pub once: bool,
+    /// Seconds between refreshes: a number from 0.5 to 10.
+    #[arg(long, value_name = "SECONDS", default_value = "1", allow_hyphen_values = true,
+          value_parser = refresh_interval)]
     pub interval: Duration,
+    /// Holders listed under each lock, the longest held first (the others are counted).
+    #[arg(long, value_name = "N", default_value_t = 3)]
     pub holders: usize,
+}
+
+fn refresh_interval(text: &str) -> Result<Duration, String> {
+    let (least, most) = INTERVAL_RANGE;
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|secs| (least..=most).contains(secs))
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("expected seconds from {least} to {most}"))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -63,23 +63,16 @@ impl Reading {
 /// (one read unit per 8 KB read at this consistency) however few locks are busy.
 pub async fn read(semaphore: &Semaphore<DynamoStore>) -> Result<Reading, StoreError> {
     let store = semaphore.store();
-    let mut attrs = Vec::new();
-    let mut start: Option<HashMap<String, AttributeValue>> = None;
-    loop {
-        let page = store
-            .client()
-            .scan()
-            .table_name(store.table())
-            .set_exclusive_start_key(start)
-            .send()
-            .await
-            .map_err(|e| scan_failed(store.table(), e))?;
-        attrs.extend(page.items().iter().cloned());
-        match page.last_evaluated_key() {
-            Some(key) if !key.is_empty() => start = Some(key.clone()),
-            _ => break,
-        }
-    }
+    let attrs: Vec<HashMap<String, AttributeValue>> = store
+        .client()
+        .scan()
+        .table_name(store.table())
+        .into_paginator()
+        .items()
+        .send()
+        .collect::<Result<_, _>>()
+        .await
+        .map_err(|e| scan_failed(store.table(), e))?;
     let at_ms = semaphore.now_ms();
     let mut entries = Vec::with_capacity(attrs.len());
     for item in attrs.iter().map(semaphore_core::dynamo::decode) {

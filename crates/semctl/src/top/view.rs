@@ -30,7 +30,7 @@ pub struct Starts {
 
 impl Starts {
     pub fn observe(&mut self, reading: &Reading) {
-        let since = reading.at_ms.saturating_sub(window_ms());
+        let since = reading.at_ms.saturating_sub(SEEN_WINDOW.as_millis() as u64);
         for entry in &reading.entries {
             if let Entry::Lock(read) = entry {
                 let seen = self.seen.entry(read.item.lock.clone()).or_default();
@@ -50,10 +50,6 @@ impl Starts {
         let count = self.seen.get(lock).map_or(0, BTreeMap::len);
         count as f64 / SEEN_WINDOW.as_secs_f64()
     }
-}
-
-fn window_ms() -> u64 {
-    SEEN_WINDOW.as_millis() as u64
 }
 
 /// A lock's start rate, and which one it is.
@@ -244,21 +240,13 @@ struct Columns {
 
 impl Columns {
     fn new(area: Rect, name_width: u16) -> Self {
-        let [name, bar, holders, line, oldest, rate] = Layout::horizontal([
-            Constraint::Length(name_width),
-            Constraint::Fill(1),
-            Constraint::Length(COLUMNS[0].1),
-            Constraint::Length(COLUMNS[1].1),
-            Constraint::Length(COLUMNS[2].1),
-            Constraint::Length(COLUMNS[3].1),
-        ])
-        .spacing(1)
-        .areas(Rect { height: 1, ..area });
-        Self {
-            name,
-            bar,
-            rest: [holders, line, oldest, rate],
-        }
+        let constraints = [Constraint::Length(name_width), Constraint::Fill(1)]
+            .into_iter()
+            .chain(COLUMNS.map(|(_, width)| Constraint::Length(width)));
+        let [name, bar, rest @ ..]: [Rect; 6] = Layout::horizontal(constraints)
+            .spacing(1)
+            .areas(Rect { height: 1, ..area });
+        Self { name, bar, rest }
     }
 
     fn at(&self, y: u16) -> Self {
