@@ -182,6 +182,16 @@ impl<P: Policy> ForwardingProxy<P> {
         Ok(Self { addr, shared })
     }
 
+    /// [`ForwardingProxy::with_policy`] with the policy's default (the tests' proxies).
+    pub async fn start(upstream_endpoint: &str) -> Self
+    where
+        P: Default,
+    {
+        Self::with_policy(upstream_endpoint, P::default())
+            .await
+            .unwrap_or_else(|e| panic!("start the proxy: {e}"))
+    }
+
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -274,12 +284,6 @@ impl Policy for HoldNext {
 pub type HoldingProxy = ForwardingProxy<HoldNext>;
 
 impl HoldingProxy {
-    pub async fn start(upstream_endpoint: &str) -> Self {
-        Self::with_policy(upstream_endpoint, HoldNext::default())
-            .await
-            .expect("start the holding proxy")
-    }
-
     /// Hold the next `n` requests for `operation` (as in `X-Amz-Target: DynamoDB_20120810.PutItem`).
     pub fn hold_next(&self, operation: &str, n: usize) {
         self.hold(Target::Operation(operation.to_owned()), n);
@@ -347,12 +351,6 @@ impl Policy for Faults {
 pub type FaultyProxy = ForwardingProxy<Faults>;
 
 impl FaultyProxy {
-    pub async fn start(upstream_endpoint: &str) -> Self {
-        Self::with_policy(upstream_endpoint, Faults::default())
-            .await
-            .expect("start the faulty proxy")
-    }
-
     /// The next request that `matches` gets `verdict` (faults are met in the order scripted).
     pub fn fault(
         &self,

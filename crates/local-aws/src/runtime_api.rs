@@ -108,18 +108,15 @@ pub fn run_function(exe: &Path, env: &[(&str, &str)], events: Vec<Value>) -> Fun
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the function binary");
-    let mut stdout_pipe = child.stdout.take().expect("stdout");
-    let mut stderr_pipe = child.stderr.take().expect("stderr");
-    let stdout = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout_pipe.read_to_string(&mut s);
-        s
-    });
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr_pipe.read_to_string(&mut s);
-        s
-    });
+    let read_all = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = pipe.read_to_string(&mut s);
+            s
+        })
+    };
+    let stdout = read_all(Box::new(child.stdout.take().expect("stdout")));
+    let stderr = read_all(Box::new(child.stderr.take().expect("stderr")));
 
     let deadline = Instant::now() + Duration::from_secs(60);
     {
