@@ -548,6 +548,12 @@ fn recognise_update(body: &Value) -> Option<ProtocolWrite> {
 /// and the room it needs under the limit.
 fn acquire_checks(identity: Identity, condition: &str, p: &Placeholders) -> ProtocolWrite {
     let (mut fences, mut deadline_ms, mut room) = (Vec::new(), None, None);
+    // The number a comparison `#name OP :v` of the attribute `name` is made with.
+    let compared = |term: &str, op: &str, name: &str| {
+        let (left, operand) = term.split_once(op)?;
+        (p.name(left)? == name).then_some(())?;
+        u64::try_from(wire::number(p.value(operand)?)?).ok()
+    };
     for term in condition.split(" AND ") {
         let term = term.trim().trim_matches(|c| c == '(' || c == ')');
         let term = term.rsplit(" OR ").next().unwrap_or(term).trim();
@@ -562,20 +568,9 @@ fn acquire_checks(identity: Identity, condition: &str, p: &Placeholders) -> Prot
             if let Some(fence) = fence.filter(|f| !fences.contains(f)) {
                 fences.push(fence);
             }
-        } else if let Some((left, operand)) = term.split_once(" <= ") {
-            if p.name(left) == Some("used") {
-                room = p
-                    .value(operand)
-                    .and_then(wire::number)
-                    .and_then(|n| u64::try_from(n).ok());
-            }
-        } else if let Some((left, operand)) = term.split_once(" < ") {
-            if p.name(left) == Some("rotated_at") {
-                deadline_ms = p
-                    .value(operand)
-                    .and_then(wire::number)
-                    .and_then(|n| u64::try_from(n).ok());
-            }
+        } else {
+            room = compared(term, " <= ", "used").or(room);
+            deadline_ms = compared(term, " < ", "rotated_at").or(deadline_ms);
         }
     }
     ProtocolWrite::Acquire {
