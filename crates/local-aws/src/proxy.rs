@@ -627,7 +627,7 @@ async fn serve<P: Policy>(
         .map(|(_, op)| op);
     let verdict = shared.policy.decide(operation, &body);
     match verdict {
-        Verdict::Forward => {}
+        Verdict::Forward | Verdict::LoseAnswer => {}
         Verdict::Hold => {
             let (gate, released) = oneshot::channel();
             shared.held.lock().unwrap().push(gate);
@@ -635,7 +635,6 @@ async fn serve<P: Policy>(
             let _ = released.await;
         }
         Verdict::Delay(pause) => tokio::time::sleep(pause).await,
-        Verdict::LoseAnswer => {}
         Verdict::Answer(canned) => return Ok(canned.response(&body)),
     }
     shared.forwarded.fetch_add(1, Ordering::SeqCst);
