@@ -6,13 +6,12 @@
 //! noticed here. So is any expression this evaluator does not know, so a change of the
 //! definitions is noticed too.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
 use serde_json::{json, Map, Value};
 
-use crate::server::{endpoint, repo_root};
+use crate::server::{endpoint, repo_root, Options};
 
 /// What `$$` holds for the state being played.
 #[derive(Debug, Clone)]
@@ -86,12 +85,10 @@ impl Context {
 fn deployed() -> &'static Value {
     static DEPLOYED: OnceLock<Value> = OnceLock::new();
     DEPLOYED.get_or_init(|| {
-        let root = repo_root();
-        let python = std::env::var_os("SEMAPHORE_PYTHON")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join(".venv/bin/python"));
+        // The Python the local server runs on, with moto's CloudFormation.
+        let python = Options::new().python;
         let output = Command::new(&python)
-            .arg(root.join("local/deploy_stack.py"))
+            .arg(repo_root().join("local/deploy_stack.py"))
             .args(["--endpoint", endpoint()])
             .args(["--stack-name", &crate::sfn::unique("semaphore-asl")])
             .output()

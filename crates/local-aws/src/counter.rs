@@ -81,12 +81,16 @@ impl RequestCounter {
             .build();
         aws_sdk_dynamodb::Client::from_conf(config)
     }
-}
 
-fn operation(cfg: &ConfigBag) -> String {
-    match cfg.load::<Metadata>() {
-        Some(m) => format!("{}.{}", m.service(), m.name()),
-        None => "unknown".to_owned(),
+    /// One more in the tally `of` the counts, under the operation of `cfg`'s request.
+    fn count(&self, cfg: &ConfigBag, of: fn(&mut Counts) -> &mut BTreeMap<String, u64>) {
+        let operation = match cfg.load::<Metadata>() {
+            Some(m) => format!("{}.{}", m.service(), m.name()),
+            None => "unknown".to_owned(),
+        };
+        *of(&mut self.counts.lock().expect("counts"))
+            .entry(operation)
+            .or_default() += 1;
     }
 }
 
@@ -101,14 +105,7 @@ impl Intercept for RequestCounter {
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let op = operation(cfg);
-        *self
-            .counts
-            .lock()
-            .expect("counts")
-            .requests
-            .entry(op)
-            .or_default() += 1;
+        self.count(cfg, |counts| &mut counts.requests);
         Ok(())
     }
 
@@ -125,14 +122,7 @@ impl Intercept for RequestCounter {
                 })
         });
         if failed {
-            let op = operation(cfg);
-            *self
-                .counts
-                .lock()
-                .expect("counts")
-                .condition_failed
-                .entry(op)
-                .or_default() += 1;
+            self.count(cfg, |counts| &mut counts.condition_failed);
         }
         Ok(())
     }

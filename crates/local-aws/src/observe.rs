@@ -62,11 +62,7 @@ const TOKEN_SPAN: u128 = 10u128.pow(15);
 /// The weight part of a packed holder entry: `weight - 1` times this (after 13 digits of time).
 const WEIGHT_SPAN: u128 = 10u128.pow(28);
 
-pub async fn raw_item(
-    client: &Client,
-    table: &str,
-    lock: &str,
-) -> Option<HashMap<String, AttributeValue>> {
+pub async fn raw_item(client: &Client, table: &str, lock: &str) -> Option<RawRecord> {
     client
         .get_item()
         .table_name(table)

@@ -13,19 +13,25 @@
 //! ([`Verdict::LoseAnswer`]), throttled or conflicting transactions, a transaction still in
 //! progress ([`Canned`]).
 //!
-//! Each client connection carries one request (the proxy asks the server to close after it),
-//! which keeps the proxy a few lines of plain HTTP/1.1.
+//! HTTP/1.1 both ways is hyper's: a server for the clients, a client (pooled connections) to the
+//! server; each request's body is read whole, as a policy reads it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use semaphore_core::dynamo::TOKEN_SPAN;
 use semaphore_core::{FenceKey, Identity};
 use serde_json::{Map, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Notify};
 
 use crate::wire;
@@ -64,7 +70,7 @@ pub enum Canned {
 
 impl Canned {
     /// The HTTP response, for a request with `body`.
-    fn response(self, body: &[u8]) -> Vec<u8> {
+    fn response(self, body: &[u8]) -> Response<Full<Bytes>> {
         let actions = serde_json::from_slice::<Value>(body)
             .ok()
             .and_then(|b| b.get("TransactItems")?.as_array().map(Vec::len))
@@ -96,20 +102,21 @@ impl Canned {
                 "message": "Transaction is ongoing for the item",
             }),
         };
-        http_answer(400, "Bad Request", &answer)
+        json_answer(StatusCode::BAD_REQUEST, &answer)
     }
 }
 
-/// An HTTP/1.1 response with a JSON body, as DynamoDB answers.
-fn http_answer(status: u16, reason: &str, body: &Value) -> Vec<u8> {
-    let body = body.to_string();
-    format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/x-amz-json-1.0\r\n\
-         x-amzn-RequestId: proxy-{:016x}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        fastrand::u64(..),
-        body.len()
-    )
-    .into_bytes()
+/// A response with a JSON body, as DynamoDB answers.
+fn json_answer(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("Content-Type", "application/x-amz-json-1.0")
+        .header(
+            "x-amzn-RequestId",
+            format!("proxy-{:016x}", fastrand::u64(..)),
+        )
+        .body(Full::from(body.to_string()))
+        .expect("a status and two valid headers")
 }
 
 pub trait Policy: Send + Sync + 'static {
@@ -119,8 +126,7 @@ pub trait Policy: Send + Sync + 'static {
     fn decide(&self, operation: Option<&str>, body: &[u8]) -> Verdict;
 
     /// The server's answer to a request that was held or delayed, once it comes back: what
-    /// such a late write did is the point of holding it. `status` is 0 when the answer has no
-    /// status line.
+    /// such a late write did is the point of holding it.
     fn answered(&self, _status: u16, _body: &[u8]) {}
 }
 
@@ -129,6 +135,8 @@ struct Shared<P> {
     held: Mutex<Vec<oneshot::Sender<()>>>,
     changed: Notify,
     forwarded: AtomicU64,
+    upstream: SocketAddr,
+    client: Client<HttpConnector, Full<Bytes>>,
 }
 
 pub struct ForwardingProxy<P> {
@@ -155,18 +163,33 @@ impl<P: Policy> ForwardingProxy<P> {
             held: Mutex::new(Vec::new()),
             changed: Notify::new(),
             forwarded: AtomicU64::new(0),
+            upstream,
+            client: Client::builder(TokioExecutor::new()).build_http(),
         });
         let accept_shared = shared.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let shared = accept_shared.clone();
+                let serve = service_fn(move |request| serve(request, shared.clone()));
                 tokio::spawn(async move {
                     // A connection the client dropped mid-request is not the caller's concern.
-                    let _ = serve(client, upstream, shared).await;
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(client), serve)
+                        .await;
                 });
             }
         });
         Ok(Self { addr, shared })
+    }
+
+    /// [`ForwardingProxy::with_policy`] with the policy's default (the tests' proxies).
+    pub async fn start(upstream_endpoint: &str) -> Self
+    where
+        P: Default,
+    {
+        Self::with_policy(upstream_endpoint, P::default())
+            .await
+            .unwrap_or_else(|e| panic!("start the proxy: {e}"))
     }
 
     pub fn endpoint(&self) -> String {
@@ -261,12 +284,6 @@ impl Policy for HoldNext {
 pub type HoldingProxy = ForwardingProxy<HoldNext>;
 
 impl HoldingProxy {
-    pub async fn start(upstream_endpoint: &str) -> Self {
-        Self::with_policy(upstream_endpoint, HoldNext::default())
-            .await
-            .expect("start the holding proxy")
-    }
-
     /// Hold the next `n` requests for `operation` (as in `X-Amz-Target: DynamoDB_20120810.PutItem`).
     pub fn hold_next(&self, operation: &str, n: usize) {
         self.hold(Target::Operation(operation.to_owned()), n);
@@ -334,12 +351,6 @@ impl Policy for Faults {
 pub type FaultyProxy = ForwardingProxy<Faults>;
 
 impl FaultyProxy {
-    pub async fn start(upstream_endpoint: &str) -> Self {
-        Self::with_policy(upstream_endpoint, Faults::default())
-            .await
-            .expect("start the faulty proxy")
-    }
-
     /// The next request that `matches` gets `verdict` (faults are met in the order scripted).
     pub fn fault(
         &self,
@@ -537,6 +548,12 @@ fn recognise_update(body: &Value) -> Option<ProtocolWrite> {
 /// and the room it needs under the limit.
 fn acquire_checks(identity: Identity, condition: &str, p: &Placeholders) -> ProtocolWrite {
     let (mut fences, mut deadline_ms, mut room) = (Vec::new(), None, None);
+    // The number a comparison `#name OP :v` of the attribute `name` is made with.
+    let compared = |term: &str, op: &str, name: &str| {
+        let (left, operand) = term.split_once(op)?;
+        (p.name(left)? == name).then_some(())?;
+        u64::try_from(wire::number(p.value(operand)?)?).ok()
+    };
     for term in condition.split(" AND ") {
         let term = term.trim().trim_matches(|c| c == '(' || c == ')');
         let term = term.rsplit(" OR ").next().unwrap_or(term).trim();
@@ -551,20 +568,9 @@ fn acquire_checks(identity: Identity, condition: &str, p: &Placeholders) -> Prot
             if let Some(fence) = fence.filter(|f| !fences.contains(f)) {
                 fences.push(fence);
             }
-        } else if let Some((left, operand)) = term.split_once(" <= ") {
-            if p.name(left) == Some("used") {
-                room = p
-                    .value(operand)
-                    .and_then(wire::number)
-                    .and_then(|n| u64::try_from(n).ok());
-            }
-        } else if let Some((left, operand)) = term.split_once(" < ") {
-            if p.name(left) == Some("rotated_at") {
-                deadline_ms = p
-                    .value(operand)
-                    .and_then(wire::number)
-                    .and_then(|n| u64::try_from(n).ok());
-            }
+        } else {
+            room = compared(term, " <= ", "used").or(room);
+            deadline_ms = compared(term, " < ", "rotated_at").or(deadline_ms);
         }
     }
     ProtocolWrite::Acquire {
@@ -603,59 +609,25 @@ fn clauses(expression: &str) -> Vec<(&'static str, String)> {
         .collect()
 }
 
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().find_map(|line| {
-        let (n, v) = line.split_once(':')?;
-        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-    })
-}
-
-/// Appends what the client sends until `buf` holds `done(buf)`; false if the client closed first.
-async fn read_until(
-    client: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    done: impl Fn(&[u8]) -> bool,
-) -> std::io::Result<bool> {
-    while !done(buf) {
-        let mut chunk = [0u8; 8192];
-        let n = client.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(false);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    Ok(true)
-}
-
-fn end_of_head(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
-}
+/// Why a request got no answer at all (the client sees its connection closed, as before any
+/// answer from a server that went away).
+type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 async fn serve<P: Policy>(
-    mut client: TcpStream,
-    upstream: SocketAddr,
+    request: Request<Incoming>,
     shared: Arc<Shared<P>>,
-) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    if !read_until(&mut client, &mut buf, |b| end_of_head(b).is_some()).await? {
-        return Ok(());
-    }
-    let head_end = end_of_head(&buf).expect("read up to the head's end");
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let body_len: usize = header(&head, "content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let end = head_end + body_len;
-    if !read_until(&mut client, &mut buf, |b| b.len() >= end).await? {
-        return Ok(());
-    }
-    let body = &buf[head_end..end];
-    let operation = header(&head, "x-amz-target")
+) -> Result<Response<Full<Bytes>>, Failure> {
+    let (mut head, body) = request.into_parts();
+    let body = body.collect().await?.to_bytes();
+    let operation = head
+        .headers
+        .get("x-amz-target")
+        .and_then(|t| t.to_str().ok())
         .and_then(|t| t.rsplit_once('.'))
         .map(|(_, op)| op);
-    let verdict = shared.policy.decide(operation, body);
+    let verdict = shared.policy.decide(operation, &body);
     match verdict {
-        Verdict::Forward => {}
+        Verdict::Forward | Verdict::LoseAnswer => {}
         Verdict::Hold => {
             let (gate, released) = oneshot::channel();
             shared.held.lock().unwrap().push(gate);
@@ -663,48 +635,30 @@ async fn serve<P: Policy>(
             let _ = released.await;
         }
         Verdict::Delay(pause) => tokio::time::sleep(pause).await,
-        Verdict::LoseAnswer => {}
-        Verdict::Answer(canned) => {
-            client.write_all(&canned.response(body)).await?;
-            return client.shutdown().await;
-        }
+        Verdict::Answer(canned) => return Ok(canned.response(&body)),
     }
     shared.forwarded.fetch_add(1, Ordering::SeqCst);
-    // Ask for one request per connection so the response ends at EOF.
-    let head = head
-        .lines()
-        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("\r\n");
-    let mut server = TcpStream::connect(upstream).await?;
-    server
-        .write_all(format!("{head}\r\nConnection: close\r\n\r\n").as_bytes())
+    let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
+    head.uri = Uri::try_from(format!("http://{}{path}", shared.upstream))?;
+    let response = shared
+        .client
+        .request(Request::from_parts(head, Full::new(body)))
         .await?;
-    server.write_all(body).await?;
-    let mut response = Vec::new();
-    server.read_to_end(&mut response).await?;
+    let (answer_head, answer_body) = response.into_parts();
+    let answer_body = answer_body.collect().await?.to_bytes();
     if verdict != Verdict::Forward {
-        let (answer_head, answer_body) =
-            response.split_at(end_of_head(&response).unwrap_or(response.len()));
-        let status = std::str::from_utf8(answer_head)
-            .ok()
-            .and_then(|h| h.split_whitespace().nth(1)?.parse().ok())
-            .unwrap_or(0);
-        shared.policy.answered(status, answer_body);
+        shared
+            .policy
+            .answered(answer_head.status.as_u16(), &answer_body);
     }
     if verdict == Verdict::LoseAnswer {
         let lost = serde_json::json!({
             "__type": "com.amazonaws.dynamodb.v20120810#InternalServerError",
             "message": "Internal server error (the test proxy lost the answer to a write that landed)",
         });
-        client
-            .write_all(&http_answer(500, "Internal Server Error", &lost))
-            .await?;
-        return client.shutdown().await;
+        return Ok(json_answer(StatusCode::INTERNAL_SERVER_ERROR, &lost));
     }
-    client.write_all(&response).await?;
-    client.shutdown().await
+    Ok(Response::from_parts(answer_head, Full::new(answer_body)))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::wire;
 
 /// What an acquire write asks for, as read from its request: enough to tell from the item a
 /// refusal hands back which of its checks failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AcquireChecks {
     pub holder: String,
     /// The holder-map key (ours) or the attribute (the sample's) the write would set.
@@ -66,9 +66,7 @@ impl AcquireChecks {
         Some(Self {
             slot: format!("holder:{holder}"),
             holder,
-            fences: Vec::new(),
-            deadline_ms: None,
-            room: None,
+            ..Self::default()
         })
     }
 
@@ -77,9 +75,7 @@ impl AcquireChecks {
         Self {
             holder: identity.holder.to_string(),
             slot: identity.slot_key(),
-            fences: Vec::new(),
-            deadline_ms: None,
-            room: None,
+            ..Self::default()
         }
     }
 

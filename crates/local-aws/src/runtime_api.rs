@@ -1,16 +1,22 @@
 //! A stand-in for the Lambda Runtime API, so that a built function binary can be run as Lambda
 //! runs it: events are handed out on `GET /2018-06-01/runtime/invocation/next` and the answers
 //! collected from `POST .../response` and `POST .../error` (with the `errorType` a state machine
-//! matches). The binary talks to the local server through `AWS_ENDPOINT_URL`.
+//! matches). The binary talks to the local server through `AWS_ENDPOINT_URL`. The API's
+//! HTTP/1.1 is hyper's, on a runtime of its own that lives as long as one run.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
 use crate::server::endpoint;
@@ -43,7 +49,6 @@ pub struct FunctionRun {
 struct State {
     events: VecDeque<(String, Value)>,
     answers: Vec<Answer>,
-    done: bool,
     first_next: Option<Instant>,
 }
 
@@ -53,7 +58,15 @@ type Shared = Arc<(Mutex<State>, Condvar)>;
 /// region us-east-1 and the local server's endpoint), invokes it once per event in order, and
 /// stops it when every event is answered, it exits, or 60 s have passed.
 pub fn run_function(exe: &Path, env: &[(&str, &str)], events: Vec<Value>) -> FunctionRun {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the runtime API");
+    // Dropped at the end of the run, which ends the API's connections with it.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_io()
+        .build()
+        .expect("a runtime for the runtime API");
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind the runtime API");
     let address = listener.local_addr().expect("local address");
     let wanted = events.len();
     let shared: Shared = Arc::new((
@@ -67,15 +80,15 @@ pub fn run_function(exe: &Path, env: &[(&str, &str)], events: Vec<Value>) -> Fun
         }),
         Condvar::new(),
     ));
-    {
-        let shared = shared.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let shared = shared.clone();
-                std::thread::spawn(move || serve(stream, &shared));
-            }
-        });
-    }
+    let accept_shared = shared.clone();
+    runtime.spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let shared = accept_shared.clone();
+            let serve = service_fn(move |request| serve(request, shared.clone()));
+            // HTTP/1.1 keep-alive: one request after another on the same connection.
+            tokio::spawn(http1::Builder::new().serve_connection(TokioIo::new(stream), serve));
+        }
+    });
 
     let spawned = Instant::now();
     let mut child = Command::new(exe)
@@ -95,18 +108,15 @@ pub fn run_function(exe: &Path, env: &[(&str, &str)], events: Vec<Value>) -> Fun
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the function binary");
-    let mut stdout_pipe = child.stdout.take().expect("stdout");
-    let mut stderr_pipe = child.stderr.take().expect("stderr");
-    let stdout = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout_pipe.read_to_string(&mut s);
-        s
-    });
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr_pipe.read_to_string(&mut s);
-        s
-    });
+    let read_all = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = pipe.read_to_string(&mut s);
+            s
+        })
+    };
+    let stdout = read_all(Box::new(child.stdout.take().expect("stdout")));
+    let stderr = read_all(Box::new(child.stderr.take().expect("stderr")));
 
     let deadline = Instant::now() + Duration::from_secs(60);
     {
@@ -120,8 +130,6 @@ pub fn run_function(exe: &Path, env: &[(&str, &str)], events: Vec<Value>) -> Fun
             let exited = child.try_wait().ok().flatten().is_some();
             if state.answers.len() >= wanted || init_failed || exited || Instant::now() >= deadline
             {
-                state.done = true;
-                ready.notify_all();
                 break;
             }
             state = ready
@@ -159,127 +167,53 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-fn serve(stream: TcpStream, shared: &Shared) {
-    let mut writer = match stream.try_clone() {
-        Ok(w) => w,
-        Err(_) => return,
-    };
-    let mut reader = BufReader::new(stream);
-    // HTTP/1.1 keep-alive: one request after another on the same connection.
-    while let Some((method, path, body)) = read_request(&mut reader) {
-        let (lock, ready) = &**shared;
-        if method == "GET" && path.ends_with("/runtime/invocation/next") {
-            let next = {
-                let mut state = lock.lock().expect("state");
-                state.first_next.get_or_insert_with(Instant::now);
-                loop {
-                    if let Some(event) = state.events.pop_front() {
-                        break Some(event);
-                    }
-                    if state.done {
-                        break None;
-                    }
-                    state = ready
-                        .wait_timeout(state, Duration::from_millis(100))
-                        .expect("state")
-                        .0;
-                }
-            };
-            let Some((id, event)) = next else { return };
-            let body = event.to_string();
-            let deadline_ms = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() + 60_000)
-                .unwrap_or(0);
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
-                 Lambda-Runtime-Aws-Request-Id: {id}\r\n\
-                 Lambda-Runtime-Deadline-Ms: {deadline_ms}\r\n\
-                 Lambda-Runtime-Invoked-Function-Arn: arn:aws:lambda:us-east-1:123456789012:function:test-function\r\n\
-                 Content-Length: {}\r\n\r\n",
-                body.len()
-            );
-            if writer
-                .write_all(head.as_bytes())
-                .and_then(|_| writer.write_all(body.as_bytes()))
-                .is_err()
-            {
-                return;
-            }
-        } else if method == "POST" {
-            let value: Value = serde_json::from_slice(&body)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-            let answer = if path.ends_with("/response") {
-                Answer::Response(value)
-            } else if path.ends_with("/init/error") {
-                Answer::InitError(value)
-            } else {
-                Answer::Error(value)
-            };
-            {
-                let mut state = lock.lock().expect("state");
-                state.answers.push(answer);
-                ready.notify_all();
-            }
-            let ok = "{\"status\":\"OK\"}";
-            let reply = format!(
-                "HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ok}",
-                ok.len()
-            );
-            if writer.write_all(reply.as_bytes()).is_err() {
-                return;
-            }
+/// One request of the function: the next event (none left: no answer, until the run ends), or
+/// its answer to one.
+async fn serve(request: Request<Incoming>, shared: Shared) -> hyper::Result<Response<Full<Bytes>>> {
+    let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+    let body = request.into_body().collect().await?.to_bytes();
+    let (lock, ready) = &*shared;
+    let reply = Response::builder().header("Content-Type", "application/json");
+    let reply = if method == Method::GET && path.ends_with("/runtime/invocation/next") {
+        let next = {
+            let mut state = lock.lock().expect("state");
+            state.first_next.get_or_insert_with(Instant::now);
+            state.events.pop_front()
+        };
+        let Some((id, event)) = next else {
+            return std::future::pending().await;
+        };
+        let deadline_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() + 60_000)
+            .unwrap_or(0);
+        reply
+            .header("Lambda-Runtime-Aws-Request-Id", id)
+            .header("Lambda-Runtime-Deadline-Ms", deadline_ms.to_string())
+            .header(
+                "Lambda-Runtime-Invoked-Function-Arn",
+                "arn:aws:lambda:us-east-1:123456789012:function:test-function",
+            )
+            .body(Full::from(event.to_string()))
+    } else if method == Method::POST {
+        let value: Value = serde_json::from_slice(&body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+        let answer = if path.ends_with("/response") {
+            Answer::Response(value)
+        } else if path.ends_with("/init/error") {
+            Answer::InitError(value)
         } else {
-            let _ = writer.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
-        }
-    }
-}
-
-/// Method, path and body of the next request; `None` when the connection closed.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(String, String, Vec<u8>)> {
-    let mut line = String::new();
-    if reader.read_line(&mut line).ok()? == 0 {
-        return None;
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next()?.to_owned();
-    let path = parts.next()?.to_owned();
-    let mut length = 0usize;
-    let mut chunked = false;
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).ok()? == 0 {
-            return None;
-        }
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
-            if name == "content-length" {
-                length = value.parse().ok()?;
-            } else if name == "transfer-encoding" && value.eq_ignore_ascii_case("chunked") {
-                chunked = true;
-            }
-        }
-    }
-    let mut body = Vec::new();
-    if chunked {
-        loop {
-            let mut size = String::new();
-            reader.read_line(&mut size).ok()?;
-            let size = usize::from_str_radix(size.trim().split(';').next()?, 16).ok()?;
-            let mut chunk = vec![0; size + 2];
-            reader.read_exact(&mut chunk).ok()?;
-            if size == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..size]);
-        }
+            Answer::Error(value)
+        };
+        lock.lock().expect("state").answers.push(answer);
+        ready.notify_all();
+        reply
+            .status(StatusCode::ACCEPTED)
+            .body(Full::from("{\"status\":\"OK\"}"))
     } else {
-        body.resize(length, 0);
-        reader.read_exact(&mut body).ok()?;
-    }
-    Some((method, path, body))
+        Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(Full::default())
+    };
+    Ok(reply.expect("a status and valid headers"))
 }

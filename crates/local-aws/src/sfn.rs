@@ -151,10 +151,7 @@ pub async fn end_parent_while_child_runs(
     child_machine: &str,
     child_name: &str,
 ) -> (String, String) {
-    let child = format!(
-        "{}:{child_name}",
-        child_machine.replace(":stateMachine:", ":execution:")
-    );
+    let child = execution_arn(child_machine, child_name);
     let execution = start(sfn, parent, &unique("run"), input).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
