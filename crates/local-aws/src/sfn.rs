@@ -187,44 +187,26 @@ pub fn execution_arn(machine: &str, name: &str) -> String {
 
 /// The execution's status and output (`None` while it has none).
 pub async fn described(sfn: &aws_sdk_sfn::Client, execution: &str) -> (String, Option<Value>) {
-    let described = sfn
-        .describe_execution()
-        .execution_arn(execution)
-        .send()
+    let (_, outcome) = describe(sfn, execution)
         .await
-        .unwrap_or_else(|e| panic!("describe {execution}: {}", DisplayErrorContext(e)));
-    let output = described
-        .output()
-        .map(|text| serde_json::from_str(text).expect("an execution's output is JSON"));
-    (described.status().as_str().to_owned(), output)
+        .unwrap_or_else(|e| panic!("describe {execution}: {e}"));
+    let output = outcome
+        .output
+        .map(|text| serde_json::from_str(&text).expect("an execution's output is JSON"));
+    (outcome.status, output)
 }
 
 /// The output of every task of the execution that succeeded (`TaskSucceeded`), oldest first:
 /// for a `.waitForTaskToken` task, what `SendTaskSuccess` sent.
 pub async fn task_outputs(sfn: &aws_sdk_sfn::Client, execution: &str) -> Vec<Value> {
-    let mut outputs = Vec::new();
-    let mut next = None;
-    loop {
-        let page = sfn
-            .get_execution_history()
-            .execution_arn(execution)
-            .set_next_token(next)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("history of {execution}: {}", DisplayErrorContext(e)));
-        for event in page.events() {
-            if let Some(output) = event
-                .task_succeeded_event_details()
-                .and_then(|details| details.output())
-            {
-                outputs.push(serde_json::from_str(output).expect("a task's output is JSON"));
-            }
-        }
-        next = page.next_token().map(str::to_owned);
-        if next.is_none() {
-            return outputs;
-        }
-    }
+    let events = history(sfn, execution)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    events
+        .iter()
+        .filter_map(|e| e.task_succeeded_event_details()?.output())
+        .map(|output| serde_json::from_str(output).expect("a task's output is JSON"))
+        .collect()
 }
 
 /// A machine that plays `definition`'s wait state (`wait_state`, a
