@@ -28,7 +28,7 @@ use semaphore_core::{
 };
 
 use crate::hash::{hash_one, Build};
-use crate::plumbing::{exec_name, show_write, Interner, ItemKey, Memo, Naming};
+use crate::plumbing::{exec_name, read, show_write, Interner, ItemKey, Memo, Naming};
 use crate::world::{
     acquisition_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_INCARNATIONS,
 };
@@ -187,7 +187,7 @@ struct Interned {
     /// The slots held (see `Protocol::holders`).
     holders: u32,
     /// What identifies it up to version numbers: the part about no execution in particular,
-    /// and the part about each execution (see `Protocol::symmetric`).
+    /// and the part about each execution (see `Protocol::item_key`).
     keys: (u64, Vec<u64>),
 }
 
@@ -780,8 +780,7 @@ impl Ours {
         };
         let answer = match op.kind {
             OpKind::Acquire => {
-                let outcome = protocol::acquired(&write, identity, self.limit, result)
-                    .expect("the core reads its own write's result");
+                let outcome = read(protocol::acquired(&write, identity, self.limit, result));
                 let answer = match outcome {
                     AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
                         Answer::Acquired
@@ -811,9 +810,7 @@ impl Ours {
                 answer
             }
             OpKind::Release if !second => {
-                match protocol::released(&write, identity, result)
-                    .expect("the core reads its own write's result")
-                {
+                match read(protocol::released(&write, identity, result)) {
                     Step::Done((outcome, _)) if self.clears_runs(op) => {
                         say(
                             log.as_deref_mut(),
@@ -841,8 +838,7 @@ impl Ours {
             OpKind::Cleanup | OpKind::Release
                 if (op.kind == OpKind::Cleanup && !second) || Self::is_fence(&write) =>
             {
-                let (slots, _) = protocol::fenced_slots(&write, &identity.holder, result)
-                    .expect("the core reads its own write's result");
+                let (slots, _) = read(protocol::fenced_slots(&write, &identity.holder, result));
                 // Asked once the fence has landed (modelled at that moment: a redrive after it
                 // can only make the answer "running", and no acquire of the execution can land
                 // in between): every slot the fence saw is of an incarnation that has ended,
@@ -873,9 +869,7 @@ impl Ours {
                 say(log, "it held nothing".to_owned());
                 Answer::Done
             }
-            OpKind::Cleanup | OpKind::Release => match protocol::freed(&write, result)
-                .expect("the core reads its own write's result")
-            {
+            OpKind::Cleanup | OpKind::Release => match read(protocol::freed(&write, result)) {
                 Step::Done((outcome, _)) => {
                     say(log, format!("freed {}", outcome.freed.len()));
                     Answer::Done
@@ -1050,14 +1044,10 @@ impl Protocol for Ours {
         self.show(self.item(store).as_ref())
     }
 
-    /// States may always be identified without version numbers: no check reads the version or a
-    /// token (they are only reported), so two states that differ only there have the same
-    /// future. What is kept of an item is its holders (with when they were taken), its fences
-    /// and its last rotation; of a write, its checks and changes up to the execution's name.
-    fn symmetric(&self) -> bool {
-        true
-    }
-
+    /// States are identified without version numbers: no check reads the version or a token
+    /// (they are only reported), so two states that differ only there have the same future.
+    /// What is kept of an item is its holders (with their weights), its fences and its last
+    /// rotation; of a write, its checks and changes up to the execution's name.
     fn item_key(&self, store: Option<u32>) -> u64 {
         store.map_or(0, |id| self.interned(id).keys.0)
     }
@@ -1066,7 +1056,7 @@ impl Protocol for Ours {
         store.map_or(0, |id| self.interned(id).keys.1[e as usize])
     }
 
-    fn phase_key(&self, op: Op, phase: Phase, _store: Option<u32>) -> u64 {
+    fn phase_key(&self, op: Op, phase: Phase) -> u64 {
         match phase {
             Phase::Start { requested } => hash_one(&(0u8, requested)),
             // A write in flight mentions its own execution only (its identity, its fences).

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
 use semaphore_core::item::{FenceKey, Identity, SemaphoreItem};
-use semaphore_core::{Change, Check, TaskToken, Weight, Write};
+use semaphore_core::{Change, Check, StoreError, TaskToken, Weight, Write};
 
 use crate::hash::Build;
 
@@ -64,6 +64,13 @@ impl Words {
     pub fn into_string(self) -> String {
         self.0.unwrap_or_default()
     }
+}
+
+/// The core's reading of the result of one of its own writes, which the model hands it as the
+/// write's landing made it: it cannot fail.
+#[track_caller]
+pub fn read<T>(reading: Result<T, StoreError>) -> T {
+    reading.expect("the core reads its own write's result")
 }
 
 /// Distinct values numbered in the order they are first seen, so that world states can hold a
@@ -172,6 +179,21 @@ pub struct Successors<'a, S> {
 impl<'a, S> Successors<'a, S> {
     pub fn new(out: &'a mut Vec<S>, labels: Option<&'a mut Vec<String>>) -> Self {
         Self { out, labels }
+    }
+
+    /// Adds the successor `make` makes of a copy of `s`, with the words it says.
+    pub fn make<W: Emitting<State = S>>(
+        &mut self,
+        world: &W,
+        s: &S,
+        make: impl FnOnce(&mut S, &mut Words),
+    ) where
+        S: Clone,
+    {
+        let mut t = s.clone();
+        let mut words = Words::new(self.labels.is_some());
+        make(&mut t, &mut words);
+        self.add(world, t, words);
     }
 
     /// Adds successor `t`, once for each fate the world allows the cleanup event its step

@@ -256,10 +256,6 @@ impl Protocol for Sample {
         store.map_or_else(|| "no item".to_owned(), Self::show)
     }
 
-    fn symmetric(&self) -> bool {
-        true
-    }
-
     fn item_key(&self, store: Option<SampleItem>) -> u64 {
         hash_one(&store.map(|i| i.count))
     }
@@ -268,29 +264,7 @@ impl Protocol for Sample {
         u64::from(store.is_some_and(|i| i.holders & (1 << e) != 0))
     }
 
-    /// The sample keeps no fences: nothing to rotate.
-    fn rotation(&self, _: Option<SampleItem>, _: u8) -> Option<SamplePhase> {
-        None
-    }
-
-    fn land_rotation(
-        &self,
-        _: SamplePhase,
-        store: Option<SampleItem>,
-        _: Option<&mut String>,
-    ) -> Option<SampleItem> {
-        store
-    }
-
-    fn rotation_exec_key(&self, _: SamplePhase, _: u8) -> u64 {
-        0
-    }
-
-    fn rotation_key(&self, _: SamplePhase) -> u64 {
-        0
-    }
-
-    fn phase_key(&self, _: Op, phase: SamplePhase, _: Option<SampleItem>) -> u64 {
+    fn phase_key(&self, _: Op, phase: SamplePhase) -> u64 {
         phase as u64
     }
 }
