@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
+use clap::ValueEnum;
 use semaphore_core::item::{FenceKey, Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, FenceReason, Step, Timing, WriteResult};
 use semaphore_core::{
@@ -28,7 +29,7 @@ use semaphore_core::{
 };
 
 use crate::hash::{hash_one, Build};
-use crate::plumbing::{exec_name, read, show_write, Interner, ItemKey, Memo, Naming};
+use crate::plumbing::{exec_name, read, show_write, variant_name, Interner, ItemKey, Memo, Naming};
 use crate::world::{
     acquisition_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_INCARNATIONS,
 };
@@ -53,7 +54,7 @@ fn tick_ms(tick: u8) -> u64 {
 
 /// A deliberately broken protocol, to show that the checker notices. Each variant alters a real
 /// write (or how it is decided); the core itself is untouched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Variant {
     /// The product as it is.
     Real,
@@ -117,40 +118,18 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 14] = [
-        Variant::Real,
-        Variant::CleanupWithoutFence,
-        Variant::CleanupSkipsWhenNothingHeld,
-        Variant::ReleaseWithoutFence,
-        Variant::AcquireWithoutLimit,
-        Variant::AcquireChecksFencesWhenSent,
-        Variant::RotationWithoutHorizon,
-        Variant::RedriveWithoutGuard,
-        Variant::RedriveReusesAcquisition,
-        Variant::CleanupIgnoresRedrive,
-        Variant::CleanupChecksRunningOnlyBeforeFence,
-        Variant::OneFenceForEveryRun,
-        Variant::ReleaseWithoutWeightCheck,
-        Variant::ReleaseFreesOnlyItsRun,
-    ];
+    /// Every variant, the product as it is first.
+    pub fn all() -> impl Iterator<Item = Self> {
+        Self::value_variants().iter().copied()
+    }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Real => "real",
-            Self::CleanupWithoutFence => "cleanup-without-fence",
-            Self::CleanupSkipsWhenNothingHeld => "cleanup-skips-when-nothing-held",
-            Self::ReleaseWithoutFence => "release-without-fence",
-            Self::AcquireWithoutLimit => "acquire-without-limit",
-            Self::AcquireChecksFencesWhenSent => "acquire-checks-fences-when-sent",
-            Self::RotationWithoutHorizon => "rotation-without-horizon",
-            Self::RedriveWithoutGuard => "redrive-without-guard",
-            Self::RedriveReusesAcquisition => "redrive-reuses-acquisition",
-            Self::CleanupIgnoresRedrive => "cleanup-ignores-redrive",
-            Self::CleanupChecksRunningOnlyBeforeFence => "cleanup-checks-running-only-before-fence",
-            Self::OneFenceForEveryRun => "one-fence-for-every-run",
-            Self::ReleaseWithoutWeightCheck => "release-without-weight-check",
-            Self::ReleaseFreesOnlyItsRun => "release-frees-only-its-run",
-        }
+    /// Its name on the command line: its name in kebab case, e.g. `cleanup-without-fence`.
+    pub fn name(self) -> String {
+        variant_name(self)
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::from_str(name, false).ok()
     }
 
     /// Whether the variant differs from the real protocol only in a world with redrives.
@@ -164,10 +143,6 @@ impl Variant {
                 | Self::OneFenceForEveryRun
                 | Self::ReleaseFreesOnlyItsRun
         )
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.name() == name)
     }
 }
 

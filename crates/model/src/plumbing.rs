@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
+use clap::ValueEnum;
 use semaphore_core::item::{FenceKey, Identity, SemaphoreItem};
 use semaphore_core::{Change, Check, StoreError, TaskToken, Weight, Write};
 
@@ -40,6 +41,12 @@ pub fn weights_text(weights: &[u32]) -> String {
     }
     let named: Vec<String> = weights.iter().map(u32::to_string).collect();
     format!(", weights {}", named.join(", "))
+}
+
+/// A variant's name on the command line: clap's, its name in kebab case.
+pub fn variant_name(variant: impl ValueEnum) -> String {
+    let name = variant.to_possible_value().expect("no variant is skipped");
+    name.get_name().to_owned()
 }
 
 /// Words for a trace, produced only when a trace is being printed.

@@ -116,6 +116,7 @@ use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::time::Duration;
 
+use clap::ValueEnum;
 use semaphore_core::item::{Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, Grant, Timing, WriteResult};
 use semaphore_core::{
@@ -127,8 +128,8 @@ use crate::explore::{Model, Violation};
 use crate::hash::Fingerprint;
 use crate::ours::MAX_ROUNDS;
 use crate::plumbing::{
-    exec_name, names, plural, read, show_write, weights_text, Emitting, Fate, Interner, ItemKey,
-    Memo, Naming, Successors, Words,
+    exec_name, names, plural, read, show_write, variant_name, weights_text, Emitting, Fate,
+    Interner, ItemKey, Memo, Naming, Successors, Words,
 };
 
 /// The most executions the queue world can have.
@@ -241,7 +242,7 @@ impl fmt::Display for QueueConfig {
 
 /// A deliberately broken variant of the line, to show that the checker notices. Each skips a
 /// step of the hand-off or alters one of the core's writes; the core is untouched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum QueueVariant {
     /// The product as it is.
     Real,
@@ -261,26 +262,18 @@ pub enum QueueVariant {
 }
 
 impl QueueVariant {
-    pub const ALL: [QueueVariant; 5] = [
-        QueueVariant::Real,
-        QueueVariant::HandOffWithoutWakeRetry,
-        QueueVariant::NewcomerPassesTheLine,
-        QueueVariant::DeadWaiterNotSkipped,
-        QueueVariant::GrantIgnoresWeight,
-    ];
+    /// Every variant, the product as it is first.
+    pub fn all() -> impl Iterator<Item = Self> {
+        Self::value_variants().iter().copied()
+    }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Real => "real",
-            Self::HandOffWithoutWakeRetry => "hand-off-without-wake-retry",
-            Self::NewcomerPassesTheLine => "newcomer-passes-the-line",
-            Self::DeadWaiterNotSkipped => "dead-waiter-not-skipped",
-            Self::GrantIgnoresWeight => "grant-ignores-weight",
-        }
+    /// Its name on the command line: its name in kebab case, e.g. `hand-off-without-wake-retry`.
+    pub fn name(self) -> String {
+        variant_name(self)
     }
 
     pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.name() == name)
+        Self::from_str(name, false).ok()
     }
 }
 
@@ -1024,6 +1017,19 @@ impl QueueWorld {
         Some(round + 1)
     }
 
+    /// Execution `e`'s acquire write (fast, or direct after "free") lands, and what the core
+    /// reads of it; a slot a zombie takes (`alive` false) is left to its cleanup or the sweeper.
+    fn acquire(&self, s: &mut QueueState, e: u8, alive: bool, w: &mut Words) -> AcquireOutcome {
+        let (write, result, landed) = self.send(s, e, Request::Acquire(e), w);
+        if landed && !alive {
+            s.sweepers |= bit(e);
+        }
+        let identity = &self.identities[e as usize];
+        let outcome = read(protocol::acquired(&write, identity, self.limit, result));
+        w.say(|| format!(" => {outcome:?}"));
+        outcome
+    }
+
     /// The fence of execution `e`'s run (a cleanup's, or a hand-off's of a dead waiter's)
     /// lands: whether it saw a slot.
     fn fence(&self, s: &mut QueueState, e: u8, w: &mut Words) -> bool {
@@ -1082,12 +1088,7 @@ impl QueueWorld {
         let alive = s.execs[e as usize].alive();
         match l.step {
             Step::Acquire => {
-                let (write, result, landed) = self.send(s, e, Request::Acquire(e), w);
-                if landed && !alive {
-                    s.sweepers |= bit(e);
-                }
-                let outcome = read(protocol::acquired(&write, identity, self.limit, result));
-                w.say(|| format!(" => {outcome:?}"));
+                let outcome = self.acquire(s, e, alive, w);
                 if s.execs[e as usize].stage != Stage::Acquiring {
                     w.say(|| " (nobody waits for the answer)".to_owned());
                     return self.done(s, l, w);
@@ -1166,12 +1167,7 @@ impl QueueWorld {
                     unreachable!("only a wait function acquires directly")
                 };
                 let current = Self::parked_on(s, e, token);
-                let (write, result, landed) = self.send(s, e, Request::Acquire(e), w);
-                if landed && !alive {
-                    s.sweepers |= bit(e);
-                }
-                let outcome = read(protocol::acquired(&write, identity, self.limit, result));
-                w.say(|| format!(" => {outcome:?}"));
+                let outcome = self.acquire(s, e, alive, w);
                 let step = match outcome {
                     AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
                         w.say(|| "; it completes its own task".to_owned());
@@ -1987,17 +1983,12 @@ impl Model for QueueWorld {
 
     fn describe_initial(&self, _: &QueueState) -> String {
         format!(
-            "the line ({}{}); lock limit {}, no item; {} send their acquire [in flight], asked \
+            "the line ({}); lock limit {}, no item; {} send their acquire [in flight], asked \
              in that order (their places in line if they wait)",
             if self.variant == QueueVariant::Real {
-                "the product's protocol"
+                "the product's protocol".to_owned()
             } else {
-                "BROKEN variant "
-            },
-            if self.variant == QueueVariant::Real {
-                ""
-            } else {
-                self.variant.name()
+                format!("BROKEN variant {}", self.variant.name())
             },
             self.config.limit,
             names((1u8 << self.n()) - 1),

@@ -179,21 +179,13 @@ impl Config {
     pub fn every_fault(executions: u8, limit: u32) -> Self {
         Self {
             executions,
-            limit,
-            weights: [1; MAX_EXECUTIONS],
-            retries: 1,
             release_timeouts: true,
-            polls: None,
             deaths: executions,
             duplicates: 1,
-            lost_events: true,
             lost_writes: true,
             work_failures: true,
-            sweeper: true,
             sweeps: 1,
-            ticks: 1,
-            rotations: 2,
-            redrives: 0,
+            ..Self::small(limit)
         }
     }
 }
@@ -1121,7 +1113,8 @@ impl<P: Protocol> World<P> {
     }
 
     /// The last sweep, once everything has ended: every holder is cleaned up, one at a time,
-    /// with nothing else running. Returns the item afterwards and what was done.
+    /// with nothing else running. Returns the item afterwards (as it is, without a sweeper) and
+    /// what was done.
     fn final_sweep(
         &self,
         s: &State<P::Item, P::Phase>,
@@ -1129,17 +1122,15 @@ impl<P: Protocol> World<P> {
     ) -> (Option<P::Item>, String) {
         let (mut store, now) = (s.store, s.now);
         let mut log = String::new();
+        if !self.config.sweeper {
+            return (store, log);
+        }
         let holders = per_exec(self.protocol.holders(store));
         for e in 0..self.config.executions {
             if holders & (1 << e) == 0 {
                 continue;
             }
-            let op = Op {
-                kind: OpKind::Cleanup,
-                exec: e,
-                inc: s.execs[e as usize].inc,
-            };
-            let mut phase = self.protocol.start(op, now);
+            let Attempt { op, mut phase, .. } = self.cleanup(s, e, Role::Sweep);
             if logging {
                 log.push_str(&format!(" cleanup of {}:", exec_name(e)));
             }
@@ -1567,18 +1558,9 @@ impl<P: Protocol> Model for World<P> {
         // S2 at quiescence: everything has ended and every request and event is delivered or
         // lost; then one sweep (if there is a sweeper) must leave nothing held.
         if self.quiescent(s) {
-            let (store, _) = if self.config.sweeper {
-                self.final_sweep(s, false)
-            } else {
-                (s.store, String::new())
-            };
-            let left = per_exec(self.protocol.holders(store));
+            let left = per_exec(self.protocol.holders(self.final_sweep(s, false).0));
             if left != 0 {
-                let (store, log) = if self.config.sweeper {
-                    self.final_sweep(s, true)
-                } else {
-                    (s.store, String::new())
-                };
+                let (store, log) = self.final_sweep(s, true);
                 return Err(Violation {
                     property: "S2",
                     detail: format!(
