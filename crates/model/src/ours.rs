@@ -29,7 +29,9 @@ use semaphore_core::{
 };
 
 use crate::hash::{hash_one, Build};
-use crate::plumbing::{exec_name, read, show_write, variant_name, Interner, ItemKey, Memo, Naming};
+use crate::plumbing::{
+    exec_name, read, say, show_write, variant_name, Interner, ItemKey, Memo, Naming,
+};
 use crate::world::{
     acquisition_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_INCARNATIONS,
 };
@@ -544,9 +546,7 @@ impl Ours {
         let identity = self.identity(op);
         let current = self.item(store);
         let finished = |answer, words: String, log: Option<&mut String>| {
-            if let Some(log) = log {
-                log.push_str(&words);
-            }
+            say(log, || words);
             Advance {
                 store,
                 wrote: false,
@@ -666,9 +666,9 @@ impl Ours {
         if round + 1 > self.most_rounds.get() {
             self.most_rounds.set(round + 1);
         }
-        if let Some(log) = log {
-            log.push_str(&format!("sends {} [in flight]", show_write(self, &write)));
-        }
+        say(log, || {
+            format!("sends {} [in flight]", show_write(self, &write))
+        });
         Advance {
             store,
             wrote: false,
@@ -691,18 +691,18 @@ impl Ours {
         mut log: Option<&mut String>,
     ) -> Advance<u32, Phase> {
         if round + 1 >= MAX_ROUNDS {
-            if let Some(log) = log {
-                log.push_str(&format!("; refused {MAX_ROUNDS} times: the core gives up"));
-            }
+            say(log, || {
+                format!("; refused {MAX_ROUNDS} times: the core gives up")
+            });
             return Advance {
                 store,
                 wrote: false,
                 next: Next::Finished(Answer::Lost),
             };
         }
-        if let Some(log) = log.as_deref_mut() {
-            log.push_str("; the item handed back calls for another write: it ");
-        }
+        say(log.as_deref_mut(), || {
+            "; the item handed back calls for another write: it ".to_owned()
+        });
         self.in_flight(write, second, round + 1, store, log)
     }
 
@@ -740,19 +740,14 @@ impl Ours {
         let write = self.write(write);
         let (result, after) = self.land(&write, store);
         let wrote = matches!(result, WriteResult::Applied { .. });
-        if let Some(log) = log.as_deref_mut() {
-            log.push_str(&format!(
+        say(log.as_deref_mut(), || {
+            format!(
                 "its write ({}) {}: {} -> ",
                 show_write(self, &write),
                 if wrote { "lands" } else { "is refused" },
                 self.show(self.item(after).as_ref())
-            ));
-        }
-        let say = |log: Option<&mut String>, words: String| {
-            if let Some(log) = log {
-                log.push_str(&words);
-            }
-        };
+            )
+        });
         let answer = match op.kind {
             OpKind::Acquire => {
                 let outcome = read(protocol::acquired(&write, identity, self.limit, result));
@@ -774,23 +769,21 @@ impl Ours {
                         unreachable!("no execution of the model asks for a start rate")
                     }
                 };
-                say(
-                    log,
+                say(log, || {
                     if answer == Answer::Redriven {
                         format!("{outcome:?}: outcome \"redriven\"")
                     } else {
                         format!("{outcome:?}")
-                    },
-                );
+                    }
+                });
                 answer
             }
             OpKind::Release if !second => {
                 match read(protocol::released(&write, identity, result)) {
                     Step::Done((outcome, _)) if self.clears_runs(op) => {
-                        say(
-                            log.as_deref_mut(),
-                            format!("{outcome:?}; then the earlier runs: it "),
-                        );
+                        say(log.as_deref_mut(), || {
+                            format!("{outcome:?}; then the earlier runs: it ")
+                        });
                         let fence = protocol::cleanup_fence(
                             &self.lock,
                             &identity.holder,
@@ -801,7 +794,7 @@ impl Ours {
                         return advance;
                     }
                     Step::Done((outcome, _)) => {
-                        say(log, format!("{outcome:?}"));
+                        say(log, || format!("{outcome:?}"));
                         Answer::Done
                     }
                     Step::Again(next) => {
@@ -820,15 +813,14 @@ impl Ours {
                 // unless the execution runs again, when one of them may be the new one's.
                 if !slots.is_empty() && running && self.rechecks_after_fence() {
                     let names: Vec<String> = slots.iter().map(|(id, _)| self.who(id)).collect();
-                    say(
-                        log,
+                    say(log, || {
                         format!(
                             "it saw {}; DescribeExecution: {} is RUNNING again (redriven): \
                              nothing freed",
                             names.join(", "),
                             identity.holder
-                        ),
-                    );
+                        )
+                    });
                     return Advance {
                         store: after,
                         wrote,
@@ -841,12 +833,12 @@ impl Ours {
                     advance.wrote = wrote;
                     return advance;
                 }
-                say(log, "it held nothing".to_owned());
+                say(log, || "it held nothing".to_owned());
                 Answer::Done
             }
             OpKind::Cleanup | OpKind::Release => match read(protocol::freed(&write, result)) {
                 Step::Done((outcome, _)) => {
-                    say(log, format!("freed {}", outcome.freed.len()));
+                    say(log, || format!("freed {}", outcome.freed.len()));
                     Answer::Done
                 }
                 Step::Again(next) => return self.again(next, true, round, after, log),
@@ -961,8 +953,8 @@ impl Protocol for Ours {
         };
         let write = self.write(write);
         let (result, after) = self.land(&write, store);
-        if let Some(log) = log {
-            log.push_str(&format!(
+        say(log, || {
+            format!(
                 "{} {}: {}",
                 show_write(self, &write),
                 if matches!(result, WriteResult::Applied { .. }) {
@@ -971,8 +963,8 @@ impl Protocol for Ours {
                     "is refused"
                 },
                 self.show(self.item(after).as_ref())
-            ));
-        }
+            )
+        });
         after
     }
 

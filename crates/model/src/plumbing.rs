@@ -80,6 +80,14 @@ pub fn read<T>(reading: Result<T, StoreError>) -> T {
     reading.expect("the core reads its own write's result")
 }
 
+/// Appends `words()` to a step's log if one is kept: [`Words::say`] for the protocols, which
+/// are handed the log itself.
+pub fn say(log: Option<&mut String>, words: impl FnOnce() -> String) {
+    if let Some(log) = log {
+        log.push_str(&words());
+    }
+}
+
 /// Distinct values numbered in the order they are first seen, so that world states can hold a
 /// small number instead of the value (and hash it cheaply).
 pub struct Interner<K, V> {

@@ -1491,17 +1491,8 @@ impl QueueWorld {
                 self.end(s, e, w);
             }
             Task::Wait { token } if Self::parked_on(s, e, token) => {
-                s.execs[e as usize].stage = Stage::Releasing { failed: true };
                 w.say(|| "; its wait task fails: Release after failure".to_owned());
-                Self::spawn(
-                    s,
-                    e,
-                    Task::Release,
-                    Step::Release {
-                        unheld: false,
-                        round: 0,
-                    },
-                );
+                Self::release(s, e, true);
             }
             _ => {}
         }
@@ -1531,17 +1522,18 @@ impl QueueWorld {
     }
 
     fn finish_work(s: &mut QueueState, e: u8, w: &mut Words) {
-        s.execs[e as usize].stage = Stage::Releasing { failed: false };
         w.say(|| format!("{} finishes its work and releases", exec_name(e)));
-        Self::spawn(
-            s,
-            e,
-            Task::Release,
-            Step::Release {
-                unheld: false,
-                round: 0,
-            },
-        );
+        Self::release(s, e, false);
+    }
+
+    /// Execution `e` enters "Release slot", or "Release after failure" if `failed`.
+    fn release(s: &mut QueueState, e: u8, failed: bool) {
+        s.execs[e as usize].stage = Stage::Releasing { failed };
+        let step = Step::Release {
+            unheld: false,
+            round: 0,
+        };
+        Self::spawn(s, e, Task::Release, step);
     }
 
     /// Nothing is in flight, nothing pending and nobody works: only timers are left (fallback

@@ -192,34 +192,26 @@ impl Config {
 
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut faults = vec![plural(self.deaths, "death", "deaths")];
-        faults.push("late and reordered writes and events".to_owned());
-        if self.lost_events {
-            faults.push("lost events".to_owned());
-        }
-        if self.duplicates > 0 {
-            faults.push(plural(
-                self.duplicates,
-                "duplicated event",
-                "duplicated events",
-            ));
-        }
-        if self.lost_writes {
-            faults.push("lost writes".to_owned());
-        }
-        if self.work_failures {
-            faults.push("work failures".to_owned());
-        }
-        if self.ticks > 0 {
-            faults.push(format!(
-                "{}, {}",
-                plural(self.ticks, "tick of the clock", "ticks of the clock"),
-                plural(self.rotations, "fence rotation", "fence rotations")
-            ));
-        }
-        if self.redrives > 0 {
-            faults.push(plural(self.redrives, "redrive", "redrives"));
-        }
+        let faults: Vec<String> = [
+            Some(plural(self.deaths, "death", "deaths")),
+            Some("late and reordered writes and events".to_owned()),
+            self.lost_events.then(|| "lost events".to_owned()),
+            (self.duplicates > 0)
+                .then(|| plural(self.duplicates, "duplicated event", "duplicated events")),
+            self.lost_writes.then(|| "lost writes".to_owned()),
+            self.work_failures.then(|| "work failures".to_owned()),
+            (self.ticks > 0).then(|| {
+                format!(
+                    "{}, {}",
+                    plural(self.ticks, "tick of the clock", "ticks of the clock"),
+                    plural(self.rotations, "fence rotation", "fence rotations")
+                )
+            }),
+            (self.redrives > 0).then(|| plural(self.redrives, "redrive", "redrives")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         write!(
             f,
             "{} executions, limit {}{}; each with {} ({}), {} after \"full\"; {}; sweeper: {}",
