@@ -30,7 +30,7 @@ use semaphore_core::{
 
 use crate::hash::{hash_one, Build};
 use crate::plumbing::{
-    exec_name, read, say, show_write, variant_name, Interner, ItemKey, Memo, Naming,
+    exec_name, read, say, show_holders, show_write, variant_name, Interner, ItemKey, Memo, Naming,
 };
 use crate::world::{
     acquisition_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_INCARNATIONS,
@@ -491,25 +491,7 @@ impl Ours {
         let Some(item) = item else {
             return "no item".to_owned();
         };
-        let holders: Vec<String> = item
-            .holders
-            .iter()
-            .map(|(id, h)| {
-                let weight = if h.weight == Weight::ONE {
-                    String::new()
-                } else {
-                    format!(" weight {}", h.weight)
-                };
-                format!("{} token {}{weight}", self.who(id), h.token.0)
-            })
-            .collect();
-        let mut text = format!("v{}, {} held", item.version.0, item.count());
-        if item.used != item.count() as u64 || self.weights.iter().any(|&w| w != Weight::ONE) {
-            text.push_str(&format!(" (used {})", item.used));
-        }
-        if !holders.is_empty() {
-            text.push_str(&format!(" [{}]", holders.join(", ")));
-        }
+        let mut text = show_holders(self, item, &self.weights, "");
         for (generation, keys) in [("young", &item.fences.young), ("old", &item.fences.old)] {
             if !keys.is_empty() {
                 let names: Vec<&str> = keys

@@ -277,6 +277,37 @@ pub trait Naming {
     }
 }
 
+/// An item's version and holders as both worlds show them, e.g. `v3, 2 held (used 3) [exec-1
+/// token 1, exec-2 token 3 weight 2]`: the weight held (`used`, then `of`) is shown when it is
+/// not the count or some execution's `weights` is not 1.
+pub fn show_holders(
+    naming: &impl Naming,
+    item: &SemaphoreItem,
+    weights: &[Weight],
+    of: &str,
+) -> String {
+    let holders: Vec<String> = item
+        .holders
+        .iter()
+        .map(|(id, h)| {
+            let weight = if h.weight == Weight::ONE {
+                String::new()
+            } else {
+                format!(" weight {}", h.weight)
+            };
+            format!("{} token {}{weight}", naming.who(id), h.token.0)
+        })
+        .collect();
+    let mut text = format!("v{}, {} held", item.version.0, item.count());
+    if item.used != item.count() as u64 || weights.iter().any(|&w| w != Weight::ONE) {
+        text.push_str(&format!(" (used {}{of})", item.used));
+    }
+    if !holders.is_empty() {
+        text.push_str(&format!(" [{}]", holders.join(", ")));
+    }
+    text
+}
+
 /// A write in words: `if CHECKS: CHANGES` (`no checks: CHANGES`).
 pub fn show_write(naming: &impl Naming, write: &Write) -> String {
     let checks: Vec<String> = write

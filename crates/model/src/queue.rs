@@ -128,8 +128,8 @@ use crate::explore::{Model, Violation};
 use crate::hash::Fingerprint;
 use crate::ours::MAX_ROUNDS;
 use crate::plumbing::{
-    exec_name, names, plural, read, show_write, variant_name, weights_text, Emitting, Fate,
-    Interner, ItemKey, Memo, Naming, Successors, Words,
+    exec_name, names, plural, read, show_holders, show_write, variant_name, weights_text, Emitting,
+    Fate, Interner, ItemKey, Memo, Naming, Successors, Words,
 };
 
 /// The most executions the queue world can have.
@@ -863,24 +863,8 @@ impl QueueWorld {
         let Some(item) = &t.item else {
             return "no item".to_owned();
         };
-        let holders: Vec<String> = item
-            .holders
-            .iter()
-            .map(|(id, h)| {
-                if h.weight == Weight::ONE {
-                    format!("{} token {}", id.holder, h.token.0)
-                } else {
-                    format!("{} token {} weight {}", id.holder, h.token.0, h.weight)
-                }
-            })
-            .collect();
-        let mut text = format!("v{}, {} held", item.version.0, item.count());
-        if item.used != item.count() as u64 || self.weights.iter().any(|&w| w != Weight::ONE) {
-            text.push_str(&format!(" (used {} of {})", item.used, self.limit));
-        }
-        if !holders.is_empty() {
-            text.push_str(&format!(" [{}]", holders.join(", ")));
-        }
+        let of = format!(" of {}", self.limit);
+        let mut text = show_holders(self, item, &self.weights, &of);
         let fences: Vec<String> = (0..self.n())
             .filter_map(|e| {
                 let id = &self.identities[e as usize];
