@@ -489,6 +489,7 @@ impl Exec {
         }
     }
 
+    /// Incarnation `inc` ended `how`, with nothing left to do; a redrive resumes it at `resume`.
     fn ended(how: End, inc: u8, resume: Resume, child: Option<u8>) -> Self {
         Self {
             stage: Stage::Ended(how),
