@@ -1631,54 +1631,6 @@ impl QueueWorld {
         }
     }
 
-    /// Every successor of `s`; with `labels`, what each step does.
-    fn moves(&self, s: &QueueState, out: &mut Vec<QueueState>, labels: Option<&mut Vec<String>>) {
-        let mut successors = Successors::new(out, labels);
-        for (i, &l) in s.lambdas.iter().enumerate() {
-            if i > 0 && s.lambdas[i - 1] == l {
-                continue;
-            }
-            successors.make(self, s, |t, w| {
-                t.lambdas.remove(i);
-                self.step(t, l, w);
-            });
-            if s.crashes_left > 0
-                && matches!(l.task, Task::Wait { .. } | Task::Release | Task::Cleanup)
-            {
-                successors.make(self, s, |t, w| {
-                    t.lambdas.remove(i);
-                    self.crash(t, l, w);
-                });
-            }
-        }
-        for e in 0..self.n() {
-            let x = s.execs[e as usize];
-            if x.stage == Stage::Working {
-                successors.make(self, s, |t, w| Self::finish_work(t, e, w));
-            }
-            if x.stage == Stage::Waiting && s.timeouts_left > 0 {
-                successors.make(self, s, |t, w| {
-                    t.timeouts_left -= 1;
-                    t.relied = true;
-                    w.say(|| "early: ".to_owned());
-                    Self::time_out(t, e, w);
-                });
-            }
-            if x.alive() && s.deaths_left > 0 {
-                successors.make(self, s, |t, w| {
-                    t.deaths_left -= 1;
-                    w.say(|| format!("{} is stopped", exec_name(e)));
-                    self.end(t, e, w);
-                });
-            }
-        }
-        for e in 0..self.n() {
-            if s.events & bit(e) != 0 {
-                successors.make(self, s, |t, w| Self::deliver(t, e, w));
-            }
-        }
-    }
-
     /// The first step there is with no faults (a Lambda's next request, else someone finishing
     /// its work, else an event delivered), taken in `s`; `false` if there is none.
     fn first_step(&self, s: &mut QueueState, w: &mut Words) -> bool {
@@ -1977,7 +1929,50 @@ impl Model for QueueWorld {
         out: &mut Vec<QueueState>,
         labels: Option<&mut Vec<String>>,
     ) {
-        self.moves(s, out, labels);
+        let mut successors = Successors::new(out, labels);
+        for (i, &l) in s.lambdas.iter().enumerate() {
+            if i > 0 && s.lambdas[i - 1] == l {
+                continue;
+            }
+            successors.make(self, s, |t, w| {
+                t.lambdas.remove(i);
+                self.step(t, l, w);
+            });
+            if s.crashes_left > 0
+                && matches!(l.task, Task::Wait { .. } | Task::Release | Task::Cleanup)
+            {
+                successors.make(self, s, |t, w| {
+                    t.lambdas.remove(i);
+                    self.crash(t, l, w);
+                });
+            }
+        }
+        for e in 0..self.n() {
+            let x = s.execs[e as usize];
+            if x.stage == Stage::Working {
+                successors.make(self, s, |t, w| Self::finish_work(t, e, w));
+            }
+            if x.stage == Stage::Waiting && s.timeouts_left > 0 {
+                successors.make(self, s, |t, w| {
+                    t.timeouts_left -= 1;
+                    t.relied = true;
+                    w.say(|| "early: ".to_owned());
+                    Self::time_out(t, e, w);
+                });
+            }
+            if x.alive() && s.deaths_left > 0 {
+                successors.make(self, s, |t, w| {
+                    t.deaths_left -= 1;
+                    w.say(|| format!("{} is stopped", exec_name(e)));
+                    self.end(t, e, w);
+                });
+            }
+        }
+        for e in 0..self.n() {
+            if s.events & bit(e) != 0 {
+                successors.make(self, s, |t, w| Self::deliver(t, e, w));
+            }
+        }
     }
 
     fn check(&self, s: &QueueState) -> Result<(), Violation> {
@@ -2331,7 +2326,7 @@ mod tests {
                     break;
                 }
                 let mut next = Vec::new();
-                world.moves(&s, &mut next, None);
+                world.successors(&s, &mut next, None);
                 for t in next {
                     if seen.insert(t.clone()) {
                         frontier.push_back(t);
