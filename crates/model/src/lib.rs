@@ -33,7 +33,7 @@
 //! How the state space is kept small, without losing behaviours:
 //! - states are identified up to a renaming of the executions, and (for the product's
 //!   protocol) up to what no check reads: the version, the tokens, when a slot was taken (see
-//!   `Ours::symmetric`); an execution that has finished is identified by that alone. A test
+//!   `Ours::item_key`); an execution that has finished is identified by that alone. A test
 //!   explores small worlds both ways and compares the verdicts;
 //! - the fate of a cleanup event (delivered, lost, delivered twice) is chosen when it is
 //!   emitted, which is equivalent to choosing it later;

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
+use clap::ValueEnum;
 use semaphore_core::item::{FenceKey, Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, FenceReason, Step, Timing, WriteResult};
 use semaphore_core::{
@@ -28,7 +29,9 @@ use semaphore_core::{
 };
 
 use crate::hash::{hash_one, Build};
-use crate::plumbing::{exec_name, show_write, Interner, ItemKey, Memo, Naming};
+use crate::plumbing::{
+    exec_name, read, say, show_holders, show_write, variant_name, Interner, ItemKey, Memo, Naming,
+};
 use crate::world::{
     acquisition_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_INCARNATIONS,
 };
@@ -53,7 +56,7 @@ fn tick_ms(tick: u8) -> u64 {
 
 /// A deliberately broken protocol, to show that the checker notices. Each variant alters a real
 /// write (or how it is decided); the core itself is untouched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Variant {
     /// The product as it is.
     Real,
@@ -117,40 +120,18 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 14] = [
-        Variant::Real,
-        Variant::CleanupWithoutFence,
-        Variant::CleanupSkipsWhenNothingHeld,
-        Variant::ReleaseWithoutFence,
-        Variant::AcquireWithoutLimit,
-        Variant::AcquireChecksFencesWhenSent,
-        Variant::RotationWithoutHorizon,
-        Variant::RedriveWithoutGuard,
-        Variant::RedriveReusesAcquisition,
-        Variant::CleanupIgnoresRedrive,
-        Variant::CleanupChecksRunningOnlyBeforeFence,
-        Variant::OneFenceForEveryRun,
-        Variant::ReleaseWithoutWeightCheck,
-        Variant::ReleaseFreesOnlyItsRun,
-    ];
+    /// Every variant, the product as it is first.
+    pub fn all() -> impl Iterator<Item = Self> {
+        Self::value_variants().iter().copied()
+    }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Real => "real",
-            Self::CleanupWithoutFence => "cleanup-without-fence",
-            Self::CleanupSkipsWhenNothingHeld => "cleanup-skips-when-nothing-held",
-            Self::ReleaseWithoutFence => "release-without-fence",
-            Self::AcquireWithoutLimit => "acquire-without-limit",
-            Self::AcquireChecksFencesWhenSent => "acquire-checks-fences-when-sent",
-            Self::RotationWithoutHorizon => "rotation-without-horizon",
-            Self::RedriveWithoutGuard => "redrive-without-guard",
-            Self::RedriveReusesAcquisition => "redrive-reuses-acquisition",
-            Self::CleanupIgnoresRedrive => "cleanup-ignores-redrive",
-            Self::CleanupChecksRunningOnlyBeforeFence => "cleanup-checks-running-only-before-fence",
-            Self::OneFenceForEveryRun => "one-fence-for-every-run",
-            Self::ReleaseWithoutWeightCheck => "release-without-weight-check",
-            Self::ReleaseFreesOnlyItsRun => "release-frees-only-its-run",
-        }
+    /// Its name on the command line: its name in kebab case, e.g. `cleanup-without-fence`.
+    pub fn name(self) -> String {
+        variant_name(self)
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::from_str(name, false).ok()
     }
 
     /// Whether the variant differs from the real protocol only in a world with redrives.
@@ -164,10 +145,6 @@ impl Variant {
                 | Self::OneFenceForEveryRun
                 | Self::ReleaseFreesOnlyItsRun
         )
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.name() == name)
     }
 }
 
@@ -187,7 +164,7 @@ struct Interned {
     /// The slots held (see `Protocol::holders`).
     holders: u32,
     /// What identifies it up to version numbers: the part about no execution in particular,
-    /// and the part about each execution (see `Protocol::symmetric`).
+    /// and the part about each execution (see `Protocol::item_key`).
     keys: (u64, Vec<u64>),
 }
 
@@ -514,25 +491,7 @@ impl Ours {
         let Some(item) = item else {
             return "no item".to_owned();
         };
-        let holders: Vec<String> = item
-            .holders
-            .iter()
-            .map(|(id, h)| {
-                let weight = if h.weight == Weight::ONE {
-                    String::new()
-                } else {
-                    format!(" weight {}", h.weight)
-                };
-                format!("{} token {}{weight}", self.who(id), h.token.0)
-            })
-            .collect();
-        let mut text = format!("v{}, {} held", item.version.0, item.count());
-        if item.used != item.count() as u64 || self.weights.iter().any(|&w| w != Weight::ONE) {
-            text.push_str(&format!(" (used {})", item.used));
-        }
-        if !holders.is_empty() {
-            text.push_str(&format!(" [{}]", holders.join(", ")));
-        }
+        let mut text = show_holders(self, item, &self.weights, "");
         for (generation, keys) in [("young", &item.fences.young), ("old", &item.fences.old)] {
             if !keys.is_empty() {
                 let names: Vec<&str> = keys
@@ -569,9 +528,7 @@ impl Ours {
         let identity = self.identity(op);
         let current = self.item(store);
         let finished = |answer, words: String, log: Option<&mut String>| {
-            if let Some(log) = log {
-                log.push_str(&words);
-            }
+            say(log, || words);
             Advance {
                 store,
                 wrote: false,
@@ -691,9 +648,9 @@ impl Ours {
         if round + 1 > self.most_rounds.get() {
             self.most_rounds.set(round + 1);
         }
-        if let Some(log) = log {
-            log.push_str(&format!("sends {} [in flight]", show_write(self, &write)));
-        }
+        say(log, || {
+            format!("sends {} [in flight]", show_write(self, &write))
+        });
         Advance {
             store,
             wrote: false,
@@ -716,18 +673,18 @@ impl Ours {
         mut log: Option<&mut String>,
     ) -> Advance<u32, Phase> {
         if round + 1 >= MAX_ROUNDS {
-            if let Some(log) = log {
-                log.push_str(&format!("; refused {MAX_ROUNDS} times: the core gives up"));
-            }
+            say(log, || {
+                format!("; refused {MAX_ROUNDS} times: the core gives up")
+            });
             return Advance {
                 store,
                 wrote: false,
                 next: Next::Finished(Answer::Lost),
             };
         }
-        if let Some(log) = log.as_deref_mut() {
-            log.push_str("; the item handed back calls for another write: it ");
-        }
+        say(log.as_deref_mut(), || {
+            "; the item handed back calls for another write: it ".to_owned()
+        });
         self.in_flight(write, second, round + 1, store, log)
     }
 
@@ -765,23 +722,17 @@ impl Ours {
         let write = self.write(write);
         let (result, after) = self.land(&write, store);
         let wrote = matches!(result, WriteResult::Applied { .. });
-        if let Some(log) = log.as_deref_mut() {
-            log.push_str(&format!(
+        say(log.as_deref_mut(), || {
+            format!(
                 "its write ({}) {}: {} -> ",
                 show_write(self, &write),
                 if wrote { "lands" } else { "is refused" },
                 self.show(self.item(after).as_ref())
-            ));
-        }
-        let say = |log: Option<&mut String>, words: String| {
-            if let Some(log) = log {
-                log.push_str(&words);
-            }
-        };
+            )
+        });
         let answer = match op.kind {
             OpKind::Acquire => {
-                let outcome = protocol::acquired(&write, identity, self.limit, result)
-                    .expect("the core reads its own write's result");
+                let outcome = read(protocol::acquired(&write, identity, self.limit, result));
                 let answer = match outcome {
                     AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
                         Answer::Acquired
@@ -800,25 +751,21 @@ impl Ours {
                         unreachable!("no execution of the model asks for a start rate")
                     }
                 };
-                say(
-                    log,
+                say(log, || {
                     if answer == Answer::Redriven {
                         format!("{outcome:?}: outcome \"redriven\"")
                     } else {
                         format!("{outcome:?}")
-                    },
-                );
+                    }
+                });
                 answer
             }
             OpKind::Release if !second => {
-                match protocol::released(&write, identity, result)
-                    .expect("the core reads its own write's result")
-                {
+                match read(protocol::released(&write, identity, result)) {
                     Step::Done((outcome, _)) if self.clears_runs(op) => {
-                        say(
-                            log.as_deref_mut(),
-                            format!("{outcome:?}; then the earlier runs: it "),
-                        );
+                        say(log.as_deref_mut(), || {
+                            format!("{outcome:?}; then the earlier runs: it ")
+                        });
                         let fence = protocol::cleanup_fence(
                             &self.lock,
                             &identity.holder,
@@ -829,7 +776,7 @@ impl Ours {
                         return advance;
                     }
                     Step::Done((outcome, _)) => {
-                        say(log, format!("{outcome:?}"));
+                        say(log, || format!("{outcome:?}"));
                         Answer::Done
                     }
                     Step::Again(next) => {
@@ -841,23 +788,21 @@ impl Ours {
             OpKind::Cleanup | OpKind::Release
                 if (op.kind == OpKind::Cleanup && !second) || Self::is_fence(&write) =>
             {
-                let (slots, _) = protocol::fenced_slots(&write, &identity.holder, result)
-                    .expect("the core reads its own write's result");
+                let (slots, _) = read(protocol::fenced_slots(&write, &identity.holder, result));
                 // Asked once the fence has landed (modelled at that moment: a redrive after it
                 // can only make the answer "running", and no acquire of the execution can land
                 // in between): every slot the fence saw is of an incarnation that has ended,
                 // unless the execution runs again, when one of them may be the new one's.
                 if !slots.is_empty() && running && self.rechecks_after_fence() {
                     let names: Vec<String> = slots.iter().map(|(id, _)| self.who(id)).collect();
-                    say(
-                        log,
+                    say(log, || {
                         format!(
                             "it saw {}; DescribeExecution: {} is RUNNING again (redriven): \
                              nothing freed",
                             names.join(", "),
                             identity.holder
-                        ),
-                    );
+                        )
+                    });
                     return Advance {
                         store: after,
                         wrote,
@@ -870,14 +815,12 @@ impl Ours {
                     advance.wrote = wrote;
                     return advance;
                 }
-                say(log, "it held nothing".to_owned());
+                say(log, || "it held nothing".to_owned());
                 Answer::Done
             }
-            OpKind::Cleanup | OpKind::Release => match protocol::freed(&write, result)
-                .expect("the core reads its own write's result")
-            {
+            OpKind::Cleanup | OpKind::Release => match read(protocol::freed(&write, result)) {
                 Step::Done((outcome, _)) => {
-                    say(log, format!("freed {}", outcome.freed.len()));
+                    say(log, || format!("freed {}", outcome.freed.len()));
                     Answer::Done
                 }
                 Step::Again(next) => return self.again(next, true, round, after, log),
@@ -992,8 +935,8 @@ impl Protocol for Ours {
         };
         let write = self.write(write);
         let (result, after) = self.land(&write, store);
-        if let Some(log) = log {
-            log.push_str(&format!(
+        say(log, || {
+            format!(
                 "{} {}: {}",
                 show_write(self, &write),
                 if matches!(result, WriteResult::Applied { .. }) {
@@ -1002,8 +945,8 @@ impl Protocol for Ours {
                     "is refused"
                 },
                 self.show(self.item(after).as_ref())
-            ));
-        }
+            )
+        });
         after
     }
 
@@ -1050,14 +993,10 @@ impl Protocol for Ours {
         self.show(self.item(store).as_ref())
     }
 
-    /// States may always be identified without version numbers: no check reads the version or a
-    /// token (they are only reported), so two states that differ only there have the same
-    /// future. What is kept of an item is its holders (with when they were taken), its fences
-    /// and its last rotation; of a write, its checks and changes up to the execution's name.
-    fn symmetric(&self) -> bool {
-        true
-    }
-
+    /// States are identified without version numbers: no check reads the version or a token
+    /// (they are only reported), so two states that differ only there have the same future.
+    /// What is kept of an item is its holders (with their weights), its fences and its last
+    /// rotation; of a write, its checks and changes up to the execution's name.
     fn item_key(&self, store: Option<u32>) -> u64 {
         store.map_or(0, |id| self.interned(id).keys.0)
     }
@@ -1066,7 +1005,7 @@ impl Protocol for Ours {
         store.map_or(0, |id| self.interned(id).keys.1[e as usize])
     }
 
-    fn phase_key(&self, op: Op, phase: Phase, _store: Option<u32>) -> u64 {
+    fn phase_key(&self, op: Op, phase: Phase) -> u64 {
         match phase {
             Phase::Start { requested } => hash_one(&(0u8, requested)),
             // A write in flight mentions its own execution only (its identity, its fences).

@@ -7,8 +7,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
+use clap::ValueEnum;
 use semaphore_core::item::{FenceKey, Identity, SemaphoreItem};
-use semaphore_core::{Change, Check, TaskToken, Weight, Write};
+use semaphore_core::{Change, Check, StoreError, TaskToken, Weight, Write};
 
 use crate::hash::Build;
 
@@ -42,6 +43,12 @@ pub fn weights_text(weights: &[u32]) -> String {
     format!(", weights {}", named.join(", "))
 }
 
+/// A variant's name on the command line: clap's, its name in kebab case.
+pub fn variant_name(variant: impl ValueEnum) -> String {
+    let name = variant.to_possible_value().expect("no variant is skipped");
+    name.get_name().to_owned()
+}
+
 /// Words for a trace, produced only when a trace is being printed.
 #[derive(Clone)]
 pub struct Words(Option<String>);
@@ -63,6 +70,21 @@ impl Words {
 
     pub fn into_string(self) -> String {
         self.0.unwrap_or_default()
+    }
+}
+
+/// The core's reading of the result of one of its own writes, which the model hands it as the
+/// write's landing made it: it cannot fail.
+#[track_caller]
+pub fn read<T>(reading: Result<T, StoreError>) -> T {
+    reading.expect("the core reads its own write's result")
+}
+
+/// Appends `words()` to a step's log if one is kept: [`Words::say`] for the protocols, which
+/// are handed the log itself.
+pub fn say(log: Option<&mut String>, words: impl FnOnce() -> String) {
+    if let Some(log) = log {
+        log.push_str(&words());
     }
 }
 
@@ -174,6 +196,21 @@ impl<'a, S> Successors<'a, S> {
         Self { out, labels }
     }
 
+    /// Adds the successor `make` makes of a copy of `s`, with the words it says.
+    pub fn make<W: Emitting<State = S>>(
+        &mut self,
+        world: &W,
+        s: &S,
+        make: impl FnOnce(&mut S, &mut Words),
+    ) where
+        S: Clone,
+    {
+        let mut t = s.clone();
+        let mut words = Words::new(self.labels.is_some());
+        make(&mut t, &mut words);
+        self.add(world, t, words);
+    }
+
     /// Adds successor `t`, once for each fate the world allows the cleanup event its step
     /// emitted (if it did), in the order of [`Fate`].
     pub fn add<W: Emitting<State = S>>(&mut self, world: &W, mut t: S, words: Words)
@@ -238,6 +275,37 @@ pub trait Naming {
     fn task(&self, _token: &TaskToken) -> Option<String> {
         None
     }
+}
+
+/// An item's version and holders as both worlds show them, e.g. `v3, 2 held (used 3) [exec-1
+/// token 1, exec-2 token 3 weight 2]`: the weight held (`used`, then `of`) is shown when it is
+/// not the count or some execution's `weights` is not 1.
+pub fn show_holders(
+    naming: &impl Naming,
+    item: &SemaphoreItem,
+    weights: &[Weight],
+    of: &str,
+) -> String {
+    let holders: Vec<String> = item
+        .holders
+        .iter()
+        .map(|(id, h)| {
+            let weight = if h.weight == Weight::ONE {
+                String::new()
+            } else {
+                format!(" weight {}", h.weight)
+            };
+            format!("{} token {}{weight}", naming.who(id), h.token.0)
+        })
+        .collect();
+    let mut text = format!("v{}, {} held", item.version.0, item.count());
+    if item.used != item.count() as u64 || weights.iter().any(|&w| w != Weight::ONE) {
+        text.push_str(&format!(" (used {}{of})", item.used));
+    }
+    if !holders.is_empty() {
+        text.push_str(&format!(" [{}]", holders.join(", ")));
+    }
+    text
 }
 
 /// A write in words: `if CHECKS: CHANGES` (`no checks: CHANGES`).

@@ -116,19 +116,20 @@ use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::time::Duration;
 
+use clap::ValueEnum;
 use semaphore_core::item::{Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, Grant, Timing, WriteResult};
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Check, FenceKey, HolderId, Limit, LockName, QueueKey,
-    QueueOutcome, TaskToken, Terms, Waiter, Weight, Write,
+    AcquireOutcome, AcquisitionId, Check, CleanupOutcome, FenceKey, HolderId, Limit, LockName,
+    QueueKey, QueueOutcome, TaskToken, Terms, Waiter, Weight, Write,
 };
 
 use crate::explore::{Model, Violation};
 use crate::hash::Fingerprint;
 use crate::ours::MAX_ROUNDS;
 use crate::plumbing::{
-    exec_name, names, plural, show_write, weights_text, Emitting, Fate, Interner, ItemKey, Memo,
-    Naming, Successors, Words,
+    exec_name, names, plural, read, show_holders, show_write, variant_name, weights_text, Emitting,
+    Fate, Interner, ItemKey, Memo, Naming, Successors, Words,
 };
 
 /// The most executions the queue world can have.
@@ -241,7 +242,7 @@ impl fmt::Display for QueueConfig {
 
 /// A deliberately broken variant of the line, to show that the checker notices. Each skips a
 /// step of the hand-off or alters one of the core's writes; the core is untouched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum QueueVariant {
     /// The product as it is.
     Real,
@@ -261,26 +262,18 @@ pub enum QueueVariant {
 }
 
 impl QueueVariant {
-    pub const ALL: [QueueVariant; 5] = [
-        QueueVariant::Real,
-        QueueVariant::HandOffWithoutWakeRetry,
-        QueueVariant::NewcomerPassesTheLine,
-        QueueVariant::DeadWaiterNotSkipped,
-        QueueVariant::GrantIgnoresWeight,
-    ];
+    /// Every variant, the product as it is first.
+    pub fn all() -> impl Iterator<Item = Self> {
+        Self::value_variants().iter().copied()
+    }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Real => "real",
-            Self::HandOffWithoutWakeRetry => "hand-off-without-wake-retry",
-            Self::NewcomerPassesTheLine => "newcomer-passes-the-line",
-            Self::DeadWaiterNotSkipped => "dead-waiter-not-skipped",
-            Self::GrantIgnoresWeight => "grant-ignores-weight",
-        }
+    /// Its name on the command line: its name in kebab case, e.g. `hand-off-without-wake-retry`.
+    pub fn name(self) -> String {
+        variant_name(self)
     }
 
     pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.name() == name)
+        Self::from_str(name, false).ok()
     }
 }
 
@@ -611,6 +604,13 @@ impl QueueWorld {
         self.config.executions
     }
 
+    /// The executions (bit e) that `pick` picks.
+    fn which(&self, pick: impl Fn(u8) -> bool) -> u8 {
+        (0..self.n())
+            .filter(|&e| pick(e))
+            .fold(0, |m, e| m | bit(e))
+    }
+
     fn table(&self, id: u32) -> Rc<Table> {
         self.tables.borrow().get(id).clone()
     }
@@ -863,24 +863,8 @@ impl QueueWorld {
         let Some(item) = &t.item else {
             return "no item".to_owned();
         };
-        let holders: Vec<String> = item
-            .holders
-            .iter()
-            .map(|(id, h)| {
-                if h.weight == Weight::ONE {
-                    format!("{} token {}", id.holder, h.token.0)
-                } else {
-                    format!("{} token {} weight {}", id.holder, h.token.0, h.weight)
-                }
-            })
-            .collect();
-        let mut text = format!("v{}, {} held", item.version.0, item.count());
-        if item.used != item.count() as u64 || self.weights.iter().any(|&w| w != Weight::ONE) {
-            text.push_str(&format!(" (used {} of {})", item.used, self.limit));
-        }
-        if !holders.is_empty() {
-            text.push_str(&format!(" [{}]", holders.join(", ")));
-        }
+        let of = format!(" of {}", self.limit);
+        let mut text = show_holders(self, item, &self.weights, &of);
         let fences: Vec<String> = (0..self.n())
             .filter_map(|e| {
                 let id = &self.identities[e as usize];
@@ -1017,6 +1001,56 @@ impl QueueWorld {
         Some(round + 1)
     }
 
+    /// Execution `e`'s acquire write (fast, or direct after "free") lands, and what the core
+    /// reads of it; a slot a zombie takes (`alive` false) is left to its cleanup or the sweeper.
+    fn acquire(&self, s: &mut QueueState, e: u8, alive: bool, w: &mut Words) -> AcquireOutcome {
+        let (write, result, landed) = self.send(s, e, Request::Acquire(e), w);
+        if landed && !alive {
+            s.sweepers |= bit(e);
+        }
+        let identity = &self.identities[e as usize];
+        let outcome = read(protocol::acquired(&write, identity, self.limit, result));
+        w.say(|| format!(" => {outcome:?}"));
+        outcome
+    }
+
+    /// The fence of execution `e`'s run (a cleanup's, or a hand-off's of a dead waiter's)
+    /// lands: whether it saw a slot.
+    fn fence(&self, s: &mut QueueState, e: u8, w: &mut Words) -> bool {
+        let (write, result, _) = self.send(s, e, Request::Fence(e), w);
+        s.retired |= bit(e);
+        let holder = &self.identities[e as usize].holder;
+        !read(protocol::fenced_slots(&write, holder, result))
+            .0
+            .is_empty()
+    }
+
+    /// Execution `e`'s record is taken out of line: whether it was in line.
+    fn leave(&self, s: &mut QueueState, e: u8, w: &mut Words) -> bool {
+        let (write, result, _) = self.send(s, e, Request::Leave(e), w);
+        read(protocol::was_queued(&write, &result))
+    }
+
+    /// The free of the slot execution `e`'s fence saw, after `round` refused writes: what it
+    /// freed and the item after, or the next round if it was refused (`None`: the core gives
+    /// up).
+    fn free(
+        &self,
+        s: &mut QueueState,
+        e: u8,
+        round: u8,
+        w: &mut Words,
+    ) -> Result<(CleanupOutcome, SemaphoreItem), Option<u8>> {
+        let (write, result, _) = self.send(s, e, Request::Free(e), w);
+        match read(protocol::freed(&write, result)) {
+            semaphore_core::Step::Done(done) => Ok(done),
+            semaphore_core::Step::Again(next) => {
+                self.request_for(e, &next, &[Request::Free(e)]);
+                Err(self.round_again(s, e, round, w))
+            }
+        }
+    }
+
     fn refused(&self, s: &mut QueueState, e: u8, current: bool, w: &mut Words) {
         if current && s.bad.is_none() {
             s.bad = Some(Bad::Refused { exec: e });
@@ -1038,13 +1072,7 @@ impl QueueWorld {
         let alive = s.execs[e as usize].alive();
         match l.step {
             Step::Acquire => {
-                let (write, result, landed) = self.send(s, e, Request::Acquire(e), w);
-                if landed && !alive {
-                    s.sweepers |= bit(e);
-                }
-                let outcome = protocol::acquired(&write, identity, self.limit, result)
-                    .expect("the core reads its own write's result");
-                w.say(|| format!(" => {outcome:?}"));
+                let outcome = self.acquire(s, e, alive, w);
                 if s.execs[e as usize].stage != Stage::Acquiring {
                     w.say(|| " (nobody waits for the answer)".to_owned());
                     return self.done(s, l, w);
@@ -1079,8 +1107,7 @@ impl QueueWorld {
                     unreachable!("only a wait function reparks")
                 };
                 let (write, result, _) = self.send(s, e, Request::Repark(e, token), w);
-                let queued = protocol::was_queued(&write, &result)
-                    .expect("the core reads its own write's result");
+                let queued = read(protocol::was_queued(&write, &result));
                 let step = if queued {
                     w.say(|| " => still in line; it hands off: it reads the lock".to_owned());
                     Step::Hand(Hand::ReadLock)
@@ -1096,8 +1123,7 @@ impl QueueWorld {
                 };
                 let current = Self::parked_on(s, e, token);
                 let (write, result, _) = self.send(s, e, Request::Enqueue(e, token), w);
-                let outcome = protocol::queued(&write, identity, result)
-                    .expect("the core reads its own write's result");
+                let outcome = read(protocol::queued(&write, identity, result));
                 w.say(|| format!(" => {outcome:?}"));
                 let step = match outcome {
                     QueueOutcome::Queued | QueueOutcome::AlreadyQueued => {
@@ -1125,13 +1151,7 @@ impl QueueWorld {
                     unreachable!("only a wait function acquires directly")
                 };
                 let current = Self::parked_on(s, e, token);
-                let (write, result, landed) = self.send(s, e, Request::Acquire(e), w);
-                if landed && !alive {
-                    s.sweepers |= bit(e);
-                }
-                let outcome = protocol::acquired(&write, identity, self.limit, result)
-                    .expect("the core reads its own write's result");
-                w.say(|| format!(" => {outcome:?}"));
+                let outcome = self.acquire(s, e, alive, w);
                 let step = match outcome {
                     AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
                         w.say(|| "; it completes its own task".to_owned());
@@ -1184,9 +1204,7 @@ impl QueueWorld {
                 if landed {
                     s.retired |= bit(e);
                 }
-                let step = match protocol::released(&write, identity, result)
-                    .expect("the core reads its own write's result")
-                {
+                let step = match read(protocol::released(&write, identity, result)) {
                     semaphore_core::Step::Done((outcome, after)) => {
                         w.say(|| format!(" => {outcome:?}"));
                         (after.waiting > 0).then(|| {
@@ -1209,11 +1227,7 @@ impl QueueWorld {
                 self.next(s, l, step, w)
             }
             Step::Fence => {
-                let (write, result, _) = self.send(s, e, Request::Fence(e), w);
-                s.retired |= bit(e);
-                let (slots, _) = protocol::fenced_slots(&write, &identity.holder, result)
-                    .expect("the core reads its own write's result");
-                let slots = !slots.is_empty();
+                let slots = self.fence(s, e, w);
                 w.say(|| format!(" => it saw {}", if slots { "a slot" } else { "no slot" }));
                 let step = if s.execs[e as usize].waited {
                     w.say(|| "; its history names its place: it takes it out of line".to_owned());
@@ -1224,29 +1238,20 @@ impl QueueWorld {
                 self.next(s, l, step, w)
             }
             Step::Leave { slots } => {
-                let (write, result, _) = self.send(s, e, Request::Leave(e), w);
-                let was = protocol::was_queued(&write, &result)
-                    .expect("the core reads its own write's result");
+                let was = self.leave(s, e, w);
                 w.say(|| format!(" => {}", if was { "left" } else { "was not in line" }));
                 self.next(s, l, slots.then_some(Step::Free { round: 0 }), w)
             }
             Step::Free { round } => {
-                let (write, result, _) = self.send(s, e, Request::Free(e), w);
-                let step = match protocol::freed(&write, result)
-                    .expect("the core reads its own write's result")
-                {
-                    semaphore_core::Step::Done((outcome, after)) => {
+                let step = match self.free(s, e, round, w) {
+                    Ok((outcome, after)) => {
                         w.say(|| format!(" => freed {}", outcome.freed.len()));
                         (!outcome.freed.is_empty() && after.waiting > 0).then(|| {
                             w.say(|| "; someone waits: it hands off: it reads the lock".to_owned());
                             Step::Hand(Hand::ReadLock)
                         })
                     }
-                    semaphore_core::Step::Again(next) => {
-                        self.request_for(e, &next, &[Request::Free(e)]);
-                        self.round_again(s, e, round, w)
-                            .map(|round| Step::Free { round })
-                    }
+                    Err(round) => round.map(|round| Step::Free { round }),
                 };
                 self.next(s, l, step, w)
             }
@@ -1298,12 +1303,10 @@ impl QueueWorld {
                 let (write, result, landed) = self.send(s, head, Request::Grant(head, token), w);
                 if landed && s.bad.is_none() {
                     // Waiters ahead of the one granted, as the grant lands.
-                    let mut ahead = (0..self.n())
-                        .filter(|&x| {
-                            before.in_line & bit(x) != 0
-                                && self.keys[x as usize] < self.keys[head as usize]
-                        })
-                        .fold(0, |m, x| m | bit(x));
+                    let mut ahead = self.which(|x| {
+                        before.in_line & bit(x) != 0
+                            && self.keys[x as usize] < self.keys[head as usize]
+                    });
                     if !self.config.strict_order {
                         ahead &= line_at_read;
                     }
@@ -1311,8 +1314,7 @@ impl QueueWorld {
                         s.bad = Some(Bad::OutOfOrder { exec: head, ahead });
                     }
                 }
-                let grant = protocol::granted(&write, result)
-                    .expect("the core reads its own write's result");
+                let grant = read(protocol::granted(&write, result));
                 match grant {
                     Grant::Granted => {
                         w.say(|| " => granted; it reads the lock".to_owned());
@@ -1425,39 +1427,23 @@ impl QueueWorld {
                 Some(Step::Hand(Hand::Fence { head }))
             }
             Hand::Fence { head } => {
-                let holder = &self.identities[head as usize].holder;
-                let (write, result, _) = self.send(s, head, Request::Fence(head), w);
-                s.retired |= bit(head);
-                let (slots, _) = protocol::fenced_slots(&write, holder, result)
-                    .expect("the core reads its own write's result");
-                if slots.is_empty() {
-                    w.say(|| " => it saw no slot; it reads the lock".to_owned());
-                    Some(Step::Hand(Hand::ReadLock))
-                } else {
+                if self.fence(s, head, w) {
                     w.say(|| " => it saw the slot; it frees it".to_owned());
                     Some(Step::Hand(Hand::Free { head, round: 0 }))
+                } else {
+                    w.say(|| " => it saw no slot; it reads the lock".to_owned());
+                    Some(Step::Hand(Hand::ReadLock))
                 }
             }
-            Hand::Free { head, round } => {
-                let (write, result, _) = self.send(s, head, Request::Free(head), w);
-                match protocol::freed(&write, result)
-                    .expect("the core reads its own write's result")
-                {
-                    semaphore_core::Step::Done(_) => {
-                        w.say(|| "; it reads the lock".to_owned());
-                        Some(Step::Hand(Hand::ReadLock))
-                    }
-                    semaphore_core::Step::Again(next) => {
-                        self.request_for(head, &next, &[Request::Free(head)]);
-                        self.round_again(s, head, round, w)
-                            .map(|round| Step::Hand(Hand::Free { head, round }))
-                    }
+            Hand::Free { head, round } => match self.free(s, head, round, w) {
+                Ok(_) => {
+                    w.say(|| "; it reads the lock".to_owned());
+                    Some(Step::Hand(Hand::ReadLock))
                 }
-            }
+                Err(round) => round.map(|round| Step::Hand(Hand::Free { head, round })),
+            },
             Hand::Leave { head } => {
-                let (write, result, _) = self.send(s, head, Request::Leave(head), w);
-                protocol::was_queued(&write, &result)
-                    .expect("the core reads its own write's result");
+                self.leave(s, head, w);
                 w.say(|| "; it reads the lock".to_owned());
                 Some(Step::Hand(Hand::ReadLock))
             }
@@ -1489,17 +1475,8 @@ impl QueueWorld {
                 self.end(s, e, w);
             }
             Task::Wait { token } if Self::parked_on(s, e, token) => {
-                s.execs[e as usize].stage = Stage::Releasing { failed: true };
                 w.say(|| "; its wait task fails: Release after failure".to_owned());
-                Self::spawn(
-                    s,
-                    e,
-                    Task::Release,
-                    Step::Release {
-                        unheld: false,
-                        round: 0,
-                    },
-                );
+                Self::release(s, e, true);
             }
             _ => {}
         }
@@ -1529,17 +1506,18 @@ impl QueueWorld {
     }
 
     fn finish_work(s: &mut QueueState, e: u8, w: &mut Words) {
-        s.execs[e as usize].stage = Stage::Releasing { failed: false };
         w.say(|| format!("{} finishes its work and releases", exec_name(e)));
-        Self::spawn(
-            s,
-            e,
-            Task::Release,
-            Step::Release {
-                unheld: false,
-                round: 0,
-            },
-        );
+        Self::release(s, e, false);
+    }
+
+    /// Execution `e` enters "Release slot", or "Release after failure" if `failed`.
+    fn release(s: &mut QueueState, e: u8, failed: bool) {
+        s.execs[e as usize].stage = Stage::Releasing { failed };
+        let step = Step::Release {
+            unheld: false,
+            round: 0,
+        };
+        Self::spawn(s, e, Task::Release, step);
     }
 
     /// Nothing is in flight, nothing pending and nobody works: only timers are left (fallback
@@ -1589,9 +1567,8 @@ impl QueueWorld {
                 ),
             });
         }
-        let without = (0..self.n())
-            .filter(|&e| s.execs[e as usize].stage == Stage::Working && t.holders & bit(e) == 0)
-            .fold(0, |m, e| m | bit(e));
+        let without =
+            self.which(|e| s.execs[e as usize].stage == Stage::Working && t.holders & bit(e) == 0);
         if without != 0 {
             return Err(Violation {
                 property: "S1",
@@ -1654,66 +1631,6 @@ impl QueueWorld {
         }
     }
 
-    /// Every successor of `s`; with `labels`, what each step does.
-    fn moves(&self, s: &QueueState, out: &mut Vec<QueueState>, labels: Option<&mut Vec<String>>) {
-        let on = labels.is_some();
-        let mut successors = Successors::new(out, labels);
-        let mut emit = |t: QueueState, w: Words| successors.add(self, t, w);
-        for (i, &l) in s.lambdas.iter().enumerate() {
-            if i > 0 && s.lambdas[i - 1] == l {
-                continue;
-            }
-            let mut t = s.clone();
-            t.lambdas.remove(i);
-            let mut w = Words::new(on);
-            self.step(&mut t, l, &mut w);
-            emit(t, w);
-            if s.crashes_left > 0
-                && matches!(l.task, Task::Wait { .. } | Task::Release | Task::Cleanup)
-            {
-                let mut t = s.clone();
-                t.lambdas.remove(i);
-                let mut w = Words::new(on);
-                self.crash(&mut t, l, &mut w);
-                emit(t, w);
-            }
-        }
-        for e in 0..self.n() {
-            let x = s.execs[e as usize];
-            if x.stage == Stage::Working {
-                let mut t = s.clone();
-                let mut w = Words::new(on);
-                Self::finish_work(&mut t, e, &mut w);
-                emit(t, w);
-            }
-            if x.stage == Stage::Waiting && s.timeouts_left > 0 {
-                let mut t = s.clone();
-                t.timeouts_left -= 1;
-                t.relied = true;
-                let mut w = Words::new(on);
-                w.say(|| "early: ".to_owned());
-                Self::time_out(&mut t, e, &mut w);
-                emit(t, w);
-            }
-            if x.alive() && s.deaths_left > 0 {
-                let mut t = s.clone();
-                t.deaths_left -= 1;
-                let mut w = Words::new(on);
-                w.say(|| format!("{} is stopped", exec_name(e)));
-                self.end(&mut t, e, &mut w);
-                emit(t, w);
-            }
-        }
-        for e in 0..self.n() {
-            if s.events & bit(e) != 0 {
-                let mut t = s.clone();
-                let mut w = Words::new(on);
-                Self::deliver(&mut t, e, &mut w);
-                emit(t, w);
-            }
-        }
-    }
-
     /// The first step there is with no faults (a Lambda's next request, else someone finishing
     /// its work, else an event delivered), taken in `s`; `false` if there is none.
     fn first_step(&self, s: &mut QueueState, w: &mut Words) -> bool {
@@ -1772,17 +1689,13 @@ impl QueueWorld {
     }
 
     fn parked(&self, s: &QueueState) -> u8 {
-        (0..self.n())
-            .filter(|&e| s.execs[e as usize].stage == Stage::Waiting)
-            .fold(0, |m, e| m | bit(e))
+        self.which(|e| s.execs[e as usize].stage == Stage::Waiting)
     }
 
     /// Ended executions holding a slot (bit e).
     fn dead_holders(&self, s: &QueueState) -> u8 {
         let t = self.table(s.table);
-        (0..self.n())
-            .filter(|&e| !s.execs[e as usize].alive() && t.holders & bit(e) != 0)
-            .fold(0, |m, e| m | bit(e))
+        self.which(|e| !s.execs[e as usize].alive() && t.holders & bit(e) != 0)
     }
 
     /// From stable state `s`: fires the fallback timeouts of the parked executions in turn,
@@ -1865,11 +1778,9 @@ impl QueueWorld {
     /// then a hand-off.
     fn sweep(&self, t: &mut QueueState, log: &mut Option<String>) -> Result<(), String> {
         let table = self.table(t.table);
-        let ended = (0..self.n())
-            .filter(|&e| {
-                !t.execs[e as usize].alive() && (table.holders | table.in_line) & bit(e) != 0
-            })
-            .fold(0, |m, e| m | bit(e));
+        let ended = self.which(|e| {
+            !t.execs[e as usize].alive() && (table.holders | table.in_line) & bit(e) != 0
+        });
         if let Some(log) = log {
             log.push_str(&format!("\n  the sweeper cleans up {}", names(ended)));
         }
@@ -1904,14 +1815,12 @@ impl QueueWorld {
         let parked = self.parked(s);
         if !s.relied && parked != 0 {
             let holding = parked & t.holders;
-            let out_of_line = (0..self.n())
-                .filter(|&e| {
-                    parked & bit(e) != 0
-                        && t.line.get(&self.keys[e as usize]).is_none_or(|w| {
-                            Self::token_number(&w.task_token) != s.execs[e as usize].token
-                        })
-                })
-                .fold(0, |m, e| m | bit(e));
+            let out_of_line = self.which(|e| {
+                parked & bit(e) != 0
+                    && t.line.get(&self.keys[e as usize]).is_none_or(|w| {
+                        Self::token_number(&w.task_token) != s.execs[e as usize].token
+                    })
+            });
             let why = if holding != 0 {
                 Some(format!(
                     "{} is parked holding a slot it was granted: its wake-up was lost",
@@ -2002,17 +1911,12 @@ impl Model for QueueWorld {
 
     fn describe_initial(&self, _: &QueueState) -> String {
         format!(
-            "the line ({}{}); lock limit {}, no item; {} send their acquire [in flight], asked \
+            "the line ({}); lock limit {}, no item; {} send their acquire [in flight], asked \
              in that order (their places in line if they wait)",
             if self.variant == QueueVariant::Real {
-                "the product's protocol"
+                "the product's protocol".to_owned()
             } else {
-                "BROKEN variant "
-            },
-            if self.variant == QueueVariant::Real {
-                ""
-            } else {
-                self.variant.name()
+                format!("BROKEN variant {}", self.variant.name())
             },
             self.config.limit,
             names((1u8 << self.n()) - 1),
@@ -2025,7 +1929,50 @@ impl Model for QueueWorld {
         out: &mut Vec<QueueState>,
         labels: Option<&mut Vec<String>>,
     ) {
-        self.moves(s, out, labels);
+        let mut successors = Successors::new(out, labels);
+        for (i, &l) in s.lambdas.iter().enumerate() {
+            if i > 0 && s.lambdas[i - 1] == l {
+                continue;
+            }
+            successors.make(self, s, |t, w| {
+                t.lambdas.remove(i);
+                self.step(t, l, w);
+            });
+            if s.crashes_left > 0
+                && matches!(l.task, Task::Wait { .. } | Task::Release | Task::Cleanup)
+            {
+                successors.make(self, s, |t, w| {
+                    t.lambdas.remove(i);
+                    self.crash(t, l, w);
+                });
+            }
+        }
+        for e in 0..self.n() {
+            let x = s.execs[e as usize];
+            if x.stage == Stage::Working {
+                successors.make(self, s, |t, w| Self::finish_work(t, e, w));
+            }
+            if x.stage == Stage::Waiting && s.timeouts_left > 0 {
+                successors.make(self, s, |t, w| {
+                    t.timeouts_left -= 1;
+                    t.relied = true;
+                    w.say(|| "early: ".to_owned());
+                    Self::time_out(t, e, w);
+                });
+            }
+            if x.alive() && s.deaths_left > 0 {
+                successors.make(self, s, |t, w| {
+                    t.deaths_left -= 1;
+                    w.say(|| format!("{} is stopped", exec_name(e)));
+                    self.end(t, e, w);
+                });
+            }
+        }
+        for e in 0..self.n() {
+            if s.events & bit(e) != 0 {
+                successors.make(self, s, |t, w| Self::deliver(t, e, w));
+            }
+        }
     }
 
     fn check(&self, s: &QueueState) -> Result<(), Violation> {
@@ -2379,7 +2326,7 @@ mod tests {
                     break;
                 }
                 let mut next = Vec::new();
-                world.moves(&s, &mut next, None);
+                world.successors(&s, &mut next, None);
                 for t in next {
                     if seen.insert(t.clone()) {
                         frontier.push_back(t);

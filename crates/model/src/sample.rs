@@ -11,7 +11,7 @@
 //! if the execution is a holder, sends the release update. No version, no fence, no sweeper.
 
 use crate::hash::hash_one;
-use crate::plumbing::exec_name;
+use crate::plumbing::{exec_name, say};
 use crate::world::{slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_EXECUTIONS};
 
 /// The sample's item: its counter and its holder attributes (bit i: `holder:exec-(i+1)`).
@@ -165,31 +165,28 @@ impl Protocol for Sample {
                         count: item.count + 1,
                         holders: item.holders | bit,
                     };
-                    if let Some(log) = log {
-                        log.push_str(&format!(
-                            "UpdateItem (take a slot) lands: {}",
-                            Self::show(after)
-                        ));
-                    }
+                    say(log, || {
+                        format!("UpdateItem (take a slot) lands: {}", Self::show(after))
+                    });
                     Advance {
                         store: Some(after),
                         wrote: true,
                         next: Next::Finished(Answer::Acquired),
                     }
                 } else {
-                    if let Some(log) = log {
-                        log.push_str(&format!(
+                    say(log, || {
+                        format!(
                             "UpdateItem (take a slot) fails its condition ({}) -> will read \
                              whether {name} already holds",
                             Self::show(item)
-                        ));
-                    }
+                        )
+                    });
                     unchanged(Next::Continue(SamplePhase::CheckHeld))
                 }
             }
             SamplePhase::CheckHeld => {
-                if let Some(log) = log {
-                    log.push_str(&format!(
+                say(log, || {
+                    format!(
                         "reads the item ({}): {}",
                         Self::show(item),
                         if held {
@@ -197,8 +194,8 @@ impl Protocol for Sample {
                         } else {
                             "not a holder -> full"
                         }
-                    ));
-                }
+                    )
+                });
                 unchanged(Next::Finished(if held {
                     Answer::Acquired
                 } else {
@@ -209,8 +206,8 @@ impl Protocol for Sample {
                 Self::release_update(item, bit, &name, log)
             }
             SamplePhase::CleanupRead => {
-                if let Some(log) = log {
-                    log.push_str(&format!(
+                say(log, || {
+                    format!(
                         "reads the item ({}): {}",
                         Self::show(item),
                         if held {
@@ -218,8 +215,8 @@ impl Protocol for Sample {
                         } else {
                             format!("{name} holds nothing -> nothing to do")
                         }
-                    ));
-                }
+                    )
+                });
                 unchanged(if held {
                     Next::Continue(SamplePhase::CleanupUpdate)
                 } else {
@@ -256,10 +253,6 @@ impl Protocol for Sample {
         store.map_or_else(|| "no item".to_owned(), Self::show)
     }
 
-    fn symmetric(&self) -> bool {
-        true
-    }
-
     fn item_key(&self, store: Option<SampleItem>) -> u64 {
         hash_one(&store.map(|i| i.count))
     }
@@ -268,29 +261,7 @@ impl Protocol for Sample {
         u64::from(store.is_some_and(|i| i.holders & (1 << e) != 0))
     }
 
-    /// The sample keeps no fences: nothing to rotate.
-    fn rotation(&self, _: Option<SampleItem>, _: u8) -> Option<SamplePhase> {
-        None
-    }
-
-    fn land_rotation(
-        &self,
-        _: SamplePhase,
-        store: Option<SampleItem>,
-        _: Option<&mut String>,
-    ) -> Option<SampleItem> {
-        store
-    }
-
-    fn rotation_exec_key(&self, _: SamplePhase, _: u8) -> u64 {
-        0
-    }
-
-    fn rotation_key(&self, _: SamplePhase) -> u64 {
-        0
-    }
-
-    fn phase_key(&self, _: Op, phase: SamplePhase, _: Option<SampleItem>) -> u64 {
+    fn phase_key(&self, _: Op, phase: SamplePhase) -> u64 {
         phase as u64
     }
 }

@@ -179,55 +179,39 @@ impl Config {
     pub fn every_fault(executions: u8, limit: u32) -> Self {
         Self {
             executions,
-            limit,
-            weights: [1; MAX_EXECUTIONS],
-            retries: 1,
             release_timeouts: true,
-            polls: None,
             deaths: executions,
             duplicates: 1,
-            lost_events: true,
             lost_writes: true,
             work_failures: true,
-            sweeper: true,
             sweeps: 1,
-            ticks: 1,
-            rotations: 2,
-            redrives: 0,
+            ..Self::small(limit)
         }
     }
 }
 
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut faults = vec![plural(self.deaths, "death", "deaths")];
-        faults.push("late and reordered writes and events".to_owned());
-        if self.lost_events {
-            faults.push("lost events".to_owned());
-        }
-        if self.duplicates > 0 {
-            faults.push(plural(
-                self.duplicates,
-                "duplicated event",
-                "duplicated events",
-            ));
-        }
-        if self.lost_writes {
-            faults.push("lost writes".to_owned());
-        }
-        if self.work_failures {
-            faults.push("work failures".to_owned());
-        }
-        if self.ticks > 0 {
-            faults.push(format!(
-                "{}, {}",
-                plural(self.ticks, "tick of the clock", "ticks of the clock"),
-                plural(self.rotations, "fence rotation", "fence rotations")
-            ));
-        }
-        if self.redrives > 0 {
-            faults.push(plural(self.redrives, "redrive", "redrives"));
-        }
+        let faults: Vec<String> = [
+            Some(plural(self.deaths, "death", "deaths")),
+            Some("late and reordered writes and events".to_owned()),
+            self.lost_events.then(|| "lost events".to_owned()),
+            (self.duplicates > 0)
+                .then(|| plural(self.duplicates, "duplicated event", "duplicated events")),
+            self.lost_writes.then(|| "lost writes".to_owned()),
+            self.work_failures.then(|| "work failures".to_owned()),
+            (self.ticks > 0).then(|| {
+                format!(
+                    "{}, {}",
+                    plural(self.ticks, "tick of the clock", "ticks of the clock"),
+                    plural(self.rotations, "fence rotation", "fence rotations")
+                )
+            }),
+            (self.redrives > 0).then(|| plural(self.redrives, "redrive", "redrives")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         write!(
             f,
             "{} executions, limit {}{}; each with {} ({}), {} after \"full\"; {}; sweeper: {}",
@@ -356,15 +340,21 @@ pub trait Protocol {
         log: Option<&mut String>,
     ) -> Advance<Self::Item, Self::Phase>;
     /// A rotation of the fences, if the protocol has them and one is due on `store` at tick
-    /// `now`: the write in flight, decided from `store` as read now.
-    fn rotation(&self, store: Option<Self::Item>, now: u8) -> Option<Self::Phase>;
+    /// `now`: the write in flight, decided from `store` as read now. By default none: a
+    /// protocol without fences has nothing to rotate (and the methods about a rotation in
+    /// flight below are never called).
+    fn rotation(&self, _store: Option<Self::Item>, _now: u8) -> Option<Self::Phase> {
+        None
+    }
     /// The rotation in flight lands (or is refused): the item afterwards.
     fn land_rotation(
         &self,
-        phase: Self::Phase,
+        _phase: Self::Phase,
         store: Option<Self::Item>,
-        log: Option<&mut String>,
-    ) -> Option<Self::Item>;
+        _log: Option<&mut String>,
+    ) -> Option<Self::Item> {
+        store
+    }
     /// The slots held: bit [`slot_bit`]`(e, k)` for the slot of `exec-(e+1)`'s acquisition
     /// `k` (the acquisition incarnation `k` uses, see `acquisition_of`).
     fn holders(&self, store: Option<Self::Item>) -> u32;
@@ -392,22 +382,23 @@ pub trait Protocol {
     fn stored_used(&self, store: Option<Self::Item>) -> i64;
     fn describe(&self, store: Option<Self::Item>) -> String;
 
-    /// Whether states may be identified by the keys below, up to a renaming of the executions.
-    /// If not, a state is identified by all of it.
-    fn symmetric(&self) -> bool;
     /// What of the stored item is about no execution in particular and can make a difference
     /// from now on.
     fn item_key(&self, store: Option<Self::Item>) -> u64;
     /// What of the stored item is about execution `e` and can make a difference from now on;
     /// with `item_key`, this must determine the item up to what makes no difference.
     fn item_exec_key(&self, store: Option<Self::Item>, e: u8) -> u64;
-    /// What of attempt `op`'s phase can make a difference from now on, given the stored item,
-    /// up to the name of its execution.
-    fn phase_key(&self, op: Op, phase: Self::Phase, store: Option<Self::Item>) -> u64;
+    /// What of attempt `op`'s phase can make a difference from now on, up to the name of its
+    /// execution.
+    fn phase_key(&self, op: Op, phase: Self::Phase) -> u64;
     /// What of a rotation in flight is about execution `e` (the fences of it that it moves).
-    fn rotation_exec_key(&self, phase: Self::Phase, e: u8) -> u64;
+    fn rotation_exec_key(&self, _phase: Self::Phase, _e: u8) -> u64 {
+        0
+    }
     /// What of a rotation in flight is about no execution in particular.
-    fn rotation_key(&self, phase: Self::Phase) -> u64;
+    fn rotation_key(&self, _phase: Self::Phase) -> u64 {
+        0
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -484,6 +475,33 @@ struct Exec {
 }
 
 impl Exec {
+    /// Incarnation `inc` entering its acquire state with its whole budgets (a redriven state is
+    /// scheduled anew, with its whole Retry budget: a superset of any smaller one).
+    fn acquiring(config: &Config, inc: u8, child: Option<u8>) -> Self {
+        Self {
+            stage: Stage::Acquiring,
+            retries_left: config.retries,
+            polls_left: config.polls.unwrap_or(0),
+            invocations: 0,
+            inc,
+            resume: Resume::Never,
+            child,
+        }
+    }
+
+    /// Incarnation `inc` ended `how`, with nothing left to do; a redrive resumes it at `resume`.
+    fn ended(how: End, inc: u8, resume: Resume, child: Option<u8>) -> Self {
+        Self {
+            stage: Stage::Ended(how),
+            retries_left: 0,
+            polls_left: 0,
+            invocations: 0,
+            inc,
+            resume,
+            child,
+        }
+    }
+
     fn alive(&self) -> bool {
         !matches!(self.stage, Stage::Ended(_))
     }
@@ -705,6 +723,23 @@ impl<P: Protocol> World<P> {
         }
     }
 
+    /// A cleanup of execution `e` by `role`, for the incarnation it is in and a request made
+    /// now.
+    fn cleanup(&self, s: &State<P::Item, P::Phase>, e: u8, role: Role) -> Attempt<P::Phase> {
+        let op = Op {
+            kind: OpKind::Cleanup,
+            exec: e,
+            inc: s.execs[e as usize].inc,
+        };
+        Attempt {
+            op,
+            role,
+            nth: 0,
+            requested: s.now,
+            phase: self.protocol.start(op, s.now),
+        }
+    }
+
     fn sweeping(s: &State<P::Item, P::Phase>) -> bool {
         s.attempts.iter().any(|a| a.role == Role::Sweep)
     }
@@ -761,20 +796,14 @@ impl<P: Protocol> World<P> {
         words: &mut Words,
     ) {
         let redrivable = self.config.redrives > 0 && how != End::Succeeded;
-        s.execs[e as usize] = Exec {
-            stage: Stage::Ended(how),
-            retries_left: 0,
-            polls_left: 0,
-            invocations: 0,
-            inc: s.execs[e as usize].inc,
-            resume: if redrivable { resume } else { Resume::Never },
+        let x = s.execs[e as usize];
+        s.execs[e as usize] = Exec::ended(
+            how,
+            x.inc,
+            if redrivable { resume } else { Resume::Never },
             // A child still running when its parent dies runs on (see `Exec::child`).
-            child: if self.config.redrives > 0 {
-                s.execs[e as usize].child
-            } else {
-                None
-            },
-        };
+            x.child.filter(|_| self.config.redrives > 0),
+        );
         if how != End::Succeeded {
             // What becomes of the event (delivered, lost, or delivered twice) is chosen when it
             // is emitted, see `Successors::add`.
@@ -803,17 +832,7 @@ impl<P: Protocol> World<P> {
         let x = s.execs[e as usize];
         let inc = x.inc + 1;
         s.redrives_left -= 1;
-        // The redriven state is scheduled anew, with its whole Retry budget: a superset of any
-        // smaller one.
-        s.execs[e as usize] = Exec {
-            stage: Stage::Acquiring,
-            retries_left: self.config.retries,
-            polls_left: self.config.polls.unwrap_or(0),
-            invocations: 0,
-            inc,
-            resume: Resume::Never,
-            child: x.child,
-        };
+        s.execs[e as usize] = Exec::acquiring(&self.config, inc, x.child);
         let acquisition = acquisition_name(self.protocol.acquisition_of(inc));
         words.say(|| {
             format!(
@@ -1053,7 +1072,7 @@ impl<P: Protocol> World<P> {
                 a.op.inc,
                 a.role,
                 requested,
-                self.protocol.phase_key(a.op, a.phase, s.store),
+                self.protocol.phase_key(a.op, a.phase),
             ));
             n += 1;
         }
@@ -1087,7 +1106,8 @@ impl<P: Protocol> World<P> {
     }
 
     /// The last sweep, once everything has ended: every holder is cleaned up, one at a time,
-    /// with nothing else running. Returns the item afterwards and what was done.
+    /// with nothing else running. Returns the item afterwards (as it is, without a sweeper) and
+    /// what was done.
     fn final_sweep(
         &self,
         s: &State<P::Item, P::Phase>,
@@ -1095,17 +1115,15 @@ impl<P: Protocol> World<P> {
     ) -> (Option<P::Item>, String) {
         let (mut store, now) = (s.store, s.now);
         let mut log = String::new();
+        if !self.config.sweeper {
+            return (store, log);
+        }
         let holders = per_exec(self.protocol.holders(store));
         for e in 0..self.config.executions {
             if holders & (1 << e) == 0 {
                 continue;
             }
-            let op = Op {
-                kind: OpKind::Cleanup,
-                exec: e,
-                inc: s.execs[e as usize].inc,
-            };
-            let mut phase = self.protocol.start(op, now);
+            let Attempt { op, mut phase, .. } = self.cleanup(s, e, Role::Sweep);
             if logging {
                 log.push_str(&format!(" cleanup of {}:", exec_name(e)));
             }
@@ -1173,15 +1191,7 @@ impl<P: Protocol> Model for World<P> {
         let c = &self.config;
         let mut s = State {
             store: self.protocol.initial_item(),
-            execs: [Exec {
-                stage: Stage::Ended(End::Succeeded),
-                retries_left: 0,
-                polls_left: 0,
-                invocations: 0,
-                inc: 0,
-                resume: Resume::Never,
-                child: None,
-            }; MAX_EXECUTIONS],
+            execs: [Exec::ended(End::Succeeded, 0, Resume::Never, None); MAX_EXECUTIONS],
             attempts: Vec::new(),
             events: [0; MAX_EXECUTIONS],
             duplicates_left: c.duplicates,
@@ -1198,15 +1208,7 @@ impl<P: Protocol> Model for World<P> {
             emitted: None,
         };
         for x in &mut s.execs[..c.executions as usize] {
-            *x = Exec {
-                stage: Stage::Acquiring,
-                retries_left: c.retries,
-                polls_left: c.polls.unwrap_or(0),
-                invocations: 0,
-                inc: 0,
-                resume: Resume::Never,
-                child: None,
-            };
+            *x = Exec::acquiring(c, 0, None);
         }
         for e in 0..c.executions {
             self.invoke(&mut s, e, OpKind::Acquire, &mut Words::new(false));
@@ -1235,80 +1237,71 @@ impl<P: Protocol> Model for World<P> {
         out: &mut Vec<Self::State>,
         labels: Option<&mut Vec<String>>,
     ) {
-        let on = labels.is_some();
         let mut successors = Successors::new(out, labels);
-        let mut emit = |t: Self::State, words: Words| successors.add(self, t, words);
 
         // An attempt takes its next step at the table, or its write in flight is lost.
         for (i, &a) in s.attempts.iter().enumerate() {
-            let mut t = s.clone();
-            t.attempts.remove(i);
-            let mut words = Words::new(on);
-            words.say(|| format!("{}: ", self.attempt_name(&a)));
-            self.step(&mut t, a, &mut words);
-            emit(t, words);
-
-            if self.config.lost_writes && self.protocol.in_flight(a.phase) {
-                let mut t = s.clone();
+            successors.make(self, s, |t, words| {
                 t.attempts.remove(i);
-                let mut words = Words::new(on);
-                words.say(|| {
-                    format!(
-                        "{}: its write is lost in the network",
-                        self.attempt_name(&a)
-                    )
+                words.say(|| format!("{}: ", self.attempt_name(&a)));
+                self.step(t, a, words);
+            });
+            if self.config.lost_writes && self.protocol.in_flight(a.phase) {
+                successors.make(self, s, |t, words| {
+                    t.attempts.remove(i);
+                    words.say(|| {
+                        format!(
+                            "{}: its write is lost in the network",
+                            self.attempt_name(&a)
+                        )
+                    });
+                    self.finished(t, a, Answer::Lost, words);
                 });
-                self.finished(&mut t, a, Answer::Lost, &mut words);
-                emit(t, words);
             }
         }
 
         for e in 0..self.config.executions {
             let x = s.execs[e as usize];
             if x.stage == Stage::Waiting {
-                let mut t = s.clone();
-                t.execs[e as usize].stage = Stage::Acquiring;
-                let mut words = Words::new(on);
-                words.say(|| format!("{} is done waiting: ", exec_name(e)));
-                self.invoke(&mut t, e, OpKind::Acquire, &mut words);
-                emit(t, words);
-                let mut t = s.clone();
-                t.execs[e as usize].stage = Stage::Releasing { failed: true };
-                let mut words = Words::new(on);
-                words.say(|| format!("{} gives up waiting: ", exec_name(e)));
-                self.invoke(&mut t, e, OpKind::Release, &mut words);
-                emit(t, words);
+                successors.make(self, s, |t, words| {
+                    t.execs[e as usize].stage = Stage::Acquiring;
+                    words.say(|| format!("{} is done waiting: ", exec_name(e)));
+                    self.invoke(t, e, OpKind::Acquire, words);
+                });
+                successors.make(self, s, |t, words| {
+                    t.execs[e as usize].stage = Stage::Releasing { failed: true };
+                    words.say(|| format!("{} gives up waiting: ", exec_name(e)));
+                    self.invoke(t, e, OpKind::Release, words);
+                });
             }
             if x.stage == Stage::Holding {
                 for failed in [false, true] {
                     if failed && !self.config.work_failures {
                         continue;
                     }
-                    let mut t = s.clone();
-                    t.execs[e as usize].child = None;
-                    t.execs[e as usize].stage = Stage::Releasing { failed };
-                    let mut words = Words::new(on);
-                    words.say(|| match failed {
-                        false => format!("{} finishes its work: ", exec_name(e)),
-                        true => format!("{}'s work fails: ", exec_name(e)),
+                    successors.make(self, s, |t, words| {
+                        t.execs[e as usize].child = None;
+                        t.execs[e as usize].stage = Stage::Releasing { failed };
+                        words.say(|| match failed {
+                            false => format!("{} finishes its work: ", exec_name(e)),
+                            true => format!("{}'s work fails: ", exec_name(e)),
+                        });
+                        self.invoke(t, e, OpKind::Release, words);
                     });
-                    self.invoke(&mut t, e, OpKind::Release, &mut words);
-                    emit(t, words);
                 }
             }
             if !x.alive() {
                 if let Some(k) = x.child {
-                    let mut t = s.clone();
-                    t.execs[e as usize].child = None;
-                    let mut words = Words::new(on);
-                    words.say(|| {
-                        format!(
-                            "the child execution of {} (of {}) ends on its own",
-                            exec_name(e),
-                            acquisition_name(self.protocol.acquisition_of(k))
-                        )
+                    successors.make(self, s, |t, words| {
+                        t.execs[e as usize].child = None;
+                        words.say(|| {
+                            format!(
+                                "the child execution of {} (of {}) ends on its own",
+                                exec_name(e),
+                                acquisition_name(self.protocol.acquisition_of(k))
+                            )
+                        });
                     });
-                    emit(t, words);
                 }
                 continue;
             }
@@ -1320,35 +1313,27 @@ impl<P: Protocol> Model for World<P> {
                         && a.role == Role::Awaited
                         && (a.op.kind == OpKind::Acquire || self.config.release_timeouts)
                 }) {
-                    let mut t = s.clone();
-                    let old = t.attempts[i];
-                    t.attempts[i].role = Role::Zombie;
-                    t.execs[e as usize].retries_left -= 1;
-                    // The retry is made within the same state entry: same request time.
-                    let mut words = Words::new(on);
-                    words.say(|| {
-                        format!(
-                            "Step Functions times out {} (it keeps running as a zombie) and retries: ",
-                            self.attempt_name(&old)
-                        )
+                    successors.make(self, s, |t, words| {
+                        let old = t.attempts[i];
+                        t.attempts[i].role = Role::Zombie;
+                        t.execs[e as usize].retries_left -= 1;
+                        // The retry is made within the same state entry: same request time.
+                        words.say(|| {
+                            format!(
+                                "Step Functions times out {} (it keeps running as a zombie) and retries: ",
+                                self.attempt_name(&old)
+                            )
+                        });
+                        self.invoke_requested(t, e, old.op.kind, old.requested, words);
                     });
-                    self.invoke_requested(&mut t, e, old.op.kind, old.requested, &mut words);
-                    emit(t, words);
                 }
             }
             if s.deaths_left > 0 {
-                let mut t = s.clone();
-                t.deaths_left -= 1;
-                let mut words = Words::new(on);
-                words.say(|| format!("{} dies (stopped or timed out)", exec_name(e)));
-                self.end(
-                    &mut t,
-                    e,
-                    End::Died,
-                    Resume::stopped_in(x.stage),
-                    &mut words,
-                );
-                emit(t, words);
+                successors.make(self, s, |t, words| {
+                    t.deaths_left -= 1;
+                    words.say(|| format!("{} dies (stopped or timed out)", exec_name(e)));
+                    self.end(t, e, End::Died, Resume::stopped_in(x.stage), words);
+                });
             }
         }
 
@@ -1360,10 +1345,7 @@ impl<P: Protocol> Model for World<P> {
                 if x.resume != Resume::Never
                     && matches!(x.stage, Stage::Ended(End::Died | End::Failed))
                 {
-                    let mut t = s.clone();
-                    let mut words = Words::new(on);
-                    self.redrive(&mut t, e, &mut words);
-                    emit(t, words);
+                    successors.make(self, s, |t, words| self.redrive(t, e, words));
                 }
             }
         }
@@ -1373,29 +1355,17 @@ impl<P: Protocol> Model for World<P> {
             if s.events[e as usize] == 0 {
                 continue;
             }
-            let mut t = s.clone();
-            t.events[e as usize] -= 1;
-            let op = Op {
-                kind: OpKind::Cleanup,
-                exec: e,
-                inc: s.execs[e as usize].inc,
-            };
-            let a = Attempt {
-                op,
-                role: Role::Event,
-                nth: 0,
-                requested: s.now,
-                phase: self.protocol.start(op, s.now),
-            };
-            let mut words = Words::new(on);
-            words.say(|| {
-                format!(
-                    "the cleanup event for {} is delivered; cleanup: ",
-                    exec_name(e)
-                )
+            successors.make(self, s, |t, words| {
+                t.events[e as usize] -= 1;
+                words.say(|| {
+                    format!(
+                        "the cleanup event for {} is delivered; cleanup: ",
+                        exec_name(e)
+                    )
+                });
+                let a = self.cleanup(s, e, Role::Event);
+                self.step(t, a, words);
             });
-            self.step(&mut t, a, &mut words);
-            emit(t, words);
         }
 
         // The sweeper lists the lock and asks about every holder. A sweep that finds no holder
@@ -1405,72 +1375,57 @@ impl<P: Protocol> Model for World<P> {
         // the model's sweeper asks `DescribeExecution` when it lists the lock).
         let ended = per_exec(self.protocol.holders(s.store)) & self.ended_mask(s);
         if self.config.sweeper && !Self::sweeping(s) && s.sweeps_left > 0 && ended != 0 {
-            let mut t = s.clone();
-            t.sweeps_left -= 1;
-            for e in (0..self.config.executions).filter(|e| ended & (1 << e) != 0) {
-                let op = Op {
-                    kind: OpKind::Cleanup,
-                    exec: e,
-                    inc: s.execs[e as usize].inc,
-                };
-                t.attempts.push(Attempt {
-                    op,
-                    role: Role::Sweep,
-                    nth: 0,
-                    requested: s.now,
-                    phase: self.protocol.start(op, s.now),
+            successors.make(self, s, |t, words| {
+                t.sweeps_left -= 1;
+                for e in (0..self.config.executions).filter(|e| ended & (1 << e) != 0) {
+                    t.attempts.push(self.cleanup(s, e, Role::Sweep));
+                }
+                words.say(|| {
+                    format!(
+                        "the sweeper lists the lock ({}): {} ended; it cleans up {}",
+                        self.protocol.describe(s.store),
+                        names(ended),
+                        if ended.count_ones() == 1 {
+                            "it"
+                        } else {
+                            "them"
+                        }
+                    )
                 });
-            }
-            let mut words = Words::new(on);
-            words.say(|| {
-                format!(
-                    "the sweeper lists the lock ({}): {} ended; it cleans up {}",
-                    self.protocol.describe(s.store),
-                    names(ended),
-                    if ended.count_ones() == 1 {
-                        "it"
-                    } else {
-                        "them"
-                    }
-                )
             });
-            emit(t, words);
         }
 
         // The clock moves on by a tick.
         if s.ticks_left > 0 && !self.quiescent(s) {
-            let mut t = s.clone();
-            t.ticks_left -= 1;
-            t.now += 1;
-            let mut words = Words::new(on);
-            words.say(|| format!("a tick of the clock passes (now tick {})", t.now));
-            emit(t, words);
+            successors.make(self, s, |t, words| {
+                t.ticks_left -= 1;
+                t.now += 1;
+                words.say(|| format!("a tick of the clock passes (now tick {})", t.now));
+            });
         }
 
         // A writer that has just seen the item rotates its fences, if a rotation is due, and the
         // rotation lands at any later moment.
         if s.rotation.is_none() && s.rotations_left > 0 {
             if let Some(phase) = self.protocol.rotation(s.store, s.now) {
-                let mut t = s.clone();
-                t.rotations_left -= 1;
-                t.rotation = Some(phase);
-                let mut words = Words::new(on);
-                words.say(|| {
-                    format!(
-                        "a writer sees {} and sends a rotation of the fences [in flight]",
-                        self.protocol.describe(s.store)
-                    )
+                successors.make(self, s, |t, words| {
+                    t.rotations_left -= 1;
+                    t.rotation = Some(phase);
+                    words.say(|| {
+                        format!(
+                            "a writer sees {} and sends a rotation of the fences [in flight]",
+                            self.protocol.describe(s.store)
+                        )
+                    });
                 });
-                emit(t, words);
             }
         }
         if let Some(phase) = s.rotation {
-            let mut t = s.clone();
-            t.rotation = None;
-            let mut words = Words::new(on);
-            words.say(|| "the rotation of the fences: ".to_owned());
-            t.store = self.protocol.land_rotation(phase, s.store, words.log());
-            emit(t, words);
+            successors.make(self, s, |t, words| {
+                t.rotation = None;
+                words.say(|| "the rotation of the fences: ".to_owned());
+                t.store = self.protocol.land_rotation(phase, s.store, words.log());
+            });
         }
     }
 
@@ -1596,18 +1551,9 @@ impl<P: Protocol> Model for World<P> {
         // S2 at quiescence: everything has ended and every request and event is delivered or
         // lost; then one sweep (if there is a sweeper) must leave nothing held.
         if self.quiescent(s) {
-            let (store, _) = if self.config.sweeper {
-                self.final_sweep(s, false)
-            } else {
-                (s.store, String::new())
-            };
-            let left = per_exec(self.protocol.holders(store));
+            let left = per_exec(self.protocol.holders(self.final_sweep(s, false).0));
             if left != 0 {
-                let (store, log) = if self.config.sweeper {
-                    self.final_sweep(s, true)
-                } else {
-                    (s.store, String::new())
-                };
+                let (store, log) = self.final_sweep(s, true);
                 return Err(Violation {
                     property: "S2",
                     detail: format!(
@@ -1639,9 +1585,6 @@ impl<P: Protocol> Model for World<P> {
     /// in traces, are left out, and so is everything about an execution that has finished
     /// (ended, nothing running or pending for it, holding nothing): nothing reads it again.
     fn identify(&self, s: &Self::State, h: &mut Fingerprint) {
-        if !self.protocol.symmetric() {
-            return self.identify_exactly(s, h);
-        }
         let holders = per_exec(self.protocol.holders(s.store));
         let mut keys = [0u64; MAX_EXECUTIONS];
         let keys = &mut keys[..self.config.executions as usize];

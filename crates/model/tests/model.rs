@@ -189,7 +189,7 @@ fn every_broken_variant_of_ours_is_caught() {
         (Variant::ReleaseWithoutWeightCheck, "S1"),
     ] {
         let report = check_ours(config, variant, None);
-        show(variant.name(), &report);
+        show(&variant.name(), &report);
         let cex = report
             .counterexample
             .unwrap_or_else(|| panic!("{}: no violation found", variant.name()));
@@ -214,14 +214,9 @@ fn identifying_states_up_to_renaming_and_versions_changes_no_verdict() {
         executions: 2,
         ..Config::small(1)
     };
-    for (config, variant) in Variant::ALL
-        .into_iter()
+    for (config, variant) in Variant::all()
         .map(|variant| (plain, variant))
-        .chain(
-            Variant::ALL
-                .into_iter()
-                .map(|variant| (redriven(2), variant)),
-        )
+        .chain(Variant::all().map(|variant| (redriven(2), variant)))
     {
         let name = format!("{} ({} redrives)", variant.name(), config.redrives);
         let reduced = explore(&ours_world(config, variant), None);
@@ -309,9 +304,8 @@ fn ours_is_safe_when_a_redriven_execution_has_retried_attempts_and_zombies() {
 #[test]
 fn every_redrive_variant_of_ours_is_caught() {
     // One fence for every run breaks S3, in a world of its own (see its test below).
-    for variant in Variant::ALL
-        .into_iter()
-        .filter(|v| v.needs_redrives() && *v != Variant::OneFenceForEveryRun)
+    for variant in
+        Variant::all().filter(|v| v.needs_redrives() && *v != Variant::OneFenceForEveryRun)
     {
         // Without a redrive each is the real protocol.
         let calm = Config {
@@ -322,7 +316,7 @@ fn every_redrive_variant_of_ours_is_caught() {
         assert!(calm.passed(), "{}: {calm}", variant.name());
 
         let report = check_ours(redriven(2), variant, None);
-        show(variant.name(), &report);
+        show(&variant.name(), &report);
         let cex = report
             .counterexample
             .unwrap_or_else(|| panic!("{}: no violation found", variant.name()));

@@ -158,7 +158,7 @@ fn every_broken_variant_of_the_line_is_caught() {
         ),
     ] {
         let report = check_queue(config, variant, None);
-        show(variant.name(), &report);
+        show(&variant.name(), &report);
         let cex = report
             .counterexample
             .unwrap_or_else(|| panic!("{}: no violation found", variant.name()));
@@ -274,7 +274,7 @@ fn identifying_states_up_to_versions_and_finished_executions_changes_no_verdict(
         timeouts: 1,
         ..world(2, 1)
     };
-    for variant in QueueVariant::ALL {
+    for variant in QueueVariant::all() {
         let reduced = explore(&QueueWorld::new(every_fault, variant), None);
         let exact = explore(&QueueWorld::new(every_fault, variant).exact(), None);
         show(&format!("{} reduced", variant.name()), &reduced);
