@@ -70,6 +70,7 @@ pub mod world;
 
 pub use explore::{explore, Counterexample, Exact, Model, Reach, Report, Violation};
 pub use ours::{Ours, Variant};
+pub use plumbing::Variants;
 pub use queue::{QueueConfig, QueueVariant, QueueWorld};
 pub use sample::Sample;
 pub use world::{Config, World};

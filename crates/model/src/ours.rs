@@ -30,7 +30,7 @@ use semaphore_core::{
 
 use crate::hash::{hash_one, Build};
 use crate::plumbing::{
-    exec_name, read, say, show_holders, show_write, variant_name, Interner, ItemKey, Memo, Naming,
+    exec_name, read, say, show_holders, show_write, Interner, ItemKey, Memo, Naming, Variants,
 };
 use crate::world::{
     acquisition_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_INCARNATIONS,
@@ -119,21 +119,9 @@ pub enum Variant {
     ReleaseFreesOnlyItsRun,
 }
 
+impl Variants for Variant {}
+
 impl Variant {
-    /// Every variant, the product as it is first.
-    pub fn all() -> impl Iterator<Item = Self> {
-        Self::value_variants().iter().copied()
-    }
-
-    /// Its name on the command line: its name in kebab case, e.g. `cleanup-without-fence`.
-    pub fn name(self) -> String {
-        variant_name(self)
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::from_str(name, false).ok()
-    }
-
     /// Whether the variant differs from the real protocol only in a world with redrives.
     pub fn needs_redrives(self) -> bool {
         matches!(

@@ -43,10 +43,23 @@ pub fn weights_text(weights: &[u32]) -> String {
     format!(", weights {}", named.join(", "))
 }
 
-/// A variant's name on the command line: clap's, its name in kebab case.
-pub fn variant_name(variant: impl ValueEnum) -> String {
-    let name = variant.to_possible_value().expect("no variant is skipped");
-    name.get_name().to_owned()
+/// A world's variants (the product's protocol first, then each broken one), named on the
+/// command line as clap's `ValueEnum` names them: in kebab case, e.g. `cleanup-without-fence`.
+pub trait Variants: ValueEnum + Copy + 'static {
+    /// Every variant, the product as it is first.
+    fn all() -> impl Iterator<Item = Self> {
+        Self::value_variants().iter().copied()
+    }
+
+    /// Its name on the command line.
+    fn name(self) -> String {
+        let name = self.to_possible_value().expect("no variant is skipped");
+        name.get_name().to_owned()
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        Self::from_str(name, false).ok()
+    }
 }
 
 /// Words for a trace, produced only when a trace is being printed.

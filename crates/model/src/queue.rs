@@ -128,8 +128,8 @@ use crate::explore::{Model, Violation};
 use crate::hash::Fingerprint;
 use crate::ours::MAX_ROUNDS;
 use crate::plumbing::{
-    exec_name, names, plural, read, show_holders, show_write, variant_name, weights_text, Emitting,
-    Fate, Interner, ItemKey, Memo, Naming, Successors, Words,
+    exec_name, names, plural, read, show_holders, show_write, weights_text, Emitting, Fate,
+    Interner, ItemKey, Memo, Naming, Successors, Variants, Words,
 };
 
 /// The most executions the queue world can have.
@@ -261,21 +261,7 @@ pub enum QueueVariant {
     GrantIgnoresWeight,
 }
 
-impl QueueVariant {
-    /// Every variant, the product as it is first.
-    pub fn all() -> impl Iterator<Item = Self> {
-        Self::value_variants().iter().copied()
-    }
-
-    /// Its name on the command line: its name in kebab case, e.g. `hand-off-without-wake-retry`.
-    pub fn name(self) -> String {
-        variant_name(self)
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::from_str(name, false).ok()
-    }
-}
+impl Variants for QueueVariant {}
 
 /// Where an execution is in the lock-protected state machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -4,7 +4,7 @@
 
 use semaphore_model::world::State;
 use semaphore_model::{
-    check_ours, check_sample, explore, ours_world, Config, Model, Reach, Report, Variant,
+    check_ours, check_sample, explore, ours_world, Config, Model, Reach, Report, Variant, Variants,
 };
 
 fn show(name: &str, report: &Report) {

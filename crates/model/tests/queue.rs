@@ -3,7 +3,9 @@
 //! limits of what is promised (strict order, liveness without the sweeper) are shown by their
 //! traces. Run with `--nocapture` to see the state counts, times and traces.
 
-use semaphore_model::{check_queue, explore, Model, QueueConfig, QueueVariant, QueueWorld, Report};
+use semaphore_model::{
+    check_queue, explore, Model, QueueConfig, QueueVariant, QueueWorld, Report, Variants,
+};
 
 fn show(name: &str, report: &Report) {
     println!("{name}: {report}");

@@ -14,7 +14,7 @@ use semaphore_model::queue::MAX_WAITERS;
 use semaphore_model::world::{MAX_EXECUTIONS, MAX_INCARNATIONS};
 use semaphore_model::{
     explore, ours_world, sample_world, Config, Model, QueueConfig, QueueVariant, QueueWorld,
-    Report, Variant,
+    Report, Variant, Variants,
 };
 
 /// Explores every reachable state of a small world of executions contending for one lock and
