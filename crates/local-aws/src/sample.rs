@@ -207,36 +207,35 @@ impl Execution {
         ended: mpsc::UnboundedSender<Ended>,
         seed: u64,
     ) -> Status {
-        let e = self;
         let mut rng = fastrand::Rng::with_seed(seed);
         let started = Instant::now();
         loop {
             // A zombie: the call goes on even when the execution was stopped meanwhile.
-            let acquired = acquirer.acquire(&lock, &e.arn, limit).await;
-            if e.stopped.load(Ordering::SeqCst) {
+            let acquired = acquirer.acquire(&lock, &self.arn, limit).await;
+            if self.stopped.load(Ordering::SeqCst) {
                 return ("ABORTED".to_owned(), None);
             }
             if acquired {
                 break;
             }
             if started.elapsed() >= WAIT_CAP {
-                let _ = ended.send(e.ended("FAILED", Some("SemaphoreWaitTimeout")));
+                let _ = ended.send(self.ended("FAILED", Some("SemaphoreWaitTimeout")));
                 return ("FAILED".to_owned(), Some("SemaphoreWaitTimeout".to_owned()));
             }
             tokio::time::sleep(Duration::from_millis(rng.u64(500..2000))).await;
         }
         let work_end = Instant::now() + work;
         while Instant::now() < work_end {
-            if e.stopped.load(Ordering::SeqCst) {
+            if self.stopped.load(Ordering::SeqCst) {
                 return ("ABORTED".to_owned(), None);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if e.fail {
-            let _ = ended.send(e.ended("FAILED", Some("WorkFailed")));
+        if self.fail {
+            let _ = ended.send(self.ended("FAILED", Some("WorkFailed")));
             return ("FAILED".to_owned(), Some("WorkFailed".to_owned()));
         }
-        direct.release(&lock, &e.arn).await;
+        direct.release(&lock, &self.arn).await;
         ("SUCCEEDED".to_owned(), None)
     }
 }
