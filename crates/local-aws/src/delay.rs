@@ -237,7 +237,7 @@ impl DelayProxy {
         kind: WriteKind,
         hold_for: Duration,
         long_hold_for: Option<Duration>,
-    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<String>), String> {
+    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<String>), crate::Error> {
         let (held_tx, held_rx) = mpsc::unbounded_channel();
         let policy = DelayAcquireWrites {
             kind,

@@ -12,9 +12,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aws_sdk_sfn::error::DisplayErrorContext;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
+
+use crate::Error;
 
 /// An execution that ended, as DescribeExecution tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,7 +130,7 @@ impl InputTransformer {
     /// stays as written, which here is a delivery error, as the target would refuse it. A
     /// template that is not a JSON object is text: values go in as text, and it is delivered
     /// as a JSON string.
-    pub fn apply(&self, event: &Value) -> Result<Value, String> {
+    pub fn apply(&self, event: &Value) -> Result<Value, Error> {
         let mut variables = BTreeMap::new();
         for (name, path) in &self.paths {
             if let Some(value) = json_path(event, path)? {
@@ -174,9 +177,9 @@ impl InputTransformer {
         }
         if json_template {
             serde_json::from_str(&out).map_err(|e| {
-                format!(
+                Error::Event(format!(
                     "the input transformer made no JSON ({e}), as the target would get it: {out}"
-                )
+                ))
             })
         } else {
             Ok(Value::String(out))
@@ -186,10 +189,10 @@ impl InputTransformer {
 
 /// A JSON path in dot notation (`$`, `$.detail.status`, `$.detail-type`), as EventBridge
 /// supports them for the transformer; `None` when the event has no such field.
-fn json_path<'a>(event: &'a Value, path: &str) -> Result<Option<&'a Value>, String> {
+fn json_path<'a>(event: &'a Value, path: &str) -> Result<Option<&'a Value>, Error> {
     let rest = path
         .strip_prefix('$')
-        .ok_or_else(|| format!("input path {path:?} does not start with $"))?;
+        .ok_or_else(|| Error::Event(format!("input path {path:?} does not start with $")))?;
     let mut at = event;
     for key in rest.split('.').skip(1) {
         match at.get(key) {
@@ -198,9 +201,9 @@ fn json_path<'a>(event: &'a Value, path: &str) -> Result<Option<&'a Value>, Stri
         }
     }
     if !rest.is_empty() && !rest.starts_with('.') {
-        return Err(format!(
+        return Err(Error::Event(format!(
             "input path {path:?}: only dot notation is emulated"
-        ));
+        )));
     }
     Ok(Some(at))
 }
@@ -209,7 +212,7 @@ fn json_path<'a>(event: &'a Value, path: &str) -> Result<Option<&'a Value>, Stri
 pub fn target_input(
     transformer: Option<&InputTransformer>,
     event: &Value,
-) -> Result<String, String> {
+) -> Result<String, Error> {
     Ok(match transformer.map(|t| t.apply(event)).transpose()? {
         None => event.to_string(),
         Some(Value::String(text)) => text,
@@ -234,7 +237,7 @@ pub enum Target {
 }
 
 impl Target {
-    async fn deliver(&self, event: &Value, delivery_name: &str) -> Result<(), String> {
+    async fn deliver(&self, event: &Value, delivery_name: &str) -> Result<(), Error> {
         match self {
             Target::StateMachine {
                 client,
@@ -248,11 +251,11 @@ impl Target {
                 .send()
                 .await
                 .map(|_| ())
-                .map_err(|e| aws_sdk_sfn::error::DisplayErrorContext(e).to_string()),
+                .map_err(Error::aws(format!("StartExecution {delivery_name}"))),
             Target::Sample { protocol, lock } => {
                 let holder = event["detail"]["executionArn"]
                     .as_str()
-                    .ok_or("event without executionArn")?;
+                    .ok_or_else(|| Error::Event("no detail.executionArn".to_owned()))?;
                 protocol.cleanup(lock, holder).await;
                 Ok(())
             }
@@ -337,6 +340,7 @@ impl Player {
                                 Ok(()) => stats.delivered.push((crate::poller::now_ms(), arn)),
                                 Err(e) => {
                                     stats.delivery_errors += 1;
+                                    let e = DisplayErrorContext(e);
                                     eprintln!("event delivery {name} failed: {e}");
                                 }
                             }
@@ -465,7 +469,11 @@ mod tests {
             paths: paths(&[("x", "$.detail.nothing")]),
             template: r#"{"x": <x>}"#.to_owned(),
         };
-        assert!(missing.apply(&event).unwrap_err().contains("no JSON"));
+        assert!(missing
+            .apply(&event)
+            .unwrap_err()
+            .to_string()
+            .contains("no JSON"));
     }
 
     #[test]
@@ -520,6 +528,7 @@ mod tests {
             .deliver(&event, &crate::sfn::unique("whole"))
             .await
             .unwrap_err();
+        let refused = DisplayErrorContext(refused).to_string();
         assert!(
             refused.contains("ValidationException") && refused.contains("262144"),
             "{refused}"

@@ -12,6 +12,7 @@ use crate::server::{tail, ACCESS_KEY, SECRET_KEY};
 
 use crate::procs::Supervisor;
 use crate::stack::Function;
+use crate::Error;
 
 /// The stand-in for a user's Lambda function run as the work (WorkFunctionArns): this crate's
 /// `stand-in-work` binary, a `lambda_runtime` function that waits its event's `work_seconds`.
@@ -19,11 +20,11 @@ use crate::stack::Function;
 pub const WORK_FUNCTION: &str = "stand-in-work";
 
 /// A free TCP port on 127.0.0.1 (for tools that cannot report the port they picked).
-pub fn free_port() -> Result<u16, String> {
+pub fn free_port() -> Result<u16, Error> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| format!("no free port on 127.0.0.1: {e}"))
+        .map_err(Error::io("find a free port on 127.0.0.1"))
 }
 
 fn wait_for<T>(
@@ -31,21 +32,25 @@ fn wait_for<T>(
     what: &str,
     timeout: Duration,
     mut ready: impl FnMut() -> Option<T>,
-) -> Result<T, String> {
+) -> Result<T, Error> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = ready() {
             return Ok(value);
         }
         if let Some((name, status, log)) = supervisor.exited() {
-            return Err(format!(
-                "{name} exited ({status}) while waiting for {what}; see {}:\n{}",
-                log.display(),
-                tail(&log, 20)
-            ));
+            return Err(Error::Exited {
+                what: format!("{name} (while waiting for {what})"),
+                status,
+                tail: tail(&log, 20),
+                log,
+            });
         }
         if Instant::now() >= deadline {
-            return Err(format!("{what}: not ready after {} s", timeout.as_secs()));
+            return Err(Error::Timeout {
+                what: what.to_owned(),
+                after: timeout,
+            });
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -60,13 +65,14 @@ pub fn start_emulator(
     root: &Path,
     run_dir: &Path,
     port: u16,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     if !cargo_lambda.exists() {
-        return Err(format!(
-            "no cargo-lambda at {}: run `bash local/run.sh` (it installs the pinned \
-             cargo-lambda into .venv), or pass --cargo-lambda",
-            cargo_lambda.display()
-        ));
+        return Err(Error::Missing {
+            path: cargo_lambda.to_owned(),
+            fix: "run `bash local/run.sh` (it installs the pinned cargo-lambda into .venv), or \
+                  pass --cargo-lambda"
+                .to_owned(),
+        });
     }
     let mut command = Command::new(cargo_lambda);
     command
@@ -83,7 +89,7 @@ pub fn start_emulator(
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     wait_for(
         supervisor,
-        "the Lambda emulator (cargo lambda watch)",
+        "the Lambda emulator (cargo lambda watch) to listen",
         Duration::from_secs(120),
         || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok(),
     )?;
@@ -91,26 +97,28 @@ pub fn start_emulator(
 }
 
 /// `cargo build` of the function binaries, so that no invoke waits for a compile.
-pub fn build_functions(root: &Path, run_dir: &Path, binaries: &[&str]) -> Result<(), String> {
+pub fn build_functions(root: &Path, run_dir: &Path, binaries: &[&str]) -> Result<(), Error> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let log_path = run_dir.join("cargo-build.log");
-    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+    let create = || Error::io(format!("create {}", log_path.display()));
+    let log = std::fs::File::create(&log_path).map_err(create())?;
     let mut command = Command::new(cargo);
     command.current_dir(root).args(["build", "--locked"]);
     for binary in binaries {
         command.args(["--bin", binary]);
     }
     let status = command
-        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stdout(log.try_clone().map_err(create())?)
         .stderr(log)
         .status()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
+        .map_err(Error::io("run cargo"))?;
     if !status.success() {
-        return Err(format!(
-            "cargo build of the Lambda binaries failed ({status}); see {}:\n{}",
-            log_path.display(),
-            tail(&log_path, 30)
-        ));
+        return Err(Error::Exited {
+            what: "cargo build of the Lambda binaries".to_owned(),
+            status: status.to_string(),
+            tail: tail(&log_path, 30),
+            log: log_path,
+        });
     }
     Ok(())
 }
@@ -127,7 +135,7 @@ pub fn start_functions(
     emulator_port: u16,
     endpoint: &str,
     region: &str,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let instance = Instance {
         binary: &function.binary,
         name: &function.name,
@@ -148,7 +156,7 @@ pub fn start_work_function(
     run_dir: &Path,
     emulator_port: u16,
     region: &str,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let instance = Instance {
         binary: WORK_FUNCTION,
         name: WORK_FUNCTION,
@@ -180,14 +188,14 @@ fn spawn(
     run_dir: &Path,
     function: &Instance<'_>,
     instances: usize,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let name = function.binary;
     let binary = binary_dir.join(name);
     if !binary.exists() {
-        return Err(format!(
-            "{} is missing: build it with `cargo build --bin {name}`",
-            binary.display(),
-        ));
+        return Err(Error::Missing {
+            path: binary,
+            fix: format!("build it with `cargo build --bin {name}`"),
+        });
     }
     let mut env = function.environment.clone();
     let runtime: [(&str, String); 11] = [

@@ -20,6 +20,7 @@
 pub mod asl;
 pub mod counter;
 pub mod delay;
+pub mod error;
 pub mod eventbridge;
 pub mod lambda;
 pub mod legacy;
@@ -36,4 +37,5 @@ pub mod sfn;
 pub mod stack;
 pub mod wire;
 
+pub use error::Error;
 pub use server::{all_items, client_for, endpoint, fresh_table, sdk_config, LocalAws};

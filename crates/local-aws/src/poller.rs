@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::observe::{self, RawRecord};
+use crate::Error;
 use aws_sdk_dynamodb::types::AttributeValue;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -160,7 +161,7 @@ pub struct LockItems {
 
 impl LockItems {
     /// The item of `lock` now, raw; `None` when it has none.
-    pub async fn item(&self, lock: &str) -> Result<Option<RawRecord>, String> {
+    pub async fn item(&self, lock: &str) -> Result<Option<RawRecord>, Error> {
         self.client
             .get_item()
             .table_name(&self.table)
@@ -169,14 +170,11 @@ impl LockItems {
             .send()
             .await
             .map(|answer| answer.item)
-            .map_err(|e| {
-                let e = aws_sdk_dynamodb::error::DisplayErrorContext(e);
-                format!("GetItem {lock}: {e}")
-            })
+            .map_err(Error::aws(format!("GetItem {lock}")))
     }
 
     /// Who holds a slot of `lock` now.
-    pub async fn holders(&self, lock: &str) -> Result<Vec<String>, String> {
+    pub async fn holders(&self, lock: &str) -> Result<Vec<String>, Error> {
         let item = self.item(lock).await?;
         Ok(item.map(|i| decode(self.layout, &i).0).unwrap_or_default())
     }

@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::server::{LocalAws, Options};
+use crate::Error;
 
 struct Managed {
     name: String,
@@ -32,11 +33,11 @@ impl Supervisor {
     }
 
     /// Starts `command` with stdout and stderr going to `log`.
-    pub fn spawn(&self, name: &str, mut command: Command, log: &Path) -> Result<u32, String> {
-        let out = File::create(log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+    pub fn spawn(&self, name: &str, mut command: Command, log: &Path) -> Result<u32, Error> {
+        let out = File::create(log).map_err(Error::io(format!("create {}", log.display())))?;
         let err = out
             .try_clone()
-            .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+            .map_err(Error::io(format!("open {}", log.display())))?;
         command.stdin(Stdio::null()).stdout(out).stderr(err);
         {
             use std::os::unix::process::CommandExt;
@@ -52,9 +53,10 @@ impl Supervisor {
                 });
             }
         }
-        let child = command
-            .spawn()
-            .map_err(|e| format!("cannot start {name} ({:?}): {e}", command.get_program()))?;
+        let child = command.spawn().map_err(Error::io(format!(
+            "start {name} ({:?})",
+            command.get_program()
+        )))?;
         let pid = child.id();
         self.adopt(name, child, log);
         Ok(pid)
@@ -79,14 +81,14 @@ impl Supervisor {
         python: &Path,
         run_dir: &Path,
         lambda_endpoint: Option<&str>,
-    ) -> Result<String, String> {
+    ) -> Result<String, Error> {
         let options = Options {
             python: python.to_owned(),
             dir: run_dir.to_owned(),
             parent_pid: std::process::id(),
             lambda_endpoint: lambda_endpoint.map(str::to_owned),
         };
-        let server = LocalAws::start(&options).map_err(|e| e.to_string())?;
+        let server = LocalAws::start(&options)?;
         let (endpoint, log) = (server.endpoint().to_owned(), server.log().to_owned());
         self.adopt("moto server", server.into_process(), &log);
         Ok(endpoint)

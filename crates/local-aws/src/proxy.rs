@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aws_sdk_sfn::error::DisplayErrorContext;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
@@ -147,17 +148,20 @@ pub struct ForwardingProxy<P> {
 impl<P: Policy> ForwardingProxy<P> {
     /// Listens on a free port of 127.0.0.1 and forwards to `upstream_endpoint`
     /// (`http://127.0.0.1:PORT`).
-    pub async fn with_policy(upstream_endpoint: &str, policy: P) -> Result<Self, String> {
+    pub async fn with_policy(upstream_endpoint: &str, policy: P) -> Result<Self, crate::Error> {
         let upstream: SocketAddr = upstream_endpoint
             .trim_start_matches("http://")
             .parse()
-            .map_err(|e| format!("{upstream_endpoint} is not http://127.0.0.1:PORT: {e}"))?;
+            .map_err(|e: std::net::AddrParseError| crate::Error::Parse {
+                what: format!("{upstream_endpoint} is not http://127.0.0.1:PORT"),
+                source: e.into(),
+            })?;
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
-            .map_err(|e| format!("proxy: cannot listen on 127.0.0.1: {e}"))?;
+            .map_err(crate::Error::io("proxy: listen on 127.0.0.1"))?;
         let addr = listener
             .local_addr()
-            .map_err(|e| format!("proxy address: {e}"))?;
+            .map_err(crate::Error::io("proxy: its address"))?;
         let shared = Arc::new(Shared {
             policy,
             held: Mutex::new(Vec::new()),
@@ -189,7 +193,7 @@ impl<P: Policy> ForwardingProxy<P> {
     {
         Self::with_policy(upstream_endpoint, P::default())
             .await
-            .unwrap_or_else(|e| panic!("start the proxy: {e}"))
+            .unwrap_or_else(|e| panic!("start the proxy: {}", DisplayErrorContext(e)))
     }
 
     pub fn endpoint(&self) -> String {

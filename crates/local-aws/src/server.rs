@@ -12,8 +12,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region, SharedCredentialsProvider};
+use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::Client;
 use semaphore_core::{DynamoStore, Semaphore, SemaphoreItem};
+
+use crate::Error;
 
 /// Dummy credentials and the region of everything local: nothing here reaches AWS.
 pub const ACCESS_KEY: &str = "testing";
@@ -28,29 +31,6 @@ pub fn repo_root() -> PathBuf {
         .join("../..")
         .canonicalize()
         .expect("crates/local-aws lives two levels below the repository root")
-}
-
-/// Why the local server did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error(
-        "no Python with moto at {0}: run `bash tests/run.sh` or `bash local/run.sh` once (they \
-         create .venv from local/requirements.txt), or name another with SEMAPHORE_PYTHON"
-    )]
-    NoPython(PathBuf),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
-    #[error("the local server exited ({status}) before it listened; {log}:\n{tail}")]
-    Exited {
-        status: std::process::ExitStatus,
-        log: PathBuf,
-        tail: String,
-    },
-    #[error("the local server did not listen within {} s; see {}", START_TIMEOUT.as_secs(), .0.display())]
-    Timeout(PathBuf),
 }
 
 /// How to start the server.
@@ -108,14 +88,19 @@ pub struct LocalAws {
 impl LocalAws {
     /// Starts `local/moto_server.py` on a free port of 127.0.0.1 and waits until it listens
     /// (it writes its port to a file once it does), in a process group of its own.
-    pub fn start(options: &Options) -> Result<Self, StartError> {
+    pub fn start(options: &Options) -> Result<Self, Error> {
         static STARTED: AtomicU32 = AtomicU32::new(0);
         if !options.python.exists() {
-            return Err(StartError::NoPython(options.python.clone()));
+            return Err(Error::Missing {
+                path: options.python.clone(),
+                fix: "a Python with moto: run `bash tests/run.sh` or `bash local/run.sh` once \
+                      (they create .venv from local/requirements.txt), or name another with \
+                      SEMAPHORE_PYTHON"
+                    .to_owned(),
+            });
         }
-        let io = |what: String| move |source| StartError::Io { what, source };
         std::fs::create_dir_all(&options.dir)
-            .map_err(io(format!("create {}", options.dir.display())))?;
+            .map_err(Error::io(format!("create {}", options.dir.display())))?;
         let name = format!(
             "moto-{}-{}",
             std::process::id(),
@@ -124,10 +109,11 @@ impl LocalAws {
         let port_file = options.dir.join(format!("{name}.port"));
         let log = options.dir.join(format!("{name}.log"));
         let _ = std::fs::remove_file(&port_file);
-        let out = std::fs::File::create(&log).map_err(io(format!("create {}", log.display())))?;
+        let out =
+            std::fs::File::create(&log).map_err(Error::io(format!("create {}", log.display())))?;
         let err = out
             .try_clone()
-            .map_err(io(format!("open {}", log.display())))?;
+            .map_err(Error::io(format!("open {}", log.display())))?;
         let mut command = Command::new(&options.python);
         command
             .arg(repo_root().join("local/moto_server.py"))
@@ -147,7 +133,7 @@ impl LocalAws {
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(io(format!("start {}", options.python.display())))?;
+            .map_err(Error::io(format!("start {}", options.python.display())))?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             let port = std::fs::read_to_string(&port_file)
@@ -162,12 +148,20 @@ impl LocalAws {
             }
             if let Ok(Some(status)) = process.try_wait() {
                 let tail = tail(&log, 20);
-                return Err(StartError::Exited { status, log, tail });
+                return Err(Error::Exited {
+                    what: "the local server (not yet listening)".to_owned(),
+                    status: status.to_string(),
+                    log,
+                    tail,
+                });
             }
             if Instant::now() >= deadline {
                 let _ = process.kill();
                 let _ = process.wait();
-                return Err(StartError::Timeout(log));
+                return Err(Error::Timeout {
+                    what: format!("the local server to listen; see {}", log.display()),
+                    after: START_TIMEOUT,
+                });
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -202,7 +196,7 @@ pub fn endpoint() -> &'static str {
     ENDPOINT.get_or_init(|| match std::env::var("SEMAPHORE_TEST_ENDPOINT") {
         Ok(url) if !url.is_empty() => url,
         _ => LocalAws::start(&Options::new())
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{}", DisplayErrorContext(e)))
             .endpoint
             .clone(),
     })

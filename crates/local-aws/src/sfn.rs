@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use crate::eventbridge::Ended;
 use crate::server::sdk_config;
+use crate::Error;
 
 /// The Step Functions client, for tests that do not depend on the SDK themselves.
 pub type Client = aws_sdk_sfn::Client;
@@ -71,7 +72,7 @@ pub async fn create_machine(sfn: &aws_sdk_sfn::Client, name: &str, definition: &
 pub async fn start(sfn: &aws_sdk_sfn::Client, machine: &str, name: &str, input: &Value) -> String {
     start_execution(sfn, machine, name, input)
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{}", DisplayErrorContext(e)))
 }
 
 pub async fn stop(sfn: &aws_sdk_sfn::Client, execution: &str) {
@@ -189,7 +190,7 @@ pub fn execution_arn(machine: &str, name: &str) -> String {
 pub async fn described(sfn: &aws_sdk_sfn::Client, execution: &str) -> (String, Option<Value>) {
     let (_, outcome) = describe(sfn, execution)
         .await
-        .unwrap_or_else(|e| panic!("describe {execution}: {e}"));
+        .unwrap_or_else(|e| panic!("{}", DisplayErrorContext(e)));
     let output = outcome
         .output
         .map(|text| serde_json::from_str(&text).expect("an execution's output is JSON"));
@@ -201,7 +202,7 @@ pub async fn described(sfn: &aws_sdk_sfn::Client, execution: &str) -> (String, O
 pub async fn task_outputs(sfn: &aws_sdk_sfn::Client, execution: &str) -> Vec<Value> {
     let events = history(sfn, execution)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{}", DisplayErrorContext(e)));
     events
         .iter()
         .filter_map(|e| e.task_succeeded_event_details()?.output())
@@ -360,10 +361,6 @@ pub fn short(arn: &str) -> &str {
     arn.rsplit(':').next().unwrap_or(arn)
 }
 
-pub fn sfn_error(e: impl std::error::Error + 'static) -> String {
-    aws_sdk_sfn::error::DisplayErrorContext(e).to_string()
-}
-
 fn millis(t: Option<&aws_sdk_sfn::primitives::DateTime>) -> i64 {
     t.and_then(|t| t.to_millis().ok()).unwrap_or_default()
 }
@@ -396,7 +393,7 @@ pub async fn start_execution(
     machine: &str,
     name: &str,
     input: &Value,
-) -> Result<String, String> {
+) -> Result<String, Error> {
     sfn.start_execution()
         .state_machine_arn(machine)
         .name(name)
@@ -404,7 +401,7 @@ pub async fn start_execution(
         .send()
         .await
         .map(|s| s.execution_arn().to_owned())
-        .map_err(|e| format!("StartExecution {name}: {}", sfn_error(e)))
+        .map_err(Error::aws(format!("StartExecution {name}")))
 }
 
 /// Saves an execution's history next to the logs (for executions that did not go as planned).
@@ -416,7 +413,7 @@ pub async fn save_history(sfn: &Client, arn: &str, dir: &Path) -> String {
             .map(|e| event_line(e).to_string())
             .collect::<Vec<_>>()
             .join("\n"),
-        Err(e) => format!("GetExecutionHistory failed: {e}"),
+        Err(e) => format!("{}", DisplayErrorContext(e)),
     };
     let _ = std::fs::write(&file, text);
     file.display().to_string()
@@ -482,7 +479,7 @@ pub fn clip(text: &str, max: usize) -> String {
 pub async fn list_executions(
     sfn: &Client,
     machine: &str,
-) -> Result<Vec<(String, String, ExecutionStatus)>, String> {
+) -> Result<Vec<(String, String, ExecutionStatus)>, Error> {
     sfn.list_executions()
         .state_machine_arn(machine)
         .max_results(1000)
@@ -491,7 +488,7 @@ pub async fn list_executions(
         .send()
         .collect::<Result<Vec<_>, _>>()
         .await
-        .map_err(sfn_error)
+        .map_err(Error::aws(format!("ListExecutions {machine}")))
         .map(|executions| {
             executions
                 .into_iter()
@@ -501,20 +498,20 @@ pub async fn list_executions(
 }
 
 /// Whether any execution of `machine` is still running.
-pub async fn any_running(sfn: &Client, machine: &str) -> Result<bool, String> {
+pub async fn any_running(sfn: &Client, machine: &str) -> Result<bool, Error> {
     Ok(list_executions(sfn, machine)
         .await?
         .iter()
         .any(|(_, _, s)| *s == ExecutionStatus::Running))
 }
 
-pub async fn describe(sfn: &Client, arn: &str) -> Result<(Ended, Outcome), String> {
+pub async fn describe(sfn: &Client, arn: &str) -> Result<(Ended, Outcome), Error> {
     let d = sfn
         .describe_execution()
         .execution_arn(arn)
         .send()
         .await
-        .map_err(sfn_error)?;
+        .map_err(Error::aws(format!("DescribeExecution {arn}")))?;
     let ended = Ended {
         arn: d.execution_arn().to_owned(),
         machine_arn: d.state_machine_arn().to_owned(),
@@ -536,7 +533,7 @@ pub async fn describe(sfn: &Client, arn: &str) -> Result<(Ended, Outcome), Strin
 }
 
 /// Waits until the execution is no longer RUNNING.
-pub async fn wait_ended(sfn: &Client, arn: &str, timeout: Duration) -> Result<Outcome, String> {
+pub async fn wait_ended(sfn: &Client, arn: &str, timeout: Duration) -> Result<Outcome, Error> {
     let deadline = Instant::now() + timeout;
     loop {
         let (_, outcome) = describe(sfn, arn).await?;
@@ -544,14 +541,17 @@ pub async fn wait_ended(sfn: &Client, arn: &str, timeout: Duration) -> Result<Ou
             return Ok(outcome);
         }
         if Instant::now() >= deadline {
-            return Err(format!("{arn} still RUNNING after {} s", timeout.as_secs()));
+            return Err(Error::Timeout {
+                what: format!("{arn} to end (still RUNNING)"),
+                after: timeout,
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
 /// Every event of an execution's history, oldest first.
-pub async fn history(sfn: &Client, arn: &str) -> Result<Vec<HistoryEvent>, String> {
+pub async fn history(sfn: &Client, arn: &str) -> Result<Vec<HistoryEvent>, Error> {
     sfn.get_execution_history()
         .execution_arn(arn)
         .max_results(1000)
@@ -560,11 +560,11 @@ pub async fn history(sfn: &Client, arn: &str) -> Result<Vec<HistoryEvent>, Strin
         .send()
         .collect::<Result<Vec<_>, _>>()
         .await
-        .map_err(|e| format!("GetExecutionHistory {arn}: {}", sfn_error(e)))
+        .map_err(Error::aws(format!("GetExecutionHistory {arn}")))
 }
 
 /// The names of the states an execution entered, in order (one per state transition).
-pub async fn states_entered(sfn: &Client, arn: &str) -> Result<Vec<String>, String> {
+pub async fn states_entered(sfn: &Client, arn: &str) -> Result<Vec<String>, Error> {
     Ok(history(sfn, arn)
         .await?
         .iter()

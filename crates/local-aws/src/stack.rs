@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::eventbridge::InputTransformer;
+use crate::Error;
 
 /// Pseudo parameters of the local stack.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -109,7 +110,7 @@ impl Deployed {
         endpoint: &str,
         stack: &Stack,
         parameters: &BTreeMap<String, String>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, Error> {
         let mut command = std::process::Command::new(python);
         command
             .arg(root.join("local/deploy_stack.py"))
@@ -122,33 +123,37 @@ impl Deployed {
         }
         let output = command
             .output()
-            .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+            .map_err(Error::io(format!("run {}", python.display())))?;
         if !output.status.success() {
-            return Err(format!(
-                "local/deploy_stack.py failed ({}):\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            ));
+            return Err(Error::Deploy {
+                status: output.status,
+                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            });
         }
-        serde_json::from_slice(&output.stdout)
-            .map_err(|e| format!("local/deploy_stack.py printed no stack description: {e}"))
+        serde_json::from_slice(&output.stdout).map_err(|e| Error::Parse {
+            what: "local/deploy_stack.py printed no stack description".to_owned(),
+            source: e.into(),
+        })
     }
 
-    pub fn parameter(&self, name: &str) -> Result<&str, String> {
+    pub fn parameter(&self, name: &str) -> Result<&str, Error> {
         self.parameters
             .get(name)
             .map(String::as_str)
-            .ok_or_else(|| format!("the stack has no parameter {name}"))
+            .ok_or_else(|| Error::NotInStack(format!("parameter {name}")))
     }
 
     /// The protocol's timing the stack gives every function: (horizon, clock skew) in seconds,
     /// its AcquireHorizonSeconds and ClockSkewSeconds parameters. The fence window is their sum.
-    pub fn timing_seconds(&self) -> Result<(u64, u64), String> {
-        let seconds = |name: &str| -> Result<u64, String> {
+    pub fn timing_seconds(&self) -> Result<(u64, u64), Error> {
+        let seconds = |name: &str| -> Result<u64, Error> {
             let value = self.parameter(name)?;
             value
                 .parse()
-                .map_err(|_| format!("the stack's {name} is {value:?}, not whole seconds"))
+                .map_err(|e: std::num::ParseIntError| Error::Parse {
+                    what: format!("the stack's {name} is {value:?}, not whole seconds"),
+                    source: e.into(),
+                })
         };
         Ok((
             seconds("AcquireHorizonSeconds")?,
@@ -156,47 +161,47 @@ impl Deployed {
         ))
     }
 
-    pub fn table(&self, logical_id: &str) -> Result<&str, String> {
+    pub fn table(&self, logical_id: &str) -> Result<&str, Error> {
         self.tables
             .get(logical_id)
             .map(String::as_str)
-            .ok_or_else(|| format!("the stack has no table {logical_id}"))
+            .ok_or_else(|| Error::NotInStack(format!("table {logical_id}")))
     }
 
-    pub fn machine(&self, logical_id: &str) -> Result<&Machine, String> {
+    pub fn machine(&self, logical_id: &str) -> Result<&Machine, Error> {
         self.machines
             .iter()
             .find(|m| m.logical_id == logical_id)
-            .ok_or_else(|| format!("the stack has no state machine {logical_id}"))
+            .ok_or_else(|| Error::NotInStack(format!("state machine {logical_id}")))
     }
 
-    pub fn machine_by_arn(&self, arn: &str) -> Result<&Machine, String> {
+    pub fn machine_by_arn(&self, arn: &str) -> Result<&Machine, Error> {
         self.machines
             .iter()
             .find(|m| m.arn == arn)
-            .ok_or_else(|| format!("{arn} is none of the stack's state machines"))
+            .ok_or_else(|| Error::NotInStack(format!("state machine {arn}")))
     }
 
     /// The machine a function's environment `variable` names (e.g. DEFAULT_WORK).
-    pub fn machine_named_by(&self, variable: &str) -> Result<&Machine, String> {
+    pub fn machine_named_by(&self, variable: &str) -> Result<&Machine, Error> {
         let arn = self
             .functions
             .iter()
             .find_map(|f| f.environment.get(variable))
-            .ok_or_else(|| format!("the stack gives no function a {variable}"))?;
+            .ok_or_else(|| Error::NotInStack(format!("function with a {variable}")))?;
         self.machine_by_arn(arn)
     }
 
     #[cfg(test)]
-    pub fn function(&self, binary: &str) -> Result<&Function, String> {
+    pub fn function(&self, binary: &str) -> Result<&Function, Error> {
         self.functions
             .iter()
             .find(|f| f.binary == binary)
-            .ok_or_else(|| format!("the stack has no function built from binary {binary}"))
+            .ok_or_else(|| Error::NotInStack(format!("function built from binary {binary}")))
     }
 
     /// The machine the event rule starts.
-    pub fn rule_target(&self) -> Result<&Machine, String> {
+    pub fn rule_target(&self) -> Result<&Machine, Error> {
         self.machine_by_arn(&self.rule.target)
     }
 
@@ -274,7 +279,7 @@ impl Deployed {
     }
 
     /// The machine the schedule starts.
-    pub fn scheduled(&self) -> Result<&Machine, String> {
+    pub fn scheduled(&self) -> Result<&Machine, Error> {
         self.machine_by_arn(&self.schedule.target)
     }
 }
@@ -378,7 +383,7 @@ pub(crate) mod tests {
         let queue = stack.table("QueueTable").unwrap();
         // Every function gets the protocol's timing from the template's two parameters (the
         // fence window is computed from them; there is no window parameter to get wrong).
-        assert_eq!(stack.timing_seconds(), Ok((8, 2)));
+        assert_eq!(stack.timing_seconds().unwrap(), (8, 2));
         let lock = stack.parameter("LockName").unwrap();
         for f in &stack.functions {
             let env = |name: &str| f.environment.get(name).map(String::as_str);

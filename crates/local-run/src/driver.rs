@@ -193,10 +193,10 @@ impl Watch {
         grace: Duration,
         every: Duration,
         mut settled_too: F,
-    ) -> Result<(), String>
+    ) -> anyhow::Result<()>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<bool, String>>,
+        Fut: Future<Output = anyhow::Result<bool>>,
     {
         let deadline = Instant::now() + args.longest_hold() + args.event_chaos().late_by + grace;
         loop {
@@ -225,7 +225,7 @@ impl Watch {
         setup: &Setup<'_>,
         planned: &[Planned],
         holders_when_all_ended: &BTreeMap<String, usize>,
-    ) -> Result<Report, String> {
+    ) -> anyhow::Result<Report> {
         tokio::time::sleep(Duration::from_millis(300)).await;
         progress.finish().await;
         self.poller.stop();

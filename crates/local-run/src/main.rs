@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::{ensure, Context};
 use clap::{Parser, ValueEnum};
 
 use local_aws::eventbridge::EventChaos;
@@ -159,18 +160,15 @@ pub struct Args {
 }
 
 /// A share of executions or events: from 0 to 1.
-fn share(text: &str) -> Result<f64, String> {
-    let v: f64 = text.trim().parse().map_err(|e| format!("{e}"))?;
-    if (0.0..=1.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("a share is from 0 to 1, not {v}"))
-    }
+fn share(text: &str) -> anyhow::Result<f64> {
+    let v: f64 = text.trim().parse()?;
+    ensure!((0.0..=1.0).contains(&v), "a share is from 0 to 1, not {v}");
+    Ok(v)
 }
 
-fn parse_rate(text: &str) -> Result<f64, String> {
-    semaphore_core::Rate::parse(text).map_err(|e| e.to_string())?;
-    text.trim().parse().map_err(|e| format!("{e}"))
+fn parse_rate(text: &str) -> anyhow::Result<f64> {
+    semaphore_core::Rate::parse(text)?;
+    Ok(text.trim().parse()?)
 }
 
 /// A lock of the run and its limit.
@@ -181,28 +179,27 @@ pub struct LockSpec {
 }
 
 impl std::str::FromStr for LockSpec {
-    type Err = String;
+    type Err = anyhow::Error;
 
-    fn from_str(part: &str) -> Result<Self, String> {
+    fn from_str(part: &str) -> anyhow::Result<Self> {
         let (name, limit) = part
             .trim()
             .split_once(':')
-            .ok_or_else(|| format!("{part:?} is not NAME:LIMIT"))?;
+            .with_context(|| format!("{part:?} is not NAME:LIMIT"))?;
         let valid_name = !name.is_empty()
             && name.len() <= 64
             && name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-        if !valid_name {
-            return Err(format!(
-                "{name:?} is not a lock name (1 to 64 letters, digits, '.', '_', '-')"
-            ));
-        }
+        ensure!(
+            valid_name,
+            "{name:?} is not a lock name (1 to 64 letters, digits, '.', '_', '-')"
+        );
         let limit = limit
             .parse()
             .ok()
             .filter(|l| (1..=1000).contains(l))
-            .ok_or_else(|| format!("the limit of {name} is not from 1 to 1000"))?;
+            .with_context(|| format!("the limit of {name} is not from 1 to 1000"))?;
         Ok(Self {
             name: name.to_owned(),
             limit,
@@ -212,12 +209,11 @@ impl std::str::FromStr for LockSpec {
 
 impl Args {
     /// The run's locks (`--locks`, the first one's limit replaced by `--limit` if given).
-    pub fn locks(&self) -> Result<Vec<LockSpec>, String> {
+    pub fn locks(&self) -> anyhow::Result<Vec<LockSpec>> {
         let mut locks = self.locks.clone();
         for (i, lock) in locks.iter().enumerate() {
-            if locks[..i].iter().any(|l| l.name == lock.name) {
-                return Err(format!("--locks: {} is named twice", lock.name));
-            }
+            let twice = locks[..i].iter().any(|l| l.name == lock.name);
+            ensure!(!twice, "--locks: {} is named twice", lock.name);
         }
         if let (Some(first), Some(limit)) = (locks.first_mut(), self.limit) {
             first.limit = limit;
@@ -268,44 +264,41 @@ impl Args {
         }
     }
 
-    fn validate(&self) -> Result<(), String> {
-        if self.fail_share + self.stop_mid_acquire + self.stop_mid_work > 1.0 {
-            return Err(
-                "--fail-share, --stop-mid-acquire and --stop-mid-work add up to more than 1"
-                    .to_owned(),
-            );
-        }
+    fn validate(&self) -> anyhow::Result<()> {
+        ensure!(
+            self.fail_share + self.stop_mid_acquire + self.stop_mid_work <= 1.0,
+            "--fail-share, --stop-mid-acquire and --stop-mid-work add up to more than 1"
+        );
         for (name, v) in [
             ("--hold-seconds", self.hold_seconds),
             ("--long-hold-seconds", self.long_hold_seconds),
             ("--late-by", self.late_by),
             ("--sweep-every", self.sweep_every),
         ] {
-            if !(0.0..=600.0).contains(&v) || (name == "--sweep-every" && v < 0.5) {
-                return Err(format!("{name} out of range: {v}"));
-            }
+            let in_range = (0.0..=600.0).contains(&v) && (name != "--sweep-every" || v >= 0.5);
+            ensure!(in_range, "{name} out of range: {v}");
         }
         let locks = self.locks()?;
-        if self.protocol == Protocol::Sample && (!self.weights.is_empty() || self.rate.is_some()) {
-            return Err(
-                "--weights and --rate are this project's; the sample's protocol has \
-                        neither"
-                    .to_owned(),
-            );
-        }
+        ensure!(
+            self.protocol == Protocol::Versioned
+                || (self.weights.is_empty() && self.rate.is_none()),
+            "--weights and --rate are this project's; the sample's protocol has neither"
+        );
         if !self.weights.is_empty() {
             for lock in &locks {
-                if !self.weights.iter().any(|w| *w <= lock.limit) {
-                    return Err(format!(
-                        "--weights: none of {:?} fits {}'s limit {}",
-                        self.weights, lock.name, lock.limit
-                    ));
-                }
+                ensure!(
+                    self.weights.iter().any(|w| *w <= lock.limit),
+                    "--weights: none of {:?} fits {}'s limit {}",
+                    self.weights,
+                    lock.name,
+                    lock.limit
+                );
             }
         }
-        if self.acquire_instances == 0 {
-            return Err("--acquire-instances must be at least 1".to_owned());
-        }
+        ensure!(
+            self.acquire_instances > 0,
+            "--acquire-instances must be at least 1"
+        );
         Ok(())
     }
 }
@@ -384,7 +377,7 @@ pub fn plan_locks(n: usize, locks: &[LockSpec], rng: &mut fastrand::Rng) -> Vec<
     plan
 }
 
-fn run_dir(root: &std::path::Path) -> Result<PathBuf, String> {
+fn run_dir(root: &std::path::Path) -> anyhow::Result<PathBuf> {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -392,16 +385,16 @@ fn run_dir(root: &std::path::Path) -> Result<PathBuf, String> {
     let dir = local_aws::server::target_dir(root)
         .join("local-run")
         .join(format!("{stamp}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     Ok(dir)
 }
 
-async fn run(args: &Args, supervisor: &Supervisor) -> Result<report::Report, String> {
+async fn run(args: &Args, supervisor: &Supervisor) -> anyhow::Result<report::Report> {
     args.validate()?;
     let root = args
         .root
         .canonicalize()
-        .map_err(|e| format!("--root {}: {e}", args.root.display()))?;
+        .with_context(|| format!("--root {}", args.root.display()))?;
     let dir = run_dir(&root)?;
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     progress::phase(&format!(
@@ -452,7 +445,7 @@ async fn main() {
     let code = match outcome {
         None => 130,
         Some(Err(e)) => {
-            eprintln!("local-run failed: {e}");
+            eprintln!("local-run failed: {e:#}");
             2
         }
         Some(Ok(mut report)) => {

@@ -21,12 +21,12 @@ pub fn write(report: &Report) -> Option<String> {
     let path = Path::new(&report.logs).join(FILE);
     let written = page(report)
         .and_then(|p| p.html())
-        .map_err(|e| e.to_string())
-        .and_then(|html| std::fs::write(&path, html).map_err(|e| e.to_string()));
+        .map_err(anyhow::Error::from)
+        .and_then(|html| Ok(std::fs::write(&path, html)?));
     match written {
         Ok(()) => Some(path.display().to_string()),
         Err(e) => {
-            eprintln!("cannot write the HTML report {}: {e}", path.display());
+            eprintln!("cannot write the HTML report {}: {e:#}", path.display());
             None
         }
     }

@@ -26,7 +26,7 @@ use local_aws::eventbridge::Target;
 use local_aws::poller::{now_ms, Layout, LockItems};
 use local_aws::stack::{Deployed, Stack};
 
-pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
+pub async fn run(setup: &Setup<'_>) -> anyhow::Result<Report> {
     let (args, root, dir, seed) = (setup.args, setup.root, setup.dir, setup.seed);
     let stack = Stack::default();
 

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use anyhow::Context;
 use serde_json::Value;
 
 use crate::driver::Planned;
@@ -26,7 +27,7 @@ pub struct Child {
 }
 
 /// Every execution of `machine`, with the parent its input names.
-pub async fn children(sfn: &Sfn, machine: &str) -> Result<Vec<Child>, String> {
+pub async fn children(sfn: &Sfn, machine: &str) -> anyhow::Result<Vec<Child>> {
     let mut out = Vec::new();
     for (arn, _, _) in list_executions(sfn, machine).await? {
         let (ended, outcome) = describe(sfn, &arn).await?;
@@ -43,9 +44,9 @@ pub async fn children(sfn: &Sfn, machine: &str) -> Result<Vec<Child>, String> {
 
 /// The lock-protected machine's work state: the one that starts the child execution. Read from
 /// the definition, so that a renamed state is still found.
-pub fn work_state(protected: &Machine) -> Result<String, String> {
+pub fn work_state(protected: &Machine) -> anyhow::Result<String> {
     let definition: Value = serde_json::from_str(&protected.definition)
-        .map_err(|e| format!("{}: {e}", protected.definition_uri))?;
+        .with_context(|| format!("{} is not JSON", protected.definition_uri))?;
     definition["States"]
         .as_object()
         .and_then(|states| {
@@ -56,7 +57,7 @@ pub fn work_state(protected: &Machine) -> Result<String, String> {
             })
         })
         .map(|(name, _)| name.clone())
-        .ok_or_else(|| {
+        .with_context(|| {
             format!(
                 "{} has no state that starts a child execution",
                 protected.definition_uri

@@ -7,6 +7,7 @@
 
 use std::process::ExitCode;
 
+use aws_sdk_sfn::error::DisplayErrorContext;
 use clap::Parser;
 use local_aws::server::{LocalAws, Options};
 
@@ -35,7 +36,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("local-aws: {e}");
+            eprintln!("local-aws: {}", DisplayErrorContext(e));
             ExitCode::FAILURE
         }
     }

@@ -7,6 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::{bail, ensure, Context};
+use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::driver::Setup;
@@ -16,7 +18,7 @@ use local_aws::delay::{DelayProxy, WriteKind};
 use local_aws::lambda;
 use local_aws::poller::{Layout, LockItems};
 use local_aws::server::sdk_config_for;
-use local_aws::sfn::{sfn_error, wait_ended, Client as Sfn};
+use local_aws::sfn::{start_execution, wait_ended, Client as Sfn};
 use local_aws::stack::{Deployed, Machine, Stack};
 
 /// The deployed stack and the clients the later steps use.
@@ -47,7 +49,7 @@ pub(super) struct Stage {
 /// write the proxy holds.
 pub(super) async fn deploy(
     setup: &Setup<'_>,
-) -> Result<(Stage, mpsc::UnboundedReceiver<String>), String> {
+) -> anyhow::Result<(Stage, mpsc::UnboundedReceiver<String>)> {
     let (args, root, dir) = (setup.args, setup.root, setup.dir);
     let stack = Stack::default();
     let locks = args.locks()?;
@@ -208,47 +210,30 @@ async fn preflight(
     sweep_input: &str,
     cleanup: &str,
     dir: &Path,
-) -> Result<(), String> {
+) -> anyhow::Result<()> {
     let hint = format!(
         "moto's Step Functions execution mode and local/moto_server.py's Lambda bridge are \
          written for the moto pinned in local/requirements.txt; see {}/moto-*.log and the \
          lambda-*.log files there",
         dir.display()
     );
-    let sweep = sfn
-        .start_execution()
-        .state_machine_arn(sweeper)
-        .name("preflight")
-        .input(sweep_input)
-        .send()
-        .await
-        .map_err(sfn_error)?;
-    let bad = sfn
-        .start_execution()
-        .state_machine_arn(cleanup)
-        .name("preflight")
-        .input(r#"{"not": "an event"}"#)
-        .send()
-        .await
-        .map_err(sfn_error)?;
-    let swept = wait_ended(sfn, sweep.execution_arn(), Duration::from_secs(120)).await?;
+    let sweep_input: Value = serde_json::from_str(sweep_input).context("the schedule's input")?;
+    let sweep = start_execution(sfn, sweeper, "preflight", &sweep_input).await?;
+    let bad = start_execution(sfn, cleanup, "preflight", &json!({"not": "an event"})).await?;
+    let swept = wait_ended(sfn, &sweep, Duration::from_secs(120)).await?;
     let summary = swept.output_json();
     match &summary {
         s if swept.status == "SUCCEEDED" && s.get("reclaimed").is_some() => {
             eprintln!("    ok: a sweep succeeded with {s}");
         }
-        _ => return Err(format!("the preflight sweep went wrong: {swept:?}; {hint}")),
+        _ => bail!("the preflight sweep went wrong: {swept:?}; {hint}"),
     }
-    let refused = wait_ended(sfn, bad.execution_arn(), Duration::from_secs(120)).await?;
-    if refused.status == "FAILED" && refused.error.as_deref() == Some("SemaphoreInvalidInput") {
-        eprintln!(
-            "    ok: a cleanup of a non-event failed with SemaphoreInvalidInput, not retried"
-        );
-        Ok(())
-    } else {
-        Err(format!(
-            "the preflight cleanup of a non-event should fail with SemaphoreInvalidInput: \
-             {refused:?}; {hint}"
-        ))
-    }
+    let refused = wait_ended(sfn, &bad, Duration::from_secs(120)).await?;
+    ensure!(
+        refused.status == "FAILED" && refused.error.as_deref() == Some("SemaphoreInvalidInput"),
+        "the preflight cleanup of a non-event should fail with SemaphoreInvalidInput: \
+         {refused:?}; {hint}"
+    );
+    eprintln!("    ok: a cleanup of a non-event failed with SemaphoreInvalidInput, not retried");
+    Ok(())
 }

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+use aws_sdk_sfn::error::DisplayErrorContext;
 use aws_sdk_sfn::types::ExecutionStatus;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -18,7 +20,8 @@ use crate::progress::{phase, Progress};
 use crate::Role;
 use local_aws::eventbridge::Target;
 use local_aws::lambda;
-use local_aws::sfn::{describe, list_executions, sfn_error, Outcome};
+use local_aws::sfn::{describe, list_executions, Outcome};
+use local_aws::Error;
 
 /// The executions as they ended, and what the steps after them go on with.
 pub(super) struct Ran {
@@ -38,7 +41,7 @@ pub(super) async fn run(
     setup: &Setup<'_>,
     stage: &Stage,
     held_rx: mpsc::UnboundedReceiver<String>,
-) -> Result<Ran, String> {
+) -> anyhow::Result<Ran> {
     let Stage {
         stack,
         locks,
@@ -99,7 +102,7 @@ pub(super) async fn run(
                     .send()
                     .await
                 {
-                    eprintln!("StopExecution {arn}: {}", sfn_error(e));
+                    eprintln!("StopExecution {arn}: {}", DisplayErrorContext(e));
                 }
             });
         });
@@ -169,7 +172,7 @@ pub(super) async fn run(
     // Started in the background, so that the watcher below plays each status event as soon as
     // its execution ends (starting 100 executions on moto takes several seconds).
     let started = Arc::new(AtomicUsize::new(0));
-    let start_error: Arc<Mutex<Option<String>>> = Arc::default();
+    let start_error: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
     {
         let (sfn, machine, started, start_error) = (
             sfn.clone(),
@@ -211,10 +214,10 @@ pub(super) async fn run(
                     .name(&name)
                     .input(input)
                     .send()
-                    .await;
+                    .await
+                    .with_context(|| format!("StartExecution {name}"));
                 if let Err(e) = result {
-                    *start_error.lock().expect("start error") =
-                        Some(format!("StartExecution {name}: {}", sfn_error(e)));
+                    *start_error.lock().expect("start error") = Some(e);
                     return;
                 }
                 started.fetch_add(1, SeqCst);
@@ -282,18 +285,21 @@ pub(super) async fn run(
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     let mut timed_out = false;
     loop {
-        let failed_start = start_error.lock().expect("start error").clone();
+        let failed_start = start_error.lock().expect("start error").take();
         if let Some(e) = failed_start {
             progress.finish().await;
             return Err(e);
         }
-        if let Some((name, status, log)) = setup.supervisor.exited() {
+        if let Some((what, status, log)) = setup.supervisor.exited() {
             progress.finish().await;
-            return Err(format!(
-                "{name} exited ({status}); see {}:\n{}",
-                log.display(),
-                local_aws::server::tail(&log, 20)
-            ));
+            let tail = local_aws::server::tail(&log, 20);
+            return Err(Error::Exited {
+                what,
+                status,
+                log,
+                tail,
+            }
+            .into());
         }
         let listed = list_executions(sfn, &protected.arn).await?;
         for (arn, _, status) in listed {

@@ -37,7 +37,7 @@ pub(super) async fn gather(
     stage: &Stage,
     probes: &Probes,
     run: Ran,
-) -> Result<(Report, Seen), String> {
+) -> anyhow::Result<(Report, Seen)> {
     let Stage {
         locks,
         deployed,

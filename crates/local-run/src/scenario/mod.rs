@@ -12,7 +12,7 @@ mod settle;
 use crate::driver::Setup;
 use crate::report::Report;
 
-pub async fn run(setup: &Setup<'_>) -> Result<Report, String> {
+pub async fn run(setup: &Setup<'_>) -> anyhow::Result<Report> {
     let (stage, held_rx) = deploy::deploy(setup).await?;
     let probes = probes::run(setup, &stage).await?;
     let run = executions::run(setup, &stage, held_rx).await?;

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use super::deploy::Stage;
 use super::executions::Ran;
 use crate::driver::Setup;
-use local_aws::sfn::{any_running, sfn_error, wait_ended};
+use anyhow::Context;
+use local_aws::sfn::{any_running, wait_ended};
 
-pub(super) async fn settle(setup: &Setup<'_>, stage: &Stage, run: Ran) -> Result<Ran, String> {
+pub(super) async fn settle(setup: &Setup<'_>, stage: &Stage, run: Ran) -> anyhow::Result<Ran> {
     let Stage {
         deployed,
         work_machine,
@@ -52,7 +53,7 @@ pub(super) async fn settle(setup: &Setup<'_>, stage: &Stage, run: Ran) -> Result
         .input(&schedule.input)
         .send()
         .await
-        .map_err(sfn_error)?;
+        .context("StartExecution sweep-final")?;
     wait_ended(sfn, final_sweep.execution_arn(), Duration::from_secs(120)).await?;
     Ok(run)
 }

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use anyhow::{bail, Context};
 use serde_json::json;
 
 use crate::report::{short, Check, TransitionsReport};
@@ -19,18 +20,18 @@ pub async fn count_transitions(
     protected: &Machine,
     work: &Machine,
     dir: &std::path::Path,
-) -> Result<TransitionsReport, String> {
+) -> anyhow::Result<TransitionsReport> {
     let arn = start_execution(sfn, &protected.arn, "probe-transitions", &json!({})).await?;
     let outcome = wait_ended(sfn, &arn, Duration::from_secs(120)).await?;
     if outcome.status != "SUCCEEDED" {
-        return Err(format!(
+        bail!(
             "the transition probe {} ended {} {:?}: {:?} [history: {}]",
             short(&arn),
             outcome.status,
             outcome.error,
             outcome.cause,
             save_history(sfn, &arn, dir).await
-        ));
+        );
     }
     let work_state = work_state(protected)?;
     let parent = states_entered(sfn, &arn).await?;
@@ -38,7 +39,7 @@ pub async fn count_transitions(
         .await?
         .into_iter()
         .find(|c| c.parent.as_deref() == Some(arn.as_str()))
-        .ok_or_else(|| format!("the transition probe {} started no child", short(&arn)))?;
+        .with_context(|| format!("the transition probe {} started no child", short(&arn)))?;
     Ok(TransitionsReport {
         semaphore_share: parent.iter().filter(|s| **s != work_state).count(),
         work: states_entered(sfn, &child.arn).await?,
@@ -50,7 +51,7 @@ pub async fn count_transitions(
 /// each with `{work_seconds, fail}` in its input for the demo work): a few executions, every
 /// second one failing on purpose. Returns whether it succeeded with exactly the planned
 /// failures, and what it answered.
-pub async fn run_test_runner(sfn: &Sfn, runner: &Machine) -> Result<Check, String> {
+pub async fn run_test_runner(sfn: &Sfn, runner: &Machine) -> anyhow::Result<Check> {
     let input = json!({"executions": 4, "fail_every": 2, "work_seconds": 1});
     let arn = start_execution(sfn, &runner.arn, "probe-test-runner", &input).await?;
     let outcome = wait_ended(sfn, &arn, Duration::from_secs(180)).await?;
@@ -88,7 +89,7 @@ pub async fn run_your_workflow_example(
     sfn: &Sfn,
     example: &Machine,
     item: &LockItems,
-) -> Result<Check, String> {
+) -> anyhow::Result<Check> {
     const LOCK: &str = "example-lock";
     let mut arns = Vec::new();
     for n in 1..=3 {

@@ -3,41 +3,36 @@
 
 use std::time::Duration;
 
+use anyhow::{ensure, Context};
 use serde_json::{json, Value};
 
 use crate::report::RedriveGuardReport;
 use crate::work::work_state;
 use local_aws::poller::now_ms;
 use local_aws::poller::LockItems;
-use local_aws::sfn::{sfn_error, start_execution, states_entered, wait_ended, Client as Sfn};
+use local_aws::sfn::{start_execution, states_entered, wait_ended, Client as Sfn};
 use local_aws::stack::Machine;
 
 /// Invokes one of our functions through the server's Lambda bridge, as Step Functions does.
-async fn invoke(endpoint: &str, function: &str, payload: &Value) -> Result<Value, String> {
+async fn invoke(endpoint: &str, function: &str, payload: &Value) -> anyhow::Result<Value> {
     use http_body_util::{BodyExt, Full};
     use hyper::body::Bytes;
-    let failed = |e: &dyn std::fmt::Display| format!("invoke {function}: {e}");
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
     let request = hyper::Request::post(format!(
         "{endpoint}/2015-03-31/functions/{function}/invocations"
     ))
     .header("content-type", "application/json")
-    .body(Full::from(payload.to_string()))
-    .map_err(|e| failed(&e))?;
-    let response = client.request(request).await.map_err(|e| failed(&e))?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| failed(&e))?
-        .to_bytes();
-    let body = String::from_utf8_lossy(&body);
-    if status != hyper::StatusCode::OK {
-        return Err(failed(&format!("HTTP {status}: {body}")));
-    }
-    serde_json::from_str(&body).map_err(|e| failed(&format!("{e}: {body}")))
+    .body(Full::from(payload.to_string()))?;
+    let answered = async {
+        let response = client.request(request).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        ensure!(status == hyper::StatusCode::OK, "HTTP {status}: {body}");
+        serde_json::from_str(&body).with_context(|| format!("not JSON: {body}"))
+    };
+    answered.await.with_context(|| format!("invoke {function}"))
 }
 
 /// The redrive guard's ASL path. A redriven execution that failed in its work re-enters the
@@ -54,7 +49,7 @@ pub async fn redrive_guard(
     work: &Machine,
     items: &LockItems,
     default_lock: &str,
-) -> Result<RedriveGuardReport, String> {
+) -> anyhow::Result<RedriveGuardReport> {
     let name = "probe-redrive-guard";
     let arn = protected.arn.replace(":stateMachine:", ":execution:") + ":" + name;
     let probe_lock = json!({"lock": "probe-child-name", "limit": 1});
@@ -71,7 +66,7 @@ pub async fn redrive_guard(
     .await?;
     let child_name = answer["work"]["name"]
         .as_str()
-        .ok_or_else(|| format!("the acquire function's answer has no work.name: {answer}"))?
+        .with_context(|| format!("the acquire function's answer has no work.name: {answer}"))?
         .to_owned();
     invoke(
         endpoint,
@@ -113,7 +108,7 @@ pub async fn misconfigured_caller(
     sfn: &Sfn,
     protected: &Machine,
     items: &LockItems,
-) -> Result<crate::report::MisconfiguredReport, String> {
+) -> anyhow::Result<crate::report::MisconfiguredReport> {
     let name = format!("{}-undeclared", protected.name);
     let machine = sfn
         .create_state_machine()
@@ -125,7 +120,7 @@ pub async fn misconfigured_caller(
         ))
         .send()
         .await
-        .map_err(|e| format!("CreateStateMachine {name}: {}", sfn_error(e)))?
+        .with_context(|| format!("CreateStateMachine {name}"))?
         .state_machine_arn()
         .to_owned();
     let lock = "probe-misconfigured";

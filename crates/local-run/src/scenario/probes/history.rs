@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use anyhow::bail;
 use aws_sdk_sfn::types::HistoryEventType;
 use serde_json::json;
 
@@ -30,7 +31,7 @@ pub async fn long_wait_with_a_big_input(
     protected: &Machine,
     fallback_seconds: u64,
     dir: &std::path::Path,
-) -> Result<HistoryProbeReport, String> {
+) -> anyhow::Result<HistoryProbeReport> {
     let lock = "probe-history-lock";
     let work_seconds = 2 * fallback_seconds + 6;
     let holder = start_execution(
@@ -45,11 +46,11 @@ pub async fn long_wait_with_a_big_input(
     let deadline = Instant::now() + Duration::from_secs(60);
     while !states_entered(sfn, &holder).await?.contains(&work_state) {
         if Instant::now() > deadline {
-            return Err(format!(
+            bail!(
                 "the history probe's holder {} did not reach its work in 60 s [history: {}]",
                 short(&holder),
                 save_history(sfn, &holder, dir).await
-            ));
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

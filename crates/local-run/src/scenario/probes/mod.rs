@@ -36,7 +36,7 @@ pub(super) struct Probes {
     pub your_workflow: Check,
 }
 
-pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> Result<Probes, String> {
+pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> anyhow::Result<Probes> {
     let Stage {
         stack,
         locks,

@@ -4,15 +4,14 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use anyhow::{ensure, Context};
 use serde_json::Value;
 
 use crate::report::StopParentReport;
 use crate::work::children;
 use local_aws::poller::now_ms;
 use local_aws::poller::LockItems;
-use local_aws::sfn::{
-    describe, sfn_error, start_execution, states_entered, wait_ended, Client as Sfn,
-};
+use local_aws::sfn::{describe, start_execution, states_entered, wait_ended, Client as Sfn};
 use local_aws::stack::Machine;
 
 /// What [`stop_the_parent`] runs.
@@ -42,7 +41,7 @@ pub async fn stop_the_parent(
     items: &LockItems,
     lock: &str,
     stack: &local_aws::stack::Stack,
-) -> Result<StopParentReport, String> {
+) -> anyhow::Result<StopParentReport> {
     let parent = start_execution(sfn, &probe.protected.arn, probe.name, &probe.input).await?;
     let freed = {
         let (items, lock, parent) = (items.clone(), lock.to_owned(), parent.clone());
@@ -73,9 +72,11 @@ pub async fn stop_the_parent(
         if let Some(child) = found {
             break child;
         }
-        if Instant::now() >= deadline {
-            return Err(format!("{}: no child started within 60 s", probe.name));
-        }
+        ensure!(
+            Instant::now() < deadline,
+            "{}: no child started within 60 s",
+            probe.name
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -84,7 +85,7 @@ pub async fn stop_the_parent(
         .error("LocalRun.StopTheParent")
         .send()
         .await
-        .map_err(|e| format!("StopExecution {}: {}", probe.name, sfn_error(e)))?;
+        .with_context(|| format!("StopExecution {}", probe.name))?;
     // The event is emitted once the execution has ended (ABORTED, with its stop date).
     wait_ended(sfn, &parent, Duration::from_secs(30)).await?;
     let (ended, _) = describe(sfn, &parent).await?;
@@ -102,12 +103,11 @@ pub async fn stop_the_parent(
         .input(&delivered)
         .send()
         .await
-        .map_err(|e| {
+        .with_context(|| {
             format!(
-                "{}: the cleanup machine refused its status event ({} bytes as delivered): {}",
+                "{}: the cleanup machine refused its status event ({} bytes as delivered)",
                 probe.name,
                 delivered.len(),
-                sfn_error(e)
             )
         })?
         .execution_arn()
