@@ -19,7 +19,8 @@ use tokio::sync::mpsc;
 
 use crate::Error;
 
-/// An execution that ended, as DescribeExecution tells it.
+/// An execution as DescribeExecution tells it (`crate::sfn::describe`); once it ended, what its
+/// status event is made from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ended {
     pub arn: String,
@@ -27,10 +28,20 @@ pub struct Ended {
     pub name: String,
     pub status: String,
     pub start_ms: i64,
+    /// 0 while it runs.
     pub stop_ms: i64,
     pub input: Option<String>,
+    /// Not put in the status event: its `output` is null here (the cleanup reads none).
+    pub output: Option<String>,
     pub error: Option<String>,
     pub cause: Option<String>,
+}
+
+impl Ended {
+    /// The execution's output as JSON (`Null` when it has none).
+    pub fn output_json(&self) -> Value {
+        crate::sfn::json_of(self.output.as_deref())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -427,6 +438,7 @@ mod tests {
             start_ms: 1_551_225_014_968,
             stop_ms: 1_551_225_017_576,
             input: Some(json!({"pad": vec!["ab"; items]}).to_string()),
+            output: None,
             error: Some("States.TaskFailed".to_owned()),
             cause: Some("a \"quoted\" <cause>".to_owned()),
         }
@@ -558,6 +570,7 @@ mod tests {
             start_ms: 1_551_225_014_968,
             stop_ms: 1_551_225_017_576,
             input: Some("{}".to_owned()),
+            output: None,
             error: None,
             cause: None,
         };

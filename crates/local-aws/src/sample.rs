@@ -188,6 +188,7 @@ impl Execution {
             start_ms: self.start_ms,
             stop_ms: now_ms(),
             input: Some("{}".to_owned()),
+            output: None,
             error: error.map(str::to_owned),
             cause: None,
         }

@@ -188,7 +188,7 @@ pub fn execution_arn(machine: &str, name: &str) -> String {
 
 /// The execution's status and output (`None` while it has none).
 pub async fn described(sfn: &aws_sdk_sfn::Client, execution: &str) -> (String, Option<Value>) {
-    let (_, outcome) = describe(sfn, execution)
+    let outcome = describe(sfn, execution)
         .await
         .unwrap_or_else(|e| panic!("{}", DisplayErrorContext(e)));
     let output = outcome
@@ -371,22 +371,6 @@ pub fn json_of(text: Option<&str>) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// What DescribeExecution said about an ended execution.
-#[derive(Debug, Clone)]
-pub struct Outcome {
-    pub status: String,
-    pub error: Option<String>,
-    pub cause: Option<String>,
-    pub output: Option<String>,
-}
-
-impl Outcome {
-    /// The execution's output as JSON (`Null` when it has none).
-    pub fn output_json(&self) -> Value {
-        json_of(self.output.as_deref())
-    }
-}
-
 /// Starts an execution of `machine`; its ARN.
 pub async fn start_execution(
     sfn: &Client,
@@ -505,14 +489,14 @@ pub async fn any_running(sfn: &Client, machine: &str) -> Result<bool, Error> {
         .any(|(_, _, s)| *s == ExecutionStatus::Running))
 }
 
-pub async fn describe(sfn: &Client, arn: &str) -> Result<(Ended, Outcome), Error> {
+pub async fn describe(sfn: &Client, arn: &str) -> Result<Ended, Error> {
     let d = sfn
         .describe_execution()
         .execution_arn(arn)
         .send()
         .await
         .map_err(Error::aws(format!("DescribeExecution {arn}")))?;
-    let ended = Ended {
+    Ok(Ended {
         arn: d.execution_arn().to_owned(),
         machine_arn: d.state_machine_arn().to_owned(),
         name: d.name().unwrap_or_default().to_owned(),
@@ -520,25 +504,19 @@ pub async fn describe(sfn: &Client, arn: &str) -> Result<(Ended, Outcome), Error
         start_ms: millis(Some(d.start_date())),
         stop_ms: millis(d.stop_date()),
         input: d.input().map(str::to_owned),
+        output: d.output().map(str::to_owned),
         error: d.error().map(str::to_owned),
         cause: d.cause().map(str::to_owned),
-    };
-    let outcome = Outcome {
-        status: ended.status.clone(),
-        error: ended.error.clone(),
-        cause: ended.cause.clone(),
-        output: d.output().map(str::to_owned),
-    };
-    Ok((ended, outcome))
+    })
 }
 
 /// Waits until the execution is no longer RUNNING.
-pub async fn wait_ended(sfn: &Client, arn: &str, timeout: Duration) -> Result<Outcome, Error> {
+pub async fn wait_ended(sfn: &Client, arn: &str, timeout: Duration) -> Result<Ended, Error> {
     let deadline = Instant::now() + timeout;
     loop {
-        let (_, outcome) = describe(sfn, arn).await?;
-        if outcome.status != "RUNNING" {
-            return Ok(outcome);
+        let ended = describe(sfn, arn).await?;
+        if ended.status != "RUNNING" {
+            return Ok(ended);
         }
         if Instant::now() >= deadline {
             return Err(Error::Timeout {

@@ -30,13 +30,13 @@ pub struct Child {
 pub async fn children(sfn: &Sfn, machine: &str) -> anyhow::Result<Vec<Child>> {
     let mut out = Vec::new();
     for (arn, _, _) in list_executions(sfn, machine).await? {
-        let (ended, outcome) = describe(sfn, &arn).await?;
+        let ended = describe(sfn, &arn).await?;
         let input = json_of(ended.input.as_deref());
         out.push(Child {
             arn,
             parent: input["semaphore"]["holder"].as_str().map(str::to_owned),
-            stop_ms: (outcome.status != "RUNNING").then_some(ended.stop_ms),
-            status: outcome.status,
+            stop_ms: (ended.status != "RUNNING").then_some(ended.stop_ms),
+            status: ended.status,
         });
     }
     Ok(out)

@@ -18,9 +18,10 @@ use super::deploy::Stage;
 use crate::driver::{self, Planned, Setup, Watch};
 use crate::progress::{phase, Progress};
 use crate::Role;
+use local_aws::eventbridge::Ended;
 use local_aws::eventbridge::Target;
 use local_aws::lambda;
-use local_aws::sfn::{describe, list_executions, Outcome};
+use local_aws::sfn::{describe, list_executions};
 use local_aws::Error;
 
 /// The executions as they ended, and what the steps after them go on with.
@@ -28,7 +29,7 @@ pub(super) struct Ran {
     pub executions: Vec<Planned>,
     pub watch: Watch,
     pub progress: Progress,
-    pub outcomes: BTreeMap<String, Outcome>,
+    pub outcomes: BTreeMap<String, Ended>,
     /// The executions the run stopped, and why.
     pub stopped: Arc<Mutex<BTreeMap<String, Role>>>,
     /// Cleared to end the compressed schedule.
@@ -225,7 +226,7 @@ pub(super) async fn run(
         });
     }
 
-    let outcomes: Arc<Mutex<BTreeMap<String, Outcome>>> = Arc::default();
+    let outcomes: Arc<Mutex<BTreeMap<String, Ended>>> = Arc::default();
     let progress = {
         let (outcomes, poll, proxy, events, started) = (
             outcomes.clone(),
@@ -310,8 +311,11 @@ pub(super) async fn run(
             {
                 continue;
             }
-            let (ended, outcome) = describe(sfn, &arn).await?;
-            outcomes.lock().expect("outcomes").insert(arn, outcome);
+            let ended = describe(sfn, &arn).await?;
+            outcomes
+                .lock()
+                .expect("outcomes")
+                .insert(arn, ended.clone());
             let _ = ended_tx.send(ended);
         }
         if outcomes.lock().expect("outcomes").len() >= n {

@@ -17,8 +17,9 @@ use crate::report::{
     short, CleanupCounts, ExecutionCounts, Report, StopParentReport, SweeperCounts, WorkReport,
 };
 use crate::work;
+use local_aws::eventbridge::Ended;
 use local_aws::lambda;
-use local_aws::sfn::{clip, describe, history, json_of, list_executions, save_history, Outcome};
+use local_aws::sfn::{clip, describe, history, json_of, list_executions, save_history};
 
 /// What the checks need beside the report.
 pub(super) struct Seen {
@@ -126,7 +127,7 @@ pub(super) async fn gather(
         match status {
             ExecutionStatus::Succeeded => {
                 cleanup.succeeded += 1;
-                let (ended, _) = describe(sfn, &arn).await?;
+                let ended = describe(sfn, &arn).await?;
                 let event = json_of(ended.input.as_deref());
                 if let Some(target) = event["detail"]["executionArn"].as_str() {
                     let stop = ended.stop_ms;
@@ -137,7 +138,7 @@ pub(super) async fn gather(
             ExecutionStatus::Running => {}
             _ => {
                 cleanup.failed += 1;
-                let (_, o) = describe(sfn, &arn).await?;
+                let o = describe(sfn, &arn).await?;
                 let history = save_history(sfn, &arn, dir).await;
                 cleanup.failures.push(format!(
                     "{}: {} {}: {} [history: {history}]",
@@ -173,9 +174,9 @@ pub(super) async fn gather(
             sweeper.failed_sweeps += 1;
             continue;
         }
-        let (ended, o) = describe(sfn, &arn).await?;
+        let ended = describe(sfn, &arn).await?;
         sweeper.started_ms.push(ended.start_ms);
-        sweeper.reclaimed += o.output_json()["reclaimed"].as_u64().unwrap_or(0) as usize;
+        sweeper.reclaimed += ended.output_json()["reclaimed"].as_u64().unwrap_or(0) as usize;
     }
     let notices = deployed.notices(sdk).await;
     sweeper.notices_read_back = notices.len();
@@ -227,7 +228,7 @@ pub(super) async fn gather(
     let mut traces = Vec::with_capacity(executions.len());
     for e in &executions {
         let events = history(sfn, &e.arn).await?;
-        let output = outcomes.get(&e.arn).map(Outcome::output_json);
+        let output = outcomes.get(&e.arn).map(Ended::output_json);
         traces.push(line::trace(&e.arn, e.lock, &events, output.as_ref()));
     }
     let line_report = line::report(&traces, dir);

@@ -11,7 +11,7 @@ use crate::report::StopParentReport;
 use crate::work::children;
 use local_aws::poller::now_ms;
 use local_aws::poller::LockItems;
-use local_aws::sfn::{describe, start_execution, states_entered, wait_ended, Client as Sfn};
+use local_aws::sfn::{start_execution, states_entered, wait_ended, Client as Sfn};
 use local_aws::stack::Machine;
 
 /// What [`stop_the_parent`] runs.
@@ -87,8 +87,7 @@ pub async fn stop_the_parent(
         .await
         .with_context(|| format!("StopExecution {}", probe.name))?;
     // The event is emitted once the execution has ended (ABORTED, with its stop date).
-    wait_ended(sfn, &parent, Duration::from_secs(30)).await?;
-    let (ended, _) = describe(sfn, &parent).await?;
+    let ended = wait_ended(sfn, &parent, Duration::from_secs(30)).await?;
     let event = local_aws::eventbridge::status_change_event(
         &ended,
         &stack.region,
@@ -113,8 +112,7 @@ pub async fn stop_the_parent(
         .execution_arn()
         .to_owned();
     let cleaned = wait_ended(sfn, &cleanup, Duration::from_secs(180)).await?;
-    let child_end = wait_ended(sfn, &child.arn, Duration::from_secs(60)).await?;
-    let (child_ended, _) = describe(sfn, &child.arn).await?;
+    let child_ended = wait_ended(sfn, &child.arn, Duration::from_secs(60)).await?;
     let freed_ms = freed.await.unwrap_or(None);
     let waits = {
         let definition: Value =
@@ -137,9 +135,9 @@ pub async fn stop_the_parent(
     };
     let freed_after_child_ms = freed_ms.map(|f| f - child_ended.stop_ms);
     let ended_as_expected = if probe.expect_stopped {
-        child_end.status == "ABORTED"
+        child_ended.status == "ABORTED"
     } else {
-        child_end.status == "SUCCEEDED" && waits > 0
+        child_ended.status == "SUCCEEDED" && waits > 0
     };
     Ok(StopParentReport {
         work: probe.work.to_owned(),
@@ -149,7 +147,7 @@ pub async fn stop_the_parent(
         ok: ended_as_expected
             && cleaned.status == "SUCCEEDED"
             && freed_after_child_ms.is_some_and(|ms| ms >= 0),
-        child_status: child_end.status,
+        child_status: child_ended.status,
         freed_after_child_ms,
         cleanup_waits: waits,
         cleanup_status: cleaned.status,
