@@ -32,6 +32,7 @@ use clap::{Parser, ValueEnum};
 
 use local_aws::eventbridge::EventChaos;
 use local_aws::procs::Supervisor;
+use semaphore_core::{Limit, LockName};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Protocol {
@@ -171,7 +172,8 @@ fn parse_rate(text: &str) -> anyhow::Result<f64> {
     Ok(text.trim().parse()?)
 }
 
-/// A lock of the run and its limit.
+/// A lock of the run and its limit, valid as the acquire function takes them (core's
+/// `LockName` and `Limit`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct LockSpec {
     pub name: String,
@@ -182,27 +184,16 @@ impl std::str::FromStr for LockSpec {
     type Err = anyhow::Error;
 
     fn from_str(part: &str) -> anyhow::Result<Self> {
+        // The last colon: a lock name may have colons of its own.
         let (name, limit) = part
             .trim()
-            .split_once(':')
+            .rsplit_once(':')
             .with_context(|| format!("{part:?} is not NAME:LIMIT"))?;
-        let valid_name = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-        ensure!(
-            valid_name,
-            "{name:?} is not a lock name (1 to 64 letters, digits, '.', '_', '-')"
-        );
-        let limit = limit
-            .parse()
-            .ok()
-            .filter(|l| (1..=1000).contains(l))
-            .with_context(|| format!("the limit of {name} is not from 1 to 1000"))?;
+        // No context added: clap shows only the outermost message, and names the value itself.
+        let (name, limit) = (LockName::new(name)?, Limit::parse(limit)?);
         Ok(Self {
-            name: name.to_owned(),
-            limit,
+            name: name.as_str().to_owned(),
+            limit: limit.get(),
         })
     }
 }
@@ -547,9 +538,12 @@ mod tests {
             let args = std::iter::once("local-run").chain(args.iter().copied());
             Args::try_parse_from(args).map_or(true, |a| a.validate().is_err())
         };
-        for bad in ["a", "a:0", "a:1,a:2", "a b:1", ""] {
+        for bad in ["a", "a:0", "a:1001", "a:1,a:2", "a\tb:1", ":1", ""] {
             assert!(refused(&["--locks", bad]), "{bad:?}");
         }
+        // Any name the acquire function takes (core's LockName), colons included.
+        let named = Args::parse_from(["local-run", "--locks", "team a:job:3"]);
+        assert_eq!(named.locks().unwrap()[0].name, "team a:job");
         assert!(refused(&["--drop-events", "1.5"]));
         let weighted = Args::parse_from(["local-run", "--weights", "1,1,2,4", "--rate", "2"]);
         assert!(weighted.validate().is_ok());
