@@ -254,15 +254,11 @@ impl Target {
                 client,
                 arn,
                 transformer,
-            } => client
-                .start_execution()
-                .state_machine_arn(arn)
-                .name(delivery_name)
-                .input(target_input(transformer.as_ref(), event)?)
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(Error::aws(format!("StartExecution {delivery_name}"))),
+            } => {
+                let input = target_input(transformer.as_ref(), event)?;
+                crate::sfn::start_execution(client, arn, delivery_name, input).await?;
+                Ok(())
+            }
             Target::Sample { protocol, lock } => {
                 let holder = event["detail"]["executionArn"]
                     .as_str()

@@ -371,12 +371,12 @@ pub fn json_of(text: Option<&str>) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// Starts an execution of `machine`; its ARN.
+/// Starts an execution of `machine` with `input` (JSON, or its text); its ARN.
 pub async fn start_execution(
     sfn: &Client,
     machine: &str,
     name: &str,
-    input: &Value,
+    input: impl std::fmt::Display,
 ) -> Result<String, Error> {
     sfn.start_execution()
         .state_machine_arn(machine)

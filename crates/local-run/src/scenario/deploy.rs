@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context};
-use serde_json::{json, Value};
+use anyhow::{bail, ensure};
+use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::driver::Setup;
@@ -217,7 +217,6 @@ async fn preflight(
          lambda-*.log files there",
         dir.display()
     );
-    let sweep_input: Value = serde_json::from_str(sweep_input).context("the schedule's input")?;
     let sweep = start_execution(sfn, sweeper, "preflight", &sweep_input).await?;
     let bad = start_execution(sfn, cleanup, "preflight", &json!({"not": "an event"})).await?;
     let swept = wait_ended(sfn, &sweep, Duration::from_secs(120)).await?;

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use aws_sdk_sfn::error::DisplayErrorContext;
 use aws_sdk_sfn::types::ExecutionStatus;
 use serde_json::json;
@@ -21,7 +20,7 @@ use crate::Role;
 use local_aws::eventbridge::Ended;
 use local_aws::eventbridge::Target;
 use local_aws::lambda;
-use local_aws::sfn::{describe, list_executions};
+use local_aws::sfn::{describe, list_executions, start_execution};
 use local_aws::Error;
 
 /// The executions as they ended, and what the steps after them go on with.
@@ -127,13 +126,7 @@ pub(super) async fn run(
                     break;
                 }
                 n += 1;
-                let _ = sfn
-                    .start_execution()
-                    .state_machine_arn(&arn)
-                    .name(format!("sweep-{n:04}"))
-                    .input(&input)
-                    .send()
-                    .await;
+                let _ = start_execution(&sfn, &arn, &format!("sweep-{n:04}"), &input).await;
             }
         });
     }
@@ -173,7 +166,7 @@ pub(super) async fn run(
     // Started in the background, so that the watcher below plays each status event as soon as
     // its execution ends (starting 100 executions on moto takes several seconds).
     let started = Arc::new(AtomicUsize::new(0));
-    let start_error: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+    let start_error: Arc<Mutex<Option<Error>>> = Arc::default();
     {
         let (sfn, machine, started, start_error) = (
             sfn.clone(),
@@ -209,15 +202,7 @@ pub(super) async fn run(
             .collect();
         tokio::spawn(async move {
             for (name, input) in inputs {
-                let result = sfn
-                    .start_execution()
-                    .state_machine_arn(&machine)
-                    .name(&name)
-                    .input(input)
-                    .send()
-                    .await
-                    .with_context(|| format!("StartExecution {name}"));
-                if let Err(e) = result {
+                if let Err(e) = start_execution(&sfn, &machine, &name, input).await {
                     *start_error.lock().expect("start error") = Some(e);
                     return;
                 }
@@ -289,7 +274,7 @@ pub(super) async fn run(
         let failed_start = start_error.lock().expect("start error").take();
         if let Some(e) = failed_start {
             progress.finish().await;
-            return Err(e);
+            return Err(e.into());
         }
         if let Some((what, status, log)) = setup.supervisor.exited() {
             progress.finish().await;

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 use super::deploy::Stage;
 use super::executions::Ran;
 use crate::driver::Setup;
-use anyhow::Context;
-use local_aws::sfn::{any_running, wait_ended};
+use local_aws::sfn::{any_running, start_execution, wait_ended};
 
 pub(super) async fn settle(setup: &Setup<'_>, stage: &Stage, run: Ran) -> anyhow::Result<Ran> {
     let Stage {
@@ -46,14 +45,7 @@ pub(super) async fn settle(setup: &Setup<'_>, stage: &Stage, run: Ran) -> anyhow
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     progress.note("==> final sweep");
-    let final_sweep = sfn
-        .start_execution()
-        .state_machine_arn(&sweeper_machine.arn)
-        .name("sweep-final")
-        .input(&schedule.input)
-        .send()
-        .await
-        .context("StartExecution sweep-final")?;
-    wait_ended(sfn, final_sweep.execution_arn(), Duration::from_secs(120)).await?;
+    let final_sweep = start_execution(sfn, &sweeper_machine.arn, "sweep-final", &schedule.input);
+    wait_ended(sfn, &final_sweep.await?, Duration::from_secs(120)).await?;
     Ok(run)
 }

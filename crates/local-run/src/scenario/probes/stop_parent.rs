@@ -95,12 +95,8 @@ pub async fn stop_the_parent(
         &format!("{}-event", probe.name),
     );
     let delivered = local_aws::eventbridge::target_input(probe.transformer, &event)?;
-    let cleanup = sfn
-        .start_execution()
-        .state_machine_arn(&probe.cleanup.arn)
-        .name(format!("{}-evt", probe.name))
-        .input(&delivered)
-        .send()
+    let cleanup_name = format!("{}-evt", probe.name);
+    let cleanup = start_execution(sfn, &probe.cleanup.arn, &cleanup_name, &delivered)
         .await
         .with_context(|| {
             format!(
@@ -108,9 +104,7 @@ pub async fn stop_the_parent(
                 probe.name,
                 delivered.len(),
             )
-        })?
-        .execution_arn()
-        .to_owned();
+        })?;
     let cleaned = wait_ended(sfn, &cleanup, Duration::from_secs(180)).await?;
     let child_ended = wait_ended(sfn, &child.arn, Duration::from_secs(60)).await?;
     let freed_ms = freed.await.unwrap_or(None);
