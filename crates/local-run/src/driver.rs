@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -274,7 +275,12 @@ impl Watch {
             });
         }
         Ok(Report {
-            protocol: args.protocol.name().to_owned(),
+            // Its name on the command line (clap's): "versioned" or "sample".
+            protocol: args
+                .protocol
+                .to_possible_value()
+                .map(|v| v.get_name().to_owned())
+                .unwrap_or_default(),
             seed: setup.seed,
             hold_seconds: args.hold_seconds,
             long_hold_seconds: args.long_hold_for().map(|d| d.as_secs_f64()),

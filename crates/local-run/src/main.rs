@@ -43,15 +43,6 @@ pub enum Protocol {
     Sample,
 }
 
-impl Protocol {
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Versioned => "versioned",
-            Protocol::Sample => "sample",
-        }
-    }
-}
-
 /// Runs the semaphore's real state machines and Rust Lambdas on a local AWS (127.0.0.1), breaks
 /// things on purpose, and reports whether the semaphore held.
 #[derive(Debug, Parser)]
