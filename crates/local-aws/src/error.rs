@@ -44,6 +44,7 @@ pub enum Error {
         log: PathBuf,
         tail: String,
     },
+    /// What the run waited for (an execution's end, a process to listen) did not come in time.
     #[error("waited {} s for {what}", after.as_secs())]
     Timeout { what: String, after: Duration },
     /// `local/deploy_stack.py` did not deploy template.yaml.
