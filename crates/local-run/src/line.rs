@@ -41,16 +41,17 @@ pub struct Trace {
     pub resumed_ms: Option<i64>,
     /// Events in its history (Step Functions fails an execution at 25,000).
     pub events: usize,
-    /// The events of each fallback check: from an entry of "Wait in line" whose task timed out
-    /// to the next state entered (the same state again, by its Catch).
-    pub fallback_check_events: Vec<usize>,
+    /// The events of each fallback check, as indices into its history: from an entry of "Wait
+    /// in line" whose task timed out to the next state entered (the same state again, by its
+    /// Catch).
+    pub fallback_checks: Vec<std::ops::Range<usize>>,
 }
 
 impl Trace {
     /// Events of its history outside its fallback checks.
     pub fn events_outside_checks(&self) -> usize {
         self.events
-            .saturating_sub(self.fallback_check_events.iter().sum::<usize>())
+            .saturating_sub(self.fallback_checks.iter().map(|c| c.len()).sum::<usize>())
     }
 }
 
@@ -70,7 +71,7 @@ pub fn trace(arn: &str, lock: usize, events: &[HistoryEvent], output: Option<&Va
         let at = e.timestamp().to_millis().ok();
         if let Some(entered) = e.state_entered_event_details() {
             if let Some((start, true)) = waiting.take() {
-                t.fallback_check_events.push(i - start);
+                t.fallback_checks.push(start..i);
             }
             if entered.name() == "Wait in line" {
                 waiting = Some((i, false));
@@ -369,6 +370,42 @@ mod tests {
         assert_eq!(polling_transitions(60.0), 60.0);
         // An hour: the waits reach their 15 s cap (a mean of 8 s) after ten minutes: 500 polls.
         assert_eq!(polling_transitions(3600.0), 1500.0);
+    }
+
+    /// A fallback check runs from the "Wait in line" entry whose task timed out to the next
+    /// state entered; a wait that ended otherwise is none.
+    #[test]
+    fn a_fallback_check_spans_a_timed_out_wait() {
+        use aws_sdk_sfn::primitives::DateTime;
+        use aws_sdk_sfn::types::StateEnteredEventDetails;
+        use HistoryEventType::*;
+        let event = |id: i64, kind: HistoryEventType, state: Option<&str>| {
+            HistoryEvent::builder()
+                .id(id)
+                .r#type(kind)
+                .timestamp(DateTime::from_millis(id))
+                .set_state_entered_event_details(
+                    state.map(|s| StateEnteredEventDetails::builder().name(s).build().unwrap()),
+                )
+                .build()
+                .unwrap()
+        };
+        let events = [
+            event(1, TaskStateEntered, Some("Acquire slot")),
+            event(2, TaskScheduled, None),
+            event(3, TaskStateEntered, Some("Wait in line")),
+            event(4, TaskScheduled, None),
+            event(5, TaskTimedOut, None),
+            event(6, TaskStateEntered, Some("Wait in line")),
+            event(7, TaskScheduled, None),
+            event(8, TaskSucceeded, None),
+            event(9, TaskStateEntered, Some("Protected work")),
+        ];
+        let t = trace("arn", 0, &events, None);
+        assert_eq!(t.fallback_checks.len(), 1);
+        assert_eq!(t.fallback_checks[0], 2..5);
+        assert_eq!(t.wait_entries, 2);
+        assert_eq!(t.events_outside_checks(), 6);
     }
 
     #[test]

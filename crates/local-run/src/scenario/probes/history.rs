@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use aws_sdk_sfn::types::HistoryEventType;
 use serde_json::json;
 
 use crate::report::{short, HistoryProbeReport};
@@ -90,32 +89,16 @@ pub async fn long_wait_with_a_big_input(
             *bytes = (*bytes).max(scheduled.parameters().len());
         }
     }
-    // The first fallback check's events: from the "Wait in line" entry whose task timed out to
-    // the next state entered.
-    let mut check_types = Vec::new();
-    let entries: Vec<usize> = events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.state_entered_event_details().is_some())
-        .map(|(i, _)| i)
-        .collect();
-    for pair in entries.windows(2) {
-        let span = &events[pair[0]..pair[1]];
-        let is_wait = span[0]
-            .state_entered_event_details()
-            .is_some_and(|d| d.name() == "Wait in line");
-        if is_wait
-            && span
-                .iter()
-                .any(|e| e.r#type() == &HistoryEventType::TaskTimedOut)
-        {
-            check_types = span
+    // The first fallback check's events, as the line's trace found them.
+    let check_types = trace
+        .fallback_checks
+        .first()
+        .map_or_else(Vec::new, |check| {
+            events[check.clone()]
                 .iter()
                 .map(|e| e.r#type().as_str().to_owned())
-                .collect();
-            break;
-        }
-    }
+                .collect()
+        });
     let (largest_state, largest) = per_state
         .iter()
         .max_by_key(|(_, bytes)| **bytes)
@@ -128,7 +111,7 @@ pub async fn long_wait_with_a_big_input(
         cause: ended.cause.map(|c| c.chars().take(300).collect()),
         events: trace.events,
         events_outside_checks: trace.events_outside_checks(),
-        events_per_fallback_check: trace.fallback_check_events,
+        events_per_fallback_check: trace.fallback_checks.iter().map(|c| c.len()).collect(),
         fallback_check_event_types: check_types,
         holder_events: history(sfn, &holder).await?.len(),
         largest_task_parameters_bytes: largest,
