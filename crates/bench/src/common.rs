@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use aws_sdk_sfn::error::DisplayErrorContext;
+use anyhow::{bail, Context, Result};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore,
 };
@@ -43,19 +43,19 @@ pub async fn take_slots(
     sem: &Semaphore<DynamoStore>,
     lock: &LockName,
     holders: &[(String, String)],
-) -> Result<(), String> {
+) -> Result<()> {
     for (holder, acquisition) in holders {
         let who = Identity::new(
-            HolderId::new(holder.as_str()).map_err(|e| e.to_string())?,
-            AcquisitionId::new(acquisition.as_str()).map_err(|e| e.to_string())?,
+            HolderId::new(holder.as_str())?,
+            AcquisitionId::new(acquisition.as_str())?,
         );
         match sem
-            .acquire(lock, &who, Limit::new(1000).map_err(|e| e.to_string())?)
+            .acquire(lock, &who, Limit::new(1000)?)
             .await
-            .map_err(|e| e.to_string())?
+            .with_context(|| format!("taking a slot of {lock}"))?
         {
             AcquireOutcome::Acquired { .. } => {}
-            other => return Err(format!("taking a slot of {lock} gave {other:?}")),
+            other => bail!("taking a slot of {lock} gave {other:?}"),
         }
     }
     Ok(())
@@ -67,7 +67,7 @@ pub async fn state_machine(
     name: &str,
     definition: &Value,
     role: &str,
-) -> Result<String, String> {
+) -> Result<String> {
     Ok(sfn
         .create_state_machine()
         .name(format!("{name}-{}", &uuid()[..8]))
@@ -75,12 +75,7 @@ pub async fn state_machine(
         .role_arn(role)
         .send()
         .await
-        .map_err(|e| {
-            format!(
-                "create the state machine {name}: {}",
-                DisplayErrorContext(e)
-            )
-        })?
+        .with_context(|| format!("create the state machine {name}"))?
         .state_machine_arn()
         .to_owned())
 }
@@ -91,7 +86,7 @@ pub async fn start_executions(
     machine: &str,
     input: &str,
     n: usize,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>> {
     let mut arns = Vec::with_capacity(n);
     for _ in 0..n {
         arns.push(
@@ -101,7 +96,7 @@ pub async fn start_executions(
                 .input(input)
                 .send()
                 .await
-                .map_err(|e| format!("start: {}", DisplayErrorContext(e)))?
+                .with_context(|| format!("start an execution of {machine}"))?
                 .execution_arn()
                 .to_owned(),
         );

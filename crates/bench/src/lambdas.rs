@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use aws_sdk_sfn::error::DisplayErrorContext;
+use anyhow::{bail, ensure, Context, Result};
 use aws_sdk_sfn::types::ExecutionStatus;
 use local_aws::runtime_api::{run_function, Answer};
 use semaphore_core::{rfc3339_millis, Clock, DynamoStore, LockName, Semaphore, SystemClock};
@@ -119,7 +119,7 @@ struct Ended {
 }
 
 impl Protected {
-    async fn new() -> Result<Self, String> {
+    async fn new() -> Result<Self> {
         // Before the machine is made: one made before execution mode is not seen after.
         let sfn = local_aws::sfn::client();
         let definition = local_aws::sfn::acquire_only(ACQUIRE_FUNCTION_ARN);
@@ -129,7 +129,7 @@ impl Protected {
     }
 
     /// `n` executions that asked for `lock` and failed.
-    async fn failed(&self, lock: &str, n: usize) -> Result<Vec<Ended>, String> {
+    async fn failed(&self, lock: &str, n: usize) -> Result<Vec<Ended>> {
         let input = json!({"lock": lock}).to_string();
         let started = start_executions(&self.sfn, &self.machine, &input, n).await?;
         let deadline = Instant::now() + EXECUTION_TIMEOUT;
@@ -142,7 +142,7 @@ impl Protected {
                     .execution_arn(&execution)
                     .send()
                     .await
-                    .map_err(|e| format!("describe {execution}: {}", DisplayErrorContext(e)))?;
+                    .with_context(|| format!("describe {execution}"))?;
                 match described.status() {
                     ExecutionStatus::Running if Instant::now() < deadline => {
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -156,13 +156,10 @@ impl Protected {
                         });
                         break;
                     }
-                    other => {
-                        return Err(format!(
-                            "{execution} is {other} (waited up to {EXECUTION_TIMEOUT:?}); \
-                             expected FAILED: its acquire task fails, the local server has no \
-                             Lambda"
-                        ))
-                    }
+                    other => bail!(
+                        "{execution} is {other} (waited up to {EXECUTION_TIMEOUT:?}); expected \
+                         FAILED: its acquire task fails, the local server has no Lambda"
+                    ),
                 }
             }
         }
@@ -227,7 +224,7 @@ pub async fn run(
     topic_arn: &str,
     starts: usize,
     invocations: usize,
-) -> Result<Vec<HandlerRun>, String> {
+) -> Result<Vec<HandlerRun>> {
     let protected = Protected::new().await?;
     let mut results = Vec::new();
     for function in ["acquire", "release", "cleanup", "sweeper"] {
@@ -237,9 +234,9 @@ pub async fn run(
         let sem = Semaphore::new(store);
         let exe = bin_dir.join(function);
         let binary_bytes = std::fs::metadata(&exe)
-            .map_err(|e| {
+            .with_context(|| {
                 format!(
-                    "{}: {e} (build it: cargo build --release -p lambda-{function})",
+                    "{} (build it: cargo build --release -p lambda-{function})",
                     exe.display()
                 )
             })?
@@ -265,7 +262,7 @@ pub async fn run(
                 run_function(&exe, &env, setup.events)
             })
             .await
-            .map_err(|e| e.to_string())?;
+            .with_context(|| format!("running {function} panicked"))?;
             let answered = run
                 .answers
                 .iter()
@@ -276,20 +273,21 @@ pub async fn run(
                 .iter()
                 .find(|a| matches!(a, Answer::Response(v) if !did_the_work(function, v)));
             if let Some(answer) = idle {
-                return Err(format!(
+                bail!(
                     "{function} did not do what is measured (an acquire takes its slot, a \
                      release frees it, a cleanup frees the one slot of its execution): \
                      {answer:?}"
-                ));
+                );
             }
-            if answered != invocations {
-                return Err(format!(
-                    "{function}: {answered} of {invocations} invocations answered: {:?}\nstdout: {}\nstderr: {}",
-                    run.answers, run.stdout, run.stderr
-                ));
-            }
-            init_ms.push(ms(run.init.ok_or("no GET /next seen")?));
-            rss.push(run.peak_rss_kib.ok_or("no VmHWM")? as f64 / 1024.0);
+            ensure!(
+                answered == invocations,
+                "{function}: {answered} of {invocations} invocations answered: {:?}\nstdout: {}\nstderr: {}",
+                run.answers,
+                run.stdout,
+                run.stderr
+            );
+            init_ms.push(ms(run.init.context("no GET /next seen")?));
+            rss.push(run.peak_rss_kib.context("no VmHWM")? as f64 / 1024.0);
         }
         let rss_max = rss.iter().copied().fold(0.0, f64::max);
         results.push(HandlerRun {
@@ -316,12 +314,12 @@ async fn prepare(
     topic_arn: &str,
     protected: &Protected,
     invocations: usize,
-) -> Result<Setup, String> {
+) -> Result<Setup> {
     let mut env = vec![("TABLE_NAME", table.to_owned())];
     let holders: Vec<(String, String)> = (0..invocations)
         .map(|n| (execution_arn(function, n), uuid()))
         .collect();
-    let lock_name = LockName::new(lock).map_err(|e| e.to_string())?;
+    let lock_name = LockName::new(lock)?;
     let events = match function {
         // Requested now, as a state machine entering its acquire state: the function starts
         // within the horizon (seconds), so every attempt is answered "acquired".

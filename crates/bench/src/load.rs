@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::{bail, ensure, Context, Result};
 use local_aws::counter::RequestCounter;
 use local_aws::observe::{least_spacing, most_in_window, raw_item};
 use local_aws::sample::Sample;
@@ -227,7 +228,7 @@ async fn contend(
     regime: Regime,
     variant: Variant,
     shared: Arc<Shared>,
-) -> Result<Tally, String> {
+) -> Result<Tally> {
     let mut tally = Tally::default();
     let lock_name = LockName::new(lock.clone()).expect("lock");
     for n in 0..sections {
@@ -254,12 +255,10 @@ async fn contend(
                         Attempt::RateLimited(next_start_ms)
                     }
                     Ok(AcquireOutcome::Expired) => Attempt::Expired,
-                    Ok(AcquireOutcome::Fenced(reason)) => {
-                        return Err(format!(
-                            "worker {worker}: a fresh acquisition was fenced: {}",
-                            reason.describe()
-                        ))
-                    }
+                    Ok(AcquireOutcome::Fenced(reason)) => bail!(
+                        "worker {worker}: a fresh acquisition was fenced: {}",
+                        reason.describe()
+                    ),
                     Err(e) => {
                         tally.error(e);
                         Attempt::Failed
@@ -317,9 +316,7 @@ async fn contend(
                     // Only after a failed attempt that had landed; otherwise the slot was lost.
                     Ok(ReleaseOutcome::NotHeld { .. }) if failures > 0 => true,
                     Ok(ReleaseOutcome::NotHeld { .. }) => {
-                        return Err(format!(
-                            "worker {worker}: the release found its slot gone (S2 violated)"
-                        ))
+                        bail!("worker {worker}: the release found its slot gone (S2 violated)")
                     }
                     Err(e) => {
                         tally.error(e);
@@ -328,9 +325,7 @@ async fn contend(
                 },
                 Contender::Sample(sample) => {
                     if !sample.release(&lock, &holder).await {
-                        return Err(format!(
-                            "worker {worker}: the sample's release found no holder"
-                        ));
+                        bail!("worker {worker}: the sample's release found no holder");
                     }
                     true
                 }
@@ -356,7 +351,7 @@ pub async fn run(
     sections: usize,
     endpoint: &str,
     table: &str,
-) -> Result<LoadRun, String> {
+) -> Result<LoadRun> {
     let counter = RequestCounter::new();
     let writes = WriteCounter::new();
     let client = counter.dynamodb_client(endpoint);
@@ -370,9 +365,10 @@ pub async fn run(
             table: table.to_owned(),
         }),
     };
-    if proto == Proto::Sample && variant != Variant::Plain {
-        return Err("the sample's protocol has neither weights nor a start rate".to_owned());
-    }
+    ensure!(
+        proto == Proto::Ours || variant == Variant::Plain,
+        "the sample's protocol has neither weights nor a start rate"
+    );
     let shared = Arc::new(Shared {
         limit: variant.limit(),
         ..Shared::default()
@@ -420,8 +416,8 @@ pub async fn run(
     for task in tasks {
         let t = task
             .await
-            .map_err(|e| format!("a contender panicked: {e}"))?
-            .map_err(|e| format!("{}: {e}", proto.label()))?;
+            .context("a contender panicked")?
+            .context(proto.label())?;
         tally.acquire_ms.extend(t.acquire_ms);
         tally.release_ms.extend(t.release_ms);
         tally.full += t.full;
@@ -435,21 +431,19 @@ pub async fn run(
     let counts = counter.take();
     let mut starts = writes.starts();
     let writes = writes.take();
-    if shared.violations.load(Ordering::SeqCst) > 0 {
-        return Err(format!(
-            "{} {}: more than {} holders or weight inside at once (S1 violated)",
-            proto.label(),
-            variant.name(),
-            variant.limit()
-        ));
-    }
+    ensure!(
+        shared.violations.load(Ordering::SeqCst) == 0,
+        "{} {}: more than {} holders or weight inside at once (S1 violated)",
+        proto.label(),
+        variant.name(),
+        variant.limit()
+    );
     let done = tally.release_ms.len();
-    if done != sections {
-        return Err(format!(
-            "{}: {done} of {sections} sections done",
-            proto.label()
-        ));
-    }
+    ensure!(
+        done == sections,
+        "{}: {done} of {sections} sections done",
+        proto.label()
+    );
     let item_bytes_at_end = raw_item(&client, table, &lock)
         .await
         .map(|item| item_size(&item))

@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, Result};
 use clap::Parser;
 use semaphore_core::Clock;
 use serde::Serialize;
@@ -56,10 +57,10 @@ struct Cli {
     hold_ms: u64,
     /// The rate-limited load variant's start rate, acquisitions per second (real time, in both
     /// regimes).
-    #[arg(long, default_value = "5", value_parser = parse_rate)]
+    #[arg(long, default_value = "5", value_parser = semaphore_core::Rate::parse)]
     rate: semaphore_core::Rate,
     /// Only these parts (comma-separated): requests, load, size, lambdas, sweeper.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = PARTS)]
     only: Vec<String>,
     /// Where the natively built handler binaries are (default: next to this binary).
     #[arg(long)]
@@ -85,24 +86,21 @@ enum Command {
     },
 }
 
-/// Draws the charts from `from` into `dir`, saying which files it wrote.
-fn draw_charts(from: &std::path::Path, dir: &std::path::Path) -> bool {
-    match charts::draw(from, dir) {
-        Ok(files) => {
-            for file in files {
-                println!("drew {}", file.display());
-            }
-            true
-        }
-        Err(e) => {
-            eprintln!("charts: {e}");
-            false
-        }
+impl Cli {
+    fn wanted(&self, part: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| p == part)
     }
 }
 
-fn parse_rate(text: &str) -> Result<semaphore_core::Rate, String> {
-    semaphore_core::Rate::parse(text).map_err(|e| e.to_string())
+/// The parts of a run, in the order they run (`--only` names them).
+const PARTS: [&str; 5] = ["requests", "load", "size", "lambdas", "sweeper"];
+
+/// Draws the charts from `from` into `dir`, saying which files it wrote.
+fn draw_charts(from: &std::path::Path, dir: &std::path::Path) -> Result<()> {
+    for file in charts::draw(from, dir).context("charts")? {
+        println!("drew {}", file.display());
+    }
+    Ok(())
 }
 
 /// The medians over a cell's runs that both summaries quote.
@@ -119,8 +117,13 @@ struct Medians {
 }
 
 /// The median over `runs` of one figure of theirs (NaN for none).
-fn med(runs: &[&load::LoadRun], g: fn(&load::LoadRun) -> f64) -> f64 {
+fn med<T>(runs: &[&T], g: fn(&T) -> f64) -> f64 {
     median(&runs.iter().map(|r| g(r)).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+}
+
+/// The largest over `runs` of one figure of theirs (0 for none).
+fn most<T, N: Ord + Default>(runs: &[&T], g: fn(&T) -> N) -> N {
+    runs.iter().map(|r| g(r)).max().unwrap_or_default()
 }
 
 impl Medians {
@@ -233,13 +236,6 @@ fn machine() -> Value {
     })
 }
 
-/// Records how long one part took, and says so on stderr.
-fn part_done(timings: &mut serde_json::Map<String, Value>, part: &str, started: Instant) {
-    let seconds = started.elapsed().as_secs_f64();
-    timings.insert(part.into(), json!(seconds));
-    eprintln!("{part}: {seconds:.1} s");
-}
-
 fn f(x: f64, digits: usize) -> String {
     if x.is_nan() {
         "n/a".to_owned()
@@ -262,41 +258,127 @@ fn print_table(header: &str, align: &str, rows: impl IntoIterator<Item = Vec<Str
     }
     println!();
 }
+/// A run: what its parts read, and what they report.
+struct Bench {
+    cli: Cli,
+    repeats: usize,
+    endpoint: String,
+    table: String,
+    /// Numbers that are not sane: the run fails.
+    problems: Vec<String>,
+    targets: Vec<Target>,
+    /// The results file, part by part.
+    out: serde_json::Map<String, Value>,
+}
 
 #[tokio::main(flavor = "multi_thread")]
-async fn main() -> ExitCode {
+async fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     if let Some(Command::Charts { from, dir }) = &cli.command {
-        return if draw_charts(from, dir) {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        };
+        draw_charts(from, dir)?;
+        return Ok(ExitCode::SUCCESS);
     }
-    let wanted = |part: &str| cli.only.is_empty() || cli.only.iter().any(|p| p == part);
-    let repeats = cli.repeats.unwrap_or(if cli.smoke { 1 } else { 5 });
     let started = Instant::now();
-    let mut problems: Vec<String> = Vec::new();
-    let mut out = serde_json::Map::new();
-    let mut timings = serde_json::Map::new();
-    let mut targets: Vec<Target> = Vec::new();
-    out.insert("smoke".into(), json!(cli.smoke));
-    out.insert("repeats".into(), json!(repeats));
-    out.insert("machine".into(), machine());
-    let endpoint = local_aws::endpoint().to_owned();
-    let table = local_aws::fresh_table().await.table().to_owned();
+    let repeats = cli.repeats.unwrap_or(if cli.smoke { 1 } else { 5 });
+    let machine = machine();
     println!(
         "# semaphore bench{}\n",
         if cli.smoke { " (smoke)" } else { "" }
     );
     println!(
         "server: {}\n",
-        out["machine"]["server"].as_str().unwrap_or_default()
+        machine["server"].as_str().unwrap_or_default()
     );
-
-    // (a) requests per uncontended critical section
-    if wanted("requests") {
+    let mut bench = Bench {
+        out: serde_json::Map::from_iter([
+            ("smoke".to_owned(), json!(cli.smoke)),
+            ("repeats".to_owned(), json!(repeats)),
+            ("machine".to_owned(), machine),
+        ]),
+        repeats,
+        endpoint: local_aws::endpoint().to_owned(),
+        table: local_aws::fresh_table().await.table().to_owned(),
+        problems: Vec::new(),
+        targets: Vec::new(),
+        cli,
+    };
+    let mut timings = serde_json::Map::new();
+    for part in PARTS {
+        if !bench.cli.wanted(part) {
+            continue;
+        }
         let part_started = Instant::now();
+        let done = match part {
+            "requests" => bench.requests().await,
+            "load" => bench.load().await,
+            "size" => bench.size().await,
+            "lambdas" => bench.lambdas().await,
+            _ => bench.sweeper().await,
+        };
+        if let Err(e) = done {
+            bench.problems.push(format!("{part}: {e:#}"));
+        }
+        let seconds = part_started.elapsed().as_secs_f64();
+        timings.insert(part.into(), json!(seconds));
+        eprintln!("{part}: {seconds:.1} s");
+    }
+    let Bench {
+        cli,
+        problems,
+        targets,
+        mut out,
+        ..
+    } = bench;
+    if !targets.is_empty() {
+        println!(
+            "## Targets (issue 9){}\n",
+            if cli.smoke {
+                ": a smoke run measures nothing, these only show the wiring"
+            } else {
+                ""
+            }
+        );
+        print_table(
+            "| target | measured | met? |",
+            "|---|---|---|",
+            targets.iter().map(|t| {
+                let met = if t.met { "yes" } else { "**no**" };
+                vec![t.target.clone(), t.measured.clone(), met.to_owned()]
+            }),
+        );
+    }
+    out.insert("targets".into(), json!(targets));
+
+    let elapsed = started.elapsed().as_secs_f64();
+    out.insert("wall_seconds".into(), json!(elapsed));
+    out.insert("part_seconds".into(), Value::Object(timings));
+    out.insert("problems".into(), json!(problems));
+    let text = serde_json::to_string_pretty(&Value::Object(out))?;
+    std::fs::write(&cli.out, text + "\n")
+        .with_context(|| format!("cannot write {}", cli.out.display()))?;
+    println!("wrote {} in {elapsed:.1} s", cli.out.display());
+    // The charts are of the requests and load tables: a run of other parts draws none.
+    if let Some(dir) = cli
+        .charts
+        .as_ref()
+        .filter(|_| cli.wanted("requests") || cli.wanted("load"))
+    {
+        draw_charts(&cli.out, dir)?;
+    }
+    for p in &problems {
+        eprintln!("PROBLEM: {p}");
+    }
+    Ok(if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+impl Bench {
+    /// (a) requests per uncontended critical section
+    async fn requests(&mut self) -> Result<()> {
+        let cli = &self.cli;
         let sections = if cli.smoke { 5 } else { 50 };
         let ms = Duration::from_millis;
         let rates: &[(Duration, usize)] = if cli.smoke {
@@ -312,82 +394,81 @@ async fn main() -> ExitCode {
                 (ms(60_000), 20),
             ]
         };
-        match requests::run(&endpoint, &table, sections, rates).await {
-            Ok(report) => {
-                println!("## DynamoDB requests per uncontended critical section (acquire + release), counted\n");
-                println!("Ours as the Lambdas run it: each call a new `Semaphore` (no read, no cache), default timing (fence window {} s). A release rotates the lock's fences (one more `UpdateItem`) when a window has passed since the last rotation and the young generation holds at least {} fences: at most once per window and once per {} releases, so it is counted at several rates on a simulated clock too.\n", f(semaphore_core::Timing::default().window().as_secs_f64(), 0), rule::BUSY_YOUNG_FENCES, rule::BUSY_YOUNG_FENCES);
-                let all: Vec<&requests::RequestRow> = report
-                    .rows
-                    .iter()
-                    .chain(std::iter::once(&report.first_section))
-                    .collect();
-                print_table(
-                    "| scenario | sections | requests/CS | GetItem | PutItem | UpdateItem | rotations/CS | failed conditional writes/CS | vs sample |",
-                    "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-                    all.iter().map(|r| {
-                        vec![
-                            r.scenario.clone(),
-                            r.sections.to_string(),
-                            f(r.requests_per_section, 2),
-                            f(r.get_item, 2),
-                            f(r.put_item, 2),
-                            f(r.update_item, 2),
-                            f(r.rotations_per_section, 3),
-                            f(r.failed_conditional_writes, 2),
-                            times(r.vs_sample),
-                        ]
-                    }),
-                );
-                requests::check(&report, &mut problems);
-                let ours: Vec<&requests::RequestRow> =
-                    report.rows.iter().filter(|r| r.proto == "ours").collect();
-                if let Some(r) = ours.first() {
-                    targets.push(Target {
-                        target: "uncontended requests per CS, as the Lambdas run, <= 1.25x the sample's; 0 failed conditional writes".into(),
-                        measured: format!(
-                            "{} = {}x back to back, {} failed; with rotations: {}",
-                            f(r.requests_per_section, 2),
-                            f(r.vs_sample, 2),
-                            f(r.failed_conditional_writes, 2),
-                            report
-                                .rows
-                                .iter()
-                                .filter_map(|r| r.seconds_between_sections.map(|s| format!(
-                                    "{} at {}",
-                                    times(r.vs_sample),
-                                    requests::rate_label(Duration::from_secs_f64(s))
-                                )))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                        met: ours
-                            .iter()
-                            .all(|r| r.vs_sample <= 1.25 && r.failed_conditional_writes == 0.0),
-                    });
-                    let worst = ours
+        let report = requests::run(&self.endpoint, &self.table, sections, rates).await?;
+        println!(
+            "## DynamoDB requests per uncontended critical section (acquire + release), counted\n"
+        );
+        println!("Ours as the Lambdas run it: each call a new `Semaphore` (no read, no cache), default timing (fence window {} s). A release rotates the lock's fences (one more `UpdateItem`) when a window has passed since the last rotation and the young generation holds at least {} fences: at most once per window and once per {} releases, so it is counted at several rates on a simulated clock too.\n", f(semaphore_core::Timing::default().window().as_secs_f64(), 0), rule::BUSY_YOUNG_FENCES, rule::BUSY_YOUNG_FENCES);
+        let all: Vec<&requests::RequestRow> = report
+            .rows
+            .iter()
+            .chain(std::iter::once(&report.first_section))
+            .collect();
+        print_table(
+            "| scenario | sections | requests/CS | GetItem | PutItem | UpdateItem | rotations/CS | failed conditional writes/CS | vs sample |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            all.iter().map(|r| {
+                vec![
+                    r.scenario.clone(),
+                    r.sections.to_string(),
+                    f(r.requests_per_section, 2),
+                    f(r.get_item, 2),
+                    f(r.put_item, 2),
+                    f(r.update_item, 2),
+                    f(r.rotations_per_section, 3),
+                    f(r.failed_conditional_writes, 2),
+                    times(r.vs_sample),
+                ]
+            }),
+        );
+        requests::check(&report, &mut self.problems);
+        let ours: Vec<&requests::RequestRow> =
+            report.rows.iter().filter(|r| r.proto == "ours").collect();
+        if let Some(r) = ours.first() {
+            self.targets.push(Target {
+                target: "uncontended requests per CS, as the Lambdas run, <= 1.25x the sample's; 0 failed conditional writes".into(),
+                measured: format!(
+                    "{} = {}x back to back, {} failed; with rotations: {}",
+                    f(r.requests_per_section, 2),
+                    f(r.vs_sample, 2),
+                    f(r.failed_conditional_writes, 2),
+                    report
+                        .rows
                         .iter()
-                        .map(|r| r.requests_per_section)
-                        .fold(0.0, f64::max);
-                    targets.push(Target {
-                        target: "acquire then release on an uncontended lock, each a fresh process (semctl): <= 3 requests".into(),
-                        measured: format!(
-                            "{} at most over the rates above ({} on a lock's first use)",
-                            f(worst, 2),
-                            f(report.first_section.requests_per_section, 0)
-                        ),
-                        met: worst <= 3.0,
-                    });
-                }
-                out.insert("requests".into(), json!(all));
-            }
-            Err(e) => problems.push(format!("requests: {e}")),
+                        .filter_map(|r| r.seconds_between_sections.map(|s| format!(
+                            "{} at {}",
+                            times(r.vs_sample),
+                            requests::rate_label(Duration::from_secs_f64(s))
+                        )))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                met: ours
+                    .iter()
+                    .all(|r| r.vs_sample <= 1.25 && r.failed_conditional_writes == 0.0),
+            });
+            let worst = ours
+                .iter()
+                .map(|r| r.requests_per_section)
+                .fold(0.0, f64::max);
+            self.targets.push(Target {
+                target: "acquire then release on an uncontended lock, each a fresh process (semctl): <= 3 requests".into(),
+                measured: format!(
+                    "{} at most over the rates above ({} on a lock's first use)",
+                    f(worst, 2),
+                    f(report.first_section.requests_per_section, 0)
+                ),
+                met: worst <= 3.0,
+            });
         }
-        part_done(&mut timings, "requests", part_started);
+        self.out.insert("requests".into(), json!(all));
+        Ok(())
     }
 
-    // (b) latency and throughput under contention
-    if wanted("load") {
-        let part_started = Instant::now();
+    /// (b) latency and throughput under contention
+    async fn load(&mut self) -> Result<()> {
+        let cli = &self.cli;
+        let repeats = self.repeats;
         let regimes = [
             Regime::Deployment {
                 unit_ms: cli.unit_ms.unwrap_or(if cli.smoke { 100 } else { 500 }),
@@ -424,7 +505,13 @@ async fn main() -> ExitCode {
                     }
                     for (proto, variant) in kinds {
                         let run = load::run(
-                            regime, proto, variant, contenders, sections, &endpoint, &table,
+                            regime,
+                            proto,
+                            variant,
+                            contenders,
+                            sections,
+                            &self.endpoint,
+                            &self.table,
                         );
                         match run.await {
                             Ok(run) => {
@@ -439,13 +526,13 @@ async fn main() -> ExitCode {
                                     run.acquire_p50_ms,
                                     run.requests_per_section
                                 );
-                                load::check(&run, &mut problems);
+                                load::check(&run, &mut self.problems);
                                 match variant {
                                     load::Variant::Plain => runs.push(run),
                                     _ => variant_runs.push(run),
                                 }
                             }
-                            Err(e) => problems.push(e),
+                            Err(e) => self.problems.push(format!("{e:#}")),
                         }
                     }
                 }
@@ -506,9 +593,6 @@ async fn main() -> ExitCode {
                     }
                     let figures: Vec<&load::VariantFigures> =
                         rs.iter().filter_map(|r| r.variant.as_ref()).collect();
-                    let most = |g: fn(&load::VariantFigures) -> usize| {
-                        figures.iter().map(|v| g(v)).max().unwrap_or(0)
-                    };
                     let m = Medians::of(&rs);
                     variant_summaries.push(VariantSummary {
                         regime,
@@ -522,29 +606,19 @@ async fn main() -> ExitCode {
                             plain.requests_per_section,
                         ),
                         acquire_p99_vs_plain: ratio(m.acquire_p99_ms, plain.acquire_p99_ms),
-                        rate_limited_answers_per_section: med(&rs, |r| {
-                            r.variant
-                                .as_ref()
-                                .map_or(0.0, |v| v.rate_limited_answers_per_section)
+                        rate_limited_answers_per_section: med(&figures, |v| {
+                            v.rate_limited_answers_per_section
                         }),
-                        max_weight_seen: figures
-                            .iter()
-                            .map(|v| v.max_weight_seen)
-                            .max()
-                            .unwrap_or(0),
+                        max_weight_seen: most(&figures, |v| v.max_weight_seen),
                         limit: variant.limit(),
                         rate_per_s: variant.rate().map(semaphore_core::Rate::as_per_second),
-                        max_starts_in_1s: most(|v| v.max_starts_in_1s),
-                        max_starts_in_10s: most(|v| v.max_starts_in_10s),
+                        max_starts_in_1s: most(&figures, |v| v.max_starts_in_1s),
+                        max_starts_in_10s: most(&figures, |v| v.max_starts_in_10s),
                         min_start_spacing_ms: figures
                             .iter()
                             .filter_map(|v| v.min_start_spacing_ms)
                             .min(),
-                        achieved_start_rate_per_s: med(&rs, |r| {
-                            r.variant
-                                .as_ref()
-                                .map_or(f64::NAN, |v| v.achieved_start_rate_per_s)
-                        }),
+                        achieved_start_rate_per_s: med(&figures, |v| v.achieved_start_rate_per_s),
                         errors_total: rs.iter().map(|r| r.errors).sum(),
                         plain_throughput_per_s: plain.throughput_per_s,
                         plain_requests_per_section: plain.requests_per_section,
@@ -588,7 +662,7 @@ async fn main() -> ExitCode {
         for s in &summaries {
             let tp = s.medians.throughput_per_s;
             if tp.is_nan() || tp <= 0.0 {
-                problems.push(format!(
+                self.problems.push(format!(
                     "{} C={}: no throughput",
                     s.proto.label(),
                     s.contenders
@@ -607,7 +681,7 @@ async fn main() -> ExitCode {
                 .join(", ")
         };
         let deployment: Vec<&LoadSummary> = ours("deployment-shaped").collect();
-        targets.push(Target {
+        self.targets.push(Target {
             target: "deployment-shaped throughput >= 0.95x the sample's at 1, 8 and 50 contenders"
                 .into(),
             measured: listed(deployment.clone(), |s| s.throughput_vs_sample),
@@ -619,7 +693,7 @@ async fn main() -> ExitCode {
             .copied()
             .filter(|s| s.contenders > 1)
             .collect();
-        targets.push(Target {
+        self.targets.push(Target {
             target: "deployment-shaped acquire p99 <= 2x the sample's at 8 and 50 contenders"
                 .into(),
             measured: listed(contended.clone(), |s| s.acquire_p99_vs_sample),
@@ -627,7 +701,7 @@ async fn main() -> ExitCode {
         });
         let saturated: Vec<&LoadSummary> = ours("saturated").filter(|s| s.contenders > 1).collect();
         let errors: u64 = summaries.iter().map(|s| s.contention_errors_total).sum();
-        targets.push(Target {
+        self.targets.push(Target {
             target: "saturated throughput >= 0.8x the sample's at 8 and 50 contenders; 0 errors"
                 .into(),
             measured: format!(
@@ -679,7 +753,7 @@ async fn main() -> ExitCode {
                 ]
             }),
         );
-        out.insert(
+        self.out.insert(
             "load".into(),
             json!({
                 "limit": load::LIMIT,
@@ -697,12 +771,12 @@ async fn main() -> ExitCode {
                 },
             }),
         );
-        part_done(&mut timings, "load", part_started);
+        Ok(())
     }
 
-    // (c) item size
-    if wanted("size") {
-        let part_started = Instant::now();
+    /// (c) item size
+    async fn size(&mut self) -> Result<()> {
+        let cli = &self.cli;
         // The quiet lock reaches its worst case (2 x 8 fences) at its 16th release.
         let (quiet_cycles, cycles, cleanups) = if cli.smoke {
             (2 * rule::BUSY_YOUNG_FENCES + 4, 500, 50)
@@ -773,8 +847,8 @@ async fn main() -> ExitCode {
             f(c.sample_cs_per_second, 0),
             f(c.cs_per_second_for_400kb, 0)
         );
-        size::check(&report, &mut problems);
-        targets.push(Target {
+        size::check(&report, &mut self.problems);
+        self.targets.push(Target {
             target: "a quiet lock with 5 holders <= 1 KB".into(),
             measured: format!(
                 "{} bytes at most with {} fences ({} before its first release); the rule's worst case {} fences, {} bytes on the model",
@@ -793,7 +867,7 @@ async fn main() -> ExitCode {
             ),
             met: report.quiet.max_bytes <= 1024 && report.quiet.model_max_bytes <= 1024.0,
         });
-        targets.push(Target {
+        self.targets.push(Target {
             target: "steady state at 10 CS/s <= 4 KB".into(),
             measured: format!(
                 "{} bytes at most, {} WCU per write; the model's worst case {} bytes",
@@ -803,37 +877,42 @@ async fn main() -> ExitCode {
             ),
             met: report.steady.max_bytes <= 4096 && report.steady.model_max_bytes <= 4096.0,
         });
-        targets.push(Target {
+        self.targets.push(Target {
             target: "per-lock ceiling on paper >= 50 CS/s at the defaults".into(),
             measured: format!("{} CS/s", f(c.cs_per_second, 1)),
             met: c.cs_per_second >= 50.0,
         });
-        out.insert("size".into(), json!(report));
-        part_done(&mut timings, "size", part_started);
+        self.out.insert("size".into(), json!(report));
+        Ok(())
     }
 
-    // (d) the Lambdas
-    if wanted("lambdas") {
-        let part_started = Instant::now();
+    /// (d) the Lambdas
+    async fn lambdas(&mut self) -> Result<()> {
+        let cli = &self.cli;
+        let repeats = self.repeats;
         let repo = local_aws::server::repo_root();
         let boots = lambdas::bootstraps(&repo);
         println!("## Lambdas\n");
         if boots.is_empty() {
             println!("(no .aws-sam/build/*/bootstrap: run .ci/sam-build.sh for the arm64 sizes)\n");
         }
-        let bin_dir = cli.lambda_bin_dir.clone().or_else(lambdas::default_bin_dir);
+        let bin_dir = self
+            .cli
+            .lambda_bin_dir
+            .clone()
+            .or_else(lambdas::default_bin_dir);
         let (starts, invocations) = if cli.smoke {
             (1, 2)
         } else {
             (repeats.max(5), 5)
         };
         let handlers = async {
-            let dir = bin_dir.ok_or("no directory with the handler binaries")?;
+            let dir = bin_dir.context("no directory with the handler binaries")?;
             let topic = sweeper::topic().await?;
             lambdas::run(&dir, &topic, starts, invocations).await
         };
         let handlers = handlers.await.unwrap_or_else(|e| {
-            problems.push(format!("lambdas: {e}"));
+            self.problems.push(format!("lambdas: {e:#}"));
             Vec::new()
         });
         let profile = if cfg!(debug_assertions) {
@@ -870,102 +949,48 @@ async fn main() -> ExitCode {
             .iter()
             .filter(|h| h.peak_rss_max_mib >= lambdas::MEMORY_SIZE_MB)
         {
-            problems.push(format!("{}: peak memory over 128 MB", h.function));
+            self.problems
+                .push(format!("{}: peak memory over 128 MB", h.function));
         }
-        out.insert(
+        self.out.insert(
             "lambdas".into(),
             json!({"bootstraps": boots, "handlers": handlers}),
         );
-        part_done(&mut timings, "lambdas", part_started);
+        Ok(())
     }
 
-    // (e) the sweeper
-    if wanted("sweeper") {
-        let part_started = Instant::now();
+    /// (e) the sweeper
+    async fn sweeper(&mut self) -> Result<()> {
+        let cli = &self.cli;
         let counts: &[usize] = if cli.smoke { &[1, 10] } else { &[1, 10, 100] };
-        match sweeper::run(counts).await {
-            Ok(rows) => {
-                println!("## Sweeper: calls per sweep, counted\n");
-                print_table(
-                    "| holders | sweep | reclaimed | Scan | UpdateItem (fence + free + rotations) | GetItem | PutItem | DescribeExecution | SNS Publish | DynamoDB total | Step Functions total | SNS total |",
-                    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-                    rows.iter().map(|r| {
-                        let update = format!(
-                            "{} ({} + {} + {})",
-                            r.update_item, r.cleanup_fence, r.cleanup_free, r.rotations
-                        );
-                        vec![
-                            r.holders.to_string(),
-                            r.case.to_owned(),
-                            r.reclaimed.to_string(),
-                            r.scan.to_string(),
-                            update,
-                            r.get_item.to_string(),
-                            r.put_item.to_string(),
-                            r.describe_execution.to_string(),
-                            r.publish.to_string(),
-                            r.dynamodb_total.to_string(),
-                            r.step_functions_total.to_string(),
-                            r.sns_total.to_string(),
-                        ]
-                    }),
-                );
-                sweeper::check(&rows, &mut problems);
-                out.insert("sweeper".into(), json!(rows));
-            }
-            Err(e) => problems.push(format!("sweeper: {e}")),
-        }
-        part_done(&mut timings, "sweeper", part_started);
-    }
-
-    if !targets.is_empty() {
-        println!(
-            "## Targets (issue 9){}\n",
-            if cli.smoke {
-                ": a smoke run measures nothing, these only show the wiring"
-            } else {
-                ""
-            }
-        );
+        let rows = sweeper::run(counts).await?;
+        println!("## Sweeper: calls per sweep, counted\n");
         print_table(
-            "| target | measured | met? |",
-            "|---|---|---|",
-            targets.iter().map(|t| {
-                let met = if t.met { "yes" } else { "**no**" };
-                vec![t.target.clone(), t.measured.clone(), met.to_owned()]
+            "| holders | sweep | reclaimed | Scan | UpdateItem (fence + free + rotations) | GetItem | PutItem | DescribeExecution | SNS Publish | DynamoDB total | Step Functions total | SNS total |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            rows.iter().map(|r| {
+                let update = format!(
+                    "{} ({} + {} + {})",
+                    r.update_item, r.cleanup_fence, r.cleanup_free, r.rotations
+                );
+                vec![
+                    r.holders.to_string(),
+                    r.case.to_owned(),
+                    r.reclaimed.to_string(),
+                    r.scan.to_string(),
+                    update,
+                    r.get_item.to_string(),
+                    r.put_item.to_string(),
+                    r.describe_execution.to_string(),
+                    r.publish.to_string(),
+                    r.dynamodb_total.to_string(),
+                    r.step_functions_total.to_string(),
+                    r.sns_total.to_string(),
+                ]
             }),
         );
-    }
-    out.insert("targets".into(), json!(targets));
-
-    let elapsed = started.elapsed().as_secs_f64();
-    out.insert("wall_seconds".into(), json!(elapsed));
-    out.insert("part_seconds".into(), Value::Object(timings));
-    out.insert("problems".into(), json!(problems));
-    let written = serde_json::to_string_pretty(&Value::Object(out))
-        .map_err(|e| e.to_string())
-        .and_then(|text| std::fs::write(&cli.out, text + "\n").map_err(|e| e.to_string()));
-    if let Err(e) = written {
-        eprintln!("cannot write {}: {e}", cli.out.display());
-        return ExitCode::FAILURE;
-    }
-    println!("wrote {} in {elapsed:.1} s", cli.out.display());
-    // The charts are of the requests and load tables: a run of other parts draws none.
-    if let Some(dir) = cli
-        .charts
-        .as_ref()
-        .filter(|_| wanted("requests") || wanted("load"))
-    {
-        if !draw_charts(&cli.out, dir) {
-            return ExitCode::FAILURE;
-        }
-    }
-    if problems.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        for p in &problems {
-            eprintln!("PROBLEM: {p}");
-        }
-        ExitCode::FAILURE
+        sweeper::check(&rows, &mut self.problems);
+        self.out.insert("sweeper".into(), json!(rows));
+        Ok(())
     }
 }

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Result};
 use local_aws::counter::{Counts, RequestCounter};
 use local_aws::sample::Sample;
 use semaphore_core::{
@@ -82,16 +83,16 @@ impl Callers {
         .with_timing(Timing::default())
     }
 
-    async fn section(&self, lock: &LockName, n: usize) -> Result<(), String> {
+    async fn section(&self, lock: &LockName, n: usize) -> Result<()> {
         let who = identity(n);
         let limit = Limit::new(5).expect("limit");
         match self.fresh().acquire(lock, &who, limit).await {
             Ok(AcquireOutcome::Acquired { .. }) => {}
-            other => return Err(format!("uncontended acquire gave {other:?}")),
+            other => bail!("uncontended acquire gave {other:?}"),
         }
         match self.fresh().release(lock, &who).await {
             Ok(ReleaseOutcome::Released { .. }) => Ok(()),
-            other => Err(format!("uncontended release gave {other:?}")),
+            other => bail!("uncontended release gave {other:?}"),
         }
     }
 
@@ -169,7 +170,7 @@ pub async fn run(
     table: &str,
     sections: usize,
     rates: &[(Duration, usize)],
-) -> Result<Requests, String> {
+) -> Result<Requests> {
     let counter = RequestCounter::new();
     let window = Timing::default().window();
     let mut rows = Vec::new();
@@ -235,10 +236,10 @@ pub async fn run(
     for n in 1..=sections {
         let holder = execution_arn("uncontended", n);
         if !sample.acquire(&lock, &holder, 5).await {
-            return Err("the sample's uncontended acquire was refused".into());
+            bail!("the sample's uncontended acquire was refused");
         }
         if !sample.release(&lock, &holder).await {
-            return Err("the sample's uncontended release found no holder".into());
+            bail!("the sample's uncontended release found no holder");
         }
     }
     // The sample writes through no counted store: its tally is empty.
