@@ -5,9 +5,8 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore,
-};
+use local_aws::names::{id, limit};
+use semaphore_core::{AcquireOutcome, DynamoStore, LockName, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -45,12 +44,8 @@ pub async fn take_slots(
     holders: &[(String, String)],
 ) -> Result<()> {
     for (holder, acquisition) in holders {
-        let who = Identity::new(
-            HolderId::new(holder.as_str())?,
-            AcquisitionId::new(acquisition.as_str())?,
-        );
         match sem
-            .acquire(lock, &who, Limit::new(1000)?)
+            .acquire(lock, &id(holder, acquisition), limit(1000))
             .await
             .with_context(|| format!("taking a slot of {lock}"))?
         {

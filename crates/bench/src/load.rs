@@ -18,11 +18,12 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use local_aws::counter::RequestCounter;
+use local_aws::names::{self, id};
 use local_aws::observe::{least_spacing, most_in_window, raw_item};
 use local_aws::sample::Sample;
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName, Rate,
-    ReleaseOutcome, Semaphore, SystemClock, Terms, Weight,
+    AcquireOutcome, Clock, DynamoStore, Limit, Rate, ReleaseOutcome, Semaphore, SystemClock, Terms,
+    Weight,
 };
 use serde::Serialize;
 
@@ -230,15 +231,12 @@ async fn contend(
     shared: Arc<Shared>,
 ) -> Result<Tally> {
     let mut tally = Tally::default();
-    let lock_name = LockName::new(lock.clone()).expect("lock");
+    let lock_name = names::lock(&lock);
     for n in 0..sections {
         let terms = variant.terms();
         let weight = i64::from(terms.weight.get());
         let holder = execution_arn(&format!("w{worker}"), n);
-        let identity = Identity::new(
-            HolderId::new(holder.clone()).expect("holder"),
-            AcquisitionId::new(uuid()).expect("acquisition"),
-        );
+        let identity = id(&holder, &uuid());
         let mut polls = 0;
         let mut rate_polls: u32 = 0;
         loop {

@@ -201,36 +201,29 @@ struct Target {
     met: bool,
 }
 
+/// The first line of the file at `path` that starts with `prefix`, if any.
+fn line_of(path: impl AsRef<std::path::Path>, prefix: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .map(str::to_owned)
+}
+
 fn machine() -> Value {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let cpu = read("/proc/cpuinfo")
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")
-                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned());
-    let mem = read("/proc/meminfo")
-        .lines()
-        .find(|l| l.starts_with("MemTotal"))
-        .unwrap_or("")
-        .to_owned();
-    let moto = read(
-        &local_aws::server::repo_root()
-            .join("local/requirements.txt")
-            .to_string_lossy(),
-    )
-    .lines()
-    .find(|l| l.starts_with("moto"))
-    .unwrap_or("")
-    .to_owned();
+    let cpu = line_of("/proc/cpuinfo", "model name").map_or("unknown".to_owned(), |l| {
+        l["model name".len()..]
+            .trim_start_matches([' ', '\t', ':'])
+            .to_owned()
+    });
+    let requirements = local_aws::server::repo_root().join("local/requirements.txt");
+    let moto = line_of(requirements, "moto").unwrap_or_default();
     let date = semaphore_core::rfc3339_millis(semaphore_core::SystemClock.now_ms());
     json!({
         "date": date,
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "cpu_model": cpu,
-        "memory": mem,
-        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "memory": line_of("/proc/meminfo", "MemTotal").unwrap_or_default(),
+        "kernel": line_of("/proc/sys/kernel/osrelease", "").unwrap_or_default(),
         "server": format!("{moto} behind local/moto_server.py (one request at a time), on 127.0.0.1"),
         "endpoint": local_aws::endpoint(),
     })
@@ -322,14 +315,8 @@ async fn main() -> Result<ExitCode> {
         timings.insert(part.into(), json!(seconds));
         eprintln!("{part}: {seconds:.1} s");
     }
-    let Bench {
-        cli,
-        problems,
-        targets,
-        mut out,
-        ..
-    } = bench;
-    if !targets.is_empty() {
+    let cli = &bench.cli;
+    if !bench.targets.is_empty() {
         println!(
             "## Targets (issue 9){}\n",
             if cli.smoke {
@@ -341,19 +328,20 @@ async fn main() -> Result<ExitCode> {
         print_table(
             "| target | measured | met? |",
             "|---|---|---|",
-            targets.iter().map(|t| {
+            bench.targets.iter().map(|t| {
                 let met = if t.met { "yes" } else { "**no**" };
                 vec![t.target.clone(), t.measured.clone(), met.to_owned()]
             }),
         );
     }
-    out.insert("targets".into(), json!(targets));
-
     let elapsed = started.elapsed().as_secs_f64();
-    out.insert("wall_seconds".into(), json!(elapsed));
-    out.insert("part_seconds".into(), Value::Object(timings));
-    out.insert("problems".into(), json!(problems));
-    let text = serde_json::to_string_pretty(&Value::Object(out))?;
+    bench.out.extend([
+        ("targets".to_owned(), json!(bench.targets)),
+        ("wall_seconds".to_owned(), json!(elapsed)),
+        ("part_seconds".to_owned(), Value::Object(timings)),
+        ("problems".to_owned(), json!(bench.problems)),
+    ]);
+    let text = serde_json::to_string_pretty(&Value::Object(bench.out))?;
     std::fs::write(&cli.out, text + "\n")
         .with_context(|| format!("cannot write {}", cli.out.display()))?;
     println!("wrote {} in {elapsed:.1} s", cli.out.display());
@@ -365,10 +353,10 @@ async fn main() -> Result<ExitCode> {
     {
         draw_charts(&cli.out, dir)?;
     }
-    for p in &problems {
+    for p in &bench.problems {
         eprintln!("PROBLEM: {p}");
     }
-    Ok(if problems.is_empty() {
+    Ok(if bench.problems.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use local_aws::counter::{Counts, RequestCounter};
+use local_aws::names::{self, id, limit};
 use local_aws::sample::Sample;
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName,
-    ManualClock, ReleaseOutcome, Semaphore, SystemClock, Timing,
+    AcquireOutcome, Clock, DynamoStore, LockName, ManualClock, ReleaseOutcome, Semaphore,
+    SystemClock, Timing,
 };
 use serde::Serialize;
 
@@ -55,13 +56,6 @@ pub struct RequestRow {
     pub vs_sample: f64,
 }
 
-fn identity(n: usize) -> Identity {
-    Identity::new(
-        HolderId::new(execution_arn("uncontended", n)).expect("holder"),
-        AcquisitionId::new(uuid()).expect("acquisition"),
-    )
-}
-
 /// Makes a new `Semaphore` per call, as each Lambda invocation (or `semctl` process) is its own
 /// caller; they share the HTTP client (connections are not what is measured) and the clock.
 #[derive(Clone)]
@@ -84,9 +78,8 @@ impl Callers {
     }
 
     async fn section(&self, lock: &LockName, n: usize) -> Result<()> {
-        let who = identity(n);
-        let limit = Limit::new(5).expect("limit");
-        match self.fresh().acquire(lock, &who, limit).await {
+        let who = id(&execution_arn("uncontended", n), &uuid());
+        match self.fresh().acquire(lock, &who, limit(5)).await {
             Ok(AcquireOutcome::Acquired { .. }) => {}
             other => bail!("uncontended acquire gave {other:?}"),
         }
@@ -182,7 +175,7 @@ pub async fn run(
         writes: WriteCounter::new(),
         clock: Arc::new(SystemClock),
     };
-    let lock = LockName::new(format!("requests-{}", uuid())).expect("lock");
+    let lock = names::lock(&format!("requests-{}", uuid()));
     let started = Instant::now();
     callers.section(&lock, 0).await?;
     let mut first_section = callers.row(
@@ -205,7 +198,7 @@ pub async fn run(
             clock: clock.clone(),
             ..callers.clone()
         };
-        let lock = LockName::new(format!("requests-{}", uuid())).expect("lock");
+        let lock = names::lock(&format!("requests-{}", uuid()));
         // Creates the item and leaves one young fence (too few to rotate): the rule's starting
         // point.
         callers.section(&lock, 0).await?;

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use local_aws::names::id;
+use local_aws::names::{self, id};
 use semaphore_core::dynamo::{item_size, stored_size, write_units};
 use semaphore_core::{
     AcquireOutcome, Clock, FenceKey, FencingToken, HolderId, Holding, Identity, ItemStore, Limit,
@@ -147,9 +147,8 @@ pub struct SizeReport {
 /// The bytes of the empty item, one holder, one fence, and the fence attributes, measured on
 /// encoded items.
 pub fn model() -> SizeModel {
-    let lock = LockName::new("demo-lock").expect("lock");
-    let mut item = SemaphoreItem::empty(lock);
-    item.limit = Some(Limit::new(5).expect("limit"));
+    let mut item = SemaphoreItem::empty(names::lock("demo-lock"));
+    item.limit = Some(names::limit(5));
     item.version = Version(123_456);
     // A lock that has had an acquisition keeps when it last started (item format 3).
     item.started_at_ms = Some(T0_MS + 100);
@@ -433,8 +432,8 @@ async fn steady(
     samples: usize,
 ) -> (Steady, Lock) {
     let mut lock = Lock {
-        name: LockName::new(name).expect("lock"),
-        limit: Limit::new(limit).expect("limit"),
+        name: names::lock(name),
+        limit: names::limit(limit),
         held: VecDeque::new(),
         fences: FenceModel::new(sim.window_ms, BUSY_YOUNG_FENCES),
         max_bytes: 0,
