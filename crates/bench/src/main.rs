@@ -242,15 +242,19 @@ fn times(x: f64) -> String {
     f(x, 2) + "x"
 }
 
-/// Prints a markdown table: its header and alignment rows, one row per item of `rows` (its
-/// cells), and a blank line.
-fn print_table(header: &str, align: &str, rows: impl IntoIterator<Item = Vec<String>>) {
-    println!("{header}\n{align}");
+/// Prints a markdown table: its header and alignment rows (a column whose name `header` starts
+/// with `>` is right-aligned), one row per item of `rows` (its cells), and a blank line.
+fn print_table(header: &str, rows: impl IntoIterator<Item = Vec<String>>) {
+    let align: String = (header.trim_matches(['|', ' ']).split(" | "))
+        .map(|c| if c.starts_with('>') { "---:|" } else { "---|" })
+        .collect();
+    println!("{}\n|{align}", header.replace("| >", "| "));
     for cells in rows {
         println!("| {} |", cells.join(" | "));
     }
     println!();
 }
+
 /// A run: what its parts read, and what they report.
 struct Bench {
     cli: Cli,
@@ -327,7 +331,6 @@ async fn main() -> Result<ExitCode> {
         );
         print_table(
             "| target | measured | met? |",
-            "|---|---|---|",
             bench.targets.iter().map(|t| {
                 let met = if t.met { "yes" } else { "**no**" };
                 vec![t.target.clone(), t.measured.clone(), met.to_owned()]
@@ -393,8 +396,7 @@ impl Bench {
             .chain(std::iter::once(&report.first_section))
             .collect();
         print_table(
-            "| scenario | sections | requests/CS | GetItem | PutItem | UpdateItem | rotations/CS | failed conditional writes/CS | vs sample |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| scenario | >sections | >requests/CS | >GetItem | >PutItem | >UpdateItem | >rotations/CS | >failed conditional writes/CS | >vs sample |",
             all.iter().map(|r| {
                 vec![
                     r.scenario.clone(),
@@ -624,8 +626,7 @@ impl Bench {
                 load::LIMIT
             );
             print_table(
-                "| contenders | protocol | CS/s | vs sample | acquire p50 / p99 ms | p99 vs sample | release p50 / p99 ms | requests/CS | vs sample | failed cond. writes/CS | \"full\" answers/CS | rotations/CS | errors (all runs) | item bytes at end |",
-                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "| >contenders | protocol | >CS/s | >vs sample | >acquire p50 / p99 ms | >p99 vs sample | >release p50 / p99 ms | >requests/CS | >vs sample | >failed cond. writes/CS | >\"full\" answers/CS | >rotations/CS | >errors (all runs) | >item bytes at end |",
                 summaries.iter().filter(|s| s.regime == regime).map(|s| {
                     let m = &s.medians;
                     vec![
@@ -705,8 +706,7 @@ impl Bench {
             load::LIMIT
         );
         print_table(
-            "| regime | contenders | variant | CS/s | vs plain | requests/CS | vs plain | acquire p50 / p99 ms | p99 vs plain | \"full\" / \"rate limited\" answers/CS | max weight held | starts: most in 1 s / 10 s, least spacing ms, achieved /s | errors |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| regime | >contenders | variant | >CS/s | >vs plain | >requests/CS | >vs plain | >acquire p50 / p99 ms | >p99 vs plain | >\"full\" / \"rate limited\" answers/CS | >max weight held | >starts: most in 1 s / 10 s, least spacing ms, achieved /s | >errors |",
             variant_summaries.iter().map(|v| {
                 let m = &v.medians;
                 let starts = match v.rate_per_s {
@@ -782,8 +782,7 @@ impl Bench {
         );
         println!("A quiet lock ({} critical sections, one a minute, 5 holders), then {} cycles at {} per second (each takes a new execution's slot and releases the oldest), then {} cleanups of ended executions at {} per second:\n", report.quiet.cycles, report.steady.cycles, report.steady.cs_per_second, report.cleanups, report.cleanups_per_second);
         print_table(
-            "| phase | operations | simulated s | holders | fences (young + old) | bytes | WCU per write |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| phase | >operations | >simulated s | >holders | >fences (young + old) | >bytes | >WCU per write |",
             report.points.iter().map(|p| {
                 vec![
                     p.phase.to_owned(),
@@ -797,8 +796,7 @@ impl Bench {
             }),
         );
         print_table(
-            "| lock | CS/s | bytes, no fence yet | max bytes | model's worst case | max fences | WCU per write (max) | writes/CS | rotations/CS |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| lock | >CS/s | >bytes, no fence yet | >max bytes | >model's worst case | >max fences | >WCU per write (max) | >writes/CS | >rotations/CS |",
             [&report.quiet, &report.steady].map(|s| {
                 vec![
                     s.lock.to_owned(),
@@ -913,8 +911,7 @@ impl Bench {
             .map(|b| (b.function.to_ascii_lowercase().replace("function", ""), b))
             .collect();
         print_table(
-            &format!("| function | arm64 bootstrap (sam build) | native {profile} binary | init, median of {starts} starts | peak RSS after {invocations} invocations, median / max | 128 MB / max |"),
-            "|---|---:|---:|---:|---:|---:|",
+            &format!("| function | >arm64 bootstrap (sam build) | >native {profile} binary | >init, median of {starts} starts | >peak RSS after {invocations} invocations, median / max | >128 MB / max |"),
             handlers.iter().map(|h| {
                 vec![
                     h.function.to_owned(),
@@ -954,8 +951,7 @@ impl Bench {
         let rows = sweeper::run(counts).await?;
         println!("## Sweeper: calls per sweep, counted\n");
         print_table(
-            "| holders | sweep | reclaimed | Scan | UpdateItem (fence + free + rotations) | GetItem | PutItem | DescribeExecution | SNS Publish | DynamoDB total | Step Functions total | SNS total |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| >holders | sweep | >reclaimed | >Scan | >UpdateItem (fence + free + rotations) | >GetItem | >PutItem | >DescribeExecution | >SNS Publish | >DynamoDB total | >Step Functions total | >SNS total |",
             rows.iter().map(|r| {
                 let update = format!(
                     "{} ({} + {} + {})",

@@ -129,11 +129,7 @@ impl Local {
         table: &str,
     ) -> Result<Sweeper<CountedStore<DynamoStore>, SfnExecutions>> {
         let sdk = sdk_config();
-        let ddb = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(&sdk)
-                .interceptor(counter.clone())
-                .build(),
-        );
+        let ddb = counter.dynamodb_client(local_aws::endpoint());
         let sfn = aws_sdk_sfn::Client::from_conf(
             aws_sdk_sfn::config::Builder::from(&sdk)
                 .interceptor(counter.clone())
