@@ -882,11 +882,7 @@ impl Bench {
         if boots.is_empty() {
             println!("(no .aws-sam/build/*/bootstrap: run .ci/sam-build.sh for the arm64 sizes)\n");
         }
-        let bin_dir = self
-            .cli
-            .lambda_bin_dir
-            .clone()
-            .or_else(lambdas::default_bin_dir);
+        let bin_dir = cli.lambda_bin_dir.clone().or_else(lambdas::default_bin_dir);
         let (starts, invocations) = if cli.smoke {
             (1, 2)
         } else {
@@ -897,10 +893,9 @@ impl Bench {
             let topic = sweeper::topic().await?;
             lambdas::run(&dir, &topic, starts, invocations).await
         };
-        let handlers = handlers.await.unwrap_or_else(|e| {
-            self.problems.push(format!("lambdas: {e:#}"));
-            Vec::new()
-        });
+        // A failed run still prints the table's header and writes the bootstraps.
+        let handlers = handlers.await;
+        let ran = handlers.as_deref().unwrap_or_default();
         let profile = if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -912,7 +907,7 @@ impl Bench {
             .collect();
         print_table(
             &format!("| function | >arm64 bootstrap (sam build) | >native {profile} binary | >init, median of {starts} starts | >peak RSS after {invocations} invocations, median / max | >128 MB / max |"),
-            handlers.iter().map(|h| {
+            ran.iter().map(|h| {
                 vec![
                     h.function.to_owned(),
                     by_name
@@ -930,7 +925,7 @@ impl Bench {
                 ]
             }),
         );
-        for h in handlers
+        for h in ran
             .iter()
             .filter(|h| h.peak_rss_max_mib >= lambdas::MEMORY_SIZE_MB)
         {
@@ -939,9 +934,9 @@ impl Bench {
         }
         self.out.insert(
             "lambdas".into(),
-            json!({"bootstraps": boots, "handlers": handlers}),
+            json!({"bootstraps": boots, "handlers": ran}),
         );
-        Ok(())
+        handlers.map(|_| ())
     }
 
     /// (e) the sweeper
