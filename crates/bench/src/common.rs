@@ -79,22 +79,13 @@ pub async fn state_machine(
 pub async fn start_executions(
     sfn: &aws_sdk_sfn::Client,
     machine: &str,
-    input: &str,
+    input: &Value,
     n: usize,
 ) -> Result<Vec<String>> {
     let mut arns = Vec::with_capacity(n);
     for _ in 0..n {
-        arns.push(
-            sfn.start_execution()
-                .state_machine_arn(machine)
-                .name(uuid())
-                .input(input)
-                .send()
-                .await
-                .with_context(|| format!("start an execution of {machine}"))?
-                .execution_arn()
-                .to_owned(),
-        );
+        let started = local_aws::sfn::start_execution(sfn, machine, &uuid(), input).await;
+        arns.push(started.map_err(anyhow::Error::msg)?);
     }
     Ok(arns)
 }

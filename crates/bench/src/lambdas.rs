@@ -130,7 +130,7 @@ impl Protected {
 
     /// `n` executions that asked for `lock` and failed.
     async fn failed(&self, lock: &str, n: usize) -> Result<Vec<Ended>> {
-        let input = json!({"lock": lock}).to_string();
+        let input = json!({"lock": lock});
         let started = start_executions(&self.sfn, &self.machine, &input, n).await?;
         let deadline = Instant::now() + EXECUTION_TIMEOUT;
         let mut ended = Vec::with_capacity(n);
@@ -149,7 +149,7 @@ impl Protected {
                     }
                     ExecutionStatus::Failed => {
                         ended.push(Ended {
-                            input: input.clone(),
+                            input: input.to_string(),
                             start_ms: described.start_date().to_millis().ok(),
                             stop_ms: described.stop_date().and_then(|d| d.to_millis().ok()),
                             execution,

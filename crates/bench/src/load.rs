@@ -181,9 +181,12 @@ impl Tally {
     }
 }
 
-#[derive(Default)]
+/// What one run's contenders share: the lock, how they behave and what they ask for, and who is
+/// inside (counted here, outside the protocol, to catch S1 violated).
 struct Shared {
-    limit: i64,
+    lock: String,
+    regime: Regime,
+    variant: Variant,
     inside: AtomicI64,
     max_inside: AtomicI64,
     weight_inside: AtomicI64,
@@ -197,7 +200,8 @@ impl Shared {
         self.max_inside.fetch_max(now, Ordering::SeqCst);
         let held = self.weight_inside.fetch_add(weight, Ordering::SeqCst) + weight;
         self.max_weight_inside.fetch_max(held, Ordering::SeqCst);
-        if now > self.limit || held > self.limit {
+        let limit = self.variant.limit();
+        if now > limit || held > limit {
             self.violations.fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -223,15 +227,13 @@ enum Attempt {
 
 async fn contend(
     contender: Arc<Contender>,
-    lock: String,
+    shared: Arc<Shared>,
     worker: usize,
     sections: usize,
-    regime: Regime,
-    variant: Variant,
-    shared: Arc<Shared>,
 ) -> Result<Tally> {
     let mut tally = Tally::default();
-    let lock_name = names::lock(&lock);
+    let (lock, regime, variant) = (&shared.lock, shared.regime, shared.variant);
+    let lock_name = names::lock(lock);
     for n in 0..sections {
         let terms = variant.terms();
         let weight = i64::from(terms.weight.get());
@@ -263,7 +265,7 @@ async fn contend(
                     }
                 },
                 Contender::Sample(sample) => {
-                    if sample.acquire(&lock, &holder, LIMIT).await {
+                    if sample.acquire(lock, &holder, LIMIT).await {
                         Attempt::Took
                     } else {
                         Attempt::Full
@@ -322,7 +324,7 @@ async fn contend(
                     }
                 },
                 Contender::Sample(sample) => {
-                    if !sample.release(&lock, &holder).await {
+                    if !sample.release(lock, &holder).await {
                         bail!("worker {worker}: the sample's release found no holder");
                     }
                     true
@@ -353,7 +355,6 @@ pub async fn run(
     let counter = RequestCounter::new();
     let writes = WriteCounter::new();
     let client = counter.dynamodb_client(endpoint);
-    let lock = format!("load-{contenders}-{}", uuid());
     let make = || match proto {
         Proto::Ours => Contender::Ours(Semaphore::new(
             writes.store(DynamoStore::new(client.clone(), table)),
@@ -368,26 +369,23 @@ pub async fn run(
         "the sample's protocol has neither weights nor a start rate"
     );
     let shared = Arc::new(Shared {
-        limit: variant.limit(),
-        ..Shared::default()
+        lock: format!("load-{contenders}-{}", uuid()),
+        regime,
+        variant,
+        inside: AtomicI64::default(),
+        max_inside: AtomicI64::default(),
+        weight_inside: AtomicI64::default(),
+        max_weight_inside: AtomicI64::default(),
+        violations: AtomicU64::default(),
     });
 
     // Warm-up, not counted: one critical section creates the item (ours: a refused update and a
     // put; the release adds the lock's first fence) and opens connections.
     let pool: Vec<Arc<Contender>> = (0..contenders).map(|_| Arc::new(make())).collect();
     if let Contender::Sample(sample) = &*pool[0] {
-        sample.init(&lock).await;
+        sample.init(&shared.lock).await;
     }
-    contend(
-        pool[0].clone(),
-        lock.clone(),
-        contenders,
-        1,
-        regime,
-        variant,
-        shared.clone(),
-    )
-    .await?;
+    contend(pool[0].clone(), shared.clone(), contenders, 1).await?;
     counter.take();
     writes.take();
     // The warm-up's start stays among the lock's starts: the rate spaces the first measured
@@ -400,15 +398,7 @@ pub async fn run(
     let mut tasks = Vec::new();
     for (worker, contender) in pool.into_iter().enumerate() {
         let n = per + usize::from(worker < extra);
-        tasks.push(tokio::spawn(contend(
-            contender,
-            lock.clone(),
-            worker,
-            n,
-            regime,
-            variant,
-            shared.clone(),
-        )));
+        tasks.push(tokio::spawn(contend(contender, shared.clone(), worker, n)));
     }
     let mut tally = Tally::default();
     for task in tasks {
@@ -442,7 +432,7 @@ pub async fn run(
         "{}: {done} of {sections} sections done",
         proto.label()
     );
-    let item_bytes_at_end = raw_item(&client, table, &lock)
+    let item_bytes_at_end = raw_item(&client, table, &shared.lock)
         .await
         .map(|item| item_size(&item))
         .unwrap_or(0);

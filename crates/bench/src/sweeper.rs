@@ -167,7 +167,7 @@ pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>> {
         let table = store.table().to_owned();
         let sem = Semaphore::new(store);
         let lock = LockName::new(format!("sweep-{n}"))?;
-        let arns = start_executions(&local.sfn, &local.machine_arn, "{}", n).await?;
+        let arns = start_executions(&local.sfn, &local.machine_arn, &json!({}), n).await?;
         let holders: Vec<(String, String)> = arns.iter().map(|a| (a.clone(), uuid())).collect();
         take_slots(&sem, &lock, &holders).await?;
         // `check` expects no rotation of the sweep's own: the item it scans has no fence (only
