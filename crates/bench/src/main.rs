@@ -369,10 +369,9 @@ async fn main() -> Result<ExitCode> {
 impl Bench {
     /// (a) requests per uncontended critical section
     async fn requests(&mut self) -> Result<()> {
-        let cli = &self.cli;
-        let sections = if cli.smoke { 5 } else { 50 };
+        let sections = if self.cli.smoke { 5 } else { 50 };
         let ms = Duration::from_millis;
-        let rates: &[(Duration, usize)] = if cli.smoke {
+        let rates: &[(Duration, usize)] = if self.cli.smoke {
             // Enough sections at each rate for the rule to rotate: a release rotates once 8
             // young fences are kept (the 7th after a lock's first section) and a window has
             // passed since the last rotation.
@@ -764,9 +763,8 @@ impl Bench {
 
     /// (c) item size
     async fn size(&mut self) -> Result<()> {
-        let cli = &self.cli;
         // The quiet lock reaches its worst case (2 x 8 fences) at its 16th release.
-        let (quiet_cycles, cycles, cleanups) = if cli.smoke {
+        let (quiet_cycles, cycles, cleanups) = if self.cli.smoke {
             (2 * rule::BUSY_YOUNG_FENCES + 4, 500, 50)
         } else {
             (60, 10_000, 1_000)
