@@ -97,11 +97,6 @@ pub fn default_bin_dir() -> Option<PathBuf> {
         .map(Path::to_path_buf)
 }
 
-struct Setup {
-    env: Vec<(&'static str, String)>,
-    events: Vec<Value>,
-}
-
 /// The local Step Functions in execution mode, and a machine whose executions ask the acquire
 /// function for the lock named in their input (passing the input, as `lock-protected.asl.json`
 /// does) and then fail: what the cleanup function is invoked for, with the history it reads.
@@ -245,7 +240,7 @@ pub async fn run(
         let mut rss = Vec::new();
         for start in 0..starts {
             let lock = format!("lambda-{function}-{start}-{}", uuid());
-            let setup = prepare(
+            let (env, events) = prepare(
                 function,
                 &sem,
                 &lock,
@@ -257,9 +252,8 @@ pub async fn run(
             .await?;
             let exe = exe.clone();
             let run = tokio::task::spawn_blocking(move || {
-                let env: Vec<(&str, &str)> =
-                    setup.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-                run_function(&exe, &env, setup.events)
+                let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                run_function(&exe, &env, events)
             })
             .await
             .with_context(|| format!("running {function} panicked"))?;
@@ -306,6 +300,8 @@ pub async fn run(
     Ok(results)
 }
 
+/// What `function` is started with to do its work `invocations` times on `lock`: its
+/// environment and its events (the slots a release or cleanup frees taken first).
 async fn prepare(
     function: &'static str,
     sem: &Semaphore<DynamoStore>,
@@ -314,7 +310,7 @@ async fn prepare(
     topic_arn: &str,
     protected: &Protected,
     invocations: usize,
-) -> Result<Setup> {
+) -> Result<(Vec<(&'static str, String)>, Vec<Value>)> {
     let mut env = vec![("TABLE_NAME", table.to_owned())];
     let holders: Vec<(String, String)> = (0..invocations)
         .map(|n| (execution_arn(function, n), uuid()))
@@ -360,7 +356,7 @@ async fn prepare(
                 .collect()
         }
     };
-    Ok(Setup { env, events })
+    Ok((env, events))
 }
 
 #[cfg(test)]

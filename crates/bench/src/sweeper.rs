@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use lambda_sweeper::{SfnExecutions, StateMachineArn, Sweeper, DEFAULT_NAMESPACE};
 
-use local_aws::counter::{Counts, RequestCounter};
+use local_aws::counter::RequestCounter;
 use local_aws::{fresh_table, sdk_config};
 use semaphore_core::{DynamoStore, LockName, Semaphore, Timing};
 use serde::Serialize;
@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::common::{start_executions, state_machine, take_slots, uuid};
 use crate::rule::{rotations_between, BUSY_YOUNG_FENCES};
-use crate::writes::{CountedStore, WriteCounter, WriteTally};
+use crate::writes::{CountedStore, WriteCounter};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SweepRow {
@@ -39,35 +39,6 @@ pub struct SweepRow {
     pub dynamodb_total: u64,
     pub step_functions_total: u64,
     pub sns_total: u64,
-}
-
-fn row(
-    holders: usize,
-    case: &'static str,
-    reclaimed: usize,
-    c: &Counts,
-    w: &WriteTally,
-    started: Instant,
-) -> SweepRow {
-    SweepRow {
-        holders,
-        case,
-        reclaimed,
-        scan: c.get("DynamoDB.Scan"),
-        get_item: c.get("DynamoDB.GetItem"),
-        put_item: c.get("DynamoDB.PutItem"),
-        update_item: c.get("DynamoDB.UpdateItem"),
-        failed_conditional_writes: c.total_failed(),
-        cleanup_fence: w.cleanup_fence,
-        cleanup_free: w.cleanup_free,
-        rotations: w.rotation,
-        seconds: started.elapsed().as_secs_f64(),
-        describe_execution: c.get("SFN.DescribeExecution"),
-        publish: c.get("SNS.Publish"),
-        dynamodb_total: c.service_total("DynamoDB"),
-        step_functions_total: c.service_total("SFN"),
-        sns_total: c.service_total("SNS"),
-    }
 }
 
 struct Local {
@@ -193,9 +164,26 @@ pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>> {
             if !report.summary.errors.is_empty() {
                 bail!("sweep errors: {:?}", report.summary.errors);
             }
-            let (counts, tally) = (counter.take(), writes.take());
-            let reclaimed = report.summary.reclaimed;
-            rows.push(row(n, case, reclaimed, &counts, &tally, started));
+            let (c, w) = (counter.take(), writes.take());
+            rows.push(SweepRow {
+                holders: n,
+                case,
+                reclaimed: report.summary.reclaimed,
+                scan: c.get("DynamoDB.Scan"),
+                get_item: c.get("DynamoDB.GetItem"),
+                put_item: c.get("DynamoDB.PutItem"),
+                update_item: c.get("DynamoDB.UpdateItem"),
+                failed_conditional_writes: c.total_failed(),
+                cleanup_fence: w.cleanup_fence,
+                cleanup_free: w.cleanup_free,
+                rotations: w.rotation,
+                seconds: started.elapsed().as_secs_f64(),
+                describe_execution: c.get("SFN.DescribeExecution"),
+                publish: c.get("SNS.Publish"),
+                dynamodb_total: c.service_total("DynamoDB"),
+                step_functions_total: c.service_total("SFN"),
+                sns_total: c.service_total("SNS"),
+            });
         }
     }
     Ok(rows)
