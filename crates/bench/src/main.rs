@@ -237,6 +237,11 @@ fn f(x: f64, digits: usize) -> String {
     }
 }
 
+/// Two figures in one cell, as the tables print them: "12.5 / 30.1".
+fn pair(a: f64, b: f64, digits: usize) -> String {
+    format!("{} / {}", f(a, digits), f(b, digits))
+}
+
 /// A ratio as the tables print it: "1.05x".
 fn times(x: f64) -> String {
     f(x, 2) + "x"
@@ -633,9 +638,9 @@ impl Bench {
                         s.proto.label().to_owned(),
                         f(m.throughput_per_s, 1),
                         times(s.throughput_vs_sample),
-                        format!("{} / {}", f(m.acquire_p50_ms, 1), f(m.acquire_p99_ms, 1)),
+                        pair(m.acquire_p50_ms, m.acquire_p99_ms, 1),
                         times(s.acquire_p99_vs_sample),
-                        format!("{} / {}", f(m.release_p50_ms, 1), f(m.release_p99_ms, 1)),
+                        pair(m.release_p50_ms, m.release_p99_ms, 1),
                         f(m.requests_per_section, 2),
                         times(s.requests_vs_sample),
                         f(m.failed_writes_per_section, 2),
@@ -727,13 +732,9 @@ impl Bench {
                     times(v.throughput_vs_plain),
                     f(m.requests_per_section, 2),
                     times(v.requests_vs_plain),
-                    format!("{} / {}", f(m.acquire_p50_ms, 1), f(m.acquire_p99_ms, 1)),
+                    pair(m.acquire_p50_ms, m.acquire_p99_ms, 1),
                     times(v.acquire_p99_vs_plain),
-                    format!(
-                        "{} / {}",
-                        f(m.full_answers_per_section, 2),
-                        f(v.rate_limited_answers_per_section, 2)
-                    ),
+                    pair(m.full_answers_per_section, v.rate_limited_answers_per_section, 2),
                     format!("{} of {}", v.max_weight_seen, v.limit),
                     starts,
                     v.errors_total.to_string(),
@@ -914,11 +915,7 @@ impl Bench {
                         .unwrap_or_else(|| "n/a".to_owned()),
                     format!("{} MiB", f(h.binary_bytes as f64 / 1_048_576.0, 2)),
                     format!("{} ms", f(h.init_median_ms, 1)),
-                    format!(
-                        "{} / {} MiB",
-                        f(h.peak_rss_median_mib, 1),
-                        f(h.peak_rss_max_mib, 1)
-                    ),
+                    pair(h.peak_rss_median_mib, h.peak_rss_max_mib, 1) + " MiB",
                     format!("{}x", f(h.headroom_of_128_mb, 1)),
                 ]
             }),
