@@ -382,35 +382,6 @@ impl Sim {
         }
         self.watch(lock);
     }
-
-    /// `count` cycles `step_ms` apart: release the oldest holder if the lock is full, acquire
-    /// for a new execution. Samples the item every `every` cycles.
-    async fn cycles(
-        &mut self,
-        phase: &'static str,
-        lock: &mut Lock,
-        count: usize,
-        step_ms: u64,
-        every: usize,
-    ) {
-        for n in 0..count {
-            if lock.held.len() >= lock.limit.get() as usize {
-                let oldest = lock.held.pop_front().expect("a holder");
-                self.sem
-                    .release(&lock.name, &oldest)
-                    .await
-                    .expect("release");
-                lock.fences.fenced(self.clock.now_ms());
-                self.watch(lock);
-            }
-            self.acquire(lock, phase_tag(phase), n).await;
-            self.clock.advance_ms(step_ms);
-            if (n + 1) % every.max(1) == 0 {
-                self.point(phase, n + 1, lock);
-            }
-        }
-        self.verify(phase, lock);
-    }
 }
 
 fn phase_tag(phase: &str) -> &'static str {
@@ -421,7 +392,8 @@ fn phase_tag(phase: &str) -> &'static str {
     }
 }
 
-/// A run at `cs_per_second` on a fresh lock: `limit` holders taken, then `cycles` cycles.
+/// A run at `cs_per_second` on a fresh lock: `limit` holders taken, then `cycles` cycles, the
+/// item sampled `samples` times.
 async fn steady(
     sim: &mut Sim,
     name: &'static str,
@@ -447,8 +419,22 @@ async fn steady(
     sim.point(phase, 0, &lock);
     sim.writes.take();
     let step_ms = (1_000.0 / cs_per_second).round() as u64;
-    sim.cycles(phase, &mut lock, cycles, step_ms, cycles / samples.max(1))
-        .await;
+    let every = (cycles / samples.max(1)).max(1);
+    // Each cycle releases the oldest holder if the lock is full and acquires for a new execution.
+    for n in 0..cycles {
+        if lock.held.len() >= lock.limit.get() as usize {
+            let oldest = lock.held.pop_front().expect("a holder");
+            sim.sem.release(&lock.name, &oldest).await.expect("release");
+            lock.fences.fenced(sim.clock.now_ms());
+            sim.watch(&mut lock);
+        }
+        sim.acquire(&mut lock, phase_tag(phase), n).await;
+        sim.clock.advance_ms(step_ms);
+        if (n + 1) % every == 0 {
+            sim.point(phase, n + 1, &lock);
+        }
+    }
+    sim.verify(phase, &lock);
     let writes = sim.writes.take();
     if writes.rotation != lock.fences.rotations {
         sim.mismatches.push(format!(
