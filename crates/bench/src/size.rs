@@ -384,14 +384,6 @@ impl Sim {
     }
 }
 
-fn phase_tag(phase: &str) -> &'static str {
-    if phase.starts_with("quiet") {
-        "quiet"
-    } else {
-        "cycle"
-    }
-}
-
 /// A run at `cs_per_second` on a fresh lock: `limit` holders taken, then `cycles` cycles, the
 /// item sampled `samples` times.
 async fn steady(
@@ -420,6 +412,11 @@ async fn steady(
     sim.writes.take();
     let step_ms = (1_000.0 / cs_per_second).round() as u64;
     let every = (cycles / samples.max(1)).max(1);
+    let tag = if name.starts_with("quiet") {
+        "quiet"
+    } else {
+        "cycle"
+    };
     // Each cycle releases the oldest holder if the lock is full and acquires for a new execution.
     for n in 0..cycles {
         if lock.held.len() >= lock.limit.get() as usize {
@@ -428,7 +425,7 @@ async fn steady(
             lock.fences.fenced(sim.clock.now_ms());
             sim.watch(&mut lock);
         }
-        sim.acquire(&mut lock, phase_tag(phase), n).await;
+        sim.acquire(&mut lock, tag, n).await;
         sim.clock.advance_ms(step_ms);
         if (n + 1) % every == 0 {
             sim.point(phase, n + 1, &lock);
