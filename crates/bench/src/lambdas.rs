@@ -5,10 +5,9 @@
 //! for: an acquire takes its slot, a cleanup frees the slot of a real ended execution.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use aws_sdk_sfn::types::ExecutionStatus;
 use local_aws::runtime_api::{run_function, Answer};
 use semaphore_core::{rfc3339_millis, Clock, DynamoStore, LockName, Semaphore, SystemClock};
 use serde::Serialize;
@@ -127,36 +126,31 @@ impl Protected {
     async fn failed(&self, lock: &str, n: usize) -> Result<Vec<Ended>> {
         let input = json!({"lock": lock});
         let started = start_executions(&self.sfn, &self.machine, &input, n).await?;
-        let deadline = Instant::now() + EXECUTION_TIMEOUT;
         let mut ended = Vec::with_capacity(n);
         for execution in started {
-            loop {
-                let described = self
-                    .sfn
-                    .describe_execution()
-                    .execution_arn(&execution)
-                    .send()
-                    .await
-                    .with_context(|| format!("describe {execution}"))?;
-                match described.status() {
-                    ExecutionStatus::Running if Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    ExecutionStatus::Failed => {
-                        ended.push(Ended {
-                            input: input.to_string(),
-                            start_ms: described.start_date().to_millis().ok(),
-                            stop_ms: described.stop_date().and_then(|d| d.to_millis().ok()),
-                            execution,
-                        });
-                        break;
-                    }
-                    other => bail!(
-                        "{execution} is {other} (waited up to {EXECUTION_TIMEOUT:?}); expected \
-                         FAILED: its acquire task fails, the local server has no Lambda"
-                    ),
-                }
-            }
+            // Error::msg takes local-aws's error whatever its type, which is being made a typed one.
+            let status = local_aws::sfn::wait_ended(&self.sfn, &execution, EXECUTION_TIMEOUT)
+                .await
+                .map_err(anyhow::Error::msg)?
+                .status;
+            ensure!(
+                status == "FAILED",
+                "{execution} is {status}; expected FAILED: its acquire task fails, the local \
+                 server has no Lambda"
+            );
+            let described = self
+                .sfn
+                .describe_execution()
+                .execution_arn(&execution)
+                .send()
+                .await
+                .with_context(|| format!("describe {execution}"))?;
+            ended.push(Ended {
+                input: input.to_string(),
+                start_ms: described.start_date().to_millis().ok(),
+                stop_ms: described.stop_date().and_then(|d| d.to_millis().ok()),
+                execution,
+            });
         }
         Ok(ended)
     }
