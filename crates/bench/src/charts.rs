@@ -16,13 +16,13 @@ use crate::requests::rate_label;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Reading the results file, or writing the charts.
-    #[error("{doing} {path}: {source}")]
+    #[error("{doing} {path}")]
     Io {
         doing: &'static str,
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path} is not a results file of this bench: {source}")]
+    #[error("{path} is not a results file of this bench")]
     Parse {
         path: PathBuf,
         source: serde_json::Error,

@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use aws_sdk_sfn::error::DisplayErrorContext;
-use semaphore_core::{
-    AcquireOutcome, AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore,
-};
+use anyhow::{bail, Context, Result};
+use local_aws::names::{id, limit};
+use semaphore_core::{AcquireOutcome, DynamoStore, LockName, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -43,19 +42,15 @@ pub async fn take_slots(
     sem: &Semaphore<DynamoStore>,
     lock: &LockName,
     holders: &[(String, String)],
-) -> Result<(), String> {
+) -> Result<()> {
     for (holder, acquisition) in holders {
-        let who = Identity::new(
-            HolderId::new(holder.as_str()).map_err(|e| e.to_string())?,
-            AcquisitionId::new(acquisition.as_str()).map_err(|e| e.to_string())?,
-        );
         match sem
-            .acquire(lock, &who, Limit::new(1000).map_err(|e| e.to_string())?)
+            .acquire(lock, &id(holder, acquisition), limit(1000))
             .await
-            .map_err(|e| e.to_string())?
+            .with_context(|| format!("taking a slot of {lock}"))?
         {
             AcquireOutcome::Acquired { .. } => {}
-            other => return Err(format!("taking a slot of {lock} gave {other:?}")),
+            other => bail!("taking a slot of {lock} gave {other:?}"),
         }
     }
     Ok(())
@@ -67,7 +62,7 @@ pub async fn state_machine(
     name: &str,
     definition: &Value,
     role: &str,
-) -> Result<String, String> {
+) -> Result<String> {
     Ok(sfn
         .create_state_machine()
         .name(format!("{name}-{}", &uuid()[..8]))
@@ -75,12 +70,7 @@ pub async fn state_machine(
         .role_arn(role)
         .send()
         .await
-        .map_err(|e| {
-            format!(
-                "create the state machine {name}: {}",
-                DisplayErrorContext(e)
-            )
-        })?
+        .with_context(|| format!("create the state machine {name}"))?
         .state_machine_arn()
         .to_owned())
 }
@@ -89,22 +79,14 @@ pub async fn state_machine(
 pub async fn start_executions(
     sfn: &aws_sdk_sfn::Client,
     machine: &str,
-    input: &str,
+    input: &Value,
     n: usize,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>> {
     let mut arns = Vec::with_capacity(n);
     for _ in 0..n {
-        arns.push(
-            sfn.start_execution()
-                .state_machine_arn(machine)
-                .name(uuid())
-                .input(input)
-                .send()
-                .await
-                .map_err(|e| format!("start: {}", DisplayErrorContext(e)))?
-                .execution_arn()
-                .to_owned(),
-        );
+        let started = local_aws::sfn::start_execution(sfn, machine, &uuid(), input).await;
+        // Error::msg takes local-aws's error whatever its type, which is being made a typed one.
+        arns.push(started.map_err(anyhow::Error::msg)?);
     }
     Ok(arns)
 }

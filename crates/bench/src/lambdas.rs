@@ -5,10 +5,9 @@
 //! for: an acquire takes its slot, a cleanup frees the slot of a real ended execution.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use aws_sdk_sfn::error::DisplayErrorContext;
-use aws_sdk_sfn::types::ExecutionStatus;
+use anyhow::{bail, ensure, Context, Result};
 use local_aws::runtime_api::{run_function, Answer};
 use semaphore_core::{rfc3339_millis, Clock, DynamoStore, LockName, Semaphore, SystemClock};
 use serde::Serialize;
@@ -97,11 +96,6 @@ pub fn default_bin_dir() -> Option<PathBuf> {
         .map(Path::to_path_buf)
 }
 
-struct Setup {
-    env: Vec<(&'static str, String)>,
-    events: Vec<Value>,
-}
-
 /// The local Step Functions in execution mode, and a machine whose executions ask the acquire
 /// function for the lock named in their input (passing the input, as `lock-protected.asl.json`
 /// does) and then fail: what the cleanup function is invoked for, with the history it reads.
@@ -119,7 +113,7 @@ struct Ended {
 }
 
 impl Protected {
-    async fn new() -> Result<Self, String> {
+    async fn new() -> Result<Self> {
         // Before the machine is made: one made before execution mode is not seen after.
         let sfn = local_aws::sfn::client();
         let definition = local_aws::sfn::acquire_only(ACQUIRE_FUNCTION_ARN);
@@ -129,42 +123,34 @@ impl Protected {
     }
 
     /// `n` executions that asked for `lock` and failed.
-    async fn failed(&self, lock: &str, n: usize) -> Result<Vec<Ended>, String> {
-        let input = json!({"lock": lock}).to_string();
+    async fn failed(&self, lock: &str, n: usize) -> Result<Vec<Ended>> {
+        let input = json!({"lock": lock});
         let started = start_executions(&self.sfn, &self.machine, &input, n).await?;
-        let deadline = Instant::now() + EXECUTION_TIMEOUT;
         let mut ended = Vec::with_capacity(n);
         for execution in started {
-            loop {
-                let described = self
-                    .sfn
-                    .describe_execution()
-                    .execution_arn(&execution)
-                    .send()
-                    .await
-                    .map_err(|e| format!("describe {execution}: {}", DisplayErrorContext(e)))?;
-                match described.status() {
-                    ExecutionStatus::Running if Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    ExecutionStatus::Failed => {
-                        ended.push(Ended {
-                            input: input.clone(),
-                            start_ms: described.start_date().to_millis().ok(),
-                            stop_ms: described.stop_date().and_then(|d| d.to_millis().ok()),
-                            execution,
-                        });
-                        break;
-                    }
-                    other => {
-                        return Err(format!(
-                            "{execution} is {other} (waited up to {EXECUTION_TIMEOUT:?}); \
-                             expected FAILED: its acquire task fails, the local server has no \
-                             Lambda"
-                        ))
-                    }
-                }
-            }
+            // Error::msg takes local-aws's error whatever its type, which is being made a typed one.
+            let status = local_aws::sfn::wait_ended(&self.sfn, &execution, EXECUTION_TIMEOUT)
+                .await
+                .map_err(anyhow::Error::msg)?
+                .status;
+            ensure!(
+                status == "FAILED",
+                "{execution} is {status}; expected FAILED: its acquire task fails, the local \
+                 server has no Lambda"
+            );
+            let described = self
+                .sfn
+                .describe_execution()
+                .execution_arn(&execution)
+                .send()
+                .await
+                .with_context(|| format!("describe {execution}"))?;
+            ended.push(Ended {
+                input: input.to_string(),
+                start_ms: described.start_date().to_millis().ok(),
+                stop_ms: described.stop_date().and_then(|d| d.to_millis().ok()),
+                execution,
+            });
         }
         Ok(ended)
     }
@@ -227,7 +213,7 @@ pub async fn run(
     topic_arn: &str,
     starts: usize,
     invocations: usize,
-) -> Result<Vec<HandlerRun>, String> {
+) -> Result<Vec<HandlerRun>> {
     let protected = Protected::new().await?;
     let mut results = Vec::new();
     for function in ["acquire", "release", "cleanup", "sweeper"] {
@@ -237,9 +223,9 @@ pub async fn run(
         let sem = Semaphore::new(store);
         let exe = bin_dir.join(function);
         let binary_bytes = std::fs::metadata(&exe)
-            .map_err(|e| {
+            .with_context(|| {
                 format!(
-                    "{}: {e} (build it: cargo build --release -p lambda-{function})",
+                    "{} (build it: cargo build --release -p lambda-{function})",
                     exe.display()
                 )
             })?
@@ -248,7 +234,7 @@ pub async fn run(
         let mut rss = Vec::new();
         for start in 0..starts {
             let lock = format!("lambda-{function}-{start}-{}", uuid());
-            let setup = prepare(
+            let (env, events) = prepare(
                 function,
                 &sem,
                 &lock,
@@ -260,12 +246,11 @@ pub async fn run(
             .await?;
             let exe = exe.clone();
             let run = tokio::task::spawn_blocking(move || {
-                let env: Vec<(&str, &str)> =
-                    setup.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-                run_function(&exe, &env, setup.events)
+                let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                run_function(&exe, &env, events)
             })
             .await
-            .map_err(|e| e.to_string())?;
+            .with_context(|| format!("running {function} panicked"))?;
             let answered = run
                 .answers
                 .iter()
@@ -276,20 +261,21 @@ pub async fn run(
                 .iter()
                 .find(|a| matches!(a, Answer::Response(v) if !did_the_work(function, v)));
             if let Some(answer) = idle {
-                return Err(format!(
+                bail!(
                     "{function} did not do what is measured (an acquire takes its slot, a \
                      release frees it, a cleanup frees the one slot of its execution): \
                      {answer:?}"
-                ));
+                );
             }
-            if answered != invocations {
-                return Err(format!(
-                    "{function}: {answered} of {invocations} invocations answered: {:?}\nstdout: {}\nstderr: {}",
-                    run.answers, run.stdout, run.stderr
-                ));
-            }
-            init_ms.push(ms(run.init.ok_or("no GET /next seen")?));
-            rss.push(run.peak_rss_kib.ok_or("no VmHWM")? as f64 / 1024.0);
+            ensure!(
+                answered == invocations,
+                "{function}: {answered} of {invocations} invocations answered: {:?}\nstdout: {}\nstderr: {}",
+                run.answers,
+                run.stdout,
+                run.stderr
+            );
+            init_ms.push(ms(run.init.context("no GET /next seen")?));
+            rss.push(run.peak_rss_kib.context("no VmHWM")? as f64 / 1024.0);
         }
         let rss_max = rss.iter().copied().fold(0.0, f64::max);
         results.push(HandlerRun {
@@ -308,6 +294,8 @@ pub async fn run(
     Ok(results)
 }
 
+/// What `function` is started with to do its work `invocations` times on `lock`: its
+/// environment and its events (the slots a release or cleanup frees taken first).
 async fn prepare(
     function: &'static str,
     sem: &Semaphore<DynamoStore>,
@@ -316,12 +304,12 @@ async fn prepare(
     topic_arn: &str,
     protected: &Protected,
     invocations: usize,
-) -> Result<Setup, String> {
+) -> Result<(Vec<(&'static str, String)>, Vec<Value>)> {
     let mut env = vec![("TABLE_NAME", table.to_owned())];
     let holders: Vec<(String, String)> = (0..invocations)
         .map(|n| (execution_arn(function, n), uuid()))
         .collect();
-    let lock_name = LockName::new(lock).map_err(|e| e.to_string())?;
+    let lock_name = LockName::new(lock)?;
     let events = match function {
         // Requested now, as a state machine entering its acquire state: the function starts
         // within the horizon (seconds), so every attempt is answered "acquired".
@@ -362,7 +350,7 @@ async fn prepare(
                 .collect()
         }
     };
-    Ok(Setup { env, events })
+    Ok((env, events))
 }
 
 #[cfg(test)]

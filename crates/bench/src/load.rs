@@ -16,12 +16,14 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::{bail, ensure, Context, Result};
 use local_aws::counter::RequestCounter;
+use local_aws::names::{self, id};
 use local_aws::observe::{least_spacing, most_in_window, raw_item};
 use local_aws::sample::Sample;
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName, Rate,
-    ReleaseOutcome, Semaphore, SystemClock, Terms, Weight,
+    AcquireOutcome, Clock, DynamoStore, Limit, Rate, ReleaseOutcome, Semaphore, SystemClock, Terms,
+    Weight,
 };
 use serde::Serialize;
 
@@ -179,9 +181,12 @@ impl Tally {
     }
 }
 
-#[derive(Default)]
+/// What one run's contenders share: the lock, how they behave and what they ask for, and who is
+/// inside (counted here, outside the protocol, to catch S1 violated).
 struct Shared {
-    limit: i64,
+    lock: String,
+    regime: Regime,
+    variant: Variant,
     inside: AtomicI64,
     max_inside: AtomicI64,
     weight_inside: AtomicI64,
@@ -195,7 +200,8 @@ impl Shared {
         self.max_inside.fetch_max(now, Ordering::SeqCst);
         let held = self.weight_inside.fetch_add(weight, Ordering::SeqCst) + weight;
         self.max_weight_inside.fetch_max(held, Ordering::SeqCst);
-        if now > self.limit || held > self.limit {
+        let limit = self.variant.limit();
+        if now > limit || held > limit {
             self.violations.fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -221,23 +227,18 @@ enum Attempt {
 
 async fn contend(
     contender: Arc<Contender>,
-    lock: String,
+    shared: Arc<Shared>,
     worker: usize,
     sections: usize,
-    regime: Regime,
-    variant: Variant,
-    shared: Arc<Shared>,
-) -> Result<Tally, String> {
+) -> Result<Tally> {
     let mut tally = Tally::default();
-    let lock_name = LockName::new(lock.clone()).expect("lock");
+    let (lock, regime, variant) = (&shared.lock, shared.regime, shared.variant);
+    let lock_name = names::lock(lock);
     for n in 0..sections {
         let terms = variant.terms();
         let weight = i64::from(terms.weight.get());
         let holder = execution_arn(&format!("w{worker}"), n);
-        let identity = Identity::new(
-            HolderId::new(holder.clone()).expect("holder"),
-            AcquisitionId::new(uuid()).expect("acquisition"),
-        );
+        let identity = id(&holder, &uuid());
         let mut polls = 0;
         let mut rate_polls: u32 = 0;
         loop {
@@ -254,19 +255,17 @@ async fn contend(
                         Attempt::RateLimited(next_start_ms)
                     }
                     Ok(AcquireOutcome::Expired) => Attempt::Expired,
-                    Ok(AcquireOutcome::Fenced(reason)) => {
-                        return Err(format!(
-                            "worker {worker}: a fresh acquisition was fenced: {}",
-                            reason.describe()
-                        ))
-                    }
+                    Ok(AcquireOutcome::Fenced(reason)) => bail!(
+                        "worker {worker}: a fresh acquisition was fenced: {}",
+                        reason.describe()
+                    ),
                     Err(e) => {
                         tally.error(e);
                         Attempt::Failed
                     }
                 },
                 Contender::Sample(sample) => {
-                    if sample.acquire(&lock, &holder, LIMIT).await {
+                    if sample.acquire(lock, &holder, LIMIT).await {
                         Attempt::Took
                     } else {
                         Attempt::Full
@@ -317,9 +316,7 @@ async fn contend(
                     // Only after a failed attempt that had landed; otherwise the slot was lost.
                     Ok(ReleaseOutcome::NotHeld { .. }) if failures > 0 => true,
                     Ok(ReleaseOutcome::NotHeld { .. }) => {
-                        return Err(format!(
-                            "worker {worker}: the release found its slot gone (S2 violated)"
-                        ))
+                        bail!("worker {worker}: the release found its slot gone (S2 violated)")
                     }
                     Err(e) => {
                         tally.error(e);
@@ -327,10 +324,8 @@ async fn contend(
                     }
                 },
                 Contender::Sample(sample) => {
-                    if !sample.release(&lock, &holder).await {
-                        return Err(format!(
-                            "worker {worker}: the sample's release found no holder"
-                        ));
+                    if !sample.release(lock, &holder).await {
+                        bail!("worker {worker}: the sample's release found no holder");
                     }
                     true
                 }
@@ -356,11 +351,10 @@ pub async fn run(
     sections: usize,
     endpoint: &str,
     table: &str,
-) -> Result<LoadRun, String> {
+) -> Result<LoadRun> {
     let counter = RequestCounter::new();
     let writes = WriteCounter::new();
     let client = counter.dynamodb_client(endpoint);
-    let lock = format!("load-{contenders}-{}", uuid());
     let make = || match proto {
         Proto::Ours => Contender::Ours(Semaphore::new(
             writes.store(DynamoStore::new(client.clone(), table)),
@@ -370,30 +364,28 @@ pub async fn run(
             table: table.to_owned(),
         }),
     };
-    if proto == Proto::Sample && variant != Variant::Plain {
-        return Err("the sample's protocol has neither weights nor a start rate".to_owned());
-    }
+    ensure!(
+        proto == Proto::Ours || variant == Variant::Plain,
+        "the sample's protocol has neither weights nor a start rate"
+    );
     let shared = Arc::new(Shared {
-        limit: variant.limit(),
-        ..Shared::default()
+        lock: format!("load-{contenders}-{}", uuid()),
+        regime,
+        variant,
+        inside: AtomicI64::default(),
+        max_inside: AtomicI64::default(),
+        weight_inside: AtomicI64::default(),
+        max_weight_inside: AtomicI64::default(),
+        violations: AtomicU64::default(),
     });
 
     // Warm-up, not counted: one critical section creates the item (ours: a refused update and a
     // put; the release adds the lock's first fence) and opens connections.
     let pool: Vec<Arc<Contender>> = (0..contenders).map(|_| Arc::new(make())).collect();
     if let Contender::Sample(sample) = &*pool[0] {
-        sample.init(&lock).await;
+        sample.init(&shared.lock).await;
     }
-    contend(
-        pool[0].clone(),
-        lock.clone(),
-        contenders,
-        1,
-        regime,
-        variant,
-        shared.clone(),
-    )
-    .await?;
+    contend(pool[0].clone(), shared.clone(), contenders, 1).await?;
     counter.take();
     writes.take();
     // The warm-up's start stays among the lock's starts: the rate spaces the first measured
@@ -406,22 +398,14 @@ pub async fn run(
     let mut tasks = Vec::new();
     for (worker, contender) in pool.into_iter().enumerate() {
         let n = per + usize::from(worker < extra);
-        tasks.push(tokio::spawn(contend(
-            contender,
-            lock.clone(),
-            worker,
-            n,
-            regime,
-            variant,
-            shared.clone(),
-        )));
+        tasks.push(tokio::spawn(contend(contender, shared.clone(), worker, n)));
     }
     let mut tally = Tally::default();
     for task in tasks {
         let t = task
             .await
-            .map_err(|e| format!("a contender panicked: {e}"))?
-            .map_err(|e| format!("{}: {e}", proto.label()))?;
+            .context("a contender panicked")?
+            .context(proto.label())?;
         tally.acquire_ms.extend(t.acquire_ms);
         tally.release_ms.extend(t.release_ms);
         tally.full += t.full;
@@ -435,22 +419,20 @@ pub async fn run(
     let counts = counter.take();
     let mut starts = writes.starts();
     let writes = writes.take();
-    if shared.violations.load(Ordering::SeqCst) > 0 {
-        return Err(format!(
-            "{} {}: more than {} holders or weight inside at once (S1 violated)",
-            proto.label(),
-            variant.name(),
-            variant.limit()
-        ));
-    }
+    ensure!(
+        shared.violations.load(Ordering::SeqCst) == 0,
+        "{} {}: more than {} holders or weight inside at once (S1 violated)",
+        proto.label(),
+        variant.name(),
+        variant.limit()
+    );
     let done = tally.release_ms.len();
-    if done != sections {
-        return Err(format!(
-            "{}: {done} of {sections} sections done",
-            proto.label()
-        ));
-    }
-    let item_bytes_at_end = raw_item(&client, table, &lock)
+    ensure!(
+        done == sections,
+        "{}: {done} of {sections} sections done",
+        proto.label()
+    );
+    let item_bytes_at_end = raw_item(&client, table, &shared.lock)
         .await
         .map(|item| item_size(&item))
         .unwrap_or(0);

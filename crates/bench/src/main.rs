@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, Result};
 use clap::Parser;
 use semaphore_core::Clock;
 use serde::Serialize;
@@ -56,10 +57,10 @@ struct Cli {
     hold_ms: u64,
     /// The rate-limited load variant's start rate, acquisitions per second (real time, in both
     /// regimes).
-    #[arg(long, default_value = "5", value_parser = parse_rate)]
+    #[arg(long, default_value = "5", value_parser = semaphore_core::Rate::parse)]
     rate: semaphore_core::Rate,
     /// Only these parts (comma-separated): requests, load, size, lambdas, sweeper.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = PARTS)]
     only: Vec<String>,
     /// Where the natively built handler binaries are (default: next to this binary).
     #[arg(long)]
@@ -85,24 +86,21 @@ enum Command {
     },
 }
 
-/// Draws the charts from `from` into `dir`, saying which files it wrote.
-fn draw_charts(from: &std::path::Path, dir: &std::path::Path) -> bool {
-    match charts::draw(from, dir) {
-        Ok(files) => {
-            for file in files {
-                println!("drew {}", file.display());
-            }
-            true
-        }
-        Err(e) => {
-            eprintln!("charts: {e}");
-            false
-        }
+impl Cli {
+    fn wanted(&self, part: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| p == part)
     }
 }
 
-fn parse_rate(text: &str) -> Result<semaphore_core::Rate, String> {
-    semaphore_core::Rate::parse(text).map_err(|e| e.to_string())
+/// The parts of a run, in the order they run (`--only` names them).
+const PARTS: [&str; 5] = ["requests", "load", "size", "lambdas", "sweeper"];
+
+/// Draws the charts from `from` into `dir`, saying which files it wrote.
+fn draw_charts(from: &std::path::Path, dir: &std::path::Path) -> Result<()> {
+    for file in charts::draw(from, dir).context("charts")? {
+        println!("drew {}", file.display());
+    }
+    Ok(())
 }
 
 /// The medians over a cell's runs that both summaries quote.
@@ -119,8 +117,13 @@ struct Medians {
 }
 
 /// The median over `runs` of one figure of theirs (NaN for none).
-fn med(runs: &[&load::LoadRun], g: fn(&load::LoadRun) -> f64) -> f64 {
+fn med<T>(runs: &[&T], g: fn(&T) -> f64) -> f64 {
     median(&runs.iter().map(|r| g(r)).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+}
+
+/// The largest over `runs` of one figure of theirs (0 for none).
+fn most<T, N: Ord + Default>(runs: &[&T], g: fn(&T) -> N) -> N {
+    runs.iter().map(|r| g(r)).max().unwrap_or_default()
 }
 
 impl Medians {
@@ -198,46 +201,32 @@ struct Target {
     met: bool,
 }
 
+/// The first line of the file at `path` that starts with `prefix`, if any.
+fn line_of(path: impl AsRef<std::path::Path>, prefix: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .map(str::to_owned)
+}
+
 fn machine() -> Value {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let cpu = read("/proc/cpuinfo")
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")
-                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned());
-    let mem = read("/proc/meminfo")
-        .lines()
-        .find(|l| l.starts_with("MemTotal"))
-        .unwrap_or("")
-        .to_owned();
-    let moto = read(
-        &local_aws::server::repo_root()
-            .join("local/requirements.txt")
-            .to_string_lossy(),
-    )
-    .lines()
-    .find(|l| l.starts_with("moto"))
-    .unwrap_or("")
-    .to_owned();
+    let cpu = line_of("/proc/cpuinfo", "model name").map_or("unknown".to_owned(), |l| {
+        l["model name".len()..]
+            .trim_start_matches([' ', '\t', ':'])
+            .to_owned()
+    });
+    let requirements = local_aws::server::repo_root().join("local/requirements.txt");
+    let moto = line_of(requirements, "moto").unwrap_or_default();
     let date = semaphore_core::rfc3339_millis(semaphore_core::SystemClock.now_ms());
     json!({
         "date": date,
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "cpu_model": cpu,
-        "memory": mem,
-        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "memory": line_of("/proc/meminfo", "MemTotal").unwrap_or_default(),
+        "kernel": line_of("/proc/sys/kernel/osrelease", "").unwrap_or_default(),
         "server": format!("{moto} behind local/moto_server.py (one request at a time), on 127.0.0.1"),
         "endpoint": local_aws::endpoint(),
     })
-}
-
-/// Records how long one part took, and says so on stderr.
-fn part_done(timings: &mut serde_json::Map<String, Value>, part: &str, started: Instant) {
-    let seconds = started.elapsed().as_secs_f64();
-    timings.insert(part.into(), json!(seconds));
-    eprintln!("{part}: {seconds:.1} s");
 }
 
 fn f(x: f64, digits: usize) -> String {
@@ -248,58 +237,146 @@ fn f(x: f64, digits: usize) -> String {
     }
 }
 
+/// Two figures in one cell, as the tables print them: "12.5 / 30.1".
+fn pair(a: f64, b: f64, digits: usize) -> String {
+    format!("{} / {}", f(a, digits), f(b, digits))
+}
+
 /// A ratio as the tables print it: "1.05x".
 fn times(x: f64) -> String {
     f(x, 2) + "x"
 }
 
-/// Prints a markdown table: its header and alignment rows, one row per item of `rows` (its
-/// cells), and a blank line.
-fn print_table(header: &str, align: &str, rows: impl IntoIterator<Item = Vec<String>>) {
-    println!("{header}\n{align}");
+/// Prints a markdown table: its header and alignment rows (a column whose name `header` starts
+/// with `>` is right-aligned), one row per item of `rows` (its cells), and a blank line.
+fn print_table(header: &str, rows: impl IntoIterator<Item = Vec<String>>) {
+    let align: String = (header.trim_matches(['|', ' ']).split(" | "))
+        .map(|c| if c.starts_with('>') { "---:|" } else { "---|" })
+        .collect();
+    println!("{}\n|{align}", header.replace("| >", "| "));
     for cells in rows {
         println!("| {} |", cells.join(" | "));
     }
     println!();
 }
 
+/// A run: what its parts read, and what they report.
+struct Bench {
+    cli: Cli,
+    repeats: usize,
+    endpoint: String,
+    table: String,
+    /// Numbers that are not sane: the run fails.
+    problems: Vec<String>,
+    targets: Vec<Target>,
+    /// The results file, part by part.
+    out: serde_json::Map<String, Value>,
+}
+
 #[tokio::main(flavor = "multi_thread")]
-async fn main() -> ExitCode {
+async fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     if let Some(Command::Charts { from, dir }) = &cli.command {
-        return if draw_charts(from, dir) {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        };
+        draw_charts(from, dir)?;
+        return Ok(ExitCode::SUCCESS);
     }
-    let wanted = |part: &str| cli.only.is_empty() || cli.only.iter().any(|p| p == part);
-    let repeats = cli.repeats.unwrap_or(if cli.smoke { 1 } else { 5 });
     let started = Instant::now();
-    let mut problems: Vec<String> = Vec::new();
-    let mut out = serde_json::Map::new();
-    let mut timings = serde_json::Map::new();
-    let mut targets: Vec<Target> = Vec::new();
-    out.insert("smoke".into(), json!(cli.smoke));
-    out.insert("repeats".into(), json!(repeats));
-    out.insert("machine".into(), machine());
-    let endpoint = local_aws::endpoint().to_owned();
-    let table = local_aws::fresh_table().await.table().to_owned();
+    let repeats = cli.repeats.unwrap_or(if cli.smoke { 1 } else { 5 });
+    let machine = machine();
     println!(
         "# semaphore bench{}\n",
         if cli.smoke { " (smoke)" } else { "" }
     );
     println!(
         "server: {}\n",
-        out["machine"]["server"].as_str().unwrap_or_default()
+        machine["server"].as_str().unwrap_or_default()
     );
-
-    // (a) requests per uncontended critical section
-    if wanted("requests") {
+    let mut bench = Bench {
+        out: serde_json::Map::from_iter([
+            ("smoke".to_owned(), json!(cli.smoke)),
+            ("repeats".to_owned(), json!(repeats)),
+            ("machine".to_owned(), machine),
+        ]),
+        repeats,
+        endpoint: local_aws::endpoint().to_owned(),
+        table: local_aws::fresh_table().await.table().to_owned(),
+        problems: Vec::new(),
+        targets: Vec::new(),
+        cli,
+    };
+    let mut timings = serde_json::Map::new();
+    for part in PARTS {
+        if !bench.cli.wanted(part) {
+            continue;
+        }
         let part_started = Instant::now();
-        let sections = if cli.smoke { 5 } else { 50 };
+        let done = match part {
+            "requests" => bench.requests().await,
+            "load" => bench.load().await,
+            "size" => bench.size().await,
+            "lambdas" => bench.lambdas().await,
+            _ => bench.sweeper().await,
+        };
+        if let Err(e) = done {
+            bench.problems.push(format!("{part}: {e:#}"));
+        }
+        let seconds = part_started.elapsed().as_secs_f64();
+        timings.insert(part.into(), json!(seconds));
+        eprintln!("{part}: {seconds:.1} s");
+    }
+    let cli = &bench.cli;
+    if !bench.targets.is_empty() {
+        println!(
+            "## Targets (issue 9){}\n",
+            if cli.smoke {
+                ": a smoke run measures nothing, these only show the wiring"
+            } else {
+                ""
+            }
+        );
+        print_table(
+            "| target | measured | met? |",
+            bench.targets.iter().map(|t| {
+                let met = if t.met { "yes" } else { "**no**" };
+                vec![t.target.clone(), t.measured.clone(), met.to_owned()]
+            }),
+        );
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    bench.out.extend([
+        ("targets".to_owned(), json!(bench.targets)),
+        ("wall_seconds".to_owned(), json!(elapsed)),
+        ("part_seconds".to_owned(), Value::Object(timings)),
+        ("problems".to_owned(), json!(bench.problems)),
+    ]);
+    let text = serde_json::to_string_pretty(&Value::Object(bench.out))?;
+    std::fs::write(&cli.out, text + "\n")
+        .with_context(|| format!("cannot write {}", cli.out.display()))?;
+    println!("wrote {} in {elapsed:.1} s", cli.out.display());
+    // The charts are of the requests and load tables: a run of other parts draws none.
+    if let Some(dir) = cli
+        .charts
+        .as_ref()
+        .filter(|_| cli.wanted("requests") || cli.wanted("load"))
+    {
+        draw_charts(&cli.out, dir)?;
+    }
+    for p in &bench.problems {
+        eprintln!("PROBLEM: {p}");
+    }
+    Ok(if bench.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+impl Bench {
+    /// (a) requests per uncontended critical section
+    async fn requests(&mut self) -> Result<()> {
+        let sections = if self.cli.smoke { 5 } else { 50 };
         let ms = Duration::from_millis;
-        let rates: &[(Duration, usize)] = if cli.smoke {
+        let rates: &[(Duration, usize)] = if self.cli.smoke {
             // Enough sections at each rate for the rule to rotate: a release rotates once 8
             // young fences are kept (the 7th after a lock's first section) and a window has
             // passed since the last rotation.
@@ -312,82 +389,80 @@ async fn main() -> ExitCode {
                 (ms(60_000), 20),
             ]
         };
-        match requests::run(&endpoint, &table, sections, rates).await {
-            Ok(report) => {
-                println!("## DynamoDB requests per uncontended critical section (acquire + release), counted\n");
-                println!("Ours as the Lambdas run it: each call a new `Semaphore` (no read, no cache), default timing (fence window {} s). A release rotates the lock's fences (one more `UpdateItem`) when a window has passed since the last rotation and the young generation holds at least {} fences: at most once per window and once per {} releases, so it is counted at several rates on a simulated clock too.\n", f(semaphore_core::Timing::default().window().as_secs_f64(), 0), rule::BUSY_YOUNG_FENCES, rule::BUSY_YOUNG_FENCES);
-                let all: Vec<&requests::RequestRow> = report
-                    .rows
-                    .iter()
-                    .chain(std::iter::once(&report.first_section))
-                    .collect();
-                print_table(
-                    "| scenario | sections | requests/CS | GetItem | PutItem | UpdateItem | rotations/CS | failed conditional writes/CS | vs sample |",
-                    "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-                    all.iter().map(|r| {
-                        vec![
-                            r.scenario.clone(),
-                            r.sections.to_string(),
-                            f(r.requests_per_section, 2),
-                            f(r.get_item, 2),
-                            f(r.put_item, 2),
-                            f(r.update_item, 2),
-                            f(r.rotations_per_section, 3),
-                            f(r.failed_conditional_writes, 2),
-                            times(r.vs_sample),
-                        ]
-                    }),
-                );
-                requests::check(&report, &mut problems);
-                let ours: Vec<&requests::RequestRow> =
-                    report.rows.iter().filter(|r| r.proto == "ours").collect();
-                if let Some(r) = ours.first() {
-                    targets.push(Target {
-                        target: "uncontended requests per CS, as the Lambdas run, <= 1.25x the sample's; 0 failed conditional writes".into(),
-                        measured: format!(
-                            "{} = {}x back to back, {} failed; with rotations: {}",
-                            f(r.requests_per_section, 2),
-                            f(r.vs_sample, 2),
-                            f(r.failed_conditional_writes, 2),
-                            report
-                                .rows
-                                .iter()
-                                .filter_map(|r| r.seconds_between_sections.map(|s| format!(
-                                    "{} at {}",
-                                    times(r.vs_sample),
-                                    requests::rate_label(Duration::from_secs_f64(s))
-                                )))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                        met: ours
-                            .iter()
-                            .all(|r| r.vs_sample <= 1.25 && r.failed_conditional_writes == 0.0),
-                    });
-                    let worst = ours
+        let report = requests::run(&self.endpoint, &self.table, sections, rates).await?;
+        println!(
+            "## DynamoDB requests per uncontended critical section (acquire + release), counted\n"
+        );
+        println!("Ours as the Lambdas run it: each call a new `Semaphore` (no read, no cache), default timing (fence window {} s). A release rotates the lock's fences (one more `UpdateItem`) when a window has passed since the last rotation and the young generation holds at least {} fences: at most once per window and once per {} releases, so it is counted at several rates on a simulated clock too.\n", f(semaphore_core::Timing::default().window().as_secs_f64(), 0), rule::BUSY_YOUNG_FENCES, rule::BUSY_YOUNG_FENCES);
+        let all: Vec<&requests::RequestRow> = report
+            .rows
+            .iter()
+            .chain(std::iter::once(&report.first_section))
+            .collect();
+        print_table(
+            "| scenario | >sections | >requests/CS | >GetItem | >PutItem | >UpdateItem | >rotations/CS | >failed conditional writes/CS | >vs sample |",
+            all.iter().map(|r| {
+                vec![
+                    r.scenario.clone(),
+                    r.sections.to_string(),
+                    f(r.requests_per_section, 2),
+                    f(r.get_item, 2),
+                    f(r.put_item, 2),
+                    f(r.update_item, 2),
+                    f(r.rotations_per_section, 3),
+                    f(r.failed_conditional_writes, 2),
+                    times(r.vs_sample),
+                ]
+            }),
+        );
+        requests::check(&report, &mut self.problems);
+        let ours: Vec<&requests::RequestRow> =
+            report.rows.iter().filter(|r| r.proto == "ours").collect();
+        if let Some(r) = ours.first() {
+            self.targets.push(Target {
+                target: "uncontended requests per CS, as the Lambdas run, <= 1.25x the sample's; 0 failed conditional writes".into(),
+                measured: format!(
+                    "{} = {}x back to back, {} failed; with rotations: {}",
+                    f(r.requests_per_section, 2),
+                    f(r.vs_sample, 2),
+                    f(r.failed_conditional_writes, 2),
+                    report
+                        .rows
                         .iter()
-                        .map(|r| r.requests_per_section)
-                        .fold(0.0, f64::max);
-                    targets.push(Target {
-                        target: "acquire then release on an uncontended lock, each a fresh process (semctl): <= 3 requests".into(),
-                        measured: format!(
-                            "{} at most over the rates above ({} on a lock's first use)",
-                            f(worst, 2),
-                            f(report.first_section.requests_per_section, 0)
-                        ),
-                        met: worst <= 3.0,
-                    });
-                }
-                out.insert("requests".into(), json!(all));
-            }
-            Err(e) => problems.push(format!("requests: {e}")),
+                        .filter_map(|r| r.seconds_between_sections.map(|s| format!(
+                            "{} at {}",
+                            times(r.vs_sample),
+                            requests::rate_label(Duration::from_secs_f64(s))
+                        )))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                met: ours
+                    .iter()
+                    .all(|r| r.vs_sample <= 1.25 && r.failed_conditional_writes == 0.0),
+            });
+            let worst = ours
+                .iter()
+                .map(|r| r.requests_per_section)
+                .fold(0.0, f64::max);
+            self.targets.push(Target {
+                target: "acquire then release on an uncontended lock, each a fresh process (semctl): <= 3 requests".into(),
+                measured: format!(
+                    "{} at most over the rates above ({} on a lock's first use)",
+                    f(worst, 2),
+                    f(report.first_section.requests_per_section, 0)
+                ),
+                met: worst <= 3.0,
+            });
         }
-        part_done(&mut timings, "requests", part_started);
+        self.out.insert("requests".into(), json!(all));
+        Ok(())
     }
 
-    // (b) latency and throughput under contention
-    if wanted("load") {
-        let part_started = Instant::now();
+    /// (b) latency and throughput under contention
+    async fn load(&mut self) -> Result<()> {
+        let cli = &self.cli;
+        let repeats = self.repeats;
         let regimes = [
             Regime::Deployment {
                 unit_ms: cli.unit_ms.unwrap_or(if cli.smoke { 100 } else { 500 }),
@@ -424,7 +499,13 @@ async fn main() -> ExitCode {
                     }
                     for (proto, variant) in kinds {
                         let run = load::run(
-                            regime, proto, variant, contenders, sections, &endpoint, &table,
+                            regime,
+                            proto,
+                            variant,
+                            contenders,
+                            sections,
+                            &self.endpoint,
+                            &self.table,
                         );
                         match run.await {
                             Ok(run) => {
@@ -439,13 +520,13 @@ async fn main() -> ExitCode {
                                     run.acquire_p50_ms,
                                     run.requests_per_section
                                 );
-                                load::check(&run, &mut problems);
+                                load::check(&run, &mut self.problems);
                                 match variant {
                                     load::Variant::Plain => runs.push(run),
                                     _ => variant_runs.push(run),
                                 }
                             }
-                            Err(e) => problems.push(e),
+                            Err(e) => self.problems.push(format!("{e:#}")),
                         }
                     }
                 }
@@ -506,9 +587,6 @@ async fn main() -> ExitCode {
                     }
                     let figures: Vec<&load::VariantFigures> =
                         rs.iter().filter_map(|r| r.variant.as_ref()).collect();
-                    let most = |g: fn(&load::VariantFigures) -> usize| {
-                        figures.iter().map(|v| g(v)).max().unwrap_or(0)
-                    };
                     let m = Medians::of(&rs);
                     variant_summaries.push(VariantSummary {
                         regime,
@@ -522,29 +600,19 @@ async fn main() -> ExitCode {
                             plain.requests_per_section,
                         ),
                         acquire_p99_vs_plain: ratio(m.acquire_p99_ms, plain.acquire_p99_ms),
-                        rate_limited_answers_per_section: med(&rs, |r| {
-                            r.variant
-                                .as_ref()
-                                .map_or(0.0, |v| v.rate_limited_answers_per_section)
+                        rate_limited_answers_per_section: med(&figures, |v| {
+                            v.rate_limited_answers_per_section
                         }),
-                        max_weight_seen: figures
-                            .iter()
-                            .map(|v| v.max_weight_seen)
-                            .max()
-                            .unwrap_or(0),
+                        max_weight_seen: most(&figures, |v| v.max_weight_seen),
                         limit: variant.limit(),
                         rate_per_s: variant.rate().map(semaphore_core::Rate::as_per_second),
-                        max_starts_in_1s: most(|v| v.max_starts_in_1s),
-                        max_starts_in_10s: most(|v| v.max_starts_in_10s),
+                        max_starts_in_1s: most(&figures, |v| v.max_starts_in_1s),
+                        max_starts_in_10s: most(&figures, |v| v.max_starts_in_10s),
                         min_start_spacing_ms: figures
                             .iter()
                             .filter_map(|v| v.min_start_spacing_ms)
                             .min(),
-                        achieved_start_rate_per_s: med(&rs, |r| {
-                            r.variant
-                                .as_ref()
-                                .map_or(f64::NAN, |v| v.achieved_start_rate_per_s)
-                        }),
+                        achieved_start_rate_per_s: med(&figures, |v| v.achieved_start_rate_per_s),
                         errors_total: rs.iter().map(|r| r.errors).sum(),
                         plain_throughput_per_s: plain.throughput_per_s,
                         plain_requests_per_section: plain.requests_per_section,
@@ -562,8 +630,7 @@ async fn main() -> ExitCode {
                 load::LIMIT
             );
             print_table(
-                "| contenders | protocol | CS/s | vs sample | acquire p50 / p99 ms | p99 vs sample | release p50 / p99 ms | requests/CS | vs sample | failed cond. writes/CS | \"full\" answers/CS | rotations/CS | errors (all runs) | item bytes at end |",
-                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "| >contenders | protocol | >CS/s | >vs sample | >acquire p50 / p99 ms | >p99 vs sample | >release p50 / p99 ms | >requests/CS | >vs sample | >failed cond. writes/CS | >\"full\" answers/CS | >rotations/CS | >errors (all runs) | >item bytes at end |",
                 summaries.iter().filter(|s| s.regime == regime).map(|s| {
                     let m = &s.medians;
                     vec![
@@ -571,9 +638,9 @@ async fn main() -> ExitCode {
                         s.proto.label().to_owned(),
                         f(m.throughput_per_s, 1),
                         times(s.throughput_vs_sample),
-                        format!("{} / {}", f(m.acquire_p50_ms, 1), f(m.acquire_p99_ms, 1)),
+                        pair(m.acquire_p50_ms, m.acquire_p99_ms, 1),
                         times(s.acquire_p99_vs_sample),
-                        format!("{} / {}", f(m.release_p50_ms, 1), f(m.release_p99_ms, 1)),
+                        pair(m.release_p50_ms, m.release_p99_ms, 1),
                         f(m.requests_per_section, 2),
                         times(s.requests_vs_sample),
                         f(m.failed_writes_per_section, 2),
@@ -588,7 +655,7 @@ async fn main() -> ExitCode {
         for s in &summaries {
             let tp = s.medians.throughput_per_s;
             if tp.is_nan() || tp <= 0.0 {
-                problems.push(format!(
+                self.problems.push(format!(
                     "{} C={}: no throughput",
                     s.proto.label(),
                     s.contenders
@@ -607,7 +674,7 @@ async fn main() -> ExitCode {
                 .join(", ")
         };
         let deployment: Vec<&LoadSummary> = ours("deployment-shaped").collect();
-        targets.push(Target {
+        self.targets.push(Target {
             target: "deployment-shaped throughput >= 0.95x the sample's at 1, 8 and 50 contenders"
                 .into(),
             measured: listed(deployment.clone(), |s| s.throughput_vs_sample),
@@ -619,7 +686,7 @@ async fn main() -> ExitCode {
             .copied()
             .filter(|s| s.contenders > 1)
             .collect();
-        targets.push(Target {
+        self.targets.push(Target {
             target: "deployment-shaped acquire p99 <= 2x the sample's at 8 and 50 contenders"
                 .into(),
             measured: listed(contended.clone(), |s| s.acquire_p99_vs_sample),
@@ -627,7 +694,7 @@ async fn main() -> ExitCode {
         });
         let saturated: Vec<&LoadSummary> = ours("saturated").filter(|s| s.contenders > 1).collect();
         let errors: u64 = summaries.iter().map(|s| s.contention_errors_total).sum();
-        targets.push(Target {
+        self.targets.push(Target {
             target: "saturated throughput >= 0.8x the sample's at 8 and 50 contenders; 0 errors"
                 .into(),
             measured: format!(
@@ -643,8 +710,7 @@ async fn main() -> ExitCode {
             load::LIMIT
         );
         print_table(
-            "| regime | contenders | variant | CS/s | vs plain | requests/CS | vs plain | acquire p50 / p99 ms | p99 vs plain | \"full\" / \"rate limited\" answers/CS | max weight held | starts: most in 1 s / 10 s, least spacing ms, achieved /s | errors |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| regime | >contenders | variant | >CS/s | >vs plain | >requests/CS | >vs plain | >acquire p50 / p99 ms | >p99 vs plain | >\"full\" / \"rate limited\" answers/CS | >max weight held | >starts: most in 1 s / 10 s, least spacing ms, achieved /s | >errors |",
             variant_summaries.iter().map(|v| {
                 let m = &v.medians;
                 let starts = match v.rate_per_s {
@@ -666,20 +732,16 @@ async fn main() -> ExitCode {
                     times(v.throughput_vs_plain),
                     f(m.requests_per_section, 2),
                     times(v.requests_vs_plain),
-                    format!("{} / {}", f(m.acquire_p50_ms, 1), f(m.acquire_p99_ms, 1)),
+                    pair(m.acquire_p50_ms, m.acquire_p99_ms, 1),
                     times(v.acquire_p99_vs_plain),
-                    format!(
-                        "{} / {}",
-                        f(m.full_answers_per_section, 2),
-                        f(v.rate_limited_answers_per_section, 2)
-                    ),
+                    pair(m.full_answers_per_section, v.rate_limited_answers_per_section, 2),
                     format!("{} of {}", v.max_weight_seen, v.limit),
                     starts,
                     v.errors_total.to_string(),
                 ]
             }),
         );
-        out.insert(
+        self.out.insert(
             "load".into(),
             json!({
                 "limit": load::LIMIT,
@@ -697,14 +759,13 @@ async fn main() -> ExitCode {
                 },
             }),
         );
-        part_done(&mut timings, "load", part_started);
+        Ok(())
     }
 
-    // (c) item size
-    if wanted("size") {
-        let part_started = Instant::now();
+    /// (c) item size
+    async fn size(&mut self) -> Result<()> {
         // The quiet lock reaches its worst case (2 x 8 fences) at its 16th release.
-        let (quiet_cycles, cycles, cleanups) = if cli.smoke {
+        let (quiet_cycles, cycles, cleanups) = if self.cli.smoke {
             (2 * rule::BUSY_YOUNG_FENCES + 4, 500, 50)
         } else {
             (60, 10_000, 1_000)
@@ -720,8 +781,7 @@ async fn main() -> ExitCode {
         );
         println!("A quiet lock ({} critical sections, one a minute, 5 holders), then {} cycles at {} per second (each takes a new execution's slot and releases the oldest), then {} cleanups of ended executions at {} per second:\n", report.quiet.cycles, report.steady.cycles, report.steady.cs_per_second, report.cleanups, report.cleanups_per_second);
         print_table(
-            "| phase | operations | simulated s | holders | fences (young + old) | bytes | WCU per write |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| phase | >operations | >simulated s | >holders | >fences (young + old) | >bytes | >WCU per write |",
             report.points.iter().map(|p| {
                 vec![
                     p.phase.to_owned(),
@@ -735,8 +795,7 @@ async fn main() -> ExitCode {
             }),
         );
         print_table(
-            "| lock | CS/s | bytes, no fence yet | max bytes | model's worst case | max fences | WCU per write (max) | writes/CS | rotations/CS |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| lock | >CS/s | >bytes, no fence yet | >max bytes | >model's worst case | >max fences | >WCU per write (max) | >writes/CS | >rotations/CS |",
             [&report.quiet, &report.steady].map(|s| {
                 vec![
                     s.lock.to_owned(),
@@ -773,8 +832,8 @@ async fn main() -> ExitCode {
             f(c.sample_cs_per_second, 0),
             f(c.cs_per_second_for_400kb, 0)
         );
-        size::check(&report, &mut problems);
-        targets.push(Target {
+        size::check(&report, &mut self.problems);
+        self.targets.push(Target {
             target: "a quiet lock with 5 holders <= 1 KB".into(),
             measured: format!(
                 "{} bytes at most with {} fences ({} before its first release); the rule's worst case {} fences, {} bytes on the model",
@@ -793,7 +852,7 @@ async fn main() -> ExitCode {
             ),
             met: report.quiet.max_bytes <= 1024 && report.quiet.model_max_bytes <= 1024.0,
         });
-        targets.push(Target {
+        self.targets.push(Target {
             target: "steady state at 10 CS/s <= 4 KB".into(),
             measured: format!(
                 "{} bytes at most, {} WCU per write; the model's worst case {} bytes",
@@ -803,18 +862,19 @@ async fn main() -> ExitCode {
             ),
             met: report.steady.max_bytes <= 4096 && report.steady.model_max_bytes <= 4096.0,
         });
-        targets.push(Target {
+        self.targets.push(Target {
             target: "per-lock ceiling on paper >= 50 CS/s at the defaults".into(),
             measured: format!("{} CS/s", f(c.cs_per_second, 1)),
             met: c.cs_per_second >= 50.0,
         });
-        out.insert("size".into(), json!(report));
-        part_done(&mut timings, "size", part_started);
+        self.out.insert("size".into(), json!(report));
+        Ok(())
     }
 
-    // (d) the Lambdas
-    if wanted("lambdas") {
-        let part_started = Instant::now();
+    /// (d) the Lambdas
+    async fn lambdas(&mut self) -> Result<()> {
+        let cli = &self.cli;
+        let repeats = self.repeats;
         let repo = local_aws::server::repo_root();
         let boots = lambdas::bootstraps(&repo);
         println!("## Lambdas\n");
@@ -828,14 +888,13 @@ async fn main() -> ExitCode {
             (repeats.max(5), 5)
         };
         let handlers = async {
-            let dir = bin_dir.ok_or("no directory with the handler binaries")?;
+            let dir = bin_dir.context("no directory with the handler binaries")?;
             let topic = sweeper::topic().await?;
             lambdas::run(&dir, &topic, starts, invocations).await
         };
-        let handlers = handlers.await.unwrap_or_else(|e| {
-            problems.push(format!("lambdas: {e}"));
-            Vec::new()
-        });
+        // A failed run still prints the table's header and writes the bootstraps.
+        let handlers = handlers.await;
+        let ran = handlers.as_deref().unwrap_or_default();
         let profile = if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -846,9 +905,8 @@ async fn main() -> ExitCode {
             .map(|b| (b.function.to_ascii_lowercase().replace("function", ""), b))
             .collect();
         print_table(
-            &format!("| function | arm64 bootstrap (sam build) | native {profile} binary | init, median of {starts} starts | peak RSS after {invocations} invocations, median / max | 128 MB / max |"),
-            "|---|---:|---:|---:|---:|---:|",
-            handlers.iter().map(|h| {
+            &format!("| function | >arm64 bootstrap (sam build) | >native {profile} binary | >init, median of {starts} starts | >peak RSS after {invocations} invocations, median / max | >128 MB / max |"),
+            ran.iter().map(|h| {
                 vec![
                     h.function.to_owned(),
                     by_name
@@ -857,115 +915,56 @@ async fn main() -> ExitCode {
                         .unwrap_or_else(|| "n/a".to_owned()),
                     format!("{} MiB", f(h.binary_bytes as f64 / 1_048_576.0, 2)),
                     format!("{} ms", f(h.init_median_ms, 1)),
-                    format!(
-                        "{} / {} MiB",
-                        f(h.peak_rss_median_mib, 1),
-                        f(h.peak_rss_max_mib, 1)
-                    ),
+                    pair(h.peak_rss_median_mib, h.peak_rss_max_mib, 1) + " MiB",
                     format!("{}x", f(h.headroom_of_128_mb, 1)),
                 ]
             }),
         );
-        for h in handlers
+        for h in ran
             .iter()
             .filter(|h| h.peak_rss_max_mib >= lambdas::MEMORY_SIZE_MB)
         {
-            problems.push(format!("{}: peak memory over 128 MB", h.function));
+            self.problems
+                .push(format!("{}: peak memory over 128 MB", h.function));
         }
-        out.insert(
+        self.out.insert(
             "lambdas".into(),
-            json!({"bootstraps": boots, "handlers": handlers}),
+            json!({"bootstraps": boots, "handlers": ran}),
         );
-        part_done(&mut timings, "lambdas", part_started);
+        handlers.map(|_| ())
     }
 
-    // (e) the sweeper
-    if wanted("sweeper") {
-        let part_started = Instant::now();
+    /// (e) the sweeper
+    async fn sweeper(&mut self) -> Result<()> {
+        let cli = &self.cli;
         let counts: &[usize] = if cli.smoke { &[1, 10] } else { &[1, 10, 100] };
-        match sweeper::run(counts).await {
-            Ok(rows) => {
-                println!("## Sweeper: calls per sweep, counted\n");
-                print_table(
-                    "| holders | sweep | reclaimed | Scan | UpdateItem (fence + free + rotations) | GetItem | PutItem | DescribeExecution | SNS Publish | DynamoDB total | Step Functions total | SNS total |",
-                    "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-                    rows.iter().map(|r| {
-                        let update = format!(
-                            "{} ({} + {} + {})",
-                            r.update_item, r.cleanup_fence, r.cleanup_free, r.rotations
-                        );
-                        vec![
-                            r.holders.to_string(),
-                            r.case.to_owned(),
-                            r.reclaimed.to_string(),
-                            r.scan.to_string(),
-                            update,
-                            r.get_item.to_string(),
-                            r.put_item.to_string(),
-                            r.describe_execution.to_string(),
-                            r.publish.to_string(),
-                            r.dynamodb_total.to_string(),
-                            r.step_functions_total.to_string(),
-                            r.sns_total.to_string(),
-                        ]
-                    }),
-                );
-                sweeper::check(&rows, &mut problems);
-                out.insert("sweeper".into(), json!(rows));
-            }
-            Err(e) => problems.push(format!("sweeper: {e}")),
-        }
-        part_done(&mut timings, "sweeper", part_started);
-    }
-
-    if !targets.is_empty() {
-        println!(
-            "## Targets (issue 9){}\n",
-            if cli.smoke {
-                ": a smoke run measures nothing, these only show the wiring"
-            } else {
-                ""
-            }
-        );
+        let rows = sweeper::run(counts).await?;
+        println!("## Sweeper: calls per sweep, counted\n");
         print_table(
-            "| target | measured | met? |",
-            "|---|---|---|",
-            targets.iter().map(|t| {
-                let met = if t.met { "yes" } else { "**no**" };
-                vec![t.target.clone(), t.measured.clone(), met.to_owned()]
+            "| >holders | sweep | >reclaimed | >Scan | >UpdateItem (fence + free + rotations) | >GetItem | >PutItem | >DescribeExecution | >SNS Publish | >DynamoDB total | >Step Functions total | >SNS total |",
+            rows.iter().map(|r| {
+                let update = format!(
+                    "{} ({} + {} + {})",
+                    r.update_item, r.cleanup_fence, r.cleanup_free, r.rotations
+                );
+                vec![
+                    r.holders.to_string(),
+                    r.case.to_owned(),
+                    r.reclaimed.to_string(),
+                    r.scan.to_string(),
+                    update,
+                    r.get_item.to_string(),
+                    r.put_item.to_string(),
+                    r.describe_execution.to_string(),
+                    r.publish.to_string(),
+                    r.dynamodb_total.to_string(),
+                    r.step_functions_total.to_string(),
+                    r.sns_total.to_string(),
+                ]
             }),
         );
-    }
-    out.insert("targets".into(), json!(targets));
-
-    let elapsed = started.elapsed().as_secs_f64();
-    out.insert("wall_seconds".into(), json!(elapsed));
-    out.insert("part_seconds".into(), Value::Object(timings));
-    out.insert("problems".into(), json!(problems));
-    let written = serde_json::to_string_pretty(&Value::Object(out))
-        .map_err(|e| e.to_string())
-        .and_then(|text| std::fs::write(&cli.out, text + "\n").map_err(|e| e.to_string()));
-    if let Err(e) = written {
-        eprintln!("cannot write {}: {e}", cli.out.display());
-        return ExitCode::FAILURE;
-    }
-    println!("wrote {} in {elapsed:.1} s", cli.out.display());
-    // The charts are of the requests and load tables: a run of other parts draws none.
-    if let Some(dir) = cli
-        .charts
-        .as_ref()
-        .filter(|_| wanted("requests") || wanted("load"))
-    {
-        if !draw_charts(&cli.out, dir) {
-            return ExitCode::FAILURE;
-        }
-    }
-    if problems.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        for p in &problems {
-            eprintln!("PROBLEM: {p}");
-        }
-        ExitCode::FAILURE
+        sweeper::check(&rows, &mut self.problems);
+        self.out.insert("sweeper".into(), json!(rows));
+        Ok(())
     }
 }

@@ -13,11 +13,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Result};
 use local_aws::counter::{Counts, RequestCounter};
+use local_aws::names::{self, id, limit};
 use local_aws::sample::Sample;
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Clock, DynamoStore, HolderId, Identity, Limit, LockName,
-    ManualClock, ReleaseOutcome, Semaphore, SystemClock, Timing,
+    AcquireOutcome, Clock, DynamoStore, LockName, ManualClock, ReleaseOutcome, Semaphore,
+    SystemClock, Timing,
 };
 use serde::Serialize;
 
@@ -54,13 +56,6 @@ pub struct RequestRow {
     pub vs_sample: f64,
 }
 
-fn identity(n: usize) -> Identity {
-    Identity::new(
-        HolderId::new(execution_arn("uncontended", n)).expect("holder"),
-        AcquisitionId::new(uuid()).expect("acquisition"),
-    )
-}
-
 /// Makes a new `Semaphore` per call, as each Lambda invocation (or `semctl` process) is its own
 /// caller; they share the HTTP client (connections are not what is measured) and the clock.
 #[derive(Clone)]
@@ -82,16 +77,15 @@ impl Callers {
         .with_timing(Timing::default())
     }
 
-    async fn section(&self, lock: &LockName, n: usize) -> Result<(), String> {
-        let who = identity(n);
-        let limit = Limit::new(5).expect("limit");
-        match self.fresh().acquire(lock, &who, limit).await {
+    async fn section(&self, lock: &LockName, n: usize) -> Result<()> {
+        let who = id(&execution_arn("uncontended", n), &uuid());
+        match self.fresh().acquire(lock, &who, limit(5)).await {
             Ok(AcquireOutcome::Acquired { .. }) => {}
-            other => return Err(format!("uncontended acquire gave {other:?}")),
+            other => bail!("uncontended acquire gave {other:?}"),
         }
         match self.fresh().release(lock, &who).await {
             Ok(ReleaseOutcome::Released { .. }) => Ok(()),
-            other => Err(format!("uncontended release gave {other:?}")),
+            other => bail!("uncontended release gave {other:?}"),
         }
     }
 
@@ -169,7 +163,7 @@ pub async fn run(
     table: &str,
     sections: usize,
     rates: &[(Duration, usize)],
-) -> Result<Requests, String> {
+) -> Result<Requests> {
     let counter = RequestCounter::new();
     let window = Timing::default().window();
     let mut rows = Vec::new();
@@ -181,7 +175,7 @@ pub async fn run(
         writes: WriteCounter::new(),
         clock: Arc::new(SystemClock),
     };
-    let lock = LockName::new(format!("requests-{}", uuid())).expect("lock");
+    let lock = names::lock(&format!("requests-{}", uuid()));
     let started = Instant::now();
     callers.section(&lock, 0).await?;
     let mut first_section = callers.row(
@@ -204,7 +198,7 @@ pub async fn run(
             clock: clock.clone(),
             ..callers.clone()
         };
-        let lock = LockName::new(format!("requests-{}", uuid())).expect("lock");
+        let lock = names::lock(&format!("requests-{}", uuid()));
         // Creates the item and leaves one young fence (too few to rotate): the rule's starting
         // point.
         callers.section(&lock, 0).await?;
@@ -235,10 +229,10 @@ pub async fn run(
     for n in 1..=sections {
         let holder = execution_arn("uncontended", n);
         if !sample.acquire(&lock, &holder, 5).await {
-            return Err("the sample's uncontended acquire was refused".into());
+            bail!("the sample's uncontended acquire was refused");
         }
         if !sample.release(&lock, &holder).await {
-            return Err("the sample's uncontended release found no holder".into());
+            bail!("the sample's uncontended release found no holder");
         }
     }
     // The sample writes through no counted store: its tally is empty.

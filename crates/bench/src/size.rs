@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use local_aws::names::id;
+use local_aws::names::{self, id};
 use semaphore_core::dynamo::{item_size, stored_size, write_units};
 use semaphore_core::{
     AcquireOutcome, Clock, FenceKey, FencingToken, HolderId, Holding, Identity, ItemStore, Limit,
@@ -147,9 +147,8 @@ pub struct SizeReport {
 /// The bytes of the empty item, one holder, one fence, and the fence attributes, measured on
 /// encoded items.
 pub fn model() -> SizeModel {
-    let lock = LockName::new("demo-lock").expect("lock");
-    let mut item = SemaphoreItem::empty(lock);
-    item.limit = Some(Limit::new(5).expect("limit"));
+    let mut item = SemaphoreItem::empty(names::lock("demo-lock"));
+    item.limit = Some(names::limit(5));
     item.version = Version(123_456);
     // A lock that has had an acquisition keeps when it last started (item format 3).
     item.started_at_ms = Some(T0_MS + 100);
@@ -383,46 +382,10 @@ impl Sim {
         }
         self.watch(lock);
     }
-
-    /// `count` cycles `step_ms` apart: release the oldest holder if the lock is full, acquire
-    /// for a new execution. Samples the item every `every` cycles.
-    async fn cycles(
-        &mut self,
-        phase: &'static str,
-        lock: &mut Lock,
-        count: usize,
-        step_ms: u64,
-        every: usize,
-    ) {
-        for n in 0..count {
-            if lock.held.len() >= lock.limit.get() as usize {
-                let oldest = lock.held.pop_front().expect("a holder");
-                self.sem
-                    .release(&lock.name, &oldest)
-                    .await
-                    .expect("release");
-                lock.fences.fenced(self.clock.now_ms());
-                self.watch(lock);
-            }
-            self.acquire(lock, phase_tag(phase), n).await;
-            self.clock.advance_ms(step_ms);
-            if (n + 1) % every.max(1) == 0 {
-                self.point(phase, n + 1, lock);
-            }
-        }
-        self.verify(phase, lock);
-    }
 }
 
-fn phase_tag(phase: &str) -> &'static str {
-    if phase.starts_with("quiet") {
-        "quiet"
-    } else {
-        "cycle"
-    }
-}
-
-/// A run at `cs_per_second` on a fresh lock: `limit` holders taken, then `cycles` cycles.
+/// A run at `cs_per_second` on a fresh lock: `limit` holders taken, then `cycles` cycles, the
+/// item sampled `samples` times.
 async fn steady(
     sim: &mut Sim,
     name: &'static str,
@@ -433,8 +396,8 @@ async fn steady(
     samples: usize,
 ) -> (Steady, Lock) {
     let mut lock = Lock {
-        name: LockName::new(name).expect("lock"),
-        limit: Limit::new(limit).expect("limit"),
+        name: names::lock(name),
+        limit: names::limit(limit),
         held: VecDeque::new(),
         fences: FenceModel::new(sim.window_ms, BUSY_YOUNG_FENCES),
         max_bytes: 0,
@@ -448,8 +411,27 @@ async fn steady(
     sim.point(phase, 0, &lock);
     sim.writes.take();
     let step_ms = (1_000.0 / cs_per_second).round() as u64;
-    sim.cycles(phase, &mut lock, cycles, step_ms, cycles / samples.max(1))
-        .await;
+    let every = (cycles / samples.max(1)).max(1);
+    let tag = if name.starts_with("quiet") {
+        "quiet"
+    } else {
+        "cycle"
+    };
+    // Each cycle releases the oldest holder if the lock is full and acquires for a new execution.
+    for n in 0..cycles {
+        if lock.held.len() >= lock.limit.get() as usize {
+            let oldest = lock.held.pop_front().expect("a holder");
+            sim.sem.release(&lock.name, &oldest).await.expect("release");
+            lock.fences.fenced(sim.clock.now_ms());
+            sim.watch(&mut lock);
+        }
+        sim.acquire(&mut lock, tag, n).await;
+        sim.clock.advance_ms(step_ms);
+        if (n + 1) % every == 0 {
+            sim.point(phase, n + 1, &lock);
+        }
+    }
+    sim.verify(phase, &lock);
     let writes = sim.writes.take();
     if writes.rotation != lock.fences.rotations {
         sim.mismatches.push(format!(

@@ -3,10 +3,12 @@
 //! real executions of a state machine on the local Step Functions (moto's execution mode; they
 //! wait, RUNNING, until stopped).
 
-use lambda_sweeper::{SfnExecutions, StateMachineArn, Sweeper, DEFAULT_NAMESPACE};
 use std::time::Instant;
 
-use local_aws::counter::{Counts, RequestCounter};
+use anyhow::{bail, Context, Result};
+use lambda_sweeper::{SfnExecutions, StateMachineArn, Sweeper, DEFAULT_NAMESPACE};
+
+use local_aws::counter::RequestCounter;
 use local_aws::{fresh_table, sdk_config};
 use semaphore_core::{DynamoStore, LockName, Semaphore, Timing};
 use serde::Serialize;
@@ -14,7 +16,7 @@ use serde_json::json;
 
 use crate::common::{start_executions, state_machine, take_slots, uuid};
 use crate::rule::{rotations_between, BUSY_YOUNG_FENCES};
-use crate::writes::{CountedStore, WriteCounter, WriteTally};
+use crate::writes::{CountedStore, WriteCounter};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SweepRow {
@@ -39,42 +41,13 @@ pub struct SweepRow {
     pub sns_total: u64,
 }
 
-fn row(
-    holders: usize,
-    case: &'static str,
-    reclaimed: usize,
-    c: &Counts,
-    w: &WriteTally,
-    started: Instant,
-) -> SweepRow {
-    SweepRow {
-        holders,
-        case,
-        reclaimed,
-        scan: c.get("DynamoDB.Scan"),
-        get_item: c.get("DynamoDB.GetItem"),
-        put_item: c.get("DynamoDB.PutItem"),
-        update_item: c.get("DynamoDB.UpdateItem"),
-        failed_conditional_writes: c.total_failed(),
-        cleanup_fence: w.cleanup_fence,
-        cleanup_free: w.cleanup_free,
-        rotations: w.rotation,
-        seconds: started.elapsed().as_secs_f64(),
-        describe_execution: c.get("SFN.DescribeExecution"),
-        publish: c.get("SNS.Publish"),
-        dynamodb_total: c.service_total("DynamoDB"),
-        step_functions_total: c.service_total("SFN"),
-        sns_total: c.service_total("SNS"),
-    }
-}
-
 struct Local {
     sfn: aws_sdk_sfn::Client,
     machine_arn: String,
     topic_arn: String,
 }
 
-async fn local() -> Result<Local, String> {
+async fn local() -> Result<Local> {
     // Execution mode, as the lambdas part turns it on (it is the whole server's), before the
     // machine is made: one made before is not seen after, and the sweeps then meet the same
     // Step Functions whichever parts run.
@@ -93,32 +66,27 @@ async fn local() -> Result<Local, String> {
 }
 
 /// An SNS topic on the local server (also for the sweeper Lambda's run in `lambdas`).
-pub async fn topic() -> Result<String, String> {
+pub async fn topic() -> Result<String> {
     Ok(aws_sdk_sns::Client::new(&sdk_config())
         .create_topic()
         .name(format!("semaphore-bench-{}", &uuid()[..8]))
         .send()
         .await
-        .map_err(|e| {
-            format!(
-                "create the topic: {}",
-                aws_sdk_sns::error::DisplayErrorContext(e)
-            )
-        })?
+        .context("create the topic")?
         .topic_arn()
         .unwrap_or_default()
         .to_owned())
 }
 
 impl Local {
-    async fn stop(&self, arns: &[String]) -> Result<(), String> {
+    async fn stop(&self, arns: &[String]) -> Result<()> {
         for arn in arns {
             self.sfn
                 .stop_execution()
                 .execution_arn(arn)
                 .send()
                 .await
-                .map_err(|e| format!("stop: {}", aws_sdk_sfn::error::DisplayErrorContext(e)))?;
+                .with_context(|| format!("stop {arn}"))?;
         }
         Ok(())
     }
@@ -130,13 +98,9 @@ impl Local {
         counter: &RequestCounter,
         writes: &WriteCounter,
         table: &str,
-    ) -> Result<Sweeper<CountedStore<DynamoStore>, SfnExecutions>, String> {
+    ) -> Result<Sweeper<CountedStore<DynamoStore>, SfnExecutions>> {
         let sdk = sdk_config();
-        let ddb = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(&sdk)
-                .interceptor(counter.clone())
-                .build(),
-        );
+        let ddb = counter.dynamodb_client(local_aws::endpoint());
         let sfn = aws_sdk_sfn::Client::from_conf(
             aws_sdk_sfn::config::Builder::from(&sdk)
                 .interceptor(counter.clone())
@@ -147,7 +111,8 @@ impl Local {
                 .interceptor(counter.clone())
                 .build(),
         );
-        let machine = StateMachineArn::parse(&self.machine_arn).ok_or("state machine ARN")?;
+        let machine = StateMachineArn::parse(&self.machine_arn)
+            .with_context(|| format!("{} is not a state machine ARN", self.machine_arn))?;
         let semaphore = Semaphore::new(writes.store(DynamoStore::new(ddb, table)))
             .with_timing(Timing::default());
         Ok(Sweeper {
@@ -165,25 +130,22 @@ impl Local {
 
 /// For each holder count: a sweep that finds every holder RUNNING, then (all stopped) a sweep
 /// that reclaims them all.
-pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>, String> {
+pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>> {
     let local = local().await?;
     let mut rows = Vec::new();
     for &n in holder_counts {
         let store = fresh_table().await;
         let table = store.table().to_owned();
         let sem = Semaphore::new(store);
-        let lock = LockName::new(format!("sweep-{n}")).map_err(|e| e.to_string())?;
-        let arns = start_executions(&local.sfn, &local.machine_arn, "{}", n).await?;
+        let lock = LockName::new(format!("sweep-{n}"))?;
+        let arns = start_executions(&local.sfn, &local.machine_arn, &json!({}), n).await?;
         let holders: Vec<(String, String)> = arns.iter().map(|a| (a.clone(), uuid())).collect();
         take_slots(&sem, &lock, &holders).await?;
         // `check` expects no rotation of the sweep's own: the item it scans has no fence (only
         // acquires wrote it), so no rotation is due on it.
-        let scanned = sem.status(&lock).await.map_err(|e| e.to_string())?;
+        let scanned = sem.status(&lock).await.context("read the swept lock")?;
         if !scanned.fences.is_empty() {
-            return Err(format!(
-                "{lock} has fences before its sweeps: {:?}",
-                scanned.fences
-            ));
+            bail!("{lock} has fences before its sweeps: {:?}", scanned.fences);
         }
         let (counter, writes) = (RequestCounter::new(), WriteCounter::new());
         let sweeper = local.sweeper(&counter, &writes, &table)?;
@@ -198,13 +160,30 @@ pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>, String> {
                 writes.take();
             }
             let started = Instant::now();
-            let report = sweeper.sweep().await.map_err(|e| e.to_string())?;
+            let report = sweeper.sweep().await.context("sweep")?;
             if !report.summary.errors.is_empty() {
-                return Err(format!("sweep errors: {:?}", report.summary.errors));
+                bail!("sweep errors: {:?}", report.summary.errors);
             }
-            let (counts, tally) = (counter.take(), writes.take());
-            let reclaimed = report.summary.reclaimed;
-            rows.push(row(n, case, reclaimed, &counts, &tally, started));
+            let (c, w) = (counter.take(), writes.take());
+            rows.push(SweepRow {
+                holders: n,
+                case,
+                reclaimed: report.summary.reclaimed,
+                scan: c.get("DynamoDB.Scan"),
+                get_item: c.get("DynamoDB.GetItem"),
+                put_item: c.get("DynamoDB.PutItem"),
+                update_item: c.get("DynamoDB.UpdateItem"),
+                failed_conditional_writes: c.total_failed(),
+                cleanup_fence: w.cleanup_fence,
+                cleanup_free: w.cleanup_free,
+                rotations: w.rotation,
+                seconds: started.elapsed().as_secs_f64(),
+                describe_execution: c.get("SFN.DescribeExecution"),
+                publish: c.get("SNS.Publish"),
+                dynamodb_total: c.service_total("DynamoDB"),
+                step_functions_total: c.service_total("SFN"),
+                sns_total: c.service_total("SNS"),
+            });
         }
     }
     Ok(rows)
