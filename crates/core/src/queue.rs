@@ -63,26 +63,49 @@ impl QueueKey {
     }
 
     /// The inverse of [`QueueKey::render`].
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, QueueKeyError> {
+        let error = |problem| QueueKeyError {
+            text: text.to_owned(),
+            problem,
+        };
         let (time, hex) = text
             .split_once('#')
-            .ok_or_else(|| format!("queue key {text:?}: expected <ms>#<16 hex digits>"))?;
-        let queued_at_ms = time
-            .parse()
-            .map_err(|e| format!("queue key {text:?}: time: {e}"))?;
+            .ok_or_else(|| error(QueueKeyProblem::Shape))?;
+        let queued_at_ms = time.parse().map_err(|e| error(QueueKeyProblem::Time(e)))?;
         if hex.len() != 16 {
-            return Err(format!("queue key {text:?}: expected 16 hex digits"));
+            return Err(error(QueueKeyProblem::DigestLength));
         }
         let mut digest = [0u8; 8];
         for (i, byte) in digest.iter_mut().enumerate() {
             *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
-                .map_err(|e| format!("queue key {text:?}: digest: {e}"))?;
+                .map_err(|e| error(QueueKeyProblem::Digest(e)))?;
         }
         Ok(Self {
             queued_at_ms,
             digest,
         })
     }
+}
+
+/// A stored place in line that is not one [`QueueKey::render`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("queue key {text:?}: {problem}")]
+pub struct QueueKeyError {
+    pub text: String,
+    #[source]
+    pub problem: QueueKeyProblem,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueKeyProblem {
+    #[error("expected <ms>#<16 hex digits>")]
+    Shape,
+    #[error("time: {0}")]
+    Time(#[source] std::num::ParseIntError),
+    #[error("expected 16 hex digits")]
+    DigestLength,
+    #[error("digest: {0}")]
+    Digest(#[source] std::num::ParseIntError),
 }
 
 impl std::fmt::Display for QueueKey {

@@ -35,7 +35,7 @@ pub use config::{
 };
 pub use deployment::{Deployment, MachineTypes};
 pub use error::{error_type, HandlerError};
-pub use executions::SfnExecutions;
+pub use executions::{OtherRegion, SfnExecutions};
 pub use metrics::Metrics;
 pub use payload::{hint, kind, quoted, Payload};
 pub use request::{
@@ -43,7 +43,8 @@ pub use request::{
     Target, WaitRequest, Work, WorkKind, ACQUIRE_PAYLOAD, RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
 };
 pub use waiting::{
-    deferred_answer, granted_answer, HandOffs, SfnHandOffs, TaskCallbacks, TaskWaker,
+    deferred_answer, granted_answer, CallbackError, ContextError, HandOffs, SfnHandOffs,
+    TaskCallbacks, TaskWaker,
 };
 
 /// Installs the JSON log subscriber: one JSON object per line on stdout, level from `RUST_LOG`

@@ -11,7 +11,9 @@ use crate::dynamo::stored_size;
 use crate::error::Error;
 use crate::input::{AcquisitionId, HolderId, LockName};
 use crate::item::{FencingToken, Run, SemaphoreItem};
-use crate::ports::{missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, Waker};
+use crate::ports::{
+    missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
+};
 use crate::protocol::CleanupOutcome;
 
 /// One slot the sweeper took back.
@@ -128,7 +130,7 @@ impl<S: ItemStore> Semaphore<S> {
                 bytes: stored_size(item),
             })
             .max_by_key(|largest| largest.bytes);
-        let mut states: HashMap<HolderId, Result<ExecutionState, String>> = HashMap::new();
+        let mut states: HashMap<HolderId, Result<ExecutionState, PortError>> = HashMap::new();
         for item in &items {
             let mut holders: Vec<&HolderId> = item.holders.keys().map(|id| &id.holder).collect();
             holders.dedup();
