@@ -29,9 +29,9 @@ pub mod sfn;
 pub mod waiting;
 
 pub use config::{
-    history_safe_fallback, var, ConfigError, Settings, ACQUIRE_FUNCTION_TIMEOUT, DEFAULT_MAX_WAIT,
-    EVENTS_PER_FALLBACK_CHECK, HISTORY_EVENT_QUOTA, HISTORY_RESERVE, MAX_FALLBACK_CHECKS,
-    MAX_WAIT_RANGE, QUEUE_FALLBACK_RANGE,
+    history_safe_fallback, var, ConfigError, NotAnArn, Settings, ACQUIRE_FUNCTION_TIMEOUT,
+    DEFAULT_MAX_WAIT, EVENTS_PER_FALLBACK_CHECK, HISTORY_EVENT_QUOTA, HISTORY_RESERVE,
+    MAX_FALLBACK_CHECKS, MAX_WAIT_RANGE, QUEUE_FALLBACK_RANGE,
 };
 pub use deployment::{Deployment, MachineTypes};
 pub use error::{error_type, HandlerError};
