@@ -64,24 +64,20 @@ impl QueueKey {
 
     /// The inverse of [`QueueKey::render`].
     pub fn parse(text: &str) -> Result<Self, QueueKeyError> {
-        let error = |problem| QueueKeyError {
+        let error = || QueueKeyError {
             text: text.to_owned(),
-            problem,
         };
-        let (time, hex) = text
-            .split_once('#')
-            .ok_or_else(|| error(QueueKeyProblem::Shape))?;
-        let queued_at_ms = time.parse().map_err(|e| error(QueueKeyProblem::Time(e)))?;
-        if hex.len() != 16 {
-            return Err(error(QueueKeyProblem::DigestLength));
+        let (time, hex) = text.split_once('#').ok_or_else(error)?;
+        // Not ASCII, the byte slices below could cut a character.
+        if hex.len() != 16 || !hex.is_ascii() {
+            return Err(error());
         }
         let mut digest = [0u8; 8];
         for (i, byte) in digest.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
-                .map_err(|e| error(QueueKeyProblem::Digest(e)))?;
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| error())?;
         }
         Ok(Self {
-            queued_at_ms,
+            queued_at_ms: time.parse().map_err(|_| error())?,
             digest,
         })
     }
@@ -89,23 +85,9 @@ impl QueueKey {
 
 /// A stored place in line that is not one [`QueueKey::render`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("queue key {text:?}: {problem}")]
+#[error("queue key {text:?}: expected <ms>#<16 hex digits>")]
 pub struct QueueKeyError {
     pub text: String,
-    #[source]
-    pub problem: QueueKeyProblem,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum QueueKeyProblem {
-    #[error("expected <ms>#<16 hex digits>")]
-    Shape,
-    #[error("time: {0}")]
-    Time(#[source] std::num::ParseIntError),
-    #[error("expected 16 hex digits")]
-    DigestLength,
-    #[error("digest: {0}")]
-    Digest(#[source] std::num::ParseIntError),
 }
 
 impl std::fmt::Display for QueueKey {
@@ -195,6 +177,7 @@ mod tests {
         }
         assert!(QueueKey::parse("12#zz").is_err());
         assert!(QueueKey::parse("no-separator").is_err());
+        assert!(QueueKey::parse("12#€€€€€0").is_err());
     }
 
     #[test]
