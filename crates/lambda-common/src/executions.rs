@@ -12,9 +12,11 @@ use crate::sfn::{
 /// A holder's execution in another region than the client's: only its own region's answer, "does
 /// not exist" above all, may be taken for a verdict.
 #[derive(Debug, thiserror::Error)]
-#[error("an execution in region {execution}, and this sweeper runs in {ours}: not checked")]
+#[error("an execution in region {region}, and this sweeper runs in {ours}: not checked")]
 pub struct OtherRegion {
-    pub execution: String,
+    /// The execution's.
+    pub region: String,
+    /// The client's.
     pub ours: String,
 }
 
@@ -84,7 +86,7 @@ impl ExecutionStatus for SfnExecutions {
         let region = self.sfn.client().config().region().map(|r| r.as_ref());
         if region != Some(arn.region.as_str()) {
             return Err(PortError::new(OtherRegion {
-                execution: arn.region.clone(),
+                region: arn.region.clone(),
                 ours: region.unwrap_or("no region").to_owned(),
             }));
         }
