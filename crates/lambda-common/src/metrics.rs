@@ -25,24 +25,13 @@ pub const OUTCOME: &str = "Outcome";
 /// EMF allows at most 100 values for one metric in one line.
 pub const MAX_VALUES: usize = 100;
 
-/// A metric's CloudWatch unit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A metric's CloudWatch unit, serialized as its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Unit {
     Count,
     Milliseconds,
     Seconds,
     Bytes,
-}
-
-impl Unit {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Count => "Count",
-            Self::Milliseconds => "Milliseconds",
-            Self::Seconds => "Seconds",
-            Self::Bytes => "Bytes",
-        }
-    }
 }
 
 /// One metric the functions write: its name, unit and dimension sets (each one a metric).
@@ -209,7 +198,7 @@ impl Line {
         let mut root = Map::new();
         for (metric, values) in &self.values {
             let sets: Vec<Vec<&str>> = metric.dimensions.iter().map(|set| set.to_vec()).collect();
-            let declared = json!({"Name": metric.name, "Unit": metric.unit.as_str()});
+            let declared = json!({"Name": metric.name, "Unit": metric.unit});
             match directives.iter_mut().find(|(d, _)| *d == sets) {
                 Some((_, metrics)) => metrics.push(declared),
                 None => directives.push((sets, vec![declared])),
