@@ -22,9 +22,9 @@ use semaphore_core::dynamo::decode_waiter;
 use semaphore_core::protocol::{self, Grant};
 use semaphore_core::{
     AcquireOutcome, Change, Check, DynamoStore, ExecutionState, ExecutionStatus, FenceReason,
-    FencingToken, HolderId, Identity, ItemStore, LockName, ManualClock, QueueKey, QueueOutcome,
-    ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, TaskToken, Waiter, Waker, Write,
-    WriteResult,
+    FencingToken, HolderId, Identity, ItemStore, LockName, ManualClock, PortError, QueueKey,
+    QueueOutcome, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, TaskToken, Waiter,
+    Waker, Write, WriteResult,
 };
 
 const T0: u64 = 1_800_000_000_000;
@@ -138,7 +138,7 @@ impl RecordingWaker {
 }
 
 impl Waker for RecordingWaker {
-    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), String> {
+    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), PortError> {
         let holder = waiter.identity.holder.as_str().to_owned();
         let task = waiter.task_token.as_str().to_owned();
         self.calls
@@ -146,14 +146,14 @@ impl Waker for RecordingWaker {
             .unwrap()
             .push((holder.clone(), task, token));
         if self.failing.lock().unwrap().contains(&holder) {
-            Err("TaskTimedOut (canned)".to_owned())
+            Err(PortError::new("TaskTimedOut (canned)"))
         } else {
             Ok(())
         }
     }
 
     /// No lock here has a start rate: a deferral is a failure the test sees.
-    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), String> {
+    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), PortError> {
         panic!(
             "{} deferred to {next_start_ms} on a lock without a rate",
             waiter.identity.holder
@@ -175,7 +175,7 @@ impl CannedExecutions {
 }
 
 impl ExecutionStatus for CannedExecutions {
-    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, String> {
+    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {
         self.asked.fetch_add(1, Ordering::SeqCst);
         let answers = self.answers.lock().unwrap();
         Ok(answers
@@ -659,7 +659,7 @@ struct ChannelWaker {
 }
 
 impl Waker for ChannelWaker {
-    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), String> {
+    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), PortError> {
         self.woken
             .lock()
             .unwrap()
@@ -668,12 +668,15 @@ impl Waker for ChannelWaker {
         match parked {
             Some(task) => task
                 .send(token)
-                .map_err(|_| "the waiting task is gone".to_owned()),
-            None => Err(format!("{} was woken twice", waiter.identity.holder)),
+                .map_err(|_| PortError::new("the waiting task is gone")),
+            None => Err(PortError::new(format!(
+                "{} was woken twice",
+                waiter.identity.holder
+            ))),
         }
     }
 
-    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), String> {
+    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), PortError> {
         panic!(
             "{} deferred to {next_start_ms} on a lock without a rate",
             waiter.identity.holder

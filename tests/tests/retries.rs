@@ -19,8 +19,8 @@ use local_aws::proxy::{recognise, Canned, FaultyProxy, ProtocolWrite, Verdict};
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
     AcquireOutcome, DynamoStore, ExecutionState, ExecutionStatus, FencingToken, HolderId, Identity,
-    LockName, ManualClock, QueueOutcome, ReleaseOutcome, Run, Semaphore, StoreError, TaskToken,
-    Waiter, Waker,
+    LockName, ManualClock, PortError, QueueOutcome, ReleaseOutcome, Run, Semaphore, StoreError,
+    TaskToken, Waiter, Waker,
 };
 
 const T0: u64 = 1_800_000_000_000;
@@ -63,14 +63,14 @@ fn direct(store: &DynamoStore) -> Semaphore<DynamoStore> {
 struct Woken(Mutex<Vec<(Identity, FencingToken)>>);
 
 impl Waker for Woken {
-    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), String> {
+    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), PortError> {
         self.0
             .lock()
             .unwrap()
             .push((waiter.identity.clone(), token));
         Ok(())
     }
-    async fn defer(&self, _waiter: &Waiter, _next_start_ms: u64) -> Result<(), String> {
+    async fn defer(&self, _waiter: &Waiter, _next_start_ms: u64) -> Result<(), PortError> {
         Ok(())
     }
 }
@@ -78,7 +78,7 @@ impl Waker for Woken {
 struct AllRunning;
 
 impl ExecutionStatus for AllRunning {
-    async fn describe(&self, _holder: &HolderId) -> Result<ExecutionState, String> {
+    async fn describe(&self, _holder: &HolderId) -> Result<ExecutionState, PortError> {
         Ok(ExecutionState::Running)
     }
 }

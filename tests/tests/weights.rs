@@ -17,8 +17,8 @@ use local_aws::proxy::{HoldingProxy, Target};
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
     AcquireOutcome, Clock, DynamoStore, ExecutionState, ExecutionStatus, FenceReason, FencingToken,
-    HolderId, Identity, LockName, ManualClock, Rate, ReleaseOutcome, Run, Semaphore, TaskToken,
-    Terms, Waiter, Waker, Weight,
+    HolderId, Identity, LockName, ManualClock, PortError, Rate, ReleaseOutcome, Run, Semaphore,
+    TaskToken, Terms, Waiter, Waker, Weight,
 };
 
 const T0: u64 = 1_800_000_000_000;
@@ -325,12 +325,12 @@ struct Recorder {
 }
 
 impl Waker for Recorder {
-    async fn wake(&self, waiter: &Waiter, _token: FencingToken) -> Result<(), String> {
+    async fn wake(&self, waiter: &Waiter, _token: FencingToken) -> Result<(), PortError> {
         self.woken.lock().unwrap().push(waiter.identity.clone());
         Ok(())
     }
 
-    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), String> {
+    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), PortError> {
         self.deferred
             .lock()
             .unwrap()
@@ -342,7 +342,7 @@ impl Waker for Recorder {
 struct AllRunning;
 
 impl ExecutionStatus for AllRunning {
-    async fn describe(&self, _holder: &HolderId) -> Result<ExecutionState, String> {
+    async fn describe(&self, _holder: &HolderId) -> Result<ExecutionState, PortError> {
         Ok(ExecutionState::Running)
     }
 }

@@ -1,4 +1,6 @@
 use crate::input::{InputError, LockName};
+use crate::item::{FenceKey, SlotKeyError};
+use crate::queue::QueueKeyError;
 
 /// A failure of the table itself, as opposed to an answer of the protocol.
 #[derive(Debug, thiserror::Error)]
@@ -12,7 +14,11 @@ pub enum StoreError {
         message: String,
     },
     #[error("the item for lock {lock:?} is not a semaphore item ({problem}); was it written by something else?")]
-    CorruptItem { lock: String, problem: String },
+    CorruptItem {
+        lock: String,
+        #[source]
+        problem: AttributeError,
+    },
     /// Version 1 wrote whole items with a binary `fences` attribute and a `count`; its items are
     /// not migrated (nothing was released with it), and version 2 refuses to touch them.
     #[error("the item for lock {lock:?} was written by version 1 of this semaphore, whose item format version 2 does not read: use a new lock name or a new table, or delete the item once no execution uses the lock")]
@@ -43,4 +49,56 @@ pub enum Error {
     UnknownLock { lock: LockName },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// What is wrong with a stored semaphore item or waiter record (the store's
+/// [`StoreError::CorruptItem`]): the attribute, and how it is not what this version writes.
+#[derive(Debug, thiserror::Error)]
+pub enum AttributeError {
+    #[error("attribute {name} is missing")]
+    Missing { name: &'static str },
+    #[error("attribute {name} is missing or not {expected}")]
+    NotA {
+        name: &'static str,
+        expected: &'static str,
+    },
+    #[error("attribute {name} is {value}, out of range")]
+    OutOfRange { name: &'static str, value: u128 },
+    #[error("attribute {name}: {source}")]
+    Invalid {
+        name: &'static str,
+        #[source]
+        source: InputError,
+    },
+    #[error(
+        "attribute {name} holds a {bytes}-byte fence; fences are {} bytes",
+        FenceKey::LEN
+    )]
+    FenceLength { name: &'static str, bytes: usize },
+    #[error("holder key {key:?}: {source}")]
+    HolderKey {
+        key: String,
+        #[source]
+        source: SlotKeyError,
+    },
+    #[error("holder {key:?} is not a whole number")]
+    HolderValue { key: String },
+    #[error("holder {key:?}: {source}")]
+    HolderWeight {
+        key: String,
+        #[source]
+        source: InputError,
+    },
+    #[error(transparent)]
+    Place(#[from] QueueKeyError),
+    #[error("terms: {0}")]
+    Terms(#[source] InputError),
+    #[error("item format 2, written before weighted permits (it keeps no `used`): delete the item once no execution uses the lock, or use a new lock name")]
+    Format2,
+    #[error("item format 3, written before the item's size budget (it keeps no `held_bytes`): delete the item once no execution uses the lock, or use a new lock name")]
+    Format3,
+    #[error("item format {found}, where this version reads format {reads}")]
+    Format { found: u64, reads: u64 },
+    #[error("waiter: {0}")]
+    Waiter(#[source] Box<AttributeError>),
 }

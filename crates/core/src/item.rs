@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
 
-use crate::input::{AcquisitionId, HolderId, Limit, LockName, Rate, Terms, Weight};
+use crate::input::{AcquisitionId, HolderId, InputError, Limit, LockName, Rate, Terms, Weight};
 
 /// The item's version counter. Every write increments it, so the fencing tokens it hands out are
 /// strictly increasing per lock.
@@ -81,15 +81,22 @@ impl Identity {
     }
 
     /// The identity a holder-map key names (the inverse of [`Identity::slot_key`]).
-    pub fn from_slot_key(key: &str) -> Result<Self, String> {
-        let (holder, acquisition) = key
-            .rsplit_once('#')
-            .ok_or("expected <holder>#<acquisition>")?;
+    pub fn from_slot_key(key: &str) -> Result<Self, SlotKeyError> {
+        let (holder, acquisition) = key.rsplit_once('#').ok_or(SlotKeyError::Shape)?;
         Ok(Self::new(
-            HolderId::new(holder).map_err(|e| e.to_string())?,
-            AcquisitionId::new(acquisition).map_err(|e| e.to_string())?,
+            HolderId::new(holder)?,
+            AcquisitionId::new(acquisition)?,
         ))
     }
+}
+
+/// A holder-map key that names no identity (see [`Identity::from_slot_key`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlotKeyError {
+    #[error("expected <holder>#<acquisition>")]
+    Shape,
+    #[error(transparent)]
+    Invalid(#[from] InputError),
 }
 
 /// The most bytes a holding's stored number takes: at most 31 digits (see

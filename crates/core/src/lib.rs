@@ -60,21 +60,23 @@ pub mod semaphore;
 
 pub use clock::{rfc3339_millis, Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
-pub use error::{Error, StoreError};
+pub use error::{AttributeError, Error, StoreError};
 pub use input::{
     AcquisitionId, HolderId, InputError, Limit, LockName, Rate, TaskToken, Terms, Weight,
 };
-pub use item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
+pub use item::{
+    FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, SlotKeyError, Version,
+};
 pub use memory::MemoryStore;
 pub use ports::{
-    missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, Waker,
+    missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
     MISSING_EXECUTION_GRACE_MS,
 };
 pub use protocol::{
     AcquireOutcome, CleanupOutcome, FenceReason, QueueOutcome, ReleaseOutcome, Step, Timing,
     WriteResult,
 };
-pub use queue::{QueueKey, Waiter};
+pub use queue::{QueueKey, QueueKeyError, Waiter};
 pub use semaphore::line::{HandOff, Wake};
 pub use semaphore::slots::{Fenced, MAX_ROUNDS};
 pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport};

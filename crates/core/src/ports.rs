@@ -118,15 +118,35 @@ impl ExecutionState {
     }
 }
 
+/// Why a port's call gave no answer: the adapter's own error, kept as the source, which names
+/// the call that failed (`DescribeExecution` of which execution, `SendTaskSuccess`...) and why
+/// (throttled, denied, a task that no longer waits...). Nothing can be concluded from it: the
+/// caller leaves things as they are for a later try.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct PortError {
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl PortError {
+    /// From any error, or a message (`&str` or `String`: a test's canned answer).
+    pub fn new(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self {
+            source: source.into(),
+        }
+    }
+}
+
 /// Whether a holder's execution still runs (in production: `DescribeExecution`), asked by the
 /// sweeper of every holder and waiter it checks, and by a hand-off of a granted waiter it could
 /// not wake. "Does not exist" is believed only past [`MISSING_EXECUTION_GRACE_MS`].
 pub trait ExecutionStatus: Send + Sync {
-    /// `Err` is a message: the holder is then left alone until the next sweep.
+    /// `Err`: the holder is then left alone until the next sweep.
     fn describe(
         &self,
         holder: &HolderId,
-    ) -> impl Future<Output = Result<ExecutionState, String>> + Send;
+    ) -> impl Future<Output = Result<ExecutionState, PortError>> + Send;
 }
 
 /// How long after a holder acquired (or a waiter queued) an answer of "execution does not exist"
@@ -149,24 +169,24 @@ pub fn missing_long_enough(since_ms: u64, now_ms: u64) -> bool {
 
 /// Wakes a waiter whose slot was granted (in production: `SendTaskSuccess` with its token).
 pub trait Waker: Send + Sync {
-    /// `Ok`: the parked task took the answer. `Err(why)`: it did not (its execution ended, its
+    /// `Ok`: the parked task took the answer. `Err`: it did not (its execution ended, its
     /// token timed out, or the call failed); the hand-off then asks whether the execution still
     /// runs, and frees the slot if it does not.
     fn wake(
         &self,
         waiter: &Waiter,
         token: FencingToken,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
 
     /// Tells the head of the line, whose grant the lock's start rate refused, to check again at
     /// `next_start_ms` (in production: `SendTaskSuccess` with a "rate limited" answer; its state
     /// machine waits until then and enters its wait task again, keeping its place). Nobody else
-    /// would: no slot is freed when the rate frees up. `Err(why)`: it did not take it (its task
+    /// would: no slot is freed when the rate frees up. `Err`: it did not take it (its task
     /// was woken already, or its execution ended); its record stays, and whoever next moves the
     /// line, or its fallback check, tries again.
     fn defer(
         &self,
         waiter: &Waiter,
         next_start_ms: u64,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
 }

@@ -63,26 +63,31 @@ impl QueueKey {
     }
 
     /// The inverse of [`QueueKey::render`].
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let (time, hex) = text
-            .split_once('#')
-            .ok_or_else(|| format!("queue key {text:?}: expected <ms>#<16 hex digits>"))?;
-        let queued_at_ms = time
-            .parse()
-            .map_err(|e| format!("queue key {text:?}: time: {e}"))?;
-        if hex.len() != 16 {
-            return Err(format!("queue key {text:?}: expected 16 hex digits"));
+    pub fn parse(text: &str) -> Result<Self, QueueKeyError> {
+        let error = || QueueKeyError {
+            text: text.to_owned(),
+        };
+        let (time, hex) = text.split_once('#').ok_or_else(error)?;
+        // Not ASCII, the byte slices below could cut a character.
+        if hex.len() != 16 || !hex.is_ascii() {
+            return Err(error());
         }
         let mut digest = [0u8; 8];
         for (i, byte) in digest.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
-                .map_err(|e| format!("queue key {text:?}: digest: {e}"))?;
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| error())?;
         }
         Ok(Self {
-            queued_at_ms,
+            queued_at_ms: time.parse().map_err(|_| error())?,
             digest,
         })
     }
+}
+
+/// A stored place in line that is not one [`QueueKey::render`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("queue key {text:?}: expected <ms>#<16 hex digits>")]
+pub struct QueueKeyError {
+    pub text: String,
 }
 
 impl std::fmt::Display for QueueKey {
@@ -172,6 +177,7 @@ mod tests {
         }
         assert!(QueueKey::parse("12#zz").is_err());
         assert!(QueueKey::parse("no-separator").is_err());
+        assert!(QueueKey::parse("12#€€€€€0").is_err());
     }
 
     #[test]

@@ -457,7 +457,7 @@ async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         Ok(Queued::Holding { token, count, .. }) => {
             // Complete our own task: the slot is ours already.
             let answer = granted_answer(&waiter_context(request, wait, config)?, *token)
-                .map_err(HandlerError::InvalidInput)?;
+                .map_err(|e| HandlerError::InvalidInput(e.to_string()))?;
             if let Err(e) = callbacks.succeed(&wait.task_token, &answer).await {
                 // Its fallback check finds the slot held and completes the task then.
                 tracing::warn!(lock = %lock, holder = %identity.holder, error = %e, "could not complete the waiting task; its fallback check will");

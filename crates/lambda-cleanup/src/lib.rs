@@ -429,7 +429,7 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
             return Ok(self.not_found(summary));
         };
         let resolver = &self.config.resolver;
-        let lock_of = |payload: &Value| resolver.lock(payload).map_err(|e| e.to_string());
+        let lock_of = |payload: &Value| resolver.lock(payload);
         let waiter_of = |payload: &Value| resolver.waiter(payload).ok().flatten();
         let footprint = history::read(
             &events,

@@ -98,6 +98,17 @@ pub enum ConfigError {
     },
 }
 
+/// An item of a list of ARNs that is not an ARN of the kind the list holds.
+#[derive(Debug, thiserror::Error)]
+pub enum NotAnArn {
+    /// Of the work an execution may name.
+    #[error("{part:?} is not an ARN of the form {}", kind.form())]
+    Work { part: String, kind: WorkKind },
+    /// Of the machines whose executions a function judges.
+    #[error("{part:?}: expected {}, or unset to judge every execution", WorkKind::StateMachine.form())]
+    Judged { part: String },
+}
+
 /// As its message: `main` returning the error prints it with `Debug`.
 impl std::fmt::Debug for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -191,20 +202,20 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
     /// A comma-separated list: blanks between commas are skipped, each item parsed by `parse`
     /// (its `Err` is the problem to report, naming the item), duplicates dropped. Unset is
     /// none.
-    pub fn list<T: PartialEq>(
+    pub fn list<T: PartialEq, E: std::error::Error>(
         &self,
         name: &'static str,
-        parse: impl Fn(&str) -> Result<T, String>,
+        parse: impl Fn(&str) -> Result<T, E>,
     ) -> Result<Vec<T>, ConfigError> {
         let Some(value) = self.optional(name) else {
             return Ok(Vec::new());
         };
         let mut items: Vec<T> = Vec::new();
         for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let item = parse(part).map_err(|problem| ConfigError::Invalid {
+            let item = parse(part).map_err(|e| ConfigError::Invalid {
                 name,
                 value: value.clone(),
-                problem,
+                problem: e.to_string(),
             })?;
             if !items.contains(&item) {
                 items.push(item);
@@ -294,14 +305,12 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
     /// Comma-separated ARNs of `kind`; unset is none.
     fn arns(&self, name: &'static str, kind: WorkKind) -> Result<Vec<String>, ConfigError> {
         self.list(name, |part| {
-            if WorkKind::of(part) == Some(kind) {
-                Ok(part.to_owned())
-            } else {
-                Err(format!(
-                    "{part:?} is not an ARN of the form {}",
-                    kind.form()
-                ))
-            }
+            (WorkKind::of(part) == Some(kind))
+                .then(|| part.to_owned())
+                .ok_or_else(|| NotAnArn::Work {
+                    part: part.to_owned(),
+                    kind,
+                })
         })
     }
 
@@ -385,10 +394,8 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         let mut state_machines: Vec<StateMachineArn> = Vec::new();
         for name in ["STATE_MACHINE_ARN", "STATE_MACHINE_ARNS"] {
             for machine in self.list(name, |part| {
-                StateMachineArn::parse(part).ok_or_else(|| {
-                    format!(
-                        "{part:?}: expected arn:<partition>:states:<region>:<account>:stateMachine:<name>, or unset to judge every execution"
-                    )
+                StateMachineArn::parse(part).ok_or_else(|| NotAnArn::Judged {
+                    part: part.to_owned(),
                 })
             })? {
                 if !state_machines.contains(&machine) {
@@ -684,7 +691,7 @@ mod tests {
 
     #[test]
     fn lists_are_split_validated_and_deduplicated() {
-        let lock = |part: &str| LockName::new(part).map_err(|e| format!("{part:?}: {e}"));
+        let lock = |part: &str| LockName::new(part);
         let names = |v: &str| {
             settings(&[("LOCKS", v)])
                 .list("LOCKS", lock)
@@ -696,5 +703,21 @@ mod tests {
         let long = "x".repeat(300);
         let err = names(&format!("a,{long}")).unwrap_err();
         assert!(err.to_string().contains("300 bytes long"), "{err}");
+    }
+
+    #[test]
+    fn a_state_machine_list_names_the_item_that_is_not_an_arn() {
+        let machine = "arn:aws:states:us-east-1:123456789012:stateMachine:m";
+        let judged = |v: &str| settings(&[("STATE_MACHINE_ARNS", v)]).state_machines();
+        assert_eq!(judged(&format!("{machine}, {machine}")).unwrap().len(), 1);
+        let err = judged(&format!("{machine},my-machine")).unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "\"my-machine\": expected \
+                 arn:<partition>:states:<region>:<account>:stateMachine:<name>, or unset to judge \
+                 every execution"
+            ),
+            "{err}"
+        );
     }
 }

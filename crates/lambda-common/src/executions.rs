@@ -1,11 +1,24 @@
 //! [`SfnExecutions`]: the core's [`ExecutionStatus`] through Step Functions, for the sweeper and
 //! for every hand-off whose wake-up failed (is the waiter's execution still running?).
 
-use semaphore_core::{Clock, ExecutionState, ExecutionStatus, HolderId, SystemClock};
+use semaphore_core::{Clock, ExecutionState, ExecutionStatus, HolderId, PortError, SystemClock};
 
 use crate::arn::{ExecutionArn, ExecutionKind, StateMachineArn};
 use crate::history;
-use crate::sfn::{child_state, may_still_start, ChildState, Described, Executions, SfnClient};
+use crate::sfn::{
+    child_state, may_still_start, ChildState, Described, Executions, SfnClient, SfnError,
+};
+
+/// A holder's execution in another region than the client's: only its own region's answer, "does
+/// not exist" above all, may be taken for a verdict.
+#[derive(Debug, thiserror::Error)]
+#[error("an execution in region {region}, and this sweeper runs in {ours}: not checked")]
+pub struct OtherRegion {
+    /// The execution's.
+    pub region: String,
+    /// The client's.
+    pub ours: String,
+}
 
 /// Execution states from `DescribeExecution`, and for an ended execution whether its work
 /// still runs (from its history).
@@ -38,16 +51,13 @@ impl SfnExecutions {
         &self,
         parent: &str,
         described: &Described,
-    ) -> Result<Option<String>, String> {
-        let Some(events) = self.sfn.history(parent).await.map_err(|e| e.to_string())? else {
+    ) -> Result<Option<String>, SfnError> {
+        let Some(events) = self.sfn.history(parent).await? else {
             return Ok(None);
         };
         let now_ms = SystemClock.now_ms();
         for child in history::read(&events, None).children {
-            match child_state(&self.sfn, &child)
-                .await
-                .map_err(|e| e.to_string())?
-            {
+            match child_state(&self.sfn, &child).await? {
                 ChildState::Running { .. } => return Ok(Some(child.execution_arn)),
                 ChildState::Missing if may_still_start(&child, described.stop_date_ms, now_ms) => {
                     return Ok(Some(child.execution_arn))
@@ -60,7 +70,7 @@ impl SfnExecutions {
 }
 
 impl ExecutionStatus for SfnExecutions {
-    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, String> {
+    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {
         let Some(arn) = ExecutionArn::parse(holder.as_str()) else {
             return Ok(ExecutionState::NotAnExecution);
         };
@@ -75,11 +85,10 @@ impl ExecutionStatus for SfnExecutions {
         // the wrong region for a verdict.
         let region = self.sfn.client().config().region().map(|r| r.as_ref());
         if region != Some(arn.region.as_str()) {
-            return Err(format!(
-                "an execution in region {}, and this sweeper runs in {}: not checked",
-                arn.region,
-                region.unwrap_or("no region")
-            ));
+            return Err(PortError::new(OtherRegion {
+                region: arn.region.clone(),
+                ours: region.unwrap_or("no region").to_owned(),
+            }));
         }
         // Only "does not exist" proves the execution is gone; any failure (throttling, access
         // denied...) leaves the holder alone until the next sweep.
@@ -87,11 +96,15 @@ impl ExecutionStatus for SfnExecutions {
             .sfn
             .describe(holder.as_str())
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(PortError::new)?
         {
             None => Ok(ExecutionState::Missing),
             Some(described) if described.is_running() => Ok(ExecutionState::Running),
-            Some(described) => match self.running_work(holder.as_str(), &described).await? {
+            Some(described) => match self
+                .running_work(holder.as_str(), &described)
+                .await
+                .map_err(PortError::new)?
+            {
                 // Its work still runs under the slot: the slot is not the sweeper's to take.
                 Some(child) => {
                     tracing::info!(

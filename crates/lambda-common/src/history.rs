@@ -21,6 +21,7 @@ use semaphore_core::{LockName, QueueKey};
 use serde_json::Value;
 
 use crate::arn::StateMachineArn;
+use crate::error::HandlerError;
 
 /// The acquire function, as `ACQUIRE_FUNCTION_ARN` names it. A task invokes it when the task's
 /// `FunctionName` names the same function in any form Lambda accepts (name, partial ARN or ARN,
@@ -61,7 +62,7 @@ pub fn function_name(reference: &str) -> Option<&str> {
 /// How an acquire payload's lock is resolved: the acquire function's own rule
 /// (`Resolver::lock`). `Err` is why the payload names no lock, in which case the acquire refused
 /// it and held nothing under it.
-pub type LockOf<'a> = &'a (dyn Fn(&Value) -> Result<LockName, String> + Sync);
+pub type LockOf<'a> = &'a (dyn Fn(&Value) -> Result<LockName, HandlerError> + Sync);
 
 /// How a wait payload's lock and place in line are resolved (`Resolver::waiter`): `None` for
 /// an acquire payload that does not wait, or one that names no valid place.
@@ -235,7 +236,7 @@ fn push_payload(footprint: &mut Footprint, reading: LockReading<'_>, id: i64, pa
     }
 }
 
-fn push_lock(footprint: &mut Footprint, id: i64, lock: Result<LockName, String>) {
+fn push_lock(footprint: &mut Footprint, id: i64, lock: Result<LockName, HandlerError>) {
     match lock {
         Ok(lock) if !footprint.locks.contains(&lock) => footprint.locks.push(lock),
         Ok(_) => {}
@@ -377,14 +378,16 @@ mod tests {
 
     /// The acquire function's rule in small: the payload's lock, else its input's, else
     /// "demo-lock".
-    fn lock_of(payload: &Value) -> Result<LockName, String> {
+    fn lock_of(payload: &Value) -> Result<LockName, HandlerError> {
         let named = payload
             .get("lock")
             .or_else(|| payload.get("input").and_then(|i| i.get("lock")));
         match named {
             None => Ok(LockName::new("demo-lock").unwrap()),
-            Some(Value::String(s)) => LockName::new(s.as_str()).map_err(|e| e.to_string()),
-            Some(other) => Err(format!("lock must be a string, got {other}")),
+            Some(Value::String(s)) => Ok(LockName::new(s.as_str())?),
+            Some(other) => Err(HandlerError::InvalidInput(format!(
+                "lock must be a string, got {other}"
+            ))),
         }
     }
 

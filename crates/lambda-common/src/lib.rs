@@ -29,13 +29,13 @@ pub mod sfn;
 pub mod waiting;
 
 pub use config::{
-    history_safe_fallback, var, ConfigError, Settings, ACQUIRE_FUNCTION_TIMEOUT, DEFAULT_MAX_WAIT,
-    EVENTS_PER_FALLBACK_CHECK, HISTORY_EVENT_QUOTA, HISTORY_RESERVE, MAX_FALLBACK_CHECKS,
-    MAX_WAIT_RANGE, QUEUE_FALLBACK_RANGE,
+    history_safe_fallback, var, ConfigError, NotAnArn, Settings, ACQUIRE_FUNCTION_TIMEOUT,
+    DEFAULT_MAX_WAIT, EVENTS_PER_FALLBACK_CHECK, HISTORY_EVENT_QUOTA, HISTORY_RESERVE,
+    MAX_FALLBACK_CHECKS, MAX_WAIT_RANGE, QUEUE_FALLBACK_RANGE,
 };
 pub use deployment::{Deployment, MachineTypes};
 pub use error::{error_type, HandlerError};
-pub use executions::SfnExecutions;
+pub use executions::{OtherRegion, SfnExecutions};
 pub use metrics::Metrics;
 pub use payload::{hint, kind, quoted, Payload};
 pub use request::{
@@ -43,7 +43,8 @@ pub use request::{
     Target, WaitRequest, Work, WorkKind, ACQUIRE_PAYLOAD, RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
 };
 pub use waiting::{
-    deferred_answer, granted_answer, HandOffs, SfnHandOffs, TaskCallbacks, TaskWaker,
+    deferred_answer, granted_answer, CallbackError, ContextError, HandOffs, SfnHandOffs,
+    TaskCallbacks, TaskWaker,
 };
 
 /// Installs the JSON log subscriber: one JSON object per line on stdout, level from `RUST_LOG`

@@ -25,24 +25,13 @@ pub const OUTCOME: &str = "Outcome";
 /// EMF allows at most 100 values for one metric in one line.
 pub const MAX_VALUES: usize = 100;
 
-/// A metric's CloudWatch unit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A metric's CloudWatch unit, serialized as its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Unit {
     Count,
     Milliseconds,
     Seconds,
     Bytes,
-}
-
-impl Unit {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Count => "Count",
-            Self::Milliseconds => "Milliseconds",
-            Self::Seconds => "Seconds",
-            Self::Bytes => "Bytes",
-        }
-    }
 }
 
 /// One metric the functions write: its name, unit and dimension sets (each one a metric).
@@ -209,7 +198,7 @@ impl Line {
         let mut root = Map::new();
         for (metric, values) in &self.values {
             let sets: Vec<Vec<&str>> = metric.dimensions.iter().map(|set| set.to_vec()).collect();
-            let declared = json!({"Name": metric.name, "Unit": metric.unit.as_str()});
+            let declared = json!({"Name": metric.name, "Unit": metric.unit});
             match directives.iter_mut().find(|(d, _)| *d == sets) {
                 Some((_, metrics)) => metrics.push(declared),
                 None => directives.push((sets, vec![declared])),
@@ -359,56 +348,80 @@ pub fn hand_off_line(lock: &LockName, report: &HandOff) -> Line {
 }
 
 /// Why a line is not EMF as the specification defines it.
-pub fn check_emf(line: &str) -> Result<Value, String> {
-    let doc: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
-    let root = doc.as_object().ok_or("not a JSON object")?;
+#[derive(Debug, thiserror::Error)]
+pub enum EmfError {
+    #[error("not JSON: {0}")]
+    NotJson(#[from] serde_json::Error),
+    /// A part of the document missing or of the wrong shape, as it reads ("no _aws object").
+    #[error("{0}")]
+    Shape(&'static str),
+    #[error("a directive's Namespace is {0:?}")]
+    Namespace(Value),
+    #[error("dimension {0} is not a string member")]
+    Dimension(String),
+    #[error("a directive declares {0} metrics")]
+    MetricCount(usize),
+    #[error("metric {0} has no Unit")]
+    NoUnit(String),
+    #[error("metric {0} is not a number or array of numbers member")]
+    Metric(String),
+}
+
+/// The document of an EMF line, or why the line is not EMF.
+pub fn check_emf(line: &str) -> Result<Value, EmfError> {
+    use EmfError::Shape;
+    let doc: Value = serde_json::from_str(line)?;
+    let root = doc.as_object().ok_or(Shape("not a JSON object"))?;
     let aws = root
         .get("_aws")
         .and_then(Value::as_object)
-        .ok_or("no _aws object")?;
+        .ok_or(Shape("no _aws object"))?;
     if !aws.get("Timestamp").is_some_and(Value::is_u64) {
-        return Err("_aws.Timestamp is not a number of milliseconds".to_owned());
+        return Err(Shape("_aws.Timestamp is not a number of milliseconds"));
     }
     let directives = aws
         .get("CloudWatchMetrics")
         .and_then(Value::as_array)
-        .ok_or("_aws.CloudWatchMetrics is not an array")?;
+        .ok_or(Shape("_aws.CloudWatchMetrics is not an array"))?;
     if directives.is_empty() {
-        return Err("_aws.CloudWatchMetrics is empty".to_owned());
+        return Err(Shape("_aws.CloudWatchMetrics is empty"));
     }
     for directive in directives {
         let namespace = directive["Namespace"].as_str().unwrap_or_default();
         if namespace.is_empty() || namespace.len() > 255 {
-            return Err(format!(
-                "a directive's Namespace is {:?}",
-                directive["Namespace"]
-            ));
+            return Err(EmfError::Namespace(directive["Namespace"].clone()));
         }
         let sets = directive["Dimensions"]
             .as_array()
-            .ok_or("a directive has no Dimensions array")?;
+            .ok_or(Shape("a directive has no Dimensions array"))?;
         for set in sets {
-            let names = set.as_array().ok_or("a dimension set is not an array")?;
+            let names = set
+                .as_array()
+                .ok_or(Shape("a dimension set is not an array"))?;
             if names.len() > 30 {
-                return Err("a dimension set names more than 30 dimensions".to_owned());
+                return Err(Shape("a dimension set names more than 30 dimensions"));
             }
             for name in names {
-                let name = name.as_str().ok_or("a dimension name is not a string")?;
+                let name = name
+                    .as_str()
+                    .ok_or(Shape("a dimension name is not a string"))?;
                 if !root.get(name).is_some_and(Value::is_string) {
-                    return Err(format!("dimension {name} is not a string member"));
+                    return Err(EmfError::Dimension(name.to_owned()));
                 }
             }
         }
         let metrics = directive["Metrics"]
             .as_array()
-            .ok_or("a directive has no Metrics array")?;
+            .ok_or(Shape("a directive has no Metrics array"))?;
         if metrics.is_empty() || metrics.len() > 100 {
-            return Err(format!("a directive declares {} metrics", metrics.len()));
+            return Err(EmfError::MetricCount(metrics.len()));
         }
         for metric in metrics {
-            let name = metric["Name"].as_str().ok_or("a metric has no Name")?;
+            let name = metric["Name"]
+                .as_str()
+                .ok_or(Shape("a metric has no Name"))?;
             if metric["Unit"].as_str().is_none() {
-                return Err(format!("metric {name} has no Unit"));
+                return Err(EmfError::NoUnit(name.to_owned()));
             }
             let ok = match root.get(name) {
                 Some(Value::Number(_)) => true,
@@ -420,9 +433,7 @@ pub fn check_emf(line: &str) -> Result<Value, String> {
                 _ => false,
             };
             if !ok {
-                return Err(format!(
-                    "metric {name} is not a number or array of numbers member"
-                ));
+                return Err(EmfError::Metric(name.to_owned()));
             }
         }
     }
@@ -474,18 +485,20 @@ mod tests {
         assert!(check_emf(&good).is_ok());
         let mut doc: Value = serde_json::from_str(&good).unwrap();
         doc.as_object_mut().unwrap().remove("LargestItemBytes");
-        assert!(check_emf(&doc.to_string())
-            .unwrap_err()
-            .contains("LargestItemBytes"));
+        assert!(matches!(
+            check_emf(&doc.to_string()),
+            Err(EmfError::Metric(name)) if name == "LargestItemBytes"
+        ));
         let missing_dim = json!({"_aws": {"Timestamp": 1, "CloudWatchMetrics": [
             {"Namespace": "NS", "Dimensions": [["Lock"]], "Metrics": [{"Name": "M", "Unit": "Count"}]}
         ]}, "M": 1});
-        assert!(check_emf(&missing_dim.to_string())
-            .unwrap_err()
-            .contains("Lock"));
+        assert!(matches!(
+            check_emf(&missing_dim.to_string()),
+            Err(EmfError::Dimension(name)) if name == "Lock"
+        ));
         let no_stamp = json!({"_aws": {"CloudWatchMetrics": []}});
         assert!(check_emf(&no_stamp.to_string()).is_err());
-        assert!(check_emf("not json").is_err());
+        assert!(matches!(check_emf("not json"), Err(EmfError::NotJson(_))));
     }
 
     #[test]

@@ -8,10 +8,10 @@
 
 use std::future::Future;
 
-use aws_sdk_sfn::error::{DisplayErrorContext, SdkError};
+use aws_sdk_sfn::error::DisplayErrorContext;
 use semaphore_core::{
     Clock, Error as CoreError, ExecutionStatus, FencingToken, HandOff, ItemStore, LockName,
-    Semaphore, SemaphoreItem, TaskToken, Waiter, Waker,
+    PortError, Semaphore, SemaphoreItem, TaskToken, Waiter, Waker,
 };
 use serde_json::{Map, Value};
 
@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 /// The answer a granted waiter's task gets: its `context` (the acquire answer it was queued
 /// with) with the slot filled in: `acquired`, `outcome` "acquired", `token`, and the work's
 /// `semaphore.fencing_token`.
-pub fn granted_answer(context: &str, token: FencingToken) -> Result<String, String> {
+pub fn granted_answer(context: &str, token: FencingToken) -> Result<String, ContextError> {
     let mut fields = context_fields(context)?;
     fields.insert("acquired".to_owned(), Value::Bool(true));
     fields.insert("outcome".to_owned(), Value::from("acquired"));
@@ -36,19 +36,32 @@ pub fn granted_answer(context: &str, token: FencingToken) -> Result<String, Stri
 }
 
 /// The fields of a waiter's `context`, the acquire answer it was queued with.
-fn context_fields(context: &str) -> Result<Map<String, Value>, String> {
-    match serde_json::from_str(context) {
-        Ok(Value::Object(fields)) => Ok(fields),
-        Ok(_) => Err("the waiter's context is not a JSON object".to_owned()),
-        Err(e) => Err(format!("the waiter's context is not JSON ({e})")),
+fn context_fields(context: &str) -> Result<Map<String, Value>, ContextError> {
+    match serde_json::from_str(context)? {
+        Value::Object(fields) => Ok(fields),
+        _ => Err(ContextError::NotAnObject),
     }
+}
+
+/// A waiter's `context` that is not the acquire answer it was queued with, so no answer can be
+/// made of it.
+#[derive(Debug, thiserror::Error)]
+pub enum ContextError {
+    #[error("the waiter's context is not JSON ({0})")]
+    NotJson(#[from] serde_json::Error),
+    #[error("the waiter's context is not a JSON object")]
+    NotAnObject,
 }
 
 /// The answer a head of the line gets when the lock's start rate refused its grant: its
 /// `context` with `acquired` false, `outcome` "rate_limited", `next_start_at` (RFC 3339) and
 /// `wait_seconds` (whole seconds until then, at least 1: a Wait state's `SecondsPath`), after
 /// which its machine enters its wait task again, keeping its place.
-pub fn deferred_answer(context: &str, next_start_ms: u64, now_ms: u64) -> Result<String, String> {
+pub fn deferred_answer(
+    context: &str,
+    next_start_ms: u64,
+    now_ms: u64,
+) -> Result<String, ContextError> {
     let mut fields = context_fields(context)?;
     fields.insert("acquired".to_owned(), Value::Bool(false));
     fields.insert("outcome".to_owned(), Value::from("rate_limited"));
@@ -67,28 +80,41 @@ pub trait TaskCallbacks: Send + Sync {
         &self,
         token: &TaskToken,
         output: &str,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    ) -> impl Future<Output = Result<(), CallbackError>> + Send;
 
     fn fail(
         &self,
         token: &TaskToken,
         error: &str,
         cause: &str,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    ) -> impl Future<Output = Result<(), CallbackError>> + Send;
+}
+
+/// A task callback Step Functions did not take: the task no longer waits (it timed out, its
+/// execution ended), or the call failed (throttled, denied, unreachable).
+#[derive(Debug, thiserror::Error)]
+#[error("Step Functions {operation} failed: {}", DisplayErrorContext(source.as_ref()))]
+pub struct CallbackError {
+    pub operation: &'static str,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl TaskCallbacks for aws_sdk_sfn::Client {
-    async fn succeed(&self, token: &TaskToken, output: &str) -> Result<(), String> {
+    async fn succeed(&self, token: &TaskToken, output: &str) -> Result<(), CallbackError> {
         self.send_task_success()
             .task_token(token.as_str())
             .output(output)
             .send()
             .await
             .map(|_| ())
-            .map_err(describe)
+            .map_err(|e| CallbackError {
+                operation: "SendTaskSuccess",
+                source: e.into(),
+            })
     }
 
-    async fn fail(&self, token: &TaskToken, error: &str, cause: &str) -> Result<(), String> {
+    async fn fail(&self, token: &TaskToken, error: &str, cause: &str) -> Result<(), CallbackError> {
         self.send_task_failure()
             .task_token(token.as_str())
             .error(error)
@@ -96,16 +122,11 @@ impl TaskCallbacks for aws_sdk_sfn::Client {
             .send()
             .await
             .map(|_| ())
-            .map_err(describe)
+            .map_err(|e| CallbackError {
+                operation: "SendTaskFailure",
+                source: e.into(),
+            })
     }
-}
-
-fn describe<E, R>(e: SdkError<E, R>) -> String
-where
-    E: std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
-{
-    DisplayErrorContext(e).to_string()
 }
 
 fn cut(text: &str, max: usize) -> &str {
@@ -123,15 +144,18 @@ pub struct TaskWaker<C> {
 }
 
 impl<C: TaskCallbacks> Waker for TaskWaker<C> {
-    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), String> {
-        let answer = granted_answer(&waiter.context, token)?;
-        self.callbacks.succeed(&waiter.task_token, &answer).await
+    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), PortError> {
+        let answer = granted_answer(&waiter.context, token).map_err(PortError::new)?;
+        let sent = self.callbacks.succeed(&waiter.task_token, &answer).await;
+        sent.map_err(PortError::new)
     }
 
-    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), String> {
+    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), PortError> {
         let now_ms = semaphore_core::SystemClock.now_ms();
-        let answer = deferred_answer(&waiter.context, next_start_ms, now_ms)?;
-        self.callbacks.succeed(&waiter.task_token, &answer).await
+        let answer =
+            deferred_answer(&waiter.context, next_start_ms, now_ms).map_err(PortError::new)?;
+        let sent = self.callbacks.succeed(&waiter.task_token, &answer).await;
+        sent.map_err(PortError::new)
     }
 }
 

@@ -28,6 +28,7 @@
 
 pub mod notice;
 
+use aws_sdk_sns::error::DisplayErrorContext;
 use lambda_common::{ConfigError, HandlerError, Settings, TaskWaker};
 use lambda_runtime::LambdaEvent;
 use semaphore_core::{DynamoStore, ExecutionStatus, ItemStore, Semaphore};
@@ -210,8 +211,8 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
         })
     }
 
-    async fn publish(&self, notice: &Notice) -> Result<(), String> {
-        let message = serde_json::to_string(notice).map_err(|e| e.to_string())?;
+    async fn publish(&self, notice: &Notice) -> Result<(), PublishError> {
+        let message = serde_json::to_string(notice)?;
         self.sns
             .publish()
             .topic_arn(&self.topic_arn)
@@ -220,8 +221,24 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| aws_sdk_sns::error::DisplayErrorContext(e).to_string())
+            .map_err(|e| PublishError::Sns {
+                topic: self.topic_arn.clone(),
+                source: e.into(),
+            })
     }
+}
+
+/// A reclaim notice that did not reach its topic; the slot is reclaimed all the same.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("the notice could not be written as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("SNS Publish to {topic} failed: {}", DisplayErrorContext(source.as_ref()))]
+    Sns {
+        topic: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// The sweep's metric lines: every lock's together first (zeros included, so that the alarms

@@ -2242,12 +2242,12 @@ mod tests {
 
         use semaphore_core::{
             Change, ExecutionState, ExecutionStatus, FencingToken, ManualClock, MemoryStore,
-            Semaphore, Waker,
+            PortError, Semaphore, Waker,
         };
 
         struct Parked(Mutex<Vec<(String, String)>>);
         impl Waker for Parked {
-            async fn wake(&self, waiter: &Waiter, _: FencingToken) -> Result<(), String> {
+            async fn wake(&self, waiter: &Waiter, _: FencingToken) -> Result<(), PortError> {
                 let mut parked = self.0.lock().unwrap();
                 let who = (
                     waiter.identity.holder.to_string(),
@@ -2258,16 +2258,16 @@ mod tests {
                         parked.remove(i);
                         Ok(())
                     }
-                    None => Err("no such task waits".to_owned()),
+                    None => Err(PortError::new("no such task waits")),
                 }
             }
-            async fn defer(&self, _: &Waiter, _: u64) -> Result<(), String> {
+            async fn defer(&self, _: &Waiter, _: u64) -> Result<(), PortError> {
                 unreachable!("no waiter of the model has a rate")
             }
         }
         struct Alive(Vec<String>);
         impl ExecutionStatus for Alive {
-            async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, String> {
+            async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {
                 Ok(if self.0.iter().any(|h| h == holder.as_str()) {
                     ExecutionState::Running
                 } else {

@@ -6,8 +6,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use crate::error::StoreError;
-use crate::input::{AcquisitionId, HolderId, Limit, LockName, Rate, TaskToken, Terms, Weight};
+use crate::error::{AttributeError, StoreError};
+use crate::input::{
+    AcquisitionId, HolderId, InputError, Limit, LockName, Rate, TaskToken, Terms, Weight,
+};
 use crate::item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
 use crate::queue::{QueueKey, Waiter};
 
@@ -81,6 +83,19 @@ pub(super) fn pack(holding: &Holding) -> u128 {
         + u128::from(holding.token.0)
 }
 
+/// The holding a stored number packs (the inverse of [`pack`]); `Err` when the weight it leads
+/// with is not one.
+fn unpack(packed: u128) -> Result<Holding, InputError> {
+    let rest = packed % WEIGHT_SPAN;
+    // Below `WEIGHT_SPAN`, the time (< 10^13) and the token (< 10^15) each fit a u64.
+    Ok(Holding {
+        token: FencingToken((rest % TOKEN_SPAN) as u64),
+        acquired_at_ms: (rest / TOKEN_SPAN) as u64,
+        // A weight beyond an i64 is beyond the greatest weight too.
+        weight: Weight::new(i64::try_from(packed / WEIGHT_SPAN + 1).unwrap_or(i64::MAX))?,
+    })
+}
+
 /// The least stored number of a holding of `weight`.
 pub(super) fn weight_floor(weight: Weight) -> u128 {
     u128::from(weight.get() - 1) * WEIGHT_SPAN
@@ -150,146 +165,107 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
 
 /// Reads an item back, checking that it is one of ours, of this format.
 pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, StoreError> {
-    let lock_name = attrs
-        .get(attr::LOCK)
-        .and_then(|v| v.as_s().ok())
-        .cloned()
-        .unwrap_or_default();
-    let corrupt = |problem: String| StoreError::CorruptItem {
-        lock: lock_name.clone(),
-        problem,
-    };
+    let lock = get_text(attrs, attr::LOCK).unwrap_or_default();
     match attrs.get(attr::FORMAT) {
-        Some(_) => {
-            let format = get_number(attrs, attr::FORMAT).map_err(&corrupt)?;
-            if format == 2 {
-                return Err(corrupt(
-                    "item format 2, written before weighted permits (it keeps no `used`): delete \
-                     the item once no execution uses the lock, or use a new lock name"
-                        .to_owned(),
-                ));
-            }
-            if format == 3 {
-                return Err(corrupt(
-                    "item format 3, written before the item's size budget (it keeps no \
-                     `held_bytes`): delete the item once no execution uses the lock, or use a \
-                     new lock name"
-                        .to_owned(),
-                ));
-            }
-            if format != u128::from(FORMAT) {
-                return Err(corrupt(format!(
-                    "item format {format}, where this version reads format {FORMAT}"
-                )));
-            }
-        }
         // Version 1's items: a `count` and a binary `fences` attribute, no format.
         None if attrs.contains_key("count") || attrs.contains_key("fences") => {
-            return Err(StoreError::OldFormat { lock: lock_name })
+            Err(StoreError::OldFormat { lock })
         }
-        None => return Err(corrupt(format!("attribute {} is missing", attr::FORMAT))),
+        _ => decode_item(attrs).map_err(|problem| StoreError::CorruptItem { lock, problem }),
     }
-    let lock = LockName::new(lock_name.clone()).map_err(|e| corrupt(e.to_string()))?;
-    let version = get_number(attrs, attr::VERSION).map_err(&corrupt)?;
-    if version >= TOKEN_SPAN {
-        return Err(corrupt(format!("version {version} is out of range")));
-    }
-    let limit = match attrs.get(attr::LIMIT) {
-        None => None,
-        Some(_) => {
-            let n = get_number(attrs, attr::LIMIT).map_err(&corrupt)?;
-            Some(
-                i64::try_from(n)
-                    .map_err(|e| e.to_string())
-                    .and_then(|n| Limit::new(n).map_err(|e| e.to_string()))
-                    .map_err(&corrupt)?,
-            )
+}
+
+fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, AttributeError> {
+    match get_number(attrs, attr::FORMAT)? {
+        FORMAT => {}
+        2 => return Err(AttributeError::Format2),
+        3 => return Err(AttributeError::Format3),
+        found => {
+            return Err(AttributeError::Format {
+                found,
+                reads: FORMAT,
+            })
         }
-    };
+    }
+    let lock = LockName::new(get_text(attrs, attr::LOCK)?).map_err(invalid(attr::LOCK))?;
+    let version: u64 = get_number(attrs, attr::VERSION)?;
+    if u128::from(version) >= TOKEN_SPAN {
+        return Err(AttributeError::OutOfRange {
+            name: attr::VERSION,
+            value: version.into(),
+        });
+    }
+    let limit = get_optional(attrs, attr::LIMIT)?
+        .map(Limit::new)
+        .transpose()
+        .map_err(invalid(attr::LIMIT))?;
     let mut holders = BTreeMap::new();
-    for (key, value) in get_map(attrs, attr::HOLDERS).map_err(&corrupt)? {
-        let identity = Identity::from_slot_key(key)
-            .map_err(|problem| corrupt(format!("holder key {key:?}: {problem}")))?;
+    let map = attrs
+        .get(attr::HOLDERS)
+        .and_then(|v| v.as_m().ok())
+        .ok_or(AttributeError::NotA {
+            name: attr::HOLDERS,
+            expected: "a map",
+        })?;
+    for (key, value) in map {
+        let identity =
+            Identity::from_slot_key(key).map_err(|source| AttributeError::HolderKey {
+                key: key.clone(),
+                source,
+            })?;
         let packed = value
             .as_n()
             .ok()
             .and_then(|n| n.parse::<u128>().ok())
-            .ok_or_else(|| corrupt(format!("holder {key:?} is not a whole number")))?;
-        let (weight, rest) = (packed / WEIGHT_SPAN + 1, packed % WEIGHT_SPAN);
-        let (token, acquired_at_ms) = (rest % TOKEN_SPAN, rest / TOKEN_SPAN);
-        let holding = Holding {
-            token: FencingToken(u64::try_from(token).map_err(|e| corrupt(e.to_string()))?),
-            acquired_at_ms: u64::try_from(acquired_at_ms).map_err(|e| corrupt(e.to_string()))?,
-            weight: i64::try_from(weight)
-                .map_err(|e| e.to_string())
-                .and_then(|w| Weight::new(w).map_err(|e| e.to_string()))
-                .map_err(|problem| corrupt(format!("holder {key:?}: {problem}")))?,
-        };
+            .ok_or_else(|| AttributeError::HolderValue { key: key.clone() })?;
+        let holding = unpack(packed).map_err(|source| AttributeError::HolderWeight {
+            key: key.clone(),
+            source,
+        })?;
         holders.insert(identity, holding);
     }
-    let mut fences = Fences {
-        young: get_fences(attrs, attr::YOUNG).map_err(&corrupt)?,
-        old: get_fences(attrs, attr::OLD).map_err(&corrupt)?,
-        rotated_at_ms: None,
-    };
-    if attrs.contains_key(attr::ROTATED_AT) {
-        let at = get_number(attrs, attr::ROTATED_AT).map_err(&corrupt)?;
-        fences.rotated_at_ms = Some(u64::try_from(at).map_err(|e| corrupt(e.to_string()))?);
-    }
-    let optional = |name: &str| -> Result<Option<u64>, StoreError> {
-        match attrs.get(name) {
-            None => Ok(None),
-            Some(_) => {
-                let n = get_number(attrs, name).map_err(&corrupt)?;
-                Ok(Some(u64::try_from(n).map_err(|e| corrupt(e.to_string()))?))
-            }
-        }
-    };
-    let waiting = optional(attr::WAITING)?.unwrap_or(0);
-    let used = optional(attr::USED)?
-        .ok_or_else(|| corrupt(format!("attribute {} is missing", attr::USED)))?;
-    let rate = optional(attr::SPACING)?
-        .map(Rate::from_spacing_ms)
-        .transpose()
-        .map_err(|e| corrupt(e.to_string()))?;
-    let started_at_ms = optional(attr::STARTED_AT)?;
-    let held_bytes = optional(attr::HELD_BYTES)?
-        .ok_or_else(|| corrupt(format!("attribute {} is missing", attr::HELD_BYTES)))?;
+    let used = get_number(attrs, attr::USED)?;
+    let held_bytes = get_number(attrs, attr::HELD_BYTES)?;
     Ok(SemaphoreItem {
         lock,
         limit,
-        version: Version(u64::try_from(version).map_err(|e| corrupt(e.to_string()))?),
+        version: Version(version),
         holders,
-        fences,
-        waiting,
+        fences: Fences {
+            young: get_fences(attrs, attr::YOUNG)?,
+            old: get_fences(attrs, attr::OLD)?,
+            rotated_at_ms: get_optional(attrs, attr::ROTATED_AT)?,
+        },
+        waiting: get_optional(attrs, attr::WAITING)?.unwrap_or(0),
         used,
-        rate,
-        started_at_ms,
+        rate: get_optional(attrs, attr::SPACING)?
+            .map(Rate::from_spacing_ms)
+            .transpose()
+            .map_err(invalid(attr::SPACING))?,
+        started_at_ms: get_optional(attrs, attr::STARTED_AT)?,
         held_bytes,
     })
 }
 
 fn get_fences(
     attrs: &HashMap<String, AttributeValue>,
-    name: &str,
-) -> Result<BTreeSet<FenceKey>, String> {
+    name: &'static str,
+) -> Result<BTreeSet<FenceKey>, AttributeError> {
     let Some(value) = attrs.get(name) else {
         return Ok(BTreeSet::new());
     };
-    let blobs = value
-        .as_bs()
-        .map_err(|_| format!("attribute {name} is not a binary set"))?;
+    let blobs = value.as_bs().map_err(|_| AttributeError::NotA {
+        name,
+        expected: "a binary set",
+    })?;
     blobs
         .iter()
         .map(|blob| {
             <[u8; FenceKey::LEN]>::try_from(blob.as_ref())
                 .map(FenceKey::from_bytes)
-                .map_err(|_| {
-                    format!(
-                        "attribute {name} holds a {}-byte fence; fences are {} bytes",
-                        blob.as_ref().len(),
-                        FenceKey::LEN
-                    )
+                .map_err(|_| AttributeError::FenceLength {
+                    name,
+                    bytes: blob.as_ref().len(),
                 })
         })
         .collect()
@@ -329,79 +305,86 @@ pub fn encode_waiter(waiter: &Waiter) -> HashMap<String, AttributeValue> {
 }
 
 pub fn decode_waiter(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter, StoreError> {
-    let text = |name: &str| {
-        attrs
-            .get(name)
-            .and_then(|v| v.as_s().ok())
-            .cloned()
-            .ok_or_else(|| format!("attribute {name} is missing or not a string"))
-    };
-    let lock_name = text(queue_attr::LOCK).unwrap_or_default();
-    let corrupt = |problem: String| StoreError::CorruptItem {
-        lock: lock_name.clone(),
-        problem: format!("waiter: {problem}"),
-    };
-    let lock = LockName::new(lock_name.clone()).map_err(|e| corrupt(e.to_string()))?;
-    let key = QueueKey::parse(&text(queue_attr::PLACE).map_err(&corrupt)?).map_err(&corrupt)?;
-    let identity = Identity::new(
-        HolderId::new(text(queue_attr::HOLDER).map_err(&corrupt)?)
-            .map_err(|e| corrupt(e.to_string()))?,
-        AcquisitionId::new(text(queue_attr::ACQUISITION).map_err(&corrupt)?)
-            .map_err(|e| corrupt(e.to_string()))?,
-    );
-    let run = get_number(attrs, queue_attr::RUN)
-        .and_then(|n| u32::try_from(n).map_err(|e| e.to_string()))
-        .map_err(&corrupt)?;
-    let limit = get_number(attrs, queue_attr::LIMIT)
-        .and_then(|n| i64::try_from(n).map_err(|e| e.to_string()))
-        .and_then(|n| Limit::new(n).map_err(|e| e.to_string()))
-        .map_err(&corrupt)?;
-    let weight = match attrs.get(queue_attr::WEIGHT) {
-        None => Weight::ONE,
-        Some(_) => get_number(attrs, queue_attr::WEIGHT)
-            .and_then(|n| i64::try_from(n).map_err(|e| e.to_string()))
-            .and_then(|n| Weight::new(n).map_err(|e| e.to_string()))
-            .map_err(&corrupt)?,
-    };
-    let rate = match attrs.get(queue_attr::SPACING) {
-        None => None,
-        Some(_) => Some(
-            get_number(attrs, queue_attr::SPACING)
-                .and_then(|n| u64::try_from(n).map_err(|e| e.to_string()))
-                .and_then(|n| Rate::from_spacing_ms(n).map_err(|e| e.to_string()))
-                .map_err(&corrupt)?,
-        ),
-    };
-    let terms = Terms::new(limit, weight, rate).map_err(|e| corrupt(e.to_string()))?;
-    let task_token = TaskToken::new(text(queue_attr::TASK_TOKEN).map_err(&corrupt)?)
-        .map_err(|e| corrupt(e.to_string()))?;
-    Ok(Waiter {
-        lock,
-        key,
-        identity,
-        run: Run(run),
-        terms,
-        task_token,
-        context: text(queue_attr::CONTEXT).map_err(&corrupt)?,
+    decode_waiter_attrs(attrs).map_err(|problem| StoreError::CorruptItem {
+        lock: get_text(attrs, queue_attr::LOCK).unwrap_or_default(),
+        problem: AttributeError::Waiter(Box::new(problem)),
     })
 }
 
-fn get_number(attrs: &HashMap<String, AttributeValue>, name: &str) -> Result<u128, String> {
-    attrs
-        .get(name)
-        .and_then(|v| v.as_n().ok())
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| format!("attribute {name} is missing or not a whole number"))
+fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter, AttributeError> {
+    let text = |name| get_text(attrs, name);
+    let limit =
+        Limit::new(get_number(attrs, queue_attr::LIMIT)?).map_err(invalid(queue_attr::LIMIT))?;
+    let weight = get_optional(attrs, queue_attr::WEIGHT)?
+        .map_or(Ok(Weight::ONE), Weight::new)
+        .map_err(invalid(queue_attr::WEIGHT))?;
+    let rate = get_optional(attrs, queue_attr::SPACING)?
+        .map(Rate::from_spacing_ms)
+        .transpose()
+        .map_err(invalid(queue_attr::SPACING))?;
+    Ok(Waiter {
+        lock: LockName::new(text(queue_attr::LOCK)?).map_err(invalid(queue_attr::LOCK))?,
+        key: QueueKey::parse(&text(queue_attr::PLACE)?)?,
+        identity: Identity::new(
+            HolderId::new(text(queue_attr::HOLDER)?).map_err(invalid(queue_attr::HOLDER))?,
+            AcquisitionId::new(text(queue_attr::ACQUISITION)?)
+                .map_err(invalid(queue_attr::ACQUISITION))?,
+        ),
+        run: Run(get_number(attrs, queue_attr::RUN)?),
+        terms: Terms::new(limit, weight, rate).map_err(AttributeError::Terms)?,
+        task_token: TaskToken::new(text(queue_attr::TASK_TOKEN)?)
+            .map_err(invalid(queue_attr::TASK_TOKEN))?,
+        context: text(queue_attr::CONTEXT)?,
+    })
 }
 
-fn get_map<'a>(
-    attrs: &'a HashMap<String, AttributeValue>,
-    name: &str,
-) -> Result<&'a HashMap<String, AttributeValue>, String> {
+/// The attribute `name`, a string.
+fn get_text(
+    attrs: &HashMap<String, AttributeValue>,
+    name: &'static str,
+) -> Result<String, AttributeError> {
     attrs
         .get(name)
-        .and_then(|v| v.as_m().ok())
-        .ok_or_else(|| format!("attribute {name} is missing or not a map"))
+        .and_then(|v| v.as_s().ok())
+        .cloned()
+        .ok_or(AttributeError::NotA {
+            name,
+            expected: "a string",
+        })
+}
+
+/// The attribute `name`, a whole number that fits a `T`.
+fn get_number<T: TryFrom<u128>>(
+    attrs: &HashMap<String, AttributeValue>,
+    name: &'static str,
+) -> Result<T, AttributeError> {
+    get_optional(attrs, name)?.ok_or(AttributeError::Missing { name })
+}
+
+/// The attribute `name`, a whole number that fits a `T`, if it is there.
+fn get_optional<T: TryFrom<u128>>(
+    attrs: &HashMap<String, AttributeValue>,
+    name: &'static str,
+) -> Result<Option<T>, AttributeError> {
+    let Some(value) = attrs.get(name) else {
+        return Ok(None);
+    };
+    let n: u128 = value
+        .as_n()
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .ok_or(AttributeError::NotA {
+            name,
+            expected: "a whole number",
+        })?;
+    T::try_from(n)
+        .map(Some)
+        .map_err(|_| AttributeError::OutOfRange { name, value: n })
+}
+
+/// How a value of attribute `name` that is not a valid input reads.
+fn invalid(name: &'static str) -> impl Fn(InputError) -> AttributeError {
+    move |source| AttributeError::Invalid { name, source }
 }
 
 #[cfg(test)]
@@ -467,5 +450,30 @@ mod tests {
         let err = decode(&attrs).unwrap_err();
         assert!(matches!(err, StoreError::OldFormat { ref lock } if lock == "old-lock"));
         assert!(err.to_string().contains("version 1"), "{err}");
+    }
+
+    #[test]
+    fn a_corrupt_item_names_its_attribute_and_what_is_wrong() {
+        let mut attrs = encode(&SemaphoreItem::empty(LockName::new("l").unwrap()));
+        attrs.insert(attr::USED.to_owned(), string("many"));
+        let err = decode(&attrs).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::CorruptItem {
+                    problem: AttributeError::NotA {
+                        name: attr::USED,
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains("attribute used is missing or not a whole number"),
+            "{err}"
+        );
     }
 }

@@ -5,7 +5,9 @@ use super::Semaphore;
 use crate::error::Error;
 use crate::input::{Limit, LockName, TaskToken};
 use crate::item::{FencingToken, Identity, SemaphoreItem};
-use crate::ports::{missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, Waker};
+use crate::ports::{
+    missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
+};
 use crate::protocol::{self, Grant, QueueOutcome};
 use crate::queue::{QueueKey, Waiter};
 
@@ -240,7 +242,7 @@ impl<S: ItemStore> Semaphore<S> {
         &self,
         lock: &LockName,
         head: &Waiter,
-        why: &str,
+        why: &PortError,
         executions: &X,
         report: &mut HandOff,
     ) -> Result<bool, Error> {

@@ -10,8 +10,10 @@ use super::Semaphore;
 use crate::dynamo::stored_size;
 use crate::error::Error;
 use crate::input::{AcquisitionId, HolderId, LockName};
-use crate::item::{FencingToken, Run, SemaphoreItem};
-use crate::ports::{missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, Waker};
+use crate::item::{FencingToken, Holding, Identity, Run, SemaphoreItem};
+use crate::ports::{
+    missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
+};
 use crate::protocol::CleanupOutcome;
 
 /// One slot the sweeper took back.
@@ -128,7 +130,7 @@ impl<S: ItemStore> Semaphore<S> {
                 bytes: stored_size(item),
             })
             .max_by_key(|largest| largest.bytes);
-        let mut states: HashMap<HolderId, Result<ExecutionState, String>> = HashMap::new();
+        let mut states: HashMap<HolderId, Result<ExecutionState, PortError>> = HashMap::new();
         for item in &items {
             let mut holders: Vec<&HolderId> = item.holders.keys().map(|id| &id.holder).collect();
             holders.dedup();
@@ -156,30 +158,24 @@ impl<S: ItemStore> Semaphore<S> {
                     report.too_young.push((item.lock.clone(), holder.clone()));
                     continue;
                 }
+                let reclaimed = |(identity, holding): (&Identity, &Holding)| Reclaimed {
+                    lock: item.lock.clone(),
+                    holder: identity.holder.clone(),
+                    acquisition: identity.acquisition.clone(),
+                    token: holding.token,
+                    held_for_ms: now.saturating_sub(holding.acquired_at_ms),
+                    reason: reason.clone(),
+                };
                 if mode == SweepMode::DryRun {
                     report
                         .reclaimed
-                        .extend(item.slots_of(holder).map(|(identity, holding)| Reclaimed {
-                            lock: item.lock.clone(),
-                            holder: identity.holder.clone(),
-                            acquisition: identity.acquisition.clone(),
-                            token: holding.token,
-                            held_for_ms: now.saturating_sub(holding.acquired_at_ms),
-                            reason: reason.clone(),
-                        }));
+                        .extend(item.slots_of(holder).map(reclaimed));
                     continue;
                 }
                 match self.reclaim(item, holder, last_run).await {
-                    Ok(outcome) => report.reclaimed.extend(outcome.freed.into_iter().map(
-                        |(identity, holding)| Reclaimed {
-                            lock: item.lock.clone(),
-                            holder: identity.holder,
-                            acquisition: identity.acquisition,
-                            token: holding.token,
-                            held_for_ms: now.saturating_sub(holding.acquired_at_ms),
-                            reason: reason.clone(),
-                        },
-                    )),
+                    Ok(outcome) => report
+                        .reclaimed
+                        .extend(outcome.freed.iter().map(|(i, h)| reclaimed((i, h)))),
                     Err(e) => report
                         .errors
                         .push(format!("{holder} on {}: {e}", item.lock)),

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use semaphore_core::protocol::{self, Grant};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, ExecutionState, ExecutionStatus, FenceReason, FencingToken,
-    HandOff, HolderId, Identity, ItemStore, LockName, ManualClock, MemoryStore, QueueKey,
-    QueueOutcome, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, TaskToken, Waiter,
-    Waker, Write, WriteResult, MISSING_EXECUTION_GRACE_MS,
+    HandOff, HolderId, Identity, ItemStore, LockName, ManualClock, MemoryStore, PortError,
+    QueueKey, QueueOutcome, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, TaskToken,
+    Waiter, Waker, Write, WriteResult, MISSING_EXECUTION_GRACE_MS,
 };
 
 use crate::{limit, lock};
@@ -65,17 +65,17 @@ impl RecordingWaker {
 }
 
 impl Waker for RecordingWaker {
-    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), String> {
+    async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), PortError> {
         self.calls.lock().unwrap().push((waiter.clone(), token));
         let failing = self.failing.lock().unwrap();
         if failing.contains(waiter.identity.holder.as_str()) {
-            Err("TaskTimedOut (canned)".to_owned())
+            Err(PortError::new("TaskTimedOut (canned)"))
         } else {
             Ok(())
         }
     }
 
-    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), String> {
+    async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), PortError> {
         self.deferred
             .lock()
             .unwrap()
@@ -102,13 +102,14 @@ impl CannedExecutions {
 }
 
 impl ExecutionStatus for CannedExecutions {
-    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, String> {
+    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {
         self.asked.lock().unwrap().push(holder.as_str().to_owned());
         let answers = self.answers.lock().unwrap();
         answers
             .get(holder.as_str())
             .cloned()
             .unwrap_or(Ok(ExecutionState::Running))
+            .map_err(PortError::new)
     }
 }
 

@@ -7,18 +7,18 @@ use std::sync::Arc;
 use semaphore_core::dynamo::stored_size;
 use semaphore_core::{
     missing_long_enough, AcquisitionId, ExecutionState, ExecutionStatus, HolderId, Identity,
-    LargestItem, Limit, LockName, ManualClock, MemoryStore, Run, Semaphore,
+    LargestItem, Limit, LockName, ManualClock, MemoryStore, PortError, Run, Semaphore,
     MISSING_EXECUTION_GRACE_MS,
 };
 
 struct Fixed(HashMap<String, ExecutionState>);
 
 impl ExecutionStatus for Fixed {
-    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, String> {
+    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {
         self.0
             .get(holder.as_str())
             .cloned()
-            .ok_or_else(|| "throttled".to_owned())
+            .ok_or_else(|| PortError::new("throttled"))
     }
 }
 
@@ -137,7 +137,7 @@ async fn a_missing_execution_is_believed_only_past_the_grace_period() {
 async fn a_slot_taken_after_the_scan_by_a_redrive_is_not_freed() {
     struct RedrivenWhileAsked(Semaphore<Arc<MemoryStore>>);
     impl ExecutionStatus for RedrivenWhileAsked {
-        async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, String> {
+        async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {
             let lock = LockName::new("l").unwrap();
             let again = Identity::new(holder.clone(), AcquisitionId::new("r1").unwrap());
             self.0
