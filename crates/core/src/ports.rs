@@ -121,11 +121,11 @@ impl ExecutionState {
 /// Why a port's call gave no answer: the adapter's own error, kept as the source, which names
 /// the call that failed (`DescribeExecution` of which execution, `SendTaskSuccess`...) and why
 /// (throttled, denied, a task that no longer waits...). Nothing can be concluded from it: the
-/// caller leaves things as they are for a later try.
+/// caller leaves things as they are for a later try. Transparent, so that a chain printed
+/// whole (anyhow's `{:#}`) names the adapter's error once.
 #[derive(Debug, thiserror::Error)]
-#[error("{source}")]
+#[error(transparent)]
 pub struct PortError {
-    #[source]
     pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 
