@@ -92,12 +92,13 @@ pub trait TaskCallbacks: Send + Sync {
 
 /// A task callback Step Functions did not take: the task no longer waits (it timed out, its
 /// execution ended), or the call failed (throttled, denied, unreachable).
+/// The SDK's error is in the message, whole, and not also a `source()`: a chain printed whole
+/// would name it twice.
 #[derive(Debug, thiserror::Error)]
-#[error("Step Functions {operation} failed: {}", DisplayErrorContext(source.as_ref()))]
+#[error("Step Functions {operation} failed: {}", DisplayErrorContext(cause.as_ref()))]
 pub struct CallbackError {
     pub operation: &'static str,
-    #[source]
-    pub source: Box<dyn std::error::Error + Send + Sync>,
+    pub cause: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl TaskCallbacks for aws_sdk_sfn::Client {
@@ -110,7 +111,7 @@ impl TaskCallbacks for aws_sdk_sfn::Client {
             .map(|_| ())
             .map_err(|e| CallbackError {
                 operation: "SendTaskSuccess",
-                source: e.into(),
+                cause: e.into(),
             })
     }
 
@@ -124,7 +125,7 @@ impl TaskCallbacks for aws_sdk_sfn::Client {
             .map(|_| ())
             .map_err(|e| CallbackError {
                 operation: "SendTaskFailure",
-                source: e.into(),
+                cause: e.into(),
             })
     }
 }

@@ -223,7 +223,7 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
             .map(|_| ())
             .map_err(|e| PublishError::Sns {
                 topic: self.topic_arn.clone(),
-                source: e.into(),
+                cause: e.into(),
             })
     }
 }
@@ -233,11 +233,12 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
 pub enum PublishError {
     #[error("the notice could not be written as JSON: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("SNS Publish to {topic} failed: {}", DisplayErrorContext(source.as_ref()))]
+    /// The SDK's error is in the message, whole, and not also a `source()` (a chain printed
+    /// whole would name it twice).
+    #[error("SNS Publish to {topic} failed: {}", DisplayErrorContext(cause.as_ref()))]
     Sns {
         topic: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
