@@ -84,9 +84,7 @@ pub async fn start_executions(
 ) -> Result<Vec<String>> {
     let mut arns = Vec::with_capacity(n);
     for _ in 0..n {
-        let started = local_aws::sfn::start_execution(sfn, machine, &uuid(), input).await;
-        // Error::msg takes local-aws's error whatever its type, which is being made a typed one.
-        arns.push(started.map_err(anyhow::Error::msg)?);
+        arns.push(local_aws::sfn::start_execution(sfn, machine, &uuid(), input).await?);
     }
     Ok(arns)
 }

@@ -128,10 +128,8 @@ impl Protected {
         let started = start_executions(&self.sfn, &self.machine, &input, n).await?;
         let mut ended = Vec::with_capacity(n);
         for execution in started {
-            // Error::msg takes local-aws's error whatever its type, which is being made a typed one.
             let status = local_aws::sfn::wait_ended(&self.sfn, &execution, EXECUTION_TIMEOUT)
-                .await
-                .map_err(anyhow::Error::msg)?
+                .await?
                 .status;
             ensure!(
                 status == "FAILED",
