@@ -16,7 +16,6 @@ pub enum StoreError {
     #[error("the item for lock {lock:?} is not a semaphore item ({problem}); was it written by something else?")]
     CorruptItem {
         lock: String,
-        #[source]
         problem: AttributeError,
     },
     /// Version 1 wrote whole items with a binary `fences` attribute and a `count`; its items are
@@ -53,6 +52,8 @@ pub enum Error {
 
 /// What is wrong with a stored semaphore item or waiter record (the store's
 /// [`StoreError::CorruptItem`]): the attribute, and how it is not what this version writes.
+/// Each message holds its cause whole, as the store's other errors do, and none is also a
+/// `source()`: a chain printed whole would say it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum AttributeError {
     #[error("attribute {name} is missing")]
@@ -64,35 +65,26 @@ pub enum AttributeError {
     },
     #[error("attribute {name} is {value}, out of range")]
     OutOfRange { name: &'static str, value: u128 },
-    #[error("attribute {name}: {source}")]
+    #[error("attribute {name}: {problem}")]
     Invalid {
         name: &'static str,
-        #[source]
-        source: InputError,
+        problem: InputError,
     },
     #[error(
         "attribute {name} holds a {bytes}-byte fence; fences are {} bytes",
         FenceKey::LEN
     )]
     FenceLength { name: &'static str, bytes: usize },
-    #[error("holder key {key:?}: {source}")]
-    HolderKey {
-        key: String,
-        #[source]
-        source: SlotKeyError,
-    },
+    #[error("holder key {key:?}: {problem}")]
+    HolderKey { key: String, problem: SlotKeyError },
     #[error("holder {key:?} is not a whole number")]
     HolderValue { key: String },
-    #[error("holder {key:?}: {source}")]
-    HolderWeight {
-        key: String,
-        #[source]
-        source: InputError,
-    },
+    #[error("holder {key:?}: {problem}")]
+    HolderWeight { key: String, problem: InputError },
     #[error(transparent)]
     Place(#[from] QueueKeyError),
     #[error("terms: {0}")]
-    Terms(#[source] InputError),
+    Terms(InputError),
     #[error("item format 2, written before weighted permits (it keeps no `used`): delete the item once no execution uses the lock, or use a new lock name")]
     Format2,
     #[error("item format 3, written before the item's size budget (it keeps no `held_bytes`): delete the item once no execution uses the lock, or use a new lock name")]
@@ -100,5 +92,5 @@ pub enum AttributeError {
     #[error("item format {found}, where this version reads format {reads}")]
     Format { found: u64, reads: u64 },
     #[error("waiter: {0}")]
-    Waiter(#[source] Box<AttributeError>),
+    Waiter(Box<AttributeError>),
 }

@@ -209,18 +209,18 @@ fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem,
         })?;
     for (key, value) in map {
         let identity =
-            Identity::from_slot_key(key).map_err(|source| AttributeError::HolderKey {
+            Identity::from_slot_key(key).map_err(|problem| AttributeError::HolderKey {
                 key: key.clone(),
-                source,
+                problem,
             })?;
         let packed = value
             .as_n()
             .ok()
             .and_then(|n| n.parse::<u128>().ok())
             .ok_or_else(|| AttributeError::HolderValue { key: key.clone() })?;
-        let holding = unpack(packed).map_err(|source| AttributeError::HolderWeight {
+        let holding = unpack(packed).map_err(|problem| AttributeError::HolderWeight {
             key: key.clone(),
-            source,
+            problem,
         })?;
         holders.insert(identity, holding);
     }
@@ -384,7 +384,7 @@ fn get_optional<T: TryFrom<u128>>(
 
 /// How a value of attribute `name` that is not a valid input reads.
 fn invalid(name: &'static str) -> impl Fn(InputError) -> AttributeError {
-    move |source| AttributeError::Invalid { name, source }
+    move |problem| AttributeError::Invalid { name, problem }
 }
 
 #[cfg(test)]
