@@ -126,14 +126,10 @@ pub async fn wait_for(
 
 /// Waits until the execution has ended; answers how.
 pub async fn ended(sfn: &aws_sdk_sfn::Client, execution: &str) -> String {
-    wait_for(
-        sfn,
-        execution,
-        Duration::from_secs(30),
-        |s| matches!(s, Some(s) if s != "RUNNING"),
-    )
-    .await
-    .expect("it exists")
+    wait_ended(sfn, execution, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{}", DisplayErrorContext(e)))
+        .status
 }
 
 /// Starts `parent` (a machine whose work is a `states:startExecution.sync:2` task of
