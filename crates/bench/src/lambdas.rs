@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
+use local_aws::eventbridge::{status_change_event, Ended};
 use local_aws::runtime_api::{run_function, Answer};
 use semaphore_core::{rfc3339_millis, Clock, DynamoStore, LockName, Semaphore, SystemClock};
 use serde::Serialize;
@@ -104,14 +105,6 @@ struct Protected {
     machine: String,
 }
 
-/// An execution that ended: its ARN, input, and when it started and stopped (epoch ms).
-struct Ended {
-    execution: String,
-    input: String,
-    start_ms: Option<i64>,
-    stop_ms: Option<i64>,
-}
-
 impl Protected {
     async fn new() -> Result<Self> {
         // Before the machine is made: one made before execution mode is not seen after.
@@ -122,65 +115,21 @@ impl Protected {
         Ok(Self { sfn, machine })
     }
 
-    /// `n` executions that asked for `lock` and failed.
+    /// `n` executions that asked for `lock` and failed, as DescribeExecution tells them.
     async fn failed(&self, lock: &str, n: usize) -> Result<Vec<Ended>> {
-        let input = json!({"lock": lock});
-        let started = start_executions(&self.sfn, &self.machine, &input, n).await?;
+        let started = start_executions(&self.sfn, &self.machine, &json!({"lock": lock}), n).await?;
         let mut ended = Vec::with_capacity(n);
         for execution in started {
-            let status = local_aws::sfn::wait_ended(&self.sfn, &execution, EXECUTION_TIMEOUT)
-                .await?
-                .status;
+            let e = local_aws::sfn::wait_ended(&self.sfn, &execution, EXECUTION_TIMEOUT).await?;
             ensure!(
-                status == "FAILED",
-                "{execution} is {status}; expected FAILED: its acquire task fails, the local \
-                 server has no Lambda"
+                e.status == "FAILED",
+                "{execution} is {}; expected FAILED: its acquire task fails, the local server \
+                 has no Lambda",
+                e.status
             );
-            let described = self
-                .sfn
-                .describe_execution()
-                .execution_arn(&execution)
-                .send()
-                .await
-                .with_context(|| format!("describe {execution}"))?;
-            ended.push(Ended {
-                input: input.to_string(),
-                start_ms: described.start_date().to_millis().ok(),
-                stop_ms: described.stop_date().and_then(|d| d.to_millis().ok()),
-                execution,
-            });
+            ended.push(e);
         }
         Ok(ended)
-    }
-
-    /// The documented "Execution Status Change" event of `ended`, which failed.
-    fn status_change(&self, ended: &Ended) -> Value {
-        let execution = &ended.execution;
-        let name = execution.rsplit(':').next().unwrap_or_default();
-        json!({
-            "version": "0",
-            "id": uuid(),
-            "detail-type": "Step Functions Execution Status Change",
-            "source": "aws.states",
-            "account": "123456789012",
-            "time": rfc3339_millis(SystemClock.now_ms()),
-            "region": "us-east-1",
-            "resources": [execution],
-            "detail": {
-                "executionArn": execution,
-                "stateMachineArn": self.machine,
-                "name": name,
-                "status": "FAILED",
-                "startDate": ended.start_ms,
-                "stopDate": ended.stop_ms,
-                "input": ended.input,
-                "inputDetails": {"included": true},
-                "output": null,
-                "outputDetails": null,
-                "error": "Lambda.ResourceNotFoundException",
-                "cause": null
-            }
-        })
     }
 }
 
@@ -330,13 +279,15 @@ async fn prepare(
             // acquire took: the function reads the lock from each one's history
             // (DescribeExecution, GetExecutionHistory), fences it and frees its slot.
             let ended = protected.failed(lock, invocations).await?;
-            let holders: Vec<(String, String)> = ended
-                .iter()
-                .map(|e| (e.execution.clone(), uuid()))
-                .collect();
+            let holders: Vec<(String, String)> =
+                ended.iter().map(|e| (e.arn.clone(), uuid())).collect();
             take_slots(sem, &lock_name, &holders).await?;
             env.push(("ACQUIRE_FUNCTION_ARN", ACQUIRE_FUNCTION_ARN.to_owned()));
-            ended.iter().map(|e| protected.status_change(e)).collect()
+            // The documented "Execution Status Change" event of each, as EventBridge delivers it.
+            ended
+                .iter()
+                .map(|e| status_change_event(e, "us-east-1", "123456789012", &uuid()))
+                .collect()
         }
         _ => {
             // Holders whose executions do not exist: the first sweep reclaims them all (a
