@@ -45,7 +45,8 @@ pub(super) async fn settle(setup: &Setup<'_>, stage: &Stage, run: Ran) -> anyhow
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     progress.note("==> final sweep");
-    let final_sweep = start_execution(sfn, &sweeper_machine.arn, "sweep-final", &schedule.input);
-    wait_ended(sfn, &final_sweep.await?, Duration::from_secs(120)).await?;
+    let final_sweep =
+        start_execution(sfn, &sweeper_machine.arn, "sweep-final", &schedule.input).await?;
+    wait_ended(sfn, &final_sweep, Duration::from_secs(120)).await?;
     Ok(run)
 }
