@@ -11,7 +11,7 @@ use semaphore_core::dynamo::encode;
 use semaphore_core::dynamo::MAX_EXPRESSION_BYTES;
 use semaphore_core::item::{FenceKey, HELD_BYTES_BUDGET, MAX_HELD_BYTES};
 use semaphore_core::{
-    AcquireOutcome, QueueOutcome, Run, Semaphore, SemaphoreItem, TaskToken, Waiter,
+    AcquireOutcome, Attempt, QueueOutcome, Run, Semaphore, SemaphoreItem, TaskToken, Waiter,
 };
 
 /// One holder with 150 acquisitions on one lock: a cleanup that named every slot in one write
@@ -211,6 +211,7 @@ async fn the_room_check_and_its_negation_hold_on_the_local_server() {
             limit(10),
             semaphore.now_ms(),
             TaskToken::new(format!("task-{n}")).unwrap(),
+            Attempt::new(semaphore.now_ms(), 0),
             String::new(),
         )
     };

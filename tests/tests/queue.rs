@@ -21,10 +21,10 @@ use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::dynamo::decode_waiter;
 use semaphore_core::protocol::{self, Grant};
 use semaphore_core::{
-    AcquireOutcome, Change, Check, DynamoStore, ExecutionState, ExecutionStatus, FenceReason,
-    FencingToken, HolderId, Identity, ItemStore, LockName, ManualClock, PortError, QueueKey,
-    QueueOutcome, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, TaskToken, Waiter,
-    Waker, Write, WriteResult,
+    AcquireOutcome, Attempt, Change, Check, DynamoStore, ExecutionState, ExecutionStatus,
+    FenceReason, FencingToken, HolderId, Identity, ItemStore, LockName, ManualClock, PortError,
+    QueueKey, QueueOutcome, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, TaskToken,
+    Waiter, Waker, Write, WriteResult,
 };
 
 const T0: u64 = 1_800_000_000_000;
@@ -50,6 +50,7 @@ fn waiter(l: &LockName, name: &str, n: i64, queued_at_ms: u64) -> Waiter {
         limit(n),
         queued_at_ms,
         task_token(&format!("{name}-task-0")),
+        Attempt::new(queued_at_ms, 0),
         format!("{{\"lock\":\"{l}\",\"who\":\"{name}\"}}"),
     )
 }
@@ -98,7 +99,7 @@ async fn raw_record(
         .get_item()
         .table_name(queue_table)
         .key("lock", AttributeValue::S(l.to_string()))
-        .key("place", AttributeValue::S(key.render()))
+        .key("waiter", AttributeValue::S(key.id.render()))
         .consistent_read(true)
         .send()
         .await
@@ -340,16 +341,19 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     let g = waiter(&l, "g", 1, T0);
     let writes = [
         protocol::grant(&g, T0),
-        protocol::leave(&l, g.key),
-        protocol::repark(&l, g.key, task_token("g-task-1")),
+        protocol::leave(&l, g.id()),
+        protocol::repark(&l, g.id(), task_token("g-task-1"), Attempt::new(T0, 1)),
     ];
     for write in &writes {
         let result = store.write(write).await.unwrap();
         assert_eq!(result, refused(&item, true), "{write:?}");
         assert_eq!(result.failed_check(write), Some(&write.checks[0]));
     }
-    assert!(!sem.leave(&l, g.key).await.unwrap());
-    assert!(!sem.repark(&l, g.key, task_token("g-task-1")).await.unwrap());
+    assert!(!sem.leave(&l, g.id()).await.unwrap());
+    assert!(!sem
+        .repark(&l, g.id(), task_token("g-task-1"), Attempt::new(T0, 1))
+        .await
+        .unwrap());
     assert_eq!(
         sem.status(&l).await.unwrap(),
         item,
@@ -380,7 +384,7 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     let lost = waiter(&nowhere, "lost", 1, T0);
     for write in [
         protocol::grant(&lost, T0),
-        protocol::leave(&nowhere, lost.key),
+        protocol::leave(&nowhere, lost.id()),
     ] {
         let result = store.write(&write).await.unwrap();
         assert_eq!(
@@ -391,7 +395,7 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     assert!(sem.status(&nowhere).await.is_err(), "nothing was created");
 
     // Landed: a re-park changes the record's token, not the lock's holders or count.
-    let repark = protocol::repark(&l, w.key, task_token("w-task-1"));
+    let repark = protocol::repark(&l, w.id(), task_token("w-task-1"), Attempt::new(T0, 1));
     assert_eq!(store.write(&repark).await.unwrap(), WriteResult::Landed);
     let record = raw_record(store.client(), store.queue_table(), &l, w.key)
         .await
@@ -400,7 +404,7 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     let after = sem.status(&l).await.unwrap();
     assert_eq!((&after.holders, after.waiting), (&item.holders, 1));
     // And leaving removes it and uncounts it.
-    assert!(sem.leave(&l, w.key).await.unwrap());
+    assert!(sem.leave(&l, w.id()).await.unwrap());
     assert!(raw_record(store.client(), store.queue_table(), &l, w.key)
         .await
         .is_none());
@@ -611,7 +615,7 @@ impl ItemStore for Traced {
             _ => None,
         });
         let granted = write.checks.iter().find_map(|check| match check {
-            Check::QueuedWith { key, .. } => Some(*key),
+            Check::QueuedWith { id, .. } => Some(*id),
             _ => None,
         });
         match (&result, enqueued, granted) {
@@ -619,8 +623,14 @@ impl ItemStore for Traced {
                 let at = self.log.tick();
                 self.log.queued.lock().unwrap().insert(key, at);
             }
-            (WriteResult::Landed, _, Some(key)) => {
+            (WriteResult::Landed, _, Some(id)) => {
                 let read_at = self.head_read_at.load(Ordering::SeqCst);
+                let queued = self.log.queued.lock().unwrap();
+                let key = *queued
+                    .keys()
+                    .find(|key| key.id == id)
+                    .expect("a waiter granted was queued first");
+                drop(queued);
                 self.log.grants.lock().unwrap().push((key, read_at));
             }
             (WriteResult::Refused { waiter_refused, .. }, _, Some(_)) => {
@@ -647,6 +657,14 @@ impl ItemStore for Traced {
     ) -> Result<Vec<Waiter>, StoreError> {
         self.head_read_at.store(self.log.tick(), Ordering::SeqCst);
         self.inner.waiters(l, after, n).await
+    }
+
+    async fn waiter(
+        &self,
+        lock: &LockName,
+        id: semaphore_core::WaiterId,
+    ) -> Result<Option<semaphore_core::Waiter>, StoreError> {
+        self.inner.waiter(lock, id).await
     }
 }
 
@@ -770,6 +788,7 @@ async fn run_execution(race: Arc<Race>, n: usize) -> Ran {
             limit(LIMIT),
             now,
             task_token(&format!("run-{n:02}-task-0")),
+            Attempt::new(now, 0),
             String::new(),
         );
         match sem.enqueue(&w, now).await.unwrap() {

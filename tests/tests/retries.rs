@@ -18,9 +18,9 @@ use local_aws::observe::observe;
 use local_aws::proxy::{recognise, Canned, FaultyProxy, ProtocolWrite, Verdict};
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
-    AcquireOutcome, DynamoStore, ExecutionState, ExecutionStatus, FencingToken, HolderId, Identity,
-    LockName, ManualClock, PortError, QueueOutcome, ReleaseOutcome, Run, Semaphore, StoreError,
-    TaskToken, Waiter, Waker,
+    AcquireOutcome, Attempt, DynamoStore, ExecutionState, ExecutionStatus, FencingToken, HolderId,
+    Identity, LockName, ManualClock, PortError, QueueOutcome, ReleaseOutcome, Run, Semaphore,
+    StoreError, TaskToken, Waiter, Waker,
 };
 
 const T0: u64 = 1_800_000_000_000;
@@ -41,6 +41,7 @@ fn waiter(l: &LockName, name: &str) -> Waiter {
         limit(1),
         T0,
         TaskToken::new(format!("{name}-task-0")).unwrap(),
+        Attempt::new(T0, 0),
         "{}".to_owned(),
     )
 }

@@ -16,9 +16,9 @@ use local_aws::observe::{least_spacing, most_in_window, observe};
 use local_aws::proxy::{HoldingProxy, Target};
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
-    AcquireOutcome, Clock, DynamoStore, ExecutionState, ExecutionStatus, FenceReason, FencingToken,
-    HolderId, Identity, LockName, ManualClock, PortError, Rate, ReleaseOutcome, Run, Semaphore,
-    TaskToken, Terms, Waiter, Waker, Weight,
+    AcquireOutcome, Attempt, Clock, DynamoStore, ExecutionState, ExecutionStatus, FenceReason,
+    FencingToken, HolderId, Identity, LockName, ManualClock, PortError, Rate, ReleaseOutcome, Run,
+    Semaphore, TaskToken, Terms, Waiter, Waker, Weight,
 };
 
 const T0: u64 = 1_800_000_000_000;
@@ -355,6 +355,7 @@ fn waiter(l: &LockName, name: &str, t: Terms, queued_at_ms: u64) -> Waiter {
         t,
         queued_at_ms,
         TaskToken::new(format!("{name}-task")).unwrap(),
+        Attempt::new(queued_at_ms, 0),
         "{}".to_owned(),
     )
 }

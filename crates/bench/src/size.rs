@@ -297,6 +297,14 @@ impl ItemStore for Watched {
     ) -> Result<Vec<semaphore_core::Waiter>, StoreError> {
         self.inner.waiters(lock, after, limit).await
     }
+
+    async fn waiter(
+        &self,
+        lock: &LockName,
+        id: semaphore_core::WaiterId,
+    ) -> Result<Option<semaphore_core::Waiter>, StoreError> {
+        self.inner.waiter(lock, id).await
+    }
 }
 
 struct Sim {

@@ -182,6 +182,14 @@ impl<S: ItemStore> ItemStore for CountedStore<S> {
     ) -> Result<Vec<semaphore_core::Waiter>, StoreError> {
         self.inner.waiters(lock, after, limit).await
     }
+
+    async fn waiter(
+        &self,
+        lock: &LockName,
+        id: semaphore_core::WaiterId,
+    ) -> Result<Option<semaphore_core::Waiter>, StoreError> {
+        self.inner.waiter(lock, id).await
+    }
 }
 
 #[cfg(test)]

@@ -76,7 +76,7 @@ pub use protocol::{
     AcquireOutcome, CleanupOutcome, FenceReason, QueueOutcome, ReleaseOutcome, Step, Timing,
     WriteResult,
 };
-pub use queue::{QueueKey, QueueKeyError, Waiter};
+pub use queue::{Attempt, QueueKey, QueueKeyError, Waiter, WaiterId};
 pub use semaphore::line::{HandOff, Wake};
 pub use semaphore::slots::{Fenced, MAX_ROUNDS};
 pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport};

@@ -6,7 +6,6 @@
 //! as the DynamoDB store answers the transaction it sends for it.
 
 use std::collections::BTreeMap;
-use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Mutex;
 
 use crate::error::StoreError;
@@ -14,13 +13,14 @@ use crate::input::LockName;
 use crate::item::SemaphoreItem;
 use crate::ports::ItemStore;
 use crate::protocol::WriteResult;
-use crate::queue::{QueueKey, Waiter};
+use crate::queue::{QueueKey, Waiter, WaiterId};
 use crate::write::Write;
 
 #[derive(Debug, Default)]
 struct Tables {
     items: BTreeMap<LockName, SemaphoreItem>,
-    queues: BTreeMap<LockName, BTreeMap<QueueKey, Waiter>>,
+    /// Each lock's waiters by id (their records' key), as DynamoDB keeps them.
+    queues: BTreeMap<LockName, BTreeMap<WaiterId, Waiter>>,
 }
 
 #[derive(Debug, Default)]
@@ -44,7 +44,7 @@ impl MemoryStore {
         let mut tables = self.tables();
         let Tables { items, queues } = &mut *tables;
         let current = items.get(&write.lock);
-        let key = write.waiter_key();
+        let key = write.waiter_id();
         let queue = queues.entry(write.lock.clone()).or_default();
         let record = key.and_then(|key| queue.get(&key));
         match write.apply_with(current, record) {
@@ -66,7 +66,7 @@ impl MemoryStore {
                     .cloned()
                     .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone()));
                 let waiter_refused = write.checks.iter().any(|check| {
-                    check.waiter_key().is_some() && !check.holds_with(&current, record)
+                    check.waiter_id().is_some() && !check.holds_with(&current, record)
                 });
                 WriteResult::Refused {
                     current,
@@ -91,11 +91,17 @@ impl MemoryStore {
         let Some(queue) = tables.queues.get(lock) else {
             return Vec::new();
         };
-        let range = match after {
-            Some(key) => queue.range((Excluded(key), Unbounded)),
-            None => queue.range(..),
-        };
-        range.take(limit).map(|(_, w)| w.clone()).collect()
+        let mut line: Vec<&Waiter> = queue
+            .values()
+            .filter(|w| after.is_none_or(|after| w.key > after))
+            .collect();
+        line.sort_by_key(|w| w.key);
+        line.into_iter().take(limit).cloned().collect()
+    }
+
+    /// The record of waiter `id` in `lock`'s line, if it is there.
+    pub fn waiter_now(&self, lock: &LockName, id: WaiterId) -> Option<Waiter> {
+        self.tables().queues.get(lock)?.get(&id).cloned()
     }
 
     /// Stores `item` as it is, whatever was there (to start a model or a test from a state).
@@ -124,5 +130,9 @@ impl ItemStore for MemoryStore {
         limit: usize,
     ) -> Result<Vec<Waiter>, StoreError> {
         Ok(self.waiters_now(lock, after, limit))
+    }
+
+    async fn waiter(&self, lock: &LockName, id: WaiterId) -> Result<Option<Waiter>, StoreError> {
+        Ok(self.waiter_now(lock, id))
     }
 }

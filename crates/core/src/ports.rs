@@ -16,7 +16,7 @@ use crate::error::StoreError;
 use crate::input::{HolderId, LockName};
 use crate::item::{FencingToken, Run, SemaphoreItem};
 use crate::protocol::WriteResult;
-use crate::queue::{QueueKey, Waiter};
+use crate::queue::{QueueKey, Waiter, WaiterId};
 use crate::write::Write;
 
 /// Somewhere semaphore items live. `write` must be atomic: apply the write iff every check holds
@@ -44,6 +44,14 @@ pub trait ItemStore: Send + Sync {
         after: Option<QueueKey>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<Waiter>, StoreError>> + Send;
+
+    /// The record of waiter `id` in `lock`'s line, as read (consistently) now; `None`: it is not
+    /// in line.
+    fn waiter(
+        &self,
+        lock: &LockName,
+        id: WaiterId,
+    ) -> impl Future<Output = Result<Option<Waiter>, StoreError>> + Send;
 }
 
 /// A store shared by reference or by `Arc` (several semaphores on one store, as processes
@@ -78,6 +86,14 @@ where
         limit: usize,
     ) -> impl Future<Output = Result<Vec<Waiter>, StoreError>> + Send {
         (**self).waiters(lock, after, limit)
+    }
+
+    fn waiter(
+        &self,
+        lock: &LockName,
+        id: WaiterId,
+    ) -> impl Future<Output = Result<Option<Waiter>, StoreError>> + Send {
+        (**self).waiter(lock, id)
     }
 }
 

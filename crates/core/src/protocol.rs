@@ -40,7 +40,7 @@ use std::time::Duration;
 use crate::error::StoreError;
 use crate::input::{HolderId, Limit, LockName, TaskToken, Terms, Weight};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, Run, SemaphoreItem};
-use crate::queue::{QueueKey, Waiter};
+use crate::queue::{Attempt, Waiter, WaiterId};
 use crate::write::{Change, Check, Write};
 
 /// The two durations the fences are kept by.
@@ -238,7 +238,7 @@ impl WriteResult {
             Self::Unsure { current } => (current, false),
             Self::Applied { .. } | Self::Landed => return None,
         };
-        write.checks.iter().find(|check| match check.waiter_key() {
+        write.checks.iter().find(|check| match check.waiter_id() {
             Some(_) => waiter_refused,
             None => !check.holds(current),
         })
@@ -368,6 +368,7 @@ pub fn acquired(
                     | Check::Busy { .. }
                     | Check::HoldsWeight { .. }
                     | Check::NotQueued(_)
+                    | Check::QueuedBefore { .. }
                     | Check::Queued(_)
                     | Check::QueuedWith { .. },
                 )
@@ -691,7 +692,7 @@ pub fn enqueue(
             Check::NotFenced(FenceKey::acquisition(identity)),
             Check::NotHolding(identity.clone()),
             Check::RotatedBefore { deadline_ms },
-            Check::NotQueued(waiter.key),
+            Check::NotQueued(waiter.id()),
             Check::Busy {
                 terms: waiter.terms,
                 now_ms,
@@ -743,7 +744,7 @@ pub fn grant(waiter: &Waiter, now_ms: u64) -> Write {
     let terms = &waiter.terms;
     let mut checks = vec![
         Check::QueuedWith {
-            key: waiter.key,
+            id: waiter.id(),
             task_token: waiter.task_token.clone(),
         },
         // A waiter whose run was cleaned up is dead: skipped, never granted (F8).
@@ -759,7 +760,7 @@ pub fn grant(waiter: &Waiter, now_ms: u64) -> Write {
         Check::Room,
     ];
     checks.extend(spaced(terms, now_ms));
-    let mut changes = vec![Change::Dequeue(waiter.key)];
+    let mut changes = vec![Change::Dequeue(waiter.id())];
     changes.extend(take_slot(identity, terms, now_ms));
     Write {
         lock: waiter.lock.clone(),
@@ -815,29 +816,35 @@ pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> 
 
 /// Takes the waiter's record out of the line, if it is there (it left, or its execution
 /// ended).
-pub fn leave(lock: &LockName, key: QueueKey) -> Write {
+pub fn leave(lock: &LockName, id: WaiterId) -> Write {
     Write {
         lock: lock.clone(),
-        checks: vec![Check::Queued(key)],
-        changes: vec![Change::Dequeue(key)],
+        checks: vec![Check::Queued(id)],
+        changes: vec![Change::Dequeue(id)],
     }
 }
 
-/// Gives the waiter's record the task token of its new parked task, keeping its place.
-pub fn repark(lock: &LockName, key: QueueKey, task_token: TaskToken) -> Write {
+/// Gives the waiter's record the task token of `attempt` of its parked task, keeping its place,
+/// if it is in line with the token of an earlier attempt.
+pub fn repark(lock: &LockName, id: WaiterId, task_token: TaskToken, attempt: Attempt) -> Write {
     Write {
         lock: lock.clone(),
-        checks: vec![Check::Queued(key)],
-        changes: vec![Change::Repark { key, task_token }],
+        checks: vec![Check::QueuedBefore { id, attempt }],
+        changes: vec![Change::Repark {
+            id,
+            task_token,
+            attempt,
+        }],
     }
 }
 
-/// Whether a [`leave`] or [`repark`] found the waiter in line.
+/// Whether a [`leave`] found the waiter in line, or a [`repark`] found it in line with the token
+/// of an earlier attempt.
 pub fn was_queued(write: &Write, result: &WriteResult) -> Result<bool, StoreError> {
     match result {
         WriteResult::Applied { .. } | WriteResult::Landed => Ok(true),
         refused => match refused.failed_check(write) {
-            Some(Check::Queued(_)) => Ok(false),
+            Some(Check::Queued(_) | Check::QueuedBefore { .. }) => Ok(false),
             _ => Err(unexpected(write, "refused by a check it does not have")),
         },
     }

@@ -2,8 +2,8 @@
 //!
 //! Each lock keeps a FIFO queue of waiters next to its item. A waiter is small in the lock's item
 //! (it only counts them, `waiting`) and about 1-2 KB on its own (a Step Functions task token is up
-//! to 1 KB), so waiters live in their own records, ordered by [`QueueKey`]: when the waiter first
-//! asked to wait (its wait state's entry time), then a digest of its identity. Every write that
+//! to 1 KB), so waiters live in their own records, one per identity ([`WaiterId`]), ordered by
+//! [`QueueKey`]: when the waiter was put in line, then its id. Every write that
 //! queues or unqueues a waiter changes the lock's `waiting` in the same atomic write, so `waiting`
 //! is always the number of waiters, and an acquire that is not a waiter's checks `waiting = 0`:
 //! a newcomer never takes a slot ahead of the line (L2).
@@ -14,8 +14,9 @@
 //! write: take the slot for it and remove its record), then wake it
 //! ([`Waker`](crate::ports::Waker)). Release, cleanup and the sweeper hand off after they free
 //! a slot; a waiter hands off right after it queues (a slot may have freed between "full" and
-//! "queued", F8) and whenever its parked task's fallback timeout makes it check again (a waker
-//! that crashed between its grant and its wake-up, F8). A grant to a waiter that can no longer
+//! "queued", F8) and whenever its parked task times out and checks again, keeping its place and
+//! giving its record the new task's token (a waker that crashed between its grant and its
+//! wake-up, F8). A grant to a waiter that can no longer
 //! take it (its execution ended) is freed again by the same hand-off, never leaked.
 
 use sha2::{Digest, Sha256};
@@ -23,16 +24,57 @@ use sha2::{Digest, Sha256};
 use crate::input::{LockName, TaskToken, Terms};
 use crate::item::{Identity, Run};
 
-/// Where a waiter stands in its lock's line: when it first asked to wait (epoch ms, Step
-/// Functions' clock: the entry time of its first wait state), then an 8-byte digest of its
-/// identity so that two waiters that asked in the same millisecond are still in one order.
-///
-/// The key is computed from what the execution's history records (the wait task's input), so a
-/// cleanup that finds an ended execution's history finds its place in line too.
+/// Who a waiter is, as its record is keyed: an 8-byte digest of its identity. A lock's line holds
+/// at most one record per identity, so a waiter that checks again (its parked task timed out)
+/// finds its own record, and its place with it, without being told where it stood; and a retried
+/// or late queue write of the same waiter cannot put it in line twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WaiterId(pub [u8; 8]);
+
+impl WaiterId {
+    pub fn of(identity: &Identity) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(identity.holder.as_str().as_bytes());
+        hasher.update([0u8]);
+        hasher.update(identity.acquisition.as_str().as_bytes());
+        let mut digest = [0u8; 8];
+        digest.copy_from_slice(&hasher.finalize()[..8]);
+        Self(digest)
+    }
+
+    /// The id as stored: 16 hex digits.
+    pub fn render(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The inverse of [`WaiterId::render`] (`None`: not 16 hex digits).
+    fn parse(hex: &str) -> Option<Self> {
+        // Not ASCII, the byte slices below could cut a character.
+        if hex.len() != 16 || !hex.is_ascii() {
+            return None;
+        }
+        let mut digest = [0u8; 8];
+        for (i, byte) in digest.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Self(digest))
+    }
+}
+
+impl std::fmt::Display for WaiterId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render())
+    }
+}
+
+/// Where a waiter stands in its lock's line: when it was first put in line (epoch ms, Step
+/// Functions' clock: the entry time of the acquire state whose check queued it), then its
+/// [`WaiterId`], so that two waiters that asked in the same millisecond are still in one order.
+/// A waiter's later checks keep it: they find its record by its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueueKey {
     pub queued_at_ms: u64,
-    pub digest: [u8; 8],
+    pub id: WaiterId,
 }
 
 impl QueueKey {
@@ -40,24 +82,18 @@ impl QueueKey {
     const TIME_DIGITS: usize = 15;
 
     pub fn new(identity: &Identity, queued_at_ms: u64) -> Self {
-        let mut hasher = Sha256::new();
-        hasher.update(identity.holder.as_str().as_bytes());
-        hasher.update([0u8]);
-        hasher.update(identity.acquisition.as_str().as_bytes());
-        let mut digest = [0u8; 8];
-        digest.copy_from_slice(&hasher.finalize()[..8]);
         Self {
             queued_at_ms,
-            digest,
+            id: WaiterId::of(identity),
         }
     }
 
     /// The key as stored: text whose byte order is the line's order.
     pub fn render(&self) -> String {
-        let hex: String = self.digest.iter().map(|b| format!("{b:02x}")).collect();
         format!(
-            "{:0width$}#{hex}",
+            "{:0width$}#{}",
             self.queued_at_ms,
+            self.id.render(),
             width = Self::TIME_DIGITS
         )
     }
@@ -68,17 +104,9 @@ impl QueueKey {
             text: text.to_owned(),
         };
         let (time, hex) = text.split_once('#').ok_or_else(error)?;
-        // Not ASCII, the byte slices below could cut a character.
-        if hex.len() != 16 || !hex.is_ascii() {
-            return Err(error());
-        }
-        let mut digest = [0u8; 8];
-        for (i, byte) in digest.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| error())?;
-        }
         Ok(Self {
             queued_at_ms: time.parse().map_err(|_| error())?,
-            digest,
+            id: WaiterId::parse(hex).ok_or_else(error)?,
         })
     }
 }
@@ -96,6 +124,29 @@ impl std::fmt::Display for QueueKey {
     }
 }
 
+/// Which attempt of a waiter's parked task a record's task token belongs to: later attempts are
+/// larger. A Step Functions task attempt is its state's entry time and its retry count there, so
+/// an attempt whose invocation is slow cannot give the record its (dead) token after a later
+/// attempt gave it a live one: a wake-up would go to a task that no longer waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Attempt(pub u64);
+
+impl Attempt {
+    /// Retries counted per state entry; more (a state retried a thousand times) count as the
+    /// last, which keeps their order with the entries around them.
+    const RETRIES: u64 = 1_000;
+
+    /// The attempt of a task whose state was entered at `entered_at_ms` and retried
+    /// `retry_count` times since.
+    pub fn new(entered_at_ms: u64, retry_count: u64) -> Self {
+        Self(
+            entered_at_ms
+                .saturating_mul(Self::RETRIES)
+                .saturating_add(retry_count.min(Self::RETRIES - 1)),
+        )
+    }
+}
+
 /// One execution waiting in line for a slot of `lock`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Waiter {
@@ -108,15 +159,18 @@ pub struct Waiter {
     /// The limit, weight and rate the waiter asked for: its grant takes a slot only while its
     /// weight fits under its limit, and a spacing after the last start if it has a rate.
     pub terms: Terms,
-    /// Wakes the parked task; replaced when the task's fallback timeout parks it anew.
+    /// Wakes the parked task; replaced when a later attempt of the task checks again.
     pub task_token: TaskToken,
+    /// The attempt `task_token` belongs to.
+    pub attempt: Attempt,
     /// What the waiter's caller wants back when the slot is granted (opaque here: the acquire
     /// function keeps its answer in it, so the waker can send it with the token).
     pub context: String,
 }
 
 impl Waiter {
-    /// The waiter of `identity` that asked to wait at `queued_at_ms`.
+    /// The waiter of `identity` put in line at `queued_at_ms`, parked on `task_token` of
+    /// `attempt`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         lock: LockName,
@@ -125,6 +179,7 @@ impl Waiter {
         terms: impl Into<Terms>,
         queued_at_ms: u64,
         task_token: TaskToken,
+        attempt: Attempt,
         context: String,
     ) -> Self {
         Self {
@@ -134,8 +189,14 @@ impl Waiter {
             run,
             terms: terms.into(),
             task_token,
+            attempt,
             context,
         }
+    }
+
+    /// The key of its record.
+    pub fn id(&self) -> WaiterId {
+        self.key.id
     }
 }
 
@@ -156,6 +217,7 @@ mod tests {
             Limit::new(1).unwrap(),
             queued_at_ms,
             TaskToken::new(token).unwrap(),
+            Attempt::new(queued_at_ms, 0),
             "{}".to_owned(),
         )
     }
@@ -181,13 +243,17 @@ mod tests {
     }
 
     #[test]
-    fn a_waiters_place_depends_on_its_identity_and_entry_time_only() {
+    fn a_waiters_id_is_its_identity_and_its_place_its_time_then_its_id() {
         let w = waiter(id("x", "r0"), 1_000, "t1");
-        let mut other = waiter(id("x", "r0"), 1_000, "t2");
+        let mut other = waiter(id("x", "r0"), 2_000, "t2");
         other.terms.limit = Limit::new(7).unwrap();
-        assert_eq!(w.key, other.key, "token and limit do not move it");
-        assert_ne!(w.key.digest, waiter(id("x", "r1"), 1_000, "t1").key.digest);
-        assert_ne!(w.key.digest, waiter(id("y", "r0"), 1_000, "t1").key.digest);
+        assert_eq!(
+            w.id(),
+            other.id(),
+            "one record per identity, wherever it stands"
+        );
+        assert_ne!(w.id(), waiter(id("x", "r1"), 1_000, "t1").id());
+        assert_ne!(w.id(), waiter(id("y", "r0"), 1_000, "t1").id());
         assert!(w.key < waiter(id("a", "r0"), 1_001, "t1").key, "time first");
         let rendered = w.key.render();
         assert_eq!(
@@ -196,5 +262,14 @@ mod tests {
             "one width: text order is line order"
         );
         assert!(rendered.starts_with("000000000001000#"));
+        assert!(rendered.ends_with(&w.id().render()));
+    }
+
+    #[test]
+    fn attempts_order_by_entry_then_retry() {
+        assert!(Attempt::new(1_000, 0) < Attempt::new(1_000, 1));
+        assert!(Attempt::new(1_000, 5) < Attempt::new(1_001, 0));
+        assert_eq!(Attempt::new(1_000, 5_000), Attempt::new(1_000, 999));
+        assert!(Attempt::new(1_000, 5_000) < Attempt::new(1_001, 0));
     }
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 
 use crate::input::{Limit, LockName, Rate, TaskToken, Terms, Weight};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem};
-use crate::queue::{QueueKey, Waiter};
+use crate::queue::{Attempt, Waiter, WaiterId};
 
 /// A condition checked when the write lands. All of a write's checks must hold.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -51,17 +51,19 @@ pub enum Check {
     /// not fit, or someone waits, or the start rate is spent, or the item has no room. Queueing is allowed only then, so
     /// a waiter never queues behind a free slot that no one will hand it (F8).
     Busy { terms: Terms, now_ms: u64 },
-    /// The waiter's record is not there (a retried queue attempt must not queue twice).
-    NotQueued(QueueKey),
+    /// The waiter has no record in line (a retried or late queue write must not queue it twice,
+    /// nor move it from its place).
+    NotQueued(WaiterId),
     /// The waiter's record is there (with any task token).
-    Queued(QueueKey),
+    Queued(WaiterId),
+    /// The waiter's record is there and holds the token of an attempt before `attempt`: a slow
+    /// invocation of an attempt that timed out must not give the record its dead token after a
+    /// later attempt gave it a live one.
+    QueuedBefore { id: WaiterId, attempt: Attempt },
     /// The waiter's record is there with this task token: the grant wakes the token it read, so
     /// a waiter that parked anew since (a new token) is granted by a hand-off that read the new
     /// one, and is not woken with a token no task waits on.
-    QueuedWith {
-        key: QueueKey,
-        task_token: TaskToken,
-    },
+    QueuedWith { id: WaiterId, task_token: TaskToken },
 }
 
 /// A change the write makes once every check holds. Every write also increments the version.
@@ -94,11 +96,13 @@ pub enum Change {
     Enqueue(Box<Waiter>),
     /// Removes the waiter's record from the line and uncounts it (a grant, or a waiter that
     /// left or died).
-    Dequeue(QueueKey),
-    /// Gives the waiter's record a new task token (its task parked anew), keeping its place.
+    Dequeue(WaiterId),
+    /// Gives the waiter's record the task token of a later attempt of its parked task, keeping
+    /// its place.
     Repark {
-        key: QueueKey,
+        id: WaiterId,
         task_token: TaskToken,
+        attempt: Attempt,
     },
 }
 
@@ -112,9 +116,12 @@ pub struct Write {
 
 impl Check {
     /// The waiter record the check is about, if it is about one.
-    pub fn waiter_key(&self) -> Option<QueueKey> {
+    pub fn waiter_id(&self) -> Option<WaiterId> {
         match self {
-            Self::NotQueued(key) | Self::Queued(key) | Self::QueuedWith { key, .. } => Some(*key),
+            Self::NotQueued(id)
+            | Self::Queued(id)
+            | Self::QueuedBefore { id, .. }
+            | Self::QueuedWith { id, .. } => Some(*id),
             _ => None,
         }
     }
@@ -125,6 +132,7 @@ impl Check {
         match self {
             Self::NotQueued(_) => waiter.is_none(),
             Self::Queued(_) => waiter.is_some(),
+            Self::QueuedBefore { attempt, .. } => waiter.is_some_and(|w| w.attempt < *attempt),
             Self::QueuedWith { task_token, .. } => {
                 waiter.is_some_and(|w| w.task_token == *task_token)
             }
@@ -145,7 +153,10 @@ impl Check {
                         .next_start_ms(terms.rate)
                         .is_some_and(|next| next > *now_ms)
             }
-            Self::NotQueued(_) | Self::Queued(_) | Self::QueuedWith { .. } => false,
+            Self::NotQueued(_)
+            | Self::Queued(_)
+            | Self::QueuedBefore { .. }
+            | Self::QueuedWith { .. } => false,
             Self::NotHolding(identity) => !item.holders.contains_key(identity),
             Self::Fits { limit, weight } => {
                 item.used + u64::from(weight.get()) <= u64::from(limit.get())
@@ -170,12 +181,12 @@ impl Check {
 
 impl Write {
     /// The waiter record the write checks or changes, if any: at most one per write.
-    pub fn waiter_key(&self) -> Option<QueueKey> {
-        let from_checks = self.checks.iter().find_map(Check::waiter_key);
+    pub fn waiter_id(&self) -> Option<WaiterId> {
+        let from_checks = self.checks.iter().find_map(Check::waiter_id);
         from_checks.or_else(|| {
             self.changes.iter().find_map(|change| match change {
-                Change::Enqueue(waiter) => Some(waiter.key),
-                Change::Dequeue(key) | Change::Repark { key, .. } => Some(*key),
+                Change::Enqueue(waiter) => Some(waiter.id()),
+                Change::Dequeue(id) | Change::Repark { id, .. } => Some(*id),
                 _ => None,
             })
         })
@@ -185,7 +196,7 @@ impl Write {
     /// record a new task token does not: the lock is the same, so its version does not move,
     /// and a parked waiter's fallback check costs no write of the lock's (hot) item.
     pub fn touches_item(&self) -> bool {
-        self.checks.iter().any(|c| c.waiter_key().is_none())
+        self.checks.iter().any(|c| c.waiter_id().is_none())
             || self
                 .changes
                 .iter()
@@ -262,9 +273,14 @@ impl Write {
                     next.waiting = next.waiting.saturating_sub(1);
                     record = None;
                 }
-                Change::Repark { task_token, .. } => {
+                Change::Repark {
+                    task_token,
+                    attempt,
+                    ..
+                } => {
                     if let Some(record) = record.as_mut() {
                         record.task_token = task_token.clone();
+                        record.attempt = *attempt;
                     }
                 }
             }
@@ -430,42 +446,59 @@ mod tests {
             Limit::new(1).unwrap(),
             1_000,
             TaskToken::new("t1").unwrap(),
+            Attempt::new(1_000, 0),
             "{}".to_owned(),
         );
         let item = SemaphoreItem::empty(lock());
         let enqueue = write(
-            vec![Check::NotQueued(w.key)],
+            vec![Check::NotQueued(w.id())],
             vec![Change::Enqueue(Box::new(w.clone()))],
         );
-        assert_eq!(enqueue.waiter_key(), Some(w.key));
+        assert_eq!(enqueue.waiter_id(), Some(w.id()));
         let (item, record) = enqueue.apply_with(Some(&item), None).unwrap();
         assert_eq!((item.waiting, record.as_ref()), (1, Some(&w)));
         assert_eq!(
             enqueue.apply_with(Some(&item), record.as_ref()),
-            Err(&Check::NotQueued(w.key)),
+            Err(&Check::NotQueued(w.id())),
             "queued once"
         );
 
         let token = TaskToken::new("t2").unwrap();
-        let repark = write(
-            vec![Check::Queued(w.key)],
-            vec![Change::Repark {
-                key: w.key,
-                task_token: token.clone(),
-            }],
-        );
-        let (item, record) = repark.apply_with(Some(&item), record.as_ref()).unwrap();
+        let repark = |attempt| {
+            write(
+                vec![Check::QueuedBefore {
+                    id: w.id(),
+                    attempt,
+                }],
+                vec![Change::Repark {
+                    id: w.id(),
+                    task_token: token.clone(),
+                    attempt,
+                }],
+            )
+        };
+        let later = Attempt::new(301_000, 0);
+        let (item, record) = repark(later)
+            .apply_with(Some(&item), record.as_ref())
+            .unwrap();
         let record = record.unwrap();
-        assert_eq!(record.task_token, token);
+        assert_eq!((&record.task_token, record.attempt), (&token, later));
         assert_eq!(
             (record.key, item.waiting),
             (w.key, 1),
             "same place, same count"
         );
+        // An attempt no later than the record's (a slow invocation of one that timed out)
+        // leaves the live token where it is.
+        for stale in [later, Attempt::new(1_000, 3)] {
+            assert!(repark(stale)
+                .apply_with(Some(&item), Some(&record))
+                .is_err());
+        }
 
         // A grant names the token it read: the old one no longer matches.
         let stale = Check::QueuedWith {
-            key: w.key,
+            id: w.id(),
             task_token: w.task_token.clone(),
         };
         assert!(!stale.holds_with(&item, Some(&record)));
@@ -475,10 +508,10 @@ mod tests {
         );
         let dequeue = write(
             vec![Check::QueuedWith {
-                key: w.key,
+                id: w.id(),
                 task_token: token,
             }],
-            vec![Change::Dequeue(w.key)],
+            vec![Change::Dequeue(w.id())],
         );
         let (item, gone) = dequeue.apply_with(Some(&item), Some(&record)).unwrap();
         assert_eq!((item.waiting, gone), (0, None));

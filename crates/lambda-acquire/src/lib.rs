@@ -56,8 +56,8 @@ use lambda_common::{
 };
 use lambda_runtime::LambdaEvent;
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, ExecutionStatus, FencingToken, ItemStore, QueueOutcome,
-    Semaphore, Waiter,
+    rfc3339_millis, AcquireOutcome, Attempt, ExecutionStatus, FencingToken, ItemStore,
+    QueueOutcome, Semaphore, Waiter,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -528,7 +528,8 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     wait: &WaitRequest,
 ) -> Result<Queued, HandlerError> {
     let (lock, identity) = (&request.lock, &request.identity);
-    let key = wait.key(identity);
+    let id = wait.key(identity).id;
+    let attempt = Attempt::new(request.requested_at_ms, 0);
     let store_error = |e: semaphore_core::Error| {
         let e = HandlerError::from(e);
         tracing::error!(lock = %lock, error = %e, "waiting in line failed");
@@ -537,12 +538,12 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     if let Err(timeout) = wait_budget(request, config, semaphore.now_ms(), None) {
         // Out of line first; a slot granted meanwhile is freed by the release the machine
         // runs after this error.
-        semaphore.leave(lock, key).await.map_err(store_error)?;
+        semaphore.leave(lock, id).await.map_err(store_error)?;
         return Err(timeout);
     }
     // A fallback check: still in line, with the new task's token from now on.
     if semaphore
-        .repark(lock, key, wait.task_token.clone())
+        .repark(lock, id, wait.task_token.clone(), attempt)
         .await
         .map_err(store_error)?
     {
@@ -557,6 +558,7 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         request.terms,
         wait.queued_at_ms,
         wait.task_token.clone(),
+        attempt,
         context,
     );
     for _ in 0..QUEUE_ROUNDS {
@@ -570,7 +572,7 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
                 // earlier task, which timed out before it landed, so the record carries that
                 // task's token. This task's token from now on, or its wake-up would fail.
                 semaphore
-                    .repark(lock, key, wait.task_token.clone())
+                    .repark(lock, id, wait.task_token.clone(), attempt)
                     .await
                     .map_err(store_error)?;
                 hand_offs.run(semaphore, lock, None).await;

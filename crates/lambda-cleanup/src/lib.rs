@@ -480,7 +480,7 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
 
         // 3b. Out of line: a fenced run queues no more, so these are all its places.
         for (lock, key) in &footprint.waiters {
-            match self.semaphore.leave(lock, *key).await {
+            match self.semaphore.leave(lock, key.id).await {
                 Ok(true) => {
                     summary.left_line.push(lock.to_string());
                     self.hand_offs.metrics.emit(

@@ -24,7 +24,7 @@ use local_aws::sfn::{
 };
 use local_aws::{endpoint, fresh_table, sdk_config};
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, DynamoStore, FenceReason, HolderId, Limit, LockName,
+    rfc3339_millis, AcquireOutcome, Attempt, DynamoStore, FenceReason, HolderId, Limit, LockName,
     ManualClock, QueueOutcome, Run, Semaphore, TaskToken, Waiter, MISSING_EXECUTION_GRACE_MS,
 };
 use serde_json::{json, Value};
@@ -984,6 +984,7 @@ async fn a_sweep_takes_dead_waiters_out_of_line_and_wakes_the_next_live_one_with
             one,
             queued_at_ms,
             TaskToken::new(wait["task_token"].as_str().unwrap()).unwrap(),
+            Attempt::new(queued_at_ms, 0),
             context.to_string(),
         );
         assert_eq!(

@@ -159,7 +159,7 @@ pub fn decode(item: &RawRecord) -> Observed {
 }
 
 /// The records of `lock`'s line in the waiters' table (`queue_table`), raw, in line order
-/// (their sort key, `place`).
+/// (read from its local index `line`, whose sort key is `place`).
 pub async fn raw_line(client: &Client, queue_table: &str, lock: &str) -> Vec<RawRecord> {
     let mut records = Vec::new();
     let mut start = None;
@@ -167,6 +167,7 @@ pub async fn raw_line(client: &Client, queue_table: &str, lock: &str) -> Vec<Raw
         let page = client
             .query()
             .table_name(queue_table)
+            .index_name("line")
             .key_condition_expression("#lock = :lock")
             .expression_attribute_names("#lock", "lock")
             .expression_attribute_values(":lock", AttributeValue::S(lock.to_owned()))

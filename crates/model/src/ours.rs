@@ -449,9 +449,10 @@ impl Ours {
                 // same way for every execution.
                 Check::QueueEmpty => 11u8.hash(&mut h),
                 Check::Busy { terms, now_ms } => (12u8, terms, now_ms).hash(&mut h),
-                Check::NotQueued(_) | Check::Queued(_) | Check::QueuedWith { .. } => {
-                    13u8.hash(&mut h)
-                }
+                Check::NotQueued(_)
+                | Check::Queued(_)
+                | Check::QueuedBefore { .. }
+                | Check::QueuedWith { .. } => 13u8.hash(&mut h),
             }
         }
         for change in &write.changes {

@@ -350,6 +350,7 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
             }
             Check::NotQueued(_) => "not in line".to_owned(),
             Check::Queued(_) => "in line".to_owned(),
+            Check::QueuedBefore { .. } => "in line with an earlier task".to_owned(),
             Check::QueuedWith { task_token, .. } => naming
                 .task(task_token)
                 .map_or("in line".to_owned(), |task| format!("in line with {task}")),

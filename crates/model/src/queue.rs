@@ -120,8 +120,8 @@ use clap::ValueEnum;
 use semaphore_core::item::{Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, Grant, Timing, WriteResult};
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Check, CleanupOutcome, FenceKey, HolderId, Limit, LockName,
-    QueueKey, QueueOutcome, TaskToken, Terms, Waiter, Weight, Write,
+    AcquireOutcome, AcquisitionId, Attempt, Check, CleanupOutcome, FenceKey, HolderId, Limit,
+    LockName, QueueKey, QueueOutcome, TaskToken, Terms, Waiter, Weight, Write,
 };
 
 use crate::explore::{Model, Violation};
@@ -677,6 +677,7 @@ impl QueueWorld {
             self.terms(e),
             NOW_MS + u64::from(e),
             task_token(e, token),
+            Attempt(u64::from(token)),
             String::new(),
         );
         debug_assert_eq!(waiter.key, self.keys[e as usize]);
@@ -715,9 +716,12 @@ impl QueueWorld {
                 protocol::enqueue(&self.waiter(e, token), LATER_MS, LATER_MS, &TIMING)
                     .expect("no request expires in the queue world")
             }
-            Request::Repark(e, token) => {
-                protocol::repark(lock, self.keys[e as usize], task_token(e, token))
-            }
+            Request::Repark(e, token) => protocol::repark(
+                lock,
+                self.keys[e as usize].id,
+                task_token(e, token),
+                Attempt(u64::from(token)),
+            ),
             Request::Grant(e, token) => {
                 let mut write = protocol::grant(&self.waiter(e, token), LATER_MS);
                 if self.variant == QueueVariant::GrantIgnoresWeight {
@@ -729,7 +733,7 @@ impl QueueWorld {
                 }
                 write
             }
-            Request::Leave(e) => protocol::leave(lock, self.keys[e as usize]),
+            Request::Leave(e) => protocol::leave(lock, self.keys[e as usize].id),
             Request::Release(e) => {
                 protocol::release(lock, &self.identities[e as usize], self.weights[e as usize])
             }
@@ -760,7 +764,10 @@ impl QueueWorld {
     fn make_landing(&self, table: u32, request: Request) -> (Rc<WriteResult>, u32) {
         let write = self.write(request);
         let t = self.table(table);
-        let key = write.waiter_key();
+        // A record is keyed by its waiter's id; the line is ordered by place.
+        let key = write
+            .waiter_id()
+            .and_then(|id| self.keys.iter().find(|key| key.id == id).copied());
         let record = key.and_then(|key| t.line.get(&key));
         let (result, after) = match write.apply_with(t.item.as_ref(), record) {
             Ok((next, record)) => {
@@ -785,7 +792,7 @@ impl QueueWorld {
                     .clone()
                     .unwrap_or_else(|| SemaphoreItem::empty(self.lock.clone()));
                 let waiter_refused = write.checks.iter().any(|check| {
-                    check.waiter_key().is_some() && !check.holds_with(&current, record)
+                    check.waiter_id().is_some() && !check.holds_with(&current, record)
                 });
                 (
                     WriteResult::Refused {

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use local_aws::names::{id, limit, lock};
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
-    AcquireOutcome, Clock, DynamoStore, Rate, Run, Semaphore, SystemClock, TaskToken, Terms,
-    Waiter, Weight,
+    AcquireOutcome, Attempt, Clock, DynamoStore, Rate, Run, Semaphore, SystemClock, TaskToken,
+    Terms, Waiter, Weight,
 };
 
 const BUILDER: &str = "arn:aws:states:us-east-1:123456789012:execution:builds";
@@ -60,6 +60,7 @@ async fn busy_table() -> (DynamoStore, Semaphore<DynamoStore>) {
             limit(3),
             now - waited_ms,
             TaskToken::new(format!("{name}-task")).unwrap(),
+            Attempt::new(now - waited_ms, 0),
             "{}".to_owned(),
         );
         assert_eq!(

@@ -11,7 +11,7 @@ use crate::input::{
     AcquisitionId, HolderId, InputError, Limit, LockName, Rate, TaskToken, Terms, Weight,
 };
 use crate::item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
-use crate::queue::{QueueKey, Waiter};
+use crate::queue::{Attempt, QueueKey, Waiter};
 
 /// Attribute names of the semaphore item. `lock` is the table's only key; the template's table
 /// and `semctl init` declare exactly this schema.
@@ -41,12 +41,20 @@ pub mod attr {
     pub const HELD_BYTES: &str = "held_bytes";
 }
 
+/// The waiters' table's local secondary index whose sort key is the place in line.
+pub const LINE_INDEX: &str = "line";
+
 /// Attribute names of a waiter's item.
 pub mod queue_attr {
     /// Partition key: the lock's name.
     pub const LOCK: &str = "lock";
-    /// Sort key: the waiter's place in line, [`QueueKey::render`](crate::queue::QueueKey::render).
+    /// Sort key: the waiter's id, [`WaiterId::render`](crate::queue::WaiterId::render).
+    pub const WAITER: &str = "waiter";
+    /// The sort key of the [`LINE_INDEX`](super::LINE_INDEX): the waiter's place in line,
+    /// [`QueueKey::render`](crate::queue::QueueKey::render).
     pub const PLACE: &str = "place";
+    /// The attempt of the parked task whose token the record holds.
+    pub const ATTEMPT: &str = "attempt";
     pub const HOLDER: &str = "holder";
     pub const ACQUISITION: &str = "acquisition";
     pub const RUN: &str = "run";
@@ -274,7 +282,9 @@ fn get_fences(
 pub fn encode_waiter(waiter: &Waiter) -> HashMap<String, AttributeValue> {
     let mut attrs = HashMap::from([
         (queue_attr::LOCK.to_owned(), string(waiter.lock.as_str())),
+        (queue_attr::WAITER.to_owned(), string(&waiter.id().render())),
         (queue_attr::PLACE.to_owned(), string(&waiter.key.render())),
+        (queue_attr::ATTEMPT.to_owned(), number(waiter.attempt.0)),
         (
             queue_attr::HOLDER.to_owned(),
             string(waiter.identity.holder.as_str()),
@@ -334,6 +344,7 @@ fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter
         terms: Terms::new(limit, weight, rate).map_err(AttributeError::Terms)?,
         task_token: TaskToken::new(text(queue_attr::TASK_TOKEN)?)
             .map_err(invalid(queue_attr::TASK_TOKEN))?,
+        attempt: Attempt(get_number(attrs, queue_attr::ATTEMPT)?),
         context: text(queue_attr::CONTEXT)?,
     })
 }

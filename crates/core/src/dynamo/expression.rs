@@ -18,7 +18,7 @@ use crate::input::{LockName, Rate};
 use crate::item::{
     FencingToken, Holding, Identity, FENCES_PER_GENERATION, HELD_BYTES_BUDGET, MAX_HELD_BYTES,
 };
-use crate::queue::QueueKey;
+use crate::queue::{QueueKey, WaiterId};
 use crate::write::{Change, Check, Write};
 
 /// DynamoDB's limits on one expression string ("Constraints in Amazon DynamoDB", section
@@ -231,7 +231,10 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
             }
             // The waiter's record is another item: its check goes with its own action (see
             // `record_action`).
-            Check::NotQueued(_) | Check::Queued(_) | Check::QueuedWith { .. } => continue,
+            Check::NotQueued(_)
+            | Check::Queued(_)
+            | Check::QueuedBefore { .. }
+            | Check::QueuedWith { .. } => continue,
         });
     }
 
@@ -342,20 +345,26 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
 pub(super) fn record_action(
     queue_table: &str,
     write: &Write,
-    key: QueueKey,
+    id: WaiterId,
 ) -> Result<TransactWriteItem, StoreError> {
     let record_key = HashMap::from([
         (queue_attr::LOCK.to_owned(), string(write.lock.as_str())),
-        (queue_attr::PLACE.to_owned(), string(&key.render())),
+        (queue_attr::WAITER.to_owned(), string(&id.render())),
     ]);
     let place = format!("#{}", queue_attr::PLACE);
     let exists = format!("attribute_exists({place})");
     let token_name = format!("#{}", queue_attr::TASK_TOKEN);
     let mut names = HashMap::from([(place.clone(), queue_attr::PLACE.to_owned())]);
     let mut values = HashMap::new();
-    let condition = match write.checks.iter().find(|c| c.waiter_key().is_some()) {
+    let attempt_name = format!("#{}", queue_attr::ATTEMPT);
+    let condition = match write.checks.iter().find(|c| c.waiter_id().is_some()) {
         Some(Check::NotQueued(_)) => format!("attribute_not_exists({place})"),
         Some(Check::Queued(_)) => exists,
+        Some(Check::QueuedBefore { attempt, .. }) => {
+            names.insert(attempt_name.clone(), queue_attr::ATTEMPT.to_owned());
+            values.insert(":attempt".to_owned(), number(attempt.0));
+            format!("{exists} AND {attempt_name} < :attempt")
+        }
         Some(Check::QueuedWith { task_token, .. }) => {
             names.insert(token_name.clone(), queue_attr::TASK_TOKEN.to_owned());
             values.insert(":token".to_owned(), string(task_token.as_str()));
@@ -404,16 +413,24 @@ pub(super) fn record_action(
                 .build()
                 .map_err(built)?,
         ),
-        Change::Repark { task_token, .. } => {
+        Change::Repark {
+            task_token,
+            attempt,
+            ..
+        } => {
             names.insert(token_name.clone(), queue_attr::TASK_TOKEN.to_owned());
+            names.insert(attempt_name.clone(), queue_attr::ATTEMPT.to_owned());
             let mut values = values.unwrap_or_default();
             values.insert(":new_token".to_owned(), string(task_token.as_str()));
+            values.insert(":new_attempt".to_owned(), number(attempt.0));
             action.update(
                 Update::builder()
                     .table_name(queue_table)
                     .set_key(Some(record_key))
                     .condition_expression(condition)
-                    .update_expression(format!("SET {token_name} = :new_token"))
+                    .update_expression(format!(
+                        "SET {token_name} = :new_token, {attempt_name} = :new_attempt"
+                    ))
                     .set_expression_attribute_names(Some(names))
                     .set_expression_attribute_values(Some(values))
                     .return_values_on_condition_check_failure(on_failure)

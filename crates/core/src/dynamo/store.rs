@@ -10,9 +10,12 @@
 //! update is refused for want of an item, and the item the write would make of an empty lock is
 //! put, on the condition that there still is none.
 //!
-//! The waiters' table holds one item per waiter, partition key the lock, sort key its place in
-//! line ([`QueueKey::render`], whose text order is the line's order), so the head is the first
-//! item a `Query` returns. A write that names a waiter's record is one `TransactWriteItems`: the
+//! The waiters' table holds one item per waiter, partition key the lock, sort key the waiter's id
+//! ([`WaiterId::render`](crate::queue::WaiterId::render)), so a waiter that checks again finds its
+//! own record with one `GetItem`; its place in line ([`QueueKey::render`], whose text order is
+//! the line's order) is the sort key of a local secondary index, `line`, so the head is the first
+//! item a `Query` of the index returns, read consistently (a local index can be, a global one
+//! cannot). A write that names a waiter's record is one `TransactWriteItems`: the
 //! lock's item updated as for a write of it alone (its `waiting` count included) and the record
 //! put, deleted or updated under its own check, so both change together or neither does.
 
@@ -25,12 +28,13 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    LocalSecondaryIndex, Projection, ProjectionType, ReturnValue,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TransactWriteItem, Update,
 };
 use aws_sdk_dynamodb::Client;
 
-use super::codec::{attr, decode, decode_waiter, encode, queue_attr, string};
+use super::codec::{attr, decode, decode_waiter, encode, queue_attr, string, LINE_INDEX};
 use super::expression::{line_after, record_action, render, ITEM_ABSENT};
 use super::retry::{self, throttle_backoff, LostAnswers, CONFLICT_ROUNDS};
 use crate::error::StoreError;
@@ -38,7 +42,7 @@ use crate::input::LockName;
 use crate::item::SemaphoreItem;
 use crate::ports::ItemStore;
 use crate::protocol::WriteResult;
-use crate::queue::{QueueKey, Waiter};
+use crate::queue::{QueueKey, Waiter, WaiterId};
 use crate::write::Write;
 
 /// The semaphore items of one table and their waiters' records in another (see the module docs).
@@ -92,18 +96,20 @@ impl DynamoStore {
     }
 
     /// Creates the table (on-demand, partition key `lock`) and the waiters' table (partition
-    /// key `lock`, sort key `place`), each unless it exists: `Created` if either was made.
+    /// key `lock`, sort key `waiter`, local index `line` on `place`), each unless it exists:
+    /// `Created` if either was made.
     pub async fn create_table(&self) -> Result<TableSetup, StoreError> {
         let items = self
-            .create_one(&self.table, &[(attr::LOCK, KeyType::Hash)])
+            .create_one(&self.table, &[(attr::LOCK, KeyType::Hash)], None)
             .await?;
         let queue = self
             .create_one(
                 &self.queue_table,
                 &[
                     (queue_attr::LOCK, KeyType::Hash),
-                    (queue_attr::PLACE, KeyType::Range),
+                    (queue_attr::WAITER, KeyType::Range),
                 ],
+                Some((LINE_INDEX, queue_attr::PLACE)),
             )
             .await?;
         Ok(
@@ -115,29 +121,51 @@ impl DynamoStore {
         )
     }
 
+    /// Creates `table` with the string `keys`, and a local secondary index `(name, sort key)`
+    /// projecting every attribute.
     async fn create_one(
         &self,
         table: &str,
         keys: &[(&str, KeyType)],
+        local_index: Option<(&str, &str)>,
     ) -> Result<TableSetup, StoreError> {
         let mut create = self
             .client
             .create_table()
             .table_name(table)
             .billing_mode(BillingMode::PayPerRequest);
+        let definition = |name: &str| {
+            AttributeDefinition::builder()
+                .attribute_name(name)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .map_err(|e| self.failed("CreateTable", e))
+        };
+        let element = |name: &str, kind: KeyType| {
+            KeySchemaElement::builder()
+                .attribute_name(name)
+                .key_type(kind)
+                .build()
+                .map_err(|e| self.failed("CreateTable", e))
+        };
         for (name, kind) in keys {
             create = create
-                .attribute_definitions(
-                    AttributeDefinition::builder()
-                        .attribute_name(*name)
-                        .attribute_type(ScalarAttributeType::S)
-                        .build()
-                        .map_err(|e| self.failed("CreateTable", e))?,
-                )
-                .key_schema(
-                    KeySchemaElement::builder()
-                        .attribute_name(*name)
-                        .key_type(kind.clone())
+                .attribute_definitions(definition(name)?)
+                .key_schema(element(name, kind.clone())?);
+        }
+        if let (Some((index, sort_key)), Some((partition_key, _))) = (local_index, keys.first()) {
+            create = create
+                .attribute_definitions(definition(sort_key)?)
+                .local_secondary_indexes(
+                    LocalSecondaryIndex::builder()
+                        .index_name(index)
+                        .key_schema(element(partition_key, KeyType::Hash)?)
+                        .key_schema(element(sort_key, KeyType::Range)?)
+                        .projection(
+                            Projection::builder()
+                                .projection_type(ProjectionType::All)
+                                .build(),
+                        )
                         .build()
                         .map_err(|e| self.failed("CreateTable", e))?,
                 );
@@ -246,7 +274,7 @@ impl ItemStore for DynamoStore {
     }
 
     async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
-        if write.waiter_key().is_some() {
+        if write.waiter_id().is_some() {
             return self.transact(write).await;
         }
         let rendered = render(write)?;
@@ -331,6 +359,20 @@ impl ItemStore for DynamoStore {
         self.query_waiters(lock, after, limit).await
     }
 
+    async fn waiter(&self, lock: &LockName, id: WaiterId) -> Result<Option<Waiter>, StoreError> {
+        let got = self
+            .client
+            .get_item()
+            .table_name(self.queue_table())
+            .key(queue_attr::LOCK, string(lock.as_str()))
+            .key(queue_attr::WAITER, string(&id.render()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.failed_queue("GetItem", DisplayErrorContext(e)))?;
+        got.item().map(decode_waiter).transpose()
+    }
+
     async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
         let mut items = Vec::new();
         let mut start = None;
@@ -370,7 +412,7 @@ impl DynamoStore {
 
     /// Sends a write that names a waiter's record as one transaction (see the module docs).
     async fn transact(&self, write: &Write) -> Result<WriteResult, StoreError> {
-        let key = write.waiter_key().ok_or_else(|| StoreError::Unexpected {
+        let key = write.waiter_id().ok_or_else(|| StoreError::Unexpected {
             lock: write.lock.to_string(),
             problem: "a transaction for a write without a waiter".to_owned(),
         })?;
@@ -497,7 +539,7 @@ impl DynamoStore {
     async fn write_record_alone(
         &self,
         write: &Write,
-        key: QueueKey,
+        key: WaiterId,
     ) -> Result<WriteResult, StoreError> {
         let action = record_action(self.queue_table(), write, key)?;
         let Some(update) = action.update() else {
@@ -566,6 +608,7 @@ impl DynamoStore {
                 .client()
                 .query()
                 .table_name(self.queue_table())
+                .index_name(LINE_INDEX)
                 .key_condition_expression(&key.expression)
                 .set_expression_attribute_names(Some(key.names.clone()))
                 .set_expression_attribute_values(Some(key.values.clone()))

@@ -9,7 +9,7 @@ use crate::ports::{
     missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
 };
 use crate::protocol::{self, Grant, QueueOutcome};
-use crate::queue::{QueueKey, Waiter};
+use crate::queue::{Attempt, QueueKey, Waiter, WaiterId};
 
 /// Most grants (and skips of dead waiters) one hand-off makes before it leaves the rest to the
 /// next one (a release, a waiter's fallback check, the sweeper): bounds one Lambda's work when
@@ -85,25 +85,32 @@ impl<S: ItemStore> Semaphore<S> {
         Ok(protocol::queued(&write, &waiter.identity, result)?)
     }
 
-    /// Gives a queued waiter's record the token of its new parked task, keeping its place:
-    /// `false` if it is not in line (granted, or never queued). One write.
+    /// Gives a queued waiter's record the token of `attempt` of its parked task, keeping its
+    /// place: `false` if it is not in line (granted, or never queued) or its record holds the
+    /// token of a later attempt already. One write.
     pub async fn repark(
         &self,
         lock: &LockName,
-        key: QueueKey,
+        id: WaiterId,
         task_token: TaskToken,
+        attempt: Attempt,
     ) -> Result<bool, Error> {
-        let write = protocol::repark(lock, key, task_token);
+        let write = protocol::repark(lock, id, task_token, attempt);
         let result = self.store.write(&write).await?;
         Ok(protocol::was_queued(&write, &result)?)
     }
 
     /// Takes a waiter out of line (it gave up, or its execution ended): `false` if it was not
     /// in line. One write.
-    pub async fn leave(&self, lock: &LockName, key: QueueKey) -> Result<bool, Error> {
-        let write = protocol::leave(lock, key);
+    pub async fn leave(&self, lock: &LockName, id: WaiterId) -> Result<bool, Error> {
+        let write = protocol::leave(lock, id);
         let result = self.store.write(&write).await?;
         Ok(protocol::was_queued(&write, &result)?)
+    }
+
+    /// The record of waiter `id` in `lock`'s line, if it is in line. One read.
+    pub async fn waiter(&self, lock: &LockName, id: WaiterId) -> Result<Option<Waiter>, Error> {
+        Ok(self.store.waiter(lock, id).await?)
     }
 
     /// The first `limit` waiters in line after `after` (`None`: from the head).
@@ -203,7 +210,7 @@ impl<S: ItemStore> Semaphore<S> {
                 }
                 Grant::Moved { current } => item = current,
                 Grant::Dead { .. } | Grant::Holding { .. } => {
-                    self.leave(lock, head.key).await?;
+                    self.leave(lock, head.id()).await?;
                     report.skipped.push(head.identity.clone());
                     item = self.status(lock).await?;
                 }

@@ -237,7 +237,7 @@ impl<S: ItemStore> Semaphore<S> {
                     Ok(ExecutionState::Missing)
                         if !missing_long_enough(waiter.key.queued_at_ms, self.now_ms()) => {}
                     Ok(state) if state.reclaim_reason().is_some() => {
-                        match self.leave(lock, waiter.key).await {
+                        match self.leave(lock, waiter.id()).await {
                             Ok(true) => {
                                 left = true;
                                 report

@@ -6,8 +6,8 @@ use semaphore_core::protocol::{
     release_unheld, repark, rotation, was_queued, Grant,
 };
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Change, Check, HolderId, Identity, MemoryStore, QueueOutcome,
-    Run, SemaphoreItem, TaskToken, Waiter, Weight, Write, WriteResult,
+    AcquireOutcome, AcquisitionId, Attempt, Change, Check, HolderId, Identity, MemoryStore,
+    QueueOutcome, Run, SemaphoreItem, TaskToken, Waiter, Weight, Write, WriteResult,
 };
 
 use crate::{limit, lock, T};
@@ -25,6 +25,7 @@ fn waiter(h: &str, n: i64, queued_at_ms: u64) -> Waiter {
         limit(n),
         queued_at_ms,
         TaskToken::new(format!("{h}-task-0")).unwrap(),
+        Attempt::new(queued_at_ms, 0),
         String::new(),
     )
 }
@@ -112,15 +113,20 @@ fn a_grant_is_refused_by_the_first_of_its_checks_that_fails() {
         store.waiters_now(&lock(), None, 10),
         std::slice::from_ref(&w)
     );
-    let leave = leave(&lock(), w.key);
+    let leave = leave(&lock(), w.id());
     assert!(was_queued(&leave, &store.write_now(&leave)).unwrap());
 
-    // Queued twice (its wait state entered again with a new entry time), granted once:
-    // the second grant finds it holding.
+    // Asked to queue again (a check of a later attempt, or a late queue write of an earlier
+    // one): in line once, at its first place; granted once, a grant of the other record read
+    // finds it holding.
     let (first, again) = (waiter("v", 1, T0), waiter("v", 1, T0 + 5));
     take(&store, "b", 1);
     assert_eq!(queue(&store, &first), QueueOutcome::Queued);
-    assert_eq!(queue(&store, &again), QueueOutcome::Queued);
+    assert_eq!(queue(&store, &again), QueueOutcome::AlreadyQueued);
+    assert_eq!(
+        store.waiters_now(&lock(), None, 10),
+        std::slice::from_ref(&first)
+    );
     store.write_now(&release(&lock(), &id("b"), Weight::ONE));
     let result = store.write_now(&grant_of(&first));
     assert_eq!(result, WriteResult::Landed);
@@ -129,10 +135,10 @@ fn a_grant_is_refused_by_the_first_of_its_checks_that_fails() {
         item.holders[&first.identity].token.0, item.version.0,
         "the grant's token is the version it made"
     );
-    assert_eq!(item.waiting, 1);
+    assert_eq!(item.waiting, 0);
     assert!(matches!(
         outcome(&grant(&again, T0 + 2)),
-        Grant::Holding { .. }
+        Grant::Moved { .. }
     ));
 }
 
@@ -143,15 +149,27 @@ fn leave_and_repark_name_the_record_and_say_whether_it_was_there() {
     let w = waiter("w", 1, T0);
     queue(&store, &w);
     let token = TaskToken::new("w-task-1").unwrap();
-    let repark = repark(&lock(), w.key, token.clone());
-    assert_eq!(repark.waiter_key(), Some(w.key));
-    assert_eq!(repark.checks, [Check::Queued(w.key)]);
+    let attempt = Attempt::new(T0 + 300_000, 0);
+    let repark = repark(&lock(), w.id(), token.clone(), attempt);
+    assert_eq!(repark.waiter_id(), Some(w.id()));
+    assert_eq!(
+        repark.checks,
+        [Check::QueuedBefore {
+            id: w.id(),
+            attempt
+        }]
+    );
     assert!(was_queued(&repark, &store.write_now(&repark)).unwrap());
-    assert_eq!(store.waiters_now(&lock(), None, 1)[0].task_token, token);
+    let record = store.waiter_now(&lock(), w.id()).unwrap();
+    assert_eq!((&record.task_token, record.attempt), (&token, attempt));
+    assert_eq!(record.key, w.key, "its place kept");
     assert_eq!(store.load_now(&lock()).unwrap().waiting, 1);
+    // The same attempt again (a retried request), or an earlier one: not in line with an
+    // earlier token, and nothing changes.
+    assert!(!was_queued(&repark, &store.write_now(&repark)).unwrap());
 
-    let leave = leave(&lock(), w.key);
-    assert_eq!(leave.changes, [Change::Dequeue(w.key)]);
+    let leave = leave(&lock(), w.id());
+    assert_eq!(leave.changes, [Change::Dequeue(w.id())]);
     assert!(was_queued(&leave, &store.write_now(&leave)).unwrap());
     assert_eq!(store.load_now(&lock()).unwrap().waiting, 0);
     let again = store.write_now(&leave);
@@ -187,11 +205,11 @@ fn results_that_contradict_the_write_are_errors_not_answers() {
     assert!(queued(&write, &w.identity, not_refused(&busy)).is_err());
     let write = grant(&w, T0);
     assert!(granted(&write, not_refused(&item)).is_err());
-    let write = leave(&lock(), w.key);
+    let write = leave(&lock(), w.id());
     assert!(was_queued(&write, &not_refused(&item)).is_err());
     // An acquire names no record: it cannot have been sent as a transaction.
     let write = acquire(&lock(), &w.identity, Run::FIRST, limit(1), T0, T0, &T).unwrap();
     assert!(acquired(&write, &w.identity, limit(1), WriteResult::Landed).is_err());
-    assert_eq!(write.waiter_key(), None);
+    assert_eq!(write.waiter_id(), None);
     assert!(write.checks.contains(&Check::QueueEmpty));
 }

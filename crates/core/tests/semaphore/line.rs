@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex};
 
 use semaphore_core::protocol::{self, Grant};
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, ExecutionState, ExecutionStatus, FenceReason, FencingToken,
-    HandOff, HolderId, Identity, ItemStore, LockName, ManualClock, MemoryStore, PortError,
-    QueueKey, QueueOutcome, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, TaskToken,
-    Waiter, Waker, Write, WriteResult, MISSING_EXECUTION_GRACE_MS,
+    AcquireOutcome, AcquisitionId, Attempt, ExecutionState, ExecutionStatus, FenceReason,
+    FencingToken, HandOff, HolderId, Identity, ItemStore, LockName, ManualClock, MemoryStore,
+    PortError, QueueKey, QueueOutcome, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError,
+    TaskToken, Waiter, Waker, Write, WriteResult, MISSING_EXECUTION_GRACE_MS,
 };
 
 use crate::{limit, lock};
@@ -30,6 +30,7 @@ fn waiter(h: &str, n: i64, queued_at_ms: u64) -> Waiter {
         limit(n),
         queued_at_ms,
         task_token(&format!("{h}-task-0")),
+        Attempt::new(queued_at_ms, 0),
         format!("context of {h}"),
     )
 }
@@ -507,21 +508,24 @@ async fn a_waiter_whose_run_was_cleaned_up_is_skipped_and_its_record_removed() {
 }
 
 #[tokio::test]
-async fn a_waiter_queued_twice_is_granted_once_and_its_second_record_removed() {
+async fn a_waiter_asked_to_queue_twice_is_in_line_once_at_its_first_place() {
     let f = fixture();
     f.hold(&id("a"), 2).await;
     f.hold(&id("b"), 2).await;
-    // Its wait state was entered again (a new entry time): a second record, a new place.
+    // A later check (or a late queue write of an earlier one) asks again, later: it is in line
+    // already, and stays where it was, ahead of one that asked in between.
     let (first, again) = (waiter("w", 2, T0), waiter("w", 2, T0 + 50));
-    let other = waiter("o", 2, T0 + 100);
-    for w in [&first, &again, &other] {
-        assert_eq!(f.queue(w).await, QueueOutcome::Queued);
-    }
+    let other = waiter("o", 2, T0 + 20);
+    assert_eq!(f.queue(&first).await, QueueOutcome::Queued);
+    assert_eq!(f.queue(&other).await, QueueOutcome::Queued);
+    assert_eq!(f.queue(&again).await, QueueOutcome::AlreadyQueued);
+    assert_eq!(f.line_holders(), ["w", "o"]);
+    assert_eq!(f.item().waiting, 2);
     f.release(&id("a")).await;
     f.release(&id("b")).await;
     let report = f.hand_off().await;
     assert_eq!(holders_of(&report.woken), ["w", "o"], "{report:?}");
-    assert_eq!(names(&report.skipped), ["w"]);
+    assert!(report.skipped.is_empty());
     assert!(f.line().is_empty());
     assert_eq!(f.item().count(), 2);
 }
@@ -540,7 +544,12 @@ async fn a_reparked_waiter_keeps_its_place_and_is_woken_with_its_new_token() {
     let holders = f.item().holders;
     assert!(f
         .sem
-        .repark(&lock(), w1.key, task_token("w1-task-1"))
+        .repark(
+            &lock(),
+            w1.id(),
+            task_token("w1-task-1"),
+            Attempt::new(T0 + 300_000, 0)
+        )
         .await
         .unwrap());
     assert_eq!(f.item().holders, holders);
@@ -582,7 +591,12 @@ async fn a_reparked_waiter_keeps_its_place_and_is_woken_with_its_new_token() {
     let version = f.version();
     assert!(!f
         .sem
-        .repark(&lock(), w1.key, task_token("w1-task-2"))
+        .repark(
+            &lock(),
+            w1.id(),
+            task_token("w1-task-2"),
+            Attempt::new(T0 + 600_000, 0)
+        )
         .await
         .unwrap());
     assert_eq!(f.version(), version);
@@ -619,6 +633,14 @@ impl ItemStore for Interposed {
         }
         read
     }
+
+    async fn waiter(
+        &self,
+        lock: &LockName,
+        id: semaphore_core::WaiterId,
+    ) -> Result<Option<semaphore_core::Waiter>, StoreError> {
+        self.inner.waiter(lock, id).await
+    }
 }
 
 #[tokio::test]
@@ -632,8 +654,9 @@ async fn a_hand_off_that_read_the_head_before_it_parked_anew_reads_again_and_wak
         inner: f.store.clone(),
         after_first_read: Mutex::new(Some(protocol::repark(
             &lock(),
-            w1.key,
+            w1.id(),
             task_token("w1-task-1"),
+            Attempt::new(T0 + 300_000, 0),
         ))),
     };
     let sem = Semaphore::new(store).with_clock(f.clock.clone());
@@ -661,15 +684,15 @@ async fn leaving_removes_the_record_and_uncounts_it() {
     for w in &line {
         f.queue(w).await;
     }
-    assert!(f.sem.leave(&lock(), line[1].key).await.unwrap());
+    assert!(f.sem.leave(&lock(), line[1].id()).await.unwrap());
     assert_eq!(f.line_holders(), ["w1", "w3"]);
     assert_eq!(f.item().waiting, 2);
     let version = f.version();
-    assert!(!f.sem.leave(&lock(), line[1].key).await.unwrap(), "gone");
+    assert!(!f.sem.leave(&lock(), line[1].id()).await.unwrap(), "gone");
     assert_eq!(f.version(), version, "a second leave writes nothing");
     assert_eq!(f.item().waiting, 2);
     for w in [&line[0], &line[2]] {
-        assert!(f.sem.leave(&lock(), w.key).await.unwrap());
+        assert!(f.sem.leave(&lock(), w.id()).await.unwrap());
         f.assert_counted();
     }
     assert_eq!(f.item().waiting, 0);
@@ -692,7 +715,7 @@ async fn waiting_always_equals_the_number_of_records() {
         let mut rng = fastrand::Rng::with_seed(seed);
         let f = fixture();
         let executions: Vec<String> = (0..12).map(|n| format!("e{n}")).collect();
-        // Each execution's waiters: a few entry times each, so one can be in line twice.
+        // Each execution asks at one of a few entry times: queued once, whichever it is.
         let waiter_of = |rng: &mut fastrand::Rng| {
             let h = &executions[rng.usize(..executions.len())];
             waiter(h, LIMIT, T0 + rng.u64(0..4) * 10)
@@ -713,12 +736,13 @@ async fn waiting_always_equals_the_number_of_records() {
                 }
                 3 => {
                     let w = waiter_of(&mut rng);
-                    f.sem.leave(&lock(), w.key).await.unwrap();
+                    f.sem.leave(&lock(), w.id()).await.unwrap();
                 }
                 4 => {
                     let w = waiter_of(&mut rng);
                     let token = task_token(&format!("{}-task-{step}", w.identity.holder));
-                    f.sem.repark(&lock(), w.key, token).await.unwrap();
+                    let attempt = Attempt::new(T0 + step as u64, 0);
+                    f.sem.repark(&lock(), w.id(), token, attempt).await.unwrap();
                 }
                 5 => {
                     // Mostly a holder's release (what frees slots), at times anyone's.

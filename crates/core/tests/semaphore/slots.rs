@@ -56,6 +56,14 @@ impl ItemStore for Counted {
     ) -> Result<Vec<Waiter>, StoreError> {
         self.inner.waiters(lock, after, limit).await
     }
+
+    async fn waiter(
+        &self,
+        lock: &LockName,
+        id: semaphore_core::WaiterId,
+    ) -> Result<Option<semaphore_core::Waiter>, StoreError> {
+        self.inner.waiter(lock, id).await
+    }
 }
 
 fn id(h: &str, a: &str) -> Identity {
