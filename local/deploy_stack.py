@@ -20,8 +20,16 @@ EventBridge rule (pattern, target, input transformer, dead-letter queue) and the
 the skipped resources, and an SQS queue subscribed to every topic (the local run reads the
 notices back from it: an observer, not part of the stack).
 
+A run that compresses time (the local run's) may shorten the timeout of a named state in every
+definition, `--state-timeout "Acquire slot=20"`: the acquire state's TimeoutSeconds is the
+period of a waiting execution's checks, a number in the definition file that no parameter can
+substitute (a definition must be valid JSON as written), so it is changed where the file is
+staged, as the local run plays the sweeper's schedule faster. A name that no state with a
+timeout has fails the deploy.
+
 Usage: python deploy_stack.py --endpoint URL [--template template.yaml]
                               [--stack-name NAME] [--parameter KEY=VALUE ...]
+                              [--state-timeout STATE=SECONDS ...]
 """
 
 import argparse
@@ -54,11 +62,27 @@ class NoManagedPolicies:
         return {}
 
 
-def stage(template, template_dir, s3, bucket):
+def shorten_timeouts(definition, state_timeouts):
+    """Sets TimeoutSeconds of the states named in `state_timeouts` that have one, in the
+    definition's own states and those of its Parallel branches and Map processors; returns the
+    names it set."""
+    pending, shortened = [definition.get("States", {})], set()
+    while pending:
+        for name, state in pending.pop().items():
+            if name in state_timeouts and "TimeoutSeconds" in state:
+                state["TimeoutSeconds"] = state_timeouts[name]
+                shortened.add(name)
+            inner = state.get("Branches", []) + [state.get("ItemProcessor") or state.get("Iterator") or {}]
+            pending.extend(part.get("States", {}) for part in inner)
+    return shortened
+
+
+def stage(template, template_dir, s3, bucket, state_timeouts):
     """Replaces each function's local CodeUri with an S3 object and each DefinitionUri with the
-    definition, as `sam package` would; returns {function logical id: cargo binary}."""
+    definition (its named states' timeouts shortened), as `sam package` would; returns {function
+    logical id: cargo binary}."""
     s3.create_bucket(Bucket=bucket)
-    binaries = {}
+    binaries, shortened = {}, set()
     globals_function = template.get("Globals", {}).get("Function", {})
     for logical_id, resource in template["Resources"].items():
         properties = resource.setdefault("Properties", {})
@@ -82,8 +106,12 @@ def stage(template, template_dir, s3, bucket):
                 raise DeployError(f"{logical_id}: DefinitionUri {uri!r} is not a local file")
             with open(os.path.join(template_dir, uri), encoding="utf-8") as f:
                 properties["Definition"] = json.load(f)
+            shortened |= shorten_timeouts(properties["Definition"], state_timeouts)
             resource.setdefault("Metadata", {})["DefinitionUri"] = uri
     globals_function.pop("CodeUri", None)
+    missing = sorted(set(state_timeouts) - shortened)
+    if missing:
+        raise DeployError(f"--state-timeout: no state named {missing} with a TimeoutSeconds in any definition")
     return binaries
 
 
@@ -276,6 +304,7 @@ def main():
     parser.add_argument("--stack-name", default="semaphore-local")
     parser.add_argument("--region", default="us-east-1")
     parser.add_argument("--parameter", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--state-timeout", action="append", default=[], metavar="STATE=SECONDS")
     args = parser.parse_args()
     parameters = {}
     for item in args.parameter:
@@ -283,6 +312,12 @@ def main():
         if not sep:
             parser.error(f"--parameter {item!r}: expected KEY=VALUE")
         parameters[key] = value
+    state_timeouts = {}
+    for item in args.state_timeout:
+        name, sep, seconds = item.rpartition("=")
+        if not sep or not seconds.isdigit() or int(seconds) < 1:
+            parser.error(f"--state-timeout {item!r}: expected STATE=SECONDS, whole seconds from 1")
+        state_timeouts[name] = int(seconds)
 
     session = boto3.Session(
         aws_access_key_id="testing", aws_secret_access_key="testing", region_name=args.region
@@ -302,6 +337,7 @@ def main():
             os.path.dirname(os.path.abspath(args.template)),
             session.client("s3", endpoint_url=args.endpoint),
             f"{args.stack_name}-artifacts",
+            state_timeouts,
         )
         translated = transform(sam, dict(parameters), NoManagedPolicies())
         create_stack(session.client("cloudformation", endpoint_url=args.endpoint), args.stack_name, translated, parameters)

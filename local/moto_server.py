@@ -25,10 +25,12 @@ local run and the tests of a waiter stopped in line need it. And a task token st
 its task had ended (timed out, completed, or its execution ended): SendTaskSuccess to it
 succeeded and did nothing, where AWS answers TaskTimedOut ("the task associated with the token
 has already been closed"), which is how the semaphore learns that a waiter it granted a slot
-did not take it.
+did not take it. And a callback task's token was made once per state entry and kept through its
+Retry attempts, where AWS gives every attempt a new one and closes the one it replaced
+(patch_task_token_per_attempt).
 
-A Catch whose Next is its own state (the lock-protected machine's "Wait in line" catches its
-own States.Timeout to park again, as AWS allows) was taken by moto for no Catch at all: the
+A Catch whose Next is its own state (the acquire state catches its own States.Timeout to check
+again, as AWS allows) was taken by moto for no Catch at all: the
 execution went on to the state's Next, here the protected work, without a slot. Fixed by
 wrapping the catcher and the choice of the next state.
 
@@ -340,6 +342,16 @@ def patch_stop_aborts_waiting_tasks():
 CALLBACK_EVAL_BODY_SHA256 = "1565ede7010df6af128057e199741623fe7d813996476dea3b2f9d647a1d9ab4"
 CALLBACK_POOL_ADD_SHA256 = "642af2a3229b6856bc2fddd992cf4a4b2e9fd3ca37208d6eed5bdfb46280e225"
 
+# The tokens of tasks that have ended (patch_closed_task_tokens) or of attempts a retry replaced
+# (patch_task_token_per_attempt): SendTask* with one of them answers TaskTimedOut.
+CLOSED_TASK_TOKENS = set()
+CLOSED_TASK_TOKENS_LOCK = threading.Lock()
+
+
+def close_task_token(token):
+    with CLOSED_TASK_TOKENS_LOCK:
+        CLOSED_TASK_TOKENS.add(token)
+
 
 def patch_closed_task_tokens():
     """Makes a task token unusable once its task has ended, as on AWS.
@@ -375,8 +387,6 @@ def patch_closed_task_tokens():
                 "not (self, task_token, ...): review the task-token patch"
             )
 
-    closed = set()
-    closed_lock = threading.Lock()
     # The endpoint a task state's thread registered last: _eval_body registers its task's
     # token and evaluates the task in the same thread (branches of Parallel and Map states run
     # in threads of their own).
@@ -397,13 +407,12 @@ def patch_closed_task_tokens():
             endpoint = registered.endpoint
             registered.endpoint = None
             if endpoint is not None:
-                with closed_lock:
-                    closed.add(endpoint.callback_id)
+                close_task_token(endpoint.callback_id)
 
     def refuse_closed(original):
         def callback(self, task_token, *args, **kwargs):
-            with closed_lock:
-                is_closed = task_token in closed
+            with CLOSED_TASK_TOKENS_LOCK:
+                is_closed = task_token in CLOSED_TASK_TOKENS
             if is_closed:
                 raise TaskTimedOut(
                     "Task Timed Out: 'Provided task does not exist anymore'", "TaskTimedOut"
@@ -420,6 +429,58 @@ def patch_closed_task_tokens():
             name,
             refuse_closed(getattr(StepFunctionsParserBackend, name)),
         )
+
+
+# sha256 of the sources of moto 5.2.5's ExecutionState._eval_state (a state's attempts: its
+# Retry loop, one _evaluate_with_timeout per attempt, RetryCount counted by _handle_retry) and
+# ContextObject.update_task_token (makes a task's token), which patch_task_token_per_attempt()
+# relies on.
+EVAL_STATE_SHA256 = "88a5f8e4c72b10849ada6345c535c9eb30519136b9bb838952f2d9b5ce38ff0b"
+UPDATE_TASK_TOKEN_SHA256 = "16d3cd21a9fc8463ded4dbe92a4dbdae27754b418b6b45aff7ed9e9bf31d4d32"
+
+
+def patch_task_token_per_attempt():
+    """Gives every attempt of a `.waitForTaskToken` task a token of its own, as AWS does.
+
+    moto 5.2.5 makes a callback task's token once per state entry and keeps it through the
+    state's Retry attempts. On AWS each attempt gets a new token, and the attempt it replaced is
+    over: a callback with that token answers TaskTimedOut. The acquire state retries
+    SemaphoreRateLimited (and Lambda's transient errors): the acquire function gives the
+    waiter's record each attempt's token, and a wake-up sent to a replaced one must fail here as
+    it does on AWS, or a test could not tell a design that keeps the first token from one that
+    follows them. Wraps the per-attempt evaluation: from the second attempt on (RetryCount > 0),
+    the token before is closed and a new one made and registered. Applied after
+    patch_stop_aborts_waiting_tasks (which replaces that method) and patch_closed_task_tokens
+    (whose close at the state's end then closes the last attempt's token).
+    """
+    from moto.stepfunctions.parser.asl.component.state.exec import execute_state
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.resource import (
+        ResourceCondition,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
+        StateTaskServiceCallback,
+    )
+    from moto.stepfunctions.parser.asl.eval.states import ContextObject
+
+    require_source(execute_state.ExecutionState._eval_state, EVAL_STATE_SHA256, "task-token-per-attempt")
+    require_source(ContextObject.update_task_token, UPDATE_TASK_TOKEN_SHA256, "task-token-per-attempt")
+    original = execute_state.ExecutionState._evaluate_with_timeout
+
+    def _evaluate_with_timeout(self, env):
+        context = env.states.context_object
+        data = context.context_object_data
+        if (
+            isinstance(self, StateTaskServiceCallback)
+            and self.resource.condition == ResourceCondition.WaitForTaskToken
+            and (data.get("State") or {}).get("RetryCount", 0) > 0
+        ):
+            previous = (data.get("Task") or {}).get("Token")
+            if previous is not None:
+                close_task_token(previous)
+            env.callback_pool_manager.add(context.update_task_token())
+        return original(self, env)
+
+    execute_state.ExecutionState._evaluate_with_timeout = _evaluate_with_timeout
 
 
 def patch_context_object():
@@ -457,7 +518,7 @@ def patch_catch_to_the_same_state():
 
     moto 5.2.5 decides a state's next state after its Catch ran by comparing the next state's
     name with the state's own: equal means "nothing overrode Next", so a Catch whose Next is the
-    state itself (the lock-protected machine's "Wait in line" catches its own States.Timeout to
+    state itself (the acquire state, "Acquire slot", catches its own States.Timeout to
     park again) is taken for no Catch at all, and the execution goes on to the state's Next,
     here into the protected work without a slot. Wraps the catcher (to mark the state it sent
     the execution to) and the choice of the next state (to keep that choice).
@@ -1108,6 +1169,7 @@ def main():
     patch_step_functions_integration()
     patch_stop_aborts_waiting_tasks()
     patch_closed_task_tokens()
+    patch_task_token_per_attempt()
     patch_expression_limits()
     patch_transaction_idempotency()
     patch_task_parameters_quota()

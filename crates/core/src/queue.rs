@@ -163,6 +163,9 @@ pub struct Waiter {
     pub task_token: TaskToken,
     /// The attempt `task_token` belongs to.
     pub attempt: Attempt,
+    /// How often a later attempt of its task gave the record its token since it was queued:
+    /// each check adds to its execution's history, which Step Functions caps.
+    pub checks: u32,
     /// What the waiter's caller wants back when the slot is granted (opaque here: the acquire
     /// function keeps its answer in it, so the waker can send it with the token).
     pub context: String,
@@ -190,6 +193,7 @@ impl Waiter {
             terms: terms.into(),
             task_token,
             attempt,
+            checks: 0,
             context,
         }
     }

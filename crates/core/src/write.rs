@@ -98,7 +98,7 @@ pub enum Change {
     /// left or died).
     Dequeue(WaiterId),
     /// Gives the waiter's record the task token of a later attempt of its parked task, keeping
-    /// its place.
+    /// its place, and counts the check.
     Repark {
         id: WaiterId,
         task_token: TaskToken,
@@ -281,6 +281,7 @@ impl Write {
                     if let Some(record) = record.as_mut() {
                         record.task_token = task_token.clone();
                         record.attempt = *attempt;
+                        record.checks = record.checks.saturating_add(1);
                     }
                 }
             }
@@ -482,7 +483,10 @@ mod tests {
             .apply_with(Some(&item), record.as_ref())
             .unwrap();
         let record = record.unwrap();
-        assert_eq!((&record.task_token, record.attempt), (&token, later));
+        assert_eq!(
+            (&record.task_token, record.attempt, record.checks),
+            (&token, later, 1)
+        );
         assert_eq!(
             (record.key, item.waiting),
             (w.key, 1),

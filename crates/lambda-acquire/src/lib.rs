@@ -1,69 +1,62 @@
-//! The acquire function: one attempt to take a slot of a semaphore for a Step Functions
-//! execution, and what the lock-protected state machine does next.
+//! The acquire function: the one state a state machine takes a slot with. Invoked by a
+//! `lambda:invoke.waitForTaskToken` task, it completes that task once the execution holds a
+//! slot, and not before: at once when a slot is free, else when whoever frees one hands it over.
 //!
-//! Payload (what the lock-protected state machine sends; see `lambda_common::Resolver` for every
-//! shape): `{"input": $$.Execution.Input, "holder": $$.Execution.Id, "redrive_count":
-//! $$.Execution.RedriveCount, "started_at": $$.Execution.StartTime, "requested_at":
-//! $$.State.EnteredTime}`. The lock, limit, weight, rate and work come from the payload, else
-//! the execution input, else the function's `DEFAULT_LOCK`, `DEFAULT_LIMIT`, `DEFAULT_WEIGHT`
-//! (else 1), `DEFAULT_RATE` (else none) and `DEFAULT_WORK`; the acquisition is
-//! `r<redrive_count>`, one per run of the execution. A caller's own machine may send `{"lock",
-//! "limit", "weight", "rate", "holder", "acquisition", "requested_at"}` instead.
+//! Payload (one shape, see `lambda_common::Resolver`): `{"request": {"lock", "limit", "weight",
+//! "rate"}, "execution": $$.Execution.Id, "redrive_count": $$.Execution.RedriveCount, "state":
+//! $$.State, "task_token": $$.Task.Token}`; the lock-protected machine passes its execution input
+//! as the request, which may name the `work`, and `"starts_work": true`. The acquisition is
+//! `r<redrive_count>`, one per run of the execution; the request time is the state's entry time,
+//! which comes before any release or cleanup this acquire must not outlive, however long Lambda
+//! takes to start it (see `semaphore_core::Timing`).
 //!
-//! One conditional write, no read. `requested_at` is when the acquire was asked for: the state's
-//! entry time comes before any release or cleanup this acquire must not outlive, however long
-//! Lambda takes to start it (see `semaphore_core::Timing`).
+//! Each invocation:
+//! 1. **Checks its place**: a record of the execution in the lock's line (it waits already: its
+//!    task timed out and the state was entered again, or was retried) gets this attempt's task
+//!    token, keeping its place (the record holds when the execution was first queued), and the
+//!    function hands any free slot to the head of the line, which may be this execution. Past
+//!    the wait budget (`MAX_WAIT_SECONDS` since it was queued, or more checks than its history
+//!    has room for) it leaves the line instead: `SemaphoreWaitTimeout`.
+//! 2. Otherwise **takes a free slot** (one conditional write) and completes its own task with the
+//!    answer.
+//! 3. Otherwise (the weight does not fit, others wait, or the start rate is spent) **queues** the
+//!    execution, at this request's time, and hands off: a slot may have been freed between
+//!    "full" and "queued" (F8). The task stays parked: a release, cleanup or sweep that frees a
+//!    slot grants the head of the line and completes its task (`SendTaskSuccess`).
 //!
-//! Answer (every outcome): `{"acquired", "outcome":
-//! "acquired"|"already_held"|"full"|"rate_limited"|"expired"|"queued", "token", "count",
-//! "limit", "weight", "rate", "next_start_at", "lock", "holder", "acquisition", "child_name",
-//! "queued_at", "fallback_seconds", "work"}`. "Full" (the weight does not fit, or others wait)
-//! and "rate_limited" (the lock's start rate is spent; `next_start_at` says when the next start
-//! may land) are answers, not errors: the machine then waits in line (below), passing
-//! `queued_at` (this request's time, its place in line) back. "Expired" (the request is older than the horizon) makes the machine
-//! enter its acquire state again, which makes a new request time. `work` names the child
-//! execution to start with the slot.
+//! Answer (what the task is completed with, the state's output): `{"acquired": true, "outcome":
+//! "acquired"|"already_held", "token", "count", "limit", "weight", "rate", "lock", "holder",
+//! "acquisition", "child_name", "queued_at", "work"}`. `queued_at` is when the execution was put
+//! in line (`null`: it never waited); `work` the child execution the lock-protected machine
+//! starts. The invocation's own answer (`outcome` "queued" while it waits) is for the logs.
 //!
-//! Waiting in line: a payload with `task_token` (`$$.Task.Token` of a `.waitForTaskToken` task)
-//! and `queued_at` parks the execution (see `semaphore_core::queue`). The function keeps the
-//! waiter's place if it is in line already (a fallback check: the parked task timed out and was
-//! entered again, with a new token), else queues it, then hands any free slot to the head of
-//! the line (a slot may have been freed between "full" and "queued"). The task is completed by
-//! whoever grants the waiter a slot (`SendTaskSuccess` of the answer above, `acquired`), by this
-//! function when the slot is free or already held (it completes its own task), or with
-//! `SendTaskFailure` (`SemaphoreFenced`, `SemaphoreWaitTimeout`, `SemaphoreInvalidInput`,
-//! `SemaphoreStoreError`). Its own answer (`outcome` "queued" or "acquired") is for the logs. A
-//! head of the line whose start the lock's rate holds back for more than 2 s is told to come
-//! back instead (`SendTaskSuccess` of `lambda_common::deferred_answer`: `acquired` false,
-//! "rate_limited", `wait_seconds`): the machine waits that long and enters its wait task again,
-//! keeping its place.
-//!
-//! A redriven execution acquires in its new run (`redrive_count`), with its own acquisition: the
-//! cleanup of an earlier run fenced that run only, so the new one waits its turn like any other.
-//!
-//! Errors: `SemaphoreFenced` (this acquisition was released or its execution cleaned up: it
-//! will never get a slot), `SemaphoreInvalidInput` (nothing written), `SemaphoreMisconfigured`
-//! (the caller is not a machine the stack protects, or is Express, or the work is an Express
-//! machine: `lambda_common::deployment`; nothing written), `SemaphoreOldFormat` (the
-//! lock's item is of version 1), `SemaphoreWaitTimeout` (waited longer than `MAX_WAIT_SECONDS`;
-//! holds no slot), `SemaphoreStoreError` (retry).
+//! Errors (each also fails the task, so the machine sees it whichever arrives first):
+//! `SemaphoreExpired` (asked too long ago, or the lock kept turning free and full: nothing held,
+//! nothing queued; the state catches it and enters itself again), `SemaphoreRateLimited` (sent
+//! by a hand-off to the head of the line whose start the lock's rate holds back: the state
+//! retries it), `SemaphoreFenced` (this acquisition was released or its execution cleaned up:
+//! it will never get a slot), `SemaphoreInvalidInput` (nothing written),
+//! `SemaphoreMisconfigured` (the caller is not a machine the stack protects, or is Express, or
+//! the work is an Express machine: `lambda_common::deployment`; nothing written),
+//! `SemaphoreOldFormat`, `SemaphoreWaitTimeout` (holds no slot), `SemaphoreStoreError` (retry).
 
 use std::time::Duration;
 
 use lambda_common::{
-    child_execution_name, granted_answer, metrics, AcquireRequest, ConfigError, Deployment,
-    HandOffs, HandlerError, Resolver, Settings, TaskCallbacks, WaitRequest, Work, WorkKind,
+    child_execution_name, metrics, AcquireRequest, ConfigError, Deployment, HandOffs, HandlerError,
+    Resolver, Settings, TaskCallbacks, Work, WorkKind, MAX_FALLBACK_CHECKS,
 };
 use lambda_runtime::LambdaEvent;
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, Attempt, ExecutionStatus, FencingToken, ItemStore,
-    QueueOutcome, Semaphore, Waiter,
+    rfc3339_millis, AcquireOutcome, ExecutionStatus, FencingToken, ItemStore, QueueOutcome,
+    Semaphore, SemaphoreItem, Waiter, WaiterId,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// How often one invocation tries to queue when the lock turns free and full again between its
-/// writes (each round is a write that found the other state): then the fallback check goes on.
+/// writes (each round is a write that found the other state): then it answers
+/// `SemaphoreExpired`, and the state enters itself again.
 const QUEUE_ROUNDS: usize = 3;
 
 /// What the function reads once per cold start besides the semaphore.
@@ -73,13 +66,8 @@ pub struct Config {
     /// `DEFAULT_RATE`, `DEFAULT_WORK`, `WORK_STATE_MACHINES`, `WORK_FUNCTIONS`,
     /// `WORK_FUNCTION_RUNNER`).
     pub resolver: Resolver,
-    /// `MAX_WAIT_SECONDS`: past it, a full answer is `SemaphoreWaitTimeout`.
+    /// `MAX_WAIT_SECONDS`: how long an execution may wait in line, from when it was queued.
     pub max_wait: Duration,
-    /// `QUEUE_FALLBACK_SECONDS`: how long a parked execution waits before it checks again (its
-    /// wait task's timeout): the most a lost wake-up costs. Lengthened where `max_wait` would
-    /// otherwise let one wait's checks pass Step Functions' history quota
-    /// (`lambda_common::history_safe_fallback`).
-    pub fallback: Duration,
     /// The protected machines (`STATE_MACHINE_ARNS`) a caller must be one of, and the work
     /// machines' types (set by `main`: `DescribeStateMachine`); see `lambda_common::deployment`.
     pub deployment: Deployment,
@@ -89,11 +77,9 @@ impl Config {
     pub fn from_settings<F: Fn(&str) -> Option<String>>(
         settings: &Settings<F>,
     ) -> Result<Self, ConfigError> {
-        let (max_wait, fallback) = settings.waiting()?;
         Ok(Self {
             resolver: settings.resolver()?,
-            max_wait,
-            fallback,
+            max_wait: settings.max_wait()?,
             deployment: Deployment {
                 protected: settings.state_machines()?,
                 machine_types: None,
@@ -105,14 +91,12 @@ impl Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
+    /// A slot was taken for this execution now.
     Acquired,
+    /// It held its slot already (granted while it checked, or an earlier attempt's write
+    /// landed).
     AlreadyHeld,
-    Full,
-    /// The lock's start rate is spent: wait in line as for `Full` (the line's hand-offs start
-    /// waiters at the rate).
-    RateLimited,
-    Expired,
-    /// In line (a wait payload): the task completes when a slot is handed to it.
+    /// In line: the task completes when a slot is handed to it.
     Queued,
 }
 
@@ -121,9 +105,6 @@ impl Outcome {
         match self {
             Self::Acquired => "acquired",
             Self::AlreadyHeld => "already_held",
-            Self::Full => "full",
-            Self::RateLimited => "rate_limited",
-            Self::Expired => "expired",
             Self::Queued => "queued",
         }
     }
@@ -160,21 +141,20 @@ pub struct WorkAnswer {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AcquireResponse {
-    /// True when this identity holds a slot now (newly taken or already held).
+    /// True when this execution holds a slot now (newly taken or already held).
     pub acquired: bool,
     pub outcome: Outcome,
-    /// The fencing token of the held slot; `null` otherwise.
+    /// The fencing token of the held slot; `null` while in line.
     pub token: Option<u64>,
-    /// Slots held now; `null` when expired (nothing was sent).
+    /// Slots held now, as the write that took this one saw them; `null` while in line, or when
+    /// a hand-off granted the slot.
     pub count: Option<usize>,
     /// The limit the request asked for.
     pub limit: u32,
-    /// The weight the request asked for (1 unless it named one): pass it to the release.
+    /// The weight the request asked for (1 unless it named one).
     pub weight: u32,
     /// The start rate the request asked for, acquisitions per second; `null`: none.
     pub rate: Option<f64>,
-    /// Rate limited: when the next start may land (RFC 3339). `null` otherwise.
-    pub next_start_at: Option<String>,
     pub lock: String,
     pub holder: String,
     pub acquisition: String,
@@ -182,17 +162,9 @@ pub struct AcquireResponse {
     /// machine that starts its work with `startExecution.sync:2` names it so, which makes a
     /// redrive into the work fail instead of running it again without a slot.
     pub child_name: String,
-    /// Full (or queued): the request time that is the execution's place in line, RFC 3339: pass
-    /// it back as the wait payload's `queued_at`. `null` otherwise.
+    /// When the execution was put in line (RFC 3339): its place. `null` if it never waited.
     pub queued_at: Option<String>,
-    /// Full: the timeout of the wait task (`TimeoutSecondsPath`), after which a parked
-    /// execution checks again. 0 otherwise.
-    pub fallback_seconds: u64,
-    /// Since when this run of the execution has waited (its start, or its redrive), RFC 3339:
-    /// the wait budget's start, which a later task that passes this answer back instead of the
-    /// execution node and input (`"answer.$": "$.semaphore"`) keeps. `null` when unknown.
-    pub waiting_since: Option<String>,
-    /// The work to run with the slot; `null` without an execution input.
+    /// The work to run with the slot (the lock-protected machine's); `null` otherwise.
     pub work: Option<WorkAnswer>,
 }
 
@@ -219,11 +191,12 @@ fn work_answer(
 
 /// The answer to `request` once it holds `token` (`None`: the answer a waiter is queued with,
 /// which the hand-off that grants it fills in: see `lambda_common::granted_answer`).
-fn holding_answer(
+fn answer(
     request: &AcquireRequest,
     outcome: Outcome,
     token: Option<u64>,
     count: Option<usize>,
+    queued_at_ms: Option<u64>,
 ) -> AcquireResponse {
     let identity = &request.identity;
     let child_name = child_execution_name(identity);
@@ -235,13 +208,10 @@ fn holding_answer(
         limit: request.terms.limit.get(),
         weight: request.terms.weight.get(),
         rate: request.terms.rate.map(|rate| rate.as_per_second()),
-        next_start_at: None,
         lock: request.lock.to_string(),
         holder: identity.holder.to_string(),
         acquisition: identity.acquisition.to_string(),
-        queued_at: None,
-        fallback_seconds: 0,
-        waiting_since: request.waiting_since_ms.map(rfc3339_millis),
+        queued_at: queued_at_ms.map(rfc3339_millis),
         work: request
             .work
             .as_ref()
@@ -264,39 +234,71 @@ fn fenced(request: &AcquireRequest, reason: semaphore_core::FenceReason) -> Hand
     HandlerError::Fenced(message)
 }
 
-/// How long the execution has waited, and the error once that is past `MAX_WAIT_SECONDS`.
+fn expired(request: &AcquireRequest, why: &str) -> HandlerError {
+    HandlerError::Expired(format!(
+        "the acquire of {} on lock \"{}\" asked at {} {why}: nothing is held or queued; enter the \
+         acquire state again (its Catch of SemaphoreExpired does)",
+        request.identity.holder,
+        request.lock,
+        rfc3339_millis(request.requested_at_ms)
+    ))
+}
+
+/// The error once a waiter queued at `queued_at_ms` has waited past `MAX_WAIT_SECONDS`, or
+/// checked more often than its execution's history has room for.
 fn wait_budget(
     request: &AcquireRequest,
     config: &Config,
+    waiter: &Waiter,
     now_ms: u64,
-    count: Option<usize>,
 ) -> Result<(), HandlerError> {
-    // Without a known start the wait has no budget.
-    let Some(since) = request.waiting_since_ms else {
+    let waited = Duration::from_millis(now_ms.saturating_sub(waiter.key.queued_at_ms));
+    let identity = &request.identity;
+    let why = if waited > config.max_wait {
+        format!(
+            "longer than the acquire function's MAX_WAIT_SECONDS of {} s. Start it again later, or \
+             raise the limit or the stack's MaxWaitSeconds",
+            config.max_wait.as_secs()
+        )
+    } else if u64::from(waiter.checks) >= MAX_FALLBACK_CHECKS {
+        format!(
+            "and checked {} times: more would pass Step Functions' 25,000 events of one \
+             execution's history. Lengthen the acquire state's TimeoutSeconds",
+            waiter.checks
+        )
+    } else {
         return Ok(());
     };
-    let waited = Duration::from_millis(now_ms.saturating_sub(since));
-    if waited <= config.max_wait {
-        return Ok(());
-    }
-    let identity = &request.identity;
     let message = format!(
-        "{} has waited {} s for a slot of lock \"{}\" (limit {}{}), longer than the acquire \
-         function's MAX_WAIT_SECONDS of {} s; it holds no slot. Start it again later, or raise \
-         the limit or the stack's MaxWaitSeconds",
+        "{} has waited {} s for a slot of lock \"{}\" (limit {}) {why}; it holds no slot",
         identity.holder,
         waited.as_secs(),
         request.lock,
         request.terms.limit,
-        count.map_or(String::new(), |n| format!(", {n} held")),
-        config.max_wait.as_secs()
     );
     tracing::warn!(lock = %request.lock, holder = %identity.holder, acquisition = %identity.acquisition, "{message}");
     Err(HandlerError::WaitTimeout(message))
 }
 
-/// Validates the payload, then takes a slot (or, for a wait payload, waits in line). Nothing is
-/// sent to the table for bad input.
+/// Where an invocation left the execution.
+enum Taken {
+    /// It holds a slot: complete its task now (`taken`: by this invocation's own write).
+    Holding {
+        token: FencingToken,
+        count: Option<usize>,
+        taken: bool,
+        queued_at_ms: Option<u64>,
+    },
+    /// In line (`new`: queued by this invocation, not a check finding it there): whoever grants
+    /// it a slot completes its task.
+    InLine { new: bool, queued_at_ms: u64 },
+    /// A later attempt of its task has checked already: this invocation's task is over, and
+    /// nothing is left to it.
+    Superseded,
+}
+
+/// Validates the payload, then takes a slot or waits in line (see the module documentation).
+/// Nothing is sent to the table for bad input.
 pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     semaphore: &Semaphore<S>,
     config: &Config,
@@ -305,72 +307,56 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
 ) -> Result<AcquireResponse, HandlerError> {
     // Bad input is logged by the runtime with the error it answers.
     let request = config.resolver.acquire(payload)?;
-    // Before anything is written: a misconfigured stack is refused by name, not left to hang.
-    config
-        .deployment
-        .check_caller(request.identity.holder.as_str())?;
-    if let Some(work) = &request.work {
-        config.deployment.check_work(work).await?;
+    let (lock, identity) = (&request.lock, &request.identity);
+    let callbacks = &hand_offs.waker.callbacks;
+    let result = async {
+        // Before anything is written: a misconfigured stack is refused by name, not left to hang.
+        config.deployment.check_caller(identity.holder.as_str())?;
+        if let Some(work) = &request.work {
+            config.deployment.check_work(work).await?;
+        }
+        // Boxed: a deep future (the hand-off nests), kept off the caller's.
+        Box::pin(take(semaphore, config, hand_offs, &request)).await
     }
-    if let Some(wait) = &request.wait {
-        // Boxed: a deep future, kept off the fast path's.
-        return Box::pin(wait_in_line(semaphore, config, hand_offs, &request, wait)).await;
+    .await;
+    emit_metrics(semaphore, hand_offs, &request, &result);
+    let result = result.map(|(taken, _)| taken);
+    if let Err(e) = &result {
+        if let Err(sent) = callbacks
+            .fail(&request.task_token, e.error_type(), e.message())
+            .await
+        {
+            tracing::warn!(%lock, holder = %identity.holder, error = %sent, "could not fail the acquire task");
+        }
     }
-    let AcquireRequest {
-        lock,
-        terms,
-        identity,
-        run,
-        requested_at_ms,
-        ..
-    } = &request;
-    let (answer, seen) = semaphore
-        .acquire_seeing(lock, identity, *run, *terms, *requested_at_ms)
-        .await
-        .map_err(HandlerError::from)
-        .inspect_err(|e| tracing::error!(lock = %lock, error = %e, "acquire failed"))?;
-    let now_ms = semaphore.now_ms();
-    let mut line = metrics::Line::of(lock)
-        .dimension(metrics::OUTCOME, outcome_of(&answer))
-        .value(metrics::ACQUISITIONS, 1);
-    if let Some(item) = &seen {
-        line = line
-            .value(metrics::WEIGHT_USED, item.used as f64)
-            .values(metrics::LIMIT, item.limit.map(|l| f64::from(l.get())))
-            .value(metrics::WAITING, item.waiting as f64);
-    }
-    let waited = matches!(answer, AcquireOutcome::Acquired { .. })
-        .then(|| now_ms.saturating_sub(*requested_at_ms) as f64);
-    hand_offs
-        .metrics
-        .emit(now_ms, &line.values(metrics::WAIT_TIME, waited));
-    let response = match answer {
-        AcquireOutcome::Acquired { token, count } => {
-            holding_answer(&request, Outcome::Acquired, Some(token.0), Some(count))
+    let response = match result? {
+        Taken::Holding {
+            token,
+            count,
+            taken,
+            queued_at_ms,
+        } => {
+            let outcome = if taken {
+                Outcome::Acquired
+            } else {
+                Outcome::AlreadyHeld
+            };
+            answer(&request, outcome, Some(token.0), count, queued_at_ms)
         }
-        AcquireOutcome::AlreadyHeld { token, count } => {
-            holding_answer(&request, Outcome::AlreadyHeld, Some(token.0), Some(count))
+        Taken::InLine { queued_at_ms, .. } => {
+            answer(&request, Outcome::Queued, None, None, Some(queued_at_ms))
         }
-        AcquireOutcome::Full { count, .. } => {
-            wait_budget(&request, config, semaphore.now_ms(), Some(count))?;
-            AcquireResponse {
-                queued_at: Some(rfc3339_millis(*requested_at_ms)),
-                fallback_seconds: config.fallback.as_secs(),
-                ..holding_answer(&request, Outcome::Full, None, Some(count))
-            }
-        }
-        AcquireOutcome::RateLimited { next_start_ms } => {
-            wait_budget(&request, config, semaphore.now_ms(), None)?;
-            AcquireResponse {
-                queued_at: Some(rfc3339_millis(*requested_at_ms)),
-                fallback_seconds: config.fallback.as_secs(),
-                next_start_at: Some(rfc3339_millis(next_start_ms)),
-                ..holding_answer(&request, Outcome::RateLimited, None, None)
-            }
-        }
-        AcquireOutcome::Expired => holding_answer(&request, Outcome::Expired, None, None),
-        AcquireOutcome::Fenced(reason) => return Err(fenced(&request, reason)),
+        Taken::Superseded => answer(&request, Outcome::Queued, None, None, None),
     };
+    if response.acquired {
+        // Complete our own task: the slot is ours.
+        let output = serde_json::to_string(&response)
+            .map_err(|e| HandlerError::InvalidInput(e.to_string()))?;
+        if let Err(e) = callbacks.succeed(&request.task_token, &output).await {
+            // Its task timed out meanwhile: the state's next entry finds the slot held.
+            tracing::warn!(%lock, holder = %identity.holder, error = %e, "could not complete the acquire task; its next check will");
+        }
+    }
     tracing::info!(
         lock = %lock,
         holder = %identity.holder,
@@ -381,185 +367,134 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         limit = response.limit,
         weight = response.weight,
         rate = response.rate,
+        queued_at = response.queued_at.as_deref(),
         work = response.work.as_ref().map(|w| w.state_machine.as_str()),
+        at_ms = semaphore.now_ms(),
         "acquire"
     );
     Ok(response)
 }
 
-/// The `Outcome` dimension of an acquire's `Acquisitions` metric.
-fn outcome_of(answer: &AcquireOutcome) -> &'static str {
-    match answer {
-        AcquireOutcome::Acquired { .. } => Outcome::Acquired.as_str(),
-        AcquireOutcome::AlreadyHeld { .. } => Outcome::AlreadyHeld.as_str(),
-        AcquireOutcome::Full { .. } => Outcome::Full.as_str(),
-        AcquireOutcome::RateLimited { .. } => Outcome::RateLimited.as_str(),
-        AcquireOutcome::Expired => Outcome::Expired.as_str(),
-        AcquireOutcome::Fenced(_) => FENCED,
-    }
-}
-
 /// The `Outcome` of an acquisition refused for good (`SemaphoreFenced`).
 const FENCED: &str = "fenced";
-/// The `Outcome` of a wait past `MAX_WAIT_SECONDS` (`SemaphoreWaitTimeout`).
+/// The `Outcome` of a wait past its budget (`SemaphoreWaitTimeout`).
 const TIMED_OUT: &str = "timed_out";
+/// The `Outcome` of a request too old to be written (`SemaphoreExpired`).
+const EXPIRED: &str = "expired";
 
-/// The wait mode's `Acquisitions` line: a waiter queued, holding (with its wait from its place
-/// in line), refused, timed out, or not queued this time ("expired"). A fallback check that
-/// finds it still in line writes none: it asked once.
-fn wait_metrics<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
+/// The invocation's `Acquisitions` line: a slot taken (with the wait from the request, or from
+/// its place in line), already held, queued, refused, timed out or expired. A check that finds
+/// the execution still in line writes none: it asked once.
+fn emit_metrics<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     semaphore: &Semaphore<S>,
     hand_offs: &HandOffs<C, X>,
     request: &AcquireRequest,
-    wait: &WaitRequest,
-    result: &Result<Queued, HandlerError>,
+    result: &Result<(Taken, Option<SemaphoreItem>), HandlerError>,
 ) {
-    let outcome = match result {
-        Ok(Queued::InLine { new: false }) => return,
-        Ok(Queued::InLine { new: true }) => Outcome::Queued.as_str(),
-        Ok(Queued::Holding { taken: true, .. }) => Outcome::Acquired.as_str(),
-        Ok(Queued::Holding { taken: false, .. }) => Outcome::AlreadyHeld.as_str(),
-        Ok(Queued::NotYet) => Outcome::Expired.as_str(),
-        Err(HandlerError::Fenced(_)) => FENCED,
-        Err(HandlerError::WaitTimeout(_)) => TIMED_OUT,
+    let now_ms = semaphore.now_ms();
+    let seen = result.as_ref().ok().and_then(|(_, seen)| seen.as_ref());
+    let (outcome, waited_since) = match result.as_ref().map(|(taken, _)| taken) {
+        Ok(Taken::InLine { new: false, .. } | Taken::Superseded) => return,
+        Ok(Taken::InLine { new: true, .. }) => (Outcome::Queued.as_str(), None),
+        Ok(Taken::Holding {
+            taken: true,
+            queued_at_ms,
+            ..
+        }) => (
+            Outcome::Acquired.as_str(),
+            Some(queued_at_ms.unwrap_or(request.requested_at_ms)),
+        ),
+        Ok(Taken::Holding { taken: false, .. }) => (Outcome::AlreadyHeld.as_str(), None),
+        Err(HandlerError::Fenced(_)) => (FENCED, None),
+        Err(HandlerError::WaitTimeout(_)) => (TIMED_OUT, None),
+        Err(HandlerError::Expired(_)) => (EXPIRED, None),
         Err(_) => return,
     };
-    let now_ms = semaphore.now_ms();
-    let waited = matches!(result, Ok(Queued::Holding { taken: true, .. }))
-        .then(|| now_ms.saturating_sub(wait.queued_at_ms) as f64);
-    let line = metrics::Line::of(&request.lock)
+    let mut line = metrics::Line::of(&request.lock)
         .dimension(metrics::OUTCOME, outcome)
-        .value(metrics::ACQUISITIONS, 1)
-        .values(metrics::WAIT_TIME, waited);
+        .value(metrics::ACQUISITIONS, 1);
+    // The lock as this invocation's write left it or saw it.
+    if let Some(item) = seen {
+        line = line
+            .value(metrics::WEIGHT_USED, item.used as f64)
+            .values(metrics::LIMIT, item.limit.map(|l| f64::from(l.get())))
+            .value(metrics::WAITING, item.waiting as f64);
+    }
+    let line = line.values(
+        metrics::WAIT_TIME,
+        waited_since.map(|since| now_ms.saturating_sub(since) as f64),
+    );
     hand_offs.metrics.emit(now_ms, &line);
 }
 
-/// The wait mode (see the module documentation). Every final answer also completes the parked
-/// task, so the machine goes on whether Step Functions takes the task's outcome from the
-/// callback or from this invocation's error.
-async fn wait_in_line<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
+/// The answer a waiter queued at `queued_at_ms` gets with its slot, before the slot is known:
+/// what its record keeps for the hand-off to fill in (`lambda_common::granted_answer`).
+fn waiter_context(request: &AcquireRequest, queued_at_ms: u64) -> Result<String, HandlerError> {
+    let waiting = answer(request, Outcome::Acquired, None, None, Some(queued_at_ms));
+    serde_json::to_string(&waiting).map_err(|e| HandlerError::InvalidInput(e.to_string()))
+}
+
+/// Steps 1-3 of the module documentation, and the lock as the acquire's write left it or saw
+/// it (the metrics').
+async fn take<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     semaphore: &Semaphore<S>,
     config: &Config,
     hand_offs: &HandOffs<C, X>,
     request: &AcquireRequest,
-    wait: &WaitRequest,
-) -> Result<AcquireResponse, HandlerError> {
-    let callbacks = &hand_offs.waker.callbacks;
-    let result = queue(semaphore, config, hand_offs, request, wait).await;
-    wait_metrics(semaphore, hand_offs, request, wait, &result);
+) -> Result<(Taken, Option<SemaphoreItem>), HandlerError> {
     let (lock, identity) = (&request.lock, &request.identity);
-    match &result {
-        Ok(Queued::InLine { .. }) => {}
-        Ok(Queued::NotYet) => {
-            tracing::info!(lock = %lock, holder = %identity.holder, "not queued this time; the fallback check asks again");
-            return Ok(holding_answer(request, Outcome::Expired, None, None));
-        }
-        Ok(Queued::Holding { token, count, .. }) => {
-            // Complete our own task: the slot is ours already.
-            let answer = granted_answer(&waiter_context(request, wait, config)?, *token)
-                .map_err(|e| HandlerError::InvalidInput(e.to_string()))?;
-            if let Err(e) = callbacks.succeed(&wait.task_token, &answer).await {
-                // Its fallback check finds the slot held and completes the task then.
-                tracing::warn!(lock = %lock, holder = %identity.holder, error = %e, "could not complete the waiting task; its fallback check will");
-            }
-            tracing::info!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, token = token.0, count, at_ms = semaphore.now_ms(), "acquire (waited)");
-            return Ok(holding_answer(
-                request,
-                Outcome::Acquired,
-                Some(token.0),
-                Some(*count),
-            ));
-        }
-        Err(e) => {
-            if let Err(sent) = callbacks
-                .fail(&wait.task_token, e.error_type(), e.message())
-                .await
-            {
-                tracing::warn!(lock = %lock, holder = %identity.holder, error = %sent, "could not fail the waiting task");
-            }
-        }
-    }
-    result?;
-    tracing::info!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, queued_at = wait.queued_at_ms, in_line_at_ms = semaphore.now_ms(), "queued");
-    Ok(AcquireResponse {
-        queued_at: Some(rfc3339_millis(wait.queued_at_ms)),
-        ..holding_answer(request, Outcome::Queued, None, None)
-    })
-}
-
-/// The answer a waiter gets with its slot, before the slot is known: what its record keeps for
-/// the hand-off to fill in (`lambda_common::granted_answer`). It keeps the waiter's place and
-/// fallback too: a head the start rate defers (`lambda_common::deferred_answer`) enters its
-/// wait task again with them.
-fn waiter_context(
-    request: &AcquireRequest,
-    wait: &WaitRequest,
-    config: &Config,
-) -> Result<String, HandlerError> {
-    serde_json::to_string(&AcquireResponse {
-        queued_at: Some(rfc3339_millis(wait.queued_at_ms)),
-        fallback_seconds: config.fallback.as_secs(),
-        ..holding_answer(request, Outcome::Acquired, None, None)
-    })
-    .map_err(|e| HandlerError::InvalidInput(e.to_string()))
-}
-
-/// Where a wait left the execution.
-enum Queued {
-    /// In line (`new`: queued by this call, not a fallback check finding it there): whoever
-    /// grants it a slot completes its task.
-    InLine { new: bool },
-    /// It holds a slot (`taken`: by this call's own acquire): complete its task now.
-    Holding {
-        token: FencingToken,
-        count: usize,
-        taken: bool,
-    },
-    /// Not in line this time (its request went past the horizon, or the lock kept turning
-    /// free and full under it): the parked task's fallback timeout asks again.
-    NotYet,
-}
-
-async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
-    semaphore: &Semaphore<S>,
-    config: &Config,
-    hand_offs: &HandOffs<C, X>,
-    request: &AcquireRequest,
-    wait: &WaitRequest,
-) -> Result<Queued, HandlerError> {
-    let (lock, identity) = (&request.lock, &request.identity);
-    let id = wait.key(identity).id;
-    let attempt = Attempt::new(request.requested_at_ms, 0);
+    let id = WaiterId::of(identity);
     let store_error = |e: semaphore_core::Error| {
         let e = HandlerError::from(e);
-        tracing::error!(lock = %lock, error = %e, "waiting in line failed");
+        tracing::error!(%lock, error = %e, "acquire failed");
         e
     };
-    if let Err(timeout) = wait_budget(request, config, semaphore.now_ms(), None) {
-        // Out of line first; a slot granted meanwhile is freed by the release the machine
-        // runs after this error.
-        semaphore.leave(lock, id).await.map_err(store_error)?;
-        return Err(timeout);
+    // 1. In line already: keep the place, with this attempt's token.
+    if let Some(waiter) = semaphore.waiter(lock, id).await.map_err(store_error)? {
+        if let Some(taken) = check(semaphore, config, hand_offs, request, &waiter).await? {
+            return Ok((taken, None));
+        }
     }
-    // A fallback check: still in line, with the new task's token from now on.
-    if semaphore
-        .repark(lock, id, wait.task_token.clone(), attempt)
+    // 2. A free slot.
+    let (acquired, seen) = semaphore
+        .acquire_seeing(
+            lock,
+            identity,
+            request.run,
+            request.terms,
+            request.requested_at_ms,
+        )
         .await
-        .map_err(store_error)?
-    {
-        hand_offs.run(semaphore, lock, None).await;
-        return Ok(Queued::InLine { new: false });
+        .map_err(store_error)?;
+    let holding = |token: FencingToken, count, taken| Taken::Holding {
+        token,
+        count: Some(count),
+        taken,
+        queued_at_ms: None,
+    };
+    match acquired {
+        AcquireOutcome::Acquired { token, count } => {
+            return Ok((holding(token, count, true), seen))
+        }
+        AcquireOutcome::AlreadyHeld { token, count } => {
+            return Ok((holding(token, count, false), seen))
+        }
+        AcquireOutcome::Fenced(reason) => return Err(fenced(request, reason)),
+        AcquireOutcome::Expired => {
+            return Err(expired(request, "is older than the acquire horizon"))
+        }
+        AcquireOutcome::Full { .. } | AcquireOutcome::RateLimited { .. } => {}
     }
-    let context = waiter_context(request, wait, config)?;
+    // 3. Queue at this request's time.
     let waiter = Waiter::new(
         lock.clone(),
         identity.clone(),
         request.run,
         request.terms,
-        wait.queued_at_ms,
-        wait.task_token.clone(),
-        attempt,
-        context,
+        request.requested_at_ms,
+        request.task_token.clone(),
+        request.attempt,
+        waiter_context(request, request.requested_at_ms)?,
     );
     for _ in 0..QUEUE_ROUNDS {
         match semaphore
@@ -567,32 +502,34 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
             .await
             .map_err(store_error)?
         {
-            QueueOutcome::AlreadyQueued => {
-                // Its record landed since the re-park above found none: a queue write of its
-                // earlier task, which timed out before it landed, so the record carries that
-                // task's token. This task's token from now on, or its wake-up would fail.
-                semaphore
-                    .repark(lock, id, wait.task_token.clone(), attempt)
-                    .await
-                    .map_err(store_error)?;
-                hand_offs.run(semaphore, lock, None).await;
-                return Ok(Queued::InLine { new: false });
-            }
             QueueOutcome::Queued => {
-                // F8: a slot freed between our "full" and our queueing has no one else to
-                // hand it on.
+                tracing::info!(%lock, holder = %identity.holder, acquisition = %identity.acquisition, queued_at = request.requested_at_ms, in_line_at_ms = semaphore.now_ms(), "queued");
+                // F8: a slot freed between our "full" and our queueing has no one else to hand
+                // it on.
                 hand_offs.run(semaphore, lock, None).await;
-                return Ok(Queued::InLine { new: true });
+                let taken = Taken::InLine {
+                    new: true,
+                    queued_at_ms: request.requested_at_ms,
+                };
+                return Ok((taken, seen));
+            }
+            QueueOutcome::AlreadyQueued => {
+                // Another attempt of its task queued it since step 1 found no record (a slow
+                // invocation of an earlier attempt): check again, as step 1 would.
+                let Some(record) = semaphore.waiter(lock, id).await.map_err(store_error)? else {
+                    continue;
+                };
+                if let Some(taken) = check(semaphore, config, hand_offs, request, &record).await? {
+                    return Ok((taken, None));
+                }
             }
             QueueOutcome::AlreadyHeld { token, count } => {
-                return Ok(Queued::Holding {
-                    token,
-                    count,
-                    taken: false,
-                })
+                return Ok((holding(token, count, false), None))
             }
             QueueOutcome::Fenced(reason) => return Err(fenced(request, reason)),
-            QueueOutcome::Expired => break,
+            QueueOutcome::Expired => {
+                return Err(expired(request, "is older than the acquire horizon"))
+            }
             QueueOutcome::Free => match semaphore
                 .acquire_in_run(
                     lock,
@@ -605,28 +542,78 @@ async fn queue<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
                 .map_err(store_error)?
             {
                 AcquireOutcome::Acquired { token, count } => {
-                    return Ok(Queued::Holding {
-                        token,
-                        count,
-                        taken: true,
-                    })
+                    return Ok((holding(token, count, true), None))
                 }
                 AcquireOutcome::AlreadyHeld { token, count } => {
-                    return Ok(Queued::Holding {
-                        token,
-                        count,
-                        taken: false,
-                    })
+                    return Ok((holding(token, count, false), None))
                 }
                 AcquireOutcome::Fenced(reason) => return Err(fenced(request, reason)),
                 AcquireOutcome::Full { .. } | AcquireOutcome::RateLimited { .. } => continue,
-                AcquireOutcome::Expired => break,
+                AcquireOutcome::Expired => {
+                    return Err(expired(request, "is older than the acquire horizon"))
+                }
             },
         }
     }
-    // The request went past its horizon, or the lock kept changing under it: nothing is held
-    // and nothing queued; the parked task's fallback timeout asks again.
-    Ok(Queued::NotYet)
+    Err(expired(
+        request,
+        "found the lock turning free and full again under it",
+    ))
+}
+
+/// Step 1, a check of an execution found in line (`waiter`, as read): past its budget it leaves
+/// the line; else its record gets this attempt's token and the line moves. `None`: it is not in
+/// line any more (granted since it was read: the caller's acquire finds the slot held).
+async fn check<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
+    semaphore: &Semaphore<S>,
+    config: &Config,
+    hand_offs: &HandOffs<C, X>,
+    request: &AcquireRequest,
+    waiter: &Waiter,
+) -> Result<Option<Taken>, HandlerError> {
+    let (lock, identity) = (&request.lock, &request.identity);
+    let id = waiter.id();
+    let store_error = |e: semaphore_core::Error| {
+        let e = HandlerError::from(e);
+        tracing::error!(%lock, error = %e, "checking the line failed");
+        e
+    };
+    if waiter.attempt > request.attempt {
+        // A later attempt of the task has its token there: this one's task is over.
+        tracing::info!(%lock, holder = %identity.holder, "a later attempt checked already");
+        return Ok(Some(Taken::Superseded));
+    }
+    if waiter.attempt == request.attempt {
+        // In line with this very attempt's token (its queue write landed, and the check or
+        // the queueing was sent again): move the line, as after queueing.
+        hand_offs.run(semaphore, lock, None).await;
+        return Ok(Some(Taken::InLine {
+            new: false,
+            queued_at_ms: waiter.key.queued_at_ms,
+        }));
+    }
+    if let Err(timeout) = wait_budget(request, config, waiter, semaphore.now_ms()) {
+        if semaphore.leave(lock, id).await.map_err(store_error)? {
+            return Err(timeout);
+        }
+        // Granted meanwhile: the slot is its own.
+        return Ok(None);
+    }
+    if !semaphore
+        .repark(lock, id, request.task_token.clone(), request.attempt)
+        .await
+        .map_err(store_error)?
+    {
+        return Ok(None);
+    }
+    // A wake-up may have been lost (a waker that crashed between its grant and its wake-up,
+    // or whose SendTaskSuccess went to a task that had timed out): move the line, which may
+    // grant this very execution and complete its new task.
+    hand_offs.run(semaphore, lock, None).await;
+    Ok(Some(Taken::InLine {
+        new: false,
+        queued_at_ms: waiter.key.queued_at_ms,
+    }))
 }
 
 /// The Lambda handler.

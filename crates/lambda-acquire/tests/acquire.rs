@@ -1,21 +1,25 @@
-//! The acquire handler invoked with the payloads statemachines/lock-protected.asl.json renders
-//! (its context object filled in with real values), against a fresh table on the local server.
-//! Each answer goes through the definition's ResultSelector, Choice, Wait in line, Protected
-//! work, Release and Fail states as Step Functions would apply them, so every field they read
-//! must be there. Covered: defaults from the environment, lock/limit/work from the input, a full
-//! lock's line (the wait task's payload, its record, a retried wait, a fallback check, a granted
-//! answer through the wait state), bad input (nothing written), the redrive guard with its fence
-//! rotations, the wait budget, the named errors, and the explicit shape callers' own machines
-//! send.
+//! The acquire handler invoked with the payloads statemachines/lock-protected.asl.json (and the
+//! README's fragment, protect-your-workflow.asl.json) render, their context object filled in
+//! with real values, against a fresh table on the local server. What the handler completes its
+//! task with (`SendTaskSuccess` / `SendTaskFailure`, sent to the local server's Step Functions
+//! and kept here) goes through the definition's states as Step Functions would apply them, so
+//! every field they read must be there. Covered: the one acquire state (a free slot, a full
+//! lock's line, a check after the state's timeout keeping the place, a slow earlier attempt that
+//! cannot take the place back, the granted answer), defaults from the environment,
+//! lock/limit/work from the input, bad input (nothing written), the redrive guard, the wait
+//! budget, a start rate's deferral, the named errors and where each takes the machine.
+//! tests/waiting.rs makes the same happen with real parked tasks.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lambda_acquire::Config;
-use lambda_common::{child_execution_name, deferred_answer, granted_answer, Resolver, Settings};
+use lambda_common::{
+    child_execution_name, granted_answer, CallbackError, HandOffs, Resolver, Settings,
+    TaskCallbacks, TaskWaker,
+};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
-use local_aws::asl::{self, Context as Ctx};
+use local_aws::asl::{self, Context as Ctx, ACQUIRE_STATE};
 use local_aws::legacy::put_version_1_item;
 use local_aws::names::{id, limit, lock};
 use local_aws::observe::{assert_consistent, observe, raw_item, text, RawRecord};
@@ -23,7 +27,7 @@ use local_aws::{all_items, fresh_table, sdk_config};
 use semaphore_core::{
     protocol, rfc3339_millis, AcquireOutcome, Clock, DynamoStore, FenceKey, FenceReason,
     FencingToken, HolderId, ItemStore, LockName, ManualClock, QueueKey, Run, Semaphore,
-    SystemClock, Timing, WriteResult,
+    SystemClock, TaskToken, Timing, WriteResult,
 };
 use serde_json::{json, Value};
 
@@ -72,24 +76,160 @@ fn config() -> Config {
     config_with(&[])
 }
 
-/// The release function's resolver, from the same environment.
-fn release_resolver() -> Resolver {
-    lambda_release::resolver(&settings(env())).expect("the test's settings")
+/// What a task was completed with.
+#[derive(Debug, Clone, PartialEq)]
+enum Completion {
+    Succeeded(Value),
+    Failed { error: String, cause: String },
 }
 
-/// A semaphore on a fresh table, built the way the function's `main` builds it.
-/// Hand-offs through the local server's Step Functions, as the function's `main` builds them.
-fn hand_offs() -> lambda_common::SfnHandOffs {
-    Settings::from_lookup(|_| None)
-        .hand_offs(&sdk_config())
-        .expect("settings")
+/// Task callbacks to the local server's Step Functions, as every function's `main` builds them,
+/// that also keep what was sent, by token: the acquire state's output is what its task is
+/// completed with, which a test plays through the definition's next states. The tokens here are
+/// the test's own, which Step Functions refuses (its answer is passed on, as the function gets
+/// it); tests/waiting.rs parks real tasks.
+#[derive(Debug, Clone)]
+struct Kept {
+    sfn: aws_sdk_sfn::Client,
+    sent: Arc<Mutex<Vec<(String, Completion)>>>,
 }
 
-async fn semaphore() -> Semaphore<DynamoStore> {
+impl Kept {
+    fn new() -> Self {
+        Self {
+            sfn: aws_sdk_sfn::Client::new(&sdk_config()),
+            sent: Arc::default(),
+        }
+    }
+
+    /// What the task of `token` was last completed with.
+    fn completion(&self, token: &str) -> Option<Completion> {
+        self.sent
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(t, _)| t == token)
+            .map(|(_, c)| c.clone())
+    }
+}
+
+impl TaskCallbacks for Kept {
+    async fn succeed(&self, token: &TaskToken, output: &str) -> Result<(), CallbackError> {
+        let parsed = serde_json::from_str(output).expect("a task's output is JSON");
+        self.sent
+            .lock()
+            .unwrap()
+            .push((token.as_str().to_owned(), Completion::Succeeded(parsed)));
+        self.sfn.succeed(token, output).await
+    }
+
+    async fn fail(&self, token: &TaskToken, error: &str, cause: &str) -> Result<(), CallbackError> {
+        self.sent.lock().unwrap().push((
+            token.as_str().to_owned(),
+            Completion::Failed {
+                error: error.to_owned(),
+                cause: cause.to_owned(),
+            },
+        ));
+        self.sfn.fail(token, error, cause).await
+    }
+}
+
+/// A semaphore on a fresh table and the functions' hand-offs, as their `main`s build them.
+struct World {
+    sem: Semaphore<DynamoStore>,
+    kept: Kept,
+    hand_offs: HandOffs<Kept, lambda_common::SfnExecutions>,
+}
+
+impl World {
+    fn on(sem: Semaphore<DynamoStore>) -> Self {
+        let built = Settings::from_lookup(|_| None)
+            .hand_offs(&sdk_config())
+            .expect("settings");
+        let kept = Kept::new();
+        Self {
+            hand_offs: HandOffs {
+                waker: TaskWaker {
+                    callbacks: kept.clone(),
+                },
+                executions: built.executions,
+                metrics: built.metrics,
+            },
+            kept,
+            sem,
+        }
+    }
+
+    /// Now by the semaphore's clock, as Step Functions writes `$$.State.EnteredTime`.
+    fn now(&self) -> String {
+        rfc3339_millis(self.sem.now_ms())
+    }
+
+    /// Invokes the handler as the runtime does: a JSON payload and a context.
+    async fn acquire(&self, config: &Config, payload: Value) -> Result<Value, Diagnostic> {
+        lambda_acquire::handle(
+            &self.sem,
+            config,
+            &self.hand_offs,
+            LambdaEvent::new(payload, Context::default()),
+        )
+        .await
+        .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
+        .map_err(Diagnostic::from)
+    }
+
+    async fn release(&self, payload: Value) -> Result<Value, Diagnostic> {
+        let resolver: Resolver =
+            lambda_release::resolver(&settings(env())).expect("the test's settings");
+        lambda_release::handle(
+            &self.sem,
+            &resolver,
+            &self.hand_offs,
+            LambdaEvent::new(payload, Context::default()),
+        )
+        .await
+        .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
+        .map_err(Diagnostic::from)
+    }
+
+    /// An attempt of `definition`'s acquire state, entered as `ctx` says (its task token), with
+    /// the state input `input`: the payload it renders, the handler's own answer, and what the
+    /// machine does next.
+    async fn play(&self, config: &Config, definition: &Value, ctx: &Ctx, input: &Value) -> Played {
+        let state = asl::state(definition, ACQUIRE_STATE);
+        let payload = asl::render(&state["Parameters"]["Payload"], input, ctx);
+        let answer = self.acquire(config, payload.clone()).await;
+        let token = ctx.task_token.as_deref().expect("a task token");
+        let then = match (self.kept.completion(token), &answer) {
+            (Some(Completion::Succeeded(output)), _) => Then::Next {
+                state: asl::task_output(state, input, ctx, output.clone()),
+                next: state["Next"].as_str().expect("a Next").to_owned(),
+            },
+            (Some(Completion::Failed { error, cause }), _) => route(state, &error, &cause),
+            // A function error fails the task too (whichever Step Functions sees first).
+            (None, Err(e)) => route(state, &e.error_type, &e.error_message),
+            (None, Ok(_)) => Then::Parked,
+        };
+        Played {
+            payload,
+            answer,
+            then,
+        }
+    }
+
+    /// The lock-protected machine's acquire state.
+    async fn play_machine(&self, config: &Config, ctx: &Ctx, input: &Value) -> Played {
+        let definition = asl::definition("lock-protected.asl.json");
+        self.play(config, &definition, ctx, input).await
+    }
+}
+
+async fn world() -> World {
     // Before any test takes its request time: the definitions it plays come from the stack.
     asl::deploy();
-    let table = fresh_table().await.table().to_owned();
-    semaphore_on(table)
+    World::on(semaphore_on(fresh_table().await.table().to_owned()))
 }
 
 fn semaphore_on(table: String) -> Semaphore<DynamoStore> {
@@ -98,9 +238,10 @@ fn semaphore_on(table: String) -> Semaphore<DynamoStore> {
         .expect("settings")
 }
 
-/// A semaphore on a fresh table whose time moves only when the test says, with a fence window of
-/// 2 s (horizon 1 s + skew 1 s).
-async fn semaphore_with_clock() -> (Semaphore<DynamoStore>, Arc<ManualClock>) {
+/// A world whose time moves only when the test says, with a fence window of 2 s (horizon 1 s +
+/// skew 1 s).
+async fn world_with_clock() -> (World, Arc<ManualClock>) {
+    asl::deploy();
     let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
     let timing = Timing {
         horizon: Duration::from_secs(1),
@@ -109,91 +250,81 @@ async fn semaphore_with_clock() -> (Semaphore<DynamoStore>, Arc<ManualClock>) {
     let sem = Semaphore::new(fresh_table().await)
         .with_clock(clock.clone())
         .with_timing(timing);
-    (sem, clock)
+    (World::on(sem), clock)
 }
 
-/// Invokes the handler as the runtime does: a JSON payload and a context.
-async fn acquire(
-    sem: &Semaphore<DynamoStore>,
-    config: &Config,
+/// An attempt of the acquire state played.
+struct Played {
     payload: Value,
-) -> Result<Value, Diagnostic> {
-    lambda_acquire::handle(
-        sem,
-        config,
-        &hand_offs(),
-        LambdaEvent::new(payload, Context::default()),
-    )
-    .await
-    .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
-    .map_err(Diagnostic::from)
+    answer: Result<Value, Diagnostic>,
+    then: Then,
 }
 
-async fn release(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, Diagnostic> {
-    lambda_release::handle(
-        sem,
-        &release_resolver(),
-        &hand_offs(),
-        LambdaEvent::new(payload, Context::default()),
-    )
-    .await
-    .map(|answer| serde_json::to_value(answer).expect("the answer serializes"))
-    .map_err(Diagnostic::from)
+/// What the machine does after an attempt of its acquire state.
+#[derive(Debug, Clone, PartialEq)]
+enum Then {
+    /// The task was completed with a slot: the machine goes on to `next` with `state`.
+    Next { state: Value, next: String },
+    /// The execution waits in line, parked: nothing completed its task.
+    Parked,
+    /// The task failed with `error` and the state's `Retry` tries it again.
+    Retried { error: String },
+    /// The task failed with `error` and the state's `Catch` sends the machine to `next`.
+    Caught { error: String, next: String },
+    /// The task failed with `error` and nothing handles it: the execution fails with it.
+    Failed { error: String, cause: String },
 }
 
-/// Now by the semaphore's clock, as Step Functions writes `$$.State.EnteredTime`.
-fn now(sem: &Semaphore<DynamoStore>) -> String {
-    rfc3339_millis(sem.now_ms())
+impl Played {
+    fn answer(&self) -> &Value {
+        self.answer.as_ref().expect("an answer")
+    }
+
+    fn error(&self) -> &Diagnostic {
+        self.answer.as_ref().expect_err("an error")
+    }
+
+    /// The state the machine goes on with, with a slot.
+    fn state(&self) -> &Value {
+        match &self.then {
+            Then::Next { state, .. } => state,
+            other => panic!("not completed with a slot: {other:?}"),
+        }
+    }
 }
 
-fn keys(v: &Value) -> BTreeSet<&str> {
-    v.as_object()
-        .expect("an object")
-        .keys()
-        .map(String::as_str)
-        .collect()
-}
-
-/// The two states of `definition` that call the acquire function: the acquire state (a plain
-/// `lambda:invoke`, "Acquire slot") and the wait state (`lambda:invoke.waitForTaskToken`, "Wait
-/// in line").
-fn acquire_states(definition: &Value) -> [(&str, &Value); 2] {
-    let tasks = asl::tasks_calling(definition, &asl::function_arn("acquire"));
-    let of = |resource: &str| {
-        let found: Vec<(&str, &Value)> = tasks
-            .iter()
-            .copied()
-            .filter(|(_, s)| s["Resource"] == json!(resource))
-            .collect();
-        assert_eq!(found.len(), 1, "exactly one {resource} task calls acquire");
-        found[0]
-    };
-    assert_eq!(
-        tasks.len(),
-        2,
-        "two states call acquire: acquire, wait in line"
-    );
-    [
-        of("arn:aws:states:::lambda:invoke"),
-        of("arn:aws:states:::lambda:invoke.waitForTaskToken"),
-    ]
-}
-
-/// The acquire state of `definition`.
-fn acquire_state(definition: &Value) -> (&str, &Value) {
-    acquire_states(definition)[0]
-}
-
-/// The wait state of `definition`.
-fn wait_state(definition: &Value) -> (&str, &Value) {
-    acquire_states(definition)[1]
+/// Where an error of the acquire state takes the machine: its `Retry` first, then its `Catch`.
+fn route(state: &Value, error: &str, cause: &str) -> Then {
+    fn matching<'a>(list: &'a Value, error: &str) -> Option<&'a Value> {
+        list.as_array().expect("a list").iter().find(|r| {
+            r["ErrorEquals"]
+                .as_array()
+                .expect("ErrorEquals")
+                .iter()
+                .any(|e| e == error || e == "States.ALL")
+        })
+    }
+    if matching(&state["Retry"], error).is_some() {
+        return Then::Retried {
+            error: error.to_owned(),
+        };
+    }
+    match state.get("Catch").and_then(|c| matching(c, error)) {
+        Some(catcher) => Then::Caught {
+            error: error.to_owned(),
+            next: catcher["Next"].as_str().expect("a Next").to_owned(),
+        },
+        None => Then::Failed {
+            error: error.to_owned(),
+            cause: cause.to_owned(),
+        },
+    }
 }
 
 /// Grants the head of the lock's line a slot with the core's own grant write, as a hand-off
-/// does, and wakes nobody: a hand-off's `SendTaskSuccess` needs a real parked task (see
-/// tests/waiting.rs). Answers the granted waiter's fencing token and its stored context (what
-/// the hand-off sends, filled in by `granted_answer`).
-async fn grant_head(sem: &Semaphore<DynamoStore>, lock_name: &str) -> (FencingToken, String) {
+/// does, and wakes nobody (tests/waiting.rs wakes real tasks). Answers the granted waiter's
+/// fencing token and the answer the hand-off sends its task (`granted_answer` of its record).
+async fn grant_head(sem: &Semaphore<DynamoStore>, lock_name: &str) -> (FencingToken, Value) {
     let lock = LockName::new(lock_name).unwrap();
     let head = sem
         .waiters(&lock, None, 1)
@@ -205,7 +336,8 @@ async fn grant_head(sem: &Semaphore<DynamoStore>, lock_name: &str) -> (FencingTo
     let result = sem.store().write(&write).await.unwrap();
     assert_eq!(result, WriteResult::Landed, "the grant landed");
     let token = sem.status(&lock).await.unwrap().holders[&head.identity].token;
-    (token, head.context)
+    let answer = granted_answer(&head.context, token).unwrap();
+    (token, serde_json::from_str(&answer).unwrap())
 }
 
 /// Holders <= limit and `waiting` = the records in line, read raw; answers the records.
@@ -222,167 +354,89 @@ async fn consistent(sem: &Semaphore<DynamoStore>, lock_name: &str, limit: usize)
     .1
 }
 
-/// The acquire state played: its payload rendered for `ctx`, the handler invoked, and (if it
-/// answered) the state's output and the state the Choice after it goes to.
-struct Played {
-    payload: Value,
-    answer: Result<Value, Diagnostic>,
-    /// The state's output (`{"semaphore": answer}`) and where the machine goes next.
-    next: Option<(Value, String)>,
-}
-
-async fn play_acquire(
-    sem: &Semaphore<DynamoStore>,
-    config: &Config,
-    ctx: &Ctx,
-    state_input: &Value,
-) -> Played {
-    let definition = asl::definition("lock-protected.asl.json");
-    let (_, acquire_state) = acquire_state(&definition);
-    let payload = asl::render(&acquire_state["Parameters"]["Payload"], state_input, ctx);
-    let answer = acquire(sem, config, payload.clone()).await;
-    let next = answer.as_ref().ok().map(|answer| {
-        let output = asl::task_output(
-            acquire_state,
-            state_input,
-            ctx,
-            json!({"Payload": answer, "StatusCode": 200}),
-        );
-        let choice = asl::state(&definition, acquire_state["Next"].as_str().unwrap());
-        let next = asl::choose(choice, &output).to_owned();
-        (output, next)
-    });
-    Played {
-        payload,
-        answer,
-        next,
-    }
-}
-
-/// Where an error of the acquire state goes, and what the execution fails with when it goes to
-/// "Fail without a slot" directly.
-fn route_acquire_error(
-    error: &Diagnostic,
-    state_input: &Value,
-) -> (String, Option<(String, String)>) {
-    let definition = asl::definition("lock-protected.asl.json");
-    let (_, acquire_state) = acquire_state(&definition);
-    let catcher = asl::catcher(acquire_state, &error.error_type);
-    let next = catcher["Next"].as_str().unwrap().to_owned();
-    let output = asl::caught(
-        catcher,
-        state_input,
-        &error.error_type,
-        &json!({"errorType": error.error_type, "errorMessage": error.error_message}).to_string(),
-    );
-    let target = asl::state(&definition, &next);
-    let failed = (target["Type"] == "Fail").then(|| asl::fail(target, &output));
-    (next, failed)
-}
-
-/// Where `definition` goes once its wait state has completed with the output `state`: through
-/// the Choice after it ("Slot granted?") to the work, to the start rate's Wait state, or back
-/// in line.
-fn after_wait<'a>(definition: &'a Value, state: &Value) -> &'a str {
-    let (_, wait) = wait_state(definition);
-    let choice = asl::state(definition, wait["Next"].as_str().expect("a Next"));
-    assert_eq!(
-        choice["Type"],
-        json!("Choice"),
-        "the wait state is followed by a Choice"
-    );
-    asl::choose(choice, state)
+/// The one record in line: its holder, place and task token.
+fn in_line(records: &[RawRecord]) -> (String, String, String) {
+    assert_eq!(records.len(), 1, "{records:?}");
+    let r = &records[0];
+    (
+        text(r, "holder").to_owned(),
+        text(r, "place").to_owned(),
+        text(r, "task_token").to_owned(),
+    )
 }
 
 #[tokio::test]
 async fn a_critical_section_through_the_definition_with_the_defaults() {
-    let sem = semaphore().await;
+    let w = world().await;
     let config = config();
     let definition = asl::definition("lock-protected.asl.json");
     let input = json!({"work_seconds": 0});
-    let started = now(&sem);
-    let ctx = Ctx::new(HOLDER, input.clone(), &started);
+    let entered = w.now();
+    let ctx = Ctx::new(HOLDER, input.clone(), &entered).with_task_token("token-1");
 
-    let played = play_acquire(&sem, &config, &ctx, &input).await;
+    let played = w.play(&config, &definition, &ctx, &input).await;
     assert_eq!(
         played.payload,
         json!({
-            "execution": ctx.execution,
-            "requested_at": started
+            "request": input,
+            "starts_work": true,
+            "execution": HOLDER,
+            "redrive_count": 0,
+            "state": {"EnteredTime": entered, "RetryCount": 0},
+            "task_token": "token-1"
         }),
-        "the payload the definition renders: the whole execution context (its RedriveTime once \
-         redriven) and the state's entry time"
-    );
-    let answer = played.answer.unwrap();
-    assert_eq!(
-        keys(&answer),
-        BTreeSet::from([
-            "acquired",
-            "outcome",
-            "token",
-            "count",
-            "limit",
-            "weight",
-            "rate",
-            "next_start_at",
-            "lock",
-            "holder",
-            "acquisition",
-            "child_name",
-            "queued_at",
-            "fallback_seconds",
-            "waiting_since",
-            "work"
-        ])
+        "the payload the definition renders: the execution input as the request, who asks, the \
+         state's entry and attempt, the task's token"
     );
     let name = child_execution_name(&id(HOLDER, "r0"));
     assert!(name.starts_with("run-1-"), "{name}");
+    let answer = json!({
+        "acquired": true,
+        "outcome": "acquired",
+        "token": 1,
+        "count": 1,
+        "limit": 5,
+        "weight": 1,
+        "rate": null,
+        "lock": "demo-lock",
+        "holder": HOLDER,
+        "acquisition": "r0",
+        "child_name": name,
+        "queued_at": null,
+        "work": {
+            "state_machine": DEMO,
+            "name": name,
+            "context": {"semaphore": {
+                "lock": "demo-lock",
+                "fencing_token": 1,
+                "holder": HOLDER,
+                "acquisition": "r0"
+            }}
+        }
+    });
+    // The function completed its own task with the answer: the state's output.
     assert_eq!(
-        answer,
-        json!({
-            "acquired": true,
-            "outcome": "acquired",
-            "token": 1,
-            "count": 1,
-            "limit": 5,
-            "weight": 1,
-            "rate": null,
-            "next_start_at": null,
-            "lock": "demo-lock",
-            "holder": HOLDER,
-            "acquisition": "r0",
-            "child_name": name,
-            "queued_at": null,
-            "fallback_seconds": 0,
-            "waiting_since": started,
-            "work": {
-                "state_machine": DEMO,
-                "name": name,
-                "context": {"semaphore": {
-                    "lock": "demo-lock",
-                    "fencing_token": 1,
-                    "holder": HOLDER,
-                    "acquisition": "r0"
-                }}
-            }
-        })
+        played.then,
+        Then::Next {
+            state: json!({"work_seconds": 0, "semaphore": answer}),
+            next: "Protected work".to_owned()
+        }
     );
-    let (state, next) = played.next.unwrap();
-    assert_eq!(state, json!({"semaphore": answer}));
-    assert_eq!(next, "Protected work");
+    // Its own answer (for the logs) is the same.
+    assert_eq!(played.answer(), &answer);
+    let state = played.state().clone();
 
-    // A Step Functions retry of the same state entry gets the same slot (F5).
-    let retry = play_acquire(&sem, &config, &ctx, &input).await;
-    let retried = retry.answer.unwrap();
+    // A retry of the task (a Lambda error: a new attempt, with a new token) gets the same slot
+    // (F5), and completes the new task with it.
+    let retry = ctx.retried("token-2");
+    let retried = w.play(&config, &definition, &retry, &input).await;
     assert_eq!(
         (
-            &retried["outcome"],
-            &retried["token"],
-            &retried["acquisition"]
+            &retried.state()["semaphore"]["outcome"],
+            &retried.state()["semaphore"]["token"]
         ),
-        (&json!("already_held"), &json!(1), &json!("r0"))
+        (&json!("already_held"), &json!(1))
     );
-    assert_eq!(retried["work"], answer["work"]);
 
     // The work is started as the definition says: the demo machine, named after the acquisition,
     // with the execution input plus the semaphore context.
@@ -407,11 +461,9 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
         &ctx,
         json!({"ExecutionArn": "arn:child", "Output": child_output, "Status": "SUCCEEDED"}),
     );
-    let release_name = "Release slot";
-    let release_state = asl::state(&definition, release_name);
-    assert_eq!(work_state["Next"], json!(release_name));
-
-    let release_ctx = ctx.entered(&now(&sem));
+    let release_state = asl::state(&definition, "Release slot");
+    assert_eq!(work_state["Next"], json!("Release slot"));
+    let release_ctx = ctx.entered(&w.now());
     let payload = asl::render(
         &release_state["Parameters"]["Payload"],
         &state,
@@ -419,101 +471,79 @@ async fn a_critical_section_through_the_definition_with_the_defaults() {
     );
     assert_eq!(
         payload,
-        json!({"holder": HOLDER, "redrive_count": 0, "answer": state["semaphore"]}),
+        json!({"semaphore": state["semaphore"]}),
         "the release payload: the acquire answer, not the execution input"
     );
-    let released = release(&sem, payload).await.unwrap();
+    let released = w.release(payload).await.unwrap();
     assert_eq!(
         released,
         json!({"released": true, "outcome": "released", "count": 0, "lock": "demo-lock",
                "acquisition": "r0", "handed_off": 0, "error": null, "cause": null})
     );
-    let state = asl::task_output(
+    let done = asl::task_output(
         release_state,
         &state,
         &release_ctx,
         json!({"Payload": released}),
     );
-    let done = asl::state(&definition, release_state["Next"].as_str().unwrap());
+    assert_eq!(release_state["End"], json!(true));
     assert_eq!(
-        asl::render(&done["Parameters"], &state, &release_ctx),
-        json!({"lock": "demo-lock", "fencing_token": 1, "output": child_output, "released": true})
+        (
+            &done["semaphore"]["token"],
+            &done["work"]["output"],
+            &done["release"]["released"]
+        ),
+        (&json!(1), &child_output, &json!(true))
+    );
+    // The semaphore's share of an uncontended critical section: two state transitions.
+    let semaphore_states: Vec<&str> = definition["States"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, s)| {
+            s["Parameters"]["FunctionName"].as_str().is_some_and(|f| {
+                f == asl::function_arn("acquire") || f == asl::function_arn("release")
+            })
+        })
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert_eq!(
+        semaphore_states,
+        ["Acquire slot", "Release after failure", "Release slot"]
     );
 }
 
 #[tokio::test]
-async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
-    let sem = semaphore().await;
+async fn a_full_lock_queues_the_execution_and_its_checks_keep_its_place_until_a_hand_off() {
+    let w = world().await;
     let config = config();
     let definition = asl::definition("lock-protected.asl.json");
+    let acquire_state = asl::state(&definition, ACQUIRE_STATE);
     let input = json!({"lock": "batch", "limit": 1, "work": MINE, "customer": 42});
-    let first = Ctx::new(&holder(1), input.clone(), &now(&sem));
-    let played = play_acquire(&sem, &config, &first, &input).await;
-    let answer = played.answer.unwrap();
+    let first = Ctx::new(&holder(1), input.clone(), &w.now()).with_task_token("first-1");
+    let played = w.play_machine(&config, &first, &input).await;
+    let answer = &played.state()["semaphore"];
     assert_eq!(
         (&answer["lock"], &answer["limit"], &answer["outcome"]),
         (&json!("batch"), &json!(1), &json!("acquired"))
     );
-    assert_eq!(answer["work"]["state_machine"], json!(MINE));
-    let (state, _) = played.next.unwrap();
     let start = asl::render(
         &asl::state(&definition, "Protected work")["Parameters"],
-        &state,
+        played.state(),
         &first,
     );
     assert_eq!(start["StateMachineArn"], json!(MINE));
     assert_eq!(start["Input"]["customer"], json!(42));
     assert_eq!(start["Input"]["semaphore"]["lock"], json!("batch"));
 
-    // A second execution with the same input finds the lock full: its request time is its place
-    // in line, and the machine waits in line with it.
-    let second_ms = sem.now_ms();
-    let second = Ctx::new(&holder(2), input.clone(), &rfc3339_millis(second_ms));
-    let played = play_acquire(&sem, &config, &second, &input).await;
-    let full = played.answer.unwrap();
-    assert_eq!(
-        (
-            &full["acquired"],
-            &full["outcome"],
-            &full["token"],
-            &full["count"]
-        ),
-        (&json!(false), &json!("full"), &json!(null), &json!(1))
-    );
-    assert_eq!(full["queued_at"], json!(second.entered_time));
-    assert_eq!(full["fallback_seconds"], json!(config.fallback.as_secs()));
-    // Nothing held yet: the work's context has no token.
-    assert_eq!(
-        full["work"]["context"]["semaphore"]["fencing_token"],
-        json!(null)
-    );
-    let (state, next) = played.next.unwrap();
-    let (wait_name, wait) = wait_state(&definition);
-    assert_eq!(next, wait_name);
-    // Parked until woken; its timeout (the fallback check) is the answer's fallback_seconds.
-    assert_eq!(
-        asl::timeout_seconds(wait, &state),
-        config.fallback.as_secs()
-    );
-
-    // The wait task's payload: the execution's id, run and start, the full answer (instead of
-    // the execution input, which may be near 256 KiB), the wait state's entry time, the task's
-    // token and the place in line, the full answer's queued_at.
-    let parked = second.entered(&now(&sem)).with_task_token("task-token-1");
-    let payload = asl::render(&wait["Parameters"]["Payload"], &state, &parked);
-    assert_eq!(
-        payload,
-        json!({
-            "holder": second.execution["Id"],
-            "redrive_count": 0,
-            "started_at": second.execution["StartTime"],
-            "answer": state["semaphore"],
-            "requested_at": parked.entered_time,
-            "task_token": "task-token-1",
-            "queued_at": full["queued_at"]
-        })
-    );
-    let queued = acquire(&sem, &config, payload.clone()).await.unwrap();
+    // A second execution finds the lock full: it is queued, at its request time, with its task's
+    // token, and its task stays parked (no transitions while it waits).
+    let second_ms = w.sem.now_ms();
+    let second =
+        Ctx::new(&holder(2), input.clone(), &rfc3339_millis(second_ms)).with_task_token("second-1");
+    let played = w.play_machine(&config, &second, &input).await;
+    assert_eq!(played.then, Then::Parked);
+    let queued = played.answer();
     assert_eq!(
         (
             &queued["acquired"],
@@ -525,70 +555,81 @@ async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
             &json!(false),
             &json!("queued"),
             &json!(null),
-            &full["queued_at"]
+            &json!(second.entered_time)
         )
     );
-    // In line: one record, at the place its first request named, with the task's token; the
-    // lock counts it.
     let place = QueueKey::new(&id(&holder(2), "r0"), second_ms).render();
-    let in_line = |records: &[RawRecord], token: &str| {
-        assert_eq!(records.len(), 1, "{records:?}");
-        assert_eq!(
-            (
-                text(&records[0], "place"),
-                text(&records[0], "holder"),
-                text(&records[0], "acquisition"),
-                text(&records[0], "task_token")
-            ),
-            (place.as_str(), holder(2).as_str(), "r0", token)
-        );
-    };
-    in_line(&consistent(&sem, "batch", 1).await, "task-token-1");
-    let seen = observe(sem.store().client(), sem.store().table(), "batch")
+    assert_eq!(
+        in_line(&consistent(&w.sem, "batch", 1).await),
+        (holder(2), place.clone(), "second-1".to_owned())
+    );
+    let seen = observe(w.sem.store().client(), w.sem.store().table(), "batch")
         .await
         .unwrap();
     assert_eq!((seen.waiting, seen.holders.len()), (1, 1));
 
-    // Step Functions retries the invocation (same payload): still one record.
-    let retried = acquire(&sem, &config, payload).await.unwrap();
-    assert_eq!(retried["outcome"], json!("queued"));
-    in_line(&consistent(&sem, "batch", 1).await, "task-token-1");
+    // The same attempt invoked again (a request sent twice): still one record, the same task.
+    let again = w.play_machine(&config, &second, &input).await;
+    assert_eq!(again.then, Then::Parked);
+    assert_eq!(
+        in_line(&consistent(&w.sem, "batch", 1).await),
+        (holder(2), place.clone(), "second-1".to_owned())
+    );
 
-    // The fallback timeout: the wait state is entered again (its Catch of States.Timeout), with
-    // a new token and the same queued_at: same place, the new token stored.
-    let catcher = asl::catcher(wait, "States.Timeout");
-    assert_eq!(catcher["Next"], json!(wait_name), "a timeout waits again");
-    let timed_out = asl::caught(catcher, &state, "States.Timeout", "");
-    let again = second.entered(&now(&sem)).with_task_token("task-token-2");
-    let payload = asl::render(&wait["Parameters"]["Payload"], &timed_out, &again);
-    assert_eq!(payload["queued_at"], full["queued_at"]);
-    assert_eq!(payload["requested_at"], json!(again.entered_time));
-    let checked = acquire(&sem, &config, payload).await.unwrap();
-    assert_eq!(checked["outcome"], json!("queued"));
-    in_line(&consistent(&sem, "batch", 1).await, "task-token-2");
+    // The state's timeout: its Catch enters it again (the input unchanged), a new attempt with a
+    // new token and a new entry time. The check finds its record by who it is and gives it the
+    // new token: the same place, nothing more in line.
+    let catcher = asl::catcher(acquire_state, "States.Timeout");
+    assert_eq!(
+        catcher["Next"],
+        json!(ACQUIRE_STATE),
+        "a timeout checks again"
+    );
+    let timed_out = asl::caught(catcher, &input, "States.Timeout", "");
+    assert_eq!(timed_out, input, "nothing carried between the attempts");
+    assert_eq!(
+        asl::timeout_seconds(acquire_state, &timed_out),
+        300,
+        "a check every 300 s"
+    );
+    let check = second.entered(&w.now()).with_task_token("second-2");
+    let checked = w.play_machine(&config, &check, &timed_out).await;
+    assert_eq!(checked.then, Then::Parked);
+    assert_eq!(checked.answer()["queued_at"], json!(second.entered_time));
+    assert_eq!(
+        in_line(&consistent(&w.sem, "batch", 1).await),
+        (holder(2), place.clone(), "second-2".to_owned())
+    );
+    // The first attempt's invocation, slow, arrives after the check: its task is over, and it
+    // does not give the record its dead token back.
+    let slow = w.play_machine(&config, &second, &input).await;
+    assert_eq!(slow.then, Then::Parked);
+    assert_eq!(
+        in_line(&consistent(&w.sem, "batch", 1).await),
+        (holder(2), place.clone(), "second-2".to_owned())
+    );
 
-    // The first execution releases, and the slot is granted to the head of the line: the task
-    // gets the waiter's stored answer with the slot filled in (what the hand-off sends with
-    // SendTaskSuccess), and the wait state hands it to "Protected work".
-    sem.release(&lock("batch"), &id(&holder(1), "r0"))
+    // The first execution releases, and the slot is granted to the head of the line: its task
+    // (the check's) gets the waiter's stored answer with the slot filled in, which goes on to
+    // "Protected work".
+    w.sem
+        .release(&lock("batch"), &id(&holder(1), "r0"))
         .await
         .unwrap();
-    let (token, context) = grant_head(&sem, "batch").await;
-    let granted: Value = serde_json::from_str(&granted_answer(&context, token).unwrap()).unwrap();
+    let (token, granted) = grant_head(&w.sem, "batch").await;
     assert_eq!(
         (&granted["acquired"], &granted["outcome"], &granted["token"]),
         (&json!(true), &json!("acquired"), &json!(token.0))
     );
-    let state = asl::task_output(wait, &timed_out, &again, granted.clone());
+    let state = asl::task_output(acquire_state, &timed_out, &check, granted.clone());
     assert_eq!(state["semaphore"], granted);
-    assert_eq!(after_wait(&definition, &state), "Protected work");
+    assert_eq!(acquire_state["Next"], json!("Protected work"));
     let start = asl::render(
         &asl::state(&definition, "Protected work")["Parameters"],
         &state,
-        &again,
+        &check,
     );
     let name = child_execution_name(&id(&holder(2), "r0"));
-    assert_eq!(full["work"]["name"], json!(name));
     assert_eq!(
         start,
         json!({
@@ -601,19 +642,29 @@ async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
             }
         })
     );
-    assert!(consistent(&sem, "batch", 1).await.is_empty());
+    assert!(consistent(&w.sem, "batch", 1).await.is_empty());
+
+    // Granted while its task had timed out (the hand-off's wake-up failed): the next check
+    // finds the slot its own and completes its task with it.
+    let late_check = second.entered(&w.now()).with_task_token("second-3");
+    let found = w.play_machine(&config, &late_check, &timed_out).await;
+    assert_eq!(
+        (
+            &found.state()["semaphore"]["outcome"],
+            &found.state()["semaphore"]["token"]
+        ),
+        (&json!("already_held"), &json!(token.0))
+    );
 
     // The default lock is another semaphore: not full.
-    let other = Ctx::new(&holder(3), json!({}), &now(&sem));
-    let answer = play_acquire(&sem, &config, &other, &json!({}))
-        .await
-        .answer
-        .unwrap();
+    let other = Ctx::new(&holder(3), json!({}), &w.now()).with_task_token("other-1");
+    let played = w.play_machine(&config, &other, &json!({})).await;
+    let answer = &played.state()["semaphore"];
     assert_eq!(
         (&answer["lock"], &answer["limit"], &answer["outcome"]),
         (&json!("demo-lock"), &json!(5), &json!("acquired"))
     );
-    let seen = observe(sem.store().client(), sem.store().table(), "batch")
+    let seen = observe(w.sem.store().client(), w.sem.store().table(), "batch")
         .await
         .expect("the item exists");
     seen.assert_safe(1);
@@ -621,27 +672,26 @@ async fn lock_limit_and_work_come_from_the_input_and_a_full_lock_waits() {
 
 #[tokio::test]
 async fn lambda_work_runs_through_the_runner_which_invokes_the_function() {
-    let sem = semaphore().await;
+    let w = world().await;
     let input = json!({"work": FUNCTION, "n": 1});
-    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
-    let played = play_acquire(&sem, &config(), &ctx, &input).await;
-    let answer = played.answer.unwrap();
+    let ctx = Ctx::new(HOLDER, input.clone(), &w.now()).with_task_token("t");
+    let played = w.play_machine(&config(), &ctx, &input).await;
+    let answer = &played.state()["semaphore"];
     assert_eq!(answer["work"]["state_machine"], json!(RUNNER));
     assert_eq!(
         answer["work"]["context"]["semaphore"]["function"],
         json!(FUNCTION)
     );
-    let (state, _) = played.next.unwrap();
     let definition = asl::definition("lock-protected.asl.json");
     let start = asl::render(
         &asl::state(&definition, "Protected work")["Parameters"],
-        &state,
+        played.state(),
         &ctx,
     );
     // The runner's one state invokes the function named in its input with the whole input.
     let runner = asl::definition("work-function.asl.json");
     let invoke = asl::state(&runner, runner["StartAt"].as_str().unwrap());
-    let child_ctx = Ctx::new("arn:child", start["Input"].clone(), &now(&sem));
+    let child_ctx = Ctx::new("arn:child", start["Input"].clone(), &w.now());
     let parameters = asl::render(&invoke["Parameters"], &start["Input"], &child_ctx);
     assert_eq!(parameters["FunctionName"], json!(FUNCTION));
     assert_eq!(parameters["Payload"], start["Input"]);
@@ -653,35 +703,38 @@ async fn lambda_work_runs_through_the_runner_which_invokes_the_function() {
 
 #[tokio::test]
 async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_nothing() {
-    let sem = semaphore().await;
+    let w = world().await;
     let config = config();
     // One good acquire, so that "nothing written" also means "the existing item is unchanged".
-    let ctx = Ctx::new(HOLDER, json!({}), &now(&sem));
-    play_acquire(&sem, &config, &ctx, &json!({}))
-        .await
-        .answer
-        .unwrap();
-    let before = all_items(&sem).await;
+    let ctx = Ctx::new(HOLDER, json!({}), &w.now()).with_task_token("good");
+    w.play_machine(&config, &ctx, &json!({})).await.state();
+    let before = all_items(&w.sem).await;
 
     let other = "arn:aws:states:us-east-1:123456789012:stateMachine:not-allowed";
     let not_allowed = |arn: &str| {
         format!(
-            "input.work is \"{arn}\", which this stack does not allow: name one it allows (state \
-             machines: {DEMO}, {MINE}; Lambda functions: {FUNCTION}), or leave it out to run the \
-             default, {DEMO}. To allow another, add it to the stack's WorkStateMachineArns or \
-             WorkFunctionArns parameter (the acquire function's WORK_STATE_MACHINES and \
-             WORK_FUNCTIONS)"
+            "request.work is \"{arn}\", which this stack does not allow: name one it allows \
+             (state machines: {DEMO}, {MINE}; Lambda functions: {FUNCTION}), or leave it out to \
+             run the default, {DEMO}. To allow another, add it to the stack's \
+             WorkStateMachineArns or WorkFunctionArns parameter (the acquire function's \
+             WORK_STATE_MACHINES and WORK_FUNCTIONS)"
         )
     };
-    let input_kind = |got: &str| {
+    let request_kind = |got: &str| {
+        format!("request must be a JSON object (what the execution asks for); got {got}")
+    };
+    let weight = "weight must be a whole number from 1 to the limit (1000 at most)";
+    let rate = "rate must be a number of acquisitions per second from 0.000011574074074074073 \
+                (one a day) to 1000";
+    let above = |weight: u32, limit: u32| {
         format!(
-            "execution.Input must be a JSON object (the execution input, \"input.$\": \
-             \"$$.Execution.Input\"); got {got}"
+            "weight {weight} is above the limit {limit}: it could never be granted; ask for at \
+             most {limit}, or raise the limit"
         )
     };
     let cases: Vec<(Value, String)> = vec![
-        (json!("run me"), input_kind("a string \"run me\"")),
-        (json!([1, 2]), input_kind("an array [1,2]")),
+        (json!("run me"), request_kind("a string \"run me\"")),
+        (json!([1, 2]), request_kind("an array [1,2]")),
         (
             json!({"semaphore": {"lock": "x"}}),
             "the execution input has the key \"semaphore\", which is reserved: the work's input \
@@ -693,235 +746,207 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
         (json!({"work": "my-work"}), not_allowed("my-work")),
         (
             json!({"work": {"arn": MINE}}),
-            "input.work must be a JSON string; got an object {\"arn\":\"arn:aws:states:us-east-1:\
-             123456789012:stateMachine:my-work\"}"
+            "request.work must be a JSON string; got an object {\"arn\":\"arn:aws:states:\
+             us-east-1:123456789012:stateMachine:my-work\"}"
                 .into(),
         ),
         (
             json!({"limit": 0}),
-            "input.limit: limit must be a whole number from 1 to 1000; got 0".into(),
+            "request.limit: limit must be a whole number from 1 to 1000; got 0".into(),
         ),
         (
             json!({"limit": "5"}),
-            "input.limit: limit must be a whole number from 1 to 1000; got the string \"5\"".into(),
-        ),
-        (
-            json!({"limit": 2.5}),
-            "input.limit: limit must be a whole number from 1 to 1000; got 2.5".into(),
+            "request.limit: limit must be a whole number from 1 to 1000; got the string \"5\""
+                .into(),
         ),
         (
             json!({"limit": 1001}),
-            "input.limit: limit must be a whole number from 1 to 1000; got 1001".into(),
+            "request.limit: limit must be a whole number from 1 to 1000; got 1001".into(),
         ),
         (
             json!({"lock": ""}),
-            "input.lock: lock name is empty: pass the name of the semaphore, e.g. \"demo-lock\""
+            "request.lock: lock name is empty: pass the name of the semaphore, e.g. \
+             \"demo-lock\""
                 .into(),
         ),
         (
             json!({"lock": ["a"]}),
-            "input.lock must be a JSON string; got an array [\"a\"]".into(),
+            "request.lock must be a JSON string; got an array [\"a\"]".into(),
         ),
-    ];
-    let weight = "weight must be a whole number from 1 to the limit (1000 at most)";
-    let rate = "rate must be a number of acquisitions per second from 0.000011574074074074073 \
-                (one a day) to 1000";
-    let above = |weight: u32, limit: u32| {
-        format!(
-            "weight {weight} is above the limit {limit}: it could never be granted; ask for at \
-             most {limit}, or raise the limit"
-        )
-    };
-    let cases = cases.into_iter().chain([
         (
             json!({"weight": 0}),
-            format!("input.weight: {weight}; got 0"),
-        ),
-        (
-            json!({"weight": -1}),
-            format!("input.weight: {weight}; got -1"),
+            format!("request.weight: {weight}; got 0"),
         ),
         (
             json!({"weight": 2.5}),
-            format!("input.weight: {weight}; got 2.5"),
+            format!("request.weight: {weight}; got 2.5"),
         ),
         (
             json!({"weight": "4"}),
-            format!("input.weight: {weight}; got the string \"4\""),
-        ),
-        (
-            json!({"weight": 1001}),
-            format!("input.weight: {weight}; got 1001"),
+            format!("request.weight: {weight}; got the string \"4\""),
         ),
         // Above the default limit (5), and above the input's own limit.
         (json!({"weight": 6}), above(6, 5)),
         (json!({"limit": 2, "weight": 3}), above(3, 2)),
-        (json!({"rate": 0}), format!("input.rate: {rate}; got 0")),
-        (json!({"rate": -1}), format!("input.rate: {rate}; got -1")),
-        (
-            json!({"rate": -0.5}),
-            format!("input.rate: {rate}; got -0.5"),
-        ),
+        (json!({"rate": 0}), format!("request.rate: {rate}; got 0")),
         (
             json!({"rate": "fast"}),
-            format!("input.rate: {rate}; got the string \"fast\""),
-        ),
-        (
-            json!({"rate": "2"}),
-            format!("input.rate: {rate}; got the string \"2\""),
+            format!("request.rate: {rate}; got the string \"fast\""),
         ),
         (
             json!({"rate": 1e9}),
-            format!("input.rate: {rate}; got 1000000000"),
+            format!("request.rate: {rate}; got 1000000000"),
         ),
-        (
-            json!({"rate": [2]}),
-            format!("input.rate: {rate}; got an array [2]"),
-        ),
-    ]);
-    for (input, message) in cases {
-        let ctx = Ctx::new(&holder(2), input.clone(), &now(&sem));
-        let err = play_acquire(&sem, &config, &ctx, &input)
-            .await
-            .answer
-            .expect_err(&format!("{input} must be refused"));
+    ];
+    for (n, (input, message)) in cases.into_iter().enumerate() {
+        let ctx =
+            Ctx::new(&holder(2), input.clone(), &w.now()).with_task_token(&format!("bad-{n}"));
+        let played = w.play_machine(&config, &ctx, &input).await;
+        let err = played.error();
         assert_eq!(err.error_type, "SemaphoreInvalidInput", "{input}");
         assert_eq!(err.error_message, message, "{input}");
-        // The definition fails the execution at once, with the error and its message, whatever
-        // the input (the catcher replaces the state with the error: an input that is not an
-        // object could not take an "error" field).
-        let (next, failed) = route_acquire_error(&err, &input);
-        assert_eq!(next, "Fail without a slot", "{input}");
-        let (error, cause) = failed.expect("a Fail state");
-        assert_eq!(error, "SemaphoreInvalidInput");
-        let cause: Value = serde_json::from_str(&cause).expect("Lambda's error JSON");
-        assert_eq!(cause["errorMessage"], json!(message));
+        // Nothing in the acquire state handles it: the execution fails with it at once.
+        assert_eq!(
+            played.then,
+            Then::Failed {
+                error: "SemaphoreInvalidInput".to_owned(),
+                cause: message
+            },
+            "{input}"
+        );
     }
-
     // Without a default, an input without a lock is refused too.
     let config = config_with(&[("DEFAULT_LOCK", "")]);
-    let ctx = Ctx::new(&holder(3), json!({}), &now(&sem));
-    let err = play_acquire(&sem, &config, &ctx, &json!({}))
-        .await
-        .answer
-        .unwrap_err();
+    let ctx = Ctx::new(&holder(3), json!({}), &w.now()).with_task_token("no-lock");
+    let played = w.play_machine(&config, &ctx, &json!({})).await;
     assert_eq!(
-        (err.error_type.as_str(), err.error_message.as_str()),
+        (
+            played.error().error_type.as_str(),
+            played.error().error_message.as_str()
+        ),
         (
             "SemaphoreInvalidInput",
-            "lock is missing: pass \"lock\" in the execution input or in the payload, e.g. \
-             \"lock\": \"demo-lock\", or set the function's DEFAULT_LOCK"
+            "lock is missing: pass \"lock\" in the request, e.g. \"lock\": \"demo-lock\", or set \
+             the function's DEFAULT_LOCK"
         )
     );
-
-    assert_eq!(all_items(&sem).await, before, "nothing was written");
+    // A payload that is not one the acquire state renders.
+    for (payload, message) in [
+        (
+            json!("demo-lock"),
+            format!(
+                "the payload must be a JSON object {}; got a string \"demo-lock\"",
+                lambda_common::ACQUIRE_PAYLOAD
+            ),
+        ),
+        (
+            json!({"request": {}, "execution": HOLDER, "state": {"EnteredTime": "yesterday"},
+                   "task_token": "t"}),
+            "state.EnteredTime must be an RFC 3339 date-time".to_owned(),
+        ),
+        (
+            json!({"request": {}, "execution": HOLDER, "state": {"EnteredTime": w.now()}}),
+            "task_token is missing".to_owned(),
+        ),
+    ] {
+        let err = w.acquire(&config, payload.clone()).await.unwrap_err();
+        assert_eq!(err.error_type, "SemaphoreInvalidInput", "{payload}");
+        assert!(
+            err.error_message.starts_with(&message),
+            "{payload}: {}",
+            err.error_message
+        );
+    }
+    assert_eq!(all_items(&w.sem).await, before, "nothing was written");
 }
 
 #[tokio::test]
 async fn a_redriven_execution_acquires_in_its_new_run_while_the_old_runs_fence_stands() {
-    let (sem, clock) = semaphore_with_clock().await;
+    let (w, clock) = world_with_clock().await;
     let config = config();
     let demo_lock = lock("demo-lock");
     let input = json!({"work_seconds": 5});
-    let started_ms = sem.now_ms();
-    let run0 = Ctx::new(HOLDER, input.clone(), &now(&sem));
+    let started_ms = w.sem.now_ms();
+    let run0 = Ctx::new(HOLDER, input.clone(), &w.now()).with_task_token("r0-1");
 
     // Run 0 takes a slot and starts its work; then it is aborted, and its cleanup frees the slot
     // and fences run 0 of the execution.
-    let answer = play_acquire(&sem, &config, &run0, &input)
-        .await
-        .answer
-        .unwrap();
+    let played = w.play_machine(&config, &run0, &input).await;
+    let answer = played.state()["semaphore"].clone();
     assert_eq!(
         (&answer["outcome"], &answer["acquisition"], &answer["token"]),
         (&json!("acquired"), &json!("r0"), &json!(1))
     );
-    let first_child = answer["work"]["name"].clone();
-    let cleaned = sem
+    let cleaned = w
+        .sem
         .cleanup(&demo_lock, &HolderId::new(HOLDER).unwrap())
         .await
         .unwrap();
-    assert_eq!(
-        cleaned
-            .freed
-            .iter()
-            .map(|(who, _)| who.clone())
-            .collect::<Vec<_>>(),
-        [id(HOLDER, "r0")]
-    );
+    assert_eq!(cleaned.freed.len(), 1);
     let run0_fence = FenceKey::execution(&HolderId::new(HOLDER).unwrap(), Run::FIRST);
 
-    // Redriven, it enters its acquire state again (a redrive from "Acquire slot" after an abort
-    // there): run 1, acquisition r1, which no cleanup fenced.
+    // Redriven, it enters its acquire state again: run 1, acquisition r1, which no cleanup
+    // fenced.
     clock.advance_ms(500);
-    let run1 = run0.redriven(1).entered(&now(&sem));
-    let played = play_acquire(&sem, &config, &run1, &input).await;
-    let answer = played.answer.unwrap();
+    let run1 = run0.redriven(1).entered(&w.now()).with_task_token("r1-1");
+    let played = w.play_machine(&config, &run1, &input).await;
+    let redriven = &played.state()["semaphore"];
     assert_eq!(
         (
-            &answer["acquired"],
-            &answer["outcome"],
-            &answer["acquisition"],
-            &answer["queued_at"]
+            &redriven["acquired"],
+            &redriven["outcome"],
+            &redriven["acquisition"]
         ),
-        (&json!(true), &json!("acquired"), &json!("r1"), &json!(null))
+        (&json!(true), &json!("acquired"), &json!("r1"))
     );
-    assert_eq!(played.next.unwrap().1, "Protected work");
     // Its work is a new child: the old one's name belongs to run 0.
-    assert_ne!(answer["work"]["name"], first_child);
+    assert_ne!(redriven["work"]["name"], answer["work"]["name"]);
     assert_eq!(
-        answer["work"]["name"],
+        redriven["work"]["name"],
         json!(child_execution_name(&id(HOLDER, "r1")))
     );
     // Run 0's fence still stands (no rotation happened): it keeps run 0's zombies out.
-    let item = sem.status(&demo_lock).await.unwrap();
+    let item = w.sem.status(&demo_lock).await.unwrap();
     assert!(item.is_fenced(&run0_fence));
     assert_eq!(item.fences.rotated_at_ms, None);
-    let late = sem
+    let late = w
+        .sem
         .acquire_requested_at(&demo_lock, &id(HOLDER, "r0"), limit(5), started_ms)
         .await
         .unwrap();
     assert_eq!(late, AcquireOutcome::Fenced(FenceReason::ExecutionEnded));
 
-    // Run 1 ends too (aborted in its work): its cleanup fences run 1 and, again, run 0, and
-    // frees its slot; a zombie acquire of run 1 is refused by its own run's fence.
-    let cleaned = sem
+    // Run 1 ends too: its cleanup fences run 1 and frees its slot; a zombie acquire of run 1 is
+    // refused by its own run's fence, and fails its task.
+    let cleaned = w
+        .sem
         .cleanup_run(&demo_lock, &HolderId::new(HOLDER).unwrap(), Run(1))
         .await
         .unwrap();
     assert_eq!(cleaned.freed.len(), 1);
-    let err = play_acquire(&sem, &config, &run1, &input)
-        .await
-        .answer
-        .unwrap_err();
-    assert_eq!(err.error_type, "SemaphoreFenced");
-    let item = sem.status(&demo_lock).await.unwrap();
-    assert!(item.holders.is_empty());
-    assert!(item.is_fenced(&FenceKey::execution(
-        &HolderId::new(HOLDER).unwrap(),
-        Run(1)
-    )));
+    let zombie = w
+        .play_machine(&config, &run1.with_task_token("r1-2"), &input)
+        .await;
+    assert_eq!(zombie.error().error_type, "SemaphoreFenced");
+    assert!(matches!(zombie.then, Then::Failed { .. }));
+    assert!(w.sem.status(&demo_lock).await.unwrap().holders.is_empty());
 }
 
 #[tokio::test]
 async fn a_fence_is_final_for_a_run_that_was_not_redriven_or_an_acquisition_released() {
-    let sem = semaphore().await;
+    let w = world().await;
     let config = config();
     let input = json!({});
-    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
-    play_acquire(&sem, &config, &ctx, &input)
-        .await
-        .answer
-        .unwrap();
-    sem.cleanup(&lock("demo-lock"), &HolderId::new(HOLDER).unwrap())
+    let ctx = Ctx::new(HOLDER, input.clone(), &w.now()).with_task_token("t1");
+    w.play_machine(&config, &ctx, &input).await.state();
+    w.sem
+        .cleanup(&lock("demo-lock"), &HolderId::new(HOLDER).unwrap())
         .await
         .unwrap();
 
     // A zombie or late retry of run 0: the execution ended and was cleaned up.
-    let err = play_acquire(&sem, &config, &ctx, &input)
-        .await
-        .answer
-        .unwrap_err();
+    let played = w.play_machine(&config, &ctx.retried("t2"), &input).await;
+    let err = played.error();
     assert_eq!(err.error_type, "SemaphoreFenced");
     assert_eq!(
         err.error_message,
@@ -931,651 +956,409 @@ async fn a_fence_is_final_for_a_run_that_was_not_redriven_or_an_acquisition_rele
              acquisition id"
         )
     );
-    assert_eq!(route_acquire_error(&err, &input).0, "Fail without a slot");
+    assert!(matches!(played.then, Then::Failed { .. }));
 
-    // Run 1 released its slot; a late attempt of its acquire is fenced, redriven or not.
-    let run = Ctx::new(&holder(2), input.clone(), &now(&sem)).redriven(1);
-    play_acquire(&sem, &config, &run, &input)
+    // Run 1 released its slot; a late attempt of its acquire is fenced.
+    let run = Ctx::new(&holder(2), input.clone(), &w.now())
+        .redriven(1)
+        .with_task_token("run1");
+    let state = w.play_machine(&config, &run, &input).await.state().clone();
+    let released = w
+        .release(json!({"semaphore": state["semaphore"]}))
         .await
-        .answer
         .unwrap();
-    let released = release(
-        &sem,
-        json!({"input": input, "holder": holder(2), "redrive_count": 1}),
-    )
-    .await
-    .unwrap();
     assert_eq!(released["released"], json!(true));
-    let err = play_acquire(&sem, &config, &run, &input)
-        .await
-        .answer
-        .unwrap_err();
-    assert_eq!(err.error_type, "SemaphoreFenced");
+    let late = w
+        .play_machine(&config, &run.retried("run1-again"), &input)
+        .await;
+    assert_eq!(late.error().error_type, "SemaphoreFenced");
     assert!(
-        err.error_message
+        late.error()
+            .error_message
             .contains("is fenced: this acquisition was already released"),
         "{}",
-        err.error_message
+        late.error().error_message
     );
-    assert_eq!(sem.status(&lock("demo-lock")).await.unwrap().count(), 0);
+    assert_eq!(w.sem.status(&lock("demo-lock")).await.unwrap().count(), 0);
 }
 
 #[tokio::test]
-async fn waiting_longer_than_the_budget_is_semaphore_wait_timeout_and_the_slot_is_released() {
-    let (sem, clock) = semaphore_with_clock().await;
+async fn waiting_past_the_budget_is_semaphore_wait_timeout_out_of_line_and_holding_nothing() {
+    let (w, clock) = world_with_clock().await;
     let config = config_with(&[("MAX_WAIT_SECONDS", "60")]);
-    let definition = asl::definition("lock-protected.asl.json");
     let input = json!({"lock": "busy", "limit": 1});
-    let holding = Ctx::new(&holder(1), input.clone(), &now(&sem));
-    play_acquire(&sem, &config, &holding, &input)
-        .await
-        .answer
-        .unwrap();
+    let holding = Ctx::new(&holder(1), input.clone(), &w.now()).with_task_token("h");
+    w.play_machine(&config, &holding, &input).await.state();
 
-    // Started 30 s ago: within the budget, waits.
-    let start = now(&sem);
+    // Queued now; checked 30 s later (within the budget), it waits on.
+    let patient = Ctx::new(&holder(2), input.clone(), &w.now()).with_task_token("p-1");
+    assert_eq!(
+        w.play_machine(&config, &patient, &input).await.then,
+        Then::Parked
+    );
     clock.advance_ms(30_000);
-    let waiter = Ctx::new(&holder(2), input.clone(), &start).entered(&now(&sem));
-    let full = play_acquire(&sem, &config, &waiter, &input)
-        .await
-        .answer
-        .unwrap();
-    assert_eq!(full["outcome"], json!("full"));
-
-    // 61 s: over it (an execution that enters its acquire state that late, e.g. after
-    // "expired" answers). The answer names the wait and the lock; nothing is held.
+    let check = patient.entered(&w.now()).with_task_token("p-2");
+    assert_eq!(
+        w.play_machine(&config, &check, &input).await.then,
+        Then::Parked
+    );
+    // 61 s after it was queued: the check takes it out of line, and the execution fails.
     clock.advance_ms(31_000);
-    let waiter = waiter.entered(&now(&sem));
-    let err = play_acquire(&sem, &config, &waiter, &input)
-        .await
-        .answer
-        .unwrap_err();
+    let check = patient.entered(&w.now()).with_task_token("p-3");
+    let played = w.play_machine(&config, &check, &input).await;
+    let err = played.error();
     assert_eq!(err.error_type, "SemaphoreWaitTimeout");
     assert_eq!(
         err.error_message,
         format!(
-            "{} has waited 61 s for a slot of lock \"busy\" (limit 1, 1 held), longer than the \
-             acquire function's MAX_WAIT_SECONDS of 60 s; it holds no slot. Start it again later, \
-             or raise the limit or the stack's MaxWaitSeconds",
+            "{} has waited 61 s for a slot of lock \"busy\" (limit 1) longer than the acquire \
+             function's MAX_WAIT_SECONDS of 60 s. Start it again later, or raise the limit or \
+             the stack's MaxWaitSeconds; it holds no slot",
             holder(2)
         )
     );
-    // The definition releases (an earlier attempt's lost answer may hold a slot), then fails
-    // with the acquire's error as caught.
-    let (next, failed) = route_acquire_error(&err, &input);
-    assert_eq!(next, "Release after failure");
-    assert!(failed.is_none());
-    let catcher = asl::catcher(acquire_state(&definition).1, &err.error_type);
-    let cause = json!({"errorType": err.error_type, "errorMessage": err.error_message}).to_string();
-    let state = asl::caught(catcher, &input, &err.error_type, &cause);
-    let release_state = asl::state(&definition, &next);
-    let payload = asl::render(&release_state["Parameters"]["Payload"], &state, &waiter);
-    let released = release(&sem, payload).await.unwrap();
-    assert_eq!(
-        (
-            &released["released"],
-            &released["error"],
-            &released["cause"]
-        ),
-        (&json!(false), &json!("SemaphoreWaitTimeout"), &json!(cause))
-    );
-    let state = asl::task_output(release_state, &state, &waiter, json!({"Payload": released}));
-    let fail = asl::state(&definition, release_state["Next"].as_str().unwrap());
-    assert_eq!(
-        asl::fail(fail, &state),
-        ("SemaphoreWaitTimeout".to_owned(), cause)
-    );
-
-    // However long an execution waited, a free slot is taken: the budget bounds waiting only.
-    let late =
-        Ctx::new(&holder(3), json!({"lock": "free", "limit": 1}), &start).entered(&now(&sem));
-    let answer = play_acquire(&sem, &config, &late, &json!({}))
-        .await
-        .answer
-        .unwrap();
-    assert_eq!(answer["outcome"], json!("acquired"));
-
-    // A redriven run's payload carries its first start only: the wait is not timed from it.
-    let redriven = Ctx::new(&holder(4), input.clone(), &start)
-        .redriven(1)
-        .entered(&now(&sem));
-    let answer = play_acquire(&sem, &config, &redriven, &input)
-        .await
-        .answer
-        .unwrap();
-    assert_eq!(answer["outcome"], json!("full"));
-    // With the whole execution node, its redrive time is known, and the budget counts from it.
-    let mut node = redriven.execution.clone();
-    node["RedriveTime"] = json!(rfc3339_millis(sem.now_ms() - 61_000));
-    let err = acquire(
-        &sem,
-        &config,
-        json!({"execution": node, "requested_at": now(&sem)}),
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(err.error_type, "SemaphoreWaitTimeout");
+    assert!(matches!(played.then, Then::Failed { .. }));
     assert!(
-        err.error_message.contains("has waited 61 s"),
-        "{}",
-        err.error_message
-    );
-
-    // Waiting in line is bounded the same way: an execution queued within the budget is taken
-    // out of line by the first fallback check past it, which fails its task with
-    // SemaphoreWaitTimeout; the definition then releases (a grant may have landed) and fails.
-    let started = now(&sem);
-    let patient = Ctx::new(&holder(5), input.clone(), &started);
-    let full = play_acquire(&sem, &config, &patient, &input).await;
-    let (state, next) = full.next.unwrap();
-    let (wait_name, wait) = wait_state(&definition);
-    assert_eq!(next, wait_name);
-    let parked = patient.entered(&now(&sem)).with_task_token("patient-1");
-    let payload = asl::render(&wait["Parameters"]["Payload"], &state, &parked);
-    let queued = acquire(&sem, &config, payload).await.unwrap();
-    assert_eq!(queued["outcome"], json!("queued"));
-    assert_eq!(consistent(&sem, "busy", 1).await.len(), 1);
-    clock.advance_ms(61_000);
-    let timed_out = asl::caught(
-        asl::catcher(wait, "States.Timeout"),
-        &state,
-        "States.Timeout",
-        "",
-    );
-    let check = patient.entered(&now(&sem)).with_task_token("patient-2");
-    let payload = asl::render(&wait["Parameters"]["Payload"], &timed_out, &check);
-    let err = acquire(&sem, &config, payload).await.unwrap_err();
-    assert_eq!(err.error_type, "SemaphoreWaitTimeout");
-    assert!(
-        err.error_message.contains("has waited 61 s"),
-        "{}",
-        err.error_message
-    );
-    assert!(
-        consistent(&sem, "busy", 1).await.is_empty(),
+        consistent(&w.sem, "busy", 1).await.is_empty(),
         "out of line, and the lock no longer counts it"
     );
-    let catcher = asl::catcher(wait, &err.error_type);
-    assert_eq!(catcher["Next"], json!("Release after failure"));
-    let cause = json!({"errorType": err.error_type, "errorMessage": err.error_message}).to_string();
-    let state = asl::caught(catcher, &timed_out, &err.error_type, &cause);
-    let release_state = asl::state(&definition, "Release after failure");
-    let payload = asl::render(&release_state["Parameters"]["Payload"], &state, &check);
-    let released = release(&sem, payload).await.unwrap();
-    assert_eq!(
-        (&released["released"], &released["error"]),
-        (&json!(false), &json!("SemaphoreWaitTimeout"))
-    );
-    let item = sem.status(&lock("busy")).await.unwrap();
+    let item = w.sem.status(&lock("busy")).await.unwrap();
     assert_eq!(
         item.holders.keys().cloned().collect::<Vec<_>>(),
         [id(&holder(1), "r0")]
     );
+
+    // However long an execution ran before it asked, a free slot is taken: the budget bounds
+    // the wait in line only.
+    let late = Ctx::new(&holder(3), json!({"lock": "free"}), &w.now()).with_task_token("late");
+    let played = w
+        .play_machine(&config, &late, &json!({"lock": "free"}))
+        .await;
+    assert_eq!(played.state()["semaphore"]["outcome"], json!("acquired"));
+
+    // Granted just before its check past the budget: it is out of line already, so the check
+    // finds the slot its own and goes on with it instead of failing.
+    let granted = Ctx::new(&holder(4), input.clone(), &w.now()).with_task_token("g-1");
+    assert_eq!(
+        w.play_machine(&config, &granted, &input).await.then,
+        Then::Parked
+    );
+    w.sem
+        .release(&lock("busy"), &id(&holder(1), "r0"))
+        .await
+        .unwrap();
+    let (token, _) = grant_head(&w.sem, "busy").await;
+    clock.advance_ms(61_000);
+    let check = granted.entered(&w.now()).with_task_token("g-2");
+    let played = w.play_machine(&config, &check, &input).await;
+    assert_eq!(
+        (
+            &played.state()["semaphore"]["outcome"],
+            &played.state()["semaphore"]["token"]
+        ),
+        (&json!("already_held"), &json!(token.0))
+    );
+
+    // A wait checked more often than its execution's history has room for ends too, with a
+    // message that says how to check less often.
+    let counted = Ctx::new(&holder(5), input.clone(), &w.now()).with_task_token("c-1");
+    assert_eq!(
+        w.play_machine(&config, &counted, &input).await.then,
+        Then::Parked
+    );
+    let store = w.sem.store();
+    store
+        .client()
+        .update_item()
+        .table_name(store.queue_table())
+        .key(
+            "lock",
+            aws_sdk_dynamodb::types::AttributeValue::S("busy".into()),
+        )
+        .key(
+            "waiter",
+            aws_sdk_dynamodb::types::AttributeValue::S(
+                semaphore_core::WaiterId::of(&id(&holder(5), "r0")).render(),
+            ),
+        )
+        .update_expression("SET checks = :n")
+        .expression_attribute_values(
+            ":n",
+            aws_sdk_dynamodb::types::AttributeValue::N(
+                lambda_common::MAX_FALLBACK_CHECKS.to_string(),
+            ),
+        )
+        .send()
+        .await
+        .expect("set the record's checks");
+    clock.advance_ms(1_000);
+    let check = counted.entered(&w.now()).with_task_token("c-2");
+    let played = w.play_machine(&config, &check, &input).await;
+    assert_eq!(played.error().error_type, "SemaphoreWaitTimeout");
+    assert!(
+        played
+            .error()
+            .error_message
+            .contains("more would pass Step Functions' 25,000 events"),
+        "{}",
+        played.error().error_message
+    );
+    assert!(consistent(&w.sem, "busy", 1).await.is_empty());
 }
 
 /// Weights and a start rate from the execution input: the answers carry them, the item keeps
-/// the sum of the weights, and an acquire the rate holds back answers "rate_limited" with when
-/// the next start may be, writes nothing, and is sent to wait in line like "full". A head of
-/// the line the rate defers (`deferred_answer`, what the hand-off sends) waits wait_seconds in
-/// the definition's Wait state and enters the line again with its place; no answer without a
-/// slot reaches the work.
+/// the sum of the weights, and an acquire the rate holds back is queued like one that finds the
+/// lock full. A head of the line the rate holds back longer than a hand-off waits is told so by
+/// `SemaphoreRateLimited`, which the acquire state retries: the retry, a new attempt, checks,
+/// keeps its place and is granted once the rate allows.
 #[tokio::test]
-async fn a_weight_and_a_start_rate_from_the_input_and_a_rate_limited_answer_waits_in_line() {
-    let (sem, clock) = semaphore_with_clock().await;
+async fn a_weight_and_a_start_rate_from_the_input_and_a_rate_limited_head_retries_in_its_place() {
+    let (w, clock) = world_with_clock().await;
     let config = config();
     let definition = asl::definition("lock-protected.asl.json");
     let heavy = json!({"lock": "paced", "limit": 3, "weight": 2, "rate": 0.5});
-    let first = Ctx::new(&holder(1), heavy.clone(), &now(&sem));
-    let started_ms = sem.now_ms();
-    let played = play_acquire(&sem, &config, &first, &heavy).await;
-    let answer = played.answer.unwrap();
-    let heavy_answer = answer.clone();
+    let first = Ctx::new(&holder(1), heavy.clone(), &w.now()).with_task_token("heavy");
+    let started_ms = w.sem.now_ms();
+    let played = w.play_machine(&config, &first, &heavy).await;
+    let heavy_answer = played.state()["semaphore"].clone();
     assert_eq!(
         (
-            &answer["outcome"],
-            &answer["limit"],
-            &answer["weight"],
-            &answer["rate"],
-            &answer["next_start_at"]
+            &heavy_answer["outcome"],
+            &heavy_answer["limit"],
+            &heavy_answer["weight"],
+            &heavy_answer["rate"]
         ),
-        (
-            &json!("acquired"),
-            &json!(3),
-            &json!(2),
-            &json!(0.5),
-            &json!(null)
-        )
+        (&json!("acquired"), &json!(3), &json!(2), &json!(0.5))
     );
-    assert_eq!(played.next.unwrap().1, "Protected work");
-    let seen = observe(sem.store().client(), sem.store().table(), "paced")
+    let seen = observe(w.sem.store().client(), w.sem.store().table(), "paced")
         .await
         .unwrap();
     assert_eq!((seen.used, &seen.weights), (2, &vec![2]));
     assert_eq!(seen.started_at, Some(started_ms));
     seen.assert_safe(3);
-    let before = all_items(&sem).await;
 
-    // A second execution, weight 1: it fits (2 + 1 <= 3), but one start every 2 s is spent.
+    // A second execution, weight 1: it fits (2 + 1 <= 3), but one start every 2 s is spent: it
+    // is queued, and its own hand-off finds the next start 1.5 s away, within what a hand-off
+    // waits (2 s): it waits, grants it the slot and completes its task.
     clock.advance_ms(500);
     let light = json!({"lock": "paced", "limit": 3, "rate": 0.5});
-    let second = Ctx::new(&holder(2), light.clone(), &now(&sem));
-    let played = play_acquire(&sem, &config, &second, &light).await;
-    let limited = played.answer.unwrap();
+    let second = Ctx::new(&holder(2), light.clone(), &w.now()).with_task_token("light-1");
+    let played = w.play_machine(&config, &second, &light).await;
+    let granted = &played.state()["semaphore"];
     assert_eq!(
-        (
-            &limited["acquired"],
-            &limited["outcome"],
-            &limited["token"],
-            &limited["weight"],
-            &limited["rate"]
-        ),
-        (
-            &json!(false),
-            &json!("rate_limited"),
-            &json!(null),
-            &json!(1),
-            &json!(0.5)
-        ),
-        "{limited}"
+        (&granted["outcome"], &granted["weight"]),
+        (&json!("acquired"), &json!(1)),
+        "{granted}"
     );
-    assert_eq!(
-        limited["next_start_at"],
-        json!(rfc3339_millis(started_ms + 2_000))
+    assert!(
+        w.sem.now_ms() >= started_ms + 2_000,
+        "not before the rate allows"
     );
-    // Answered like "full": its place in line and the wait task's timeout.
-    assert_eq!(limited["queued_at"], json!(second.entered_time));
-    assert_eq!(
-        limited["fallback_seconds"],
-        json!(config.fallback.as_secs())
-    );
-    assert_eq!(all_items(&sem).await, before, "nothing was written");
-    let (state, next) = played.next.unwrap();
-    let (wait_name, wait) = wait_state(&definition);
-    assert_eq!(next, wait_name, "rate_limited waits in line");
-    let parked = second.entered(&now(&sem)).with_task_token("paced-1");
-    let payload = asl::render(&wait["Parameters"]["Payload"], &state, &parked);
-    assert_eq!(payload["queued_at"], limited["queued_at"]);
-    assert_eq!(
-        asl::timeout_seconds(wait, &state),
-        config.fallback.as_secs()
-    );
-
-    // A head of the line the rate defers (the hand-off's SendTaskSuccess): acquired false,
-    // "rate_limited", wait_seconds. The machine waits that long, then enters the line again
-    // with the same place and fallback.
-    let deferred: Value = serde_json::from_str(
-        &deferred_answer(
-            &serde_json::to_string(&limited).unwrap(),
-            started_ms + 2_000,
-            sem.now_ms(),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    assert_eq!(
-        (
-            &deferred["acquired"],
-            &deferred["outcome"],
-            &deferred["wait_seconds"],
-            &deferred["next_start_at"]
-        ),
-        (
-            &json!(false),
-            &json!("rate_limited"),
-            &json!(2),
-            &limited["next_start_at"]
-        )
-    );
-    let state = asl::task_output(wait, &state, &parked, deferred.clone());
-    let pause_name = after_wait(&definition, &state);
-    assert_eq!(pause_name, "Wait for the start rate");
-    let pause = asl::state(&definition, pause_name);
-    assert_eq!(pause["Type"], json!("Wait"));
-    let seconds_path = pause["SecondsPath"].as_str().unwrap();
-    assert_eq!(asl::read(&state, seconds_path), Some(&json!(2)));
-    assert_eq!(pause["Next"], json!(wait_name));
-    let again = second.entered(&now(&sem)).with_task_token("paced-2");
-    let payload = asl::render(&wait["Parameters"]["Payload"], &state, &again);
-    assert_eq!(
-        payload["queued_at"], limited["queued_at"],
-        "its place is kept"
-    );
-    assert_eq!(
-        asl::timeout_seconds(wait, &state),
-        config.fallback.as_secs()
-    );
-    // Any other answer without a slot goes back in line, never to the work.
-    for outcome in ["full", "queued", "expired", "acquired"] {
-        let mut other = deferred.clone();
-        other["outcome"] = json!(outcome);
-        let state = asl::task_output(wait, &state, &parked, other);
-        assert_eq!(after_wait(&definition, &state), wait_name, "{outcome}");
-    }
-    // The same in the copy-paste fragment.
-    let fragment = asl::definition("protect-your-workflow.asl.json");
-    let (fragment_wait_name, fragment_wait) = wait_state(&fragment);
-    let state = asl::task_output(fragment_wait, &json!({}), &parked, deferred.clone());
-    let pause_name = after_wait(&fragment, &state);
-    let pause = asl::state(&fragment, pause_name);
-    assert_eq!(
-        (
-            &pause["Type"],
-            asl::read(&state, pause["SecondsPath"].as_str().unwrap()),
-            &pause["Next"]
-        ),
-        (&json!("Wait"), Some(&json!(2)), &json!(fragment_wait_name))
-    );
-    let payload = asl::render(&fragment_wait["Parameters"]["Payload"], &state, &again);
-    assert_eq!(payload["queued_at"], limited["queued_at"]);
-    let mut granted = deferred.clone();
-    granted["outcome"] = json!("queued");
-    let state = asl::task_output(fragment_wait, &json!({}), &parked, granted);
-    assert_eq!(after_wait(&fragment, &state), fragment_wait_name);
-
-    // Once the spacing has passed, a new request takes its slot (weight 1: 3 of 3 used).
-    clock.advance_ms(1_500);
-    let third = second.entered(&now(&sem));
-    let answer = play_acquire(&sem, &config, &third, &light)
-        .await
-        .answer
-        .unwrap();
-    assert_eq!(
-        (&answer["outcome"], &answer["count"]),
-        (&json!("acquired"), &json!(2))
-    );
-    let seen = observe(sem.store().client(), sem.store().table(), "paced")
+    assert_eq!(played.answer()["outcome"], json!("queued"));
+    let seen = observe(w.sem.store().client(), w.sem.store().table(), "paced")
         .await
         .unwrap();
-    let mut weights = seen.weights.clone();
-    weights.sort_unstable();
-    assert_eq!((seen.used, weights), (3, vec![1, 2]));
-    assert_eq!(seen.started_at, Some(started_ms + 2_000));
-    seen.assert_safe(3);
+    assert_eq!((seen.used, seen.started_at), (3, Some(started_ms + 2_000)));
 
-    // Full now for any weight (and the rate is spent again): nothing more is taken.
-    clock.advance_ms(2_000);
-    let fourth = Ctx::new(&holder(3), light.clone(), &now(&sem));
-    let full = play_acquire(&sem, &config, &fourth, &light)
-        .await
-        .answer
-        .unwrap();
-    assert_eq!(
-        (&full["acquired"], &full["outcome"], &full["count"]),
-        (&json!(false), &json!("full"), &json!(2))
-    );
-
-    // The heavy holder's release frees its weight 2, read from its acquire answer (which the
-    // acquire resolved from the input).
-    let release_ctx = first.entered(&now(&sem));
-    let release_state = asl::state(&definition, "Release slot");
-    let payload = asl::render(
-        &release_state["Parameters"]["Payload"],
-        &json!({"semaphore": heavy_answer, "work": {"output": {}}}),
-        &release_ctx,
-    );
-    assert_eq!(payload["answer"]["weight"], json!(2));
-    let released = release(&sem, payload).await.unwrap();
+    // The heavy holder's release frees the weight its answer names.
+    let released = w.release(json!({"semaphore": heavy_answer})).await.unwrap();
     assert_eq!(
         (&released["released"], &released["count"]),
         (&json!(true), &json!(1))
     );
-    let seen = observe(sem.store().client(), sem.store().table(), "paced")
+    let seen = observe(w.sem.store().client(), w.sem.store().table(), "paced")
         .await
         .unwrap();
     assert_eq!((seen.used, &seen.weights), (1, &vec![1]));
+    let acquire_state = asl::state(&definition, ACQUIRE_STATE);
+    // The definition retries SemaphoreRateLimited (no Wait state of its own), and catches
+    // SemaphoreExpired and its timeout into itself.
+    assert_eq!(
+        route(acquire_state, "SemaphoreRateLimited", ""),
+        Then::Retried {
+            error: "SemaphoreRateLimited".to_owned()
+        }
+    );
+    for error in ["SemaphoreExpired", "States.Timeout"] {
+        assert_eq!(
+            route(acquire_state, error, ""),
+            Then::Caught {
+                error: error.to_owned(),
+                next: ACQUIRE_STATE.to_owned()
+            }
+        );
+    }
+}
+
+/// A head of the line the start rate holds back for longer than a hand-off waits: the
+/// hand-off fails its task with `SemaphoreRateLimited`; the acquire state's retry is a new
+/// attempt (a new token) whose check keeps the place and, once the rate allows, is granted.
+#[tokio::test]
+async fn a_rate_limited_head_is_retried_in_its_place_and_granted_when_the_rate_allows() {
+    let (w, clock) = world_with_clock().await;
+    let config = config();
+    let slow = json!({"lock": "slow", "limit": 2, "rate": 0.1});
+    let first = Ctx::new(&holder(1), slow.clone(), &w.now()).with_task_token("first");
+    w.play_machine(&config, &first, &slow).await.state();
+    let started_ms = w.sem.now_ms();
+
+    // 10 s between starts: the second is queued, and its own hand-off, 10 s from the next
+    // start, defers it: its task fails with SemaphoreRateLimited, which the state retries.
+    let second_ms = w.sem.now_ms();
+    let second = Ctx::new(&holder(2), slow.clone(), &w.now()).with_task_token("second-1");
+    let played = w.play_machine(&config, &second, &slow).await;
+    assert_eq!(
+        played.then,
+        Then::Retried {
+            error: "SemaphoreRateLimited".to_owned()
+        }
+    );
+    let Some(Completion::Failed { cause, .. }) = w.kept.completion("second-1") else {
+        panic!("the task was failed")
+    };
+    assert!(
+        cause.contains(&format!("until {}", rfc3339_millis(started_ms + 10_000))),
+        "{cause}"
+    );
+    let place = QueueKey::new(&id(&holder(2), "r0"), second_ms).render();
+    assert_eq!(
+        in_line(&consistent(&w.sem, "slow", 2).await),
+        (holder(2), place.clone(), "second-1".to_owned())
+    );
+    // A newcomer does not pass it.
+    let newcomer = Ctx::new(&holder(3), slow.clone(), &w.now()).with_task_token("third-1");
+    let played = w.play_machine(&config, &newcomer, &slow).await;
+    assert_ne!(played.answer()["outcome"], json!("acquired"));
+
+    // The retry, before the rate allows: a new attempt, same place, the new token; deferred
+    // again.
+    clock.advance_ms(4_000);
+    let retry = second.retried("second-2");
+    let played = w.play_machine(&config, &retry, &slow).await;
+    assert_eq!(
+        played.then,
+        Then::Retried {
+            error: "SemaphoreRateLimited".to_owned()
+        }
+    );
+    let records = consistent(&w.sem, "slow", 2).await;
+    assert_eq!(
+        (text(&records[0], "place"), text(&records[0], "task_token")),
+        (place.as_str(), "second-2")
+    );
+    // The next retry once the rate allows: granted, its task completed with the slot.
+    clock.advance_ms(6_000);
+    let retry = retry.retried("second-3");
+    let played = w.play_machine(&config, &retry, &slow).await;
+    assert_eq!(
+        (
+            &played.state()["semaphore"]["outcome"],
+            &played.state()["semaphore"]["holder"]
+        ),
+        (&json!("acquired"), &json!(holder(2)))
+    );
+    assert_eq!(
+        played.state()["semaphore"]["queued_at"],
+        json!(rfc3339_millis(second_ms))
+    );
+    let item = w.sem.status(&lock("slow")).await.unwrap();
+    assert!(item.started_at_ms.unwrap() >= started_ms + 10_000);
 }
 
 #[tokio::test]
-async fn a_request_older_than_the_horizon_answers_expired_writes_nothing_and_is_asked_again() {
-    let sem = semaphore().await;
+async fn a_request_older_than_the_horizon_is_semaphore_expired_writes_nothing_and_is_asked_again() {
+    let w = world().await;
     let config = config();
     let input = json!({});
-    let run1 = Ctx::new(HOLDER, input.clone(), &now(&sem));
-    play_acquire(&sem, &config, &run1, &input)
-        .await
-        .answer
-        .unwrap();
-    let before = all_items(&sem).await;
+    let run1 = Ctx::new(HOLDER, input.clone(), &w.now()).with_task_token("t1");
+    w.play_machine(&config, &run1, &input).await.state();
+    let before = all_items(&w.sem).await;
 
     // The acquire state was entered longer ago than the horizon (a Lambda that took that long to
     // run it): a rotation may have dropped a fence this acquire had to meet, so it takes nothing.
-    let horizon_ms = u64::try_from(sem.timing().horizon.as_millis()).unwrap();
+    let horizon_ms = u64::try_from(w.sem.timing().horizon.as_millis()).unwrap();
     let entered = rfc3339_millis(SystemClock.now_ms() - horizon_ms - 1_000);
-    let run2 = Ctx::new(&holder(2), input.clone(), &entered);
-    let played = play_acquire(&sem, &config, &run2, &input).await;
-    let expired = played.answer.unwrap();
+    let run2 = Ctx::new(&holder(2), input.clone(), &entered).with_task_token("t2");
+    let played = w.play_machine(&config, &run2, &input).await;
+    assert_eq!(played.error().error_type, "SemaphoreExpired");
+    assert_eq!(
+        played.then,
+        Then::Caught {
+            error: "SemaphoreExpired".to_owned(),
+            next: ACQUIRE_STATE.to_owned()
+        },
+        "the state catches it into itself, which makes a new request time"
+    );
+    assert_eq!(all_items(&w.sem).await, before, "nothing was written");
+    let again = run2.entered(&w.now()).with_task_token("t3");
+    let played = w.play_machine(&config, &again, &input).await;
     assert_eq!(
         (
-            &expired["acquired"],
-            &expired["outcome"],
-            &expired["token"],
-            &expired["count"],
-            &expired["queued_at"],
-            &expired["fallback_seconds"]
+            &played.state()["semaphore"]["outcome"],
+            &played.state()["semaphore"]["token"]
         ),
-        (
-            &json!(false),
-            &json!("expired"),
-            &json!(null),
-            &json!(null),
-            &json!(null),
-            &json!(0)
-        )
-    );
-    assert_eq!(all_items(&sem).await, before, "nothing was written");
-    // The machine enters its acquire state again, which makes a new request time.
-    assert_eq!(
-        played.next.unwrap().1,
-        acquire_state(&asl::definition("lock-protected.asl.json")).0
-    );
-    let again = play_acquire(&sem, &config, &run2.entered(&now(&sem)), &input)
-        .await
-        .answer
-        .unwrap();
-    assert_eq!(
-        (&again["outcome"], &again["token"]),
         (&json!("acquired"), &json!(2))
     );
 }
 
-/// The explicit shape a caller's own machine sends (every value given, no input).
-fn explicit_payload(requested_at: &str) -> Value {
-    json!({
-        "lock": "demo-lock",
-        "limit": 5,
-        "holder": HOLDER,
-        "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab",
-        "requested_at": requested_at
-    })
-}
-
-#[tokio::test]
-async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
-    let sem = semaphore().await;
-    // Without any default or allowed work: the explicit shape needs none.
-    let bare = Config::from_settings(&settings(Vec::new())).unwrap();
-    let answer = acquire(&sem, &bare, explicit_payload(&now(&sem)))
-        .await
-        .unwrap();
-    let name = child_execution_name(&id(HOLDER, "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab"));
-    assert_eq!(
-        answer,
-        json!({
-            "acquired": true, "outcome": "acquired", "token": 1, "count": 1, "limit": 5,
-            "weight": 1, "rate": null, "next_start_at": null,
-            "lock": "demo-lock", "holder": HOLDER,
-            "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab", "child_name": name,
-            "queued_at": null, "fallback_seconds": 0, "waiting_since": null, "work": null
-        })
-    );
-    let released = release(
-        &sem,
-        json!({"lock": "demo-lock", "holder": HOLDER,
-               "acquisition": "3f1c2a9e-5b7d-4c4c-8d8d-0123456789ab"}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(released["released"], json!(true));
-
-    let good = || explicit_payload(&now(&sem));
-    let with = |field: &str, value: Value| {
-        let mut p = good();
-        p[field] = value;
-        p
-    };
-    let without = |field: &str| {
-        let mut p = good();
-        p.as_object_mut().unwrap().remove(field);
-        p
-    };
-    let before = all_items(&sem).await;
-    let requested_at_error = |got: &str| {
-        format!(
-            "requested_at must be an RFC 3339 date-time such as \"2026-12-03T10:15:30.123Z\" \
-             (Step Functions' $$.State.EnteredTime); got {got}: "
-        )
-    };
-    let shape = lambda_common::ACQUIRE_PAYLOAD;
-    let cases: Vec<(Value, String)> = vec![
-        (
-            without("lock"),
-            "lock is missing: pass \"lock\" in the execution input or in the payload, e.g. \
-             \"lock\": \"demo-lock\", or set the function's DEFAULT_LOCK"
-                .into(),
-        ),
-        (
-            with("lock", json!("x".repeat(257))),
-            "lock name is 257 bytes long; the maximum is 256 bytes".into(),
-        ),
-        (
-            without("limit"),
-            "limit is missing: pass \"limit\" in the execution input or in the payload, a whole \
-             number from 1 to 1000, e.g. \"limit\": 5, or set the function's DEFAULT_LIMIT"
-                .into(),
-        ),
-        (
-            with("limit", json!(-1)),
-            "limit must be a whole number from 1 to 1000; got -1".into(),
-        ),
-        (
-            without("holder"),
-            "holder is missing: pass the execution ARN, e.g. \"holder.$\": \"$$.Execution.Id\""
-                .into(),
-        ),
-        (
-            with("holder", json!("")),
-            "holder is empty: pass the execution ARN ($$.Execution.Id) or an operator id such as \
-             \"exec-1\""
-                .into(),
-        ),
-        (
-            without("acquisition"),
-            "acquisition is missing: pass \"redrive_count.$\": \"$$.Execution.RedriveCount\" (the \
-             acquisition is then r<count>, one per run of the execution), or an id made once per \
-             logical acquire, \"acquisition.$\": \"States.UUID()\""
-                .into(),
-        ),
-        (
-            with("acquisition", json!("a#b")),
-            "acquisition id contains '#'; use only letters, digits and . _ : - (a UUID fits)"
-                .into(),
-        ),
-        (
-            with("redrive_count", json!("1")),
-            "redrive_count must be a whole number from 0 (Step Functions' \
-             $$.Execution.RedriveCount); got a string \"1\""
-                .into(),
-        ),
-        (
-            without("requested_at"),
-            "requested_at is missing: pass when the acquire was asked for, as RFC 3339 text: the \
-             acquire state's entry time, \"requested_at.$\": \"$$.State.EnteredTime\""
-                .into(),
-        ),
-        (
-            with("requested_at", json!("yesterday")),
-            requested_at_error("\"yesterday\""),
-        ),
-        (
-            with("started_at", json!(12)),
-            "started_at must be a JSON string; got a number 12".into(),
-        ),
-        (
-            json!("demo-lock"),
-            format!("the payload must be a JSON object {shape}; got a string \"demo-lock\""),
-        ),
-        (
-            json!(null),
-            format!("the payload must be a JSON object {shape}; got null null"),
-        ),
-    ];
-    for (payload, message) in cases {
-        let err = acquire(&sem, &bare, payload.clone())
-            .await
-            .expect_err(&format!("{payload} must be refused"));
-        assert_eq!(err.error_type, "SemaphoreInvalidInput", "{payload}");
-        // A date-time the parser refuses is quoted back with the parser's own reason after it.
-        if message.starts_with("requested_at must be an RFC 3339") {
-            assert!(
-                err.error_message.starts_with(&message),
-                "{payload}: {}",
-                err.error_message
-            );
-        } else {
-            assert_eq!(err.error_message, message, "{payload}");
-        }
-    }
-    assert_eq!(all_items(&sem).await, before, "nothing was written");
-}
-
 #[tokio::test]
 async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
-    let sem = semaphore().await;
+    let w = world().await;
     let config = config();
     let fragment = asl::definition("protect-your-workflow.asl.json");
-    let input = json!({"order": 7});
-    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
-    let (_, acquire_state) = acquire_state(&fragment);
-    let payload = asl::render(&acquire_state["Parameters"]["Payload"], &input, &ctx);
-    let answer = acquire(&sem, &config, payload).await.unwrap();
-    assert_eq!(answer["outcome"], json!("acquired"));
-    let state = asl::task_output(acquire_state, &input, &ctx, json!({"Payload": answer}));
-    let choice = asl::state(&fragment, acquire_state["Next"].as_str().unwrap());
-    let work = asl::choose(choice, &state);
+    let states: Vec<&str> = fragment["States"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "Acquire slot",
+            "Fail with the error",
+            "Release after failure",
+            "Release slot",
+            "Your work"
+        ],
+        "three states of the semaphore around yours"
+    );
+    let input = json!({"order": 7, "lock": "not-the-semaphore's"});
+    let ctx = Ctx::new(HOLDER, input.clone(), &w.now()).with_task_token("f1");
+    let played = w.play(&config, &fragment, &ctx, &input).await;
+    let Then::Next { state, next } = played.then.clone() else {
+        panic!("{:?}", played.then)
+    };
+    let answer = state["semaphore"].clone();
+    assert_eq!(
+        (&answer["outcome"], &answer["lock"], &answer["work"]),
+        (&json!("acquired"), &json!("example-lock"), &json!(null)),
+        "the fragment's request names its lock; its input is its own"
+    );
     // Your work: one branch of a Parallel state (so that one Catch covers all its states),
     // whose placeholder passes the fencing token on.
-    let work_state = asl::state(&fragment, work);
+    let work_state = asl::state(&fragment, &next);
     assert_eq!(work_state["Type"], json!("Parallel"));
     let branch = &work_state["Branches"][0];
     let placeholder = &branch["States"][branch["StartAt"].as_str().unwrap()];
-    assert_eq!(placeholder["Type"], json!("Pass"));
     let branch_output = asl::render(&placeholder["Parameters"], &state, &ctx);
     assert_eq!(branch_output["fencing_token"], answer["token"]);
     // Its work succeeded: the release after it.
     let after_work = asl::task_output(work_state, &state, &ctx, json!([branch_output]));
-    assert_eq!(
-        after_work["work"]["output"]["fencing_token"],
-        answer["token"]
-    );
     let release_state = asl::state(&fragment, work_state["Next"].as_str().unwrap());
     let payload = asl::render(&release_state["Parameters"]["Payload"], &after_work, &ctx);
-    let released = release(&sem, payload).await.unwrap();
+    assert_eq!(payload, json!({"semaphore": answer}));
+    let released = w.release(payload).await.unwrap();
     assert_eq!(
         (&released["released"], &released["acquisition"]),
         (&json!(true), &json!("r0"))
-    );
-    asl::task_output(
-        release_state,
-        &after_work,
-        &ctx,
-        json!({"Payload": released}),
     );
     // Its work failed: the release after failure names the error to fail with.
     let catcher = asl::catcher(work_state, "MyError");
     let failed = asl::caught(catcher, &state, "MyError", "my cause");
     let release_state = asl::state(&fragment, catcher["Next"].as_str().unwrap());
     let payload = asl::render(&release_state["Parameters"]["Payload"], &failed, &ctx);
-    let released = release(&sem, payload).await.unwrap();
+    let released = w.release(payload).await.unwrap();
     let failed = asl::task_output(release_state, &failed, &ctx, json!({"Payload": released}));
     let fail = asl::state(&fragment, release_state["Next"].as_str().unwrap());
     assert_eq!(
@@ -1585,103 +1368,65 @@ async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
 
     // Two executions hold both slots; a third finds the lock full and waits in line.
     for n in [2, 3] {
-        let ctx = Ctx::new(&holder(n), input.clone(), &now(&sem));
-        let payload = asl::render(&acquire_state["Parameters"]["Payload"], &input, &ctx);
-        let answer = acquire(&sem, &config, payload).await.unwrap();
-        assert_eq!(answer["outcome"], json!("acquired"));
+        let ctx = Ctx::new(&holder(n), input.clone(), &w.now()).with_task_token(&format!("f{n}"));
+        w.play(&config, &fragment, &ctx, &input).await.state();
     }
-    let third = Ctx::new(&holder(4), input.clone(), &now(&sem));
-    let payload = asl::render(&acquire_state["Parameters"]["Payload"], &input, &third);
-    let full = acquire(&sem, &config, payload).await.unwrap();
-    assert_eq!(full["outcome"], json!("full"));
-    let state = asl::task_output(acquire_state, &input, &third, json!({"Payload": full}));
-    let (wait_name, wait) = wait_state(&fragment);
-    assert_eq!(asl::choose(choice, &state), wait_name);
+    let third = Ctx::new(&holder(4), input.clone(), &w.now()).with_task_token("f4");
     assert_eq!(
-        asl::timeout_seconds(wait, &state),
-        config.fallback.as_secs()
+        w.play(&config, &fragment, &third, &input).await.then,
+        Then::Parked
     );
-    let parked = third.entered(&now(&sem)).with_task_token("fragment-token");
-    let payload = asl::render(&wait["Parameters"]["Payload"], &state, &parked);
-    assert_eq!(
-        payload,
-        json!({
-            "lock": "example-lock", "limit": 2, "weight": 1, "holder": holder(4),
-            "redrive_count": 0,
-            "started_at": third.entered_time, "requested_at": parked.entered_time,
-            "task_token": "fragment-token", "queued_at": full["queued_at"]
-        })
-    );
-    let queued = acquire(&sem, &config, payload).await.unwrap();
-    assert_eq!(queued["outcome"], json!("queued"));
-    assert_eq!(consistent(&sem, "example-lock", 2).await.len(), 1);
-    assert_eq!(
-        asl::catcher(wait, "States.Timeout")["Next"],
-        json!(wait_name)
-    );
+    assert_eq!(consistent(&w.sem, "example-lock", 2).await.len(), 1);
 
-    // A slot is freed and granted to it: the granted answer, through the wait state's
-    // ResultSelector and ResultPath, gives "Your work" its fencing token.
-    sem.release(&lock("example-lock"), &id(&holder(2), "r0"))
+    // A slot is freed and granted to it: the granted answer gives "Your work" its fencing token.
+    w.sem
+        .release(&lock("example-lock"), &id(&holder(2), "r0"))
         .await
         .unwrap();
-    let (token, context) = grant_head(&sem, "example-lock").await;
-    let granted: Value = serde_json::from_str(&granted_answer(&context, token).unwrap()).unwrap();
-    let state = asl::task_output(wait, &state, &parked, granted.clone());
-    // The whole answer (no ResultSelector: a rate_limited one carries wait_seconds, which a
-    // granted one does not have).
+    let (token, granted) = grant_head(&w.sem, "example-lock").await;
+    let acquire_state = asl::state(&fragment, ACQUIRE_STATE);
+    let state = asl::task_output(acquire_state, &input, &third, granted.clone());
     assert_eq!(state["semaphore"], granted);
     assert_eq!(
         (
             &granted["acquired"],
-            &granted["outcome"],
             &granted["token"],
             &granted["child_name"]
         ),
         (
             &json!(true),
-            &json!("acquired"),
             &json!(token.0),
             &json!(child_execution_name(&id(&holder(4), "r0")))
         )
     );
-    assert_eq!(after_wait(&fragment, &state), work);
-    let branch_output = asl::render(&placeholder["Parameters"], &state, &parked);
+    let branch_output = asl::render(&placeholder["Parameters"], &state, &third);
     assert_eq!(branch_output, json!({"fencing_token": token.0}));
-    let after_work = asl::task_output(work_state, &state, &parked, json!([branch_output]));
+    let after_work = asl::task_output(work_state, &state, &third, json!([branch_output]));
     let release_state = asl::state(&fragment, work_state["Next"].as_str().unwrap());
-    let payload = asl::render(
-        &release_state["Parameters"]["Payload"],
-        &after_work,
-        &parked,
-    );
-    let released = release(&sem, payload).await.unwrap();
-    assert_eq!(
-        (&released["released"], &released["acquisition"]),
-        (&json!(true), &json!("r0"))
-    );
-    assert!(consistent(&sem, "example-lock", 2).await.is_empty());
+    let payload = asl::render(&release_state["Parameters"]["Payload"], &after_work, &third);
+    let released = w.release(payload).await.unwrap();
+    assert_eq!(released["released"], json!(true));
+    assert!(consistent(&w.sem, "example-lock", 2).await.is_empty());
 }
 
 #[tokio::test]
 async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is_written() {
-    let sem = semaphore().await;
-    let (client, table) = (sem.store().client(), sem.store().table());
+    let w = world().await;
+    let (client, table) = (w.sem.store().client(), w.sem.store().table());
     let v1 = put_version_1_item(client, table, "demo-lock", HOLDER, "old-acquisition").await;
     let input = json!({});
-    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
-    let err = play_acquire(&sem, &config(), &ctx, &input)
-        .await
-        .answer
-        .unwrap_err();
-    assert_eq!(err.error_type, "SemaphoreOldFormat");
+    let ctx = Ctx::new(HOLDER, input.clone(), &w.now()).with_task_token("t");
+    let played = w.play_machine(&config(), &ctx, &input).await;
+    assert_eq!(played.error().error_type, "SemaphoreOldFormat");
     assert!(
-        err.error_message
+        played
+            .error()
+            .error_message
             .contains("\"demo-lock\" was written by version 1"),
         "{}",
-        err.error_message
+        played.error().error_message
     );
-    assert_eq!(route_acquire_error(&err, &input).0, "Fail without a slot");
+    assert!(matches!(played.then, Then::Failed { .. }));
     assert_eq!(
         raw_item(client, table, "demo-lock").await,
         Some(v1),
@@ -1691,30 +1436,26 @@ async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is
 
 #[tokio::test]
 async fn a_missing_table_is_the_named_error_semaphore_store_error_which_is_retried() {
-    let sem = semaphore_on(format!("no-such-table-{:x}", fastrand::u64(..)));
+    asl::deploy();
+    let w = World::on(semaphore_on(format!(
+        "no-such-table-{:x}",
+        fastrand::u64(..)
+    )));
     let input = json!({});
-    let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
-    let err = play_acquire(&sem, &config(), &ctx, &input)
-        .await
-        .answer
-        .unwrap_err();
-    assert_eq!(err.error_type, "SemaphoreStoreError");
+    let ctx = Ctx::new(HOLDER, input.clone(), &w.now()).with_task_token("t");
+    let played = w.play_machine(&config(), &ctx, &input).await;
+    assert_eq!(played.error().error_type, "SemaphoreStoreError");
     assert!(
-        err.error_message.contains("does not exist"),
+        played.error().error_message.contains("does not exist"),
         "{}",
-        err.error_message
+        played.error().error_message
     );
-    let definition = asl::definition("lock-protected.asl.json");
-    // Both states that call the function retry it.
-    for (_, state) in acquire_states(&definition) {
-        let retried = state["Retry"].as_array().unwrap().iter().any(|r| {
-            r["ErrorEquals"]
-                .as_array()
-                .unwrap()
-                .contains(&json!("SemaphoreStoreError"))
-        });
-        assert!(retried);
-    }
+    assert_eq!(
+        played.then,
+        Then::Retried {
+            error: "SemaphoreStoreError".to_owned()
+        }
+    );
 }
 
 /// #18 item 16 (F12), (b): a machine that calls the acquire function without being one the
@@ -1723,15 +1464,14 @@ async fn a_missing_table_is_the_named_error_semaphore_store_error_which_is_retri
 /// at all. Each is refused by name before anything is written, and the definition fails at once.
 #[tokio::test]
 async fn a_caller_the_stack_does_not_protect_is_misconfigured_and_writes_nothing() {
-    let sem = semaphore().await;
+    let w = world().await;
     let protected = "arn:aws:states:us-east-1:123456789012:stateMachine:LockProtected";
     let config = config_with(&[("STATE_MACHINE_ARNS", protected)]);
     // A protected caller goes on as before (and leaves an item, so "nothing written" below
     // also means "the existing item is unchanged").
-    let ctx = Ctx::new(HOLDER, json!({}), &now(&sem));
-    let played = play_acquire(&sem, &config, &ctx, &json!({})).await;
-    assert_eq!(played.answer.unwrap()["outcome"], json!("acquired"));
-    let before = all_items(&sem).await;
+    let ctx = Ctx::new(HOLDER, json!({}), &w.now()).with_task_token("t");
+    w.play_machine(&config, &ctx, &json!({})).await.state();
+    let before = all_items(&w.sem).await;
 
     let rogue = "arn:aws:states:us-east-1:123456789012:execution:NotDeclared:run-1";
     let express =
@@ -1741,9 +1481,7 @@ async fn a_caller_the_stack_does_not_protect_is_misconfigured_and_writes_nothing
             rogue,
             format!(
                 "{rogue} is an execution of state machine NotDeclared, which this stack does not \
-                 protect (its STATE_MACHINE_ARNS: {protected}): its waiters would never be woken \
-                 and a slot it holds when it fails would not be cleaned up. Add its ARN to the \
-                 stack's ProtectedStateMachineArns parameter"
+                 protect"
             ),
         ),
         (
@@ -1751,34 +1489,27 @@ async fn a_caller_the_stack_does_not_protect_is_misconfigured_and_writes_nothing
             format!("{express} is an execution of an Express state machine, which cannot take"),
         ),
     ] {
-        let ctx = Ctx::new(caller, json!({}), &now(&sem));
-        let err = play_acquire(&sem, &config, &ctx, &json!({}))
-            .await
-            .answer
-            .expect_err(caller);
-        assert_eq!(err.error_type, "SemaphoreMisconfigured", "{caller}");
+        let ctx = Ctx::new(caller, json!({}), &w.now()).with_task_token(caller);
+        let played = w.play_machine(&config, &ctx, &json!({})).await;
+        assert_eq!(played.error().error_type, "SemaphoreMisconfigured");
         assert!(
-            err.error_message.starts_with(&says),
+            played.error().error_message.starts_with(&says),
             "{}",
-            err.error_message
+            played.error().error_message
         );
-        let (next, failed) = route_acquire_error(&err, &json!({}));
-        assert_eq!(next, "Fail without a slot", "{caller}");
-        assert_eq!(failed.expect("a Fail state").0, "SemaphoreMisconfigured");
+        assert!(matches!(played.then, Then::Failed { .. }));
     }
-    assert_eq!(all_items(&sem).await, before, "a refused caller wrote");
+    assert_eq!(all_items(&w.sem).await, before, "a refused caller wrote");
     // Without the list (a deployment that does not set it) every standard execution may call.
-    let ctx = Ctx::new(rogue, json!({}), &now(&sem));
-    let played = play_acquire(&sem, &config_with(&[]), &ctx, &json!({})).await;
-    assert_eq!(played.answer.unwrap()["outcome"], json!("acquired"));
+    let ctx = Ctx::new(rogue, json!({}), &w.now()).with_task_token("rogue-ok");
+    let played = w.play_machine(&config_with(&[]), &ctx, &json!({})).await;
+    assert_eq!(played.state()["semaphore"]["outcome"], json!("acquired"));
 }
 
 /// #18 item 16 (F12), (a): an Express state machine as the work cannot be described or stopped,
 /// so a cleanup would free its slot while it runs. Its type comes from DescribeStateMachine
 /// (real machines on the local server), asked once per machine per function instance; the
 /// acquire is refused by name before anything is written, and the definition fails at once.
-/// (c), work the stack does not allow, is `SemaphoreInvalidInput` (see
-/// `bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_nothing`).
 #[tokio::test]
 async fn express_work_is_misconfigured_and_writes_nothing() {
     use aws_sdk_sfn::types::StateMachineType;
@@ -1811,33 +1542,29 @@ async fn express_work_is_misconfigured_and_writes_nothing() {
     let allowed = format!("{DEMO},{express},{standard}");
     let mut config = config_with(&[("WORK_STATE_MACHINES", &allowed)]);
     config.deployment.machine_types = Some(lambda_common::MachineTypes::new(counted));
-    let sem = semaphore().await;
-    let ctx = Ctx::new(HOLDER, json!({"work": standard}), &now(&sem));
-    let played = play_acquire(&sem, &config, &ctx, &json!({"work": standard})).await;
-    assert_eq!(played.answer.unwrap()["outcome"], json!("acquired"));
-    let before = all_items(&sem).await;
+    let w = world().await;
+    let input = json!({"work": standard});
+    let ctx = Ctx::new(HOLDER, input.clone(), &w.now()).with_task_token("standard");
+    w.play_machine(&config, &ctx, &input).await.state();
+    let before = all_items(&w.sem).await;
 
     for n in 0..2 {
         let input = json!({"work": express});
-        let ctx = Ctx::new(&holder(10 + n), input.clone(), &now(&sem));
-        let err = play_acquire(&sem, &config, &ctx, &input)
-            .await
-            .answer
-            .expect_err("Express work is refused");
-        assert_eq!(err.error_type, "SemaphoreMisconfigured");
+        let ctx = Ctx::new(&holder(10 + n), input.clone(), &w.now())
+            .with_task_token(&format!("express-{n}"));
+        let played = w.play_machine(&config, &ctx, &input).await;
+        assert_eq!(played.error().error_type, "SemaphoreMisconfigured");
         assert!(
-            err.error_message.starts_with(&format!(
+            played.error().error_message.starts_with(&format!(
                 "the work {express} is an Express state machine, which cannot run under this \
                  semaphore"
             )),
             "{}",
-            err.error_message
+            played.error().error_message
         );
-        let (next, failed) = route_acquire_error(&err, &input);
-        assert_eq!(next, "Fail without a slot");
-        assert_eq!(failed.expect("a Fail state").0, "SemaphoreMisconfigured");
+        assert!(matches!(played.then, Then::Failed { .. }));
     }
-    assert_eq!(all_items(&sem).await, before, "a refused acquire wrote");
+    assert_eq!(all_items(&w.sem).await, before, "a refused acquire wrote");
     // Each machine's type was asked once: the second refusal came from the instance's memory.
     assert_eq!(
         counter.take().requests.get("SFN.DescribeStateMachine"),

@@ -1,20 +1,21 @@
 //! F8 made to happen with real task tokens: executions parked in line on the local server's
 //! Step Functions (moto's execution mode), woken by the real functions' hand-offs through
-//! `SendTaskSuccess`, stopped with `StopExecution`, timed out by their wait's timeout.
+//! `SendTaskSuccess`, stopped with `StopExecution`, timed out by their acquire state's timeout,
+//! retried by its `Retry`.
 //!
 //! Each waiter is an execution of `sfn::parking_machine`: the lock-protected definition's own
-//! "Wait in line" state, parked on a task moto completes without Lambda (see there). The test
-//! plays the acquire state (the real handler, fast path: "full"), then invokes the real acquire
-//! handler with each wait payload the execution parks with, exactly what Step Functions would
-//! invoke the function with: the parking task's own token, its entry time, the place in line.
-//! Release and cleanup are the real handlers too, with hand-offs through the local server's
-//! Step Functions.
+//! "Acquire slot" state, parked on a task moto completes without Lambda (see there). The test
+//! invokes the real acquire handler with each payload the execution parks with, exactly what
+//! Step Functions would invoke the function with: the parked task's own token, its entry time
+//! and retry count. Release and cleanup are the real handlers too, with hand-offs through the
+//! local server's Step Functions.
 //!
-//! Two deviations of moto from AWS matter here, and the local server's launcher
-//! (`local/moto_server.py`) fixes both: a stopped execution parked on a task token stayed
-//! RUNNING (and took `SendTaskSuccess`) until the task ended; and the token of a task that had
-//! ended (timed out, completed) still took `SendTaskSuccess`, silently. With them fixed, every
-//! failed wake-up here is a real one.
+//! Three deviations of moto from AWS matter here, and the local server's launcher
+//! (`local/moto_server.py`) fixes them: a stopped execution parked on a task token stayed
+//! RUNNING (and took `SendTaskSuccess`) until the task ended; the token of a task that had ended
+//! (timed out, completed) still took `SendTaskSuccess`, silently; and a retried callback task
+//! kept its token, where AWS gives every attempt a new one. With them fixed, every failed
+//! wake-up here is a real one.
 //!
 //! Every test ends by reading the lock raw: no more holders than the limit, and its `waiting`
 //! equals the records in its line.
@@ -25,19 +26,19 @@ use std::sync::{Arc, Mutex};
 use lambda_acquire::Config;
 use lambda_cleanup::Cleanup;
 use lambda_common::metrics::check_emf;
-use lambda_common::{Metrics, Resolver, Settings, SfnHandOffs};
+use lambda_common::{Metrics, Resolver, Settings, SfnHandOffs, TaskCallbacks};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
-use local_aws::asl::{self, Context as Ctx};
+use local_aws::asl::{self, ACQUIRE_STATE};
 use local_aws::names::{id, limit};
 use local_aws::observe::{assert_consistent, text, RawRecord};
 use local_aws::sfn::{
-    self, described, ended, execution_arn, park, parking_machine, status, stop, task_outputs,
-    unique, Parked,
+    self, described, ended, park, parking_machine, status, stop, task_outputs, unique, Parked,
 };
 use local_aws::{fresh_table, sdk_config};
 use semaphore_core::{
-    protocol, rfc3339_millis, AcquireOutcome, DynamoStore, FenceKey, FencingToken, HolderId,
-    Identity, ItemStore, LockName, Run, Semaphore, WriteResult,
+    protocol, AcquireOutcome, DynamoStore, FenceKey, FencingToken, HolderId, Identity, ItemStore,
+    LockName, QueueKey, Run, Semaphore, SemaphoreItem, StoreError, TaskToken, WaiterId, Write,
+    WriteResult,
 };
 use serde_json::{json, Value};
 
@@ -62,14 +63,25 @@ fn settings(table: &str) -> Settings<impl Fn(&str) -> Option<String>> {
     Settings::from_lookup(move |name| vars.get(name).cloned())
 }
 
-/// One lock of limit 1 on a fresh table, the functions as their `main`s build them, and a
-/// parking machine with the given fallbacks (first wait, later waits).
-struct World {
+/// An RFC 3339 time (Step Functions' `EnteredTime`, moto's with microseconds) in ms.
+fn ms(time: &Value) -> u64 {
+    let text = time.as_str().expect("a time");
+    aws_sdk_dynamodb::primitives::DateTime::from_str(
+        text,
+        aws_sdk_dynamodb::primitives::DateTimeFormat::DateTimeWithOffset,
+    )
+    .unwrap_or_else(|e| panic!("{text}: {e}"))
+    .to_millis()
+    .unwrap() as u64
+}
+
+/// One lock on a fresh table, the functions as their `main`s build them, and a parking machine
+/// whose acquire task times out after the given seconds (first, later).
+struct World<S: ItemStore = DynamoStore> {
     sfn: sfn::Client,
     table: String,
-    sem: Semaphore<DynamoStore>,
+    sem: Semaphore<S>,
     config: Config,
-    definition: Value,
     machine: String,
     lock: String,
     input: Value,
@@ -78,11 +90,10 @@ struct World {
     kept: Arc<Mutex<Vec<String>>>,
 }
 
-/// A waiter: its parked execution, the wait payload it queued with, its acquire state's answer.
+/// A waiter: its parked execution and the payload its first acquire task was invoked with.
 struct Waiter {
     parked: Parked,
-    wait: Value,
-    full: Value,
+    first: Value,
 }
 
 impl Waiter {
@@ -95,34 +106,44 @@ impl Waiter {
     }
 }
 
-async fn world(fallbacks: [u64; 2]) -> World {
-    let sfn = sfn::client();
+async fn world(input: Value, timeouts: [u64; 2]) -> World {
     let table = fresh_table().await.table().to_owned();
-    let settings = settings(&table);
+    let sem = settings(&table).semaphore(&sdk_config()).unwrap();
+    world_on(table, sem, input, timeouts).await
+}
+
+async fn world_on<S: ItemStore>(
+    table: String,
+    sem: Semaphore<S>,
+    input: Value,
+    timeouts: [u64; 2],
+) -> World<S> {
+    let sfn = sfn::client();
     let definition = asl::definition("lock-protected.asl.json");
     let machine = sfn::create_machine(
         &sfn,
         &unique("Parking"),
-        &parking_machine(&definition, "Wait in line", fallbacks),
+        &parking_machine(&definition, ACQUIRE_STATE, timeouts),
     )
     .await;
-    let lock = unique("f8");
     let (metrics, kept) = Metrics::kept();
     World {
         metrics,
         kept,
-        sem: settings.semaphore(&sdk_config()).unwrap(),
-        config: Config::from_settings(&settings).unwrap(),
-        input: json!({"lock": lock, "limit": 1}),
+        config: Config::from_settings(&settings(&table)).unwrap(),
+        lock: input["lock"]
+            .as_str()
+            .expect("the input names a lock")
+            .to_owned(),
+        input,
+        sem,
         sfn,
         table,
-        definition,
         machine,
-        lock,
     }
 }
 
-impl World {
+impl<S: ItemStore> World<S> {
     fn lock(&self) -> LockName {
         LockName::new(self.lock.as_str()).unwrap()
     }
@@ -175,9 +196,11 @@ impl World {
         .unwrap()
     }
 
-    /// The release of a waiter that took the slot, as "Release slot" sends it.
-    async fn release_waiter(&self, waiter: &Waiter) -> Value {
-        self.release(json!({"input": self.input, "holder": waiter.execution(), "redrive_count": 0}))
+    /// The release of `holder`'s acquisition `acquisition`, as "Release slot" sends it: the
+    /// acquire answer (of which the release reads the lock, holder and acquisition).
+    async fn release_of(&self, holder: &str, acquisition: &str) -> Value {
+        self.release(json!({"semaphore": {"lock": self.lock, "holder": holder,
+                                          "acquisition": acquisition}}))
             .await
     }
 
@@ -203,69 +226,52 @@ impl World {
             .unwrap()
     }
 
-    /// The slot taken by [`HOLDER`], so that the lock is full.
+    /// The slot taken by [`HOLDER`] (an operator's acquire, through the core), so that the lock
+    /// is full.
     async fn hold(&self) {
+        let limit = limit(self.input["limit"].as_i64().unwrap_or(1));
         let answer = self
-            .acquire(json!({"lock": self.lock, "limit": 1, "holder": HOLDER,
-                            "acquisition": HELD, "requested_at": rfc3339_millis(self.sem.now_ms())}))
+            .sem
+            .acquire(&self.lock(), &id(HOLDER, HELD), limit)
             .await
             .unwrap();
-        assert_eq!(answer["outcome"], json!("acquired"));
-    }
-
-    async fn release_holder(&self) -> Value {
-        self.release(json!({"lock": self.lock, "holder": HOLDER, "acquisition": HELD}))
-            .await
-    }
-
-    /// The acquire state of execution `name` of the parking machine, played now: the real
-    /// handler with the payload the definition renders. Answers the execution ARN and the answer.
-    async fn acquire_state(&self, name: &str) -> (String, Value) {
-        let execution = execution_arn(&self.machine, name);
-        let ctx = Ctx::new(
-            &execution,
-            self.input.clone(),
-            &rfc3339_millis(self.sem.now_ms()),
-        );
-        let state = asl::state(&self.definition, "Acquire slot");
-        let payload = asl::render(&state["Parameters"]["Payload"], &self.input, &ctx);
-        (execution, self.acquire(payload).await.unwrap())
-    }
-
-    /// An execution that finds the lock full, parks, and whose first wait invocation queues it.
-    async fn wait_in_line(&self) -> Waiter {
-        let name = unique("waiter");
-        let (execution, full) = self.acquire_state(&name).await;
-        assert_eq!(full["outcome"], json!("full"), "{full}");
-        let parked = park(&self.sfn, &self.machine, &name, &self.input, &full).await;
-        let wait = parked.next_wait().await;
-        assert_eq!(wait["holder"], json!(execution));
-        // The answer it follows (its fallback_seconds set by the parking machine), not the
-        // execution input.
-        assert_eq!(
-            (&wait["answer"]["lock"], &wait["answer"]["work"]),
-            (&full["lock"], &full["work"])
-        );
         assert!(
-            wait.get("input").is_none() && wait.get("execution").is_none(),
-            "{wait}"
+            matches!(answer, AcquireOutcome::Acquired { .. }),
+            "{answer:?}"
         );
-        assert_eq!(wait["queued_at"], full["queued_at"]);
-        assert!(wait["task_token"].is_string(), "{wait}");
-        let queued = self.acquire(wait.clone()).await.unwrap();
+    }
+
+    /// An execution parked on its acquire task: the payload of its first attempt, as the
+    /// acquire state renders it.
+    async fn start(&self) -> (Parked, Value) {
+        let parked = park(&self.sfn, &self.machine, &unique("waiter"), &self.input).await;
+        let payload = parked.next_acquire().await;
+        assert_eq!(payload["execution"], json!(parked.execution));
+        assert_eq!(payload["request"]["lock"], json!(self.lock));
+        assert_eq!(payload["starts_work"], json!(true));
+        assert_eq!(payload["state"]["RetryCount"], json!(0));
+        assert!(payload["task_token"].is_string(), "{payload}");
+        (parked, payload)
+    }
+
+    /// An execution that finds the lock full and is queued by its acquire task.
+    async fn wait_in_line(&self) -> Waiter {
+        let (parked, first) = self.start().await;
+        let queued = self.acquire(first.clone()).await.unwrap();
         assert_eq!(queued["outcome"], json!("queued"), "{queued}");
-        Waiter { parked, wait, full }
+        assert_eq!(ms(&queued["queued_at"]), ms(&first["state"]["EnteredTime"]));
+        Waiter { parked, first }
     }
 
     /// Holders <= limit and `waiting` = the records in line, read raw: the records.
     async fn consistent(&self) -> Vec<RawRecord> {
-        let store = self.sem.store();
+        let client = aws_sdk_dynamodb::Client::new(&sdk_config());
         assert_consistent(
-            store.client(),
-            store.table(),
-            store.queue_table(),
+            &client,
+            &self.table,
+            &DynamoStore::default_queue_table(&self.table),
             &self.lock,
-            1,
+            self.input["limit"].as_u64().unwrap_or(1) as usize,
         )
         .await
         .1
@@ -292,7 +298,7 @@ impl World {
             .collect()
     }
 
-    /// The waiter's execution ends SUCCEEDED, its wait task completed with the granted answer
+    /// The waiter's execution ends SUCCEEDED, its acquire task completed with the granted answer
     /// for the slot of token `token`: what the definition's "Protected work" reads.
     async fn assert_granted(&self, waiter: &Waiter, token: FencingToken) {
         assert_eq!(ended(&self.sfn, waiter.execution()).await, "SUCCEEDED");
@@ -301,21 +307,18 @@ impl World {
         assert_eq!(
             (
                 &granted["acquired"],
-                &granted["outcome"],
                 &granted["token"],
                 &granted["holder"],
                 &granted["lock"]
             ),
             (
                 &json!(true),
-                &json!("acquired"),
                 &json!(token.0),
                 &json!(waiter.execution()),
                 &json!(self.lock)
             ),
             "{granted}"
         );
-        assert_eq!(granted["work"]["name"], waiter.full["work"]["name"]);
         assert_eq!(
             granted["work"]["context"]["semaphore"]["fencing_token"],
             json!(token.0)
@@ -329,21 +332,20 @@ impl World {
 }
 
 /// F8, waiters that die in line: two executions in line are stopped (StopExecution). The
-/// second one's cleanup comes first and takes it out of line (its place read from the wait task
-/// in its history). Then the slot frees: the release's hand-off grants the first dead waiter,
-/// its `SendTaskSuccess` fails, `DescribeExecution` says ABORTED, so the grant is freed again
-/// (its run fenced) and the slot goes to the live waiter behind it, whose execution takes the
-/// granted answer and goes on. A stopped waiter's late wait invocation cannot queue again.
+/// second one's cleanup comes first and takes it out of line (its record found by who it is).
+/// Then the slot frees: the release's hand-off grants the first dead waiter, its
+/// `SendTaskSuccess` fails, `DescribeExecution` says ABORTED, so the grant is freed again (its
+/// run fenced) and the slot goes to the live waiter behind it, whose execution takes the
+/// granted answer and goes on. A stopped waiter's late acquire invocation cannot queue again.
 #[tokio::test]
 async fn f8_waiters_stopped_in_line_are_taken_out_and_the_slot_goes_to_the_next_live_waiter() {
-    let w = world([300, 300]).await;
+    let w = world(json!({"lock": unique("f8"), "limit": 1}), [300, 300]).await;
     w.hold().await;
     let dead_first = w.wait_in_line().await;
     let dead_second = w.wait_in_line().await;
     let before_live = w.sem.now_ms();
     let live = w.wait_in_line().await;
-    // The metrics so far: the holder took the slot; each waiter was answered full (the lock
-    // as its refusal saw it), then queued.
+    // The metrics so far: each waiter queued, with the lock as its acquire saw it.
     let outcomes: Vec<(Value, Value)> = w
         .metric_lines()
         .iter()
@@ -352,13 +354,9 @@ async fn f8_waiters_stopped_in_line_are_taken_out_and_the_slot_goes_to_the_next_
     assert_eq!(
         outcomes,
         [
-            (json!("acquired"), json!(0)),
-            (json!("full"), json!(0)),
-            (json!("queued"), Value::Null),
-            (json!("full"), json!(1)),
-            (json!("queued"), Value::Null),
-            (json!("full"), json!(2)),
-            (json!("queued"), Value::Null),
+            (json!("queued"), json!(0)),
+            (json!("queued"), json!(1)),
+            (json!("queued"), json!(2)),
         ]
     );
     assert_eq!(
@@ -387,7 +385,7 @@ async fn f8_waiters_stopped_in_line_are_taken_out_and_the_slot_goes_to_the_next_
 
     // The holder releases. Its hand-off grants the head, whose wake-up fails (stopped), so the
     // grant is freed again, and the live waiter behind it is granted the slot and woken.
-    let released = w.release_holder().await;
+    let released = w.release_of(HOLDER, HELD).await;
     let after_release = w.sem.now_ms();
     assert_eq!(
         (&released["released"], &released["handed_off"]),
@@ -395,8 +393,8 @@ async fn f8_waiters_stopped_in_line_are_taken_out_and_the_slot_goes_to_the_next_
         "{released}"
     );
     // Its metrics: the release (the lock as it left it: two in line), then the hand-off's
-    // grant (how long the live waiter waited since it asked, how long the hand-off took from
-    // the free, the lock after the grant) and the dead head it freed again.
+    // grant (how long the live waiter waited since it was queued, how long the hand-off took
+    // from the free, the lock after the grant) and the dead head it freed again.
     let lines = w.metric_lines();
     assert_eq!(lines.len(), 2, "{lines:#?}");
     assert_eq!(
@@ -407,24 +405,14 @@ async fn f8_waiters_stopped_in_line_are_taken_out_and_the_slot_goes_to_the_next_
         ),
         (&json!(0), &json!(1), &json!(2))
     );
-    assert!(lines[0]["TimeHeld"].is_u64(), "{}", lines[0]);
     let granted = &lines[1];
     assert_eq!(
         (
-            &granted["Lock"],
             &granted["Outcome"],
             &granted["Acquisitions"],
             &granted["DeadWaitersRemoved"]
         ),
-        (&json!(w.lock), &json!("granted"), &json!(1), &json!(1))
-    );
-    assert_eq!(
-        (
-            &granted["WeightUsed"],
-            &granted["Limit"],
-            &granted["Waiting"]
-        ),
-        (&json!(1), &json!(1), &json!(0))
+        (&json!("granted"), &json!(1), &json!(1))
     );
     let (waited, latency) = (
         granted["WaitTime"].as_u64().unwrap(),
@@ -458,19 +446,15 @@ async fn f8_waiters_stopped_in_line_are_taken_out_and_the_slot_goes_to_the_next_
     let cleaned = w.cleanup(dead_first.execution()).await;
     assert_eq!(cleaned.get("left_line"), None, "{cleaned}");
     assert_eq!(cleaned["handed_off"], json!(0));
-    assert_eq!(
-        cleaned["locks"],
-        json!([{"lock": w.lock, "freed": [], "count": 1}])
-    );
 
-    // A stopped waiter's late wait invocation (a zombie, or a retry in flight) is refused by its
-    // run's fence: it does not queue again.
-    let late = w.acquire(dead_second.wait.clone()).await.unwrap_err();
+    // A stopped waiter's late acquire invocation (a zombie, or a retry in flight) is refused by
+    // its run's fence: it does not queue again.
+    let late = w.acquire(dead_second.first.clone()).await.unwrap_err();
     assert_eq!(late.error_type, "SemaphoreFenced", "{}", late.error_message);
     assert!(w.line().await.is_empty());
 
     // The live waiter's work is done: its release frees the slot; nobody waits.
-    let released = w.release_waiter(&live).await;
+    let released = w.release_of(live.execution(), "r0").await;
     assert_eq!(
         (
             &released["released"],
@@ -483,21 +467,85 @@ async fn f8_waiters_stopped_in_line_are_taken_out_and_the_slot_goes_to_the_next_
     assert!(w.holders().await.is_empty());
 }
 
-/// F8, a wake-up that fails while the waiter lives: its wait task timed out (its fallback check
-/// is under way with a new token) just before the slot freed, so `SendTaskSuccess` to the token
-/// in its record fails (TaskTimedOut). Its execution still runs: it keeps the slot ("parked" in
-/// the hand-off's report), and its fallback check finds the slot and completes its own task
-/// with it.
+/// The one-state wait's own check: the acquire task of the head of the line times out, and the
+/// state's Catch enters it again, a new attempt with a new token. Its invocation finds its
+/// record by who it is, keeps its place ahead of the waiter behind it, and gives the record the
+/// new token, which is the one the next hand-off wakes; the first task's token is closed.
 #[tokio::test]
-async fn f8_a_failed_wake_up_of_a_live_waiter_leaves_it_the_slot_which_its_fallback_check_takes() {
-    let w = world([2, 300]).await;
+async fn a_check_after_a_timeout_keeps_the_place_and_the_hand_off_wakes_the_new_task() {
+    let w = world(json!({"lock": unique("check"), "limit": 1}), [2, 300]).await;
+    w.hold().await;
+    let head = w.wait_in_line().await;
+    let behind = w.wait_in_line().await;
+    let place = QueueKey::new(&head.identity(), ms(&head.first["state"]["EnteredTime"])).render();
+    // Its first task times out: the state is entered again, a new token and entry time.
+    let check = head.parked.next_acquire().await;
+    assert_ne!(check["task_token"], head.first["task_token"]);
+    assert_ne!(
+        check["state"]["EnteredTime"],
+        head.first["state"]["EnteredTime"]
+    );
+    let checked = w.acquire(check.clone()).await.unwrap();
+    assert_eq!(checked["outcome"], json!("queued"), "{checked}");
+    assert_eq!(
+        ms(&checked["queued_at"]),
+        ms(&head.first["state"]["EnteredTime"]),
+        "its place: when it was first queued"
+    );
+    let records = w.consistent().await;
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| (text(r, "holder"), text(r, "place")))
+            .collect::<Vec<_>>()[0],
+        (head.execution(), place.as_str()),
+        "the same place, at the head"
+    );
+    assert_eq!(
+        text(&records[0], "task_token"),
+        check["task_token"].as_str().unwrap()
+    );
+    assert_eq!(w.line().await, [head.execution(), behind.execution()]);
+    // The first task is over: a wake-up sent to its token fails, as on AWS.
+    let first_token = TaskToken::new(head.first["task_token"].as_str().unwrap()).unwrap();
+    let hand_offs = w.hand_offs();
+    assert!(hand_offs
+        .waker
+        .callbacks
+        .succeed(&first_token, "{}")
+        .await
+        .is_err());
+
+    // The slot frees: the release's hand-off wakes the head's new task.
+    let released = w.release_of(HOLDER, HELD).await;
+    assert_eq!(released["handed_off"], json!(1), "{released}");
+    let token = w.holders().await[0].1;
+    w.assert_granted(&head, token).await;
+    assert_eq!(w.line().await, [behind.execution()]);
+    assert_eq!(
+        status(&w.sfn, behind.execution()).await.as_deref(),
+        Some("RUNNING")
+    );
+    stop(&w.sfn, behind.execution()).await;
+    assert_eq!(ended(&w.sfn, behind.execution()).await, "ABORTED");
+    let cleaned = w.cleanup(behind.execution()).await;
+    assert_eq!(cleaned["left_line"], json!([w.lock]), "{cleaned}");
+    assert!(w.line().await.is_empty());
+}
+
+/// F8, a wake-up that fails while the waiter lives: its acquire task timed out (its check is
+/// under way with a new token) just before the slot freed, so `SendTaskSuccess` to the token in
+/// its record fails (TaskTimedOut). Its execution still runs: it keeps the slot ("parked" in the
+/// hand-off's report), and its check finds the slot and completes its own task with it.
+#[tokio::test]
+async fn f8_a_failed_wake_up_of_a_live_waiter_leaves_it_the_slot_which_its_check_takes() {
+    let w = world(json!({"lock": unique("wake"), "limit": 1}), [2, 300]).await;
     w.hold().await;
     let waiter = w.wait_in_line().await;
-    // Its first wait times out: the wait state is entered again, with a new token and the same
-    // place; the first task, and its token, are closed.
-    let check = waiter.parked.next_wait().await;
-    assert_ne!(check["task_token"], waiter.wait["task_token"]);
-    assert_eq!(check["queued_at"], waiter.wait["queued_at"]);
+    // Its first task times out: the state is entered again, with a new token; the first task,
+    // and its token, are closed.
+    let check = waiter.parked.next_acquire().await;
+    assert_ne!(check["task_token"], waiter.first["task_token"]);
 
     // The holder's release, then its hand-off (what the release function runs after its write).
     w.sem.release(&w.lock(), &id(HOLDER, HELD)).await.unwrap();
@@ -517,26 +565,26 @@ async fn f8_a_failed_wake_up_of_a_live_waiter_leaves_it_the_slot_which_its_fallb
         Some("RUNNING")
     );
 
-    // Its fallback check: the slot is its own, and it completes its own task with it.
+    // Its check: the slot is its own, and it completes its own task with it.
     let answer = w.acquire(check).await.unwrap();
     assert_eq!(
         (&answer["acquired"], &answer["outcome"], &answer["token"]),
-        (&json!(true), &json!("acquired"), &json!(token.0)),
+        (&json!(true), &json!("already_held"), &json!(token.0)),
         "{answer}"
     );
     w.assert_granted(&waiter, token).await;
-    let released = w.release_waiter(&waiter).await;
+    let released = w.release_of(waiter.execution(), "r0").await;
     assert_eq!(released["released"], json!(true));
     assert!(w.consistent().await.is_empty());
 }
 
 /// F8, a lost wake-up: the function that freed the slot crashed between its hand-off's grant
 /// write (the core's own, sent here through the store) and the wake-up. The waiter holds the
-/// slot and is out of line, and nobody tells it: its fallback check completes its task with the
-/// slot. Nothing leaks: its release frees the slot for the next execution.
+/// slot and is out of line, and nobody tells it: its check completes its task with the slot.
+/// Nothing leaks: its release frees the slot for the next execution.
 #[tokio::test]
-async fn f8_a_hand_off_that_crashed_between_grant_and_wake_up_is_recovered_by_the_fallback_check() {
-    let w = world([2, 300]).await;
+async fn f8_a_hand_off_that_crashed_between_grant_and_wake_up_is_recovered_by_the_check() {
+    let w = world(json!({"lock": unique("crash"), "limit": 1}), [2, 300]).await;
     w.hold().await;
     let waiter = w.wait_in_line().await;
     w.sem.release(&w.lock(), &id(HOLDER, HELD)).await.unwrap();
@@ -560,19 +608,18 @@ async fn f8_a_hand_off_that_crashed_between_grant_and_wake_up_is_recovered_by_th
     let token = holders[0].1;
     assert!(w.line().await.is_empty(), "granted: out of line");
 
-    // Its wait times out, and the fallback check finds the slot.
-    let check = waiter.parked.next_wait().await;
-    assert_eq!(check["queued_at"], waiter.wait["queued_at"]);
+    // Its task times out, and the check finds the slot.
+    let check = waiter.parked.next_acquire().await;
     let answer = w.acquire(check).await.unwrap();
     assert_eq!(
         (&answer["outcome"], &answer["token"]),
-        (&json!("acquired"), &json!(token.0)),
+        (&json!("already_held"), &json!(token.0)),
         "{answer}"
     );
     w.assert_granted(&waiter, token).await;
 
     // Nothing leaked: released, the slot is free for a newcomer at once.
-    let released = w.release_waiter(&waiter).await;
+    let released = w.release_of(waiter.execution(), "r0").await;
     assert_eq!(
         (&released["released"], &released["count"]),
         (&json!(true), &json!(0))
@@ -589,142 +636,118 @@ async fn f8_a_hand_off_that_crashed_between_grant_and_wake_up_is_recovered_by_th
     assert!(w.consistent().await.is_empty());
 }
 
-/// F8, a lost wake-up: the slot frees after the acquire state answered "full" and before the
-/// wait invocation queues. The release sees nobody in line and hands nothing on; the wait
-/// invocation then finds the slot free and takes it, completing its own task, instead of
-/// parking behind a free slot.
+/// The DynamoDB store with one more write landed right after the first acquire write it sends
+/// is refused: a writer acting between an acquire's "full" and its queue write (here, the
+/// holder's release, held until then).
+struct ReleaseAfterFull {
+    inner: DynamoStore,
+    release: Mutex<Option<Write>>,
+}
+
+impl ItemStore for ReleaseAfterFull {
+    async fn load(&self, lock: &LockName) -> Result<Option<SemaphoreItem>, StoreError> {
+        self.inner.load(lock).await
+    }
+
+    async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
+        let result = self.inner.write(write).await?;
+        let is_acquire = write.checks.contains(&semaphore_core::Check::QueueEmpty);
+        if is_acquire && matches!(result, WriteResult::Refused { .. }) {
+            let pending = self.release.lock().unwrap().take();
+            if let Some(release) = pending {
+                self.inner.write(&release).await?;
+            }
+        }
+        Ok(result)
+    }
+
+    async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
+        self.inner.list().await
+    }
+
+    async fn waiters(
+        &self,
+        lock: &LockName,
+        after: Option<QueueKey>,
+        limit: usize,
+    ) -> Result<Vec<semaphore_core::Waiter>, StoreError> {
+        self.inner.waiters(lock, after, limit).await
+    }
+
+    async fn waiter(
+        &self,
+        lock: &LockName,
+        id: WaiterId,
+    ) -> Result<Option<semaphore_core::Waiter>, StoreError> {
+        self.inner.waiter(lock, id).await
+    }
+}
+
+/// F8, a lost wake-up: the slot frees after the acquire found the lock full and before its
+/// queue write. The release sees nobody in line and hands nothing on; the queue write then
+/// finds the slot free (it queues only behind a busy lock), the invocation takes the slot and
+/// completes its own task, instead of parking behind a free slot.
 #[tokio::test]
-async fn f8_a_slot_freed_between_full_and_queued_is_taken_by_the_wait_invocation_itself() {
-    let w = world([300, 300]).await;
+async fn f8_a_slot_freed_between_full_and_queued_is_taken_by_the_same_invocation() {
+    let table = fresh_table().await.table().to_owned();
+    let lock_name = unique("between");
+    let store = ReleaseAfterFull {
+        inner: settings(&table)
+            .semaphore(&sdk_config())
+            .unwrap()
+            .store()
+            .clone(),
+        release: Mutex::new(Some(protocol::release(
+            &LockName::new(lock_name.as_str()).unwrap(),
+            &id(HOLDER, HELD),
+            semaphore_core::Weight::ONE,
+        ))),
+    };
+    let sem = Semaphore::new(store);
+    let w = world_on(
+        table,
+        sem,
+        json!({"lock": lock_name, "limit": 1}),
+        [300, 300],
+    )
+    .await;
     w.hold().await;
-    let name = unique("waiter");
-    let (execution, full) = w.acquire_state(&name).await;
-    assert_eq!(full["outcome"], json!("full"));
-    let parked = park(&w.sfn, &w.machine, &name, &w.input, &full).await;
-    assert_eq!(parked.execution, execution);
-
-    let released = w.release_holder().await;
-    assert_eq!(
-        (&released["released"], &released["handed_off"]),
-        (&json!(true), &json!(0)),
-        "nobody was in line yet"
-    );
-
-    let wait = parked.next_wait().await;
-    let answer = w.acquire(wait.clone()).await.unwrap();
+    let (parked, first) = w.start().await;
+    let answer = w.acquire(first.clone()).await.unwrap();
     assert_eq!(
         (&answer["acquired"], &answer["outcome"]),
         (&json!(true), &json!("acquired")),
         "{answer}"
     );
+    assert!(
+        w.sem.store().release.lock().unwrap().is_none(),
+        "the release landed between the two writes"
+    );
     let holders = w.holders().await;
     assert_eq!(holders.len(), 1);
-    assert_eq!(holders[0].0, id(&execution, "r0"));
+    let waiter = Waiter { parked, first };
+    assert_eq!(holders[0].0, waiter.identity());
     let token = holders[0].1;
-    assert_eq!(answer["token"], json!(token.0));
     assert!(w.line().await.is_empty(), "it never queued");
-    let waiter = Waiter { parked, wait, full };
     w.assert_granted(&waiter, token).await;
-    let released = w.release_waiter(&waiter).await;
-    assert_eq!(released["released"], json!(true));
     assert!(w.consistent().await.is_empty());
 }
 
-/// A parking machine whose wait task goes on as the definition's does: through "Slot granted?"
-/// to "Granted" (the work) or to the start rate's Wait state and back in line, so that moto
-/// runs the definition's own rate_limited path. Like `sfn::parking_machine`, the wait state's
-/// Lambda invoke fails (no Lambda here) and the task parks on an SQS message instead.
-fn rate_parking_machine(definition: &Value) -> Value {
-    let wait = asl::state(definition, "Wait in line");
-    let choice_name = wait["Next"].as_str().expect("a Next");
-    let mut choice = asl::state(definition, choice_name).clone();
-    let mut pause_name = None;
-    for rule in choice["Choices"].as_array_mut().unwrap() {
-        if rule["Next"] == json!("Protected work") {
-            rule["Next"] = json!("Granted");
-        } else {
-            pause_name = rule["Next"].as_str().map(str::to_owned);
-        }
-    }
-    assert_eq!(choice["Default"], json!("Wait in line"));
-    let pause_name = pause_name.expect("a rule to the start rate's Wait state");
-    let pause = asl::state(definition, &pause_name).clone();
-    assert_eq!(pause["Type"], json!("Wait"));
-    assert_eq!(pause["Next"], json!("Wait in line"));
-    let mut states = serde_json::Map::new();
-    states.insert(
-        "Acquire slot".into(),
-        json!({"Type": "Pass", "Parameters": {"semaphore.$": "$.parked.answer"}, "Next": "Wait in line"}),
-    );
-    states.insert(
-        "Wait in line".into(),
-        json!({
-            "Type": "Task",
-            "Resource": wait["Resource"],
-            "Parameters": wait["Parameters"],
-            "ResultPath": "$.no_lambda_here",
-            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.no_lambda_here", "Next": "Parked"}],
-            "Next": "Parked"
-        }),
-    );
-    states.insert(
-        "Parked".into(),
-        json!({
-            "Type": "Task",
-            "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
-            "Parameters": {
-                "QueueUrl.$": "$$.Execution.Input.parked.queue",
-                "MessageBody": wait["Parameters"]["Payload"]
-            },
-            "TimeoutSecondsPath": wait["TimeoutSecondsPath"],
-            "ResultPath": wait["ResultPath"],
-            "Next": choice_name
-        }),
-    );
-    states.insert(choice_name.into(), choice);
-    states.insert(pause_name, pause);
-    states.insert("Granted".into(), json!({"Type": "Succeed"}));
-    json!({"StartAt": "Acquire slot", "States": states})
-}
-
-/// A start rate with a real parked task: an execution that asks within the rate's spacing of
-/// the last start is answered "rate_limited" and waits in line; its wait invocation queues it,
-/// and its hand-off finds the next start more than 2 s away, so it defers the head
-/// (`SendTaskSuccess` with "rate_limited" and wait_seconds) instead of sleeping. The definition's
-/// Wait state waits that long and enters the line again with the same place; that wait
-/// invocation's hand-off grants it the slot once the rate allows, and the execution goes on to
-/// its work with it. Nothing was held while it waited.
+/// A start rate with real parked tasks: an execution that asks within the rate's spacing of the
+/// last start is queued; its own hand-off finds the next start more than 2 s away, so it fails
+/// its task with `SemaphoreRateLimited` instead of sleeping. The state's Retry makes a new
+/// attempt, with a new token (AWS's, and the local server's once patched), whose check keeps
+/// the place and gives the record that token; once the rate allows, a check's hand-off grants
+/// it the slot and the execution goes on with it. Nothing was held while it waited.
 #[tokio::test]
-async fn a_head_of_the_line_held_back_by_the_start_rate_waits_and_is_granted_when_it_allows() {
-    let sfn = sfn::client();
-    let table = fresh_table().await.table().to_owned();
-    let settings = settings(&table);
-    let definition = asl::definition("lock-protected.asl.json");
-    let machine =
-        sfn::create_machine(&sfn, &unique("Paced"), &rate_parking_machine(&definition)).await;
-    let lock = unique("paced");
+async fn a_head_of_the_line_held_back_by_the_start_rate_is_retried_and_granted_when_it_allows() {
+    let w = world(
+        json!({"lock": unique("paced"), "limit": 2, "rate": 0.2}),
+        [300, 300],
+    )
+    .await;
     // One start every 5 s; room for both.
-    let (metrics, kept) = Metrics::kept();
-    let w = World {
-        metrics,
-        kept,
-        sem: settings.semaphore(&sdk_config()).unwrap(),
-        config: Config::from_settings(&settings).unwrap(),
-        input: json!({"lock": lock, "limit": 2, "rate": 0.2}),
-        sfn,
-        table,
-        definition,
-        machine,
-        lock,
-    };
-    let first = w
-        .acquire(
-            json!({"lock": w.lock, "limit": 2, "rate": 0.2, "holder": HOLDER,
-                        "acquisition": HELD, "requested_at": rfc3339_millis(w.sem.now_ms())}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(first["outcome"], json!("acquired"));
+    w.hold().await;
     let started_ms = w
         .sem
         .status(&w.lock())
@@ -732,80 +755,53 @@ async fn a_head_of_the_line_held_back_by_the_start_rate_waits_and_is_granted_whe
         .unwrap()
         .started_at_ms
         .unwrap();
-
-    let name = unique("paced");
-    let (execution, limited) = w.acquire_state(&name).await;
-    assert_eq!(
-        (&limited["acquired"], &limited["outcome"]),
-        (&json!(false), &json!("rate_limited")),
-        "{limited}"
-    );
-    assert_eq!(
-        limited["next_start_at"],
-        json!(rfc3339_millis(started_ms + 5_000))
-    );
-    let parked = park(&w.sfn, &w.machine, &name, &w.input, &limited).await;
-    let wait = parked.next_wait().await;
-    assert_eq!(wait["queued_at"], limited["queued_at"]);
-    let queued = w.acquire(wait.clone()).await.unwrap();
+    let (parked, first) = w.start().await;
+    let queued = w.acquire(first.clone()).await.unwrap();
     assert_eq!(queued["outcome"], json!("queued"), "{queued}");
     assert!(
         w.sem.now_ms() < started_ms + 3_000,
-        "the test needs the first wait within 3 s of the first start, so that the next start \
-         is more than 2 s away and the hand-off defers the head"
+        "the test needs the first attempt within 3 s of the first start, so that the next \
+         start is more than 2 s away and the hand-off defers the head"
     );
-    // Deferred: still in line (its record keeps its place), nothing held.
-    let waiter = Waiter {
-        parked,
-        wait,
-        full: limited,
-    };
-    assert_eq!(w.line().await, std::slice::from_ref(&execution));
+    let waiter = Waiter { parked, first };
+    assert_eq!(w.line().await, [waiter.execution()]);
     assert_eq!(
         w.holders()
             .await
             .into_iter()
             .map(|(who, _)| who)
             .collect::<Vec<_>>(),
-        [id(HOLDER, HELD)]
+        [id(HOLDER, HELD)],
+        "nothing held while deferred"
     );
-    let deferred = task_outputs(&w.sfn, &execution)
-        .await
-        .last()
-        .cloned()
-        .expect("the wait task succeeded with the deferral");
-    assert_eq!(
-        (
-            &deferred["acquired"],
-            &deferred["outcome"],
-            &deferred["next_start_at"],
-            &deferred["queued_at"],
-            &deferred["fallback_seconds"]
-        ),
-        (
-            &json!(false),
-            &json!("rate_limited"),
-            &waiter.full["next_start_at"],
-            &waiter.full["queued_at"],
-            &waiter.full["fallback_seconds"]
-        ),
-        "{deferred}"
-    );
-    let wait_seconds = deferred["wait_seconds"].as_u64().expect("wait_seconds");
-    assert!((3..=5).contains(&wait_seconds), "{deferred}");
 
-    // After the Wait state: in line again, same place, a new task.
-    let check = waiter.parked.next_wait().await;
-    assert!(
-        w.sem.now_ms() + 1_000 >= started_ms + 5_000,
-        "the Wait state waited wait_seconds"
-    );
-    assert_ne!(check["task_token"], waiter.wait["task_token"]);
-    assert_eq!(check["queued_at"], waiter.wait["queued_at"]);
-    w.acquire(check).await.unwrap();
-    let holders = w.holders().await;
-    let token = holders
-        .iter()
+    // Retried until granted: each retry a new attempt, with a new token, in the same place.
+    let mut tokens = vec![waiter.first["task_token"].clone()];
+    for retry in 1.. {
+        assert!(retry < 10, "granted within a few retries");
+        let attempt = waiter.parked.next_acquire().await;
+        assert_eq!(attempt["state"]["RetryCount"], json!(retry));
+        assert_eq!(
+            attempt["state"]["EnteredTime"], waiter.first["state"]["EnteredTime"],
+            "a retry of the same state entry"
+        );
+        assert!(!tokens.contains(&attempt["task_token"]), "a new token");
+        tokens.push(attempt["task_token"].clone());
+        let answer = w.acquire(attempt).await.unwrap();
+        assert_eq!(
+            ms(&answer["queued_at"]),
+            ms(&waiter.first["state"]["EnteredTime"])
+        );
+        if status(&w.sfn, waiter.execution()).await.as_deref() != Some("RUNNING")
+            || w.holders().await.len() == 2
+        {
+            break;
+        }
+    }
+    let token = w
+        .holders()
+        .await
+        .into_iter()
         .find(|(who, _)| *who == waiter.identity())
         .expect("granted")
         .1;

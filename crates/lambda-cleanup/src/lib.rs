@@ -9,7 +9,7 @@
 //! error cause: they could pass Step Functions' 256 KB input limit; an event delivered whole,
 //! as before the transformer, is read the same): the locks are read from the execution's history, the payload of every task
 //! that invoked the acquire function (`ACQUIRE_FUNCTION_ARN`), resolved as the acquire function
-//! resolves it (`payload.lock`, else `payload.input.lock`, else `DEFAULT_LOCK`).
+//! resolves it (`request.lock`, else `DEFAULT_LOCK`).
 //!
 //! Steps, each for a reason:
 //! 1. `DescribeExecution`: an execution running again was redriven since the event; it still
@@ -31,9 +31,9 @@
 //! 6. No work running: the core cleanup on every lock frees what the execution holds, and the
 //!    freed slots are handed to the heads of those locks' lines (waiters woken).
 //!
-//! Right after the fences (step 3), the execution's places in line are removed (F8: a waiter
-//! that died while queued): the wait tasks in its history name them (their `queued_at`), and
-//! once its run is fenced it cannot queue again.
+//! Right after the fences (step 3), the execution is taken out of every line its acquire tasks
+//! may have put it in (F8: a waiter that died while queued; its record is keyed by who it is),
+//! and once its run is fenced it cannot queue again.
 //!
 //! Every status other than the three is answered with a no-op. Duplicate, late and
 //! out-of-order events are harmless: every step is idempotent, a fence refuses acquires that
@@ -430,7 +430,7 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
         };
         let resolver = &self.config.resolver;
         let lock_of = |payload: &Value| resolver.lock(payload);
-        let waiter_of = |payload: &Value| resolver.waiter(payload).ok().flatten();
+        let waiter_of = |payload: &Value| resolver.waiter(payload).ok();
         let footprint = history::read(
             &events,
             Some(LockReading {
@@ -479,15 +479,15 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
         let fenced_locks: Vec<LockName> = fenced.keys().cloned().collect();
 
         // 3b. Out of line: a fenced run queues no more, so these are all its places.
-        for (lock, key) in &footprint.waiters {
-            match self.semaphore.leave(lock, key.id).await {
+        for (lock, id) in &footprint.waiters {
+            match self.semaphore.leave(lock, *id).await {
                 Ok(true) => {
                     summary.left_line.push(lock.to_string());
                     self.hand_offs.metrics.emit(
                         self.semaphore.now_ms(),
                         &metrics::Line::of(lock).value(metrics::DEAD_WAITERS_REMOVED, 1),
                     );
-                    tracing::info!(execution = arn, lock = %lock, place = %key, "removed from the line");
+                    tracing::info!(execution = arn, lock = %lock, waiter = %id, "removed from the line");
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -774,7 +774,7 @@ mod tests {
         .unwrap();
         assert_eq!(ok.acquire.name(), "s-acquire");
         assert_eq!(
-            ok.resolver.lock(&json!({"holder": "h"})).unwrap().as_str(),
+            ok.resolver.lock(&json!({"request": {}})).unwrap().as_str(),
             "demo-lock"
         );
         assert!(ok.is_runner("arn:aws:states:us-east-1:123456789012:stateMachine:s-work-function"));

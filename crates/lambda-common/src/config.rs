@@ -33,24 +33,16 @@ pub mod var {
     pub const WORK_FUNCTION_RUNNER: &str = "WORK_FUNCTION_RUNNER";
     /// How long an execution may wait for a slot before `SemaphoreWaitTimeout`.
     pub const MAX_WAIT_SECONDS: &str = "MAX_WAIT_SECONDS";
-    /// How long a parked waiter waits before it checks again.
-    pub const QUEUE_FALLBACK_SECONDS: &str = "QUEUE_FALLBACK_SECONDS";
 }
 
 /// The wait budget when `MAX_WAIT_SECONDS` is unset: the template's default.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(86_400);
-/// How long a parked waiter waits before it checks again, by default: the most a lost wake-up
-/// costs, and 12 checks (a transition and an invocation each) per waiting hour.
-pub const DEFAULT_QUEUE_FALLBACK: Duration = Duration::from_secs(300);
 /// The acquire function's timeout: template.yaml's `Globals: Function: Timeout` (the acquire
-/// function sets none of its own). A test of local-run ties the two numbers together.
+/// function sets none of its own). A test of local-run ties the two numbers together, and the
+/// acquire states' `TimeoutSeconds` (their checks' period) are above it, so that one waiter's
+/// invocations do not overlap (they would be harmless: a check gives the record its token only
+/// over an earlier attempt's).
 pub const ACQUIRE_FUNCTION_TIMEOUT: Duration = Duration::from_secs(10);
-/// Fallback periods accepted, in whole seconds: longer than the acquire function's timeout (so
-/// that a fallback check never starts while the waiter's previous invocation may still run: two
-/// overlapping invocations for one waiter would queue it twice with two tokens), up to a day.
-/// template.yaml's QueueFallbackSeconds has the same bounds.
-pub const QUEUE_FALLBACK_RANGE: std::ops::RangeInclusive<u64> =
-    ACQUIRE_FUNCTION_TIMEOUT.as_secs() + 1..=86_400;
 /// Wait budgets accepted, in whole seconds: up to a year, the longest a Standard execution runs.
 pub const MAX_WAIT_RANGE: std::ops::RangeInclusive<u64> = 1..=31_536_000;
 
@@ -58,29 +50,22 @@ pub const MAX_WAIT_RANGE: std::ops::RangeInclusive<u64> = 1..=31_536_000;
 /// history size: 25,000 events", Step Functions service quotas): past it the execution fails
 /// outright, not with `SemaphoreWaitTimeout`, and holds whatever it held.
 pub const HISTORY_EVENT_QUOTA: u64 = 25_000;
-/// Events one fallback check of the lock-protected machine adds to its history, counted from a
-/// real history (moto's) by the local run's history probe (`crates/local-run`), which fails if
-/// a check adds more: from "Wait in line" entered to its next entry (see the probe's report for
-/// the event types).
+/// Events one check of a waiting execution adds to its history, counted from a real history
+/// (moto's) by the local run's history probe (`crates/local-run`), which fails if a check adds
+/// more: from the acquire state's timeout to the invocation of its next entry, or one retry of
+/// it (see the probe's report for the event types).
 pub const EVENTS_PER_FALLBACK_CHECK: u64 = 6;
-/// The events of an execution left for everything but its fallback checks: its start and end,
-/// the acquire, the work and the release with every Retry attempt (at most 7 attempts of 3 to
-/// 4 events for each of the four tasks: about 120), the waits for a start rate and the wake-ups
-/// that found no slot, and a redriven run's second pass. A fifth of the quota.
+/// The events of an execution left for everything but its checks: its start and end, the
+/// acquire, the work and the release with every Retry attempt (at most 7 attempts of 3 to 4
+/// events for each task: about 100), the wake-ups that found no slot, a redriven run's second
+/// pass, and the states of a caller's own machine. A fifth of the quota.
 pub const HISTORY_RESERVE: u64 = 5_000;
-/// The most fallback checks one wait may make after its first wait: what the quota leaves after
-/// the reserve, less the first wait (which has as many events as a check).
+/// The most checks one wait may make after it was queued: what the quota leaves after the
+/// reserve, less the first entry (which has as many events as a check). Its record counts them;
+/// past this many the wait ends with `SemaphoreWaitTimeout` rather than the execution with
+/// Step Functions' own failure (a wait of a day with checks every 300 s makes 288).
 pub const MAX_FALLBACK_CHECKS: u64 =
     (HISTORY_EVENT_QUOTA - HISTORY_RESERVE) / EVENTS_PER_FALLBACK_CHECK - 1;
-
-/// The fallback a waiter uses: the configured one, lengthened where needed so that a wait of
-/// `max_wait` makes at most [`MAX_FALLBACK_CHECKS`] checks and its history stays within
-/// [`HISTORY_EVENT_QUOTA`] (a year's wait checks every 9,465 s at least; the template's
-/// defaults, a day and 300 s, are unchanged). A lost wake-up then costs at most that.
-pub fn history_safe_fallback(max_wait: Duration, fallback: Duration) -> Duration {
-    let least = max_wait.as_secs().div_ceil(MAX_FALLBACK_CHECKS);
-    fallback.max(Duration::from_secs(least))
-}
 
 /// A missing or malformed setting: the function cannot start.
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
@@ -318,47 +303,6 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
     /// [`DEFAULT_MAX_WAIT`]).
     pub fn max_wait(&self) -> Result<Duration, ConfigError> {
         self.seconds(var::MAX_WAIT_SECONDS, DEFAULT_MAX_WAIT, MAX_WAIT_RANGE)
-    }
-
-    /// `QUEUE_FALLBACK_SECONDS`: how long a parked waiter waits before it checks again (default
-    /// [`DEFAULT_QUEUE_FALLBACK`]); longer than the acquire function's timeout.
-    pub fn queue_fallback(&self) -> Result<Duration, ConfigError> {
-        let fallback = self.seconds(
-            var::QUEUE_FALLBACK_SECONDS,
-            DEFAULT_QUEUE_FALLBACK,
-            QUEUE_FALLBACK_RANGE,
-        );
-        match fallback {
-            Err(ConfigError::Invalid { name, value, .. })
-                if value
-                    .parse::<u64>()
-                    .is_ok_and(|secs| secs <= ACQUIRE_FUNCTION_TIMEOUT.as_secs()) =>
-            {
-                Err(ConfigError::Invalid {
-                    name,
-                    value,
-                    problem: format!(
-                        "a fallback check must come after the acquire function's timeout of {} \
-                         s, or one waiter's invocations overlap: expected whole seconds from {} \
-                         to {}",
-                        ACQUIRE_FUNCTION_TIMEOUT.as_secs(),
-                        QUEUE_FALLBACK_RANGE.start(),
-                        QUEUE_FALLBACK_RANGE.end()
-                    ),
-                })
-            }
-            other => other,
-        }
-    }
-
-    /// `MAX_WAIT_SECONDS` and `QUEUE_FALLBACK_SECONDS` together: the wait budget and the
-    /// fallback a waiter uses, [`history_safe_fallback`] of the two.
-    pub fn waiting(&self) -> Result<(Duration, Duration), ConfigError> {
-        let max_wait = self.max_wait()?;
-        Ok((
-            max_wait,
-            history_safe_fallback(max_wait, self.queue_fallback()?),
-        ))
     }
 
     /// The defaults and the allowed work: how the acquire and release functions resolve a
@@ -600,93 +544,14 @@ mod tests {
     }
 
     #[test]
-    fn a_fallback_not_longer_than_the_acquire_functions_timeout_is_refused_by_name() {
-        let fallback = |v: &str| settings(&[("QUEUE_FALLBACK_SECONDS", v)]).queue_fallback();
-        assert_eq!(fallback("11").unwrap(), Duration::from_secs(11));
-        assert_eq!(
-            settings(&[]).queue_fallback().unwrap(),
-            DEFAULT_QUEUE_FALLBACK
-        );
-        for short in ["10", "5", "0"] {
-            let err = fallback(short).unwrap_err();
-            assert!(
-                matches!(
-                    &err,
-                    ConfigError::Invalid {
-                        name: "QUEUE_FALLBACK_SECONDS",
-                        ..
-                    }
-                ),
-                "{err}"
-            );
-            assert!(
-                err.to_string()
-                    .contains("after the acquire function's timeout of 10 s"),
-                "{err}"
-            );
-        }
-        for bad in ["86401", "-1", "soon"] {
-            let err = fallback(bad).unwrap_err().to_string();
-            assert!(
-                err.contains("expected whole seconds from 11 to 86400"),
-                "{err}"
-            );
-        }
-    }
-
-    #[test]
-    fn no_accepted_wait_and_fallback_pass_the_history_quota() {
-        // The worst the settings allow: the longest wait with the shortest fallback.
-        let events = |max_wait: u64, fallback: u64| {
-            let used =
-                history_safe_fallback(Duration::from_secs(max_wait), Duration::from_secs(fallback));
-            // A check at the start and one after every fallback period, until the budget.
-            let checks = 1 + max_wait / used.as_secs();
-            checks * EVENTS_PER_FALLBACK_CHECK + HISTORY_RESERVE
-        };
-        for max_wait in [
-            *MAX_WAIT_RANGE.start(),
-            60,
-            DEFAULT_MAX_WAIT.as_secs(),
-            7 * 86_400,
-            *MAX_WAIT_RANGE.end(),
-        ] {
-            for fallback in [
-                *QUEUE_FALLBACK_RANGE.start(),
-                DEFAULT_QUEUE_FALLBACK.as_secs(),
-                *QUEUE_FALLBACK_RANGE.end(),
-            ] {
-                assert!(
-                    events(max_wait, fallback) <= HISTORY_EVENT_QUOTA,
-                    "max wait {max_wait} s, fallback {fallback} s: {} events",
-                    events(max_wait, fallback)
-                );
-            }
-        }
-        // Without the bound, a year's wait at the shortest fallback makes millions of checks.
+    fn no_wait_passes_the_history_quota() {
+        // Every check of the longest wait, with the reserve, fits the quota.
         assert!(
-            (1 + MAX_WAIT_RANGE.end() / QUEUE_FALLBACK_RANGE.start()) * EVENTS_PER_FALLBACK_CHECK
-                > HISTORY_EVENT_QUOTA
+            (1 + MAX_FALLBACK_CHECKS) * EVENTS_PER_FALLBACK_CHECK + HISTORY_RESERVE
+                <= HISTORY_EVENT_QUOTA
         );
-        // The bound leaves settings that fit alone: the template's defaults are unchanged.
-        assert_eq!(
-            history_safe_fallback(DEFAULT_MAX_WAIT, DEFAULT_QUEUE_FALLBACK),
-            DEFAULT_QUEUE_FALLBACK
-        );
-        assert_eq!(
-            history_safe_fallback(Duration::from_secs(31_536_000), Duration::from_secs(11)),
-            Duration::from_secs(9_465)
-        );
-        let (max_wait, fallback) = settings(&[
-            ("MAX_WAIT_SECONDS", "31536000"),
-            ("QUEUE_FALLBACK_SECONDS", "11"),
-        ])
-        .waiting()
-        .unwrap();
-        assert_eq!(
-            (max_wait.as_secs(), fallback.as_secs()),
-            (31_536_000, 9_465)
-        );
+        // A day's wait checking every 300 s (the acquire states' timeout) is far within it.
+        assert!(DEFAULT_MAX_WAIT.as_secs() / 300 < MAX_FALLBACK_CHECKS);
     }
 
     #[test]

@@ -23,6 +23,14 @@ pub mod error_type {
     /// is not a protected machine, an Express execution, Express work): nothing was written.
     /// Retrying does not help; fix the deployment (the message names the parameter).
     pub const MISCONFIGURED: &str = "SemaphoreMisconfigured";
+    /// The check was asked too long ago (its request time, the acquire state's entry time, is
+    /// past the horizon and the fences rotated since): nothing was taken or queued. The acquire
+    /// state catches it and enters itself again, which makes a new request time.
+    pub const EXPIRED: &str = "SemaphoreExpired";
+    /// This execution is at the head of the lock's line and the lock's start rate holds its
+    /// start back: nothing is held, its place is kept. The acquire state retries it (a retry's
+    /// check finds its place and starts it once the rate allows).
+    pub const RATE_LIMITED: &str = "SemaphoreRateLimited";
     /// Not raised by a function: the error the release function names, for the execution to fail
     /// with, when a redrive met the work's child execution that already ran (its slot was freed
     /// when the execution ended, so the work is not run again). Start a new execution.
@@ -43,6 +51,8 @@ pub enum HandlerError {
     WaitTimeout(String),
     #[error("{0}")]
     Misconfigured(String),
+    #[error("{0}")]
+    Expired(String),
 }
 
 impl HandlerError {
@@ -55,6 +65,7 @@ impl HandlerError {
             Self::Store(m) => (error_type::STORE, Self::Store, m),
             Self::WaitTimeout(m) => (error_type::WAIT_TIMEOUT, Self::WaitTimeout, m),
             Self::Misconfigured(m) => (error_type::MISCONFIGURED, Self::Misconfigured, m),
+            Self::Expired(m) => (error_type::EXPIRED, Self::Expired, m),
         }
     }
 

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_sfn::types::{HistoryEvent, HistoryEventType as Kind};
-use semaphore_core::{LockName, QueueKey};
+use semaphore_core::{LockName, WaiterId};
 use serde_json::Value;
 
 use crate::arn::StateMachineArn;
@@ -64,9 +64,9 @@ pub fn function_name(reference: &str) -> Option<&str> {
 /// it and held nothing under it.
 pub type LockOf<'a> = &'a (dyn Fn(&Value) -> Result<LockName, HandlerError> + Sync);
 
-/// How a wait payload's lock and place in line are resolved (`Resolver::waiter`): `None` for
+/// How an acquire payload's lock and waiter are resolved (`Resolver::waiter`): `None` for
 /// an acquire payload that does not wait, or one that names no valid place.
-pub type WaiterOf<'a> = &'a (dyn Fn(&Value) -> Option<(LockName, QueueKey)> + Sync);
+pub type WaiterOf<'a> = &'a (dyn Fn(&Value) -> Option<(LockName, WaiterId)> + Sync);
 
 /// What to look for to find the locks. Without it (the sweeper, which reads the table for
 /// those), only the children are read.
@@ -92,8 +92,8 @@ pub struct ChildExecution {
 pub struct Footprint {
     /// Every lock an acquire task asked for, once each, in the order first asked.
     pub locks: Vec<LockName>,
-    /// Every place in line a wait task asked for (lock and key), once each.
-    pub waiters: Vec<(LockName, QueueKey)>,
+    /// Every line an acquire task may have put the execution in (lock and waiter), once each.
+    pub waiters: Vec<(LockName, WaiterId)>,
     /// Every child execution of a `startExecution.sync` task, once each, in the order started.
     pub children: Vec<ChildExecution>,
     /// What could not be told: an acquire payload that is not JSON or names no valid lock, a
@@ -226,7 +226,7 @@ fn resolve_lock(footprint: &mut Footprint, reading: LockReading<'_>, id: i64, te
     }
 }
 
-/// An acquire payload's lock and, for a wait payload, its place in line.
+/// An acquire payload's lock and the waiter it may have put in line.
 fn push_payload(footprint: &mut Footprint, reading: LockReading<'_>, id: i64, payload: &Value) {
     push_lock(footprint, id, (reading.lock_of)(payload));
     if let Some(waiter) = (reading.waiter_of)(payload) {
@@ -379,9 +379,7 @@ mod tests {
     /// The acquire function's rule in small: the payload's lock, else its input's, else
     /// "demo-lock".
     fn lock_of(payload: &Value) -> Result<LockName, HandlerError> {
-        let named = payload
-            .get("lock")
-            .or_else(|| payload.get("input").and_then(|i| i.get("lock")));
+        let named = payload.get("request").and_then(|r| r.get("lock"));
         match named {
             None => Ok(LockName::new("demo-lock").unwrap()),
             Some(Value::String(s)) => Ok(LockName::new(s.as_str())?),
@@ -403,8 +401,8 @@ mod tests {
         )
     }
 
-    /// The acquire function's rule for a wait payload, through the real resolver.
-    fn waiter_of(payload: &Value) -> Option<(LockName, QueueKey)> {
+    /// The acquire function's rule, through the real resolver.
+    fn waiter_of(payload: &Value) -> Option<(LockName, WaiterId)> {
         let resolver = crate::Resolver {
             defaults: crate::Defaults {
                 lock: Some(LockName::new("demo-lock").unwrap()),
@@ -413,26 +411,26 @@ mod tests {
             },
             ..crate::Resolver::default()
         };
-        resolver.waiter(payload).ok().flatten()
+        resolver.waiter(payload).ok()
     }
 
     #[test]
-    fn a_wait_task_names_its_place_in_line() {
+    fn an_acquire_task_names_the_line_it_may_have_joined() {
         let holder = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
-        let wait = |id, queued_at: &str| {
+        let wait = |id, entered: &str| {
             invoke(
                 id,
                 ACQUIRE,
                 serde_json::json!({
-                    "holder": holder, "redrive_count": 0, "lock": "l",
-                    "requested_at": "2026-12-03T10:15:40.000Z",
-                    "task_token": "token-1", "queued_at": queued_at
+                    "request": {"lock": "l"}, "execution": holder, "redrive_count": 0,
+                    "state": {"EnteredTime": entered, "RetryCount": 0},
+                    "task_token": "token-1"
                 }),
             )
         };
         let read = footprint(&[
             wait(1, "2026-12-03T10:15:30.123Z"),
-            wait(5, "2026-12-03T10:15:30.123Z"),
+            wait(5, "2026-12-03T10:20:30.123Z"),
         ]);
         let identity = semaphore_core::Identity::new(
             semaphore_core::HolderId::new(holder).unwrap(),
@@ -440,11 +438,8 @@ mod tests {
         );
         assert_eq!(
             read.waiters,
-            vec![(
-                LockName::new("l").unwrap(),
-                QueueKey::new(&identity, 1_796_292_930_123)
-            )],
-            "one place, however often the task was entered"
+            vec![(LockName::new("l").unwrap(), WaiterId::of(&identity))],
+            "one waiter, however often the task was entered"
         );
         assert_eq!(read.locks, vec![LockName::new("l").unwrap()]);
     }
@@ -491,30 +486,30 @@ mod tests {
             invoke(
                 3,
                 ACQUIRE,
-                json!({"input": {"work_seconds": 1}, "holder": "h"}),
+                json!({"request": {"work_seconds": 1}, "execution": "h"}),
             ),
             invoke(
                 8,
                 "stack-acquire:live",
-                json!({"lock": "orders", "holder": "h"}),
+                json!({"request": {"lock": "orders"}, "execution": "h"}),
             ),
-            invoke(13, ACQUIRE, json!({"input": {"lock": "orders"}})),
+            invoke(13, ACQUIRE, json!({"request": {"lock": "orders"}})),
             // Another function's payload is not an acquire.
             invoke(18, "stack-release", json!({"lock": "not-mine"})),
             // A payload given as JSON text.
             invoke(
                 23,
                 ACQUIRE,
-                Value::String(json!({"lock": "texts"}).to_string()),
+                Value::String(json!({"request": {"lock": "texts"}}).to_string()),
             ),
             // Refused by the acquire: nothing held.
-            invoke(28, ACQUIRE, json!({"lock": 7})),
+            invoke(28, ACQUIRE, json!({"request": {"lock": 7}})),
             scheduled(33, "lambda", "invoke", json!("not an object")),
             event(38, 37, Kind::LambdaFunctionScheduled)
                 .lambda_function_scheduled_event_details(
                     LambdaFunctionScheduledEventDetails::builder()
                         .resource(ACQUIRE)
-                        .input(json!({"lock": "legacy"}).to_string())
+                        .input(json!({"request": {"lock": "legacy"}}).to_string())
                         .build()
                         .unwrap(),
                 )
@@ -609,7 +604,7 @@ mod tests {
             ),
             started(2, "states", "startExecution.sync:2"),
             // A Lambda task's outcome does not settle the start task before it.
-            invoke(3, ACQUIRE, json!({"lock": "orders"})),
+            invoke(3, ACQUIRE, json!({"request": {"lock": "orders"}})),
             started(4, "lambda", "invoke"),
             failed(
                 5,

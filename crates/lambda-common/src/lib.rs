@@ -5,12 +5,13 @@
 //!   error when something required is missing or malformed;
 //! - [`init_tracing`]: JSON logs for CloudWatch;
 //! - [`Payload`]: validation of a state machine's JSON payload into the core's input types;
-//! - [`Resolver`]: which lock, limit, acquisition and work a payload asks for, from the payload,
-//!   the execution input and the function's defaults: one set of rules for acquire, release and
-//!   the cleanup function's reading of an ended execution's acquire payloads;
+//! - [`Resolver`]: which lock, limit, acquisition and work a payload asks for, from its request
+//!   and the function's defaults: one set of rules for acquire, release and the cleanup
+//!   function's reading of an ended execution's acquire payloads;
 //! - [`metrics`]: the functions' metrics as CloudWatch embedded-metric-format log lines;
 //! - [`HandlerError`]: the named errors (`SemaphoreInvalidInput`, `SemaphoreFenced`,
-//!   `SemaphoreOldFormat`, `SemaphoreStoreError`, `SemaphoreWaitTimeout`) a state machine can
+//!   `SemaphoreOldFormat`, `SemaphoreStoreError`, `SemaphoreWaitTimeout`, `SemaphoreExpired`) a
+//!   state machine can
 //!   `Retry` or `Catch`;
 //! - [`history`], [`sfn`] and [`arn`] (the cleanup function and the sweeper): what an ended
 //!   execution's history says (the locks its acquire tasks asked for, the child executions its
@@ -29,22 +30,21 @@ pub mod sfn;
 pub mod waiting;
 
 pub use config::{
-    history_safe_fallback, var, ConfigError, NotAnArn, Settings, ACQUIRE_FUNCTION_TIMEOUT,
-    DEFAULT_MAX_WAIT, EVENTS_PER_FALLBACK_CHECK, HISTORY_EVENT_QUOTA, HISTORY_RESERVE,
-    MAX_FALLBACK_CHECKS, MAX_WAIT_RANGE, QUEUE_FALLBACK_RANGE,
+    var, ConfigError, NotAnArn, Settings, ACQUIRE_FUNCTION_TIMEOUT, DEFAULT_MAX_WAIT,
+    EVENTS_PER_FALLBACK_CHECK, HISTORY_EVENT_QUOTA, HISTORY_RESERVE, MAX_FALLBACK_CHECKS,
+    MAX_WAIT_RANGE,
 };
 pub use deployment::{Deployment, MachineTypes};
 pub use error::{error_type, HandlerError};
 pub use executions::{OtherRegion, SfnExecutions};
 pub use metrics::Metrics;
-pub use payload::{hint, kind, quoted, Payload};
+pub use payload::{kind, quoted, Payload};
 pub use request::{
     child_execution_name, incarnation_acquisition, AcquireRequest, AllowedWork, Defaults, Resolver,
-    Target, WaitRequest, Work, WorkKind, ACQUIRE_PAYLOAD, RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
+    Target, Work, WorkKind, ACQUIRE_PAYLOAD, RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
 };
 pub use waiting::{
-    deferred_answer, granted_answer, CallbackError, ContextError, HandOffs, SfnHandOffs,
-    TaskCallbacks, TaskWaker,
+    granted_answer, CallbackError, ContextError, HandOffs, SfnHandOffs, TaskCallbacks, TaskWaker,
 };
 
 /// Installs the JSON log subscriber: one JSON object per line on stdout, level from `RUST_LOG`

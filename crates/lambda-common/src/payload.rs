@@ -11,13 +11,6 @@ use serde_json::{Map, Number, Value};
 
 use crate::error::HandlerError;
 
-/// What to pass for each field, quoted in the error when the field is missing.
-pub mod hint {
-    pub const HOLDER: &str = "pass the execution ARN, e.g. \"holder.$\": \"$$.Execution.Id\"";
-    pub const REQUESTED_AT: &str = "pass when the acquire was asked for, as RFC 3339 text: the \
-        acquire state's entry time, \"requested_at.$\": \"$$.State.EnteredTime\"";
-}
-
 /// Longest excerpt of a wrong value quoted back in an error message.
 const MAX_QUOTED: usize = 80;
 
@@ -112,7 +105,8 @@ impl<'a> Payload<'a> {
         }
     }
 
-    fn missing(&self, field: &str, hint: &str) -> HandlerError {
+    /// The error for a required field that is missing, with `hint`: what to pass.
+    pub fn missing(&self, field: &str, hint: &str) -> HandlerError {
         HandlerError::InvalidInput(format!("{} is missing: {hint}", self.name(field)))
     }
 
@@ -183,10 +177,18 @@ impl<'a> Payload<'a> {
             .map_err(|_| invalid("it is before 1970".to_owned()))
     }
 
-    /// `requested_at`: when the acquire was asked for, as milliseconds since the Unix epoch.
-    pub fn requested_at_ms(&self) -> Result<u64, HandlerError> {
-        self.optional_time_ms("requested_at", "$$.State.EnteredTime")?
-            .ok_or_else(|| self.missing("requested_at", hint::REQUESTED_AT))
+    /// A boolean field, `None` when absent or null.
+    pub fn optional_bool(&self, field: &str) -> Result<Option<bool>, HandlerError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(HandlerError::InvalidInput(format!(
+                "{} must be true or false; got {} {}",
+                self.name(field),
+                kind(other),
+                quoted(other)
+            ))),
+        }
     }
 
     /// A whole number from 0, such as a redrive count; `None` when absent or null. `source`
@@ -310,27 +312,30 @@ mod tests {
     fn request_times_are_rfc_3339_in_any_offset_and_precision() {
         let at = |v: Value| {
             let payload = json!({ "requested_at": v });
-            Payload::new(&payload, "{}").unwrap().requested_at_ms()
+            Payload::new(&payload, "{}")
+                .unwrap()
+                .optional_time_ms("requested_at", "$$.State.EnteredTime")
         };
         // Step Functions writes milliseconds and Z; moto writes microseconds and +00:00.
         assert_eq!(
             at(json!("2026-12-03T10:15:30.123Z")).unwrap(),
-            1_796_292_930_123
+            Some(1_796_292_930_123)
         );
         assert_eq!(
             at(json!("2026-12-03T10:15:30.123456+00:00")).unwrap(),
-            1_796_292_930_123
+            Some(1_796_292_930_123)
         );
         assert_eq!(
             at(json!("2026-12-03T11:15:30+01:00")).unwrap(),
-            1_796_292_930_000
+            Some(1_796_292_930_000)
         );
         for bad in [json!("yesterday"), json!("2026-13-03T10:15:30Z"), json!(5)] {
             let err = at(bad.clone()).unwrap_err();
             assert_eq!(err.error_type(), "SemaphoreInvalidInput", "{bad}");
             assert!(err.message().starts_with("requested_at must be"), "{err}");
         }
-        let err = at(Value::Null).unwrap_err();
+        assert_eq!(at(Value::Null).unwrap(), None);
+        let err = at(json!("soon")).unwrap_err();
         assert!(err.message().contains("$$.State.EnteredTime"), "{err}");
     }
 
@@ -343,8 +348,8 @@ mod tests {
             "lock must be a JSON string; got a number 7"
         );
         assert_eq!(
-            p.string("holder", hint::HOLDER).unwrap_err().to_string(),
-            format!("holder is missing: {}", hint::HOLDER)
+            p.string("holder", "pass it").unwrap_err().to_string(),
+            "holder is missing: pass it"
         );
         let long = json!(["x".repeat(200)]);
         let err = Payload::new(&long, "{\"lock\"}").unwrap_err().to_string();

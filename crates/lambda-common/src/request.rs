@@ -1,68 +1,59 @@
 //! What an acquire or release payload asks for, resolved against the function's configuration:
 //! the one place that says which lock, limit, acquisition and work a payload is about. The
-//! acquire and release functions use it, and so does anything that reads an acquire payload
-//! back (the cleanup function, from an ended execution's history: [`Resolver::lock`]), so all
-//! of them agree on the lock an execution took, however it was chosen.
+//! acquire and release functions use it, and so does the cleanup function, which reads an ended
+//! execution's acquire payloads back from its history ([`Resolver::lock`],
+//! [`Resolver::waiter`]), so all of them agree on the lock an execution took.
 //!
-//! A payload comes in one of two shapes, which may be mixed:
+//! One shape per function:
 //!
-//! - the lock-protected state machine's: `{"input": $$.Execution.Input, "holder":
-//!   $$.Execution.Id, "redrive_count": $$.Execution.RedriveCount, "started_at":
-//!   $$.Execution.StartTime, "requested_at": $$.State.EnteredTime}` (a release sends the first
-//!   three, and `"error"` after a failure). The lock, limit and work come from the execution
-//!   input, else from the function's defaults; the acquisition is `r<redrive_count>`;
-//! - a caller's own machine's: `{"lock", "limit", "holder", "acquisition", "requested_at"}`,
-//!   every value given.
-//!
-//! Instead of `input`, `holder`, `redrive_count` and `started_at`, a payload may pass the
-//! context object's whole execution node, `"execution.$": "$$.Execution"`: its `Input`, `Id`,
-//! `RedriveCount` (absent = 0) and `StartTime` / `RedriveTime` are read in their place. It is
-//! the only way a JSONPath state can pass `RedriveTime` (the path fails while the execution has
-//! never been redriven), which the wait budget of a redriven execution needs.
-//!
-//! A field given in the payload wins over the same one from the input or the execution node.
-//!
-//! A later task of the same run (the lock-protected machine's wait and release) need not carry
-//! the execution input, which may be near Step Functions' 256 KiB: it passes the acquire answer
-//! it follows, `"answer.$": "$.semaphore"`, instead. The lock, limit, weight, rate and work are
-//! read from the input first (an older payload that has it), else from that answer; the wait
-//! budget's start from the answer's `waiting_since` when the payload gives no start of its own
-//! run (a redriven run's `RedriveTime` is only in the execution node).
+//! - acquire, the payload of a `lambda:invoke.waitForTaskToken` task: `{"request": {"lock",
+//!   "limit", "weight", "rate"}, "execution": $$.Execution.Id, "redrive_count":
+//!   $$.Execution.RedriveCount, "state": $$.State, "task_token": $$.Task.Token}`. Each field of
+//!   `request` is optional (else the function's `DEFAULT_*`); the lock-protected machine passes
+//!   its execution input as the request (`"request.$": "$"`, which may also name the `work`) and
+//!   `"starts_work": true`. The acquisition is `r<redrive_count>`, one per run of the
+//!   execution; the request time is the state's `EnteredTime`, and the attempt its entry time
+//!   and `RetryCount`;
+//! - release: `{"semaphore": $.semaphore, "error": $.error}`, the acquire answer (which names
+//!   the lock, holder, acquisition and weight) and, after a failure, what the `Catch` caught.
 
 use semaphore_core::{
-    AcquisitionId, HolderId, Identity, Limit, LockName, QueueKey, Rate, Run, TaskToken, Terms,
+    AcquisitionId, Attempt, Identity, Limit, LockName, Rate, Run, TaskToken, Terms, WaiterId,
     Weight,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::HandlerError;
-use crate::payload::{hint, quoted, Payload};
+use crate::payload::{quoted, Payload};
 
 /// The acquire payload's fields, as named in errors.
-pub const ACQUIRE_PAYLOAD: &str = r#"{"input": object (or "answer": the acquire answer), "holder": string, "redrive_count": integer, "started_at": RFC 3339 string, "requested_at": RFC 3339 string}, or {"lock": string, "limit": integer, "weight": integer (optional), "rate": number per second (optional), "holder": string, "acquisition": string, "requested_at": RFC 3339 string}"#;
+pub const ACQUIRE_PAYLOAD: &str = r#"{"request": {"lock", "limit", "weight", "rate"} (each optional), "execution.$": "$$.Execution.Id", "redrive_count.$": "$$.Execution.RedriveCount", "state.$": "$$.State", "task_token.$": "$$.Task.Token"}"#;
 
 /// The release payload's fields, as named in errors.
-pub const RELEASE_PAYLOAD: &str = r#"{"input": object (or "answer": the acquire answer, or "state": the failed state's data), "holder": string, "redrive_count": integer, "error": {"Error": string, "Cause": string} if it failed}, or {"lock": string, "holder": string, "acquisition": string, "weight": integer (optional: the acquire's)}"#;
+pub const RELEASE_PAYLOAD: &str = r#"{"semaphore.$": "$.semaphore" (the acquire answer), "error.$": "$.error" (what a Catch caught, after a failure)}"#;
 
 /// The key of the work's input under which it gets the semaphore's context: an execution input
-/// must not have it (the work's input is the execution input merged with the context).
+/// that is the request of work must not have it (the work's input is the execution input
+/// merged with the context).
 pub const RESERVED_INPUT_KEY: &str = "semaphore";
 
-const INPUT_IS: &str = "the execution input, \"input.$\": \"$$.Execution.Input\"";
-const EXECUTION_IS: &str = "Step Functions' context object node, \"execution.$\": \"$$.Execution\"";
-const ANSWER_IS: &str = "the acquire answer this task follows, \"answer.$\": \"$.semaphore\"";
-const STATE_IS: &str = "the failed state's data, \"state.$\": \"$\"";
-
-/// What to pass when a value is found nowhere.
-mod missing {
-    pub const LOCK: &str = "pass \"lock\" in the execution input or in the payload, e.g. \
-        \"lock\": \"demo-lock\", or set the function's DEFAULT_LOCK";
-    pub const LIMIT: &str = "pass \"limit\" in the execution input or in the payload, a whole \
-        number from 1 to 1000, e.g. \"limit\": 5, or set the function's DEFAULT_LIMIT";
-    pub const ACQUISITION: &str = "pass \"redrive_count.$\": \"$$.Execution.RedriveCount\" (the \
-        acquisition is then r<count>, one per run of the execution), or an id made once per \
-        logical acquire, \"acquisition.$\": \"States.UUID()\"";
+/// What to pass when a field is missing.
+mod hint {
+    pub const REQUEST: &str = "pass what the execution asks for, e.g. \"request\": {\"lock\": \
+        \"orders\"} (or the execution input, \"request.$\": \"$\")";
+    pub const EXECUTION: &str = "pass the execution ARN, \"execution.$\": \"$$.Execution.Id\"";
+    pub const STATE: &str = "pass the state's context object, \"state.$\": \"$$.State\" (its \
+        EnteredTime is when the acquire was asked for)";
+    pub const ENTERED: &str = "pass the state's context object whole, \"state.$\": \"$$.State\"";
+    pub const TASK_TOKEN: &str = "invoke the function with \
+        arn:aws:states:::lambda:invoke.waitForTaskToken and pass \"task_token.$\": \
+        \"$$.Task.Token\"";
+    pub const ANSWER: &str = "pass the acquire answer, \"semaphore.$\": \"$.semaphore\"";
+    pub const LOCK: &str = "pass \"lock\" in the request, e.g. \"lock\": \"demo-lock\", or set \
+        the function's DEFAULT_LOCK";
+    pub const LIMIT: &str = "pass \"limit\" in the request, a whole number from 1 to 1000, e.g. \
+        \"limit\": 5, or set the function's DEFAULT_LIMIT";
 }
 
 /// Defaults for what a payload leaves out: the function's `DEFAULT_LOCK`, `DEFAULT_LIMIT`,
@@ -195,16 +186,15 @@ impl AllowedWork {
     }
 }
 
-/// Whom a release (or the cleanup of an acquire) is about.
+/// Whom a release is about: the acquire answer's lock, holder and acquisition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub lock: LockName,
     pub identity: Identity,
-    /// `redrive_count` (or the execution node's `RedriveCount`), if the payload has one.
-    pub redrive_count: Option<u32>,
-    /// The weight its acquire asked for, resolved as for the acquire (1 when nothing names
-    /// one): what a release expects to free, checked by the store, which finds the right one
-    /// if it is not.
+    /// The run of its execution the acquisition was made in (`r<n>`: n), if it names one.
+    pub run: Option<u32>,
+    /// The weight its acquire asked for (1 when the answer names none): what a release expects
+    /// to free, checked by the store, which finds the right one if it is not.
     pub weight: Weight,
 }
 
@@ -215,38 +205,18 @@ pub struct AcquireRequest {
     /// The limit, weight and start rate asked for.
     pub terms: Terms,
     pub identity: Identity,
-    /// The execution's run (its redrive count; the first run when the payload does not say):
-    /// the run whose fence this acquire checks.
+    /// The execution's run (its redrive count): the run whose fence this acquire checks.
     pub run: Run,
     /// When the acquire was asked for (the acquire state's entry time), ms since the epoch.
     pub requested_at_ms: u64,
-    /// Since when the execution has been waiting for a slot: when it started, or when it was
-    /// last redriven. `None` when the payload does not say (a caller's own shape without
-    /// `started_at`, or a redriven execution whose payload carries only its first start): then
-    /// the wait has no budget and does not grow.
-    pub waiting_since_ms: Option<u64>,
-    /// The work to run under the slot; `None` without an execution input.
-    pub work: Option<Work>,
-    /// Present when the request comes from a parked task (`.waitForTaskToken`): wait in line.
-    pub wait: Option<WaitRequest>,
-}
-
-/// A request to wait in line (see `semaphore_core::queue`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WaitRequest {
-    /// `task_token`: `$$.Task.Token` of the parked task.
+    /// Which attempt of the acquire task this is: its entry time, then its retry count.
+    pub attempt: Attempt,
+    /// The parked task's token (`$$.Task.Token`): whoever gives the execution its slot
+    /// completes the task with it.
     pub task_token: TaskToken,
-    /// `queued_at`: when the execution first asked for the slot it waits for (the acquire
-    /// answer's `queued_at`, which is that acquire's request time), ms since the epoch: its
-    /// place in line, kept across fallback checks. The request time when absent.
-    pub queued_at_ms: u64,
-}
-
-impl WaitRequest {
-    /// The waiter's place in line.
-    pub fn key(&self, identity: &Identity) -> QueueKey {
-        QueueKey::new(identity, self.queued_at_ms)
-    }
+    /// The work to run under the slot as a child execution (the lock-protected machine's:
+    /// `starts_work`); `None` otherwise.
+    pub work: Option<Work>,
 }
 
 /// Resolves payloads against the function's defaults and allowed work. Build it once per cold
@@ -257,255 +227,87 @@ pub struct Resolver {
     pub work: AllowedWork,
 }
 
-/// A payload's parts: the payload itself, the execution node, the execution input and the
-/// acquire answer a later task passes instead of the input.
-struct Parts<'a> {
+/// An acquire payload's parts: the payload itself and its request.
+struct Acquire<'a> {
     payload: Payload<'a>,
-    execution: Option<Payload<'a>>,
-    input: Option<Payload<'a>>,
-    answer: Option<Payload<'a>>,
+    request: Payload<'a>,
 }
 
-impl<'a> Parts<'a> {
-    fn new(value: &'a Value, expected: &str) -> Result<Self, HandlerError> {
-        let payload = Payload::new(value, expected)?;
-        let execution = payload.object("execution", "execution.", EXECUTION_IS)?;
-        let input = match (payload.get("input"), &execution) {
-            (Some(_), _) => payload.object("input", "input.", INPUT_IS)?,
-            // Named as the caller knows it: the execution input.
-            (None, Some(execution)) => execution.object("Input", "input.", INPUT_IS)?,
-            (None, None) => None,
-        };
-        // A failed state's data (the release after a failure): the acquire answer under
-        // `semaphore` (an input never has that key: the acquire refuses it), else the input.
-        let state = payload.object("state", "state.", STATE_IS)?;
-        let state_answer = match &state {
-            Some(state) => state.object("semaphore", "state.semaphore.", ANSWER_IS)?,
-            None => None,
-        };
-        let input = match (input, &state) {
-            (Some(input), _) => Some(input),
-            (None, Some(state)) if state_answer.is_none() => Some(*state),
-            (None, _) => None,
-        };
-        let answer = match payload.object("answer", "answer.", ANSWER_IS)? {
-            Some(answer) => Some(answer),
-            None => state_answer,
-        };
-        Ok(Self {
-            payload,
-            execution,
-            input,
-            answer,
-        })
+impl<'a> Acquire<'a> {
+    fn new(value: &'a Value) -> Result<Self, HandlerError> {
+        let payload = Payload::new(value, ACQUIRE_PAYLOAD)?;
+        let request = payload
+            .object("request", "request.", "what the execution asks for")?
+            .ok_or_else(|| payload.missing("request", hint::REQUEST))?;
+        Ok(Self { payload, request })
     }
 
-    /// The payload's value, else the execution input's, else the acquire answer's: `read`
-    /// reads one of them.
-    fn given<T>(
-        &self,
-        read: impl Fn(&Payload<'a>) -> Result<Option<T>, HandlerError>,
-    ) -> Result<Option<T>, HandlerError> {
-        if let Some(value) = read(&self.payload)? {
-            return Ok(Some(value));
-        }
-        if let Some(value) = self.input.as_ref().map(&read).transpose()?.flatten() {
-            return Ok(Some(value));
-        }
-        Ok(self.answer.as_ref().map(read).transpose()?.flatten())
-    }
-
-    /// The work: the execution input's `work` (or the default) when the payload has the
-    /// input; else the work the acquire answer named (its `work.context.semaphore.function`
-    /// for a Lambda function, its `work.state_machine` otherwise), checked again against the
-    /// allowed lists; `None` with neither.
-    fn work(&self, allowed: &AllowedWork) -> Result<Option<Work>, HandlerError> {
-        if let Some(input) = &self.input {
-            return allowed.resolve(input).map(Some);
-        }
-        let Some(answer) = &self.answer else {
-            return Ok(None);
-        };
-        let Some(work) = answer.object("work", "answer.work.", "the work the answer named")? else {
-            return Ok(None);
-        };
-        let function = work
-            .object("context", "answer.work.context.", "the work's context")?
-            .and_then(|c| {
-                c.object(
-                    "semaphore",
-                    "answer.work.context.semaphore.",
-                    "the semaphore context",
-                )
-                .transpose()
-            })
-            .transpose()?
-            .map(|semaphore| semaphore.optional_string("function"))
-            .transpose()?
-            .flatten();
-        let named = match function {
-            Some(function) => function,
-            None => work.string("state_machine", "pass the acquire answer as it was given")?,
-        };
-        allowed.named(Some(named), "answer.work").map(Some)
-    }
-
-    /// The payload's, else the input's, else the default.
     fn lock(&self, defaults: &Defaults) -> Result<LockName, HandlerError> {
-        self.given(|p| p.optional_lock("lock"))?
+        self.request
+            .optional_lock("lock")?
             .or_else(|| defaults.lock.clone())
-            .ok_or_else(|| {
-                HandlerError::InvalidInput(format!("lock is missing: {}", missing::LOCK))
-            })
+            .ok_or_else(|| HandlerError::InvalidInput(format!("lock is missing: {}", hint::LOCK)))
     }
 
-    /// The payload's, else the input's, else the default.
-    fn limit(&self, defaults: &Defaults) -> Result<Limit, HandlerError> {
-        self.given(|p| p.optional_limit("limit"))?
+    /// The limit, weight and rate, each the request's else the default; a weight above the
+    /// limit is refused.
+    fn terms(&self, defaults: &Defaults) -> Result<Terms, HandlerError> {
+        let limit = self
+            .request
+            .optional_limit("limit")?
             .or(defaults.limit)
             .ok_or_else(|| {
-                HandlerError::InvalidInput(format!("limit is missing: {}", missing::LIMIT))
-            })
-    }
-
-    /// The limit, weight and rate, each resolved on its own; a weight above the limit is
-    /// refused.
-    fn terms(&self, defaults: &Defaults) -> Result<Terms, HandlerError> {
-        Terms::new(
-            self.limit(defaults)?,
-            self.weight(defaults)?,
-            self.rate(defaults)?,
-        )
-        .map_err(|e| HandlerError::InvalidInput(e.to_string()))
-    }
-
-    fn holder(&self) -> Result<HolderId, HandlerError> {
-        if let Some(holder) = self.payload.optional_holder("holder")? {
-            return Ok(holder);
-        }
-        if let Some(holder) = self
-            .execution
-            .map(|e| e.optional_holder("Id"))
-            .transpose()?
-            .flatten()
-        {
-            return Ok(holder);
-        }
-        Err(HandlerError::InvalidInput(format!(
-            "holder is missing: {}",
-            hint::HOLDER
-        )))
-    }
-
-    /// The payload's, else the execution node's (absent there means never redriven: 0).
-    fn redrive_count(&self) -> Result<Option<u32>, HandlerError> {
-        const SOURCE: &str = "$$.Execution.RedriveCount";
-        if let Some(count) = self.payload.optional_count("redrive_count", SOURCE)? {
-            return Ok(Some(count));
-        }
-        match &self.execution {
-            Some(execution) => Ok(Some(
-                execution
-                    .optional_count("RedriveCount", SOURCE)?
-                    .unwrap_or(0),
-            )),
-            None => Ok(None),
-        }
-    }
-
-    /// The payload's, else `r<redrive count>`: one acquisition per run (incarnation) of the
-    /// execution, so every retry and poll of one run shares it, and a redriven run gets a new
-    /// one (the old one may have been released, and a release fences it).
-    fn acquisition(&self, redrive_count: Option<u32>) -> Result<AcquisitionId, HandlerError> {
-        if let Some(acquisition) = self.payload.optional_acquisition("acquisition")? {
-            return Ok(acquisition);
-        }
-        match redrive_count {
-            Some(count) => Ok(incarnation_acquisition(count)),
-            None => Err(HandlerError::InvalidInput(format!(
-                "acquisition is missing: {}",
-                missing::ACQUISITION
-            ))),
-        }
-    }
-
-    fn target(&self, defaults: &Defaults) -> Result<Target, HandlerError> {
-        let lock = self.lock(defaults)?;
-        let holder = self.holder()?;
-        let redrive_count = self.redrive_count()?;
-        let acquisition = self.acquisition(redrive_count)?;
-        Ok(Target {
-            lock,
-            identity: Identity::new(holder, acquisition),
-            redrive_count,
-            weight: self.weight(defaults)?,
-        })
-    }
-
-    /// The payload's, else the input's, else the default, else 1.
-    fn weight(&self, defaults: &Defaults) -> Result<Weight, HandlerError> {
-        Ok(self
-            .given(|p| p.optional_weight("weight"))?
+                HandlerError::InvalidInput(format!("limit is missing: {}", hint::LIMIT))
+            })?;
+        let weight = self
+            .request
+            .optional_weight("weight")?
             .or(defaults.weight)
-            .unwrap_or_default())
+            .unwrap_or_default();
+        let rate = self.request.optional_rate("rate")?.or(defaults.rate);
+        Terms::new(limit, weight, rate).map_err(|e| HandlerError::InvalidInput(e.to_string()))
     }
 
-    /// The payload's, else the input's, else the default (none: no rate limit).
-    fn rate(&self, defaults: &Defaults) -> Result<Option<Rate>, HandlerError> {
-        Ok(self.given(|p| p.optional_rate("rate"))?.or(defaults.rate))
-    }
-
-    /// `task_token` and `queued_at`, when the payload waits in line.
-    fn wait(&self, requested_at_ms: u64) -> Result<Option<WaitRequest>, HandlerError> {
-        let Some(token) = self.payload.optional_string("task_token")? else {
-            return Ok(None);
-        };
-        let task_token = TaskToken::new(token)
-            .map_err(|e| HandlerError::InvalidInput(format!("task_token: {e}")))?;
-        let queued_at_ms = self
+    /// The execution's identity in its run: `r<redrive_count>` (absent: its first run).
+    fn identity(&self) -> Result<(Identity, Run), HandlerError> {
+        let holder = self
             .payload
-            .optional_time_ms("queued_at", "the acquire answer's queued_at")?
-            .unwrap_or(requested_at_ms);
-        Ok(Some(WaitRequest {
-            task_token,
-            queued_at_ms,
-        }))
+            .optional_holder("execution")?
+            .ok_or_else(|| self.payload.missing("execution", hint::EXECUTION))?;
+        let count = self
+            .payload
+            .optional_count("redrive_count", "$$.Execution.RedriveCount")?
+            .unwrap_or(0);
+        Ok((
+            Identity::new(holder, incarnation_acquisition(count)),
+            Run(count),
+        ))
     }
 
-    /// Since when the execution has waited: its start, or its last redrive if it was redriven.
-    fn waiting_since_ms(&self, redrive_count: Option<u32>) -> Result<Option<u64>, HandlerError> {
-        const START: &str = "$$.Execution.StartTime";
-        const REDRIVE: &str = "$$.Execution.RedriveTime";
-        let redriven_at = match &self.execution {
-            Some(execution) => execution.optional_time_ms("RedriveTime", REDRIVE)?,
-            None => None,
-        };
-        let started_at = match self.payload.optional_time_ms("started_at", START)? {
-            Some(at) => Some(at),
-            None => match &self.execution {
-                Some(execution) => execution.optional_time_ms("StartTime", START)?,
-                None => None,
-            },
-        };
-        // A redriven execution keeps its first StartTime: waiting since then would count the
-        // time it lay failed before its redrive, and time it out at once.
-        let own = match redrive_count {
-            Some(count) if count > 0 => redriven_at,
-            _ => started_at,
-        };
-        if own.is_some() {
-            return Ok(own);
-        }
-        // A payload without the execution node: the answer's start, if the answer is this
-        // run's (a run redriven into its wait task follows an answer of the run before).
-        let Some(answer) = &self.answer else {
-            return Ok(None);
-        };
-        let this_run = incarnation_acquisition(redrive_count.unwrap_or(0));
-        if answer.optional_string("acquisition")? != Some(this_run.as_str()) {
-            return Ok(None);
-        }
-        answer.optional_time_ms("waiting_since", "the acquire answer's waiting_since")
+    /// The state's entry time (the request time) and its attempt there.
+    fn entered(&self) -> Result<(u64, Attempt), HandlerError> {
+        let state = self
+            .payload
+            .object("state", "state.", hint::ENTERED)?
+            .ok_or_else(|| self.payload.missing("state", hint::STATE))?;
+        let entered_at_ms = state
+            .optional_time_ms("EnteredTime", "$$.State.EnteredTime")?
+            .ok_or_else(|| state.missing("EnteredTime", hint::ENTERED))?;
+        let retries = state
+            .optional_count("RetryCount", "$$.State.RetryCount")?
+            .unwrap_or(0);
+        Ok((
+            entered_at_ms,
+            Attempt::new(entered_at_ms, u64::from(retries)),
+        ))
+    }
+
+    fn task_token(&self) -> Result<TaskToken, HandlerError> {
+        let token = self
+            .payload
+            .optional_string("task_token")?
+            .ok_or_else(|| self.payload.missing("task_token", hint::TASK_TOKEN))?;
+        TaskToken::new(token).map_err(|e| HandlerError::InvalidInput(format!("task_token: {e}")))
     }
 }
 
@@ -551,72 +353,105 @@ pub fn child_execution_name(identity: &Identity) -> String {
 }
 
 impl Resolver {
-    /// The lock an acquire payload asks for: its `lock`, else its input's `lock`, else
-    /// `DEFAULT_LOCK`. What the cleanup function reads from the payloads of an ended
-    /// execution's acquire states; an error means the acquire refused that payload the same way,
-    /// so nothing was held under it.
+    /// The lock an acquire payload asks for: its request's `lock`, else `DEFAULT_LOCK`. What the
+    /// cleanup function reads from the payloads of an ended execution's acquire tasks; an error
+    /// means the acquire refused that payload the same way, so nothing was held under it.
     pub fn lock(&self, payload: &Value) -> Result<LockName, HandlerError> {
-        Parts::new(payload, ACQUIRE_PAYLOAD)?.lock(&self.defaults)
+        Acquire::new(payload)?.lock(&self.defaults)
     }
 
-    /// The lock and identity a release payload names (lock, holder and acquisition resolved as
-    /// for an acquire).
-    pub fn target(&self, payload: &Value) -> Result<Target, HandlerError> {
-        Parts::new(payload, RELEASE_PAYLOAD)?.target(&self.defaults)
+    /// The lock and the waiter an acquire payload is about: where the execution may stand in
+    /// line (every acquire task may have queued it).
+    pub fn waiter(&self, payload: &Value) -> Result<(LockName, WaiterId), HandlerError> {
+        let acquire = Acquire::new(payload)?;
+        let (identity, _) = acquire.identity()?;
+        Ok((acquire.lock(&self.defaults)?, WaiterId::of(&identity)))
     }
 
-    /// A validated acquire request. With an execution input, the input must be an object
-    /// without the reserved key `semaphore`, and the work it names (or the default) must be
-    /// one this stack allows.
+    /// A validated acquire request. A request that is the input of work must be an object
+    /// without the reserved key `semaphore`, and the work it names (or the default) must be one
+    /// this stack allows.
     pub fn acquire(&self, payload: &Value) -> Result<AcquireRequest, HandlerError> {
-        let parts = Parts::new(payload, ACQUIRE_PAYLOAD)?;
-        if let Some(input) = &parts.input {
-            if input.has(RESERVED_INPUT_KEY) {
+        let acquire = Acquire::new(payload)?;
+        let starts_work = acquire
+            .payload
+            .optional_bool("starts_work")?
+            .unwrap_or(false);
+        let work = if starts_work {
+            if acquire.request.has(RESERVED_INPUT_KEY) {
                 return Err(HandlerError::InvalidInput(format!(
                     "the execution input has the key \"{RESERVED_INPUT_KEY}\", which is reserved: \
                      the work's input is the execution input plus \"{RESERVED_INPUT_KEY}\": \
                      {{lock, fencing_token, holder, acquisition}}; rename that key of the input"
                 )));
             }
-        }
-        let Target {
-            lock,
-            identity,
-            redrive_count,
-            ..
-        } = parts.target(&self.defaults)?;
-        let terms = parts.terms(&self.defaults)?;
-        let requested_at_ms = parts.payload.requested_at_ms()?;
-        let waiting_since_ms = parts.waiting_since_ms(redrive_count)?;
-        let work = parts.work(&self.work)?;
-        let wait = parts.wait(requested_at_ms)?;
+            Some(self.work.resolve(&acquire.request)?)
+        } else {
+            if acquire.request.get("work").is_some() {
+                return Err(HandlerError::InvalidInput(
+                    "request.work names work to run under the slot, which only a payload with \
+                     \"starts_work\": true (the lock-protected machine's) runs: leave it out and \
+                     run your work in your own states after the acquire"
+                        .to_owned(),
+                ));
+            }
+            None
+        };
+        // Who asks and from which task first: a payload the acquire state did not render is
+        // named as such before what it asks for.
+        let (identity, run) = acquire.identity()?;
+        let (requested_at_ms, attempt) = acquire.entered()?;
+        let task_token = acquire.task_token()?;
         Ok(AcquireRequest {
-            lock,
-            terms,
+            lock: acquire.lock(&self.defaults)?,
+            terms: acquire.terms(&self.defaults)?,
             identity,
-            run: Run(redrive_count.unwrap_or(0)),
+            run,
             requested_at_ms,
-            waiting_since_ms,
+            attempt,
+            task_token,
             work,
-            wait,
         })
     }
 
-    /// The lock and place in line a wait payload (one with `task_token`) names, resolved as
-    /// [`Resolver::acquire`] resolves them; `None` for a payload that does not wait.
-    pub fn waiter(&self, payload: &Value) -> Result<Option<(LockName, QueueKey)>, HandlerError> {
-        let parts = Parts::new(payload, ACQUIRE_PAYLOAD)?;
-        let Some(wait) = parts.wait(parts.payload.requested_at_ms()?)? else {
-            return Ok(None);
-        };
-        let target = parts.target(&self.defaults)?;
-        Ok(Some((target.lock, wait.key(&target.identity))))
+    /// Whom a release payload is about: the lock, holder, acquisition and weight of the acquire
+    /// answer it passes (the weight else `DEFAULT_WEIGHT`, else 1).
+    pub fn target(&self, payload: &Value) -> Result<Target, HandlerError> {
+        let payload = Payload::new(payload, RELEASE_PAYLOAD)?;
+        let answer = payload
+            .object("semaphore", "semaphore.", hint::ANSWER)?
+            .ok_or_else(|| payload.missing("semaphore", hint::ANSWER))?;
+        let lock = answer
+            .optional_lock("lock")?
+            .ok_or_else(|| answer.missing("lock", hint::ANSWER))?;
+        let holder = answer
+            .optional_holder("holder")?
+            .ok_or_else(|| answer.missing("holder", hint::ANSWER))?;
+        let acquisition = answer
+            .optional_acquisition("acquisition")?
+            .ok_or_else(|| answer.missing("acquisition", hint::ANSWER))?;
+        let weight = answer
+            .optional_weight("weight")?
+            .or(self.defaults.weight)
+            .unwrap_or_default();
+        Ok(Target {
+            lock,
+            run: incarnation_of(&acquisition),
+            identity: Identity::new(holder, acquisition),
+            weight,
+        })
     }
+}
+
+/// The run an acquisition `r<n>` was made in: n.
+fn incarnation_of(acquisition: &AcquisitionId) -> Option<u32> {
+    acquisition.as_str().strip_prefix('r')?.parse().ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use semaphore_core::HolderId;
     use serde_json::json;
 
     const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
@@ -624,6 +459,8 @@ mod tests {
     const MINE: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:mine";
     const FUNCTION: &str = "arn:aws:lambda:us-east-1:123456789012:function:mine";
     const RUNNER: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:work-function";
+    /// 2026-12-03T10:15:30.123Z
+    const ENTERED_MS: u64 = 1_796_292_930_123;
 
     fn resolver() -> Resolver {
         Resolver {
@@ -641,160 +478,162 @@ mod tests {
         }
     }
 
-    fn machine_payload(input: Value) -> Value {
+    /// The payload of an acquire task asking for `request` (as the fragment sends it).
+    fn payload(request: Value) -> Value {
         json!({
-            "input": input,
-            "holder": HOLDER,
+            "request": request,
+            "execution": HOLDER,
             "redrive_count": 0,
-            "started_at": "2026-12-03T10:15:00.000Z",
-            "requested_at": "2026-12-03T10:15:30.123Z"
+            "state": {"EnteredTime": "2026-12-03T10:15:30.123Z", "Name": "Acquire slot", "RetryCount": 0},
+            "task_token": "token-1"
         })
     }
 
+    /// As the lock-protected machine sends it: its input as the request, and its work.
+    fn machine_payload(input: Value) -> Value {
+        let mut payload = payload(input);
+        payload["starts_work"] = json!(true);
+        payload
+    }
+
     #[test]
-    fn the_payload_wins_over_the_input_which_wins_over_the_defaults() {
+    fn the_request_wins_over_the_defaults() {
         let r = resolver();
-        let from_defaults = r.acquire(&machine_payload(json!({}))).unwrap();
-        assert_eq!(from_defaults.lock.as_str(), "demo-lock");
-        assert_eq!(from_defaults.terms.limit.get(), 5);
-        assert_eq!(from_defaults.identity.acquisition.as_str(), "r0");
-        assert_eq!(from_defaults.waiting_since_ms, Some(1_796_292_900_000));
-        assert_eq!(from_defaults.requested_at_ms, 1_796_292_930_123);
+        let bare = r.acquire(&payload(json!({}))).unwrap();
+        assert_eq!(bare.lock.as_str(), "demo-lock");
         assert_eq!(
-            from_defaults.work,
+            (bare.terms.limit.get(), bare.terms.weight, bare.terms.rate),
+            (5, Weight::ONE, None)
+        );
+        assert_eq!(bare.identity.holder.as_str(), HOLDER);
+        assert_eq!(bare.identity.acquisition.as_str(), "r0");
+        assert_eq!(bare.run, Run::FIRST);
+        assert_eq!(bare.requested_at_ms, ENTERED_MS);
+        assert_eq!(bare.attempt, Attempt::new(ENTERED_MS, 0));
+        assert_eq!(bare.task_token.as_str(), "token-1");
+        assert_eq!(
+            bare.work, None,
+            "only the lock-protected machine starts work"
+        );
+
+        let asked = r
+            .acquire(&payload(
+                json!({"lock": "a", "limit": 3, "weight": 2, "rate": 0.5}),
+            ))
+            .unwrap();
+        assert_eq!(
+            (
+                asked.lock.as_str(),
+                asked.terms.limit.get(),
+                asked.terms.weight.get(),
+                asked.terms.rate.map(|r| r.spacing_ms())
+            ),
+            ("a", 3, 2, Some(2_000))
+        );
+        // The function's defaults fill in what the request leaves out; null is left out.
+        let mut with_defaults = resolver();
+        with_defaults.defaults.weight = Some(Weight::new(2).unwrap());
+        with_defaults.defaults.rate = Some(Rate::per_second(4.0).unwrap());
+        let defaulted = with_defaults
+            .acquire(&payload(json!({"weight": null})))
+            .unwrap();
+        assert_eq!(
+            (
+                defaulted.terms.weight.get(),
+                defaulted.terms.rate.map(|r| r.spacing_ms())
+            ),
+            (2, Some(250))
+        );
+        // Without defaults, the lock and the limit are named as missing.
+        let bare = Resolver::default();
+        let err = bare.acquire(&payload(json!({}))).unwrap_err();
+        assert_eq!(err.message(), format!("lock is missing: {}", hint::LOCK));
+        let err = bare.acquire(&payload(json!({"lock": "l"}))).unwrap_err();
+        assert_eq!(err.message(), format!("limit is missing: {}", hint::LIMIT));
+    }
+
+    #[test]
+    fn the_lock_protected_machine_gets_its_work_from_its_input_else_the_default() {
+        let r = resolver();
+        let default = r.acquire(&machine_payload(json!({}))).unwrap();
+        assert_eq!(
+            default.work,
             Some(Work {
                 arn: DEMO.to_owned(),
                 kind: WorkKind::StateMachine,
                 state_machine: DEMO.to_owned()
             })
         );
-
-        let from_input = r
-            .acquire(&machine_payload(
-                json!({"lock": "a", "limit": 2, "work": FUNCTION}),
-            ))
+        let function = r
+            .acquire(&machine_payload(json!({"work": FUNCTION, "order": 42})))
             .unwrap();
         assert_eq!(
-            (from_input.lock.as_str(), from_input.terms.limit.get()),
-            ("a", 2)
-        );
-        assert_eq!(
-            from_input.work,
+            function.work,
             Some(Work {
                 arn: FUNCTION.to_owned(),
                 kind: WorkKind::Function,
                 state_machine: RUNNER.to_owned()
             })
         );
-
-        let mut explicit = machine_payload(json!({"lock": "a", "limit": 2}));
-        explicit["lock"] = json!("b");
-        explicit["limit"] = json!(3);
-        explicit["acquisition"] = json!("uuid-1");
-        let explicit = r.acquire(&explicit).unwrap();
-        assert_eq!(
-            (
-                explicit.lock.as_str(),
-                explicit.terms.limit.get(),
-                explicit.identity.acquisition.as_str()
-            ),
-            ("b", 3, "uuid-1")
-        );
-
-        // Without defaults and without the input, the lock is named as missing.
-        let bare = Resolver::default();
-        let err = bare
-            .acquire(&json!({"holder": HOLDER, "redrive_count": 0, "requested_at": "2026-12-03T10:15:30Z"}))
-            .unwrap_err();
-        assert_eq!(err.message(), format!("lock is missing: {}", missing::LOCK));
-        // Without an input there is no work to resolve.
-        let explicit = bare
-            .acquire(
-                &json!({"lock": "l", "limit": 1, "holder": HOLDER, "acquisition": "a",
-                "requested_at": "2026-12-03T10:15:30Z"}),
-            )
-            .unwrap();
-        assert_eq!(explicit.work, None);
-        assert_eq!(explicit.run, Run::FIRST);
-        assert_eq!(explicit.waiting_since_ms, None);
     }
 
     #[test]
-    fn a_redriven_run_gets_its_own_acquisition_and_waits_since_its_redrive() {
+    fn each_run_and_each_attempt_is_told_apart() {
         let r = resolver();
-        let mut payload = machine_payload(json!({}));
-        payload["redrive_count"] = json!(2);
-        let request = r.acquire(&payload).unwrap();
+        let mut redriven = payload(json!({}));
+        redriven["redrive_count"] = json!(2);
+        redriven["state"]["RetryCount"] = json!(3);
+        let request = r.acquire(&redriven).unwrap();
         assert_eq!(request.identity.acquisition.as_str(), "r2");
         assert_eq!(request.run, Run(2), "it checks the fence of its own run");
-        // Only the first start is known: the wait has no budget rather than a spent one.
-        assert_eq!(request.waiting_since_ms, None);
-
-        // The whole execution node carries the redrive time.
-        let node = json!({
-            "execution": {
-                "Id": HOLDER,
-                "Input": {"lock": "x"},
-                "Name": "run-1",
-                "StartTime": "2026-12-01T00:00:00.000Z",
-                "RedriveCount": 1,
-                "RedriveTime": "2026-12-03T10:00:00.000Z"
-            },
-            "requested_at": "2026-12-03T10:15:30.123Z"
-        });
-        let request = r.acquire(&node).unwrap();
-        assert_eq!(request.lock.as_str(), "x");
-        assert_eq!(request.identity.holder.as_str(), HOLDER);
-        assert_eq!(request.identity.acquisition.as_str(), "r1");
-        assert_eq!(request.waiting_since_ms, Some(1_796_292_000_000));
-        // Never redriven: no RedriveCount in the node (moto's context object has none) is 0.
-        let mut first = node.clone();
-        let execution = first["execution"].as_object_mut().unwrap();
-        execution.remove("RedriveCount");
-        execution.remove("RedriveTime");
-        let request = r.acquire(&first).unwrap();
-        assert_eq!(request.identity.acquisition.as_str(), "r0");
-        assert_eq!(request.waiting_since_ms, Some(1_796_083_200_000));
+        assert_eq!(request.attempt, Attempt::new(ENTERED_MS, 3));
+        assert!(request.attempt > r.acquire(&payload(json!({}))).unwrap().attempt);
+        // moto's context object may lack RedriveCount and RetryCount: the first run, no retry.
+        let mut bare = payload(json!({}));
+        bare.as_object_mut().unwrap().remove("redrive_count");
+        bare["state"] = json!({"EnteredTime": "2026-12-03T10:15:30.123456+00:00"});
+        let request = r.acquire(&bare).unwrap();
         assert_eq!(
-            r.target(&json!({"execution": first["execution"]}))
-                .unwrap()
-                .identity,
-            request.identity
+            (request.identity.acquisition.as_str(), request.attempt),
+            ("r0", Attempt::new(ENTERED_MS, 0))
         );
     }
 
     #[test]
     fn bad_inputs_are_named() {
         let r = resolver();
-        let message = |input: Value| r.acquire(&machine_payload(input)).unwrap_err().to_string();
+        let message = |payload: Value| r.acquire(&payload).unwrap_err().to_string();
         assert_eq!(
             message(json!([1])),
-            format!("input must be a JSON object ({INPUT_IS}); got an array [1]")
+            format!("the payload must be a JSON object {ACQUIRE_PAYLOAD}; got an array [1]")
         );
-        assert!(message(json!({"semaphore": 1}))
+        assert_eq!(
+            message(payload(json!([1]))),
+            "request must be a JSON object (what the execution asks for); got an array [1]"
+        );
+        let mut no_request = payload(json!({}));
+        no_request.as_object_mut().unwrap().remove("request");
+        assert_eq!(
+            message(no_request),
+            format!("request is missing: {}", hint::REQUEST)
+        );
+        assert!(message(machine_payload(json!({"semaphore": 1})))
             .starts_with("the execution input has the key \"semaphore\", which is reserved"));
+        assert!(message(payload(json!({"work": MINE})))
+            .starts_with("request.work names work to run under the slot"));
         assert_eq!(
-            message(json!({"limit": 0})),
-            "input.limit: limit must be a whole number from 1 to 1000; got 0"
+            message(payload(json!({"limit": 0}))),
+            "request.limit: limit must be a whole number from 1 to 1000; got 0"
         );
         assert_eq!(
-            message(json!({"lock": 3})),
-            "input.lock must be a JSON string; got a number 3"
-        );
-        assert_eq!(
-            message(json!({"work": 3})),
-            "input.work must be a JSON string; got a number 3"
+            message(payload(json!({"lock": 3}))),
+            "request.lock must be a JSON string; got a number 3"
         );
         let other = "arn:aws:states:us-east-1:123456789012:stateMachine:other";
-        assert_eq!(
-            message(json!({"work": other})),
-            format!(
-                "input.work is \"{other}\", which this stack does not allow: name one it allows \
-                 (state machines: {DEMO}, {MINE}; Lambda functions: {FUNCTION}), or leave it out \
-                 to run the default, {DEMO}. To allow another, add it to the stack's \
-                 WorkStateMachineArns or WorkFunctionArns parameter (the acquire function's \
-                 WORK_STATE_MACHINES and WORK_FUNCTIONS)"
-            )
+        assert!(
+            message(machine_payload(json!({"work": other}))).starts_with(&format!(
+                "request.work is \"{other}\", which this stack does not allow"
+            ))
         );
         let mut no_default = r.clone();
         no_default.work.default = None;
@@ -802,78 +641,39 @@ mod tests {
             .acquire(&machine_payload(json!({})))
             .unwrap_err()
             .message()
-            .starts_with("input.work is missing and the function has no DEFAULT_WORK"));
-        let mut payload = machine_payload(json!({}));
-        payload["redrive_count"] = json!(-1);
+            .starts_with("request.work is missing and the function has no DEFAULT_WORK"));
+        let mut bad = payload(json!({}));
+        bad["redrive_count"] = json!(-1);
         assert_eq!(
-            r.acquire(&payload).unwrap_err().message(),
+            message(bad),
             "redrive_count must be a whole number from 0 (Step Functions' \
              $$.Execution.RedriveCount); got a number -1"
         );
-        payload.as_object_mut().unwrap().remove("redrive_count");
+        for (field, hint) in [
+            ("execution", hint::EXECUTION),
+            ("state", hint::STATE),
+            ("task_token", hint::TASK_TOKEN),
+        ] {
+            let mut without = payload(json!({}));
+            without.as_object_mut().unwrap().remove(field);
+            assert_eq!(message(without), format!("{field} is missing: {hint}"));
+        }
+        let mut not_entered = payload(json!({}));
+        not_entered["state"] = json!({"Name": "Acquire slot"});
         assert_eq!(
-            r.acquire(&payload).unwrap_err().message(),
-            format!("acquisition is missing: {}", missing::ACQUISITION)
+            message(not_entered),
+            format!("state.EnteredTime is missing: {}", hint::ENTERED)
+        );
+        let mut not_bool = machine_payload(json!({}));
+        not_bool["starts_work"] = json!("yes");
+        assert_eq!(
+            message(not_bool),
+            "starts_work must be true or false; got a string \"yes\""
         );
     }
 
     #[test]
-    fn weight_and_rate_come_from_the_payload_else_the_input_else_the_defaults() {
-        let weight = |r: &Resolver, payload: &Value| r.acquire(payload).unwrap().terms.weight.get();
-        let rate = |r: &Resolver, payload: &Value| {
-            r.acquire(payload)
-                .unwrap()
-                .terms
-                .rate
-                .map(|rate| rate.spacing_ms())
-        };
-        // Nothing anywhere: weight 1, no rate.
-        let r = resolver();
-        let bare = machine_payload(json!({}));
-        assert_eq!((weight(&r, &bare), rate(&r, &bare)), (1, None));
-        // The function's defaults.
-        let mut with_defaults = resolver();
-        with_defaults.defaults.weight = Some(Weight::new(2).unwrap());
-        with_defaults.defaults.rate = Some(Rate::per_second(4.0).unwrap());
-        assert_eq!(
-            (weight(&with_defaults, &bare), rate(&with_defaults, &bare)),
-            (2, Some(250))
-        );
-        // The input wins over the defaults.
-        let from_input = machine_payload(json!({"weight": 3, "rate": 0.5}));
-        assert_eq!(
-            (
-                weight(&with_defaults, &from_input),
-                rate(&with_defaults, &from_input)
-            ),
-            (3, Some(2_000))
-        );
-        // The payload wins over the input.
-        let mut explicit = from_input.clone();
-        explicit["weight"] = json!(4);
-        explicit["rate"] = json!(10);
-        assert_eq!(
-            (
-                weight(&with_defaults, &explicit),
-                rate(&with_defaults, &explicit)
-            ),
-            (4, Some(100))
-        );
-        // null is "not given": the next source decides.
-        let nulls = machine_payload(json!({"weight": null, "rate": null}));
-        assert_eq!(
-            (weight(&with_defaults, &nulls), rate(&with_defaults, &nulls)),
-            (2, Some(250))
-        );
-        // The release resolves the weight alike (its hint of what to free).
-        assert_eq!(with_defaults.target(&explicit).unwrap().weight.get(), 4);
-        assert_eq!(with_defaults.target(&from_input).unwrap().weight.get(), 3);
-        assert_eq!(with_defaults.target(&bare).unwrap().weight.get(), 2);
-        assert_eq!(r.target(&bare).unwrap().weight, Weight::ONE);
-    }
-
-    #[test]
-    fn bad_weights_and_rates_are_named_where_they_came_from() {
+    fn bad_weights_and_rates_are_named() {
         let r = resolver();
         let weight = "weight must be a whole number from 1 to the limit (1000 at most)";
         let rate = "rate must be a number of acquisitions per second from 0.000011574074074074073 \
@@ -881,19 +681,19 @@ mod tests {
         let cases: Vec<(Value, String)> = vec![
             (
                 json!({"weight": 0}),
-                format!("input.weight: {weight}; got 0"),
+                format!("request.weight: {weight}; got 0"),
             ),
             (
                 json!({"weight": -1}),
-                format!("input.weight: {weight}; got -1"),
+                format!("request.weight: {weight}; got -1"),
             ),
             (
                 json!({"weight": 2.5}),
-                format!("input.weight: {weight}; got 2.5"),
+                format!("request.weight: {weight}; got 2.5"),
             ),
             (
                 json!({"weight": "4"}),
-                format!("input.weight: {weight}; got the string \"4\""),
+                format!("request.weight: {weight}; got the string \"4\""),
             ),
             (
                 json!({"weight": 6}),
@@ -901,180 +701,66 @@ mod tests {
                  or raise the limit"
                     .to_owned(),
             ),
-            (
-                json!({"limit": 2, "weight": 3}),
-                "weight 3 is above the limit 2: it could never be granted; ask for at most 2, \
-                 or raise the limit"
-                    .to_owned(),
-            ),
-            (json!({"rate": 0}), format!("input.rate: {rate}; got 0")),
-            (json!({"rate": -2}), format!("input.rate: {rate}; got -2")),
+            (json!({"rate": 0}), format!("request.rate: {rate}; got 0")),
+            (json!({"rate": -2}), format!("request.rate: {rate}; got -2")),
             (
                 json!({"rate": "fast"}),
-                format!("input.rate: {rate}; got the string \"fast\""),
+                format!("request.rate: {rate}; got the string \"fast\""),
             ),
             (
                 json!({"rate": 1e9}),
-                format!("input.rate: {rate}; got 1000000000"),
+                format!("request.rate: {rate}; got 1000000000"),
             ),
         ];
-        for (input, message) in cases {
-            let err = r.acquire(&machine_payload(input.clone())).unwrap_err();
-            assert_eq!(err.error_type(), "SemaphoreInvalidInput", "{input}");
-            assert_eq!(err.message(), message, "{input}");
+        for (request, message) in cases {
+            let err = r.acquire(&payload(request.clone())).unwrap_err();
+            assert_eq!(err.error_type(), "SemaphoreInvalidInput", "{request}");
+            assert_eq!(err.message(), message, "{request}");
         }
-        // In the payload itself, the field is named without a prefix, and a bad payload value
-        // is refused even when the input has a good one.
-        let mut payload = machine_payload(json!({"weight": 1, "rate": 1}));
-        payload["weight"] = json!(0);
-        assert_eq!(
-            r.acquire(&payload).unwrap_err().message(),
-            format!("{weight}; got 0")
-        );
-        payload["weight"] = json!(1);
-        payload["rate"] = json!("2/s");
-        assert_eq!(
-            r.acquire(&payload).unwrap_err().message(),
-            format!("{rate}; got the string \"2/s\"")
-        );
-    }
-
-    /// The answer the acquire function gave `machine_payload(input)`, as the lock-protected
-    /// machine keeps it in `$.semaphore` (the fields a later task reads).
-    fn answer(lock: &str, work: Value, acquisition: &str, waiting_since: &str) -> Value {
-        json!({
-            "acquired": false, "outcome": "full", "token": null, "limit": 2, "weight": 2,
-            "rate": 0.5, "lock": lock, "holder": HOLDER, "acquisition": acquisition,
-            "queued_at": "2026-12-03T10:15:30.123Z", "fallback_seconds": 300,
-            "waiting_since": waiting_since, "work": work
-        })
     }
 
     #[test]
-    fn a_wait_or_release_that_passes_the_answer_instead_of_the_input_resolves_alike() {
+    fn a_release_is_about_the_answer_it_passes() {
         let r = resolver();
-        let input = json!({"lock": "a", "limit": 2, "weight": 2, "rate": 0.5, "work": FUNCTION});
-        let first = r.acquire(&machine_payload(input)).unwrap();
-        let work = json!({
-            "state_machine": RUNNER, "name": "run-1-0123456789abcdef",
-            "context": {"semaphore": {"lock": "a", "fencing_token": null, "holder": HOLDER,
-                                      "acquisition": "r0", "function": FUNCTION}}
-        });
-        let since = "2026-12-03T10:15:00.000Z";
-        // The lock-protected machine's wait payload: no input, no execution node.
-        let wait = json!({
-            "holder": HOLDER, "redrive_count": 0, "started_at": since,
-            "answer": answer("a", work.clone(), "r0", since),
-            "requested_at": "2026-12-03T10:20:30.000Z", "task_token": "token-1",
-            "queued_at": "2026-12-03T10:15:30.123Z"
-        });
-        let waited = r.acquire(&wait).unwrap();
+        let answer = json!({"semaphore": {"acquired": true, "lock": "a", "holder": HOLDER,
+                                          "acquisition": "r1", "weight": 3, "token": 7}});
+        let target = r.target(&answer).unwrap();
+        assert_eq!(target.lock.as_str(), "a");
+        assert_eq!(target.identity.holder.as_str(), HOLDER);
+        assert_eq!(target.identity.acquisition.as_str(), "r1");
+        assert_eq!((target.run, target.weight.get()), (Some(1), 3));
+        // No weight: the default, else 1; an acquisition not made per run names no run.
+        let bare = json!({"semaphore": {"lock": "a", "holder": HOLDER, "acquisition": "uuid-1"}});
+        let target = r.target(&bare).unwrap();
+        assert_eq!((target.run, target.weight), (None, Weight::ONE));
+        let message = |payload: Value| r.target(&payload).unwrap_err().to_string();
         assert_eq!(
-            (
-                &waited.lock,
-                waited.terms,
-                &waited.identity,
-                waited.work.as_ref()
-            ),
-            (
-                &first.lock,
-                first.terms,
-                &first.identity,
-                first.work.as_ref()
-            )
+            message(json!({})),
+            format!("semaphore is missing: {}", hint::ANSWER)
         );
-        assert_eq!(waited.waiting_since_ms, first.waiting_since_ms);
         assert_eq!(
-            r.waiter(&wait).unwrap().map(|(lock, _)| lock.to_string()),
-            Some("a".to_owned())
+            message(json!({"semaphore": {"lock": "a", "holder": HOLDER}})),
+            format!("semaphore.acquisition is missing: {}", hint::ANSWER)
         );
-        // State machine work is named by the answer's state_machine.
-        let mut mine = wait.clone();
-        mine["answer"]["work"] = json!({"state_machine": MINE, "name": "n", "context": {}});
-        assert_eq!(r.acquire(&mine).unwrap().work.unwrap().arn, MINE);
-        // A work the stack no longer allows is refused, and named where it came from.
-        let mut gone = wait.clone();
-        gone["answer"]["work"]["context"]["semaphore"]["function"] =
-            json!("arn:aws:lambda:us-east-1:123456789012:function:gone");
-        let err = r.acquire(&gone).unwrap_err().to_string();
-        assert!(err.starts_with("answer.work is \"arn:aws:lambda"), "{err}");
-        // A redriven run's wait with no execution node: the answer's start is its own run's
-        // only if the answer is (a run redriven into its wait follows the earlier run's answer).
-        let redriven_at = "2026-12-04T08:00:00.000Z";
-        let mut own = wait.clone();
-        own["redrive_count"] = json!(1);
-        own["answer"] = answer("a", work.clone(), "r1", redriven_at);
         assert_eq!(
-            r.acquire(&own).unwrap().waiting_since_ms,
-            Some(1_796_371_200_000)
+            message(json!({"semaphore": {"lock": "", "holder": HOLDER, "acquisition": "r0"}})),
+            "semaphore.lock: lock name is empty: pass the name of the semaphore, e.g. \"demo-lock\""
         );
-        let mut stale = own.clone();
-        stale["answer"]["acquisition"] = json!("r0");
-        assert_eq!(r.acquire(&stale).unwrap().waiting_since_ms, None);
-        // The release payload: the answer gives the lock and the weight.
-        let release =
-            json!({"holder": HOLDER, "redrive_count": 0, "answer": answer("a", work, "r0", since)});
-        let target = r.target(&release).unwrap();
-        assert_eq!(
-            (
-                target.lock.as_str(),
-                target.weight.get(),
-                target.identity.acquisition.as_str()
-            ),
-            ("a", 2, "r0")
-        );
-        // An input, where a payload has one, wins over the answer.
-        let mut both = wait;
-        both["input"] = json!({"lock": "b", "limit": 2});
-        assert_eq!(r.acquire(&both).unwrap().lock.as_str(), "b");
     }
 
     #[test]
-    fn a_release_after_failure_reads_the_failed_states_data() {
+    fn the_cleanup_reads_an_acquire_payloads_lock_and_waiter_as_the_acquire_does() {
         let r = resolver();
-        let since = "2026-12-03T10:15:00.000Z";
-        let error = json!({"Error": "States.TaskFailed", "Cause": "the child's description"});
-        // The work failed: the state holds the acquire answer (the lock the input named).
-        let after_work = json!({
-            "holder": HOLDER, "redrive_count": 0,
-            "state": {"semaphore": answer("a", json!(null), "r0", since), "error": error}
-        });
-        let target = r.target(&after_work).unwrap();
-        assert_eq!((target.lock.as_str(), target.weight.get()), ("a", 2));
-        // The acquire failed: the state is the execution input with what the Catch caught.
-        let after_acquire = json!({
-            "holder": HOLDER, "redrive_count": 0,
-            "state": {"lock": "b", "limit": 3, "weight": 3, "error": error}
-        });
-        let target = r.target(&after_acquire).unwrap();
-        assert_eq!((target.lock.as_str(), target.weight.get()), ("b", 3));
-        // An input naming none: the default lock, as for its acquire.
-        let defaults = json!({"holder": HOLDER, "redrive_count": 0, "state": {"error": error}});
-        assert_eq!(r.target(&defaults).unwrap().lock.as_str(), "demo-lock");
-        // A state that is not an object is named.
-        let bad = json!({"holder": HOLDER, "redrive_count": 0, "state": [1]});
-        assert!(r
-            .target(&bad)
-            .unwrap_err()
-            .to_string()
-            .starts_with("state must be a JSON object"));
-    }
-
-    #[test]
-    fn the_lock_of_an_acquire_payload_is_read_back_alike() {
-        let r = resolver();
-        assert_eq!(
-            r.lock(&machine_payload(json!({"lock": "in-input"})))
-                .unwrap()
-                .as_str(),
-            "in-input"
-        );
-        assert_eq!(
-            r.lock(&machine_payload(json!({}))).unwrap().as_str(),
-            "demo-lock"
-        );
-        let explicit = json!({"lock": "mine", "limit": 1, "holder": HOLDER, "acquisition": "a"});
-        assert_eq!(r.lock(&explicit).unwrap().as_str(), "mine");
+        for request in [json!({}), json!({"lock": "mine", "limit": 1})] {
+            let p = payload(request);
+            let acquired = r.acquire(&p).unwrap();
+            assert_eq!(r.lock(&p).unwrap(), acquired.lock);
+            assert_eq!(
+                r.waiter(&p).unwrap(),
+                (acquired.lock.clone(), WaiterId::of(&acquired.identity))
+            );
+        }
+        assert!(r.lock(&payload(json!({"lock": 3}))).is_err());
     }
 
     #[test]

@@ -1,20 +1,22 @@
 //! Waking waiters: what every function that frees a slot (release, cleanup, sweeper) and the
 //! acquire function's wait mode share to move a lock's line (see `semaphore_core::queue`).
 //!
-//! A parked execution waits on a `.waitForTaskToken` task; its waiter record carries its task
-//! token and the answer the acquire function would give it with a slot (`context`, the acquire
-//! answer with no token yet). Waking it is `SendTaskSuccess` of that answer with the fencing
-//! token the grant made, so the lock-protected machine goes on exactly as after a plain acquire.
+//! A parked execution waits in its acquire task (`.waitForTaskToken`); its waiter record carries
+//! its task token and the answer the acquire function would give it with a slot (`context`, the
+//! acquire answer with no token yet). Waking it is `SendTaskSuccess` of that answer with the
+//! fencing token the grant made, so the machine goes on exactly as after an acquire that found a
+//! slot free.
 
 use std::future::Future;
 
 use aws_sdk_sfn::error::DisplayErrorContext;
 use semaphore_core::{
-    Clock, Error as CoreError, ExecutionStatus, FencingToken, HandOff, ItemStore, LockName,
-    PortError, Semaphore, SemaphoreItem, TaskToken, Waiter, Waker,
+    Error as CoreError, ExecutionStatus, FencingToken, HandOff, ItemStore, LockName, PortError,
+    Semaphore, SemaphoreItem, TaskToken, Waiter, Waker,
 };
 use serde_json::{Map, Value};
 
+use crate::error::error_type;
 use crate::metrics::Metrics;
 
 /// The answer a granted waiter's task gets: its `context` (the acquire answer it was queued
@@ -51,27 +53,6 @@ pub enum ContextError {
     NotJson(#[from] serde_json::Error),
     #[error("the waiter's context is not a JSON object")]
     NotAnObject,
-}
-
-/// The answer a head of the line gets when the lock's start rate refused its grant: its
-/// `context` with `acquired` false, `outcome` "rate_limited", `next_start_at` (RFC 3339) and
-/// `wait_seconds` (whole seconds until then, at least 1: a Wait state's `SecondsPath`), after
-/// which its machine enters its wait task again, keeping its place.
-pub fn deferred_answer(
-    context: &str,
-    next_start_ms: u64,
-    now_ms: u64,
-) -> Result<String, ContextError> {
-    let mut fields = context_fields(context)?;
-    fields.insert("acquired".to_owned(), Value::Bool(false));
-    fields.insert("outcome".to_owned(), Value::from("rate_limited"));
-    fields.insert(
-        "next_start_at".to_owned(),
-        Value::from(semaphore_core::rfc3339_millis(next_start_ms)),
-    );
-    let wait_seconds = next_start_ms.saturating_sub(now_ms).div_ceil(1000).max(1);
-    fields.insert("wait_seconds".to_owned(), Value::from(wait_seconds));
-    Ok(Value::Object(fields).to_string())
 }
 
 /// Sends task outcomes to Step Functions.
@@ -151,11 +132,19 @@ impl<C: TaskCallbacks> Waker for TaskWaker<C> {
         sent.map_err(PortError::new)
     }
 
+    /// Fails the head's task with `SemaphoreRateLimited`, which its acquire state retries: the
+    /// retry checks again, keeping the head's place, and starts it once the rate allows.
     async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), PortError> {
-        let now_ms = semaphore_core::SystemClock.now_ms();
-        let answer =
-            deferred_answer(&waiter.context, next_start_ms, now_ms).map_err(PortError::new)?;
-        let sent = self.callbacks.succeed(&waiter.task_token, &answer).await;
+        let cause = format!(
+            "the start rate of lock \"{}\" holds this execution, at the head of its line, back \
+             until {}: it keeps its place and holds no slot meanwhile",
+            waiter.lock,
+            semaphore_core::rfc3339_millis(next_start_ms)
+        );
+        let sent = self
+            .callbacks
+            .fail(&waiter.task_token, error_type::RATE_LIMITED, &cause)
+            .await;
         sent.map_err(PortError::new)
     }
 }

@@ -2,22 +2,16 @@
 //! of the same acquire can never take a slot again. Idempotent. After a failure it also names
 //! the error the execution fails with.
 //!
-//! Payload (what the lock-protected state machine sends): `{"answer": $.semaphore, "holder":
-//! $$.Execution.Id, "redrive_count": $$.Execution.RedriveCount}` after the work; after a
-//! failure `{"state": $, "holder", "redrive_count"}`, the failed state's data, which holds what
-//! the `Catch` caught under `error` (`{"Error", "Cause"}`) beside the acquire answer
-//! (`semaphore`), or beside the execution input when the acquire itself failed. Never the
-//! execution input and a failed child's cause together: the cause carries the child's input,
-//! and both would pass Step Functions' 256 KiB (a terminal `States.DataLimitExceeded`). Older
-//! payloads pass `{"input": $$.Execution.Input, ...}` and `"error"` itself. The lock and acquisition are
-//! resolved exactly as the acquire function resolves them (`lambda_common::Resolver`); a
-//! caller's own machine may send `{"lock", "holder", "acquisition"}` instead. The `weight` (the
-//! payload's, else the input's, else `DEFAULT_WEIGHT`, else 1) is what the release expects to
-//! free: the core checks it, and frees the slot's own weight if it is another (one write more).
+//! Payload (one shape): `{"semaphore": $.semaphore, "error": $.error}`: the acquire answer,
+//! which names the lock, holder, acquisition and weight, and, after a failure, what the `Catch`
+//! caught (`{"Error", "Cause"}`). Never the execution input: with a failed child's cause (which
+//! carries the child's input) both would pass Step Functions' 256 KiB, a terminal
+//! `States.DataLimitExceeded`. The `weight` is what the release expects to free: the core
+//! checks it, and frees the slot's own weight if it is another (one write more).
 //!
 //! Answer: `{"released": bool, "outcome": "released"|"not_held", "count": n, "lock",
-//! "acquisition", "error", "cause"}`. `error` and `cause` are `null` without `"error"` in the
-//! payload; with it, they are what to fail the execution with:
+//! "acquisition", "handed_off", "error", "cause"}`. `error` and `cause` are `null` without
+//! `"error"` in the payload; with it, they are what to fail the execution with:
 //! - `StepFunctions.ExecutionAlreadyExistsException` (a redrive into the work met the child
 //!   execution that already ran, whose slot was freed when the execution ended) becomes
 //!   `SemaphoreRedriveRefused`, with a cause that names the child and says to start a new
@@ -28,16 +22,18 @@
 //! - anything else is passed on as caught.
 //!
 //! One write, no read (two when the weight it expects is not the slot's): a retried or
-//! duplicated release frees nothing more and only moves the version. When someone waits in line (the write hands back the lock's `waiting`),
-//! the freed slot is then handed to the head of the line and its execution woken
-//! (`lambda_common::HandOffs`); a hand-off that fails is logged and does not fail the release. Errors: `SemaphoreInvalidInput` (nothing written), `SemaphoreOldFormat`
-//! (the lock's item is of version 1; nothing written), `SemaphoreStoreError` (retry).
+//! duplicated release frees nothing more and only moves the version. When someone waits in line
+//! (the write hands back the lock's `waiting`), the freed slot is then handed to the head of the
+//! line and its execution woken (`lambda_common::HandOffs`); a hand-off that fails is logged and
+//! does not fail the release. Errors: `SemaphoreInvalidInput` (nothing written),
+//! `SemaphoreOldFormat` (nothing written), `SemaphoreStoreError` (retry).
 //!
-//! A redriven run (`redrive_count` n > 0) then also frees what the earlier runs of its execution
-//! hold, with the cleanup's two writes (fence runs 0..n-1, free what the fence saw; the second
-//! only if the first saw a slot): a run redriven into the work while the first run's child
-//! still ran re-attached to that child and worked under the first run's slot, which its own
-//! acquisition's release would leave to the sweeper (a false leak notice).
+//! The release of an acquisition of a redriven run (`r<n>`, n > 0) then also frees what the
+//! earlier runs of its execution hold, with the cleanup's two writes (fence runs 0..n-1, free
+//! what the fence saw; the second only if the first saw a slot): a run redriven into the work
+//! while the first run's child still ran re-attached to that child and worked under the first
+//! run's slot, which its own acquisition's release would leave to the sweeper (a false leak
+//! notice).
 
 use lambda_common::{
     error_type, metrics, ConfigError, HandOffs, HandlerError, Payload, Resolver, Settings, Target,
@@ -70,24 +66,12 @@ pub struct Failure {
 }
 
 impl Failure {
-    /// The payload's `error`, else its `state`'s (the failed state's data, which holds what
-    /// the Catch caught under `error`), if any.
+    /// The payload's `error`, if any.
     pub fn parse(payload: &Value) -> Result<Option<Self>, HandlerError> {
         const CAUGHT: &str =
             "what the Catch caught, \"error.$\": \"$.error\" with \"ResultPath\": \"$.error\"";
         let p = Payload::new(payload, RELEASE_PAYLOAD)?;
-        let caught = match p.object("error", "error.", CAUGHT)? {
-            Some(caught) => Some(caught),
-            None => match p.object(
-                "state",
-                "state.",
-                "the failed state's data, \"state.$\": \"$\"",
-            )? {
-                Some(state) => state.object("error", "state.error.", CAUGHT)?,
-                None => None,
-            },
-        };
-        let Some(caught) = caught else {
+        let Some(caught) = p.object("error", "error.", CAUGHT)? else {
             return Ok(None);
         };
         Ok(Some(Self {
@@ -268,7 +252,7 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     // Safe: those runs have ended, and so has every child of theirs once a later run reaches a
     // release state (a redrive resumes where the run stopped; no state after the work leads
     // back to it), and no acquire of theirs lands after their fence.
-    if let Some(n) = target.redrive_count.filter(|&n| n > 0) {
+    if let Some(n) = target.run.filter(|&n| n > 0) {
         let fenced = semaphore
             .fence(lock, &identity.holder, Run(n - 1))
             .await
@@ -354,7 +338,7 @@ mod tests {
                 HolderId::new(HOLDER).unwrap(),
                 AcquisitionId::new("r1").unwrap(),
             ),
-            redrive_count: Some(1),
+            run: Some(1),
             weight: semaphore_core::Weight::ONE,
         }
     }

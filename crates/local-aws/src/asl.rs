@@ -13,6 +13,11 @@ use serde_json::{json, Map, Value};
 
 use crate::server::{endpoint, repo_root, Options};
 
+/// The name of the state that takes a slot, in the stack's definitions and the README's
+/// fragment: a `lambda:invoke.waitForTaskToken` task of the acquire function whose timeout is
+/// the period of a waiting execution's checks.
+pub const ACQUIRE_STATE: &str = "Acquire slot";
+
 /// What `$$` holds for the state being played.
 #[derive(Debug, Clone)]
 pub struct Context {
@@ -20,6 +25,8 @@ pub struct Context {
     pub execution: Value,
     /// `$$.State.EnteredTime`.
     pub entered_time: String,
+    /// `$$.State.RetryCount`: the retries of the state's task since it was entered.
+    pub retry_count: u32,
     /// `$$.Task.Token`: there only while a `.waitForTaskToken` task is played (see
     /// [`Context::with_task_token`]); reading it elsewhere fails as Step Functions does.
     pub task_token: Option<String>,
@@ -37,6 +44,7 @@ impl Context {
                 "RedriveCount": 0
             }),
             entered_time: entered_time.to_owned(),
+            retry_count: 0,
             task_token: None,
         }
     }
@@ -46,7 +54,18 @@ impl Context {
         Self {
             execution: self.execution.clone(),
             entered_time: entered_time.to_owned(),
+            retry_count: 0,
             task_token: None,
+        }
+    }
+
+    /// The same state's task retried (`$$.State.RetryCount` one more), with a new task token
+    /// as Step Functions gives every attempt of a callback task.
+    pub fn retried(&self, token: &str) -> Self {
+        Self {
+            retry_count: self.retry_count + 1,
+            task_token: Some(token.to_owned()),
+            ..self.clone()
         }
     }
 
@@ -69,7 +88,7 @@ impl Context {
     fn value(&self) -> Value {
         let mut value = json!({
             "Execution": self.execution,
-            "State": {"EnteredTime": self.entered_time}
+            "State": {"EnteredTime": self.entered_time, "RetryCount": self.retry_count}
         });
         if let Some(token) = &self.task_token {
             value["Task"] = json!({"Token": token});

@@ -206,54 +206,47 @@ pub async fn task_outputs(sfn: &aws_sdk_sfn::Client, execution: &str) -> Vec<Val
         .collect()
 }
 
-/// A machine that plays `definition`'s wait state (`wait_state`, a
-/// `lambda:invoke.waitForTaskToken` task of the acquire function) with a real task token that
-/// the local server can park on and complete: what the acquire function would be invoked with
+/// A machine that plays `definition`'s acquire state (`acquire_state`, a
+/// `lambda:invoke.waitForTaskToken` task of the acquire function) with real task tokens that the
+/// local server can park on and complete: what the acquire function would be invoked with
 /// reaches the test as an SQS message, and the execution waits until `SendTaskSuccess` (or
-/// `SendTaskFailure`, or the wait's timeout) ends the task, as on AWS.
+/// `SendTaskFailure`, or the state's timeout) ends the task, as on AWS.
 ///
-/// Why a stand-in: no Lambda runs on the local server (moto would need Docker), so the wait
+/// Why a stand-in: no Lambda runs on the local server (moto would need Docker), so the acquire
 /// state itself fails at once there. It is played anyway, first, so that the history records
-/// the scheduled wait task with its payload as AWS records it (what the cleanup function reads
-/// an execution's place in line from); its failure is caught. The execution then parks on
-/// `sqs:sendMessage.waitForTaskToken`, which moto runs locally, with the wait state's own
+/// the scheduled acquire task with its payload as AWS records it (what the cleanup function
+/// reads an execution's lock from); its failure is caught. The execution then parks on
+/// `sqs:sendMessage.waitForTaskToken`, which moto runs locally, with the acquire state's own
 /// payload as the message (rendered for this task: its `$$.Task.Token`, its entry time), the
-/// wait state's `TimeoutSecondsPath` and `ResultPath`. A timeout (the fallback check) enters the
-/// wait state again, as the definition's `Catch` of `States.Timeout` does. Before it the
-/// acquire state is played by the test: the input's `parked.answer` is its answer (`full`),
-/// with `fallback_seconds` set to `fallbacks[0]` for the first wait and `fallbacks[1]` for the
-/// later ones (short ones make a test's fallback check come soon). The task's output ends the
-/// execution (SUCCEEDED, its output the state with the task's result).
-pub fn parking_machine(definition: &Value, wait_state: &str, fallbacks: [u64; 2]) -> Value {
-    let wait = &definition["States"][wait_state];
+/// state's `ResultPath` and `Retry` (a retry is a new attempt, with a new token and payload),
+/// and a timeout of `timeouts[0]` seconds the first time and `timeouts[1]` later (short ones
+/// make a test's check come soon): a timeout enters the acquire state again, as the
+/// definition's `Catch` of `States.Timeout` does. The task's output ends the execution
+/// (SUCCEEDED, its output the state with the task's result).
+pub fn parking_machine(definition: &Value, acquire_state: &str, timeouts: [u64; 2]) -> Value {
+    let acquire = &definition["States"][acquire_state];
     assert_eq!(
-        wait["Resource"], "arn:aws:states:::lambda:invoke.waitForTaskToken",
-        "{wait_state} is a wait state: {wait}"
+        acquire["Resource"], "arn:aws:states:::lambda:invoke.waitForTaskToken",
+        "{acquire_state} is an acquire state: {acquire}"
     );
-    let payload = wait["Parameters"]["Payload"].clone();
-    let fallback = |seconds: u64, next: &str| {
+    let payload = acquire["Parameters"]["Payload"].clone();
+    let timeout = |seconds: u64| {
         serde_json::json!({
             "Type": "Pass",
             "Result": seconds,
-            "ResultPath": "$.semaphore.fallback_seconds",
-            "Next": next
+            "ResultPath": "$.parked.timeout",
+            "Next": acquire_state
         })
     };
     serde_json::json!({
-        "Comment": format!("{wait_state} of the definition, parked on an SQS task (crates/local-aws/src/sfn.rs)"),
-        "StartAt": "Acquire slot",
+        "Comment": format!("{acquire_state} of the definition, parked on an SQS task (crates/local-aws/src/sfn.rs)"),
+        "StartAt": "First timeout",
         "States": {
-            "Acquire slot": {
-                "Type": "Pass",
-                "Comment": "Played by the test: its answer is the input's parked.answer",
-                "Parameters": {"semaphore.$": "$.parked.answer"},
-                "Next": "First fallback"
-            },
-            "First fallback": fallback(fallbacks[0], wait_state),
-            wait_state: {
+            "First timeout": timeout(timeouts[0]),
+            acquire_state: {
                 "Type": "Task",
-                "Resource": wait["Resource"],
-                "Parameters": wait["Parameters"],
+                "Resource": acquire["Resource"],
+                "Parameters": acquire["Parameters"],
                 "ResultPath": "$.no_lambda_here",
                 "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.no_lambda_here", "Next": "Parked"}],
                 "Next": "Parked"
@@ -265,12 +258,13 @@ pub fn parking_machine(definition: &Value, wait_state: &str, fallbacks: [u64; 2]
                     "QueueUrl.$": "$$.Execution.Input.parked.queue",
                     "MessageBody": payload
                 },
-                "TimeoutSecondsPath": wait["TimeoutSecondsPath"],
-                "ResultPath": wait["ResultPath"],
-                "Catch": [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.fallback", "Next": "Later fallback"}],
+                "TimeoutSecondsPath": "$.parked.timeout",
+                "ResultPath": acquire["ResultPath"],
+                "Retry": acquire["Retry"],
+                "Catch": [{"ErrorEquals": ["States.Timeout"], "ResultPath": null, "Next": "Later timeout"}],
                 "Next": "Granted"
             },
-            "Later fallback": fallback(fallbacks[1], wait_state),
+            "Later timeout": timeout(timeouts[1]),
             "Granted": {"Type": "Succeed"}
         }
     })
@@ -284,14 +278,8 @@ pub struct Parked {
 }
 
 /// Starts an execution named `name` of `machine` (a [`parking_machine`]) with the execution
-/// input `input` (an object), after its acquire state answered `answer`.
-pub async fn park(
-    sfn: &aws_sdk_sfn::Client,
-    machine: &str,
-    name: &str,
-    input: &Value,
-    answer: &Value,
-) -> Parked {
+/// input `input` (an object).
+pub async fn park(sfn: &aws_sdk_sfn::Client, machine: &str, name: &str, input: &Value) -> Parked {
     let sqs = aws_sdk_sqs::Client::new(&crate::server::sdk_config());
     let queue_url = sqs
         .create_queue()
@@ -303,7 +291,7 @@ pub async fn park(
         .expect("a queue URL")
         .to_owned();
     let mut input = input.clone();
-    input["parked"] = serde_json::json!({"queue": queue_url, "answer": answer});
+    input["parked"] = serde_json::json!({"queue": queue_url});
     let execution = start(sfn, machine, name, &input).await;
     assert_eq!(execution, execution_arn(machine, name));
     Parked {
@@ -314,9 +302,9 @@ pub async fn park(
 }
 
 impl Parked {
-    /// The payload of the next wait task the execution parked on (its `task_token` is the
+    /// The payload of the next acquire task the execution parked on (its `task_token` is the
     /// task's): what the acquire function would be invoked with. Panics after 30 s.
-    pub async fn next_wait(&self) -> Value {
+    pub async fn next_acquire(&self) -> Value {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             // No long polling: the local server serializes its requests, and a long poll would
@@ -338,7 +326,7 @@ impl Parked {
                     .await
                     .unwrap_or_else(|e| panic!("delete: {}", DisplayErrorContext(e)));
                 let body = message.body().expect("a message body");
-                return serde_json::from_str(body).expect("the wait payload is JSON");
+                return serde_json::from_str(body).expect("the acquire payload is JSON");
             }
             assert!(
                 Instant::now() < deadline,

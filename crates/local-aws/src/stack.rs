@@ -103,13 +103,16 @@ pub struct Deployed {
 
 impl Deployed {
     /// Deploys `root`/template.yaml as `stack.name` to the local AWS at `endpoint` with
-    /// `parameters` overriding its defaults (`python` has the pinned moto and translator).
+    /// `parameters` overriding its defaults and the named states' `TimeoutSeconds` set to
+    /// `state_timeouts` (a run that compresses time: see `local/deploy_stack.py`; `python` has
+    /// the pinned moto and translator).
     pub fn deploy(
         python: &Path,
         root: &Path,
         endpoint: &str,
         stack: &Stack,
         parameters: &BTreeMap<String, String>,
+        state_timeouts: &BTreeMap<String, u64>,
     ) -> Result<Self, Error> {
         let mut command = std::process::Command::new(python);
         command
@@ -120,6 +123,11 @@ impl Deployed {
             .args(["--stack-name", &stack.name, "--region", &stack.region]);
         for (key, value) in parameters {
             command.arg("--parameter").arg(format!("{key}={value}"));
+        }
+        for (state, seconds) in state_timeouts {
+            command
+                .arg("--state-timeout")
+                .arg(format!("{state}={seconds}"));
         }
         let output = command
             .output()
@@ -317,6 +325,7 @@ pub(crate) mod tests {
             crate::server::endpoint(),
             &stack,
             &parameters,
+            &BTreeMap::new(),
         )
         .expect("template.yaml deploys")
     }
@@ -343,13 +352,44 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_fallback_bounds_are_the_acquire_functions_and_above_its_timeout() {
-        let timeout = u64::from(deployed().function("acquire").unwrap().timeout_seconds);
-        // The function's own check and the template's bound are the same numbers...
+    fn every_acquire_state_checks_less_often_than_the_acquire_function_may_run() {
+        let stack = deployed();
+        let acquire = stack.function("acquire").unwrap();
+        let timeout = u64::from(acquire.timeout_seconds);
+        // The function's own constant is the template's number...
         assert_eq!(
             timeout,
             lambda_common::ACQUIRE_FUNCTION_TIMEOUT.as_secs(),
             "the acquire function's Timeout in template.yaml is not lambda_common::ACQUIRE_FUNCTION_TIMEOUT"
+        );
+        // ...and every state that invokes it waits longer than that before it checks again, so
+        // one waiter's invocations do not overlap.
+        let mut states = 0;
+        for machine in &stack.machines {
+            let definition: serde_json::Value =
+                serde_json::from_str(&machine.definition).expect("a definition is JSON");
+            for (name, state) in definition["States"].as_object().expect("States") {
+                if state["Parameters"]["FunctionName"].as_str() != Some(acquire.arn.as_str()) {
+                    continue;
+                }
+                assert_eq!(
+                    state["Resource"], "arn:aws:states:::lambda:invoke.waitForTaskToken",
+                    "{}: {name} invokes the acquire function without a task token",
+                    machine.name
+                );
+                let checks_every = state["TimeoutSeconds"].as_u64().unwrap_or_default();
+                assert!(
+                    checks_every > timeout,
+                    "{}: {name} times out after {checks_every} s, not after the acquire \
+                     function's {timeout} s",
+                    machine.name
+                );
+                states += 1;
+            }
+        }
+        assert!(
+            states >= 2,
+            "the lock-protected machine and the fragment acquire"
         );
         let parameters = declared_parameters();
         let bound = |name: &str, bound: &str| {
@@ -357,16 +397,6 @@ pub(crate) mod tests {
                 .as_u64()
                 .unwrap_or_else(|| panic!("template.yaml: {name} has no whole {bound}"))
         };
-        let (min, max) = (
-            bound("QueueFallbackSeconds", "MinValue"),
-            bound("QueueFallbackSeconds", "MaxValue"),
-        );
-        assert_eq!(min..=max, lambda_common::QUEUE_FALLBACK_RANGE);
-        // ...and a fallback check never starts while the previous invocation may still run.
-        assert!(
-            min > timeout,
-            "QueueFallbackSeconds MinValue {min} <= Timeout {timeout}"
-        );
         assert_eq!(
             bound("MaxWaitSeconds", "MinValue")..=bound("MaxWaitSeconds", "MaxValue"),
             lambda_common::MAX_WAIT_RANGE,

@@ -115,10 +115,11 @@ pub struct Args {
     /// The sweeper's schedule, compressed: one sweep every this many seconds.
     #[arg(long, default_value_t = 5.0)]
     pub sweep_every: f64,
-    /// The stack's QueueFallbackSeconds: how long a parked waiter waits before it checks again
-    /// (the most a lost wake-up costs it). Short here, so that the run sees fallback checks.
-    /// At least the acquire function's timeout plus a second, as the function requires.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(lambda_common::QUEUE_FALLBACK_RANGE))]
+    /// The acquire states' TimeoutSeconds, compressed (300 s in the definitions): how long a
+    /// parked waiter waits before it checks again (the most a lost wake-up costs it). Short
+    /// here, so that the run sees fallback checks; above the acquire function's timeout, so that
+    /// one waiter's invocations do not overlap.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(lambda_common::ACQUIRE_FUNCTION_TIMEOUT.as_secs() + 1..=86_400))]
     pub queue_fallback_seconds: u64,
     /// Give up waiting for the executions after this many seconds.
     #[arg(long, default_value_t = 900)]

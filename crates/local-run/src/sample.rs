@@ -38,7 +38,14 @@ pub async fn run(setup: &Setup<'_>) -> anyhow::Result<Report> {
         .clone()
         .unwrap_or_else(|| root.join(".venv/bin/python"));
     let endpoint = setup.supervisor.start_server(&python, dir, None)?;
-    let deployed = Deployed::deploy(&python, root, &endpoint, &stack, &BTreeMap::new())?;
+    let deployed = Deployed::deploy(
+        &python,
+        root,
+        &endpoint,
+        &stack,
+        &BTreeMap::new(),
+        &BTreeMap::new(),
+    )?;
     // The sample takes one lock: the run's first, under the template's LockName.
     let mut spec = args.locks()?.remove(0);
     spec.name = deployed.parameter("LockName")?.to_owned();

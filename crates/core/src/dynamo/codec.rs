@@ -55,6 +55,8 @@ pub mod queue_attr {
     pub const PLACE: &str = "place";
     /// The attempt of the parked task whose token the record holds.
     pub const ATTEMPT: &str = "attempt";
+    /// How often the waiter checked again since it was queued (absent: never).
+    pub const CHECKS: &str = "checks";
     pub const HOLDER: &str = "holder";
     pub const ACQUISITION: &str = "acquisition";
     pub const RUN: &str = "run";
@@ -285,6 +287,7 @@ pub fn encode_waiter(waiter: &Waiter) -> HashMap<String, AttributeValue> {
         (queue_attr::WAITER.to_owned(), string(&waiter.id().render())),
         (queue_attr::PLACE.to_owned(), string(&waiter.key.render())),
         (queue_attr::ATTEMPT.to_owned(), number(waiter.attempt.0)),
+        (queue_attr::CHECKS.to_owned(), number(waiter.checks)),
         (
             queue_attr::HOLDER.to_owned(),
             string(waiter.identity.holder.as_str()),
@@ -345,6 +348,7 @@ fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter
         task_token: TaskToken::new(text(queue_attr::TASK_TOKEN)?)
             .map_err(invalid(queue_attr::TASK_TOKEN))?,
         attempt: Attempt(get_number(attrs, queue_attr::ATTEMPT)?),
+        checks: get_optional(attrs, queue_attr::CHECKS)?.unwrap_or(0),
         context: text(queue_attr::CONTEXT)?,
     })
 }

@@ -418,18 +418,22 @@ pub(super) fn record_action(
             attempt,
             ..
         } => {
+            let checks_name = format!("#{}", queue_attr::CHECKS);
             names.insert(token_name.clone(), queue_attr::TASK_TOKEN.to_owned());
             names.insert(attempt_name.clone(), queue_attr::ATTEMPT.to_owned());
+            names.insert(checks_name.clone(), queue_attr::CHECKS.to_owned());
             let mut values = values.unwrap_or_default();
             values.insert(":new_token".to_owned(), string(task_token.as_str()));
             values.insert(":new_attempt".to_owned(), number(attempt.0));
+            values.insert(":one".to_owned(), number(1));
             action.update(
                 Update::builder()
                     .table_name(queue_table)
                     .set_key(Some(record_key))
                     .condition_expression(condition)
                     .update_expression(format!(
-                        "SET {token_name} = :new_token, {attempt_name} = :new_attempt"
+                        "SET {token_name} = :new_token, {attempt_name} = :new_attempt \
+                         ADD {checks_name} :one"
                     ))
                     .set_expression_attribute_names(Some(names))
                     .set_expression_attribute_values(Some(values))

@@ -66,14 +66,14 @@ pub(super) async fn deploy(
         ("LockName".to_owned(), locks[0].name.clone()),
         ("ConcurrencyLimit".to_owned(), locks[0].limit.to_string()),
         ("WorkFunctionArns".to_owned(), work_function.clone()),
-        (
-            "QueueFallbackSeconds".to_owned(),
-            args.queue_fallback_seconds.to_string(),
-        ),
-        // No execution waits longer than the run: with a day's wait the acquire function would
-        // lengthen a short fallback to keep a day of checks within the history quota.
+        // No execution waits longer than the run.
         ("MaxWaitSeconds".to_owned(), args.timeout.to_string()),
     ]);
+    // The acquire states' checks, compressed like the sweeper's schedule.
+    let state_timeouts = BTreeMap::from([(
+        local_aws::asl::ACQUIRE_STATE.to_owned(),
+        args.queue_fallback_seconds,
+    )]);
     phase("starting the local AWS on 127.0.0.1");
     let python = args
         .python
@@ -91,7 +91,14 @@ pub(super) async fn deploy(
     eprintln!("    moto server    {endpoint} (serialized; Step Functions execution mode on; Lambda invokes -> {emulator})");
 
     phase("deploying template.yaml: the SAM transform, then moto's CloudFormation");
-    let deployed = Deployed::deploy(&python, root, &endpoint, &stack, &overrides)?;
+    let deployed = Deployed::deploy(
+        &python,
+        root,
+        &endpoint,
+        &stack,
+        &overrides,
+        &state_timeouts,
+    )?;
     for line in deployed.resources() {
         eprintln!("    {line}");
     }
