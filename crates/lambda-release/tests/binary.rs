@@ -13,9 +13,11 @@ use serde_json::{json, Value};
 const EXE: &str = env!("CARGO_BIN_EXE_release");
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
 
-/// What "Release slot" sends for run 0 of an execution whose input names no lock.
+/// What "Release slot" sends for run 0 of an execution that took a slot of demo-lock: the
+/// acquire answer.
 fn payload() -> Value {
-    json!({"input": {"work_seconds": 1}, "holder": HOLDER, "redrive_count": 0})
+    json!({"semaphore": {"acquired": true, "lock": "demo-lock", "holder": HOLDER,
+                         "acquisition": "r0", "weight": 1, "token": 1}})
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -27,7 +29,7 @@ async fn the_binary_releases_once_names_the_error_to_fail_with_and_names_bad_inp
         .await
         .unwrap();
     let mut bad = payload();
-    bad.as_object_mut().unwrap().remove("holder");
+    bad["semaphore"].as_object_mut().unwrap().remove("holder");
     // "Release after failure" after the work failed: the child's own error comes back.
     let mut failed = payload();
     failed["error"] = json!({
@@ -66,7 +68,7 @@ async fn the_binary_releases_once_names_the_error_to_fail_with_and_names_bad_inp
             ),
             Answer::Error(json!({
                 "errorType": "SemaphoreInvalidInput",
-                "errorMessage": "holder is missing: pass the execution ARN, e.g. \"holder.$\": \"$$.Execution.Id\""
+                "errorMessage": "semaphore.holder is missing: pass the acquire answer, \"semaphore.$\": \"$.semaphore\""
             })),
         ],
         "stdout: {}\nstderr: {}",

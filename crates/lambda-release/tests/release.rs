@@ -1,6 +1,6 @@
 //! The release handler invoked with the payloads statemachines/lock-protected.asl.json renders
-//! for its "Release slot" and "Release after failure" states (the context object filled in
-//! with real values), against a fresh table on the local server. The answers go through the
+//! for its "Release slot" and "Release after failure" states (the acquire answer, and what a
+//! Catch caught), against a fresh table on the local server. The answers go through the
 //! states' ResultSelectors and the Fail state's ErrorPath and CausePath as Step Functions
 //! applies them, so every field they read must be there: the error normalisation is checked
 //! end to end for a failed child (in moto's shape and in AWS's), a redrive that met the child
@@ -75,13 +75,13 @@ fn now(sem: &Semaphore<DynamoStore>) -> String {
 }
 
 /// The state after "Acquire slot" took slot `token` for run 0 of `HOLDER` on demo-lock: its
-/// ResultPath "$" makes it `{"semaphore": answer}` (the acquire's own tests check the answer).
+/// ResultPath "$.semaphore" puts the answer there (the acquire's own tests check the answer).
 fn acquired_state(token: u64) -> Value {
     let name = child_execution_name(&id(HOLDER, "r0"));
     json!({"semaphore": {
         "acquired": true, "outcome": "acquired", "token": token, "count": 1, "limit": 5,
-        "lock": "demo-lock", "holder": HOLDER, "acquisition": "r0", "child_name": name,
-        "queued_at": null, "fallback_seconds": 0,
+        "weight": 1, "rate": null, "lock": "demo-lock", "holder": HOLDER, "acquisition": "r0",
+        "child_name": name, "queued_at": null,
         "work": {"state_machine": DEMO, "name": name, "context": {"semaphore": {
             "lock": "demo-lock", "fencing_token": token, "holder": HOLDER, "acquisition": "r0"
         }}}
@@ -111,10 +111,7 @@ async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_i
     state["work"] = json!({"output": {}});
     let payload = asl::render(&release_state["Parameters"]["Payload"], &state, &ctx);
     // The acquire answer, not the execution input (which may be near 256 KiB).
-    assert_eq!(
-        payload,
-        json!({"holder": HOLDER, "redrive_count": 0, "answer": state["semaphore"]})
-    );
+    assert_eq!(payload, json!({"semaphore": state["semaphore"]}));
     let first = release(&sem, payload.clone()).await.unwrap();
     assert_eq!(
         first
@@ -140,7 +137,7 @@ async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_i
                "acquisition": "r0", "handed_off": 0, "error": null, "cause": null})
     );
     let output = asl::task_output(release_state, &state, &ctx, json!({"Payload": first}));
-    assert_eq!(output["release"], json!({"released": true, "count": 1}));
+    assert_eq!(output["release"], json!({"released": true}));
 
     // A retried release (the response was lost) frees nothing and answers with the same count.
     // It sends its one write again, which is idempotent: only the version moves, by one.
@@ -166,27 +163,16 @@ async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_i
             .unwrap(),
         AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
     );
-
-    // An input without a lock: the default lock, as for the acquire.
-    let answer = release(
-        &sem,
-        json!({"input": {"limit": 3}, "holder": HOLDER, "redrive_count": 2}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        (&answer["lock"], &answer["acquisition"]),
-        (&json!("demo-lock"), &json!("r2"))
-    );
 }
 
 #[tokio::test]
-async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
+async fn an_answer_naming_any_acquisition_is_released_without_any_default() {
     let sem = semaphore().await;
     sem.acquire(&lock("demo-lock"), &id(HOLDER, ACQUISITION), limit(5))
         .await
         .unwrap();
-    let payload = json!({"lock": "demo-lock", "holder": HOLDER, "acquisition": ACQUISITION});
+    let payload = json!({"semaphore": {"lock": "demo-lock", "holder": HOLDER,
+                                       "acquisition": ACQUISITION}});
     // No default needed: everything is given.
     let bare = Resolver::default();
     assert_eq!(
@@ -203,12 +189,7 @@ async fn the_explicit_shape_of_callers_own_machines_keeps_working() {
 #[tokio::test]
 async fn releasing_what_was_never_acquired_fences_it() {
     let sem = semaphore().await;
-    let answer = release(
-        &sem,
-        json!({"input": {}, "holder": HOLDER, "redrive_count": 0}),
-    )
-    .await
-    .unwrap();
+    let answer = release(&sem, acquired_state(1)).await.unwrap();
     assert_eq!(
         (&answer["released"], &answer["outcome"], &answer["count"]),
         (&json!(false), &json!("not_held"), &json!(0))
@@ -280,19 +261,14 @@ async fn fail_the_work(
     let caught = asl::caught(catcher, state, error, cause);
     let release_state = asl::state(&definition, catcher["Next"].as_str().unwrap());
     let payload = asl::render(&release_state["Parameters"]["Payload"], &caught, ctx);
-    // The failed state's data (the acquire answer and what the Catch caught), not the
-    // execution input beside the cause, which carries the child's input.
+    // The acquire answer and what the Catch caught, not the execution input beside the
+    // cause, which carries the child's input.
     assert_eq!(
         payload,
         json!({
-            "holder": ctx.execution["Id"],
-            "redrive_count": ctx.execution["RedriveCount"],
-            "state": caught
+            "semaphore": state["semaphore"],
+            "error": {"Error": error, "Cause": cause}
         })
-    );
-    assert_eq!(
-        payload["state"]["error"],
-        json!({"Error": error, "Cause": cause})
     );
     let answer = release(sem, payload).await.unwrap();
     let output = asl::task_output(release_state, &caught, ctx, json!({"Payload": answer}));
@@ -388,15 +364,15 @@ async fn a_redrive_that_meets_the_child_that_already_ran_fails_with_semaphore_re
         &cause,
     )
     .await;
-    // Run 1 never held a slot: nothing to free; its acquisition is fenced all the same, and so
-    // is run 0 (the earlier runs a redriven run's release frees: nothing here).
+    // The state is run 0's: its answer names r0, whose slot the cleanup freed: nothing to
+    // free; the acquisition is fenced all the same.
     assert_eq!(
         (
             &answer["released"],
             &answer["acquisition"],
             &answer["count"]
         ),
-        (&json!(false), &json!("r1"), &json!(before.count()))
+        (&json!(false), &json!("r0"), &json!(before.count()))
     );
     assert_eq!(
         failed,
@@ -411,7 +387,7 @@ async fn a_redrive_that_meets_the_child_that_already_ran_fails_with_semaphore_re
     );
     let holder = HolderId::new(HOLDER).unwrap();
     let item = sem.status(&lock("demo-lock")).await.unwrap();
-    assert!(item.is_fenced(&FenceKey::acquisition(&id(HOLDER, "r1"))));
+    assert!(item.is_fenced(&FenceKey::acquisition(&id(HOLDER, "r0"))));
     assert!(item.is_fenced(&FenceKey::execution(&holder, Run(0))));
 }
 
@@ -424,8 +400,9 @@ async fn a_redrive_that_meets_the_child_that_already_ran_fails_with_semaphore_re
 /// has stopped the child yet) re-attaches to that child and works under the first run's slot.
 /// The cleanup of the first run finds the execution RUNNING again and leaves its slots to it
 /// (lambda-cleanup's `an_execution_running_again_since_the_event_is_left_alone`). Run 1's
-/// "Release slot" must then free the first run's slot: releasing its own acquisition, r1,
-/// freed nothing and left r0's slot to the sweeper, a false leak notice.
+/// "Release slot" must then free the first run's slot, which the state it resumed with names
+/// (the answer of run 0's acquire): a release of any other acquisition would free nothing and
+/// leave r0's slot to the sweeper, a false leak notice.
 #[tokio::test]
 async fn a_run_redriven_into_the_work_while_the_child_runs_re_attaches_and_its_release_frees_the_first_runs_slot(
 ) {
@@ -491,7 +468,7 @@ async fn a_run_redriven_into_the_work_while_the_child_runs_re_attaches_and_its_r
             &answer["count"],
             &answer["acquisition"]
         ),
-        (&json!(true), &json!(0), &json!("r1"))
+        (&json!(true), &json!(0), &json!("r0"))
     );
     let item = sem.status(&demo).await.unwrap();
     assert_eq!(
@@ -499,18 +476,42 @@ async fn a_run_redriven_into_the_work_while_the_child_runs_re_attaches_and_its_r
         0,
         "the first run's slot is freed by the run that used it"
     );
+    assert!(item.is_fenced(&FenceKey::acquisition(&id(HOLDER, "r0"))));
+    // No zombie acquire of the first run lands any more.
+    assert!(matches!(
+        sem.acquire(&demo, &id(HOLDER, "r0"), limit(5))
+            .await
+            .unwrap(),
+        AcquireOutcome::Fenced(_)
+    ));
+    // Had run 1 acquired a slot of its own (redriven into "Acquire slot"), its answer would
+    // name r1, and its release would free r1 and what the runs before it hold.
+    sem.acquire(&demo, &id(HOLDER, "r1"), limit(5))
+        .await
+        .unwrap();
+    sem.acquire(&demo, &id(HOLDER, "zombie-of-run-0"), limit(5))
+        .await
+        .unwrap();
+    let mut state = acquired_state(3);
+    state["semaphore"]["acquisition"] = json!("r1");
+    let answer = release(
+        &sem,
+        asl::render(&release_state["Parameters"]["Payload"], &state, &ctx),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer["acquisition"], json!("r1"));
+    let item = sem.status(&demo).await.unwrap();
+    assert!(
+        !item.holders.contains_key(&id(HOLDER, "r1")),
+        "its own slot freed"
+    );
     let holder = HolderId::new(HOLDER).unwrap();
     assert!(item.is_fenced(&FenceKey::execution(&holder, Run(0))));
-    assert!(item.is_fenced(&FenceKey::acquisition(&id(HOLDER, "r1"))));
-    // No zombie acquire of either run lands any more.
-    for run in ["r0", "r1"] {
-        assert!(matches!(
-            sem.acquire(&demo, &id(HOLDER, run), limit(5))
-                .await
-                .unwrap(),
-            AcquireOutcome::Fenced(_)
-        ));
-    }
+    assert!(
+        !item.holders.contains_key(&id(HOLDER, "zombie-of-run-0")),
+        "what the earlier runs held is freed with it"
+    );
     // The child has ended: a later redrive into the work meets its name taken (the guard).
     let closed = sfn
         .start_execution()
@@ -529,30 +530,25 @@ async fn any_other_error_is_passed_on_as_caught() {
     let definition = asl::definition("lock-protected.asl.json");
     let input = json!({});
     let ctx = Ctx::new(HOLDER, input.clone(), &now(&sem));
-    // The acquire's own error after its retries (SemaphoreWaitTimeout, a store error...): the
-    // state goes to "Release after failure" from the acquire's Catch.
+    // The acquire's own errors are not caught there: the execution fails with them, and its
+    // cleanup frees anything a lost answer may hold.
     let acquire_state = asl::state(&definition, "Acquire slot");
-    let lambda_cause = json!({
-        "errorType": "SemaphoreWaitTimeout",
-        "errorMessage": "waited too long",
-        "trace": []
-    })
-    .to_string();
-    let catcher = asl::catcher(acquire_state, "SemaphoreWaitTimeout");
-    let caught = asl::caught(catcher, &input, "SemaphoreWaitTimeout", &lambda_cause);
-    let release_state = asl::state(&definition, catcher["Next"].as_str().unwrap());
-    let payload = asl::render(&release_state["Parameters"]["Payload"], &caught, &ctx);
-    let answer = release(&sem, payload).await.unwrap();
-    assert_eq!(
-        (&answer["error"], &answer["cause"]),
-        (&json!("SemaphoreWaitTimeout"), &json!(lambda_cause))
-    );
-    let output = asl::task_output(release_state, &caught, &ctx, json!({"Payload": answer}));
-    let fail = asl::state(&definition, release_state["Next"].as_str().unwrap());
-    assert_eq!(
-        asl::fail(fail, &output),
-        ("SemaphoreWaitTimeout".to_owned(), lambda_cause)
-    );
+    for error in [
+        "SemaphoreWaitTimeout",
+        "SemaphoreStoreError",
+        "SemaphoreFenced",
+    ] {
+        assert!(
+            acquire_state["Catch"].as_array().unwrap().iter().all(|c| {
+                !c["ErrorEquals"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|e| e == error || e == "States.ALL")
+            }),
+            "{error}"
+        );
+    }
 
     // A timeout of the work's task, or any error whose cause is not a child's description.
     let (_, failed) = fail_the_work(
@@ -606,7 +602,8 @@ async fn a_weighted_release_frees_the_slots_own_weight_even_when_told_another() 
     // The answer it releases with says weight 1 (what an input naming none resolves to),
     // though it holds 3.
     let ctx = Ctx::new(HOLDER, json!({"lock": "weighted", "limit": 6}), &now(&sem));
-    let told = json!({"semaphore": {"lock": "weighted", "limit": 6, "weight": 1}});
+    let told = json!({"semaphore": {"lock": "weighted", "limit": 6, "weight": 1,
+                                    "holder": HOLDER, "acquisition": "r0"}});
     let payload = asl::render(&release_state["Parameters"]["Payload"], &told, &ctx);
     let released = release(&sem, payload.clone()).await.unwrap();
     assert_eq!(
@@ -619,10 +616,11 @@ async fn a_weighted_release_frees_the_slots_own_weight_even_when_told_another() 
     assert_eq!(again["outcome"], json!("not_held"));
     assert_eq!(used(&sem).await, (3, vec![1, 2]));
 
-    // A caller's own machine names a wrong weight in the payload (4 for a slot of 2).
+    // An answer with a wrong weight (4 for a slot of 2).
     let released = release(
         &sem,
-        json!({"lock": "weighted", "holder": other, "acquisition": "r0", "weight": 4}),
+        json!({"semaphore": {"lock": "weighted", "holder": other, "acquisition": "r0",
+                             "weight": 4}}),
     )
     .await
     .unwrap();
@@ -635,7 +633,8 @@ async fn a_weighted_release_frees_the_slots_own_weight_even_when_told_another() 
         json!({"lock": "weighted", "limit": 6, "weight": 1}),
         &now(&sem),
     );
-    let answer = json!({"semaphore": {"lock": "weighted", "limit": 6, "weight": 1}});
+    let answer = json!({"semaphore": {"lock": "weighted", "limit": 6, "weight": 1,
+                                      "holder": third, "acquisition": "r0"}});
     let payload = asl::render(&release_state["Parameters"]["Payload"], &answer, &ctx);
     let released = release(&sem, payload).await.unwrap();
     assert_eq!(
@@ -662,69 +661,66 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
         .unwrap();
     let before = all_items(&sem).await;
 
-    let machine = || json!({"input": {}, "holder": HOLDER, "redrive_count": 0});
+    let answer = || acquired_state(1);
     let with = |field: &str, value: Value| {
-        let mut p = machine();
-        p[field] = value;
+        let mut p = answer();
+        p["semaphore"][field] = value;
         p
     };
     let without = |field: &str| {
-        let mut p = machine();
-        p.as_object_mut().unwrap().remove(field);
+        let mut p = answer();
+        p["semaphore"].as_object_mut().unwrap().remove(field);
+        p
+    };
+    let with_error = |error: Value| {
+        let mut p = answer();
+        p["error"] = error;
         p
     };
     let shape = lambda_common::RELEASE_PAYLOAD;
-    let cases: Vec<(Value, String)> = vec![
+    let hint = "pass the acquire answer, \"semaphore.$\": \"$.semaphore\"";
+    let cases: Vec<(Value, String)> =
+        vec![
         (
-            with("input", json!("x")),
-            "input must be a JSON object (the execution input, \"input.$\": \
-             \"$$.Execution.Input\"); got a string \"x\""
+            json!({"semaphore": "x"}),
+            format!("semaphore must be a JSON object ({hint}); got a string \"x\""),
+        ),
+        (json!({}), format!("semaphore is missing: {hint}")),
+        (
+            with("lock", json!("")),
+            "semaphore.lock: lock name is empty: pass the name of the semaphore, e.g. \
+             \"demo-lock\""
                 .into(),
         ),
-        (
-            with("input", json!({"lock": ""})),
-            "input.lock: lock name is empty: pass the name of the semaphore, e.g. \"demo-lock\""
-                .into(),
-        ),
-        (
-            without("holder"),
-            "holder is missing: pass the execution ARN, e.g. \"holder.$\": \"$$.Execution.Id\""
-                .into(),
-        ),
+        (without("lock"), format!("semaphore.lock is missing: {hint}")),
+        (without("holder"), format!("semaphore.holder is missing: {hint}")),
         (
             with("holder", json!(["not", "a", "string"])),
-            "holder must be a JSON string; got an array [\"not\",\"a\",\"string\"]".into(),
-        ),
-        (
-            without("redrive_count"),
-            "acquisition is missing: pass \"redrive_count.$\": \"$$.Execution.RedriveCount\" (the \
-             acquisition is then r<count>, one per run of the execution), or an id made once per \
-             logical acquire, \"acquisition.$\": \"States.UUID()\""
+            "semaphore.holder must be a JSON string; got an array [\"not\",\"a\",\"string\"]"
                 .into(),
         ),
         (
-            with("redrive_count", json!(1.5)),
-            "redrive_count must be a whole number from 0 (Step Functions' \
-             $$.Execution.RedriveCount); got a number 1.5"
-                .into(),
+            without("acquisition"),
+            format!("semaphore.acquisition is missing: {hint}"),
         ),
         (
             with("acquisition", json!("has space")),
-            "acquisition id contains ' '; use only letters, digits and . _ : - (a UUID fits)"
+            "semaphore.acquisition: acquisition id contains ' '; use only letters, digits and . \
+             _ : - (a UUID fits)"
                 .into(),
         ),
         (
-            with("error", json!("States.ALL")),
+            with_error(json!("States.ALL")),
             "error must be a JSON object (what the Catch caught, \"error.$\": \"$.error\" with \
              \"ResultPath\": \"$.error\"); got a string \"States.ALL\""
                 .into(),
         ),
         (
-            with("error", json!({"Cause": "c"})),
+            with_error(json!({"Cause": "c"})),
             "error.Error is missing: pass what the Catch caught, {\"Error\", \"Cause\"}".into(),
         ),
         (
-            with("error", json!({"Error": "E", "Cause": 5})),
+            with_error(json!({"Error": "E", "Cause": 5})),
             "error.Cause must be a JSON string; got a number 5".into(),
         ),
         (
@@ -733,18 +729,14 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
         ),
         (
             with("weight", json!(0)),
-            "weight must be a whole number from 1 to the limit (1000 at most); got 0".into(),
-        ),
-        (
-            with("input", json!({"weight": "4"})),
-            "input.weight: weight must be a whole number from 1 to the limit (1000 at most); \
-             got the string \"4\""
+            "semaphore.weight: weight must be a whole number from 1 to the limit (1000 at most); \
+             got 0"
                 .into(),
         ),
         (
-            with("input", json!({"weight": 2.5})),
-            "input.weight: weight must be a whole number from 1 to the limit (1000 at most); \
-             got 2.5"
+            with("weight", json!("4")),
+            "semaphore.weight: weight must be a whole number from 1 to the limit (1000 at most); \
+             got the string \"4\""
                 .into(),
         ),
     ];
@@ -755,15 +747,6 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
         assert_eq!(err.error_type, "SemaphoreInvalidInput", "{bad}");
         assert_eq!(err.error_message, message, "{bad}");
     }
-    // Without DEFAULT_LOCK, an input that names no lock is refused.
-    let err = release_with(&sem, &Resolver::default(), machine())
-        .await
-        .unwrap_err();
-    assert_eq!(
-        err.error_message,
-        "lock is missing: pass \"lock\" in the execution input or in the payload, e.g. \"lock\": \
-         \"demo-lock\", or set the function's DEFAULT_LOCK"
-    );
     assert_eq!(all_items(&sem).await, before, "nothing was written");
 }
 
@@ -772,12 +755,7 @@ async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is
     let sem = semaphore().await;
     let (client, table) = (sem.store().client(), sem.store().table());
     let v1 = put_version_1_item(client, table, "demo-lock", HOLDER, "r0").await;
-    let err = release(
-        &sem,
-        json!({"input": {}, "holder": HOLDER, "redrive_count": 0}),
-    )
-    .await
-    .unwrap_err();
+    let err = release(&sem, acquired_state(1)).await.unwrap_err();
     assert_eq!(err.error_type, "SemaphoreOldFormat");
     assert!(
         err.error_message
