@@ -478,8 +478,26 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
         let fenced: BTreeMap<LockName, Fenced> = fenced.into_iter().collect();
         let fenced_locks: Vec<LockName> = fenced.keys().cloned().collect();
 
-        // 3b. Out of line: a fenced run queues no more, so these are all its places.
-        for (lock, id) in &footprint.waiters {
+        // 3b. Out of line: a fenced run queues no more, so these are all its places. Read
+        // first: every acquire task may have queued the execution, and most did not, and a read
+        // costs less than a refused transaction. A lock whose fence failed is retried whole.
+        for (lock, id) in footprint
+            .waiters
+            .iter()
+            .filter(|(lock, _)| fenced.contains_key(lock))
+        {
+            let in_line = match self.semaphore.waiter(lock, *id).await {
+                Ok(record) => record.is_some(),
+                Err(e) => {
+                    let e = HandlerError::from(e);
+                    tracing::error!(execution = arn, lock = %lock, error = %e, "reading the line failed");
+                    failures.0.push((lock.clone(), "reading the line", e));
+                    continue;
+                }
+            };
+            if !in_line {
+                continue;
+            }
             match self.semaphore.leave(lock, *id).await {
                 Ok(true) => {
                     summary.left_line.push(lock.to_string());

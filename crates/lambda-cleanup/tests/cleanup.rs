@@ -92,25 +92,26 @@ fn parent_definition() -> Value {
             "Acquire slot": invoke(
                 ACQUIRE,
                 json!({
-                    "input.$": "$$.Execution.Input",
-                    "holder.$": "$$.Execution.Id",
-                    "requested_at.$": "$$.State.EnteredTime"
+                    "request.$": "$$.Execution.Input",
+                    "execution.$": "$$.Execution.Id",
+                    "redrive_count.$": "$$.Execution.RedriveCount",
+                    "state.$": "$$.State"
                 }),
                 "Acquire another"
             ),
             "Acquire another": invoke(
                 "semaphore-acquire:live",
                 json!({
-                    "lock": "orders",
-                    "holder.$": "$$.Execution.Id",
-                    "acquisition": "o1",
-                    "requested_at.$": "$$.State.EnteredTime"
+                    "request": {"lock": "orders"},
+                    "execution.$": "$$.Execution.Id",
+                    "redrive_count.$": "$$.Execution.RedriveCount",
+                    "state.$": "$$.State"
                 }),
                 "Not an acquire"
             ),
             "Not an acquire": invoke(
                 RELEASE,
-                json!({"lock": "not-mine", "holder.$": "$$.Execution.Id"}),
+                json!({"semaphore": {"lock": "not-mine", "holder.$": "$$.Execution.Id"}}),
                 "What next?"
             ),
             "What next?": {
@@ -375,6 +376,9 @@ async fn the_locks_are_read_from_the_history_and_freed_without_configuration() {
         BTreeMap::from([
             // Per lock: the fence, then the free of what it saw.
             ("DynamoDB.UpdateItem".to_owned(), 4),
+            // Per lock: whether the execution is in its line (every acquire task may have
+            // queued it).
+            ("DynamoDB.GetItem".to_owned(), 2),
             ("SFN.DescribeExecution".to_owned(), 2),
             ("SFN.GetExecutionHistory".to_owned(), 1),
         ])
@@ -944,7 +948,7 @@ async fn a_child_whose_start_was_in_flight_is_waited_for_briefly() {
             3,
             "lambda",
             "invoke",
-            json!({"FunctionName": ACQUIRE, "Payload": {"lock": "orders"}}),
+            json!({"FunctionName": ACQUIRE, "Payload": {"request": {"lock": "orders"}}}),
         ),
         task(
             8,

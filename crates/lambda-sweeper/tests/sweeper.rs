@@ -24,8 +24,8 @@ use local_aws::sfn::{
 };
 use local_aws::{endpoint, fresh_table, sdk_config};
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, Attempt, DynamoStore, FenceReason, HolderId, Limit, LockName,
-    ManualClock, QueueOutcome, Run, Semaphore, TaskToken, Waiter, MISSING_EXECUTION_GRACE_MS,
+    AcquireOutcome, Attempt, DynamoStore, FenceReason, HolderId, Limit, LockName, ManualClock,
+    QueueOutcome, Run, Semaphore, TaskToken, Waiter, MISSING_EXECUTION_GRACE_MS,
 };
 use serde_json::{json, Value};
 
@@ -934,7 +934,7 @@ async fn a_sweep_takes_dead_waiters_out_of_line_and_wakes_the_next_live_one_with
     let parking = create_machine(
         sfn,
         &unique("Parking"),
-        &parking_machine(&definition, "Wait in line", [300, 300]),
+        &parking_machine(&definition, local_aws::asl::ACQUIRE_STATE, [300, 300]),
     )
     .await;
     let table = fresh_table().await.table().to_owned();
@@ -964,16 +964,15 @@ async fn a_sweep_takes_dead_waiters_out_of_line_and_wakes_the_next_live_one_with
     else {
         panic!("the first acquire takes the slot")
     };
-    // Two executions wait in line, each parked on its wait task's real token.
+    // Two executions wait in line, each parked on its acquire task's real token.
     let mut waiters = Vec::new();
     let mut places = Vec::new();
     for _ in 0..2 {
         let queued_at_ms = now_ms();
         places.push(queued_at_ms);
-        let answer = json!({"outcome": "full", "queued_at": rfc3339_millis(queued_at_ms)});
         let input = json!({"lock": "lined", "limit": 1});
-        let parked = park(sfn, &parking, &unique("waiter"), &input, &answer).await;
-        let wait = parked.next_wait().await;
+        let parked = park(sfn, &parking, &unique("waiter"), &input).await;
+        let wait = parked.next_acquire().await;
         let who = id(&parked.execution, "r0");
         let context = json!({"acquired": false, "outcome": "full", "token": null,
                              "lock": "lined", "holder": parked.execution});

@@ -40,13 +40,15 @@ pub fn acquire_only(acquire_function: &str) -> Value {
         "States": {
             "Acquire slot": {
                 "Type": "Task",
-                "Resource": "arn:aws:states:::lambda:invoke",
+                "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
                 "Parameters": {
                     "FunctionName": acquire_function,
                     "Payload": {
-                        "input.$": "$$.Execution.Input",
-                        "holder.$": "$$.Execution.Id",
-                        "requested_at.$": "$$.State.EnteredTime"
+                        "request.$": "$$.Execution.Input",
+                        "execution.$": "$$.Execution.Id",
+                        "redrive_count.$": "$$.Execution.RedriveCount",
+                        "state.$": "$$.State",
+                        "task_token.$": "$$.Task.Token"
                     }
                 },
                 "End": true
