@@ -527,7 +527,14 @@ async fn a_check_after_a_timeout_keeps_the_place_and_the_hand_off_wakes_the_new_
         Some("RUNNING")
     );
     stop(&w.sfn, behind.execution()).await;
-    assert_eq!(ended(&w.sfn, behind.execution()).await, "ABORTED");
+    let status = ended(&w.sfn, behind.execution()).await;
+    if status != "ABORTED" {
+        let dir = std::env::temp_dir();
+        panic!(
+            "{status}: {}",
+            sfn::save_history(&w.sfn, behind.execution(), &dir).await
+        );
+    }
     let cleaned = w.cleanup(behind.execution()).await;
     assert_eq!(cleaned["left_line"], json!([w.lock]), "{cleaned}");
     assert!(w.line().await.is_empty());

@@ -442,7 +442,6 @@ pub(crate) mod tests {
         let env = |f: &Function, name: &str| f.environment[name].clone();
         assert_eq!(env(acquire, "DEFAULT_LIMIT"), "5");
         assert_eq!(env(acquire, "MAX_WAIT_SECONDS"), "86400");
-        assert_eq!(env(acquire, "QUEUE_FALLBACK_SECONDS"), "300");
         assert_eq!(env(acquire, "DEFAULT_WORK"), demo.arn);
         // The default lists are empty: the demo work only, no function.
         assert_eq!(env(acquire, "WORK_STATE_MACHINES"), demo.arn);
