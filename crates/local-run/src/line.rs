@@ -21,6 +21,9 @@ use serde_json::Value;
 
 use crate::report::short;
 
+/// The acquire state of the stack's machines (and of the README's fragment).
+const ACQUIRE_STATE: &str = local_aws::asl::ACQUIRE_STATE;
+
 /// One execution of the lock-protected machine, as its history tells it.
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
@@ -28,30 +31,35 @@ pub struct Trace {
     pub lock: usize,
     /// Its fencing token, from its output (succeeded executions).
     pub token: Option<u64>,
-    /// When its first acquire was sent (the "Acquire slot" task scheduled), epoch ms.
+    /// When its first acquire was sent (its acquire task first scheduled), epoch ms.
     pub acquire_sent_ms: Option<i64>,
-    /// When it asked (its place in line: the first wait payload's `queued_at`), epoch ms.
-    pub queued_at_ms: Option<u64>,
-    /// Entries of "Wait in line": 1 + its fallback checks + its start-rate waits.
-    pub wait_entries: usize,
-    /// Entries of "Wait for the start rate": the hand-off told it, at the head of the line,
-    /// to come back when the lock's start rate allows.
+    /// Attempts of its acquire task (each a state transition Step Functions bills): 1, plus an
+    /// entry after every timeout (a check), plus every retry (a start-rate deferral, a
+    /// function error).
+    pub acquire_attempts: usize,
+    /// Of those, retries of `SemaphoreRateLimited`: the hand-off told it, at the head of the
+    /// line, that the lock's start rate holds it back.
     pub rate_waits: usize,
     /// When it entered its work (it held a slot), epoch ms.
     pub resumed_ms: Option<i64>,
     /// Events in its history (Step Functions fails an execution at 25,000).
     pub events: usize,
-    /// The events of each fallback check, as indices into its history: from an entry of "Wait
-    /// in line" whose task timed out to the next state entered (the same state again, by its
-    /// Catch).
+    /// The events of each check after a timeout, as indices into its history: from an entry
+    /// of the acquire state whose task timed out to the next state entered (the same state
+    /// again, by its Catch).
     pub fallback_checks: Vec<std::ops::Range<usize>>,
 }
 
 impl Trace {
-    /// Events of its history outside its fallback checks.
+    /// Events of its history outside its checks.
     pub fn events_outside_checks(&self) -> usize {
         self.events
             .saturating_sub(self.fallback_checks.iter().map(|c| c.len()).sum::<usize>())
+    }
+
+    /// State transitions its waiting cost: every attempt of its acquire task but the first.
+    pub fn waiting_transitions(&self) -> usize {
+        self.acquire_attempts.saturating_sub(1)
     }
 }
 
@@ -60,12 +68,12 @@ pub fn trace(arn: &str, lock: usize, events: &[HistoryEvent], output: Option<&Va
     let mut t = Trace {
         arn: arn.to_owned(),
         lock,
-        token: output.and_then(|o| o["fencing_token"].as_u64()),
+        token: output.and_then(|o| o["semaphore"]["token"].as_u64()),
         ..Trace::default()
     };
     let mut last_entered: Option<String> = None;
     t.events = events.len();
-    // (index of the "Wait in line" entry, whether its task timed out) of the wait in progress.
+    // (index of the acquire state's entry, whether its task timed out) of the wait in progress.
     let mut waiting: Option<(usize, bool)> = None;
     for (i, e) in events.iter().enumerate() {
         let at = e.timestamp().to_millis().ok();
@@ -73,57 +81,31 @@ pub fn trace(arn: &str, lock: usize, events: &[HistoryEvent], output: Option<&Va
             if let Some((start, true)) = waiting.take() {
                 t.fallback_checks.push(start..i);
             }
-            if entered.name() == "Wait in line" {
+            if entered.name() == ACQUIRE_STATE {
                 waiting = Some((i, false));
             }
-        }
-        if e.r#type() == &HistoryEventType::TaskTimedOut {
-            if let Some((_, timed_out)) = waiting.as_mut() {
-                *timed_out = true;
+            if entered.name() == "Protected work" && t.resumed_ms.is_none() {
+                t.resumed_ms = at;
             }
+            last_entered = Some(entered.name().to_owned());
         }
+        let in_acquire = last_entered.as_deref() == Some(ACQUIRE_STATE);
         match e.r#type() {
-            HistoryEventType::WaitStateEntered => {
-                let name = e.state_entered_event_details().map(|d| d.name());
-                if name == Some("Wait for the start rate") {
-                    t.rate_waits += 1;
+            HistoryEventType::TaskTimedOut => {
+                if let Some((_, timed_out)) = waiting.as_mut() {
+                    *timed_out = true;
                 }
             }
-            HistoryEventType::TaskStateEntered | HistoryEventType::ChoiceStateEntered => {
-                let name = e
-                    .state_entered_event_details()
-                    .map(|d| d.name().to_owned())
-                    .unwrap_or_default();
-                if name == "Wait in line" {
-                    t.wait_entries += 1;
-                }
-                if name == "Protected work" && t.resumed_ms.is_none() {
-                    t.resumed_ms = at;
-                }
-                last_entered = Some(name);
-            }
-            HistoryEventType::TaskScheduled => {
-                let in_state = last_entered.as_deref();
-                if in_state == Some("Acquire slot") && t.acquire_sent_ms.is_none() {
+            HistoryEventType::TaskScheduled if in_acquire => {
+                t.acquire_attempts += 1;
+                if t.acquire_sent_ms.is_none() {
                     t.acquire_sent_ms = at;
                 }
-                if in_state == Some("Wait in line") && t.queued_at_ms.is_none() {
-                    t.queued_at_ms = e
-                        .task_scheduled_event_details()
-                        .and_then(|d| serde_json::from_str::<Value>(d.parameters()).ok())
-                        .and_then(|p| {
-                            p["Payload"]["queued_at"]
-                                .as_str()
-                                .and_then(|s| {
-                                    aws_sdk_sfn::primitives::DateTime::from_str(
-                                        s,
-                                        aws_sdk_sfn::primitives::DateTimeFormat::DateTimeWithOffset,
-                                    )
-                                    .ok()
-                                })
-                                .and_then(|d| d.to_millis().ok())
-                                .and_then(|ms| u64::try_from(ms).ok())
-                        });
+            }
+            HistoryEventType::TaskFailed if in_acquire => {
+                let error = e.task_failed_event_details().and_then(|d| d.error());
+                if error == Some(lambda_common::error_type::RATE_LIMITED) {
+                    t.rate_waits += 1;
                 }
             }
             _ => {}
@@ -135,13 +117,16 @@ pub fn trace(arn: &str, lock: usize, events: &[HistoryEvent], output: Option<&Va
 /// Times the Lambda functions logged about one waiter.
 #[derive(Debug, Clone, Default)]
 struct Logged {
+    /// Its place in line: when the attempt that queued it was asked (its first "queued" line).
+    queued_at_ms: Option<u64>,
     /// First "queued" line: its record was in line by then.
     in_line_at_ms: Option<i64>,
     /// "handed off": the hand-off that granted it started (the slot had just been freed) and
     /// woke it.
     freed_at_ms: Option<i64>,
     woken_at_ms: Option<i64>,
-    /// Its own fallback check (or first wait) found the slot and completed its task.
+    /// A check of its own (its task entered again, or retried) found the slot its own and
+    /// completed its task.
     own_check: bool,
 }
 
@@ -170,12 +155,15 @@ fn logged(dir: &Path) -> BTreeMap<String, Logged> {
                     if let Some(at) = v["in_line_at_ms"].as_i64() {
                         l.in_line_at_ms = Some(l.in_line_at_ms.map_or(at, |x| x.min(at)));
                     }
+                    if l.queued_at_ms.is_none() {
+                        l.queued_at_ms = v["queued_at"].as_u64();
+                    }
                 }
                 Some("handed off") => {
                     l.freed_at_ms = v["freed_at_ms"].as_i64();
                     l.woken_at_ms = v["woken_at_ms"].as_i64();
                 }
-                Some("acquire (waited)") => l.own_check = true,
+                Some("acquire") if v["outcome"] == "already_held" => l.own_check = true,
                 _ => {}
             }
         }
@@ -194,8 +182,8 @@ pub struct LineReport {
     pub granted_on_own_check: usize,
     /// Fallback checks (a parked task's timeout making it check again).
     pub fallback_checks: usize,
-    /// Heads of the line told to come back when the start rate allows (a Wait state, then the
-    /// line again, in their place).
+    /// Heads of the line told to come back when the start rate allows (`SemaphoreRateLimited`,
+    /// retried by their acquire state, in their place).
     pub rate_waits: usize,
     /// Grant-order violations (see the module documentation): a later place granted ahead of
     /// an earlier one already in line.
@@ -217,7 +205,8 @@ pub struct LineReport {
     /// From asking (queued_at) to entering its work, seconds.
     pub longest_wait_s: Option<f64>,
     pub mean_wait_s: Option<f64>,
-    /// State transitions spent waiting (entries of "Wait in line") per waiter-minute waited.
+    /// State transitions spent waiting (attempts of the acquire state after the first) per
+    /// waiter-minute waited.
     pub transitions_waiting: usize,
     pub waiting_minutes: f64,
     pub transitions_per_waiting_minute: Option<f64>,
@@ -265,14 +254,14 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
     let log = |arn: &str| logs.get(arn).unwrap_or(&none);
     let mut r = LineReport::default();
     for t in traces {
-        r.fallback_checks += t.wait_entries.saturating_sub(1 + t.rate_waits);
+        r.fallback_checks += t.fallback_checks.len();
         r.rate_waits += t.rate_waits;
-        r.transitions_waiting += t.wait_entries + t.rate_waits;
-        let (Some(queued_at), Some(resumed)) = (t.queued_at_ms, t.resumed_ms) else {
+        r.transitions_waiting += t.waiting_transitions();
+        let l = log(&t.arn);
+        let (Some(queued_at), Some(resumed)) = (l.queued_at_ms, t.resumed_ms) else {
             continue;
         };
         r.waiters_granted += 1;
-        let l = log(&t.arn);
         if let Some(freed) = l.freed_at_ms {
             r.woken_by_hand_off += 1;
             r.hand_offs_ms.push((t.lock, resumed - freed));
@@ -290,7 +279,7 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
     let waiters: Vec<(&Trace, QueueKey, u64)> = traces
         .iter()
         .filter_map(|t| {
-            let key = key(&t.arn, t.queued_at_ms?)?;
+            let key = key(&t.arn, log(&t.arn).queued_at_ms?)?;
             Some((t, key, t.token?))
         })
         .collect();
@@ -321,8 +310,9 @@ pub fn report(traces: &[Trace], dir: &Path) -> LineReport {
             }
         }
     }
-    // Newcomers: fast acquires (no wait) sent while someone was in line, who got a lower token.
-    for f in traces.iter().filter(|t| t.wait_entries == 0) {
+    // Newcomers: acquires that took a slot without waiting, sent while someone was in line, who
+    // got a lower token.
+    for f in traces.iter().filter(|t| log(&t.arn).queued_at_ms.is_none()) {
         let (Some(sent), Some(token_f)) = (f.acquire_sent_ms, f.token) else {
             continue;
         };
@@ -372,8 +362,9 @@ mod tests {
         assert_eq!(polling_transitions(3600.0), 1500.0);
     }
 
-    /// A fallback check runs from the "Wait in line" entry whose task timed out to the next
-    /// state entered; a wait that ended otherwise is none.
+    /// A check runs from the acquire state's entry whose task timed out to the next state
+    /// entered; an attempt that ended otherwise is none, and every attempt (an entry or a
+    /// retry) is a transition of waiting but the first.
     #[test]
     fn a_fallback_check_spans_a_timed_out_wait() {
         use aws_sdk_sfn::primitives::DateTime;
@@ -393,18 +384,20 @@ mod tests {
         let events = [
             event(1, TaskStateEntered, Some("Acquire slot")),
             event(2, TaskScheduled, None),
-            event(3, TaskStateEntered, Some("Wait in line")),
-            event(4, TaskScheduled, None),
-            event(5, TaskTimedOut, None),
-            event(6, TaskStateEntered, Some("Wait in line")),
+            event(3, TaskTimedOut, None),
+            event(4, TaskStateEntered, Some("Acquire slot")),
+            event(5, TaskScheduled, None),
+            event(6, TaskFailed, None),
             event(7, TaskScheduled, None),
             event(8, TaskSucceeded, None),
             event(9, TaskStateEntered, Some("Protected work")),
         ];
         let t = trace("arn", 0, &events, None);
         assert_eq!(t.fallback_checks.len(), 1);
-        assert_eq!(t.fallback_checks[0], 2..5);
-        assert_eq!(t.wait_entries, 2);
+        assert_eq!(t.fallback_checks[0], 0..3);
+        assert_eq!((t.acquire_attempts, t.waiting_transitions()), (3, 2));
+        assert_eq!(t.acquire_sent_ms, Some(2));
+        assert_eq!(t.resumed_ms, Some(9));
         assert_eq!(t.events_outside_checks(), 6);
     }
 

@@ -141,13 +141,15 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
         n(&report, "/work/children")
     );
     assert_eq!(report["work"]["violations"], serde_json::json!([]));
-    // The redrive guard's path, and the cost of a critical section (issue 10: at most 6
-    // transitions are the semaphore's).
+    // The redrive guard's path, and the cost of a critical section (issue 26: two transitions
+    // are the semaphore's, its acquire and its release state).
     assert_eq!(report["redrive_guard"]["error"], "SemaphoreRedriveRefused");
-    assert!(
-        n(&report, "/transitions/semaphore_share") <= 6,
+    assert_eq!(
+        report["transitions"]["protected"],
+        serde_json::json!(["Acquire slot", "Protected work", "Release slot"]),
         "{report:#}"
     );
+    assert_eq!(n(&report, "/transitions/semaphore_share"), 2, "{report:#}");
     assert_eq!(n(&report, "/executions/total"), 20);
     assert_eq!(n(&report, "/executions/unexpected"), 0);
     assert_eq!(n(&report, "/executions/failed_as_planned"), 2);
@@ -194,9 +196,9 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
     // execution with a ~200 KiB input that waited in line through fallback checks: it
     // acquired, worked and released; each check added at most the events the acquire
     // function's bound on the fallback assumes (a change of the machine that adds events to a
-    // check fails here); only the first acquire and the work's start carry the input, every
-    // other task is scheduled with the acquire answer instead (the local server fails a task
-    // whose parameters pass 256 KiB).
+    // check fails here); only the acquire state (each of its attempts: its request is the
+    // input) and the work's start carry the input, the release is scheduled with the acquire
+    // answer instead (the local server fails a task whose parameters pass 256 KiB).
     let probe = &report["history_probe"];
     assert_eq!(probe["status"], "SUCCEEDED", "{probe:#}");
     assert!(n(probe, "/input_bytes") >= 200 * 1024, "{probe:#}");
@@ -223,7 +225,7 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
             );
         }
     }
-    for state in ["Wait in line", "Release slot"] {
+    for state in ["Acquire slot", "Release slot"] {
         assert!(sizes.contains_key(state), "no {state} task: {probe:#}");
     }
     // The same input with a work that fails: it releases (the failed child's cause, which

@@ -4,23 +4,28 @@
 //! # The world
 //!
 //! `K` executions (`exec-1` ... `exec-K`, one acquisition each, their first run, each of its own
-//! weight: by default 1, 2, 1 on a limit of 2) contend for one lock of limit `L`, run by the
-//! lock-protected state machine with waiting (version 2):
+//! weight: by default 1, 2, 1 on a limit of 2) contend for one lock of limit `L`, each through
+//! its one acquire state (a `.waitForTaskToken` task of the acquire function) and then its work
+//! and its release:
 //!
-//! - **acquire**: one write ([`protocol::acquire`]), in flight from the start and landing at any
-//!   later step. Each execution asked at its own millisecond (`exec-1` first), which is its place
-//!   in line if it has to wait (`queued_at`, the acquire state's entry time): every order of
-//!   places against every order of landings is a renaming of one explored here.
-//! - **"full"**: the execution parks on its wait task (task token 0), whose acquire function
-//!   queues it ([`protocol::enqueue`]; `Free`: acquires directly and completes its own task;
+//! - **the acquire state**: the execution parks on its task (token 0) from the start, and the
+//!   acquire function, invoked with that token, first **checks** its record in line (a read:
+//!   its record is keyed by who it is); found with an earlier attempt's token, it keeps the
+//!   place with its own ([`protocol::repark`]) and hands off; found with its own, it hands off;
+//!   found with a later attempt's, its task is over. Not in line, it **acquires**
+//!   ([`protocol::acquire`]: a slot, and it completes its own task), or finding the lock full
+//!   **queues** ([`protocol::enqueue`], at the attempt's entry time: each execution's first
+//!   attempt at its own millisecond, `exec-1` first, every later attempt after them; `Free`:
+//!   acquires directly; `AlreadyQueued`: another attempt queued it, it checks again;
 //!   `AlreadyHeld`: completes its own task; a direct acquire told "full" queues again, at most
-//!   three rounds, then gives up and leaves it to the fallback), then hands off (a slot may have
-//!   been freed between "full" and "queued", F8).
+//!   three rounds, then answers `SemaphoreExpired`, which the state catches into itself: a new
+//!   attempt), then hands off (a slot may have been freed between "full" and "queued", F8).
+//!   Every write lands at any later step. Every order of places against every order of
+//!   landings is a renaming of one explored here.
 //! - **parked**: until a hand-off wakes it (`SendTaskSuccess` with the token in its record), or
-//!   its task's fallback timeout fires: it enters the wait task again with a new token, and the
-//!   function re-checks: [`protocol::repark`] (still in line: keeps its place, new token) then
-//!   hands off; not in line: queues again as above (which finds a slot it was granted and
-//!   completes its own task).
+//!   its task times out: the state's Catch enters it again, a new attempt with a new token, whose
+//!   function checks as above. A crashed acquire function is retried the same way (a new attempt,
+//!   a new token, as AWS gives every attempt of a callback task).
 //! - **work**, then **release** ([`protocol::release`] of its weight; refused, the write the
 //!   core's [`protocol::released`] calls for, [`protocol::release_unheld`] or the release again,
 //!   one write per step, at most `MAX_ROUNDS`), then a hand-off if its write saw anyone waiting;
@@ -36,27 +41,27 @@
 //!   parked or between its grant and its wake-up; its Lambdas keep running as zombies, its task
 //!   tokens no longer wake anything. Ending (stopped, or failed) emits a cleanup event, which is
 //!   delivered at any later step or lost (a bounded number). The **cleanup** fences the run,
-//!   takes its place out of line if it ever waited (its history names it), frees what the fence
+//!   takes it out of line if it is there (its acquire tasks name it), frees what the fence
 //!   saw, and hands off if it freed a slot while someone waits.
-//! - **crashes** (a bounded number): a Lambda that waits, releases or cleans up stops between
+//! - **crashes** (a bounded number): a Lambda that acquires, releases or cleans up stops between
 //!   two of its requests, e.g. between a grant landing and its wake-up (a lost wake-up). As the
-//!   state machines say: a crashed release fails the execution; a crashed wait task whose token
-//!   is current goes to "Release after failure" and fails; a crashed cleanup is not retried.
-//! - **early fallback timeouts** (a bounded number): a parked task times out at any moment, also
-//!   while its function still runs or a wake-up is on its way (the old token then fails).
+//!   state machines say: a crashed release fails the execution; a crashed acquire function
+//!   whose task is current is retried (a new attempt); a crashed cleanup is not retried.
+//! - **early timeouts** (a bounded number): a parked task times out at any moment, also while
+//!   its function still runs or a wake-up is on its way (the old token then fails).
 //!
 //! Every write is the core's own, landed with [`Write::apply_with`] on a copy of the lock's item
 //! and its line (exactly what the memory store does), and every answer is the core's reading of
 //! the result ([`protocol::acquired`], [`protocol::queued`], [`protocol::granted`],
 //! [`protocol::was_queued`], ...). The hand-off's and the acquire function's control flow are
 //! restated step by step (they are async code over several requests), from
-//! `Semaphore::hand_off` and `lambda-acquire`'s wait mode.
+//! `Semaphore::hand_off` and `lambda-acquire`'s `take` and `check`.
 //!
-//! Faults are bounded, and everything else is not: a parked execution's fallback re-check is
-//! what heals a lost wake-up, so it must always come eventually. Explored steps include the
-//! bounded early timeouts; in a *stable* state (nothing in flight, nothing pending, nobody
-//! working: only timers left) the liveness check fires the remaining fallbacks itself (see
-//! below).
+//! Faults are bounded, and everything else is not: a parked execution's timeout, and the check
+//! it makes, is what heals a lost wake-up, so it must always come eventually. Explored steps
+//! include the bounded early timeouts; in a *stable* state (nothing in flight, nothing pending,
+//! nobody working: only timers left) the liveness check fires the remaining timeouts itself
+//! (see below).
 //!
 //! # Properties
 //!
@@ -66,9 +71,11 @@
 //!   its work holds a slot.
 //! - **S3**: no acquire, queue write or grant of an execution lands after a release of it or a
 //!   fence of its run (by a cleanup, or a hand-off freeing a dead waiter's grant) has landed.
-//! - **L2**: no acquire lands while someone is in line; and every grant lands for the head of
-//!   the line, except that waiters whose record landed after the hand-off read the head (their
-//!   queue write was late) may be ahead of it by then. With `strict_order` that exception is
+//! - **L2**: no acquire lands while someone is in line; a live execution keeps the place it
+//!   was first queued at (no queue write of it lands a second time: its record leaves the line
+//!   only with a grant, or dead); and every grant lands for the head of the line, except that
+//!   waiters whose record landed after the hand-off read the head (their queue write was late)
+//!   may be ahead of it by then. With `strict_order` that exception is
 //!   dropped: every grant must go to the head of the line at the moment it lands. The real
 //!   protocol does not meet that (a place is the time a waiter first asked, so a late queue write
 //!   lands ahead of waiters already in line, and a grant already on its way passes it): the
@@ -82,11 +89,12 @@
 //!   frees grants to the dead itself, without the sweeper. (A slot an execution held when it
 //!   died, or took afterwards through a zombie request, is its cleanup's, and, if that event was
 //!   lost, the sweeper's.)
-//! - **F8, no sleeping through a free slot**: unless the design relies on a fallback re-check
-//!   (a crash, an early timeout, a waiter that gave up queueing), every parked execution is in
-//!   line with its current task token, holds no slot (no lost wake-up), and the head of the line
-//!   does not fit (a light waiter behind a heavy head waits too: L2).
-//! - **L1, no stall**: the fallback re-checks of the parked executions, fired in turn (each run
+//! - **F8, no sleeping through a free slot**: unless the design relies on a later check (a
+//!   crash), every parked execution is in line with its current task token, holds no slot (no
+//!   lost wake-up), and the head of the line does not fit (a light waiter behind a heavy head
+//!   waits too: L2). An early timeout is no excuse: the check it makes must leave the record
+//!   with the new attempt's token and move the line.
+//! - **L1, no stall**: the timeouts of the parked executions, fired in turn (each check run
 //!   to completion, no more faults), let every live execution finish its work. Only where the
 //!   design leaves a slot to the sweeper (an execution that held it when it died, or took it
 //!   through a zombie request, or whose granting hand-off crashed, with its cleanup lost or cut
@@ -105,9 +113,9 @@
 //! memory store holding the same item and line.
 //!
 //! Not covered here: start rates (no waiter has one), time (no horizon expires, no fence
-//! rotates: the main world checks those), retries of the fast acquire and lost writes (the main
-//! world), `MaxWaitSeconds`, store and `DescribeExecution` errors, throttled wake-ups of live
-//! waiters other than by a stale token, redrives, several locks.
+//! rotates: the main world checks those), lost writes (the main world), `MaxWaitSeconds` and the
+//! check budget, store and `DescribeExecution` errors, throttled wake-ups of live waiters other
+//! than by a stale token, redrives, several locks.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -121,7 +129,7 @@ use semaphore_core::item::{Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, Grant, Timing, WriteResult};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Attempt, Check, CleanupOutcome, FenceKey, HolderId, Limit,
-    LockName, QueueKey, QueueOutcome, TaskToken, Terms, Waiter, Weight, Write,
+    LockName, QueueKey, QueueOutcome, TaskToken, Terms, Waiter, WaiterId, Weight, Write,
 };
 
 use crate::explore::{Model, Violation};
@@ -259,6 +267,14 @@ pub enum QueueVariant {
     /// a grant written before weights would): a hand-off that read the lock before another
     /// slot was taken grants a heavy head more than is free (S1).
     GrantIgnoresWeight,
+    /// A check (the acquire task entered again after its timeout) that finds the execution in
+    /// line leaves its record as it is, with the token of the attempt that timed out: the
+    /// hand-off that grants it wakes a task that no longer waits, and nobody repeats the
+    /// wake-up until the next timeout (F8).
+    CheckKeepsOldToken,
+    /// A check that finds the execution in line takes it out and queues it again at the check's
+    /// own time, behind those who asked after it (L2: it loses its place).
+    CheckTakesANewPlace,
 }
 
 impl Variants for QueueVariant {}
@@ -266,9 +282,8 @@ impl Variants for QueueVariant {}
 /// Where an execution is in the lock-protected state machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Stage {
-    /// Its acquire is in flight.
-    Acquiring,
-    /// Parked on its wait task (the token is `Exec::token`).
+    /// In its acquire state: parked on its task (the token is `Exec::token`) until it is
+    /// completed with a slot.
     Waiting,
     /// Doing its protected work.
     Working,
@@ -284,10 +299,11 @@ enum Stage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Exec {
     stage: Stage,
-    /// The task token of its current wait task: 0, then one more per fallback timeout.
+    /// The task token of its current acquire attempt: 0, then one more per attempt (a timeout
+    /// entering the state again, a retry).
     token: u8,
-    /// It entered its wait state: its history names its place in line.
-    waited: bool,
+    /// A queue write of it has landed: it was put in line, at that attempt's place.
+    queued: bool,
 }
 
 impl Exec {
@@ -299,9 +315,7 @@ impl Exec {
 /// Which Lambda invocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Task {
-    /// The fast acquire.
-    Acquire,
-    /// The acquire function in wait mode, invoked by the wait task with this token.
+    /// The acquire function, invoked by an attempt of the acquire task with this token.
     Wait {
         token: u8,
     },
@@ -362,10 +376,14 @@ impl Hand {
 /// A Lambda's next request (a write: in flight).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Step {
-    /// The fast acquire's write.
+    /// The acquire function reads its execution's record in line (a check).
+    Find,
+    /// The acquire write.
     Acquire,
-    /// A fallback re-check: keep the place with the new token.
+    /// Found in line with an earlier attempt's token: keep the place with this one's.
     Repark,
+    /// Found in line: take itself out (the broken variant `CheckTakesANewPlace` only).
+    Requeue,
     /// Queue, `round` of [`QUEUE_ROUNDS`].
     Enqueue {
         round: u8,
@@ -411,6 +429,9 @@ enum Bad {
     PassedTheLine { exec: u8, line: u8 },
     /// L2: a grant landed while waiters were ahead of it.
     OutOfOrder { exec: u8, ahead: u8 },
+    /// L2: a live execution was put in line again, after its record had left it without a
+    /// grant: it lost the place it first had.
+    LostPlace { exec: u8 },
     /// L1: a live execution was answered "fenced".
     Refused { exec: u8 },
     /// L1: a release or free of `exec`'s slot was refused [`MAX_ROUNDS`] times (the core then
@@ -437,7 +458,7 @@ pub struct QueueState {
     /// Executions whose slot the design leaves to their cleanup or the sweeper: it held it when
     /// it ended, took it through a zombie request, or the hand-off that granted it crashed.
     sweepers: u8,
-    /// Something happened that the design heals only with a fallback re-check.
+    /// Something happened (a crash) that the design heals only with a later check.
     relied: bool,
     bad: Option<Bad>,
     /// The execution that ended in the step being taken (its event's fate is chosen next).
@@ -504,7 +525,6 @@ pub struct QueueWorld {
     /// Per execution, the weight it acquires with.
     weights: Vec<Weight>,
     identities: Vec<Identity>,
-    keys: Vec<QueueKey>,
     /// What each fence is, in traces.
     fence_names: HashMap<FenceKey, String>,
     /// The tables (items and lines) reached.
@@ -548,11 +568,6 @@ impl QueueWorld {
                 )
             })
             .collect();
-        let keys = identities
-            .iter()
-            .enumerate()
-            .map(|(e, identity)| QueueKey::new(identity, NOW_MS + e as u64))
-            .collect();
         let fence_names = identities
             .iter()
             .flat_map(|id| {
@@ -576,7 +591,6 @@ impl QueueWorld {
             limit: Limit::new(i64::from(config.limit)).expect("a valid limit"),
             weights,
             identities,
-            keys,
             tables: RefCell::default(),
             writes: Memo::default(),
             landings: Memo::default(),
@@ -668,20 +682,28 @@ impl QueueWorld {
             .expect("weights are checked against the limit")
     }
 
-    /// The waiter record of execution `e` with task token `token`.
+    /// The waiter record of execution `e` queued by the attempt of task token `token`: its
+    /// place is that attempt's entry time (the first at its own millisecond, `exec-1` first; any
+    /// later one after every first).
     fn waiter(&self, e: u8, token: u8) -> Waiter {
-        let waiter = Waiter::new(
+        let entered = if token == 0 { NOW_MS } else { LATER_MS };
+        Waiter::new(
             self.lock.clone(),
             self.identities[e as usize].clone(),
             Run::FIRST,
             self.terms(e),
-            NOW_MS + u64::from(e),
+            entered + u64::from(e),
             task_token(e, token),
             Attempt(u64::from(token)),
             String::new(),
-        );
-        debug_assert_eq!(waiter.key, self.keys[e as usize]);
-        waiter
+        )
+    }
+
+    /// Execution `e`'s record in line in table `t`, if it is there.
+    fn record_of<'a>(t: &'a Table, e: u8, identity: &Identity) -> Option<&'a Waiter> {
+        (t.in_line & bit(e) != 0)
+            .then(|| t.line.values().find(|w| w.identity == *identity))
+            .flatten()
     }
 
     /// The acquire write of execution `e` (fast, or direct after "free").
@@ -718,7 +740,7 @@ impl QueueWorld {
             }
             Request::Repark(e, token) => protocol::repark(
                 lock,
-                self.keys[e as usize].id,
+                WaiterId::of(&self.identities[e as usize]),
                 task_token(e, token),
                 Attempt(u64::from(token)),
             ),
@@ -733,7 +755,7 @@ impl QueueWorld {
                 }
                 write
             }
-            Request::Leave(e) => protocol::leave(lock, self.keys[e as usize].id),
+            Request::Leave(e) => protocol::leave(lock, WaiterId::of(&self.identities[e as usize])),
             Request::Release(e) => {
                 protocol::release(lock, &self.identities[e as usize], self.weights[e as usize])
             }
@@ -765,22 +787,25 @@ impl QueueWorld {
         let write = self.write(request);
         let t = self.table(table);
         // A record is keyed by its waiter's id; the line is ordered by place.
-        let key = write
-            .waiter_id()
-            .and_then(|id| self.keys.iter().find(|key| key.id == id).copied());
-        let record = key.and_then(|key| t.line.get(&key));
+        let id = write.waiter_id();
+        let (key, record) = match id.and_then(|id| t.line.iter().find(|(k, _)| k.id == id)) {
+            Some((key, record)) => (Some(*key), Some(record)),
+            None => (None, None),
+        };
         let (result, after) = match write.apply_with(t.item.as_ref(), record) {
             Ok((next, record)) => {
                 let mut line = t.line.clone();
-                let result = match key {
+                let result = match id {
                     None => WriteResult::Applied {
                         before: t.item.clone(),
                     },
-                    Some(key) => {
-                        match record {
-                            Some(record) => line.insert(key, record),
-                            None => line.remove(&key),
-                        };
+                    Some(_) => {
+                        if let Some(key) = key {
+                            line.remove(&key);
+                        }
+                        if let Some(record) = record {
+                            line.insert(record.key, record);
+                        }
                         WriteResult::Landed
                     }
                 };
@@ -845,8 +870,15 @@ impl QueueWorld {
                         exec: e,
                         line: before.in_line,
                     });
+                } else if what == "queue write" && s.execs[e as usize].queued {
+                    // Its record left the line without a grant (a grant makes it hold, and a
+                    // holder queues no more), and it was put in line again, at a later place.
+                    s.bad = Some(Bad::LostPlace { exec: e });
                 }
             }
+        }
+        if landed && matches!(request, Request::Enqueue(..)) {
+            s.execs[e as usize].queued = true;
         }
         (write, result, landed)
     }
@@ -897,9 +929,8 @@ impl QueueWorld {
         let x = s.execs[l.exec as usize];
         let zombie = if x.alive() { "" } else { " (zombie)" };
         match l.task {
-            Task::Acquire => format!("{who}'s acquire{zombie}"),
             Task::Wait { token } => format!(
-                "{who}'s wait function (task {token}){}",
+                "{who}'s acquire function (task {token}){}",
                 if !x.alive() {
                     " (zombie)"
                 } else if x.stage != Stage::Waiting || x.token != token {
@@ -914,7 +945,8 @@ impl QueueWorld {
         }
     }
 
-    /// Whether execution `e` is parked on the wait task of `token` (a wake-up with it lands).
+    /// Whether execution `e` is parked on the acquire attempt of `token` (a wake-up with it
+    /// lands).
     fn parked_on(s: &QueueState, e: u8, token: u8) -> bool {
         let x = s.execs[e as usize];
         x.stage == Stage::Waiting && x.token == token
@@ -1064,64 +1096,135 @@ impl QueueWorld {
         w.say(|| format!("{}: ", self.lambda_name(s, &l)));
         let alive = s.execs[e as usize].alive();
         match l.step {
-            Step::Acquire => {
-                let outcome = self.acquire(s, e, alive, w);
-                if s.execs[e as usize].stage != Stage::Acquiring {
-                    w.say(|| " (nobody waits for the answer)".to_owned());
-                    return self.done(s, l, w);
-                }
-                match outcome {
-                    AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
-                        s.execs[e as usize].stage = Stage::Working;
-                        w.say(|| format!("; {} does its work", exec_name(e)));
+            Step::Find => {
+                let Task::Wait { token } = l.task else {
+                    unreachable!("only an acquire function checks the line")
+                };
+                let t = self.table(s.table);
+                let found =
+                    Self::record_of(&t, e, identity).map(|r| Self::token_number(&r.task_token));
+                let step = match found {
+                    None => {
+                        w.say(|| "reads its record: not in line; it acquires".to_owned());
+                        Some(Step::Acquire)
                     }
-                    AcquireOutcome::Full { .. } => {
-                        let x = &mut s.execs[e as usize];
-                        x.stage = Stage::Waiting;
-                        x.waited = true;
-                        let token = x.token;
+                    Some(theirs) if theirs > token => {
                         w.say(|| {
                             format!(
-                                "; {} parks on its wait task (task {token}), which invokes the \
-                                 acquire function to queue it",
-                                exec_name(e)
+                                "reads its record: in line with task {theirs}, a later \
+                                 attempt: its own task is over"
                             )
                         });
-                        Self::spawn(s, e, Task::Wait { token }, Step::Enqueue { round: 0 });
+                        None
                     }
-                    AcquireOutcome::Fenced(_) => self.refused(s, e, true, w),
+                    Some(theirs) if theirs == token => {
+                        w.say(|| {
+                            "reads its record: in line with its own token; it hands off: it \
+                             reads the lock"
+                                .to_owned()
+                        });
+                        Some(Step::Hand(Hand::ReadLock))
+                    }
+                    Some(theirs) => match self.variant {
+                        QueueVariant::CheckKeepsOldToken => {
+                            w.say(|| {
+                                format!(
+                                    "reads its record: in line with task {theirs}; it leaves \
+                                     the old token there (broken variant) and hands off: it \
+                                     reads the lock"
+                                )
+                            });
+                            Some(Step::Hand(Hand::ReadLock))
+                        }
+                        QueueVariant::CheckTakesANewPlace => {
+                            w.say(|| {
+                                format!(
+                                    "reads its record: in line with task {theirs}; it takes \
+                                     itself out to queue at its own time (broken variant)"
+                                )
+                            });
+                            Some(Step::Requeue)
+                        }
+                        _ => {
+                            w.say(|| {
+                                format!(
+                                    "reads its record: in line with task {theirs}; it keeps its \
+                                     place with its own token"
+                                )
+                            });
+                            Some(Step::Repark)
+                        }
+                    },
+                };
+                self.next(s, l, step, w)
+            }
+            Step::Acquire => {
+                let Task::Wait { token } = l.task else {
+                    unreachable!("only an acquire function acquires")
+                };
+                let current = Self::parked_on(s, e, token);
+                let outcome = self.acquire(s, e, alive, w);
+                let step = match outcome {
+                    AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
+                        w.say(|| "; it completes its own task".to_owned());
+                        Some(Step::SelfWake)
+                    }
+                    AcquireOutcome::Full { .. } => {
+                        w.say(|| "; it queues".to_owned());
+                        Some(Step::Enqueue { round: 0 })
+                    }
+                    AcquireOutcome::Fenced(_) => {
+                        self.refused(s, e, current, w);
+                        None
+                    }
                     AcquireOutcome::Expired => unreachable!("no request expires here"),
                     AcquireOutcome::RateLimited { .. } => unreachable!("no rate here"),
-                }
-                self.done(s, l, w)
+                };
+                self.next(s, l, step, w)
             }
             Step::Repark => {
                 let Task::Wait { token } = l.task else {
-                    unreachable!("only a wait function reparks")
+                    unreachable!("only an acquire function reparks")
                 };
                 let (write, result, _) = self.send(s, e, Request::Repark(e, token), w);
                 let queued = read(protocol::was_queued(&write, &result));
                 let step = if queued {
-                    w.say(|| " => still in line; it hands off: it reads the lock".to_owned());
+                    w.say(|| {
+                        " => in line with its token; it hands off: it reads the lock".to_owned()
+                    });
                     Step::Hand(Hand::ReadLock)
                 } else {
-                    w.say(|| " => not in line; it queues".to_owned());
-                    Step::Enqueue { round: 0 }
+                    w.say(|| " => not in line with an earlier token; it acquires".to_owned());
+                    Step::Acquire
                 };
                 self.next(s, l, Some(step), w)
             }
+            Step::Requeue => {
+                let was = self.leave(s, e, w);
+                w.say(|| {
+                    format!(
+                        " => {}; it queues",
+                        if was { "left" } else { "was not in line" }
+                    )
+                });
+                self.next(s, l, Some(Step::Enqueue { round: 0 }), w)
+            }
             Step::Enqueue { round } => {
                 let Task::Wait { token } = l.task else {
-                    unreachable!("only a wait function queues")
+                    unreachable!("only an acquire function queues")
                 };
                 let current = Self::parked_on(s, e, token);
                 let (write, result, _) = self.send(s, e, Request::Enqueue(e, token), w);
                 let outcome = read(protocol::queued(&write, identity, result));
                 w.say(|| format!(" => {outcome:?}"));
                 let step = match outcome {
-                    QueueOutcome::Queued | QueueOutcome::AlreadyQueued => {
+                    QueueOutcome::Queued => {
                         w.say(|| "; it hands off: it reads the lock".to_owned());
                         Some(Step::Hand(Hand::ReadLock))
+                    }
+                    QueueOutcome::AlreadyQueued => {
+                        w.say(|| "; another attempt queued it: it checks its record".to_owned());
+                        Some(Step::Find)
                     }
                     QueueOutcome::Free => {
                         w.say(|| "; it acquires directly".to_owned());
@@ -1155,10 +1258,14 @@ impl QueueWorld {
                         Some(Step::Enqueue { round: round + 1 })
                     }
                     AcquireOutcome::Full { .. } => {
-                        // The lock kept changing under it: nothing held, nothing queued; the
-                        // parked task's fallback re-checks.
-                        s.relied = true;
-                        w.say(|| "; it gives up queueing (the fallback will re-check)".to_owned());
+                        // The lock kept changing under it: nothing held, nothing queued. It
+                        // answers SemaphoreExpired, which the state catches into itself: a new
+                        // attempt.
+                        w.say(|| "; it gives up queueing: SemaphoreExpired".to_owned());
+                        if current {
+                            w.say(|| "; ".to_owned());
+                            Self::enter_again(s, e, "its Catch of SemaphoreExpired", w);
+                        }
                         None
                     }
                     AcquireOutcome::Fenced(_) => {
@@ -1222,12 +1329,10 @@ impl QueueWorld {
             Step::Fence => {
                 let slots = self.fence(s, e, w);
                 w.say(|| format!(" => it saw {}", if slots { "a slot" } else { "no slot" }));
-                let step = if s.execs[e as usize].waited {
-                    w.say(|| "; its history names its place: it takes it out of line".to_owned());
-                    Some(Step::Leave { slots })
-                } else {
-                    slots.then_some(Step::Free { round: 0 })
-                };
+                // Its acquire tasks name the lock and who it is: it takes the execution out of
+                // the line if it is in it.
+                w.say(|| "; it takes it out of line if it is there".to_owned());
+                let step = Some(Step::Leave { slots });
                 self.next(s, l, step, w)
             }
             Step::Leave { slots } => {
@@ -1296,10 +1401,11 @@ impl QueueWorld {
                 let (write, result, landed) = self.send(s, head, Request::Grant(head, token), w);
                 if landed && s.bad.is_none() {
                     // Waiters ahead of the one granted, as the grant lands.
-                    let mut ahead = self.which(|x| {
-                        before.in_line & bit(x) != 0
-                            && self.keys[x as usize] < self.keys[head as usize]
-                    });
+                    let place = |x: u8| {
+                        Self::record_of(&before, x, &self.identities[x as usize]).map(|r| r.key)
+                    };
+                    let mut ahead =
+                        self.which(|x| before.in_line & bit(x) != 0 && place(x) < place(head));
                     if !self.config.strict_order {
                         ahead &= line_at_read;
                     }
@@ -1468,28 +1574,39 @@ impl QueueWorld {
                 self.end(s, e, w);
             }
             Task::Wait { token } if Self::parked_on(s, e, token) => {
-                w.say(|| "; its wait task fails: Release after failure".to_owned());
-                Self::release(s, e, true);
+                w.say(|| "; ".to_owned());
+                Self::enter_again(
+                    s,
+                    e,
+                    "the function's failure, which its Retry tries again",
+                    w,
+                );
             }
             _ => {}
         }
     }
 
-    /// A fallback timeout of execution `e`'s wait task: it enters the task again with a new
-    /// token, and the acquire function re-checks.
+    /// A timeout of execution `e`'s acquire task: its Catch enters the state again, a new
+    /// attempt with a new token, whose acquire function checks.
     fn time_out(s: &mut QueueState, e: u8, w: &mut Words) {
+        Self::enter_again(s, e, "its timeout", w);
+    }
+
+    /// Execution `e`'s acquire task ends without a slot (`why`) and a new attempt of it begins:
+    /// a new token, and the acquire function invoked with it, which first checks the line.
+    fn enter_again(s: &mut QueueState, e: u8, why: &str, w: &mut Words) {
         let x = &mut s.execs[e as usize];
         let old = x.token;
         x.token += 1;
         let token = x.token;
         w.say(|| {
             format!(
-                "{}'s wait task (task {old}) times out; it enters the wait task again (task \
-                 {token}): the acquire function re-checks",
+                "{}'s acquire task (task {old}) ends on {why}: a new attempt (task {token}) \
+                 invokes the acquire function",
                 exec_name(e)
             )
         });
-        Self::spawn(s, e, Task::Wait { token }, Step::Repark);
+        Self::spawn(s, e, Task::Wait { token }, Step::Find);
     }
 
     fn deliver(s: &mut QueueState, e: u8, w: &mut Words) {
@@ -1605,6 +1722,14 @@ impl QueueWorld {
                     } else {
                         ", in line already when the hand-off read the head"
                     }
+                ),
+            },
+            Bad::LostPlace { exec } => Violation {
+                property: "L2",
+                detail: format!(
+                    "{} was put in line again after it had left it without a grant: it lost \
+                     the place it first had, behind waiters that asked after it: {table}",
+                    exec_name(exec)
                 ),
             },
             Bad::Refused { exec } => Violation {
@@ -1810,7 +1935,7 @@ impl QueueWorld {
             let holding = parked & t.holders;
             let out_of_line = self.which(|e| {
                 parked & bit(e) != 0
-                    && t.line.get(&self.keys[e as usize]).is_none_or(|w| {
+                    && Self::record_of(&t, e, &self.identities[e as usize]).is_none_or(|w| {
                         Self::token_number(&w.task_token) != s.execs[e as usize].token
                     })
             });
@@ -1845,8 +1970,8 @@ impl QueueWorld {
                 return Err(Violation {
                     property: "F8",
                     detail: format!(
-                        "{why}, though no crash, early timeout or give-up happened that the \
-                         design needs a fallback re-check for: {}",
+                        "{why}, though no crash happened that the design needs a later check \
+                         for: {}",
                         self.show(s.table)
                     ),
                 });
@@ -1880,7 +2005,7 @@ impl Model for QueueWorld {
             execs: [Exec {
                 stage: Stage::Succeeded,
                 token: 0,
-                waited: false,
+                queued: false,
             }; MAX_WAITERS],
             lambdas: Vec::new(),
             events: 0,
@@ -1895,8 +2020,8 @@ impl Model for QueueWorld {
             emitted: None,
         };
         for e in 0..self.n() {
-            s.execs[e as usize].stage = Stage::Acquiring;
-            Self::spawn(&mut s, e, Task::Acquire, Step::Acquire);
+            s.execs[e as usize].stage = Stage::Waiting;
+            Self::spawn(&mut s, e, Task::Wait { token: 0 }, Step::Find);
         }
         s.lambdas.sort_unstable();
         s
@@ -1904,8 +2029,9 @@ impl Model for QueueWorld {
 
     fn describe_initial(&self, _: &QueueState) -> String {
         format!(
-            "the line ({}); lock limit {}, no item; {} send their acquire [in flight], asked \
-             in that order (their places in line if they wait)",
+            "the line ({}); lock limit {}, no item; {} enter their acquire state, in that \
+             order (their places in line if they wait), and park on its task while its \
+             function runs",
             if self.variant == QueueVariant::Real {
                 "the product's protocol".to_owned()
             } else {
@@ -1946,9 +2072,10 @@ impl Model for QueueWorld {
                 successors.make(self, s, |t, w| Self::finish_work(t, e, w));
             }
             if x.stage == Stage::Waiting && s.timeouts_left > 0 {
+                // Not a fault the design needs a later check for: the check this timeout
+                // makes keeps the place with the new token and moves the line itself.
                 successors.make(self, s, |t, w| {
                     t.timeouts_left -= 1;
-                    t.relied = true;
                     w.say(|| "early: ".to_owned());
                     Self::time_out(t, e, w);
                 });
@@ -2148,7 +2275,7 @@ mod tests {
             ],
         );
         assert!(text.contains("crashes with"), "{text}");
-        assert!(text.contains("times out"), "{text}");
+        assert!(text.contains("ends on its timeout"), "{text}");
         assert!(text.contains("completes its own task"), "{text}");
     }
 
@@ -2293,9 +2420,9 @@ mod tests {
         // Pinned: the hand-offs compared, and how many (woke, kept a slot for a waiter not woken,
         // freed a dead waiter's grant, skipped a dead waiter).
         for (limit, weights, expected) in [
-            (1, [1; MAX_WAITERS], (2_649, [447, 172, 85, 73])),
-            (2, [1; MAX_WAITERS], (1_161, [398, 205, 81, 81])),
-            (2, [1, 2, 1, 1], (2_255, [411, 148, 86, 76])),
+            (1, [1; MAX_WAITERS], (2_380, [365, 74, 73, 46])),
+            (2, [1; MAX_WAITERS], (2_731, [784, 178, 210, 98])),
+            (2, [1, 2, 1, 1], (2_964, [401, 80, 97, 58])),
         ] {
             let world = QueueWorld::new(
                 QueueConfig {
@@ -2436,28 +2563,53 @@ mod tests {
     }
 
     #[test]
-    fn a_record_queued_late_keeps_the_old_task_token_and_its_grant_waits_for_a_fallback() {
-        // The wait function of task 0 queues the waiter; its task times out before that write
-        // lands, and the function of task 1 finds the record not there yet, queues too, and is
-        // answered "already queued" once the first write has landed: the record keeps task 0's
-        // token. Everything stops with the waiter parked on task 1 and its record naming task 0:
-        // the grant's wake-up will fail, and the next fallback re-check finds the slot held.
+    fn a_record_queued_late_by_an_earlier_attempt_gets_the_later_attempts_token_from_its_check() {
+        // The acquire function of task 0 queues the waiter; its task times out before that
+        // write lands, and the function of task 1 finds no record yet, acquires ("full"),
+        // queues too, and is answered "already queued" once the first write has landed: it
+        // checks its record, finds task 0's token, and puts its own there, in the same place.
         let world = QueueWorld::new(config(2, 0, 0, 0, 1), QueueVariant::Real);
         let text = witness(
             &world,
-            "a parked waiter whose record in line names an older task token, nothing running",
-            vec![Box::new(|s| {
-                let t = world.table(s.table);
-                s.lambdas.is_empty()
-                    && (0..world.n()).any(|e| {
+            "a check after AlreadyQueued gives the record the current token",
+            vec![
+                Box::new(|s| {
+                    (0..world.n()).any(|e| {
+                        let queueing = |token| {
+                            s.lambdas.iter().any(|l| {
+                                l.exec == e
+                                    && l.task == Task::Wait { token }
+                                    && matches!(l.step, Step::Enqueue { .. })
+                            })
+                        };
+                        queueing(0) && queueing(1)
+                    })
+                }),
+                Box::new(|s| {
+                    let t = world.table(s.table);
+                    (0..world.n()).any(|e| {
                         let x = s.execs[e as usize];
                         x.stage == Stage::Waiting
-                            && t.line
-                                .get(&world.keys[e as usize])
-                                .is_some_and(|w| QueueWorld::token_number(&w.task_token) != x.token)
+                            && x.token > 0
+                            && QueueWorld::record_of(&t, e, &world.identities[e as usize])
+                                .is_some_and(|w| {
+                                    QueueWorld::token_number(&w.task_token) == x.token
+                                        && w.key.queued_at_ms == NOW_MS + u64::from(e)
+                                })
+                            && s.lambdas
+                                .iter()
+                                .any(|l| l.exec == e && l.step == Step::Hand(Hand::ReadLock))
                     })
-            })],
+                }),
+            ],
         );
-        assert!(text.contains("AlreadyQueued"), "{text}");
+        assert!(
+            text.contains("another attempt queued it: it checks its record"),
+            "{text}"
+        );
+        assert!(
+            text.contains("it keeps its place with its own token"),
+            "{text}"
+        );
     }
 }

@@ -149,50 +149,66 @@ fn every_broken_variant_of_ours_is_caught_in_the_default_world() {
 #[test]
 fn every_broken_variant_of_the_line_is_caught() {
     for (args, property, steps, states, transitions) in [
-        ("--variant newcomer-passes-the-line", "L2", 4, 138, 221),
+        ("--variant newcomer-passes-the-line", "L2", 7, 2_835, 7_644),
         (
             "--limit 1 --weights 1,1,1 --variant newcomer-passes-the-line",
             "L2",
-            6,
-            1_401,
-            2_674,
+            10,
+            12_965,
+            37_957,
         ),
         (
             "--variant hand-off-without-wake-retry",
             "L1",
-            15,
-            167_951,
-            470_372,
+            20,
+            452_360,
+            1_336_586,
         ),
         (
             "--limit 1 --weights 1,1 --executions 2 --variant hand-off-without-wake-retry",
             "F8",
-            13,
-            5_753,
-            13_394,
+            16,
+            9_849,
+            23_187,
         ),
         (
             "--variant dead-waiter-not-skipped",
-            "L1",
-            17,
-            391_076,
-            1_177_359,
+            "F8",
+            22,
+            917_859,
+            2_806_950,
         ),
-        ("--variant grant-ignores-weight", "S1", 13, 97_569, 265_718),
+        ("--variant grant-ignores-weight", "S1", 17, 189_142, 556_165),
+        // The one acquire state's check (issue #26): it must keep the place, and give the
+        // record the new attempt's token.
+        (
+            "--limit 1 --weights 1,1,1 --variant check-takes-a-new-place",
+            "L2",
+            9,
+            8_941,
+            25_739,
+        ),
+        (
+            "--limit 1 --weights 1,1 --executions 2 --timeouts 1 --variant check-keeps-old-token",
+            "F8",
+            13,
+            35_102,
+            103_734,
+        ),
         // The edges of what is promised.
         (
             "--limit 1 --weights 1,1,1 --no-sweeper",
             "L1",
-            9,
-            13_171,
-            31_863,
+            14,
+            60_452,
+            181_267,
         ),
         (
             "--limit 1 --weights 1,1,1 --strict-order",
             "L2",
-            10,
-            21_806,
-            55_152,
+            14,
+            63_240,
+            189_691,
         ),
     ] {
         caught(
@@ -271,7 +287,7 @@ fn two_redrives_world() {
 #[test]
 #[ignore = "model-check --queue: about 3 minutes"]
 fn queue_world() {
-    passes("--queue", 10_299_215, 47_845_679, 42);
+    passes("--queue", 16_003_895, 71_281_313, 44);
 }
 
 #[test]
@@ -279,9 +295,9 @@ fn queue_world() {
 fn queue_limit_1_world() {
     passes(
         "--queue --limit 1 --weights 1,1,1",
-        8_756_212,
-        39_258_882,
-        42,
+        12_792_902,
+        55_165_605,
+        44,
     );
 }
 
@@ -290,9 +306,9 @@ fn queue_limit_1_world() {
 fn queue_crash_and_early_timeout_world() {
     passes(
         "--queue --limit 1 --weights 1,1,1 --deaths 0 --lost-events 0 --timeouts 1",
-        6_991_605,
-        30_820_997,
-        38,
+        10_676_002,
+        46_244_381,
+        41,
     );
 }
 
@@ -301,8 +317,8 @@ fn queue_crash_and_early_timeout_world() {
 fn queue_four_executions_world() {
     passes(
         "--queue --limit 1 --weights 1,1,1 --executions 4 --deaths 0 --lost-events 0 --crashes 0",
-        4_260_070,
-        19_674_708,
-        38,
+        4_330_799,
+        19_968_012,
+        43,
     );
 }

@@ -85,11 +85,12 @@ pub(super) async fn gather(
         let lock = &locks[e.lock].name;
         // A success must name the lock it was planned to take: the default taken from the
         // template, or the one its input named.
-        let wrong_lock = o.status == "SUCCEEDED" && output["lock"].as_str() != Some(lock.as_str());
+        let wrong_lock =
+            o.status == "SUCCEEDED" && output["semaphore"]["lock"].as_str() != Some(lock.as_str());
         if !wrong_lock && counts.count_planned(*role, &o.status, o.error.as_deref(), was_stopped) {
             if o.status == "SUCCEEDED" {
                 report.locks[e.lock].succeeded += 1;
-                tokens[e.lock].extend(output["fencing_token"].as_u64());
+                tokens[e.lock].extend(output["semaphore"]["token"].as_u64());
             }
         } else {
             if wrong_lock {

@@ -26,9 +26,10 @@ use semaphore_model::{
 ///
 /// With --queue, the waiting line in its own world (default: 3 executions of weights 1, 2, 1 on
 /// a lock of limit 2, so a heavy head waits for both units and nobody passes it): executions
-/// that find the lock full queue, park, are handed a slot and woken (or re-check on a fallback
-/// timeout), work and release; hand-offs are one request per step; executions die, cleanup
-/// events are lost, Lambdas crash between requests, parked tasks time out early (each bounded).
+/// park on their one acquire task, which takes a slot or queues them, are handed a slot and
+/// woken (or check again when the task times out, keeping their place), work and release;
+/// hand-offs are one request per step; executions die, cleanup events are lost, Lambdas crash
+/// between requests, parked tasks time out early (each bounded).
 ///
 /// Exit status: 0 if the result is the expected one (the real protocol passes; the sample, a
 /// broken variant, --strict-order or --no-sweeper fails, as it must), 1 if not, 2 for bad
@@ -52,7 +53,8 @@ struct Cli {
     /// for these): redrive-without-guard, redrive-reuses-acquisition, cleanup-ignores-redrive,
     /// cleanup-checks-running-only-before-fence, one-fence-for-every-run,
     /// release-frees-only-its-run. Of the line: real, hand-off-without-wake-retry,
-    /// newcomer-passes-the-line, dead-waiter-not-skipped, grant-ignores-weight.
+    /// newcomer-passes-the-line, dead-waiter-not-skipped, grant-ignores-weight,
+    /// check-keeps-old-token, check-takes-a-new-place.
     #[arg(long, value_name = "NAME", default_value = "real")]
     variant: String,
 

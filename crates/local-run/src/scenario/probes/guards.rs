@@ -52,15 +52,18 @@ pub async fn redrive_guard(
 ) -> anyhow::Result<RedriveGuardReport> {
     let name = "probe-redrive-guard";
     let arn = protected.arn.replace(":stateMachine:", ":execution:") + ":" + name;
-    let probe_lock = json!({"lock": "probe-child-name", "limit": 1});
+    // As the acquire state asks, but with a task token no task waits on: the function's own
+    // answer (its invocation's result) names the child.
     let answer = invoke(
         endpoint,
         "acquire",
         &json!({
-            "holder": arn,
+            "request": {"lock": "probe-child-name", "limit": 1},
+            "starts_work": true,
+            "execution": arn,
             "redrive_count": 0,
-            "requested_at": semaphore_core::rfc3339_millis(now_ms() as u64),
-            "input": probe_lock,
+            "state": {"EnteredTime": semaphore_core::rfc3339_millis(now_ms() as u64)},
+            "task_token": "probe-redrive-guard-token",
         }),
     )
     .await?;
@@ -68,12 +71,7 @@ pub async fn redrive_guard(
         .as_str()
         .with_context(|| format!("the acquire function's answer has no work.name: {answer}"))?
         .to_owned();
-    invoke(
-        endpoint,
-        "release",
-        &json!({"holder": arn, "redrive_count": 0, "input": probe_lock}),
-    )
-    .await?;
+    invoke(endpoint, "release", &json!({"semaphore": answer})).await?;
     let first = start_execution(sfn, &work.arn, &child_name, &json!({"work_seconds": 0})).await?;
     wait_ended(sfn, &first, Duration::from_secs(60)).await?;
     let started = start_execution(sfn, &protected.arn, name, &json!({})).await?;
