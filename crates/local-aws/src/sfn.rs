@@ -220,7 +220,7 @@ pub async fn task_outputs(sfn: &aws_sdk_sfn::Client, execution: &str) -> Vec<Val
 /// reads an execution's lock from); its failure is caught. The execution then parks on
 /// `sqs:sendMessage.waitForTaskToken`, which moto runs locally, with the acquire state's own
 /// payload as the message (rendered for this task: its `$$.Task.Token`, its entry time), the
-/// state's `ResultPath` and `Retry` (a retry is a new attempt, with a new token and payload),
+/// state's `ResultSelector`, `ResultPath` and `Retry` (a retry is a new attempt, with a new token and payload),
 /// and a timeout of `timeouts[0]` seconds the first time and `timeouts[1]` later (short ones
 /// make a test's check come soon): a timeout enters the acquire state again, as the
 /// definition's `Catch` of `States.Timeout` does. The task's output ends the execution
@@ -240,6 +240,22 @@ pub fn parking_machine(definition: &Value, acquire_state: &str, timeouts: [u64; 
             "Next": acquire_state
         })
     };
+    let mut parked = serde_json::json!({
+        "Type": "Task",
+        "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
+        "Parameters": {
+            "QueueUrl.$": "$$.Execution.Input.parked.queue",
+            "MessageBody": payload
+        },
+        "TimeoutSecondsPath": "$.parked.timeout",
+        "ResultPath": acquire["ResultPath"],
+        "Retry": acquire["Retry"],
+        "Catch": [{"ErrorEquals": ["States.Timeout"], "ResultPath": null, "Next": "Later timeout"}],
+        "Next": "Granted"
+    });
+    if let Some(selector) = acquire.get("ResultSelector") {
+        parked["ResultSelector"] = selector.clone();
+    }
     serde_json::json!({
         "Comment": format!("{acquire_state} of the definition, parked on an SQS task (crates/local-aws/src/sfn.rs)"),
         "StartAt": "First timeout",
@@ -253,19 +269,7 @@ pub fn parking_machine(definition: &Value, acquire_state: &str, timeouts: [u64; 
                 "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.no_lambda_here", "Next": "Parked"}],
                 "Next": "Parked"
             },
-            "Parked": {
-                "Type": "Task",
-                "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
-                "Parameters": {
-                    "QueueUrl.$": "$$.Execution.Input.parked.queue",
-                    "MessageBody": payload
-                },
-                "TimeoutSecondsPath": "$.parked.timeout",
-                "ResultPath": acquire["ResultPath"],
-                "Retry": acquire["Retry"],
-                "Catch": [{"ErrorEquals": ["States.Timeout"], "ResultPath": null, "Next": "Later timeout"}],
-                "Next": "Granted"
-            },
+            "Parked": parked,
             "Later timeout": timeout(timeouts[1]),
             "Granted": {"Type": "Succeed"}
         }

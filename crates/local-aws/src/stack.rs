@@ -464,10 +464,7 @@ pub(crate) mod tests {
         let definition: serde_json::Value = serde_json::from_str(&protected.definition).unwrap();
         let acquire_state = &definition["States"]["Acquire slot"]["Parameters"];
         assert_eq!(acquire_state["FunctionName"], acquire.arn.as_str());
-        assert_eq!(
-            acquire_state["Payload"]["requested_at.$"],
-            "$$.State.EnteredTime"
-        );
+        assert_eq!(acquire_state["Payload"]["state.$"], "$$.State");
         assert_eq!(
             stack.rule_target().unwrap().logical_id,
             "CleanupStateMachine"
