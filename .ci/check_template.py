@@ -13,8 +13,13 @@ next to each one below).
 
 Usage (the venv's python: samtranslator and parliament live there):
   check_template.py names  [template.yaml]  every name built from the stack name fits
-  check_template.py lists  [template.yaml]  environments, policies and event patterns fit
-                                             with every parameter at its longest
+  check_template.py sizes  [template.yaml]  environments, policies and event patterns fit
+                                             with every parameter at its longest (and every
+                                             prefix "*"); no parameter takes a list of ARNs
+  check_template.py prefixes [template.yaml] for each prefix parameter (empty, "*", a short
+                                             one, the longest), the cleanup rule, IAM and the
+                                             functions' settings cover exactly the same
+                                             machines and functions
   check_template.py iam    [template.yaml]  parliament finds nothing but the recorded
                                              exceptions (.ci/iam-exceptions.json)
   check_template.py pitr   [template.yaml]  every table has the same point-in-time recovery
@@ -77,6 +82,10 @@ NAME_LIMITS = {
     ("AWS::SQS::Queue", "QueueName"): 80,
     # CloudWatch PutDashboard, DashboardName: "The maximum length is 255".
     ("AWS::CloudWatch::Dashboard", "DashboardName"): 255,
+    # Systems Manager PutParameter, Name: "The maximum length for a parameter name, including
+    # the full length of the parameter Amazon Resource Name (ARN), is 1011 characters"; the
+    # ARN adds arn:<partition>:ssm:<region>:<account>:parameter (at most about 60).
+    ("AWS::SSM::Parameter", "Name"): 950,
 }
 
 # Size quotas.
@@ -496,26 +505,32 @@ def check_names(template, root):
     return not failures
 
 
-def check_lists(template, root):
+def prefix_parameters(template):
+    """The parameters that declare consumers by name prefix."""
+    return [n for n in template.get("Parameters", {}) if n.endswith("Prefix")]
+
+
+def check_sizes(template, root):
     bound = stack_name_bound(template)
     stack_name = "s" * bound
     parameters = template.get("Parameters", {})
     lists = list_parameters(template)
-    if not lists:
-        raise CheckError("no ARN-list parameter found (String with an ARN-list AllowedPattern)")
-    worst = {name: longest_value(name, spec) for name, spec in parameters.items()}
-    cases = {"shortest ARNs": worst}
-    longest = dict(worst)
-    for name, (short, long_) in lists.items():
-        longest[name] = list_value(name, parameters[name], long_)
-    cases["longest ARNs"] = longest
-    for name in lists:
-        print(
-            f"{name}: MaxLength {parameters[name]['MaxLength']} = "
-            f"{worst[name].count(',') + 1} shortest or {longest[name].count(',') + 1} longest ARNs"
+    if lists:
+        raise CheckError(
+            f"{', '.join(lists)} take a list of ARNs: declare consumers by name prefix (a list "
+            "needs a redeploy per consumer and outgrows the quotas)"
         )
+    prefixes = prefix_parameters(template)
+    if not prefixes:
+        raise CheckError("no prefix parameter found (a String parameter named *Prefix)")
+    worst = {name: longest_value(name, spec) for name, spec in parameters.items()}
+    every = dict(worst)
+    for name in prefixes:
+        every[name] = "*"
+    for name in prefixes:
+        print(f"{name}: at most {parameters[name]['MaxLength']} characters")
     failures = []
-    for case, values in cases.items():
+    for case, values in (("every parameter at its longest", worst), ('every prefix "*"', every)):
         _, rendered = render(template, values, stack_name)
         failures += measure(case, rendered)
     for f in failures:
@@ -556,6 +571,166 @@ def measure(case, rendered):
     for what, size, quota in largest.values():
         print(f"  {what}: {size}/{quota}")
     return failures
+
+
+def wildcard(pattern, value):
+    """IAM's resource match: * any characters (':' too), ? one."""
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(regex, value) is not None
+
+
+def event_matches(pattern, event):
+    """EventBridge's match, for what rule patterns here use: nested objects, lists of exact
+    values, {"prefix": ...} and {"anything-but": [...]}."""
+    for key, want in pattern.items():
+        got = event.get(key)
+        if isinstance(want, dict):
+            if not isinstance(got, dict) or not event_matches(want, got):
+                return False
+            continue
+
+        def one(option):
+            if isinstance(option, dict):
+                if "prefix" in option:
+                    return isinstance(got, str) and got.startswith(option["prefix"])
+                if "anything-but" in option:
+                    excluded = option["anything-but"]
+                    excluded = excluded if isinstance(excluded, list) else [excluded]
+                    return got is not None and got not in excluded
+                raise CheckError(f"event pattern operator {option} is not emulated")
+            return got == option
+
+        if not any(one(o) for o in want):
+            return False
+    return True
+
+
+def generated_id(arn, rendered, kind):
+    """The logical id of the resource of `kind` whose generated physical name `arn` ends in
+    (Stack.generated: "<stack>-<logical id>-<random>")."""
+    for logical_id, r in rendered.items():
+        if r["Type"] == kind and f"-{logical_id}-" in arn:
+            return logical_id
+    raise CheckError(f"no {kind} named in {arn}")
+
+
+def role_allows(rendered, role_id, action, resource):
+    """Whether the role allows `action` on `resource`: the Allow statements of its inline and
+    managed policies (this stack writes no Deny), matched as IAM matches them."""
+    role = rendered[role_id]["Properties"]
+    documents = [p["PolicyDocument"] for p in role.get("Policies", [])]
+    for arn in role.get("ManagedPolicyArns", []):
+        if arn.startswith("arn:aws:iam::aws:"):
+            continue
+        documents.append(rendered[generated_id(arn, rendered, "AWS::IAM::ManagedPolicy")]["Properties"]["PolicyDocument"])
+    listed = lambda v: [v] if isinstance(v, (str, dict)) else v
+    return any(
+        st.get("Effect") == "Allow"
+        and any(wildcard(a, action) for a in listed(st.get("Action", [])))
+        and any(wildcard(r, resource) for r in listed(st.get("Resource", [])))
+        for document in documents
+        for st in listed(document.get("Statement", []))
+    )
+
+
+def allowed(rendered, function_id, action, resource):
+    """Whether the role of the function `function_id` allows `action` on `resource`."""
+    role_arn = rendered[function_id]["Properties"]["Role"]
+    return role_allows(rendered, generated_id(role_arn, rendered, "AWS::IAM::Role"), action, resource)
+
+
+def setting_matches(value, arn):
+    """A function's ARN-pattern setting (exact ARNs, or prefixes ending in *) covers `arn`."""
+    for entry in (e.strip() for e in value.split(",")):
+        if entry and (arn.startswith(entry[:-1]) if entry.endswith("*") else arn == entry):
+            return True
+    return False
+
+
+def check_prefixes(template, root):
+    parameters = template.get("Parameters", {})
+    for name in ("ProtectedStateMachinePrefix", "WorkStateMachinePrefix", "WorkFunctionPrefix"):
+        if name not in parameters:
+            raise CheckError(f"no parameter {name}")
+    stack_name = "stack"
+    base = {n: str(s["Default"]) for n, s in parameters.items() if "Default" in s}
+    functions = {"acquire": "AcquireFunction", "release": "ReleaseFunction",
+                 "cleanup": "CleanupFunction", "sweeper": "SweeperFunction"}
+    failures = []
+    longest = {n: longest_value(n, parameters[n]) for n in parameters}
+    shown = 0
+    for label, value in (("empty", ""), ("short", "team-"), ("longest", None), ('"*"', "*")):
+        values = dict(base)
+        for name in ("ProtectedStateMachinePrefix", "WorkStateMachinePrefix", "WorkFunctionPrefix"):
+            values[name] = longest[name] if value is None else value
+        _, rendered = render(template, values, stack_name, partition="aws", region="us-east-1")
+        machine = lambda n: f"arn:aws:states:us-east-1:{ACCOUNT}:stateMachine:{n}"
+        execution = lambda n: f"arn:aws:states:us-east-1:{ACCOUNT}:execution:{n}:run-1"
+        function = lambda n: f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:{n}"
+        rules = [r for r in rendered.values() if r["Type"] == "AWS::Events::Rule"
+                 and "EventPattern" in r["Properties"]
+                 and "aws.states" in r["Properties"]["EventPattern"].get("source", [])]
+        if len(rules) != 1:
+            raise CheckError(f"expected one status-change rule, found {len(rules)}")
+        rule = rules[0]["Properties"]["EventPattern"]
+
+        def cases(prefix_name, own):
+            """(machine name, should it be covered) for this prefix value."""
+            prefix = values[prefix_name]
+            out = [(n, True) for n in own]
+            if prefix == "*":
+                out.append(("any-machine", True))
+            elif prefix:
+                out += [(prefix + "orders", True), (prefix, True), ("x" + prefix, False)]
+            else:
+                out.append(("team-orders", False))
+            return out
+
+        own = [f"{stack_name}-lock-protected", f"{stack_name}-your-workflow"]
+        for name, covered in cases("ProtectedStateMachinePrefix", own):
+            event = {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
+                     "detail": {"status": "FAILED", "stateMachineArn": machine(name)}}
+            seen = {"the cleanup rule": event_matches(rule, event)}
+            for short, fid in functions.items():
+                env = rendered[fid]["Properties"]["Environment"]["Variables"]
+                seen[f"{short}'s PROTECTED_STATE_MACHINES"] = setting_matches(env["PROTECTED_STATE_MACHINES"], machine(name))
+                seen[f"{short} may wake its waiters"] = allowed(rendered, fid, "states:SendTaskSuccess", machine(name))
+                seen[f"{short} may describe its executions"] = allowed(rendered, fid, "states:DescribeExecution", execution(name))
+            seen["cleanup may read its histories"] = allowed(rendered, "CleanupFunction", "states:GetExecutionHistory", execution(name))
+            seen["sweeper may read its histories"] = allowed(rendered, "SweeperFunction", "states:GetExecutionHistory", execution(name))
+            for what, got in seen.items():
+                if got != covered:
+                    failures.append(f"ProtectedStateMachinePrefix {label} ({values['ProtectedStateMachinePrefix']!r}): machine {name}: {what} is {got}, expected {covered}")
+            shown += 1
+        demo = [f"{stack_name}-demo-work"]
+        env = rendered["AcquireFunction"]["Properties"]["Environment"]["Variables"]
+        for name, covered in cases("WorkStateMachinePrefix", demo):
+            seen = {
+                "acquire's WORK_STATE_MACHINES": setting_matches(env["WORK_STATE_MACHINES"], machine(name)),
+                "acquire may ask its type": allowed(rendered, "AcquireFunction", "states:DescribeStateMachine", machine(name)),
+                "cleanup may stop its executions": allowed(rendered, "CleanupFunction", "states:StopExecution", execution(name)),
+                "sweeper may describe its executions": allowed(rendered, "SweeperFunction", "states:DescribeExecution", execution(name)),
+                "the lock-protected machine may start it": role_allows(rendered, "LockProtectedStateMachineRole", "states:StartExecution", machine(name)),
+                "the lock-protected machine may stop its executions": role_allows(rendered, "LockProtectedStateMachineRole", "states:StopExecution", execution(name)),
+            }
+            for what, got in seen.items():
+                if got != covered:
+                    failures.append(f"WorkStateMachinePrefix {label} ({values['WorkStateMachinePrefix']!r}): machine {name}: {what} is {got}, expected {covered}")
+            shown += 1
+        for name, covered in cases("WorkFunctionPrefix", []):
+            seen = {
+                "acquire's WORK_FUNCTIONS": setting_matches(env["WORK_FUNCTIONS"], function(name)),
+                "the work-function machine may invoke it": role_allows(rendered, "WorkFunctionStateMachineRole", "lambda:InvokeFunction", function(name)),
+            }
+            for what, got in seen.items():
+                if got != covered:
+                    failures.append(f"WorkFunctionPrefix {label} ({values['WorkFunctionPrefix']!r}): function {name}: {what} is {got}, expected {covered}")
+            shown += 1
+        print(f"prefixes {label}: the cleanup rule {compact(rule['detail']['stateMachineArn'])[:160]}")
+    print(f"{shown} machines and functions checked against the rule, IAM and the settings")
+    for f in failures:
+        print("FAIL", f)
+    return not failures
 
 
 def check_pitr(template, root):
@@ -725,9 +900,9 @@ def check_iam(template, root):
 
     parameters = template.get("Parameters", {})
     values = {n: str(s["Default"]) for n, s in parameters.items() if "Default" in s}
-    # Every list given, so that every conditional statement is linted: one ordinary ARN each.
-    for name, (short, _) in list_parameters(template).items():
-        values[name] = short.replace(":a:", ":us-east-1:").replace(":x", ":yours")
+    # Every prefix given, so that every conditional statement is linted.
+    for name in prefix_parameters(template):
+        values[name] = "team-"
     _, rendered = render(template, values, "stack", partition="aws", region="us-east-1")
     with open(EXCEPTIONS, encoding="utf-8") as f:
         exceptions = json.load(f)["exceptions"]
@@ -795,8 +970,17 @@ def breakages(template):
     def queue_table_without_pitr(t):
         t["Resources"]["QueueTable"]["Properties"].pop("PointInTimeRecoverySpecification")
 
-    def longer_protected_list(t):
-        t["Parameters"]["ProtectedStateMachineArns"]["MaxLength"] = 2000
+    def list_parameter(t):
+        t["Parameters"]["ProtectedStateMachineArns"] = {
+            "Type": "String",
+            "Default": "",
+            "MaxLength": 1000,
+            "AllowedPattern": "^$|^arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:stateMachine:[A-Za-z0-9_-]{1,80}(,arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:stateMachine:[A-Za-z0-9_-]{1,80})*$",
+        }
+
+    def rule_without_prefix(t):
+        detail = t["Resources"]["CleanupStateMachine"]["Properties"]["Events"]["LockProtectedExecutionEnded"]["Properties"]["Pattern"]["detail"]
+        detail["stateMachineArn"] = [{"Ref": "LockProtectedStateMachine"}, {"Ref": "YourWorkflowExampleStateMachine"}]
 
     def dynamodb_read_on_a_machine(t):
         t["Resources"]["HandOffPolicy"]["Properties"]["PolicyDocument"]["Statement"].append(
@@ -818,7 +1002,8 @@ def breakages(template):
         ("dashboard", "a widget plotting WaitTimes, which no function writes", body_edit('\\"WaitTime\\"', '\\"WaitTimes\\"'), "SemaphoreDashboard"),
         ("names", "-your-workflow-example as the example machine's suffix", long_machine_name, "YourWorkflowExampleStateMachine"),
         ("pitr", "QueueTable without point-in-time recovery", queue_table_without_pitr, "QueueTable"),
-        ("lists", "ProtectedStateMachineArns up to 2,000 characters", longer_protected_list, None),
+        ("sizes", "a ProtectedStateMachineArns list parameter", list_parameter, None),
+        ("prefixes", "a cleanup rule that ignores ProtectedStateMachinePrefix", rule_without_prefix, "CleanupStateMachine"),
         ("iam", "dynamodb:GetItem on a state machine ARN in HandOffPolicy", dynamodb_read_on_a_machine, "HandOffPolicy"),
     ):
         if needs and needs not in resources:
@@ -847,7 +1032,8 @@ def check_selftest(template, root):
 
 CHECKS = {
     "names": check_names,
-    "lists": check_lists,
+    "sizes": check_sizes,
+    "prefixes": check_prefixes,
     "iam": check_iam,
     "pitr": check_pitr,
     "dashboard": check_dashboard,

@@ -260,18 +260,25 @@ async fn prepare(
     let events = match function {
         // Requested now, as a state machine entering its acquire state: the function starts
         // within the horizon (seconds), so every attempt is answered "acquired".
+        // The payload of the acquire state (its task token one Step Functions does not know:
+        // the function's own SendTaskSuccess fails and is logged, its answer still returns).
         "acquire" => holders
             .iter()
-            .map(|(h, a)| {
-                json!({"lock": lock, "limit": 5, "holder": h, "acquisition": a,
-                       "requested_at": rfc3339_millis(SystemClock.now_ms())})
+            .enumerate()
+            .map(|(n, (h, _))| {
+                json!({"request": {"lock": lock, "limit": 5}, "execution": h,
+                       "redrive_count": 0,
+                       "state": {"EnteredTime": rfc3339_millis(SystemClock.now_ms()),
+                                 "RetryCount": 0},
+                       "task_token": format!("bench-token-{n}")})
             })
             .collect(),
+        // The payload of the release state: the acquire answer.
         "release" => {
             take_slots(sem, &lock_name, &holders).await?;
             holders
                 .iter()
-                .map(|(h, a)| json!({"lock": lock, "holder": h, "acquisition": a}))
+                .map(|(h, a)| json!({"semaphore": {"lock": lock, "holder": h, "acquisition": a}}))
                 .collect()
         }
         "cleanup" => {

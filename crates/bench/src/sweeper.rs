@@ -120,7 +120,7 @@ impl Local {
             waker: lambda_common::TaskWaker {
                 callbacks: sfn.clone(),
             },
-            executions: SfnExecutions::new(sfn, Some(machine)),
+            executions: SfnExecutions::of_machines(sfn, machine.into()),
             sns,
             topic_arn: self.topic_arn.clone(),
             namespace: DEFAULT_NAMESPACE.to_owned(),

@@ -68,7 +68,7 @@ pub struct Config {
     pub resolver: Resolver,
     /// `MAX_WAIT_SECONDS`: how long an execution may wait in line, from when it was queued.
     pub max_wait: Duration,
-    /// The protected machines (`STATE_MACHINE_ARNS`) a caller must be one of, and the work
+    /// The protected machines (`PROTECTED_STATE_MACHINES`) a caller must be one of, and the work
     /// machines' types (set by `main`: `DescribeStateMachine`); see `lambda_common::deployment`.
     pub deployment: Deployment,
 }
@@ -81,7 +81,7 @@ impl Config {
             resolver: settings.resolver()?,
             max_wait: settings.max_wait()?,
             deployment: Deployment {
-                protected: settings.state_machines()?,
+                protected: settings.protected_machines()?,
                 machine_types: None,
             },
         })

@@ -716,8 +716,8 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
         format!(
             "request.work is \"{arn}\", which this stack does not allow: name one it allows \
              (state machines: {DEMO}, {MINE}; Lambda functions: {FUNCTION}), or leave it out to \
-             run the default, {DEMO}. To allow another, add it to the stack's \
-             WorkStateMachineArns or WorkFunctionArns parameter (the acquire function's \
+             run the default, {DEMO}. To allow another, name it under the stack's \
+             WorkStateMachinePrefix or WorkFunctionPrefix parameter (the acquire function's \
              WORK_STATE_MACHINES and WORK_FUNCTIONS)"
         )
     };
@@ -1460,21 +1460,30 @@ async fn a_missing_table_is_the_named_error_semaphore_store_error_which_is_retri
 }
 
 /// #18 item 16 (F12), (b): a machine that calls the acquire function without being one the
-/// stack protects (STATE_MACHINE_ARNS) would wait in line for ever (no `SendTaskSuccess` to its
+/// stack protects (PROTECTED_STATE_MACHINES) would wait in line for ever (no `SendTaskSuccess` to its
 /// tasks) and its failures would never be cleaned up; an Express execution cannot be described
 /// at all. Each is refused by name before anything is written, and the definition fails at once.
 #[tokio::test]
 async fn a_caller_the_stack_does_not_protect_is_misconfigured_and_writes_nothing() {
     let w = world().await;
-    let protected = "arn:aws:states:us-east-1:123456789012:stateMachine:LockProtected";
-    let config = config_with(&[("STATE_MACHINE_ARNS", protected)]);
+    // The stack's own machine, and every machine whose name starts with "team-" (the stack's
+    // ProtectedStateMachinePrefix), however long after the deploy it was created.
+    let protected = "arn:aws:states:us-east-1:123456789012:stateMachine:LockProtected,\
+                     arn:aws:states:us-east-1:123456789012:stateMachine:team-*";
+    let config = config_with(&[("PROTECTED_STATE_MACHINES", protected)]);
     // A protected caller goes on as before (and leaves an item, so "nothing written" below
     // also means "the existing item is unchanged").
     let ctx = Ctx::new(HOLDER, json!({}), &w.now()).with_task_token("t");
     w.play_machine(&config, &ctx, &json!({})).await.state();
+
+    let under_prefix = "arn:aws:states:us-east-1:123456789012:execution:team-orders:run-1";
+    let ctx = Ctx::new(under_prefix, json!({}), &w.now()).with_task_token("team");
+    let played = w.play_machine(&config, &ctx, &json!({})).await;
+    assert_eq!(played.state()["semaphore"]["outcome"], json!("acquired"));
     let before = all_items(&w.sem).await;
 
     let rogue = "arn:aws:states:us-east-1:123456789012:execution:NotDeclared:run-1";
+    let near_miss = "arn:aws:states:us-east-1:123456789012:execution:team:run-1";
     let express =
         "arn:aws:states:us-east-1:123456789012:express:LockProtected:run-2:0b1c7e93-5f5c-4bd8";
     for (caller, says) in [
@@ -1482,6 +1491,13 @@ async fn a_caller_the_stack_does_not_protect_is_misconfigured_and_writes_nothing
             rogue,
             format!(
                 "{rogue} is an execution of state machine NotDeclared, which this stack does not \
+                 protect"
+            ),
+        ),
+        (
+            near_miss,
+            format!(
+                "{near_miss} is an execution of state machine team, which this stack does not \
                  protect"
             ),
         ),

@@ -1,5 +1,7 @@
 //! Step Functions ARNs, as far as the cleanup function and the sweeper need them: is a holder an
-//! execution, of which state machine, and which execution a `startExecution` task started.
+//! execution, of which state machine, and which execution a `startExecution` task started; and
+//! sets of ARNs written as IAM writes them ([`ArnPatterns`]), by which a stack names the machines
+//! and functions of other stacks without a list to redeploy for each one.
 
 use std::fmt;
 
@@ -102,14 +104,7 @@ impl StateMachineArn {
     /// Whether `execution` is an execution of this state machine (of any version or alias, or
     /// a Distributed Map child of it).
     pub fn owns(&self, execution: &ExecutionArn) -> bool {
-        let machine = execution
-            .machine
-            .split_once('/')
-            .map_or(execution.machine.as_str(), |(m, _)| m);
-        execution.partition == self.partition
-            && execution.region == self.region
-            && execution.account == self.account
-            && machine == self.name
+        execution.state_machine() == *self
     }
 
     /// The ARN of this machine's standard execution named `name`: what `StartExecution` of this
@@ -129,6 +124,107 @@ impl fmt::Display for StateMachineArn {
             "arn:{}:states:{}:{}:stateMachine:{}",
             self.partition, self.region, self.account, self.name
         )
+    }
+}
+
+impl ExecutionArn {
+    /// The ARN of the (unqualified) state machine this is an execution of; for a Distributed
+    /// Map child, of the machine that ran the map.
+    pub fn state_machine(&self) -> StateMachineArn {
+        let machine = self
+            .machine
+            .split_once('/')
+            .map_or(self.machine.as_str(), |(m, _)| m);
+        StateMachineArn {
+            partition: self.partition.clone(),
+            region: self.region.clone(),
+            account: self.account.clone(),
+            name: machine.to_owned(),
+        }
+    }
+}
+
+/// A set of ARNs as an IAM policy names them: each entry exact, or ending in `*` for every ARN
+/// that begins with what precedes it (`arn:aws:states:us-east-1:123456789012:stateMachine:orders-*`:
+/// every machine whose name starts with `orders-`). A prefix covers machines created after the
+/// stack was deployed, which an ARN list cannot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ArnPatterns(Vec<ArnPattern>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ArnPattern {
+    Exact(String),
+    Prefix(String),
+}
+
+impl ArnPatterns {
+    /// Comma-separated entries, blanks skipped and duplicates dropped. `valid` judges an ARN: an
+    /// exact entry must be one, a prefix must be the beginning of one (it is asked about the
+    /// prefix followed by one more name character). Errs with the first entry that is neither.
+    pub fn parse(text: &str, valid: impl Fn(&str) -> bool) -> Result<Self, String> {
+        let mut patterns = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let pattern = match part.strip_suffix('*') {
+                Some(prefix) if !prefix.contains('*') && valid(&format!("{prefix}a")) => {
+                    ArnPattern::Prefix(prefix.to_owned())
+                }
+                None if !part.contains('*') && valid(part) => ArnPattern::Exact(part.to_owned()),
+                _ => return Err(part.to_owned()),
+            };
+            if !patterns.contains(&pattern) {
+                patterns.push(pattern);
+            }
+        }
+        Ok(Self(patterns))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `arn` is one of the exact entries or begins with one of the prefixes.
+    pub fn matches(&self, arn: &str) -> bool {
+        self.0.iter().any(|p| match p {
+            ArnPattern::Exact(exact) => exact == arn,
+            ArnPattern::Prefix(prefix) => arn.starts_with(prefix.as_str()),
+        })
+    }
+
+    /// Whether `execution` is an execution of one of these state machines (of any version or
+    /// alias of it, or a Distributed Map child of it).
+    pub fn covers(&self, execution: &ExecutionArn) -> bool {
+        let machine = execution.state_machine().to_string();
+        self.0.iter().any(|p| match p {
+            ArnPattern::Exact(exact) => {
+                StateMachineArn::parse(exact).is_some_and(|m| m.to_string() == machine)
+            }
+            ArnPattern::Prefix(prefix) => machine.starts_with(prefix.as_str()),
+        })
+    }
+}
+
+/// The one machine, exactly.
+impl From<StateMachineArn> for ArnPatterns {
+    fn from(machine: StateMachineArn) -> Self {
+        Self(vec![ArnPattern::Exact(machine.to_string())])
+    }
+}
+
+impl fmt::Display for ArnPatterns {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            match p {
+                ArnPattern::Exact(exact) => f.write_str(exact)?,
+                ArnPattern::Prefix(prefix) => write!(f, "{prefix}*")?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -216,5 +312,64 @@ mod tests {
         );
         let parsed = ExecutionArn::parse(&execution).unwrap();
         assert!(versioned.owns(&parsed));
+    }
+
+    #[test]
+    fn patterns_match_exact_arns_and_prefixes_as_iam_does() {
+        let machine = |a: &str| StateMachineArn::parse(a).is_some();
+        let patterns = ArnPatterns::parse(
+            "arn:aws:states:us-east-1:123456789012:stateMachine:lock-protected, ,\
+             arn:aws:states:us-east-1:123456789012:stateMachine:orders-*,\
+             arn:aws:states:us-east-1:123456789012:stateMachine:orders-*",
+            machine,
+        )
+        .unwrap();
+        assert_eq!(
+            patterns.to_string(),
+            "arn:aws:states:us-east-1:123456789012:stateMachine:lock-protected, \
+             arn:aws:states:us-east-1:123456789012:stateMachine:orders-*"
+        );
+        let exec = |s: &str| ExecutionArn::parse(s).unwrap();
+        for covered in [
+            "arn:aws:states:us-east-1:123456789012:execution:lock-protected:run-1",
+            "arn:aws:states:us-east-1:123456789012:execution:orders-eu:run-1",
+            "arn:aws:states:us-east-1:123456789012:execution:orders-:run-1",
+            "arn:aws:states:us-east-1:123456789012:execution:orders-eu/map:child",
+        ] {
+            assert!(patterns.covers(&exec(covered)), "{covered}");
+        }
+        for not_covered in [
+            "arn:aws:states:us-east-1:123456789012:execution:lock-protected-2:run-1",
+            "arn:aws:states:us-east-1:123456789012:execution:orders:run-1",
+            "arn:aws:states:eu-west-1:123456789012:execution:orders-eu:run-1",
+            "arn:aws:states:us-east-1:210987654321:execution:orders-eu:run-1",
+        ] {
+            assert!(!patterns.covers(&exec(not_covered)), "{not_covered}");
+        }
+        assert!(patterns.matches("arn:aws:states:us-east-1:123456789012:stateMachine:orders-x"));
+        assert!(!patterns.matches("arn:aws:states:us-east-1:123456789012:stateMachine:order"));
+        // Every machine of the account and region.
+        let every = ArnPatterns::parse(
+            "arn:aws:states:us-east-1:123456789012:stateMachine:*",
+            machine,
+        )
+        .unwrap();
+        assert!(every.covers(&exec(
+            "arn:aws:states:us-east-1:123456789012:execution:any:e"
+        )));
+        assert!(ArnPatterns::parse("", machine).unwrap().is_empty());
+        for bad in [
+            "arn:aws:states:us-east-1:123456789012:stateMachine:a*b",
+            "arn:aws:states:us-east-1:123456789012:stateMachine:**",
+            "arn:aws:states:us-east-1:*",
+            "orders-*",
+            "*",
+        ] {
+            assert_eq!(
+                ArnPatterns::parse(bad, machine),
+                Err(bad.to_owned()),
+                "{bad}"
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use semaphore_core::{DynamoStore, InputError, Limit, LockName, Rate, Semaphore, Timing, Weight};
 
-use crate::arn::StateMachineArn;
+use crate::arn::ArnPatterns;
 use crate::executions::SfnExecutions;
 use crate::request::{AllowedWork, Defaults, Resolver, WorkKind};
 use crate::waiting::{HandOffs, SfnHandOffs};
@@ -25,14 +25,20 @@ pub mod var {
     pub const DEFAULT_RATE: &str = "DEFAULT_RATE";
     /// The work of an execution whose input names none: one of the allowed.
     pub const DEFAULT_WORK: &str = "DEFAULT_WORK";
-    /// Comma-separated state machine ARNs an execution's input may name as its work.
+    /// The state machines an execution's input may name as its work: comma-separated ARNs,
+    /// each exact or a prefix ending in `*` (the stack's `WorkStateMachinePrefix`).
     pub const WORK_STATE_MACHINES: &str = "WORK_STATE_MACHINES";
-    /// Comma-separated Lambda function ARNs an execution's input may name as its work.
+    /// The Lambda functions an execution's input may name as its work, alike
+    /// (`WorkFunctionPrefix`).
     pub const WORK_FUNCTIONS: &str = "WORK_FUNCTIONS";
     /// The state machine that runs a Lambda function as the work's child execution.
     pub const WORK_FUNCTION_RUNNER: &str = "WORK_FUNCTION_RUNNER";
     /// How long an execution may wait for a slot before `SemaphoreWaitTimeout`.
     pub const MAX_WAIT_SECONDS: &str = "MAX_WAIT_SECONDS";
+    /// The state machines whose executions may take the semaphore, and whose executions the
+    /// functions judge: comma-separated ARNs, each exact or a prefix ending in `*` (the
+    /// stack's own machines and its `ProtectedStateMachinePrefix`).
+    pub const PROTECTED_STATE_MACHINES: &str = "PROTECTED_STATE_MACHINES";
 }
 
 /// The wait budget when `MAX_WAIT_SECONDS` is unset: the template's default.
@@ -86,15 +92,13 @@ pub enum ConfigError {
     },
 }
 
-/// An item of a list of ARNs that is not an ARN of the kind the list holds.
+/// An entry of a list of ARN patterns that is neither an ARN of the kind the list holds nor the
+/// beginning of one followed by `*`.
 #[derive(Debug, thiserror::Error)]
-pub enum NotAnArn {
-    /// Of the work an execution may name.
-    #[error("{part:?} is not an ARN of the form {}", kind.form())]
-    Work { part: String, kind: WorkKind },
-    /// Of the machines whose executions a function judges.
-    #[error("{part:?}: expected {}, or unset to judge every execution", WorkKind::StateMachine.form())]
-    Judged { part: String },
+#[error("{part:?} is not an ARN of the form {}, nor the beginning of one followed by *", kind.form())]
+pub struct NotAnArn {
+    pub part: String,
+    pub kind: WorkKind,
 }
 
 /// As its message: `main` returning the error prints it with `Debug`.
@@ -187,31 +191,6 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         }
     }
 
-    /// A comma-separated list: blanks between commas are skipped, each item parsed by `parse`
-    /// (its `Err` is the problem to report, naming the item), duplicates dropped. Unset is
-    /// none.
-    pub fn list<T: PartialEq, E: std::error::Error>(
-        &self,
-        name: &'static str,
-        parse: impl Fn(&str) -> Result<T, E>,
-    ) -> Result<Vec<T>, ConfigError> {
-        let Some(value) = self.optional(name) else {
-            return Ok(Vec::new());
-        };
-        let mut items: Vec<T> = Vec::new();
-        for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let item = parse(part).map_err(|e| ConfigError::Invalid {
-                name,
-                value: value.clone(),
-                problem: e.to_string(),
-            })?;
-            if !items.contains(&item) {
-                items.push(item);
-            }
-        }
-        Ok(items)
-    }
-
     /// `DEFAULT_LOCK`, `DEFAULT_LIMIT`, `DEFAULT_WEIGHT` and `DEFAULT_RATE`, each optional:
     /// without a lock or limit, a payload whose input does not name it is refused with
     /// `SemaphoreInvalidInput`.
@@ -241,13 +220,13 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
             .transpose()
     }
 
-    /// `WORK_STATE_MACHINES` and `WORK_FUNCTIONS` (comma-separated ARNs of their kind, blanks
-    /// skipped, duplicates dropped), `DEFAULT_WORK` (one of them) and `WORK_FUNCTION_RUNNER`
-    /// (a state machine ARN, required when functions are allowed). All unset allows no work:
-    /// fine for callers that pass no execution input.
+    /// `WORK_STATE_MACHINES` and `WORK_FUNCTIONS` ([`ArnPatterns`] of their kind),
+    /// `DEFAULT_WORK` (one they match) and `WORK_FUNCTION_RUNNER` (a state machine ARN,
+    /// required when functions are allowed). All unset allows no work: fine for callers that
+    /// pass no execution input.
     pub fn allowed_work(&self) -> Result<AllowedWork, ConfigError> {
-        let state_machines = self.arns(var::WORK_STATE_MACHINES, WorkKind::StateMachine)?;
-        let functions = self.arns(var::WORK_FUNCTIONS, WorkKind::Function)?;
+        let state_machines = self.patterns(var::WORK_STATE_MACHINES, WorkKind::StateMachine)?;
+        let functions = self.patterns(var::WORK_FUNCTIONS, WorkKind::Function)?;
         let runner = self.optional(var::WORK_FUNCTION_RUNNER);
         match &runner {
             Some(runner) if WorkKind::of(runner) != Some(WorkKind::StateMachine) => {
@@ -271,7 +250,7 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         }
         let default = self.optional(var::DEFAULT_WORK);
         if let Some(default) = &default {
-            if !state_machines.contains(default) && !functions.contains(default) {
+            if !state_machines.matches(default) && !functions.matches(default) {
                 return Err(ConfigError::Invalid {
                     name: var::DEFAULT_WORK,
                     value: default.clone(),
@@ -290,15 +269,17 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         })
     }
 
-    /// Comma-separated ARNs of `kind`; unset is none.
-    fn arns(&self, name: &'static str, kind: WorkKind) -> Result<Vec<String>, ConfigError> {
-        self.list(name, |part| {
-            (WorkKind::of(part) == Some(kind))
-                .then(|| part.to_owned())
-                .ok_or_else(|| NotAnArn::Work {
-                    part: part.to_owned(),
-                    kind,
-                })
+    /// [`ArnPatterns`] of `kind`; unset is none.
+    fn patterns(&self, name: &'static str, kind: WorkKind) -> Result<ArnPatterns, ConfigError> {
+        let Some(value) = self.optional(name) else {
+            return Ok(ArnPatterns::default());
+        };
+        ArnPatterns::parse(&value, |arn| WorkKind::of(arn) == Some(kind)).map_err(|part| {
+            ConfigError::Invalid {
+                name,
+                problem: NotAnArn { part, kind }.to_string(),
+                value,
+            }
         })
     }
 
@@ -334,34 +315,23 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         Ok(Semaphore::new(store).with_timing(timing))
     }
 
-    /// `STATE_MACHINE_ARN` (one) and `STATE_MACHINE_ARNS` (comma-separated), both optional: the
-    /// machines whose executions the function judges (the lock-protected machine and the user's
-    /// own machines that take the semaphore); none set judges every execution.
-    pub fn state_machines(&self) -> Result<Vec<StateMachineArn>, ConfigError> {
-        let mut state_machines: Vec<StateMachineArn> = Vec::new();
-        for name in ["STATE_MACHINE_ARN", "STATE_MACHINE_ARNS"] {
-            for machine in self.list(name, |part| {
-                StateMachineArn::parse(part).ok_or_else(|| NotAnArn::Judged {
-                    part: part.to_owned(),
-                })
-            })? {
-                if !state_machines.contains(&machine) {
-                    state_machines.push(machine);
-                }
-            }
-        }
-        Ok(state_machines)
+    /// `PROTECTED_STATE_MACHINES` ([`ArnPatterns`] of state machines): the machines whose
+    /// executions may take the semaphore and that the functions judge; unset: every execution
+    /// (a deployment without the setting, such as a test's).
+    pub fn protected_machines(&self) -> Result<ArnPatterns, ConfigError> {
+        self.patterns(var::PROTECTED_STATE_MACHINES, WorkKind::StateMachine)
     }
 
     /// What moves a lock's line: `SendTaskSuccess` to wake a granted waiter, and
-    /// `DescribeExecution` (of [`Settings::state_machines`]' executions) when a wake-up fails.
+    /// `DescribeExecution` (of [`Settings::protected_machines`]' executions) when a wake-up
+    /// fails.
     pub fn hand_offs(&self, sdk: &aws_config::SdkConfig) -> Result<SfnHandOffs, ConfigError> {
         let client = aws_sdk_sfn::Client::new(sdk);
         Ok(HandOffs {
             metrics: self.metrics(),
             ..HandOffs::new(
                 client.clone(),
-                SfnExecutions::of_machines(client, self.state_machines()?),
+                SfnExecutions::of_machines(client, self.protected_machines()?),
             )
         })
     }
@@ -507,8 +477,8 @@ mod tests {
         .allowed_work()
         .unwrap();
         assert_eq!(work.default.as_deref(), Some(DEMO));
-        assert_eq!(work.state_machines, [DEMO]);
-        assert_eq!(work.functions, [FUNCTION]);
+        assert_eq!(work.state_machines.to_string(), DEMO);
+        assert_eq!(work.functions.to_string(), FUNCTION);
         assert_eq!(work.runner.as_deref(), Some(RUNNER));
 
         let err = |vars: &[(&str, &str)]| settings(vars).allowed_work().unwrap_err().to_string();
@@ -516,7 +486,8 @@ mod tests {
             err(&[("WORK_STATE_MACHINES", FUNCTION)]),
             format!(
                 "environment variable WORK_STATE_MACHINES is \"{FUNCTION}\": \"{FUNCTION}\" is \
-                 not an ARN of the form arn:<partition>:states:<region>:<account>:stateMachine:<name>"
+                 not an ARN of the form arn:<partition>:states:<region>:<account>:stateMachine:<name>, \
+                 nor the beginning of one followed by *"
             )
         );
         assert!(
@@ -547,32 +518,27 @@ mod tests {
     }
 
     #[test]
-    fn lists_are_split_validated_and_deduplicated() {
-        let lock = |part: &str| LockName::new(part);
-        let names = |v: &str| {
-            settings(&[("LOCKS", v)])
-                .list("LOCKS", lock)
-                .map(|l| l.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-        };
-        assert_eq!(names("a, b,,a ,c").unwrap(), ["a", "b", "c"]);
-        assert_eq!(names("").unwrap(), Vec::<String>::new());
-        assert!(settings(&[]).list("LOCKS", lock).unwrap().is_empty());
-        let long = "x".repeat(300);
-        let err = names(&format!("a,{long}")).unwrap_err();
-        assert!(err.to_string().contains("300 bytes long"), "{err}");
-    }
-
-    #[test]
-    fn a_state_machine_list_names_the_item_that_is_not_an_arn() {
+    fn protected_machines_name_the_entry_that_is_not_one() {
         let machine = "arn:aws:states:us-east-1:123456789012:stateMachine:m";
-        let judged = |v: &str| settings(&[("STATE_MACHINE_ARNS", v)]).state_machines();
-        assert_eq!(judged(&format!("{machine}, {machine}")).unwrap().len(), 1);
-        let err = judged(&format!("{machine},my-machine")).unwrap_err();
+        let protected = |v: &str| {
+            settings(&[("PROTECTED_STATE_MACHINES", v)])
+                .protected_machines()
+                .map(|p| p.to_string())
+        };
+        assert_eq!(
+            protected(&format!("{machine}, {machine}*,{machine}")).unwrap(),
+            format!("{machine}, {machine}*")
+        );
+        assert_eq!(
+            settings(&[]).protected_machines().unwrap().to_string(),
+            "none"
+        );
+        let err = protected(&format!("{machine},my-machine-*")).unwrap_err();
         assert!(
             err.to_string().contains(
-                "\"my-machine\": expected \
-                 arn:<partition>:states:<region>:<account>:stateMachine:<name>, or unset to judge \
-                 every execution"
+                "\"my-machine-*\" is not an ARN of the form \
+                 arn:<partition>:states:<region>:<account>:stateMachine:<name>, nor the \
+                 beginning of one followed by *"
             ),
             "{err}"
         );

@@ -1,11 +1,12 @@
 //! Misconfiguration the acquire function refuses by name (`SemaphoreMisconfigured`) before it
 //! writes anything, where it would otherwise become a silent hang or a leak (F12):
 //!
-//! - A caller that is not one of the stack's protected machines (`STATE_MACHINE_ARNS`: the
-//!   lock-protected machine, the example, `ProtectedStateMachineArns`). Its waiters would never
-//!   be woken (the functions may send `SendTaskSuccess` only to those machines' tasks), and its
-//!   failures would never be cleaned up (the EventBridge rule matches only those machines), so
-//!   a slot it holds when it fails waits for the sweeper, which judges only those machines too.
+//! - A caller that is not one of the stack's protected machines (`PROTECTED_STATE_MACHINES`:
+//!   the lock-protected machine, the example, the machines under `ProtectedStateMachinePrefix`).
+//!   Its waiters would never be woken (the functions may send `SendTaskSuccess` only to those
+//!   machines' tasks), and its failures would never be cleaned up (the EventBridge rule matches
+//!   only those machines), so a slot it holds when it fails waits for the sweeper, which judges
+//!   only those machines too.
 //! - A caller that is an Express execution: Step Functions has no `DescribeExecution` or
 //!   `GetExecutionHistory` for Express executions, nor `.waitForTaskToken` (the line), so neither
 //!   the cleanup nor the sweeper could ever tell that it ended.
@@ -23,17 +24,16 @@ use std::sync::{Arc, Mutex};
 
 use aws_sdk_sfn::types::StateMachineType;
 
-use crate::arn::{ExecutionArn, ExecutionKind, StateMachineArn};
+use crate::arn::{ArnPatterns, ExecutionArn, ExecutionKind};
 use crate::error::HandlerError;
 use crate::request::{Work, WorkKind};
 
 /// What the acquire function checks a request against besides its input.
 #[derive(Debug, Clone, Default)]
 pub struct Deployment {
-    /// `STATE_MACHINE_ARNS` (and `STATE_MACHINE_ARN`): the machines allowed to take the
-    /// semaphore. Empty (unset): every standard execution may (a deployment without the list,
-    /// e.g. a test's).
-    pub protected: Vec<StateMachineArn>,
+    /// `PROTECTED_STATE_MACHINES`: the machines allowed to take the semaphore. Empty (unset):
+    /// every standard execution may (a deployment without the setting, e.g. a test's).
+    pub protected: ArnPatterns,
     /// Asks a work machine's type; `None`: not checked.
     pub machine_types: Option<MachineTypes>,
 }
@@ -101,17 +101,15 @@ impl Deployment {
                  cannot wait in line (no .waitForTaskToken). Use a STANDARD state machine"
             )));
         }
-        if self.protected.is_empty() || self.protected.iter().any(|m| m.owns(&execution)) {
+        if self.protected.is_empty() || self.protected.covers(&execution) {
             return Ok(());
         }
-        let list: Vec<String> = self.protected.iter().map(ToString::to_string).collect();
         Err(HandlerError::Misconfigured(format!(
             "{holder} is an execution of state machine {}, which this stack does not protect \
-             (its STATE_MACHINE_ARNS: {}): its waiters would never be woken and a slot it \
-             holds when it fails would not be cleaned up. Add its ARN to the stack's \
-             ProtectedStateMachineArns parameter",
-            execution.machine,
-            list.join(", ")
+             (its PROTECTED_STATE_MACHINES: {}): its waiters would never be woken and a slot \
+             it holds when it fails would not be cleaned up. Name the machine under the \
+             stack's ProtectedStateMachinePrefix parameter (or set that prefix to cover it)",
+            execution.machine, self.protected
         )))
     }
 
@@ -126,7 +124,7 @@ impl Deployment {
                  semaphore: Step Functions cannot describe or stop an Express execution, so a \
                  cleanup could neither see nor stop the work of an execution that ended, and \
                  would free its slot while it runs. Use a STANDARD state machine as the work, \
-                 or remove it from the stack's WorkStateMachineArns parameter",
+                 or keep it out of the stack's WorkStateMachinePrefix",
                 work.state_machine
             )));
         }

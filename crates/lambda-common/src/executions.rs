@@ -3,7 +3,7 @@
 
 use semaphore_core::{Clock, ExecutionState, ExecutionStatus, HolderId, PortError, SystemClock};
 
-use crate::arn::{ExecutionArn, ExecutionKind, StateMachineArn};
+use crate::arn::{ArnPatterns, ExecutionArn, ExecutionKind};
 use crate::history;
 use crate::sfn::{
     child_state, may_still_start, ChildState, Described, Executions, SfnClient, SfnError,
@@ -28,17 +28,12 @@ pub struct SfnExecutions {
     /// When not empty, only executions of these state machines are judged; other holders are
     /// left alone like operator ids (the function may describe these machines' executions
     /// only).
-    state_machines: Vec<StateMachineArn>,
+    state_machines: ArnPatterns,
 }
 
 impl SfnExecutions {
-    /// Judges the executions of `state_machine`, or every execution when `None`.
-    pub fn new(client: aws_sdk_sfn::Client, state_machine: Option<StateMachineArn>) -> Self {
-        Self::of_machines(client, state_machine.into_iter().collect())
-    }
-
     /// Judges the executions of these state machines, or every execution when empty.
-    pub fn of_machines(client: aws_sdk_sfn::Client, state_machines: Vec<StateMachineArn>) -> Self {
+    pub fn of_machines(client: aws_sdk_sfn::Client, state_machines: ArnPatterns) -> Self {
         Self {
             sfn: SfnClient::new(client),
             state_machines,
@@ -78,7 +73,7 @@ impl ExecutionStatus for SfnExecutions {
         if arn.kind == ExecutionKind::Express {
             return Ok(ExecutionState::NotAnExecution);
         }
-        if !self.state_machines.is_empty() && !self.state_machines.iter().any(|m| m.owns(&arn)) {
+        if !self.state_machines.is_empty() && !self.state_machines.covers(&arn) {
             return Ok(ExecutionState::NotAnExecution);
         }
         // This client can only answer for its own region: never take "does not exist" from

@@ -24,6 +24,7 @@ use semaphore_core::{
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::arn::ArnPatterns;
 use crate::error::HandlerError;
 use crate::payload::{quoted, Payload};
 
@@ -109,8 +110,8 @@ impl WorkKind {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AllowedWork {
     pub(crate) default: Option<String>,
-    pub(crate) state_machines: Vec<String>,
-    pub(crate) functions: Vec<String>,
+    pub(crate) state_machines: ArnPatterns,
+    pub(crate) functions: ArnPatterns,
     /// The state machine that runs a Lambda function as a child execution.
     pub(crate) runner: Option<String>,
 }
@@ -129,14 +130,9 @@ pub struct Work {
 impl AllowedWork {
     /// What may be named, for messages.
     fn describe(&self) -> String {
-        let list = |arns: &[String]| match arns {
-            [] => "none".to_owned(),
-            arns => arns.join(", "),
-        };
         format!(
             "state machines: {}; Lambda functions: {}",
-            list(&self.state_machines),
-            list(&self.functions)
+            self.state_machines, self.functions
         )
     }
 
@@ -155,9 +151,11 @@ impl AllowedWork {
                 self.describe()
             )));
         };
-        let kind = if self.state_machines.iter().any(|a| a == arn) {
+        let kind = if WorkKind::of(arn) == Some(WorkKind::StateMachine)
+            && self.state_machines.matches(arn)
+        {
             WorkKind::StateMachine
-        } else if self.functions.iter().any(|a| a == arn) {
+        } else if WorkKind::of(arn) == Some(WorkKind::Function) && self.functions.matches(arn) {
             WorkKind::Function
         } else {
             let default = match &self.default {
@@ -166,8 +164,8 @@ impl AllowedWork {
             };
             return Err(HandlerError::InvalidInput(format!(
                 "{field} is {}, which this stack does not allow: name one it allows ({}){default}. \
-                 To allow another, add it to the stack's WorkStateMachineArns or \
-                 WorkFunctionArns parameter (the acquire function's WORK_STATE_MACHINES and \
+                 To allow another, name it under the stack's WorkStateMachinePrefix or \
+                 WorkFunctionPrefix parameter (the acquire function's WORK_STATE_MACHINES and \
                  WORK_FUNCTIONS)",
                 quoted(&Value::String(arn.to_owned())),
                 self.describe()
@@ -471,8 +469,8 @@ mod tests {
             },
             work: AllowedWork {
                 default: Some(DEMO.to_owned()),
-                state_machines: vec![DEMO.to_owned(), MINE.to_owned()],
-                functions: vec![FUNCTION.to_owned()],
+                state_machines: ArnPatterns::parse(&format!("{DEMO},{MINE}"), |_| true).unwrap(),
+                functions: ArnPatterns::parse(FUNCTION, |_| true).unwrap(),
                 runner: Some(RUNNER.to_owned()),
             },
         }

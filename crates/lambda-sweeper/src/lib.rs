@@ -35,7 +35,7 @@ use semaphore_core::{DynamoStore, ExecutionStatus, ItemStore, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use lambda_common::arn::{self, ExecutionArn, ExecutionKind, StateMachineArn};
+pub use lambda_common::arn::{self, ArnPatterns, ExecutionArn, ExecutionKind, StateMachineArn};
 pub use lambda_common::metrics::DEFAULT_NAMESPACE;
 pub use lambda_common::SfnExecutions;
 pub use notice::{human_duration, subject, Notice};
@@ -94,9 +94,8 @@ pub struct Sweeper<S, E> {
 impl Sweeper<DynamoStore, SfnExecutions> {
     /// From `TABLE_NAME`, the timing (`ACQUIRE_HORIZON_SECONDS`, `CLOCK_SKEW_SECONDS`),
     /// `TOPIC_ARN` (required), `METRIC_NAMESPACE` (default [`DEFAULT_NAMESPACE`]), and
-    /// `STATE_MACHINE_ARNS` (comma-separated) and `STATE_MACHINE_ARN` (one), both optional: the
-    /// machines whose executions are judged (the lock-protected machine and the user's own
-    /// machines that take the semaphore); none set judges every execution.
+    /// `PROTECTED_STATE_MACHINES` (optional): the machines whose executions are judged (the
+    /// stack's and those under its prefix); unset judges every execution.
     pub fn from_settings<F: Fn(&str) -> Option<String>>(
         settings: &Settings<F>,
         sdk: &aws_config::SdkConfig,
@@ -106,7 +105,7 @@ impl Sweeper<DynamoStore, SfnExecutions> {
             "TOPIC_ARN",
             "set it to the ARN of the SNS topic that gets a notice per reclaimed slot",
         )?;
-        let state_machines = settings.state_machines()?;
+        let state_machines = settings.protected_machines()?;
         Ok(Self {
             semaphore,
             executions: SfnExecutions::of_machines(aws_sdk_sfn::Client::new(sdk), state_machines),

@@ -68,7 +68,7 @@ async fn the_binary_sweeps_and_prints_the_metric() {
             &[
                 ("TABLE_NAME", table.as_str()),
                 ("TOPIC_ARN", topic_arn.as_str()),
-                ("STATE_MACHINE_ARN", machine_arn.as_str()),
+                ("PROTECTED_STATE_MACHINES", machine_arn.as_str()),
                 ("METRIC_NAMESPACE", "Test/Semaphore"),
             ],
             vec![json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}})],

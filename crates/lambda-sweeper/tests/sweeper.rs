@@ -13,7 +13,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use lambda_common::metrics::check_emf;
 use lambda_common::Settings;
 use lambda_runtime::{Context, LambdaEvent};
-use lambda_sweeper::{Notice, SfnExecutions, StateMachineArn, Sweeper};
+use lambda_sweeper::{ArnPatterns, Notice, SfnExecutions, Sweeper};
 use local_aws::counter::RequestCounter;
 use local_aws::legacy::put_version_1_item;
 use local_aws::names::id;
@@ -183,7 +183,7 @@ impl Local {
         let vars = BTreeMap::from([
             ("TABLE_NAME", table.to_owned()),
             ("TOPIC_ARN", self.topic_arn.clone()),
-            ("STATE_MACHINE_ARN", self.machine_arn.clone()),
+            ("PROTECTED_STATE_MACHINES", self.machine_arn.clone()),
         ]);
         let settings = Settings::from_lookup(move |name| vars.get(name).cloned());
         Sweeper::from_settings(&settings, &sdk_config()).expect("settings")
@@ -559,7 +559,7 @@ async fn every_sweep_emits_the_metric_even_when_nothing_leaked() {
 async fn what_cannot_be_checked_or_announced_is_reported_without_failing_the_sweep() {
     let local = local().await;
     let table = fresh_table().await.table().to_owned();
-    // No STATE_MACHINE_ARN: every standard execution ARN is described. The topic is missing.
+    // No PROTECTED_STATE_MACHINES: every standard execution ARN is described. The topic is missing.
     let vars = BTreeMap::from([
         ("TABLE_NAME", table.clone()),
         (
@@ -804,7 +804,7 @@ async fn an_ended_holder_keeps_its_slot_while_its_work_runs_and_loses_it_after()
         ("TABLE_NAME", table.clone()),
         ("TOPIC_ARN", local.topic_arn.clone()),
         (
-            "STATE_MACHINE_ARNS",
+            "PROTECTED_STATE_MACHINES",
             format!("{}, {parent_machine}", local.machine_arn),
         ),
     ]);
@@ -816,10 +816,7 @@ async fn an_ended_holder_keeps_its_slot_while_its_work_runs_and_loses_it_after()
         .build();
     sweeper.executions = SfnExecutions::of_machines(
         aws_sdk_sfn::Client::from_conf(counted),
-        vec![
-            StateMachineArn::parse(&local.machine_arn).unwrap(),
-            StateMachineArn::parse(&parent_machine).unwrap(),
-        ],
+        ArnPatterns::parse(&format!("{},{parent_machine}", local.machine_arn), |_| true).unwrap(),
     );
     let token = take(&sweeper.semaphore, "demo-lock", &parent, "r0").await;
 
@@ -897,26 +894,15 @@ fn a_missing_topic_or_a_bad_state_machine_arn_stops_the_cold_start() {
     let err = build(&[
         ("TABLE_NAME", "t"),
         ("TOPIC_ARN", "arn:aws:sns:us-east-1:123456789012:t"),
-        ("STATE_MACHINE_ARN", "LockProtected"),
-    ])
-    .unwrap_err();
-    assert!(
-        err.to_string()
-            .starts_with("environment variable STATE_MACHINE_ARN is \"LockProtected\": \"LockProtected\": expected"),
-        "{err}"
-    );
-    let err = build(&[
-        ("TABLE_NAME", "t"),
-        ("TOPIC_ARN", "arn:aws:sns:us-east-1:123456789012:t"),
         (
-            "STATE_MACHINE_ARNS",
-            "arn:aws:states:us-east-1:123456789012:stateMachine:A, B",
+            "PROTECTED_STATE_MACHINES",
+            "arn:aws:states:us-east-1:123456789012:stateMachine:A, B*",
         ),
     ])
     .unwrap_err();
     assert!(
         err.to_string()
-            .starts_with("environment variable STATE_MACHINE_ARNS is \"arn:aws:states:us-east-1:123456789012:stateMachine:A, B\": \"B\": expected"),
+            .starts_with("environment variable PROTECTED_STATE_MACHINES is \"arn:aws:states:us-east-1:123456789012:stateMachine:A, B*\": \"B*\" is not an ARN"),
         "{err}"
     );
 }
@@ -942,7 +928,7 @@ async fn a_sweep_takes_dead_waiters_out_of_line_and_wakes_the_next_live_one_with
         ("TABLE_NAME", table.clone()),
         ("TOPIC_ARN", local.topic_arn.clone()),
         (
-            "STATE_MACHINE_ARNS",
+            "PROTECTED_STATE_MACHINES",
             format!("{},{parking}", local.machine_arn),
         ),
     ]);

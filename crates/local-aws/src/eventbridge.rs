@@ -374,7 +374,10 @@ fn delivery_name(execution: &str, serial: u64) -> String {
 }
 
 /// Does `event` match the EventBridge `pattern`? Supports what rule patterns of this kind use:
-/// nested objects, and lists of exact values (strings, numbers, booleans, null).
+/// nested objects, lists of exact values (strings, numbers, booleans, null), and the content
+/// filters `{"prefix": "..."}` and `{"anything-but": [...]}` (EventBridge's "Content filtering in
+/// Amazon EventBridge event patterns"); any other filter matches nothing, so a pattern this
+/// does not understand fails a test rather than passing one.
 pub fn matches(pattern: &Value, event: &Value) -> bool {
     match pattern {
         Value::Object(fields) => fields.iter().all(|(key, want)| {
@@ -382,12 +385,31 @@ pub fn matches(pattern: &Value, event: &Value) -> bool {
             match want {
                 Value::Object(_) => matches(want, got),
                 Value::Array(options) => options.iter().any(|o| match got {
-                    Value::Array(items) => items.contains(o),
-                    single => single == o,
+                    Value::Array(items) => items.iter().any(|item| matches_one(o, item)),
+                    single => matches_one(o, single),
                 }),
                 exact => got == exact,
             }
         }),
+        _ => false,
+    }
+}
+
+/// One option of a pattern's list against one value of the event.
+fn matches_one(option: &Value, got: &Value) -> bool {
+    let Value::Object(filter) = option else {
+        return option == got;
+    };
+    match (
+        filter.get("prefix"),
+        filter.get("anything-but"),
+        filter.len(),
+    ) {
+        (Some(Value::String(prefix)), None, 1) => {
+            got.as_str().is_some_and(|g| g.starts_with(prefix.as_str()))
+        }
+        (None, Some(Value::Array(excluded)), 1) => !got.is_null() && !excluded.contains(got),
+        (None, Some(excluded), 1) if !excluded.is_object() => !got.is_null() && got != excluded,
         _ => false,
     }
 }
@@ -421,6 +443,21 @@ mod tests {
         assert!(matches(&pattern, &event("ABORTED", "m")));
         assert!(!matches(&pattern, &event("SUCCEEDED", "m")));
         assert!(!matches(&pattern, &event("FAILED", "other")));
+        // A prefix (ProtectedStateMachinePrefix), beside exact values.
+        let prefixed = json!({"detail": {"stateMachineArn": ["m", {"prefix": "team-"}]}});
+        assert!(matches(&prefixed, &event("FAILED", "team-orders")));
+        assert!(matches(&prefixed, &event("FAILED", "team-")));
+        assert!(matches(&prefixed, &event("FAILED", "m")));
+        assert!(!matches(&prefixed, &event("FAILED", "my-team-orders")));
+        // Every machine but one ("*": not the cleanup machine itself); a missing field is not
+        // "anything but".
+        let every = json!({"detail": {"stateMachineArn": [{"anything-but": ["cleanup"]}]}});
+        assert!(matches(&every, &event("FAILED", "any")));
+        assert!(!matches(&every, &event("FAILED", "cleanup")));
+        assert!(!matches(&every, &json!({"detail": {}})));
+        // A filter this matcher does not know matches nothing.
+        let numeric = json!({"detail": {"stateMachineArn": [{"numeric": [">", 0]}]}});
+        assert!(!matches(&numeric, &event("FAILED", "m")));
     }
 
     /// An ended execution whose input is `items` times `"ab"` in a list: 5 bytes each as JSON,

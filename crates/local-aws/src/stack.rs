@@ -454,7 +454,7 @@ pub(crate) mod tests {
         assert_eq!(stack.topics.len(), 1);
         assert_eq!(env(sweeper, "TOPIC_ARN"), stack.topics[0]);
         assert_eq!(
-            env(sweeper, "STATE_MACHINE_ARNS"),
+            env(sweeper, "PROTECTED_STATE_MACHINES"),
             format!("{},{}", protected.arn, example.arn)
         );
         // The definitions as deployed: substituted, the context object's `$$.` kept.
@@ -483,36 +483,39 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn list_parameters_reach_the_environment_and_the_rule() {
-        let mine = "arn:aws:states:us-east-1:123456789012:stateMachine:mine";
-        let work_machines = format!("{mine},{mine}-too");
+    fn prefixes_reach_the_environment_and_the_rule() {
         let stack = deploy_with(&[
-            ("WorkStateMachineArns", &work_machines),
-            (
-                "WorkFunctionArns",
-                "arn:aws:lambda:us-east-1:123456789012:function:work",
-            ),
-            ("ProtectedStateMachineArns", mine),
+            ("WorkStateMachinePrefix", "work-"),
+            ("WorkFunctionPrefix", "fn-"),
+            ("ProtectedStateMachinePrefix", "team-"),
         ]);
         let demo = &stack.machine("DemoWorkStateMachine").unwrap().arn;
+        let machines = demo.rsplit_once(':').unwrap().0;
         let acquire = &stack.function("acquire").unwrap().environment;
         assert_eq!(
             acquire["WORK_STATE_MACHINES"],
-            format!("{demo},{mine},{mine}-too")
+            format!("{demo},{machines}:work-*")
         );
         assert_eq!(
             acquire["WORK_FUNCTIONS"],
-            "arn:aws:lambda:us-east-1:123456789012:function:work"
+            "arn:aws:lambda:us-east-1:123456789012:function:fn-*"
         );
         let protected = stack.machine("LockProtectedStateMachine").unwrap();
         let example = stack.machine("YourWorkflowExampleStateMachine").unwrap();
         assert_eq!(
             stack.rule.pattern["detail"]["stateMachineArn"],
-            serde_json::json!([protected.arn, example.arn, mine])
+            serde_json::json!([protected.arn, example.arn, {"prefix": format!("{machines}:team-")}])
         );
         assert_eq!(
-            stack.function("sweeper").unwrap().environment["STATE_MACHINE_ARNS"],
-            format!("{},{},{mine}", protected.arn, example.arn)
+            stack.function("sweeper").unwrap().environment["PROTECTED_STATE_MACHINES"],
+            format!("{},{},{machines}:team-*", protected.arn, example.arn)
+        );
+        // "*": every machine of the account and region, but the cleanup machine itself.
+        let every = deploy_with(&[("ProtectedStateMachinePrefix", "*")]);
+        let cleanup = every.machine("CleanupStateMachine").unwrap();
+        assert_eq!(
+            every.rule.pattern["detail"]["stateMachineArn"],
+            serde_json::json!([{"anything-but": [cleanup.arn]}])
         );
     }
 }

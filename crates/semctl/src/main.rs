@@ -24,7 +24,7 @@ use std::time::Duration;
 use aws_config::{BehaviorVersion, SdkConfig};
 use clap::{Parser, Subcommand};
 use lambda_common::HandOffs;
-use lambda_sweeper::{ExecutionArn, SfnExecutions, StateMachineArn};
+use lambda_sweeper::{ArnPatterns, ExecutionArn, SfnExecutions, StateMachineArn};
 use semaphore_core::{
     rfc3339_millis, AcquireOutcome, AcquisitionId, CleanupOutcome, Clock, DynamoStore, HolderId,
     Identity, InputError, Limit, LockName, Rate, Reclaimed, ReleaseOutcome, Semaphore,
@@ -152,8 +152,9 @@ enum Command {
         /// Write nothing: print what a sweep would reclaim now (and rotate nothing).
         #[arg(long)]
         dry_run: bool,
-        /// Judge only the executions of this state machine (repeat the flag for several); the
-        /// deployed sweeper's STATE_MACHINE_ARNS. Default: every execution.
+        /// Judge only the executions of this state machine (repeat the flag for several; an ARN
+        /// ending in * covers every machine whose ARN begins so); the deployed sweeper's
+        /// PROTECTED_STATE_MACHINES. Default: every execution.
         #[arg(long = "state-machine-arn", value_name = "ARN")]
         state_machine_arns: Vec<String>,
     },
@@ -343,7 +344,7 @@ enum Request {
     List,
     Sweep {
         dry_run: bool,
-        state_machines: Vec<StateMachineArn>,
+        state_machines: ArnPatterns,
     },
     Top(top::Options),
 }
@@ -373,12 +374,16 @@ fn execution_holder(text: &str) -> Result<HolderId, Failure> {
     HolderId::new(text).map_err(|e| bad(e.to_string()))
 }
 
-fn state_machine(text: &str) -> Result<StateMachineArn, Failure> {
-    StateMachineArn::parse(text).ok_or_else(|| Failure::Argument {
+/// The machines of `--state-machine-arn`, each an ARN or the beginning of one followed by `*`.
+fn state_machines(texts: &[String]) -> Result<ArnPatterns, Failure> {
+    ArnPatterns::parse(&texts.join(","), |arn| {
+        StateMachineArn::parse(arn).is_some()
+    })
+    .map_err(|text| Failure::Argument {
         flag: "--state-machine-arn",
         problem: format!(
-            "{text:?} is not a state machine ARN ({STATE_MACHINE_ARN_FORM}); leave the flag out \
-             to judge every execution"
+            "{text:?} is not a state machine ARN ({STATE_MACHINE_ARN_FORM}) nor the \
+                 beginning of one followed by *; leave the flag out to judge every execution"
         ),
     })
 }
@@ -442,19 +447,10 @@ impl Request {
             Command::Sweep {
                 dry_run,
                 state_machine_arns,
-            } => {
-                let mut state_machines = Vec::new();
-                for text in &state_machine_arns {
-                    let machine = state_machine(text)?;
-                    if !state_machines.contains(&machine) {
-                        state_machines.push(machine);
-                    }
-                }
-                Self::Sweep {
-                    dry_run,
-                    state_machines,
-                }
-            }
+            } => Self::Sweep {
+                dry_run,
+                state_machines: state_machines(&state_machine_arns)?,
+            },
         })
     }
 
@@ -549,12 +545,14 @@ impl Request {
                 // Someone waits in line: the freed slot goes to the head, as a release by the
                 // state machine hands it on (nobody waiting: no request).
                 let sfn = aws_sdk_sfn::Client::new(sdk);
-                let handed_off =
-                    HandOffs::new(sfn.clone(), SfnExecutions::of_machines(sfn, Vec::new()))
-                        .run(semaphore, &lock, Some(after))
-                        .await
-                        .woken
-                        .len();
+                let handed_off = HandOffs::new(
+                    sfn.clone(),
+                    SfnExecutions::of_machines(sfn, ArnPatterns::default()),
+                )
+                .run(semaphore, &lock, Some(after))
+                .await
+                .woken
+                .len();
                 let mut out = json!({
                     "lock": lock.as_str(),
                     "holder": identity.holder.as_str(),
