@@ -87,7 +87,7 @@ check() {
 }
 
 shopt -s nullglob
-definitions=(statemachines/*.asl.json)
+definitions=(statemachines/*.asl.json examples/*/*.asl.json)
 shopt -u nullglob
 if [ "${#definitions[@]}" -eq 0 ]; then
   echo "FAIL no statemachines/*.asl.json found"
@@ -100,8 +100,12 @@ done
 
 check "sam validate --lint" "$SAM" validate --lint --template-file template.yaml
 check "cfn-lint template.yaml" "$CFN_LINT" template.yaml
+# The consumer example: a SAM application of its own that imports the semaphore's exports.
+check "sam validate --lint examples/consumer" "$SAM" validate --lint --template-file examples/consumer/template.yaml
+check "cfn-lint examples/consumer/template.yaml" "$CFN_LINT" examples/consumer/template.yaml
 PY="$VENV/bin/python"
 check --show "DefinitionSubstitutions keys == \${...} used, per state machine" "$PY" .ci/check_substitutions.py template.yaml
+check --show "DefinitionSubstitutions keys == \${...} used, the consumer example" "$PY" .ci/check_substitutions.py examples/consumer/template.yaml
 # The template as the SAM translator emits it, measured against AWS's deploy-time limits
 # (.ci/check_template.py names the AWS quota of each).
 check --show "names built from the stack name fit their AWS limits at the longest stack name" "$PY" .ci/check_template.py names template.yaml

@@ -16,9 +16,10 @@ gives a function is set on it and resolved. Any gap is an error (exit 1), not a 
 
 Prints one JSON object (stdout): the stack, its parameters, tables, topic, the functions
 (name, ARN, binary, environment), state machines (name, ARN, type, definition), the
-EventBridge rule (pattern, target, input transformer, dead-letter queue) and the schedule,
-the skipped resources, and an SQS queue subscribed to every topic (the local run reads the
-notices back from it: an observer, not part of the stack).
+EventBridge rule (pattern, target, input transformer, dead-letter queue) and the schedule
+(null when the template has none: a consumer's stack, examples/consumer), the skipped
+resources, the outputs and their export names, and an SQS queue subscribed to every topic
+(the local run reads the notices back from it: an observer, not part of the stack).
 
 A run that compresses time (the local run's) may shorten the timeout of a named state in every
 definition, `--state-timeout "Acquire slot=20"`: the acquire state's TimeoutSeconds is the
@@ -253,8 +254,8 @@ def describe(session, endpoint, name, translated, binaries):
                     "dead_letter_queue": target.get("DeadLetterConfig", {}).get("Arn"),
                 }
             )
-    if len(rules) != 1 or len(schedules) != 1:
-        problems.append(f"{len(rules)} event rules and {len(schedules)} schedules: the local run plays one of each")
+    if len(rules) > 1 or len(schedules) > 1:
+        problems.append(f"{len(rules)} event rules and {len(schedules)} schedules: the local run plays at most one of each")
 
     tables = {
         logical_id: physical[logical_id]
@@ -266,7 +267,7 @@ def describe(session, endpoint, name, translated, binaries):
         for logical_id, resource in translated["Resources"].items()
         if resource["Type"] == "AWS::SNS::Topic"
     ]
-    for kind, count in (("DynamoDB table", len(tables)), ("function", len(functions)), ("state machine", len(machines)), ("SNS topic", len(topics))):
+    for kind, count in (("function", len(functions)), ("state machine", len(machines))):
         if count == 0:
             problems.append(f"no {kind} deployed")
     if problems:
@@ -291,9 +292,14 @@ def describe(session, endpoint, name, translated, binaries):
         "notice_queue_url": queue_url,
         "functions": functions,
         "machines": machines,
-        "rule": rules[0],
-        "schedule": schedules[0],
+        "rule": rules[0] if rules else None,
+        "schedule": schedules[0] if schedules else None,
         "skipped": skipped,
+        # What the stack exports (a consumer stack imports it).
+        "outputs": {
+            o["OutputKey"]: {"value": o["OutputValue"], "export": o.get("ExportName")}
+            for o in stack.get("Outputs", [])
+        },
     }
 
 

@@ -14,7 +14,7 @@ use crate::procs::Supervisor;
 use crate::stack::Function;
 use crate::Error;
 
-/// The stand-in for a user's Lambda function run as the work (WorkFunctionArns): this crate's
+/// The stand-in for a user's Lambda function run as the work (WorkFunctionPrefix): this crate's
 /// `stand-in-work` binary, a `lambda_runtime` function that waits its event's `work_seconds`.
 /// Named after its binary: the emulator routes invokes only to names of the workspace's binaries.
 pub const WORK_FUNCTION: &str = "stand-in-work";

@@ -99,6 +99,97 @@ pub struct Deployed {
     pub rule: Rule,
     pub schedule: Schedule,
     pub skipped: Vec<Skipped>,
+    /// The stack's outputs by key: what it exports for other stacks.
+    pub outputs: BTreeMap<String, Output>,
+}
+
+/// A stack output, and the name it is exported under (`Fn::ImportValue`), if any.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Output {
+    pub value: String,
+    pub export: Option<String>,
+}
+
+/// A consumer's stack (`examples/consumer/template.yaml`), deployed beside the semaphore's
+/// through the same translation: its functions and machines, and its outputs.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ConsumerDeployed {
+    pub stack: Stack,
+    pub functions: Vec<Function>,
+    pub machines: Vec<Machine>,
+    pub outputs: BTreeMap<String, Output>,
+}
+
+impl ConsumerDeployed {
+    /// Deploys the consumer template `template` as `stack.name`, as [`Deployed::deploy`] does
+    /// the semaphore's.
+    pub fn deploy(
+        python: &Path,
+        root: &Path,
+        template: &Path,
+        endpoint: &str,
+        stack: &Stack,
+        parameters: &BTreeMap<String, String>,
+        state_timeouts: &BTreeMap<String, u64>,
+    ) -> Result<Self, Error> {
+        let described = deploy_template(
+            python,
+            root,
+            template,
+            endpoint,
+            stack,
+            parameters,
+            state_timeouts,
+        )?;
+        serde_json::from_slice(&described).map_err(|e| Error::Parse {
+            what: "local/deploy_stack.py printed no consumer stack description".to_owned(),
+            source: e.into(),
+        })
+    }
+
+    pub fn machine(&self, logical_id: &str) -> Result<&Machine, Error> {
+        self.machines
+            .iter()
+            .find(|m| m.logical_id == logical_id)
+            .ok_or_else(|| Error::NotInStack(format!("state machine {logical_id}")))
+    }
+}
+
+/// Runs `local/deploy_stack.py` on `template`; its description of the deployed stack (JSON).
+fn deploy_template(
+    python: &Path,
+    root: &Path,
+    template: &Path,
+    endpoint: &str,
+    stack: &Stack,
+    parameters: &BTreeMap<String, String>,
+    state_timeouts: &BTreeMap<String, u64>,
+) -> Result<Vec<u8>, Error> {
+    let mut command = std::process::Command::new(python);
+    command
+        .arg(root.join("local/deploy_stack.py"))
+        .args(["--endpoint", endpoint])
+        .arg("--template")
+        .arg(template)
+        .args(["--stack-name", &stack.name, "--region", &stack.region]);
+    for (key, value) in parameters {
+        command.arg("--parameter").arg(format!("{key}={value}"));
+    }
+    for (state, seconds) in state_timeouts {
+        command
+            .arg("--state-timeout")
+            .arg(format!("{state}={seconds}"));
+    }
+    let output = command
+        .output()
+        .map_err(Error::io(format!("run {}", python.display())))?;
+    if !output.status.success() {
+        return Err(Error::Deploy {
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
+    }
+    Ok(output.stdout)
 }
 
 impl Deployed {
@@ -114,31 +205,16 @@ impl Deployed {
         parameters: &BTreeMap<String, String>,
         state_timeouts: &BTreeMap<String, u64>,
     ) -> Result<Self, Error> {
-        let mut command = std::process::Command::new(python);
-        command
-            .arg(root.join("local/deploy_stack.py"))
-            .args(["--endpoint", endpoint])
-            .arg("--template")
-            .arg(root.join("template.yaml"))
-            .args(["--stack-name", &stack.name, "--region", &stack.region]);
-        for (key, value) in parameters {
-            command.arg("--parameter").arg(format!("{key}={value}"));
-        }
-        for (state, seconds) in state_timeouts {
-            command
-                .arg("--state-timeout")
-                .arg(format!("{state}={seconds}"));
-        }
-        let output = command
-            .output()
-            .map_err(Error::io(format!("run {}", python.display())))?;
-        if !output.status.success() {
-            return Err(Error::Deploy {
-                status: output.status,
-                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-            });
-        }
-        serde_json::from_slice(&output.stdout).map_err(|e| Error::Parse {
+        let described = deploy_template(
+            python,
+            root,
+            &root.join("template.yaml"),
+            endpoint,
+            stack,
+            parameters,
+            state_timeouts,
+        )?;
+        serde_json::from_slice(&described).map_err(|e| Error::Parse {
             what: "local/deploy_stack.py printed no stack description".to_owned(),
             source: e.into(),
         })
@@ -510,6 +586,43 @@ pub(crate) mod tests {
             stack.function("sweeper").unwrap().environment["PROTECTED_STATE_MACHINES"],
             format!("{},{},{machines}:team-*", protected.arn, example.arn)
         );
+        // What a consumer stack imports: the functions, the prefix, the tables.
+        let export = |key: &str| stack.outputs[key].export.clone();
+        for key in [
+            "AcquireFunctionArn",
+            "ReleaseFunctionArn",
+            "ProtectedStateMachinePrefix",
+            "SemaphoreTableName",
+            "QueueTableName",
+        ] {
+            assert_eq!(
+                export(key),
+                Some(format!("{}-{key}", stack.stack.name)),
+                "{key}"
+            );
+        }
+        assert_eq!(stack.outputs["ProtectedStateMachinePrefix"].value, "team-");
+        // A consumer's stack of its own (examples/consumer), deployed after the semaphore's
+        // through the same translation: its machine is named under the imported prefix and
+        // calls the imported functions.
+        let consumer = ConsumerDeployed::deploy(
+            &python(),
+            &root(),
+            &root().join("examples/consumer/template.yaml"),
+            crate::server::endpoint(),
+            &Stack {
+                name: crate::sfn::unique("consumer-test"),
+                ..Stack::default()
+            },
+            &BTreeMap::from([("SemaphoreStackName".to_owned(), stack.stack.name.clone())]),
+            &BTreeMap::new(),
+        )
+        .expect("examples/consumer/template.yaml deploys");
+        let orders = consumer.machine("OrdersStateMachine").unwrap();
+        assert_eq!(orders.name, "team-orders");
+        let acquire_arn = &stack.function("acquire").unwrap().arn;
+        assert!(orders.definition.contains(acquire_arn.as_str()));
+        assert_eq!(consumer.functions[0].binary, "consumer-work");
         // "*": every machine of the account and region, but the cleanup machine itself.
         let every = deploy_with(&[("ProtectedStateMachinePrefix", "*")]);
         let cleanup = every.machine("CleanupStateMachine").unwrap();

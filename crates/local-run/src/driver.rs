@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::progress::Progress;
 use crate::report::{LockReport, Report};
-use crate::{plan_locks, plan_roles, plan_weights, Args, LockSpec, Role};
+use crate::{plan_consumers, plan_locks, plan_roles, plan_weights, Args, LockSpec, Role};
 use local_aws::delay::DelayProxy;
 use local_aws::eventbridge::{Ended, Player, Target};
 use local_aws::poller::{LockItems, Poller};
@@ -43,14 +43,24 @@ pub struct Planned {
     pub lock: usize,
     /// The weight its input asks for (`--weights`); `None`: its input names none (1).
     pub weight: Option<u32>,
+    /// Started on the consumer stack's machine rather than the lock-protected machine.
+    pub consumer: bool,
 }
 
-/// The run's executions, roles and locks chosen up front from the seed: `machine`'s executions
-/// `run-001`, ... The proxy is told whose acquire write to hold.
+/// The machines a run's executions are started on, by name.
+pub struct Machines<'a> {
+    pub protected: &'a str,
+    /// The consumer stack's (`--consumer-share` of the executions); `None`: none.
+    pub consumer: Option<&'a str>,
+}
+
+/// The run's executions, roles and locks chosen up front from the seed: executions `run-001`,
+/// ... of the lock-protected machine, `--consumer-share` of them of the consumer's. The proxy
+/// is told whose acquire write to hold.
 pub fn plan_executions(
     setup: &Setup<'_>,
     stack: &Stack,
-    machine: &str,
+    machines: &Machines<'_>,
     locks: &[LockSpec],
     proxy: &DelayProxy,
 ) -> Vec<Planned> {
@@ -60,13 +70,22 @@ pub fn plan_executions(
     let roles = plan_roles(n, args.shares(), &mut rng);
     let lock_of = plan_locks(n, locks, &mut rng);
     let weights = plan_weights(&lock_of, locks, &args.weights, setup.seed);
+    let consumer = match machines.consumer {
+        Some(_) => plan_consumers(&roles, args.consumer_share, setup.seed),
+        None => vec![false; n],
+    };
     let executions: Vec<Planned> = roles
         .into_iter()
         .zip(lock_of)
         .zip(weights)
+        .zip(consumer)
         .enumerate()
-        .map(|(i, ((role, lock), weight))| {
+        .map(|(i, (((role, lock), weight), consumer))| {
             let name = format!("run-{:03}", i + 1);
+            let machine = match machines.consumer {
+                Some(machine) if consumer => machine,
+                _ => machines.protected,
+            };
             let arn = format!(
                 "arn:{}:states:{}:{}:execution:{machine}:{name}",
                 stack.partition, stack.region, stack.account
@@ -77,6 +96,7 @@ pub fn plan_executions(
                 role,
                 lock,
                 weight,
+                consumer,
             }
         })
         .collect();

@@ -87,6 +87,13 @@ pub struct Args {
     /// stopped: the cleanup must stop it before it frees the slot.
     #[arg(long, default_value_t = 0.05, value_parser = share)]
     pub stop_mid_work: f64,
+    /// Share of executions started on the consumer's machine instead (examples/consumer: a stack
+    /// of its own, deployed after the semaphore's, its machine named under the semaphore's
+    /// ProtectedStateMachinePrefix, its work a Lambda function). None of them is stopped
+    /// mid-work: a stop ends the execution but not a running Lambda invocation, which the
+    /// lock-protected machine avoids by running Lambda work as a child execution.
+    #[arg(long, default_value_t = 0.20, value_parser = share)]
+    pub consumer_share: f64,
     /// How long the delaying proxy holds such an acquire write, in seconds: long enough for the
     /// execution's cleanup to land first (the seed race), so its fence must refuse the write.
     #[arg(long, default_value_t = 4.0)]
@@ -330,6 +337,23 @@ pub fn plan_weights(
             (!fitting.is_empty()).then(|| fitting[rng.usize(..fitting.len())])
         })
         .collect()
+}
+
+/// Which of the executions (with these roles) start on the consumer's machine: `share` of
+/// them, rounded, never one to be stopped mid-work (see `--consumer-share`). Drawn from a
+/// generator of its own, so that the roles and locks of a seed stay the same.
+pub fn plan_consumers(roles: &[Role], share: f64, seed: u64) -> Vec<bool> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0xc0_de_50_4e);
+    let mut eligible: Vec<usize> = (0..roles.len())
+        .filter(|&i| roles[i] != Role::StopMidWork)
+        .collect();
+    rng.shuffle(&mut eligible);
+    let count = ((roles.len() as f64) * share).round() as usize;
+    let mut consumer = vec![false; roles.len()];
+    for i in eligible.into_iter().take(count) {
+        consumer[i] = true;
+    }
+    consumer
 }
 
 /// Which lock each of `n` executions takes: counts in proportion to the limits (largest

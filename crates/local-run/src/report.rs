@@ -20,6 +20,9 @@ pub struct ExecutionCounts {
     pub stopped_mid_work: usize,
     /// Anything else: a status or error the plan did not ask for, or still running.
     pub unexpected: usize,
+    /// Of them, started on the consumer stack's machine, and of those, succeeded.
+    pub consumer: usize,
+    pub consumer_succeeded: usize,
     pub unexpected_examples: Vec<String>,
 }
 
@@ -268,7 +271,7 @@ impl MisconfiguredReport {
             "F12 not protected",
             self.ok,
             format!(
-                "{}, an execution of a machine not in ProtectedStateMachineArns that asked for \
+                "{}, an execution of a machine not under ProtectedStateMachinePrefix that asked for \
                  a slot, ended {} {}, its lock {}",
                 short(&self.execution),
                 self.status,
@@ -394,6 +397,11 @@ pub struct Report {
     /// The test runner's run: its input and answer.
     pub test_runner: Option<String>,
     pub your_workflow_example: Option<String>,
+    /// The consumer stack's machine, created after the deploy: one execution stopped mid-work
+    /// and cleaned up by the semaphore's cleanup.
+    pub consumer_stack: Option<String>,
+    /// The consumer stack's machine the run started some executions on.
+    pub consumer_machine: Option<String>,
     pub transitions: Option<TransitionsReport>,
     /// A long wait with a big input: its history's events and its tasks' payload sizes.
     pub history_probe: Option<HistoryProbeReport>,
@@ -579,6 +587,16 @@ impl Report {
                 e.unexpected
             ),
         );
+        if let Some(machine) = &self.consumer_machine {
+            line(
+                "consumer stack",
+                format!(
+                    "{} of them on {machine} (examples/consumer, a stack of its own deployed after \
+                     the semaphore's, under its prefix; its work a Lambda function): {} succeeded",
+                    e.consumer, e.consumer_succeeded
+                ),
+            );
+        }
         for example in e.unexpected_examples.iter().take(5) {
             line("", format!("unexpected: {example}"));
         }

@@ -73,7 +73,11 @@ pub async fn run(setup: &Setup<'_>) -> anyhow::Result<Report> {
 
     let machine = format!("{}-sample-lock-protected", stack.name);
     let specs = vec![spec];
-    let planned = driver::plan_executions(setup, &stack, &machine, &specs, &proxy);
+    let machines = driver::Machines {
+        protected: &machine,
+        consumer: None,
+    };
+    let planned = driver::plan_executions(setup, &stack, &machines, &specs, &proxy);
     let n = planned.len();
     let executions: Vec<Arc<Execution>> = planned
         .iter()

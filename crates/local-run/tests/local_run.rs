@@ -110,6 +110,18 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
     }
     assert_eq!(code, 0, "exit status with every invariant held: {report:#}");
     assert_eq!(report["ok"], true);
+    // A fifth of the executions ran on the consumer's machine, in a stack of its own deployed
+    // after the semaphore's, and its probe (an execution stopped mid-work, freed by the
+    // cleanup through the rule's prefix) was among the checks that held.
+    assert_eq!(n(&report, "/executions/consumer"), 4, "{report:#}");
+    assert!(
+        n(&report, "/executions/consumer_succeeded") >= 1,
+        "{report:#}"
+    );
+    assert!(
+        checks.iter().any(|c| c["name"] == "consumer stack"),
+        "no consumer stack check: {report:#}"
+    );
     // Each lock held at its own limit: the default one (its executions' input names no lock)
     // and the one the input names with its limit.
     let locks = report["locks"].as_array().expect("locks");

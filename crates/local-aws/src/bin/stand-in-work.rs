@@ -1,5 +1,5 @@
 //! The stand-in for a user's Lambda function run as the work under the lock (the local run's
-//! `WorkFunctionArns`): waits its event's `work_seconds` (default 1, at most 600), then answers
+//! `WorkFunctionPrefix`): waits its event's `work_seconds` (default 1, at most 600), then answers
 //! `{"worked_seconds", "fencing_token"}`, the token from the semaphore context it was given.
 
 use std::time::Duration;

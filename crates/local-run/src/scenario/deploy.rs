@@ -19,7 +19,7 @@ use local_aws::lambda;
 use local_aws::poller::{Layout, LockItems};
 use local_aws::server::sdk_config_for;
 use local_aws::sfn::{start_execution, wait_ended, Client as Sfn};
-use local_aws::stack::{Deployed, Machine, Stack};
+use local_aws::stack::{ConsumerDeployed, Deployed, Machine, Stack};
 
 /// The deployed stack and the clients the later steps use.
 pub(super) struct Stage {
@@ -37,6 +37,10 @@ pub(super) struct Stage {
     pub runner_machine: Machine,
     pub cleanup_machine: Machine,
     pub sweeper_machine: Machine,
+    /// The consumer's stack (examples/consumer), deployed after the semaphore's.
+    pub consumer: ConsumerDeployed,
+    /// Its machine, named under the semaphore's ProtectedStateMachinePrefix.
+    pub consumer_machine: Machine,
     pub timing: (u64, u64),
     pub proxy: Arc<DelayProxy>,
     pub sdk: aws_config::SdkConfig,
@@ -65,7 +69,15 @@ pub(super) async fn deploy(
     let overrides = BTreeMap::from([
         ("LockName".to_owned(), locks[0].name.clone()),
         ("ConcurrencyLimit".to_owned(), locks[0].limit.to_string()),
-        ("WorkFunctionArns".to_owned(), work_function.clone()),
+        (
+            "WorkFunctionPrefix".to_owned(),
+            lambda::WORK_FUNCTION.to_owned(),
+        ),
+        // The consumer stack's machines are named with it (examples/consumer).
+        (
+            "ProtectedStateMachinePrefix".to_owned(),
+            CONSUMER_PREFIX.to_owned(),
+        ),
         // No execution waits longer than the run.
         ("MaxWaitSeconds".to_owned(), args.timeout.to_string()),
     ]);
@@ -109,9 +121,42 @@ pub(super) async fn deploy(
     let sweeper_machine = deployed.scheduled()?.clone();
     let timing = deployed.timing_seconds()?;
 
+    phase("deploying examples/consumer/template.yaml as a stack of its own, importing the semaphore's exports");
+    let consumer_stack = Stack {
+        name: format!("{}-consumer", stack.name),
+        ..stack.clone()
+    };
+    let consumer = ConsumerDeployed::deploy(
+        &python,
+        root,
+        &root.join("examples/consumer/template.yaml"),
+        &endpoint,
+        &consumer_stack,
+        &BTreeMap::from([("SemaphoreStackName".to_owned(), stack.name.clone())]),
+        &state_timeouts,
+    )?;
+    let consumer_machine = consumer.machine("OrdersStateMachine")?.clone();
+    ensure!(
+        consumer_machine.name.starts_with(CONSUMER_PREFIX),
+        "the consumer's machine {} is not named under the semaphore's prefix {CONSUMER_PREFIX}",
+        consumer_machine.name
+    );
+    eprintln!(
+        "    stack          {}: machine {}, function {}",
+        consumer_stack.name,
+        consumer_machine.name,
+        consumer
+            .functions
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+
     let mut binaries: Vec<&str> = deployed
         .functions
         .iter()
+        .chain(&consumer.functions)
         .map(|f| f.binary.as_str())
         .collect();
     binaries.push(lambda::WORK_FUNCTION);
@@ -165,6 +210,22 @@ pub(super) async fn deploy(
             function.name, function.binary
         );
     }
+    for function in &consumer.functions {
+        lambda::start_functions(
+            setup.supervisor,
+            &binary_dir,
+            dir,
+            function,
+            2,
+            emulator_port,
+            &endpoint,
+            &stack.region,
+        )?;
+        eprintln!(
+            "    function       {} x2 ({}, the consumer's work)",
+            function.name, function.binary
+        );
+    }
     let sdk = sdk_config_for(&endpoint, &stack.region);
     let sfn = Sfn::new(&sdk);
 
@@ -196,6 +257,8 @@ pub(super) async fn deploy(
             runner_machine,
             cleanup_machine,
             sweeper_machine,
+            consumer,
+            consumer_machine,
             timing,
             proxy,
             sfn,
@@ -206,6 +269,10 @@ pub(super) async fn deploy(
         held_rx,
     ))
 }
+
+/// The semaphore stack's ProtectedStateMachinePrefix in the run: the consumer stack's machine
+/// is named with it, and nothing else of the semaphore's stack changes for it.
+pub(super) const CONSUMER_PREFIX: &str = "team-";
 
 /// Checks, through the real machines, that a Lambda's answer and a Lambda's named error both
 /// come back through the bridge as Step Functions expects: a sweep must succeed with the

@@ -50,6 +50,7 @@ pub(super) async fn run(
         work_machine,
         cleanup_machine,
         sweeper_machine,
+        consumer_machine,
         proxy,
         sfn,
         item,
@@ -58,7 +59,11 @@ pub(super) async fn run(
     let (args, seed) = (setup.args, setup.seed);
     let (rule, schedule) = (&deployed.rule, &deployed.schedule);
     // The run's plan.
-    let executions = driver::plan_executions(setup, stack, &protected.name, locks, proxy);
+    let machines = driver::Machines {
+        protected: &protected.name,
+        consumer: Some(&consumer_machine.name),
+    };
+    let executions = driver::plan_executions(setup, stack, &machines, locks, proxy);
     let n = executions.len();
     let planned_arns: BTreeSet<String> = executions.iter().map(|e| e.arn.clone()).collect();
     let target = Target::StateMachine {
@@ -152,10 +157,13 @@ pub(super) async fn run(
     } else {
         format!("; {}", asked.join(", "))
     };
+    let on_consumer = executions.iter().filter(|e| e.consumer).count();
     phase(&format!(
-        "starting {n} executions of {} ({}{terms}; {} as work, {} s each; {} fail, {} stopped \
-         mid-acquire, {} stopped mid-work)",
+        "starting {n} executions, {} of {} and {on_consumer} of the consumer's {} ({}{terms}; \
+         {} as work, {} s each; {} fail, {} stopped mid-acquire, {} stopped mid-work)",
+        n - on_consumer,
         protected.name,
+        consumer_machine.name,
         spread.join(", "),
         work_machine.name,
         args.work_seconds,
@@ -168,13 +176,15 @@ pub(super) async fn run(
     let started = Arc::new(AtomicUsize::new(0));
     let start_error: Arc<Mutex<Option<Error>>> = Arc::default();
     {
-        let (sfn, machine, started, start_error) = (
-            sfn.clone(),
-            protected.arn.clone(),
-            started.clone(),
-            start_error.clone(),
-        );
-        let inputs: Vec<(String, String)> = executions
+        let (sfn, started, start_error) = (sfn.clone(), started.clone(), start_error.clone());
+        let machine_of = |e: &Planned| {
+            if e.consumer {
+                consumer_machine.arn.clone()
+            } else {
+                protected.arn.clone()
+            }
+        };
+        let inputs: Vec<(String, String, String)> = executions
             .iter()
             .map(|e| {
                 // What the demo work reads; the semaphore reads lock and limit. An execution
@@ -197,11 +207,17 @@ pub(super) async fn run(
                 if let Some(rate) = args.rate {
                     input["rate"] = json!(rate);
                 }
-                (e.name.clone(), input.to_string())
+                // The consumer's machine takes the default lock only when named: its own
+                // default is another lock.
+                if e.consumer && e.lock == 0 {
+                    input["lock"] = json!(locks[0].name);
+                    input["limit"] = json!(locks[0].limit);
+                }
+                (machine_of(e), e.name.clone(), input.to_string())
             })
             .collect();
         tokio::spawn(async move {
-            for (name, input) in inputs {
+            for (machine, name, input) in inputs {
                 if let Err(e) = start_execution(&sfn, &machine, &name, input).await {
                     *start_error.lock().expect("start error") = Some(e);
                     return;
@@ -287,7 +303,8 @@ pub(super) async fn run(
             }
             .into());
         }
-        let listed = list_executions(sfn, &protected.arn).await?;
+        let mut listed = list_executions(sfn, &protected.arn).await?;
+        listed.extend(list_executions(sfn, &consumer_machine.arn).await?);
         for (arn, _, status) in listed {
             // The probes' executions are not the run's (their status events are not played).
             if status == ExecutionStatus::Running

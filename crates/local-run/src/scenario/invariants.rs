@@ -90,6 +90,7 @@ pub(super) async fn gather(
         if !wrong_lock && counts.count_planned(*role, &o.status, o.error.as_deref(), was_stopped) {
             if o.status == "SUCCEEDED" {
                 report.locks[e.lock].succeeded += 1;
+                counts.consumer_succeeded += usize::from(e.consumer);
                 tokens[e.lock].extend(output["semaphore"]["token"].as_u64());
             }
         } else {
@@ -106,7 +107,9 @@ pub(super) async fn gather(
             ));
         }
     }
+    counts.consumer = executions.iter().filter(|e| e.consumer).count();
     report.executions = counts;
+    report.consumer_machine = Some(stage.consumer_machine.name.clone());
     for (l, tokens) in report.locks.iter_mut().zip(&tokens) {
         let distinct: BTreeSet<u64> = tokens.iter().copied().collect();
         l.fencing_tokens_unique =
@@ -222,6 +225,7 @@ pub(super) async fn gather(
     report.stopped_parent_probes = probes.stop_parent.clone();
     report.test_runner = Some(probes.test_runner.detail.clone());
     report.your_workflow_example = Some(probes.your_workflow.detail.clone());
+    report.consumer_stack = Some(probes.consumer.detail.clone());
     report.transitions = Some(probes.transitions.clone());
     report.history_probe = Some(probes.history.clone());
 
@@ -260,6 +264,7 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
         stop_parent: stop_probes,
         test_runner,
         your_workflow,
+        consumer,
         ..
     } = probes;
     let Seen {
@@ -292,6 +297,7 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
         history_probe.check(),
         test_runner.clone(),
         your_workflow.clone(),
+        consumer.clone(),
         misconfigured.check(),
         redrive.check(),
     ]);

@@ -100,7 +100,7 @@ pub async fn redrive_guard(
 
 /// #18 item 16 (F12): a machine that takes the semaphore without being one the stack protects
 /// (here: the lock-protected definition deployed under another name, not in
-/// ProtectedStateMachineArns) must fail at once with SemaphoreMisconfigured, the acquire
+/// ProtectedStateMachinePrefix) must fail at once with SemaphoreMisconfigured, the acquire
 /// function having written nothing, instead of waiting in line for a wake-up that never comes.
 pub async fn misconfigured_caller(
     sfn: &Sfn,

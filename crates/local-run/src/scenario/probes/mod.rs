@@ -5,6 +5,7 @@
 
 use serde_json::json;
 
+mod consumer;
 mod examples;
 mod guards;
 mod history;
@@ -34,6 +35,8 @@ pub(super) struct Probes {
     pub test_runner: Check,
     /// Whether the README's fragment did as planned, and how its executions ended.
     pub your_workflow: Check,
+    /// Whether the consumer stack's machine, created after the deploy, was cleaned up.
+    pub consumer: Check,
 }
 
 pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> anyhow::Result<Probes> {
@@ -47,6 +50,8 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> anyhow::Result<Prob
         work_machine,
         runner_machine,
         cleanup_machine,
+        consumer,
+        consumer_machine,
         sfn,
         item,
         ..
@@ -121,6 +126,20 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> anyhow::Result<Prob
     let example = deployed.machine("YourWorkflowExampleStateMachine")?;
     let your_workflow = examples::run_your_workflow_example(sfn, example, item).await?;
     eprintln!("    {}", your_workflow.line());
+    let consumer = consumer::stopped_mid_work(
+        sfn,
+        consumer::ConsumerProbe {
+            consumer: consumer_machine,
+            consumer_stack: &consumer.stack.name,
+            cleanup: cleanup_machine,
+            rule,
+            stack,
+            items: item,
+            dir,
+        },
+    )
+    .await?;
+    eprintln!("    {}", consumer.line());
     Ok(Probes {
         transitions,
         redrive,
@@ -129,5 +148,6 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> anyhow::Result<Prob
         stop_parent: stop_probes,
         test_runner,
         your_workflow,
+        consumer,
     })
 }
