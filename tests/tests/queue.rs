@@ -318,7 +318,7 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     };
 
     // Full, the record as read: only the lock item's check (the limit) fails.
-    let grant = protocol::grant(&w, T0);
+    let grant = protocol::grant(&w, None, &w.terms, T0);
     let result = store.write(&grant).await.unwrap();
     assert_eq!(result, refused(&item, false));
     assert!(matches!(
@@ -329,7 +329,7 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     // item comes back with the refusal.
     let mut stale = w.clone();
     stale.task_token = task_token("w-task-old");
-    let stale_grant = protocol::grant(&stale, T0);
+    let stale_grant = protocol::grant(&stale, None, &stale.terms, T0);
     let result = store.write(&stale_grant).await.unwrap();
     assert_eq!(result, refused(&item, true));
     assert!(matches!(
@@ -340,7 +340,7 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     // check alone; the lock's item is as it is.
     let g = waiter(&l, "g", 1, T0);
     let writes = [
-        protocol::grant(&g, T0),
+        protocol::grant(&g, None, &g.terms, T0),
         protocol::leave(&l, g.id()),
         protocol::repark(&l, g.id(), task_token("g-task-1"), Attempt::new(T0, 1)),
     ];
@@ -383,7 +383,7 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     let nowhere = lock("no-item-yet");
     let lost = waiter(&nowhere, "lost", 1, T0);
     for write in [
-        protocol::grant(&lost, T0),
+        protocol::grant(&lost, None, &lost.terms, T0),
         protocol::leave(&nowhere, lost.id()),
     ] {
         let result = store.write(&write).await.unwrap();

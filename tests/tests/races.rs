@@ -97,6 +97,7 @@ fn failing_checks(
         l,
         exec,
         semaphore_core::Run::FIRST,
+        None,
         limit(slots),
         requested_at,
         requested_at,

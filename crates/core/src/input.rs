@@ -56,6 +56,14 @@ pub enum InputError {
     WeightAboveLimit { weight: u32, limit: u32 },
     #[error("rate must be a number of acquisitions per second from {min} (one a day) to {MAX_RATE}; got {got}", min = Rate::MIN_PER_SECOND)]
     InvalidRate { got: String },
+    #[error("weight {weight} is above the largest weight {max_weight} that lock {lock}'s operator allows (semctl lock show --lock {lock}): ask for at most {max_weight}")]
+    WeightAboveConfigured {
+        lock: String,
+        weight: u32,
+        max_weight: u32,
+    },
+    #[error("largest weight {max_weight} is above the limit {limit}: no acquisition could take it; configure at most {limit}")]
+    MaxWeightAboveLimit { max_weight: u32, limit: u32 },
     #[error("task token is {len} bytes long; the maximum is {MAX_TASK_TOKEN_BYTES} bytes")]
     TaskTokenTooLong { len: usize },
     #[error("{field} is missing: {hint}")]
@@ -318,6 +326,66 @@ impl From<Limit> for Terms {
             weight: Weight::ONE,
             rate: None,
         }
+    }
+}
+
+/// A lock's configuration by its operator (F14): its limit, the largest weight one acquisition
+/// may take, and its start rate. An acquisition of a configured lock takes it on these terms,
+/// whatever it asked for: no caller can raise the limit or the rate its operator set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LockConfig {
+    pub limit: Limit,
+    /// `None`: any weight up to the limit.
+    pub max_weight: Option<Weight>,
+    /// `None`: no start rate.
+    pub rate: Option<Rate>,
+}
+
+impl LockConfig {
+    /// A configuration; a largest weight above the limit is refused (nothing could take it).
+    pub fn new(
+        limit: Limit,
+        max_weight: Option<Weight>,
+        rate: Option<Rate>,
+    ) -> Result<Self, InputError> {
+        if let Some(max) = max_weight.filter(|max| max.get() > limit.get()) {
+            return Err(InputError::MaxWeightAboveLimit {
+                max_weight: max.get(),
+                limit: limit.get(),
+            });
+        }
+        Ok(Self {
+            limit,
+            max_weight,
+            rate,
+        })
+    }
+
+    /// The terms an acquisition of `weight` takes on `lock` so configured: the configured limit
+    /// and rate; a weight above the configured largest (or the limit) is refused by name.
+    pub fn terms(&self, lock: &LockName, weight: Weight) -> Result<Terms, InputError> {
+        if let Some(max) = self.max_weight.filter(|max| weight.get() > max.get()) {
+            return Err(InputError::WeightAboveConfigured {
+                lock: lock.to_string(),
+                weight: weight.get(),
+                max_weight: max.get(),
+            });
+        }
+        Terms::new(self.limit, weight, self.rate)
+    }
+}
+
+/// What an acquisition takes on a lock configured with `config` (`None`: not configured, so
+/// the terms it asked for): the one place where an operator's configuration wins over a
+/// caller's terms.
+pub fn terms_on(
+    config: Option<&LockConfig>,
+    lock: &LockName,
+    asked: Terms,
+) -> Result<Terms, InputError> {
+    match config {
+        Some(config) => config.terms(lock, asked.weight),
+        None => Ok(asked),
     }
 }
 

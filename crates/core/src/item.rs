@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
 
-use crate::input::{AcquisitionId, HolderId, InputError, Limit, LockName, Rate, Terms, Weight};
+use crate::input::{
+    AcquisitionId, HolderId, InputError, Limit, LockConfig, LockName, Rate, Terms, Weight,
+};
 
 /// The item's version counter. Every write increments it, so the fencing tokens it hands out are
 /// strictly increasing per lock.
@@ -270,6 +272,9 @@ pub struct SemaphoreItem {
     /// When the last acquisition landed (epoch ms, by its writer's clock): a rate-limited
     /// acquire lands only a spacing after it.
     pub started_at_ms: Option<u64>,
+    /// Its operator's configuration (F14), if any: every acquisition and grant lands only on
+    /// the configuration it assumed, and takes its terms.
+    pub config: Option<LockConfig>,
 }
 
 impl SemaphoreItem {
@@ -286,6 +291,7 @@ impl SemaphoreItem {
             rate: None,
             started_at_ms: None,
             held_bytes: 0,
+            config: None,
         }
     }
 

@@ -62,7 +62,8 @@ pub use clock::{rfc3339_millis, Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
 pub use error::{AttributeError, Error, StoreError};
 pub use input::{
-    AcquisitionId, HolderId, InputError, Limit, LockName, Rate, TaskToken, Terms, Weight,
+    terms_on, AcquisitionId, HolderId, InputError, Limit, LockConfig, LockName, Rate, TaskToken,
+    Terms, Weight,
 };
 pub use item::{
     FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, SlotKeyError, Version,

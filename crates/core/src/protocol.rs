@@ -38,7 +38,7 @@
 use std::time::Duration;
 
 use crate::error::StoreError;
-use crate::input::{HolderId, Limit, LockName, TaskToken, Terms, Weight};
+use crate::input::{HolderId, Limit, LockConfig, LockName, TaskToken, Terms, Weight};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, Run, SemaphoreItem};
 use crate::queue::{Attempt, Waiter, WaiterId};
 use crate::write::{Change, Check, Write};
@@ -148,6 +148,9 @@ pub enum AcquireOutcome {
     /// The request is older than the horizon (see [`Timing`]) and the fences rotated since:
     /// nothing was taken. Ask again with a new request time.
     Expired,
+    /// The lock's operator configuration is not the one the request assumed (F14): nothing
+    /// was taken; ask again on this one's terms (`None`: the lock is no longer configured).
+    Configured(Option<LockConfig>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,6 +194,8 @@ pub enum QueueOutcome {
     Fenced(FenceReason),
     /// The request is older than the horizon and the fences rotated since: ask again.
     Expired,
+    /// The lock's configuration is not the one the waiter assumed: ask again on its terms.
+    Configured(Option<LockConfig>),
 }
 
 /// What an operation of several rounds does next: it is done, or sends this write (its last one
@@ -254,11 +259,15 @@ impl WriteResult {
 }
 
 /// The acquire write, or the answer when none is worth sending: a request already past its
-/// horizon by this host's clock would be refused anyway once a rotation happens.
+/// horizon by this host's clock would be refused anyway once a rotation happens. `config` is
+/// the lock's configuration the request assumes (`None`: not configured) and `terms` the terms
+/// it takes under it ([`crate::input::terms_on`]): the write lands only on that configuration.
+#[allow(clippy::too_many_arguments)]
 pub fn acquire(
     lock: &LockName,
     identity: &Identity,
     run: Run,
+    config: Option<LockConfig>,
     terms: impl Into<Terms>,
     requested_at_ms: u64,
     now_ms: u64,
@@ -278,6 +287,9 @@ pub fn acquire(
         Check::NotFenced(FenceKey::acquisition(identity)),
         Check::NotHolding(identity.clone()),
         Check::RotatedBefore { deadline_ms },
+        // F14: the terms are the operator's, if it configured the lock. Before the limit, so
+        // that a refusal on both says which terms to ask again on.
+        Check::Configured(config),
         Check::Fits {
             limit: terms.limit,
             weight: terms.weight,
@@ -353,6 +365,7 @@ pub fn acquired(
                     count: current.count(),
                 },
                 Some(Check::RotatedBefore { .. }) => AcquireOutcome::Expired,
+                Some(Check::Configured(_)) => AcquireOutcome::Configured(current.config),
                 Some(Check::Fits { .. } | Check::Room | Check::QueueEmpty) => {
                     AcquireOutcome::Full {
                         count: current.count(),
@@ -674,6 +687,7 @@ pub fn busy_rotation(
 /// behind a free slot that nobody would hand it (F8).
 pub fn enqueue(
     waiter: &Waiter,
+    config: Option<LockConfig>,
     requested_at_ms: u64,
     now_ms: u64,
     timing: &Timing,
@@ -692,6 +706,8 @@ pub fn enqueue(
             Check::NotFenced(FenceKey::acquisition(identity)),
             Check::NotHolding(identity.clone()),
             Check::RotatedBefore { deadline_ms },
+            // F14, as for an acquire: the waiter's terms are the configuration's.
+            Check::Configured(config),
             Check::NotQueued(waiter.id()),
             Check::Busy {
                 terms: waiter.terms,
@@ -722,6 +738,7 @@ pub fn queued(
                     count: current.count(),
                 },
                 Check::RotatedBefore { .. } => QueueOutcome::Expired,
+                Check::Configured(_) => QueueOutcome::Configured(current.config),
                 Check::NotQueued(_) => QueueOutcome::AlreadyQueued,
                 Check::Busy { .. } => QueueOutcome::Free,
                 _ => return Err(unexpected(write, "refused by a check a queue write lacks")),
@@ -736,17 +753,19 @@ pub fn queued(
     })
 }
 
-/// Grants the waiter (as read at the head of the line) a slot: takes the slot for it and
-/// removes its record, in one write. Not sent on a stale read: the record must still carry
-/// the task token that was read (else the waiter parked anew; read the head again).
-pub fn grant(waiter: &Waiter, now_ms: u64) -> Write {
+/// Grants the waiter (as read at the head of the line) a slot on `terms` (its own, or the
+/// lock's configuration `config` as read with its weight: [`crate::input::terms_on`]): takes
+/// the slot for it and removes its record, in one write. Not sent on a stale read: the record
+/// must still carry the task token that was read (else the waiter parked anew; read the head
+/// again), and the lock its configuration (else read it again).
+pub fn grant(waiter: &Waiter, config: Option<LockConfig>, terms: &Terms, now_ms: u64) -> Write {
     let identity = &waiter.identity;
-    let terms = &waiter.terms;
     let mut checks = vec![
         Check::QueuedWith {
             id: waiter.id(),
             task_token: waiter.task_token.clone(),
         },
+        Check::Configured(config),
         // A waiter whose run was cleaned up is dead: skipped, never granted (F8).
         Check::NotFenced(FenceKey::execution(&identity.holder, waiter.run)),
         Check::NotFenced(FenceKey::acquisition(identity)),
@@ -796,7 +815,7 @@ pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> 
     Ok(match result {
         WriteResult::Applied { .. } | WriteResult::Landed => Grant::Granted,
         WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => match failed {
-            Some(Check::QueuedWith { .. }) => Grant::Moved { current },
+            Some(Check::QueuedWith { .. } | Check::Configured(_)) => Grant::Moved { current },
             Some(Check::NotFenced(_)) => Grant::Dead { current },
             Some(Check::NotHolding(_)) => Grant::Holding { current },
             Some(Check::Fits { .. } | Check::Room) => Grant::NoSlot { current },
@@ -812,6 +831,18 @@ pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> 
             }
         },
     })
+}
+
+/// Sets (`None`: removes) the lock's operator configuration (F14). It needs no check: it takes
+/// nothing from a holder (a lower limit only stops admissions until the weight held is under
+/// it), and every acquisition or grant in flight that assumed the configuration it replaces is
+/// refused when it lands and asks again on this one.
+pub fn configure(lock: &LockName, config: Option<LockConfig>) -> Write {
+    Write {
+        lock: lock.clone(),
+        checks: Vec::new(),
+        changes: vec![Change::Configure(config)],
+    }
 }
 
 /// Takes the waiter's record out of the line, if it is there (it left, or its execution

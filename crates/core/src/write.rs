@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::input::{Limit, LockName, Rate, TaskToken, Terms, Weight};
+use crate::input::{Limit, LockConfig, LockName, Rate, TaskToken, Terms, Weight};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem};
 use crate::queue::{Attempt, Waiter, WaiterId};
 
@@ -51,6 +51,11 @@ pub enum Check {
     /// not fit, or someone waits, or the start rate is spent, or the item has no room. Queueing is allowed only then, so
     /// a waiter never queues behind a free slot that no one will hand it (F8).
     Busy { terms: Terms, now_ms: u64 },
+    /// The lock's operator configuration is exactly this (`None`: the lock is not configured):
+    /// an acquisition or grant takes its terms from the configuration it assumed, so one that
+    /// assumed another (a caller's own limit on a lock its operator configured, or a
+    /// configuration changed meanwhile) must not land (F14).
+    Configured(Option<LockConfig>),
     /// The waiter has no record in line (a retried or late queue write must not queue it twice,
     /// nor move it from its place).
     NotQueued(WaiterId),
@@ -97,6 +102,9 @@ pub enum Change {
     /// Removes the waiter's record from the line and uncounts it (a grant, or a waiter that
     /// left or died).
     Dequeue(WaiterId),
+    /// Sets (or, `None`, removes) the lock's operator configuration (F14). It takes nothing from
+    /// anyone: a lower limit admits nobody until the weight held is under it.
+    Configure(Option<LockConfig>),
     /// Gives the waiter's record the task token of a later attempt of its parked task, keeping
     /// its place, and counts the check.
     Repark {
@@ -175,6 +183,7 @@ impl Check {
                 .rotated_at_ms
                 .is_none_or(|rotated| rotated < *deadline_ms),
             Self::LastRotation(seen) => item.fences.rotated_at_ms == *seen,
+            Self::Configured(config) => item.config == *config,
         }
     }
 }
@@ -251,6 +260,7 @@ impl Write {
                     next.started_at_ms = Some(*acquired_at_ms);
                 }
                 Change::SetLimit(limit) => next.limit = Some(*limit),
+                Change::Configure(config) => next.config = *config,
                 Change::SetRate(rate) => next.rate = *rate,
                 Change::RemoveHolder { identity, weight } => {
                     next.holders.remove(identity);

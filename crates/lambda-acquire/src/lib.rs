@@ -483,7 +483,11 @@ async fn take<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         AcquireOutcome::Expired => {
             return Err(expired(request, "is older than the acquire horizon"))
         }
-        AcquireOutcome::Full { .. } | AcquireOutcome::RateLimited { .. } => {}
+        // Full, or an operator reconfiguring the lock as it was asked: in line, where the
+        // queue write learns the configuration again.
+        AcquireOutcome::Full { .. }
+        | AcquireOutcome::RateLimited { .. }
+        | AcquireOutcome::Configured(_) => {}
     }
     // 3. Queue at this request's time.
     let waiter = Waiter::new(
@@ -530,6 +534,7 @@ async fn take<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
             QueueOutcome::Expired => {
                 return Err(expired(request, "is older than the acquire horizon"))
             }
+            QueueOutcome::Configured(_) => continue,
             QueueOutcome::Free => match semaphore
                 .acquire_in_run(
                     lock,
@@ -548,7 +553,9 @@ async fn take<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
                     return Ok((holding(token, count, false), None))
                 }
                 AcquireOutcome::Fenced(reason) => return Err(fenced(request, reason)),
-                AcquireOutcome::Full { .. } | AcquireOutcome::RateLimited { .. } => continue,
+                AcquireOutcome::Full { .. }
+                | AcquireOutcome::RateLimited { .. }
+                | AcquireOutcome::Configured(_) => continue,
                 AcquireOutcome::Expired => {
                     return Err(expired(request, "is older than the acquire horizon"))
                 }

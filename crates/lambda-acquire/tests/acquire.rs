@@ -332,7 +332,7 @@ async fn grant_head(sem: &Semaphore<DynamoStore>, lock_name: &str) -> (FencingTo
         .unwrap()
         .pop()
         .expect("someone in line");
-    let write = protocol::grant(&head, sem.now_ms());
+    let write = protocol::grant(&head, None, &head.terms, sem.now_ms());
     let result = sem.store().write(&write).await.unwrap();
     assert_eq!(result, WriteResult::Landed, "the grant landed");
     let token = sem.status(&lock).await.unwrap().holders[&head.identity].token;

@@ -603,7 +603,7 @@ async fn f8_a_hand_off_that_crashed_between_grant_and_wake_up_is_recovered_by_th
         .pop()
         .expect("the waiter is in line");
     assert_eq!(head.identity, waiter.identity());
-    let grant = protocol::grant(&head, w.sem.now_ms());
+    let grant = protocol::grant(&head, None, &head.terms, w.sem.now_ms());
     assert_eq!(
         w.sem.store().write(&grant).await.unwrap(),
         WriteResult::Landed

@@ -315,6 +315,7 @@ mod tests {
             &lock(),
             id,
             semaphore_core::Run::FIRST,
+            None,
             Limit::new(5).unwrap(),
             1_000,
             1_500,

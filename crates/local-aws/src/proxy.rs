@@ -682,6 +682,7 @@ mod tests {
             &lock("l"),
             &id(holder, "a1"),
             semaphore_core::Run::FIRST,
+            None,
             limit(2),
             1_000,
             1_000,

@@ -139,6 +139,7 @@ mod tests {
             &lock(),
             &identity(),
             semaphore_core::Run::FIRST,
+            None,
             Limit::new(2).unwrap(),
             requested_at_ms,
             requested_at_ms + 500,

@@ -88,7 +88,8 @@ pub fn ours_world(config: Config, variant: Variant) -> World<Ours> {
         &config.weights[..usize::from(config.executions)],
         config.redrives + 1,
         variant,
-    );
+    )
+    .configured(config.configured_limit);
     World::new(protocol, config)
 }
 

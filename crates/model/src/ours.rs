@@ -25,7 +25,8 @@ use clap::ValueEnum;
 use semaphore_core::item::{FenceKey, Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, FenceReason, Step, Timing, WriteResult};
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockName, Terms, Weight, Write,
+    AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockConfig, LockName, Terms,
+    Weight, Write,
 };
 
 use crate::hash::{hash_one, Build};
@@ -109,6 +110,10 @@ pub enum Variant {
     /// a duplicate) still subtracts its weight, `used` drifts below the weight held, and the
     /// limit is exceeded (S1).
     ReleaseWithoutWeightCheck,
+    /// The acquire's write does not check that the lock's configuration is the one it assumed
+    /// (F14): an execution that asks for its own, higher limit of a lock its operator
+    /// configured lower takes a slot on its own terms, past the configured limit (S1).
+    AcquireIgnoresConfiguration,
     /// The release of a redriven run frees only that run's own acquisition (as before issue 18,
     /// item 9). A run redriven into the protected work while the first run's child still runs
     /// re-attaches to it (`StartExecution` of a running execution's name and input returns that
@@ -123,6 +128,13 @@ impl Variants for Variant {}
 
 impl Variant {
     /// Whether the variant differs from the real protocol only in a world with redrives.
+    /// The world a variant that differs from the real protocol only on a configured lock is
+    /// checked in unless told otherwise: (the limit the executions ask for, the limit the lock
+    /// is configured with).
+    pub fn configured_world(self) -> Option<(u32, u32)> {
+        (self == Self::AcquireIgnoresConfiguration).then_some((2, 1))
+    }
+
     pub fn needs_redrives(self) -> bool {
         matches!(
             self,
@@ -179,9 +191,36 @@ pub struct Ours {
     memo: Memo<MemoKey, Advance<u32, Phase>>,
     /// The most writes one release or free has sent so far.
     most_rounds: Cell<u8>,
+    /// The lock's configuration by its operator (F14), from before any execution started.
+    configured: Option<LockConfig>,
 }
 
 impl Ours {
+    /// Execution `e`'s acquire `write` (which assumed another configuration) as the same
+    /// acquire sends it again on the lock's configuration `config`, as `Semaphore::acquire`
+    /// does: the configuration assumed, and its terms with the execution's weight.
+    fn on_config(&self, write: &Write, config: Option<LockConfig>, e: usize) -> Write {
+        let terms = match &config {
+            Some(config) => config
+                .terms(&self.lock, self.weights[e])
+                .expect("the world checks every weight against the configured limit"),
+            None => self.terms(e as u8),
+        };
+        let mut again = write.clone();
+        for check in &mut again.checks {
+            match check {
+                Check::Configured(assumed) => *assumed = config,
+                Check::Fits { limit, .. } => *limit = terms.limit,
+                _ => {}
+            }
+        }
+        for change in &mut again.changes {
+            if let Change::SetLimit(limit) = change {
+                *limit = terms.limit;
+            }
+        }
+        again
+    }
     /// The protocol for `executions` executions of `weights` (one each) and up to
     /// `incarnations` incarnations each (one more than the world's redrives).
     pub fn new(
@@ -256,7 +295,22 @@ impl Ours {
             writes: RefCell::default(),
             memo: Memo::default(),
             most_rounds: Cell::new(0),
+            configured: None,
         }
+    }
+
+    /// The lock configured by its operator with `limit` before any execution starts (F14);
+    /// `None`: not configured.
+    pub fn configured(mut self, limit: Option<u32>) -> Self {
+        self.configured = limit.map(|limit| {
+            LockConfig::new(
+                Limit::new(i64::from(limit)).expect("a limit from 1 to 1000"),
+                None,
+                None,
+            )
+            .expect("no largest weight")
+        });
+        self
     }
 
     /// The most writes one release, or one cleanup's free, has sent in the states explored so
@@ -422,6 +476,7 @@ impl Ours {
             item.fences.rotated_at_ms,
             item.used,
             item.rate,
+            item.config,
         ));
         (common, per_exec)
     }
@@ -445,6 +500,7 @@ impl Ours {
                 Check::NotFenced(key) => (3u8, self.fence_role(key, e)).hash(&mut h),
                 Check::RotatedBefore { deadline_ms } => (4u8, deadline_ms).hash(&mut h),
                 Check::LastRotation(at) => (5u8, at).hash(&mut h),
+                Check::Configured(config) => (18u8, config).hash(&mut h),
                 // This world has no line (see `queue` for the one that has): these hold the
                 // same way for every execution.
                 Check::QueueEmpty => 11u8.hash(&mut h),
@@ -463,6 +519,7 @@ impl Ours {
                 } => (6u8, self.acquisition_index(identity, e), weight).hash(&mut h),
                 Change::SetLimit(limit) => (7u8, limit).hash(&mut h),
                 Change::SetRate(rate) => (17u8, rate).hash(&mut h),
+                Change::Configure(config) => (19u8, config).hash(&mut h),
                 Change::RemoveHolder { identity, weight } => {
                     (8u8, self.acquisition_index(identity, e), weight).hash(&mut h)
                 }
@@ -481,6 +538,9 @@ impl Ours {
             return "no item".to_owned();
         };
         let mut text = show_holders(self, item, &self.weights, "");
+        if let Some(config) = &item.config {
+            text.push_str(&format!(", configured with limit {}", config.limit));
+        }
         for (generation, keys) in [("young", &item.fences.young), ("old", &item.fences.old)] {
             if !keys.is_empty() {
                 let names: Vec<&str> = keys
@@ -543,6 +603,7 @@ impl Ours {
                     &self.lock,
                     identity,
                     self.run_of(op.inc),
+                    None,
                     self.terms(op.exec),
                     tick_ms(requested),
                     tick_ms(now),
@@ -556,6 +617,7 @@ impl Ours {
                     );
                 };
                 write.checks.retain(|check| match check {
+                    Check::Configured(_) => self.variant != Variant::AcquireIgnoresConfiguration,
                     Check::Fits { .. } => self.variant != Variant::AcquireWithoutLimit,
                     Check::NotFenced(_) => self.variant != Variant::AcquireChecksFencesWhenSent,
                     Check::RotatedBefore { .. } => self.variant != Variant::RotationWithoutHorizon,
@@ -722,6 +784,15 @@ impl Ours {
         let answer = match op.kind {
             OpKind::Acquire => {
                 let outcome = read(protocol::acquired(&write, identity, self.limit, result));
+                // F14: the lock is configured otherwise than this write assumed: the same
+                // acquire sends it again on the configuration's terms (`Semaphore::acquire`).
+                if let AcquireOutcome::Configured(actual) = &outcome {
+                    say(log.as_deref_mut(), || {
+                        format!("{outcome:?}; sends it again on the lock's configuration: ")
+                    });
+                    let again = self.on_config(&write, *actual, usize::from(op.exec));
+                    return self.again(again, false, round, after, log);
+                }
                 let answer = match outcome {
                     AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
                         Answer::Acquired
@@ -739,6 +810,7 @@ impl Ours {
                     AcquireOutcome::RateLimited { .. } => {
                         unreachable!("no execution of the model asks for a start rate")
                     }
+                    AcquireOutcome::Configured(_) => unreachable!("sent again above"),
                 };
                 say(log, || {
                     if answer == Answer::Redriven {
@@ -856,7 +928,11 @@ impl Protocol for Ours {
     }
 
     fn initial_item(&self) -> Option<u32> {
-        None
+        // The operator's configuration, written before any execution asks.
+        let config = self.configured?;
+        let write = protocol::configure(&self.lock, Some(config));
+        let item = write.apply(None).expect("a configuration checks nothing");
+        Some(self.intern(item))
     }
 
     fn start(&self, op: Op, requested: u8) -> Phase {

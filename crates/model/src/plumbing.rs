@@ -345,6 +345,8 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
                 }),
             },
             Check::QueueEmpty => "nobody in line".to_owned(),
+            Check::Configured(None) => "not configured".to_owned(),
+            Check::Configured(Some(c)) => format!("configured with limit {}", c.limit),
             Check::Busy { terms, .. } => {
                 format!("{} does not fit or someone in line", terms.weight)
             }
@@ -370,6 +372,8 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
                 naming.who(identity)
             ),
             Change::SetLimit(limit) => format!("limit {limit}"),
+            Change::Configure(None) => "remove the configuration".to_owned(),
+            Change::Configure(Some(c)) => format!("configure limit {}", c.limit),
             Change::SetRate(None) => "no rate".to_owned(),
             Change::SetRate(Some(rate)) => format!("rate {rate}"),
             Change::RemoveHolder { identity, weight } => {

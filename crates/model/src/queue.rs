@@ -712,6 +712,7 @@ impl QueueWorld {
             &self.lock,
             &self.identities[e as usize],
             Run::FIRST,
+            None,
             self.terms(e),
             NOW_MS + u64::from(e),
             LATER_MS,
@@ -735,7 +736,7 @@ impl QueueWorld {
         match request {
             Request::Acquire(e) => self.acquire_write(e),
             Request::Enqueue(e, token) => {
-                protocol::enqueue(&self.waiter(e, token), LATER_MS, LATER_MS, &TIMING)
+                protocol::enqueue(&self.waiter(e, token), None, LATER_MS, LATER_MS, &TIMING)
                     .expect("no request expires in the queue world")
             }
             Request::Repark(e, token) => protocol::repark(
@@ -745,7 +746,12 @@ impl QueueWorld {
                 Attempt(u64::from(token)),
             ),
             Request::Grant(e, token) => {
-                let mut write = protocol::grant(&self.waiter(e, token), LATER_MS);
+                let mut write = protocol::grant(
+                    &self.waiter(e, token),
+                    None,
+                    &self.waiter(e, token).terms,
+                    LATER_MS,
+                );
                 if self.variant == QueueVariant::GrantIgnoresWeight {
                     for check in &mut write.checks {
                         if let Check::Fits { weight, .. } = check {
@@ -1178,6 +1184,9 @@ impl QueueWorld {
                         None
                     }
                     AcquireOutcome::Expired => unreachable!("no request expires here"),
+                    AcquireOutcome::Configured(_) => {
+                        unreachable!("the line's lock is not configured (F14 is `ours`')")
+                    }
                     AcquireOutcome::RateLimited { .. } => unreachable!("no rate here"),
                 };
                 self.next(s, l, step, w)
@@ -1239,6 +1248,9 @@ impl QueueWorld {
                         None
                     }
                     QueueOutcome::Expired => unreachable!("no request expires here"),
+                    QueueOutcome::Configured(_) => {
+                        unreachable!("the line's lock is not configured (F14 is `ours`')")
+                    }
                 };
                 self.next(s, l, step, w)
             }
@@ -1273,6 +1285,9 @@ impl QueueWorld {
                         None
                     }
                     AcquireOutcome::Expired => unreachable!("no request expires here"),
+                    AcquireOutcome::Configured(_) => {
+                        unreachable!("the line's lock is not configured (F14 is `ours`')")
+                    }
                     AcquireOutcome::RateLimited { .. } => unreachable!("no rate here"),
                 };
                 self.next(s, l, step, w)

@@ -86,8 +86,12 @@ use crate::plumbing::{exec_name, names, plural, weights_text, Emitting, Fate, Su
 pub struct Config {
     /// Executions contending for the lock (at most [`MAX_EXECUTIONS`]), `exec-1` ... `exec-K`.
     pub executions: u8,
-    /// The lock's limit.
+    /// The lock's limit, as each execution asks for it.
     pub limit: u32,
+    /// The limit the lock's operator configured it with before any execution started (F14):
+    /// an acquisition takes the configured limit whatever it asks, so this, not `limit`, bounds
+    /// the weight held (S1). `None`: not configured.
+    pub configured_limit: Option<u32>,
     /// The weight each execution acquires with (`exec-1` first; 1 to `limit`): the limit
     /// bounds the sum of the weights held. The AWS sample is checked with weight 1 for all.
     pub weights: [u32; MAX_EXECUTIONS],
@@ -157,6 +161,7 @@ impl Config {
         Self {
             executions: 3,
             limit,
+            configured_limit: None,
             weights: [1; MAX_EXECUTIONS],
             retries: 1,
             release_timeouts: false,
@@ -212,11 +217,18 @@ impl fmt::Display for Config {
         .into_iter()
         .flatten()
         .collect();
+        let limit = match self.configured_limit {
+            Some(configured) => format!(
+                "{} asked, the lock configured with {configured} by its operator",
+                self.limit
+            ),
+            None => self.limit.to_string(),
+        };
         write!(
             f,
             "{} executions, limit {}{}; each with {} ({}), {} after \"full\"; {}; sweeper: {}",
             self.executions,
-            self.limit,
+            limit,
             weights_text(&self.weights[..usize::from(self.executions)]),
             plural(
                 self.retries,
@@ -1431,7 +1443,8 @@ impl<P: Protocol> Model for World<P> {
 
     fn check(&self, s: &Self::State) -> Result<(), Violation> {
         let holders = self.protocol.holders(s.store);
-        let limit = self.config.limit;
+        // F14: the operator's limit, not the one the executions ask for.
+        let limit = self.config.configured_limit.unwrap_or(self.config.limit);
         let held = self.config.weight_of_slots(holders);
         if held > limit {
             return Err(Violation {

@@ -109,6 +109,8 @@ fn every_broken_variant_of_ours_is_caught_in_the_default_world() {
         ("acquire-checks-fences-when-sent", "S3", 5, 611, 1_678),
         ("rotation-without-horizon", "S3", 10, 34_385, 128_811),
         ("release-without-weight-check", "S1", 7, 2_374, 7_139),
+        // On a lock configured with limit 1 whose executions ask for 2 (by default for it).
+        ("acquire-ignores-configuration", "S1", 4, 98, 261),
         // With redrives (one by default for these).
         ("redrive-without-guard", "S1", 5, 535, 1_280),
         ("redrive-reuses-acquisition", "S1", 9, 55_714, 174_026),
@@ -237,6 +239,24 @@ fn default_world() {
 #[ignore = "model-check --limit 2: about a minute"]
 fn limit_2_world() {
     passes("--limit 2", 2_162_319, 12_052_401, 35);
+}
+
+/// F14: a lock its operator configured with limit 1, whose executions ask for 2. Each acquire
+/// assumes no configuration, is refused for the one there, and is sent again on its terms.
+#[test]
+fn configured_lock_world() {
+    passes(
+        "--executions 2 --limit 2 --configured-limit 1",
+        166_195,
+        711_160,
+        31,
+    );
+}
+
+#[test]
+#[ignore = "model-check --limit 2 --configured-limit 1: about 4 minutes"]
+fn configured_lock_of_three_world() {
+    passes("--limit 2 --configured-limit 1", 14_434_774, 85_543_971, 44);
 }
 
 #[test]

@@ -65,6 +65,7 @@ impl Answer {
                 "fenced: ended".into()
             }
             Self::Acquire(AcquireOutcome::RateLimited { .. }) => "rate limited".into(),
+            Self::Acquire(AcquireOutcome::Configured(_)) => "configured otherwise".into(),
             Self::Release(ReleaseOutcome::Released { .. }) => "released".into(),
             Self::Release(ReleaseOutcome::NotHeld { .. }) => "not held".into(),
             Self::Cleanup(c) => format!("freed {}", c.freed.len()),

@@ -8,7 +8,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::error::{AttributeError, StoreError};
 use crate::input::{
-    AcquisitionId, HolderId, InputError, Limit, LockName, Rate, TaskToken, Terms, Weight,
+    AcquisitionId, HolderId, InputError, Limit, LockConfig, LockName, Rate, TaskToken, Terms,
+    Weight,
 };
 use crate::item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
 use crate::queue::{Attempt, QueueKey, Waiter};
@@ -39,6 +40,12 @@ pub mod attr {
     pub const STARTED_AT: &str = "started_at";
     /// The bytes of the holder map's entries (always there: the acquire's room check reads it).
     pub const HELD_BYTES: &str = "held_bytes";
+    /// The operator's configuration (absent: none), a map of [`CONFIG_LIMIT`] and, if set,
+    /// [`CONFIG_MAX_WEIGHT`] and [`SPACING`]: always written whole, so a write can check it
+    /// is exactly the one it assumed by comparing the maps.
+    pub const CONFIG: &str = "config";
+    pub const CONFIG_LIMIT: &str = "limit";
+    pub const CONFIG_MAX_WEIGHT: &str = "max_weight";
 }
 
 /// The waiters' table's local secondary index whose sort key is the place in line.
@@ -119,6 +126,42 @@ pub(super) fn string(s: &str) -> AttributeValue {
     AttributeValue::S(s.to_owned())
 }
 
+/// A lock's configuration as the `config` map; the same configuration is always the same map.
+pub(super) fn config_value(config: &LockConfig) -> AttributeValue {
+    let mut map = HashMap::from([(attr::CONFIG_LIMIT.to_owned(), number(config.limit.get()))]);
+    if let Some(max) = config.max_weight {
+        map.insert(attr::CONFIG_MAX_WEIGHT.to_owned(), number(max.get()));
+    }
+    if let Some(rate) = config.rate {
+        map.insert(attr::SPACING.to_owned(), number(rate.spacing_ms()));
+    }
+    AttributeValue::M(map)
+}
+
+fn get_config(
+    attrs: &HashMap<String, AttributeValue>,
+) -> Result<Option<LockConfig>, AttributeError> {
+    let Some(value) = attrs.get(attr::CONFIG) else {
+        return Ok(None);
+    };
+    let map = value.as_m().map_err(|_| AttributeError::NotA {
+        name: attr::CONFIG,
+        expected: "a map",
+    })?;
+    let limit = Limit::new(get_number(map, attr::CONFIG_LIMIT)?).map_err(invalid(attr::CONFIG))?;
+    let max_weight = get_optional(map, attr::CONFIG_MAX_WEIGHT)?
+        .map(Weight::new)
+        .transpose()
+        .map_err(invalid(attr::CONFIG))?;
+    let rate = get_optional(map, attr::SPACING)?
+        .map(Rate::from_spacing_ms)
+        .transpose()
+        .map_err(invalid(attr::CONFIG))?;
+    LockConfig::new(limit, max_weight, rate)
+        .map(Some)
+        .map_err(invalid(attr::CONFIG))
+}
+
 pub(super) fn binary(key: &FenceKey) -> AttributeValue {
     AttributeValue::B(Blob::new(key.as_bytes().to_vec()))
 }
@@ -169,6 +212,9 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
     }
     if item.waiting > 0 {
         attrs.insert(attr::WAITING.to_owned(), number(item.waiting));
+    }
+    if let Some(config) = &item.config {
+        attrs.insert(attr::CONFIG.to_owned(), config_value(config));
     }
     attrs
 }
@@ -254,6 +300,7 @@ fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem,
             .map_err(invalid(attr::SPACING))?,
         started_at_ms: get_optional(attrs, attr::STARTED_AT)?,
         held_bytes,
+        config: get_config(attrs)?,
     })
 }
 

@@ -10,8 +10,8 @@ use aws_sdk_dynamodb::types::{
 };
 
 use super::codec::{
-    attr, binary, binary_set, encode_waiter, number, pack, queue_attr, string, weight_floor,
-    FORMAT, WEIGHT_SPAN,
+    attr, binary, binary_set, config_value, encode_waiter, number, pack, queue_attr, string,
+    weight_floor, FORMAT, WEIGHT_SPAN,
 };
 use crate::error::StoreError;
 use crate::input::{LockName, Rate};
@@ -210,6 +210,14 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 let rotated = p.attr(attr::ROTATED_AT);
                 format!("{rotated} = {}", p.value(number(at_ms)))
             }
+            // The whole map at once: a configuration is always written whole.
+            Check::Configured(None) => {
+                format!("attribute_not_exists({})", p.attr(attr::CONFIG))
+            }
+            Check::Configured(Some(config)) => {
+                let name = p.attr(attr::CONFIG);
+                format!("{name} = {}", p.value(config_value(config)))
+            }
             Check::QueueEmpty => {
                 let waiting = p.attr(attr::WAITING);
                 let zero = p.value(number(0));
@@ -269,6 +277,13 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
             Change::SetLimit(limit) => {
                 let name = p.attr(attr::LIMIT);
                 set.push(format!("{name} = {}", p.value(number(limit.get()))));
+            }
+            Change::Configure(config) => {
+                let name = p.attr(attr::CONFIG);
+                match config {
+                    Some(config) => set.push(format!("{name} = {}", p.value(config_value(config)))),
+                    None => remove.push(name),
+                }
             }
             Change::SetRate(rate) => {
                 let name = p.attr(attr::SPACING);
@@ -498,6 +513,7 @@ mod tests {
             &lock,
             &identity(),
             Run::FIRST,
+            None,
             Limit::new(5).unwrap(),
             1_000,
             1_500,
@@ -552,6 +568,7 @@ mod tests {
             &lock,
             &identity(),
             Run::FIRST,
+            None,
             terms,
             1_000,
             1_500,
@@ -609,6 +626,7 @@ mod tests {
                 &lock,
                 &identity(),
                 Run::FIRST,
+                None,
                 Limit::new(5).unwrap(),
                 1,
                 2,

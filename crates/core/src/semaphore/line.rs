@@ -3,7 +3,7 @@
 
 use super::Semaphore;
 use crate::error::Error;
-use crate::input::{Limit, LockName, TaskToken};
+use crate::input::{terms_on, Limit, LockName, TaskToken};
 use crate::item::{FencingToken, Identity, SemaphoreItem};
 use crate::ports::{
     missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
@@ -77,12 +77,33 @@ impl<S: ItemStore> Semaphore<S> {
         waiter: &Waiter,
         requested_at_ms: u64,
     ) -> Result<QueueOutcome, Error> {
-        let write = match protocol::enqueue(waiter, requested_at_ms, self.now_ms(), &self.timing) {
-            Ok(write) => write,
-            Err(answer) => return Ok(answer),
-        };
-        let result = self.store.write(&write).await?;
-        Ok(protocol::queued(&write, &waiter.identity, result)?)
+        let mut answer = QueueOutcome::Expired;
+        for _ in 0..super::CONFIG_ROUNDS {
+            // F14: in line on the configuration's terms, as an acquire would take them.
+            let config = self.assumed_config(&waiter.lock);
+            let terms = terms_on(config.as_ref(), &waiter.lock, waiter.terms)?;
+            let waiter = Waiter {
+                terms,
+                ..waiter.clone()
+            };
+            let write = match protocol::enqueue(
+                &waiter,
+                config,
+                requested_at_ms,
+                self.now_ms(),
+                &self.timing,
+            ) {
+                Ok(write) => write,
+                Err(answer) => return Ok(answer),
+            };
+            let result = self.store.write(&write).await?;
+            answer = protocol::queued(&write, &waiter.identity, result)?;
+            match answer {
+                QueueOutcome::Configured(actual) => self.saw_config(&waiter.lock, actual),
+                _ => return Ok(answer),
+            }
+        }
+        Ok(answer)
     }
 
     /// Gives a queued waiter's record the token of `attempt` of its parked task, keeping its
@@ -158,11 +179,24 @@ impl<S: ItemStore> Semaphore<S> {
             let Some(head) = self.store.waiters(lock, None, 1).await?.pop() else {
                 break;
             };
+            // F14: granted on the lock's configuration, if any. A head whose weight the
+            // configuration no longer admits (lowered since it queued) could never be granted:
+            // it leaves the line rather than stall it, and its next check, finding neither
+            // place nor slot, asks again and is refused by name.
+            let terms = match terms_on(item.config.as_ref(), lock, head.terms) {
+                Ok(terms) => terms,
+                Err(_) => {
+                    self.leave(lock, head.id()).await?;
+                    report.skipped.push(head.identity.clone());
+                    item = self.status(lock).await?;
+                    continue;
+                }
+            };
             // A head whose weight does not fit waits; nobody passes it (L2).
-            if !item.fits(&head.terms) {
+            if !item.fits(&terms) {
                 break;
             }
-            let write = protocol::grant(&head, self.now_ms());
+            let write = protocol::grant(&head, item.config, &terms, self.now_ms());
             let result = self.store.write(&write).await?;
             match protocol::granted(&write, result)? {
                 Grant::Granted => {

@@ -8,11 +8,12 @@
 //! - [`line`](mod@line): waiting in line, and the hand-off that moves it;
 //! - [`sweep`]: the safety net that reclaims what ended executions hold, and moves stuck lines.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, StoreError};
-use crate::input::LockName;
+use crate::input::{LockConfig, LockName};
 use crate::item::SemaphoreItem;
 use crate::ports::ItemStore;
 use crate::protocol::{self, Timing};
@@ -21,13 +22,22 @@ pub mod line;
 pub mod slots;
 pub mod sweep;
 
-/// A semaphore protocol bound to a store. Cheap to clone.
+/// How many times one acquire or queueing asks again because the lock's configuration was not
+/// the one it assumed (F14): once to learn it, once more if an operator changed it meanwhile.
+pub const CONFIG_ROUNDS: usize = 3;
+
+/// A semaphore protocol bound to a store. Cheap to clone (clones share what they learnt of the
+/// locks' configurations).
 #[derive(Debug, Clone)]
 pub struct Semaphore<S> {
     store: S,
     clock: Arc<dyn Clock>,
     timing: Timing,
     busy_young_fences: usize,
+    /// The configuration of each lock as last seen (absent: assumed unconfigured). No write
+    /// relies on it: each checks the configuration it assumed when it lands, and a wrong guess
+    /// costs one write more (F14).
+    configs: Arc<Mutex<HashMap<LockName, Option<LockConfig>>>>,
 }
 
 impl<S: ItemStore> Semaphore<S> {
@@ -37,6 +47,53 @@ impl<S: ItemStore> Semaphore<S> {
             clock: Arc::new(SystemClock),
             timing: Timing::default(),
             busy_young_fences: protocol::BUSY_YOUNG_FENCES,
+            configs: Arc::default(),
+        }
+    }
+
+    /// The configuration of `lock` as last seen (`None`: not configured, or never seen).
+    fn assumed_config(&self, lock: &LockName) -> Option<LockConfig> {
+        self.configs
+            .lock()
+            .expect("configs")
+            .get(lock)
+            .copied()
+            .flatten()
+    }
+
+    /// Remembers the configuration of `lock` a write found.
+    fn saw_config(&self, lock: &LockName, config: Option<LockConfig>) {
+        self.configs
+            .lock()
+            .expect("configs")
+            .insert(lock.clone(), config);
+    }
+
+    /// Sets (`None`: removes) the operator configuration of `lock` (F14), creating its item if
+    /// it has none; the item as it is after. Nobody is evicted: a limit below the weight held
+    /// admits nobody until the holders drain under it. One write.
+    pub async fn configure(
+        &self,
+        lock: &LockName,
+        config: Option<LockConfig>,
+    ) -> Result<SemaphoreItem, Error> {
+        let write = protocol::configure(lock, config);
+        match self.store.write(&write).await? {
+            protocol::WriteResult::Applied { before } => {
+                self.saw_config(lock, config);
+                write.apply(before.as_ref()).map_err(|_| {
+                    StoreError::Unexpected {
+                        lock: lock.to_string(),
+                        problem: "a configuration has no check to fail".to_owned(),
+                    }
+                    .into()
+                })
+            }
+            _ => Err(StoreError::Unexpected {
+                lock: lock.to_string(),
+                problem: "a configuration, which checks nothing, was refused".to_owned(),
+            }
+            .into()),
         }
     }
 

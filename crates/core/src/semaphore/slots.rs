@@ -4,7 +4,7 @@
 
 use super::Semaphore;
 use crate::error::{Error, StoreError};
-use crate::input::{HolderId, LockName, Terms, Weight};
+use crate::input::{terms_on, HolderId, LockName, Terms, Weight};
 use crate::item::{Holding, Identity, Run, SemaphoreItem};
 use crate::ports::ItemStore;
 use crate::protocol::{self, AcquireOutcome, CleanupOutcome, ReleaseOutcome, Step, WriteResult};
@@ -74,6 +74,13 @@ impl<S: ItemStore> Semaphore<S> {
     /// or handed it back (refused): what the functions' metrics read the weight in use, the
     /// limit and the line's length from, without reading it again. `None` when nothing was sent
     /// (expired).
+    ///
+    /// On a lock its operator configured (F14), the terms are the configuration's, whatever
+    /// `terms` asked for but the weight (the item's `limit` and `rate` say which were taken):
+    /// the write assumes the configuration last seen and lands only on it; a refusal for
+    /// another configuration is sent again on that one. A weight above the configured largest
+    /// is [`InputError::WeightAboveConfigured`](crate::InputError::WeightAboveConfigured), and
+    /// nothing is taken.
     pub async fn acquire_seeing(
         &self,
         lock: &LockName,
@@ -82,28 +89,38 @@ impl<S: ItemStore> Semaphore<S> {
         terms: impl Into<Terms>,
         requested_at_ms: u64,
     ) -> Result<(AcquireOutcome, Option<SemaphoreItem>), Error> {
-        let terms = terms.into();
-        let write = match protocol::acquire(
-            lock,
-            identity,
-            run,
-            terms,
-            requested_at_ms,
-            self.now_ms(),
-            &self.timing,
-        ) {
-            Ok(write) => write,
-            Err(answer) => return Ok((answer, None)),
-        };
-        let result = self.store.write(&write).await?;
-        let seen = match &result {
-            WriteResult::Applied { before } => write.apply(before.as_ref()).ok(),
-            other => other.refused_item().cloned(),
-        };
-        Ok((
-            protocol::acquired(&write, identity, terms.limit, result)?,
-            seen,
-        ))
+        let asked = terms.into();
+        let mut last = (AcquireOutcome::Expired, None);
+        for _ in 0..super::CONFIG_ROUNDS {
+            let config = self.assumed_config(lock);
+            let terms = terms_on(config.as_ref(), lock, asked)?;
+            let write = match protocol::acquire(
+                lock,
+                identity,
+                run,
+                config,
+                terms,
+                requested_at_ms,
+                self.now_ms(),
+                &self.timing,
+            ) {
+                Ok(write) => write,
+                Err(answer) => return Ok((answer, None)),
+            };
+            let result = self.store.write(&write).await?;
+            let seen = match &result {
+                WriteResult::Applied { before } => write.apply(before.as_ref()).ok(),
+                other => other.refused_item().cloned(),
+            };
+            let outcome = protocol::acquired(&write, identity, terms.limit, result)?;
+            if let AcquireOutcome::Configured(actual) = outcome {
+                self.saw_config(lock, actual);
+                last = (outcome, seen);
+                continue;
+            }
+            return Ok((outcome, seen));
+        }
+        Ok(last)
     }
 
     /// Frees the identity's slot, if held, and fences the acquisition. One write for a slot of

@@ -31,7 +31,7 @@ fn waiter(h: &str, n: i64, queued_at_ms: u64) -> Waiter {
 }
 
 fn take(store: &MemoryStore, who: &str, n: i64) {
-    let write = acquire(&lock(), &id(who), Run::FIRST, limit(n), T0, T0, &T).unwrap();
+    let write = acquire(&lock(), &id(who), Run::FIRST, None, limit(n), T0, T0, &T).unwrap();
     let result = store.write_now(&write);
     assert!(matches!(
         acquired(&write, &id(who), limit(n), result).unwrap(),
@@ -40,7 +40,7 @@ fn take(store: &MemoryStore, who: &str, n: i64) {
 }
 
 fn queue(store: &MemoryStore, w: &Waiter) -> QueueOutcome {
-    let write = enqueue(w, T0, T0, &T).unwrap();
+    let write = enqueue(w, None, T0, T0, &T).unwrap();
     let result = store.write_now(&write);
     queued(&write, &w.identity, result).unwrap()
 }
@@ -53,7 +53,7 @@ fn version(store: &MemoryStore) -> u64 {
 fn an_enqueue_past_its_horizon_is_not_sent_and_one_landing_after_a_later_rotation_is_expired() {
     let w = waiter("w", 1, T0);
     assert_eq!(
-        enqueue(&w, T0, T0 + 8_000, &T),
+        enqueue(&w, None, T0, T0 + 8_000, &T),
         Err(QueueOutcome::Expired),
         "a horizon old"
     );
@@ -61,7 +61,7 @@ fn an_enqueue_past_its_horizon_is_not_sent_and_one_landing_after_a_later_rotatio
     take(&store, "a", 1);
     store.write_now(&release_unheld(&lock(), &id("x")));
     // Decided at T0 (deadline T0 + 8 s); a rotation at the deadline lands first.
-    let late = enqueue(&w, T0, T0, &T).unwrap();
+    let late = enqueue(&w, None, T0, T0, &T).unwrap();
     assert!(late.checks.contains(&Check::RotatedBefore {
         deadline_ms: T0 + 8_000
     }));
@@ -83,7 +83,7 @@ fn a_grant_is_refused_by_the_first_of_its_checks_that_fails() {
     take(&store, "a", 1);
     let w = waiter("w", 1, T0);
     assert_eq!(queue(&store, &w), QueueOutcome::Queued);
-    let grant_of = |w: &Waiter| grant(w, T0 + 1);
+    let grant_of = |w: &Waiter| grant(w, None, &w.terms, T0 + 1);
     let outcome = |write: &Write| {
         let before = version(&store);
         let result = store.write_now(write);
@@ -137,7 +137,7 @@ fn a_grant_is_refused_by_the_first_of_its_checks_that_fails() {
     );
     assert_eq!(item.waiting, 0);
     assert!(matches!(
-        outcome(&grant(&again, T0 + 2)),
+        outcome(&grant(&again, None, &again.terms, T0 + 2)),
         Grant::Moved { .. }
     ));
 }
@@ -201,14 +201,14 @@ fn results_that_contradict_the_write_are_errors_not_answers() {
     // check did not fail: no answer can be made up from that.
     let mut busy = item.clone();
     busy.waiting = 1;
-    let write = enqueue(&w, T0, T0, &T).unwrap();
+    let write = enqueue(&w, None, T0, T0, &T).unwrap();
     assert!(queued(&write, &w.identity, not_refused(&busy)).is_err());
-    let write = grant(&w, T0);
+    let write = grant(&w, None, &w.terms, T0);
     assert!(granted(&write, not_refused(&item)).is_err());
     let write = leave(&lock(), w.id());
     assert!(was_queued(&write, &not_refused(&item)).is_err());
     // An acquire names no record: it cannot have been sent as a transaction.
-    let write = acquire(&lock(), &w.identity, Run::FIRST, limit(1), T0, T0, &T).unwrap();
+    let write = acquire(&lock(), &w.identity, Run::FIRST, None, limit(1), T0, T0, &T).unwrap();
     assert!(acquired(&write, &w.identity, limit(1), WriteResult::Landed).is_err());
     assert_eq!(write.waiter_id(), None);
     assert!(write.checks.contains(&Check::QueueEmpty));

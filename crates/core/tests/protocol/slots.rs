@@ -39,7 +39,7 @@ fn land(write: &Write, item: &mut Option<SemaphoreItem>) -> WriteResult {
 }
 
 fn take(item: &mut Option<SemaphoreItem>, who: &Identity, n: i64, at: u64) -> AcquireOutcome {
-    match acquire(&lock(), who, Run::FIRST, limit(n), at, at, &T) {
+    match acquire(&lock(), who, Run::FIRST, None, limit(n), at, at, &T) {
         Ok(write) => {
             let result = land(&write, item);
             acquired(&write, who, limit(n), result).unwrap()
@@ -68,7 +68,7 @@ fn a_release_or_cleanup_whose_answer_was_lost_says_what_its_first_attempt_did() 
         ));
     }
     // A retried acquire finds its own slot.
-    let write = acquire(&lock(), &a, Run::FIRST, limit(3), 0, 0, &T).unwrap();
+    let write = acquire(&lock(), &a, Run::FIRST, None, limit(3), 0, 0, &T).unwrap();
     let token = item.as_ref().unwrap().holders[&a].token;
     assert_eq!(
         acquired(&write, &a, limit(3), land_unanswered(&write, &mut item)).unwrap(),
@@ -170,6 +170,7 @@ fn an_acquire_past_its_horizon_is_not_sent_and_one_that_lands_after_a_later_rota
             &lock(),
             &id("a", "1"),
             Run::FIRST,
+            None,
             limit(1),
             1_000,
             9_000,
@@ -185,6 +186,7 @@ fn an_acquire_past_its_horizon_is_not_sent_and_one_that_lands_after_a_later_rota
         &lock(),
         &id("a", "1"),
         Run::FIRST,
+        None,
         limit(1),
         1_000,
         1_000,
@@ -203,6 +205,7 @@ fn an_acquire_past_its_horizon_is_not_sent_and_one_that_lands_after_a_later_rota
         &lock(),
         &id("a", "1"),
         Run::FIRST,
+        None,
         limit(1),
         50_000,
         10_000,

@@ -559,7 +559,7 @@ async fn a_reparked_waiter_keeps_its_place_and_is_woken_with_its_new_token() {
 
     // A grant from the read made before the re-park is refused: the record moved on.
     f.release(&id("a")).await;
-    let stale = protocol::grant(&read[0], f.sem.now_ms());
+    let stale = protocol::grant(&read[0], None, &read[0].terms, f.sem.now_ms());
     let result = f.store.write_now(&stale);
     assert!(
         matches!(

@@ -67,6 +67,12 @@ struct Cli {
     #[arg(long, value_name = "N")]
     limit: Option<u32>,
 
+    /// The lock configured by its operator with this limit before any execution starts (F14):
+    /// the executions still ask for --limit, and the configured limit bounds what is held.
+    /// The product's protocol only, not with --queue.
+    #[arg(long, value_name = "N")]
+    configured_limit: Option<u32>,
+
     /// The weight each execution acquires with, exec-1 first; missing ones are 1; each from 1
     /// to the limit [default: 1 each, with --queue 1,2,1,1].
     #[arg(long, value_name = "W,W,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
@@ -215,6 +221,9 @@ impl Cli {
                 self.variant
             ))
         });
+        if self.configured_limit.is_some() {
+            usage_error("--configured-limit is not a setting of the line's world (--queue)".into());
+        }
         let default = QueueConfig::weighted();
         let config = QueueConfig {
             executions: self.executions.unwrap_or(default.executions),
@@ -259,7 +268,16 @@ impl Cli {
         };
         let config = Config {
             executions,
-            limit: self.limit.unwrap_or(default.limit),
+            // A variant that differs from the real protocol only on a configured lock is
+            // checked on one unless told otherwise.
+            limit: self.limit.unwrap_or(
+                variant
+                    .configured_world()
+                    .map_or(default.limit, |(asked, _)| asked),
+            ),
+            configured_limit: self
+                .configured_limit
+                .or(variant.configured_world().map(|(_, configured)| configured)),
             weights: weights(self.weights.as_deref(), default.weights),
             retries: self.retries.unwrap_or(default.retries),
             release_timeouts: default.release_timeouts || self.release_timeouts,
@@ -284,7 +302,23 @@ impl Cli {
             usage_error("--limit must be from 1 to 100".into());
         }
         if self.protocol == Protocol::Ours {
-            within(&config.weights, config.executions, config.limit);
+            within(
+                &config.weights,
+                config.executions,
+                config
+                    .configured_limit
+                    .unwrap_or(config.limit)
+                    .min(config.limit),
+            );
+        }
+        if config.configured_limit.is_some() && self.protocol != Protocol::Ours {
+            usage_error("--configured-limit is for the product's protocol only".into());
+        }
+        if config
+            .configured_limit
+            .is_some_and(|c| !(1..=100).contains(&c))
+        {
+            usage_error("--configured-limit must be from 1 to 100".into());
         }
         if usize::from(config.redrives) >= MAX_INCARNATIONS {
             usage_error(format!(
