@@ -255,6 +255,11 @@ async fn contend(
                         Attempt::RateLimited(next_start_ms)
                     }
                     Ok(AcquireOutcome::Expired) => Attempt::Expired,
+                    // The bench configures no lock: a configuration changing under one
+                    // acquire three times over is not its world.
+                    Ok(AcquireOutcome::Configured(_)) => {
+                        bail!("worker {worker}: the bench's unconfigured lock was configured")
+                    }
                     Ok(AcquireOutcome::Fenced(reason)) => bail!(
                         "worker {worker}: a fresh acquisition was fenced: {}",
                         reason.describe()

@@ -48,8 +48,8 @@ use lambda_common::{
 };
 use lambda_runtime::LambdaEvent;
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, ExecutionStatus, FencingToken, ItemStore, QueueOutcome,
-    Semaphore, SemaphoreItem, Waiter, WaiterId,
+    rfc3339_millis, terms_on, AcquireOutcome, ExecutionStatus, FencingToken, ItemStore,
+    QueueOutcome, Semaphore, SemaphoreItem, Waiter, WaiterId,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -319,6 +319,15 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         Box::pin(take(semaphore, config, hand_offs, &request)).await
     }
     .await;
+    // F14: on a lock its operator configured, the answer says the terms it took.
+    let configured = match &result {
+        Ok((_, Some(item))) => terms_on(item.config.as_ref(), lock, request.terms).ok(),
+        _ => None,
+    };
+    let request = AcquireRequest {
+        terms: configured.unwrap_or(request.terms),
+        ..request.clone()
+    };
     emit_metrics(semaphore, hand_offs, &request, &result);
     let result = result.map(|(taken, _)| taken);
     if let Err(e) = &result {
@@ -489,7 +498,15 @@ async fn take<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         | AcquireOutcome::RateLimited { .. }
         | AcquireOutcome::Configured(_) => {}
     }
-    // 3. Queue at this request's time.
+    // 3. Queue at this request's time, on the lock's configuration if its refusal showed one
+    // (F14): the answer a hand-off sends says the terms taken.
+    let configured = seen
+        .as_ref()
+        .and_then(|item| terms_on(item.config.as_ref(), lock, request.terms).ok());
+    let request = &AcquireRequest {
+        terms: configured.unwrap_or(request.terms),
+        ..request.clone()
+    };
     let waiter = Waiter::new(
         lock.clone(),
         identity.clone(),

@@ -733,7 +733,8 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
              most {limit}, or raise the limit"
         )
     };
-    let cases: Vec<(Value, String)> = vec![
+    let cases: Vec<(Value, String)> =
+        vec![
         (json!("run me"), request_kind("a string \"run me\"")),
         (json!([1, 2]), request_kind("an array [1,2]")),
         (
@@ -788,7 +789,7 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
         ),
         // Above the default limit (5), and above the input's own limit.
         (json!({"weight": 6}), above(6, 5)),
-        (json!({"limit": 2, "weight": 3}), above(3, 2)),
+        (json!({"lock": "small-lock", "limit": 2, "weight": 3}), above(3, 2)),
         (json!({"rate": 0}), format!("request.rate: {rate}; got 0")),
         (
             json!({"rate": "fast"}),
@@ -1456,6 +1457,59 @@ async fn a_missing_table_is_the_named_error_semaphore_store_error_which_is_retri
         Then::Retried {
             error: "SemaphoreStoreError".to_owned()
         }
+    );
+}
+
+/// F14 through the acquire function: a lock its operator configured (`semctl lock set`: here
+/// `Semaphore::configure`, the same write) is taken on its limit whatever the input asks, and
+/// the answer says so; the execution beyond it waits in line. The stack's default lock is
+/// configured by its parameters: an input's "limit" does not raise it either.
+#[tokio::test]
+async fn a_configured_lock_cannot_be_raised_by_the_input() {
+    let w = world().await;
+    let config = config();
+    let owned = LockName::new("owned").unwrap();
+    w.sem
+        .configure(
+            &owned,
+            Some(semaphore_core::LockConfig::new(limit(1), None, None).unwrap()),
+        )
+        .await
+        .unwrap();
+    let input = json!({"lock": "owned", "limit": 100});
+    let first = Ctx::new(HOLDER, input.clone(), &w.now()).with_task_token("first");
+    let played = w.play_machine(&config, &first, &input).await;
+    let answer = &played.state()["semaphore"];
+    assert_eq!(
+        (&answer["outcome"], &answer["limit"]),
+        (&json!("acquired"), &json!(1)),
+        "{answer}"
+    );
+    let second_holder = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2";
+    let second = Ctx::new(second_holder, input.clone(), &w.now()).with_task_token("second");
+    let played = w.play_machine(&config, &second, &input).await;
+    assert_eq!(
+        played.answer()["outcome"],
+        json!("queued"),
+        "the configured limit holds"
+    );
+    assert_eq!(played.answer()["limit"], json!(1));
+    let item = w.sem.status(&owned).await.unwrap();
+    assert_eq!(
+        (item.used, item.waiting, item.limit),
+        (1, 1, Some(limit(1)))
+    );
+    // The default lock (DEFAULT_LOCK, DEFAULT_LIMIT 5): an input's limit 100 is not taken.
+    let raise = json!({"limit": 100});
+    let third_holder = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-3";
+    let third = Ctx::new(third_holder, raise.clone(), &w.now()).with_task_token("third");
+    let played = w.play_machine(&config, &third, &raise).await;
+    assert_eq!(
+        (
+            &played.state()["semaphore"]["lock"],
+            &played.state()["semaphore"]["limit"]
+        ),
+        (&json!("demo-lock"), &json!(5))
     );
 }
 

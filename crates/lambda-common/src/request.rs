@@ -249,20 +249,25 @@ impl<'a> Acquire<'a> {
 
     /// The limit, weight and rate, each the request's else the default; a weight above the
     /// limit is refused.
-    fn terms(&self, defaults: &Defaults) -> Result<Terms, HandlerError> {
-        let limit = self
-            .request
-            .optional_limit("limit")?
-            .or(defaults.limit)
-            .ok_or_else(|| {
-                HandlerError::InvalidInput(format!("limit is missing: {}", hint::LIMIT))
-            })?;
+    fn terms(&self, lock: &LockName, defaults: &Defaults) -> Result<Terms, HandlerError> {
+        let asked_limit = self.request.optional_limit("limit")?;
+        let asked_rate = self.request.optional_rate("rate")?;
+        // F14: the stack's default lock is configured by its parameters (LockName,
+        // ConcurrencyLimit, DefaultRate): its limit and rate are those, whatever an execution
+        // asks. A configuration its operator stored in the lock (`semctl lock set`) wins over
+        // both, when the write lands.
+        let (limit, rate) = match (&defaults.lock, defaults.limit) {
+            (Some(default), Some(limit)) if default == lock => (Some(limit), defaults.rate),
+            _ => (asked_limit.or(defaults.limit), asked_rate.or(defaults.rate)),
+        };
+        let limit = limit.ok_or_else(|| {
+            HandlerError::InvalidInput(format!("limit is missing: {}", hint::LIMIT))
+        })?;
         let weight = self
             .request
             .optional_weight("weight")?
             .or(defaults.weight)
             .unwrap_or_default();
-        let rate = self.request.optional_rate("rate")?.or(defaults.rate);
         Terms::new(limit, weight, rate).map_err(|e| HandlerError::InvalidInput(e.to_string()))
     }
 
@@ -400,9 +405,10 @@ impl Resolver {
         let (identity, run) = acquire.identity()?;
         let (requested_at_ms, attempt) = acquire.entered()?;
         let task_token = acquire.task_token()?;
+        let lock = acquire.lock(&self.defaults)?;
         Ok(AcquireRequest {
-            lock: acquire.lock(&self.defaults)?,
-            terms: acquire.terms(&self.defaults)?,
+            terms: acquire.terms(&lock, &self.defaults)?,
+            lock,
             identity,
             run,
             requested_at_ms,

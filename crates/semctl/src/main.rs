@@ -26,9 +26,9 @@ use clap::{Parser, Subcommand};
 use lambda_common::HandOffs;
 use lambda_sweeper::{ArnPatterns, ExecutionArn, SfnExecutions, StateMachineArn};
 use semaphore_core::{
-    rfc3339_millis, AcquireOutcome, AcquisitionId, CleanupOutcome, Clock, DynamoStore, HolderId,
-    Identity, InputError, Limit, LockName, Rate, Reclaimed, ReleaseOutcome, Semaphore,
-    SemaphoreItem, StoreError, SystemClock, TableSetup, Terms, Timing, Weight,
+    rfc3339_millis, terms_on, AcquireOutcome, AcquisitionId, CleanupOutcome, Clock, DynamoStore,
+    HolderId, Identity, InputError, Limit, LockConfig, LockName, Rate, Reclaimed, ReleaseOutcome,
+    Run, Semaphore, SemaphoreItem, StoreError, SystemClock, TableSetup, Terms, Timing, Weight,
 };
 use serde_json::{json, Value};
 
@@ -122,6 +122,14 @@ enum Command {
         #[arg(long, value_name = "EXECUTION")]
         all_of: Option<String>,
     },
+    /// A lock's configuration by its operator (F14): its limit, the largest weight one
+    /// acquisition may take, and its start rate. An acquisition of a configured lock takes the
+    /// configured limit and rate whatever it asks for (one write more the first time a caller
+    /// meets the configuration), and a larger weight is refused by name; no caller can raise
+    /// them. Lowering the limit evicts nobody: it admits nobody until the weight held is under
+    /// it.
+    #[command(subcommand)]
+    Lock(LockCommand),
     /// What cleanup-from-incomplete does for an ended execution: free all its slots and fence it.
     Cleanup {
         #[arg(long)]
@@ -206,6 +214,8 @@ enum Failure {
     Store(#[from] StoreError),
     #[error(transparent)]
     Top(#[from] top::TopError),
+    #[error("lock {lock:?}: its configuration changed under this acquire three times over; nothing was taken: run it again once its operator is done")]
+    Changing { lock: String },
 }
 
 /// What a command printed, and its exit status.
@@ -331,6 +341,38 @@ async fn run(cli: Cli, requested_at_ms: u64) -> Result<Answer, Failure> {
     request.execute(&semaphore, &config, requested_at_ms).await
 }
 
+#[derive(Subcommand)]
+enum LockCommand {
+    /// Configure the lock (creating its item if it has none). Prints the configuration and the
+    /// lock as it is after; exit 0.
+    Set {
+        #[arg(long)]
+        lock: String,
+        /// The most weight held at once: a whole number from 1 to 1000.
+        #[arg(long, allow_hyphen_values = true)]
+        limit: String,
+        /// The largest weight one acquisition may take (1 to the limit). Default: the limit.
+        #[arg(long, allow_hyphen_values = true)]
+        max_weight: Option<String>,
+        /// At most this many acquisitions start per second (e.g. 2 or 0.5, from one a day to
+        /// 1000). Default: no start rate.
+        #[arg(long, allow_hyphen_values = true)]
+        rate: Option<String>,
+    },
+    /// The lock's configuration (null: not configured: each acquisition takes the limit and
+    /// rate it asks for), with the limit and rate the last acquisition took, the weight used
+    /// and the line's length.
+    Show {
+        #[arg(long)]
+        lock: String,
+    },
+    /// Remove the configuration: acquisitions take their own terms again.
+    Unset {
+        #[arg(long)]
+        lock: String,
+    },
+}
+
 /// A command with its inputs validated.
 enum Request {
     Init,
@@ -341,6 +383,9 @@ enum Request {
     ReleaseAllOf(HolderId, Option<LockName>),
     Cleanup(LockName, HolderId),
     Status(LockName),
+    /// Set (`Some`) or remove (`None`) the lock's configuration.
+    Configure(LockName, Option<LockConfig>),
+    ShowConfig(LockName),
     List,
     Sweep {
         dry_run: bool,
@@ -442,6 +487,23 @@ impl Request {
                 Self::Cleanup(LockName::new(lock)?, HolderId::new(holder)?)
             }
             Command::Status { lock } => Self::Status(LockName::new(lock)?),
+            Command::Lock(LockCommand::Set {
+                lock,
+                limit,
+                max_weight,
+                rate,
+            }) => Self::Configure(
+                LockName::new(lock)?,
+                Some(LockConfig::new(
+                    Limit::parse(&limit)?,
+                    max_weight.as_deref().map(Weight::parse).transpose()?,
+                    rate.as_deref().map(Rate::parse).transpose()?,
+                )?),
+            ),
+            Command::Lock(LockCommand::Unset { lock }) => {
+                Self::Configure(LockName::new(lock)?, None)
+            }
+            Command::Lock(LockCommand::Show { lock }) => Self::ShowConfig(LockName::new(lock)?),
             Command::List => Self::List,
             Command::Top(options) => Self::Top(options),
             Command::Sweep {
@@ -469,10 +531,13 @@ impl Request {
                 };
                 Answer::done(json!({"table": table, "outcome": outcome}))
             }
-            Self::Acquire(lock, identity, terms) => {
-                let outcome = semaphore
-                    .acquire_requested_at(&lock, &identity, terms, requested_at_ms)
+            Self::Acquire(lock, identity, asked) => {
+                let (outcome, seen) = semaphore
+                    .acquire_seeing(&lock, &identity, Run::FIRST, asked, requested_at_ms)
                     .await?;
+                // On a configured lock, its operator's terms (F14), not the ones asked for.
+                let config = seen.as_ref().and_then(|item| item.config);
+                let terms = terms_on(config.as_ref(), &lock, asked)?;
                 let mut out = json!({
                     "lock": lock.as_str(),
                     "holder": identity.holder.as_str(),
@@ -480,6 +545,7 @@ impl Request {
                     "limit": terms.limit.get(),
                     "weight": terms.weight.get(),
                     "rate": terms.rate.map(Rate::as_per_second),
+                    "configured": config.is_some(),
                 });
                 let (fields, code) = match outcome {
                     AcquireOutcome::Acquired { token, count } => (
@@ -522,6 +588,11 @@ impl Request {
                         json!({"outcome": "fenced", "reason": reason.describe()}),
                         EXIT_FENCED,
                     ),
+                    AcquireOutcome::Configured(_) => {
+                        return Err(Failure::Changing {
+                            lock: lock.to_string(),
+                        })
+                    }
                     AcquireOutcome::Expired => (
                         json!({
                             "outcome": "expired",
@@ -598,6 +669,18 @@ impl Request {
                     json!({"holder": holder.as_str(), "outcome": "cleaned"}),
                 );
                 Answer::done(out)
+            }
+            Self::Configure(lock, config) => {
+                let item = semaphore.configure(&lock, config).await?;
+                Answer::done(config_json(&lock, Some(&item)))
+            }
+            Self::ShowConfig(lock) => {
+                let item = match semaphore.status(&lock).await {
+                    Ok(item) => Some(item),
+                    Err(semaphore_core::Error::UnknownLock { .. }) => None,
+                    Err(e) => return Err(e.into()),
+                };
+                Answer::done(config_json(&lock, item.as_ref()))
             }
             Self::Status(lock) => {
                 let item = semaphore.status(&lock).await?;
@@ -778,6 +861,30 @@ fn cleaned_json(lock: &LockName, outcome: &CleanupOutcome, now_ms: u64) -> Value
         .collect();
     json!({"lock": lock.as_str(), "freed": freed, "count": outcome.count})
 }
+/// A lock's configuration as `lock set`, `show` and `unset` print it, and `status` includes it.
+fn config_value(config: Option<&LockConfig>) -> Value {
+    config.map_or(Value::Null, |config| {
+        json!({
+            "limit": config.limit.get(),
+            "max_weight": config.max_weight.map(Weight::get),
+            "rate": config.rate.map(Rate::as_per_second),
+        })
+    })
+}
+
+fn config_json(lock: &LockName, item: Option<&SemaphoreItem>) -> Value {
+    json!({
+        "lock": lock.as_str(),
+        "configured": config_value(item.and_then(|i| i.config.as_ref())),
+        // As the last acquisition took them, and the lock now.
+        "limit": item.and_then(|i| i.limit).map(Limit::get),
+        "rate": item.and_then(|i| i.rate).map(Rate::as_per_second),
+        "used": item.map_or(0, |i| i.used),
+        "waiting": item.map_or(0, |i| i.waiting),
+        "exists": item.is_some(),
+    })
+}
+
 fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Value {
     let item_bytes = semaphore_core::dynamo::stored_size(item);
     let holders: Vec<Value> = item
@@ -799,6 +906,8 @@ fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Value {
     json!({
         "lock": item.lock.as_str(),
         "limit": item.limit.map(Limit::get),
+        // Its operator's configuration (null: none), which every acquisition takes (F14).
+        "configured": config_value(item.config.as_ref()),
         "count": item.count(),
         // The sum of the holders' weights: what the limit bounds.
         "used": item.used,

@@ -1414,3 +1414,123 @@ async fn bad_input_to_list_sweep_and_release_all_of_is_a_named_error_and_writes_
     );
     assert_eq!(held(&semctl, "L").await, [format!("{gone}#g0")]);
 }
+
+/// F14 through semctl, each command a fresh process: a lock its operator configured keeps its
+/// limit whatever `acquire --limit` asks, a weight above the configured largest is refused by
+/// name and writes nothing, `lock show` and `status` show the configuration, `lock unset`
+/// gives callers their own terms back, and bad configurations are named errors that write
+/// nothing.
+#[tokio::test]
+async fn a_configured_lock_keeps_its_limit_whatever_acquire_asks() {
+    let s = Semctl::new().await;
+    let set = s.json(
+        &[
+            "lock",
+            "set",
+            "--lock",
+            "owned",
+            "--limit",
+            "2",
+            "--max-weight",
+            "1",
+            "--rate",
+            "50",
+        ],
+        0,
+    );
+    assert_eq!(
+        (&set["configured"], &set["exists"]),
+        (
+            &json!({"limit": 2, "max_weight": 1, "rate": 50.0}),
+            &json!(true)
+        )
+    );
+    let acquire = |holder: &str, limit: &str, code| {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        s.json(
+            &[
+                "acquire", "--lock", "owned", "--holder", holder, "--limit", limit,
+            ],
+            code,
+        )
+    };
+    let a = acquire("a", "10", 0);
+    assert_eq!(
+        (&a["outcome"], &a["limit"], &a["rate"], &a["configured"]),
+        (&json!("acquired"), &json!(2), &json!(50.0), &json!(true))
+    );
+    assert_eq!(acquire("b", "10", 0)["outcome"], "acquired");
+    let full = acquire("c", "1000", 2);
+    assert_eq!(
+        (&full["outcome"], &full["limit"]),
+        (&json!("full"), &json!(2))
+    );
+    // Above the largest weight: named, nothing written.
+    let before = s.snapshot(&["owned"]).await;
+    let heavy = s.run(&[
+        "acquire", "--lock", "owned", "--holder", "d", "--limit", "2", "--weight", "2",
+    ]);
+    assert_eq!(heavy.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&heavy.stderr);
+    assert!(
+        stderr.contains("weight 2 is above the largest weight 1 that lock owned's operator allows"),
+        "{stderr}"
+    );
+    assert_eq!(
+        s.snapshot(&["owned"]).await,
+        before,
+        "a refused weight wrote"
+    );
+    // Shown by lock show and status.
+    let shown = s.json(&["lock", "show", "--lock", "owned"], 0);
+    assert_eq!(
+        (&shown["configured"]["limit"], &shown["used"]),
+        (&json!(2), &json!(2))
+    );
+    let status = s.json(&["status", "--lock", "owned"], 0);
+    assert_eq!(status["configured"]["max_weight"], 1);
+    // Unset: the callers' own terms again.
+    let unset = s.json(&["lock", "unset", "--lock", "owned"], 0);
+    assert_eq!(unset["configured"], Value::Null);
+    assert_eq!(acquire("c", "3", 0)["outcome"], "acquired");
+    // A lock nobody wrote: shown unconfigured, not an error.
+    let never = s.json(&["lock", "show", "--lock", "never"], 0);
+    assert_eq!(
+        (&never["configured"], &never["exists"]),
+        (&Value::Null, &json!(false))
+    );
+    // Bad configurations: named, exit 1, nothing written.
+    let before = s.snapshot(&["owned", "bad"]).await;
+    for (args, says) in [
+        (
+            vec!["--limit", "0"],
+            "limit must be a whole number from 1 to 1000",
+        ),
+        (
+            vec!["--limit", "2", "--max-weight", "3"],
+            "largest weight 3 is above the limit 2",
+        ),
+        (
+            vec!["--limit", "2", "--rate", "fast"],
+            "rate must be a number",
+        ),
+        (
+            vec!["--limit", "2", "--max-weight", "0"],
+            "weight must be a whole number",
+        ),
+    ] {
+        for lock in ["owned", "bad"] {
+            let mut full_args = vec!["lock", "set", "--lock", lock];
+            full_args.extend(args.iter().copied());
+            let out = s.run(&full_args);
+            assert_eq!(out.status.code(), Some(1), "{full_args:?}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains(says), "{full_args:?}: {stderr}");
+        }
+    }
+    assert_eq!(
+        s.snapshot(&["owned", "bad"]).await,
+        before,
+        "a bad configuration wrote"
+    );
+}

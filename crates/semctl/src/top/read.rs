@@ -22,7 +22,7 @@ pub struct LockRead {
 /// One item of the table: a lock, or one this version cannot read (written by version 1, say),
 /// named when the error knows its lock.
 pub enum Entry {
-    Lock(LockRead),
+    Lock(Box<LockRead>),
     Unreadable { lock: Option<String>, error: String },
 }
 
@@ -77,7 +77,7 @@ pub async fn read(semaphore: &Semaphore<DynamoStore>) -> Result<Reading, StoreEr
     let mut entries = Vec::with_capacity(attrs.len());
     for item in attrs.iter().map(semaphore_core::dynamo::decode) {
         entries.push(match item {
-            Ok(item) => Entry::Lock(with_line(semaphore, item).await),
+            Ok(item) => Entry::Lock(Box::new(with_line(semaphore, item).await)),
             Err(e) => Entry::Unreadable {
                 lock: crate::unreadable_lock(&e).map(str::to_owned),
                 error: e.to_string(),

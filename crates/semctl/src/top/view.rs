@@ -81,6 +81,8 @@ pub struct LockRow {
     pub name: String,
     pub used: u64,
     pub limit: Option<u32>,
+    /// The limit is its operator's configuration (F14), not the last acquisition's.
+    pub configured: bool,
     /// Every holder, the longest held first.
     pub holders: Vec<HolderRow>,
     pub waiting: u64,
@@ -180,7 +182,12 @@ fn lock_row(read: &LockRead, now_ms: u64, starts: &Starts) -> LockRow {
     LockRow {
         name: item.lock.to_string(),
         used: item.used,
-        limit: item.limit.map(|limit| limit.get()),
+        limit: item
+            .config
+            .map(|config| config.limit)
+            .or(item.limit)
+            .map(|limit| limit.get()),
+        configured: item.config.is_some(),
         holders,
         waiting: item.waiting,
         oldest_wait_ms: read
@@ -357,7 +364,8 @@ impl View {
 
     fn footer(&self, hidden: usize) -> Line<'_> {
         let mut text = format!(
-            "start rate: set = the lock's own rate, seen = starts seen in the last {} s",
+            "* = its operator's limit (semctl lock set)  start rate: set = the lock's own rate, \
+             seen = starts seen in the last {} s",
             SEEN_WINDOW.as_secs()
         );
         if self.live.is_some() {
@@ -417,7 +425,14 @@ impl View {
         };
         LineGauge::default()
             .ratio(ratio)
-            .label(format!("{:>9}", format!("{}/{limit}", lock.used)))
+            .label(format!(
+                "{:>9}",
+                format!(
+                    "{}/{limit}{}",
+                    lock.used,
+                    if lock.configured { "*" } else { "" }
+                )
+            ))
             .filled_symbol("█")
             .unfilled_symbol("░")
             .filled_style(Style::new().fg(colour))
@@ -549,7 +564,7 @@ mod tests {
         };
         Reading {
             at_ms,
-            entries: vec![Entry::Lock(read)],
+            entries: vec![Entry::Lock(Box::new(read))],
         }
     }
 
