@@ -604,7 +604,7 @@ impl Report {
             let chosen = if l.default {
                 "input names no lock"
             } else {
-                "input names it and its limit"
+                "configured by its operator with its limit; the input names it and asks for one more"
             };
             line(
                 &format!("lock {}", l.lock),

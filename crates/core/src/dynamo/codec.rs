@@ -480,6 +480,25 @@ mod tests {
             .insert(FenceKey::execution(&id.holder, Run::FIRST));
         item.fences.rotated_at_ms = Some(1_700_000_000_000);
         assert_eq!(decode(&encode(&item)).unwrap(), item);
+        // A configuration, whole and in part (F14).
+        for config in [
+            LockConfig::new(
+                Limit::new(3).unwrap(),
+                Some(Weight::new(2).unwrap()),
+                Some(Rate::per_second(4.0).unwrap()),
+            ),
+            LockConfig::new(Limit::new(3).unwrap(), None, None),
+        ] {
+            item.config = Some(config.unwrap());
+            assert_eq!(decode(&encode(&item)).unwrap(), item);
+        }
+        // One that is not a configuration is named, not read as none.
+        let mut attrs = encode(&item);
+        attrs.insert(
+            attr::CONFIG.to_owned(),
+            AttributeValue::M(HashMap::from([(attr::CONFIG_LIMIT.to_owned(), number(0))])),
+        );
+        assert!(decode(&attrs).unwrap_err().to_string().contains("config"));
         let empty = SemaphoreItem::empty(LockName::new("l").unwrap());
         assert_eq!(decode(&encode(&empty)).unwrap(), empty);
     }

@@ -495,7 +495,7 @@ pub(super) const ITEM_ABSENT: &str = "attribute_not_exists(#lock)";
 mod tests {
     use super::*;
     use crate::dynamo::codec::TOKEN_SPAN;
-    use crate::input::{AcquisitionId, HolderId, Limit, Rate, Terms, Weight};
+    use crate::input::{AcquisitionId, HolderId, Limit, LockConfig, Rate, Terms, Weight};
     use crate::item::{FenceKey, Run, SemaphoreItem};
     use crate::protocol::{self, Timing};
 
@@ -527,6 +527,7 @@ mod tests {
              AND NOT contains(#young, :v2) AND NOT contains(#old, :v2) \
              AND attribute_not_exists(#holders.#h0) \
              AND (attribute_not_exists(#rotated_at) OR #rotated_at < :v3) \
+             AND attribute_not_exists(#config) \
              AND #used <= :v4 \
              AND (#held_bytes <= :v5 AND (attribute_not_exists(#young) OR size(#young) <= :v6) \
              AND (attribute_not_exists(#old) OR size(#old) <= :v6)) \
@@ -730,6 +731,37 @@ mod tests {
             }
             other => panic!("expected ExpressionTooLarge, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_configuration_is_checked_and_set_as_one_map() {
+        let lock = LockName::new("l").unwrap();
+        let config = LockConfig::new(Limit::new(2).unwrap(), None, None).unwrap();
+        let set = render(&protocol::configure(&lock, Some(config))).unwrap();
+        assert_eq!(set.condition, "#format = :v0");
+        assert_eq!(set.update, "SET #version = #version + :v1, #config = :v2");
+        assert_eq!(set.values[":v2"], config_value(&config));
+        let unset = render(&protocol::configure(&lock, None)).unwrap();
+        assert_eq!(unset.update, "SET #version = #version + :v1 REMOVE #config");
+        // An acquire on the configuration it assumes: the whole map, compared at once.
+        let write = protocol::acquire(
+            &lock,
+            &identity(),
+            Run::FIRST,
+            Some(config),
+            Limit::new(2).unwrap(),
+            1_000,
+            1_500,
+            &Timing::default(),
+        )
+        .unwrap();
+        let r = render(&write).unwrap();
+        assert!(
+            r.condition.contains("AND #config = :v4 AND"),
+            "{}",
+            r.condition
+        );
+        assert_eq!(r.values[":v4"], config_value(&config));
     }
 
     #[test]

@@ -66,7 +66,7 @@ pub(super) async fn deploy(
         stack.account,
         lambda::WORK_FUNCTION
     );
-    let overrides = BTreeMap::from([
+    let mut overrides = BTreeMap::from([
         ("LockName".to_owned(), locks[0].name.clone()),
         ("ConcurrencyLimit".to_owned(), locks[0].limit.to_string()),
         (
@@ -81,6 +81,11 @@ pub(super) async fn deploy(
         // No execution waits longer than the run.
         ("MaxWaitSeconds".to_owned(), args.timeout.to_string()),
     ]);
+    // The default lock's start rate is the stack's (F14: its limit and rate are the template's
+    // parameters, whatever an input asks).
+    if let Some(rate) = args.rate {
+        overrides.insert("DefaultRate".to_owned(), rate.to_string());
+    }
     // The acquire states' checks, compressed like the sweeper's schedule.
     let state_timeouts = BTreeMap::from([(
         local_aws::asl::ACQUIRE_STATE.to_owned(),

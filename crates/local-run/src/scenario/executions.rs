@@ -82,6 +82,27 @@ pub(super) async fn run(
         target,
     );
 
+    // F14: every lock but the template's default is configured by its operator with its limit
+    // (what `semctl lock set --lock L --limit N` writes) before the run, and its executions
+    // ask for one more: the poller's S1 at the configured limit shows that none raised it.
+    let operator = semaphore_core::Semaphore::new(semaphore_core::DynamoStore::new(
+        item.client.clone(),
+        &item.table,
+    ));
+    for spec in locks.iter().skip(1) {
+        // Its rate too, when the run asks for one (`--rate`): the configuration's is taken.
+        let config = semaphore_core::LockConfig::new(
+            semaphore_core::Limit::new(i64::from(spec.limit))?,
+            None,
+            args.rate
+                .map(semaphore_core::Rate::per_second)
+                .transpose()?,
+        )?;
+        operator
+            .configure(&semaphore_core::LockName::new(&spec.name)?, Some(config))
+            .await?;
+    }
+
     // A stop is a StopExecution, as an operator's would be.
     let stopped: Arc<Mutex<BTreeMap<String, Role>>> = Arc::default();
     {
@@ -198,8 +219,9 @@ pub(super) async fn run(
                 };
                 let mut input = json!({"work_seconds": work_seconds, "fail": e.role == Role::Fail});
                 if e.lock > 0 {
+                    // More than its operator's limit: the configuration's is taken.
                     input["lock"] = json!(locks[e.lock].name);
-                    input["limit"] = json!(locks[e.lock].limit);
+                    input["limit"] = json!(locks[e.lock].limit + 1);
                 }
                 if let Some(weight) = e.weight {
                     input["weight"] = json!(weight);
