@@ -11,18 +11,21 @@
 //! takes to start it (see `semaphore_core::Timing`).
 //!
 //! Each invocation:
-//! 1. **Checks its place**: a record of the execution in the lock's line (it waits already: its
-//!    task timed out and the state was entered again, or was retried) gets this attempt's task
-//!    token, keeping its place (the record holds when the execution was first queued), and the
-//!    function hands any free slot to the head of the line, which may be this execution. Past
-//!    the wait budget (`MAX_WAIT_SECONDS` since it was queued, or more checks than its history
-//!    has room for) it leaves the line instead: `SemaphoreWaitTimeout`.
-//! 2. Otherwise **takes a free slot** (one conditional write) and completes its own task with the
-//!    answer.
-//! 3. Otherwise (the weight does not fit, others wait, or the start rate is spent) **queues** the
-//!    execution, at this request's time, and hands off: a slot may have been freed between
-//!    "full" and "queued" (F8). The task stays parked: a release, cleanup or sweep that frees a
-//!    slot grants the head of the line and completes its task (`SendTaskSuccess`).
+//! 1. **Takes a free slot** (one conditional write, and no read: an uncontended critical section
+//!    costs what the AWS sample's does) and completes its own task with the answer; a slot it
+//!    holds already (granted while it waited) answers the same.
+//! 2. Otherwise (the weight does not fit, others wait, or the start rate is spent) **checks its
+//!    place**: a record of the execution in the lock's line (it waits already: its task timed
+//!    out and the state was entered again, or was retried) gets this attempt's task token,
+//!    keeping its place (the record holds when the execution was first queued), and the function
+//!    hands any free slot to the head of the line, which may be this execution. Past the wait
+//!    budget (`MAX_WAIT_SECONDS` since it was queued, or more checks than its history has room
+//!    for) it leaves the line instead: `SemaphoreWaitTimeout`. A waiter's own acquire never
+//!    lands: it is in line, so the lock's `waiting` is not 0.
+//! 3. Otherwise **queues** the execution, at this request's time, and hands off: a slot may have
+//!    been freed between "full" and "queued" (F8). The task stays parked: a release, cleanup or
+//!    sweep that frees a slot grants the head of the line and completes its task
+//!    (`SendTaskSuccess`).
 //!
 //! Answer (what the task is completed with, the state's output): `{"acquired": true, "outcome":
 //! "acquired"|"already_held", "token", "count", "limit", "weight", "rate", "lock", "holder",
@@ -458,13 +461,7 @@ async fn take<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         tracing::error!(%lock, error = %e, "acquire failed");
         e
     };
-    // 1. In line already: keep the place, with this attempt's token.
-    if let Some(waiter) = semaphore.waiter(lock, id).await.map_err(store_error)? {
-        if let Some(taken) = check(semaphore, config, hand_offs, request, &waiter).await? {
-            return Ok((taken, None));
-        }
-    }
-    // 2. A free slot.
+    // 1. A free slot.
     let (acquired, seen) = semaphore
         .acquire_seeing(
             lock,
@@ -489,14 +486,50 @@ async fn take<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
             return Ok((holding(token, count, false), seen))
         }
         AcquireOutcome::Fenced(reason) => return Err(fenced(request, reason)),
-        AcquireOutcome::Expired => {
-            return Err(expired(request, "is older than the acquire horizon"))
-        }
         // Full, or an operator reconfiguring the lock as it was asked: in line, where the
-        // queue write learns the configuration again.
-        AcquireOutcome::Full { .. }
+        // queue write learns the configuration again. Expired (a retry of the state past the
+        // horizon: nothing was sent): a waiter still keeps its place below, which takes no
+        // slot; anyone else enters the state again.
+        AcquireOutcome::Expired
+        | AcquireOutcome::Full { .. }
         | AcquireOutcome::RateLimited { .. }
         | AcquireOutcome::Configured(_) => {}
+    }
+    // 2. In line already: keep the place, with this attempt's token.
+    if let Some(waiter) = semaphore.waiter(lock, id).await.map_err(store_error)? {
+        if let Some(taken) = check(semaphore, config, hand_offs, request, &waiter).await? {
+            return Ok((taken, seen));
+        }
+        // Granted since its acquire was refused: the slot is its own.
+        let (acquired, seen) = semaphore
+            .acquire_seeing(
+                lock,
+                identity,
+                request.run,
+                request.terms,
+                request.requested_at_ms,
+            )
+            .await
+            .map_err(store_error)?;
+        match acquired {
+            AcquireOutcome::AlreadyHeld { token, count } => {
+                return Ok((holding(token, count, false), seen))
+            }
+            AcquireOutcome::Acquired { token, count } => {
+                return Ok((holding(token, count, true), seen))
+            }
+            AcquireOutcome::Fenced(reason) => return Err(fenced(request, reason)),
+            AcquireOutcome::Expired => {
+                return Err(expired(request, "is older than the acquire horizon"))
+            }
+            // Out of line and no slot (a grant freed again, say): it queues anew below.
+            AcquireOutcome::Full { .. }
+            | AcquireOutcome::RateLimited { .. }
+            | AcquireOutcome::Configured(_) => {}
+        }
+    }
+    if acquired == AcquireOutcome::Expired {
+        return Err(expired(request, "is older than the acquire horizon"));
     }
     // 3. Queue at this request's time, on the lock's configuration if its refusal showed one
     // (F14): the answer a hand-off sends says the terms taken.

@@ -23,7 +23,7 @@ use local_aws::asl::{self, Context as Ctx, ACQUIRE_STATE};
 use local_aws::legacy::put_version_1_item;
 use local_aws::names::{id, limit, lock};
 use local_aws::observe::{assert_consistent, observe, raw_item, text, RawRecord};
-use local_aws::{all_items, fresh_table, sdk_config};
+use local_aws::{all_items, endpoint, fresh_table, sdk_config};
 use semaphore_core::{
     protocol, rfc3339_millis, AcquireOutcome, Clock, DynamoStore, FenceKey, FenceReason,
     FencingToken, HolderId, ItemStore, LockName, ManualClock, QueueKey, Run, Semaphore,
@@ -1458,6 +1458,63 @@ async fn a_missing_table_is_the_named_error_semaphore_store_error_which_is_retri
             error: "SemaphoreStoreError".to_owned()
         }
     );
+}
+
+/// An uncontended acquire through the function is one conditional write and no read, as the
+/// AWS sample's is: the execution's record in line is read only when the write is refused (a
+/// waiter that checks again, or a lock that is full).
+#[tokio::test]
+async fn an_uncontended_acquire_is_one_write_and_no_read() {
+    asl::deploy();
+    let table = fresh_table().await.table().to_owned();
+    let counter = local_aws::counter::RequestCounter::new();
+    let sem = Semaphore::new(DynamoStore::new(
+        counter.dynamodb_client(endpoint()),
+        &table,
+    ));
+    let w = World::on(sem);
+    let config = config();
+    // The lock's first write creates its item (a refused update, then a put): not counted.
+    let warm = Ctx::new(HOLDER, json!({}), &w.now()).with_task_token("warm");
+    w.play_machine(&config, &warm, &json!({})).await.state();
+    counter.take();
+    let holder = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2";
+    let ctx = Ctx::new(holder, json!({}), &w.now()).with_task_token("uncontended");
+    let played = w.play_machine(&config, &ctx, &json!({})).await;
+    assert_eq!(played.state()["semaphore"]["outcome"], json!("acquired"));
+    let sent = counter.take();
+    assert_eq!(
+        (
+            sent.get("DynamoDB.UpdateItem"),
+            sent.service_total("DynamoDB")
+        ),
+        (1, 1),
+        "{sent:?}"
+    );
+    // Full: now it looks for its own record, then queues.
+    let full = json!({"lock": "one", "limit": 1});
+    let first = Ctx::new(HOLDER, full.clone(), &w.now()).with_task_token("one-1");
+    w.play_machine(&config, &first, &full).await.state();
+    counter.take();
+    let second = Ctx::new(holder, full.clone(), &w.now()).with_task_token("one-2");
+    assert_eq!(
+        w.play_machine(&config, &second, &full).await.answer()["outcome"],
+        json!("queued")
+    );
+    // The refused acquire, its record looked for (none), the queue transaction, and the
+    // hand-off that follows it (the lock and the head of its line: itself, which does not fit).
+    let sent = counter.take();
+    assert_eq!(
+        sent.requests,
+        std::collections::BTreeMap::from([
+            ("DynamoDB.UpdateItem".to_owned(), 1),
+            ("DynamoDB.GetItem".to_owned(), 2),
+            ("DynamoDB.TransactWriteItems".to_owned(), 1),
+            ("DynamoDB.Query".to_owned(), 1),
+        ]),
+        "{sent:?}"
+    );
+    assert_eq!(sent.failed("DynamoDB.UpdateItem"), 1);
 }
 
 /// F14 through the acquire function: a lock its operator configured (`semctl lock set`: here

@@ -9,17 +9,18 @@
 //! and its release:
 //!
 //! - **the acquire state**: the execution parks on its task (token 0) from the start, and the
-//!   acquire function, invoked with that token, first **checks** its record in line (a read:
-//!   its record is keyed by who it is); found with an earlier attempt's token, it keeps the
-//!   place with its own ([`protocol::repark`]) and hands off; found with its own, it hands off;
-//!   found with a later attempt's, its task is over. Not in line, it **acquires**
-//!   ([`protocol::acquire`]: a slot, and it completes its own task), or finding the lock full
-//!   **queues** ([`protocol::enqueue`], at the attempt's entry time: each execution's first
-//!   attempt at its own millisecond, `exec-1` first, every later attempt after them; `Free`:
-//!   acquires directly; `AlreadyQueued`: another attempt queued it, it checks again;
-//!   `AlreadyHeld`: completes its own task; a direct acquire told "full" queues again, at most
-//!   three rounds, then answers `SemaphoreExpired`, which the state catches into itself: a new
-//!   attempt), then hands off (a slot may have been freed between "full" and "queued", F8).
+//!   acquire function, invoked with that token, first **acquires** ([`protocol::acquire`]: one
+//!   write and no read; a slot, and it completes its own task; its own slot held already, the
+//!   same). Refused as full (the weight does not fit, or someone, maybe itself, waits in line),
+//!   it **checks** its record in line (a read: its record is keyed by who it is); found with an
+//!   earlier attempt's token, it keeps the place with its own ([`protocol::repark`]) and hands
+//!   off; found with its own, it hands off; found with a later attempt's, its task is over. Not
+//!   in line, it **queues** ([`protocol::enqueue`], at the attempt's entry time: each
+//!   execution's first attempt at its own millisecond, `exec-1` first, every later attempt after
+//!   them; `Free`: acquires directly; `AlreadyQueued`: another attempt queued it, it checks
+//!   again; `AlreadyHeld`: completes its own task; a direct acquire told "full" queues again, at
+//!   most three rounds, then answers `SemaphoreExpired`, which the state catches into itself: a
+//!   new attempt), then hands off (a slot may have been freed between "full" and "queued", F8).
 //!   Every write lands at any later step. Every order of places against every order of
 //!   landings is a renaming of one explored here.
 //! - **parked**: until a hand-off wakes it (`SendTaskSuccess` with the token in its record), or
@@ -1111,8 +1112,8 @@ impl QueueWorld {
                     Self::record_of(&t, e, identity).map(|r| Self::token_number(&r.task_token));
                 let step = match found {
                     None => {
-                        w.say(|| "reads its record: not in line; it acquires".to_owned());
-                        Some(Step::Acquire)
+                        w.say(|| "reads its record: not in line; it queues".to_owned());
+                        Some(Step::Enqueue { round: 0 })
                     }
                     Some(theirs) if theirs > token => {
                         w.say(|| {
@@ -1176,8 +1177,8 @@ impl QueueWorld {
                         Some(Step::SelfWake)
                     }
                     AcquireOutcome::Full { .. } => {
-                        w.say(|| "; it queues".to_owned());
-                        Some(Step::Enqueue { round: 0 })
+                        w.say(|| "; it checks its record in line".to_owned());
+                        Some(Step::Find)
                     }
                     AcquireOutcome::Fenced(_) => {
                         self.refused(s, e, current, w);
@@ -1621,7 +1622,7 @@ impl QueueWorld {
                 exec_name(e)
             )
         });
-        Self::spawn(s, e, Task::Wait { token }, Step::Find);
+        Self::spawn(s, e, Task::Wait { token }, Step::Acquire);
     }
 
     fn deliver(s: &mut QueueState, e: u8, w: &mut Words) {
@@ -2036,7 +2037,7 @@ impl Model for QueueWorld {
         };
         for e in 0..self.n() {
             s.execs[e as usize].stage = Stage::Waiting;
-            Self::spawn(&mut s, e, Task::Wait { token: 0 }, Step::Find);
+            Self::spawn(&mut s, e, Task::Wait { token: 0 }, Step::Acquire);
         }
         s.lambdas.sort_unstable();
         s
@@ -2435,9 +2436,9 @@ mod tests {
         // Pinned: the hand-offs compared, and how many (woke, kept a slot for a waiter not woken,
         // freed a dead waiter's grant, skipped a dead waiter).
         for (limit, weights, expected) in [
-            (1, [1; MAX_WAITERS], (2_380, [365, 74, 73, 46])),
-            (2, [1; MAX_WAITERS], (2_731, [784, 178, 210, 98])),
-            (2, [1, 2, 1, 1], (2_964, [401, 80, 97, 58])),
+            (1, [1; MAX_WAITERS], (2_531, [404, 86, 84, 49])),
+            (2, [1; MAX_WAITERS], (2_823, [840, 195, 207, 130])),
+            (2, [1, 2, 1, 1], (3_104, [405, 87, 96, 57])),
         ] {
             let world = QueueWorld::new(
                 QueueConfig {

@@ -47,7 +47,7 @@ fn the_line_passes_with_two_executions_and_every_fault() {
     assert_passes(
         "2 executions, limit 1, every fault",
         config,
-        (736_145, 2_773_680, 36),
+        (701_940, 2_639_874, 34),
     );
 }
 
@@ -60,7 +60,7 @@ fn the_line_passes_with_three_executions_a_death_and_a_lost_event() {
     assert_passes(
         "3 executions, limit 1, a death, a lost event",
         config,
-        (1_236_085, 4_781_898, 38),
+        (1_235_955, 4_781_412, 37),
     );
 }
 
@@ -78,7 +78,7 @@ fn the_line_passes_with_three_executions_and_an_early_timeout() {
     assert_passes(
         "3 executions, limit 1, an early timeout",
         config,
-        (854_596, 3_392_337, 37),
+        (835_848, 3_315_666, 35),
     );
 }
 
@@ -88,7 +88,7 @@ fn the_line_passes_with_three_executions_and_limit_2() {
     assert_passes(
         "3 executions, limit 2, a death, a lost event, a crash",
         world(3, 2),
-        (1_201_922, 4_553_796, 37),
+        (1_187_398, 4_500_453, 34),
     );
 }
 
@@ -103,7 +103,7 @@ fn a_heavy_head_waits_and_nobody_passes_it() {
     assert_passes(
         "3 executions of weights 1, 2, 1, limit 2, a death, a lost event",
         config,
-        (1_578_219, 6_340_158, 38),
+        (1_577_617, 6_338_032, 37),
     );
 }
 
@@ -122,7 +122,7 @@ fn a_grant_that_checks_weight_1_is_caught_exceeding_the_limit() {
     println!("{cex}");
     assert_eq!(
         (cex.violation.property, cex.steps.len()),
-        ("S1", 17),
+        ("S1", 16),
         "{cex}"
     );
     assert!(
@@ -141,7 +141,7 @@ fn every_broken_variant_of_the_line_is_caught() {
         (
             QueueVariant::NewcomerPassesTheLine,
             "L2",
-            10,
+            8,
             "an acquire of exec-3 landed while exec-2 waited in line",
         ),
         // A waiter queued behind a stopped one whose grant the hand-off left held: its
@@ -149,7 +149,7 @@ fn every_broken_variant_of_the_line_is_caught() {
         (
             QueueVariant::HandOffWithoutWakeRetry,
             "L1",
-            20,
+            19,
             "exec-2 ended and holds a slot it was granted after it ended",
         ),
         // A release hands off while the cleanup of a waiter stopped in line has fenced its run
@@ -159,7 +159,7 @@ fn every_broken_variant_of_the_line_is_caught() {
         (
             QueueVariant::DeadWaiterNotSkipped,
             "F8",
-            22,
+            21,
             "=> dead; the hand-off stops (broken variant)",
         ),
         // A check that takes a new place: a waiter whose function crashed after queueing it is
@@ -229,7 +229,7 @@ fn a_grant_to_a_stopped_waiter_left_held_is_caught_where_it_is_left() {
     println!("{cex}");
     assert_eq!(
         (cex.violation.property, cex.steps.len()),
-        ("F8", 16),
+        ("F8", 15),
         "{cex}"
     );
     assert!(
@@ -262,7 +262,7 @@ fn strict_line_order_is_more_than_the_protocol_promises() {
     println!("{cex}");
     assert_eq!(
         (cex.violation.property, cex.steps.len()),
-        ("L2", 14),
+        ("L2", 13),
         "{cex}"
     );
     assert!(
