@@ -85,11 +85,7 @@ pub enum AttributeError {
     Place(#[from] QueueKeyError),
     #[error("terms: {0}")]
     Terms(InputError),
-    #[error("item format 2, written before weighted permits (it keeps no `used`): delete the item once no execution uses the lock, or use a new lock name")]
-    Format2,
-    #[error("item format 3, written before the item's size budget (it keeps no `held_bytes`): delete the item once no execution uses the lock, or use a new lock name")]
-    Format3,
-    #[error("item format {found}, where this version reads format {reads}")]
+    #[error("item format {found}, where this version reads format {reads}: delete the item once no execution uses the lock, or use a new lock name")]
     Format { found: u64, reads: u64 },
     #[error("waiter: {0}")]
     Waiter(Box<AttributeError>),

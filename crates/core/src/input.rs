@@ -64,6 +64,8 @@ pub enum InputError {
     },
     #[error("largest weight {max_weight} is above the limit {limit}: no acquisition could take it; configure at most {limit}")]
     MaxWeightAboveLimit { max_weight: u32, limit: u32 },
+    #[error("lease must be a number of seconds from 1 to 86400 (a day); got {got}")]
+    InvalidLease { got: String },
     #[error("task token is {len} bytes long; the maximum is {MAX_TASK_TOKEN_BYTES} bytes")]
     TaskTokenTooLong { len: usize },
     #[error("{field} is missing: {hint}")]
@@ -285,14 +287,64 @@ impl fmt::Display for Rate {
     }
 }
 
-/// What one acquisition asks for: the lock's limit as it sees it, its weight, and the lock's
-/// start rate. Each acquire (and each waiter's grant) is checked against its own terms when it
-/// lands, and sets the lock's stored limit and rate to them.
+/// How long a slot is held without a heartbeat (F13): a holder whose end nobody can see (an
+/// Express execution, a Lambda function, a container, a script) takes its slot with a lease,
+/// which its heartbeats renew; once it has passed unrenewed (by more than the clock skew), the
+/// slot is taken back and the holder fenced. From 1 s to a day, whole milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Lease {
+    ms: u64,
+}
+
+impl Lease {
+    /// The shortest lease: a heartbeat a second is as often as one should be sent.
+    pub const MIN_MS: u64 = 1_000;
+    /// The longest: a holder that may go silent for longer should not hold a lease at all.
+    pub const MAX_MS: u64 = 86_400_000;
+
+    pub fn ms(ms: u64) -> Result<Self, InputError> {
+        if (Self::MIN_MS..=Self::MAX_MS).contains(&ms) {
+            Ok(Self { ms })
+        } else {
+            Err(InputError::InvalidLease {
+                got: format!("{ms} ms"),
+            })
+        }
+    }
+
+    /// Parses whole or fractional seconds, such as a CLI argument: "30", "2.5".
+    pub fn parse_seconds(text: &str) -> Result<Self, InputError> {
+        let invalid = || InputError::InvalidLease {
+            got: format!("{text:?}"),
+        };
+        let seconds = text.trim().parse::<f64>().map_err(|_| invalid())?;
+        if !seconds.is_finite() || seconds <= 0.0 {
+            return Err(invalid());
+        }
+        Self::ms((seconds * 1000.0).round() as u64).map_err(|_| invalid())
+    }
+
+    pub fn as_ms(self) -> u64 {
+        self.ms
+    }
+}
+
+impl fmt::Display for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} s", self.ms as f64 / 1000.0)
+    }
+}
+
+/// What one acquisition asks for: the lock's limit as it sees it, its weight, the lock's start
+/// rate, and a lease on the slot. Each acquire (and each waiter's grant) is checked against its
+/// own terms when it lands, and sets the lock's stored limit and rate to them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Terms {
     pub limit: Limit,
     pub weight: Weight,
     pub rate: Option<Rate>,
+    /// `None`: held until released (or cleaned up, for an execution whose end can be seen).
+    pub lease: Option<Lease>,
 }
 
 impl Terms {
@@ -309,7 +361,13 @@ impl Terms {
             limit,
             weight,
             rate,
+            lease: None,
         })
+    }
+
+    /// The same terms, the slot held under `lease` (`None`: until released).
+    pub fn with_lease(self, lease: Option<Lease>) -> Self {
+        Self { lease, ..self }
     }
 
     /// The largest sum of weights held that still leaves room for this acquisition.
@@ -325,6 +383,7 @@ impl From<Limit> for Terms {
             limit,
             weight: Weight::ONE,
             rate: None,
+            lease: None,
         }
     }
 }
@@ -384,7 +443,7 @@ pub fn terms_on(
     asked: Terms,
 ) -> Result<Terms, InputError> {
     match config {
-        Some(config) => config.terms(lock, asked.weight),
+        Some(config) => Ok(config.terms(lock, asked.weight)?.with_lease(asked.lease)),
         None => Ok(asked),
     }
 }

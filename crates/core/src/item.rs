@@ -275,6 +275,9 @@ pub struct SemaphoreItem {
     /// Its operator's configuration (F14), if any: every acquisition and grant lands only on
     /// the configuration it assumed, and takes its terms.
     pub config: Option<LockConfig>,
+    /// When each leased holder's lease ends (epoch ms, by the clock of the writer that set it:
+    /// its acquire, grant or last heartbeat); a holder without one holds until released (F13).
+    pub leases: BTreeMap<Identity, u64>,
 }
 
 impl SemaphoreItem {
@@ -292,7 +295,22 @@ impl SemaphoreItem {
             started_at_ms: None,
             held_bytes: 0,
             config: None,
+            leases: BTreeMap::new(),
         }
+    }
+
+    /// The leased holders whose lease ended more than `skew_ms` before `now_ms` (by this
+    /// writer's clock): what a writer may take back (F13). Within the skew, a holder whose
+    /// clock is behind may still think its lease runs: not yet.
+    pub fn expired_leases(&self, now_ms: u64, skew_ms: u64) -> Vec<(Identity, Weight, u64)> {
+        self.leases
+            .iter()
+            .filter(|(_, until)| until.saturating_add(skew_ms) < now_ms)
+            .filter_map(|(identity, until)| {
+                let holding = self.holders.get(identity)?;
+                Some((identity.clone(), holding.weight, *until))
+            })
+            .collect()
     }
 
     /// The sum of the holders' entry bytes, from the holders themselves (the stored

@@ -62,8 +62,8 @@ pub use clock::{rfc3339_millis, Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
 pub use error::{AttributeError, Error, StoreError};
 pub use input::{
-    terms_on, AcquisitionId, HolderId, InputError, Limit, LockConfig, LockName, Rate, TaskToken,
-    Terms, Weight,
+    terms_on, AcquisitionId, HolderId, InputError, Lease, Limit, LockConfig, LockName, Rate,
+    TaskToken, Terms, Weight,
 };
 pub use item::{
     FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, SlotKeyError, Version,
@@ -74,12 +74,12 @@ pub use ports::{
     MISSING_EXECUTION_GRACE_MS,
 };
 pub use protocol::{
-    AcquireOutcome, CleanupOutcome, FenceReason, QueueOutcome, ReleaseOutcome, Step, Timing,
-    WriteResult,
+    AcquireOutcome, CleanupOutcome, FenceReason, HeartbeatOutcome, QueueOutcome, ReleaseOutcome,
+    Step, Timing, WriteResult,
 };
 pub use queue::{Attempt, QueueKey, QueueKeyError, Waiter, WaiterId};
 pub use semaphore::line::{HandOff, Wake};
-pub use semaphore::slots::{Fenced, MAX_ROUNDS};
+pub use semaphore::slots::{Fenced, TakenBack, MAX_ROUNDS};
 pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport};
 pub use semaphore::Semaphore;
 pub use write::{Change, Check, Write};

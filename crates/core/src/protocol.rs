@@ -38,7 +38,7 @@
 use std::time::Duration;
 
 use crate::error::StoreError;
-use crate::input::{HolderId, Limit, LockConfig, LockName, TaskToken, Terms, Weight};
+use crate::input::{HolderId, Lease, Limit, LockConfig, LockName, TaskToken, Terms, Weight};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, Run, SemaphoreItem};
 use crate::queue::{Attempt, Waiter, WaiterId};
 use crate::write::{Change, Check, Write};
@@ -99,7 +99,7 @@ impl Default for Timing {
     }
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -317,7 +317,7 @@ fn spaced(terms: &Terms, now_ms: u64) -> Option<Check> {
 /// so the stored limit is never below the weight held after it, even when this acquisition
 /// lowered it.
 fn take_slot(identity: &Identity, terms: &Terms, now_ms: u64) -> Vec<Change> {
-    vec![
+    let mut changes = vec![
         Change::PutHolder {
             identity: identity.clone(),
             acquired_at_ms: now_ms,
@@ -325,7 +325,15 @@ fn take_slot(identity: &Identity, terms: &Terms, now_ms: u64) -> Vec<Change> {
         },
         Change::SetLimit(terms.limit),
         Change::SetRate(terms.rate),
-    ]
+    ];
+    // F13: a leased slot's lease runs from when the slot is taken, by the taking writer's clock.
+    if let Some(lease) = terms.lease {
+        changes.push(Change::SetLease {
+            identity: identity.clone(),
+            until_ms: now_ms.saturating_add(lease.as_ms()),
+        });
+    }
+    changes
 }
 
 /// The answer to an acquire from what became of its write.
@@ -378,6 +386,8 @@ pub fn acquired(
                 },
                 Some(
                     Check::LastRotation(_)
+                    | Check::Holds(_)
+                    | Check::LeaseUntil { .. }
                     | Check::Busy { .. }
                     | Check::HoldsWeight { .. }
                     | Check::NotQueued(_)
@@ -528,6 +538,11 @@ pub fn fenced_slots(
 /// chunks leaves the rest held by a fenced execution, which the next cleanup or the sweeper
 /// frees (S2), as after a failed single write.
 pub const MAX_SLOTS_PER_FREE: usize = 50;
+
+/// Most slots one take-back removes (see [`take_back`]): it checks each slot's lease besides its
+/// weight, so it names each slot twice as often as a cleanup's free does; half as many keep its
+/// expressions as far within DynamoDB's 4 KB.
+pub const MAX_SLOTS_PER_TAKE_BACK: usize = 25;
 
 /// A write of a cleanup's second step, when the first saw slots: remove them (at most
 /// [`MAX_SLOTS_PER_FREE`]: the caller splits more), each on the check that it is still held with
@@ -833,6 +848,118 @@ pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> 
     })
 }
 
+/// What a heartbeat found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeartbeatOutcome {
+    /// The slot is still held: its lease ends at `until_ms` now.
+    Renewed { until_ms: u64 },
+    /// The slot is not held any more (taken back once its lease passed, released, or cleaned
+    /// up), and the acquisition is fenced: its holder must stop using it (F13).
+    Lost,
+}
+
+/// Renews the identity's lease to end `lease` after `now_ms`, if it still holds its slot and
+/// its acquisition is not fenced: a heartbeat never brings back a slot taken back (F13).
+pub fn heartbeat(lock: &LockName, identity: &Identity, lease: Lease, now_ms: u64) -> Write {
+    Write {
+        lock: lock.clone(),
+        checks: vec![
+            Check::NotFenced(FenceKey::acquisition(identity)),
+            Check::Holds(identity.clone()),
+        ],
+        changes: vec![Change::SetLease {
+            identity: identity.clone(),
+            until_ms: now_ms.saturating_add(lease.as_ms()),
+        }],
+    }
+}
+
+/// The answer to a heartbeat from what became of its write.
+pub fn heartbeat_answered(write: &Write, result: &WriteResult) -> HeartbeatOutcome {
+    match result {
+        WriteResult::Applied { .. } | WriteResult::Landed => {
+            let until_ms = write
+                .changes
+                .iter()
+                .find_map(|c| match c {
+                    Change::SetLease { until_ms, .. } => Some(*until_ms),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            HeartbeatOutcome::Renewed { until_ms }
+        }
+        // Refused (fenced, or not holding), or sent again after a lost answer and refused: an
+        // attempt whose answer was lost may have renewed it, but the slot's lease as handed
+        // back says whether it is still held.
+        WriteResult::Unsure { current } => {
+            let identity = write.changes.iter().find_map(|c| match c {
+                Change::SetLease { identity, .. } => Some(identity),
+                _ => None,
+            });
+            match identity.and_then(|id| current.leases.get(id).map(|u| (id, *u))) {
+                Some((id, until_ms)) if current.holders.contains_key(id) => {
+                    HeartbeatOutcome::Renewed { until_ms }
+                }
+                _ => HeartbeatOutcome::Lost,
+            }
+        }
+        WriteResult::Refused { .. } => HeartbeatOutcome::Lost,
+    }
+}
+
+/// Takes back the slots of `expired` (each with its weight and the end of its lease as read,
+/// already past it by more than the clock skew by the taking writer's clock), at most
+/// [`MAX_SLOTS_PER_TAKE_BACK`] of them: removes each and fences its acquisition, so that its holder's
+/// release, heartbeat and any late acquire of it are refused (F13). Each is checked to still
+/// hold its slot of that weight under the very lease read: one a heartbeat renewed meanwhile is
+/// not taken. Refused as a whole if any was renewed or freed; [`take_back_again`] says what to
+/// send instead.
+pub fn take_back(lock: &LockName, expired: &[(Identity, Weight, u64)]) -> Write {
+    let expired = &expired[..expired.len().min(MAX_SLOTS_PER_TAKE_BACK)];
+    let mut checks = Vec::with_capacity(expired.len() * 2);
+    let mut changes = Vec::with_capacity(expired.len() * 2);
+    for (identity, weight, until_ms) in expired {
+        checks.push(Check::LeaseUntil {
+            identity: identity.clone(),
+            until_ms: *until_ms,
+        });
+        checks.push(Check::HoldsWeight {
+            identity: identity.clone(),
+            weight: *weight,
+        });
+        changes.push(Change::RemoveHolder {
+            identity: identity.clone(),
+            weight: *weight,
+        });
+        changes.push(Change::AddFence(FenceKey::acquisition(identity)));
+    }
+    Write {
+        lock: lock.clone(),
+        checks,
+        changes,
+    }
+}
+
+/// After a take-back was refused: the take-back of those of its slots still expired on the item
+/// handed back (by `now_ms`, with `skew_ms`), or `None` when none is.
+pub fn take_back_again(
+    write: &Write,
+    current: &SemaphoreItem,
+    now_ms: u64,
+    skew_ms: u64,
+) -> Option<Write> {
+    let expired: Vec<(Identity, Weight, u64)> = current
+        .expired_leases(now_ms, skew_ms)
+        .into_iter()
+        .filter(|(identity, ..)| {
+            write.changes.iter().any(
+                |c| matches!(c, Change::RemoveHolder { identity: taken, .. } if taken == identity),
+            )
+        })
+        .collect();
+    (!expired.is_empty()).then(|| take_back(&write.lock, &expired))
+}
+
 /// Sets (`None`: removes) the lock's operator configuration (F14). It needs no check: it takes
 /// nothing from a holder (a lower limit only stops admissions until the weight held is under
 /// it), and every acquisition or grant in flight that assumed the configuration it replaces is
@@ -901,7 +1028,7 @@ fn applied(write: &Write, before: Option<&SemaphoreItem>) -> Result<SemaphoreIte
     })
 }
 
-fn unexpected(write: &Write, problem: &str) -> StoreError {
+pub(crate) fn unexpected(write: &Write, problem: &str) -> StoreError {
     StoreError::Unexpected {
         lock: write.lock.to_string(),
         problem: problem.to_owned(),

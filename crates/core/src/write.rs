@@ -51,6 +51,11 @@ pub enum Check {
     /// not fit, or someone waits, or the start rate is spent, or the item has no room. Queueing is allowed only then, so
     /// a waiter never queues behind a free slot that no one will hand it (F8).
     Busy { terms: Terms, now_ms: u64 },
+    /// The identity holds a slot (of any weight): a heartbeat renews only a lease still held.
+    Holds(Identity),
+    /// The identity's lease ends exactly at `until_ms`: a take-back takes only the lease it
+    /// read as expired, never one a heartbeat renewed since (F13).
+    LeaseUntil { identity: Identity, until_ms: u64 },
     /// The lock's operator configuration is exactly this (`None`: the lock is not configured):
     /// an acquisition or grant takes its terms from the configuration it assumed, so one that
     /// assumed another (a caller's own limit on a lock its operator configured, or a
@@ -102,6 +107,11 @@ pub enum Change {
     /// Removes the waiter's record from the line and uncounts it (a grant, or a waiter that
     /// left or died).
     Dequeue(WaiterId),
+    /// Sets the identity's lease to end at `until_ms` (its acquire, grant or heartbeat).
+    SetLease {
+        identity: Identity,
+        until_ms: u64,
+    },
     /// Sets (or, `None`, removes) the lock's operator configuration (F14). It takes nothing from
     /// anyone: a lower limit admits nobody until the weight held is under it.
     Configure(Option<LockConfig>),
@@ -184,6 +194,8 @@ impl Check {
                 .is_none_or(|rotated| rotated < *deadline_ms),
             Self::LastRotation(seen) => item.fences.rotated_at_ms == *seen,
             Self::Configured(config) => item.config == *config,
+            Self::Holds(identity) => item.holders.contains_key(identity),
+            Self::LeaseUntil { identity, until_ms } => item.leases.get(identity) == Some(until_ms),
         }
     }
 }
@@ -261,9 +273,13 @@ impl Write {
                 }
                 Change::SetLimit(limit) => next.limit = Some(*limit),
                 Change::Configure(config) => next.config = *config,
+                Change::SetLease { identity, until_ms } => {
+                    next.leases.insert(identity.clone(), *until_ms);
+                }
                 Change::SetRate(rate) => next.rate = *rate,
                 Change::RemoveHolder { identity, weight } => {
                     next.holders.remove(identity);
+                    next.leases.remove(identity);
                     next.used = next.used.saturating_sub(u64::from(weight.get()));
                     next.held_bytes = next.held_bytes.saturating_sub(identity.held_bytes());
                 }

@@ -17,8 +17,10 @@ pub struct Observed {
     pub holders: Vec<String>,
     /// The holder entries that are packed numbers, unpacked.
     pub holdings: Vec<RawHolding>,
-    /// The item's format (`format`; 4 now).
+    /// The item's format (`format`; 5 now).
     pub format: Option<u64>,
+    /// The leased holders' keys and when each lease ends (epoch ms).
+    pub leases: Vec<(String, u64)>,
     pub version: i64,
     pub fences: usize,
     /// When the fences were last rotated (epoch ms), if ever.
@@ -83,7 +85,7 @@ pub async fn observe(client: &Client, table: &str, lock: &str) -> Option<Observe
     Some(seen)
 }
 
-/// Our lock item (format 4) read without the product's decoder, so that an invariant check
+/// Our lock item (format 5) read without the product's decoder, so that an invariant check
 /// cannot share a bug with the code it checks: the tests' reads, the local run's poller and the
 /// bench's. What cannot be read is listed in [`Observed::malformed`], not fatal: a poller still
 /// sees who holds.
@@ -131,9 +133,23 @@ pub fn decode(item: &RawRecord) -> Observed {
             None => malformed.push(format!("holder {key} is {value:?}, not a number")),
         }
     }
+    // F13: when each leased holder's lease ends; a map always there.
+    let mut leases = Vec::new();
+    match item.get("leases").and_then(|v| v.as_m().ok()) {
+        Some(map) => {
+            for (key, value) in map {
+                match value.as_n().ok().and_then(|n| n.parse::<u64>().ok()) {
+                    Some(until) => leases.push((key.clone(), until)),
+                    None => malformed.push(format!("lease {key} is {value:?}, not a number")),
+                }
+            }
+        }
+        None => malformed.push("leases is missing".to_owned()),
+    }
     let small = |n: Option<u128>| n.and_then(|n| u64::try_from(n).ok());
     let signed = |n: Option<u128>| n.and_then(|n| i64::try_from(n).ok()).unwrap_or(0);
     Observed {
+        leases,
         holders: entries
             .map(|m| m.keys().cloned().collect())
             .unwrap_or_default(),
@@ -242,7 +258,7 @@ impl Observed {
     }
 
     /// What is inconsistent in this read, if anything (S1 and the item's own bookkeeping): it
-    /// is malformed or not format 4; a holder's weight is not 1 to 1000, or its token is one
+    /// is malformed or not format 5; a lease is not a holder's; a holder's weight is not 1 to 1000, or its token is one
     /// the version has not reached, or shared with another (every write bumps the version and
     /// a token is the version its acquire made); `used` is not the sum of the holders' weights
     /// or `held_bytes` not the bytes of their entries; with `limit`, that sum is above it.
@@ -250,8 +266,15 @@ impl Observed {
         if let Some(first) = self.malformed.first() {
             return Some(first.clone());
         }
-        if self.format != Some(4) {
-            return Some(format!("format {:?}, not 4", self.format));
+        if self.format != Some(5) {
+            return Some(format!("format {:?}, not 5", self.format));
+        }
+        if let Some((key, _)) = self
+            .leases
+            .iter()
+            .find(|(key, _)| !self.holders.contains(key))
+        {
+            return Some(format!("a lease of {key}, which holds no slot"));
         }
         let mut tokens = std::collections::BTreeMap::new();
         for h in &self.holdings {
@@ -384,13 +407,14 @@ mod tests {
         AttributeValue::N(v.to_owned())
     }
 
-    /// An item of format 4 with `holders` (key, packed number) and `used`; `held_bytes` as the
-    /// product counts it.
+    /// An item of format 5 with `holders` (key, packed number) and `used`, no lease;
+    /// `held_bytes` as the product counts it.
     fn ours(version: &str, holders: &[(&str, &str)], used: &str) -> RawRecord {
         let entries: usize = holders.iter().map(|(k, _)| k.len() + 18).sum();
         HashMap::from([
             ("lock".to_owned(), AttributeValue::S("l".to_owned())),
-            ("format".to_owned(), n("4")),
+            ("format".to_owned(), n("5")),
+            ("leases".to_owned(), AttributeValue::M(HashMap::new())),
             ("version".to_owned(), n(version)),
             ("used".to_owned(), n(used)),
             ("held_bytes".to_owned(), n(&entries.to_string())),

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 /// The item layout to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// Ours (item format 4): `holders` map keyed `<holder>#<acquisition>`, each entry one number
+    /// Ours (item format 5): `holders` map keyed `<holder>#<acquisition>`, each entry one number
     /// `(weight - 1) * 10^28 + acquired_at_ms * 10^15 + token`; `version`; `used`, the stored
     /// sum of the holders' weights (the acquire's condition checks it against the limit);
     /// `started_at`, the last start, and `spacing_ms`, the last acquisition's start rate.
@@ -34,7 +34,7 @@ pub struct LockPoll {
     /// The largest sum of the holders' weights one read saw (ours; the sample's: holders).
     pub max_weight: u64,
     /// Reads of an inconsistent item (`crate::observe::Observed::problem`). Ours: not
-    /// format 4, a holder entry that is not a packed number of weight 1 to 1000, a token above
+    /// format 5, a holder entry that is not a packed number of weight 1 to 1000, a token above
     /// the version, two holders with one token, a stored `used` or `held_bytes` that differs
     /// from the holders' own, or their weights above the lock's limit. The sample's: a stored
     /// count that differs from the number of holders.

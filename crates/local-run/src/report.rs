@@ -433,7 +433,7 @@ impl Report {
             )
         } else {
             (
-                "format 4, used = the sum of the holders' weights <= the limit, held_bytes = \
+                "format 5, used = the sum of the holders' weights <= the limit, held_bytes = \
                  their entries' bytes, each holder's token distinct and within the version",
                 "after the final sweep",
             )

@@ -501,6 +501,10 @@ impl Ours {
                 Check::RotatedBefore { deadline_ms } => (4u8, deadline_ms).hash(&mut h),
                 Check::LastRotation(at) => (5u8, at).hash(&mut h),
                 Check::Configured(config) => (18u8, config).hash(&mut h),
+                Check::Holds(identity) => (20u8, self.acquisition_index(identity, e)).hash(&mut h),
+                Check::LeaseUntil { identity, until_ms } => {
+                    (21u8, self.acquisition_index(identity, e), until_ms).hash(&mut h)
+                }
                 // This world has no line (see `queue` for the one that has): these hold the
                 // same way for every execution.
                 Check::QueueEmpty => 11u8.hash(&mut h),
@@ -520,6 +524,9 @@ impl Ours {
                 Change::SetLimit(limit) => (7u8, limit).hash(&mut h),
                 Change::SetRate(rate) => (17u8, rate).hash(&mut h),
                 Change::Configure(config) => (19u8, config).hash(&mut h),
+                Change::SetLease { identity, until_ms } => {
+                    (22u8, self.acquisition_index(identity, e), until_ms).hash(&mut h)
+                }
                 Change::RemoveHolder { identity, weight } => {
                     (8u8, self.acquisition_index(identity, e), weight).hash(&mut h)
                 }

@@ -346,6 +346,12 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
             },
             Check::QueueEmpty => "nobody in line".to_owned(),
             Check::Configured(None) => "not configured".to_owned(),
+            Check::Holds(identity) => format!("{} holds a slot", naming.who(identity)),
+            Check::LeaseUntil { identity, until_ms } => naming
+                .moment(*until_ms)
+                .map_or(format!("{}'s lease as read", naming.who(identity)), |at| {
+                    format!("{}'s lease ends at {at}", naming.who(identity))
+                }),
             Check::Configured(Some(c)) => format!("configured with limit {}", c.limit),
             Check::Busy { terms, .. } => {
                 format!("{} does not fit or someone in line", terms.weight)
@@ -373,6 +379,11 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
             ),
             Change::SetLimit(limit) => format!("limit {limit}"),
             Change::Configure(None) => "remove the configuration".to_owned(),
+            Change::SetLease { identity, until_ms } => naming
+                .moment(*until_ms)
+                .map_or(format!("renew {}'s lease", naming.who(identity)), |at| {
+                    format!("{}'s lease until {at}", naming.who(identity))
+                }),
             Change::Configure(Some(c)) => format!("configure limit {}", c.limit),
             Change::SetRate(None) => "no rate".to_owned(),
             Change::SetRate(Some(rate)) => format!("rate {rate}"),

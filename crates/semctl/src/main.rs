@@ -27,8 +27,9 @@ use lambda_common::HandOffs;
 use lambda_sweeper::{ArnPatterns, ExecutionArn, SfnExecutions, StateMachineArn};
 use semaphore_core::{
     rfc3339_millis, terms_on, AcquireOutcome, AcquisitionId, CleanupOutcome, Clock, DynamoStore,
-    HolderId, Identity, InputError, Limit, LockConfig, LockName, Rate, Reclaimed, ReleaseOutcome,
-    Run, Semaphore, SemaphoreItem, StoreError, SystemClock, TableSetup, Terms, Timing, Weight,
+    HeartbeatOutcome, HolderId, Identity, InputError, Lease, Limit, LockConfig, LockName, Rate,
+    Reclaimed, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, SystemClock, TableSetup,
+    Terms, Timing, Weight,
 };
 use serde_json::{json, Value};
 
@@ -93,6 +94,30 @@ enum Command {
         /// 0.5, from one a day to 1000). Default: no start rate.
         #[arg(long, allow_hyphen_values = true)]
         rate: Option<String>,
+        /// Hold the slot under a lease of this many seconds (1 to 86400), renewed by
+        /// `heartbeat`: once it passes unrenewed (by more than the clock skew), the slot is
+        /// taken back and this acquisition fenced (F13). Default: held until released.
+        #[arg(long, allow_hyphen_values = true, value_name = "SECONDS")]
+        lease: Option<String>,
+    },
+    /// Renew the lease of a slot taken with `acquire --lease`. Exit 0 renewed (the answer says
+    /// until when), 3 taken back (or released, or cleaned up): the acquisition is fenced and
+    /// its holder must stop; a new acquire needs a new acquisition id.
+    Heartbeat {
+        #[arg(long)]
+        lock: String,
+        #[arg(long)]
+        holder: String,
+        #[arg(long, default_value = AcquisitionId::DEFAULT)]
+        acquisition: String,
+        /// The lease from now, in seconds (1 to 86400).
+        #[arg(
+            long,
+            allow_hyphen_values = true,
+            value_name = "SECONDS",
+            default_value = "60"
+        )]
+        lease: String,
     },
     /// Free the slot of one acquisition (a no-op, exit 0, when nothing is held). With
     /// --all-of EXECUTION, for an execution that ended without its cleanup: fence it and free
@@ -377,6 +402,7 @@ enum LockCommand {
 enum Request {
     Init,
     Acquire(LockName, Identity, Terms),
+    Heartbeat(LockName, Identity, Lease),
     /// With the weight to expect (1 unless given; the core finds the real one).
     Release(LockName, Identity, Weight),
     /// Every slot of an execution, on one lock or (`None`) on every lock holding it.
@@ -450,6 +476,7 @@ impl Request {
                 acquisition,
                 weight,
                 rate,
+                lease,
             } => Self::Acquire(
                 LockName::new(lock)?,
                 identity(&holder, &acquisition)?,
@@ -457,7 +484,18 @@ impl Request {
                     Limit::parse(&limit)?,
                     Weight::parse(&weight)?,
                     rate.as_deref().map(Rate::parse).transpose()?,
-                )?,
+                )?
+                .with_lease(lease.as_deref().map(Lease::parse_seconds).transpose()?),
+            ),
+            Command::Heartbeat {
+                lock,
+                holder,
+                acquisition,
+                lease,
+            } => Self::Heartbeat(
+                LockName::new(lock)?,
+                identity(&holder, &acquisition)?,
+                Lease::parse_seconds(&lease)?,
             ),
             Command::Release {
                 lock,
@@ -546,6 +584,11 @@ impl Request {
                     "weight": terms.weight.get(),
                     "rate": terms.rate.map(Rate::as_per_second),
                     "configured": config.is_some(),
+                    // F13: when the slot's lease ends (null: none, or nothing held).
+                    "lease_until": seen
+                        .as_ref()
+                        .and_then(|item| item.leases.get(&identity))
+                        .map(|until| rfc3339_millis(*until)),
                 });
                 let (fields, code) = match outcome {
                     AcquireOutcome::Acquired { token, count } => (
@@ -669,6 +712,35 @@ impl Request {
                     json!({"holder": holder.as_str(), "outcome": "cleaned"}),
                 );
                 Answer::done(out)
+            }
+            Self::Heartbeat(lock, identity, lease) => {
+                let outcome = semaphore.heartbeat(&lock, &identity, lease).await?;
+                let mut out = json!({
+                    "lock": lock.as_str(),
+                    "holder": identity.holder.as_str(),
+                    "acquisition": identity.acquisition.as_str(),
+                });
+                match outcome {
+                    HeartbeatOutcome::Renewed { until_ms } => {
+                        merge(
+                            &mut out,
+                            json!({"outcome": "renewed", "lease_until": rfc3339_millis(until_ms), "lease_until_ms": until_ms}),
+                        );
+                        Answer::done(out)
+                    }
+                    HeartbeatOutcome::Lost => {
+                        merge(
+                            &mut out,
+                            json!({
+                                "outcome": "lost",
+                                "message": "the slot is not held any more (its lease passed and it \
+                                            was taken back, or it was released or cleaned up): \
+                                            stop using it; a new acquire needs a new acquisition id",
+                            }),
+                        );
+                        Answer::exit(out, EXIT_FENCED)
+                    }
+                }
             }
             Self::Configure(lock, config) => {
                 let item = semaphore.configure(&lock, config).await?;
@@ -899,6 +971,8 @@ fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Value {
                 "acquired_at": rfc3339_millis(holding.acquired_at_ms),
                 "acquired_at_ms": holding.acquired_at_ms,
                 "held_ms": now_ms.saturating_sub(holding.acquired_at_ms),
+                // F13: when its lease ends (null: held until released).
+                "lease_until": item.leases.get(identity).map(|until| rfc3339_millis(*until)),
             })
         })
         .collect();

@@ -8,8 +8,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::error::{AttributeError, StoreError};
 use crate::input::{
-    AcquisitionId, HolderId, InputError, Limit, LockConfig, LockName, Rate, TaskToken, Terms,
-    Weight,
+    AcquisitionId, HolderId, InputError, Lease, Limit, LockConfig, LockName, Rate, TaskToken,
+    Terms, Weight,
 };
 use crate::item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
 use crate::queue::{Attempt, QueueKey, Waiter};
@@ -46,6 +46,9 @@ pub mod attr {
     pub const CONFIG: &str = "config";
     pub const CONFIG_LIMIT: &str = "limit";
     pub const CONFIG_MAX_WEIGHT: &str = "max_weight";
+    /// Map: slot key -> when that holder's lease ends (epoch ms); only leased holders have an
+    /// entry. Always there (perhaps empty), so that a write can set an entry in it.
+    pub const LEASES: &str = "leases";
 }
 
 /// The waiters' table's local secondary index whose sort key is the place in line.
@@ -71,14 +74,15 @@ pub mod queue_attr {
     /// The waiter's weight (absent: 1) and start rate as its spacing in ms (absent: none).
     pub const WEIGHT: &str = "weight";
     pub const SPACING: &str = "spacing_ms";
+    /// The lease the waiter's slot is to be held under, in ms (absent: none).
+    pub const LEASE: &str = "lease_ms";
     pub const TASK_TOKEN: &str = "task_token";
     pub const CONTEXT: &str = "context";
 }
 
-/// The item format this version writes and reads. Format 2 (before weights) kept no `used`;
-/// format 3 (before the item's size budget) kept no `held_bytes`, which every acquire's condition
-/// reads and every removal subtracts from: a write of this version must not land on one.
-pub const FORMAT: u64 = 4;
+/// The item format this version writes and reads. Every write checks it: a write must not land
+/// on an item of another format (whose attributes it would misread).
+pub const FORMAT: u64 = 5;
 
 /// A holding is stored as one number,
 /// `(weight - 1) * WEIGHT_SPAN + acquired_at_ms * TOKEN_SPAN + token`. The token is the version
@@ -138,6 +142,33 @@ pub(super) fn config_value(config: &LockConfig) -> AttributeValue {
     AttributeValue::M(map)
 }
 
+fn get_leases(
+    attrs: &HashMap<String, AttributeValue>,
+) -> Result<BTreeMap<Identity, u64>, AttributeError> {
+    let map = attrs
+        .get(attr::LEASES)
+        .and_then(|v| v.as_m().ok())
+        .ok_or(AttributeError::NotA {
+            name: attr::LEASES,
+            expected: "a map",
+        })?;
+    map.iter()
+        .map(|(key, value)| {
+            let identity =
+                Identity::from_slot_key(key).map_err(|problem| AttributeError::HolderKey {
+                    key: key.clone(),
+                    problem,
+                })?;
+            let until = value
+                .as_n()
+                .ok()
+                .and_then(|n| n.parse::<u64>().ok())
+                .ok_or_else(|| AttributeError::HolderValue { key: key.clone() })?;
+            Ok((identity, until))
+        })
+        .collect()
+}
+
 fn get_config(
     attrs: &HashMap<String, AttributeValue>,
 ) -> Result<Option<LockConfig>, AttributeError> {
@@ -189,6 +220,15 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
         (attr::HOLDERS.to_owned(), AttributeValue::M(holders)),
         (attr::USED.to_owned(), number(item.used)),
         (attr::HELD_BYTES.to_owned(), number(item.held_bytes)),
+        (
+            attr::LEASES.to_owned(),
+            AttributeValue::M(
+                item.leases
+                    .iter()
+                    .map(|(identity, until)| (identity.slot_key(), number(*until)))
+                    .collect(),
+            ),
+        ),
     ]);
     if let Some(rate) = item.rate {
         attrs.insert(attr::SPACING.to_owned(), number(rate.spacing_ms()));
@@ -234,8 +274,6 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
 fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, AttributeError> {
     match get_number(attrs, attr::FORMAT)? {
         FORMAT => {}
-        2 => return Err(AttributeError::Format2),
-        3 => return Err(AttributeError::Format3),
         found => {
             return Err(AttributeError::Format {
                 found,
@@ -301,6 +339,7 @@ fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem,
         started_at_ms: get_optional(attrs, attr::STARTED_AT)?,
         held_bytes,
         config: get_config(attrs)?,
+        leases: get_leases(attrs)?,
     })
 }
 
@@ -361,6 +400,9 @@ pub fn encode_waiter(waiter: &Waiter) -> HashMap<String, AttributeValue> {
     if let Some(rate) = waiter.terms.rate {
         attrs.insert(queue_attr::SPACING.to_owned(), number(rate.spacing_ms()));
     }
+    if let Some(lease) = waiter.terms.lease {
+        attrs.insert(queue_attr::LEASE.to_owned(), number(lease.as_ms()));
+    }
     attrs
 }
 
@@ -391,7 +433,14 @@ fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter
                 .map_err(invalid(queue_attr::ACQUISITION))?,
         ),
         run: Run(get_number(attrs, queue_attr::RUN)?),
-        terms: Terms::new(limit, weight, rate).map_err(AttributeError::Terms)?,
+        terms: Terms::new(limit, weight, rate)
+            .map_err(AttributeError::Terms)?
+            .with_lease(
+                get_optional(attrs, queue_attr::LEASE)?
+                    .map(Lease::ms)
+                    .transpose()
+                    .map_err(invalid(queue_attr::LEASE))?,
+            ),
         task_token: TaskToken::new(text(queue_attr::TASK_TOKEN)?)
             .map_err(invalid(queue_attr::TASK_TOKEN))?,
         attempt: Attempt(get_number(attrs, queue_attr::ATTEMPT)?),

@@ -105,7 +105,17 @@ impl Placeholders {
 
     /// `#holders.#hN` for a slot.
     fn slot(&mut self, identity: &Identity) -> String {
-        let holders = self.attr(attr::HOLDERS);
+        self.entry(attr::HOLDERS, identity)
+    }
+
+    /// `#leases.#hN` for a slot's lease (the same `#hN` as its slot).
+    fn lease(&mut self, identity: &Identity) -> String {
+        self.entry(attr::LEASES, identity)
+    }
+
+    /// `#<map>.#hN` for the entry of a slot in one of the item's maps keyed by slot.
+    fn entry(&mut self, map: &str, identity: &Identity) -> String {
+        let holders = self.attr(map);
         let key = identity.slot_key();
         let next = self.slots.len();
         let placeholder = self
@@ -210,6 +220,11 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 let rotated = p.attr(attr::ROTATED_AT);
                 format!("{rotated} = {}", p.value(number(at_ms)))
             }
+            Check::Holds(identity) => format!("attribute_exists({})", p.slot(identity)),
+            Check::LeaseUntil { identity, until_ms } => {
+                let lease = p.lease(identity);
+                format!("{lease} = {}", p.value(number(until_ms)))
+            }
             // The whole map at once: a configuration is always written whole.
             Check::Configured(None) => {
                 format!("attribute_not_exists({})", p.attr(attr::CONFIG))
@@ -278,6 +293,10 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 let name = p.attr(attr::LIMIT);
                 set.push(format!("{name} = {}", p.value(number(limit.get()))));
             }
+            Change::SetLease { identity, until_ms } => {
+                let lease = p.lease(identity);
+                set.push(format!("{lease} = {}", p.value(number(until_ms))));
+            }
             Change::Configure(config) => {
                 let name = p.attr(attr::CONFIG);
                 match config {
@@ -296,6 +315,8 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
             }
             Change::RemoveHolder { identity, weight } => {
                 remove.push(p.slot(identity));
+                // Its lease, if it had one (a REMOVE of a missing map entry is no error).
+                remove.push(p.lease(identity));
                 used_by -= i64::from(weight.get());
                 bytes_by -= identity.held_bytes() as i64;
             }
@@ -669,8 +690,8 @@ mod tests {
         assert_eq!(r.values[":v2"], number(2 * WEIGHT_SPAN - 1));
         assert_eq!(
             r.update,
-            "SET #version = #version + :v3 REMOVE #holders.#h0 ADD #young :v4, #used :v5, \
-             #held_bytes :v6"
+            "SET #version = #version + :v3 REMOVE #holders.#h0, #leases.#h0 ADD #young :v4, \
+             #used :v5, #held_bytes :v6"
         );
         assert_eq!(r.values[":v5"], number(-2));
         assert_eq!(r.values[":v6"], number(-(identity().held_bytes() as i64)));
@@ -705,8 +726,15 @@ mod tests {
     fn a_cleanup_write_of_the_most_slots_it_removes_fits_dynamodbs_expression_limits() {
         let lock = LockName::new("l".repeat(crate::input::MAX_LOCK_NAME_BYTES)).unwrap();
         let chunk = slots(protocol::MAX_SLOTS_PER_FREE);
-        let r = render(&protocol::cleanup_free(&lock, &chunk)).unwrap();
-        for expression in [&r.condition, &r.update] {
+        let free = render(&protocol::cleanup_free(&lock, &chunk)).unwrap();
+        // A take-back of the most expired leases one write takes (F13): each slot's lease is
+        // checked too, and its acquisition fenced.
+        let expired: Vec<(Identity, Weight, u64)> = slots(protocol::MAX_SLOTS_PER_TAKE_BACK)
+            .into_iter()
+            .map(|(identity, weight)| (identity, weight, u64::MAX / 2))
+            .collect();
+        let back = render(&protocol::take_back(&lock, &expired)).unwrap();
+        for expression in [&free.condition, &free.update, &back.condition, &back.update] {
             assert!(
                 expression.len() <= MAX_EXPRESSION_BYTES,
                 "{}",

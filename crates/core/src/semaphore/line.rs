@@ -192,9 +192,16 @@ impl<S: ItemStore> Semaphore<S> {
                     continue;
                 }
             };
-            // A head whose weight does not fit waits; nobody passes it (L2).
+            // A head whose weight does not fit waits; nobody passes it (L2). Unless a slot's
+            // lease has passed: taken back (F13), the head may fit now.
             if !item.fits(&terms) {
-                break;
+                match self.take_back_expired(&item).await? {
+                    Some(taken) if !taken.slots.is_empty() => {
+                        item = taken.item;
+                        continue;
+                    }
+                    _ => break,
+                }
             }
             let write = protocol::grant(&head, item.config, &terms, self.now_ms());
             let result = self.store.write(&write).await?;

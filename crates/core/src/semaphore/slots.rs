@@ -4,10 +4,13 @@
 
 use super::Semaphore;
 use crate::error::{Error, StoreError};
-use crate::input::{terms_on, HolderId, LockName, Terms, Weight};
+use crate::input::{terms_on, HolderId, Lease, LockName, Terms, Weight};
 use crate::item::{Holding, Identity, Run, SemaphoreItem};
 use crate::ports::ItemStore;
-use crate::protocol::{self, AcquireOutcome, CleanupOutcome, ReleaseOutcome, Step, WriteResult};
+use crate::protocol::{
+    self, millis, unexpected, AcquireOutcome, CleanupOutcome, HeartbeatOutcome, ReleaseOutcome,
+    Step, WriteResult,
+};
 use crate::write::Write;
 
 /// Most writes one release or cleanup sends (see [`Semaphore::release_seeing`]): a chain of
@@ -27,7 +30,83 @@ pub struct Fenced {
     pub waiting: u64,
 }
 
+/// What a take-back of expired leases did: the slots it took back (each fenced), and the lock
+/// as the last write left it or handed it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenBack {
+    pub slots: Vec<(Identity, Weight)>,
+    pub item: SemaphoreItem,
+}
+
 impl<S: ItemStore> Semaphore<S> {
+    /// Renews the lease of `identity`'s slot on `lock` to end `lease` from now (F13). One write.
+    /// [`HeartbeatOutcome::Lost`]: the slot was taken back (or released, or cleaned up), and
+    /// the acquisition is fenced: its holder must stop.
+    pub async fn heartbeat(
+        &self,
+        lock: &LockName,
+        identity: &Identity,
+        lease: Lease,
+    ) -> Result<HeartbeatOutcome, Error> {
+        let write = protocol::heartbeat(lock, identity, lease, self.now_ms());
+        let result = self.store.write(&write).await?;
+        Ok(protocol::heartbeat_answered(&write, &result))
+    }
+
+    /// Takes back every slot of the lock `item` shows whose lease ended more than the clock
+    /// skew ago (by this writer's clock), in writes of at most
+    /// [`protocol::MAX_SLOTS_PER_TAKE_BACK`] slots, each checked to be the very lease read (a
+    /// heartbeat that lands first keeps its slot). `None` when none had expired: nothing sent.
+    pub async fn take_back_expired(
+        &self,
+        item: &SemaphoreItem,
+    ) -> Result<Option<TakenBack>, Error> {
+        let now_ms = self.now_ms();
+        let skew_ms = millis(self.timing.clock_skew);
+        let expired = item.expired_leases(now_ms, skew_ms);
+        if expired.is_empty() {
+            return Ok(None);
+        }
+        let mut taken = Vec::new();
+        let mut write = protocol::take_back(&item.lock, &expired);
+        let mut current = item.clone();
+        for _ in 0..MAX_ROUNDS * 4 {
+            let result = self.store.write(&write).await?;
+            let next = match &result {
+                WriteResult::Applied { before } => {
+                    current = write
+                        .apply(before.as_ref())
+                        .map_err(|_| unexpected(&write, "a take-back landed but does not apply"))?;
+                    for change in &write.changes {
+                        if let crate::write::Change::RemoveHolder { identity, weight } = change {
+                            tracing::warn!(lock = %item.lock, holder = %identity.holder, acquisition = %identity.acquisition, "took back a slot whose lease had expired");
+                            taken.push((identity.clone(), *weight));
+                        }
+                    }
+                    // The next chunk, if there were more.
+                    let rest = current.expired_leases(now_ms, skew_ms);
+                    (!rest.is_empty()).then(|| protocol::take_back(&item.lock, &rest))
+                }
+                WriteResult::Refused { current: seen, .. }
+                | WriteResult::Unsure { current: seen } => {
+                    current = seen.clone();
+                    protocol::take_back_again(&write, seen, now_ms, skew_ms)
+                }
+                WriteResult::Landed => {
+                    return Err(unexpected(&write, "a take-back was sent as a transaction").into())
+                }
+            };
+            match next {
+                Some(next) => write = next,
+                None => break,
+            }
+        }
+        Ok(Some(TakenBack {
+            slots: taken,
+            item: current,
+        }))
+    }
+
     /// Takes a slot on `terms` (a [`Limit`](crate::input::Limit) alone: weight 1, no rate) for a request made now.
     pub async fn acquire(
         &self,
@@ -117,6 +196,15 @@ impl<S: ItemStore> Semaphore<S> {
                 self.saw_config(lock, actual);
                 last = (outcome, seen);
                 continue;
+            }
+            // F13: full, but holding a slot whose lease has passed: taken back, and asked again.
+            if let (AcquireOutcome::Full { .. }, Some(item)) = (&outcome, &seen) {
+                if let Some(taken) = self.take_back_expired(item).await? {
+                    if !taken.slots.is_empty() {
+                        last = (outcome, Some(taken.item));
+                        continue;
+                    }
+                }
             }
             return Ok((outcome, seen));
         }

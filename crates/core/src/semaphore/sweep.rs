@@ -9,7 +9,7 @@ use super::line::HandOff;
 use super::Semaphore;
 use crate::dynamo::stored_size;
 use crate::error::Error;
-use crate::input::{AcquisitionId, HolderId, LockName};
+use crate::input::{AcquisitionId, HolderId, LockName, Weight};
 use crate::item::{FencingToken, Holding, Identity, Run, SemaphoreItem};
 use crate::ports::{
     missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
@@ -57,6 +57,8 @@ pub struct SweepReport {
     /// The locks someone waited on when the sweep read them: the lines
     /// [`Semaphore::sweep_lines`] visits, without reading the table again.
     pub lines: Vec<LockName>,
+    /// Slots taken back because their lease had passed (F13), each fenced.
+    pub taken_back: Vec<(LockName, Identity, Weight)>,
 }
 
 impl<S: ItemStore> Semaphore<S> {
@@ -132,6 +134,21 @@ impl<S: ItemStore> Semaphore<S> {
             .max_by_key(|largest| largest.bytes);
         let mut states: HashMap<HolderId, Result<ExecutionState, PortError>> = HashMap::new();
         for item in &items {
+            // F13: leases that passed unrenewed, whoever the holder is.
+            if mode == SweepMode::Reclaim {
+                match self.take_back_expired(item).await {
+                    Ok(Some(taken)) => report.taken_back.extend(
+                        taken
+                            .slots
+                            .into_iter()
+                            .map(|(identity, weight)| (item.lock.clone(), identity, weight)),
+                    ),
+                    Ok(None) => {}
+                    Err(e) => report
+                        .errors
+                        .push(format!("taking back expired leases on {}: {e}", item.lock)),
+                }
+            }
             let mut holders: Vec<&HolderId> = item.holders.keys().map(|id| &id.holder).collect();
             holders.dedup();
             for holder in holders {

@@ -5,10 +5,12 @@
 //!
 //! - `slots`: acquire, release, fence, free, cleanup, and what each costs in requests;
 //! - `line`: queueing, hand-offs, re-parking and leaving;
-//! - `sweep`: what the sweeper reclaims, and what it leaves alone.
+//! - `sweep`: what the sweeper reclaims, and what it leaves alone;
+//! - `leases`: leased slots, their heartbeats, and their take-back (F13).
 
 use semaphore_core::{Limit, LockName};
 
+mod leases;
 mod line;
 mod slots;
 mod sweep;

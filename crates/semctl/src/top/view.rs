@@ -75,6 +75,8 @@ pub struct HolderRow {
     pub name: String,
     pub weight: u32,
     pub held_ms: u64,
+    /// How long its lease has left (F13); `None`: held until released.
+    pub lease_left_ms: Option<u64>,
 }
 
 pub struct LockRow {
@@ -176,6 +178,10 @@ fn lock_row(read: &LockRead, now_ms: u64, starts: &Starts) -> LockRow {
             name: identity.slot_key(),
             weight: holding.weight.get(),
             held_ms: now_ms.saturating_sub(holding.acquired_at_ms),
+            lease_left_ms: item
+                .leases
+                .get(identity)
+                .map(|until| until.saturating_sub(now_ms)),
         })
         .collect();
     holders.sort_by(|a, b| b.held_ms.cmp(&a.held_ms).then_with(|| a.name.cmp(&b.name)));
@@ -455,7 +461,14 @@ impl View {
         let indent = 3u16;
         let width = body.width.saturating_sub(indent);
         for holder in lock.holders.iter().take(self.holders_shown) {
-            let facts = format!("  weight {}  held {}", holder.weight, age(holder.held_ms));
+            let lease = holder
+                .lease_left_ms
+                .map_or(String::new(), |left| format!("  lease {}", age(left)));
+            let facts = format!(
+                "  weight {}  held {}{lease}",
+                holder.weight,
+                age(holder.held_ms)
+            );
             let name_width = (width as usize).saturating_sub(facts.chars().count());
             Line::from(vec![
                 Span::raw(tail(&holder.name, name_width)),
