@@ -244,7 +244,7 @@ impl Fences {
 }
 
 /// The whole state of one semaphore.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SemaphoreItem {
     pub lock: LockName,
     /// The limit the last acquire asked for; `None` while only release or cleanup has touched

@@ -453,11 +453,23 @@ mod tests {
             .problem(None)
             .unwrap()
             .contains("share token 5"));
-        // An item of another format (version 1 stored a count and no format; 2 had no `used`,
-        // 3 no `held_bytes`).
+        // An item of another format (format 4 had no `leases`).
         let mut old = ours("7", &[], "0");
         old.remove("format");
-        assert!(decode(&old).problem(None).unwrap().contains("not 4"));
+        assert!(decode(&old).problem(None).unwrap().contains("not 5"));
+        let mut no_leases = ours("7", &[], "0");
+        no_leases.remove("leases");
+        assert_eq!(decode(&no_leases).malformed, ["leases is missing"]);
+        // A lease of someone who holds no slot.
+        let mut orphan = ours("7", &[("a#1", "5")], "1");
+        orphan.insert(
+            "leases".to_owned(),
+            AttributeValue::M(HashMap::from([("b#1".to_owned(), n("9"))])),
+        );
+        assert!(decode(&orphan)
+            .problem(None)
+            .unwrap()
+            .contains("a lease of b#1, which holds no slot"));
         old.remove("held_bytes");
         assert_eq!(decode(&old).malformed, ["held_bytes is missing"]);
         // A holder that is not a number still counts as a holder.

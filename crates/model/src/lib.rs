@@ -62,6 +62,7 @@
 
 pub mod explore;
 pub mod hash;
+pub mod lease;
 pub mod ours;
 pub mod plumbing;
 pub mod queue;
@@ -69,6 +70,7 @@ pub mod sample;
 pub mod world;
 
 pub use explore::{explore, Counterexample, Exact, Model, Reach, Report, Violation};
+pub use lease::{LeaseConfig, LeaseVariant, LeaseWorld};
 pub use ours::{Ours, Variant};
 pub use plumbing::Variants;
 pub use queue::{QueueConfig, QueueVariant, QueueWorld};
@@ -91,6 +93,11 @@ pub fn ours_world(config: Config, variant: Variant) -> World<Ours> {
     )
     .configured(config.configured_limit);
     World::new(protocol, config)
+}
+
+/// Checks leases (or a broken `variant` of them) in the lease world `config`.
+pub fn check_leases(config: LeaseConfig, variant: LeaseVariant, max_states: Option<u64>) -> Report {
+    explore(&LeaseWorld::new(config, variant), max_states)
 }
 
 /// Checks the waiting line (or a broken `variant` of it) in the queue world `config`.

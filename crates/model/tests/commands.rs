@@ -148,6 +148,33 @@ fn every_broken_variant_of_ours_is_caught_in_the_default_world() {
     );
 }
 
+/// Leases (F13) in their own world.
+#[test]
+fn leases_pass_and_every_broken_variant_of_them_is_caught() {
+    passes("--leases", 168_212, 606_550, 22);
+    caught(
+        "--leases --variant take-back-without-fence",
+        "S3",
+        9,
+        7_086,
+        13_158,
+    );
+    caught(
+        "--leases --variant heartbeat-without-check",
+        "S1",
+        6,
+        612,
+        883,
+    );
+    caught(
+        "--leases --variant take-back-without-skew",
+        "S1",
+        7,
+        1_539,
+        2_340,
+    );
+}
+
 #[test]
 fn every_broken_variant_of_the_line_is_caught() {
     for (args, property, steps, states, transitions) in [

@@ -1534,3 +1534,89 @@ async fn a_configured_lock_keeps_its_limit_whatever_acquire_asks() {
         "a bad configuration wrote"
     );
 }
+
+/// F13 through semctl, each command a fresh process: a slot taken with `--lease` is renewed by
+/// `heartbeat` (exit 0), and once its lease has passed unrenewed by more than the clock skew,
+/// the next acquire takes it back: the first holder's heartbeat then exits 3, and its release
+/// finds nothing held. `status` shows each holder's lease.
+#[tokio::test]
+async fn a_leased_slot_is_renewed_by_heartbeats_and_taken_back_once_it_lapses() {
+    let s = Semctl::new().await;
+    let skew = ["--clock-skew-seconds", "1"];
+    let with = |args: &[&str]| -> Vec<String> {
+        skew.iter()
+            .chain(args.iter())
+            .map(|a| (*a).to_owned())
+            .collect()
+    };
+    let run = |args: Vec<String>, code| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        s.json(&refs, code)
+    };
+    let first = run(
+        with(&[
+            "acquire", "--lock", "leased", "--holder", "a", "--limit", "1", "--lease", "1",
+        ]),
+        0,
+    );
+    assert_eq!(first["outcome"], "acquired");
+    assert!(first["lease_until"].is_string(), "{first}");
+    let renewed = run(
+        with(&[
+            "heartbeat",
+            "--lock",
+            "leased",
+            "--holder",
+            "a",
+            "--lease",
+            "1",
+        ]),
+        0,
+    );
+    assert_eq!(renewed["outcome"], "renewed");
+    let status = run(with(&["status", "--lock", "leased"]), 0);
+    assert_eq!(status["holders"][0]["lease_until"], renewed["lease_until"]);
+    // Within the lease: full.
+    let full = run(
+        with(&[
+            "acquire", "--lock", "leased", "--holder", "b", "--limit", "1", "--lease", "1",
+        ]),
+        2,
+    );
+    assert_eq!(full["outcome"], "full");
+    // Past the lease (1 s) and the skew (1 s): taken back, then taken.
+    std::thread::sleep(std::time::Duration::from_millis(2_300));
+    let taken = run(
+        with(&[
+            "acquire", "--lock", "leased", "--holder", "b", "--limit", "1", "--lease", "1",
+        ]),
+        0,
+    );
+    assert_eq!(taken["outcome"], "acquired");
+    let lost = run(
+        with(&[
+            "heartbeat",
+            "--lock",
+            "leased",
+            "--holder",
+            "a",
+            "--lease",
+            "1",
+        ]),
+        3,
+    );
+    assert_eq!(lost["outcome"], "lost");
+    let released = run(with(&["release", "--lock", "leased", "--holder", "a"]), 0);
+    assert_eq!(released["outcome"], "not_held");
+    // Bad leases: named, exit 1.
+    for bad in ["0", "-1", "forever", "90000"] {
+        let out = s.run(&[
+            "acquire", "--lock", "leased", "--holder", "c", "--limit", "1", "--lease", bad,
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("lease must be a number of seconds"),
+            "{bad}"
+        );
+    }
+}
