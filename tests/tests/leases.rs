@@ -162,3 +162,84 @@ async fn a_take_back_racing_a_heartbeat_never_renews_a_lost_slot_nor_takes_a_ren
     assert_eq!(seen.holders, vec![holder.slot_key()]);
     assert_eq!(seen.leases, vec![(holder.slot_key(), T0 + 24_002 + 10_000)]);
 }
+
+/// The client a program links (`semaphore_core::client`): its background heartbeats keep a
+/// slot past its lease for as long as it runs; dropped without a release (the program died), its
+/// lease runs out and the next acquire takes the slot back; and its `is_held` turns false once
+/// the slot is lost.
+#[tokio::test]
+async fn the_client_keeps_a_slot_with_heartbeats_and_loses_it_when_they_stop() {
+    let store = fresh_table().await;
+    let timing = Timing {
+        horizon: Duration::from_secs(8),
+        clock_skew: Duration::from_millis(500),
+    };
+    let sem = Semaphore::new(store.clone()).with_timing(timing);
+    let l = lock("client");
+    let one_second = Terms::new(limit(1), Weight::ONE, None)
+        .unwrap()
+        .with_lease(Some(Lease::ms(1_000).unwrap()));
+    let slot = sem
+        .acquire_leased(&l, &id("worker", "a1"), one_second)
+        .await
+        .unwrap()
+        .expect("a free lock");
+    // Three leases long: kept by its heartbeats.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(slot.is_held());
+        let other = sem
+            .acquire(&l, &id("other", "a1"), one_second)
+            .await
+            .unwrap();
+        assert!(matches!(other, AcquireOutcome::Full { .. }), "{other:?}");
+    }
+    assert!(matches!(
+        slot.release().await.unwrap(),
+        ReleaseOutcome::Released { .. }
+    ));
+    // A program that dies: its heartbeats stop, and the slot is taken back.
+    let dying = sem
+        .acquire_leased(&l, &id("dying", "a1"), one_second)
+        .await
+        .unwrap()
+        .expect("released before");
+    let token = dying.token();
+    drop(dying);
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    let AcquireOutcome::Acquired { token: next, .. } = sem
+        .acquire(&l, &id("next", "a1"), one_second)
+        .await
+        .unwrap()
+    else {
+        panic!("taken back once the lease and the skew passed")
+    };
+    assert!(next.0 > token.0);
+    // A holder whose slot is taken back while it runs (its heartbeat held back by the proxy)
+    // learns it: `is_held` is false.
+    sem.release(&l, &id("next", "a1")).await.unwrap();
+    let proxy = HoldingProxy::start(endpoint()).await;
+    let slow = Semaphore::new(DynamoStore::new(
+        client_for(&proxy.endpoint()),
+        store.table(),
+    ))
+    .with_timing(timing);
+    let held = slow
+        .acquire_leased(&l, &id("slow", "a1"), one_second)
+        .await
+        .unwrap()
+        .expect("free");
+    proxy.hold(Target::Operation("UpdateItem".to_owned()), 1);
+    proxy.wait_held(1).await;
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    assert!(!held.is_held(), "its lease passed by its own clock");
+    assert!(matches!(
+        sem.acquire(&l, &id("taker", "a1"), one_second)
+            .await
+            .unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    proxy.release_held();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(held.state(), semaphore_core::SlotState::Lost);
+}

@@ -39,6 +39,7 @@
 //! | [`memory`] | an in-memory [`ItemStore`], for tests and the model checker |
 //! | [`dynamo`] | the DynamoDB [`ItemStore`]: codec, expressions, sizes, the client |
 //! | [`semaphore`] | the [`Semaphore`]: the protocol run against a store: its [`slots`](semaphore::slots), its [`line`](semaphore::line) and its [`sweep`](semaphore::sweep) |
+//! | [`client`] | a slot held under a lease by a program (F13): acquire, a background heartbeat, release |
 //!
 //! The types callers use are re-exported here, at the crate's root.
 
@@ -58,6 +59,9 @@ pub mod memory;
 
 pub mod semaphore;
 
+pub mod client;
+
+pub use client::{LeasedSlot, SlotState};
 pub use clock::{rfc3339_millis, Clock, ManualClock, SystemClock};
 pub use dynamo::{DynamoStore, TableSetup};
 pub use error::{AttributeError, Error, StoreError};
