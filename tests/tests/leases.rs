@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use local_aws::names::{id, limit, lock};
 use local_aws::observe::observe;
-use local_aws::proxy::{HoldingProxy, Target};
+use local_aws::proxy::{Canned, FaultyProxy, HoldingProxy, Target, Verdict};
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
     AcquireOutcome, Clock, DynamoStore, FenceKey, HeartbeatOutcome, Lease, LockName, ManualClock,
@@ -242,4 +242,57 @@ async fn the_client_keeps_a_slot_with_heartbeats_and_loses_it_when_they_stop() {
     proxy.release_held();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(held.state(), semaphore_core::SlotState::Lost);
+}
+
+/// Issue #27 item 7: a client built as its docs say (`DynamoStore::with_retries(HOLDER_ATTEMPTS)`)
+/// rides out four throttles in a row on its heartbeat and on its release (the SDK's default
+/// gives up after three): the slot stays held, then is freed. The lease (15 s) is longer than
+/// the backoff of four throttles (at most 1 + 2 + 4 + 5 s): a heartbeat counts its lease from
+/// its first attempt, since any attempt may be the one that lands. Throttles are the test proxy's
+/// canned answers: the local server never throttles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_retries_throttled_heartbeats_and_releases_past_three_attempts() {
+    let store = fresh_table().await;
+    let proxy = FaultyProxy::start(endpoint()).await;
+    let patient = DynamoStore::new(client_for(&proxy.endpoint()), store.table())
+        .with_retries(semaphore_core::dynamo::HOLDER_ATTEMPTS);
+    let sem = Semaphore::new(patient);
+    let l = lock("patient");
+    let fifteen_seconds = Terms::new(limit(1), Weight::ONE, None)
+        .unwrap()
+        .with_lease(Some(Lease::ms(15_000).unwrap()));
+    let slot = sem
+        .acquire_leased(&l, &id("worker", "a1"), fifteen_seconds)
+        .await
+        .unwrap()
+        .expect("a free lock");
+    for _ in 0..4 {
+        proxy.fault_next("UpdateItem", Verdict::Answer(Canned::Throttled));
+    }
+    // The first heartbeat is sent after 5 s, meets the four throttles and then renews.
+    let acquired = slot.state();
+    for _ in 0..300 {
+        if slot.state() != acquired {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(proxy.pending(), 0, "the heartbeat met every throttle");
+    assert!(
+        matches!(slot.state(), semaphore_core::SlotState::Held { until_ms } if acquired != semaphore_core::SlotState::Held { until_ms }),
+        "renewed: {acquired:?} then {:?}",
+        slot.state()
+    );
+    assert!(slot.is_held(), "{:?}", slot.state());
+    for _ in 0..4 {
+        proxy.fault_next("UpdateItem", Verdict::Answer(Canned::Throttled));
+    }
+    let released = slot.release().await.unwrap();
+    assert!(
+        matches!(released, ReleaseOutcome::Released { .. }),
+        "{released:?}"
+    );
+    assert_eq!(proxy.pending(), 0);
+    let after = Semaphore::new(store).status(&l).await.unwrap();
+    assert!(after.holders.is_empty(), "{after:?}");
 }

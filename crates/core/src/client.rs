@@ -10,6 +10,10 @@
 //! its lease still believes it holds when it wakes, until it checks: pass
 //! [`LeasedSlot::token`] to what the work writes, which should refuse a lower token than one it
 //! has seen.
+//!
+//! Build its store with [`DynamoStore::with_retries`]`(`[`HOLDER_ATTEMPTS`](crate::dynamo::HOLDER_ATTEMPTS)`)`:
+//! no Step Functions `Retry` stands behind this holder, and the SDK's default three attempts give
+//! up on a release or a heartbeat too soon under throttling.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -67,6 +67,9 @@ pub enum Canned {
     TransactionInProgress,
     /// `TransactionConflictException`: a single-item write met a transaction on its item.
     TransactionConflict,
+    /// `ProvisionedThroughputExceededException`: a single-item request throttled (its
+    /// partition's throughput, or an on-demand table's limits); nothing is written.
+    Throttled,
 }
 
 impl Canned {
@@ -101,6 +104,10 @@ impl Canned {
             Self::TransactionConflict => serde_json::json!({
                 "__type": format!("{prefix}TransactionConflictException"),
                 "message": "Transaction is ongoing for the item",
+            }),
+            Self::Throttled => serde_json::json!({
+                "__type": format!("{prefix}ProvisionedThroughputExceededException"),
+                "message": "The level of configured provisioned throughput for the table was exceeded. Consider increasing your provisioning level with the UpdateTable API.",
             }),
         };
         json_answer(StatusCode::BAD_REQUEST, &answer)

@@ -65,6 +65,13 @@ struct Cli {
           allow_hyphen_values = true, default_value_t = Timing::DEFAULT_CLOCK_SKEW.as_secs(),
           value_parser = |text: &str| seconds_in(text, Timing::CLOCK_SKEW_RANGE))]
     clock_skew_seconds: u64,
+    /// Attempts of each request to AWS before semctl gives up (1-20), with exponential backoff
+    /// and jitter between them, capped at 5 s: throttles and lost answers are retried, as AWS
+    /// advises for DynamoDB (the SDK's own default is 3). 1 fails fast.
+    #[arg(long, global = true, env = "SEMCTL_MAX_ATTEMPTS", value_name = "N",
+          default_value_t = semaphore_core::dynamo::HOLDER_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..=20))]
+    max_attempts: u32,
     #[command(subcommand)]
     command: Command,
 }
@@ -316,6 +323,7 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    let max_attempts = cli.max_attempts;
     let answer = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -336,15 +344,42 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("semctl: error: {e}");
+            if let Some(undone) = e.left_undone(max_attempts) {
+                eprintln!("semctl: {undone}");
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+impl Failure {
+    /// What a failed request may have left undone, for an error of the table (after
+    /// `attempts` attempts): bad input never reaches it.
+    fn left_undone(&self, attempts: u32) -> Option<String> {
+        let store = matches!(
+            self,
+            Failure::Store(StoreError::Dynamo { .. })
+                | Failure::Semaphore(semaphore_core::Error::Store(StoreError::Dynamo { .. }))
+        );
+        store.then(|| {
+            format!(
+                "the table did not answer after {attempts} attempts with backoff: the command's \
+                 last write may or may not have landed (an acquire may hold a slot, a release or \
+                 cleanup may not have freed one). Every command is safe to run again with the \
+                 same arguments: it reads its own answer from the lock"
+            )
+        })
     }
 }
 
 async fn run(cli: Cli, requested_at_ms: u64) -> Result<Answer, Failure> {
     // Validate everything before building a client, so bad input never reaches the table.
     let request = Request::parse(cli.command)?;
-    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    // Throttles and lost answers are retried longer than the SDK's three attempts: every
+    // command is safe to send again (it reads its own answer from the lock, F10), and a person
+    // at a terminal would rather wait a few seconds than retry by hand.
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .retry_config(semaphore_core::dynamo::holder_retries(cli.max_attempts));
     if let Some(url) = &cli.endpoint_url {
         loader = loader.endpoint_url(url);
     }

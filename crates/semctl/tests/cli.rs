@@ -12,7 +12,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use local_aws::observe::{observe, raw_item};
-use local_aws::proxy::{ForwardingProxy, HoldingProxy, Policy, Verdict};
+use local_aws::proxy::{Canned, FaultyProxy, ForwardingProxy, HoldingProxy, Policy, Verdict};
 use local_aws::sfn::{client as sfn_client, create_machine, ended, start, status, stop, unique};
 use local_aws::{endpoint, fresh_table};
 use semaphore_core::{
@@ -1619,4 +1619,84 @@ async fn a_leased_slot_is_renewed_by_heartbeats_and_taken_back_once_it_lapses() 
             "{bad}"
         );
     }
+}
+
+/// Issue #27 item 7: with writes throttled or answers lost several times in a row (more than the
+/// SDK's default 3 attempts), `release` and `cleanup` still finish, exit 0, and free the slot;
+/// one that gives up (here `--max-attempts 2`) exits 1 and says what may be left undone. The
+/// throttles and lost answers are the test proxy's: the local server never throttles, and a
+/// lost answer needs a network between the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttles_and_lost_answers_are_retried_past_three_attempts_and_a_give_up_says_what_is_left(
+) {
+    let s = Semctl::new().await;
+    let proxy = FaultyProxy::start(endpoint()).await;
+    let url = proxy.endpoint();
+    let sem = s.direct();
+    take(&sem, "busy", "a", "default").await;
+    take(&sem, "busy", "b", "default").await;
+    take(&sem, "busy", "c", "default").await;
+
+    // 15% of writes throttled makes four in a row likely over a day of releases.
+    for _ in 0..4 {
+        proxy.fault_next("UpdateItem", Verdict::Answer(Canned::Throttled));
+    }
+    let released = s
+        .json_via(
+            &url,
+            &[
+                "release", "--lock", "busy", "--holder", "a", "--weight", "1",
+            ],
+            0,
+        )
+        .await;
+    assert_eq!(released["outcome"], "released", "{released}");
+    assert_eq!(proxy.pending(), 0, "every throttle was met");
+
+    // Four answers lost after the cleanup's write landed: each retry reads its own answer.
+    for _ in 0..4 {
+        proxy.fault_next("UpdateItem", Verdict::LoseAnswer);
+    }
+    let cleaned = s
+        .json_via(&url, &["cleanup", "--lock", "busy", "--holder", "b"], 0)
+        .await;
+    assert_eq!(cleaned["outcome"], "cleaned", "{cleaned}");
+    assert_eq!(proxy.pending(), 0, "every lost answer was met");
+    assert_eq!(held(&s, "busy").await, ["c#default"]);
+
+    // Giving up: exit 1, and what may be left undone, on stderr.
+    for _ in 0..2 {
+        proxy.fault_next("UpdateItem", Verdict::Answer(Canned::Throttled));
+    }
+    let mut command = s.command(
+        &url,
+        &[
+            "--max-attempts",
+            "2",
+            "release",
+            "--lock",
+            "busy",
+            "--holder",
+            "c",
+            "--weight",
+            "1",
+        ],
+    );
+    let out = tokio::task::spawn_blocking(move || command.output().expect("run semctl"))
+        .await
+        .expect("semctl's runner");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("ProvisionedThroughputExceeded"), "{stderr}");
+    assert!(
+        stderr.contains("after 2 attempts") && stderr.contains("safe to run again"),
+        "{stderr}"
+    );
+    assert_eq!(
+        held(&s, "busy").await,
+        ["c#default"],
+        "a throttled release wrote nothing"
+    );
+    let out = s.run(&["--max-attempts", "0", "status", "--lock", "busy"]);
+    assert_eq!(out.status.code(), Some(1));
 }

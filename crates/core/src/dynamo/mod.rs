@@ -20,6 +20,6 @@ pub use codec::{
     attr, decode, decode_waiter, encode, encode_waiter, queue_attr, FORMAT, TOKEN_SPAN, WEIGHT_SPAN,
 };
 pub use expression::{render, Rendered, MAX_EXPRESSION_BYTES, MAX_EXPRESSION_OPERATORS};
-pub use retry::throttle_backoff;
+pub use retry::{holder_retries, throttle_backoff, HOLDER_ATTEMPTS};
 pub use size::{item_size, stored_size, write_units};
 pub use store::{DynamoStore, TableSetup};

@@ -51,6 +51,22 @@ fn standard() -> RetryConfig {
     RetryConfig::standard()
 }
 
+/// Attempts of each request by a holder that no Step Functions `Retry` stands behind (`semctl`,
+/// a program holding a leased slot), unless it says otherwise.
+pub const HOLDER_ATTEMPTS: u32 = 10;
+
+/// The retries of such a holder: the SDK's standard mode (exponential backoff with full jitter,
+/// as AWS advises for DynamoDB) with `max_attempts` attempts and at most 5 s between two. Three
+/// attempts (the SDK's default) give up too soon under throttling: with 15% of writes throttled,
+/// three in a row come once in 300 writes, and a release that gives up leaves its slot held
+/// until a cleanup. Every write here is safe to send again (F10), so waiting longer costs only
+/// time.
+pub fn holder_retries(max_attempts: u32) -> RetryConfig {
+    RetryConfig::standard()
+        .with_max_attempts(max_attempts.max(1))
+        .with_max_backoff(Duration::from_secs(5))
+}
+
 /// How many times in all a transaction cancelled for throttling is sent: as many as the SDK
 /// sends a throttled request (the client's `max_attempts`, 3 in standard mode).
 pub(super) fn throttle_attempts(config: Option<&RetryConfig>) -> u32 {
