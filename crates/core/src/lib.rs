@@ -83,7 +83,7 @@ pub use protocol::{
 };
 pub use queue::{Attempt, QueueKey, QueueKeyError, Waiter, WaiterId};
 pub use semaphore::line::{HandOff, Wake};
-pub use semaphore::slots::{Fenced, TakenBack, MAX_ROUNDS};
+pub use semaphore::slots::{Fenced, TakenBack, TakenBackSlot, MAX_ROUNDS};
 pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport};
-pub use semaphore::Semaphore;
+pub use semaphore::{Semaphore, KEPT_TAKE_BACKS};
 pub use write::{Change, Check, Write};

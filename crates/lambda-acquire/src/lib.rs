@@ -332,6 +332,10 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         ..request.clone()
     };
     emit_metrics(semaphore, hand_offs, &request, &result);
+    // F13: an acquire that found the lock full took back the slots whose lease had passed.
+    hand_offs
+        .metrics
+        .taken_back(&semaphore.drain_taken_back(), semaphore.now_ms());
     let result = result.map(|(taken, _)| taken);
     if let Err(e) = &result {
         if let Err(sent) = callbacks

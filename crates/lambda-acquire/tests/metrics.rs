@@ -223,3 +223,41 @@ async fn each_acquire_and_release_writes_one_emf_line_with_its_outcome_and_the_l
     assert_eq!(members["Outcome"], json!("fenced"));
     assert_eq!(members["Acquisitions"], json!(1));
 }
+
+/// F13: an acquire that finds the lock full of weight under a lease that has passed takes it
+/// back, takes the slot, and writes `LeasesTakenBack` (with how long the slot was held) for the
+/// lock, beside its own `Acquisitions` line.
+#[tokio::test]
+async fn an_acquire_that_takes_back_a_lapsed_lease_counts_it() {
+    let timing = semaphore_core::Timing {
+        clock_skew: std::time::Duration::from_millis(500),
+        ..semaphore_core::Timing::default()
+    };
+    let sem = Semaphore::new(fresh_table().await).with_timing(timing);
+    let (hand_offs, kept) = hand_offs();
+    let lock = semaphore_core::LockName::new(LOCK).unwrap();
+    let leased = semaphore_core::Terms::new(
+        semaphore_core::Limit::new(3).unwrap(),
+        semaphore_core::Weight::new(3).unwrap(),
+        None,
+    )
+    .unwrap()
+    .with_lease(Some(semaphore_core::Lease::ms(1_000).unwrap()));
+    let worker = local_aws::names::id("worker", "a1");
+    assert!(matches!(
+        sem.acquire(&lock, &worker, leased).await.unwrap(),
+        semaphore_core::AcquireOutcome::Acquired { .. }
+    ));
+    tokio::time::sleep(std::time::Duration::from_millis(1_600)).await;
+    let answer = acquire(&sem, &hand_offs, payload(1, 1, sem.now_ms(), 0))
+        .await
+        .unwrap();
+    assert_eq!(answer["outcome"], json!("acquired"), "{answer}");
+    let lines = lines(&kept);
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert_eq!(lines[0]["Outcome"], json!("acquired"));
+    assert_eq!(lines[1]["Lock"], json!(LOCK));
+    assert_eq!(lines[1]["LeasesTakenBack"], json!(1));
+    let held = lines[1]["TimeHeld"].as_u64().unwrap();
+    assert!((1_500..10_000).contains(&held), "{held} ms");
+}

@@ -11,7 +11,7 @@
 use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 
-use semaphore_core::{HandOff, LockName};
+use semaphore_core::{HandOff, LockName, TakenBackSlot};
 use serde_json::{json, Map, Value};
 
 /// `METRIC_NAMESPACE` when unset.
@@ -105,6 +105,13 @@ pub const RECLAIMED_SLOTS_TOTAL: Metric = Metric {
     unit: Unit::Count,
     dimensions: &[&[]],
 };
+/// Slots taken back because their lease passed unrenewed (F13), by whichever function's write
+/// took them back (an acquire or a grant that found the lock full, a sweep).
+pub const LEASES_TAKEN_BACK: Metric = Metric {
+    name: "LeasesTakenBack",
+    unit: Unit::Count,
+    dimensions: &[&["Lock"]],
+};
 /// Waiters taken out of line because their execution had ended (cleanup, sweeper, hand-off).
 pub const DEAD_WAITERS_REMOVED: Metric = Metric {
     name: "DeadWaitersRemoved",
@@ -143,6 +150,7 @@ pub const CATALOGUE: &[Metric] = &[
     SLOTS_FREED_BY_CLEANUP,
     RECLAIMED_SLOTS,
     RECLAIMED_SLOTS_TOTAL,
+    LEASES_TAKEN_BACK,
     DEAD_WAITERS_REMOVED,
     OLDEST_WAITER_AGE,
     OLDEST_WAITER_AGE_TOTAL,
@@ -305,6 +313,13 @@ impl Metrics {
         }
     }
 
+    /// The lines of the slots `taken` back ([`taken_back_lines`]).
+    pub fn taken_back(&self, taken: &[TakenBackSlot], now_ms: u64) {
+        for line in taken_back_lines(taken) {
+            self.emit(now_ms, &line);
+        }
+    }
+
     /// The line of a hand-off on `lock` ([`hand_off_line`]).
     pub fn hand_off(&self, lock: &LockName, report: &HandOff, now_ms: u64) {
         self.emit(now_ms, &hand_off_line(lock, report));
@@ -345,6 +360,27 @@ pub fn hand_off_line(lock: &LockName, report: &HandOff) -> Line {
         line = line.value(DEAD_WAITERS_REMOVED, dead as f64);
     }
     line
+}
+
+/// One line per lock of `taken`: its `LeasesTakenBack` and how long each slot was held.
+pub fn taken_back_lines(taken: &[TakenBackSlot]) -> Vec<Line> {
+    let mut locks: Vec<&LockName> = taken.iter().map(|slot| &slot.lock).collect();
+    locks.sort();
+    locks.dedup();
+    locks
+        .into_iter()
+        .map(|lock| {
+            let slots = || taken.iter().filter(move |slot| &slot.lock == lock);
+            Line::of(lock)
+                .value(LEASES_TAKEN_BACK, slots().count() as f64)
+                .values(
+                    TIME_HELD,
+                    slots().map(|slot| {
+                        slot.taken_at_ms.saturating_sub(slot.holding.acquired_at_ms) as f64
+                    }),
+                )
+        })
+        .collect()
 }
 
 /// Why a line is not EMF as the specification defines it.

@@ -191,6 +191,9 @@ impl<C: TaskCallbacks, X: ExecutionStatus> HandOffs<C, X> {
         if let Ok(report) = &result {
             self.metrics.hand_off(lock, report, semaphore.now_ms());
         }
+        // F13: a head that did not fit may have had expired leases taken back for it.
+        self.metrics
+            .taken_back(&semaphore.drain_taken_back(), semaphore.now_ms());
         match &result {
             Ok(report) if !report.is_empty() => tracing::info!(
                 lock = %lock,

@@ -10,16 +10,19 @@
 //! it ran under the slot still runs: an ended execution's history (`GetExecutionHistory`, read
 //! as the cleanup function reads it) names its child executions, and while one of them runs (a
 //! Lambda function invoked by the work-function runner cannot be stopped, and Step Functions
-//! stops a user's child only on a best-effort basis) the slot is kept for the next sweep. For
-//! each slot reclaimed an SNS notice goes to `TOPIC_ARN`, and every sweep prints its metrics as
+//! stops a user's child only on a best-effort basis) the slot is kept for the next sweep. A
+//! slot whose lease passed unrenewed is taken back, whoever holds it (F13). For each slot
+//! reclaimed or taken back an SNS notice goes to `TOPIC_ARN` (its `kind` says which), and every
+//! sweep prints its metrics as
 //! EMF log lines (`lambda_common::metrics`): `ReclaimedSlots`, `LargestItemBytes` and
 //! `OldestWaiterAge` of every lock together (zeros included), and per lock where there is
-//! something to say, the slots reclaimed and how long they were held, the oldest waiter's age,
+//! something to say, the slots reclaimed or taken back (`LeasesTakenBack`) and how long they were
+//! held, the oldest waiter's age,
 //! the dead waiters removed and the hand-offs' grants. The
 //! cost grows with the current holders only (a history is read for ended holders only).
 //!
 //! Input: any JSON (the schedule's event). Answer: `{"locks": n, "largest_item_bytes": n,
-//! "largest_item_lock": name or null, "holders_checked": n, "reclaimed": n, "kept_not_found": n, "waiters_checked":
+//! "largest_item_lock": name or null, "holders_checked": n, "reclaimed": n, "taken_back": n, "kept_not_found": n, "waiters_checked":
 //! n, "waiters_removed": n, "woken": n, "notices_published": n, "errors": [..]}`; a holder that
 //! could not be checked or a notice that could not be published is listed in `errors` and does
 //! not fail the sweep. The lines are visited from the same read of the table: only the locks
@@ -38,10 +41,10 @@ use serde_json::Value;
 pub use lambda_common::arn::{self, ArnPatterns, ExecutionArn, ExecutionKind, StateMachineArn};
 pub use lambda_common::metrics::DEFAULT_NAMESPACE;
 pub use lambda_common::SfnExecutions;
-pub use notice::{human_duration, subject, Notice};
+pub use notice::{human_duration, subject, Notice, NoticeKind};
 
 use lambda_common::metrics::{self, Line};
-use semaphore_core::{LineSweep, LockName, Reclaimed};
+use semaphore_core::{LineSweep, LockName, Reclaimed, TakenBackSlot};
 
 /// The sweep's answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +55,10 @@ pub struct SweepSummary {
     pub largest_item_lock: Option<String>,
     pub holders_checked: usize,
     pub reclaimed: usize,
+    /// Slots taken back because their lease had passed unrenewed (F13), by the sweep or its
+    /// hand-offs.
+    #[serde(default)]
+    pub taken_back: usize,
     /// Holders whose execution was not found but which acquired less than
     /// `MISSING_EXECUTION_GRACE_MS` ago (DescribeExecution is eventually consistent): kept, a
     /// later sweep asks again.
@@ -144,6 +151,8 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
         for (lock, holder) in &lines.removed {
             tracing::warn!(lock = %lock, holder = %holder, "took a dead waiter out of line");
         }
+        // F13: the sweep's take-backs and its hand-offs' (a head that did not fit).
+        let taken_back = self.semaphore.drain_taken_back();
         let mut errors = report.errors;
         errors.extend(lines.errors.iter().cloned());
         let mut summary = SweepSummary {
@@ -152,6 +161,7 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
             largest_item_lock,
             holders_checked: report.holders_checked,
             reclaimed: report.reclaimed.len(),
+            taken_back: taken_back.len(),
             kept_not_found: report.too_young.len(),
             waiters_checked: lines.waiters_checked,
             waiters_removed: lines.removed.len(),
@@ -159,17 +169,26 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
             notices_published: 0,
             errors,
         };
-        let mut notices = Vec::with_capacity(report.reclaimed.len());
-        for slot in &report.reclaimed {
-            let notice = Notice::new(slot, &swept_at);
+        let mut notices = Vec::with_capacity(report.reclaimed.len() + taken_back.len());
+        let every = report
+            .reclaimed
+            .iter()
+            .map(|slot| Notice::new(slot, &swept_at))
+            .chain(
+                taken_back
+                    .iter()
+                    .map(|slot| Notice::taken_back(slot, &swept_at)),
+            );
+        for notice in every {
             tracing::warn!(
+                kind = notice.kind.as_str(),
                 lock = %notice.lock,
                 holder = %notice.holder,
                 acquisition = %notice.acquisition,
                 token = notice.token,
                 held_for_ms = notice.held_for_ms,
                 reason = %notice.reason,
-                "reclaimed a leaked slot"
+                "freed a slot its holder did not release"
             );
             match self.publish(&notice).await {
                 Ok(()) => summary.notices_published += 1,
@@ -186,7 +205,7 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
         for error in &summary.errors {
             tracing::warn!(error = %error, "sweep problem; the next sweep retries");
         }
-        let emf = metric_lines(&report.reclaimed, &lines, &summary, started_ms)
+        let emf = metric_lines(&report.reclaimed, &taken_back, &lines, &summary, started_ms)
             .iter()
             .map(|line| line.render(&self.namespace, started_ms))
             .collect();
@@ -196,6 +215,7 @@ impl<S: ItemStore, E: ExecutionStatus> Sweeper<S, E> {
             largest_item_lock = summary.largest_item_lock.as_deref().unwrap_or(""),
             holders_checked = summary.holders_checked,
             reclaimed = summary.reclaimed,
+            taken_back = summary.taken_back,
             waiters_checked = summary.waiters_checked,
             waiters_removed = summary.waiters_removed,
             woken = summary.woken,
@@ -245,6 +265,7 @@ pub enum PublishError {
 /// see data rather than missing data), then one per lock with something to say.
 fn metric_lines(
     reclaimed: &[Reclaimed],
+    taken_back: &[TakenBackSlot],
     lines: &LineSweep,
     summary: &SweepSummary,
     now_ms: u64,
@@ -288,6 +309,7 @@ fn metric_lines(
         }
         out.push(line);
     }
+    out.extend(metrics::taken_back_lines(taken_back));
     out.extend(
         lines
             .hand_offs

@@ -1,7 +1,8 @@
-//! What the sweeper tells operators by SNS: one notice per reclaimed slot (its metrics are
+//! What the sweeper tells operators by SNS: one notice per slot it reclaimed from an ended
+//! execution or took back from a lease that passed unrenewed (its metrics are
 //! `lambda_common::metrics`').
 
-use semaphore_core::Reclaimed;
+use semaphore_core::{rfc3339_millis, Reclaimed, TakenBackSlot};
 use serde::{Deserialize, Serialize};
 /// SNS subjects must be ASCII, without control characters, and under 100 characters.
 pub const MAX_SUBJECT_CHARS: usize = 99;
@@ -9,6 +10,9 @@ pub const MAX_SUBJECT_CHARS: usize = 99;
 /// The JSON message of an SNS notice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Notice {
+    /// `execution_ended` (its holder's execution is no longer running) or `lease_passed` (its
+    /// lease ended more than the clock skew ago, unrenewed: F13).
+    pub kind: NoticeKind,
     pub lock: String,
     pub holder: String,
     pub acquisition: String,
@@ -22,9 +26,27 @@ pub struct Notice {
     pub swept_at: String,
 }
 
+/// Why a slot was freed without its holder's release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoticeKind {
+    ExecutionEnded,
+    LeasePassed,
+}
+
+impl NoticeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ExecutionEnded => "execution_ended",
+            Self::LeasePassed => "lease_passed",
+        }
+    }
+}
+
 impl Notice {
     pub fn new(slot: &Reclaimed, swept_at: &str) -> Self {
         Self {
+            kind: NoticeKind::ExecutionEnded,
             lock: slot.lock.to_string(),
             holder: slot.holder.to_string(),
             acquisition: slot.acquisition.to_string(),
@@ -32,6 +54,26 @@ impl Notice {
             held_for_ms: slot.held_for_ms,
             held_for: human_duration(slot.held_for_ms),
             reason: slot.reason.clone(),
+            swept_at: swept_at.to_owned(),
+        }
+    }
+
+    /// A slot taken back from a lapsed lease, by the sweep or by a write of the lock's that
+    /// found it full.
+    pub fn taken_back(slot: &TakenBackSlot, swept_at: &str) -> Self {
+        let held_for_ms = slot.taken_at_ms.saturating_sub(slot.holding.acquired_at_ms);
+        Self {
+            kind: NoticeKind::LeasePassed,
+            lock: slot.lock.to_string(),
+            holder: slot.identity.holder.to_string(),
+            acquisition: slot.identity.acquisition.to_string(),
+            token: slot.holding.token.0,
+            held_for_ms,
+            held_for: human_duration(held_for_ms),
+            reason: format!(
+                "its lease ended at {} and was not renewed",
+                rfc3339_millis(slot.lease_until_ms)
+            ),
             swept_at: swept_at.to_owned(),
         }
     }

@@ -84,6 +84,7 @@ async fn the_binary_sweeps_and_prints_the_metric() {
             "largest_item_lock": "demo-lock",
             "holders_checked": 1,
             "reclaimed": 1,
+            "taken_back": 0,
             "kept_not_found": 0,
             "waiters_checked": 0,
             "waiters_removed": 0,

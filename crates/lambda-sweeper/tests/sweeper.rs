@@ -267,6 +267,7 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
             "largest_item_lock": "demo-lock",
             "holders_checked": 5,
             "reclaimed": 3,
+            "taken_back": 0,
             "kept_not_found": 0,
             "waiters_checked": 0,
             "waiters_removed": 0,
@@ -413,12 +414,14 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
                 "held_for",
                 "held_for_ms",
                 "holder",
+                "kind",
                 "lock",
                 "reason",
                 "swept_at",
                 "token"
             ]
         );
+        assert_eq!(message["kind"], "execution_ended");
         assert_eq!(notice.lock, lock);
         assert_eq!(&notice.holder, holder);
         assert_eq!(notice.acquisition, acquisition);
@@ -1064,4 +1067,91 @@ async fn a_sweep_takes_dead_waiters_out_of_line_and_wakes_the_next_live_one_with
         1,
     )
     .await;
+}
+
+/// F13: a holder that is not an execution (a worker under a lease of 1 s) stops renewing; the
+/// sweep after its lease and the clock skew (1 s) takes the slot back, fences it, publishes a
+/// `lease_passed` notice naming it and writes `LeasesTakenBack` for its lock. The unleased
+/// holder beside it is not the lease's to take.
+#[tokio::test]
+async fn a_lapsed_lease_is_taken_back_announced_and_counted() {
+    let local = local().await;
+    let table = fresh_table().await.table().to_owned();
+    let vars = BTreeMap::from([
+        ("TABLE_NAME", table.clone()),
+        ("TOPIC_ARN", local.topic_arn.clone()),
+        ("PROTECTED_STATE_MACHINES", local.machine_arn.clone()),
+        ("CLOCK_SKEW_SECONDS", "1".to_owned()),
+    ]);
+    let settings = Settings::from_lookup(move |name| vars.get(name).cloned());
+    let sweeper = Sweeper::from_settings(&settings, &sdk_config()).expect("settings");
+    let lock = LockName::new("leased-work").unwrap();
+    let leased =
+        semaphore_core::Terms::new(Limit::new(2).unwrap(), semaphore_core::Weight::ONE, None)
+            .unwrap()
+            .with_lease(Some(semaphore_core::Lease::ms(1_000).unwrap()));
+    let AcquireOutcome::Acquired { token, .. } = sweeper
+        .semaphore
+        .acquire(&lock, &id("worker-7", "a1"), leased)
+        .await
+        .unwrap()
+    else {
+        panic!("a free lock")
+    };
+    let running = local.start(&unique("running")).await;
+    sweeper
+        .semaphore
+        .acquire(&lock, &id(&running, "a1"), Limit::new(2).unwrap())
+        .await
+        .unwrap();
+    let early = sweeper.sweep().await.unwrap();
+    assert_eq!(early.summary.taken_back, 0, "within its lease");
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    let result = sweeper.sweep().await.unwrap();
+    assert_eq!(result.summary.taken_back, 1, "{:?}", result.summary);
+    assert_eq!(result.summary.reclaimed, 0);
+    assert_eq!(result.summary.notices_published, 1, "{:?}", result.summary);
+    let item = sweeper.semaphore.status(&lock).await.unwrap();
+    assert_eq!(
+        item.holders
+            .keys()
+            .map(|i| i.holder.to_string())
+            .collect::<Vec<_>>(),
+        vec![running.clone()]
+    );
+    assert_eq!(
+        sweeper
+            .semaphore
+            .heartbeat(
+                &lock,
+                &id("worker-7", "a1"),
+                semaphore_core::Lease::ms(1_000).unwrap()
+            )
+            .await
+            .unwrap(),
+        semaphore_core::HeartbeatOutcome::Lost,
+        "taken back, the acquisition is fenced"
+    );
+    let notices = local.notices(1, Duration::from_secs(10)).await;
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    let message: Value = serde_json::from_str(notices[0]["Message"].as_str().unwrap()).unwrap();
+    assert_eq!(message["kind"], "lease_passed");
+    assert_eq!(message["lock"], "leased-work");
+    assert_eq!(message["holder"], "worker-7");
+    assert_eq!(message["token"], json!(token.0));
+    assert!(
+        message["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("its lease ended at "),
+        "{message}"
+    );
+    let line = result
+        .emf
+        .iter()
+        .map(|line| check_emf(line).unwrap())
+        .find(|emf| emf["Lock"] == "leased-work")
+        .expect("a line for the lock");
+    assert_eq!(line["LeasesTakenBack"], json!(1));
+    local.stop(&running).await;
 }

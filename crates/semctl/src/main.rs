@@ -936,7 +936,19 @@ async fn sweep(
     let fields = if dry_run {
         json!({"would_reclaim": slots})
     } else {
-        json!({"reclaimed": slots, "rotated": report.rotated})
+        json!({
+            "reclaimed": slots,
+            "rotated": report.rotated,
+            // F13: leases that passed unrenewed, whoever held them; each fenced.
+            "taken_back": report.taken_back.iter().map(|slot| json!({
+                "lock": slot.lock.as_str(),
+                "holder": slot.identity.holder.as_str(),
+                "acquisition": slot.identity.acquisition.as_str(),
+                "token": slot.holding.token.0,
+                "weight": slot.holding.weight.get(),
+                "lease_until": rfc3339_millis(slot.lease_until_ms),
+            })).collect::<Vec<_>>(),
+        })
     };
     merge(&mut output, fields);
     Ok(Answer::unless_errors(

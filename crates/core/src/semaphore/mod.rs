@@ -8,7 +8,7 @@
 //! - [`line`](mod@line): waiting in line, and the hand-off that moves it;
 //! - [`sweep`]: the safety net that reclaims what ended executions hold, and moves stuck lines.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use crate::clock::{Clock, SystemClock};
@@ -17,6 +17,7 @@ use crate::input::{LockConfig, LockName};
 use crate::item::SemaphoreItem;
 use crate::ports::ItemStore;
 use crate::protocol::{self, Timing};
+use slots::TakenBackSlot;
 
 pub mod line;
 pub mod slots;
@@ -27,7 +28,7 @@ pub mod sweep;
 pub const CONFIG_ROUNDS: usize = 3;
 
 /// A semaphore protocol bound to a store. Cheap to clone (clones share what they learnt of the
-/// locks' configurations).
+/// locks' configurations, and the slots they took back).
 #[derive(Debug, Clone)]
 pub struct Semaphore<S> {
     store: S,
@@ -38,7 +39,15 @@ pub struct Semaphore<S> {
     /// relies on it: each checks the configuration it assumed when it lands, and a wrong guess
     /// costs one write more (F14).
     configs: Arc<Mutex<HashMap<LockName, Option<LockConfig>>>>,
+    /// Slots taken back by this semaphore's writes and not yet collected
+    /// ([`Semaphore::drain_taken_back`]): a take-back happens inside an acquire, a hand-off or a
+    /// sweep, and the function that sent it reports it (its metric, the sweeper's notice).
+    taken_back: Arc<Mutex<VecDeque<TakenBackSlot>>>,
 }
+
+/// Most take-backs kept for [`Semaphore::drain_taken_back`]: a program that never collects
+/// them (the client, `semctl`) keeps only the latest.
+pub const KEPT_TAKE_BACKS: usize = 256;
 
 impl<S: ItemStore> Semaphore<S> {
     pub fn new(store: S) -> Self {
@@ -48,7 +57,25 @@ impl<S: ItemStore> Semaphore<S> {
             timing: Timing::default(),
             busy_young_fences: protocol::BUSY_YOUNG_FENCES,
             configs: Arc::default(),
+            taken_back: Arc::default(),
         }
+    }
+
+    /// The slots this semaphore (and its clones) took back since the last call, oldest first
+    /// (at most [`KEPT_TAKE_BACKS`]).
+    pub fn drain_taken_back(&self) -> Vec<TakenBackSlot> {
+        self.taken_back
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect()
+    }
+
+    fn noted_taken_back(&self, slots: &[TakenBackSlot]) {
+        let mut kept = self.taken_back.lock().unwrap_or_else(|e| e.into_inner());
+        kept.extend(slots.iter().cloned());
+        let over = kept.len().saturating_sub(KEPT_TAKE_BACKS);
+        kept.drain(..over);
     }
 
     /// The configuration of `lock` as last seen (`None`: not configured, or never seen).

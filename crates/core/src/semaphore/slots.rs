@@ -34,8 +34,21 @@ pub struct Fenced {
 /// as the last write left it or handed it back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TakenBack {
-    pub slots: Vec<(Identity, Weight)>,
+    pub slots: Vec<TakenBackSlot>,
     pub item: SemaphoreItem,
+}
+
+/// One slot taken back because its lease passed unrenewed (F13): what an operator is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenBackSlot {
+    pub lock: LockName,
+    pub identity: Identity,
+    /// As it was held: its token (the holder's, now fenced), weight and when it was taken.
+    pub holding: Holding,
+    /// When its lease ended (the writer's clock that last set it).
+    pub lease_until_ms: u64,
+    /// When it was taken back (this writer's clock).
+    pub taken_at_ms: u64,
 }
 
 impl<S: ItemStore> Semaphore<S> {
@@ -78,10 +91,25 @@ impl<S: ItemStore> Semaphore<S> {
                         .apply(before.as_ref())
                         .map_err(|_| unexpected(&write, "a take-back landed but does not apply"))?;
                     for change in &write.changes {
-                        if let crate::write::Change::RemoveHolder { identity, weight } = change {
-                            tracing::warn!(lock = %item.lock, holder = %identity.holder, acquisition = %identity.acquisition, "took back a slot whose lease had expired");
-                            taken.push((identity.clone(), *weight));
-                        }
+                        let crate::write::Change::RemoveHolder { identity, .. } = change else {
+                            continue;
+                        };
+                        let Some(before) = before.as_ref() else {
+                            continue;
+                        };
+                        let (Some(holding), Some(until)) =
+                            (before.holders.get(identity), before.leases.get(identity))
+                        else {
+                            continue;
+                        };
+                        tracing::warn!(lock = %item.lock, holder = %identity.holder, acquisition = %identity.acquisition, token = holding.token.0, lease_until_ms = until, "took back a slot whose lease had passed");
+                        taken.push(TakenBackSlot {
+                            lock: item.lock.clone(),
+                            identity: identity.clone(),
+                            holding: *holding,
+                            lease_until_ms: *until,
+                            taken_at_ms: now_ms,
+                        });
                     }
                     // The next chunk, if there were more.
                     let rest = current.expired_leases(now_ms, skew_ms);
@@ -101,6 +129,7 @@ impl<S: ItemStore> Semaphore<S> {
                 None => break,
             }
         }
+        self.noted_taken_back(&taken);
         Ok(Some(TakenBack {
             slots: taken,
             item: current,

@@ -6,10 +6,11 @@
 use std::collections::HashMap;
 
 use super::line::HandOff;
+use super::slots::TakenBackSlot;
 use super::Semaphore;
 use crate::dynamo::stored_size;
 use crate::error::Error;
-use crate::input::{AcquisitionId, HolderId, LockName, Weight};
+use crate::input::{AcquisitionId, HolderId, LockName};
 use crate::item::{FencingToken, Holding, Identity, Run, SemaphoreItem};
 use crate::ports::{
     missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
@@ -58,7 +59,7 @@ pub struct SweepReport {
     /// [`Semaphore::sweep_lines`] visits, without reading the table again.
     pub lines: Vec<LockName>,
     /// Slots taken back because their lease had passed (F13), each fenced.
-    pub taken_back: Vec<(LockName, Identity, Weight)>,
+    pub taken_back: Vec<TakenBackSlot>,
 }
 
 impl<S: ItemStore> Semaphore<S> {
@@ -137,12 +138,7 @@ impl<S: ItemStore> Semaphore<S> {
             // F13: leases that passed unrenewed, whoever the holder is.
             if mode == SweepMode::Reclaim {
                 match self.take_back_expired(item).await {
-                    Ok(Some(taken)) => report.taken_back.extend(
-                        taken
-                            .slots
-                            .into_iter()
-                            .map(|(identity, weight)| (item.lock.clone(), identity, weight)),
-                    ),
+                    Ok(Some(taken)) => report.taken_back.extend(taken.slots),
                     Ok(None) => {}
                     Err(e) => report
                         .errors

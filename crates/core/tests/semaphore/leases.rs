@@ -161,7 +161,7 @@ async fn the_sweeper_takes_back_expired_leases_of_a_quiet_lock() {
         report
             .taken_back
             .iter()
-            .map(|(_, identity, _)| identity.clone())
+            .map(|slot| slot.identity.clone())
             .collect::<Vec<_>>(),
         vec![id("quiet")]
     );
