@@ -65,6 +65,22 @@ payload, a child execution's input) pass Step Functions' 256 KiB fails with
 States.DataLimitExceeded, as on AWS (moto checks only results and state outputs); and that
 error is terminal, as on AWS: a Catch or Retry of States.ALL does not match it.
 
+Express workflows and Distributed Map (#27): moto kept every machine's interpreter type STANDARD
+whatever it was created as (patch_state_machine_type); it refused a Distributed Map whose
+children are Express (`"ExecutionType": "EXPRESS"`: its grammar has only STANDARD; the type is
+never read when the map runs, so the definition is parsed as STANDARD there,
+patch_distributed_map_definitions); it gave every child of a Distributed Map the parent's
+`$$.Execution` (the children are threads of the parent's execution), so children that pass
+`$$.Execution.Id` to the semaphore were all one holder (patch_distributed_child_context gives
+each child an id of its own, `execution:<machine>/<map>:<uuid>`); it named an execution started
+without a name `None`, so the second such start failed, and an Express start reusing a name
+started nothing, where AWS starts a new one (patch_unnamed_executions). And three AWS rules for
+Express that moto does not have are enforced: an Express definition with `.waitForTaskToken`,
+`.sync` or an activity is refused (patch_express_definitions); an Express execution ends
+TIMED_OUT after 5 minutes (patch_express_duration); and DescribeExecution, GetExecutionHistory
+and ListExecutions of Express executions are refused as AWS refuses them
+(patch_express_not_describable): what the semaphore does for Express must not rely on them.
+
 Step Functions' execution mode (moto runs the executions with its States Language interpreter)
 is on from the start (execute_state_machines).
 
@@ -1119,6 +1135,263 @@ def patch_alarm_from_cloudformation():
     assert parsing.get_model_map()["AWS::CloudWatch::Alarm"] is CloudFormationAlarm
 
 
+EXPRESS_MAX_SECONDS = 300  # AWS: an Express execution runs at most 5 minutes.
+
+
+def patch_state_machine_type():
+    """moto keeps a machine's type in `.type` but gives its interpreter `.sm_type = "STANDARD"`:
+    make the interpreter see the real type (the Express patches below read it)."""
+    from moto.stepfunctions.models import StateMachineInstance
+
+    require_source(
+        StateMachineInstance.__init__,
+        "37bffc8dafc63d45684888905bd88dbc79edb5848a25fb934551c25a866df081",
+        "state machine type",
+    )
+    original = StateMachineInstance.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.sm_type = self.type
+
+    StateMachineInstance.__init__ = __init__
+
+
+def patch_unnamed_executions():
+    """StartExecution without a name: AWS names it with a UUID (moto used `None`, so a second
+    one failed ExecutionAlreadyExists). And an asynchronous Express start has no name
+    idempotency on AWS: each is a new execution, its ARN ending `<name>:<uuid>`."""
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
+    require_source(
+        StepFunctionsParserBackend.start_execution,
+        "0f8d9dd57baf0c2803dda23c5250b1c787a4a1a3d05239cafbddff1ef905be3a",
+        "unnamed executions",
+    )
+    original = StepFunctionsParserBackend.start_execution
+
+    @functools.wraps(original)
+    def start_execution(self, state_machine_arn, name=None, execution_input=None, trace_header=None):
+        name = name or str(uuid.uuid4())
+        if self.describe_state_machine(state_machine_arn).type == "EXPRESS":
+            name = f"{name}:{uuid.uuid4()}"
+        return original(self, state_machine_arn, name, execution_input, trace_header)
+
+    StepFunctionsParserBackend.start_execution = start_execution
+
+
+def patch_express_definitions():
+    """AWS refuses an Express machine whose definition uses `.waitForTaskToken`, `.sync` or an
+    activity (Express cannot wait for a callback); moto ships the check (ExpressStaticAnalyser)
+    but never calls it."""
+    from moto.stepfunctions.parser.api import InvalidDefinition
+    from moto.stepfunctions.parser.asl.static_analyser.express_static_analyser import (
+        ExpressStaticAnalyser,
+    )
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
+    require_source(
+        StepFunctionsParserBackend.create_state_machine,
+        "dc56ec54216f7b975da2fe4653e4675e85ea2773e3167dad3017dbfa89c0bbd5",
+        "express definitions",
+    )
+    require_source(
+        StepFunctionsParserBackend.update_state_machine,
+        "03b6b2ec8ffdfbb0c8e75574810521875200207fbacd0b563e008f82f3f9515f",
+        "express definitions",
+    )
+    create = StepFunctionsParserBackend.create_state_machine
+    update = StepFunctionsParserBackend.update_state_machine
+
+    def check(definition):
+        try:
+            ExpressStaticAnalyser().analyse(definition)
+        except ValueError as error:
+            raise InvalidDefinition(f"Express state machine: {error}", "InvalidDefinition")
+
+    @functools.wraps(create)
+    def create_state_machine(self, name, definition, roleArn, *args, sm_type=None, **kwargs):
+        if sm_type == "EXPRESS":
+            check(definition)
+        return create(self, name, definition, roleArn, *args, sm_type=sm_type, **kwargs)
+
+    @functools.wraps(update)
+    def update_state_machine(self, arn, definition=None, *args, **kwargs):
+        if definition is not None and self.describe_state_machine(arn).type == "EXPRESS":
+            check(definition)
+        return update(self, arn, definition, *args, **kwargs)
+
+    StepFunctionsParserBackend.create_state_machine = create_state_machine
+    StepFunctionsParserBackend.update_state_machine = update_state_machine
+
+
+def patch_express_duration():
+    """An Express execution ends TIMED_OUT after 5 minutes on AWS; moto let it run on. Caps the
+    top-level program's timeout for Express machines (not a Distributed Map's Express children,
+    which are threads of their parent here)."""
+    from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
+    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+
+    require_source(
+        ExecutionWorker._get_evaluation_entrypoint,
+        "2b25949ae855da8035b347b28ac72f90d7d6542bf26ef7e1f03a50ce6a981fde",
+        "express duration",
+    )
+    original = ExecutionWorker._get_evaluation_entrypoint
+
+    @functools.wraps(original)
+    def _get_evaluation_entrypoint(self):
+        program = original(self)
+        if self._evaluation_details.state_machine_details.typ == "EXPRESS":
+            given = program.timeout_seconds
+            if (
+                not isinstance(given, TimeoutSeconds)
+                or given.timeout_seconds > EXPRESS_MAX_SECONDS
+            ):
+                program.timeout_seconds = TimeoutSeconds(EXPRESS_MAX_SECONDS)
+        return program
+
+    ExecutionWorker._get_evaluation_entrypoint = _get_evaluation_entrypoint
+
+
+def patch_distributed_map_definitions():
+    """moto's grammar knows only STANDARD as a Distributed Map's ProcessorConfig.ExecutionType,
+    so `"ExecutionType": "EXPRESS"` was a syntax error. The type is never read when the map runs
+    (its children are frames of the parent here), so the definition is parsed with STANDARD in
+    its place; what DescribeStateMachine shows is the definition as given."""
+    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+
+    require_source(
+        AmazonStateLanguageParser.parse,
+        "a59a7d18760fb22efc9fd46d8f0fb3bb6c0293abbce2b9053e1589181c6f0711",
+        "distributed map definitions",
+    )
+    original = AmazonStateLanguageParser.parse
+
+    def rewrite(node):
+        if isinstance(node, dict):
+            config = node.get("ProcessorConfig")
+            if isinstance(config, dict) and config.get("ExecutionType") == "EXPRESS":
+                config["ExecutionType"] = "STANDARD"
+            for value in node.values():
+                rewrite(value)
+        elif isinstance(node, list):
+            for value in node:
+                rewrite(value)
+
+    def parse(definition):
+        try:
+            document = json.loads(definition)
+        except ValueError:
+            return original(definition)
+        rewrite(document)
+        return original(json.dumps(document))
+
+    AmazonStateLanguageParser.parse = staticmethod(parse)
+
+
+def patch_distributed_child_context():
+    """A Distributed Map's child is an execution of its own on AWS (of `<machine>/<map>`, with
+    its own `$$.Execution`); here it is a thread of the parent sharing the parent's context, so
+    every child passing `$$.Execution.Id` to the semaphore was one holder. Gives each child its
+    own `$$.Execution` and `$$.StateMachine`, after its ItemSelector (which is evaluated with
+    the parent's)."""
+    import datetime
+
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.distributed_item_processor_worker import (
+        DistributedItemProcessorWorker,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor.inline_item_processor_worker import (
+        InlineItemProcessorWorker,
+    )
+
+    require_source(
+        DistributedItemProcessorWorker._eval_job,
+        "c97e0ed4aba18b55041cf230e08702bac92d4aa7ad4f891330dd7a5fa906a72c",
+        "distributed child context",
+    )
+    require_source(
+        InlineItemProcessorWorker._eval_input,
+        "c8a62d1f4864ec80d774a77d4a582cdf50ad6a56c51499f0bc50e3a7102ad843",
+        "distributed child context",
+    )
+    original = InlineItemProcessorWorker._eval_input
+
+    def _eval_input(self, env_frame):
+        original(self, env_frame)
+        machine = self._map_run_record.map_state_machine_arn
+        data = env_frame.states.context_object.context_object_data
+        name = str(uuid.uuid4())
+        # A new dict: the frames share the parent's by reference.
+        data["Execution"] = dict(
+            data["Execution"],
+            Id=f"{machine.replace(':stateMachine:', ':execution:')}:{name}",
+            Name=name,
+            Input=env_frame.states.get_input(),
+            RedriveCount=0,
+            StartTime=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        )
+        data["StateMachine"] = {"Id": machine, "Name": machine.split(":stateMachine:", 1)[1]}
+
+    DistributedItemProcessorWorker._eval_input = _eval_input
+
+
+def patch_express_not_describable():
+    """AWS refuses DescribeExecution and GetExecutionHistory of an Express execution (InvalidArn
+    "Resource type not valid in this context: express") and ListExecutions of an Express machine
+    (StateMachineTypeNotSupported); moto answered them. Refused for clients only: moto's own
+    interpreter (its clients sign with access key "ak") describes a `.sync` child, as AWS may."""
+    from moto.stepfunctions.parser.api import InvalidArn, StateMachineTypeNotSupported
+    from moto.stepfunctions.responses import StepFunctionResponse
+
+    require_source(
+        StepFunctionResponse.describe_execution,
+        "c3953bdc9ce21fda47ee3e996bf749950fb31c22a169464f6f2c878aa8372977",
+        "express not describable",
+    )
+    require_source(
+        StepFunctionResponse.list_executions,
+        "6fec14cfc5afd6b885954398772bfbf30a82bf37da8b30c4005ec49b1c84df9a",
+        "express not describable",
+    )
+
+    def from_interpreter(response):
+        return "Credential=ak/" in (response.headers.get("Authorization") or "")
+
+    def refusing_express(original):
+        @functools.wraps(original)
+        def handler(self):
+            if not from_interpreter(self):
+                execution = self.stepfunction_backend.describe_execution(
+                    self._get_param("executionArn")
+                )
+                if getattr(execution, "sm_type", "STANDARD") == "EXPRESS":
+                    raise InvalidArn(
+                        "Invalid Arn: 'Resource type not valid in this context: express'",
+                        "InvalidArn",
+                    )
+            return original(self)
+
+        return handler
+
+    original_list = StepFunctionResponse.list_executions
+
+    @functools.wraps(original_list)
+    def list_executions(self):
+        arn = self._get_param("stateMachineArn")
+        if arn and self.stepfunction_backend.describe_state_machine(arn).type == "EXPRESS":
+            raise StateMachineTypeNotSupported(
+                "This operation is not supported by this type of state machine",
+                "StateMachineTypeNotSupported",
+            )
+        return original_list(self)
+
+    for name in ("describe_execution", "get_execution_history"):
+        setattr(StepFunctionResponse, name, refusing_express(getattr(StepFunctionResponse, name)))
+    StepFunctionResponse.list_executions = list_executions
+
+
 def execute_state_machines():
     """Step Functions runs the executions it starts, from the server's start: moto's execution
     mode (its States Language interpreter, histories as AWS records them), which is otherwise
@@ -1177,6 +1450,13 @@ def main():
     patch_state_machine_from_cloudformation()
     patch_no_value_in_lists()
     patch_alarm_from_cloudformation()
+    patch_state_machine_type()
+    patch_unnamed_executions()
+    patch_express_definitions()
+    patch_express_duration()
+    patch_distributed_map_definitions()
+    patch_distributed_child_context()
+    patch_express_not_describable()
     execute_state_machines()
     app = limit_start_execution_input(serialized(DomainDispatcherApplication(create_backend_app)))
     if args.lambda_endpoint:

@@ -24,7 +24,7 @@ use semaphore_core::{
     AcquireOutcome, Attempt, Change, Check, DynamoStore, ExecutionState, ExecutionStatus,
     FenceReason, FencingToken, HolderId, Identity, ItemStore, LockName, ManualClock, PortError,
     QueueKey, QueueOutcome, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, TaskToken,
-    Waiter, Waker, Write, WriteResult,
+    Waiter, Waker, Wakeup, Write, WriteResult,
 };
 
 const T0: u64 = 1_800_000_000_000;
@@ -141,7 +141,10 @@ impl RecordingWaker {
 impl Waker for RecordingWaker {
     async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), PortError> {
         let holder = waiter.identity.holder.as_str().to_owned();
-        let task = waiter.task_token.as_str().to_owned();
+        let task = waiter
+            .task_token()
+            .map_or("(polls)", |t| t.as_str())
+            .to_owned();
         self.calls
             .lock()
             .unwrap()
@@ -328,7 +331,7 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     // Read before it parked anew (another task token), while full: both checks fail; the
     // item comes back with the refusal.
     let mut stale = w.clone();
-    stale.task_token = task_token("w-task-old");
+    stale.wakeup = Wakeup::Task(task_token("w-task-old"));
     let stale_grant = protocol::grant(&stale, None, &stale.terms, T0);
     let result = store.write(&stale_grant).await.unwrap();
     assert_eq!(result, refused(&item, true));
@@ -342,7 +345,12 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     let writes = [
         protocol::grant(&g, None, &g.terms, T0),
         protocol::leave(&l, g.id()),
-        protocol::repark(&l, g.id(), task_token("g-task-1"), Attempt::new(T0, 1)),
+        protocol::repark(
+            &l,
+            g.id(),
+            Wakeup::Task(task_token("g-task-1")),
+            Attempt::new(T0, 1),
+        ),
     ];
     for write in &writes {
         let result = store.write(write).await.unwrap();
@@ -351,7 +359,12 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     }
     assert!(!sem.leave(&l, g.id()).await.unwrap());
     assert!(!sem
-        .repark(&l, g.id(), task_token("g-task-1"), Attempt::new(T0, 1))
+        .repark(
+            &l,
+            g.id(),
+            Wakeup::Task(task_token("g-task-1")),
+            Attempt::new(T0, 1)
+        )
         .await
         .unwrap());
     assert_eq!(
@@ -395,7 +408,12 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
     assert!(sem.status(&nowhere).await.is_err(), "nothing was created");
 
     // Landed: a re-park changes the record's token, not the lock's holders or count.
-    let repark = protocol::repark(&l, w.id(), task_token("w-task-1"), Attempt::new(T0, 1));
+    let repark = protocol::repark(
+        &l,
+        w.id(),
+        Wakeup::Task(task_token("w-task-1")),
+        Attempt::new(T0, 1),
+    );
     assert_eq!(store.write(&repark).await.unwrap(), WriteResult::Landed);
     let record = raw_record(store.client(), store.queue_table(), &l, w.key)
         .await

@@ -148,6 +148,19 @@ pub struct Holding {
     pub weight: Weight,
 }
 
+/// One slot taken back because its lease passed unrenewed (F13): what an operator is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenBackSlot {
+    pub lock: LockName,
+    pub identity: Identity,
+    /// As it was held: its token (the holder's, now fenced), weight and when it was taken.
+    pub holding: Holding,
+    /// When its lease ended (the writer's clock that last set it).
+    pub lease_until_ms: u64,
+    /// When it was taken back (this writer's clock).
+    pub taken_at_ms: u64,
+}
+
 /// A fence: a compact record that writes on behalf of an ended execution (or a released
 /// acquisition) are refused while it is kept. The key is a 64-bit digest of the identity, so a
 /// fence costs 8 bytes of the item whatever the length of the ARN. A digest collision (odds

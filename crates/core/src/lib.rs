@@ -70,7 +70,8 @@ pub use input::{
     TaskToken, Terms, Weight,
 };
 pub use item::{
-    FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, SlotKeyError, Version,
+    FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, SlotKeyError,
+    TakenBackSlot, Version,
 };
 pub use memory::MemoryStore;
 pub use ports::{
@@ -81,9 +82,9 @@ pub use protocol::{
     AcquireOutcome, CleanupOutcome, FenceReason, HeartbeatOutcome, QueueOutcome, ReleaseOutcome,
     Step, Timing, WriteResult,
 };
-pub use queue::{Attempt, QueueKey, QueueKeyError, Waiter, WaiterId};
+pub use queue::{Attempt, QueueKey, QueueKeyError, Waiter, WaiterId, Wakeup};
 pub use semaphore::line::{HandOff, Wake};
-pub use semaphore::slots::{Fenced, TakenBack, TakenBackSlot, MAX_ROUNDS};
+pub use semaphore::slots::{Fenced, TakenBack, MAX_ROUNDS};
 pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport};
 pub use semaphore::{Semaphore, KEPT_TAKE_BACKS};
 pub use write::{Change, Check, Write};

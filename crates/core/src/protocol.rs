@@ -38,9 +38,9 @@
 use std::time::Duration;
 
 use crate::error::StoreError;
-use crate::input::{HolderId, Lease, Limit, LockConfig, LockName, TaskToken, Terms, Weight};
+use crate::input::{HolderId, Lease, Limit, LockConfig, LockName, Terms, Weight};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, Run, SemaphoreItem};
-use crate::queue::{Attempt, Waiter, WaiterId};
+use crate::queue::{Attempt, Waiter, WaiterId, Wakeup};
 use crate::write::{Change, Check, Write};
 
 /// The two durations the fences are kept by.
@@ -778,7 +778,7 @@ pub fn grant(waiter: &Waiter, config: Option<LockConfig>, terms: &Terms, now_ms:
     let mut checks = vec![
         Check::QueuedWith {
             id: waiter.id(),
-            task_token: waiter.task_token.clone(),
+            wakeup: waiter.wakeup.clone(),
         },
         Check::Configured(config),
         // A waiter whose run was cleaned up is dead: skipped, never granted (F8).
@@ -982,15 +982,28 @@ pub fn leave(lock: &LockName, id: WaiterId) -> Write {
     }
 }
 
-/// Gives the waiter's record the task token of `attempt` of its parked task, keeping its place,
-/// if it is in line with the token of an earlier attempt.
-pub fn repark(lock: &LockName, id: WaiterId, task_token: TaskToken, attempt: Attempt) -> Write {
+/// Takes out of line a waiter that stopped polling (F13), on the check that its record still
+/// holds the wake-up judged expired: a poll that renewed it first keeps its place.
+pub fn leave_stopped(waiter: &Waiter) -> Write {
+    Write {
+        lock: waiter.lock.clone(),
+        checks: vec![Check::QueuedWith {
+            id: waiter.id(),
+            wakeup: waiter.wakeup.clone(),
+        }],
+        changes: vec![Change::Dequeue(waiter.id())],
+    }
+}
+
+/// Gives the waiter's record the wake-up of `attempt` (its parked task's token, or a poller's
+/// renewed time), keeping its place, if it is in line with the wake-up of an earlier attempt.
+pub fn repark(lock: &LockName, id: WaiterId, wakeup: Wakeup, attempt: Attempt) -> Write {
     Write {
         lock: lock.clone(),
         checks: vec![Check::QueuedBefore { id, attempt }],
         changes: vec![Change::Repark {
             id,
-            task_token,
+            wakeup,
             attempt,
         }],
     }
@@ -1002,7 +1015,9 @@ pub fn was_queued(write: &Write, result: &WriteResult) -> Result<bool, StoreErro
     match result {
         WriteResult::Applied { .. } | WriteResult::Landed => Ok(true),
         refused => match refused.failed_check(write) {
-            Some(Check::Queued(_) | Check::QueuedBefore { .. }) => Ok(false),
+            Some(Check::Queued(_) | Check::QueuedBefore { .. } | Check::QueuedWith { .. }) => {
+                Ok(false)
+            }
             _ => Err(unexpected(write, "refused by a check it does not have")),
         },
     }

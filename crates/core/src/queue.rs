@@ -147,7 +147,19 @@ impl Attempt {
     }
 }
 
-/// One execution waiting in line for a slot of `lock`.
+/// How a waiter learns that it was granted its slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Wakeup {
+    /// Parked on a Step Functions task token: the hand-off sends it the answer.
+    Task(TaskToken),
+    /// Polls (an Express workflow's `Retry`, a Lambda function, any client that cannot park on
+    /// a task token): it finds its slot held at its next poll. Each poll renews the record to
+    /// `until_ms` (the polling writer's clock); a record past it by more than the clock skew is
+    /// a waiter that stopped polling, taken out of line like a dead execution's (F13).
+    Poll { until_ms: u64 },
+}
+
+/// One execution (or other holder) waiting in line for a slot of `lock`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Waiter {
     pub lock: LockName,
@@ -159,9 +171,10 @@ pub struct Waiter {
     /// The limit, weight and rate the waiter asked for: its grant takes a slot only while its
     /// weight fits under its limit, and a spacing after the last start if it has a rate.
     pub terms: Terms,
-    /// Wakes the parked task; replaced when a later attempt of the task checks again.
-    pub task_token: TaskToken,
-    /// The attempt `task_token` belongs to.
+    /// Wakes the parked task, or says until when the poller is alive; replaced when a later
+    /// attempt checks again.
+    pub wakeup: Wakeup,
+    /// The attempt `wakeup` belongs to.
     pub attempt: Attempt,
     /// How often a later attempt of its task gave the record its token since it was queued:
     /// each check adds to its execution's history, which Step Functions caps.
@@ -191,7 +204,33 @@ impl Waiter {
             identity,
             run,
             terms: terms.into(),
-            task_token,
+            wakeup: Wakeup::Task(task_token),
+            attempt,
+            checks: 0,
+            context,
+        }
+    }
+
+    /// The waiter of `identity` put in line at `queued_at_ms`, polling and alive until
+    /// `until_ms` unless it polls again.
+    #[allow(clippy::too_many_arguments)]
+    pub fn polling(
+        lock: LockName,
+        identity: Identity,
+        run: Run,
+        terms: impl Into<Terms>,
+        queued_at_ms: u64,
+        until_ms: u64,
+        attempt: Attempt,
+        context: String,
+    ) -> Self {
+        Self {
+            key: QueueKey::new(&identity, queued_at_ms),
+            lock,
+            identity,
+            run,
+            terms: terms.into(),
+            wakeup: Wakeup::Poll { until_ms },
             attempt,
             checks: 0,
             context,
@@ -201,6 +240,20 @@ impl Waiter {
     /// The key of its record.
     pub fn id(&self) -> WaiterId {
         self.key.id
+    }
+
+    /// The task token to wake, if it is parked on one.
+    pub fn task_token(&self) -> Option<&TaskToken> {
+        match &self.wakeup {
+            Wakeup::Task(token) => Some(token),
+            Wakeup::Poll { .. } => None,
+        }
+    }
+
+    /// Whether it polls, and stopped: its record's time ran out more than `skew_ms` before
+    /// `now_ms` (by the clock of the writer that judges it).
+    pub fn stopped_polling(&self, now_ms: u64, skew_ms: u64) -> bool {
+        matches!(self.wakeup, Wakeup::Poll { until_ms } if until_ms.saturating_add(skew_ms) < now_ms)
     }
 }
 

@@ -13,9 +13,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::input::{Limit, LockConfig, LockName, Rate, TaskToken, Terms, Weight};
+use crate::input::{Limit, LockConfig, LockName, Rate, Terms, Weight};
 use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem};
-use crate::queue::{Attempt, Waiter, WaiterId};
+use crate::queue::{Attempt, Waiter, WaiterId, Wakeup};
 
 /// A condition checked when the write lands. All of a write's checks must hold.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -70,10 +70,11 @@ pub enum Check {
     /// invocation of an attempt that timed out must not give the record its dead token after a
     /// later attempt gave it a live one.
     QueuedBefore { id: WaiterId, attempt: Attempt },
-    /// The waiter's record is there with this task token: the grant wakes the token it read, so
+    /// The waiter's record is there with this wake-up: the grant wakes the token it read, so
     /// a waiter that parked anew since (a new token) is granted by a hand-off that read the new
-    /// one, and is not woken with a token no task waits on.
-    QueuedWith { id: WaiterId, task_token: TaskToken },
+    /// one, and is not woken with a token no task waits on; and a poller is granted only as
+    /// alive as the hand-off judged it.
+    QueuedWith { id: WaiterId, wakeup: Wakeup },
 }
 
 /// A change the write makes once every check holds. Every write also increments the version.
@@ -115,11 +116,11 @@ pub enum Change {
     /// Sets (or, `None`, removes) the lock's operator configuration (F14). It takes nothing from
     /// anyone: a lower limit admits nobody until the weight held is under it.
     Configure(Option<LockConfig>),
-    /// Gives the waiter's record the task token of a later attempt of its parked task, keeping
-    /// its place, and counts the check.
+    /// Gives the waiter's record the wake-up of a later attempt (a parked task's token, or a
+    /// poller's renewed time), keeping its place, and counts the check.
     Repark {
         id: WaiterId,
-        task_token: TaskToken,
+        wakeup: Wakeup,
         attempt: Attempt,
     },
 }
@@ -151,9 +152,7 @@ impl Check {
             Self::NotQueued(_) => waiter.is_none(),
             Self::Queued(_) => waiter.is_some(),
             Self::QueuedBefore { attempt, .. } => waiter.is_some_and(|w| w.attempt < *attempt),
-            Self::QueuedWith { task_token, .. } => {
-                waiter.is_some_and(|w| w.task_token == *task_token)
-            }
+            Self::QueuedWith { wakeup, .. } => waiter.is_some_and(|w| w.wakeup == *wakeup),
             _ => self.holds(item),
         }
     }
@@ -300,12 +299,10 @@ impl Write {
                     record = None;
                 }
                 Change::Repark {
-                    task_token,
-                    attempt,
-                    ..
+                    wakeup, attempt, ..
                 } => {
                     if let Some(record) = record.as_mut() {
-                        record.task_token = task_token.clone();
+                        record.wakeup = wakeup.clone();
                         record.attempt = *attempt;
                         record.checks = record.checks.saturating_add(1);
                     }
@@ -472,7 +469,7 @@ mod tests {
             Run::FIRST,
             Limit::new(1).unwrap(),
             1_000,
-            TaskToken::new("t1").unwrap(),
+            crate::input::TaskToken::new("t1").unwrap(),
             Attempt::new(1_000, 0),
             "{}".to_owned(),
         );
@@ -490,7 +487,7 @@ mod tests {
             "queued once"
         );
 
-        let token = TaskToken::new("t2").unwrap();
+        let token = crate::input::TaskToken::new("t2").unwrap();
         let repark = |attempt| {
             write(
                 vec![Check::QueuedBefore {
@@ -499,7 +496,7 @@ mod tests {
                 }],
                 vec![Change::Repark {
                     id: w.id(),
-                    task_token: token.clone(),
+                    wakeup: Wakeup::Task(token.clone()),
                     attempt,
                 }],
             )
@@ -510,8 +507,8 @@ mod tests {
             .unwrap();
         let record = record.unwrap();
         assert_eq!(
-            (&record.task_token, record.attempt, record.checks),
-            (&token, later, 1)
+            (record.task_token(), record.attempt, record.checks),
+            (Some(&token), later, 1)
         );
         assert_eq!(
             (record.key, item.waiting),
@@ -529,7 +526,7 @@ mod tests {
         // A grant names the token it read: the old one no longer matches.
         let stale = Check::QueuedWith {
             id: w.id(),
-            task_token: w.task_token.clone(),
+            wakeup: w.wakeup.clone(),
         };
         assert!(!stale.holds_with(&item, Some(&record)));
         assert!(
@@ -539,7 +536,7 @@ mod tests {
         let dequeue = write(
             vec![Check::QueuedWith {
                 id: w.id(),
-                task_token: token,
+                wakeup: Wakeup::Task(token),
             }],
             vec![Change::Dequeue(w.id())],
         );

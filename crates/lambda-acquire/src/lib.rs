@@ -47,12 +47,12 @@ use std::time::Duration;
 
 use lambda_common::{
     child_execution_name, metrics, AcquireRequest, ConfigError, Deployment, HandOffs, HandlerError,
-    Resolver, Settings, TaskCallbacks, Work, WorkKind, MAX_FALLBACK_CHECKS,
+    Resolver, Settings, TaskCallbacks, Waiting, Work, WorkKind, MAX_FALLBACK_CHECKS,
 };
 use lambda_runtime::LambdaEvent;
 use semaphore_core::{
-    rfc3339_millis, terms_on, AcquireOutcome, ExecutionStatus, FencingToken, ItemStore,
-    QueueOutcome, Semaphore, SemaphoreItem, Waiter, WaiterId,
+    rfc3339_millis, terms_on, AcquireOutcome, ExecutionStatus, FencingToken, HandOff, Identity,
+    ItemStore, QueueOutcome, Semaphore, SemaphoreItem, Waiter, WaiterId, Wakeup,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -237,6 +237,19 @@ fn fenced(request: &AcquireRequest, reason: semaphore_core::FenceReason) -> Hand
     HandlerError::Fenced(message)
 }
 
+/// A poller in line: it asks again to keep its place (and to find its slot once granted).
+fn busy(request: &AcquireRequest, queued_at_ms: u64, poll_ms: u64) -> HandlerError {
+    HandlerError::Busy(format!(
+        "lock \"{}\" is full: {} is in its line since {} and holds no slot yet; ask again \
+         within {} s with the same execution and state.EnteredTime and a larger \
+         state.RetryCount to keep the place",
+        request.lock,
+        request.identity.holder,
+        rfc3339_millis(queued_at_ms),
+        poll_ms / 1000
+    ))
+}
+
 fn expired(request: &AcquireRequest, why: &str) -> HandlerError {
     HandlerError::Expired(format!(
         "the acquire of {} on lock \"{}\" asked at {} {why}: nothing is held or queued; enter the \
@@ -309,12 +322,22 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     payload: &Value,
 ) -> Result<AcquireResponse, HandlerError> {
     // Bad input is logged by the runtime with the error it answers.
-    let request = config.resolver.acquire(payload)?;
+    let mut request = config.resolver.acquire(payload)?;
+    if let Waiting::Polls { .. } = request.waiting {
+        // A poller asks anew with each poll: its horizon counts from this invocation (its
+        // state's entry time is its first ask, and stays its place in line). A late poll of a
+        // caller that has gone holds a slot no longer than its lease (F13).
+        request.requested_at_ms = semaphore.now_ms().max(request.asked_at_ms);
+    }
+    let request = request;
     let (lock, identity) = (&request.lock, &request.identity);
     let callbacks = &hand_offs.waker.callbacks;
     let result = async {
         // Before anything is written: a misconfigured stack is refused by name, not left to hang.
-        config.deployment.check_caller(identity.holder.as_str())?;
+        // A poller holds under a lease, which frees its slot whoever it is (F13).
+        if let Waiting::Parked(_) = request.waiting {
+            config.deployment.check_caller(identity.holder.as_str())?;
+        }
         if let Some(work) = &request.work {
             config.deployment.check_work(work).await?;
         }
@@ -337,9 +360,9 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         .metrics
         .taken_back(&semaphore.drain_taken_back(), semaphore.now_ms());
     let result = result.map(|(taken, _)| taken);
-    if let Err(e) = &result {
+    if let (Err(e), Some(task_token)) = (&result, request.waiting.task_token()) {
         if let Err(sent) = callbacks
-            .fail(&request.task_token, e.error_type(), e.message())
+            .fail(task_token, e.error_type(), e.message())
             .await
         {
             tracing::warn!(%lock, holder = %identity.holder, error = %sent, "could not fail the acquire task");
@@ -360,15 +383,23 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
             answer(&request, outcome, Some(token.0), count, queued_at_ms)
         }
         Taken::InLine { queued_at_ms, .. } => {
+            if let Waiting::Polls { poll_ms } = request.waiting {
+                return Err(busy(&request, queued_at_ms, poll_ms));
+            }
             answer(&request, Outcome::Queued, None, None, Some(queued_at_ms))
         }
-        Taken::Superseded => answer(&request, Outcome::Queued, None, None, None),
+        Taken::Superseded => {
+            if let Waiting::Polls { poll_ms } = request.waiting {
+                return Err(busy(&request, request.asked_at_ms, poll_ms));
+            }
+            answer(&request, Outcome::Queued, None, None, None)
+        }
     };
-    if response.acquired {
+    if let (true, Some(task_token)) = (response.acquired, request.waiting.task_token()) {
         // Complete our own task: the slot is ours.
         let output = serde_json::to_string(&response)
             .map_err(|e| HandlerError::InvalidInput(e.to_string()))?;
-        if let Err(e) = callbacks.succeed(&request.task_token, &output).await {
+        if let Err(e) = callbacks.succeed(task_token, &output).await {
             // Its task timed out meanwhile: the state's next entry finds the slot held.
             tracing::warn!(%lock, holder = %identity.holder, error = %e, "could not complete the acquire task; its next check will");
         }
@@ -544,16 +575,29 @@ async fn take<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         terms: configured.unwrap_or(request.terms),
         ..request.clone()
     };
-    let waiter = Waiter::new(
-        lock.clone(),
-        identity.clone(),
-        request.run,
-        request.terms,
-        request.requested_at_ms,
-        request.task_token.clone(),
-        request.attempt,
-        waiter_context(request, request.requested_at_ms)?,
-    );
+    let context = waiter_context(request, request.asked_at_ms)?;
+    let waiter = match &request.waiting {
+        Waiting::Parked(task_token) => Waiter::new(
+            lock.clone(),
+            identity.clone(),
+            request.run,
+            request.terms,
+            request.asked_at_ms,
+            task_token.clone(),
+            request.attempt,
+            context,
+        ),
+        Waiting::Polls { poll_ms } => Waiter::polling(
+            lock.clone(),
+            identity.clone(),
+            request.run,
+            request.terms,
+            request.asked_at_ms,
+            semaphore.now_ms().saturating_add(*poll_ms),
+            request.attempt,
+            context,
+        ),
+    };
     for _ in 0..QUEUE_ROUNDS {
         match semaphore
             .enqueue(&waiter, request.requested_at_ms)
@@ -561,14 +605,11 @@ async fn take<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
             .map_err(store_error)?
         {
             QueueOutcome::Queued => {
-                tracing::info!(%lock, holder = %identity.holder, acquisition = %identity.acquisition, queued_at = request.requested_at_ms, in_line_at_ms = semaphore.now_ms(), "queued");
+                tracing::info!(%lock, holder = %identity.holder, acquisition = %identity.acquisition, queued_at = request.asked_at_ms, in_line_at_ms = semaphore.now_ms(), "queued");
                 // F8: a slot freed between our "full" and our queueing has no one else to hand
                 // it on.
-                hand_offs.run(semaphore, lock, None).await;
-                let taken = Taken::InLine {
-                    new: true,
-                    queued_at_ms: request.requested_at_ms,
-                };
+                let handed = hand_offs.run(semaphore, lock, None).await;
+                let taken = in_line(request, &handed, true, request.asked_at_ms);
                 return Ok((taken, seen));
             }
             QueueOutcome::AlreadyQueued => {
@@ -622,6 +663,29 @@ async fn take<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     ))
 }
 
+/// Where an invocation that left its caller in line and moved the line left it: a poller the
+/// hand-off granted holds its slot now (a parked task was woken by the hand-off itself).
+fn in_line(request: &AcquireRequest, handed: &HandOff, new: bool, queued_at_ms: u64) -> Taken {
+    let granted = granted_to(handed, &request.identity);
+    match (&request.waiting, granted) {
+        (Waiting::Polls { .. }, Some(token)) => Taken::Holding {
+            token,
+            count: None,
+            taken: true,
+            queued_at_ms: Some(queued_at_ms),
+        },
+        _ => Taken::InLine { new, queued_at_ms },
+    }
+}
+
+fn granted_to(handed: &HandOff, identity: &Identity) -> Option<FencingToken> {
+    handed
+        .woken
+        .iter()
+        .find(|(woken, _)| woken == identity)
+        .map(|(_, token)| *token)
+}
+
 /// Step 1, a check of an execution found in line (`waiter`, as read): past its budget it leaves
 /// the line; else its record gets this attempt's token and the line moves. `None`: it is not in
 /// line any more (granted since it was read: the caller's acquire finds the slot held).
@@ -647,11 +711,13 @@ async fn check<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     if waiter.attempt == request.attempt {
         // In line with this very attempt's token (its queue write landed, and the check or
         // the queueing was sent again): move the line, as after queueing.
-        hand_offs.run(semaphore, lock, None).await;
-        return Ok(Some(Taken::InLine {
-            new: false,
-            queued_at_ms: waiter.key.queued_at_ms,
-        }));
+        let handed = hand_offs.run(semaphore, lock, None).await;
+        return Ok(Some(in_line(
+            request,
+            &handed,
+            false,
+            waiter.key.queued_at_ms,
+        )));
     }
     if let Err(timeout) = wait_budget(request, config, waiter, semaphore.now_ms()) {
         if semaphore.leave(lock, id).await.map_err(store_error)? {
@@ -660,8 +726,15 @@ async fn check<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         // Granted meanwhile: the slot is its own.
         return Ok(None);
     }
+    // A poll keeps the poller's place for another poll window (F13).
+    let wakeup = match &request.waiting {
+        Waiting::Parked(task_token) => Wakeup::Task(task_token.clone()),
+        Waiting::Polls { poll_ms } => Wakeup::Poll {
+            until_ms: semaphore.now_ms().saturating_add(*poll_ms),
+        },
+    };
     if !semaphore
-        .repark(lock, id, request.task_token.clone(), request.attempt)
+        .repark(lock, id, wakeup, request.attempt)
         .await
         .map_err(store_error)?
     {
@@ -670,11 +743,13 @@ async fn check<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     // A wake-up may have been lost (a waker that crashed between its grant and its wake-up,
     // or whose SendTaskSuccess went to a task that had timed out): move the line, which may
     // grant this very execution and complete its new task.
-    hand_offs.run(semaphore, lock, None).await;
-    Ok(Some(Taken::InLine {
-        new: false,
-        queued_at_ms: waiter.key.queued_at_ms,
-    }))
+    let handed = hand_offs.run(semaphore, lock, None).await;
+    Ok(Some(in_line(
+        request,
+        &handed,
+        false,
+        waiter.key.queued_at_ms,
+    )))
 }
 
 /// The Lambda handler.

@@ -201,7 +201,26 @@ impl World {
         let state = asl::state(definition, ACQUIRE_STATE);
         let payload = asl::render(&state["Parameters"]["Payload"], input, ctx);
         let answer = self.acquire(config, payload.clone()).await;
-        let token = ctx.task_token.as_deref().expect("a task token");
+        // A plain `lambda:invoke` (the Express fragment's): the function's answer is the task's.
+        let Some(token) = ctx.task_token.as_deref() else {
+            let then = match &answer {
+                Ok(output) => Then::Next {
+                    state: asl::task_output(
+                        state,
+                        input,
+                        ctx,
+                        json!({"Payload": output, "StatusCode": 200}),
+                    ),
+                    next: state["Next"].as_str().expect("a Next").to_owned(),
+                },
+                Err(e) => route(state, &e.error_type, &e.error_message),
+            };
+            return Played {
+                payload,
+                answer,
+                then,
+            };
+        };
         let then = match (self.kept.completion(token), &answer) {
             (Some(Completion::Succeeded(output)), _) => Then::Next {
                 state: asl::task_output(state, input, ctx, output.clone()),
@@ -217,6 +236,18 @@ impl World {
             answer,
             then,
         }
+    }
+
+    /// The Express fragment's acquire state (`ctx` without a task token).
+    async fn play_express(&self, config: &Config, ctx: &Ctx, input: &Value) -> Played {
+        let definition = asl::definition("protect-your-express-workflow.asl.json");
+        self.play(config, &definition, ctx, input).await
+    }
+
+    /// The standard fragment's acquire state.
+    async fn play_fragment(&self, config: &Config, ctx: &Ctx, input: &Value) -> Played {
+        let definition = asl::definition("protect-your-workflow.asl.json");
+        self.play(config, &definition, ctx, input).await
     }
 
     /// The lock-protected machine's acquire state.
@@ -847,8 +878,9 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
             "state.EnteredTime must be an RFC 3339 date-time".to_owned(),
         ),
         (
-            json!({"request": {}, "execution": HOLDER, "state": {"EnteredTime": w.now()}}),
-            "task_token is missing".to_owned(),
+            json!({"request": {"lock": "l", "limit": 2}, "execution": HOLDER,
+                   "state": {"EnteredTime": w.now()}}),
+            "request.lease is missing: a caller without a task_token".to_owned(),
         ),
     ] {
         let err = w.acquire(&config, payload.clone()).await.unwrap_err();
@@ -1698,4 +1730,271 @@ async fn express_work_is_misconfigured_and_writes_nothing() {
         counter.take().requests.get("SFN.DescribeStateMachine"),
         Some(&2)
     );
+}
+
+/// An Express execution's context: its ARN (`...:express:<machine>:<name>:<uuid>`), no
+/// redrive count, and no task token (an Express workflow cannot park on one).
+fn express(name: &str, entered: &str) -> Ctx {
+    let arn = format!(
+        "arn:aws:states:us-east-1:123456789012:express:example-your-express:{name}:{:08x}",
+        fastrand::u32(..)
+    );
+    let mut ctx = Ctx::new(&arn, json!({}), entered);
+    ctx.execution
+        .as_object_mut()
+        .unwrap()
+        .remove("RedriveCount");
+    ctx
+}
+
+/// The same Express acquire state polled again by its `Retry`: one more `RetryCount`, still
+/// no task token.
+fn polled(ctx: &Ctx) -> Ctx {
+    let mut next = ctx.clone();
+    next.retry_count += 1;
+    next
+}
+
+/// #27 items 2 and 4, with the README's two fragments as deployed sharing "example-lock"
+/// (limit 2): an Express execution that finds the lock full is put in line and answered
+/// `SemaphoreBusy`, which its `Retry` retries; a standard execution that asks after it parks
+/// behind it; each poll keeps the Express execution's place; the hand-off of a freed slot grants
+/// it (nobody to wake: its next poll finds the slot, under its lease) and not the standard one
+/// that asked later (L2 across both kinds); the next freed slot wakes the standard one.
+#[tokio::test]
+async fn an_express_execution_polls_in_line_keeps_its_place_and_finds_its_slot() {
+    let w = world().await;
+    let config = config();
+    let l = lock("example-lock");
+    for holder in ["h1", "h2"] {
+        w.sem.acquire(&l, &id(holder, "a"), limit(2)).await.unwrap();
+    }
+    let e = express("orders-1", &w.now());
+    let first = w.play_express(&config, &e, &json!({})).await;
+    assert_eq!(
+        first.then,
+        Then::Retried {
+            error: "SemaphoreBusy".to_owned()
+        },
+        "{:?}",
+        first.answer
+    );
+    assert_eq!(first.payload["request"]["lease"], json!(302));
+    assert!(first.payload.get("task_token").is_none());
+    let records = consistent(&w.sem, "example-lock", 2).await;
+    assert_eq!(records.len(), 1);
+    assert!(
+        !records[0].contains_key("task_token") && records[0].contains_key("poll_until_ms"),
+        "a poller's record: {records:?}"
+    );
+    let place = text(&records[0], "place").to_owned();
+
+    // A standard execution asks after it: parked behind it.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let s = Ctx::new(&holder(7), json!({}), &w.now()).with_task_token("s-task-1");
+    let standard = w.play_fragment(&config, &s, &json!({})).await;
+    assert_eq!(standard.then, Then::Parked);
+
+    // Polls keep the place, and renew it.
+    let mut polls = e.clone();
+    for _ in 0..3 {
+        polls = polled(&polls);
+        let again = w.play_express(&config, &polls, &json!({})).await;
+        assert!(
+            matches!(again.then, Then::Retried { .. }),
+            "{:?}",
+            again.answer
+        );
+    }
+    let records = consistent(&w.sem, "example-lock", 2).await;
+    let express_record = records
+        .iter()
+        .find(|r| text(r, "holder").contains(":express:"))
+        .expect("still in line");
+    assert_eq!(text(express_record, "place"), place, "its place kept");
+    assert_eq!(
+        express_record["checks"].as_n().unwrap(),
+        "3",
+        "each poll renewed the record"
+    );
+
+    // A slot freed: the hand-off grants the head, the Express execution; nothing to wake.
+    let released = w
+        .release(json!({"semaphore": {"lock": "example-lock", "holder": "h1", "acquisition": "a"}}))
+        .await
+        .unwrap();
+    assert_eq!(released["handed_off"], json!(1));
+    assert!(
+        w.kept.completion("s-task-1").is_none(),
+        "the later standard execution waits"
+    );
+    let item = w.sem.status(&l).await.unwrap();
+    let express_id = id(e.execution["Id"].as_str().unwrap(), "r0");
+    let granted = item.holders[&express_id].token;
+    assert!(
+        item.leases.contains_key(&express_id),
+        "granted under its lease: {item:?}"
+    );
+    // Its next poll finds the slot: the state goes on with the answer.
+    polls = polled(&polls);
+    let found = w.play_express(&config, &polls, &json!({})).await;
+    let state = found.state().clone();
+    assert_eq!(
+        state["acquire"]["Payload"]["outcome"],
+        json!("already_held")
+    );
+    assert_eq!(state["acquire"]["Payload"]["token"], json!(granted.0));
+
+    // The Express execution's release (its fragment's payload) hands the slot to the standard
+    // one, woken through its task token.
+    let release = asl::render(
+        &asl::state(
+            &asl::definition("protect-your-express-workflow.asl.json"),
+            "Release slot",
+        )["Parameters"]["Payload"],
+        &state,
+        &polls,
+    );
+    let released = w.release(release).await.unwrap();
+    assert_eq!(released["released"], json!(true));
+    assert!(matches!(
+        w.kept.completion("s-task-1"),
+        Some(Completion::Succeeded(_))
+    ));
+    let records = consistent(&w.sem, "example-lock", 2).await;
+    assert!(records.is_empty(), "{records:?}");
+}
+
+/// #27 items 2 and 4 (F13), on a clock the test moves: an Express execution that stops polling
+/// (its execution ended, or timed out at 5 minutes) loses its place once its record's time and
+/// the skew have passed: the next hand-off skips it and grants the standard execution behind
+/// it. One that held a slot and died without its release has it taken back by the next acquire
+/// that finds the lock full, once its lease (302 s) and the skew have passed; its late release
+/// frees nothing.
+#[tokio::test]
+async fn an_express_execution_that_stops_polling_loses_its_place_and_a_dead_ones_slot_is_taken_back(
+) {
+    let (w, clock) = world_with_clock().await;
+    let config = config();
+    let l = lock("example-lock");
+    // One slot held by a standard holder, the other by an Express execution that then dies.
+    w.sem.acquire(&l, &id("h1", "a"), limit(2)).await.unwrap();
+    let dead = express("dies-holding", &w.now());
+    let held = w.play_express(&config, &dead, &json!({})).await;
+    let dead_answer = held.state()["acquire"]["Payload"].clone();
+    assert_eq!(dead_answer["outcome"], json!("acquired"));
+
+    // A poller in line, then a standard execution behind it.
+    clock.advance_ms(10);
+    let quitter = express("stops-polling", &w.now());
+    let busy = w.play_express(&config, &quitter, &json!({})).await;
+    assert!(
+        matches!(busy.then, Then::Retried { .. }),
+        "{:?}",
+        busy.answer
+    );
+    clock.advance_ms(10);
+    let s = Ctx::new(&holder(8), json!({}), &w.now()).with_task_token("s8-task-1");
+    assert_eq!(
+        w.play_fragment(&config, &s, &json!({})).await.then,
+        Then::Parked
+    );
+
+    // The poller stops: 30 s of poll_seconds and 1 s of skew later, a freed slot skips it.
+    clock.advance_ms(32_000);
+    let released = w
+        .release(json!({"semaphore": {"lock": "example-lock", "holder": "h1", "acquisition": "a"}}))
+        .await
+        .unwrap();
+    assert_eq!(released["released"], json!(true));
+    // Granted to the standard execution behind it (its task token is the test's, which the
+    // local server does not know: the wake-up is sent and fails, and it keeps the slot).
+    assert!(matches!(
+        w.kept.completion("s8-task-1"),
+        Some(Completion::Succeeded(_))
+    ));
+    assert!(w
+        .sem
+        .status(&l)
+        .await
+        .unwrap()
+        .holders
+        .contains_key(&id(&holder(8), "r0")));
+    let records = consistent(&w.sem, "example-lock", 2).await;
+    assert!(
+        records.is_empty(),
+        "the poller that stopped is out of line: {records:?}"
+    );
+
+    // The dead Express holder's lease (302 s) and the skew pass: the next acquire that finds
+    // the lock full takes its slot back and takes it.
+    clock.advance_ms(304_000);
+    let next = express("next", &w.now());
+    let taken = w.play_express(&config, &next, &json!({})).await;
+    assert_eq!(
+        taken.state()["acquire"]["Payload"]["outcome"],
+        json!("acquired"),
+        "{:?}",
+        taken.answer
+    );
+    let late = w.release(json!({"semaphore": dead_answer})).await.unwrap();
+    assert_eq!(
+        late["released"],
+        json!(false),
+        "taken back: its late release frees nothing"
+    );
+    consistent(&w.sem, "example-lock", 2).await;
+}
+
+/// A caller without a task token must hold under a lease: refused by name, nothing written;
+/// and `poll_seconds` out of range, or beside a task token, likewise.
+#[tokio::test]
+async fn a_caller_without_a_task_token_needs_a_lease_and_writes_nothing_without_one() {
+    let w = world().await;
+    let config = config();
+    let before = all_items(&w.sem).await;
+    let entered = w.now();
+    let base = json!({
+        "execution": "worker-1",
+        "state": {"EnteredTime": entered, "RetryCount": 0}
+    });
+    for (request, says) in [
+        (json!({"lock": "l", "limit": 2}), "request.lease is missing"),
+        (
+            json!({"lock": "l", "limit": 2, "lease": 0}),
+            "lease must be",
+        ),
+        (
+            json!({"lock": "l", "limit": 2, "lease": 60, "poll_seconds": 0}),
+            "request.poll_seconds must be",
+        ),
+        (
+            json!({"lock": "l", "limit": 2, "lease": 60, "poll_seconds": 901}),
+            "request.poll_seconds must be",
+        ),
+    ] {
+        let mut payload = base.clone();
+        payload["request"] = request.clone();
+        let err = w.acquire(&config, payload).await.unwrap_err();
+        assert_eq!(err.error_type, "SemaphoreInvalidInput", "{request}");
+        assert!(
+            err.error_message.contains(says),
+            "{request}: {}",
+            err.error_message
+        );
+    }
+    let mut parked = base.clone();
+    parked["request"] = json!({"lock": "l", "limit": 2, "poll_seconds": 5});
+    parked["task_token"] = json!("t");
+    let err = w.acquire(&config, parked).await.unwrap_err();
+    assert!(err
+        .error_message
+        .contains("poll_seconds is for a caller without a task_token"));
+    assert_eq!(all_items(&w.sem).await, before, "a refused request wrote");
+    // Any client (here a worker id, as `aws lambda invoke` would send it) with a lease: taken.
+    let mut worker = base.clone();
+    worker["request"] = json!({"lock": "l", "limit": 2, "lease": 60});
+    let answer = w.acquire(&config, worker).await.unwrap();
+    assert_eq!(answer["outcome"], json!("acquired"));
+    assert_eq!(answer["holder"], json!("worker-1"));
 }

@@ -31,6 +31,11 @@ pub mod error_type {
     /// start back: nothing is held, its place is kept. The acquire state retries it (a retry's
     /// check finds its place and starts it once the rate allows).
     pub const RATE_LIMITED: &str = "SemaphoreRateLimited";
+    /// A caller that polls (no task token: an Express workflow, any other client) is in the
+    /// lock's line and holds no slot yet: ask again (the Express fragment's `Retry` does)
+    /// within its `poll_seconds`, with the same `execution` and `state.EnteredTime` and a larger
+    /// `state.RetryCount`, to keep its place.
+    pub const BUSY: &str = "SemaphoreBusy";
     /// Not raised by a function: the error the release function names, for the execution to fail
     /// with, when a redrive met the work's child execution that already ran (its slot was freed
     /// when the execution ended, so the work is not run again). Start a new execution.
@@ -53,6 +58,8 @@ pub enum HandlerError {
     Misconfigured(String),
     #[error("{0}")]
     Expired(String),
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl HandlerError {
@@ -66,6 +73,7 @@ impl HandlerError {
             Self::WaitTimeout(m) => (error_type::WAIT_TIMEOUT, Self::WaitTimeout, m),
             Self::Misconfigured(m) => (error_type::MISCONFIGURED, Self::Misconfigured, m),
             Self::Expired(m) => (error_type::EXPIRED, Self::Expired, m),
+            Self::Busy(m) => (error_type::BUSY, Self::Busy, m),
         }
     }
 

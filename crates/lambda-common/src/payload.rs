@@ -6,7 +6,7 @@
 //! say) is named by its path, `input.lock`, so the message says where the bad value came from.
 
 use aws_sdk_dynamodb::primitives::{DateTime, DateTimeFormat as Format};
-use semaphore_core::{AcquisitionId, HolderId, InputError, Limit, LockName, Rate, Weight};
+use semaphore_core::{AcquisitionId, HolderId, InputError, Lease, Limit, LockName, Rate, Weight};
 use serde_json::{Map, Number, Value};
 
 use crate::error::HandlerError;
@@ -247,6 +247,17 @@ impl<'a> Payload<'a> {
         self.optional_number(field, Number::as_i64, Weight::new, |got| {
             InputError::InvalidWeight { got }
         })
+    }
+
+    /// `lease` as a JSON integer of seconds (1 to a day); `None` when absent or null. Refused
+    /// like a limit: never from a string, never rounded.
+    pub fn optional_lease(&self, field: &str) -> Result<Option<Lease>, HandlerError> {
+        self.optional_number(
+            field,
+            Number::as_u64,
+            |seconds| Lease::ms(seconds.saturating_mul(1000)),
+            |got| InputError::InvalidLease { got },
+        )
     }
 
     /// `rate` as a JSON number of acquisitions per second (`2`, `0.5`); `None` when absent or

@@ -13,7 +13,9 @@
 //!   its execution input as the request (`"request.$": "$"`, which may also name the `work`) and
 //!   `"starts_work": true`. The acquisition is `r<redrive_count>`, one per run of the
 //!   execution; the request time is the state's `EnteredTime`, and the attempt its entry time
-//!   and `RetryCount`;
+//!   and `RetryCount`. Without `task_token` (an Express workflow, any other client) the caller
+//!   polls: `request.lease` (seconds) is required, `request.poll_seconds` (default 60) is how
+//!   long its place in line is kept between two polls, and each poll is a new `RetryCount`;
 //! - release: `{"semaphore": $.semaphore, "error": $.error}`, the acquire answer (which names
 //!   the lock, holder, acquisition and weight) and, after a failure, what the `Catch` caught.
 
@@ -29,7 +31,11 @@ use crate::error::HandlerError;
 use crate::payload::{quoted, Payload};
 
 /// The acquire payload's fields, as named in errors.
-pub const ACQUIRE_PAYLOAD: &str = r#"{"request": {"lock", "limit", "weight", "rate"} (each optional), "execution.$": "$$.Execution.Id", "redrive_count.$": "$$.Execution.RedriveCount", "state.$": "$$.State", "task_token.$": "$$.Task.Token"}"#;
+pub const ACQUIRE_PAYLOAD: &str = r#"{"request": {"lock", "limit", "weight", "rate", "lease", "poll_seconds"} (each optional), "execution.$": "$$.Execution.Id", "redrive_count.$": "$$.Execution.RedriveCount", "state.$": "$$.State", "task_token.$": "$$.Task.Token" (a standard execution's; without it the caller polls and needs a lease)}"#;
+
+/// The lease an Express workflow's acquire asks for: its 5-minute maximum duration plus the
+/// default clock skew, so that it needs neither a heartbeat nor a cleanup.
+pub const EXPRESS_LEASE_SECONDS: u64 = 302;
 
 /// The release payload's fields, as named in errors.
 pub const RELEASE_PAYLOAD: &str = r#"{"semaphore.$": "$.semaphore" (the acquire answer), "error.$": "$.error" (what a Catch caught, after a failure)}"#;
@@ -47,9 +53,6 @@ mod hint {
     pub const STATE: &str = "pass the state's context object, \"state.$\": \"$$.State\" (its \
         EnteredTime is when the acquire was asked for)";
     pub const ENTERED: &str = "pass the state's context object whole, \"state.$\": \"$$.State\"";
-    pub const TASK_TOKEN: &str = "invoke the function with \
-        arn:aws:states:::lambda:invoke.waitForTaskToken and pass \"task_token.$\": \
-        \"$$.Task.Token\"";
     pub const ANSWER: &str = "pass the acquire answer, \"semaphore.$\": \"$.semaphore\"";
     pub const LOCK: &str = "pass \"lock\" in the request, e.g. \"lock\": \"demo-lock\", or set \
         the function's DEFAULT_LOCK";
@@ -205,16 +208,45 @@ pub struct AcquireRequest {
     pub identity: Identity,
     /// The execution's run (its redrive count): the run whose fence this acquire checks.
     pub run: Run,
-    /// When the acquire was asked for (the acquire state's entry time), ms since the epoch.
+    /// When the acquire was asked for (the acquire state's entry time; a poller's: the
+    /// invocation's, set by the function), ms since the epoch: its horizon counts from it.
     pub requested_at_ms: u64,
+    /// When the caller first asked (the acquire state's entry time): its place in line.
+    pub asked_at_ms: u64,
     /// Which attempt of the acquire task this is: its entry time, then its retry count.
     pub attempt: Attempt,
-    /// The parked task's token (`$$.Task.Token`): whoever gives the execution its slot
-    /// completes the task with it.
-    pub task_token: TaskToken,
+    /// How the caller waits when the lock is full.
+    pub waiting: Waiting,
     /// The work to run under the slot as a child execution (the lock-protected machine's:
     /// `starts_work`); `None` otherwise.
     pub work: Option<Work>,
+}
+
+/// How an acquire's caller waits for its slot when the lock is full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waiting {
+    /// Parked on its task's token (`$$.Task.Token`, a standard execution's
+    /// `.waitForTaskToken`): whoever gives it its slot completes the task with it.
+    Parked(TaskToken),
+    /// No task token (an Express workflow, any other client): the function answers at once,
+    /// `SemaphoreBusy` while it waits in line, and it asks again (its `Retry`). Its place is
+    /// kept while it asks again within `poll_ms`; it holds its slot under a lease.
+    Polls { poll_ms: u64 },
+}
+
+impl Waiting {
+    /// How long a poller's place is kept without a poll, unless `poll_seconds` says otherwise.
+    pub const DEFAULT_POLL_SECONDS: u64 = 60;
+    /// The longest a poller may go between polls and keep its place: a dead poller at the head
+    /// of the line holds everyone behind it back for this long.
+    pub const MAX_POLL_SECONDS: u64 = 900;
+
+    pub fn task_token(&self) -> Option<&TaskToken> {
+        match self {
+            Self::Parked(token) => Some(token),
+            Self::Polls { .. } => None,
+        }
+    }
 }
 
 /// Resolves payloads against the function's defaults and allowed work. Build it once per cold
@@ -268,7 +300,10 @@ impl<'a> Acquire<'a> {
             .optional_weight("weight")?
             .or(defaults.weight)
             .unwrap_or_default();
-        Terms::new(limit, weight, rate).map_err(|e| HandlerError::InvalidInput(e.to_string()))
+        let lease = self.request.optional_lease("lease")?;
+        Terms::new(limit, weight, rate)
+            .map(|terms| terms.with_lease(lease))
+            .map_err(|e| HandlerError::InvalidInput(e.to_string()))
     }
 
     /// The execution's identity in its run: `r<redrive_count>` (absent: its first run).
@@ -305,12 +340,39 @@ impl<'a> Acquire<'a> {
         ))
     }
 
-    fn task_token(&self) -> Result<TaskToken, HandlerError> {
-        let token = self
-            .payload
-            .optional_string("task_token")?
-            .ok_or_else(|| self.payload.missing("task_token", hint::TASK_TOKEN))?;
-        TaskToken::new(token).map_err(|e| HandlerError::InvalidInput(format!("task_token: {e}")))
+    /// Parked on `task_token` when there is one; else it polls, its place kept for
+    /// `request.poll_seconds` between polls.
+    fn waiting(&self) -> Result<Waiting, HandlerError> {
+        let poll = self
+            .request
+            .optional_count("poll_seconds", "poll_seconds")?;
+        match self.payload.optional_string("task_token")? {
+            Some(token) => {
+                if poll.is_some() {
+                    return Err(HandlerError::InvalidInput(
+                        "request.poll_seconds is for a caller without a task_token (which polls): \
+                         a parked task is woken, leave it out"
+                            .to_owned(),
+                    ));
+                }
+                TaskToken::new(token)
+                    .map(Waiting::Parked)
+                    .map_err(|e| HandlerError::InvalidInput(format!("task_token: {e}")))
+            }
+            None => {
+                let seconds = u64::from(poll.unwrap_or(Waiting::DEFAULT_POLL_SECONDS as u32));
+                if !(1..=Waiting::MAX_POLL_SECONDS).contains(&seconds) {
+                    return Err(HandlerError::InvalidInput(format!(
+                        "request.poll_seconds must be a whole number of seconds from 1 to {} \
+                         (how long the caller's place in line is kept between two polls); got {seconds}",
+                        Waiting::MAX_POLL_SECONDS
+                    )));
+                }
+                Ok(Waiting::Polls {
+                    poll_ms: seconds * 1000,
+                })
+            }
+        }
     }
 }
 
@@ -404,16 +466,37 @@ impl Resolver {
         // named as such before what it asks for.
         let (identity, run) = acquire.identity()?;
         let (requested_at_ms, attempt) = acquire.entered()?;
-        let task_token = acquire.task_token()?;
+        let waiting = acquire.waiting()?;
         let lock = acquire.lock(&self.defaults)?;
+        let terms = acquire.terms(&lock, &self.defaults)?;
+        if matches!(waiting, Waiting::Polls { .. }) {
+            if terms.lease.is_none() {
+                return Err(HandlerError::InvalidInput(format!(
+                    "request.lease is missing: a caller without a task_token (an Express \
+                     workflow, a function, a script) holds its slot under a lease, which nobody \
+                     else can end for it: pass \"lease\" in seconds, e.g. \"lease\": {} for an \
+                     Express workflow (its 5-minute maximum plus the clock skew). A standard \
+                     execution passes \"task_token.$\": \"$$.Task.Token\" instead",
+                    EXPRESS_LEASE_SECONDS
+                )));
+            }
+            if work.is_some() {
+                return Err(HandlerError::InvalidInput(
+                    "starts_work needs a task_token: the lock-protected machine parks on \
+                     .waitForTaskToken"
+                        .to_owned(),
+                ));
+            }
+        }
         Ok(AcquireRequest {
-            terms: acquire.terms(&lock, &self.defaults)?,
+            terms,
             lock,
             identity,
             run,
             requested_at_ms,
+            asked_at_ms: requested_at_ms,
             attempt,
-            task_token,
+            waiting,
             work,
         })
     }
@@ -514,7 +597,10 @@ mod tests {
         assert_eq!(bare.run, Run::FIRST);
         assert_eq!(bare.requested_at_ms, ENTERED_MS);
         assert_eq!(bare.attempt, Attempt::new(ENTERED_MS, 0));
-        assert_eq!(bare.task_token.as_str(), "token-1");
+        assert_eq!(
+            bare.waiting,
+            Waiting::Parked(TaskToken::new("token-1").unwrap())
+        );
         assert_eq!(
             bare.work, None,
             "only the lock-protected machine starts work"
@@ -653,11 +739,7 @@ mod tests {
             "redrive_count must be a whole number from 0 (Step Functions' \
              $$.Execution.RedriveCount); got a number -1"
         );
-        for (field, hint) in [
-            ("execution", hint::EXECUTION),
-            ("state", hint::STATE),
-            ("task_token", hint::TASK_TOKEN),
-        ] {
+        for (field, hint) in [("execution", hint::EXECUTION), ("state", hint::STATE)] {
             let mut without = payload(json!({}));
             without.as_object_mut().unwrap().remove(field);
             assert_eq!(message(without), format!("{field} is missing: {hint}"));

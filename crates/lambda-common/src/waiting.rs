@@ -126,15 +126,23 @@ pub struct TaskWaker<C> {
 }
 
 impl<C: TaskCallbacks> Waker for TaskWaker<C> {
+    /// A poller has nothing to wake: it finds its slot at its next poll.
     async fn wake(&self, waiter: &Waiter, token: FencingToken) -> Result<(), PortError> {
+        let Some(task_token) = waiter.task_token() else {
+            return Ok(());
+        };
         let answer = granted_answer(&waiter.context, token).map_err(PortError::new)?;
-        let sent = self.callbacks.succeed(&waiter.task_token, &answer).await;
+        let sent = self.callbacks.succeed(task_token, &answer).await;
         sent.map_err(PortError::new)
     }
 
     /// Fails the head's task with `SemaphoreRateLimited`, which its acquire state retries: the
-    /// retry checks again, keeping the head's place, and starts it once the rate allows.
+    /// retry checks again, keeping the head's place, and starts it once the rate allows. A
+    /// poller finds out at its next poll.
     async fn defer(&self, waiter: &Waiter, next_start_ms: u64) -> Result<(), PortError> {
+        let Some(task_token) = waiter.task_token() else {
+            return Ok(());
+        };
         let cause = format!(
             "the start rate of lock \"{}\" holds this execution, at the head of its line, back \
              until {}: it keeps its place and holds no slot meanwhile",
@@ -143,7 +151,7 @@ impl<C: TaskCallbacks> Waker for TaskWaker<C> {
         );
         let sent = self
             .callbacks
-            .fail(&waiter.task_token, error_type::RATE_LIMITED, &cause)
+            .fail(task_token, error_type::RATE_LIMITED, &cause)
             .await;
         sent.map_err(PortError::new)
     }

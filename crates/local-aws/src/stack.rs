@@ -427,6 +427,24 @@ pub(crate) mod tests {
         serde_json::from_slice(&output.stdout).expect("JSON")
     }
 
+    /// Every state of a definition, with those of its Parallel branches and Map item
+    /// processors.
+    fn every_state(definition: &serde_json::Value) -> Vec<(String, serde_json::Value)> {
+        let mut states = Vec::new();
+        for (name, state) in definition["States"].as_object().into_iter().flatten() {
+            states.push((name.clone(), state.clone()));
+            for nested in state["Branches"].as_array().into_iter().flatten() {
+                states.extend(every_state(nested));
+            }
+            for key in ["ItemProcessor", "Iterator"] {
+                if state.get(key).is_some() {
+                    states.extend(every_state(&state[key]));
+                }
+            }
+        }
+        states
+    }
+
     #[test]
     fn every_acquire_state_checks_less_often_than_the_acquire_function_may_run() {
         let stack = deployed();
@@ -438,19 +456,52 @@ pub(crate) mod tests {
             lambda_common::ACQUIRE_FUNCTION_TIMEOUT.as_secs(),
             "the acquire function's Timeout in template.yaml is not lambda_common::ACQUIRE_FUNCTION_TIMEOUT"
         );
-        // ...and every state that invokes it waits longer than that before it checks again, so
-        // one waiter's invocations do not overlap.
-        let mut states = 0;
+        // ...and every state that parks on it waits longer than that before it checks again, so
+        // one waiter's invocations do not overlap; every state that polls it (no task token:
+        // an Express workflow's) holds under a lease and polls again, retrying SemaphoreBusy,
+        // well within the poll_seconds that keep its place in line.
+        let (mut parked, mut polling) = (0, 0);
         for machine in &stack.machines {
             let definition: serde_json::Value =
                 serde_json::from_str(&machine.definition).expect("a definition is JSON");
-            for (name, state) in definition["States"].as_object().expect("States") {
+            for (name, state) in every_state(&definition) {
                 if state["Parameters"]["FunctionName"].as_str() != Some(acquire.arn.as_str()) {
+                    continue;
+                }
+                let payload = &state["Parameters"]["Payload"];
+                if state["Resource"] == "arn:aws:states:::lambda:invoke" {
+                    assert!(
+                        payload.get("task_token.$").is_none()
+                            && payload["request"]["lease"].as_u64().is_some(),
+                        "{}: {name} polls the acquire function without a lease",
+                        machine.name
+                    );
+                    let poll_seconds = payload["request"]["poll_seconds"].as_u64().unwrap_or(60);
+                    let busy = state["Retry"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|r| {
+                            r["ErrorEquals"]
+                                .as_array()
+                                .is_some_and(|e| e.contains(&"SemaphoreBusy".into()))
+                        })
+                        .unwrap_or_else(|| {
+                            panic!("{}: {name} does not retry SemaphoreBusy", machine.name)
+                        });
+                    let longest = busy["MaxDelaySeconds"].as_u64().unwrap_or(u64::MAX);
+                    assert!(
+                        longest + timeout < poll_seconds,
+                        "{}: {name} may poll {longest} s + the function's {timeout} s apart, \
+                         past its poll_seconds {poll_seconds}",
+                        machine.name
+                    );
+                    polling += 1;
                     continue;
                 }
                 assert_eq!(
                     state["Resource"], "arn:aws:states:::lambda:invoke.waitForTaskToken",
-                    "{}: {name} invokes the acquire function without a task token",
+                    "{}: {name} invokes the acquire function neither parked nor polling",
                     machine.name
                 );
                 let checks_every = state["TimeoutSeconds"].as_u64().unwrap_or_default();
@@ -460,12 +511,16 @@ pub(crate) mod tests {
                      function's {timeout} s",
                     machine.name
                 );
-                states += 1;
+                parked += 1;
             }
         }
         assert!(
-            states >= 2,
+            parked >= 2,
             "the lock-protected machine and the fragment acquire"
+        );
+        assert!(
+            polling >= 2,
+            "the Express fragment and the Distributed Map's children poll"
         );
         let parameters = declared_parameters();
         let bound = |name: &str, bound: &str| {
@@ -551,7 +606,7 @@ pub(crate) mod tests {
         );
         assert_eq!(stack.scheduled().unwrap().logical_id, "SweeperStateMachine");
         assert_eq!(stack.schedule.expression, "rate(5 minutes)");
-        assert_eq!(stack.machines.len(), 7);
+        assert_eq!(stack.machines.len(), 9);
         // What moto's CloudFormation does not create is listed, not silently missing: only the
         // dead-letter queue's policy (the alarms are made by local/moto_server.py's patch).
         let skipped: Vec<&str> = stack.skipped.iter().map(|s| s.kind.as_str()).collect();

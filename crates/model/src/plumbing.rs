@@ -9,7 +9,7 @@ use std::hash::{Hash, Hasher};
 
 use clap::ValueEnum;
 use semaphore_core::item::{FenceKey, Identity, SemaphoreItem};
-use semaphore_core::{Change, Check, StoreError, TaskToken, Weight, Write};
+use semaphore_core::{Change, Check, StoreError, TaskToken, Wakeup, Weight, Write};
 
 use crate::hash::Build;
 
@@ -359,9 +359,13 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
             Check::NotQueued(_) => "not in line".to_owned(),
             Check::Queued(_) => "in line".to_owned(),
             Check::QueuedBefore { .. } => "in line with an earlier task".to_owned(),
-            Check::QueuedWith { task_token, .. } => naming
+            Check::QueuedWith {
+                wakeup: Wakeup::Task(task_token),
+                ..
+            } => naming
                 .task(task_token)
                 .map_or("in line".to_owned(), |task| format!("in line with {task}")),
+            Check::QueuedWith { .. } => "in line, polling".to_owned(),
         })
         .collect();
     let changes: Vec<String> = write
@@ -394,14 +398,18 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
             Change::Rotate { young_seen, .. } => {
                 format!("rotate (drop old, age {} young)", young_seen.len())
             }
-            Change::Enqueue(w) => match naming.task(&w.task_token) {
+            Change::Enqueue(w) => match w.task_token().and_then(|t| naming.task(t)) {
                 Some(task) => format!("queue {} ({task})", naming.who(&w.identity)),
                 None => format!("queue {}", naming.who(&w.identity)),
             },
             Change::Dequeue(_) => "take out of line".to_owned(),
-            Change::Repark { task_token, .. } => naming
+            Change::Repark {
+                wakeup: Wakeup::Task(task_token),
+                ..
+            } => naming
                 .task(task_token)
                 .unwrap_or_else(|| "new task token".to_owned()),
+            Change::Repark { .. } => "renew its poll".to_owned(),
         })
         .collect();
     if checks.is_empty() {

@@ -642,10 +642,12 @@ impl QueueWorld {
             let in_line = line
                 .values()
                 .fold(0, |m, w| m | bit(self.exec_of(&w.identity)));
-            let head = line
-                .values()
-                .next()
-                .map(|w| (self.exec_of(&w.identity), Self::token_number(&w.task_token)));
+            let head = line.values().next().map(|w| {
+                (
+                    self.exec_of(&w.identity),
+                    Self::token_number(w.task_token().expect("the model's waiters park")),
+                )
+            });
             let shape = {
                 let mut h = Fingerprint::default();
                 if let Some(item) = &item {
@@ -662,7 +664,7 @@ impl QueueWorld {
                         .hash(&mut h);
                 }
                 for w in line.values() {
-                    (w.key, &w.task_token).hash(&mut h);
+                    (w.key, &w.wakeup).hash(&mut h);
                 }
                 h.finish()
             };
@@ -743,7 +745,7 @@ impl QueueWorld {
             Request::Repark(e, token) => protocol::repark(
                 lock,
                 WaiterId::of(&self.identities[e as usize]),
-                task_token(e, token),
+                semaphore_core::Wakeup::Task(task_token(e, token)),
                 Attempt(u64::from(token)),
             ),
             Request::Grant(e, token) => {
@@ -920,7 +922,7 @@ impl QueueWorld {
                 format!(
                     "{} (task {})",
                     w.identity.holder,
-                    Self::token_number(&w.task_token)
+                    Self::token_number(w.task_token().expect("the model's waiters park"))
                 )
             })
             .collect();
@@ -1108,8 +1110,8 @@ impl QueueWorld {
                     unreachable!("only an acquire function checks the line")
                 };
                 let t = self.table(s.table);
-                let found =
-                    Self::record_of(&t, e, identity).map(|r| Self::token_number(&r.task_token));
+                let found = Self::record_of(&t, e, identity)
+                    .map(|r| Self::token_number(r.task_token().expect("the model's waiters park")));
                 let step = match found {
                     None => {
                         w.say(|| "reads its record: not in line; it queues".to_owned());
@@ -1952,7 +1954,8 @@ impl QueueWorld {
             let out_of_line = self.which(|e| {
                 parked & bit(e) != 0
                     && Self::record_of(&t, e, &self.identities[e as usize]).is_none_or(|w| {
-                        Self::token_number(&w.task_token) != s.execs[e as usize].token
+                        Self::token_number(w.task_token().expect("the model's waiters park"))
+                            != s.execs[e as usize].token
                     })
             });
             let why = if holding != 0 {
@@ -2401,7 +2404,11 @@ mod tests {
                 let mut parked = self.0.lock().unwrap();
                 let who = (
                     waiter.identity.holder.to_string(),
-                    waiter.task_token.as_str().to_owned(),
+                    waiter
+                        .task_token()
+                        .expect("the model's waiters park")
+                        .as_str()
+                        .to_owned(),
                 );
                 match parked.iter().position(|p| *p == who) {
                     Some(i) => {
@@ -2609,7 +2616,9 @@ mod tests {
                             && x.token > 0
                             && QueueWorld::record_of(&t, e, &world.identities[e as usize])
                                 .is_some_and(|w| {
-                                    QueueWorld::token_number(&w.task_token) == x.token
+                                    QueueWorld::token_number(
+                                        w.task_token().expect("the model's waiters park"),
+                                    ) == x.token
                                         && w.key.queued_at_ms == NOW_MS + u64::from(e)
                                 })
                             && s.lambdas

@@ -12,7 +12,7 @@ use crate::input::{
     Terms, Weight,
 };
 use crate::item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
-use crate::queue::{Attempt, QueueKey, Waiter};
+use crate::queue::{Attempt, QueueKey, Waiter, Wakeup};
 
 /// Attribute names of the semaphore item. `lock` is the table's only key; the template's table
 /// and `semctl init` declare exactly this schema.
@@ -76,7 +76,10 @@ pub mod queue_attr {
     pub const SPACING: &str = "spacing_ms";
     /// The lease the waiter's slot is to be held under, in ms (absent: none).
     pub const LEASE: &str = "lease_ms";
+    /// A parked waiter's task token; a polling waiter has `poll_until_ms` instead (epoch ms:
+    /// until when its last poll keeps it in line).
     pub const TASK_TOKEN: &str = "task_token";
+    pub const POLL_UNTIL: &str = "poll_until_ms";
     pub const CONTEXT: &str = "context";
 }
 
@@ -391,12 +394,16 @@ pub fn encode_waiter(waiter: &Waiter) -> HashMap<String, AttributeValue> {
             queue_attr::WEIGHT.to_owned(),
             number(waiter.terms.weight.get()),
         ),
-        (
-            queue_attr::TASK_TOKEN.to_owned(),
-            string(waiter.task_token.as_str()),
-        ),
         (queue_attr::CONTEXT.to_owned(), string(&waiter.context)),
     ]);
+    match &waiter.wakeup {
+        Wakeup::Task(token) => {
+            attrs.insert(queue_attr::TASK_TOKEN.to_owned(), string(token.as_str()));
+        }
+        Wakeup::Poll { until_ms } => {
+            attrs.insert(queue_attr::POLL_UNTIL.to_owned(), number(*until_ms));
+        }
+    }
     if let Some(rate) = waiter.terms.rate {
         attrs.insert(queue_attr::SPACING.to_owned(), number(rate.spacing_ms()));
     }
@@ -441,8 +448,13 @@ fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter
                     .transpose()
                     .map_err(invalid(queue_attr::LEASE))?,
             ),
-        task_token: TaskToken::new(text(queue_attr::TASK_TOKEN)?)
-            .map_err(invalid(queue_attr::TASK_TOKEN))?,
+        wakeup: match get_optional(attrs, queue_attr::POLL_UNTIL)? {
+            Some(until_ms) => Wakeup::Poll { until_ms },
+            None => Wakeup::Task(
+                TaskToken::new(text(queue_attr::TASK_TOKEN)?)
+                    .map_err(invalid(queue_attr::TASK_TOKEN))?,
+            ),
+        },
         attempt: Attempt(get_number(attrs, queue_attr::ATTEMPT)?),
         checks: get_optional(attrs, queue_attr::CHECKS)?.unwrap_or(0),
         context: text(queue_attr::CONTEXT)?,

@@ -18,7 +18,7 @@ use crate::input::{LockName, Rate};
 use crate::item::{
     FencingToken, Holding, Identity, FENCES_PER_GENERATION, HELD_BYTES_BUDGET, MAX_HELD_BYTES,
 };
-use crate::queue::{QueueKey, WaiterId};
+use crate::queue::{QueueKey, WaiterId, Wakeup};
 use crate::write::{Change, Check, Write};
 
 /// DynamoDB's limits on one expression string ("Constraints in Amazon DynamoDB", section
@@ -389,7 +389,6 @@ pub(super) fn record_action(
     ]);
     let place = format!("#{}", queue_attr::PLACE);
     let exists = format!("attribute_exists({place})");
-    let token_name = format!("#{}", queue_attr::TASK_TOKEN);
     let mut names = HashMap::from([(place.clone(), queue_attr::PLACE.to_owned())]);
     let mut values = HashMap::new();
     let attempt_name = format!("#{}", queue_attr::ATTEMPT);
@@ -401,10 +400,11 @@ pub(super) fn record_action(
             values.insert(":attempt".to_owned(), number(attempt.0));
             format!("{exists} AND {attempt_name} < :attempt")
         }
-        Some(Check::QueuedWith { task_token, .. }) => {
-            names.insert(token_name.clone(), queue_attr::TASK_TOKEN.to_owned());
-            values.insert(":token".to_owned(), string(task_token.as_str()));
-            format!("{exists} AND {token_name} = :token")
+        Some(Check::QueuedWith { wakeup, .. }) => {
+            let (name, value) = wakeup_attr(wakeup);
+            names.insert(format!("#{name}"), name.to_owned());
+            values.insert(":wakeup".to_owned(), value);
+            format!("{exists} AND #{name} = :wakeup")
         }
         _ => exists,
     };
@@ -450,16 +450,16 @@ pub(super) fn record_action(
                 .map_err(built)?,
         ),
         Change::Repark {
-            task_token,
-            attempt,
-            ..
+            wakeup, attempt, ..
         } => {
             let checks_name = format!("#{}", queue_attr::CHECKS);
-            names.insert(token_name.clone(), queue_attr::TASK_TOKEN.to_owned());
+            let (name, value) = wakeup_attr(wakeup);
+            let token_name = format!("#{name}");
+            names.insert(token_name.clone(), name.to_owned());
             names.insert(attempt_name.clone(), queue_attr::ATTEMPT.to_owned());
             names.insert(checks_name.clone(), queue_attr::CHECKS.to_owned());
             let mut values = values.unwrap_or_default();
-            values.insert(":new_token".to_owned(), string(task_token.as_str()));
+            values.insert(":new_token".to_owned(), value);
             values.insert(":new_attempt".to_owned(), number(attempt.0));
             values.insert(":one".to_owned(), number(1));
             action.update(
@@ -481,6 +481,14 @@ pub(super) fn record_action(
         _ => unreachable!("found as a change of a waiter's record"),
     }
     .build())
+}
+
+/// The attribute of a waiter's record that holds its wake-up, and its value.
+fn wakeup_attr(wakeup: &Wakeup) -> (&'static str, AttributeValue) {
+    match wakeup {
+        Wakeup::Task(token) => (queue_attr::TASK_TOKEN, string(token.as_str())),
+        Wakeup::Poll { until_ms } => (queue_attr::POLL_UNTIL, number(*until_ms)),
+    }
 }
 
 /// The key condition of a `Query` of `lock`'s line, after the waiter with key `after` (`None`:

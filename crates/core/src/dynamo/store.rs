@@ -83,7 +83,7 @@ impl DynamoStore {
         self
     }
 
-    /// Sends each request up to `max_attempts` times with backoff ([`super::holder_retries`]),
+    /// Sends each request up to `max_attempts` times with backoff ([`super::retry::holder_retries`]),
     /// whatever the client's config said: for a holder with no Step Functions `Retry` behind
     /// it.
     pub fn with_retries(mut self, max_attempts: u32) -> Self {
@@ -91,7 +91,7 @@ impl DynamoStore {
             .client
             .config()
             .to_builder()
-            .retry_config(super::holder_retries(max_attempts))
+            .retry_config(super::retry::holder_retries(max_attempts))
             .build();
         self.client = Client::from_conf(config);
         self

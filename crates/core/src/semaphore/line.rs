@@ -3,13 +3,13 @@
 
 use super::Semaphore;
 use crate::error::Error;
-use crate::input::{terms_on, Limit, LockName, TaskToken};
+use crate::input::{terms_on, Limit, LockName};
 use crate::item::{FencingToken, Identity, SemaphoreItem};
 use crate::ports::{
     missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
 };
 use crate::protocol::{self, Grant, QueueOutcome};
-use crate::queue::{Attempt, QueueKey, Waiter, WaiterId};
+use crate::queue::{Attempt, QueueKey, Waiter, WaiterId, Wakeup};
 
 /// Most grants (and skips of dead waiters) one hand-off makes before it leaves the rest to the
 /// next one (a release, a waiter's fallback check, the sweeper): bounds one Lambda's work when
@@ -106,17 +106,17 @@ impl<S: ItemStore> Semaphore<S> {
         Ok(answer)
     }
 
-    /// Gives a queued waiter's record the token of `attempt` of its parked task, keeping its
-    /// place: `false` if it is not in line (granted, or never queued) or its record holds the
-    /// token of a later attempt already. One write.
+    /// Gives a queued waiter's record the wake-up of `attempt` (its parked task's token, or a
+    /// poller's renewed time), keeping its place: `false` if it is not in line (granted, or
+    /// never queued) or its record holds a later attempt's already. One write.
     pub async fn repark(
         &self,
         lock: &LockName,
         id: WaiterId,
-        task_token: TaskToken,
+        wakeup: Wakeup,
         attempt: Attempt,
     ) -> Result<bool, Error> {
-        let write = protocol::repark(lock, id, task_token, attempt);
+        let write = protocol::repark(lock, id, wakeup, attempt);
         let result = self.store.write(&write).await?;
         Ok(protocol::was_queued(&write, &result)?)
     }
@@ -127,6 +127,22 @@ impl<S: ItemStore> Semaphore<S> {
         let write = protocol::leave(lock, id);
         let result = self.store.write(&write).await?;
         Ok(protocol::was_queued(&write, &result)?)
+    }
+
+    /// Takes `waiter` out of line if it polls and stopped (its record's time ran out more than
+    /// the clock skew ago, and no poll renewed it since it was read): `true` if it did. One
+    /// write, none for a waiter that does not poll or still does.
+    pub async fn leave_if_stopped(&self, waiter: &Waiter) -> Result<bool, Error> {
+        if !waiter.stopped_polling(self.now_ms(), protocol::millis(self.timing.clock_skew)) {
+            return Ok(false);
+        }
+        let write = protocol::leave_stopped(waiter);
+        let result = self.store.write(&write).await?;
+        let left = protocol::was_queued(&write, &result)?;
+        if left {
+            tracing::info!(lock = %waiter.lock, holder = %waiter.identity.holder, "took out of line a waiter that stopped polling");
+        }
+        Ok(left)
     }
 
     /// The record of waiter `id` in `lock`'s line, if it is in line. One read.
@@ -179,6 +195,12 @@ impl<S: ItemStore> Semaphore<S> {
             let Some(head) = self.store.waiters(lock, None, 1).await?.pop() else {
                 break;
             };
+            // F13: a poller that stopped polling is dead, and nobody would take its grant.
+            if self.leave_if_stopped(&head).await? {
+                report.skipped.push(head.identity.clone());
+                item = self.status(lock).await?;
+                continue;
+            }
             // F14: granted on the lock's configuration, if any. A head whose weight the
             // configuration no longer admits (lowered since it queued) could never be granted:
             // it leaves the line rather than stall it, and its next check, finding neither

@@ -14,10 +14,9 @@ use std::sync::{Arc, Mutex};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, StoreError};
 use crate::input::{LockConfig, LockName};
-use crate::item::SemaphoreItem;
+use crate::item::{SemaphoreItem, TakenBackSlot};
 use crate::ports::ItemStore;
 use crate::protocol::{self, Timing};
-use slots::TakenBackSlot;
 
 pub mod line;
 pub mod slots;

@@ -5,7 +5,7 @@
 use super::Semaphore;
 use crate::error::{Error, StoreError};
 use crate::input::{terms_on, HolderId, Lease, LockName, Terms, Weight};
-use crate::item::{Holding, Identity, Run, SemaphoreItem};
+use crate::item::{Holding, Identity, Run, SemaphoreItem, TakenBackSlot};
 use crate::ports::ItemStore;
 use crate::protocol::{
     self, millis, unexpected, AcquireOutcome, CleanupOutcome, HeartbeatOutcome, ReleaseOutcome,
@@ -36,19 +36,6 @@ pub struct Fenced {
 pub struct TakenBack {
     pub slots: Vec<TakenBackSlot>,
     pub item: SemaphoreItem,
-}
-
-/// One slot taken back because its lease passed unrenewed (F13): what an operator is told.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TakenBackSlot {
-    pub lock: LockName,
-    pub identity: Identity,
-    /// As it was held: its token (the holder's, now fenced), weight and when it was taken.
-    pub holding: Holding,
-    /// When its lease ended (the writer's clock that last set it).
-    pub lease_until_ms: u64,
-    /// When it was taken back (this writer's clock).
-    pub taken_at_ms: u64,
 }
 
 impl<S: ItemStore> Semaphore<S> {

@@ -6,16 +6,16 @@
 use std::collections::HashMap;
 
 use super::line::HandOff;
-use super::slots::TakenBackSlot;
 use super::Semaphore;
 use crate::dynamo::stored_size;
 use crate::error::Error;
 use crate::input::{AcquisitionId, HolderId, LockName};
-use crate::item::{FencingToken, Holding, Identity, Run, SemaphoreItem};
+use crate::item::{FencingToken, Holding, Identity, Run, SemaphoreItem, TakenBackSlot};
 use crate::ports::{
     missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
 };
 use crate::protocol::CleanupOutcome;
+use crate::queue::Wakeup;
 
 /// One slot the sweeper took back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,6 +245,24 @@ impl<S: ItemStore> Semaphore<S> {
             for waiter in waiters {
                 report.waiters_checked += 1;
                 let mut left = false;
+                // F13: a poller is judged by its record's time (an Express execution cannot be
+                // described), never by its execution.
+                if matches!(waiter.wakeup, Wakeup::Poll { .. }) {
+                    match self.leave_if_stopped(&waiter).await {
+                        Ok(true) => {
+                            left = true;
+                            report
+                                .removed
+                                .push((lock.clone(), waiter.identity.holder.clone()));
+                        }
+                        Ok(false) => {}
+                        Err(e) => report.errors.push(format!("{lock}: {e}")),
+                    }
+                    if !left && oldest.is_none() {
+                        oldest = Some(waiter.key.queued_at_ms);
+                    }
+                    continue;
+                }
                 match executions.describe(&waiter.identity.holder).await {
                     // A waiter queued within the grace is not taken out on "not found".
                     Ok(ExecutionState::Missing)

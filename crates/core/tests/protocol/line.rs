@@ -99,7 +99,7 @@ fn a_grant_is_refused_by_the_first_of_its_checks_that_fails() {
     // Read with another task token than the record's (it parked anew): moved, even while
     // full — the record's check comes first.
     let mut stale = w.clone();
-    stale.task_token = TaskToken::new("w-task-old").unwrap();
+    stale.wakeup = semaphore_core::Wakeup::Task(TaskToken::new("w-task-old").unwrap());
     assert!(matches!(outcome(&grant_of(&stale)), Grant::Moved { .. }));
     // A waiter that is not in line at all (granted or gone): moved.
     let gone = waiter("g", 1, T0);
@@ -150,7 +150,12 @@ fn leave_and_repark_name_the_record_and_say_whether_it_was_there() {
     queue(&store, &w);
     let token = TaskToken::new("w-task-1").unwrap();
     let attempt = Attempt::new(T0 + 300_000, 0);
-    let repark = repark(&lock(), w.id(), token.clone(), attempt);
+    let repark = repark(
+        &lock(),
+        w.id(),
+        semaphore_core::Wakeup::Task(token.clone()),
+        attempt,
+    );
     assert_eq!(repark.waiter_id(), Some(w.id()));
     assert_eq!(
         repark.checks,
@@ -161,7 +166,10 @@ fn leave_and_repark_name_the_record_and_say_whether_it_was_there() {
     );
     assert!(was_queued(&repark, &store.write_now(&repark)).unwrap());
     let record = store.waiter_now(&lock(), w.id()).unwrap();
-    assert_eq!((&record.task_token, record.attempt), (&token, attempt));
+    assert_eq!(
+        (record.task_token(), record.attempt),
+        (Some(&token), attempt)
+    );
     assert_eq!(record.key, w.key, "its place kept");
     assert_eq!(store.load_now(&lock()).unwrap().waiting, 1);
     // The same attempt again (a retried request), or an earlier one: not in line with an

@@ -8,7 +8,7 @@ use semaphore_core::{
     AcquireOutcome, AcquisitionId, Attempt, ExecutionState, ExecutionStatus, FenceReason,
     FencingToken, HandOff, HolderId, Identity, ItemStore, LockName, ManualClock, MemoryStore,
     PortError, QueueKey, QueueOutcome, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError,
-    TaskToken, Waiter, Waker, Write, WriteResult, MISSING_EXECUTION_GRACE_MS,
+    TaskToken, Waiter, Waker, Wakeup, Write, WriteResult, MISSING_EXECUTION_GRACE_MS,
 };
 
 use crate::{limit, lock};
@@ -59,7 +59,7 @@ impl RecordingWaker {
             .iter()
             .map(|(w, token)| {
                 let holder = w.identity.holder.as_str().to_owned();
-                (holder, w.task_token.as_str().to_owned(), *token)
+                (holder, w.task_token().unwrap().as_str().to_owned(), *token)
             })
             .collect()
     }
@@ -374,7 +374,7 @@ async fn a_hand_off_grants_in_line_order_wakes_with_the_grants_token_and_stops_a
     assert_eq!(calls.len(), 2);
     for (call, w) in calls.iter().zip(&expected) {
         assert_eq!(call.0, w.identity.holder.as_str());
-        assert_eq!(call.1, w.task_token.as_str());
+        assert_eq!(call.1, w.task_token().unwrap().as_str());
     }
     assert_eq!(f.line(), expected[2..]);
 
@@ -547,14 +547,14 @@ async fn a_reparked_waiter_keeps_its_place_and_is_woken_with_its_new_token() {
         .repark(
             &lock(),
             w1.id(),
-            task_token("w1-task-1"),
+            Wakeup::Task(task_token("w1-task-1")),
             Attempt::new(T0 + 300_000, 0)
         )
         .await
         .unwrap());
     assert_eq!(f.item().holders, holders);
     assert_eq!(f.line_holders(), ["w1", "w2"], "same place");
-    assert_eq!(f.line()[0].task_token, task_token("w1-task-1"));
+    assert_eq!(f.line()[0].task_token(), Some(&task_token("w1-task-1")));
     assert_eq!(f.item().waiting, 2, "re-parking does not count anew");
 
     // A grant from the read made before the re-park is refused: the record moved on.
@@ -594,7 +594,7 @@ async fn a_reparked_waiter_keeps_its_place_and_is_woken_with_its_new_token() {
         .repark(
             &lock(),
             w1.id(),
-            task_token("w1-task-2"),
+            Wakeup::Task(task_token("w1-task-2")),
             Attempt::new(T0 + 600_000, 0)
         )
         .await
@@ -655,7 +655,7 @@ async fn a_hand_off_that_read_the_head_before_it_parked_anew_reads_again_and_wak
         after_first_read: Mutex::new(Some(protocol::repark(
             &lock(),
             w1.id(),
-            task_token("w1-task-1"),
+            Wakeup::Task(task_token("w1-task-1")),
             Attempt::new(T0 + 300_000, 0),
         ))),
     };
@@ -742,7 +742,10 @@ async fn waiting_always_equals_the_number_of_records() {
                     let w = waiter_of(&mut rng);
                     let token = task_token(&format!("{}-task-{step}", w.identity.holder));
                     let attempt = Attempt::new(T0 + step as u64, 0);
-                    f.sem.repark(&lock(), w.id(), token, attempt).await.unwrap();
+                    f.sem
+                        .repark(&lock(), w.id(), Wakeup::Task(token), attempt)
+                        .await
+                        .unwrap();
                 }
                 5 => {
                     // Mostly a holder's release (what frees slots), at times anyone's.
