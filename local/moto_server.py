@@ -72,7 +72,9 @@ never read when the map runs, so the definition is parsed as STANDARD there,
 patch_distributed_map_definitions); it gave every child of a Distributed Map the parent's
 `$$.Execution` (the children are threads of the parent's execution), so children that pass
 `$$.Execution.Id` to the semaphore were all one holder (patch_distributed_child_context gives
-each child an id of its own, `execution:<machine>/<map>:<uuid>`); it named an execution started
+each child an id of its own, `execution:<machine>/<map>:<uuid>`); it let a Distributed Map
+whose children failed succeed, whatever its tolerated failures (patch_tolerated_failures: it
+fails with States.ExceedToleratedFailureThreshold, as on AWS); it named an execution started
 without a name `None`, so the second such start failed, and an Express start reusing a name
 started nothing, where AWS starts a new one (patch_unnamed_executions). And three AWS rules for
 Express that moto does not have are enforced: an Express definition with `.waitForTaskToken`,
@@ -80,6 +82,8 @@ Express that moto does not have are enforced: an Express definition with `.waitF
 TIMED_OUT after 5 minutes (patch_express_duration); and DescribeExecution, GetExecutionHistory
 and ListExecutions of Express executions are refused as AWS refuses them
 (patch_express_not_describable): what the semaphore does for Express must not rely on them.
+Express execution ARNs keep moto's `:execution:` form (AWS writes `:express:`); nothing here
+reads the kind from the ARN of an execution the local server made.
 
 Step Functions' execution mode (moto runs the executions with its States Language interpreter)
 is on from the start (execute_state_machines).
@@ -1337,6 +1341,69 @@ def patch_distributed_child_context():
     DistributedItemProcessorWorker._eval_input = _eval_input
 
 
+def patch_tolerated_failures():
+    """A Distributed Map whose failed children pass its ToleratedFailureCount/Percentage
+    (default 0) fails with States.ExceedToleratedFailureThreshold on AWS; moto only recorded
+    the tolerances and succeeded with a null per failed child, so a map's success said nothing
+    of its children. Judged once the children ended (AWS stops early; the outcome is the same).
+    An explicit 0 beside another tolerance set above 0 is taken for unset."""
+    from moto.stepfunctions.parser.api import HistoryEventType, MapRunFailedEventDetails
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+        FailureEvent,
+        FailureEventException,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import (
+        StatesErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        StatesErrorNameType,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.distributed_iteration_component import (
+        DistributedIterationComponent,
+    )
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+
+    require_source(
+        DistributedIterationComponent._map_run,
+        "e45cb604929ff3468863fd1b485b32f379489ef43e67b4718145de9ef4e160d8",
+        "tolerated failures",
+    )
+    original = DistributedIterationComponent._map_run
+
+    @functools.wraps(original)
+    def _map_run(self, env, eval_input):
+        original(self, env, eval_input)
+        items = eval_input.map_run_record.item_counter
+        failed = items.failed.get() + items.timed_out.get() + items.aborted.get()
+        total = max(items.total.get(), 1)
+        count = eval_input.tolerated_failure_count
+        percentage = eval_input.tolerated_failure_percentage
+        if count or percentage:
+            exceeded = (count > 0 and failed > count) or (
+                percentage > 0 and failed * 100.0 / total > percentage
+            )
+        else:
+            exceeded = failed > 0
+        if exceeded:
+            env.stack.pop()  # the children's outputs
+            error = StatesErrorNameType.StatesExceedToleratedFailureThreshold
+            cause = f"The specified tolerated failure threshold was exceeded: {failed} of {total} items failed"
+            raise FailureEventException(
+                FailureEvent(
+                    env=env,
+                    error_name=StatesErrorName(typ=error),
+                    event_type=HistoryEventType.MapRunFailed,
+                    event_details=EventDetails(
+                        mapRunFailedEventDetails=MapRunFailedEventDetails(
+                            error=error.to_name(), cause=cause
+                        )
+                    ),
+                )
+            )
+
+    DistributedIterationComponent._map_run = _map_run
+
+
 def patch_express_not_describable():
     """AWS refuses DescribeExecution and GetExecutionHistory of an Express execution (InvalidArn
     "Resource type not valid in this context: express") and ListExecutions of an Express machine
@@ -1456,6 +1523,7 @@ def main():
     patch_express_duration()
     patch_distributed_map_definitions()
     patch_distributed_child_context()
+    patch_tolerated_failures()
     patch_express_not_describable()
     execute_state_machines()
     app = limit_start_execution_input(serialized(DomainDispatcherApplication(create_backend_app)))

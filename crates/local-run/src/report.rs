@@ -397,6 +397,8 @@ pub struct Report {
     /// The test runner's run: its input and answer.
     pub test_runner: Option<String>,
     pub your_workflow_example: Option<String>,
+    /// The Express fragment and the Distributed Map example on the example lock (#27).
+    pub express_and_map: Option<String>,
     /// The consumer stack's machine, created after the deploy: one execution stopped mid-work
     /// and cleaned up by the semaphore's cleanup.
     pub consumer_stack: Option<String>,

@@ -225,6 +225,7 @@ pub(super) async fn gather(
     report.stopped_parent_probes = probes.stop_parent.clone();
     report.test_runner = Some(probes.test_runner.detail.clone());
     report.your_workflow_example = Some(probes.your_workflow.detail.clone());
+    report.express_and_map = Some(probes.express.detail.clone());
     report.consumer_stack = Some(probes.consumer.detail.clone());
     report.transitions = Some(probes.transitions.clone());
     report.history_probe = Some(probes.history.clone());
@@ -265,6 +266,7 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
         test_runner,
         your_workflow,
         consumer,
+        express,
         ..
     } = probes;
     let Seen {
@@ -297,6 +299,7 @@ pub(super) fn check(report: &mut Report, probes: &Probes, seen: &Seen) {
         history_probe.check(),
         test_runner.clone(),
         your_workflow.clone(),
+        express.clone(),
         consumer.clone(),
         misconfigured.check(),
         redrive.check(),

@@ -1,12 +1,14 @@
 //! Step 2: one path at a time, before the run's executions start: one uncontended critical
 //! section (its state transitions), the redrive guard, a machine the stack does not protect, a
 //! long wait with a big input (the history and payload quotas), stopping the parent of running
-//! work, the test runner and the README's workflow fragment.
+//! work, the test runner, the README's workflow fragments (standard and Express) and the
+//! Distributed Map example.
 
 use serde_json::json;
 
 mod consumer;
 mod examples;
+mod express;
 mod guards;
 mod history;
 mod stop_parent;
@@ -37,6 +39,9 @@ pub(super) struct Probes {
     pub your_workflow: Check,
     /// Whether the consumer stack's machine, created after the deploy, was cleaned up.
     pub consumer: Check,
+    /// Whether Express executions and a Distributed Map's Express children shared the example
+    /// lock with standard executions, within its limit (#27).
+    pub express: Check,
 }
 
 pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> anyhow::Result<Probes> {
@@ -126,6 +131,17 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> anyhow::Result<Prob
     let example = deployed.machine("YourWorkflowExampleStateMachine")?;
     let your_workflow = examples::run_your_workflow_example(sfn, example, item).await?;
     eprintln!("    {}", your_workflow.line());
+    let express = express::express_and_map(
+        sfn,
+        express::Machines {
+            express: deployed.machine("ExpressWorkflowExampleStateMachine")?,
+            map: deployed.machine("DistributedMapExampleStateMachine")?,
+            standard: example,
+        },
+        item,
+    )
+    .await?;
+    eprintln!("    {}", express.line());
     let consumer = consumer::stopped_mid_work(
         sfn,
         consumer::ConsumerProbe {
@@ -149,5 +165,6 @@ pub(super) async fn run(setup: &Setup<'_>, stage: &Stage) -> anyhow::Result<Prob
         test_runner,
         your_workflow,
         consumer,
+        express,
     })
 }
