@@ -198,17 +198,17 @@ impl Waiter {
         attempt: Attempt,
         context: String,
     ) -> Self {
-        Self {
-            key: QueueKey::new(&identity, queued_at_ms),
+        let key = QueueKey::new(&identity, queued_at_ms);
+        Self::in_line(
             lock,
             identity,
             run,
-            terms: terms.into(),
-            wakeup: Wakeup::Task(task_token),
+            terms.into(),
+            key,
+            Wakeup::Task(task_token),
             attempt,
-            checks: 0,
             context,
-        }
+        )
     }
 
     /// The waiter of `identity` put in line at `queued_at_ms`, polling and alive until
@@ -224,13 +224,38 @@ impl Waiter {
         attempt: Attempt,
         context: String,
     ) -> Self {
-        Self {
-            key: QueueKey::new(&identity, queued_at_ms),
+        let key = QueueKey::new(&identity, queued_at_ms);
+        let wakeup = Wakeup::Poll { until_ms };
+        Self::in_line(
             lock,
             identity,
             run,
-            terms: terms.into(),
-            wakeup: Wakeup::Poll { until_ms },
+            terms.into(),
+            key,
+            wakeup,
+            attempt,
+            context,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn in_line(
+        lock: LockName,
+        identity: Identity,
+        run: Run,
+        terms: Terms,
+        key: QueueKey,
+        wakeup: Wakeup,
+        attempt: Attempt,
+        context: String,
+    ) -> Self {
+        Self {
+            key,
+            lock,
+            identity,
+            run,
+            terms,
+            wakeup,
             attempt,
             checks: 0,
             context,

@@ -244,45 +244,39 @@ impl<S: ItemStore> Semaphore<S> {
             let mut oldest = None;
             for waiter in waiters {
                 report.waiters_checked += 1;
-                let mut left = false;
                 // F13: a poller is judged by its record's time (an Express execution cannot be
                 // described), never by its execution.
-                if matches!(waiter.wakeup, Wakeup::Poll { .. }) {
-                    match self.leave_if_stopped(&waiter).await {
-                        Ok(true) => {
-                            left = true;
-                            report
-                                .removed
-                                .push((lock.clone(), waiter.identity.holder.clone()));
+                let dead = match &waiter.wakeup {
+                    Wakeup::Poll { .. } => self
+                        .leave_if_stopped(&waiter)
+                        .await
+                        .map_err(|e| format!("{lock}: {e}")),
+                    Wakeup::Task(_) => match executions.describe(&waiter.identity.holder).await {
+                        // A waiter queued within the grace is not taken out on "not found".
+                        Ok(ExecutionState::Missing)
+                            if !missing_long_enough(waiter.key.queued_at_ms, self.now_ms()) =>
+                        {
+                            Ok(false)
                         }
-                        Ok(false) => {}
-                        Err(e) => report.errors.push(format!("{lock}: {e}")),
+                        Ok(state) if state.reclaim_reason().is_some() => self
+                            .leave(lock, waiter.id())
+                            .await
+                            .map_err(|e| format!("{lock}: {e}")),
+                        Ok(_) => Ok(false),
+                        Err(e) => Err(format!("{}: {e}", waiter.identity.holder)),
+                    },
+                };
+                let left = match dead {
+                    Ok(left) => left,
+                    Err(e) => {
+                        report.errors.push(e);
+                        false
                     }
-                    if !left && oldest.is_none() {
-                        oldest = Some(waiter.key.queued_at_ms);
-                    }
-                    continue;
-                }
-                match executions.describe(&waiter.identity.holder).await {
-                    // A waiter queued within the grace is not taken out on "not found".
-                    Ok(ExecutionState::Missing)
-                        if !missing_long_enough(waiter.key.queued_at_ms, self.now_ms()) => {}
-                    Ok(state) if state.reclaim_reason().is_some() => {
-                        match self.leave(lock, waiter.id()).await {
-                            Ok(true) => {
-                                left = true;
-                                report
-                                    .removed
-                                    .push((lock.clone(), waiter.identity.holder.clone()));
-                            }
-                            Ok(false) => {}
-                            Err(e) => report.errors.push(format!("{lock}: {e}")),
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => report
-                        .errors
-                        .push(format!("{}: {e}", waiter.identity.holder)),
+                };
+                if left {
+                    report
+                        .removed
+                        .push((lock.clone(), waiter.identity.holder.clone()));
                 }
                 if !left && oldest.is_none() {
                     oldest = Some(waiter.key.queued_at_ms);
