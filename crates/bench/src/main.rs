@@ -14,6 +14,7 @@ mod lambdas;
 mod load;
 mod requests;
 mod rule;
+mod scale;
 mod size;
 mod stats;
 mod sweeper;
@@ -59,7 +60,7 @@ struct Cli {
     /// regimes).
     #[arg(long, default_value = "5", value_parser = semaphore_core::Rate::parse)]
     rate: semaphore_core::Rate,
-    /// Only these parts (comma-separated): requests, load, size, lambdas, sweeper.
+    /// Only these parts (comma-separated): requests, load, size, scale, lambdas, sweeper.
     #[arg(long, value_delimiter = ',', value_parser = PARTS)]
     only: Vec<String>,
     /// Where the natively built handler binaries are (default: next to this binary).
@@ -93,7 +94,7 @@ impl Cli {
 }
 
 /// The parts of a run, in the order they run (`--only` names them).
-const PARTS: [&str; 5] = ["requests", "load", "size", "lambdas", "sweeper"];
+const PARTS: [&str; 6] = ["requests", "load", "size", "scale", "lambdas", "sweeper"];
 
 /// Draws the charts from `from` into `dir`, saying which files it wrote.
 fn draw_charts(from: &std::path::Path, dir: &std::path::Path) -> Result<()> {
@@ -314,6 +315,7 @@ async fn main() -> Result<ExitCode> {
             "requests" => bench.requests().await,
             "load" => bench.load().await,
             "size" => bench.size().await,
+            "scale" => bench.scale().await,
             "lambdas" => bench.lambdas().await,
             _ => bench.sweeper().await,
         };
@@ -935,6 +937,55 @@ impl Bench {
     }
 
     /// (e) the sweeper
+    /// Scale (issue #28): locks filled to their limit, ours against the sample's.
+    async fn scale(&mut self) -> Result<()> {
+        let smoke = self.cli.smoke;
+        let limits: &[u32] = if smoke {
+            &[10, 100]
+        } else {
+            &[10, 100, 1_000, 10_000]
+        };
+        let sections = if smoke { 3 } else { 20 };
+        let rows = scale::run(&self.endpoint, &self.table, limits, sections).await?;
+        println!(
+            "## Scale: locks filled to their limit by the bench's own clients, {sections} \
+             critical sections each at the full lock (issue #28)\n"
+        );
+        print_table(
+            "| >limit | protocol | >holders | >item bytes | >WCU per write | >WCU per CS | >requests/CS | >acquire p50 / p99 ms | stopped short |",
+            rows.iter().map(|r| {
+                vec![
+                    r.limit.to_string(),
+                    r.proto.to_owned(),
+                    r.holders.to_string(),
+                    r.item_bytes.to_string(),
+                    r.write_units_per_write.to_string(),
+                    f(r.write_units_per_section, 1),
+                    f(r.requests_per_section, 2),
+                    pair(r.acquire_p50_ms, r.acquire_p99_ms, 1),
+                    r.stopped.clone().unwrap_or_default(),
+                ]
+            }),
+        );
+        for r in &rows {
+            if r.holders + 1 > r.limit as usize {
+                self.problems.push(format!(
+                    "scale: {} holds {} of {}",
+                    r.proto, r.holders, r.limit
+                ));
+            }
+            if r.proto == "ours" && r.sections > 0 && !(1.9..=2.5).contains(&r.requests_per_section)
+            {
+                self.problems.push(format!(
+                    "scale: ours at limit {} took {:.2} requests per section",
+                    r.limit, r.requests_per_section
+                ));
+            }
+        }
+        self.out.insert("scale".into(), json!(rows));
+        Ok(())
+    }
+
     async fn sweeper(&mut self) -> Result<()> {
         let cli = &self.cli;
         let counts: &[usize] = if cli.smoke { &[1, 10] } else { &[1, 10, 100] };

@@ -54,6 +54,14 @@ impl Sample {
 
     /// Returns whether the slot was taken.
     pub async fn acquire(&self, lock: &str, holder: &str, limit: i64) -> bool {
+        self.try_acquire(lock, holder, limit)
+            .await
+            .unwrap_or_else(|e| panic!("sample UpdateItem failed: {e}"))
+    }
+
+    /// Whether the slot was taken, or why the write failed other than by its condition (an
+    /// item past DynamoDB's 400 KB, say).
+    pub async fn try_acquire(&self, lock: &str, holder: &str, limit: i64) -> Result<bool, String> {
         let result = self
             .client
             .update_item()
@@ -68,7 +76,7 @@ impl Sample {
             .expression_attribute_values(":now", s("acquired"))
             .send()
             .await;
-        conditional(result)
+        try_conditional(result)
     }
 
     pub async fn release(&self, lock: &str, holder: &str) -> bool {
@@ -138,17 +146,18 @@ pub fn read_item(item: &RawRecord) -> (Vec<String>, Option<String>) {
 }
 
 fn conditional<T>(result: Result<T, SdkError<UpdateItemError>>) -> bool {
+    try_conditional(result).unwrap_or_else(|e| panic!("sample UpdateItem failed: {e}"))
+}
+
+fn try_conditional<T>(result: Result<T, SdkError<UpdateItemError>>) -> Result<bool, String> {
     match result {
-        Ok(_) => true,
+        Ok(_) => Ok(true),
         Err(SdkError::ServiceError(e))
             if matches!(e.err(), UpdateItemError::ConditionalCheckFailedException(_)) =>
         {
-            false
+            Ok(false)
         }
-        Err(e) => panic!(
-            "sample UpdateItem failed: {}",
-            aws_sdk_dynamodb::error::DisplayErrorContext(e)
-        ),
+        Err(e) => Err(aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string()),
     }
 }
 

@@ -1,0 +1,259 @@
+//! Scale (issue #28): locks of limit 10, 100, 1,000 and 10,000 filled to their limit by the
+//! bench's own clients (not executions), then critical sections at the full lock, ours against
+//! the AWS sample's: the item every section writes (bytes as DynamoDB counts them), write units
+//! per section as DynamoDB bills them (1 KB units, rounded up per write), requests per section
+//! and acquire latency. A lock that cannot be filled says where it stopped and why: ours keeps
+//! its holders within the item's 300 KB holders budget (F9), the sample's item stops at
+//! DynamoDB's 400 KB.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use local_aws::counter::RequestCounter;
+use local_aws::names::{self, id, limit};
+use local_aws::observe::raw_item;
+use local_aws::sample::Sample;
+use semaphore_core::dynamo::{item_size, write_units};
+use semaphore_core::{AcquireOutcome, DynamoStore, ReleaseOutcome, Semaphore};
+use serde::Serialize;
+
+use crate::common::{execution_arn, uuid};
+use crate::stats::{ms, quantile};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleRow {
+    pub proto: &'static str,
+    pub limit: u32,
+    /// Holders when the filling stopped: `limit - 1` (one slot left for the sections), or
+    /// fewer when the item could take no more.
+    pub holders: usize,
+    /// Why the filling stopped short of the limit, if it did.
+    pub stopped: Option<String>,
+    pub sections: usize,
+    /// The largest item the sections' writes met (the lock with a section's holder too), as
+    /// DynamoDB sizes it.
+    pub item_bytes: usize,
+    pub write_units_per_write: usize,
+    pub write_units_per_section: f64,
+    pub requests_per_section: f64,
+    pub acquire_p50_ms: f64,
+    pub acquire_p99_ms: f64,
+}
+
+/// Runs each limit of `limits` for ours and the sample's, `sections` sections each.
+pub async fn run(
+    endpoint: &str,
+    table: &str,
+    limits: &[u32],
+    sections: usize,
+) -> Result<Vec<ScaleRow>> {
+    let counter = RequestCounter::new();
+    let clients = Clients {
+        counted: counter.dynamodb_client(endpoint),
+        reader: local_aws::client_for(endpoint),
+    };
+    let mut rows = Vec::new();
+    for &n in limits {
+        rows.push(ours(&counter, &clients, table, n, sections).await?);
+        rows.push(sample(&counter, &clients, table, n, sections).await?);
+    }
+    Ok(rows)
+}
+
+/// The protocols' client, whose requests are counted, and the bench's own reader, whose are not.
+struct Clients {
+    counted: aws_sdk_dynamodb::Client,
+    reader: aws_sdk_dynamodb::Client,
+}
+
+impl Clients {
+    /// The lock's item as DynamoDB sizes it now (0: none).
+    async fn bytes(&self, table: &str, lock: &str) -> usize {
+        raw_item(&self.reader, table, lock)
+            .await
+            .map_or(0, |item| item_size(&item))
+    }
+}
+
+async fn ours(
+    counter: &RequestCounter,
+    clients: &Clients,
+    table: &str,
+    n: u32,
+    sections: usize,
+) -> Result<ScaleRow> {
+    if let Err(e) = semaphore_core::Limit::new(i64::from(n)) {
+        return Ok(row(
+            "ours",
+            n,
+            0,
+            Some(format!("refused: {e}")),
+            0,
+            0,
+            0,
+            &[],
+        ));
+    }
+    let sem = Semaphore::new(DynamoStore::new(clients.counted.clone(), table));
+    let lock = names::lock(&format!("scale-{n}-{}", uuid()));
+    let mut stopped = None;
+    let mut fillers = Vec::new();
+    for i in 0..(n as usize).saturating_sub(1) {
+        let who = id(&execution_arn("scale", i), "r0");
+        match sem.acquire(&lock, &who, limit(i64::from(n))).await? {
+            AcquireOutcome::Acquired { .. } => fillers.push(who),
+            AcquireOutcome::Full { .. } => {
+                stopped = Some(format!(
+                    "full at {} holders: the item's holders budget (F9, 300 KB) binds before the limit",
+                    fillers.len()
+                ));
+                // One slot back, for the sections.
+                if let Some(last) = fillers.pop() {
+                    sem.release(&lock, &last).await?;
+                }
+                break;
+            }
+            other => bail!("filling {lock} gave {other:?}"),
+        }
+    }
+    counter.take();
+    let mut acquires = Vec::with_capacity(sections);
+    let mut item_bytes = 0;
+    for s in 0..sections {
+        let who = id(&execution_arn("scale-section", s), &uuid());
+        let started = Instant::now();
+        match sem.acquire(&lock, &who, limit(i64::from(n))).await? {
+            AcquireOutcome::Acquired { .. } => {}
+            other => bail!("a section's acquire on the full {lock} gave {other:?}"),
+        }
+        acquires.push(started.elapsed());
+        // The largest item the section's writes meet: the lock at its fullest.
+        item_bytes = item_bytes.max(clients.bytes(table, lock.as_str()).await);
+        match sem.release(&lock, &who).await? {
+            ReleaseOutcome::Released { .. } => {}
+            other => bail!("a section's release on {lock} gave {other:?}"),
+        }
+    }
+    let counts = counter.take();
+    Ok(row(
+        "ours",
+        n,
+        fillers.len(),
+        stopped,
+        item_bytes,
+        counts.get("DynamoDB.UpdateItem") + counts.get("DynamoDB.PutItem"),
+        counts.total(),
+        &acquires,
+    ))
+}
+
+async fn sample(
+    counter: &RequestCounter,
+    clients: &Clients,
+    table: &str,
+    n: u32,
+    sections: usize,
+) -> Result<ScaleRow> {
+    let sample = Sample {
+        client: clients.counted.clone(),
+        table: table.to_owned(),
+    };
+    let lock = format!("scale-sample-{n}-{}", uuid());
+    sample.init(&lock).await;
+    let mut stopped = None;
+    let mut holders = 0;
+    for i in 0..(n as usize).saturating_sub(1) {
+        match sample
+            .try_acquire(&lock, &execution_arn("scale", i), i64::from(n))
+            .await
+        {
+            Ok(true) => holders += 1,
+            Ok(false) => bail!("the sample's {lock} was full at {holders} holders of {n}"),
+            Err(e) if e.contains("exceeded the maximum allowed size") => {
+                stopped = Some(format!(
+                    "refused at {holders} holders: the item would pass DynamoDB's 400 KB"
+                ));
+                break;
+            }
+            Err(e) => bail!("filling the sample's {lock}: {e}"),
+        }
+    }
+    // Room for the sections' holders at the item's limit: two slots back.
+    for _ in 0..2 {
+        if stopped.is_some() && holders > 0 {
+            sample
+                .release(&lock, &execution_arn("scale", holders - 1))
+                .await;
+            holders -= 1;
+        }
+    }
+    counter.take();
+    let mut acquires = Vec::with_capacity(sections);
+    let mut item_bytes = 0;
+    for s in 0..sections {
+        let holder = execution_arn("scale-section", s);
+        let started = Instant::now();
+        match sample.try_acquire(&lock, &holder, i64::from(n)).await {
+            Ok(true) => {}
+            Ok(false) => bail!("a section's acquire on the sample's full {lock} was refused"),
+            // The local server keeps refusing writes of an item that once reached 400 KB,
+            // even with room made: no section runs on it.
+            Err(e) if e.contains("exceeded the maximum allowed size") => {
+                stopped = stopped.map(|s| format!("{s}; no section could write it after"));
+                acquires.clear();
+                break;
+            }
+            Err(e) => bail!("a section's acquire on the sample's full {lock} failed: {e}"),
+        }
+        acquires.push(started.elapsed());
+        item_bytes = item_bytes.max(clients.bytes(table, &lock).await);
+        if !sample.release(&lock, &holder).await {
+            bail!("a section's release on the sample's {lock} was refused");
+        }
+    }
+    let counts = counter.take();
+    Ok(row(
+        "sample",
+        n,
+        holders,
+        stopped,
+        item_bytes,
+        counts.get("DynamoDB.UpdateItem") + counts.get("DynamoDB.PutItem"),
+        counts.total(),
+        &acquires,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn row(
+    proto: &'static str,
+    n: u32,
+    holders: usize,
+    stopped: Option<String>,
+    item_bytes: usize,
+    writes: u64,
+    requests: u64,
+    acquires: &[Duration],
+) -> ScaleRow {
+    // No section ran: nothing per section to say.
+    let sections = if acquires.is_empty() {
+        f64::NAN
+    } else {
+        acquires.len() as f64
+    };
+    let per_write = write_units(item_bytes);
+    let latencies: Vec<f64> = acquires.iter().copied().map(ms).collect();
+    ScaleRow {
+        proto,
+        limit: n,
+        holders,
+        stopped,
+        sections: acquires.len(),
+        item_bytes,
+        write_units_per_write: if acquires.is_empty() { 0 } else { per_write },
+        write_units_per_section: writes as f64 * per_write as f64 / sections,
+        requests_per_section: requests as f64 / sections,
+        acquire_p50_ms: quantile(&latencies, 0.5).unwrap_or(f64::NAN),
+        acquire_p99_ms: quantile(&latencies, 0.99).unwrap_or(f64::NAN),
+    }
+}
