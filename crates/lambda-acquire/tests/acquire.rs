@@ -1972,6 +1972,10 @@ async fn a_caller_without_a_task_token_needs_a_lease_and_writes_nothing_without_
             json!({"lock": "l", "limit": 2, "lease": 60, "poll_seconds": 901}),
             "request.poll_seconds must be",
         ),
+        (
+            json!({"lock": "l", "limit": 2, "lease": 10, "poll_seconds": 30}),
+            "request.poll_seconds (30 s) must be at most the lease (10 s)",
+        ),
     ] {
         let mut payload = base.clone();
         payload["request"] = request.clone();

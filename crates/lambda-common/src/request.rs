@@ -480,6 +480,18 @@ impl Resolver {
                     EXPRESS_LEASE_SECONDS
                 )));
             }
+            // A poller finds a granted slot at its next poll: a poll window longer than the lease
+            // could let the lease pass before it comes (model-check --pollers --poll-ticks 2).
+            if let (Waiting::Polls { poll_ms }, Some(lease)) = (&waiting, terms.lease) {
+                if *poll_ms > lease.as_ms() {
+                    return Err(HandlerError::InvalidInput(format!(
+                        "request.poll_seconds ({} s) must be at most the lease ({lease}): a \
+                         poller granted a slot finds it at its next poll, which must come before \
+                         the lease passes",
+                        poll_ms / 1000
+                    )));
+                }
+            }
             if work.is_some() {
                 return Err(HandlerError::InvalidInput(
                     "starts_work needs a task_token: the lock-protected machine parks on \

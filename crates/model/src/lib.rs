@@ -65,6 +65,7 @@ pub mod hash;
 pub mod lease;
 pub mod ours;
 pub mod plumbing;
+pub mod poll;
 pub mod queue;
 pub mod sample;
 pub mod world;
@@ -73,6 +74,7 @@ pub use explore::{explore, Counterexample, Exact, Model, Reach, Report, Violatio
 pub use lease::{LeaseConfig, LeaseVariant, LeaseWorld};
 pub use ours::{Ours, Variant};
 pub use plumbing::Variants;
+pub use poll::{PollConfig, PollVariant, PollWorld};
 pub use queue::{QueueConfig, QueueVariant, QueueWorld};
 pub use sample::Sample;
 pub use world::{Config, World};
@@ -98,6 +100,11 @@ pub fn ours_world(config: Config, variant: Variant) -> World<Ours> {
 /// Checks leases (or a broken `variant` of them) in the lease world `config`.
 pub fn check_leases(config: LeaseConfig, variant: LeaseVariant, max_states: Option<u64>) -> Report {
     explore(&LeaseWorld::new(config, variant), max_states)
+}
+
+/// Checks pollers (or a broken `variant` of their protocol) in the pollers' world `config`.
+pub fn check_pollers(config: PollConfig, variant: PollVariant, max_states: Option<u64>) -> Report {
+    explore(&PollWorld::new(config, variant), max_states)
 }
 
 /// Checks the waiting line (or a broken `variant` of it) in the queue world `config`.

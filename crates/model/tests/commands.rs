@@ -175,6 +175,43 @@ fn leases_pass_and_every_broken_variant_of_them_is_caught() {
     );
 }
 
+/// Pollers (issue #27) in their own world: a holder, a poller that may stop polling and a
+/// parked execution that may be stopped, in one line, with clocks a skew apart.
+#[test]
+fn pollers_pass_and_every_broken_variant_of_them_is_caught() {
+    passes("--pollers", 3_736_568, 13_817_883, 49);
+    for (variant, property, steps, states, transitions) in [
+        ("grant-without-lease", "S2", 8, 547, 1_212),
+        ("hand-off-grants-stopped-poller", "F8", 15, 16_451, 40_299),
+        (
+            "leave-stopped-without-record-check",
+            "L2",
+            19,
+            83_627,
+            211_817,
+        ),
+        ("stopped-without-skew", "L2", 10, 1_534, 3_567),
+        ("poll-keeps-old-time", "L2", 19, 83_949, 212_632),
+        (
+            "poller-counts-from-the-poll-that-found-it",
+            "S1",
+            18,
+            62_299,
+            155_069,
+        ),
+    ] {
+        caught(
+            &format!("--pollers --variant {variant}"),
+            property,
+            steps,
+            states,
+            transitions,
+        );
+    }
+    // The edge of what is promised: a poll window longer than the lease.
+    caught("--pollers --poll-ticks 2", "L1", 16, 24_795, 62_404);
+}
+
 #[test]
 fn every_broken_variant_of_the_line_is_caught() {
     for (args, property, steps, states, transitions) in [
@@ -254,7 +291,7 @@ fn every_broken_variant_of_the_line_is_caught() {
 // these are today's counts). Its small ones are worlds `tests/model.rs` and `tests/queue.rs`
 // check, pinned there: `--executions 2 --redrives 1 --retries 0`, `--executions 1 --deaths 2
 // --redrives 1 --retries 0`, `--queue --limit 2 --weights 1,1,1`, `--queue --limit 1 --weights
-// 1,1,1 --executions 2 --timeouts 1`.
+// 1,1,1 --executions 2 --timeouts 1`; and `tests/poll.rs` checks `--pollers --poller-polls 2`.
 
 #[test]
 #[ignore = "model-check: about 2 minutes in a test build"]
@@ -328,6 +365,23 @@ fn two_redrives_world() {
         29_074_995,
         131_840_836,
         35,
+    );
+}
+
+#[test]
+#[ignore = "model-check --pollers --lease-ticks 2: about 20 s"]
+fn pollers_longer_lease_world() {
+    passes("--pollers --lease-ticks 2", 3_665_734, 13_604_488, 49);
+}
+
+#[test]
+#[ignore = "model-check --pollers --ticks 3 --poller-polls 4: about 3 minutes, 1.3 GB"]
+fn pollers_three_ticks_world() {
+    passes(
+        "--pollers --ticks 3 --poller-polls 4",
+        27_556_340,
+        106_956_134,
+        56,
     );
 }
 

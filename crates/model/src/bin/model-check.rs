@@ -3,8 +3,9 @@
 //! `cargo run --release -p semaphore-model --bin model-check -- --executions 4 --limit 2`
 //! checks the product's protocol; `--protocol sample` the AWS sample's (which must fail);
 //! `--variant <name>` a deliberately broken variant of the product's; `--queue` the waiting line
-//! in its own world (`semaphore_model::queue`). Exit status: 0 if the result is the expected
-//! one, 1 if not, 2 for bad arguments.
+//! in its own world (`semaphore_model::queue`), `--leases` leases (`semaphore_model::lease`),
+//! `--pollers` pollers in the line (`semaphore_model::poll`). Exit status: 0 if the result is the
+//! expected one, 1 if not, 2 for bad arguments.
 
 use std::process::ExitCode;
 
@@ -14,11 +15,13 @@ use semaphore_model::queue::MAX_WAITERS;
 use semaphore_model::world::{MAX_EXECUTIONS, MAX_INCARNATIONS};
 use semaphore_model::{
     explore, ours_world, sample_world, Config, LeaseConfig, LeaseVariant, LeaseWorld, Model,
-    QueueConfig, QueueVariant, QueueWorld, Report, Variant, Variants,
+    PollConfig, PollVariant, PollWorld, QueueConfig, QueueVariant, QueueWorld, Report, Variant,
+    Variants,
 };
 
 /// Explores every reachable state of a small world of executions contending for one lock and
-/// checks the protocol's properties in each (S1, S2, S3, L1; with --queue: S1, S3, L2, F8, L1).
+/// checks the protocol's properties in each (S1, S2, S3, L1; with --queue: S1, S3, L2, F8, L1;
+/// with --leases: S1, S3; with --pollers: S1, S2, S3, L2, F8, L1).
 ///
 /// Without --queue the world starts as the one `cargo test` checks (3 executions, limit 1, one
 /// Step Functions retry each, one death, lost and late events, late writes, a tick of the clock,
@@ -31,9 +34,15 @@ use semaphore_model::{
 /// hand-offs are one request per step; executions die, cleanup events are lost, Lambdas crash
 /// between requests, parked tasks time out early (each bounded).
 ///
+/// With --pollers, pollers in the line (issue #27): a holder of the one slot, an Express
+/// execution that polls for it under a lease (its place kept by each poll for a poll window;
+/// it may stop polling at any point) and a standard execution parked on its task, in one line;
+/// hand-offs skip a poller that stopped, grant a live one its slot under its lease, and it finds
+/// it at its next poll; the clock moves by ticks, some clocks a skew ahead.
+///
 /// Exit status: 0 if the result is the expected one (the real protocol passes; the sample, a
-/// broken variant, --strict-order or --no-sweeper fails, as it must), 1 if not, 2 for bad
-/// arguments.
+/// broken variant, --strict-order, --no-sweeper or, with --pollers, a poll window longer than
+/// the lease fails, as it must), 1 if not, 2 for bad arguments.
 #[derive(Parser, Debug)]
 #[command(name = "model-check", verbatim_doc_comment)]
 struct Cli {
@@ -47,6 +56,16 @@ struct Cli {
     /// take-back-without-skew).
     #[arg(long, conflicts_with = "queue")]
     leases: bool,
+
+    /// Check pollers (issue #27) in their own world instead: a holder of the one slot, a poller
+    /// (an Express execution: a lease, its place kept by its polls, it may stop polling at any
+    /// point) and a parked standard execution in one line, with the lease world's clocks and
+    /// skew (the options marked [pollers], --ticks [default: 2] and --deaths [0 or 1, default
+    /// 1] apply; --variant: real, grant-without-lease, hand-off-grants-stopped-poller,
+    /// leave-stopped-without-record-check, stopped-without-skew, poll-keeps-old-time,
+    /// poller-counts-from-the-poll-that-found-it).
+    #[arg(long, conflicts_with_all = ["queue", "leases"])]
+    pollers: bool,
 
     /// Which protocol to check: the product's, or the AWS sample's (which must fail; it is
     /// checked without a sweeper and without redrives: it has neither).
@@ -85,7 +104,8 @@ struct Cli {
     #[arg(long, value_name = "W,W,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     weights: Option<Vec<u32>>,
 
-    /// Executions that may die, at any point [default: 1; with --every-fault every execution].
+    /// Executions that may die, at any point [default: 1; with --every-fault every execution;
+    /// with --pollers, whether the parked execution may be stopped while it waits: 0 or 1].
     #[arg(long, value_name = "N")]
     deaths: Option<u8>,
 
@@ -118,7 +138,8 @@ struct Cli {
     #[arg(long, value_name = "N", conflicts_with = "queue")]
     polls: Option<u8>,
 
-    /// Times the clock moves on by the horizon, at any moment [default: 1].
+    /// Times the clock moves on by the horizon, at any moment [default: 1; with --pollers, by
+    /// a tick (the lease, the poll window, the clock skew), default 2].
     #[arg(long, value_name = "N", conflicts_with = "queue")]
     ticks: Option<u8>,
 
@@ -158,6 +179,19 @@ struct Cli {
     /// Step Functions may also time out and retry a running release.
     #[arg(long, conflicts_with = "queue")]
     release_timeouts: bool,
+
+    /// [pollers] How many times the poller invokes the acquire function, its first ask
+    /// included [default: 3].
+    #[arg(long, value_name = "N", requires = "pollers", value_parser = clap::value_parser!(u8).range(1..=8))]
+    poller_polls: Option<u8>,
+
+    /// [pollers] The poller's lease, in ticks [default: 1].
+    #[arg(long, value_name = "N", requires = "pollers", value_parser = clap::value_parser!(u8).range(1..=3))]
+    lease_ticks: Option<u8>,
+
+    /// [pollers] How long a poll keeps the poller's place, in ticks [default: 1].
+    #[arg(long, value_name = "N", requires = "pollers", value_parser = clap::value_parser!(u8).range(1..=3))]
+    poll_ticks: Option<u8>,
 
     /// [queue] Cleanup events that may be lost [default: 1].
     #[arg(long, value_name = "N", requires = "queue")]
@@ -375,7 +409,36 @@ fn print_report(report: &Report, passed: &str, must_fail: bool) -> bool {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let as_expected = if cli.leases {
+    let as_expected = if cli.pollers {
+        let variant = PollVariant::parse(&cli.variant).unwrap_or_else(|| {
+            usage_error(format!(
+                "--variant with --pollers: unknown variant {:?}",
+                cli.variant
+            ))
+        });
+        let default = PollConfig::small();
+        let config = PollConfig {
+            ticks: cli.ticks.unwrap_or(default.ticks),
+            deaths: cli.deaths.unwrap_or(default.deaths),
+            polls: cli.poller_polls.unwrap_or(default.polls),
+            lease_ticks: cli.lease_ticks.unwrap_or(default.lease_ticks),
+            poll_ticks: cli.poll_ticks.unwrap_or(default.poll_ticks),
+        };
+        if config.deaths > 1 {
+            usage_error("--deaths must be 0 or 1 with --pollers".into());
+        }
+        if config.ticks > 8 {
+            usage_error("--ticks must be at most 8 with --pollers".into());
+        }
+        let report = run(PollWorld::new(config, variant), cli.exact, cli.max_states);
+        println!("model check of pollers, variant {}", variant.name());
+        println!("world: {config}");
+        print_report(
+            &report,
+            "no violation of S1, S2, S3, L2, F8 or L1 in any reachable state",
+            variant != PollVariant::Real || config.poll_ticks > config.lease_ticks,
+        )
+    } else if cli.leases {
         let variant = LeaseVariant::parse(&cli.variant).unwrap_or_else(|| {
             usage_error(format!(
                 "--variant with --leases: unknown variant {:?}",
