@@ -4,12 +4,13 @@
 //! fate of the cleanup event its step emitted.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 
 use clap::ValueEnum;
 use semaphore_core::item::{FenceKey, Identity, SemaphoreItem};
 use semaphore_core::{Change, Check, StoreError, TaskToken, Wakeup, Weight, Write};
+use semaphore_core::{LockName, QueueKey, Waiter, WriteResult};
 
 use crate::hash::Build;
 
@@ -416,5 +417,63 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
         format!("no checks: {}", changes.join(", "))
     } else {
         format!("if {}: {}", checks.join(", "), changes.join(", "))
+    }
+}
+
+/// `write` landing on `lock`'s item and line as they are ([`Write::apply_with`], as the memory
+/// store applies it): `Applied` with the item before, `Landed` for a write that names a
+/// waiter's record, `Refused` with the item as it is; and the item and line after it, `None`
+/// when it was refused (nothing changed).
+#[allow(clippy::type_complexity)]
+pub fn land_on_line(
+    lock: &LockName,
+    write: &Write,
+    item: Option<&SemaphoreItem>,
+    line: &BTreeMap<QueueKey, Waiter>,
+) -> (
+    WriteResult,
+    Option<(SemaphoreItem, BTreeMap<QueueKey, Waiter>)>,
+) {
+    // A record is keyed by its waiter's id; the line is ordered by place.
+    let id = write.waiter_id();
+    let (key, record) = match id.and_then(|id| line.iter().find(|(k, _)| k.id == id)) {
+        Some((key, record)) => (Some(*key), Some(record)),
+        None => (None, None),
+    };
+    match write.apply_with(item, record) {
+        Ok((next, record)) => {
+            let mut line = line.clone();
+            let result = match id {
+                None => WriteResult::Applied {
+                    before: item.cloned(),
+                },
+                Some(_) => {
+                    if let Some(key) = key {
+                        line.remove(&key);
+                    }
+                    if let Some(record) = record {
+                        line.insert(record.key, record);
+                    }
+                    WriteResult::Landed
+                }
+            };
+            (result, Some((next, line)))
+        }
+        Err(_) => {
+            let current = item
+                .cloned()
+                .unwrap_or_else(|| SemaphoreItem::empty(lock.clone()));
+            let waiter_refused = write
+                .checks
+                .iter()
+                .any(|check| check.waiter_id().is_some() && !check.holds_with(&current, record));
+            (
+                WriteResult::Refused {
+                    current,
+                    waiter_refused,
+                },
+                None,
+            )
+        }
     }
 }

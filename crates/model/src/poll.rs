@@ -130,7 +130,7 @@ use semaphore_core::{
 use crate::explore::{Model, Violation};
 use crate::hash::{Build, Fingerprint};
 use crate::ours::MAX_ROUNDS;
-use crate::plumbing::{read, show_write, Interner, ItemKey, Naming, Variants, Words};
+use crate::plumbing::{land_on_line, read, show_write, Interner, ItemKey, Naming, Variants, Words};
 use crate::queue::QUEUE_ROUNDS;
 
 /// The model's clock at tick 0.
@@ -828,46 +828,10 @@ impl PollWorld {
 
     fn make_landing(&self, table: u32, write: &Write) -> Landing {
         let t = self.table(table);
-        let id = write.waiter_id();
-        let (key, record) = match id.and_then(|id| t.line.iter().find(|(k, _)| k.id == id)) {
-            Some((key, record)) => (Some(*key), Some(record)),
-            None => (None, None),
-        };
-        let (result, after) = match write.apply_with(t.item.as_ref(), record) {
-            Ok((next, record)) => {
-                let mut line = t.line.clone();
-                let result = match id {
-                    None => WriteResult::Applied {
-                        before: t.item.clone(),
-                    },
-                    Some(_) => {
-                        if let Some(key) = key {
-                            line.remove(&key);
-                        }
-                        if let Some(record) = record {
-                            line.insert(record.key, record);
-                        }
-                        WriteResult::Landed
-                    }
-                };
-                (result, self.intern(Some(next), line))
-            }
-            Err(_) => {
-                let current = t
-                    .item
-                    .clone()
-                    .unwrap_or_else(|| SemaphoreItem::empty(self.lock.clone()));
-                let waiter_refused = write.checks.iter().any(|check| {
-                    check.waiter_id().is_some() && !check.holds_with(&current, record)
-                });
-                (
-                    WriteResult::Refused {
-                        current,
-                        waiter_refused,
-                    },
-                    table,
-                )
-            }
+        let (result, next) = land_on_line(&self.lock, write, t.item.as_ref(), &t.line);
+        let after = match next {
+            Some((item, line)) => self.intern(Some(item), line),
+            None => table,
         };
         (Rc::new(result), after)
     }

@@ -137,8 +137,8 @@ use crate::explore::{Model, Violation};
 use crate::hash::Fingerprint;
 use crate::ours::MAX_ROUNDS;
 use crate::plumbing::{
-    exec_name, names, plural, read, show_holders, show_write, weights_text, Emitting, Fate,
-    Interner, ItemKey, Memo, Naming, Successors, Variants, Words,
+    exec_name, land_on_line, names, plural, read, show_holders, show_write, weights_text, Emitting,
+    Fate, Interner, ItemKey, Memo, Naming, Successors, Variants, Words,
 };
 
 /// The most executions the queue world can have.
@@ -795,47 +795,10 @@ impl QueueWorld {
     fn make_landing(&self, table: u32, request: Request) -> (Rc<WriteResult>, u32) {
         let write = self.write(request);
         let t = self.table(table);
-        // A record is keyed by its waiter's id; the line is ordered by place.
-        let id = write.waiter_id();
-        let (key, record) = match id.and_then(|id| t.line.iter().find(|(k, _)| k.id == id)) {
-            Some((key, record)) => (Some(*key), Some(record)),
-            None => (None, None),
-        };
-        let (result, after) = match write.apply_with(t.item.as_ref(), record) {
-            Ok((next, record)) => {
-                let mut line = t.line.clone();
-                let result = match id {
-                    None => WriteResult::Applied {
-                        before: t.item.clone(),
-                    },
-                    Some(_) => {
-                        if let Some(key) = key {
-                            line.remove(&key);
-                        }
-                        if let Some(record) = record {
-                            line.insert(record.key, record);
-                        }
-                        WriteResult::Landed
-                    }
-                };
-                (result, self.intern(Some(next), line))
-            }
-            Err(_) => {
-                let current = t
-                    .item
-                    .clone()
-                    .unwrap_or_else(|| SemaphoreItem::empty(self.lock.clone()));
-                let waiter_refused = write.checks.iter().any(|check| {
-                    check.waiter_id().is_some() && !check.holds_with(&current, record)
-                });
-                (
-                    WriteResult::Refused {
-                        current,
-                        waiter_refused,
-                    },
-                    table,
-                )
-            }
+        let (result, next) = land_on_line(&self.lock, &write, t.item.as_ref(), &t.line);
+        let after = match next {
+            Some((item, line)) => self.intern(Some(item), line),
+            None => table,
         };
         (Rc::new(result), after)
     }
