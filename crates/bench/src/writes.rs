@@ -54,18 +54,11 @@ fn kind(write: &Write) -> Kind {
         Kind::Rotation
     } else if has(|c| matches!(c, Change::PutHolder { .. })) {
         Kind::Acquire
+    } else if has(|c| matches!(c, Change::FenceAcquisition { .. })) {
+        // A release fences its acquisition, with its slot or alone (of a slot no longer held).
+        Kind::Release
     } else if has(|c| matches!(c, Change::AddFence(_))) {
-        // A release removes its slot with its fence; a release of a slot no longer held
-        // (`protocol::release_unheld`) adds the fence alone, on the check that nothing is held.
-        let unheld_release = write
-            .checks
-            .iter()
-            .any(|c| matches!(c, semaphore_core::Check::NotHolding(_)));
-        if has(|c| matches!(c, Change::RemoveHolder { .. })) || unheld_release {
-            Kind::Release
-        } else {
-            Kind::CleanupFence
-        }
+        Kind::CleanupFence
     } else {
         Kind::CleanupFree
     }

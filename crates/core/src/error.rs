@@ -38,6 +38,11 @@ pub enum StoreError {
     },
     #[error("lock {lock:?}: {problem} (a bug in this semaphore or a table that does not behave like DynamoDB)")]
     Unexpected { lock: String, problem: String },
+    #[error("lock {lock:?}: the {layout} layout is not kept by this store yet; keep the lock in the item layout")]
+    LayoutNotStored {
+        lock: String,
+        layout: crate::item::Layout,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +51,14 @@ pub enum Error {
     InvalidInput(#[from] InputError),
     #[error("no semaphore named \"{lock}\": it is created by its first acquire")]
     UnknownLock { lock: LockName },
+    #[error("lock {lock} cannot move to the {layout} layout while in use ({used} held, {waiting} waiting, {fences} fences or tombstones): stop its callers, wait for them to drain and for a sweep to rotate the fences away, then try again")]
+    NotIdle {
+        lock: LockName,
+        layout: crate::item::Layout,
+        used: u64,
+        waiting: u64,
+        fences: usize,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }

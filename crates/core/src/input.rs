@@ -66,6 +66,8 @@ pub enum InputError {
     MaxWeightAboveLimit { max_weight: u32, limit: u32 },
     #[error("lease must be a number of seconds from 1 to 86400 (a day); got {got}")]
     InvalidLease { got: String },
+    #[error("layout must be \"item\" (holders in the lock's item: cheapest for small limits) or \"gate\" (each holding an item of its own: a cost per critical section flat in the limit and the rate); got {got:?}")]
+    Layout { got: String },
     #[error("task token is {len} bytes long; the maximum is {MAX_TASK_TOKEN_BYTES} bytes")]
     TaskTokenTooLong { len: usize },
     #[error("{field} is missing: {hint}")]

@@ -256,10 +256,64 @@ impl Fences {
     }
 }
 
+/// Where a lock keeps its holders, and so what one of its writes costs.
+///
+/// - `Item`: everything in the lock's one item (holders, leases, every fence). One plain write
+///   per operation, but every write is billed by the whole item: about 150 bytes a holder, and
+///   8 bytes for every release of the last window or two, so a lock of many holders or a high
+///   rate costs more per critical section, and a limit stops where the item stops growing
+///   ([`HELD_BYTES_BUDGET`]).
+/// - `Gate`: the lock's item is a small gate (the count, the line, the rate, the configuration
+///   and the fences of ended executions), and each holding is an item of its own, written in
+///   the same transaction as the gate. A released acquisition's fence is its holding item left
+///   behind as a *tombstone*, dropped once a rotation of the gate's fences makes every late
+///   attempt of it expire ([`SemaphoreItem::passed_tombstones`]). A critical section costs the
+///   same whatever the limit and the rate.
+///
+/// A lock's writes mean the same in both ([`crate::write::Write::apply`]); only where they land
+/// differs. A lock changes layout only while idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum Layout {
+    #[default]
+    Item,
+    Gate,
+}
+
+impl Layout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Item => "item",
+            Self::Gate => "gate",
+        }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = InputError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "item" => Ok(Self::Item),
+            "gate" => Ok(Self::Gate),
+            other => Err(InputError::Layout {
+                got: other.to_owned(),
+            }),
+        }
+    }
+}
+
 /// The whole state of one semaphore.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SemaphoreItem {
     pub lock: LockName,
+    /// Where its holders and fences are kept (see [`Layout`]).
+    pub layout: Layout,
     /// The limit the last acquire asked for; `None` while only release or cleanup has touched
     /// the lock.
     pub limit: Option<Limit>,
@@ -291,6 +345,10 @@ pub struct SemaphoreItem {
     /// When each leased holder's lease ends (epoch ms, by the clock of the writer that set it:
     /// its acquire, grant or last heartbeat); a holder without one holds until released (F13).
     pub leases: BTreeMap<Identity, u64>,
+    /// A gate lock's released acquisitions (see [`Layout::Gate`]), with when each was released
+    /// (by its releaser's clock). Always empty in the item layout, which fences them in
+    /// `fences`.
+    pub tombstones: BTreeMap<Identity, u64>,
 }
 
 impl SemaphoreItem {
@@ -298,6 +356,7 @@ impl SemaphoreItem {
     pub fn empty(lock: LockName) -> Self {
         Self {
             lock,
+            layout: Layout::Item,
             limit: None,
             version: Version(0),
             holders: BTreeMap::new(),
@@ -309,7 +368,44 @@ impl SemaphoreItem {
             held_bytes: 0,
             config: None,
             leases: BTreeMap::new(),
+            tombstones: BTreeMap::new(),
         }
+    }
+
+    /// Whether nothing is held, nobody waits and no released acquisition is remembered: the
+    /// only state in which a lock may change [`Layout`] (its holders and fences would otherwise
+    /// be left where the new layout does not look).
+    pub fn is_idle(&self) -> bool {
+        self.holders.is_empty()
+            && self.used == 0
+            && self.waiting == 0
+            && self.tombstones.is_empty()
+            && self.fences.is_empty()
+    }
+
+    /// Whether `identity`'s acquisition was released (or taken back): fenced by a key in the
+    /// item layout, by its tombstone in the gate layout.
+    pub fn is_released(&self, identity: &Identity) -> bool {
+        match self.layout {
+            Layout::Item => self.fences.contains(&FenceKey::acquisition(identity)),
+            Layout::Gate => self.tombstones.contains_key(identity),
+        }
+    }
+
+    /// The tombstones a gate lock may drop now: those released at least a fence window before
+    /// the last rotation. Why that is enough: a late attempt of a released acquisition was
+    /// requested before the release, so (as for a fence, see [`crate::protocol::Timing`]) a
+    /// rotation a window after the release is past its horizon, and the rotation, which never
+    /// moves back, refuses it once the tombstone is gone.
+    pub fn passed_tombstones(&self, window_ms: u64) -> Vec<(Identity, u64)> {
+        let Some(rotated_at) = self.fences.rotated_at_ms else {
+            return Vec::new();
+        };
+        self.tombstones
+            .iter()
+            .filter(|(_, at)| at.saturating_add(window_ms) <= rotated_at)
+            .map(|(identity, at)| (identity.clone(), *at))
+            .collect()
     }
 
     /// The leased holders whose lease ended more than `skew_ms` before `now_ms` (by this
@@ -335,7 +431,8 @@ impl SemaphoreItem {
     /// Whether the item has room for one more holder of any identity: its entry within the
     /// holders' budget, and neither fence generation past its own (see [`HELD_BYTES_BUDGET`]).
     pub fn has_room(&self) -> bool {
-        self.held_bytes <= HELD_BYTES_BUDGET - MAX_HELD_BYTES
+        // A gate lock's holders are items of their own: only its fences stay in the gate.
+        (self.layout == Layout::Gate || self.held_bytes <= HELD_BYTES_BUDGET - MAX_HELD_BYTES)
             && self.fences.young.len() <= FENCES_PER_GENERATION
             && self.fences.old.len() <= FENCES_PER_GENERATION
     }

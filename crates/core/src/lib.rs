@@ -70,7 +70,7 @@ pub use input::{
     TaskToken, Terms, Weight,
 };
 pub use item::{
-    FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, SlotKeyError,
+    FenceKey, Fences, FencingToken, Holding, Identity, Layout, Run, SemaphoreItem, SlotKeyError,
     TakenBackSlot, Version,
 };
 pub use memory::MemoryStore;

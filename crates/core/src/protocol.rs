@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use crate::error::StoreError;
 use crate::input::{HolderId, Lease, Limit, LockConfig, LockName, Terms, Weight};
-use crate::item::{FenceKey, FencingToken, Holding, Identity, Run, SemaphoreItem};
+use crate::item::{FenceKey, FencingToken, Holding, Identity, Layout, Run, SemaphoreItem};
 use crate::queue::{Attempt, Waiter, WaiterId, Wakeup};
 use crate::write::{Change, Check, Write};
 
@@ -284,7 +284,7 @@ pub fn acquire(
     let mut checks = vec![
         // Fences first: refusing a zombie must not depend on whether it also looks "full".
         Check::NotFenced(FenceKey::execution(&identity.holder, run)),
-        Check::NotFenced(FenceKey::acquisition(identity)),
+        Check::NotReleased(identity.clone()),
         Check::NotHolding(identity.clone()),
         Check::RotatedBefore { deadline_ms },
         // F14: the terms are the operator's, if it configured the lock. Before the limit, so
@@ -364,7 +364,7 @@ pub fn acquired(
             let failed = refused.failed_check(write);
             let current = refused.refused_item().expect("matched as refused");
             Ok(match failed {
-                Some(Check::NotFenced(key)) if *key == FenceKey::acquisition(identity) => {
+                Some(Check::NotReleased(_)) => {
                     AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
                 }
                 Some(Check::NotFenced(_)) => AcquireOutcome::Fenced(FenceReason::ExecutionEnded),
@@ -386,6 +386,9 @@ pub fn acquired(
                 },
                 Some(
                     Check::LastRotation(_)
+                    | Check::TombstoneAt { .. }
+                    | Check::RotatedSince { .. }
+                    | Check::Idle
                     | Check::Holds(_)
                     | Check::LeaseUntil { .. }
                     | Check::Busy { .. }
@@ -411,7 +414,7 @@ pub fn acquired(
 /// slot again (F3). Refused if the identity holds no slot of that weight; [`released`] then
 /// says what to send instead. A release is always written: the acquisition may still have an
 /// acquire in flight even when it holds nothing.
-pub fn release(lock: &LockName, identity: &Identity, weight: Weight) -> Write {
+pub fn release(lock: &LockName, identity: &Identity, weight: Weight, now_ms: u64) -> Write {
     Write {
         lock: lock.clone(),
         checks: vec![Check::HoldsWeight {
@@ -423,7 +426,10 @@ pub fn release(lock: &LockName, identity: &Identity, weight: Weight) -> Write {
                 identity: identity.clone(),
                 weight,
             },
-            Change::AddFence(FenceKey::acquisition(identity)),
+            Change::FenceAcquisition {
+                identity: identity.clone(),
+                at_ms: now_ms,
+            },
         ],
     }
 }
@@ -431,12 +437,27 @@ pub fn release(lock: &LockName, identity: &Identity, weight: Weight) -> Write {
 /// The release of an acquisition that holds nothing: its fence alone, on the check that it
 /// still holds nothing (an acquire of it that lands first is then removed by the release sent
 /// instead).
-pub fn release_unheld(lock: &LockName, identity: &Identity) -> Write {
+pub fn release_unheld(lock: &LockName, identity: &Identity, now_ms: u64) -> Write {
     Write {
         lock: lock.clone(),
         checks: vec![Check::NotHolding(identity.clone())],
-        changes: vec![Change::AddFence(FenceKey::acquisition(identity))],
+        changes: vec![Change::FenceAcquisition {
+            identity: identity.clone(),
+            at_ms: now_ms,
+        }],
     }
+}
+
+/// When the write fences an acquisition (0: it fences none).
+fn released_at(write: &Write) -> u64 {
+    write
+        .changes
+        .iter()
+        .find_map(|c| match c {
+            Change::FenceAcquisition { at_ms, .. } => Some(*at_ms),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 /// What a release's write did: done (the answer, and the item as the write left it), or the
@@ -460,7 +481,7 @@ pub fn released(
                 .iter()
                 .any(|c| matches!(c, Change::RemoveHolder { .. }))
                 && !current.holders.contains_key(identity)
-                && current.fences.contains(&FenceKey::acquisition(identity)) =>
+                && current.is_released(identity) =>
         {
             let outcome = ReleaseOutcome::Released {
                 token: None,
@@ -470,10 +491,12 @@ pub fn released(
             return Ok(Step::Done((outcome, current)));
         }
         WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => {
+            // The same release time: the acquisition was released when it was first decided.
+            let at_ms = released_at(write);
             return Ok(Step::Again(match current.holders.get(identity) {
-                Some(holding) => release(&write.lock, identity, holding.weight),
-                None => release_unheld(&write.lock, identity),
-            }))
+                Some(holding) => release(&write.lock, identity, holding.weight, at_ms),
+                None => release_unheld(&write.lock, identity, at_ms),
+            }));
         }
     };
     let after = applied(write, before.as_ref())?;
@@ -666,7 +689,8 @@ pub const BUSY_YOUNG_FENCES: usize = 8;
 /// are fences, and a window has passed since the last rotation.
 pub fn rotation(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Option<Write> {
     let fences = &item.fences;
-    if fences.is_empty() {
+    // A gate lock's tombstones wait for a rotation too (see `drop_tombstones`).
+    if fences.is_empty() && item.tombstones.is_empty() {
         return None;
     }
     let due = fences
@@ -680,6 +704,41 @@ pub fn rotation(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Option<Wr
             at_ms: now_ms,
         }],
     })
+}
+
+/// The writes that drop a gate lock's tombstones passed on `item` (as read): each released at
+/// least a fence window before the last rotation ([`SemaphoreItem::passed_tombstones`]). Each
+/// names the tombstone as read, and the rotation it was judged by: rotations never move back, so
+/// the drop stays sound however late it lands, and one that lands on a tombstone written again
+/// since (another release of the same acquisition keeps the first time, so none) is refused.
+pub fn drop_tombstones(item: &SemaphoreItem, timing: &Timing) -> Vec<Write> {
+    let window_ms = millis(timing.window());
+    item.passed_tombstones(window_ms)
+        .into_iter()
+        .map(|(identity, at_ms)| Write {
+            lock: item.lock.clone(),
+            checks: vec![
+                Check::TombstoneAt {
+                    identity: identity.clone(),
+                    at_ms,
+                },
+                Check::RotatedSince {
+                    at_ms: at_ms.saturating_add(window_ms),
+                },
+            ],
+            changes: vec![Change::DropTombstone(identity)],
+        })
+        .collect()
+}
+
+/// Moves `lock` to `layout`, only while it is idle: nothing held, nobody waiting, no fence and
+/// no tombstone left where the new layout would not look (creating the lock if it has no item).
+pub fn set_layout(lock: &LockName, layout: Layout) -> Write {
+    Write {
+        lock: lock.clone(),
+        checks: vec![Check::Idle],
+        changes: vec![Change::SetLayout(layout)],
+    }
 }
 
 /// A rotation if one is due and the young generation holds at least `busy` fences (by default
@@ -718,7 +777,7 @@ pub fn enqueue(
         checks: vec![
             // A dead execution's late attempt to queue is refused like its late acquire (F1-F3).
             Check::NotFenced(FenceKey::execution(&identity.holder, waiter.run)),
-            Check::NotFenced(FenceKey::acquisition(identity)),
+            Check::NotReleased(identity.clone()),
             Check::NotHolding(identity.clone()),
             Check::RotatedBefore { deadline_ms },
             // F14, as for an acquire: the waiter's terms are the configuration's.
@@ -744,9 +803,7 @@ pub fn queued(
         (WriteResult::Applied { .. } | WriteResult::Landed, _) => QueueOutcome::Queued,
         (WriteResult::Refused { current, .. } | WriteResult::Unsure { current }, Some(check)) => {
             match check {
-                Check::NotFenced(key) if *key == FenceKey::acquisition(identity) => {
-                    QueueOutcome::Fenced(FenceReason::AcquisitionReleased)
-                }
+                Check::NotReleased(_) => QueueOutcome::Fenced(FenceReason::AcquisitionReleased),
                 Check::NotFenced(_) => QueueOutcome::Fenced(FenceReason::ExecutionEnded),
                 Check::NotHolding(_) => QueueOutcome::AlreadyHeld {
                     token: current.holders[identity].token,
@@ -783,7 +840,7 @@ pub fn grant(waiter: &Waiter, config: Option<LockConfig>, terms: &Terms, now_ms:
         Check::Configured(config),
         // A waiter whose run was cleaned up is dead: skipped, never granted (F8).
         Check::NotFenced(FenceKey::execution(&identity.holder, waiter.run)),
-        Check::NotFenced(FenceKey::acquisition(identity)),
+        Check::NotReleased(identity.clone()),
         Check::NotHolding(identity.clone()),
         // A head whose weight does not fit waits, and nobody passes it (L2).
         Check::Fits {
@@ -831,7 +888,7 @@ pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> 
         WriteResult::Applied { .. } | WriteResult::Landed => Grant::Granted,
         WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => match failed {
             Some(Check::QueuedWith { .. } | Check::Configured(_)) => Grant::Moved { current },
-            Some(Check::NotFenced(_)) => Grant::Dead { current },
+            Some(Check::NotFenced(_) | Check::NotReleased(_)) => Grant::Dead { current },
             Some(Check::NotHolding(_)) => Grant::Holding { current },
             Some(Check::Fits { .. } | Check::Room) => Grant::NoSlot { current },
             Some(Check::Spaced { rate, .. }) => Grant::TooSoon {
@@ -864,7 +921,7 @@ pub fn heartbeat(lock: &LockName, identity: &Identity, lease: Lease, now_ms: u64
     Write {
         lock: lock.clone(),
         checks: vec![
-            Check::NotFenced(FenceKey::acquisition(identity)),
+            Check::NotReleased(identity.clone()),
             Check::Holds(identity.clone()),
         ],
         changes: vec![Change::SetLease {
@@ -914,7 +971,7 @@ pub fn heartbeat_answered(write: &Write, result: &WriteResult) -> HeartbeatOutco
 /// hold its slot of that weight under the very lease read: one a heartbeat renewed meanwhile is
 /// not taken. Refused as a whole if any was renewed or freed; [`take_back_again`] says what to
 /// send instead.
-pub fn take_back(lock: &LockName, expired: &[(Identity, Weight, u64)]) -> Write {
+pub fn take_back(lock: &LockName, expired: &[(Identity, Weight, u64)], now_ms: u64) -> Write {
     let expired = &expired[..expired.len().min(MAX_SLOTS_PER_TAKE_BACK)];
     let mut checks = Vec::with_capacity(expired.len() * 2);
     let mut changes = Vec::with_capacity(expired.len() * 2);
@@ -931,7 +988,10 @@ pub fn take_back(lock: &LockName, expired: &[(Identity, Weight, u64)]) -> Write 
             identity: identity.clone(),
             weight: *weight,
         });
-        changes.push(Change::AddFence(FenceKey::acquisition(identity)));
+        changes.push(Change::FenceAcquisition {
+            identity: identity.clone(),
+            at_ms: now_ms,
+        });
     }
     Write {
         lock: lock.clone(),
@@ -957,7 +1017,7 @@ pub fn take_back_again(
             )
         })
         .collect();
-    (!expired.is_empty()).then(|| take_back(&write.lock, &expired))
+    (!expired.is_empty()).then(|| take_back(&write.lock, &expired, now_ms))
 }
 
 /// Sets (`None`: removes) the lock's operator configuration (F14). It needs no check: it takes

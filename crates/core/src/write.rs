@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 
 use crate::input::{Limit, LockConfig, LockName, Rate, Terms, Weight};
-use crate::item::{FenceKey, FencingToken, Holding, Identity, SemaphoreItem};
+use crate::item::{FenceKey, FencingToken, Holding, Identity, Layout, SemaphoreItem};
 use crate::queue::{Attempt, Waiter, WaiterId, Wakeup};
 
 /// A condition checked when the write lands. All of a write's checks must hold.
@@ -39,6 +39,18 @@ pub enum Check {
     /// The key is fenced in neither generation (F1-F3: a release or cleanup that landed first
     /// wins, however late this write lands).
     NotFenced(FenceKey),
+    /// The acquisition was not released (nor taken back): its fence (item layout) or its
+    /// tombstone (gate layout) is not there (F3: a late attempt of a released acquire must not
+    /// take a slot again).
+    NotReleased(Identity),
+    /// The acquisition's tombstone is there, released at exactly `at_ms`: a drop removes only
+    /// the tombstone it judged passed.
+    TombstoneAt { identity: Identity, at_ms: u64 },
+    /// The last rotation was at or after `at_ms` (rotations never move back, so a drop judged
+    /// on a read stays sound whenever it lands).
+    RotatedSince { at_ms: u64 },
+    /// Nothing held, nobody in line, no fence and no tombstone: the lock may change layout.
+    Idle,
     /// No rotation happened at or after `deadline_ms`: a write whose request is older than the
     /// horizon could have missed fences that a rotation dropped, so it must not land.
     RotatedBefore { deadline_ms: u64 },
@@ -97,6 +109,16 @@ pub enum Change {
     },
     /// Adds a fence to the young generation.
     AddFence(FenceKey),
+    /// Fences the acquisition, released at `at_ms` by the writer's clock: a key in the young
+    /// generation (item layout), or its holding item left as a tombstone (gate layout).
+    FenceAcquisition {
+        identity: Identity,
+        at_ms: u64,
+    },
+    /// Removes a gate lock's tombstone (see [`SemaphoreItem::passed_tombstones`]).
+    DropTombstone(Identity),
+    /// Moves the lock to another layout (only while [`Check::Idle`] holds).
+    SetLayout(Layout),
     /// Drops the old generation, moves `young_seen` (what the rotating writer read in the young
     /// generation) to the old one, and records the time.
     Rotate {
@@ -187,6 +209,13 @@ impl Check {
                 .get(identity)
                 .is_some_and(|h| h.weight == *weight),
             Self::NotFenced(key) => !item.fences.contains(key),
+            Self::NotReleased(identity) => !item.is_released(identity),
+            Self::TombstoneAt { identity, at_ms } => item.tombstones.get(identity) == Some(at_ms),
+            Self::RotatedSince { at_ms } => item
+                .fences
+                .rotated_at_ms
+                .is_some_and(|rotated| rotated >= *at_ms),
+            Self::Idle => item.is_idle(),
             Self::RotatedBefore { deadline_ms } => item
                 .fences
                 .rotated_at_ms
@@ -215,12 +244,17 @@ impl Write {
     /// Whether the write checks or changes the lock's item. A write that only gives a waiter's
     /// record a new task token does not: the lock is the same, so its version does not move,
     /// and a parked waiter's fallback check costs no write of the lock's (hot) item.
+    ///
+    /// Nor does a drop of a gate lock's tombstone: it deletes the holding item alone, on its
+    /// own check (the rotation it names was read, and never moves back).
     pub fn touches_item(&self) -> bool {
-        self.checks.iter().any(|c| c.waiter_id().is_none())
-            || self
-                .changes
-                .iter()
-                .any(|c| !matches!(c, Change::Repark { .. }))
+        self.checks.iter().any(|c| {
+            c.waiter_id().is_none()
+                && !matches!(c, Check::TombstoneAt { .. } | Check::RotatedSince { .. })
+        }) || self
+            .changes
+            .iter()
+            .any(|c| !matches!(c, Change::Repark { .. } | Change::DropTombstone(_)))
     }
 
     /// What the write does to `item` (`None`: the lock has no item yet, and the write creates
@@ -267,7 +301,9 @@ impl Write {
                         },
                     );
                     next.used += u64::from(weight.get());
-                    next.held_bytes += identity.held_bytes();
+                    if next.layout == Layout::Item {
+                        next.held_bytes += identity.held_bytes();
+                    }
                     next.started_at_ms = Some(*acquired_at_ms);
                 }
                 Change::SetLimit(limit) => next.limit = Some(*limit),
@@ -280,11 +316,28 @@ impl Write {
                     next.holders.remove(identity);
                     next.leases.remove(identity);
                     next.used = next.used.saturating_sub(u64::from(weight.get()));
-                    next.held_bytes = next.held_bytes.saturating_sub(identity.held_bytes());
+                    if next.layout == Layout::Item {
+                        next.held_bytes = next.held_bytes.saturating_sub(identity.held_bytes());
+                    }
                 }
                 Change::AddFence(key) => {
                     next.fences.young.insert(*key);
                 }
+                Change::FenceAcquisition { identity, at_ms } => match next.layout {
+                    Layout::Item => {
+                        next.fences.young.insert(FenceKey::acquisition(identity));
+                    }
+                    // A tombstone keeps the time of the first release: a duplicate is no later
+                    // than the acquisition's last attempt either, and it must not put off the
+                    // drop (nor move under a drop judged on the first).
+                    Layout::Gate => {
+                        next.tombstones.entry(identity.clone()).or_insert(*at_ms);
+                    }
+                },
+                Change::DropTombstone(identity) => {
+                    next.tombstones.remove(identity);
+                }
+                Change::SetLayout(layout) => next.layout = *layout,
                 Change::Rotate { young_seen, at_ms } => {
                     next.fences.old = young_seen.clone();
                     next.fences.young.retain(|key| !young_seen.contains(key));

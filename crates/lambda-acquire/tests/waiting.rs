@@ -708,6 +708,7 @@ async fn f8_a_slot_freed_between_full_and_queued_is_taken_by_the_same_invocation
             &LockName::new(lock_name.as_str()).unwrap(),
             &id(HOLDER, HELD),
             semaphore_core::Weight::ONE,
+            0,
         ))),
     };
     let sem = Semaphore::new(store);

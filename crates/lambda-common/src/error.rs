@@ -108,7 +108,9 @@ impl From<Error> for HandlerError {
     fn from(e: Error) -> Self {
         let message = e.to_string();
         match e {
-            Error::InvalidInput(_) | Error::UnknownLock { .. } => Self::InvalidInput(message),
+            Error::InvalidInput(_) | Error::UnknownLock { .. } | Error::NotIdle { .. } => {
+                Self::InvalidInput(message)
+            }
             Error::Store(StoreError::OldFormat { .. }) => Self::OldFormat(message),
             Error::Store(_) => Self::Store(message),
         }

@@ -718,6 +718,7 @@ mod tests {
             &lock("l"),
             &id("e1", "a1"),
             semaphore_core::Weight::ONE,
+            0,
         ));
         let fence = update_body(&protocol::cleanup_fence(
             &lock("l"),
@@ -759,11 +760,11 @@ mod tests {
             "requested at 1 s, horizon 8 s"
         );
         assert_eq!(
-            update(&protocol::release(&l, &who, semaphore_core::Weight::ONE)),
+            update(&protocol::release(&l, &who, semaphore_core::Weight::ONE, 0)),
             Some(ProtocolWrite::Release(who.clone()))
         );
         assert_eq!(
-            update(&protocol::release_unheld(&l, &who)),
+            update(&protocol::release_unheld(&l, &who, 0)),
             Some(ProtocolWrite::Release(who.clone()))
         );
         assert_eq!(
@@ -809,7 +810,7 @@ mod tests {
             Some(who.clone())
         );
         assert_eq!(
-            put(&protocol::release_unheld(&l, &who)),
+            put(&protocol::release_unheld(&l, &who, 0)),
             Some(ProtocolWrite::Create { acquiring: None })
         );
         assert_eq!(recognise(Some("GetItem"), b"{}"), None);

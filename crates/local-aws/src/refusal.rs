@@ -170,7 +170,7 @@ mod tests {
             "requested at 1 s, horizon 8 s"
         );
         // Release, cleanup and rotation set no holder entry.
-        let release = protocol::release(&lock(), &identity(), semaphore_core::Weight::ONE);
+        let release = protocol::release(&lock(), &identity(), semaphore_core::Weight::ONE, 0);
         let cleanup =
             protocol::cleanup_fence(&lock(), &identity().holder, semaphore_core::Run::FIRST);
         let free = protocol::cleanup_free(&lock(), &[(identity(), semaphore_core::Weight::ONE)]);
@@ -197,7 +197,7 @@ mod tests {
         assert_eq!(
             AcquireChecks::ours(
                 put,
-                &put_body(&protocol::release_unheld(&lock(), &identity()))
+                &put_body(&protocol::release_unheld(&lock(), &identity(), 0))
             ),
             None
         );

@@ -258,9 +258,11 @@ impl LeaseWorld {
         if expired.is_empty() {
             return None;
         }
-        let mut write = protocol::take_back(&self.lock, &expired);
+        let mut write = protocol::take_back(&self.lock, &expired, NOW_MS);
         if self.variant == LeaseVariant::TakeBackWithoutFence {
-            write.changes.retain(|c| !matches!(c, Change::AddFence(_)));
+            write
+                .changes
+                .retain(|c| !matches!(c, Change::FenceAcquisition { .. }));
         }
         Some(write)
     }
@@ -368,7 +370,7 @@ impl LeaseWorld {
                         if next
                             .changes
                             .iter()
-                            .any(|c| matches!(c, Change::AddFence(_)))
+                            .any(|c| matches!(c, Change::FenceAcquisition { .. }))
                         {
                             s.retired |= 1 << h;
                         }
@@ -443,7 +445,8 @@ impl Model for LeaseWorld {
                     }
                     let mut t = s.clone();
                     t.stages[i] = Stage::Releasing;
-                    let write = protocol::release(&self.lock, &self.identity(h), Weight::ONE);
+                    let write =
+                        protocol::release(&self.lock, &self.identity(h), Weight::ONE, NOW_MS);
                     self.send(&mut t, h, Kind::Release, write);
                     push(t, format!("{} releases", self.who(h)));
                 }

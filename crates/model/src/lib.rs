@@ -93,7 +93,8 @@ pub fn ours_world(config: Config, variant: Variant) -> World<Ours> {
         config.redrives + 1,
         variant,
     )
-    .configured(config.configured_limit);
+    .configured(config.configured_limit)
+    .in_layout(config.layout);
     World::new(protocol, config)
 }
 

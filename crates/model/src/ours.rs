@@ -22,7 +22,7 @@ use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use clap::ValueEnum;
-use semaphore_core::item::{FenceKey, Identity, Run, SemaphoreItem};
+use semaphore_core::item::{FenceKey, Identity, Layout, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, FenceReason, Step, Timing, WriteResult};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockConfig, LockName, Terms,
@@ -122,6 +122,14 @@ pub enum Variant {
     /// (nothing): the execution succeeds still holding the first run's slot, which only the
     /// sweeper frees, with a leak notice (S2).
     ReleaseFreesOnlyItsRun,
+    /// A gate lock's tombstones are dropped at any moment, with no rotation to make the late
+    /// attempts of their acquisitions expire first (as a TTL on the holding items alone would):
+    /// a late acquire of a released acquisition lands once its tombstone is gone (S3).
+    DropTombstoneEarly,
+    /// A gate lock's tombstone is dropped once *a* rotation happened after its release, not
+    /// a window after it: a rotation just after the release is no later than the horizon of
+    /// an acquire requested just before it, which lands once the tombstone is gone (S3).
+    DropTombstoneAtAnyRotation,
 }
 
 impl Variants for Variant {}
@@ -133,6 +141,14 @@ impl Variant {
     /// is configured with).
     pub fn configured_world(self) -> Option<(u32, u32)> {
         (self == Self::AcquireIgnoresConfiguration).then_some((2, 1))
+    }
+
+    /// Whether the variant breaks only the gate layout (its tombstones).
+    pub fn needs_gate(self) -> bool {
+        matches!(
+            self,
+            Self::DropTombstoneEarly | Self::DropTombstoneAtAnyRotation
+        )
     }
 
     pub fn needs_redrives(self) -> bool {
@@ -193,6 +209,8 @@ pub struct Ours {
     most_rounds: Cell<u8>,
     /// The lock's configuration by its operator (F14), from before any execution started.
     configured: Option<LockConfig>,
+    /// Where the lock keeps its holders and the fences of released acquisitions.
+    layout: Layout,
 }
 
 impl Ours {
@@ -296,7 +314,14 @@ impl Ours {
             memo: Memo::default(),
             most_rounds: Cell::new(0),
             configured: None,
+            layout: Layout::Item,
         }
+    }
+
+    /// The lock in `layout` from before any execution starts.
+    pub fn in_layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self
     }
 
     /// The lock configured by its operator with `limit` before any execution starts (F14);
@@ -440,7 +465,7 @@ impl Ours {
                     .zip(acquisitions)
                     .map(|(identity, acq)| {
                         let weight = item.holders.get(identity).map(|h| h.weight);
-                        (weight, fenced(acq))
+                        (weight, fenced(acq), item.tombstones.get(identity))
                     })
                     .collect();
                 let runs: Vec<_> = runs.iter().map(fenced).collect();
@@ -471,6 +496,7 @@ impl Ours {
         // asks for; `used` is read by every acquire's limit check.
         let common = hash_one(&(
             1u8,
+            item.layout,
             &item.lock,
             item.limit,
             item.fences.rotated_at_ms,
@@ -498,6 +524,14 @@ impl Ours {
                 }
                 Check::Spaced { rate, now_ms } => (16u8, rate, now_ms).hash(&mut h),
                 Check::NotFenced(key) => (3u8, self.fence_role(key, e)).hash(&mut h),
+                Check::NotReleased(identity) => {
+                    (23u8, self.acquisition_index(identity, e)).hash(&mut h)
+                }
+                Check::TombstoneAt { identity, at_ms } => {
+                    (24u8, self.acquisition_index(identity, e), at_ms).hash(&mut h)
+                }
+                Check::RotatedSince { at_ms } => (25u8, at_ms).hash(&mut h),
+                Check::Idle => 26u8.hash(&mut h),
                 Check::RotatedBefore { deadline_ms } => (4u8, deadline_ms).hash(&mut h),
                 Check::LastRotation(at) => (5u8, at).hash(&mut h),
                 Check::Configured(config) => (18u8, config).hash(&mut h),
@@ -531,6 +565,17 @@ impl Ours {
                     (8u8, self.acquisition_index(identity, e), weight).hash(&mut h)
                 }
                 Change::AddFence(key) => (9u8, self.fence_role(key, e)).hash(&mut h),
+                // The release time only dates a tombstone (the gate layout).
+                Change::FenceAcquisition { identity, at_ms } => (
+                    27u8,
+                    self.acquisition_index(identity, e),
+                    (self.layout == Layout::Gate).then_some(*at_ms),
+                )
+                    .hash(&mut h),
+                Change::DropTombstone(identity) => {
+                    (28u8, self.acquisition_index(identity, e)).hash(&mut h)
+                }
+                Change::SetLayout(layout) => (29u8, layout).hash(&mut h),
                 Change::Rotate { at_ms, .. } => (10u8, at_ms).hash(&mut h),
                 Change::Enqueue(_) | Change::Dequeue(_) | Change::Repark { .. } => {
                     14u8.hash(&mut h)
@@ -560,6 +605,21 @@ impl Ours {
                     .collect();
                 text.push_str(&format!(", {generation} fences: {}", names.join(", ")));
             }
+        }
+        if !item.tombstones.is_empty() {
+            let stones: Vec<String> = item
+                .tombstones
+                .iter()
+                .map(|(identity, at)| {
+                    format!(
+                        "{}/{} (released at tick {})",
+                        identity.holder,
+                        identity.acquisition,
+                        at.saturating_sub(NOW_MS) / TICK_MS
+                    )
+                })
+                .collect();
+            text.push_str(&format!(", tombstones: {}", stones.join(", ")));
         }
         if let Some(at) = item.fences.rotated_at_ms {
             text.push_str(&format!(
@@ -593,12 +653,11 @@ impl Ours {
         };
         let write = match op.kind {
             OpKind::Acquire => {
-                let (runs, acquisitions) = &self.fences[op.exec as usize];
+                let (runs, _) = &self.fences[op.exec as usize];
                 let execution = &runs[self.run_of(op.inc).0 as usize];
-                let acquisition = &acquisitions[self.acquisition_of(op.inc) as usize];
                 let fenced = current
                     .as_ref()
-                    .is_some_and(|item| item.is_fenced(execution) || item.is_fenced(acquisition));
+                    .is_some_and(|item| item.is_fenced(execution) || item.is_released(identity));
                 if self.variant == Variant::AcquireChecksFencesWhenSent && fenced {
                     return finished(
                         Answer::Fenced,
@@ -626,7 +685,9 @@ impl Ours {
                 write.checks.retain(|check| match check {
                     Check::Configured(_) => self.variant != Variant::AcquireIgnoresConfiguration,
                     Check::Fits { .. } => self.variant != Variant::AcquireWithoutLimit,
-                    Check::NotFenced(_) => self.variant != Variant::AcquireChecksFencesWhenSent,
+                    Check::NotFenced(_) | Check::NotReleased(_) => {
+                        self.variant != Variant::AcquireChecksFencesWhenSent
+                    }
                     Check::RotatedBefore { .. } => self.variant != Variant::RotationWithoutHorizon,
                     _ => true,
                 });
@@ -638,6 +699,7 @@ impl Ours {
                 &self.lock,
                 identity,
                 self.weights[usize::from(op.exec)],
+                tick_ms(now),
             )),
             // The execution was redriven since its event (or since the sweeper listed it): the
             // cleanup asks DescribeExecution first, and stops.
@@ -679,11 +741,38 @@ impl Ours {
         self.in_flight(write, false, 0, store, log)
     }
 
+    /// The drop of the first tombstone `item` may shed (see `protocol::drop_tombstones`), as
+    /// the variant judges it.
+    fn tombstone_drop(&self, item: &SemaphoreItem) -> Option<Write> {
+        let drop = |identity: &Identity, at_ms: u64| Write {
+            lock: item.lock.clone(),
+            checks: vec![Check::TombstoneAt {
+                identity: identity.clone(),
+                at_ms,
+            }],
+            changes: vec![Change::DropTombstone(identity.clone())],
+        };
+        match self.variant {
+            Variant::DropTombstoneEarly => {
+                let (identity, at_ms) = item.tombstones.iter().next()?;
+                Some(drop(identity, *at_ms))
+            }
+            Variant::DropTombstoneAtAnyRotation => {
+                let rotated = item.fences.rotated_at_ms?;
+                let (identity, at_ms) = item.tombstones.iter().find(|(_, at)| **at <= rotated)?;
+                Some(drop(identity, *at_ms))
+            }
+            _ => protocol::drop_tombstones(item, &TIMING).into_iter().next(),
+        }
+    }
+
     /// A release's write (the first, or one a refusal called for) as the variant sends it.
     fn release_write(&self, mut write: Write) -> Write {
         match self.variant {
             Variant::ReleaseWithoutFence => {
-                write.changes.retain(|c| !matches!(c, Change::AddFence(_)));
+                write
+                    .changes
+                    .retain(|c| !matches!(c, Change::FenceAcquisition { .. }));
             }
             Variant::ReleaseWithoutWeightCheck => {
                 write
@@ -935,11 +1024,21 @@ impl Protocol for Ours {
     }
 
     fn initial_item(&self) -> Option<u32> {
-        // The operator's configuration, written before any execution asks.
-        let config = self.configured?;
-        let write = protocol::configure(&self.lock, Some(config));
-        let item = write.apply(None).expect("a configuration checks nothing");
-        Some(self.intern(item))
+        // The layout and the operator's configuration, written before any execution asks.
+        let mut item = None;
+        if self.layout != Layout::Item {
+            let write = protocol::set_layout(&self.lock, self.layout);
+            item = Some(write.apply(None).expect("a new lock is idle"));
+        }
+        if let Some(config) = self.configured {
+            let write = protocol::configure(&self.lock, Some(config));
+            item = Some(
+                write
+                    .apply(item.as_ref())
+                    .expect("a configuration checks nothing"),
+            );
+        }
+        item.map(|item| self.intern(item))
     }
 
     fn start(&self, op: Op, requested: u8) -> Phase {
@@ -988,7 +1087,9 @@ impl Protocol for Ours {
 
     fn rotation(&self, store: Option<u32>, now: u8) -> Option<Phase> {
         let item = self.item(store)?;
-        let write = protocol::rotation(&item, tick_ms(now), &TIMING)?;
+        // The sweeper's housekeeping: a rotation when one is due, else the drop of a tombstone.
+        let write = protocol::rotation(&item, tick_ms(now), &TIMING)
+            .or_else(|| self.tombstone_drop(&item))?;
         Some(Phase::Flight {
             write: self.intern_write(write),
             second: false,
@@ -1112,7 +1213,19 @@ impl Protocol for Ours {
         // The fences are a set ordered by their digests, which differ from one execution to
         // another: sorted, the roles key the same set the same way for every execution.
         roles.sort_unstable();
-        hash_one(&roles)
+        // A tombstone drop in flight is about the execution whose tombstone it names.
+        let mine = |identity: &Identity| self.index.get(identity).map(|(x, _)| *x) == Some(e);
+        let drop: Vec<(u8, u64)> = write
+            .checks
+            .iter()
+            .filter_map(|c| match c {
+                Check::TombstoneAt { identity, at_ms } if mine(identity) => {
+                    Some((self.acquisition_index(identity, e as usize), *at_ms))
+                }
+                _ => None,
+            })
+            .collect();
+        hash_one(&(roles, drop))
     }
 
     fn rotation_key(&self, phase: Phase) -> u64 {
@@ -1128,6 +1241,12 @@ impl Protocol for Ours {
                 _ => None,
             })
             .collect();
-        hash_one(&(&write.checks, at))
+        // A tombstone drop's own check names an execution: `rotation_exec_key` keys it.
+        let checks: Vec<&Check> = write
+            .checks
+            .iter()
+            .filter(|c| !matches!(c, Check::TombstoneAt { .. }))
+            .collect();
+        hash_one(&(checks, at))
     }
 }

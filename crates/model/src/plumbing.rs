@@ -336,6 +336,17 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
             }
             Check::Spaced { rate, .. } => format!("spaced by {rate}"),
             Check::NotFenced(key) => format!("{} not fenced", naming.fence(key)),
+            Check::NotReleased(identity) => format!("{} not released", naming.who(identity)),
+            Check::TombstoneAt { identity, at_ms } => naming.moment(*at_ms).map_or(
+                format!("{}'s tombstone as read", naming.who(identity)),
+                |at| format!("{}'s tombstone of {at}", naming.who(identity)),
+            ),
+            Check::RotatedSince { at_ms } => naming
+                .moment(*at_ms)
+                .map_or("rotated since".to_owned(), |at| {
+                    format!("rotated since {at}")
+                }),
+            Check::Idle => "idle".to_owned(),
             Check::RotatedBefore { deadline_ms } => naming
                 .moment(*deadline_ms)
                 .map_or("in time".to_owned(), |at| format!("no rotation since {at}")),
@@ -396,6 +407,13 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
                 format!("free {}'s slot, used - {weight}", naming.who(identity))
             }
             Change::AddFence(key) => format!("fence {}", naming.fence(key)),
+            Change::FenceAcquisition { identity, .. } => {
+                format!("fence {}'s acquisition", naming.who(identity))
+            }
+            Change::DropTombstone(identity) => {
+                format!("drop {}'s tombstone", naming.who(identity))
+            }
+            Change::SetLayout(layout) => format!("{layout} layout"),
             Change::Rotate { young_seen, .. } => {
                 format!("rotate (drop old, age {} young)", young_seen.len())
             }

@@ -809,7 +809,7 @@ impl PollWorld {
         let t = self.table(seen);
         let item = t.item.as_ref()?;
         let expired = item.expired_leases(Self::clock(who, at), TICK_MS);
-        (!expired.is_empty()).then(|| protocol::take_back(&self.lock, &expired))
+        (!expired.is_empty()).then(|| protocol::take_back(&self.lock, &expired, NOW_MS))
     }
 
     /// What `write` does to table `table` ([`Write::apply_with`], as the memory store applies
@@ -871,6 +871,7 @@ impl PollWorld {
             .any(|c| matches!(c, Change::Enqueue(_)));
         let fences = write.changes.iter().filter_map(|c| match c {
             Change::AddFence(key) => Some(*key),
+            Change::FenceAcquisition { identity, .. } => Some(FenceKey::acquisition(identity)),
             _ => None,
         });
         let mut retire = 0;
@@ -1420,9 +1421,9 @@ impl PollWorld {
             Step::Release { unheld, round } => {
                 let id = self.id(who).clone();
                 let write = if unheld {
-                    protocol::release_unheld(&self.lock, &id)
+                    protocol::release_unheld(&self.lock, &id, NOW_MS)
                 } else {
-                    protocol::release(&self.lock, &id, Weight::ONE)
+                    protocol::release(&self.lock, &id, Weight::ONE, NOW_MS)
                 };
                 let result = self.send(s, who, &write, w);
                 match read(protocol::released(&write, &id, result)) {

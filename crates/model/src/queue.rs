@@ -765,11 +765,14 @@ impl QueueWorld {
                 write
             }
             Request::Leave(e) => protocol::leave(lock, WaiterId::of(&self.identities[e as usize])),
-            Request::Release(e) => {
-                protocol::release(lock, &self.identities[e as usize], self.weights[e as usize])
-            }
+            Request::Release(e) => protocol::release(
+                lock,
+                &self.identities[e as usize],
+                self.weights[e as usize],
+                NOW_MS,
+            ),
             Request::ReleaseUnheld(e) => {
-                protocol::release_unheld(lock, &self.identities[e as usize])
+                protocol::release_unheld(lock, &self.identities[e as usize], NOW_MS)
             }
             Request::Fence(e) => {
                 protocol::cleanup_fence(lock, &self.identities[e as usize].holder, Run::FIRST)

@@ -80,6 +80,7 @@ use std::hash::Hash;
 use crate::explore::{Model, Violation};
 use crate::hash::{hash_one, Fingerprint};
 use crate::plumbing::{exec_name, names, plural, weights_text, Emitting, Fate, Successors, Words};
+use semaphore_core::item::Layout;
 
 /// The size and the faults of the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +130,9 @@ pub struct Config {
     /// How many times in one run Step Functions may redrive an execution that ended FAILED,
     /// ABORTED or TIMED_OUT (at most `MAX_INCARNATIONS - 1`; any executions, one at a time).
     pub redrives: u8,
+    /// Where the lock keeps its holders ([`Layout`]): in the gate layout, a released
+    /// acquisition is a tombstone, which a fence rotation's turn may drop once passed.
+    pub layout: Layout,
 }
 
 impl Config {
@@ -176,6 +180,7 @@ impl Config {
             ticks: 1,
             rotations: 2,
             redrives: 0,
+            layout: Layout::Item,
         }
     }
 
@@ -254,7 +259,11 @@ impl fmt::Display for Config {
                     plural(self.sweeps, "sweep", "sweeps")
                 )
             }
-        )
+        )?;
+        match self.layout {
+            Layout::Item => Ok(()),
+            Layout::Gate => write!(f, "; gate layout (tombstones dropped by rotations' turns)"),
+        }
     }
 }
 

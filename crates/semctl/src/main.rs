@@ -813,7 +813,8 @@ fn unreadable_lock(e: &StoreError) -> Option<&str> {
         StoreError::OldFormat { lock }
         | StoreError::CorruptItem { lock, .. }
         | StoreError::Unexpected { lock, .. }
-        | StoreError::ExpressionTooLarge { lock, .. } => Some(lock),
+        | StoreError::ExpressionTooLarge { lock, .. }
+        | StoreError::LayoutNotStored { lock, .. } => Some(lock),
         StoreError::TableNotFound { .. } | StoreError::Dynamo { .. } => None,
     }
 }

@@ -11,7 +11,9 @@ use crate::input::{
     AcquisitionId, HolderId, InputError, Lease, Limit, LockConfig, LockName, Rate, TaskToken,
     Terms, Weight,
 };
-use crate::item::{FenceKey, Fences, FencingToken, Holding, Identity, Run, SemaphoreItem, Version};
+use crate::item::{
+    FenceKey, Fences, FencingToken, Holding, Identity, Layout, Run, SemaphoreItem, Version,
+};
 use crate::queue::{Attempt, QueueKey, Waiter, Wakeup};
 
 /// Attribute names of the semaphore item. `lock` is the table's only key; the template's table
@@ -325,6 +327,7 @@ fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem,
     let held_bytes = get_number(attrs, attr::HELD_BYTES)?;
     Ok(SemaphoreItem {
         lock,
+        layout: Layout::Item,
         limit,
         version: Version(version),
         holders,
@@ -343,6 +346,7 @@ fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem,
         held_bytes,
         config: get_config(attrs)?,
         leases: get_leases(attrs)?,
+        tombstones: BTreeMap::new(),
     })
 }
 

@@ -16,7 +16,8 @@ use super::codec::{
 use crate::error::StoreError;
 use crate::input::{LockName, Rate};
 use crate::item::{
-    FencingToken, Holding, Identity, FENCES_PER_GENERATION, HELD_BYTES_BUDGET, MAX_HELD_BYTES,
+    FenceKey, FencingToken, Holding, Identity, Layout, FENCES_PER_GENERATION, HELD_BYTES_BUDGET,
+    MAX_HELD_BYTES,
 };
 use crate::queue::{QueueKey, WaiterId, Wakeup};
 use crate::write::{Change, Check, Write};
@@ -178,6 +179,21 @@ fn spaced(p: &mut Placeholders, rate: &Rate, now_ms: u64, holds: Holds) -> Strin
     }
 }
 
+/// `Check::NotFenced`: the key in neither generation.
+fn not_fenced(p: &mut Placeholders, key: &FenceKey) -> String {
+    let (young, old) = (p.attr(attr::YOUNG), p.attr(attr::OLD));
+    let key = p.value(binary(key));
+    format!("NOT contains({young}, {key}) AND NOT contains({old}, {key})")
+}
+
+/// A write only a gate lock sends: this store keeps item-layout locks.
+fn gate_only(write: &Write) -> StoreError {
+    StoreError::LayoutNotStored {
+        lock: write.lock.to_string(),
+        layout: Layout::Gate,
+    }
+}
+
 /// The write as one `UpdateItem`: the format check and the write's checks as its condition, the
 /// version increment and the write's changes as its update.
 pub fn render(write: &Write) -> Result<Rendered, StoreError> {
@@ -203,10 +219,10 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                 let high = p.value(number(weight_floor(*weight) + WEIGHT_SPAN - 1));
                 format!("{slot} BETWEEN {low} AND {high}")
             }
-            Check::NotFenced(key) => {
-                let (young, old) = (p.attr(attr::YOUNG), p.attr(attr::OLD));
-                let key = p.value(binary(key));
-                format!("NOT contains({young}, {key}) AND NOT contains({old}, {key})")
+            Check::NotFenced(key) => not_fenced(&mut p, key),
+            Check::NotReleased(identity) => not_fenced(&mut p, &FenceKey::acquisition(identity)),
+            Check::TombstoneAt { .. } | Check::RotatedSince { .. } | Check::Idle => {
+                return Err(gate_only(write))
             }
             Check::RotatedBefore { deadline_ms } => {
                 let rotated = p.attr(attr::ROTATED_AT);
@@ -327,6 +343,10 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
             Change::AddFence(key) => {
                 fences_added.insert(*key);
             }
+            Change::FenceAcquisition { identity, .. } => {
+                fences_added.insert(FenceKey::acquisition(identity));
+            }
+            Change::DropTombstone(_) | Change::SetLayout(_) => return Err(gate_only(write)),
             Change::Rotate { young_seen, at_ms } => {
                 let old = p.attr(attr::OLD);
                 if young_seen.is_empty() {
@@ -663,8 +683,8 @@ mod tests {
                 &timing,
             )
             .unwrap(),
-            protocol::release(&lock, &identity(), Weight::new(3).unwrap()),
-            protocol::release_unheld(&lock, &identity()),
+            protocol::release(&lock, &identity(), Weight::new(3).unwrap(), 0),
+            protocol::release_unheld(&lock, &identity(), 0),
             protocol::cleanup_fence(&lock, &holder, Run::FIRST),
             protocol::cleanup_free(&lock, &[(identity(), Weight::ONE)]),
             protocol::rotation(&busy, 60_000, &timing).unwrap(),
@@ -688,6 +708,7 @@ mod tests {
             &lock,
             &identity(),
             Weight::new(2).unwrap(),
+            0,
         ))
         .unwrap();
         assert_eq!(
@@ -741,7 +762,7 @@ mod tests {
             .into_iter()
             .map(|(identity, weight)| (identity, weight, u64::MAX / 2))
             .collect();
-        let back = render(&protocol::take_back(&lock, &expired)).unwrap();
+        let back = render(&protocol::take_back(&lock, &expired, 0)).unwrap();
         for expression in [&free.condition, &free.update, &back.condition, &back.update] {
             assert!(
                 expression.len() <= MAX_EXPRESSION_BYTES,

@@ -68,7 +68,7 @@ impl<S: ItemStore> Semaphore<S> {
             return Ok(None);
         }
         let mut taken = Vec::new();
-        let mut write = protocol::take_back(&item.lock, &expired);
+        let mut write = protocol::take_back(&item.lock, &expired, now_ms);
         let mut current = item.clone();
         for _ in 0..MAX_ROUNDS * 4 {
             let result = self.store.write(&write).await?;
@@ -100,7 +100,7 @@ impl<S: ItemStore> Semaphore<S> {
                     }
                     // The next chunk, if there were more.
                     let rest = current.expired_leases(now_ms, skew_ms);
-                    (!rest.is_empty()).then(|| protocol::take_back(&item.lock, &rest))
+                    (!rest.is_empty()).then(|| protocol::take_back(&item.lock, &rest, now_ms))
                 }
                 WriteResult::Refused { current: seen, .. }
                 | WriteResult::Unsure { current: seen } => {
@@ -261,7 +261,7 @@ impl<S: ItemStore> Semaphore<S> {
         identity: &Identity,
         weight: Weight,
     ) -> Result<(ReleaseOutcome, SemaphoreItem, Option<Holding>), Error> {
-        let mut write = protocol::release(lock, identity, weight);
+        let mut write = protocol::release(lock, identity, weight, self.now_ms());
         let freed = std::sync::Mutex::new(None);
         let (outcome, after) = self
             .rounds(&mut write, |write, result| {
@@ -395,6 +395,56 @@ impl<S: ItemStore> Semaphore<S> {
     pub async fn rotate_if_due(&self, item: &SemaphoreItem) -> bool {
         self.rotate(protocol::rotation(item, self.now_ms(), &self.timing))
             .await
+    }
+
+    /// Drops the tombstones of gate lock `lock` that a rotation has passed (read now, after
+    /// any rotation the caller just sent); how many. Housekeeping: a drop refused (the
+    /// tombstone is not as read) changes nothing, and a later sweep tries again.
+    pub async fn drop_passed_tombstones(&self, lock: &LockName) -> Result<usize, Error> {
+        let item = self.status(lock).await?;
+        let mut dropped = 0;
+        for write in protocol::drop_tombstones(&item, &self.timing) {
+            if matches!(
+                self.store.write(&write).await?,
+                WriteResult::Applied { .. } | WriteResult::Landed
+            ) {
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// Moves `lock` to `layout` (see [`crate::item::Layout`]); the item as it is after.
+    /// Refused with [`Error::NotIdle`] unless nothing is held, nobody waits, and its fences and
+    /// tombstones are gone (a rotation a window or two after the last release drops them).
+    pub async fn set_layout(
+        &self,
+        lock: &LockName,
+        layout: crate::item::Layout,
+    ) -> Result<SemaphoreItem, Error> {
+        let write = protocol::set_layout(lock, layout);
+        match self.store.write(&write).await? {
+            WriteResult::Applied { before } => write.apply(before.as_ref()).map_err(|_| {
+                unexpected(&write, "a layout change landed but does not apply").into()
+            }),
+            WriteResult::Refused { current, .. } | WriteResult::Unsure { current }
+                if current.layout == layout =>
+            {
+                Ok(current)
+            }
+            WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => {
+                Err(Error::NotIdle {
+                    lock: lock.clone(),
+                    layout,
+                    used: current.used,
+                    waiting: current.waiting,
+                    fences: current.fences.len() + current.tombstones.len(),
+                })
+            }
+            WriteResult::Landed => {
+                Err(unexpected(&write, "a layout change was sent as a transaction").into())
+            }
+        }
     }
 
     /// Sends a rotation. Housekeeping: one refused (another writer rotated first) or failed

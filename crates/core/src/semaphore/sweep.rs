@@ -60,6 +60,9 @@ pub struct SweepReport {
     pub lines: Vec<LockName>,
     /// Slots taken back because their lease had passed (F13), each fenced.
     pub taken_back: Vec<TakenBackSlot>,
+    /// Tombstones of gate locks dropped, once a rotation made every late attempt of their
+    /// acquisitions expire (see [`crate::item::Layout::Gate`]).
+    pub tombstones_dropped: usize,
 }
 
 impl<S: ItemStore> Semaphore<S> {
@@ -198,6 +201,14 @@ impl<S: ItemStore> Semaphore<S> {
             // happened since makes this one refused, harmlessly.
             if mode == SweepMode::Reclaim && self.rotate_if_due(item).await {
                 report.rotated += 1;
+            }
+            if mode == SweepMode::Reclaim && !item.tombstones.is_empty() {
+                match self.drop_passed_tombstones(&item.lock).await {
+                    Ok(dropped) => report.tombstones_dropped += dropped,
+                    Err(e) => report
+                        .errors
+                        .push(format!("tombstones of {}: {e}", item.lock)),
+                }
             }
         }
         Ok(report)

@@ -59,7 +59,7 @@ fn an_enqueue_past_its_horizon_is_not_sent_and_one_landing_after_a_later_rotatio
     );
     let store = MemoryStore::new();
     take(&store, "a", 1);
-    store.write_now(&release_unheld(&lock(), &id("x")));
+    store.write_now(&release_unheld(&lock(), &id("x"), 0));
     // Decided at T0 (deadline T0 + 8 s); a rotation at the deadline lands first.
     let late = enqueue(&w, None, T0, T0, &T).unwrap();
     assert!(late.checks.contains(&Check::RotatedBefore {
@@ -105,7 +105,7 @@ fn a_grant_is_refused_by_the_first_of_its_checks_that_fails() {
     let gone = waiter("g", 1, T0);
     assert!(matches!(outcome(&grant_of(&gone)), Grant::Moved { .. }));
 
-    store.write_now(&release(&lock(), &id("a"), Weight::ONE));
+    store.write_now(&release(&lock(), &id("a"), Weight::ONE, 0));
     // Its run was cleaned up while it waited: dead (checked before the limit and holding).
     store.write_now(&cleanup_fence(&lock(), &w.identity.holder, Run::FIRST));
     assert!(matches!(outcome(&grant_of(&w)), Grant::Dead { .. }));
@@ -127,7 +127,7 @@ fn a_grant_is_refused_by_the_first_of_its_checks_that_fails() {
         store.waiters_now(&lock(), None, 10),
         std::slice::from_ref(&first)
     );
-    store.write_now(&release(&lock(), &id("b"), Weight::ONE));
+    store.write_now(&release(&lock(), &id("b"), Weight::ONE, 0));
     let result = store.write_now(&grant_of(&first));
     assert_eq!(result, WriteResult::Landed);
     let item = store.load_now(&lock()).unwrap();

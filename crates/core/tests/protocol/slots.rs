@@ -75,7 +75,7 @@ fn a_release_or_cleanup_whose_answer_was_lost_says_what_its_first_attempt_did() 
         AcquireOutcome::AlreadyHeld { token, count: 2 }
     );
     // A release: the slot is gone and its own fence is there: it released.
-    let write = release(&lock(), &a, Weight::ONE);
+    let write = release(&lock(), &a, Weight::ONE, 0);
     let (outcome, _) = done(released(&write, &a, land_unanswered(&write, &mut item)));
     assert_eq!(
         outcome,
@@ -135,7 +135,7 @@ fn acquire_answers_follow_from_the_checks_that_failed() {
             limit: limit(2)
         }
     );
-    let write = release(&lock(), &a, Weight::ONE);
+    let write = release(&lock(), &a, Weight::ONE, 0);
     let (outcome, _) = done(released(&write, &a, land(&write, &mut item)));
     assert_eq!(
         outcome,
@@ -179,7 +179,7 @@ fn an_acquire_past_its_horizon_is_not_sent_and_one_that_lands_after_a_later_rota
         Err(AcquireOutcome::Expired)
     );
     let mut item = None;
-    let write = release_unheld(&lock(), &id("x", "1"));
+    let write = release_unheld(&lock(), &id("x", "1"), 0);
     land(&write, &mut item);
     // Decided at 1 s (request at 1 s, deadline 9 s); a rotation at 9 s lands first.
     let late = acquire(
@@ -229,14 +229,14 @@ fn a_writer_rotates_only_once_young_fences_are_worth_a_write() {
             busy_rotation(&now, 1_000, &T, BUSY_YOUNG_FENCES).is_none(),
             "{n} young fences"
         );
-        let write = release_unheld(&lock(), &id(&format!("e{n}"), "1"));
+        let write = release_unheld(&lock(), &id(&format!("e{n}"), "1"), 0);
         land(&write, &mut item);
     }
     let now = item.as_ref().unwrap();
     assert!(busy_rotation(now, 1_000, &T, BUSY_YOUNG_FENCES).is_some());
     // A window later, one fence is enough for the sweeper, not for a writer.
     let mut one = None;
-    land(&release_unheld(&lock(), &id("x", "1")), &mut one);
+    land(&release_unheld(&lock(), &id("x", "1"), 0), &mut one);
     let one = one.unwrap();
     assert!(rotation(&one, 1_000, &T).is_some());
     assert!(busy_rotation(&one, 1_000, &T, BUSY_YOUNG_FENCES).is_none());

@@ -6,10 +6,12 @@
 //! - `slots`: acquire, release, fence, free, cleanup, and what each costs in requests;
 //! - `line`: queueing, hand-offs, re-parking and leaving;
 //! - `sweep`: what the sweeper reclaims, and what it leaves alone;
-//! - `leases`: leased slots, their heartbeats, and their take-back (F13).
+//! - `leases`: leased slots, their heartbeats, and their take-back (F13);
+//! - `gate`: the gate layout (holders out of the lock's item, tombstones for released acquisitions).
 
 use semaphore_core::{Limit, LockName};
 
+mod gate;
 mod leases;
 mod line;
 mod slots;

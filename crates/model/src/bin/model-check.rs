@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
+use semaphore_core::item::Layout;
 use semaphore_model::queue::MAX_WAITERS;
 use semaphore_model::world::{MAX_EXECUTIONS, MAX_INCARNATIONS};
 use semaphore_model::{
@@ -78,11 +79,19 @@ struct Cli {
     /// rotation-without-horizon, release-without-weight-check; with redrives (one by default
     /// for these): redrive-without-guard, redrive-reuses-acquisition, cleanup-ignores-redrive,
     /// cleanup-checks-running-only-before-fence, one-fence-for-every-run,
-    /// release-frees-only-its-run. Of the line: real, hand-off-without-wake-retry,
+    /// release-frees-only-its-run; in the gate layout: drop-tombstone-early,
+    /// drop-tombstone-at-any-rotation. Of the line: real, hand-off-without-wake-retry,
     /// newcomer-passes-the-line, dead-waiter-not-skipped, grant-ignores-weight,
     /// check-keeps-old-token, check-takes-a-new-place.
     #[arg(long, value_name = "NAME", default_value = "real")]
     variant: String,
+
+    /// Where the lock keeps its holders: item (all in the lock's item) or gate (each holding
+    /// an item of its own, released acquisitions as tombstones that a rotation's turn drops).
+    /// The product's protocol only; the variants drop-tombstone-early and
+    /// drop-tombstone-at-any-rotation are checked in the gate layout.
+    #[arg(long, value_name = "LAYOUT", default_value = "item", conflicts_with_all = ["queue", "leases", "pollers"])]
+    layout: Layout,
 
     /// Executions contending [default: 3; at most 8, with --queue 4].
     #[arg(long, value_name = "N")]
@@ -335,6 +344,12 @@ impl Cli {
             // A variant that differs from the real protocol only when executions are redriven
             // is checked with a redrive unless told otherwise.
             redrives: self.redrives.unwrap_or(u8::from(variant.needs_redrives())),
+            // A variant of the gate's tombstones is checked in the gate layout.
+            layout: if variant.needs_gate() {
+                Layout::Gate
+            } else {
+                self.layout
+            },
         };
         if !(1..=MAX_EXECUTIONS).contains(&usize::from(config.executions)) {
             usage_error(format!("--executions must be from 1 to {MAX_EXECUTIONS}"));
