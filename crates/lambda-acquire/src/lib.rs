@@ -260,8 +260,8 @@ fn expired(request: &AcquireRequest, why: &str) -> HandlerError {
     ))
 }
 
-/// The error once a waiter queued at `queued_at_ms` has waited past `MAX_WAIT_SECONDS`, or
-/// checked more often than its execution's history has room for.
+/// The error once a waiter queued at `queued_at_ms` has waited past `MAX_WAIT_SECONDS`, or (a
+/// parked standard execution) checked more often than its execution's history has room for.
 fn wait_budget(
     request: &AcquireRequest,
     config: &Config,
@@ -276,7 +276,10 @@ fn wait_budget(
              raise the limit or the stack's MaxWaitSeconds",
             config.max_wait.as_secs()
         )
-    } else if u64::from(waiter.checks) >= MAX_FALLBACK_CHECKS {
+    } else if waiter.task_token().is_some() && u64::from(waiter.checks) >= MAX_FALLBACK_CHECKS {
+        // Only a parked standard execution's checks fill its history; a poller's polls (an
+        // Express execution, a function, a script) keep no Standard history, and its wait is
+        // bounded by MAX_WAIT_SECONDS alone.
         format!(
             "and checked {} times: more would pass Step Functions' 25,000 events of one \
              execution's history. Lengthen the acquire state's TimeoutSeconds",

@@ -1817,6 +1817,41 @@ async fn an_express_execution_polls_in_line_keeps_its_place_and_finds_its_slot()
         "3",
         "each poll renewed the record"
     );
+    // A poller's polls are not a Standard history's events: past the parked executions' budget
+    // of checks it still polls (only MAX_WAIT_SECONDS ends its wait).
+    let store = w.sem.store();
+    store
+        .client()
+        .update_item()
+        .table_name(store.queue_table())
+        .key(
+            "lock",
+            aws_sdk_dynamodb::types::AttributeValue::S("example-lock".into()),
+        )
+        .key(
+            "waiter",
+            aws_sdk_dynamodb::types::AttributeValue::S(text(express_record, "waiter").to_owned()),
+        )
+        .update_expression("SET checks = :n")
+        .expression_attribute_values(
+            ":n",
+            aws_sdk_dynamodb::types::AttributeValue::N(
+                lambda_common::MAX_FALLBACK_CHECKS.to_string(),
+            ),
+        )
+        .send()
+        .await
+        .expect("set the record's checks");
+    polls = polled(&polls);
+    let past_budget = w.play_express(&config, &polls, &json!({})).await;
+    assert_eq!(
+        past_budget.then,
+        Then::Retried {
+            error: "SemaphoreBusy".to_owned()
+        },
+        "{:?}",
+        past_budget.answer
+    );
 
     // A slot freed: the hand-off grants the head, the Express execution; nothing to wake.
     let released = w
