@@ -170,16 +170,22 @@ enum Command {
         holder: String,
     },
     /// The semaphore as stored: limit, count, used (the sum of the holders' weights), version,
-    /// holders (each with its weight), waiting, the start rate and last start, fences, last
+    /// holders (each with its weight; the longest held first, at most --holders of them, the
+    /// rest counted in holders_omitted), waiting, the start rate and last start, fences, last
     /// rotation, the fence window, item bytes and write units per write.
     Status {
         #[arg(long)]
         lock: String,
+        #[command(flatten)]
+        shown: HoldersShown,
     },
     /// Every lock in the table, sorted by name, each as `status` shows it (a JSON array). An
     /// item that cannot be read (one version 1 wrote) is listed with an "error" naming it, the
     /// others as usual, and the exit status is 1.
-    List,
+    List {
+        #[command(flatten)]
+        shown: HoldersShown,
+    },
     /// One sweep now, through the scheduled sweeper's own code: every holder that is a standard
     /// execution (of the --state-machine-arn machines, if given; others are left alone) is
     /// looked up in Step Functions at the same endpoint and region; one that has ended or no
@@ -443,11 +449,11 @@ enum Request {
     /// Every slot of an execution, on one lock or (`None`) on every lock holding it.
     ReleaseAllOf(HolderId, Option<LockName>),
     Cleanup(LockName, HolderId),
-    Status(LockName),
+    Status(LockName, usize),
     /// Set (`Some`) or remove (`None`) the lock's configuration.
     Configure(LockName, Option<LockConfig>),
     ShowConfig(LockName),
-    List,
+    List(usize),
     Sweep {
         dry_run: bool,
         state_machines: ArnPatterns,
@@ -559,7 +565,7 @@ impl Request {
             Command::Cleanup { lock, holder } => {
                 Self::Cleanup(LockName::new(lock)?, HolderId::new(holder)?)
             }
-            Command::Status { lock } => Self::Status(LockName::new(lock)?),
+            Command::Status { lock, shown } => Self::Status(LockName::new(lock)?, shown.holders),
             Command::Lock(LockCommand::Set {
                 lock,
                 limit,
@@ -577,7 +583,7 @@ impl Request {
                 Self::Configure(LockName::new(lock)?, None)
             }
             Command::Lock(LockCommand::Show { lock }) => Self::ShowConfig(LockName::new(lock)?),
-            Command::List => Self::List,
+            Command::List { shown } => Self::List(shown.holders),
             Command::Top(options) => Self::Top(options),
             Command::Sweep {
                 dry_run,
@@ -789,11 +795,16 @@ impl Request {
                 };
                 Answer::done(config_json(&lock, item.as_ref()))
             }
-            Self::Status(lock) => {
+            Self::Status(lock, shown) => {
                 let item = semaphore.status(&lock).await?;
-                Answer::done(status_json(&item, semaphore.now_ms(), &semaphore.timing()))
+                Answer::done(status_json(
+                    &item,
+                    semaphore.now_ms(),
+                    &semaphore.timing(),
+                    shown,
+                ))
             }
-            Self::List => list(semaphore).await?,
+            Self::List(shown) => list(semaphore, shown).await?,
             Self::Top(options) => Answer::printed(top::run(semaphore, &options).await?),
             Self::Sweep {
                 dry_run,
@@ -819,7 +830,7 @@ fn unreadable_lock(e: &StoreError) -> Option<&str> {
     }
 }
 
-async fn list(semaphore: &Semaphore<DynamoStore>) -> Result<Answer, Failure> {
+async fn list(semaphore: &Semaphore<DynamoStore>, shown: usize) -> Result<Answer, Failure> {
     let now = semaphore.now_ms();
     let timing = semaphore.timing();
     let mut entries: Vec<(Option<String>, Value)> = Vec::new();
@@ -828,7 +839,7 @@ async fn list(semaphore: &Semaphore<DynamoStore>) -> Result<Answer, Failure> {
         match item {
             Ok(item) => entries.push((
                 Some(item.lock.to_string()),
-                status_json(&item, now, &timing),
+                status_json(&item, now, &timing, shown),
             )),
             Err(e) => {
                 let lock = unreadable_lock(&e).map(str::to_owned);
@@ -1005,11 +1016,32 @@ fn config_json(lock: &LockName, item: Option<&SemaphoreItem>) -> Value {
     })
 }
 
-fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Value {
+/// How many holders `status` and `list` show per lock.
+#[derive(Debug, Clone, Copy, clap::Args)]
+struct HoldersShown {
+    /// Holders listed per lock, the longest held first (the others are counted in
+    /// holders_omitted): a number, or "all". A lock of thousands of holders stays readable.
+    #[arg(long, value_name = "N|all", default_value = "20", value_parser = holders_shown)]
+    holders: usize,
+}
+
+fn holders_shown(text: &str) -> Result<usize, String> {
+    match text.trim() {
+        "all" => Ok(usize::MAX),
+        n => n
+            .parse()
+            .map_err(|_| format!("expected a number of holders or \"all\", not {n:?}")),
+    }
+}
+
+fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing, shown: usize) -> Value {
     let item_bytes = semaphore_core::dynamo::stored_size(item);
-    let holders: Vec<Value> = item
-        .holders
+    // The longest held first: where a leak or a stuck holder shows.
+    let mut held: Vec<_> = item.holders.iter().collect();
+    held.sort_by_key(|(identity, holding)| (holding.acquired_at_ms, *identity));
+    let holders: Vec<Value> = held
         .iter()
+        .take(shown)
         .map(|(identity, holding)| {
             json!({
                 "holder": identity.holder.as_str(),
@@ -1037,6 +1069,8 @@ fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing) -> Value {
         "waiting": item.waiting,
         "version": item.version.0,
         "holders": holders,
+        // Holders not listed (see --holders).
+        "holders_omitted": item.count().saturating_sub(shown),
         // The start rate the last acquisition asked for (acquisitions per second; null: none),
         // when the last acquisition started, and when the next may start at that rate.
         "rate": item.rate.map(Rate::as_per_second),

@@ -229,6 +229,59 @@ async fn init_is_idempotent() {
     assert_eq!(semctl.json(&["init"], 0)["outcome"], "already_existed");
 }
 
+/// A lock of many holders stays readable: `status` and `list` show the longest held first, 20
+/// by default, and count the rest; `--holders` shows more, or all.
+#[tokio::test]
+async fn status_and_list_show_the_longest_held_first_and_count_the_rest() {
+    let semctl = Semctl::new().await;
+    for n in 1..=25 {
+        let holder = format!("exec-{n:02}");
+        let args = [
+            "acquire", "--lock", "wide", "--holder", &holder, "--limit", "30",
+        ];
+        assert_eq!(semctl.json(&args, 0)["outcome"], "acquired");
+    }
+    let names = |entry: &Value| -> Vec<String> {
+        entry["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["holder"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let status = semctl.json(&["status", "--lock", "wide"], 0);
+    let shown = names(&status);
+    assert_eq!(shown.len(), 20);
+    assert_eq!(
+        (shown[0].as_str(), shown[19].as_str()),
+        ("exec-01", "exec-20")
+    );
+    assert_eq!(
+        (&status["count"], &status["holders_omitted"]),
+        (&json!(25), &json!(5))
+    );
+
+    let all = semctl.json(&["status", "--lock", "wide", "--holders", "all"], 0);
+    assert_eq!(names(&all).len(), 25);
+    assert_eq!(all["holders_omitted"], json!(0));
+    let listed = semctl.json(&["list", "--holders", "3"], 0);
+    let wide = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|entry| entry["lock"] == "wide")
+        .expect("listed");
+    assert_eq!(names(wide), ["exec-01", "exec-02", "exec-03"]);
+    assert_eq!(wide["holders_omitted"], json!(22));
+    let bad = semctl.run(&["status", "--lock", "wide", "--holders", "some"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("expected a number of holders or \"all\""),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
+
 #[tokio::test]
 async fn acquire_full_release_and_status_report_what_happened() {
     let semctl = Semctl::new().await;
