@@ -1100,31 +1100,8 @@ async fn waiting_past_the_budget_is_semaphore_wait_timeout_out_of_line_and_holdi
         w.play_machine(&config, &counted, &input).await.then,
         Then::Parked
     );
-    let store = w.sem.store();
-    store
-        .client()
-        .update_item()
-        .table_name(store.queue_table())
-        .key(
-            "lock",
-            aws_sdk_dynamodb::types::AttributeValue::S("busy".into()),
-        )
-        .key(
-            "waiter",
-            aws_sdk_dynamodb::types::AttributeValue::S(
-                semaphore_core::WaiterId::of(&id(&holder(5), "r0")).render(),
-            ),
-        )
-        .update_expression("SET checks = :n")
-        .expression_attribute_values(
-            ":n",
-            aws_sdk_dynamodb::types::AttributeValue::N(
-                lambda_common::MAX_FALLBACK_CHECKS.to_string(),
-            ),
-        )
-        .send()
-        .await
-        .expect("set the record's checks");
+    let waiter = semaphore_core::WaiterId::of(&id(&holder(5), "r0")).render();
+    checked_to_the_budget(w.sem.store(), "busy", &waiter).await;
     clock.advance_ms(1_000);
     let check = counted.entered(&w.now()).with_task_token("c-2");
     let played = w.play_machine(&config, &check, &input).await;
@@ -1138,6 +1115,26 @@ async fn waiting_past_the_budget_is_semaphore_wait_timeout_out_of_line_and_holdi
         played.error().error_message
     );
     assert!(consistent(&w.sem, "busy", 1).await.is_empty());
+}
+
+/// Gives waiter `waiter`'s record in `lock`'s line as many checks as a parked execution's
+/// history has room for (`MAX_FALLBACK_CHECKS`), as a wait of that many checks would leave it.
+async fn checked_to_the_budget(store: &semaphore_core::DynamoStore, lock: &str, waiter: &str) {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    store
+        .client()
+        .update_item()
+        .table_name(store.queue_table())
+        .key("lock", AttributeValue::S(lock.into()))
+        .key("waiter", AttributeValue::S(waiter.into()))
+        .update_expression("SET checks = :n")
+        .expression_attribute_values(
+            ":n",
+            AttributeValue::N(lambda_common::MAX_FALLBACK_CHECKS.to_string()),
+        )
+        .send()
+        .await
+        .expect("set the record's checks");
 }
 
 /// Weights and a start rate from the execution input: the answers carry them, the item keeps
@@ -1819,29 +1816,12 @@ async fn an_express_execution_polls_in_line_keeps_its_place_and_finds_its_slot()
     );
     // A poller's polls are not a Standard history's events: past the parked executions' budget
     // of checks it still polls (only MAX_WAIT_SECONDS ends its wait).
-    let store = w.sem.store();
-    store
-        .client()
-        .update_item()
-        .table_name(store.queue_table())
-        .key(
-            "lock",
-            aws_sdk_dynamodb::types::AttributeValue::S("example-lock".into()),
-        )
-        .key(
-            "waiter",
-            aws_sdk_dynamodb::types::AttributeValue::S(text(express_record, "waiter").to_owned()),
-        )
-        .update_expression("SET checks = :n")
-        .expression_attribute_values(
-            ":n",
-            aws_sdk_dynamodb::types::AttributeValue::N(
-                lambda_common::MAX_FALLBACK_CHECKS.to_string(),
-            ),
-        )
-        .send()
-        .await
-        .expect("set the record's checks");
+    checked_to_the_budget(
+        w.sem.store(),
+        "example-lock",
+        text(express_record, "waiter"),
+    )
+    .await;
     polls = polled(&polls);
     let past_budget = w.play_express(&config, &polls, &json!({})).await;
     assert_eq!(

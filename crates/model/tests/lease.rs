@@ -1,27 +1,15 @@
 //! Leases (F13) in their own small world (`semaphore_model::lease`): the product's protocol
 //! passes; each broken variant is caught, with the shortest counterexample pinned.
 
-use semaphore_model::{check_leases, LeaseConfig, LeaseVariant, Report, Variants};
+use semaphore_model::{check_leases, LeaseConfig, LeaseVariant, Variants};
 
-fn show(name: &str, report: &Report) {
-    println!(
-        "{name}: {} states, {} transitions, max depth {}, {:.2?}",
-        report.states, report.transitions, report.max_depth, report.elapsed
-    );
-}
+mod support;
+use support::{assert_caught, assert_passes};
 
 #[test]
 fn leases_pass_with_two_holders_a_retry_a_heartbeat_and_three_ticks() {
     let report = check_leases(LeaseConfig::small(), LeaseVariant::Real, None);
-    show("leases", &report);
-    if let Some(cex) = &report.counterexample {
-        panic!("{cex}");
-    }
-    assert!(report.complete);
-    assert_eq!(
-        (report.states, report.transitions, report.max_depth),
-        (168_212, 606_550, 22)
-    );
+    assert_passes("leases", &report, (168_212, 606_550, 22));
 }
 
 #[test]
@@ -53,18 +41,7 @@ fn every_broken_variant_of_the_leases_is_caught() {
         ),
     ] {
         let report = check_leases(LeaseConfig::small(), variant, None);
-        show(&variant.name(), &report);
-        let cex = report
-            .counterexample
-            .unwrap_or_else(|| panic!("{}: no violation found", variant.name()));
-        println!("{cex}");
-        assert_eq!(
-            (cex.violation.property, cex.steps.len()),
-            (property, steps),
-            "{}: {cex}",
-            variant.name()
-        );
-        assert!(cex.to_string().contains(words), "{}: {cex}", variant.name());
+        assert_caught(&variant.name(), report, property, steps, words);
     }
     // Every variant is listed above.
     assert_eq!(LeaseVariant::all().count(), 4);

@@ -7,25 +7,14 @@ use semaphore_model::{
     check_ours, check_sample, explore, ours_world, Config, Model, Reach, Report, Variant, Variants,
 };
 
-fn show(name: &str, report: &Report) {
-    println!("{name}: {report}");
-}
+mod support;
+use support::show;
 
 /// Ours passes in `config`, a world of exactly this many states and transitions and this depth
 /// (pinned: README.md quotes them, and a change to the model that changes them must be seen).
-fn assert_safe(
-    name: &str,
-    config: Config,
-    (states, transitions, depth): (u64, u64, u32),
-) -> Report {
+fn assert_safe(name: &str, config: Config, counts: (u64, u64, u32)) -> Report {
     let report = check_ours(config, Variant::Real, None);
-    show(name, &report);
-    assert!(report.passed(), "{name}: {report}");
-    assert_eq!(
-        (report.states, report.transitions, report.max_depth),
-        (states, transitions, depth),
-        "{name}: {report}"
-    );
+    support::assert_passes(name, &report, counts);
     report
 }
 

@@ -8,12 +8,8 @@ use semaphore_model::{
     check_pollers, explore, Model, PollConfig, PollVariant, PollWorld, Report, Variants,
 };
 
-fn show(name: &str, report: &Report) {
-    println!(
-        "{name}: {} states, {} transitions, max depth {}, {:.2?}",
-        report.states, report.transitions, report.max_depth, report.elapsed
-    );
-}
+mod support;
+use support::{assert_caught, assert_passes, show};
 
 /// The product passes with the poller asking and renewing its place once (the default world,
 /// with its third poll, is `model-check --pollers`, pinned in `tests/commands.rs`).
@@ -24,15 +20,7 @@ fn pollers_pass_with_a_holder_a_poller_that_may_stop_and_a_parked_execution_that
         ..PollConfig::small()
     };
     let report = check_pollers(config, PollVariant::Real, None);
-    show("pollers, 2 polls", &report);
-    if let Some(cex) = &report.counterexample {
-        panic!("{cex}");
-    }
-    assert!(report.complete);
-    assert_eq!(
-        (report.states, report.transitions, report.max_depth),
-        (1_717_329, 6_253_909, 43)
-    );
+    assert_passes("pollers, 2 polls", &report, (1_717_329, 6_253_909, 43));
 }
 
 #[test]
@@ -88,18 +76,7 @@ fn every_broken_variant_of_the_pollers_is_caught() {
         ),
     ] {
         let report = check_pollers(PollConfig::small(), variant, None);
-        show(&variant.name(), &report);
-        let cex = report
-            .counterexample
-            .unwrap_or_else(|| panic!("{}: no violation found", variant.name()));
-        println!("{cex}");
-        assert_eq!(
-            (cex.violation.property, cex.steps.len()),
-            (property, steps),
-            "{}: {cex}",
-            variant.name()
-        );
-        assert!(cex.to_string().contains(words), "{}: {cex}", variant.name());
+        assert_caught(&variant.name(), report, property, steps, words);
     }
     // Every variant is listed above.
     assert_eq!(PollVariant::all().count(), 7);

@@ -4,12 +4,11 @@
 //! traces. Run with `--nocapture` to see the state counts, times and traces.
 
 use semaphore_model::{
-    check_queue, explore, Model, QueueConfig, QueueVariant, QueueWorld, Report, Variants,
+    check_queue, explore, Model, QueueConfig, QueueVariant, QueueWorld, Variants,
 };
 
-fn show(name: &str, report: &Report) {
-    println!("{name}: {report}");
-}
+mod support;
+use support::{assert_caught, show};
 
 fn world(executions: u8, limit: u32) -> QueueConfig {
     QueueConfig {
@@ -24,15 +23,9 @@ fn world(executions: u8, limit: u32) -> QueueConfig {
 /// one acquire state (issue #26): an attempt's function first reads its record in line, a check
 /// after a timeout or a retry is an attempt of its own, and a crashed acquire is retried rather
 /// than released, so there are more states and each path is a few steps longer.
-fn assert_passes(name: &str, config: QueueConfig, (states, transitions, depth): (u64, u64, u32)) {
+fn assert_passes(name: &str, config: QueueConfig, counts: (u64, u64, u32)) {
     let report = check_queue(config, QueueVariant::Real, None);
-    show(name, &report);
-    assert!(report.passed(), "{name}: {report}");
-    assert_eq!(
-        (report.states, report.transitions, report.max_depth),
-        (states, transitions, depth),
-        "{name}: {report}"
-    );
+    support::assert_passes(name, &report, counts);
 }
 
 #[test]
@@ -172,18 +165,7 @@ fn every_broken_variant_of_the_line_is_caught() {
         ),
     ] {
         let report = check_queue(config, variant, None);
-        show(&variant.name(), &report);
-        let cex = report
-            .counterexample
-            .unwrap_or_else(|| panic!("{}: no violation found", variant.name()));
-        println!("{cex}");
-        assert_eq!(
-            (cex.violation.property, cex.steps.len()),
-            (property, steps),
-            "{}: {cex}",
-            variant.name()
-        );
-        assert!(cex.to_string().contains(words), "{}: {cex}", variant.name());
+        assert_caught(&variant.name(), report, property, steps, words);
     }
 }
 
