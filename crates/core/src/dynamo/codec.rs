@@ -88,6 +88,18 @@ pub mod queue_attr {
 /// The item format this version writes and reads. Every write checks it: a write must not land
 /// on an item of another format (whose attributes it would misread).
 pub const FORMAT: u64 = 5;
+/// The format of a gate lock's item (see [`Layout::Gate`]): the same attributes, its holders
+/// kept elsewhere. Told apart by the format, so that a write rendered for the item layout is
+/// refused by the format check every write makes, and never lands in a gate.
+pub const GATE_FORMAT: u64 = 6;
+
+/// The format an item of `layout` is stored in.
+pub fn format_of(layout: Layout) -> u64 {
+    match layout {
+        Layout::Item => FORMAT,
+        Layout::Gate => GATE_FORMAT,
+    }
+}
 
 /// A holding is stored as one number,
 /// `(weight - 1) * WEIGHT_SPAN + acquired_at_ms * TOKEN_SPAN + token`. The token is the version
@@ -220,7 +232,7 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
         .collect();
     let mut attrs = HashMap::from([
         (attr::LOCK.to_owned(), string(item.lock.as_str())),
-        (attr::FORMAT.to_owned(), number(FORMAT)),
+        (attr::FORMAT.to_owned(), number(format_of(item.layout))),
         (attr::VERSION.to_owned(), number(item.version.0)),
         (attr::HOLDERS.to_owned(), AttributeValue::M(holders)),
         (attr::USED.to_owned(), number(item.used)),
@@ -277,15 +289,16 @@ pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, 
 }
 
 fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, AttributeError> {
-    match get_number(attrs, attr::FORMAT)? {
-        FORMAT => {}
+    let layout = match get_number(attrs, attr::FORMAT)? {
+        FORMAT => Layout::Item,
+        GATE_FORMAT => Layout::Gate,
         found => {
             return Err(AttributeError::Format {
                 found,
                 reads: FORMAT,
             })
         }
-    }
+    };
     let lock = LockName::new(get_text(attrs, attr::LOCK)?).map_err(invalid(attr::LOCK))?;
     let version: u64 = get_number(attrs, attr::VERSION)?;
     if u128::from(version) >= TOKEN_SPAN {
@@ -327,7 +340,7 @@ fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem,
     let held_bytes = get_number(attrs, attr::HELD_BYTES)?;
     Ok(SemaphoreItem {
         lock,
-        layout: Layout::Item,
+        layout,
         limit,
         version: Version(version),
         holders,

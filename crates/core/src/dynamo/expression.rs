@@ -10,8 +10,8 @@ use aws_sdk_dynamodb::types::{
 };
 
 use super::codec::{
-    attr, binary, binary_set, config_value, encode_waiter, number, pack, queue_attr, string,
-    weight_floor, FORMAT, WEIGHT_SPAN,
+    attr, binary, binary_set, config_value, encode_waiter, format_of, number, pack, queue_attr,
+    string, weight_floor, FORMAT, WEIGHT_SPAN,
 };
 use crate::error::StoreError;
 use crate::input::{LockName, Rate};
@@ -221,8 +221,21 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
             }
             Check::NotFenced(key) => not_fenced(&mut p, key),
             Check::NotReleased(identity) => not_fenced(&mut p, &FenceKey::acquisition(identity)),
-            Check::TombstoneAt { .. } | Check::RotatedSince { .. } | Check::Idle => {
-                return Err(gate_only(write))
+            Check::TombstoneAt { .. } | Check::RotatedSince { .. } => return Err(gate_only(write)),
+            // Nothing held, nobody in line, no fence: an empty set is no attribute in DynamoDB.
+            Check::Idle => {
+                let (used, holders, waiting) = (
+                    p.attr(attr::USED),
+                    p.attr(attr::HOLDERS),
+                    p.attr(attr::WAITING),
+                );
+                let (young, old) = (p.attr(attr::YOUNG), p.attr(attr::OLD));
+                let zero = p.value(number(0));
+                format!(
+                    "{used} = {zero} AND size({holders}) = {zero} \
+                     AND (attribute_not_exists({waiting}) OR {waiting} = {zero}) \
+                     AND attribute_not_exists({young}) AND attribute_not_exists({old})"
+                )
             }
             Check::RotatedBefore { deadline_ms } => {
                 let rotated = p.attr(attr::ROTATED_AT);
@@ -346,7 +359,15 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
             Change::FenceAcquisition { identity, .. } => {
                 fences_added.insert(FenceKey::acquisition(identity));
             }
-            Change::DropTombstone(_) | Change::SetLayout(_) => return Err(gate_only(write)),
+            Change::DropTombstone(_) => return Err(gate_only(write)),
+            // The format says the layout (see `GATE_FORMAT`).
+            Change::SetLayout(layout) => {
+                let format = p.attr(attr::FORMAT);
+                set.push(format!(
+                    "{format} = {}",
+                    p.value(number(format_of(*layout)))
+                ));
+            }
             Change::Rotate { young_seen, at_ms } => {
                 let old = p.attr(attr::OLD);
                 if young_seen.is_empty() {

@@ -39,7 +39,7 @@ use super::expression::{line_after, record_action, render, ITEM_ABSENT};
 use super::retry::{self, throttle_backoff, LostAnswers, CONFLICT_ROUNDS};
 use crate::error::StoreError;
 use crate::input::LockName;
-use crate::item::SemaphoreItem;
+use crate::item::{Layout, SemaphoreItem};
 use crate::ports::ItemStore;
 use crate::protocol::WriteResult;
 use crate::queue::{QueueKey, Waiter, WaiterId};
@@ -217,6 +217,24 @@ impl DynamoStore {
     }
 }
 
+/// `current`, handed back by a refusal, if its lock is in the item layout: a gate's writes are
+/// not rendered by this store yet, and every write it renders is refused by a gate's format.
+fn item_layout(write: &Write, current: SemaphoreItem) -> Result<SemaphoreItem, StoreError> {
+    let changes_layout = write
+        .changes
+        .iter()
+        .all(|c| matches!(c, crate::write::Change::SetLayout(_)));
+    match current.layout {
+        Layout::Item => Ok(current),
+        // A change of layout, refused by the format: answered from the item as it is.
+        _ if changes_layout => Ok(current),
+        layout => Err(StoreError::LayoutNotStored {
+            lock: write.lock.to_string(),
+            layout,
+        }),
+    }
+}
+
 /// How often a write is tried when its lock's item is being created concurrently.
 const CREATE_ROUNDS: usize = 3;
 
@@ -326,12 +344,12 @@ impl ItemStore for DynamoStore {
                             // it is of another format, which `decode` names).
                             Some(current) if lost.happened() => {
                                 return Ok(WriteResult::Unsure {
-                                    current: decode(current)?,
+                                    current: item_layout(write, decode(current)?)?,
                                 })
                             }
                             Some(current) => {
                                 return Ok(WriteResult::Refused {
-                                    current: decode(current)?,
+                                    current: item_layout(write, decode(current)?)?,
                                     waiter_refused: false,
                                 })
                             }
@@ -529,7 +547,7 @@ impl DynamoStore {
             // The item as it is: handed back when its own check failed (absent: no item yet),
             // else read.
             let current = match reasons.first().and_then(|r| r.item()) {
-                Some(attrs) if item_refused => decode(attrs)?,
+                Some(attrs) if item_refused => item_layout(write, decode(attrs)?)?,
                 _ if item_refused => SemaphoreItem::empty(write.lock.clone()),
                 _ => self
                     .load(&write.lock)
