@@ -952,7 +952,7 @@ async fn sweep(
             "reclaimed": slots,
             "rotated": report.rotated,
             // F13: leases that passed unrenewed, whoever held them; each fenced.
-            "taken_back": report.taken_back.iter().map(|slot| json!({
+            "taken_back": semaphore.drain_taken_back().iter().map(|slot| json!({
                 "lock": slot.lock.as_str(),
                 "holder": slot.identity.holder.as_str(),
                 "acquisition": slot.identity.acquisition.as_str(),

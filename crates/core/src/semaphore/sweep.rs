@@ -10,7 +10,7 @@ use super::Semaphore;
 use crate::dynamo::stored_size;
 use crate::error::Error;
 use crate::input::{AcquisitionId, HolderId, LockName};
-use crate::item::{FencingToken, Holding, Identity, Run, SemaphoreItem, TakenBackSlot};
+use crate::item::{FencingToken, Holding, Identity, Run, SemaphoreItem};
 use crate::ports::{
     missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
 };
@@ -58,8 +58,6 @@ pub struct SweepReport {
     /// The locks someone waited on when the sweep read them: the lines
     /// [`Semaphore::sweep_lines`] visits, without reading the table again.
     pub lines: Vec<LockName>,
-    /// Slots taken back because their lease had passed (F13), each fenced.
-    pub taken_back: Vec<TakenBackSlot>,
     /// Tombstones of gate locks dropped, once a rotation made every late attempt of their
     /// acquisitions expire (see [`crate::item::Layout::Gate`]).
     pub tombstones_dropped: usize,
@@ -140,12 +138,12 @@ impl<S: ItemStore> Semaphore<S> {
         for item in &items {
             // F13: leases that passed unrenewed, whoever the holder is.
             if mode == SweepMode::Reclaim {
-                match self.take_back_expired(item).await {
-                    Ok(Some(taken)) => report.taken_back.extend(taken.slots),
-                    Ok(None) => {}
-                    Err(e) => report
+                // What it took back is collected with every other take-back of this
+                // semaphore's ([`Semaphore::drain_taken_back`]), with the hand-offs'.
+                if let Err(e) = self.take_back_expired(item).await {
+                    report
                         .errors
-                        .push(format!("taking back expired leases on {}: {e}", item.lock)),
+                        .push(format!("taking back expired leases on {}: {e}", item.lock));
                 }
             }
             let mut holders: Vec<&HolderId> = item.holders.keys().map(|id| &id.holder).collect();
