@@ -768,6 +768,9 @@ async fn an_execution_without_a_history_or_without_an_acquire_is_reported() {
 
     let no_acquire = start(&w.sfn, &w.work, &unique("work"), &json!({})).await;
     stop(&w.sfn, &no_acquire).await;
+    // As EventBridge would: the event once the execution has ended (a cleanup that still finds
+    // it running takes it for redriven, and leaves it).
+    assert_eq!(ended(&w.sfn, &no_acquire).await, "ABORTED");
     let summary = invoke(&cleanup, event(&no_acquire, "ABORTED"))
         .await
         .unwrap();
