@@ -414,7 +414,10 @@ async fn grant_leave_and_repark_refusals_say_whose_check_failed_and_hand_back_th
         Wakeup::Task(task_token("w-task-1")),
         Attempt::new(T0, 1),
     );
-    assert_eq!(store.write(&repark).await.unwrap(), WriteResult::Landed);
+    assert_eq!(
+        store.write(&repark).await.unwrap(),
+        WriteResult::Landed { after: None }
+    );
     let record = raw_record(store.client(), store.queue_table(), &l, w.key)
         .await
         .unwrap();
@@ -637,11 +640,11 @@ impl ItemStore for Traced {
             _ => None,
         });
         match (&result, enqueued, granted) {
-            (WriteResult::Landed, Some(key), _) => {
+            (WriteResult::Landed { .. }, Some(key), _) => {
                 let at = self.log.tick();
                 self.log.queued.lock().unwrap().insert(key, at);
             }
-            (WriteResult::Landed, _, Some(id)) => {
+            (WriteResult::Landed { .. }, _, Some(id)) => {
                 let read_at = self.head_read_at.load(Ordering::SeqCst);
                 let queued = self.log.queued.lock().unwrap();
                 let key = *queued

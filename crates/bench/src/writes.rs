@@ -130,7 +130,7 @@ impl<S: ItemStore> ItemStore for CountedStore<S> {
         if kind == Kind::Acquire
             && matches!(
                 result,
-                Ok(WriteResult::Applied { .. } | WriteResult::Landed)
+                Ok(WriteResult::Applied { .. } | WriteResult::Landed { .. })
             )
         {
             let started = write.changes.iter().find_map(|c| match c {
@@ -157,7 +157,7 @@ impl<S: ItemStore> ItemStore for CountedStore<S> {
         *count += 1;
         match &result {
             Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }) => *refused += 1,
-            Ok(WriteResult::Applied { .. } | WriteResult::Landed) => {}
+            Ok(WriteResult::Applied { .. } | WriteResult::Landed { .. }) => {}
             Err(_) => t.errors += 1,
         }
         result

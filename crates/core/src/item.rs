@@ -349,6 +349,10 @@ pub struct SemaphoreItem {
     /// (by its releaser's clock). Always empty in the item layout, which fences them in
     /// `fences`.
     pub tombstones: BTreeMap<Identity, u64>,
+    /// How many hold a slot of a gate lock: stored in the gate, whose holders are items of
+    /// their own (a gate read with only some of its holdings still says how many there are).
+    /// Always 0 in the item layout, which counts its holder map.
+    pub gate_holders: u64,
 }
 
 impl SemaphoreItem {
@@ -369,6 +373,7 @@ impl SemaphoreItem {
             config: None,
             leases: BTreeMap::new(),
             tombstones: BTreeMap::new(),
+            gate_holders: 0,
         }
     }
 
@@ -439,7 +444,10 @@ impl SemaphoreItem {
 
     /// Holders now (whatever their weights).
     pub fn count(&self) -> usize {
-        self.holders.len()
+        match self.layout {
+            Layout::Item => self.holders.len(),
+            Layout::Gate => usize::try_from(self.gate_holders).unwrap_or(usize::MAX),
+        }
     }
 
     /// The sum of the held weights, from the holders themselves (the stored `used` must equal

@@ -57,7 +57,7 @@ impl MemoryStore {
                             Some(record) => queue.insert(key, record),
                             None => queue.remove(&key),
                         };
-                        WriteResult::Landed
+                        WriteResult::Landed { after: None }
                     }
                 }
             }

@@ -212,10 +212,12 @@ pub enum WriteResult {
     /// Every check held and the changes were made. `before` is the item as it was just before
     /// (`None`: the write created it).
     Applied { before: Option<SemaphoreItem> },
-    /// Every check held and the changes were made, to the item and to a waiter's record at
-    /// once; the item as it was before is not known (DynamoDB sends such a write as a
-    /// transaction, which hands nothing back).
-    Landed,
+    /// Every check held and the changes were made, to more than one item at once (the lock's
+    /// and a waiter's record, or a gate and its holdings), which DynamoDB sends as a
+    /// transaction, handing nothing back: the item as it was before is not known. `after`: the
+    /// lock as read once the write had landed (a gate with the holdings the write named), when
+    /// the store read it; a later write may show in it too.
+    Landed { after: Option<SemaphoreItem> },
     /// A check failed and nothing changed; `current` is the item as it is, and `waiter_refused`
     /// says whether the write's check of a waiter's record failed.
     Refused {
@@ -241,7 +243,7 @@ impl WriteResult {
                 waiter_refused,
             } => (current, *waiter_refused),
             Self::Unsure { current } => (current, false),
-            Self::Applied { .. } | Self::Landed => return None,
+            Self::Applied { .. } | Self::Landed { .. } => return None,
         };
         write.checks.iter().find(|check| match check.waiter_id() {
             Some(_) => waiter_refused,
@@ -253,7 +255,7 @@ impl WriteResult {
     pub fn refused_item(&self) -> Option<&SemaphoreItem> {
         match self {
             Self::Refused { current, .. } | Self::Unsure { current } => Some(current),
-            Self::Applied { .. } | Self::Landed => None,
+            Self::Applied { .. } | Self::Landed { .. } => None,
         }
     }
 }
@@ -357,7 +359,22 @@ pub fn acquired(
                 count: after.count(),
             })
         }
-        WriteResult::Landed => Err(unexpected(write, "an acquire was sent as a transaction")),
+        WriteResult::Landed { after: Some(after) } => {
+            let holding = after.holders.get(identity).ok_or_else(|| {
+                unexpected(
+                    write,
+                    "the acquire landed but its holding is not there after it",
+                )
+            })?;
+            Ok(AcquireOutcome::Acquired {
+                token: holding.token,
+                count: after.count(),
+            })
+        }
+        WriteResult::Landed { after: None } => Err(unexpected(
+            write,
+            "an acquire landed without the lock read after it",
+        )),
         // An acquire whose first attempt landed unanswered is refused by its own slot
         // (`NotHolding`): already held, with the first attempt's token (F5, F10).
         refused @ (WriteResult::Refused { .. } | WriteResult::Unsure { .. }) => {
@@ -469,8 +486,30 @@ pub fn released(
 ) -> Result<Step<(ReleaseOutcome, SemaphoreItem)>, StoreError> {
     let before = match result {
         WriteResult::Applied { before } => before,
-        WriteResult::Landed => {
-            return Err(unexpected(write, "a release was sent as a transaction"))
+        // A gate's release (its check held: the slot was there, or it was not), the slot's
+        // token gone with its holding.
+        WriteResult::Landed { after: Some(after) } => {
+            let (count, waiting) = (after.count(), after.waiting);
+            let outcome = if write
+                .changes
+                .iter()
+                .any(|c| matches!(c, Change::RemoveHolder { .. }))
+            {
+                ReleaseOutcome::Released {
+                    token: None,
+                    count,
+                    waiting,
+                }
+            } else {
+                ReleaseOutcome::NotHeld { count, waiting }
+            };
+            return Ok(Step::Done((outcome, after)));
+        }
+        WriteResult::Landed { after: None } => {
+            return Err(unexpected(
+                write,
+                "a release landed without the lock read after it",
+            ))
         }
         // The first attempt of this very write freed the slot and fenced the acquisition, and
         // its answer was lost (F10): the slot is gone and the fence there. Said as released, or
@@ -620,18 +659,28 @@ pub fn freed_seen(
         .collect();
     let before = match result {
         WriteResult::Applied { before } => before,
-        WriteResult::Landed => {
-            return Err(unexpected(write, "a cleanup was sent as a transaction"))
+        // A gate's free: every slot it names was held with its weight (its checks), as seen.
+        WriteResult::Landed { after: Some(after) } => {
+            let freed = as_seen(&slots, seen);
+            let outcome = CleanupOutcome {
+                freed,
+                count: after.count(),
+                waiting: after.waiting,
+            };
+            return Ok(Step::Done((outcome, after)));
+        }
+        WriteResult::Landed { after: None } => {
+            return Err(unexpected(
+                write,
+                "a cleanup landed without the lock read after it",
+            ))
         }
         WriteResult::Unsure { current }
             if slots.iter().all(|id| {
                 !current.holders.contains_key(*id) && seen.iter().any(|(s, _)| s == *id)
             }) =>
         {
-            let freed = slots
-                .iter()
-                .filter_map(|id| seen.iter().find(|(s, _)| s == *id).cloned())
-                .collect();
+            let freed = as_seen(&slots, seen);
             let outcome = CleanupOutcome {
                 freed,
                 count: current.count(),
@@ -673,6 +722,14 @@ pub fn freed_seen(
         },
         after,
     )))
+}
+
+/// The slots `slots` as a cleanup's fence saw them (`seen`); one it did not see is not claimed.
+fn as_seen(slots: &[&Identity], seen: &[(Identity, Holding)]) -> Vec<(Identity, Holding)> {
+    slots
+        .iter()
+        .filter_map(|id| seen.iter().find(|(s, _)| s == *id).cloned())
+        .collect()
 }
 
 /// Young fences that make a rotation worth a write to the writer that has just added one.
@@ -800,7 +857,7 @@ pub fn queued(
 ) -> Result<QueueOutcome, StoreError> {
     let failed = result.failed_check(write);
     Ok(match (&result, failed) {
-        (WriteResult::Applied { .. } | WriteResult::Landed, _) => QueueOutcome::Queued,
+        (WriteResult::Applied { .. } | WriteResult::Landed { .. }, _) => QueueOutcome::Queued,
         (WriteResult::Refused { current, .. } | WriteResult::Unsure { current }, Some(check)) => {
             match check {
                 Check::NotReleased(_) => QueueOutcome::Fenced(FenceReason::AcquisitionReleased),
@@ -885,7 +942,7 @@ pub enum Grant {
 pub fn granted(write: &Write, result: WriteResult) -> Result<Grant, StoreError> {
     let failed = result.failed_check(write).cloned();
     Ok(match result {
-        WriteResult::Applied { .. } | WriteResult::Landed => Grant::Granted,
+        WriteResult::Applied { .. } | WriteResult::Landed { .. } => Grant::Granted,
         WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => match failed {
             Some(Check::QueuedWith { .. } | Check::Configured(_)) => Grant::Moved { current },
             Some(Check::NotFenced(_) | Check::NotReleased(_)) => Grant::Dead { current },
@@ -934,7 +991,7 @@ pub fn heartbeat(lock: &LockName, identity: &Identity, lease: Lease, now_ms: u64
 /// The answer to a heartbeat from what became of its write.
 pub fn heartbeat_answered(write: &Write, result: &WriteResult) -> HeartbeatOutcome {
     match result {
-        WriteResult::Applied { .. } | WriteResult::Landed => {
+        WriteResult::Applied { .. } | WriteResult::Landed { .. } => {
             let until_ms = write
                 .changes
                 .iter()
@@ -1073,7 +1130,7 @@ pub fn repark(lock: &LockName, id: WaiterId, wakeup: Wakeup, attempt: Attempt) -
 /// of an earlier attempt.
 pub fn was_queued(write: &Write, result: &WriteResult) -> Result<bool, StoreError> {
     match result {
-        WriteResult::Applied { .. } | WriteResult::Landed => Ok(true),
+        WriteResult::Applied { .. } | WriteResult::Landed { .. } => Ok(true),
         refused => match refused.failed_check(write) {
             Some(Check::Queued(_) | Check::QueuedBefore { .. } | Check::QueuedWith { .. }) => {
                 Ok(false)
@@ -1087,7 +1144,9 @@ pub fn was_queued(write: &Write, result: &WriteResult) -> Result<bool, StoreErro
 fn applied_before(write: &Write, result: WriteResult) -> Result<Option<SemaphoreItem>, StoreError> {
     match result {
         WriteResult::Applied { before } => Ok(before),
-        WriteResult::Landed => Err(unexpected(write, "an item write was sent as a transaction")),
+        WriteResult::Landed { .. } => {
+            Err(unexpected(write, "an item write was sent as a transaction"))
+        }
         WriteResult::Refused { .. } | WriteResult::Unsure { .. } => {
             Err(unexpected(write, "a write without checks was refused"))
         }

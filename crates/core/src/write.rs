@@ -301,8 +301,9 @@ impl Write {
                         },
                     );
                     next.used += u64::from(weight.get());
-                    if next.layout == Layout::Item {
-                        next.held_bytes += identity.held_bytes();
+                    match next.layout {
+                        Layout::Item => next.held_bytes += identity.held_bytes(),
+                        Layout::Gate => next.gate_holders += 1,
                     }
                     next.started_at_ms = Some(*acquired_at_ms);
                 }
@@ -313,7 +314,9 @@ impl Write {
                 }
                 Change::SetRate(rate) => next.rate = *rate,
                 Change::RemoveHolder { identity, weight } => {
-                    next.holders.remove(identity);
+                    if next.holders.remove(identity).is_some() && next.layout == Layout::Gate {
+                        next.gate_holders = next.gate_holders.saturating_sub(1);
+                    }
                     next.leases.remove(identity);
                     next.used = next.used.saturating_sub(u64::from(weight.get()));
                     if next.layout == Layout::Item {

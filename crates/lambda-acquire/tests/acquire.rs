@@ -365,7 +365,11 @@ async fn grant_head(sem: &Semaphore<DynamoStore>, lock_name: &str) -> (FencingTo
         .expect("someone in line");
     let write = protocol::grant(&head, None, &head.terms, sem.now_ms());
     let result = sem.store().write(&write).await.unwrap();
-    assert_eq!(result, WriteResult::Landed, "the grant landed");
+    assert_eq!(
+        result,
+        WriteResult::Landed { after: None },
+        "the grant landed"
+    );
     let token = sem.status(&lock).await.unwrap().holders[&head.identity].token;
     let answer = granted_answer(&head.context, token).unwrap();
     (token, serde_json::from_str(&answer).unwrap())

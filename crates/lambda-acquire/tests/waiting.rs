@@ -606,7 +606,7 @@ async fn f8_a_hand_off_that_crashed_between_grant_and_wake_up_is_recovered_by_th
     let grant = protocol::grant(&head, None, &head.terms, w.sem.now_ms());
     assert_eq!(
         w.sem.store().write(&grant).await.unwrap(),
-        WriteResult::Landed
+        WriteResult::Landed { after: None }
     );
     // ... and the hand-off crashes: no SendTaskSuccess.
     let holders = w.holders().await;

@@ -1,14 +1,23 @@
-//! A lock's layout in the DynamoDB store, against the local server: a lock moved to the gate
-//! layout (issue #28) is stored in the gate's format, which every write this store renders for
-//! the item layout checks, so none lands in a gate: each is refused, named, and writes nothing.
+//! A lock's layout in the DynamoDB store, against the local server (issue #28): a lock moved to
+//! the gate layout is stored in the gate's format, its holdings each an item of the holdings
+//! table; the same `Semaphore` calls acquire, release, clean up and sweep it; and a write
+//! rendered for the other layout is refused by the format every write checks, and sent again in
+//! the lock's own.
 //!
 //! Needs the repository's `.venv` and the local server (`bash tests/run.sh` starts it).
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
 use local_aws::fresh_table;
 use local_aws::observe::raw_item;
 use semaphore_core::dynamo::{FORMAT, GATE_FORMAT};
+use semaphore_core::protocol::Timing;
 use semaphore_core::{
-    AcquisitionId, Error, HolderId, Identity, Layout, Limit, LockName, Semaphore, StoreError,
+    AcquireOutcome, AcquisitionId, Clock, DynamoStore, Error, ExecutionState, ExecutionStatus,
+    FenceReason, HolderId, Identity, Layout, Lease, Limit, LockName, ManualClock, PortError,
+    ReleaseOutcome, Semaphore, SystemClock, Terms, Weight,
 };
 
 fn id(holder: &str) -> Identity {
@@ -18,20 +27,61 @@ fn id(holder: &str) -> Identity {
     )
 }
 
+fn limit(n: i64) -> Limit {
+    Limit::new(n).unwrap()
+}
+
+/// Every execution asked about is still running: a sweep only keeps house.
+struct AllRunning;
+
+impl ExecutionStatus for AllRunning {
+    async fn describe(&self, _: &HolderId) -> Result<ExecutionState, PortError> {
+        Ok(ExecutionState::Running)
+    }
+}
+
+/// The holding item of `identity` on `lock`, raw.
+async fn holding(
+    store: &DynamoStore,
+    lock: &str,
+    identity: &Identity,
+) -> Option<std::collections::HashMap<String, AttributeValue>> {
+    store
+        .client()
+        .get_item()
+        .table_name(store.holdings_table())
+        .key("lock", AttributeValue::S(lock.to_owned()))
+        .key("slot", AttributeValue::S(identity.slot_key()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("GetItem")
+        .item
+}
+
+fn text(item: &std::collections::HashMap<String, AttributeValue>, name: &str) -> String {
+    match &item[name] {
+        AttributeValue::S(s) => s.clone(),
+        AttributeValue::N(n) => n.clone(),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
 #[tokio::test]
-async fn a_gate_is_stored_in_its_own_format_and_no_item_layout_write_lands_in_it() {
+async fn a_gate_keeps_its_holdings_apart_and_answers_as_the_item_layout_does() {
     let store = fresh_table().await;
     let (client, table) = (store.client().clone(), store.table().to_owned());
-    let sem = Semaphore::new(store);
-    let format = |lock: &'static str| {
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let timing = Timing {
+        horizon: Duration::from_secs(8),
+        clock_skew: Duration::from_secs(2),
+    };
+    let sem = Semaphore::new(store)
+        .with_clock(clock.clone())
+        .with_timing(timing);
+    let raw = |lock: &'static str| {
         let (client, table) = (client.clone(), table.clone());
-        async move {
-            let raw = raw_item(&client, &table, lock).await.expect("an item");
-            (
-                raw["format"].as_n().unwrap().parse::<u64>().unwrap(),
-                raw["version"].as_n().unwrap().to_owned(),
-            )
-        }
+        async move { raw_item(&client, &table, lock).await.expect("an item") }
     };
 
     let gate = LockName::new("wide").unwrap();
@@ -39,45 +89,189 @@ async fn a_gate_is_stored_in_its_own_format_and_no_item_layout_write_lands_in_it
         sem.set_layout(&gate, Layout::Gate).await.unwrap().layout,
         Layout::Gate
     );
-    let (stored, version) = format("wide").await;
-    assert_eq!(stored, GATE_FORMAT);
-    assert_eq!(sem.status(&gate).await.unwrap().layout, Layout::Gate);
-    // Asked again: answered from the item as it is.
-    assert_eq!(
-        sem.set_layout(&gate, Layout::Gate).await.unwrap().layout,
-        Layout::Gate
-    );
+    assert_eq!(text(&raw("wide").await, "format"), GATE_FORMAT.to_string());
 
-    // An acquire rendered for the item layout meets the gate's format: refused, named.
-    let refused = sem
-        .acquire(&gate, &id("exec-1"), Limit::new(2).unwrap())
+    // Admissions: each holding an item of its own, the gate only counting them.
+    let requested_at = clock.now_ms();
+    let AcquireOutcome::Acquired { token: first, .. } =
+        sem.acquire(&gate, &id("exec-1"), limit(2)).await.unwrap()
+    else {
+        panic!("acquired")
+    };
+    let held = holding(sem.store(), "wide", &id("exec-1"))
         .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            Error::Store(StoreError::LayoutNotStored {
-                layout: Layout::Gate,
-                ..
-            })
-        ),
-        "{refused}"
+        .expect("its holding");
+    assert_eq!(
+        (text(&held, "state"), text(&held, "token")),
+        ("held".to_owned(), first.0.to_string())
     );
     assert_eq!(
-        format("wide").await,
-        (GATE_FORMAT, version),
-        "nothing written"
+        sem.acquire(&gate, &id("exec-1"), limit(2)).await.unwrap(),
+        AcquireOutcome::AlreadyHeld {
+            token: first,
+            count: 1
+        }
+    );
+    let AcquireOutcome::Acquired {
+        token: second,
+        count,
+    } = sem.acquire(&gate, &id("exec-2"), limit(2)).await.unwrap()
+    else {
+        panic!("acquired")
+    };
+    assert!(second > first, "tokens rise: {first:?} then {second:?}");
+    assert_eq!(count, 2);
+    assert!(matches!(
+        sem.acquire(&gate, &id("exec-3"), limit(2)).await.unwrap(),
+        AcquireOutcome::Full { used: 2, .. }
+    ));
+    let stored = raw("wide").await;
+    assert_eq!(
+        (text(&stored, "used"), text(&stored, "holdings")),
+        ("2".to_owned(), "2".to_owned())
+    );
+    match &stored["holders"] {
+        AttributeValue::M(holders) => assert!(holders.is_empty(), "no holder in the gate"),
+        other => panic!("{other:?}"),
+    }
+    let status = sem.status(&gate).await.unwrap();
+    assert_eq!(
+        (status.count(), status.holders.len(), status.used),
+        (2, 2, 2)
     );
 
-    // A lock in use stays where it is.
-    let busy = LockName::new("busy").unwrap();
-    sem.acquire(&busy, &id("exec-2"), Limit::new(2).unwrap())
+    // A release leaves a tombstone, which refuses the acquisition's late attempt.
+    clock.advance_ms(1_000);
+    assert!(matches!(
+        sem.release(&gate, &id("exec-1")).await.unwrap(),
+        ReleaseOutcome::Released { waiting: 0, .. }
+    ));
+    let tombstone = holding(sem.store(), "wide", &id("exec-1"))
+        .await
+        .expect("a tombstone");
+    assert_eq!(text(&tombstone, "state"), "released");
+    assert_eq!(
+        sem.acquire_requested_at(&gate, &id("exec-1"), limit(2), requested_at)
+            .await
+            .unwrap(),
+        AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
+    );
+    assert!(matches!(
+        sem.release(&gate, &id("exec-1")).await.unwrap(),
+        ReleaseOutcome::NotHeld { .. }
+    ));
+
+    // A lease, renewed by a heartbeat that touches only its holding.
+    let leased = Terms::new(limit(2), Weight::ONE, None)
+        .unwrap()
+        .with_lease(Some(Lease::ms(30_000).unwrap()));
+    assert!(matches!(
+        sem.acquire(&gate, &id("lambda-1"), leased).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    let version = text(&raw("wide").await, "version");
+    clock.advance_ms(5_000);
+    let renewed = sem
+        .heartbeat(&gate, &id("lambda-1"), Lease::ms(30_000).unwrap())
         .await
         .unwrap();
+    assert!(
+        matches!(renewed, semaphore_core::HeartbeatOutcome::Renewed { .. }),
+        "{renewed:?}"
+    );
+    assert_eq!(
+        text(&raw("wide").await, "version"),
+        version,
+        "the gate untouched"
+    );
+
+    // A cleanup finds the execution's holdings once its fence landed, and frees them.
+    let cleaned = sem
+        .cleanup(&gate, &HolderId::new("exec-2").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(cleaned.freed.len(), 1);
+    assert!(holding(sem.store(), "wide", &id("exec-2")).await.is_none());
+    let status = sem.status(&gate).await.unwrap();
+    assert_eq!((status.count(), status.used), (1, 1));
+
+    // A window after the release, the sweep rotates (the tombstone makes a rotation due) and
+    // drops the tombstone that rotation has passed.
+    clock.advance_ms(timing.window().as_millis() as u64);
+    let report = sem.sweep(&AllRunning).await.unwrap();
+    assert_eq!(
+        (report.rotated, report.tombstones_dropped),
+        (1, 1),
+        "{report:?}"
+    );
+    assert!(holding(sem.store(), "wide", &id("exec-1")).await.is_none());
+    assert!(sem.status(&gate).await.unwrap().tombstones.is_empty());
+
+    // A lease that passed unrenewed is taken back by the sweep, its holding left a tombstone.
+    sem.drain_taken_back();
+    clock.advance_ms(30_000 + timing.clock_skew.as_millis() as u64);
+    sem.sweep(&AllRunning).await.unwrap();
+    let taken = sem.drain_taken_back();
+    assert_eq!(
+        taken.iter().map(|t| t.identity.clone()).collect::<Vec<_>>(),
+        [id("lambda-1")]
+    );
+    let fenced = holding(sem.store(), "wide", &id("lambda-1"))
+        .await
+        .expect("a tombstone");
+    assert_eq!(text(&fenced, "state"), "released");
+    let status = sem.status(&gate).await.unwrap();
+    assert_eq!((status.count(), status.used), (0, 0));
+    assert_eq!(
+        sem.heartbeat(&gate, &id("lambda-1"), Lease::ms(30_000).unwrap())
+            .await
+            .unwrap(),
+        semaphore_core::HeartbeatOutcome::Lost
+    );
+
+    // A lock in use stays in its layout, and its writes are still the item layout's.
+    let busy = LockName::new("busy").unwrap();
+    sem.acquire(&busy, &id("exec-9"), limit(2)).await.unwrap();
     let refused = sem.set_layout(&busy, Layout::Gate).await.unwrap_err();
     assert!(
         matches!(refused, Error::NotIdle { used: 1, .. }),
         "{refused}"
     );
-    assert_eq!(format("busy").await.0, FORMAT);
+    assert_eq!(text(&raw("busy").await, "format"), FORMAT.to_string());
+}
+
+/// A store that last saw a lock in the item layout sends its write as the item layout's; the
+/// gate's format refuses it, and the write is sent again as the gate's.
+#[tokio::test]
+async fn a_write_for_the_wrong_layout_is_refused_by_the_format_and_sent_again() {
+    let store = fresh_table().await;
+    let mover = Semaphore::new(store.clone());
+    let gate = LockName::new("moved").unwrap();
+    // Another process (a fresh store) has seen the lock in the item layout.
+    let other = Semaphore::new(
+        DynamoStore::new(store.client().clone(), store.table())
+            .with_queue_table(store.queue_table()),
+    );
+    other.acquire(&gate, &id("exec-1"), limit(2)).await.unwrap();
+    other.release(&gate, &id("exec-1")).await.unwrap();
+    // Idle once its fence is gone: drop it by hand (a sweep a window or two later would).
+    store
+        .client()
+        .update_item()
+        .table_name(store.table())
+        .key("lock", AttributeValue::S("moved".into()))
+        .update_expression("REMOVE #young, #old")
+        .expression_attribute_names("#young", "young")
+        .expression_attribute_names("#old", "old")
+        .send()
+        .await
+        .expect("drop the fences");
+    mover.set_layout(&gate, Layout::Gate).await.unwrap();
+    assert!(matches!(
+        other.acquire(&gate, &id("exec-2"), limit(2)).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    assert!(holding(other.store(), "moved", &id("exec-2"))
+        .await
+        .is_some());
 }

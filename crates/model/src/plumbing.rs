@@ -472,7 +472,7 @@ pub fn land_on_line(
                     if let Some(record) = record {
                         line.insert(record.key, record);
                     }
-                    WriteResult::Landed
+                    WriteResult::Landed { after: None }
                 }
             };
             (result, Some((next, line)))

@@ -51,6 +51,8 @@ pub mod attr {
     /// Map: slot key -> when that holder's lease ends (epoch ms); only leased holders have an
     /// entry. Always there (perhaps empty), so that a write can set an entry in it.
     pub const LEASES: &str = "leases";
+    /// How many hold a slot of a gate (absent: none; see `SemaphoreItem::gate_holders`).
+    pub const HOLDINGS: &str = "holdings";
 }
 
 /// The waiters' table's local secondary index whose sort key is the place in line.
@@ -273,6 +275,9 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
     if let Some(config) = &item.config {
         attrs.insert(attr::CONFIG.to_owned(), config_value(config));
     }
+    if item.gate_holders > 0 {
+        attrs.insert(attr::HOLDINGS.to_owned(), number(item.gate_holders));
+    }
     attrs
 }
 
@@ -360,6 +365,7 @@ fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem,
         config: get_config(attrs)?,
         leases: get_leases(attrs)?,
         tombstones: BTreeMap::new(),
+        gate_holders: get_optional(attrs, attr::HOLDINGS)?.unwrap_or(0),
     })
 }
 
@@ -479,7 +485,7 @@ fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter
 }
 
 /// The attribute `name`, a string.
-fn get_text(
+pub(super) fn get_text(
     attrs: &HashMap<String, AttributeValue>,
     name: &'static str,
 ) -> Result<String, AttributeError> {
@@ -494,7 +500,7 @@ fn get_text(
 }
 
 /// The attribute `name`, a whole number that fits a `T`.
-fn get_number<T: TryFrom<u128>>(
+pub(super) fn get_number<T: TryFrom<u128>>(
     attrs: &HashMap<String, AttributeValue>,
     name: &'static str,
 ) -> Result<T, AttributeError> {
@@ -502,7 +508,7 @@ fn get_number<T: TryFrom<u128>>(
 }
 
 /// The attribute `name`, a whole number that fits a `T`, if it is there.
-fn get_optional<T: TryFrom<u128>>(
+pub(super) fn get_optional<T: TryFrom<u128>>(
     attrs: &HashMap<String, AttributeValue>,
     name: &'static str,
 ) -> Result<Option<T>, AttributeError> {
@@ -523,7 +529,7 @@ fn get_optional<T: TryFrom<u128>>(
 }
 
 /// How a value of attribute `name` that is not a valid input reads.
-fn invalid(name: &'static str) -> impl Fn(InputError) -> AttributeError {
+pub(super) fn invalid(name: &'static str) -> impl Fn(InputError) -> AttributeError {
     move |problem| AttributeError::Invalid { name, problem }
 }
 

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{
 
 use super::codec::{
     attr, binary, binary_set, config_value, encode_waiter, format_of, number, pack, queue_attr,
-    string, weight_floor, FORMAT, WEIGHT_SPAN,
+    string, weight_floor, WEIGHT_SPAN,
 };
 use crate::error::StoreError;
 use crate::input::{LockName, Rate};
@@ -197,11 +197,43 @@ fn gate_only(write: &Write) -> StoreError {
 /// The write as one `UpdateItem`: the format check and the write's checks as its condition, the
 /// version increment and the write's changes as its update.
 pub fn render(write: &Write) -> Result<Rendered, StoreError> {
+    render_in(write, Layout::Item, None)
+}
+
+/// Whether the check or change is a holding's: in a gate, its holding item's
+/// (see [`super::holdings`]), not the gate's.
+pub(super) fn is_holdings(check: &Check) -> bool {
+    matches!(
+        check,
+        Check::NotHolding(_)
+            | Check::NotReleased(_)
+            | Check::HoldsWeight { .. }
+            | Check::Holds(_)
+            | Check::LeaseUntil { .. }
+            | Check::TombstoneAt { .. }
+            | Check::RotatedSince { .. }
+    )
+}
+
+/// The write's part on the lock's item in `layout`. In a gate, the checks and changes of the
+/// holdings are left to their own items, an admission adds its weight to `used` and sets the
+/// version to `token` (proposed by the writer: a transaction hands back no version to take a
+/// token from), on the check that the version is below it, so that tokens still rise with
+/// every admission; every other write bumps the version by one.
+pub(super) fn render_in(
+    write: &Write,
+    layout: Layout,
+    token: Option<FencingToken>,
+) -> Result<Rendered, StoreError> {
+    let gate = layout == Layout::Gate;
     let mut p = Placeholders::default();
     let format = p.attr(attr::FORMAT);
-    let format_value = p.value(number(FORMAT));
+    let format_value = p.value(number(format_of(layout)));
     let mut conditions = vec![format!("{format} = {format_value}")];
     for check in &write.checks {
+        if gate && is_holdings(check) {
+            continue;
+        }
         conditions.push(match check {
             Check::NotHolding(identity) => format!("attribute_not_exists({})", p.slot(identity)),
             Check::Fits { limit, weight } => {
@@ -291,11 +323,22 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
     }
 
     let version = p.attr(attr::VERSION);
-    let one = p.value(number(1));
-    let mut set = vec![format!("{version} = {version} + {one}")];
+    let mut set = Vec::new();
+    match token.filter(|_| gate) {
+        Some(token) => {
+            let token = p.value(number(token.0));
+            conditions.push(format!("{version} < {token}"));
+            set.push(format!("{version} = {token}"));
+        }
+        None => {
+            let one = p.value(number(1));
+            set.push(format!("{version} = {version} + {one}"));
+        }
+    }
     let (mut remove, mut add, mut delete) = (Vec::new(), Vec::new(), Vec::new());
     let mut fences_added = BTreeSet::new();
-    let (mut waiting_by, mut used_by, mut bytes_by): (i64, i64, i64) = (0, 0, 0);
+    let (mut waiting_by, mut used_by, mut bytes_by, mut holdings_by): (i64, i64, i64, i64) =
+        (0, 0, 0, 0);
     for change in &write.changes {
         match change {
             Change::PutHolder {
@@ -310,18 +353,26 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                     acquired_at_ms: *acquired_at_ms,
                     weight: *weight,
                 });
-                let slot = p.slot(identity);
-                let constant = p.value(number(constant));
-                set.push(format!("{slot} = {version} + {constant}"));
+                if !gate {
+                    let slot = p.slot(identity);
+                    let constant = p.value(number(constant));
+                    set.push(format!("{slot} = {version} + {constant}"));
+                    bytes_by += identity.held_bytes() as i64;
+                } else {
+                    holdings_by += 1;
+                }
                 let started = p.attr(attr::STARTED_AT);
                 set.push(format!("{started} = {}", p.value(number(acquired_at_ms))));
                 used_by += i64::from(weight.get());
-                bytes_by += identity.held_bytes() as i64;
             }
             Change::SetLimit(limit) => {
                 let name = p.attr(attr::LIMIT);
                 set.push(format!("{name} = {}", p.value(number(limit.get()))));
             }
+            Change::SetLease { .. }
+            | Change::FenceAcquisition { .. }
+            | Change::DropTombstone(_)
+                if gate => {}
             Change::SetLease { identity, until_ms } => {
                 let lease = p.lease(identity);
                 set.push(format!("{lease} = {}", p.value(number(until_ms))));
@@ -341,6 +392,10 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
                     }
                     None => remove.push(name),
                 }
+            }
+            Change::RemoveHolder { weight, .. } if gate => {
+                used_by -= i64::from(weight.get());
+                holdings_by -= 1;
             }
             Change::RemoveHolder { identity, weight } => {
                 remove.push(p.slot(identity));
@@ -398,6 +453,7 @@ pub fn render(write: &Write) -> Result<Rendered, StoreError> {
         (attr::WAITING, waiting_by),
         (attr::USED, used_by),
         (attr::HELD_BYTES, bytes_by),
+        (attr::HOLDINGS, holdings_by),
     ] {
         if by != 0 {
             let name = p.attr(name);

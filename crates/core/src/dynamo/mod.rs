@@ -12,6 +12,8 @@
 
 mod codec;
 mod expression;
+mod gate;
+mod holdings;
 mod retry;
 mod size;
 mod store;

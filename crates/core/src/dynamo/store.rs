@@ -18,8 +18,13 @@
 //! cannot). A write that names a waiter's record is one `TransactWriteItems`: the
 //! lock's item updated as for a write of it alone (its `waiting` count included) and the record
 //! put, deleted or updated under its own check, so both change together or neither does.
+//!
+//! A lock in the gate layout keeps its holdings in a third table ([`super::gate`]). Its item's
+//! format says so, and every write checks the format: a store sends a write in the layout it
+//! last saw the lock in, and one refused for the other layout is sent again in the lock's own.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use aws_sdk_dynamodb::client::Waiters;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
@@ -28,14 +33,15 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    LocalSecondaryIndex, Projection, ProjectionType, ReturnValue,
+    AttributeDefinition, AttributeValue, BillingMode, CancellationReason, KeySchemaElement,
+    KeyType, LocalSecondaryIndex, Projection, ProjectionType, ReturnValue,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TransactWriteItem, Update,
 };
 use aws_sdk_dynamodb::Client;
 
 use super::codec::{attr, decode, decode_waiter, encode, queue_attr, string, LINE_INDEX};
 use super::expression::{line_after, record_action, render, ITEM_ABSENT};
+use super::holdings::holding_attr;
 use super::retry::{self, throttle_backoff, LostAnswers, CONFLICT_ROUNDS};
 use crate::error::StoreError;
 use crate::input::LockName;
@@ -51,6 +57,13 @@ pub struct DynamoStore {
     client: Client,
     table: String,
     queue_table: String,
+    holdings_table: String,
+    /// Each lock's layout as last seen (absent: assumed the item layout). No write relies on
+    /// it: every write checks the format, which says the layout, and one refused for it is
+    /// sent again in the other layout.
+    pub(super) layouts: Arc<Mutex<HashMap<LockName, Layout>>>,
+    /// Each gate's version as last seen: the next admission proposes a token above it.
+    pub(super) versions: Arc<Mutex<HashMap<LockName, u64>>>,
 }
 
 /// What `create_table` found.
@@ -68,8 +81,27 @@ impl DynamoStore {
         Self {
             client,
             queue_table: Self::default_queue_table(&table),
+            holdings_table: Self::default_holdings_table(&table),
             table,
+            layouts: Arc::default(),
+            versions: Arc::default(),
         }
+    }
+
+    /// The gates' holdings table of a semaphore table, unless told otherwise:
+    /// `<table>-holdings`.
+    pub fn default_holdings_table(table: &str) -> String {
+        format!("{table}-holdings")
+    }
+
+    /// Keeps the gates' holdings in `holdings_table`.
+    pub fn with_holdings_table(mut self, holdings_table: impl Into<String>) -> Self {
+        self.holdings_table = holdings_table.into();
+        self
+    }
+
+    pub fn holdings_table(&self) -> &str {
+        &self.holdings_table
     }
 
     /// The waiters' table of a semaphore table, unless told otherwise: `<table>-queue`.
@@ -109,9 +141,10 @@ impl DynamoStore {
         &self.client
     }
 
-    /// Creates the table (on-demand, partition key `lock`) and the waiters' table (partition
-    /// key `lock`, sort key `waiter`, local index `line` on `place`), each unless it exists:
-    /// `Created` if either was made.
+    /// Creates the table (on-demand, partition key `lock`), the waiters' table (partition key
+    /// `lock`, sort key `waiter`, local index `line` on `place`) and the gates' holdings table
+    /// (partition key `lock`, sort key `slot`), each unless it exists: `Created` if any was
+    /// made.
     pub async fn create_table(&self) -> Result<TableSetup, StoreError> {
         let items = self
             .create_one(&self.table, &[(attr::LOCK, KeyType::Hash)], None)
@@ -126,13 +159,21 @@ impl DynamoStore {
                 Some((LINE_INDEX, queue_attr::PLACE)),
             )
             .await?;
-        Ok(
-            if items == TableSetup::Created || queue == TableSetup::Created {
-                TableSetup::Created
-            } else {
-                TableSetup::AlreadyExisted
-            },
-        )
+        let holdings = self
+            .create_one(
+                &self.holdings_table,
+                &[
+                    (holding_attr::LOCK, KeyType::Hash),
+                    (holding_attr::SLOT, KeyType::Range),
+                ],
+                None,
+            )
+            .await?;
+        Ok(if [items, queue, holdings].contains(&TableSetup::Created) {
+            TableSetup::Created
+        } else {
+            TableSetup::AlreadyExisted
+        })
     }
 
     /// Creates `table` with the string `keys`, and a local secondary index `(name, sort key)`
@@ -217,22 +258,116 @@ impl DynamoStore {
     }
 }
 
-/// `current`, handed back by a refusal, if its lock is in the item layout: a gate's writes are
-/// not rendered by this store yet, and every write it renders is refused by a gate's format.
-fn item_layout(write: &Write, current: SemaphoreItem) -> Result<SemaphoreItem, StoreError> {
+impl DynamoStore {
+    /// Sends `write`, rendered for `layout` as `rendered`, as one `UpdateItem` of the lock's
+    /// item (see the module docs).
+    pub(super) async fn send_update(
+        &self,
+        write: &Write,
+        rendered: &super::expression::Rendered,
+        layout: Layout,
+    ) -> Result<WriteResult, StoreError> {
+        let (mut creates, mut conflicts) = (0, 0);
+        // Whether an attempt of this write went unanswered (F10): the SDK sent it again, and a
+        // refusal may then be the first attempt's own doing.
+        let lost = LostAnswers::default();
+        while creates < CREATE_ROUNDS {
+            let sent = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(self.key(&write.lock)))
+                .condition_expression(&rendered.condition)
+                .update_expression(&rendered.update)
+                .set_expression_attribute_names(Some(rendered.names.clone()))
+                .set_expression_attribute_values(Some(rendered.values.clone()))
+                .return_values(ReturnValue::AllOld)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .customize()
+                .interceptor(lost.clone())
+                .send()
+                .await;
+            match sent {
+                Ok(out) => {
+                    let before = out.attributes().map(decode).transpose()?;
+                    return Ok(WriteResult::Applied { before });
+                }
+                Err(SdkError::ServiceError(e)) => match e.into_err() {
+                    UpdateItemError::ConditionalCheckFailedException(failed) => {
+                        match failed.item() {
+                            // Refused: the item handed back says which check failed (or that
+                            // it is of another format, which `decode` names).
+                            Some(current) if lost.happened() => {
+                                return Ok(WriteResult::Unsure {
+                                    current: in_layout(write, decode(current)?, layout)?,
+                                })
+                            }
+                            Some(current) => {
+                                return Ok(WriteResult::Refused {
+                                    current: in_layout(write, decode(current)?, layout)?,
+                                    waiter_refused: false,
+                                })
+                            }
+                            None => {
+                                creates += 1;
+                                if let Some(result) = self.create(write).await? {
+                                    return Ok(result);
+                                }
+                            }
+                        }
+                    }
+                    // A transaction of the waiting line on this item was in flight: DynamoDB
+                    // rejected the write without applying it, so sending it again is safe.
+                    UpdateItemError::TransactionConflictException(_)
+                        if conflicts < CONFLICT_ROUNDS =>
+                    {
+                        retry::backoff(conflicts).await;
+                        conflicts += 1;
+                    }
+                    other => return Err(self.failed("UpdateItem", DisplayErrorContext(other))),
+                },
+                Err(e) => return Err(self.failed("UpdateItem", DisplayErrorContext(e))),
+            }
+        }
+        Err(StoreError::Unexpected {
+            lock: write.lock.to_string(),
+            problem: format!(
+                "the item was missing for the update and present for the put, {CREATE_ROUNDS} times"
+            ),
+        })
+    }
+}
+
+/// `current`, handed back by a refusal of a write rendered for `layout`, if its lock is in
+/// that layout; else the error that has the write sent again in the lock's own (every write
+/// checks the format, which says the layout). A change of layout is answered from the item as
+/// it is.
+fn in_layout(
+    write: &Write,
+    current: SemaphoreItem,
+    layout: Layout,
+) -> Result<SemaphoreItem, StoreError> {
     let changes_layout = write
         .changes
         .iter()
         .all(|c| matches!(c, crate::write::Change::SetLayout(_)));
     match current.layout {
-        Layout::Item => Ok(current),
-        // A change of layout, refused by the format: answered from the item as it is.
+        found if found == layout => Ok(current),
         _ if changes_layout => Ok(current),
-        layout => Err(StoreError::LayoutNotStored {
+        found => Err(StoreError::LayoutNotStored {
             lock: write.lock.to_string(),
-            layout,
+            layout: found,
         }),
     }
+}
+
+/// What became of a transaction ([`DynamoStore::send_transaction`]).
+pub(super) enum Transacted {
+    Committed,
+    /// Refused by a condition: the cancellation reasons, one per action.
+    Refused(Vec<CancellationReason>),
 }
 
 /// How often a write is tried when its lock's item is being created concurrently.
@@ -302,86 +437,38 @@ impl ItemStore for DynamoStore {
             .send()
             .await
             .map_err(|e| self.failed("GetItem", DisplayErrorContext(e)))?;
-        out.item().map(decode).transpose()
+        match out.item().map(decode).transpose()? {
+            Some(item) => {
+                self.saw_layout(lock, item.layout);
+                Ok(Some(self.with_holdings(item).await?))
+            }
+            None => Ok(None),
+        }
     }
 
     async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
-        if write.waiter_id().is_some() {
-            return self.transact(write).await;
-        }
-        let rendered = render(write)?;
-        let (mut creates, mut conflicts) = (0, 0);
-        // Whether an attempt of this write went unanswered (F10): the SDK sent it again, and a
-        // refusal may then be the first attempt's own doing.
-        let lost = LostAnswers::default();
-        while creates < CREATE_ROUNDS {
-            let sent = self
-                .client
-                .update_item()
-                .table_name(&self.table)
-                .set_key(Some(self.key(&write.lock)))
-                .condition_expression(&rendered.condition)
-                .update_expression(&rendered.update)
-                .set_expression_attribute_names(Some(rendered.names.clone()))
-                .set_expression_attribute_values(Some(rendered.values.clone()))
-                .return_values(ReturnValue::AllOld)
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                )
-                .customize()
-                .interceptor(lost.clone())
-                .send()
-                .await;
+        // Rendered for the layout last seen; the format every write checks refuses one rendered
+        // for the other, which is then sent again as the lock's layout says.
+        let mut layout = self.layout_of(&write.lock);
+        for _ in 0..2 {
+            let sent = match layout {
+                Layout::Item if write.waiter_id().is_some() => self.transact(write).await,
+                Layout::Item => self.send_update(write, &render(write)?, Layout::Item).await,
+                Layout::Gate => self.write_gate(write).await,
+            };
             match sent {
-                Ok(out) => {
-                    let before = out.attributes().map(decode).transpose()?;
-                    return Ok(WriteResult::Applied { before });
+                Err(StoreError::LayoutNotStored { layout: found, .. }) if found != layout => {
+                    self.saw_layout(&write.lock, found);
+                    layout = found;
                 }
-                Err(SdkError::ServiceError(e)) => match e.into_err() {
-                    UpdateItemError::ConditionalCheckFailedException(failed) => {
-                        match failed.item() {
-                            // Refused: the item handed back says which check failed (or that
-                            // it is of another format, which `decode` names).
-                            Some(current) if lost.happened() => {
-                                return Ok(WriteResult::Unsure {
-                                    current: item_layout(write, decode(current)?)?,
-                                })
-                            }
-                            Some(current) => {
-                                return Ok(WriteResult::Refused {
-                                    current: item_layout(write, decode(current)?)?,
-                                    waiter_refused: false,
-                                })
-                            }
-                            None => {
-                                creates += 1;
-                                if let Some(result) = self.create(write).await? {
-                                    return Ok(result);
-                                }
-                            }
-                        }
-                    }
-                    // A transaction of the waiting line on this item was in flight: DynamoDB
-                    // rejected the write without applying it, so sending it again is safe.
-                    UpdateItemError::TransactionConflictException(_)
-                        if conflicts < CONFLICT_ROUNDS =>
-                    {
-                        retry::backoff(conflicts).await;
-                        conflicts += 1;
-                    }
-                    other => return Err(self.failed("UpdateItem", DisplayErrorContext(other))),
-                },
-                Err(e) => return Err(self.failed("UpdateItem", DisplayErrorContext(e))),
+                other => return other,
             }
         }
         Err(StoreError::Unexpected {
             lock: write.lock.to_string(),
-            problem: format!(
-                "the item was missing for the update and present for the put, {CREATE_ROUNDS} times"
-            ),
+            problem: "its layout changed under each write sent for it".to_owned(),
         })
     }
-
     async fn waiters(
         &self,
         lock: &LockName,
@@ -418,7 +505,12 @@ impl ItemStore for DynamoStore {
                 .send()
                 .await
                 .map_err(|e| self.failed("Scan", DisplayErrorContext(e)))?;
-            items.extend(page.items().iter().map(decode));
+            for attrs in page.items() {
+                items.push(match decode(attrs) {
+                    Ok(item) => self.with_holdings(item).await,
+                    Err(e) => Err(e),
+                });
+            }
             match page.last_evaluated_key() {
                 Some(key) if !key.is_empty() => start = Some(key.clone()),
                 _ => return Ok(items),
@@ -451,35 +543,77 @@ impl DynamoStore {
         if !write.touches_item() {
             return self.write_record_alone(write, key).await;
         }
-        let rendered = render(write)?;
-        let item_update = Update::builder()
+        let actions = vec![
+            self.item_action(write, render(write)?)?,
+            record_action(self.queue_table(), write, key)?,
+        ];
+        let reasons = match self.send_transaction(actions, self.queue_table()).await? {
+            Transacted::Committed => return Ok(WriteResult::Landed { after: None }),
+            Transacted::Refused(reasons) => reasons,
+        };
+        let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
+        let item_refused = code(0) == "ConditionalCheckFailed";
+        let waiter_refused = code(1) == "ConditionalCheckFailed";
+        // The item as it is: handed back when its own check failed (absent: no item yet),
+        // else read.
+        let current = match reasons.first().and_then(|r| r.item()) {
+            Some(attrs) if item_refused => in_layout(write, decode(attrs)?, Layout::Item)?,
+            _ if item_refused => SemaphoreItem::empty(write.lock.clone()),
+            _ => self
+                .load(&write.lock)
+                .await?
+                .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone())),
+        };
+        Ok(WriteResult::Refused {
+            current,
+            waiter_refused,
+        })
+    }
+
+    /// The update of the lock's item, `rendered` from `write`, as one action of a transaction.
+    pub(super) fn item_action(
+        &self,
+        write: &Write,
+        rendered: super::expression::Rendered,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let update = Update::builder()
             .table_name(self.table())
-            .set_key(Some(HashMap::from([(
-                attr::LOCK.to_owned(),
-                string(write.lock.as_str()),
-            )])))
-            .condition_expression(&rendered.condition)
-            .update_expression(&rendered.update)
-            .set_expression_attribute_names(Some(rendered.names.clone()))
-            .set_expression_attribute_values(Some(rendered.values.clone()))
+            .set_key(Some(self.key(&write.lock)))
+            .condition_expression(rendered.condition)
+            .update_expression(rendered.update)
+            .set_expression_attribute_names(Some(rendered.names))
+            .set_expression_attribute_values(Some(rendered.values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(|e| StoreError::Unexpected {
                 lock: write.lock.to_string(),
                 problem: e.to_string(),
             })?;
-        let actions = vec![
-            TransactWriteItem::builder().update(item_update).build(),
-            record_action(self.queue_table(), write, key)?,
-        ];
-        // One client request token for the write, kept until DynamoDB says the transaction did
-        // not commit (F10). The SDK sends a request whose answer was lost again with the same
-        // token, and DynamoDB answers a committed one success again without applying it twice
-        // (the token is good for 10 minutes); after TransactionInProgressException (that
-        // attempt was still in flight) it is sent again with the same token, which completes
-        // it. A new token would make a committed grant read as refused by its own record's
-        // removal ("moved"), and the waiter it granted would not be woken. After a
-        // cancellation nothing committed, and the next round gets a new token.
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// Sends `actions` as one transaction until it commits or a condition refuses it (the
+    /// cancellation reasons then, one per action, each refused one with its item handed back).
+    /// Throttles and conflicts are sent again; `table` names the request in an error.
+    ///
+    /// One client request token for the transaction, kept until DynamoDB says it did not commit
+    /// (F10). The SDK sends a request whose answer was lost again with the same token, and
+    /// DynamoDB answers a committed one success again without applying it twice (the token is
+    /// good for 10 minutes); after TransactionInProgressException (that attempt was still in
+    /// flight) it is sent again with the same token, which completes it. A new token would make
+    /// a committed grant read as refused by its own record's removal ("moved"), and the waiter
+    /// it granted would not be woken. After a cancellation nothing committed, and the next round
+    /// gets a new token.
+    pub(super) async fn send_transaction(
+        &self,
+        actions: Vec<TransactWriteItem>,
+        table: &str,
+    ) -> Result<Transacted, StoreError> {
+        let failed = |message: String| StoreError::Dynamo {
+            operation: "TransactWriteItems",
+            table: table.to_owned(),
+            message,
+        };
         let mut token = retry::new_token();
         let throttle_attempts = retry::throttle_attempts(self.client().config().retry_config());
         let (mut rounds, mut throttled) = (0, 0);
@@ -494,33 +628,26 @@ impl DynamoStore {
                 .send()
                 .await;
             let cancelled = match sent {
-                Ok(_) => return Ok(WriteResult::Landed),
+                Ok(_) => return Ok(Transacted::Committed),
                 Err(SdkError::ServiceError(e)) => match e.into_err() {
                     TransactWriteItemsError::TransactionCanceledException(cancelled) => cancelled,
                     TransactWriteItemsError::TransactionInProgressException(_) => {
                         retry::backoff(round).await;
                         continue;
                     }
-                    other => {
-                        return Err(
-                            self.failed_queue("TransactWriteItems", DisplayErrorContext(other))
-                        )
-                    }
+                    other => return Err(failed(DisplayErrorContext(other).to_string())),
                 },
-                Err(e) => {
-                    return Err(self.failed_queue("TransactWriteItems", DisplayErrorContext(e)))
-                }
+                Err(e) => return Err(failed(DisplayErrorContext(e).to_string())),
             };
             let reasons = cancelled.cancellation_reasons();
-            let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
-            if [code(0), code(1)].contains(&"ThrottlingError") {
+            let has = |code: &str| reasons.iter().any(|r| r.code() == Some(code));
+            if has("ThrottlingError") {
                 // Throttled: waits as the SDK waits for a throttle, as often as it would try.
                 throttled += 1;
                 if throttled >= throttle_attempts {
-                    return Err(self.failed_queue(
-                        "TransactWriteItems",
-                        format!("throttled {throttled} times: cancelled: {reasons:?}"),
-                    ));
+                    return Err(failed(format!(
+                        "throttled {throttled} times: cancelled: {reasons:?}"
+                    )));
                 }
                 token = retry::new_token();
                 rounds -= 1;
@@ -532,38 +659,19 @@ impl DynamoStore {
                 tokio::time::sleep(wait).await;
                 continue;
             }
-            if [code(0), code(1)].contains(&"TransactionConflict") {
+            if has("TransactionConflict") {
                 token = retry::new_token();
                 retry::backoff(round).await;
                 continue;
             }
-            let item_refused = code(0) == "ConditionalCheckFailed";
-            let waiter_refused = code(1) == "ConditionalCheckFailed";
-            if !item_refused && !waiter_refused {
-                return Err(
-                    self.failed_queue("TransactWriteItems", format!("cancelled: {:?}", reasons))
-                );
+            if !has("ConditionalCheckFailed") {
+                return Err(failed(format!("cancelled: {reasons:?}")));
             }
-            // The item as it is: handed back when its own check failed (absent: no item yet),
-            // else read.
-            let current = match reasons.first().and_then(|r| r.item()) {
-                Some(attrs) if item_refused => item_layout(write, decode(attrs)?)?,
-                _ if item_refused => SemaphoreItem::empty(write.lock.clone()),
-                _ => self
-                    .load(&write.lock)
-                    .await?
-                    .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone())),
-            };
-            return Ok(WriteResult::Refused {
-                current,
-                waiter_refused,
-            });
+            return Ok(Transacted::Refused(reasons.to_vec()));
         }
-        Err(StoreError::Dynamo {
-            operation: "TransactWriteItems",
-            table: self.table().to_owned(),
-            message: format!("cancelled by conflicting writes {CONFLICT_ROUNDS} times"),
-        })
+        Err(failed(format!(
+            "cancelled by conflicting writes {CONFLICT_ROUNDS} times"
+        )))
     }
 
     /// A write of the waiter's record alone (a new task token): one conditional `UpdateItem`
@@ -606,7 +714,7 @@ impl DynamoStore {
             }
         };
         match sent {
-            Ok(_) => Ok(WriteResult::Landed),
+            Ok(_) => Ok(WriteResult::Landed { after: None }),
             Err(SdkError::ServiceError(e))
                 if matches!(
                     e.err(),

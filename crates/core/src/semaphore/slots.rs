@@ -70,6 +70,8 @@ impl<S: ItemStore> Semaphore<S> {
         let mut taken = Vec::new();
         let mut write = protocol::take_back(&item.lock, &expired, now_ms);
         let mut current = item.clone();
+        // The lock as the write in flight was decided on.
+        let mut judged = item.clone();
         for _ in 0..MAX_ROUNDS * 4 {
             let result = self.store.write(&write).await?;
             let next = match &result {
@@ -77,26 +79,8 @@ impl<S: ItemStore> Semaphore<S> {
                     current = write
                         .apply(before.as_ref())
                         .map_err(|_| unexpected(&write, "a take-back landed but does not apply"))?;
-                    for change in &write.changes {
-                        let crate::write::Change::RemoveHolder { identity, .. } = change else {
-                            continue;
-                        };
-                        let Some(before) = before.as_ref() else {
-                            continue;
-                        };
-                        let (Some(holding), Some(until)) =
-                            (before.holders.get(identity), before.leases.get(identity))
-                        else {
-                            continue;
-                        };
-                        tracing::warn!(lock = %item.lock, holder = %identity.holder, acquisition = %identity.acquisition, token = holding.token.0, lease_until_ms = until, "took back a slot whose lease had passed");
-                        taken.push(TakenBackSlot {
-                            lock: item.lock.clone(),
-                            identity: identity.clone(),
-                            holding: *holding,
-                            lease_until_ms: *until,
-                            taken_at_ms: now_ms,
-                        });
+                    if let Some(before) = before.as_ref() {
+                        taken.extend(taken_by(&write, before, now_ms));
                     }
                     // The next chunk, if there were more.
                     let rest = current.expired_leases(now_ms, skew_ms);
@@ -105,10 +89,30 @@ impl<S: ItemStore> Semaphore<S> {
                 WriteResult::Refused { current: seen, .. }
                 | WriteResult::Unsure { current: seen } => {
                     current = seen.clone();
+                    judged = seen.clone();
                     protocol::take_back_again(&write, seen, now_ms, skew_ms)
                 }
-                WriteResult::Landed => {
-                    return Err(unexpected(&write, "a take-back was sent as a transaction").into())
+                // A gate's take-back: every slot it names was held under the lease read (its
+                // checks held), as the view it was judged on shows them.
+                WriteResult::Landed { after: Some(after) } => {
+                    let took = taken_by(&write, &judged, now_ms);
+                    let named: Vec<Identity> = took.iter().map(|t| t.identity.clone()).collect();
+                    taken.extend(took);
+                    current = after.clone();
+                    // The next chunk, if there were more.
+                    let rest: Vec<_> = judged
+                        .expired_leases(now_ms, skew_ms)
+                        .into_iter()
+                        .filter(|(identity, ..)| !named.contains(identity))
+                        .collect();
+                    for identity in &named {
+                        judged.holders.remove(identity);
+                        judged.leases.remove(identity);
+                    }
+                    (!rest.is_empty()).then(|| protocol::take_back(&item.lock, &rest, now_ms))
+                }
+                WriteResult::Landed { after: None } => {
+                    return Err(unexpected(&write, "a take-back landed unread").into())
                 }
             };
             match next {
@@ -312,8 +316,13 @@ impl<S: ItemStore> Semaphore<S> {
     ) -> Result<Fenced, Error> {
         let fence = protocol::cleanup_fence(lock, holder, last_run);
         let result = self.store.write(&fence).await?;
-        let (_, after) = protocol::fenced_slots(&fence, holder, result)?;
+        let (_, mut after) = protocol::fenced_slots(&fence, holder, result)?;
         self.rotate_if_busy(&after).await;
+        // A gate's fence lands on the gate alone: the holdings are read once it has, and no
+        // acquire of a fenced run can add to them any more.
+        if after.layout == crate::item::Layout::Gate {
+            after = self.status(lock).await?;
+        }
         let slots = after
             .slots_of(holder)
             .map(|(id, holding)| (id.clone(), *holding))
@@ -406,7 +415,7 @@ impl<S: ItemStore> Semaphore<S> {
         for write in protocol::drop_tombstones(&item, &self.timing) {
             if matches!(
                 self.store.write(&write).await?,
-                WriteResult::Applied { .. } | WriteResult::Landed
+                WriteResult::Applied { .. } | WriteResult::Landed { .. }
             ) {
                 dropped += 1;
             }
@@ -441,7 +450,7 @@ impl<S: ItemStore> Semaphore<S> {
                     fences: current.fences.len() + current.tombstones.len(),
                 })
             }
-            WriteResult::Landed => {
+            WriteResult::Landed { .. } => {
                 Err(unexpected(&write, "a layout change was sent as a transaction").into())
             }
         }
@@ -454,7 +463,7 @@ impl<S: ItemStore> Semaphore<S> {
             return false;
         };
         match self.store.write(&write).await {
-            Ok(WriteResult::Applied { .. } | WriteResult::Landed) => true,
+            Ok(WriteResult::Applied { .. } | WriteResult::Landed { .. }) => true,
             Ok(WriteResult::Refused { .. } | WriteResult::Unsure { .. }) => false,
             Err(e) => {
                 tracing::warn!(lock = %write.lock, error = %e, "fence rotation failed; a later write retries it");
@@ -462,4 +471,28 @@ impl<S: ItemStore> Semaphore<S> {
             }
         }
     }
+}
+
+/// The slots `write`, a take-back that landed, took, as `seen` (the lock it was decided on, or
+/// as it was just before) showed them: each is logged, for whoever collects them.
+fn taken_by(write: &Write, seen: &SemaphoreItem, now_ms: u64) -> Vec<TakenBackSlot> {
+    write
+        .changes
+        .iter()
+        .filter_map(|change| match change {
+            crate::write::Change::RemoveHolder { identity, .. } => Some(identity),
+            _ => None,
+        })
+        .filter_map(|identity| {
+            let (holding, until) = (seen.holders.get(identity)?, seen.leases.get(identity)?);
+            tracing::warn!(lock = %write.lock, holder = %identity.holder, acquisition = %identity.acquisition, token = holding.token.0, lease_until_ms = until, "took back a slot whose lease had passed");
+            Some(TakenBackSlot {
+                lock: write.lock.clone(),
+                identity: identity.clone(),
+                holding: *holding,
+                lease_until_ms: *until,
+                taken_at_ms: now_ms,
+            })
+        })
+        .collect()
 }

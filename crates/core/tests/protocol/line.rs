@@ -129,7 +129,7 @@ fn a_grant_is_refused_by_the_first_of_its_checks_that_fails() {
     );
     store.write_now(&release(&lock(), &id("b"), Weight::ONE, 0));
     let result = store.write_now(&grant_of(&first));
-    assert_eq!(result, WriteResult::Landed);
+    assert_eq!(result, WriteResult::Landed { after: None });
     let item = store.load_now(&lock()).unwrap();
     assert_eq!(
         item.holders[&first.identity].token.0, item.version.0,
@@ -217,7 +217,13 @@ fn results_that_contradict_the_write_are_errors_not_answers() {
     assert!(was_queued(&write, &not_refused(&item)).is_err());
     // An acquire names no record: it cannot have been sent as a transaction.
     let write = acquire(&lock(), &w.identity, Run::FIRST, None, limit(1), T0, T0, &T).unwrap();
-    assert!(acquired(&write, &w.identity, limit(1), WriteResult::Landed).is_err());
+    assert!(acquired(
+        &write,
+        &w.identity,
+        limit(1),
+        WriteResult::Landed { after: None }
+    )
+    .is_err());
     assert_eq!(write.waiter_id(), None);
     assert!(write.checks.contains(&Check::QueueEmpty));
 }

@@ -629,7 +629,7 @@ impl ItemStore for Interposed {
         let interposed = self.after_first_read.lock().unwrap().take();
         if let Some(write) = interposed {
             let landed = self.inner.write_now(&write);
-            assert_eq!(landed, WriteResult::Landed);
+            assert_eq!(landed, WriteResult::Landed { after: None });
         }
         read
     }

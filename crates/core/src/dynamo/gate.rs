@@ -1,0 +1,240 @@
+//! The [`DynamoStore`]'s writes of a gate lock (see [`Layout::Gate`]): the gate item in the
+//! semaphore table, each holding an item of the holdings table ([`super::holdings`]).
+//!
+//! A write of the gate alone (a configuration, a rotation, a cleanup's fence) is one
+//! `UpdateItem`, as in the item layout. A write that also names holdings or a waiter's record
+//! is one `TransactWriteItems` with a client request token: the gate's update, each holding's
+//! action, the record's action. A transaction hands back no values, so an admission's fencing
+//! token is proposed by this store (above the gate's version as last seen, or its clock in
+//! milliseconds if higher) and checked above the gate's version when it lands; one refused by
+//! that check alone is sent again with a higher token. A transaction that landed is answered
+//! with the gate and the holdings it named as read just after it (`WriteResult::Landed`).
+
+use std::collections::BTreeSet;
+
+use aws_sdk_dynamodb::error::DisplayErrorContext;
+
+use super::codec::{attr, decode, string};
+use super::expression::{is_holdings, record_action, render_in};
+use super::holdings::{self, add_to, decode_holding, holding_attr};
+use super::retry::CONFLICT_ROUNDS;
+use super::store::Transacted;
+use super::DynamoStore;
+use crate::error::StoreError;
+use crate::input::LockName;
+use crate::item::{FencingToken, Identity, Layout, SemaphoreItem};
+use crate::protocol::WriteResult;
+use crate::write::{Change, Write};
+
+impl DynamoStore {
+    /// The layout `lock` was last seen in (the item layout until seen otherwise).
+    pub(super) fn layout_of(&self, lock: &LockName) -> Layout {
+        self.layouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(lock)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    pub(super) fn saw_layout(&self, lock: &LockName, layout: Layout) {
+        self.layouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(lock.clone(), layout);
+    }
+
+    /// The token the next admission to `lock` proposes: above the gate's version as last seen,
+    /// and at least this host's clock in milliseconds, so that a writer that has seen nothing
+    /// yet is rarely refused.
+    fn propose_token(&self, lock: &LockName) -> FencingToken {
+        let seen = self
+            .versions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(lock)
+            .copied()
+            .unwrap_or_default();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        FencingToken(seen.saturating_add(1).max(now_ms))
+    }
+
+    fn saw_version(&self, lock: &LockName, version: u64) {
+        let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = versions.entry(lock.clone()).or_default();
+        *seen = (*seen).max(version);
+    }
+
+    /// The gate of `lock` and the holdings of `named`, read consistently now (`None`: no item).
+    pub(super) async fn gate_view(
+        &self,
+        lock: &LockName,
+        named: &BTreeSet<Identity>,
+    ) -> Result<Option<SemaphoreItem>, StoreError> {
+        let out = self
+            .client()
+            .get_item()
+            .table_name(self.table())
+            .key(attr::LOCK, string(lock.as_str()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.failed_holdings("GetItem", DisplayErrorContext(e)))?;
+        let Some(mut view) = out.item().map(decode).transpose()? else {
+            return Ok(None);
+        };
+        if view.layout != Layout::Gate {
+            return Ok(Some(view));
+        }
+        self.saw_version(lock, view.version.0);
+        for identity in named {
+            let out = self
+                .client()
+                .get_item()
+                .table_name(self.holdings_table())
+                .set_key(Some(holdings::key(lock, identity)))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(|e| self.failed_holdings("GetItem", DisplayErrorContext(e)))?;
+            if let Some(attrs) = out.item() {
+                let (identity, state) = decode_holding(attrs)?;
+                add_to(&mut view, identity, state);
+            }
+        }
+        Ok(Some(view))
+    }
+
+    /// `view` (a gate read as an item of the layout in use) with every holding of its lock.
+    pub(super) async fn with_holdings(
+        &self,
+        mut view: SemaphoreItem,
+    ) -> Result<SemaphoreItem, StoreError> {
+        if view.layout != Layout::Gate {
+            return Ok(view);
+        }
+        let mut start = None;
+        loop {
+            let page = self
+                .client()
+                .query()
+                .table_name(self.holdings_table())
+                .key_condition_expression("#lock = :lock")
+                .expression_attribute_names("#lock", holding_attr::LOCK)
+                .expression_attribute_values(":lock", string(view.lock.as_str()))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| self.failed_holdings("Query", DisplayErrorContext(e)))?;
+            for attrs in page.items() {
+                let (identity, state) = decode_holding(attrs)?;
+                add_to(&mut view, identity, state);
+            }
+            match page.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => return Ok(view),
+            }
+        }
+    }
+
+    fn failed_holdings(&self, operation: &'static str, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Dynamo {
+            operation,
+            table: self.holdings_table().to_owned(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Sends `write` to a gate (see the module docs).
+    pub(super) async fn write_gate(&self, write: &Write) -> Result<WriteResult, StoreError> {
+        let named = holdings::named(write);
+        let waiter = write.waiter_id();
+        if named.is_empty() && waiter.is_none() {
+            let rendered = render_in(write, Layout::Gate, None)?;
+            return self.send_update(write, &rendered, Layout::Gate).await;
+        }
+        let touches_gate = write
+            .checks
+            .iter()
+            .any(|c| c.waiter_id().is_none() && !is_holdings(c))
+            || write.changes.iter().any(|c| {
+                !matches!(
+                    c,
+                    Change::SetLease { .. }
+                        | Change::FenceAcquisition { .. }
+                        | Change::DropTombstone(_)
+                        | Change::Repark { .. }
+                )
+            });
+        let admits = write
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::PutHolder { .. }));
+        let mut token = admits.then(|| self.propose_token(&write.lock));
+        for _ in 0..CONFLICT_ROUNDS {
+            let mut actions = Vec::new();
+            if touches_gate {
+                actions.push(self.item_action(write, render_in(write, Layout::Gate, token)?)?);
+            }
+            for identity in &named {
+                actions.push(holdings::action(
+                    self.holdings_table(),
+                    write,
+                    identity,
+                    token,
+                )?);
+            }
+            if let Some(key) = waiter {
+                actions.push(record_action(self.queue_table(), write, key)?);
+            }
+            let reasons = match self
+                .send_transaction(actions, self.holdings_table())
+                .await?
+            {
+                Transacted::Committed => {
+                    let after = self.gate_view(&write.lock, &named).await?;
+                    return Ok(WriteResult::Landed { after });
+                }
+                Transacted::Refused(reasons) => reasons,
+            };
+            let codes: Vec<&str> = reasons.iter().map(|r| r.code().unwrap_or("None")).collect();
+            let Some(view) = self.gate_view(&write.lock, &named).await? else {
+                return Err(StoreError::Unexpected {
+                    lock: write.lock.to_string(),
+                    problem: "a gate's write was refused and the gate is gone".to_owned(),
+                });
+            };
+            if view.layout != Layout::Gate {
+                return Err(StoreError::LayoutNotStored {
+                    lock: write.lock.to_string(),
+                    layout: view.layout,
+                });
+            }
+            let waiter_refused =
+                waiter.is_some() && codes.last() == Some(&"ConditionalCheckFailed");
+            // Refused by the token alone: another admission landed with a higher one.
+            let others_hold = write
+                .checks
+                .iter()
+                .filter(|c| c.waiter_id().is_none())
+                .all(|c| c.holds(&view));
+            if let Some(proposed) = token.filter(|t| view.version.0 >= t.0) {
+                if others_hold && !waiter_refused {
+                    token = Some(FencingToken(view.version.0.max(proposed.0) + 1));
+                    continue;
+                }
+            }
+            return Ok(WriteResult::Refused {
+                current: view,
+                waiter_refused,
+            });
+        }
+        Err(self.failed_holdings(
+            "TransactWriteItems",
+            format!("its token refused by other admissions {CONFLICT_ROUNDS} times"),
+        ))
+    }
+}
