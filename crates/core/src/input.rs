@@ -13,9 +13,11 @@ pub const MAX_LOCK_NAME_BYTES: usize = 256;
 pub const MAX_HOLDER_BYTES: usize = 512;
 /// Longest acquisition id accepted, in bytes. `States.UUID()` yields 36.
 pub const MAX_ACQUISITION_BYTES: usize = 128;
-/// Largest concurrency limit accepted. Every holder is a few hundred bytes of the one semaphore
-/// item, and a DynamoDB item is at most 400 KB.
-pub const MAX_LIMIT: u32 = 1000;
+/// Largest concurrency limit accepted. A lock in the item layout keeps every holder in its one
+/// item (a few hundred bytes each, within DynamoDB's 400 KB) and answers "full" once that is
+/// full, about 2,000 holders of execution ARNs; a gate keeps each holding in an item of its own
+/// (see [`crate::item::Layout`]).
+pub const MAX_LIMIT: u32 = 10_000;
 /// Most acquisitions per second a start-rate limit may allow: one per millisecond, the
 /// resolution of the times the lock's item keeps.
 pub const MAX_RATE: f64 = 1000.0;
@@ -567,7 +569,7 @@ mod tests {
     fn limits_are_positive_whole_numbers() {
         assert_eq!(Limit::new(5).unwrap().get(), 5);
         assert_eq!(Limit::parse(" 3 ").unwrap().get(), 3);
-        for bad in ["0", "-1", "2.5", "five", "", "1001"] {
+        for bad in ["0", "-1", "2.5", "five", "", "10001"] {
             let err = Limit::parse(bad).unwrap_err();
             assert!(
                 matches!(err, InputError::InvalidLimit { .. }),
@@ -580,7 +582,7 @@ mod tests {
     #[test]
     fn weights_are_positive_and_never_above_the_limit() {
         assert_eq!(Weight::parse("4").unwrap().get(), 4);
-        for bad in ["0", "-1", "1.5", "four", "", "1001"] {
+        for bad in ["0", "-1", "1.5", "four", "", "10001"] {
             assert!(
                 matches!(Weight::parse(bad), Err(InputError::InvalidWeight { .. })),
                 "{bad:?}"

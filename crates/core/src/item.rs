@@ -101,7 +101,7 @@ pub enum SlotKeyError {
     Invalid(#[from] InputError),
 }
 
-/// The most bytes a holding's stored number takes: at most 31 digits (see
+/// The most bytes a holding's stored number takes: at most 32 digits (see
 /// `dynamo::TOKEN_SPAN`), and DynamoDB sizes a number at 1 byte per two significant digits plus 1.
 pub const HOLDING_VALUE_BYTES: u64 = 17;
 

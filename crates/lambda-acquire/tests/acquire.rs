@@ -759,7 +759,7 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
     let request_kind = |got: &str| {
         format!("request must be a JSON object (what the execution asks for); got {got}")
     };
-    let weight = "weight must be a whole number from 1 to the limit (1000 at most)";
+    let weight = "weight must be a whole number from 1 to the limit (10000 at most)";
     let rate = "rate must be a number of acquisitions per second from 0.000011574074074074073 \
                 (one a day) to 1000";
     let above = |weight: u32, limit: u32| {
@@ -789,16 +789,16 @@ async fn bad_input_is_semaphore_invalid_input_fails_without_a_slot_and_writes_no
         ),
         (
             json!({"limit": 0}),
-            "request.limit: limit must be a whole number from 1 to 1000; got 0".into(),
+            "request.limit: limit must be a whole number from 1 to 10000; got 0".into(),
         ),
         (
             json!({"limit": "5"}),
-            "request.limit: limit must be a whole number from 1 to 1000; got the string \"5\""
+            "request.limit: limit must be a whole number from 1 to 10000; got the string \"5\""
                 .into(),
         ),
         (
-            json!({"limit": 1001}),
-            "request.limit: limit must be a whole number from 1 to 1000; got 1001".into(),
+            json!({"limit": 10001}),
+            "request.limit: limit must be a whole number from 1 to 10000; got 10001".into(),
         ),
         (
             json!({"lock": ""}),

@@ -108,7 +108,7 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
             Answer::Response(answer("already_held")),
             error(
                 "SemaphoreInvalidInput",
-                "request.limit: limit must be a whole number from 1 to 1000; got the string \"5\""
+                "request.limit: limit must be a whole number from 1 to 10000; got the string \"5\""
             ),
         ],
         "stdout: {}\nstderr: {}",

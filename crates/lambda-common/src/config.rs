@@ -299,8 +299,9 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
     }
 
     /// The semaphore on `TABLE_NAME` (its waiters in `QUEUE_TABLE_NAME`, default
-    /// `<TABLE_NAME>-queue`) with the configured timing, using `sdk`'s region, credentials and
-    /// endpoint.
+    /// `<TABLE_NAME>-queue`, its gates' holdings in `HOLDINGS_TABLE_NAME`, default
+    /// `<TABLE_NAME>-holdings`) with the configured timing, using `sdk`'s region, credentials
+    /// and endpoint.
     pub fn semaphore(
         &self,
         sdk: &aws_config::SdkConfig,
@@ -311,6 +312,9 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
         let mut store = DynamoStore::new(client, table);
         if let Some(queue_table) = self.optional("QUEUE_TABLE_NAME") {
             store = store.with_queue_table(queue_table);
+        }
+        if let Some(holdings_table) = self.optional("HOLDINGS_TABLE_NAME") {
+            store = store.with_holdings_table(holdings_table);
         }
         Ok(Semaphore::new(store).with_timing(timing))
     }
@@ -419,7 +423,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "environment variable DEFAULT_LIMIT is \"0\": limit must be a whole number from 1 \
-             to 1000; got \"0\""
+             to 10000; got \"0\""
         );
         let long = "x".repeat(257);
         let err = settings(&[("DEFAULT_LOCK", &long)]).defaults().unwrap_err();
@@ -442,7 +446,7 @@ mod tests {
             ("DEFAULT_WEIGHT", "0"),
             ("DEFAULT_WEIGHT", "-1"),
             ("DEFAULT_WEIGHT", "2.5"),
-            ("DEFAULT_WEIGHT", "1001"),
+            ("DEFAULT_WEIGHT", "10001"),
             ("DEFAULT_RATE", "0"),
             ("DEFAULT_RATE", "-2"),
             ("DEFAULT_RATE", "fast"),

@@ -287,34 +287,34 @@ mod tests {
         let message = |v: Value| limit(v).unwrap_err().to_string();
         assert_eq!(
             message(json!(0)),
-            "limit must be a whole number from 1 to 1000; got 0"
+            "limit must be a whole number from 1 to 10000; got 0"
         );
         assert_eq!(
             message(json!(-1)),
-            "limit must be a whole number from 1 to 1000; got -1"
+            "limit must be a whole number from 1 to 10000; got -1"
         );
         assert_eq!(
             message(json!(2.5)),
-            "limit must be a whole number from 1 to 1000; got 2.5"
+            "limit must be a whole number from 1 to 10000; got 2.5"
         );
         assert_eq!(
             message(json!("5")),
-            "limit must be a whole number from 1 to 1000; got the string \"5\""
+            "limit must be a whole number from 1 to 10000; got the string \"5\""
         );
         assert_eq!(
             message(json!("five")),
-            "limit must be a whole number from 1 to 1000; got the string \"five\""
+            "limit must be a whole number from 1 to 10000; got the string \"five\""
         );
         assert_eq!(
             message(json!(u64::MAX)),
             format!(
-                "limit must be a whole number from 1 to 1000; got {}",
+                "limit must be a whole number from 1 to 10000; got {}",
                 u64::MAX
             )
         );
         assert_eq!(
             message(json!(true)),
-            "limit must be a whole number from 1 to 1000; got a boolean true"
+            "limit must be a whole number from 1 to 10000; got a boolean true"
         );
         assert_eq!(limit(Value::Null).unwrap(), None);
     }
@@ -382,7 +382,7 @@ mod tests {
         );
         assert_eq!(
             input.optional_limit("limit").unwrap_err().to_string(),
-            "input.limit: limit must be a whole number from 1 to 1000; got the string \"5\""
+            "input.limit: limit must be a whole number from 1 to 10000; got the string \"5\""
         );
         assert_eq!(
             input.optional_count("n", "$$.X").unwrap_err().to_string(),

@@ -56,7 +56,7 @@ mod hint {
     pub const ANSWER: &str = "pass the acquire answer, \"semaphore.$\": \"$.semaphore\"";
     pub const LOCK: &str = "pass \"lock\" in the request, e.g. \"lock\": \"demo-lock\", or set \
         the function's DEFAULT_LOCK";
-    pub const LIMIT: &str = "pass \"limit\" in the request, a whole number from 1 to 1000, e.g. \
+    pub const LIMIT: &str = "pass \"limit\" in the request, a whole number from 1 to 10000, e.g. \
         \"limit\": 5, or set the function's DEFAULT_LIMIT";
 }
 
@@ -725,7 +725,7 @@ mod tests {
             .starts_with("request.work names work to run under the slot"));
         assert_eq!(
             message(payload(json!({"limit": 0}))),
-            "request.limit: limit must be a whole number from 1 to 1000; got 0"
+            "request.limit: limit must be a whole number from 1 to 10000; got 0"
         );
         assert_eq!(
             message(payload(json!({"lock": 3}))),
@@ -773,7 +773,7 @@ mod tests {
     #[test]
     fn bad_weights_and_rates_are_named() {
         let r = resolver();
-        let weight = "weight must be a whole number from 1 to the limit (1000 at most)";
+        let weight = "weight must be a whole number from 1 to the limit (10000 at most)";
         let rate = "rate must be a number of acquisitions per second from 0.000011574074074074073 \
                     (one a day) to 1000";
         let cases: Vec<(Value, String)> = vec![

@@ -729,13 +729,13 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
         ),
         (
             with("weight", json!(0)),
-            "semaphore.weight: weight must be a whole number from 1 to the limit (1000 at most); \
+            "semaphore.weight: weight must be a whole number from 1 to the limit (10000 at most); \
              got 0"
                 .into(),
         ),
         (
             with("weight", json!("4")),
-            "semaphore.weight: weight must be a whole number from 1 to the limit (1000 at most); \
+            "semaphore.weight: weight must be a whole number from 1 to the limit (10000 at most); \
              got the string \"4\""
                 .into(),
         ),

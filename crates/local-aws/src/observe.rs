@@ -258,7 +258,7 @@ impl Observed {
     }
 
     /// What is inconsistent in this read, if anything (S1 and the item's own bookkeeping): it
-    /// is malformed or not format 5; a lease is not a holder's; a holder's weight is not 1 to 1000, or its token is one
+    /// is malformed or not format 5; a lease is not a holder's; a holder's weight is not 1 to 10,000, or its token is one
     /// the version has not reached, or shared with another (every write bumps the version and
     /// a token is the version its acquire made); `used` is not the sum of the holders' weights
     /// or `held_bytes` not the bytes of their entries; with `limit`, that sum is above it.
@@ -278,7 +278,7 @@ impl Observed {
         }
         let mut tokens = std::collections::BTreeMap::new();
         for h in &self.holdings {
-            if !(1..=1000).contains(&h.weight) {
+            if !(1..=10_000).contains(&h.weight) {
                 return Some(format!("holder {} has weight {}", h.key, h.weight));
             }
             if h.token == 0 || i64::try_from(h.token).map_or(true, |t| t > self.version) {

@@ -34,7 +34,7 @@ pub struct LockPoll {
     /// The largest sum of the holders' weights one read saw (ours; the sample's: holders).
     pub max_weight: u64,
     /// Reads of an inconsistent item (`crate::observe::Observed::problem`). Ours: not
-    /// format 5, a holder entry that is not a packed number of weight 1 to 1000, a token above
+    /// format 5, a holder entry that is not a packed number of weight 1 to 10,000, a token above
     /// the version, two holders with one token, a stored `used` or `held_bytes` that differs
     /// from the holders' own, or their weights above the lock's limit. The sample's: a stored
     /// count that differs from the number of holders.

@@ -554,7 +554,7 @@ mod tests {
             let args = std::iter::once("local-run").chain(args.iter().copied());
             Args::try_parse_from(args).map_or(true, |a| a.validate().is_err())
         };
-        for bad in ["a", "a:0", "a:1001", "a:1,a:2", "a\tb:1", ":1", ""] {
+        for bad in ["a", "a:0", "a:10001", "a:1,a:2", "a\tb:1", ":1", ""] {
             assert!(refused(&["--locks", bad]), "{bad:?}");
         }
         // Any name the acquire function takes (core's LockName), colons included.

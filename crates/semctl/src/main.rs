@@ -27,9 +27,9 @@ use lambda_common::HandOffs;
 use lambda_sweeper::{ArnPatterns, ExecutionArn, SfnExecutions, StateMachineArn};
 use semaphore_core::{
     rfc3339_millis, terms_on, AcquireOutcome, AcquisitionId, CleanupOutcome, Clock, DynamoStore,
-    HeartbeatOutcome, HolderId, Identity, InputError, Lease, Limit, LockConfig, LockName, Rate,
-    Reclaimed, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, SystemClock, TableSetup,
-    Terms, Timing, Weight,
+    HeartbeatOutcome, HolderId, Identity, InputError, Layout, Lease, Limit, LockConfig, LockName,
+    Rate, Reclaimed, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, SystemClock,
+    TableSetup, Terms, Timing, Weight,
 };
 use serde_json::{json, Value};
 
@@ -53,6 +53,10 @@ struct Cli {
     /// `semctl init` creates).
     #[arg(long, global = true, env = "QUEUE_TABLE_NAME")]
     queue_table: Option<String>,
+    /// The gates' holdings table (the stack's HoldingsTable output; default: <table>-holdings,
+    /// what `semctl init` creates).
+    #[arg(long, global = true, env = "HOLDINGS_TABLE_NAME")]
+    holdings_table: Option<String>,
     /// How long after its request an acquire may still land (whole seconds, 1-300); the
     /// deployed functions' AcquireHorizonSeconds. With the clock skew it makes the fence window.
     #[arg(long, global = true, env = "ACQUIRE_HORIZON_SECONDS", value_name = "SECONDS",
@@ -400,6 +404,9 @@ async fn run(cli: Cli, requested_at_ms: u64) -> Result<Answer, Failure> {
     if let Some(queue_table) = &cli.queue_table {
         store = store.with_queue_table(queue_table);
     }
+    if let Some(holdings_table) = &cli.holdings_table {
+        store = store.with_holdings_table(holdings_table);
+    }
     let semaphore = Semaphore::new(store).with_timing(Timing {
         horizon: Duration::from_secs(cli.horizon_seconds),
         clock_skew: Duration::from_secs(cli.clock_skew_seconds),
@@ -414,7 +421,7 @@ enum LockCommand {
     Set {
         #[arg(long)]
         lock: String,
-        /// The most weight held at once: a whole number from 1 to 1000.
+        /// The most weight held at once: a whole number from 1 to 10000.
         #[arg(long, allow_hyphen_values = true)]
         limit: String,
         /// The largest weight one acquisition may take (1 to the limit). Default: the limit.
@@ -424,6 +431,12 @@ enum LockCommand {
         /// 1000). Default: no start rate.
         #[arg(long, allow_hyphen_values = true)]
         rate: Option<String>,
+        /// Where the lock keeps its holders: "item" (all in the lock's one item: the cheapest
+        /// for a small limit) or "gate" (each holding an item of its own: a cost per critical
+        /// section flat in the limit and the rate). Changed only while the lock is idle:
+        /// nothing held, nobody waiting, its fences rotated away. Default: unchanged.
+        #[arg(long, value_name = "item|gate")]
+        layout: Option<Layout>,
     },
     /// The lock's configuration (null: not configured: each acquisition takes the limit and
     /// rate it asks for), with the limit and rate the last acquisition took, the weight used
@@ -452,6 +465,8 @@ enum Request {
     Status(LockName, usize),
     /// Set (`Some`) or remove (`None`) the lock's configuration.
     Configure(LockName, Option<LockConfig>),
+    /// Move the lock to a layout, then configure it.
+    Lay(LockName, Layout, LockConfig),
     ShowConfig(LockName),
     List(usize),
     Sweep {
@@ -571,14 +586,21 @@ impl Request {
                 limit,
                 max_weight,
                 rate,
-            }) => Self::Configure(
-                LockName::new(lock)?,
-                Some(LockConfig::new(
-                    Limit::parse(&limit)?,
-                    max_weight.as_deref().map(Weight::parse).transpose()?,
-                    rate.as_deref().map(Rate::parse).transpose()?,
-                )?),
-            ),
+                layout,
+            }) => {
+                let (lock, config) = (
+                    LockName::new(lock)?,
+                    LockConfig::new(
+                        Limit::parse(&limit)?,
+                        max_weight.as_deref().map(Weight::parse).transpose()?,
+                        rate.as_deref().map(Rate::parse).transpose()?,
+                    )?,
+                );
+                match layout {
+                    Some(layout) => Self::Lay(lock, layout, config),
+                    None => Self::Configure(lock, Some(config)),
+                }
+            }
             Command::Lock(LockCommand::Unset { lock }) => {
                 Self::Configure(LockName::new(lock)?, None)
             }
@@ -785,6 +807,11 @@ impl Request {
             }
             Self::Configure(lock, config) => {
                 let item = semaphore.configure(&lock, config).await?;
+                Answer::done(config_json(&lock, Some(&item)))
+            }
+            Self::Lay(lock, layout, config) => {
+                semaphore.set_layout(&lock, layout).await?;
+                let item = semaphore.configure(&lock, Some(config)).await?;
                 Answer::done(config_json(&lock, Some(&item)))
             }
             Self::ShowConfig(lock) => {
@@ -1012,6 +1039,7 @@ fn config_json(lock: &LockName, item: Option<&SemaphoreItem>) -> Value {
         "rate": item.and_then(|i| i.rate).map(Rate::as_per_second),
         "used": item.map_or(0, |i| i.used),
         "waiting": item.map_or(0, |i| i.waiting),
+        "layout": item.map_or(Layout::Item, |i| i.layout).as_str(),
         "exists": item.is_some(),
     })
 }
@@ -1035,7 +1063,14 @@ fn holders_shown(text: &str) -> Result<usize, String> {
 }
 
 fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing, shown: usize) -> Value {
-    let item_bytes = semaphore_core::dynamo::stored_size(item);
+    // A gate's own item, without the holdings kept in items of their own.
+    let mut own = item.clone();
+    if item.layout == Layout::Gate {
+        own.holders.clear();
+        own.leases.clear();
+        own.tombstones.clear();
+    }
+    let item_bytes = semaphore_core::dynamo::stored_size(&own);
     // The longest held first: where a leak or a stuck holder shows.
     let mut held: Vec<_> = item.holders.iter().collect();
     held.sort_by_key(|(identity, holding)| (holding.acquired_at_ms, *identity));
@@ -1059,6 +1094,10 @@ fn status_json(item: &SemaphoreItem, now_ms: u64, timing: &Timing, shown: usize)
     let fences = &item.fences;
     json!({
         "lock": item.lock.as_str(),
+        // Where it keeps its holders: "item" (in its one item) or "gate" (each in an item of
+        // its own, a released acquisition's left as a tombstone until a sweep drops it).
+        "layout": item.layout.as_str(),
+        "tombstones": item.tombstones.len(),
         "limit": item.limit.map(Limit::get),
         // Its operator's configuration (null: none), which every acquisition takes (F14).
         "configured": config_value(item.config.as_ref()),

@@ -229,6 +229,53 @@ async fn init_is_idempotent() {
     assert_eq!(semctl.json(&["init"], 0)["outcome"], "already_existed");
 }
 
+/// A lock moved to the gate layout by its operator takes a limit of 10,000; its holdings are
+/// items of their own; a lock in use is not moved.
+#[tokio::test]
+async fn lock_set_layout_gate_takes_ten_thousand_permits_and_refuses_a_lock_in_use() {
+    let semctl = Semctl::new().await;
+    let set = semctl.json(
+        &[
+            "lock", "set", "--lock", "wide", "--limit", "10000", "--layout", "gate",
+        ],
+        0,
+    );
+    assert_eq!(
+        (&set["layout"], &set["configured"]["limit"]),
+        (&json!("gate"), &json!(10000))
+    );
+    for n in 1..=3 {
+        let holder = format!("exec-{n}");
+        let args = [
+            "acquire", "--lock", "wide", "--holder", &holder, "--limit", "10000",
+        ];
+        assert_eq!(semctl.json(&args, 0)["outcome"], "acquired");
+    }
+    let status = semctl.json(&["status", "--lock", "wide"], 0);
+    assert_eq!(
+        (&status["layout"], &status["count"], &status["used"]),
+        (&json!("gate"), &json!(3), &json!(3))
+    );
+    assert_eq!(status["holders"].as_array().unwrap().len(), 3);
+
+    let args = [
+        "acquire", "--lock", "busy", "--holder", "exec-1", "--limit", "2",
+    ];
+    assert_eq!(semctl.json(&args, 0)["outcome"], "acquired");
+    let refused = semctl.run(&[
+        "lock", "set", "--lock", "busy", "--limit", "2", "--layout", "gate",
+    ]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("cannot move to the gate layout while in use"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let shown = semctl.json(&["lock", "show", "--lock", "busy"], 0);
+    assert_eq!(shown["layout"], "item");
+}
+
 /// A lock of many holders stays readable: `status` and `list` show the longest held first, 20
 /// by default, and count the rest; `--holders` shows more, or all.
 #[tokio::test]
@@ -1557,7 +1604,7 @@ async fn a_configured_lock_keeps_its_limit_whatever_acquire_asks() {
     for (args, says) in [
         (
             vec!["--limit", "0"],
-            "limit must be a whole number from 1 to 1000",
+            "limit must be a whole number from 1 to 10000",
         ),
         (
             vec!["--limit", "2", "--max-weight", "3"],

@@ -109,7 +109,7 @@ pub fn format_of(layout: Layout) -> u64 {
 /// expression can compute a number from the version (`#version + :c`) but cannot build a map
 /// from it, so one number carries all three. Versions stay below
 /// 10^15 (a thousand writes a second for 31,000 years), times below 10^13 ms (until the year
-/// 2286), weights at most 1000: at most 31 digits (DynamoDB keeps 38). The weight leads, so "a
+/// 2286), weights at most 10,000: at most 32 digits (DynamoDB keeps 38). The weight leads, so "a
 /// slot of weight w" is a range a condition can check (`BETWEEN`), which a release needs: it
 /// subtracts the weight it removes from `used`.
 pub const TOKEN_SPAN: u128 = 1_000_000_000_000_000;
