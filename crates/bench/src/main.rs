@@ -952,13 +952,17 @@ impl Bench {
              critical sections each at the full lock (issue #28)\n"
         );
         print_table(
-            "| >limit | protocol | >holders | >item bytes | >WCU per write | >WCU per CS | >requests/CS | >acquire p50 / p99 ms | stopped short |",
+            "| >limit | protocol | >holders | >item bytes (gate + holding) | >WCU per write | >WCU per CS | >requests/CS | >acquire p50 / p99 ms | stopped short |",
             rows.iter().map(|r| {
                 vec![
                     r.limit.to_string(),
                     r.proto.to_owned(),
                     r.holders.to_string(),
-                    r.item_bytes.to_string(),
+                    if r.holding_bytes > 0 {
+                        format!("{} + {}", r.item_bytes, r.holding_bytes)
+                    } else {
+                        r.item_bytes.to_string()
+                    },
                     r.write_units_per_write.to_string(),
                     f(r.write_units_per_section, 1),
                     f(r.requests_per_section, 2),
@@ -981,6 +985,20 @@ impl Bench {
                     r.limit, r.requests_per_section
                 ));
             }
+        }
+        // The gate's point: what a section costs does not grow with the limit.
+        let gate: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.proto == "ours-gate" && r.sections > 0)
+            .map(|r| r.write_units_per_section)
+            .collect();
+        let (least, most) = gate
+            .iter()
+            .fold((f64::INFINITY, 0.0f64), |(l, m), &w| (l.min(w), m.max(w)));
+        if gate.len() != limits.len() || most - least > 0.5 {
+            self.problems.push(format!(
+                "scale: the gate's write units per section are not flat in the limit: {gate:?}"
+            ));
         }
         self.out.insert("scale".into(), json!(rows));
         Ok(())

@@ -4,17 +4,21 @@
 //! per section as DynamoDB bills them (1 KB units, rounded up per write), requests per section
 //! and acquire latency. A lock that cannot be filled says where it stopped and why: ours keeps
 //! its holders within the item's 300 KB holders budget (F9), the sample's item stops at
-//! DynamoDB's 400 KB.
+//! DynamoDB's 400 KB. Ours runs in both layouts: "ours" in the item layout (every holder in the
+//! lock's one item), "ours-gate" in the gate layout (each holding an item of its own, written in
+//! a transaction with the gate: 2 write units per KB of each item, and the sweep's drop of the
+//! tombstone a release leaves, one unit, counted with its section).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use aws_sdk_dynamodb::types::AttributeValue;
 use local_aws::counter::RequestCounter;
 use local_aws::names::{self, id, limit};
 use local_aws::observe::raw_item;
 use local_aws::sample::Sample;
 use semaphore_core::dynamo::{item_size, write_units};
-use semaphore_core::{AcquireOutcome, DynamoStore, ReleaseOutcome, Semaphore};
+use semaphore_core::{AcquireOutcome, DynamoStore, Identity, Layout, ReleaseOutcome, Semaphore};
 use serde::Serialize;
 
 use crate::common::{execution_arn, uuid};
@@ -33,6 +37,10 @@ pub struct ScaleRow {
     /// The largest item the sections' writes met (the lock with a section's holder too), as
     /// DynamoDB sizes it.
     pub item_bytes: usize,
+    /// A gate's holding item, held and as a tombstone, at its largest (0: no holding items).
+    pub holding_bytes: usize,
+    /// Write units one write of a section is billed: of its item, or for a gate's transaction,
+    /// twice those of the gate and the holding.
     pub write_units_per_write: usize,
     pub write_units_per_section: f64,
     pub requests_per_section: f64,
@@ -54,7 +62,8 @@ pub async fn run(
     };
     let mut rows = Vec::new();
     for &n in limits {
-        rows.push(ours(&counter, &clients, table, n, sections).await?);
+        rows.push(ours(&counter, &clients, table, n, sections, Layout::Item).await?);
+        rows.push(ours(&counter, &clients, table, n, sections, Layout::Gate).await?);
         rows.push(sample(&counter, &clients, table, n, sections).await?);
     }
     Ok(rows)
@@ -73,6 +82,21 @@ impl Clients {
             .await
             .map_or(0, |item| item_size(&item))
     }
+
+    /// `identity`'s holding item on gate `lock` as DynamoDB sizes it now (0: none).
+    async fn holding_bytes(&self, table: &str, lock: &str, identity: &Identity) -> usize {
+        self.reader
+            .get_item()
+            .table_name(DynamoStore::default_holdings_table(table))
+            .key("lock", AttributeValue::S(lock.to_owned()))
+            .key("slot", AttributeValue::S(identity.slot_key()))
+            .consistent_read(true)
+            .send()
+            .await
+            .ok()
+            .and_then(|out| out.item)
+            .map_or(0, |item| item_size(&item))
+    }
 }
 
 async fn ours(
@@ -81,21 +105,28 @@ async fn ours(
     table: &str,
     n: u32,
     sections: usize,
+    layout: Layout,
 ) -> Result<ScaleRow> {
+    let proto = match layout {
+        Layout::Item => "ours",
+        Layout::Gate => "ours-gate",
+    };
     if let Err(e) = semaphore_core::Limit::new(i64::from(n)) {
         return Ok(row(
-            "ours",
+            proto,
             n,
             0,
             Some(format!("refused: {e}")),
-            0,
-            0,
+            Billed::default(),
             0,
             &[],
         ));
     }
     let sem = Semaphore::new(DynamoStore::new(clients.counted.clone(), table));
     let lock = names::lock(&format!("scale-{n}-{}", uuid()));
+    if layout == Layout::Gate {
+        sem.set_layout(&lock, layout).await?;
+    }
     let mut stopped = None;
     let mut fillers = Vec::new();
     for i in 0..(n as usize).saturating_sub(1) {
@@ -118,7 +149,7 @@ async fn ours(
     }
     counter.take();
     let mut acquires = Vec::with_capacity(sections);
-    let mut item_bytes = 0;
+    let (mut item_bytes, mut holding_bytes) = (0, 0);
     for s in 0..sections {
         let who = id(&execution_arn("scale-section", s), &uuid());
         let started = Instant::now();
@@ -127,24 +158,70 @@ async fn ours(
             other => bail!("a section's acquire on the full {lock} gave {other:?}"),
         }
         acquires.push(started.elapsed());
-        // The largest item the section's writes meet: the lock at its fullest.
+        // The largest item the section's writes meet: the lock at its fullest (a gate's own
+        // item and the section's holding).
         item_bytes = item_bytes.max(clients.bytes(table, lock.as_str()).await);
+        holding_bytes = holding_bytes.max(clients.holding_bytes(table, lock.as_str(), &who).await);
         match sem.release(&lock, &who).await? {
             ReleaseOutcome::Released { .. } => {}
             other => bail!("a section's release on {lock} gave {other:?}"),
         }
+        holding_bytes = holding_bytes.max(clients.holding_bytes(table, lock.as_str(), &who).await);
     }
     let counts = counter.take();
+    let billed = Billed {
+        item_bytes,
+        holding_bytes,
+        writes: counts.get("DynamoDB.UpdateItem") + counts.get("DynamoDB.PutItem"),
+        transactions: counts.get("DynamoDB.TransactWriteItems"),
+        // Each section's release leaves a tombstone, which a sweep drops: one delete.
+        drops: if layout == Layout::Gate {
+            acquires.len() as u64
+        } else {
+            0
+        },
+    };
     Ok(row(
-        "ours",
+        proto,
         n,
         fillers.len(),
         stopped,
-        item_bytes,
-        counts.get("DynamoDB.UpdateItem") + counts.get("DynamoDB.PutItem"),
+        billed,
         counts.total(),
         &acquires,
     ))
+}
+
+/// What a run's sections wrote, and the items they wrote, for DynamoDB's bill.
+#[derive(Debug, Default, Clone, Copy)]
+struct Billed {
+    item_bytes: usize,
+    holding_bytes: usize,
+    /// Plain writes of the lock's item.
+    writes: u64,
+    /// Transactions over a gate and a holding (billed twice per KB of each).
+    transactions: u64,
+    /// Plain deletes of a tombstone.
+    drops: u64,
+}
+
+impl Billed {
+    /// Write units of one write of a section: its plain item's, or a transaction's.
+    fn per_write(&self) -> usize {
+        if self.transactions > 0 {
+            2 * (write_units(self.item_bytes) + write_units(self.holding_bytes))
+        } else {
+            write_units(self.item_bytes)
+        }
+    }
+
+    fn total(&self) -> f64 {
+        let plain = self.writes as f64 * write_units(self.item_bytes) as f64;
+        let transacted = self.transactions as f64
+            * 2.0
+            * (write_units(self.item_bytes) + write_units(self.holding_bytes)) as f64;
+        plain + transacted + self.drops as f64 * write_units(self.holding_bytes) as f64
+    }
 }
 
 async fn sample(
@@ -212,26 +289,28 @@ async fn sample(
         }
     }
     let counts = counter.take();
+    let billed = Billed {
+        item_bytes,
+        writes: counts.get("DynamoDB.UpdateItem") + counts.get("DynamoDB.PutItem"),
+        ..Billed::default()
+    };
     Ok(row(
         "sample",
         n,
         holders,
         stopped,
-        item_bytes,
-        counts.get("DynamoDB.UpdateItem") + counts.get("DynamoDB.PutItem"),
+        billed,
         counts.total(),
         &acquires,
     ))
 }
 
-#[allow(clippy::too_many_arguments)]
 fn row(
     proto: &'static str,
     n: u32,
     holders: usize,
     stopped: Option<String>,
-    item_bytes: usize,
-    writes: u64,
+    billed: Billed,
     requests: u64,
     acquires: &[Duration],
 ) -> ScaleRow {
@@ -241,7 +320,6 @@ fn row(
     } else {
         acquires.len() as f64
     };
-    let per_write = write_units(item_bytes);
     let latencies: Vec<f64> = acquires.iter().copied().map(ms).collect();
     ScaleRow {
         proto,
@@ -249,9 +327,14 @@ fn row(
         holders,
         stopped,
         sections: acquires.len(),
-        item_bytes,
-        write_units_per_write: if acquires.is_empty() { 0 } else { per_write },
-        write_units_per_section: writes as f64 * per_write as f64 / sections,
+        item_bytes: billed.item_bytes,
+        holding_bytes: billed.holding_bytes,
+        write_units_per_write: if acquires.is_empty() {
+            0
+        } else {
+            billed.per_write()
+        },
+        write_units_per_section: billed.total() / sections,
         requests_per_section: requests as f64 / sections,
         acquire_p50_ms: quantile(&latencies, 0.5).unwrap_or(f64::NAN),
         acquire_p99_ms: quantile(&latencies, 0.99).unwrap_or(f64::NAN),
