@@ -17,7 +17,7 @@ use aws_sdk_dynamodb::error::DisplayErrorContext;
 use super::codec::{attr, decode, string};
 use super::expression::{is_holdings, record_action, render_in};
 use super::holdings::{self, add_to, decode_holding, holding_attr};
-use super::retry::CONFLICT_ROUNDS;
+use super::retry::{LostAnswers, CONFLICT_ROUNDS};
 use super::store::Transacted;
 use super::DynamoStore;
 use crate::error::StoreError;
@@ -140,6 +140,83 @@ impl DynamoStore {
         }
     }
 
+    /// Sends one holding's `action` as a plain request; answered as a transaction is.
+    async fn write_holding(
+        &self,
+        write: &Write,
+        named: &BTreeSet<Identity>,
+        action: aws_sdk_dynamodb::types::TransactWriteItem,
+    ) -> Result<WriteResult, StoreError> {
+        let refused = |message: &str| message.contains("ConditionalCheckFailed");
+        // Whether an attempt went unanswered (F10): a refusal may then be its own doing.
+        let lost = LostAnswers::default();
+        let sent: Result<(), String> = if let Some(update) = action.update() {
+            self.client()
+                .update_item()
+                .table_name(update.table_name())
+                .set_key(Some(update.key().clone()))
+                .update_expression(update.update_expression())
+                .set_condition_expression(update.condition_expression().map(str::to_owned))
+                .set_expression_attribute_names(update.expression_attribute_names().cloned())
+                .set_expression_attribute_values(update.expression_attribute_values().cloned())
+                .customize()
+                .interceptor(lost.clone())
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| DisplayErrorContext(e).to_string())
+        } else if let Some(delete) = action.delete() {
+            self.client()
+                .delete_item()
+                .table_name(delete.table_name())
+                .set_key(Some(delete.key().clone()))
+                .set_condition_expression(delete.condition_expression().map(str::to_owned))
+                .set_expression_attribute_names(delete.expression_attribute_names().cloned())
+                .set_expression_attribute_values(delete.expression_attribute_values().cloned())
+                .customize()
+                .interceptor(lost.clone())
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| DisplayErrorContext(e).to_string())
+        } else if let Some(put) = action.put() {
+            self.client()
+                .put_item()
+                .table_name(put.table_name())
+                .set_item(Some(put.item().clone()))
+                .set_condition_expression(put.condition_expression().map(str::to_owned))
+                .set_expression_attribute_names(put.expression_attribute_names().cloned())
+                .set_expression_attribute_values(put.expression_attribute_values().cloned())
+                .customize()
+                .interceptor(lost.clone())
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| DisplayErrorContext(e).to_string())
+        } else {
+            return Err(StoreError::Unexpected {
+                lock: write.lock.to_string(),
+                problem: "a holding checked and not changed, alone".to_owned(),
+            });
+        };
+        let view = self.gate_view(&write.lock, named).await?;
+        match sent {
+            Ok(()) => Ok(WriteResult::Landed { after: view }),
+            Err(message) if refused(&message) => {
+                let current = view.unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone()));
+                Ok(if lost.happened() {
+                    WriteResult::Unsure { current }
+                } else {
+                    WriteResult::Refused {
+                        current,
+                        waiter_refused: false,
+                    }
+                })
+            }
+            Err(message) => Err(self.failed_holdings("a holding's write", message)),
+        }
+    }
+
     fn failed_holdings(&self, operation: &'static str, e: impl std::fmt::Display) -> StoreError {
         StoreError::Dynamo {
             operation,
@@ -169,6 +246,16 @@ impl DynamoStore {
                         | Change::Repark { .. }
                 )
             });
+        // One holding alone (a heartbeat, a drop, a release of nothing held): one plain
+        // request, billed once, not a transaction's twice.
+        if let (false, None, [identity]) = (
+            touches_gate,
+            waiter,
+            named.iter().collect::<Vec<_>>().as_slice(),
+        ) {
+            let action = holdings::action(self.holdings_table(), write, identity, None)?;
+            return self.write_holding(write, &named, action).await;
+        }
         let admits = write
             .changes
             .iter()
