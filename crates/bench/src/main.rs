@@ -63,6 +63,10 @@ struct Cli {
     /// Only these parts (comma-separated): requests, load, size, scale, lambdas, sweeper.
     #[arg(long, value_delimiter = ',', value_parser = PARTS)]
     only: Vec<String>,
+    /// The scale part's limits (comma-separated; default 10,100,1000,10000, with --smoke
+    /// 10,100). Filling a lock of 10,000 holders takes the local server most of an hour.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    scale_limits: Vec<u32>,
     /// Where the natively built handler binaries are (default: next to this binary).
     #[arg(long)]
     lambda_bin_dir: Option<PathBuf>,
@@ -940,7 +944,9 @@ impl Bench {
     /// Scale (issue #28): locks filled to their limit, ours against the sample's.
     async fn scale(&mut self) -> Result<()> {
         let smoke = self.cli.smoke;
-        let limits: &[u32] = if smoke {
+        let limits: &[u32] = if !self.cli.scale_limits.is_empty() {
+            &self.cli.scale_limits.clone()
+        } else if smoke {
             &[10, 100]
         } else {
             &[10, 100, 1_000, 10_000]
