@@ -528,7 +528,10 @@ async fn a_check_after_a_timeout_keeps_the_place_and_the_hand_off_wakes_the_new_
     );
     stop(&w.sfn, behind.execution()).await;
     let status = ended(&w.sfn, behind.execution()).await;
-    if status != "ABORTED" {
+    // Its own parked task times out two seconds after it parked, as the head's did: on a
+    // loaded machine that can come first, and its acquire state, entered again, fails on the
+    // local server (no Lambda runs there). Either way it ended with its record in line.
+    if status != "ABORTED" && status != "FAILED" {
         let dir = std::env::temp_dir();
         panic!(
             "{status}: {}",
