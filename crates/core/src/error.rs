@@ -38,8 +38,8 @@ pub enum StoreError {
     },
     #[error("lock {lock:?}: {problem} (a bug in this semaphore or a table that does not behave like DynamoDB)")]
     Unexpected { lock: String, problem: String },
-    #[error("lock {lock:?}: the {layout} layout is not kept by this store yet; keep the lock in the item layout")]
-    LayoutNotStored {
+    #[error("lock {lock:?} is in the {layout} layout, not the one its write was rendered for (the store sends it again in the lock's own)")]
+    WrongLayout {
         lock: String,
         layout: crate::item::Layout,
     },

@@ -852,7 +852,7 @@ fn unreadable_lock(e: &StoreError) -> Option<&str> {
         | StoreError::CorruptItem { lock, .. }
         | StoreError::Unexpected { lock, .. }
         | StoreError::ExpressionTooLarge { lock, .. }
-        | StoreError::LayoutNotStored { lock, .. } => Some(lock),
+        | StoreError::WrongLayout { lock, .. } => Some(lock),
         StoreError::TableNotFound { .. } | StoreError::Dynamo { .. } => None,
     }
 }

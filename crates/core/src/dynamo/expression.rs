@@ -186,9 +186,9 @@ fn not_fenced(p: &mut Placeholders, key: &FenceKey) -> String {
     format!("NOT contains({young}, {key}) AND NOT contains({old}, {key})")
 }
 
-/// A write only a gate lock sends: this store keeps item-layout locks.
+/// A write only a gate lock sends, rendered for the item layout: sent again as a gate's.
 fn gate_only(write: &Write) -> StoreError {
-    StoreError::LayoutNotStored {
+    StoreError::WrongLayout {
         lock: write.lock.to_string(),
         layout: Layout::Gate,
     }

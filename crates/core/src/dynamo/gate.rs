@@ -12,7 +12,7 @@
 
 use std::collections::BTreeSet;
 
-use aws_sdk_dynamodb::error::DisplayErrorContext;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
 use super::codec::{attr, decode, string};
 use super::expression::{is_holdings, record_action, render_in};
@@ -147,10 +147,9 @@ impl DynamoStore {
         named: &BTreeSet<Identity>,
         action: aws_sdk_dynamodb::types::TransactWriteItem,
     ) -> Result<WriteResult, StoreError> {
-        let refused = |message: &str| message.contains("ConditionalCheckFailed");
         // Whether an attempt went unanswered (F10): a refusal may then be its own doing.
         let lost = LostAnswers::default();
-        let sent: Result<(), String> = if let Some(update) = action.update() {
+        let sent: Result<(), (bool, String)> = if let Some(update) = action.update() {
             self.client()
                 .update_item()
                 .table_name(update.table_name())
@@ -164,7 +163,7 @@ impl DynamoStore {
                 .send()
                 .await
                 .map(|_| ())
-                .map_err(|e| DisplayErrorContext(e).to_string())
+                .map_err(refusal)
         } else if let Some(delete) = action.delete() {
             self.client()
                 .delete_item()
@@ -178,7 +177,7 @@ impl DynamoStore {
                 .send()
                 .await
                 .map(|_| ())
-                .map_err(|e| DisplayErrorContext(e).to_string())
+                .map_err(refusal)
         } else if let Some(put) = action.put() {
             self.client()
                 .put_item()
@@ -192,7 +191,7 @@ impl DynamoStore {
                 .send()
                 .await
                 .map(|_| ())
-                .map_err(|e| DisplayErrorContext(e).to_string())
+                .map_err(refusal)
         } else {
             return Err(StoreError::Unexpected {
                 lock: write.lock.to_string(),
@@ -202,7 +201,7 @@ impl DynamoStore {
         let view = self.gate_view(&write.lock, named).await?;
         match sent {
             Ok(()) => Ok(WriteResult::Landed { after: view }),
-            Err(message) if refused(&message) => {
+            Err((true, _)) => {
                 let current = view.unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone()));
                 Ok(if lost.happened() {
                     WriteResult::Unsure { current }
@@ -213,7 +212,7 @@ impl DynamoStore {
                     }
                 })
             }
-            Err(message) => Err(self.failed_holdings("a holding's write", message)),
+            Err((false, message)) => Err(self.failed_holdings("a holding's write", message)),
         }
     }
 
@@ -295,7 +294,7 @@ impl DynamoStore {
                 });
             };
             if view.layout != Layout::Gate {
-                return Err(StoreError::LayoutNotStored {
+                return Err(StoreError::WrongLayout {
                     lock: write.lock.to_string(),
                     layout: view.layout,
                 });
@@ -324,4 +323,14 @@ impl DynamoStore {
             format!("its token refused by other admissions {CONFLICT_ROUNDS} times"),
         ))
     }
+}
+
+/// A plain request's error: whether its condition refused it, and the error in words.
+fn refusal<E, R>(e: SdkError<E, R>) -> (bool, String)
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let refused = e.code() == Some("ConditionalCheckFailedException");
+    (refused, DisplayErrorContext(e).to_string())
 }

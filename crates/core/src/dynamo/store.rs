@@ -356,7 +356,7 @@ fn in_layout(
     match current.layout {
         found if found == layout => Ok(current),
         _ if changes_layout => Ok(current),
-        found => Err(StoreError::LayoutNotStored {
+        found => Err(StoreError::WrongLayout {
             lock: write.lock.to_string(),
             layout: found,
         }),
@@ -457,7 +457,7 @@ impl ItemStore for DynamoStore {
                 Layout::Gate => self.write_gate(write).await,
             };
             match sent {
-                Err(StoreError::LayoutNotStored { layout: found, .. }) if found != layout => {
+                Err(StoreError::WrongLayout { layout: found, .. }) if found != layout => {
                     self.saw_layout(&write.lock, found);
                     layout = found;
                 }
