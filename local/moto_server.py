@@ -51,7 +51,9 @@ input of at most 256 KB (limit_start_execution_input).
 
 DynamoDB's TransactWriteItems honours its ClientRequestToken (see
 patch_transaction_idempotency): a committed transaction sent again with its token succeeds
-without applying twice, as on AWS; moto evaluated it anew.
+without applying twice, as on AWS; moto evaluated it anew. And a transaction costs what its
+items cost (patch_transaction_rollback_per_item): moto copied every table it named, to roll
+back, so each write to a gate lock of 10,000 holdings copied all of them.
 
 CloudFormation, which the local run deploys template.yaml with (local/deploy_stack.py, after the
 SAM transform), has three gaps patched: an AWS::StepFunctions::StateMachine's
@@ -1477,6 +1479,138 @@ def watch_parent(pid):
         time.sleep(0.5)
 
 
+# sha256 of the source of moto 5.2.5's DynamoDBBackend.transact_write_items, which
+# patch_transaction_rollback_per_item() replaces.
+BACKEND_TRANSACT_WRITE_ITEMS_SHA256 = "81db2cb7d94e39c90b3a2077e1f4bb41a449c558ef9b1b1e2910fdaa39978ad4"
+
+
+def patch_transaction_rollback_per_item():
+    """Makes a TransactWriteItems cost what its items cost, not what its tables hold.
+
+    Moto 5.2.5 deep-copies every table a transaction names before applying it, to roll back on
+    a cancellation: each transaction costs time in proportion to the whole table. A lock of
+    the gate layout keeps one item per holding in the holdings table, so filling a lock of
+    10,000 took the local server most of an hour, each acquire slower than the last, where
+    DynamoDB's cost is per item. The replacement keeps moto's evaluation, item by item and in
+    order, with the same errors, and snapshots only the items the transaction names (at most
+    100, each distinct), putting them back as they were when it is cancelled. Atomicity is
+    unchanged: a cancelled transaction leaves every item it named as it found it (tested by
+    crates/local-aws/tests/server.rs and every test of a refused grant).
+    """
+    import copy
+
+    from moto.dynamodb.exceptions import (
+        ConditionalCheckFailed,
+        MockValidationException,
+        MultipleTransactionsException,
+        TooManyTransactionsException,
+        TransactionCanceledException,
+        TransactWriteSingleOpException,
+    )
+    from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.comparisons import get_filter_expression
+
+    require_source(
+        DynamoDBBackend.transact_write_items,
+        BACKEND_TRANSACT_WRITE_ITEMS_SHA256,
+        "transaction rollback per item",
+    )
+
+    def item_key(backend, op_type, op):
+        if op_type != "Put":
+            return op["Key"]
+        table = backend.get_table(op["TableName"])
+        attrs = op["Item"]
+        key = {table.hash_key_attr: attrs[table.hash_key_attr]}
+        if table.range_key_attr is not None:
+            key[table.range_key_attr] = attrs[table.range_key_attr]
+        return key
+
+    def transact_write_items(self, transact_items):
+        if len(transact_items) > 100:
+            raise TooManyTransactionsException()
+        # (table, key, the item's attributes before, or None when it did not exist)
+        snapshots = []
+
+        def roll_back():
+            for table_name, key, before in reversed(snapshots):
+                if before is None:
+                    self.delete_item(table_name, key)
+                else:
+                    self.put_item(table_name, before)
+
+        target_items = set()
+        errors = []
+        for item in transact_items:
+            original_item = None
+            if len(list(item.keys())) > 1:
+                raise TransactWriteSingleOpException
+            try:
+                op_type, op = next(iter(item.items()))
+                if op_type not in {"ConditionCheck", "Put", "Delete", "Update"}:
+                    raise ValueError("Unsupported transaction operation")
+                table_name = op["TableName"]
+                condition_expression = op.get("ConditionExpression")
+                names = op.get("ExpressionAttributeNames")
+                values = op.get("ExpressionAttributeValues")
+                key = item_key(self, op_type, op)
+                unique = (str(table_name), str(dict(sorted(key.items()))))
+                if unique in target_items:
+                    raise MultipleTransactionsException()
+                target_items.add(unique)
+
+                current = self.get_item(table_name, key)
+                if op_type != "ConditionCheck":
+                    before = None if current is None else current.to_json()["Attributes"]
+                    snapshots.append((table_name, key, copy.deepcopy(before)))
+                if condition_expression is not None:
+                    condition_op = get_filter_expression(condition_expression, names, values)
+                    if not condition_op.expr(current):
+                        if op.get("ReturnValuesOnConditionCheckFailure") == "ALL_OLD" and current:
+                            original_item = current.to_json()["Attributes"]
+                        raise ConditionalCheckFailed(item=original_item)
+
+                if op_type == "Put":
+                    self.put_item(
+                        table_name,
+                        op["Item"],
+                        condition_expression=condition_expression,
+                        expression_attribute_names=names,
+                        expression_attribute_values=values,
+                    )
+                elif op_type == "Delete":
+                    self.delete_item(
+                        table_name,
+                        key,
+                        condition_expression=condition_expression,
+                        expression_attribute_names=names,
+                        expression_attribute_values=values,
+                    )
+                elif op_type == "Update":
+                    self.update_item(
+                        table_name,
+                        key,
+                        update_expression=op["UpdateExpression"],
+                        condition_expression=condition_expression,
+                        expression_attribute_names=names,
+                        expression_attribute_values=values,
+                    )
+                errors.append((None, None, None))
+            except (MultipleTransactionsException, MockValidationException):
+                roll_back()
+                raise
+            except ConditionalCheckFailed as e:
+                errors.append(("ConditionalCheckFailed", str(e.message), original_item))
+            except Exception as e:  # noqa: E722, as moto: any other failure cancels
+                errors.append((type(e).__name__, str(e), original_item))
+
+        if any(code is not None for code, _, _ in errors):
+            roll_back()
+            raise TransactionCanceledException(errors)
+
+    DynamoDBBackend.transact_write_items = transact_write_items
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
@@ -1512,6 +1646,7 @@ def main():
     patch_task_token_per_attempt()
     patch_expression_limits()
     patch_transaction_idempotency()
+    patch_transaction_rollback_per_item()
     patch_task_parameters_quota()
     patch_data_limit_is_terminal()
     patch_state_machine_from_cloudformation()

@@ -17,7 +17,8 @@ pub struct Observed {
     pub holders: Vec<String>,
     /// The holder entries that are packed numbers, unpacked.
     pub holdings: Vec<RawHolding>,
-    /// The item's format (`format`; 5 now).
+    /// The item's format (`format`): 5 for a lock of the item layout, 6 for a gate, whose
+    /// holders are read from its holding items ([`decode_gate`]).
     pub format: Option<u64>,
     /// The leased holders' keys and when each lease ends (epoch ms).
     pub leases: Vec<(String, u64)>,
@@ -40,6 +41,14 @@ pub struct Observed {
     pub spacing_ms: Option<u64>,
     /// The stored bytes of the holder map's entries (`held_bytes`).
     pub held_bytes: i64,
+    /// A gate's count of its holders (`holdings`; absent: 0). Always 0 for the item layout.
+    pub gate_holdings: u64,
+    /// A gate's released holdings still kept as tombstones (fences). 0 for the item layout.
+    pub tombstones: usize,
+    /// Whether the item and the holders were read as of one moment: always for the item layout
+    /// (one `GetItem`); for a gate, when its version was the same before and after the
+    /// `Query` of its holdings. Only then are the gate's stored sums checked against them.
+    pub snapshot: bool,
     /// What could not be read: a missing or non-number attribute, a holder entry that is not
     /// a number. Empty for an item the product wrote.
     pub malformed: Vec<String>,
@@ -99,6 +108,7 @@ pub fn decode(item: &RawRecord) -> Observed {
         }
         number
     };
+    let gate_holdings = optional("holdings");
     let (format, rotated_at, started_at, spacing_ms, waiting) = (
         optional("format"),
         optional("rotated_at"),
@@ -170,7 +180,90 @@ pub fn decode(item: &RawRecord) -> Observed {
         started_at: small(started_at),
         spacing_ms: small(spacing_ms),
         held_bytes: signed(held_bytes),
+        gate_holdings: small(gate_holdings).unwrap_or(0),
+        tombstones: 0,
+        snapshot: true,
         malformed,
+    }
+}
+
+/// The format of a gate's item; its holders are items of their own, in the holdings table.
+pub const GATE_FORMAT: u64 = 6;
+
+/// A gate lock read raw: its item (`gate`, read before the holdings), its holding items (one
+/// `Query`), and whether the gate's version was the same when read again after them
+/// (`snapshot`). Decoded here, not by the product: each holding item is `state` `held` (with
+/// `token`, `weight`, `acquired_at` and perhaps `lease_until`) or `released` (a tombstone, with
+/// `released_at`).
+pub fn decode_gate(gate: &RawRecord, holdings: &[RawRecord], snapshot: bool) -> Observed {
+    let mut seen = decode(gate);
+    seen.snapshot = snapshot;
+    for record in holdings {
+        let slot = record.get("slot").and_then(|v| v.as_s().ok());
+        let state = record.get("state").and_then(|v| v.as_s().ok());
+        let number = |name: &str| -> Option<u64> {
+            record
+                .get(name)
+                .and_then(|v| v.as_n().ok())
+                .and_then(|n| n.parse().ok())
+        };
+        match (slot, state.map(String::as_str)) {
+            (Some(_), Some("released")) if number("released_at").is_some() => seen.tombstones += 1,
+            (Some(slot), Some("held")) => {
+                match (number("token"), number("weight"), number("acquired_at")) {
+                    (Some(token), Some(weight), Some(acquired_at_ms)) => {
+                        seen.holders.push(slot.clone());
+                        seen.weights.push(weight);
+                        seen.holdings.push(RawHolding {
+                            key: slot.clone(),
+                            weight,
+                            acquired_at_ms,
+                            token,
+                        });
+                        if let Some(until) = number("lease_until") {
+                            seen.leases.push((slot.clone(), until));
+                        }
+                    }
+                    _ => seen
+                        .malformed
+                        .push(format!("holding {slot} lacks a number: {record:?}")),
+                }
+            }
+            _ => seen.malformed.push(format!(
+                "a holding item that is neither held nor released: {record:?}"
+            )),
+        }
+    }
+    seen
+}
+
+/// The holding items of gate `lock` in `holdings_table`, raw (one consistent `Query` a page).
+pub async fn raw_holdings(
+    client: &Client,
+    holdings_table: &str,
+    lock: &str,
+) -> Result<Vec<RawRecord>, crate::Error> {
+    let mut records = Vec::new();
+    let mut start = None;
+    loop {
+        let page = client
+            .query()
+            .table_name(holdings_table)
+            .key_condition_expression("#lock = :lock")
+            .expression_attribute_names("#lock", "lock")
+            .expression_attribute_values(":lock", AttributeValue::S(lock.to_owned()))
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(crate::Error::aws(format!(
+                "Query {holdings_table} for {lock}"
+            )))?;
+        records.extend(page.items.unwrap_or_default());
+        start = page.last_evaluated_key;
+        if start.is_none() {
+            return Ok(records);
+        }
     }
 }
 
@@ -258,7 +351,7 @@ impl Observed {
     }
 
     /// What is inconsistent in this read, if anything (S1 and the item's own bookkeeping): it
-    /// is malformed or not format 5; a lease is not a holder's; a holder's weight is not 1 to 10,000, or its token is one
+    /// is malformed or neither format 5 nor a gate's; a lease is not a holder's; a holder's weight is not 1 to 10,000, or its token is one
     /// the version has not reached, or shared with another (every write bumps the version and
     /// a token is the version its acquire made); `used` is not the sum of the holders' weights
     /// or `held_bytes` not the bytes of their entries; with `limit`, that sum is above it.
@@ -266,9 +359,11 @@ impl Observed {
         if let Some(first) = self.malformed.first() {
             return Some(first.clone());
         }
-        if self.format != Some(5) {
-            return Some(format!("format {:?}, not 5", self.format));
-        }
+        let gate = match self.format {
+            Some(5) => false,
+            Some(GATE_FORMAT) => true,
+            other => return Some(format!("format {other:?}, neither 5 nor {GATE_FORMAT}")),
+        };
         if let Some((key, _)) = self
             .leases
             .iter()
@@ -295,26 +390,41 @@ impl Observed {
             }
         }
         let weight = self.weight_held();
+        if let Some(limit) = limit.filter(|&limit| weight > limit) {
+            return Some(format!("weight {weight} held, above the limit {limit}"));
+        }
+        if !self.snapshot {
+            return None;
+        }
+        if gate && self.gate_holdings != self.holders.len() as u64 {
+            return Some(format!(
+                "the gate counts {} holdings, and {} are held",
+                self.gate_holdings,
+                self.holders.len()
+            ));
+        }
         if u64::try_from(self.used).ok() != Some(weight) {
             return Some(format!(
                 "used {} with holders of weights summing to {weight}",
                 self.used
             ));
         }
-        let entries: usize = self
-            .holders
-            .iter()
-            .map(|key| key.len() + HELD_BYTES_PER_ENTRY)
-            .sum();
+        // A gate keeps no holder entries in its item: its `held_bytes` stays 0.
+        let entries: usize = if gate {
+            0
+        } else {
+            self.holders
+                .iter()
+                .map(|key| key.len() + HELD_BYTES_PER_ENTRY)
+                .sum()
+        };
         if usize::try_from(self.held_bytes).ok() != Some(entries) {
             return Some(format!(
                 "held_bytes {} with holder entries of {entries} bytes",
                 self.held_bytes
             ));
         }
-        limit
-            .filter(|&limit| weight > limit)
-            .map(|limit| format!("weight {weight} held, above the limit {limit}"))
+        None
     }
 
     /// S1 on this read: the stored `used` is the sum of the holders' weights, and that sum is
@@ -453,10 +563,13 @@ mod tests {
             .problem(None)
             .unwrap()
             .contains("share token 5"));
-        // An item of another format (format 4 had no `leases`).
+        // An item of no format this version writes.
         let mut old = ours("7", &[], "0");
         old.remove("format");
-        assert!(decode(&old).problem(None).unwrap().contains("not 5"));
+        assert!(decode(&old)
+            .problem(None)
+            .unwrap()
+            .contains("neither 5 nor 6"));
         let mut no_leases = ours("7", &[], "0");
         no_leases.remove("leases");
         assert_eq!(decode(&no_leases).malformed, ["leases is missing"]);
@@ -485,6 +598,76 @@ mod tests {
         let seen = decode(&odd);
         assert_eq!(seen.holder_executions(), ["a"]);
         assert!(seen.problem(None).unwrap().contains("not a number"));
+    }
+
+    fn holding(slot: &str, fields: &[(&str, &str)]) -> RawRecord {
+        let mut record = HashMap::from([
+            ("lock".to_owned(), AttributeValue::S("l".to_owned())),
+            ("slot".to_owned(), AttributeValue::S(slot.to_owned())),
+        ]);
+        for (name, value) in fields {
+            let value = if *name == "state" {
+                AttributeValue::S((*value).to_owned())
+            } else {
+                n(value)
+            };
+            record.insert((*name).to_owned(), value);
+        }
+        record
+    }
+
+    #[test]
+    fn reads_a_gates_holders_from_its_holding_items_and_checks_its_sums_on_a_snapshot() {
+        let mut gate = ours("9", &[], "3");
+        gate.insert("format".to_owned(), n("6"));
+        gate.insert("held_bytes".to_owned(), n("0"));
+        gate.insert("holdings".to_owned(), n("2"));
+        let held = |slot: &str, token: &str, weight: &str| {
+            let fields = [
+                ("state", "held"),
+                ("token", token),
+                ("weight", weight),
+                ("acquired_at", "1767225600000"),
+            ];
+            holding(slot, &fields)
+        };
+        let tombstone = holding(
+            "arn:x:run-3#a",
+            &[("state", "released"), ("released_at", "1767225601000")],
+        );
+        let holdings = [
+            held("arn:x:run-1#a", "4", "2"),
+            held("arn:x:run-2#a", "7", "1"),
+            tombstone.clone(),
+        ];
+        let seen = decode_gate(&gate, &holdings, true);
+        let mut holders = seen.holder_executions();
+        holders.sort();
+        assert_eq!(holders, ["arn:x:run-1", "arn:x:run-2"]);
+        assert_eq!((seen.weight_held(), seen.tombstones), (3, 1));
+        assert_eq!(seen.problem(Some(3)), None);
+        assert!(seen.problem(Some(2)).unwrap().contains("above the limit 2"));
+        // One holding more than the gate counts: caught on a snapshot, not across a write.
+        let extra = [holdings.to_vec(), vec![held("arn:x:run-4#a", "8", "1")]].concat();
+        assert!(decode_gate(&gate, &extra, true)
+            .problem(None)
+            .unwrap()
+            .contains("the gate counts 2 holdings, and 3 are held"));
+        assert_eq!(decode_gate(&gate, &extra, false).problem(Some(4)), None);
+        // S1 whatever the snapshot: the holdings' own weights above the limit.
+        assert!(decode_gate(&gate, &extra, false)
+            .problem(Some(3))
+            .unwrap()
+            .contains("above the limit 3"));
+        // Tokens against the version, as in the item layout.
+        let ahead = [held("arn:x:run-1#a", "10", "3")];
+        gate.insert("holdings".to_owned(), n("1"));
+        assert!(decode_gate(&gate, &ahead, true)
+            .problem(None)
+            .unwrap()
+            .contains("token 10"));
+        let odd = [holding("arn:x:run-5#a", &[("state", "held")])];
+        assert!(!decode_gate(&gate, &odd, true).malformed.is_empty());
     }
 
     #[test]

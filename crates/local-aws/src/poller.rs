@@ -117,28 +117,12 @@ pub struct Read {
     pub problem: Option<String>,
 }
 
-/// Holders (execution ARNs, one per slot) of a raw item, and what is inconsistent in it, if
-/// anything.
-pub fn decode(layout: Layout, item: &RawRecord) -> (Vec<String>, Option<String>) {
-    let read = read(layout, item, None);
-    (read.holders, read.problem)
-}
-
 /// A raw item as the poller reads it ([`crate::observe::decode`] for ours); with `limit`, a
-/// sum of weights above it is a problem too.
+/// sum of weights above it is a problem too. A gate's holders are not in its item: see
+/// [`LockItems::read`].
 pub fn read(layout: Layout, item: &RawRecord, limit: Option<u32>) -> Read {
     match layout {
-        Layout::Versioned => {
-            let seen = observe::decode(item);
-            Read {
-                holders: seen.holder_executions(),
-                weight_held: seen.weight_held(),
-                starts: seen.starts(),
-                spacing_ms: seen.spacing_ms,
-                waiting: seen.waiting,
-                problem: seen.problem(limit.map(u64::from)),
-            }
-        }
+        Layout::Versioned => read_observed(&observe::decode(item), limit),
         Layout::Sample => {
             let (holders, problem) = crate::sample::read_item(item);
             Read {
@@ -151,11 +135,24 @@ pub fn read(layout: Layout, item: &RawRecord, limit: Option<u32>) -> Read {
     }
 }
 
+fn read_observed(seen: &observe::Observed, limit: Option<u32>) -> Read {
+    Read {
+        holders: seen.holder_executions(),
+        weight_held: seen.weight_held(),
+        starts: seen.starts(),
+        spacing_ms: seen.spacing_ms,
+        waiting: seen.waiting,
+        problem: seen.problem(limit.map(u64::from)),
+    }
+}
+
 /// The lock items of a run, read raw (consistent reads), as the poller and the checks read them.
 #[derive(Clone)]
 pub struct LockItems {
     pub client: aws_sdk_dynamodb::Client,
     pub table: String,
+    /// Where gate locks keep their holdings (ours; the sample's: none).
+    pub holdings_table: Option<String>,
     pub layout: Layout,
 }
 
@@ -173,10 +170,43 @@ impl LockItems {
             .map_err(Error::aws(format!("GetItem {lock}")))
     }
 
+    /// `lock` read now ([`read`]), `None` when it has no item. A gate (format 6) is read as
+    /// its item, the `Query` of its holding items, and its item again: the stored sums are
+    /// checked against the holdings only when the gate's version did not move in between (the
+    /// local server serves one request at a time, so one `Query` is one moment's holdings, and
+    /// S1 is checked on them whatever the gate did).
+    pub async fn read(&self, lock: &str, limit: Option<u32>) -> Result<Option<Read>, Error> {
+        let Some(item) = self.item(lock).await? else {
+            return Ok(None);
+        };
+        let version = |item: &RawRecord| item.get("version").cloned();
+        let is_gate = item
+            .get("format")
+            .and_then(|f| f.as_n().ok())
+            .is_some_and(|f| f == &observe::GATE_FORMAT.to_string());
+        if self.layout == Layout::Sample || !is_gate {
+            return Ok(Some(read(self.layout, &item, limit)));
+        }
+        let Some(holdings_table) = &self.holdings_table else {
+            return Ok(Some(Read {
+                problem: Some(format!("{lock} is a gate, and no holdings table was named")),
+                ..Read::default()
+            }));
+        };
+        let holdings = observe::raw_holdings(&self.client, holdings_table, lock).await?;
+        let again = self.item(lock).await?;
+        let snapshot = again.as_ref().map(version) == Some(version(&item));
+        let seen = observe::decode_gate(&item, &holdings, snapshot);
+        Ok(Some(read_observed(&seen, limit)))
+    }
+
     /// Who holds a slot of `lock` now.
     pub async fn holders(&self, lock: &str) -> Result<Vec<String>, Error> {
-        let item = self.item(lock).await?;
-        Ok(item.map(|i| decode(self.layout, &i).0).unwrap_or_default())
+        Ok(self
+            .read(lock, None)
+            .await?
+            .map(|read| read.holders)
+            .unwrap_or_default())
     }
 }
 
@@ -214,7 +244,7 @@ impl Poller {
             tokio::spawn(async move {
                 while !task_stop.load(std::sync::atomic::Ordering::SeqCst) {
                     let sent_ms = now_ms();
-                    let answer = items.item(&lock).await;
+                    let answer = items.read(&lock, Some(limit)).await;
                     let answered_ms = now_ms();
                     {
                         let mut stats = task_stats.lock().expect("poll stats");
@@ -233,10 +263,7 @@ impl Poller {
                                     spacing_ms,
                                     waiting,
                                     problem,
-                                } = out
-                                    .as_ref()
-                                    .map(|item| read(items.layout, item, Some(limit)))
-                                    .unwrap_or_default();
+                                } = out.unwrap_or_default();
                                 let n = holders.len();
                                 let poll = stats.locks.entry(lock.clone()).or_default();
                                 poll.reads += 1;

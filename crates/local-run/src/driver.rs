@@ -66,6 +66,8 @@ pub fn plan_executions(
 ) -> Vec<Planned> {
     let args = setup.args;
     let n = args.executions as usize;
+    // Names of one width sort in order of start: run-001 ... and run-0001 past 999.
+    let digits = n.to_string().len().max(3);
     let mut rng = fastrand::Rng::with_seed(setup.seed);
     let roles = plan_roles(n, args.shares(), &mut rng);
     let lock_of = plan_locks(n, locks, &mut rng);
@@ -81,7 +83,7 @@ pub fn plan_executions(
         .zip(consumer)
         .enumerate()
         .map(|(i, (((role, lock), weight), consumer))| {
-            let name = format!("run-{:03}", i + 1);
+            let name = format!("run-{:0width$}", i + 1, width = digits);
             let machine = match machines.consumer {
                 Some(machine) if consumer => machine,
                 _ => machines.protected,
@@ -301,6 +303,10 @@ impl Watch {
                 .to_possible_value()
                 .map(|v| v.get_name().to_owned())
                 .unwrap_or_default(),
+            layout: match args.protocol {
+                crate::Protocol::Versioned => args.layout.to_string(),
+                crate::Protocol::Sample => String::new(),
+            },
             seed: setup.seed,
             hold_seconds: args.hold_seconds,
             long_hold_seconds: args.long_hold_for().map(|d| d.as_secs_f64()),

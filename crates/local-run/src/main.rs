@@ -32,7 +32,7 @@ use clap::{Parser, ValueEnum};
 
 use local_aws::eventbridge::EventChaos;
 use local_aws::procs::Supervisor;
-use semaphore_core::{Limit, LockName};
+use semaphore_core::{Layout, Limit, LockName};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Protocol {
@@ -49,7 +49,7 @@ pub enum Protocol {
 #[command(name = "local-run", version)]
 pub struct Args {
     /// Executions of the lock-protected state machine to start at once.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=999))]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub executions: u32,
     /// The locks the executions take, NAME:LIMIT, comma-separated. The first is the template's
     /// default (its LockName and ConcurrencyLimit are set to it, and its executions' input
@@ -62,12 +62,17 @@ pub struct Args {
     )]
     pub locks: Vec<LockSpec>,
     /// The first lock's limit, instead of the one --locks gives it.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub limit: Option<u32>,
+    /// The layout of every lock of the run: `item` (its holders in its one item) or `gate`
+    /// (each holding an item of its own, what `semctl lock set --layout gate` makes), set
+    /// before any execution starts.
+    #[arg(long, default_value_t = Layout::Item)]
+    pub layout: Layout,
     /// Weighted permits: each execution's input gets a "weight" drawn from this list
     /// (comma-separated, repeats make a weight likelier; deterministic by --seed), among the
     /// weights that fit its lock's limit. Not given: no weight in the input (1).
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub weights: Vec<u32>,
     /// A start-rate limit: each execution's input gets "rate": R (acquisitions per second) for
     /// its lock, and the report checks the starts the poller saw against it.
@@ -273,6 +278,10 @@ impl Args {
             self.protocol == Protocol::Versioned
                 || (self.weights.is_empty() && self.rate.is_none()),
             "--weights and --rate are this project's; the sample's protocol has neither"
+        );
+        ensure!(
+            self.protocol == Protocol::Versioned || self.layout == Layout::Item,
+            "--layout gate is this project's; the sample's protocol keeps each lock in one item"
         );
         if !self.weights.is_empty() {
             for lock in &locks {
@@ -561,6 +570,24 @@ mod tests {
         let named = Args::parse_from(["local-run", "--locks", "team a:job:3"]);
         assert_eq!(named.locks().unwrap()[0].name, "team a:job");
         assert!(refused(&["--drop-events", "1.5"]));
+        // A gate of 1,000 and the executions to fill it; the layout is ours alone.
+        let gate = [
+            "--layout",
+            "gate",
+            "--limit",
+            "1000",
+            "--executions",
+            "1500",
+        ];
+        let wide = Args::parse_from(std::iter::once("local-run").chain(gate));
+        assert!(wide.validate().is_ok());
+        assert_eq!(
+            (wide.layout, wide.locks().unwrap()[0].limit),
+            (Layout::Gate, 1000)
+        );
+        assert!(refused(&["--layout", "gate", "--protocol", "sample"]));
+        assert!(refused(&["--layout", "shards"]));
+        assert!(refused(&["--limit", "10001"]));
         let weighted = Args::parse_from(["local-run", "--weights", "1,1,2,4", "--rate", "2"]);
         assert!(weighted.validate().is_ok());
         assert_eq!(

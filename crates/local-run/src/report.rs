@@ -366,6 +366,8 @@ impl HistoryProbeReport {
 pub struct Report {
     /// "versioned" (this project) or "sample" (the original sample's protocol; test-only).
     pub protocol: String,
+    /// The locks' layout: "item" (holders in the lock's item) or "gate" (a holding item each).
+    pub layout: String,
     pub seed: u64,
     /// Per lock; the first is the template's default lock.
     pub locks: Vec<LockReport>,
@@ -432,6 +434,13 @@ impl Report {
             (
                 "the stored count = the holders",
                 "no sweeper in this protocol",
+            )
+        } else if self.layout == "gate" {
+            (
+                "format 6, the held holding items' weights <= the limit, their count and sum = the \
+                 gate's (on reads whose gate version did not move), each token distinct and within \
+                 the version",
+                "after the final sweep",
             )
         } else {
             (
@@ -535,6 +544,8 @@ impl Report {
         };
         let title = if self.protocol == "sample" {
             "the ORIGINAL SAMPLE's protocol (sample mode, test-only)"
+        } else if self.layout == "gate" {
+            "this project's versioned, fenced semaphore, gate layout"
         } else {
             "this project's versioned, fenced semaphore"
         };

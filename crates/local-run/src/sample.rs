@@ -99,6 +99,7 @@ pub async fn run(setup: &Setup<'_>) -> anyhow::Result<Report> {
     let item = LockItems {
         client: ddb,
         table,
+        holdings_table: None,
         layout: Layout::Sample,
     };
     let target = Target::Sample {

@@ -249,6 +249,7 @@ pub(super) async fn deploy(
     let item = LockItems {
         client: aws_sdk_dynamodb::Client::new(&sdk),
         table: deployed.table("SemaphoreTable")?.to_owned(),
+        holdings_table: Some(deployed.table("HoldingsTable")?.to_owned()),
         layout: Layout::Versioned,
     };
     Ok((

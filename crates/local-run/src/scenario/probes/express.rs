@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::report::Check;
-use local_aws::poller::{read, LockItems};
+use local_aws::poller::LockItems;
 use local_aws::sfn::{start_execution, status, wait_ended, Client as Sfn};
 use local_aws::stack::Machine;
 
@@ -72,10 +72,7 @@ pub async fn express_and_map(
     for arn in std::iter::once(&map).chain(&standard) {
         ended.push(wait_ended(sfn, arn, Duration::from_secs(60)).await?.status);
     }
-    let after = item
-        .item(LOCK)
-        .await?
-        .map(|raw| read(item.layout, &raw, None));
+    let after = item.read(LOCK, None).await?;
     let (held_after, waiting_after) = after.map_or((0, 0), |r| (r.holders.len(), r.waiting));
     let ok = ended.iter().all(|s| s == "SUCCEEDED")
         && watched.problems.is_empty()
@@ -136,8 +133,7 @@ async fn watch(
     let mut next_status = Instant::now();
     let mut running = true;
     while Instant::now() < deadline {
-        if let Some(raw) = item.item(LOCK).await? {
-            let r = read(item.layout, &raw, Some(LIMIT as u32));
+        if let Some(r) = item.read(LOCK, Some(LIMIT as u32)).await? {
             seen.reads += 1;
             if let Some(problem) = r.problem {
                 seen.problems.push(problem);
