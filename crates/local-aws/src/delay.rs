@@ -168,10 +168,45 @@ impl Policy for DelayAcquireWrites {
     fn answered(&self, status: u16, body: &[u8]) {
         let mut state = self.state.lock().expect("proxy lock");
         let answer: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let refused = status != 200
-            && answer["__type"]
-                .as_str()
-                .is_some_and(|t| t.ends_with("ConditionalCheckFailedException"));
+        let error = answer["__type"].as_str().unwrap_or_default();
+        // A gate's acquire is a transaction: refused, it names the item whose condition
+        // failed. Its holding item already there is a tombstone (a release fenced the
+        // acquisition) or a holding (already held); else the gate's own checks failed.
+        if status != 200 && error.ends_with("TransactionCanceledException") {
+            let failed = answer["CancellationReasons"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|reason| reason["Code"] == "ConditionalCheckFailed")
+                .find_map(|reason| reason["Item"].as_object());
+            let holding = failed.filter(|item| item.contains_key("slot")).map(|item| {
+                let text = |name: &str| item[name]["S"].as_str().unwrap_or_default().to_owned();
+                (text("slot"), text("state"))
+            });
+            let (taken, why) = match (failed, holding) {
+                (_, Some((slot, held_or_released))) => {
+                    let why = if held_or_released == "released" {
+                        Refusal::Fence
+                    } else {
+                        Refusal::Otherwise
+                    };
+                    (state.take(|w| w.slot == slot), why)
+                }
+                (Some(gate), None) => {
+                    let taken = state.take(|w| w.refusal(gate).is_some());
+                    let why = taken
+                        .as_ref()
+                        .and_then(|p| p.write.refusal(gate))
+                        .unwrap_or(Refusal::Otherwise);
+                    (taken, why)
+                }
+                (None, None) => (state.take(|_| true), Refusal::Otherwise),
+            };
+            let fate = state.stats.count_refusal(why);
+            state.record(taken, fate);
+            return;
+        }
+        let refused = status != 200 && error.ends_with("ConditionalCheckFailedException");
         // The item as it was before a write that landed (`ALL_OLD`; none for a put), or as it
         // was when one was refused.
         let item = answer
@@ -199,30 +234,44 @@ impl Policy for DelayAcquireWrites {
                 .as_ref()
                 .and_then(|p| p.write.refusal(item))
                 .unwrap_or(Refusal::Otherwise);
-            let fate = match why {
-                Refusal::Fence => {
-                    state.stats.refused_by_fence += 1;
-                    "refused by a fence"
-                }
-                Refusal::Horizon => {
-                    state.stats.refused_by_horizon += 1;
-                    "refused by the horizon"
-                }
-                Refusal::Otherwise => {
-                    state.stats.refused_otherwise += 1;
-                    "refused (full, start rate or already held)"
-                }
-            };
+            let fate = state.stats.count_refusal(why);
             (taken, fate)
         } else {
             let taken = state.take(|_| true);
             state.stats.other_outcome += 1;
             (taken, "answered otherwise")
         };
+        state.record(taken, fate);
+    }
+}
+
+impl ProxyStats {
+    /// Counts a held write refused for `why`; what to say of it.
+    fn count_refusal(&mut self, why: Refusal) -> &'static str {
+        match why {
+            Refusal::Fence => {
+                self.refused_by_fence += 1;
+                "refused by a fence"
+            }
+            Refusal::Horizon => {
+                self.refused_by_horizon += 1;
+                "refused by the horizon"
+            }
+            Refusal::Otherwise => {
+                self.refused_otherwise += 1;
+                "refused (full, start rate or already held)"
+            }
+        }
+    }
+}
+
+impl State {
+    /// One line for the answered held write `taken`: whose, how long held, its `fate`.
+    fn record(&mut self, taken: Option<Pending>, fate: &str) {
         if let Some(p) = taken {
             let held = if p.long { "long" } else { "short" };
             let line = format!("{} (held {held}): {fate}", short(&p.write.holder));
-            state.stats.writes.push(line);
+            self.stats.writes.push(line);
         }
     }
 }

@@ -157,6 +157,16 @@ pub struct LockItems {
 }
 
 impl LockItems {
+    /// The product's store on these tables, for what an operator does (`semctl lock set`),
+    /// never for the checks' reads.
+    pub fn operator_store(&self) -> semaphore_core::DynamoStore {
+        let store = semaphore_core::DynamoStore::new(self.client.clone(), &self.table);
+        match &self.holdings_table {
+            Some(holdings) => store.with_holdings_table(holdings),
+            None => store,
+        }
+    }
+
     /// The item of `lock` now, raw; `None` when it has none.
     pub async fn item(&self, lock: &str) -> Result<Option<RawRecord>, Error> {
         self.client

@@ -468,8 +468,37 @@ pub fn recognise(operation: Option<&str>, body: &[u8]) -> Option<ProtocolWrite> 
                     });
             Some(ProtocolWrite::Create { acquiring })
         }
+        "TransactWriteItems" => recognise_gate_acquire(&body),
         _ => None,
     }
+}
+
+/// A gate's acquire: the `TransactWriteItems` whose `Put` makes a holding item `held` (its
+/// `slot` the identity) and whose gate `Update` (keyed by `lock` alone) makes the acquire's
+/// checks in its condition, as an item-layout acquire makes them.
+fn recognise_gate_acquire(body: &Value) -> Option<ProtocolWrite> {
+    let actions = body.get("TransactItems")?.as_array()?;
+    let identity = actions.iter().find_map(|action| {
+        let item = action.get("Put")?.get("Item")?;
+        (item.get("state")?.get("S")?.as_str()? == "held").then_some(())?;
+        Identity::from_slot_key(item.get("slot")?.get("S")?.as_str()?).ok()
+    })?;
+    let gate = actions.iter().find_map(|action| {
+        let update = action.get("Update")?;
+        let key = update.get("Key")?.as_object()?;
+        (key.len() == 1 && key.contains_key("lock")).then_some(update)
+    })?;
+    let p = Placeholders {
+        names: gate.get("ExpressionAttributeNames")?.as_object()?,
+        values: gate
+            .get("ExpressionAttributeValues")
+            .and_then(Value::as_object),
+    };
+    let condition = gate
+        .get("ConditionExpression")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    Some(acquire_checks(identity, condition, &p))
 }
 
 /// A request's placeholders, resolved by the maps it carries.

@@ -252,6 +252,16 @@ pub(super) async fn deploy(
         holdings_table: Some(deployed.table("HoldingsTable")?.to_owned()),
         layout: Layout::Versioned,
     };
+    // Every lock of the run in the run's layout (`--layout`), as `semctl lock set --layout`
+    // makes it, before anything takes it (the probes take the default lock too).
+    if args.layout != semaphore_core::Layout::Item {
+        let operator = semaphore_core::Semaphore::new(item.operator_store());
+        for spec in &locks {
+            operator
+                .set_layout(&semaphore_core::LockName::new(&spec.name)?, args.layout)
+                .await?;
+        }
+    }
     Ok((
         Stage {
             stack,

@@ -85,20 +85,7 @@ pub(super) async fn run(
     // F14: every lock but the template's default is configured by its operator with its limit
     // (what `semctl lock set --lock L --limit N` writes) before the run, and its executions
     // ask for one more: the poller's S1 at the configured limit shows that none raised it.
-    let mut store = semaphore_core::DynamoStore::new(item.client.clone(), &item.table);
-    if let Some(holdings) = &item.holdings_table {
-        store = store.with_holdings_table(holdings);
-    }
-    let operator = semaphore_core::Semaphore::new(store);
-    // Every lock in the run's layout (`--layout`), as `semctl lock set --layout` makes it,
-    // while nothing holds it yet.
-    if args.layout != semaphore_core::Layout::Item {
-        for spec in locks {
-            operator
-                .set_layout(&semaphore_core::LockName::new(&spec.name)?, args.layout)
-                .await?;
-        }
-    }
+    let operator = semaphore_core::Semaphore::new(item.operator_store());
     for spec in locks.iter().skip(1) {
         // Its rate too, when the run asks for one (`--rate`): the configuration's is taken.
         let config = semaphore_core::LockConfig::new(
