@@ -1,4 +1,4 @@
-//! Every `model-check` command README.md quotes, run through the binary, with what it reports
+//! Every `model-check` command docs/testing.md quotes, run through the binary, with what it reports
 //! pinned exactly: the states, transitions and depth of its world, and its verdict (no violation,
 //! or the property a broken variant or the AWS sample violates and the length of the shortest
 //! counterexample). A change to the model, the explorer or the command line that changes any of
@@ -287,7 +287,7 @@ fn every_broken_variant_of_the_line_is_caught() {
     }
 }
 
-// The worlds of README.md's tables (rows marked * there were measured before weighted permits;
+// The worlds of docs/testing.md's tables (rows marked * there were measured before weighted permits;
 // these are today's counts). Its small ones are worlds `tests/model.rs` and `tests/queue.rs`
 // check, pinned there: `--executions 2 --redrives 1 --retries 0`, `--executions 1 --deaths 2
 // --redrives 1 --retries 0`, `--queue --limit 2 --weights 1,1,1`, `--queue --limit 1 --weights

@@ -11,7 +11,7 @@ mod support;
 use support::show;
 
 /// Ours passes in `config`, a world of exactly this many states and transitions and this depth
-/// (pinned: README.md quotes them, and a change to the model that changes them must be seen).
+/// (pinned: docs/testing.md quotes them, and a change to the model that changes them must be seen).
 fn assert_safe(name: &str, config: Config, counts: (u64, u64, u32)) -> Report {
     let report = check_ours(config, Variant::Real, None);
     support::assert_passes(name, &report, counts);
