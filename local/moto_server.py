@@ -1611,6 +1611,35 @@ def patch_transaction_rollback_per_item():
     DynamoDBBackend.transact_write_items = transact_write_items
 
 
+def patch_sync_poll_interval():
+    """Lets a large local run choose how often a `.sync` task asks whether its child ended.
+
+    Moto's `.sync` integration asks every 0.5 s, each time a DescribeExecution through this
+    one-request-at-a-time server that scans the child machine's executions: a run of 1,000
+    executions each holding a slot while its child works made ~2,000 such requests a second,
+    and starts crawled to one a second. AWS tells a `.sync` task of its child's end by an event,
+    at no cost to anyone. LOCAL_AWS_SYNC_POLL_SECONDS (a number of seconds; unset: moto's 0.5)
+    sets the interval; a parent then learns of its child's end up to that much later, which
+    only lengthens its hold (the child has ended before the release, as on AWS).
+    """
+    value = os.environ.get("LOCAL_AWS_SYNC_POLL_SECONDS")
+    if not value:
+        return
+    seconds = float(value)
+    if not 0 < seconds <= 60:
+        raise SystemExit("LOCAL_AWS_SYNC_POLL_SECONDS: expected seconds from 0 to 60")
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_callback as callback,
+    )
+
+    if getattr(callback, "_DELAY_SECONDS_SYNC_CONDITION_CHECK", None) != 0.5:
+        raise SystemExit(
+            "moto_server.py: moto's .sync poll interval is not the 0.5 s the "
+            "LOCAL_AWS_SYNC_POLL_SECONDS patch was written for: review it before changing the pin"
+        )
+    callback._DELAY_SECONDS_SYNC_CONDITION_CHECK = seconds
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
@@ -1647,6 +1676,7 @@ def main():
     patch_expression_limits()
     patch_transaction_idempotency()
     patch_transaction_rollback_per_item()
+    patch_sync_poll_interval()
     patch_task_parameters_quota()
     patch_data_limit_is_terminal()
     patch_state_machine_from_cloudformation()

@@ -317,7 +317,13 @@ impl Poller {
                             }
                         }
                     }
-                    tokio::time::sleep(every).await;
+                    // The server serves one request at a time: a lock whose read takes long
+                    // (a gate's Query of 1,000 holdings) is read less often, so that the
+                    // poller takes at most a quarter of the server from the run it watches.
+                    let took = Duration::from_millis(
+                        u64::try_from(now_ms().saturating_sub(sent_ms)).unwrap_or_default(),
+                    );
+                    tokio::time::sleep(every.max(took * 3)).await;
                 }
             });
         }

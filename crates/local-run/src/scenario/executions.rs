@@ -322,6 +322,7 @@ pub(super) async fn run(
             }
             .into());
         }
+        let listing = Instant::now();
         let mut listed = list_executions(sfn, &protected.arn).await?;
         listed.extend(list_executions(sfn, &consumer_machine.arn).await?);
         for (arn, _, status) in listed {
@@ -346,7 +347,10 @@ pub(super) async fn run(
             timed_out = true;
             break;
         }
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // The listings take longer the more executions there are (13 pages at 1,300), and
+        // the server serves one request at a time: list at most a quarter of the time.
+        let took = listing.elapsed();
+        tokio::time::sleep(Duration::from_millis(400).max(took * 3)).await;
     }
     let holders_when_all_ended = watch.holders_after_the_last_write().await;
     progress.note(&format!(
