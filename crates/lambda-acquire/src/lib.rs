@@ -41,7 +41,7 @@
 //! it will never get a slot), `SemaphoreInvalidInput` (nothing written),
 //! `SemaphoreMisconfigured` (the caller is not a machine the stack protects, or is Express, or
 //! the work is an Express machine: `lambda_common::deployment`; nothing written),
-//! `SemaphoreOldFormat`, `SemaphoreWaitTimeout` (holds no slot), `SemaphoreStoreError` (retry).
+//! `SemaphoreUnknownFormat` (nothing written), `SemaphoreWaitTimeout` (holds no slot), `SemaphoreStoreError` (retry).
 
 use std::time::Duration;
 

@@ -39,8 +39,9 @@
 //! out-of-order events are harmless: every step is idempotent, a fence refuses acquires that
 //! land after it, and a freed slot is freed once.
 //!
-//! Errors: `SemaphoreInvalidInput` (not such an event; nothing written), `SemaphoreOldFormat` (a
-//! lock's item is of version 1; nothing written to it), `SemaphoreStoreError` and
+//! Errors: `SemaphoreInvalidInput` (not such an event; nothing written), `SemaphoreUnknownFormat`
+//! (a lock's item is in a format this version does not read; nothing written to it),
+//! `SemaphoreStoreError` and
 //! `SemaphoreStepFunctionsError` (retry: every step is done again, which is harmless).
 
 use std::collections::BTreeMap;
@@ -331,8 +332,8 @@ pub fn retry_after_seconds(stopped_ms: Option<u64>, now_ms: u64) -> u64 {
     (RETRY_AFTER_MIN_SECONDS + waited_s / 10).min(RETRY_AFTER_MAX_SECONDS)
 }
 
-/// The locks whose writes failed, with why: the others go on (one lock's failure, e.g. a
-/// version-1 item, must not keep the others from being freed), and the answer is then this
+/// The locks whose writes failed, with why: the others go on (one lock's failure, e.g. an item
+/// of a format this version does not read, must not keep the others from being freed), and the answer is then this
 /// error, so that the state machine retries.
 #[derive(Default)]
 struct Failures(Vec<(LockName, &'static str, HandlerError)>);

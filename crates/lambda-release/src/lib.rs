@@ -26,7 +26,7 @@
 //! (the write hands back the lock's `waiting`), the freed slot is then handed to the head of the
 //! line and its execution woken (`lambda_common::HandOffs`); a hand-off that fails is logged and
 //! does not fail the release. Errors: `SemaphoreInvalidInput` (nothing written),
-//! `SemaphoreOldFormat` (nothing written), `SemaphoreStoreError` (retry).
+//! `SemaphoreUnknownFormat` (nothing written), `SemaphoreStoreError` (retry).
 //!
 //! The release of an acquisition of a redriven run (`r<n>`, n > 0) then also frees what the
 //! earlier runs of its execution hold, with the cleanup's two writes (fence runs 0..n-1, free

@@ -4,8 +4,8 @@
 //! why an acquire write it held was refused), the original AWS sample's protocol (to show its
 //! leak), an independent reader of the raw table (the one decoder of raw items the invariant
 //! checks use), a stand-in Lambda Runtime API to run the built function binaries, an exact
-//! counter of the requests an SDK client sends, validated test inputs from literals, items as
-//! version 1 stored them, DynamoDB's JSON wire format, enough of the States Language to play a
+//! counter of the requests an SDK client sends, validated test inputs from literals, items of a
+//! format this version does not write, DynamoDB's JSON wire format, enough of the States Language to play a
 //! definition's states against the Lambda handlers, and real executions of the local server's
 //! Step Functions, parked in line on real task tokens (`sfn::park`). The `stand-in-work` binary
 //! is the Lambda function the local run runs as a user's work.
@@ -22,8 +22,8 @@ pub mod counter;
 pub mod delay;
 pub mod error;
 pub mod eventbridge;
+pub mod foreign;
 pub mod lambda;
-pub mod legacy;
 pub mod names;
 pub mod observe;
 pub mod poller;

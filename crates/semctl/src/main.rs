@@ -5,14 +5,15 @@
 //! rate is spent (the answer says when the next start may be), 3 refused because this holder/acquisition was released or
 //! cleaned up (fenced), 4 expired (the request is older than the acquire horizon and the fences
 //! rotated since: nothing was taken, run it again), 1 any error (message on stderr, nothing
-//! written on bad input; also a lock whose item version 1 wrote). Output is JSON on stdout.
+//! written on bad input; also a lock whose item is in a format this version does not read).
+//! Output is JSON on stdout.
 //!
 //! `top` draws a live view on the terminal instead (`--once`: one frame, in colour on a
 //! terminal, plain text otherwise), exits 0 when quit, 1 on an error (also `--once` meeting an
 //! item it cannot read, which it shows).
 //!
-//! Three commands go over the whole table and can meet an item they cannot read (version 1's,
-//! say) among good ones: `list`, `sweep` and `release --all-of` without `--lock`. They do what
+//! Three commands go over the whole table and can meet an item they cannot read (of another
+//! format, say) among good ones: `list`, `sweep` and `release --all-of` without `--lock`. They do what
 //! they can with the rest, print it with each unreadable item named, say so on stderr and exit
 //! 1: a script notices, and one bad item never hides the other locks from an operator.
 
@@ -184,7 +185,7 @@ enum Command {
         shown: HoldersShown,
     },
     /// Every lock in the table, sorted by name, each as `status` shows it (a JSON array). An
-    /// item that cannot be read (one version 1 wrote) is listed with an "error" naming it, the
+    /// item that cannot be read (of another format, say) is listed with an "error" naming it, the
     /// others as usual, and the exit status is 1.
     List {
         #[command(flatten)]
@@ -848,7 +849,7 @@ impl Request {
 /// The lock an item that could not be read belongs to, when the error knows it.
 fn unreadable_lock(e: &StoreError) -> Option<&str> {
     match e {
-        StoreError::OldFormat { lock }
+        StoreError::UnknownFormat { lock, .. }
         | StoreError::CorruptItem { lock, .. }
         | StoreError::Unexpected { lock, .. }
         | StoreError::ExpressionTooLarge { lock, .. }
