@@ -206,7 +206,7 @@ impl CleanupError {
     }
 }
 
-/// "SemaphoreStepFunctionsError: <message>": how the runtime logs a handler's error.
+/// `SemaphoreStepFunctionsError: <message>`: how the runtime logs a handler's error.
 impl std::fmt::Debug for CleanupError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {self}", self.error_type())

@@ -91,7 +91,7 @@ impl HandlerError {
     }
 }
 
-/// "SemaphoreFenced: <message>": how the runtime logs a handler's error.
+/// `SemaphoreFenced: <message>`: how the runtime logs a handler's error.
 impl std::fmt::Debug for HandlerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.error_type(), self.message())

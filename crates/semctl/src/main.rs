@@ -50,11 +50,11 @@ struct Cli {
     /// The semaphore table.
     #[arg(long, global = true, env = "TABLE_NAME", default_value = "semaphores")]
     table: String,
-    /// The waiters' table (the stack's QueueTable output; default: <table>-queue, what
+    /// The waiters' table (the stack's QueueTable output; default: TABLE-queue, what
     /// `semctl init` creates).
     #[arg(long, global = true, env = "QUEUE_TABLE_NAME")]
     queue_table: Option<String>,
-    /// The gates' holdings table (the stack's HoldingsTable output; default: <table>-holdings,
+    /// The gates' holdings table (the stack's HoldingsTable output; default: TABLE-holdings,
     /// what `semctl init` creates).
     #[arg(long, global = true, env = "HOLDINGS_TABLE_NAME")]
     holdings_table: Option<String>,
@@ -152,7 +152,7 @@ enum Command {
         #[arg(long, allow_hyphen_values = true, conflicts_with = "all_of")]
         weight: Option<String>,
         /// The ARN of an execution that ended without its cleanup
-        /// (arn:...:execution:<machine>:<name>). Step Functions is not asked whether it has
+        /// (arn:...:execution:MACHINE:NAME). Step Functions is not asked whether it has
         /// ended: freeing the slots of one that still runs lets its work run without them
         /// (`sweep --dry-run` shows what the sweeper judges ended). For a holder that is not
         /// an execution, use `cleanup`.

@@ -65,7 +65,7 @@ pub mod queue_attr {
     pub const LOCK: &str = "lock";
     /// Sort key: the waiter's id, [`WaiterId::render`](crate::queue::WaiterId::render).
     pub const WAITER: &str = "waiter";
-    /// The sort key of the [`LINE_INDEX`](super::LINE_INDEX): the waiter's place in line,
+    /// The sort key of the waiters' local secondary index, `line`: the waiter's place in line,
     /// [`QueueKey::render`](crate::queue::QueueKey::render).
     pub const PLACE: &str = "place";
     /// The attempt of the parked task whose token the record holds.

@@ -1,5 +1,5 @@
 //! `semctl top`: a live view of every lock in the table (see [`view`] for what it shows and
-//! [`read`] for what it reads), or one frame with `--once`, printed like any command's output:
+//! [`read`](mod@read) for what it reads), or one frame with `--once`, printed like any command's output:
 //! on a terminal at its width and in colour, otherwise as plain text.
 //!
 //! The live screen is ratatui's on the alternate screen in raw mode. It is restored however the
