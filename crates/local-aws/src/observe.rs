@@ -453,7 +453,7 @@ mod tests {
             .problem(None)
             .unwrap()
             .contains("share token 5"));
-        // An item of another format (format 4 had no `leases`).
+        // An item without a format.
         let mut old = ours("7", &[], "0");
         old.remove("format");
         assert!(decode(&old).problem(None).unwrap().contains("not 5"));

@@ -1,21 +1,14 @@
 //! `semctl`: inspect and operate a semaphore table by hand.
 //!
-//! Exit status: 0 done (acquired, already held, released, nothing held, cleaned, status, list,
-//! sweep), 2 the lock is full (the weight does not fit, or others wait in line) or its start
-//! rate is spent (the answer says when the next start may be), 3 refused because this holder/acquisition was released or
-//! cleaned up (fenced), 4 expired (the request is older than the acquire horizon and the fences
-//! rotated since: nothing was taken, run it again), 1 any error (message on stderr, nothing
-//! written on bad input; also a lock whose item is in a format this version does not read).
-//! Output is JSON on stdout.
+//! Output is JSON on stdout. Exit status: 0 done, 2 the lock is full or its start rate is spent,
+//! 3 fenced (this acquisition was released or its execution cleaned up), 4 expired (asked longer
+//! ago than the acquire horizon: nothing taken, run it again), 1 any error (message on stderr;
+//! nothing written on bad input). `top` draws a live view on the terminal instead.
 //!
-//! `top` draws a live view on the terminal instead (`--once`: one frame, in colour on a
-//! terminal, plain text otherwise), exits 0 when quit, 1 on an error (also `--once` meeting an
-//! item it cannot read, which it shows).
-//!
-//! Three commands go over the whole table and can meet an item they cannot read (of another
-//! format, say) among good ones: `list`, `sweep` and `release --all-of` without `--lock`. They do what
-//! they can with the rest, print it with each unreadable item named, say so on stderr and exit
-//! 1: a script notices, and one bad item never hides the other locks from an operator.
+//! `list`, `sweep` and `release --all-of` without `--lock` go over the whole table: an item they
+//! cannot read (of another format, say) is named in their output and on stderr with exit 1, and
+//! the other locks are done anyway, so that a script notices and one bad item never hides the
+//! rest from an operator.
 
 mod top;
 

@@ -1,8 +1,8 @@
 //! `semctl` driven as an operator would, against the real local server: the exit codes, the
 //! zombie sequence, an expired request, what one critical section costs in requests, a lock
-//! whose item is of a foreign format, and every kind of bad input (F6) answered by a named error with nothing
-//! written. The operator's commands too: `list`, `sweep` (against real executions on the local
-//! Step Functions, moto's execution mode) and `release --all-of`.
+//! whose item is of a foreign format, and every kind of bad input (F6) answered by a named error
+//! with nothing written. The operator's commands too: `list`, `sweep` (against real executions
+//! on the local Step Functions, moto's execution mode) and `release --all-of`.
 
 use std::collections::HashMap;
 use std::process::Output;

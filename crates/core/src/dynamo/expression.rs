@@ -850,8 +850,8 @@ mod tests {
         }
     }
 
-    /// The limit the issue met: one write naming 150 slots is a ConditionExpression of about
-    /// 6 KB, which DynamoDB refuses. It is a typed error here, and no request is sent.
+    /// The limit a large cleanup meets: one write naming 150 slots is a ConditionExpression of
+    /// about 6 KB, which DynamoDB refuses. It is a typed error here, and no request is sent.
     #[test]
     fn a_write_over_4_kb_is_a_typed_error_not_a_request() {
         let lock = LockName::new("l").unwrap();
