@@ -70,13 +70,13 @@ pub mod queue_attr {
     pub const PLACE: &str = "place";
     /// The attempt of the parked task whose token the record holds.
     pub const ATTEMPT: &str = "attempt";
-    /// How often the waiter checked again since it was queued (absent: never).
+    /// How often the waiter checked again since it was queued.
     pub const CHECKS: &str = "checks";
     pub const HOLDER: &str = "holder";
     pub const ACQUISITION: &str = "acquisition";
     pub const RUN: &str = "run";
     pub const LIMIT: &str = "limit";
-    /// The waiter's weight (absent: 1) and start rate as its spacing in ms (absent: none).
+    /// The waiter's weight, and its start rate as its spacing in ms (absent: none).
     pub const WEIGHT: &str = "weight";
     pub const SPACING: &str = "spacing_ms";
     /// The lease the waiter's slot is to be held under, in ms (absent: none).
@@ -451,9 +451,8 @@ fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter
     let text = |name| get_text(attrs, name);
     let limit =
         Limit::new(get_number(attrs, queue_attr::LIMIT)?).map_err(invalid(queue_attr::LIMIT))?;
-    let weight = get_optional(attrs, queue_attr::WEIGHT)?
-        .map_or(Ok(Weight::ONE), Weight::new)
-        .map_err(invalid(queue_attr::WEIGHT))?;
+    let weight =
+        Weight::new(get_number(attrs, queue_attr::WEIGHT)?).map_err(invalid(queue_attr::WEIGHT))?;
     let rate = get_optional(attrs, queue_attr::SPACING)?
         .map(Rate::from_spacing_ms)
         .transpose()
@@ -483,7 +482,7 @@ fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter
             ),
         },
         attempt: Attempt(get_number(attrs, queue_attr::ATTEMPT)?),
-        checks: get_optional(attrs, queue_attr::CHECKS)?.unwrap_or(0),
+        checks: get_number(attrs, queue_attr::CHECKS)?,
         context: text(queue_attr::CONTEXT)?,
     })
 }
