@@ -17,7 +17,7 @@ pub struct Observed {
     pub holders: Vec<String>,
     /// The holder entries that are packed numbers, unpacked.
     pub holdings: Vec<RawHolding>,
-    /// The item's format (`format`; 5 now).
+    /// The item's format (`format`; ours is 5).
     pub format: Option<u64>,
     /// The leased holders' keys and when each lease ends (epoch ms).
     pub leases: Vec<(String, u64)>,
@@ -257,11 +257,12 @@ impl Observed {
         held.chain(self.started_at).collect()
     }
 
-    /// What is inconsistent in this read, if anything (S1 and the item's own bookkeeping): it
-    /// is malformed or not format 5; a lease is not a holder's; a holder's weight is not 1 to 10,000, or its token is one
-    /// the version has not reached, or shared with another (every write bumps the version and
-    /// a token is the version its acquire made); `used` is not the sum of the holders' weights
-    /// or `held_bytes` not the bytes of their entries; with `limit`, that sum is above it.
+    /// What is inconsistent in this read, if anything (S1 and the item's own bookkeeping): it is
+    /// malformed or not format 5; a lease is not a holder's; a holder's weight is not 1 to 10,000,
+    /// or its token is one the version has not reached, or shared with another (every write bumps
+    /// the version and a token is the version its acquire made); `used` is not the sum of the
+    /// holders' weights or `held_bytes` not the bytes of their entries; with `limit`, that sum is
+    /// above it.
     pub fn problem(&self, limit: Option<u64>) -> Option<String> {
         if let Some(first) = self.malformed.first() {
             return Some(first.clone());

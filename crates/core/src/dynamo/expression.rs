@@ -227,6 +227,9 @@ pub(super) fn render_in(
 ) -> Result<Rendered, StoreError> {
     let gate = layout == Layout::Gate;
     let mut p = Placeholders::default();
+    // Every write checks the format: it must not land on an item of another format (whose
+    // attributes it would misread and corrupt), nor in a lock of the other layout; such an item
+    // is handed back with the refusal and named by `decode`.
     let format = p.attr(attr::FORMAT);
     let format_value = p.value(number(format_of(layout)));
     let mut conditions = vec![format!("{format} = {format_value}")];
