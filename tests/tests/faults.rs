@@ -1,7 +1,7 @@
 //! Each fault of the design brief (F1-F5) made to happen against the real local server.
 //! Bad input (F6) is driven from outside, through `semctl`, in crates/semctl/tests. The races
-//! that are new with version 2's write-time checks (fence removal, zombies sent after the fence,
-//! acquirers racing for the last slot) are in races.rs.
+//! of the write-time checks (fence removal, zombies sent after the fence, acquirers racing for
+//! the last slot) are in races.rs.
 
 use local_aws::names::{id, limit, lock};
 use local_aws::observe::observe;
@@ -307,10 +307,10 @@ async fn f4_duplicate_late_and_out_of_order_releases_and_cleanups_are_no_ops() {
     assert!(stranger.freed.is_empty());
     assert_eq!(stranger.count, 1);
 
-    // Out of order: the release of a cleaned-up acquisition arrives late. Version 1 read first
-    // and wrote nothing here; version 2's release never reads: it always sends its one
-    // idempotent write, which frees nothing (the acquisition holds nothing) and fences the
-    // acquisition. One write, so the version moves by exactly one; the other holder is untouched.
+    // Out of order: the release of a cleaned-up acquisition arrives late. The release never
+    // reads: it always sends its one idempotent write, which frees nothing (the acquisition
+    // holds nothing) and fences the acquisition. One write, so the version moves by exactly
+    // one; the other holder is untouched.
     let before = version(store.clone(), l.clone()).await;
     assert_eq!(
         sem.release(&l, &a).await.unwrap(),

@@ -1,4 +1,4 @@
-//! The races version 2's write-time checks must win, made to happen against the real local
+//! The races the write-time checks must win, made to happen against the real local
 //! server, not argued:
 //!
 //! - an acquire write held in flight while the fence it must meet is written *and removed again*

@@ -98,7 +98,6 @@ pub enum Proto {
     /// per contender is the same as one per call (a Lambda invocation, a `semctl` process).
     Ours,
     /// The original AWS sample's protocol (`local_aws::sample::Sample`).
-    #[serde(alias = "reference")]
     Sample,
 }
 

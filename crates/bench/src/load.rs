@@ -5,12 +5,11 @@
 //! exactly per run (and ours also by kind of write, to tell rotations and "full" answers from
 //! anything else); the run is a fixed number of critical sections.
 //!
-//! Ours also runs in variants (issue 12), measured against the same run's plain figures: a
-//! weighted one (each critical section takes a weight drawn from 1-4 of a limit of 10; the
-//! weights held, not the holders, are bounded) and a rate-limited one (limit 5, weight 1, at most
-//! R starts a second). A contender answered "rate limited" waits until the next start the
-//! answer names plus a full jitter of 1, 2, 4 ... 16 spacings (doubling with each such answer
-//! in a row), then asks again.
+//! Ours also runs in variants, measured against the same run's plain figures: a weighted one (each
+//! critical section takes a weight drawn from 1-4 of a limit of 10; the weights held, not the
+//! holders, are bounded) and a rate-limited one (limit 5, weight 1, at most R starts a second). A
+//! contender answered "rate limited" waits until the next start the answer names plus a full jitter
+//! of 1, 2, 4 ... 16 spacings (doubling with each such answer in a row), then asks again.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -125,7 +125,7 @@ impl Callers {
 }
 
 /// The rotations of `sections` releases `spacing` apart after the lock's first section (at time
-/// 0, one more release; its rotation, if any, is not counted), by the rule (see [`rule`]): a
+/// 0, one more release; its rotation, if any, is not counted), by the rule (see [`rule`](crate::rule)): a
 /// release rotates when a rotation is due (a window since the last one, or none yet) and the
 /// young generation, its own fence added, holds at least `busy` fences.
 pub fn predicted_rotations(

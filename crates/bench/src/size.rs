@@ -150,7 +150,7 @@ pub fn model() -> SizeModel {
     let mut item = SemaphoreItem::empty(names::lock("demo-lock"));
     item.limit = Some(names::limit(5));
     item.version = Version(123_456);
-    // A lock that has had an acquisition keeps when it last started (item format 3).
+    // A lock that has had an acquisition keeps when it last started.
     item.started_at_ms = Some(T0_MS + 100);
     let base = stored_size(&item);
     let who = id(&execution_arn("model", 1), &uuid());

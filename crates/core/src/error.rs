@@ -18,10 +18,15 @@ pub enum StoreError {
         lock: String,
         problem: AttributeError,
     },
-    /// Version 1 wrote whole items with a binary `fences` attribute and a `count`; its items are
-    /// not migrated (nothing was released with it), and version 2 refuses to touch them.
-    #[error("the item for lock {lock:?} was written by version 1 of this semaphore, whose item format version 2 does not read: use a new lock name or a new table, or delete the item once no execution uses the lock")]
-    OldFormat { lock: String },
+    /// The lock's item has no `format`, or one this version does not write: another version
+    /// (or another program) wrote it, and its attributes would be misread. Nothing is written to
+    /// it; every write's condition checks the format, so none lands on such an item.
+    #[error("the item for lock {lock:?} {}, not a format this version reads: nothing was written to it; run the version that wrote it, or delete the item once no execution uses the lock", format_found(.found.as_deref()))]
+    UnknownFormat {
+        lock: String,
+        /// The item's `format` as stored (absent: it has none).
+        found: Option<String>,
+    },
     /// A write rendered an expression DynamoDB would refuse ("Constraints in Amazon DynamoDB",
     /// "Expression parameters": at most 4 KB per expression string, at most 300 operators or
     /// functions per expression). Caught before the request is sent, so nothing was written; the
@@ -43,6 +48,14 @@ pub enum StoreError {
         lock: String,
         layout: crate::item::Layout,
     },
+}
+
+/// How [`StoreError::UnknownFormat`] names the format it found.
+fn format_found(found: Option<&str>) -> String {
+    match found {
+        Some(format) => format!("is in format {format}"),
+        None => "has no format attribute".to_owned(),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,8 +111,6 @@ pub enum AttributeError {
     Place(#[from] QueueKeyError),
     #[error("terms: {0}")]
     Terms(InputError),
-    #[error("item format {found}, where this version reads format {reads}: delete the item once no execution uses the lock, or use a new lock name")]
-    Format { found: u64, reads: u64 },
     #[error("waiter: {0}")]
     Waiter(Box<AttributeError>),
 }

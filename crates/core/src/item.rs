@@ -174,8 +174,7 @@ impl FenceKey {
     pub const LEN: usize = 8;
 
     /// Fences every acquisition of one run of an execution: written by cleanup and the sweeper
-    /// once that run has ended. The first run's key is the execution's alone, as before runs
-    /// were told apart.
+    /// once that run has ended. The first run's key is the execution's alone, without a run.
     pub fn execution(holder: &HolderId, run: Run) -> Self {
         if run == Run::FIRST {
             Self::digest(&["execution", holder.as_str()])

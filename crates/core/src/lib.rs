@@ -1,25 +1,14 @@
 //! A distributed semaphore for AWS Step Functions that cannot leak.
 //!
-//! One DynamoDB item per lock holds its holders (with their weights and the sum of them), a
-//! version counter and the fences of the last window or two. Every operation is one conditional
-//! write (cleanup: two; a release or cleanup whose slot went meanwhile, one more) described as a
-//! plain [`Write`] (checks + changes): [`protocol`] says which writes each operation sends and
-//! what their results mean, [`Write::apply`] is their meaning, the [`MemoryStore`] applies them
-//! with it and the [`DynamoStore`] renders them as `UpdateItem` expressions. A [`Semaphore`] runs
-//! an operation against a store.
-//!
-//! Which fault each rule defends against (see `DESIGN.md` for F1-F6, and `protocol` for why):
-//! - release and cleanup fence the acquisition or the execution's ended runs; an acquire checks
-//!   the fences when its write lands, however late, so one that lands after them is refused
-//!   (F1-F3); a redriven execution is a new run, which no earlier cleanup fenced (F7);
-//! - fences are dropped only by a rotation, and an acquire whose request is older than the
-//!   horizon is refused once a rotation happened, so dropping fences reopens nothing (F1);
-//! - an identity that already holds a slot is answered "already held", not given a second (F5);
-//! - the limit bounds the sum of the weights held, stored as `used`; a write that removes a slot
-//!   checks it is there with the weight it subtracts, so duplicates and reorderings each remove
-//!   only what their identity holds and subtract it once (F4, S1); a start rate is a least
-//!   spacing since the last start, checked when the write lands;
-//! - every input is validated before any request is sent (F6).
+//! One DynamoDB item per lock holds its holders, the sum of their weights, a version counter and
+//! the fences of the last window or two. Every operation is a conditional write that reads
+//! nothing first, described as a plain [`Write`] (checks + changes): DynamoDB checks the limit,
+//! the holder and the fences when it lands, so concurrent writers never invalidate each other's
+//! decisions and a late acquire can never land after the release or cleanup that fenced it.
+//! [`protocol`] says which writes each operation sends and why each rule holds (faults F1-F14:
+//! see docs/design.md), [`Write::apply`] is their meaning, the [`MemoryStore`] applies them with
+//! it and the [`DynamoStore`] renders them as expressions. A [`Semaphore`] runs an operation
+//! against a store.
 //!
 //! # Module map
 //!

@@ -31,7 +31,7 @@ pub trait ItemStore: Send + Sync {
     fn write(&self, write: &Write) -> impl Future<Output = Result<WriteResult, StoreError>> + Send;
 
     /// Every semaphore item (the sweeper's view), each read on its own: an item that cannot be
-    /// read (of version 1, say) is an error in the list, not a failed list.
+    /// read (of another format, say) is an error in the list, not a failed list.
     fn list(
         &self,
     ) -> impl Future<Output = Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError>> + Send;

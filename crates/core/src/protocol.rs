@@ -1,20 +1,11 @@
 //! The protocol: which [`Write`] each operation sends, and what its result means.
 //!
 //! None of them reads first. Each is one write whose checks DynamoDB evaluates when it lands, so
-//! concurrent writers never invalidate each other's decisions:
+//! concurrent writers never invalidate each other's decisions, and every write increments the
+//! version, so fencing tokens strictly increase per lock. The table of each operation's checks
+//! and changes is in README.md ("How it works").
 //!
-//! | operation | checks (when the write lands) | changes |
-//! |---|---|---|
-//! | acquire | not fenced (the execution's run, acquisition); not holding; no rotation since the request's horizon; the weight fits (`used + weight <= limit`); room in the item (`held_bytes`, fences: F9); nobody in line; with a rate, a spacing since the last start | put the holder (token: the new version), add its weight to `used` and its entry to `held_bytes`, record the start, set the limit and rate |
-//! | release | holds a slot of the weight it subtracts | remove the holder, subtract its weight, fence the acquisition |
-//! | release of nothing held | holds no slot | fence the acquisition |
-//! | cleanup, 1st | none | fence the execution's ended run and every run before it |
-//! | cleanup, 2nd (only if the 1st saw slots) | still holds each, with its weight | remove the slots the 1st write saw, subtract their weights (at most [`MAX_SLOTS_PER_FREE`] a write) |
-//! | rotation (when due) | the last rotation is the one read | drop the old fences, age the young ones |
-//!
-//! Every write also increments the version, so fencing tokens are strictly increasing per lock.
-//!
-//! Why each rule holds (see `DESIGN.md` for the faults):
+//! Why each rule holds (the faults are described in docs/design.md):
 //! - **F1-F3, S3.** A release or cleanup fences before (or as) it frees. An acquire checks the
 //!   fences when it lands, however late that is, so one that lands after the fence is refused.
 //!   Fences are dropped only by a rotation, and an acquire is refused once a rotation happened

@@ -1,23 +1,12 @@
 //! Waiting in line: a full lock queues its waiters, and whoever frees a slot hands it to the head.
 //!
-//! Each lock keeps a FIFO queue of waiters next to its item. A waiter is small in the lock's item
-//! (it only counts them, `waiting`) and about 1-2 KB on its own (a Step Functions task token is up
-//! to 1 KB), so waiters live in their own records, one per identity ([`WaiterId`]), ordered by
-//! [`QueueKey`]: when the waiter was put in line, then its id. Every write that
-//! queues or unqueues a waiter changes the lock's `waiting` in the same atomic write, so `waiting`
-//! is always the number of waiters, and an acquire that is not a waiter's checks `waiting = 0`:
-//! a newcomer never takes a slot ahead of the line (L2).
-//!
-//! This module is the line's data: a waiter and its place. The writes that queue, grant, re-park
-//! and unqueue are in [`crate::protocol`]; moving the line is the hand-off
-//! ([`crate::semaphore::line`]): while a slot is free and someone waits, grant the head (one
-//! write: take the slot for it and remove its record), then wake it
-//! ([`Waker`](crate::ports::Waker)). Release, cleanup and the sweeper hand off after they free
-//! a slot; a waiter hands off right after it queues (a slot may have freed between "full" and
-//! "queued", F8) and whenever its parked task times out and checks again, keeping its place and
-//! giving its record the new task's token (a waker that crashed between its grant and its
-//! wake-up, F8). A grant to a waiter that can no longer
-//! take it (its execution ended) is freed again by the same hand-off, never leaked.
+//! Waiters live in records of their own next to the lock's item (a task token is up to 1 KB),
+//! one per identity ([`WaiterId`]), ordered by [`QueueKey`]: when the waiter was put in line,
+//! then its id. Every write that queues or unqueues a waiter changes the item's `waiting` in the
+//! same atomic write, and an acquire that is not a waiter's checks `waiting = 0`: a newcomer
+//! never takes a slot ahead of the line (L2). This module is the line's data; the writes are in
+//! [`crate::protocol`] and the hand-off in [`crate::semaphore::line`]. See README.md ("Waiting in
+//! line") for who hands off when, and why no grant is ever leaked (F8).
 
 use sha2::{Digest, Sha256};
 

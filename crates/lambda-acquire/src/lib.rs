@@ -1,47 +1,15 @@
-//! The acquire function: the one state a state machine takes a slot with. Invoked by a
+//! The acquire function: the state a state machine takes a slot with. Invoked by a
 //! `lambda:invoke.waitForTaskToken` task, it completes that task once the execution holds a
-//! slot, and not before: at once when a slot is free, else when whoever frees one hands it over.
+//! slot, and not before: at once when one is free (one conditional write, no read), else when
+//! whoever frees one hands it to the head of the lock's line.
 //!
-//! Payload (one shape, see `lambda_common::Resolver`): `{"request": {"lock", "limit", "weight",
-//! "rate"}, "execution": $$.Execution.Id, "redrive_count": $$.Execution.RedriveCount, "state":
-//! $$.State, "task_token": $$.Task.Token}`; the lock-protected machine passes its execution input
-//! as the request, which may name the `work`, and `"starts_work": true`. The acquisition is
-//! `r<redrive_count>`, one per run of the execution; the request time is the state's entry time,
-//! which comes before any release or cleanup this acquire must not outlive, however long Lambda
-//! takes to start it (see `semaphore_core::Timing`).
-//!
-//! Each invocation:
-//! 1. **Takes a free slot** (one conditional write, and no read: an uncontended critical section
-//!    costs what the AWS sample's does) and completes its own task with the answer; a slot it
-//!    holds already (granted while it waited) answers the same.
-//! 2. Otherwise (the weight does not fit, others wait, or the start rate is spent) **checks its
-//!    place**: a record of the execution in the lock's line (it waits already: its task timed
-//!    out and the state was entered again, or was retried) gets this attempt's task token,
-//!    keeping its place (the record holds when the execution was first queued), and the function
-//!    hands any free slot to the head of the line, which may be this execution. Past the wait
-//!    budget (`MAX_WAIT_SECONDS` since it was queued, or more checks than its history has room
-//!    for) it leaves the line instead: `SemaphoreWaitTimeout`. A waiter's own acquire never
-//!    lands: it is in line, so the lock's `waiting` is not 0.
-//! 3. Otherwise **queues** the execution, at this request's time, and hands off: a slot may have
-//!    been freed between "full" and "queued" (F8). The task stays parked: a release, cleanup or
-//!    sweep that frees a slot grants the head of the line and completes its task
-//!    (`SendTaskSuccess`).
-//!
-//! Answer (what the task is completed with, the state's output): `{"acquired": true, "outcome":
-//! "acquired"|"already_held", "token", "count", "limit", "weight", "rate", "lock", "holder",
-//! "acquisition", "child_name", "queued_at", "work"}`. `queued_at` is when the execution was put
-//! in line (`null`: it never waited); `work` the child execution the lock-protected machine
-//! starts. The invocation's own answer (`outcome` "queued" while it waits) is for the logs.
-//!
-//! Errors (each also fails the task, so the machine sees it whichever arrives first):
-//! `SemaphoreExpired` (asked too long ago, or the lock kept turning free and full: nothing held,
-//! nothing queued; the state catches it and enters itself again), `SemaphoreRateLimited` (sent
-//! by a hand-off to the head of the line whose start the lock's rate holds back: the state
-//! retries it), `SemaphoreFenced` (this acquisition was released or its execution cleaned up:
-//! it will never get a slot), `SemaphoreInvalidInput` (nothing written),
-//! `SemaphoreMisconfigured` (the caller is not a machine the stack protects, or is Express, or
-//! the work is an Express machine: `lambda_common::deployment`; nothing written),
-//! `SemaphoreOldFormat`, `SemaphoreWaitTimeout` (holds no slot), `SemaphoreStoreError` (retry).
+//! An invocation takes a free slot; or, for an execution already in line (its task timed out and
+//! the state ran again), gives the record this attempt's task token and keeps its place; or
+//! queues the execution. Either way it then hands off, since a slot may have been freed between
+//! "full" and "queued" (F8). Past the wait budget the execution leaves the line instead
+//! (`SemaphoreWaitTimeout`). The payload is read by `lambda_common::Resolver`; the answer, the
+//! errors and how the lock-protected machine handles them are in README.md ("Deploy on AWS",
+//! "Protect your own workflow").
 
 use std::time::Duration;
 

@@ -20,7 +20,7 @@ use lambda_common::{
 };
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use local_aws::asl::{self, Context as Ctx, ACQUIRE_STATE};
-use local_aws::legacy::put_version_1_item;
+use local_aws::foreign::{put_foreign_item, FOREIGN_FORMAT};
 use local_aws::names::{id, limit, lock};
 use local_aws::observe::{assert_consistent, observe, raw_item, text, RawRecord};
 use local_aws::{all_items, endpoint, fresh_table, sdk_config};
@@ -1445,27 +1445,36 @@ async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
 }
 
 #[tokio::test]
-async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is_written() {
+async fn an_item_of_a_foreign_format_is_the_named_error_semaphore_unknown_format_and_nothing_is_written(
+) {
     let w = world().await;
     let (client, table) = (w.sem.store().client(), w.sem.store().table());
-    let v1 = put_version_1_item(client, table, "demo-lock", HOLDER, "old-acquisition").await;
+    let foreign = put_foreign_item(
+        client,
+        table,
+        "demo-lock",
+        HOLDER,
+        "other-acquisition",
+        Some(FOREIGN_FORMAT),
+    )
+    .await;
     let input = json!({});
     let ctx = Ctx::new(HOLDER, input.clone(), &w.now()).with_task_token("t");
     let played = w.play_machine(&config(), &ctx, &input).await;
-    assert_eq!(played.error().error_type, "SemaphoreOldFormat");
+    assert_eq!(played.error().error_type, "SemaphoreUnknownFormat");
     assert!(
         played
             .error()
             .error_message
-            .contains("\"demo-lock\" was written by version 1"),
+            .contains("\"demo-lock\" is in format 99, not a format this version reads"),
         "{}",
         played.error().error_message
     );
     assert!(matches!(played.then, Then::Failed { .. }));
     assert_eq!(
         raw_item(client, table, "demo-lock").await,
-        Some(v1),
-        "the version-1 item is left exactly as it was"
+        Some(foreign),
+        "the item is left exactly as it was"
     );
 }
 

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use lambda_common::child_execution_name;
+use local_aws::foreign::put_foreign_item;
 use local_aws::fresh_table;
-use local_aws::legacy::put_version_1_item;
 use local_aws::names::id;
 use local_aws::runtime_api::{run_function, Answer};
 use semaphore_core::{
@@ -86,8 +86,8 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
     let mut expired = payload_entered(horizon_ms + 1_000, json!({}));
     expired["execution"] =
         json!("arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2");
-    // A lock whose item version 1 wrote.
-    put_version_1_item(store.client(), &table, "old-lock", HOLDER, "a0").await;
+    // A lock whose item has no format.
+    put_foreign_item(store.client(), &table, "old-lock", HOLDER, "a0", None).await;
     let old = payload_entered(0, json!({"lock": "old-lock"}));
     let run1 = run(env(&table), vec![payload(), payload(), bad, expired, old]).await;
     let name = child_execution_name(&id(HOLDER, "r0"));
@@ -118,7 +118,7 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
     match &run1.answers[3..] {
         [Answer::Error(expired), Answer::Error(old)] => {
             assert_eq!(expired["errorType"], "SemaphoreExpired", "{expired}");
-            assert_eq!(old["errorType"], "SemaphoreOldFormat", "{old}");
+            assert_eq!(old["errorType"], "SemaphoreUnknownFormat", "{old}");
         }
         other => panic!(
             "{other:?}\nstdout: {}\nstderr: {}",

@@ -1,47 +1,14 @@
 //! The cleanup function (cleanup-from-incomplete): given the EventBridge "Step Functions
 //! Execution Status Change" event of an execution that ended FAILED, TIMED_OUT or ABORTED, it
-//! frees every slot the execution holds, on every lock it asked for, once the work it ran under
-//! them has ended, and fences the execution so that a delayed, retried or zombie acquire of it
-//! can never land afterwards.
+//! fences the execution on every lock it asked for, so that no delayed or zombie acquire of it
+//! lands afterwards (F1-F3), takes it out of every line (F8), and frees its slots once the work
+//! it ran under them has ended.
 //!
-//! No lock list is configured and the execution input is not needed (the event drops an input
-//! above 248 KB, and the rule's input transformer drops it always, with the output and the
-//! error cause: they could pass Step Functions' 256 KB input limit; an event delivered whole,
-//! as before the transformer, is read the same): the locks are read from the execution's history, the payload of every task
-//! that invoked the acquire function (`ACQUIRE_FUNCTION_ARN`), resolved as the acquire function
-//! resolves it (`request.lock`, else `DEFAULT_LOCK`).
-//!
-//! Steps, each for a reason:
-//! 1. `DescribeExecution`: an execution running again was redriven since the event; it still
-//!    needs what it holds (its own release, or the cleanup of its next end, frees it): nothing
-//!    is done.
-//! 2. `GetExecutionHistory` (every page): the locks, and the work's child executions
-//!    (`states:startExecution.sync` tasks).
-//! 3. Fence the execution's run that ended (its redrive count from step 1) and every run before
-//!    it, on every lock: no acquire of those runs lands any more, so what each fence saw held is
-//!    all they will ever hold there. A later run (a redrive) is not fenced: it acquires anew.
-//! 4. `DescribeExecution` again: a redrive between step 1 and the fences may already hold a new
-//!    slot, which must not be freed under its work: if it runs again, nothing is freed (its
-//!    release, or the cleanup of its next end, frees it).
-//! 5. The children: a user's state machine still running is stopped (`StopExecution`; Step
-//!    Functions tries too, best effort). The work-function runner cannot stop the Lambda it
-//!    invoked, so while it runs the answer is `deferred` with `retry_after_seconds`, the slots
-//!    are kept (fenced), and the cleanup state machine asks again. A child whose start was in
-//!    flight when the parent ended is waited for the same way, briefly.
-//! 6. No work running: the core cleanup on every lock frees what the execution holds, and the
-//!    freed slots are handed to the heads of those locks' lines (waiters woken).
-//!
-//! Right after the fences (step 3), the execution is taken out of every line its acquire tasks
-//! may have put it in (F8: a waiter that died while queued; its record is keyed by who it is),
-//! and once its run is fenced it cannot queue again.
-//!
-//! Every status other than the three is answered with a no-op. Duplicate, late and
-//! out-of-order events are harmless: every step is idempotent, a fence refuses acquires that
-//! land after it, and a freed slot is freed once.
-//!
-//! Errors: `SemaphoreInvalidInput` (not such an event; nothing written), `SemaphoreOldFormat` (a
-//! lock's item is of version 1; nothing written to it), `SemaphoreStoreError` and
-//! `SemaphoreStepFunctionsError` (retry: every step is done again, which is harmless).
+//! The locks come from the execution's history (every acquire task's payload, resolved as the
+//! acquire function resolves it), so no list is configured and the event need not carry the
+//! input. A redriven execution that runs again is left alone, and a child still running keeps
+//! the slots (answer `deferred`, asked again) since freeing them would let others in under it.
+//! Every step is idempotent, so duplicated, late and reordered events are harmless.
 
 use std::collections::BTreeMap;
 
@@ -205,7 +172,7 @@ impl CleanupError {
     }
 }
 
-/// "SemaphoreStepFunctionsError: <message>": how the runtime logs a handler's error.
+/// `SemaphoreStepFunctionsError: <message>`: how the runtime logs a handler's error.
 impl std::fmt::Debug for CleanupError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {self}", self.error_type())
@@ -331,9 +298,9 @@ pub fn retry_after_seconds(stopped_ms: Option<u64>, now_ms: u64) -> u64 {
     (RETRY_AFTER_MIN_SECONDS + waited_s / 10).min(RETRY_AFTER_MAX_SECONDS)
 }
 
-/// The locks whose writes failed, with why: the others go on (one lock's failure, e.g. a
-/// version-1 item, must not keep the others from being freed), and the answer is then this
-/// error, so that the state machine retries.
+/// The locks whose writes failed, with why: the others go on (one lock's failure, e.g. an item
+/// of a format this version does not read, must not keep the others from being freed), and the
+/// answer is then this error, so that the state machine retries.
 #[derive(Default)]
 struct Failures(Vec<(LockName, &'static str, HandlerError)>);
 

@@ -17,7 +17,7 @@ use lambda_common::sfn::{Described, Executions, SfnClient, SfnError};
 use lambda_common::Settings;
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use local_aws::counter::RequestCounter;
-use local_aws::legacy::put_version_1_item;
+use local_aws::foreign::{put_foreign_item, FOREIGN_FORMAT};
 use local_aws::names::{id, lock};
 use local_aws::observe::{observe, raw_item};
 use local_aws::sfn::{
@@ -814,31 +814,40 @@ async fn what_is_not_a_status_change_event_is_invalid_input_and_writes_nothing()
     assert_eq!(counter.take().total(), 0, "nothing was asked or written");
 }
 
-/// A version-1 item on one lock: `SemaphoreOldFormat`, the item left as it is, and the other
-/// lock freed anyway.
+/// An item of a foreign format on one lock: `SemaphoreUnknownFormat`, the item left as it is, and
+/// the other lock freed anyway.
 #[tokio::test]
-async fn a_version_1_item_is_the_named_error_and_the_other_locks_are_freed() {
+async fn an_item_of_a_foreign_format_is_the_named_error_and_the_other_locks_are_freed() {
     let w = world().await;
     let parent = w.ended_parent(json!({"lock": "old-lock"})).await;
     let cleanup = w.cleanup();
     let sem = &cleanup.semaphore;
     let (client, table) = (sem.store().client(), sem.store().table());
-    let v1 = put_version_1_item(client, table, "old-lock", &parent, "a0").await;
+    let foreign = put_foreign_item(
+        client,
+        table,
+        "old-lock",
+        &parent,
+        "a0",
+        Some(FOREIGN_FORMAT),
+    )
+    .await;
     take(sem, "orders", &parent, "o1").await;
 
     let err = invoke(&cleanup, event(&parent, "FAILED"))
         .await
         .unwrap_err();
-    assert_eq!(err.error_type, "SemaphoreOldFormat");
+    assert_eq!(err.error_type, "SemaphoreUnknownFormat");
     assert!(
         err.error_message.starts_with(&format!(
             "cleanup of {parent} failed on 1 lock(s), the others were done; retrying is safe: \
-             fencing on lock \"old-lock\": the item for lock \"old-lock\" was written by version 1"
+             fencing on lock \"old-lock\": the item for lock \"old-lock\" is in format 99, not a \
+             format this version reads"
         )),
         "{}",
         err.error_message
     );
-    assert_eq!(raw_item(client, table, "old-lock").await, Some(v1));
+    assert_eq!(raw_item(client, table, "old-lock").await, Some(foreign));
     assert!(holders(sem, "orders").await.is_empty());
 }
 

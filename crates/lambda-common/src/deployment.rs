@@ -1,23 +1,13 @@
 //! Misconfiguration the acquire function refuses by name (`SemaphoreMisconfigured`) before it
 //! writes anything, where it would otherwise become a silent hang or a leak (F12):
 //!
-//! - A caller that is not one of the stack's protected machines (`PROTECTED_STATE_MACHINES`:
-//!   the lock-protected machine, the example, the machines under `ProtectedStateMachinePrefix`).
-//!   Its waiters would never be woken (the functions may send `SendTaskSuccess` only to those
-//!   machines' tasks), and its failures would never be cleaned up (the EventBridge rule matches
-//!   only those machines), so a slot it holds when it fails waits for the sweeper, which judges
-//!   only those machines too.
-//! - A caller that is an Express execution: Step Functions has no `DescribeExecution` or
-//!   `GetExecutionHistory` for Express executions, nor `.waitForTaskToken` (the line), so neither
-//!   the cleanup nor the sweeper could ever tell that it ended.
-//! - Work that is an Express state machine: `DescribeExecution` and `StopExecution` do not apply
-//!   to Express executions, so the cleanup of a parent that ended could neither see nor stop its
-//!   work, and would free the slot under it. The machine's type comes from
-//!   `DescribeStateMachine`, asked once per machine per Lambda instance (a machine's type cannot
-//!   change: it is set when the machine is created).
-//!
-//! Work that is not in the stack's allowed lists is refused already, as `SemaphoreInvalidInput`
-//! (the input names it; `Resolver`).
+//! - a caller that is not one of the stack's protected machines (`PROTECTED_STATE_MACHINES`):
+//!   the functions may wake, clean up and sweep only those machines' executions;
+//! - a caller that is an Express execution: it has no history to clean up from and no
+//!   `.waitForTaskToken` to wait in line with;
+//! - work that is an Express state machine: its end cannot be seen or stopped, so a cleanup
+//!   would free the slot under it. Its type comes from `DescribeStateMachine`, once per machine
+//!   per Lambda instance (it is fixed when the machine is created).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -11,9 +11,9 @@ pub mod error_type {
     /// This acquisition was released, or its execution cleaned up: it can never hold a slot
     /// again. Do not retry with the same acquisition id.
     pub const FENCED: &str = "SemaphoreFenced";
-    /// The lock's item was written by version 1 of this semaphore, whose format version 2 does
-    /// not read: use another lock name or table. Retrying does not help.
-    pub const OLD_FORMAT: &str = "SemaphoreOldFormat";
+    /// The lock's item is in a format this version does not read (another version wrote it):
+    /// nothing was written to it. Retrying does not help; the message says what to do.
+    pub const UNKNOWN_FORMAT: &str = "SemaphoreUnknownFormat";
     /// The table could not be read or written (missing table, throttling, permissions...).
     pub const STORE: &str = "SemaphoreStoreError";
     /// The execution waited longer than the acquire function's `MAX_WAIT_SECONDS` for a slot and
@@ -49,7 +49,7 @@ pub enum HandlerError {
     #[error("{0}")]
     Fenced(String),
     #[error("{0}")]
-    OldFormat(String),
+    UnknownFormat(String),
     #[error("{0}")]
     Store(String),
     #[error("{0}")]
@@ -68,7 +68,7 @@ impl HandlerError {
         match self {
             Self::InvalidInput(m) => (error_type::INVALID_INPUT, Self::InvalidInput, m),
             Self::Fenced(m) => (error_type::FENCED, Self::Fenced, m),
-            Self::OldFormat(m) => (error_type::OLD_FORMAT, Self::OldFormat, m),
+            Self::UnknownFormat(m) => (error_type::UNKNOWN_FORMAT, Self::UnknownFormat, m),
             Self::Store(m) => (error_type::STORE, Self::Store, m),
             Self::WaitTimeout(m) => (error_type::WAIT_TIMEOUT, Self::WaitTimeout, m),
             Self::Misconfigured(m) => (error_type::MISCONFIGURED, Self::Misconfigured, m),
@@ -91,7 +91,7 @@ impl HandlerError {
     }
 }
 
-/// "SemaphoreFenced: <message>": how the runtime logs a handler's error.
+/// `SemaphoreFenced: <message>`: how the runtime logs a handler's error.
 impl std::fmt::Debug for HandlerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.error_type(), self.message())
@@ -111,7 +111,7 @@ impl From<Error> for HandlerError {
             Error::InvalidInput(_) | Error::UnknownLock { .. } | Error::NotIdle { .. } => {
                 Self::InvalidInput(message)
             }
-            Error::Store(StoreError::OldFormat { .. }) => Self::OldFormat(message),
+            Error::Store(StoreError::UnknownFormat { .. }) => Self::UnknownFormat(message),
             Error::Store(_) => Self::Store(message),
         }
     }
@@ -139,14 +139,15 @@ mod tests {
     #[test]
     fn core_errors_map_to_named_error_types() {
         let lock = LockName::new("demo-lock").unwrap();
-        let old = diagnose(Error::Store(StoreError::OldFormat {
+        let foreign = diagnose(Error::Store(StoreError::UnknownFormat {
             lock: "demo-lock".to_owned(),
+            found: Some("99".to_owned()),
         }));
-        assert_eq!(old.error_type, "SemaphoreOldFormat");
+        assert_eq!(foreign.error_type, "SemaphoreUnknownFormat");
         assert!(
-            old.error_message.contains("version 1"),
+            foreign.error_message.contains("is in format 99"),
             "{}",
-            old.error_message
+            foreign.error_message
         );
 
         let store = diagnose(Error::Store(StoreError::TableNotFound {

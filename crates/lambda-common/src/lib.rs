@@ -9,10 +9,8 @@
 //!   and the function's defaults: one set of rules for acquire, release and the cleanup
 //!   function's reading of an ended execution's acquire payloads;
 //! - [`metrics`]: the functions' metrics as CloudWatch embedded-metric-format log lines;
-//! - [`HandlerError`]: the named errors (`SemaphoreInvalidInput`, `SemaphoreFenced`,
-//!   `SemaphoreOldFormat`, `SemaphoreStoreError`, `SemaphoreWaitTimeout`, `SemaphoreExpired`) a
-//!   state machine can
-//!   `Retry` or `Catch`;
+//! - [`HandlerError`]: the named errors a state machine can `Retry` or `Catch` (their names in
+//!   [`error_type`]);
 //! - [`history`], [`sfn`] and [`arn`] (the cleanup function and the sweeper): what an ended
 //!   execution's history says (the locks its acquire tasks asked for, the child executions its
 //!   work ran in), the Step Functions calls behind a trait, and Step Functions ARNs.

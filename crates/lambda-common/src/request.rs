@@ -1,23 +1,9 @@
 //! What an acquire or release payload asks for, resolved against the function's configuration:
 //! the one place that says which lock, limit, acquisition and work a payload is about. The
-//! acquire and release functions use it, and so does the cleanup function, which reads an ended
-//! execution's acquire payloads back from its history ([`Resolver::lock`],
-//! [`Resolver::waiter`]), so all of them agree on the lock an execution took.
-//!
-//! One shape per function:
-//!
-//! - acquire, the payload of a `lambda:invoke.waitForTaskToken` task: `{"request": {"lock",
-//!   "limit", "weight", "rate"}, "execution": $$.Execution.Id, "redrive_count":
-//!   $$.Execution.RedriveCount, "state": $$.State, "task_token": $$.Task.Token}`. Each field of
-//!   `request` is optional (else the function's `DEFAULT_*`); the lock-protected machine passes
-//!   its execution input as the request (`"request.$": "$"`, which may also name the `work`) and
-//!   `"starts_work": true`. The acquisition is `r<redrive_count>`, one per run of the
-//!   execution; the request time is the state's `EnteredTime`, and the attempt its entry time
-//!   and `RetryCount`. Without `task_token` (an Express workflow, any other client) the caller
-//!   polls: `request.lease` (seconds) is required, `request.poll_seconds` (default 60) is how
-//!   long its place in line is kept between two polls, and each poll is a new `RetryCount`;
-//! - release: `{"semaphore": $.semaphore, "error": $.error}`, the acquire answer (which names
-//!   the lock, holder, acquisition and weight) and, after a failure, what the `Catch` caught.
+//! acquire and release functions use it, and so does the cleanup function when it reads an ended
+//! execution's acquire payloads back from its history ([`Resolver::lock`], [`Resolver::waiter`]),
+//! so that all of them agree on the lock an execution took. The payloads' fields and defaults are
+//! in README.md ("Protect your own workflow").
 
 use semaphore_core::{
     AcquisitionId, Attempt, Identity, Limit, LockName, Rate, Run, TaskToken, Terms, WaiterId,

@@ -1,39 +1,14 @@
 //! The release function: frees the slot of one acquisition and fences it, so that a late retry
-//! of the same acquire can never take a slot again. Idempotent. After a failure it also names
-//! the error the execution fails with.
+//! of the same acquire can never take a slot again. Idempotent: one write, no read, and a retry
+//! frees nothing more. A slot freed while others wait is handed to the head of the line
+//! (`lambda_common::HandOffs`); a hand-off that fails is logged, not the release's failure.
 //!
-//! Payload (one shape): `{"semaphore": $.semaphore, "error": $.error}`: the acquire answer,
-//! which names the lock, holder, acquisition and weight, and, after a failure, what the `Catch`
-//! caught (`{"Error", "Cause"}`). Never the execution input: with a failed child's cause (which
-//! carries the child's input) both would pass Step Functions' 256 KiB, a terminal
-//! `States.DataLimitExceeded`. The `weight` is what the release expects to free: the core
-//! checks it, and frees the slot's own weight if it is another (one write more).
-//!
-//! Answer: `{"released": bool, "outcome": "released"|"not_held", "count": n, "lock",
-//! "acquisition", "handed_off", "error", "cause"}`. `error` and `cause` are `null` without
-//! `"error"` in the payload; with it, they are what to fail the execution with:
-//! - `StepFunctions.ExecutionAlreadyExistsException` (a redrive into the work met the child
-//!   execution that already ran, whose slot was freed when the execution ended) becomes
-//!   `SemaphoreRedriveRefused`, with a cause that names the child and says to start a new
-//!   execution;
-//! - a failed child execution (`startExecution.sync:2` fails with `States.TaskFailed` and the
-//!   child's `DescribeExecution` output as JSON in the cause) becomes the child's own error and
-//!   cause;
-//! - anything else is passed on as caught.
-//!
-//! One write, no read (two when the weight it expects is not the slot's): a retried or
-//! duplicated release frees nothing more and only moves the version. When someone waits in line
-//! (the write hands back the lock's `waiting`), the freed slot is then handed to the head of the
-//! line and its execution woken (`lambda_common::HandOffs`); a hand-off that fails is logged and
-//! does not fail the release. Errors: `SemaphoreInvalidInput` (nothing written),
-//! `SemaphoreOldFormat` (nothing written), `SemaphoreStoreError` (retry).
-//!
-//! The release of an acquisition of a redriven run (`r<n>`, n > 0) then also frees what the
-//! earlier runs of its execution hold, with the cleanup's two writes (fence runs 0..n-1, free
-//! what the fence saw; the second only if the first saw a slot): a run redriven into the work
-//! while the first run's child still ran re-attached to that child and worked under the first
-//! run's slot, which its own acquisition's release would leave to the sweeper (a false leak
-//! notice).
+//! Its payload is the acquire answer (`{"semaphore": $.semaphore, "error": $.error}`), never the
+//! execution input: with a failed child's cause both could pass Step Functions' 256 KiB. After a
+//! failure it also names what the execution fails with: the child's own error, or
+//! `SemaphoreRedriveRefused` when a redrive met a child that already ran. The release of a
+//! redriven run (`r<n>`, n > 0) also cleans up the earlier runs, whose child it may have worked
+//! under.
 
 use lambda_common::{
     error_type, metrics, ConfigError, HandOffs, HandlerError, Payload, Resolver, Settings, Target,

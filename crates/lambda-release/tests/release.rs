@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use lambda_common::{child_execution_name, Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use local_aws::asl::{self, Context as Ctx};
-use local_aws::legacy::put_version_1_item;
+use local_aws::foreign::put_foreign_item;
 use local_aws::names::{id, limit, lock};
 use local_aws::observe::{observe, raw_item};
 use local_aws::sfn::{client as sfn_client, create_machine, ended, start, unique};
@@ -751,21 +751,23 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
 }
 
 #[tokio::test]
-async fn a_version_1_item_is_the_named_error_semaphore_old_format_and_nothing_is_written() {
+async fn an_item_without_a_format_is_the_named_error_semaphore_unknown_format_and_nothing_is_written(
+) {
     let sem = semaphore().await;
     let (client, table) = (sem.store().client(), sem.store().table());
-    let v1 = put_version_1_item(client, table, "demo-lock", HOLDER, "r0").await;
+    // The slot this release frees, held in an item of no format.
+    let foreign = put_foreign_item(client, table, "demo-lock", HOLDER, "r0", None).await;
     let err = release(&sem, acquired_state(1)).await.unwrap_err();
-    assert_eq!(err.error_type, "SemaphoreOldFormat");
+    assert_eq!(err.error_type, "SemaphoreUnknownFormat");
     assert!(
         err.error_message
-            .contains("\"demo-lock\" was written by version 1"),
+            .contains("\"demo-lock\" has no format attribute, not a format this version reads"),
         "{}",
         err.error_message
     );
     assert_eq!(
         raw_item(client, table, "demo-lock").await,
-        Some(v1),
-        "the version-1 item is left exactly as it was"
+        Some(foreign),
+        "the item is left exactly as it was"
     );
 }

@@ -1,33 +1,12 @@
 //! The sweeper function, run on a schedule: the safety net for a lost status event (F4) and
 //! anything unforeseen.
 //!
-//! For every holder of every semaphore it asks Step Functions (`DescribeExecution`) whether the
-//! execution still runs. A holder whose execution has ended, or no longer exists, is released
-//! through the same core cleanup as the cleanup function (so it is fenced too); "does not exist"
-//! is believed only of a holder that acquired more than a grace period ago
-//! (`semaphore_core::MISSING_EXECUTION_GRACE_MS`: DescribeExecution is eventually consistent),
-//! unless the work
-//! it ran under the slot still runs: an ended execution's history (`GetExecutionHistory`, read
-//! as the cleanup function reads it) names its child executions, and while one of them runs (a
-//! Lambda function invoked by the work-function runner cannot be stopped, and Step Functions
-//! stops a user's child only on a best-effort basis) the slot is kept for the next sweep. A
-//! slot whose lease passed unrenewed is taken back, whoever holds it (F13). For each slot
-//! reclaimed or taken back an SNS notice goes to `TOPIC_ARN` (its `kind` says which), and every
-//! sweep prints its metrics as
-//! EMF log lines (`lambda_common::metrics`): `ReclaimedSlots`, `LargestItemBytes` and
-//! `OldestWaiterAge` of every lock together (zeros included), and per lock where there is
-//! something to say, the slots reclaimed or taken back (`LeasesTakenBack`) and how long they were
-//! held, the oldest waiter's age,
-//! the dead waiters removed and the hand-offs' grants. The
-//! cost grows with the current holders only (a history is read for ended holders only).
-//!
-//! Input: any JSON (the schedule's event). Answer: `{"locks": n, "largest_item_bytes": n,
-//! "largest_item_lock": name or null, "holders_checked": n, "reclaimed": n, "taken_back": n, "kept_not_found": n, "waiters_checked":
-//! n, "waiters_removed": n, "woken": n, "notices_published": n, "errors": [..]}`; a holder that
-//! could not be checked or a notice that could not be published is listed in `errors` and does
-//! not fail the sweep. The lines are visited from the same read of the table: only the locks
-//! someone waited on then are queried.
-//! Errors: `SemaphoreStoreError` when the table cannot be read.
+//! Every holder whose execution has ended (`DescribeExecution`), or has not existed for longer
+//! than `semaphore_core::MISSING_EXECUTION_GRACE_MS` (the API is eventually consistent), is
+//! cleaned up as the cleanup function does, unless its work (a child execution named in the
+//! history) still runs. A slot whose lease passed unrenewed is taken back (F13). Each slot
+//! reclaimed or taken back is one SNS notice; metrics are EMF lines (`lambda_common::metrics`).
+//! A holder that cannot be checked is listed in the answer's `errors`, not a failed sweep.
 
 pub mod notice;
 

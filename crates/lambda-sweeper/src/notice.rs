@@ -83,7 +83,7 @@ impl Notice {
     }
 }
 
-/// "Semaphore slot reclaimed: <lock>", made a valid SNS subject: characters outside printable
+/// `Semaphore slot reclaimed: <lock>`, made a valid SNS subject: characters outside printable
 /// ASCII become '?', and a long one is cut to [`MAX_SUBJECT_CHARS`] ending in "...".
 pub fn subject(lock: &str) -> String {
     let text: String = format!("Semaphore slot reclaimed: {lock}")

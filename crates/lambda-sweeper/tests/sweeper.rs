@@ -15,7 +15,7 @@ use lambda_common::Settings;
 use lambda_runtime::{Context, LambdaEvent};
 use lambda_sweeper::{ArnPatterns, Notice, SfnExecutions, Sweeper};
 use local_aws::counter::RequestCounter;
-use local_aws::legacy::put_version_1_item;
+use local_aws::foreign::{put_foreign_item, FOREIGN_FORMAT};
 use local_aws::names::id;
 use local_aws::observe::{assert_consistent, observe, raw_item};
 use local_aws::sfn::{
@@ -724,10 +724,10 @@ async fn sweeps_rotate_the_fences_of_a_lock_that_went_quiet() {
     );
 }
 
-/// Version 2 does not read version 1's items: the sweep names such an item in its errors, leaves
-/// it exactly as it is (its holders are not judged), and sweeps every other lock.
+/// An item of a format this version does not read: the sweep names it in its errors, leaves it
+/// exactly as it is (its holders are not judged), and sweeps every other lock.
 #[tokio::test]
-async fn a_version_1_item_is_reported_and_left_alone_and_the_other_locks_are_swept() {
+async fn an_item_of_a_foreign_format_is_reported_and_left_alone_and_the_other_locks_are_swept() {
     let local = local().await;
     let table = fresh_table().await.table().to_owned();
     let sweeper = local.sweeper(&table);
@@ -736,7 +736,15 @@ async fn a_version_1_item_is_reported_and_left_alone_and_the_other_locks_are_swe
         "arn:aws:states:{ACCOUNT_REGION}:execution:{}:never-started",
         local.machine_name
     );
-    let v1 = put_version_1_item(sem.store().client(), &table, "old-lock", &gone, "g0").await;
+    let foreign = put_foreign_item(
+        sem.store().client(),
+        &table,
+        "old-lock",
+        &gone,
+        "g0",
+        Some(FOREIGN_FORMAT),
+    )
+    .await;
     take_past_grace(sem, "demo-lock", &gone, "g1").await;
 
     let summary = sweeper.sweep().await.unwrap().summary;
@@ -746,13 +754,13 @@ async fn a_version_1_item_is_reported_and_left_alone_and_the_other_locks_are_swe
     assert_eq!(summary.reclaimed, 1);
     assert_eq!(summary.errors.len(), 1, "{:?}", summary.errors);
     assert!(
-        summary.errors[0].starts_with("the item for lock \"old-lock\" was written by version 1"),
+        summary.errors[0].starts_with("the item for lock \"old-lock\" is in format 99"),
         "{:?}",
         summary.errors
     );
     assert_eq!(
         raw_item(sem.store().client(), &table, "old-lock").await,
-        Some(v1)
+        Some(foreign)
     );
     let demo = sem
         .status(&LockName::new("demo-lock").unwrap())

@@ -350,11 +350,13 @@ impl Observed {
         held.chain(self.started_at).collect()
     }
 
-    /// What is inconsistent in this read, if anything (S1 and the item's own bookkeeping): it
-    /// is malformed or neither format 5 nor a gate's; a lease is not a holder's; a holder's weight is not 1 to 10,000, or its token is one
-    /// the version has not reached, or shared with another (every write bumps the version and
-    /// a token is the version its acquire made); `used` is not the sum of the holders' weights
-    /// or `held_bytes` not the bytes of their entries; with `limit`, that sum is above it.
+    /// What is inconsistent in this read, if anything (S1 and the item's own bookkeeping): it is
+    /// malformed or of neither format (5, or a gate's 6); a lease is not a holder's; a holder's
+    /// weight is not 1 to 10,000, or its token is one the version has not reached (on a read as
+    /// of one moment), or shared with another (every write bumps the version and a token is the
+    /// version its acquire made); `used` is not the sum of the holders' weights, `held_bytes` not
+    /// the bytes of their entries, or a gate's count not its held holdings; with `limit`, that
+    /// sum is above it.
     pub fn problem(&self, limit: Option<u64>) -> Option<String> {
         if let Some(first) = self.malformed.first() {
             return Some(first.clone());
@@ -565,7 +567,7 @@ mod tests {
             .problem(None)
             .unwrap()
             .contains("share token 5"));
-        // An item of no format this version writes.
+        // An item without a format.
         let mut old = ours("7", &[], "0");
         old.remove("format");
         assert!(decode(&old)

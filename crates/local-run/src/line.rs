@@ -210,8 +210,8 @@ pub struct LineReport {
     pub transitions_waiting: usize,
     pub waiting_minutes: f64,
     pub transitions_per_waiting_minute: Option<f64>,
-    /// What version 1's polling (3 transitions a poll, jittered waits of 1 to 5 s growing by a
-    /// second per minute waited, up to 15 s) would have cost for the same waits.
+    /// What waiting by polling (3 transitions a poll, jittered waits of 1 to 5 s growing by a
+    /// second per minute waited, up to 15 s) would cost for the same waits: what the line saves.
     pub polling_transitions: f64,
     pub polling_transitions_per_waiting_minute: Option<f64>,
     /// Each granted waiter's (lock, wait in s) and each hand-off's (lock, latency in ms): the
@@ -222,7 +222,7 @@ pub struct LineReport {
     pub hand_offs_ms: Vec<(usize, i64)>,
 }
 
-/// Expected transitions of version 1's polling over a wait of `seconds`: 3 per poll, each wait
+/// Expected transitions of waiting by polling over `seconds`: 3 per poll, each wait
 /// uniform in 1..=min(15, 5 + minutes waited) (its mean (1 + upper) / 2).
 pub fn polling_transitions(seconds: f64) -> f64 {
     let (mut t, mut polls) = (0.0, 0.0);

@@ -39,7 +39,6 @@ pub enum Protocol {
     /// This project: versioned, fenced conditional writes, cleanup machine and sweeper.
     Versioned,
     /// TEST-ONLY: the original AWS sample's protocol, to show the leak it has.
-    #[value(alias = "reference")]
     Sample,
 }
 
@@ -142,9 +141,8 @@ pub struct Args {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Which protocol to run. `sample` (old name `reference`) is a TEST-ONLY mode: the original
-    /// AWS sample's protocol, run directly against the same local table and chaos, to show its
-    /// leak.
+    /// Which protocol to run. `sample` is a TEST-ONLY mode: the original AWS sample's protocol,
+    /// run directly against the same local table and chaos, to show its leak.
     #[arg(long, value_enum, default_value_t = Protocol::Versioned)]
     pub protocol: Protocol,
     /// Instances of the acquire function (Lambda concurrency).
@@ -605,11 +603,8 @@ mod tests {
         // A weight that fits no limit of a lock is refused up front.
         let unfit = Args::parse_from(["local-run", "--weights", "3,4", "--locks", "a:5,b:2"]);
         assert!(unfit.validate().is_err());
-        // The sample's mode under its old name too, so that old commands still work.
-        for name in ["sample", "reference"] {
-            let args = Args::parse_from(["local-run", "--protocol", name]);
-            assert_eq!(args.protocol, Protocol::Sample);
-        }
+        let sample = Args::parse_from(["local-run", "--protocol", "sample"]);
+        assert_eq!(sample.protocol, Protocol::Sample);
         let calm = Args::parse_from(["local-run", "--calm"]);
         assert_eq!(calm.shares().1, 0.0);
         assert_eq!(calm.event_chaos().drop, 0.0);

@@ -820,8 +820,8 @@ impl Report {
                 "waiting cost",
                 format!(
                     "{} transitions over {:.1} waiter-minutes: {} per waiting minute (attempts \
-                     of the acquire state after the first: checks and retries); version 1's \
-                     polling would have made {:.0}: {} per waiting minute",
+                     of the acquire state after the first: checks and retries); polling in \
+                     a Wait loop would have made {:.0}: {} per waiting minute",
                     l.transitions_waiting,
                     l.waiting_minutes,
                     per(l.transitions_per_waiting_minute),

@@ -1,37 +1,15 @@
 //! Leases, model-checked (F13): a small world of holders whose end nobody can see (Express
 //! executions, Lambda functions, containers), each taking a slot of one lock under a lease that
-//! its heartbeats renew.
+//! its heartbeats renew, and taking back, when told "full", the leases that passed more than the
+//! clock skew ago by its own clock. Every write is the core's and is in flight until it lands,
+//! at any later step; some holders' clocks are a skew ahead, the worst case the skew allows.
 //!
-//! `K` holders (`h-1` ... `h-K`, weight 1, limit `L`) each: **acquire** with a lease of
-//! `lease` ticks (the core's [`protocol::acquire`], decided at the holder's clock when sent; a
-//! Step Functions or client retry may send a second attempt of the same acquisition while the
-//! first is still in flight); told "full", it **takes back** the slots whose lease ended more
-//! than the clock skew ago by its own clock ([`protocol::take_back`], a write of its own, then the
-//! acquire again, as `Semaphore::acquire` does), or asks again later; holding, it **works**,
-//! **heartbeats** ([`protocol::heartbeat`], a bounded number of times), and **releases**
-//! ([`protocol::release`], and what [`protocol::released`] calls for). Every write is in flight
-//! from when it is decided until it lands, at any later step, in any order. The clock moves on by
-//! one tick at any moment (a bounded number of times). Each holder's clock is off true time by
-//! 0 or by the skew (`h-2` ahead, the others on time: the one taking back ahead of the one whose
-//! lease it reads is the worst case the skew allows), and every holder decides by its own clock.
-//!
-//! A holder believes its lease ends a lease after it *sent* the request that set it (its
-//! acquire, or its last heartbeat answered `Renewed`): what a client must do, since a write can
-//! land later than it was sent. It works only while its own clock is within that belief; a
-//! heartbeat answered `Lost` ends it.
-//!
-//! Checked in every state:
-//! - **S1 (leases)**: the holders that believe their lease runs, by their own clocks, weigh at
-//!   most the limit together; and the item's `used` is the sum of the holders' weights, at most
-//!   the limit, and every lease in the item is a holder's;
-//! - **S3**: no acquisition that was taken back or released holds a slot again.
-//!
-//! Broken variants, each caught: a take-back that does not fence the acquisitions it takes
-//! (`take-back-without-fence`: a retried acquire still in flight lands after it, S3); a
-//! heartbeat without its checks (`heartbeat-without-check`: it renews a lease already taken
-//! back, and its holder goes on working beside the new one, S1); a take-back that ignores the
-//! clock skew (`take-back-without-skew`: a writer whose clock is ahead takes a lease its holder
-//! still believes in, S1).
+//! A holder believes its lease ends a lease after it *sent* the request that set it (a write can
+//! land later than it was sent), and works only while its own clock says so. Checked in every
+//! state: S1 (those who believe they hold weigh at most the limit; `used` is the holders'
+//! weights; every lease is a holder's) and S3 (no acquisition taken back or released holds
+//! again). Its broken variants (a take-back without a fence, a heartbeat without its checks, a
+//! take-back that ignores the skew) are each caught.
 
 use std::fmt;
 use std::hash::Hash;

@@ -93,16 +93,14 @@ pub enum Variant {
     CleanupIgnoresRedrive,
     /// Cleanup (and the sweeper) ask whether the execution runs only before the fence, then
     /// free whatever the fence saw: an incarnation redriven between the question and the fence
-    /// may take a slot the fence sees and frees, while it works (S1). This is the order of the
-    /// issue-10 cleanup spec (DescribeExecution, then fence, then `Semaphore::cleanup`) and of
-    /// `Semaphore::sweep` (describe, then `cleanup`); the real variant asks again once the fence
-    /// has landed, before freeing.
+    /// may take a slot the fence sees and frees, while it works (S1). Hence the real cleanup
+    /// (and `Semaphore::sweep`) asks again once the fence has landed, before freeing.
     CleanupChecksRunningOnlyBeforeFence,
-    /// One execution fence for every run, as before runs were told apart: a redriven run's
-    /// acquire is refused while the fence of an earlier run's cleanup stands (answered
-    /// "redriven": it waits for the fence to rotate out), and the cleanup of its own end adds
-    /// the same key again, which keeps the age of the first. A rotation then drops it a window
-    /// too early for an acquire the redriven run requested after the first fence (S3).
+    /// One execution fence for every run, runs not told apart: a redriven run's acquire is refused
+    /// while the fence of an earlier run's cleanup stands (answered "redriven": it waits for the
+    /// fence to rotate out), and the cleanup of its own end adds the same key again, which keeps
+    /// the age of the first. A rotation then drops it a window too early for an acquire the
+    /// redriven run requested after the first fence (S3).
     OneFenceForEveryRun,
     /// The release's write without its check that the slot is held with the weight it
     /// subtracts (as a naive `REMOVE holder ADD used -weight` would be): a release of an
@@ -114,13 +112,12 @@ pub enum Variant {
     /// (F14): an execution that asks for its own, higher limit of a lock its operator
     /// configured lower takes a slot on its own terms, past the configured limit (S1).
     AcquireIgnoresConfiguration,
-    /// The release of a redriven run frees only that run's own acquisition (as before issue 18,
-    /// item 9). A run redriven into the protected work while the first run's child still runs
-    /// re-attaches to it (`StartExecution` of a running execution's name and input returns that
-    /// execution) and works under the first run's slot; the cleanup of the first run, finding
-    /// the execution running again, leaves that slot to it, but its release frees only its own
-    /// (nothing): the execution succeeds still holding the first run's slot, which only the
-    /// sweeper frees, with a leak notice (S2).
+    /// The release of a redriven run frees only that run's own acquisition. A run redriven into the
+    /// protected work while the first run's child still runs re-attaches to it (`StartExecution` of
+    /// a running execution's name and input returns that execution) and works under the first run's
+    /// slot; the cleanup of the first run, finding the execution running again, leaves that slot to
+    /// it, but its release frees only its own (nothing): the execution succeeds still holding the
+    /// first run's slot, which only the sweeper frees, with a leak notice (S2).
     ReleaseFreesOnlyItsRun,
     /// A gate lock's tombstones are dropped at any moment, with no rotation to make the late
     /// attempts of their acquisitions expire first (as a TTL on the holding items alone would):

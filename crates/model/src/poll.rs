@@ -1,116 +1,14 @@
-//! Pollers, model-checked (issue #27, items 4 and 5): a waiter that cannot park on a task token
-//! (an Express workflow, a Lambda function, any client) waits in the same line as parked
-//! executions, keeps its place by polling, and holds its slot under a lease.
+//! Pollers, model-checked: a waiter that cannot park on a task token (an Express workflow, a
+//! Lambda function, any client) waits in the same line as parked executions, keeps its place by
+//! polling, and holds its slot under a lease. That needs both the lease world's clocks and the
+//! queue world's step-by-step Lambdas, so pollers get a world of their own built from the two:
+//! a holder of the one slot, a poller that may stop polling for ever at any point, and a parked
+//! execution that may be stopped, some clocks a skew ahead. Every write is the core's.
 //!
-//! The lease world ([`crate::lease`]) has clocks and leases but no line; the queue world
-//! ([`crate::queue`]) has the line but no clock. Pollers need both, so they get a world of
-//! their own, built from the two: the lease world's clocks (one tick is the lease, the poll
-//! window and the clock skew; some writers' clocks are a skew ahead) and the queue world's
-//! step-by-step Lambdas (one request per step, so that every other request may come between
-//! two of them, a write decided with its writer's clock at the end of one step landing at its
-//! next).
-//!
-//! # The world
-//!
-//! One lock of limit 1, and three holders of weight 1:
-//!
-//! - **`holder`** (a standard execution) holds the slot from the start, and releases it at any
-//!   moment (its release function then hands off, if anyone waits).
-//! - **`poller`** (an Express execution) asks, then polls: each poll is an invocation of the
-//!   acquire function (its `take` and `check`, step by step, as for a parked execution) with a
-//!   lease, without a task token, and a larger `RetryCount`. It acquires (with its lease; told
-//!   "full", it takes back the slots whose lease passed, as `Semaphore::acquire_seeing` does,
-//!   and acquires again); refused, it reads its record in line: not there, it queues
-//!   ([`Waiter::polling`], its place the time it first asked, its record alive until a poll
-//!   window after the function's clock when it built it); there from an earlier poll, it renews
-//!   it ([`protocol::repark`] with `Wakeup::Poll`), keeping its place; then it hands off, and
-//!   answers "busy" (or the slot, if its own hand-off granted it). A poll that finds its slot
-//!   held (granted meanwhile) answers `already_held`. Holding, it works and releases. It may
-//!   **stop polling for ever** at any point (it dies: in line, holding, or between its grant and
-//!   the poll that would find it); a poll already running goes on as a zombie. It polls a
-//!   bounded number of times.
-//! - **`exec`** (a standard execution) parks on its acquire task (token 0): its acquire
-//!   function acquires, or queues it (`Wakeup::Task`) and hands off; a hand-off that grants it
-//!   wakes it (`SendTaskSuccess`), and it works and releases. It may be stopped while it waits
-//!   (in line, or granted and not yet woken) once its acquire function has returned (a death
-//!   that races its own function is the queue world's); its cleanup event is delivered at any
-//!   later step (fence, out of line, free, hand-off).
-//! - Both ask before the clock first moves, in either order: their places in line are the
-//!   order they asked in. Every write they send lands at any later step, at any tick.
-//! - **hand-offs** ([`Semaphore::hand_off`](semaphore_core::Semaphore::hand_off)), one request
-//!   per step: read the lock; read the head; a poller whose record's time ran out more than the
-//!   clock skew ago (by the hand-off's clock) is taken out of line ([`protocol::leave_stopped`],
-//!   on the check that its record is the one judged: a poll that renewed it first keeps its
-//!   place); a head that does not fit takes back the leases that passed (or stops); else the
-//!   grant ([`protocol::grant`], which sets a poller's lease from the hand-off's clock) lands;
-//!   read the lock; a parked execution is woken (a failed wake-up: `DescribeExecution`, and the
-//!   cleanup of an ended one's run); a poller has nothing to wake: it finds its slot at its next
-//!   poll.
-//! - **the clock** moves on by a tick at any moment (a bounded number of times). The poller's
-//!   functions and the holder's release run on true time; the parked execution's functions and
-//!   the sweeper run a clock skew ahead (a judge of a record or a taker of a lease whose clock
-//!   is ahead of the writer's is the worst case the skew allows).
-//!
-//! Every write is the core's (`acquire`, `take_back`, `enqueue`, `repark`, `grant`,
-//! `leave_stopped`, `leave`, `release`, `release_unheld`, `cleanup_fence`, `cleanup_free`),
-//! landed with [`Write::apply_with`] on the lock's item and line, and every answer is the core's
-//! reading of it. A unit test runs the step-by-step hand-off alone from the states a small
-//! world reaches, by a writer on time and one a skew ahead, and compares it with the core's
-//! `Semaphore::hand_off` on a memory store (the same item, versions included, and line).
-//!
-//! **What a poller must do.** It keeps its place by polling within its poll window: its
-//! renewal must *land* before its record's time runs out (a poller that polls later may be
-//! taken out of line, and comes back, at the same place, with its next poll). The model lets it
-//! be late, and marks it so (`late`): a tick passes while it waits for its slot with its record
-//! (as it last wrote it) past its time, or a record of it lands with its time run out already.
-//! To find a slot a hand-off granted it, it must poll again within its lease (a poll window
-//! longer than the lease loses the slot to a take-back, and the poller is fenced:
-//! `poll_ticks: 2` shows it). Holding, it counts its lease from when it sent the request that
-//! set it: its own acquire, or, for a slot a hand-off granted it (which it learns as
-//! `already_held` at a later poll), its previous poll: the grant landed after that poll's
-//! acquire was refused, so after it was sent (the answer does not say when the grant set the
-//! lease).
-//!
-//! # Properties
-//!
-//! In every state:
-//! - **S1**: the holders' weights add up to at most the limit and to the stored `used`;
-//!   `waiting` is the number of records in line; every lease is a holder's; and those who work
-//!   believing they hold (the holder, the parked execution while it works, the poller while
-//!   its lease runs by its own clock) are at most the limit.
-//! - **S2 (leases)**: every slot the poller holds carries a lease: nobody can see its end, and
-//!   only the lease frees the slot if it stops.
-//! - **S3**: no acquire, queue write or grant of an acquisition lands after its release, the
-//!   take-back of its lease, or the fence of its run.
-//! - **L2**: no acquire lands while someone is in line; every grant lands for the head of the
-//!   line (but for waiters whose queue write landed after the hand-off read the head); a live
-//!   waiter leaves the line only with its grant (a parked execution that runs, a poller that
-//!   polls in time); and a poller's record is taken out of line as stopped only if, as it is
-//!   when the removal lands, its time ran out more than the clock skew before by the remover's
-//!   clock (a poll that renewed it first keeps its place).
-//! - **F8 (pollers)**: a hand-off does not grant a poller whose record's time had run out more
-//!   than the clock skew before, by the hand-off's clock: a dead waiter it can recognise is
-//!   skipped (a grant would keep the slot from everyone behind it for a whole lease).
-//! - **L1**: no live holder that polls in time (or a running parked execution) is refused
-//!   ("fenced"); no release or free is refused `MAX_ROUNDS` times.
-//!
-//! In every quiet state (nothing running, nothing pending, nobody working: only polls and the
-//! parked execution's fallback timeout left):
-//! - **F8**: the parked execution does not sleep at the head of the line with the slot free.
-//! - **S2 and L1**: time passes beyond every lease and poll window (a live poller polls right
-//!   after), the sweeper runs (takes back passed leases, takes stopped pollers and ended
-//!   executions out of line, hands off), and everyone runs to completion; then a poller that
-//!   stopped holds nothing and is not in line, and every live holder has finished, within a few
-//!   rounds.
-//!
-//! States are identified up to what nothing reads any more: the version and fencing tokens of
-//! the item, of what the invocations last read only what they will use of it, the moments of
-//! the parked execution's decisions (none of its writes depends on its clock), and all about a
-//! holder that is gone; a test explores small worlds both ways and compares the verdicts.
-//!
-//! Not covered here: heartbeats and retried acquires of a holder (the lease world), parked
-//! tasks' timeouts, crashes and lost events (the queue world), weights, rates, fence rotations,
-//! the acquire function's wait budget, several pollers.
+//! Checked: S1, S2 for leases, S3, L1, L2 and F8 for pollers (a hand-off skips a poller it can
+//! tell is gone) in every state, and in every quiet state that a stopped poller ends up holding
+//! nothing and out of line. The world, the properties, what a poller must do and what is not
+//! covered are described in README.md ("Pollers (`model-check --pollers`)").
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};

@@ -1,122 +1,15 @@
-//! The waiting line, model-checked: a small world of executions that wait in one lock's line,
-//! driving the core's real queue writes.
+//! The waiting line, model-checked: `K` executions of their own weights wait in one lock's line
+//! through the acquire function (acquire; refused, check their record or queue, then hand off),
+//! work and release, while deaths, crashes of a Lambda between two requests, early task timeouts
+//! and lost cleanup events happen a bounded number of times. Every write is the core's own,
+//! landed with [`Write::apply_with`]; the hand-off's and the acquire function's control flow are
+//! restated one request per step, so that every other request may come between two of them.
 //!
-//! # The world
-//!
-//! `K` executions (`exec-1` ... `exec-K`, one acquisition each, their first run, each of its own
-//! weight: by default 1, 2, 1 on a limit of 2) contend for one lock of limit `L`, each through
-//! its one acquire state (a `.waitForTaskToken` task of the acquire function) and then its work
-//! and its release:
-//!
-//! - **the acquire state**: the execution parks on its task (token 0) from the start, and the
-//!   acquire function, invoked with that token, first **acquires** ([`protocol::acquire`]: one
-//!   write and no read; a slot, and it completes its own task; its own slot held already, the
-//!   same). Refused as full (the weight does not fit, or someone, maybe itself, waits in line),
-//!   it **checks** its record in line (a read: its record is keyed by who it is); found with an
-//!   earlier attempt's token, it keeps the place with its own ([`protocol::repark`]) and hands
-//!   off; found with its own, it hands off; found with a later attempt's, its task is over. Not
-//!   in line, it **queues** ([`protocol::enqueue`], at the attempt's entry time: each
-//!   execution's first attempt at its own millisecond, `exec-1` first, every later attempt after
-//!   them; `Free`: acquires directly; `AlreadyQueued`: another attempt queued it, it checks
-//!   again; `AlreadyHeld`: completes its own task; a direct acquire told "full" queues again, at
-//!   most three rounds, then answers `SemaphoreExpired`, which the state catches into itself: a
-//!   new attempt), then hands off (a slot may have been freed between "full" and "queued", F8).
-//!   Every write lands at any later step. Every order of places against every order of
-//!   landings is a renaming of one explored here.
-//! - **parked**: until a hand-off wakes it (`SendTaskSuccess` with the token in its record), or
-//!   its task times out: the state's Catch enters it again, a new attempt with a new token, whose
-//!   function checks as above. A crashed acquire function is retried the same way (a new attempt,
-//!   a new token, as AWS gives every attempt of a callback task).
-//! - **work**, then **release** ([`protocol::release`] of its weight; refused, the write the
-//!   core's [`protocol::released`] calls for, [`protocol::release_unheld`] or the release again,
-//!   one write per step, at most `MAX_ROUNDS`), then a hand-off if its write saw anyone waiting;
-//!   the execution succeeds when its release task returns.
-//! - **hand-off** ([`Semaphore::hand_off`](semaphore_core::Semaphore::hand_off)), one request per
-//!   step: read the lock; read the head (stop if its weight does not fit the weight held as last
-//!   read: nobody passes it); the grant ([`protocol::grant`]) lands; read the lock (the
-//!   slot's token); wake; on a failed wake `DescribeExecution`: ended → the cleanup of its run
-//!   ([`protocol::cleanup_fence`], [`protocol::cleanup_free`]) and on, running → it keeps the slot
-//!   ("parked"); a grant refused as moved → on from the lock it was refused on; dead or holding →
-//!   [`protocol::leave`] and on; no slot → stop.
-//! - **deaths**: an execution may be stopped at any point (a bounded number), also while queued,
-//!   parked or between its grant and its wake-up; its Lambdas keep running as zombies, its task
-//!   tokens no longer wake anything. Ending (stopped, or failed) emits a cleanup event, which is
-//!   delivered at any later step or lost (a bounded number). The **cleanup** fences the run,
-//!   takes it out of line if it is there (its acquire tasks name it), frees what the fence
-//!   saw, and hands off if it freed a slot while someone waits.
-//! - **crashes** (a bounded number): a Lambda that acquires, releases or cleans up stops between
-//!   two of its requests, e.g. between a grant landing and its wake-up (a lost wake-up). As the
-//!   state machines say: a crashed release fails the execution; a crashed acquire function
-//!   whose task is current is retried (a new attempt); a crashed cleanup is not retried.
-//! - **early timeouts** (a bounded number): a parked task times out at any moment, also while
-//!   its function still runs or a wake-up is on its way (the old token then fails).
-//!
-//! Every write is the core's own, landed with [`Write::apply_with`] on a copy of the lock's item
-//! and its line (exactly what the memory store does), and every answer is the core's reading of
-//! the result ([`protocol::acquired`], [`protocol::queued`], [`protocol::granted`],
-//! [`protocol::was_queued`], ...). The hand-off's and the acquire function's control flow are
-//! restated step by step (they are async code over several requests), from
-//! `Semaphore::hand_off` and `lambda-acquire`'s `take` and `check`.
-//!
-//! Faults are bounded, and everything else is not: a parked execution's timeout, and the check
-//! it makes, is what heals a lost wake-up, so it must always come eventually. Explored steps
-//! include the bounded early timeouts; in a *stable* state (nothing in flight, nothing pending,
-//! nobody working: only timers left) the liveness check fires the remaining timeouts itself
-//! (see below).
-//!
-//! # Properties
-//!
-//! In every reachable state:
-//! - **S1**: the weights held add up to at most `L`, and the stored sum (`used`) equals them;
-//!   the stored count of waiters (`waiting`) equals the records in line; every execution doing
-//!   its work holds a slot.
-//! - **S3**: no acquire, queue write or grant of an execution lands after a release of it or a
-//!   fence of its run (by a cleanup, or a hand-off freeing a dead waiter's grant) has landed.
-//! - **L2**: no acquire lands while someone is in line; a live execution keeps the place it
-//!   was first queued at (no queue write of it lands a second time: its record leaves the line
-//!   only with a grant, or dead); and every grant lands for the head of the line, except that
-//!   waiters whose record landed after the hand-off read the head (their queue write was late)
-//!   may be ahead of it by then. With `strict_order` that exception is
-//!   dropped: every grant must go to the head of the line at the moment it lands. The real
-//!   protocol does not meet that (a place is the time a waiter first asked, so a late queue write
-//!   lands ahead of waiters already in line, and a grant already on its way passes it): the
-//!   strict check shows that trace.
-//! - **L1** (a live execution is never refused): no live execution's acquire, queue write or
-//!   direct acquire is answered "fenced"; no release or free is refused `MAX_ROUNDS` times.
-//!
-//! In every stable state:
-//! - **F8, dead grants**: no slot is held by an execution that was granted it after it had
-//!   ended, unless the hand-off that granted it crashed before dealing with it: the hand-off
-//!   frees grants to the dead itself, without the sweeper. (A slot an execution held when it
-//!   died, or took afterwards through a zombie request, is its cleanup's, and, if that event was
-//!   lost, the sweeper's.)
-//! - **F8, no sleeping through a free slot**: unless the design relies on a later check (a
-//!   crash), every parked execution is in line with its current task token, holds no slot (no
-//!   lost wake-up), and the head of the line does not fit (a light waiter behind a heavy head
-//!   waits too: L2). An early timeout is no excuse: the check it makes must leave the record
-//!   with the new attempt's token and move the line.
-//! - **L1, no stall**: the timeouts of the parked executions, fired in turn (each check run
-//!   to completion, no more faults), let every live execution finish its work. Only where the
-//!   design leaves a slot to the sweeper (an execution that held it when it died, or took it
-//!   through a zombie request, or whose granting hand-off crashed, with its cleanup lost or cut
-//!   short) does the check run one sweep (the sweeper's cleanup of every ended execution that
-//!   holds a slot or a place, then a hand-off) before re-checking again.
-//!
-//! The sweeper is in the world only there, and only for what the design leaves to it: without
-//! it (`sweeper: false`) a holder stopped with its cleanup event lost stalls the line, which the
-//! check finds.
-//!
-//! States are identified up to what nothing reads any more: the version and fencing tokens in
-//! the item, and everything about an execution that is gone (see `QueueWorld::identify`); a
-//! test explores small worlds both ways and compares the verdicts. Executions are not renamed:
-//! their places in line tell them apart. A unit test runs the step-by-step hand-off alone from
-//! thousands of reachable states and compares it with the core's `Semaphore::hand_off` on a
-//! memory store holding the same item and line.
-//!
-//! Not covered here: start rates (no waiter has one), time (no horizon expires, no fence
-//! rotates: the main world checks those), lost writes (the main world), `MaxWaitSeconds` and the
-//! check budget, store and `DescribeExecution` errors, throttled wake-ups of live waiters other
-//! than by a stale token, redrives, several locks.
+//! Checked in every state: S1, S3, L1 and L2 (no acquire ahead of the line; every grant to the
+//! head, but for a late queue write). In every stable state (only timers left): F8 (no grant to
+//! the dead kept, no parked execution sleeping through a free slot) and that the timeouts let
+//! every live execution finish (L1). The world, the properties and what is not covered are
+//! described in README.md ("The waiting line (`model-check --queue`)").
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};

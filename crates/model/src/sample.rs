@@ -3,11 +3,11 @@
 //! server in `crates/local-aws/src/sample.rs`.)
 //!
 //! One item per lock, created up front with `count = 0`: a counter plus one attribute per
-//! holding execution. Acquire is one `UpdateItem` "SET count = count + 1, holder:<exec>"
+//! holding execution. Acquire is one `UpdateItem` `SET count = count + 1, holder:<exec>`
 //! conditioned on `count < limit AND attribute_not_exists(holder:<exec>)`; when the condition
 //! fails the state machine reads the item to see whether the execution already holds it, and
-//! otherwise waits and tries again. Release is one `UpdateItem` "SET count = count - 1 REMOVE
-//! holder:<exec>" conditioned on `attribute_exists(holder:<exec>)`. Cleanup reads the item and,
+//! otherwise waits and tries again. Release is one `UpdateItem` `SET count = count - 1 REMOVE
+//! holder:<exec>` conditioned on `attribute_exists(holder:<exec>)`. Cleanup reads the item and,
 //! if the execution is a holder, sends the release update. No version, no fence, no sweeper.
 
 use crate::hash::hash_one;

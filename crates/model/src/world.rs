@@ -1,78 +1,16 @@
 //! The world the protocol runs in: executions driven by the lock-protected state machine, their
 //! Lambda attempts (with Step Functions retries, deaths and zombies), DynamoDB requests that land
-//! arbitrarily late or are lost, cleanup events that are lost, duplicated or reordered, and a
-//! sweeper. Which protocol decides what each request does is a [`Protocol`]: the product's (the
-//! core's real transitions and conditional put) or the original AWS sample's.
+//! arbitrarily late or are lost, cleanup events that are lost, duplicated or reordered, a
+//! sweeper, a clock, fence rotations and redrives. Which protocol decides what each request does
+//! is a [`Protocol`]: the product's (the core's real transitions) or the original AWS sample's.
 //!
-//! Each step of the world is one atomic thing happening at DynamoDB, or one decision of Step
-//! Functions, EventBridge or an execution:
-//!
-//! - an attempt (one Lambda invocation) advances: it sends its write (or its read, for the
-//!   sample), or its write in flight lands, at any later step and in any order with every other
-//!   request; a cleanup sends its second write when its first has landed; a release or free
-//!   refused sends the write the refusal calls for, as a step of its own;
-//! - a write in flight is lost (the attempt ends with an error);
-//! - Step Functions retries an attempt (a timeout or a lost response): the old attempt keeps
-//!   running as a zombie and a new one starts with the same acquisition id;
-//! - an execution finishes its work and calls release (or its work fails and it releases, then
-//!   fails), or dies at any point, leaving its attempts running as zombies;
-//! - a cleanup event (emitted when an execution dies or fails) is delivered (its cleanup reads at
-//!   once), lost or duplicated; events are delivered in any order and arbitrarily late;
-//! - the sweeper lists the lock and then cleans up the holders whose execution has ended (as
-//!   `DescribeExecution` would say at that moment); its cleanups of several holders may overlap,
-//!   a superset of the real sweeper's one-at-a-time order that keeps the world symmetric;
-//! - the clock moves on by a tick (a bounded number of times);
-//! - a writer that has just seen the item sends a rotation of its fences, if one is due then,
-//!   which lands at any later step (a bounded number of rotations per run). In production the
-//!   writer is a release, cleanup or sweep that has just written; here any moment is allowed;
-//! - Step Functions redrives an execution that ended FAILED, ABORTED or TIMED_OUT (a bounded
-//!   number of redrives per run): it runs again as a new incarnation, with the same ARN, from the
-//!   state it stopped in (see "Redrive" below).
-//!
-//! The lock-protected state machine around an execution's attempts: acquire; on "full" wait and
-//! acquire again (at most `polls` more times, or any number of times), or give up; on
-//! "acquired" work, then release; on "expired" (the request is older than the horizon) enter the
-//! acquire state again at once; after giving up, or an acquire error once the retries are used,
-//! release and fail; on "fenced" fail. A Step Functions retry of an attempt keeps the request
-//! time of the state's entry; a new entry makes a new one. Ending FAILED (or dying) emits a
-//! cleanup event; SUCCEEDED does not.
-//!
-//! Redrive (F7). Incarnation n of an execution (n = its redrive count) acquires and releases with
-//! its own acquisition id, `r{n}` (the acquire and release functions make it from
-//! `$$.Execution.RedriveCount`), so its slot is told apart from the slots of earlier incarnations.
-//! A redriven execution resumes where it stopped:
-//! - in its acquire (or wait) state: it acquires anew in its own run, which no cleanup of an
-//!   earlier run fenced (in the broken variant `one-fence-for-every-run`, an acquire refused by
-//!   the earlier run's fence is answered "redriven", and the execution waits and asks again
-//!   until two rotations have dropped the fence);
-//! - in the protected work: the child execution is named after the old acquisition. If that
-//!   child still runs (the execution died in its work, and neither Step Functions' best-effort
-//!   stop nor a cleanup has stopped it yet), `StartExecution` with its name and input returns it
-//!   (AWS's and moto's idempotent start) and the new run waits for it, working under the old
-//!   run's slot (re-attached). If it has ended, the work task fails (`ExecutionAlreadyExists`);
-//!   the execution releases and fails with `SemaphoreRedriveRefused`, emitting a cleanup event;
-//! - in a release task: it releases again.
-//!
-//! The release of a redriven run n releases its own acquisition, then fences runs 0..n-1 and
-//! frees what that fence saw (the cleanup's two writes, with no `DescribeExecution`): the slot a re-attached child worked
-//! under, or one a zombie acquire of an earlier run took, is freed by the run itself (in the
-//! broken variant `release-frees-only-its-run`, the release of its own acquisition only, the
-//! execution can succeed with the first run's slot held: S2).
-//! - at a Fail state: it fails again at once, emitting another cleanup event.
-//!
-//! A cleanup (event or sweeper) asks `DescribeExecution` before its fence and does nothing if the
-//! execution runs again; after its fence has landed it asks again before freeing what the fence
-//! saw, and frees nothing if the execution runs again by then (an incarnation redriven between
-//! the first question and the fence may hold a slot the fence saw; asking only before the fence
-//! is the broken variant `cleanup-checks-running-only-before-fence`). A cleanup that stops so
-//! leaves what the old incarnations held to the execution: its release, or the cleanup of its
-//! next end; not to the sweeper (S2 counts it as a leak). Before it frees, a cleanup (or the
-//! sweeper) stops the child still running of the execution it has found ended (the sweeper
-//! really waits for it to end; stopping it at that moment is one of the ways it can end).
-//!
-//! States are identified up to a renaming of the executions (they are interchangeable) and, for
-//! the product's protocol, up to the values of the version counter (see [`Protocol`]'s
-//! `item_key`): two states that differ only so have the same future, renamed.
+//! Each step is one atomic thing happening at DynamoDB, or one decision of Step Functions,
+//! EventBridge or an execution, so that every request may come between two others. A redriven
+//! execution is a new incarnation with an acquisition of its own (`r{n}`) that resumes where it
+//! stopped (F7). States are identified up to a renaming of the executions and, for the product's
+//! protocol, up to what no check reads (see [`Protocol`]'s `item_key`): two states that differ
+//! only so have the same future. README.md ("Model check: every interleaving of a small world")
+//! describes the world step by step.
 
 use std::fmt::{self, Debug};
 use std::hash::Hash;

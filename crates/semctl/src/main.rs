@@ -1,20 +1,14 @@
 //! `semctl`: inspect and operate a semaphore table by hand.
 //!
-//! Exit status: 0 done (acquired, already held, released, nothing held, cleaned, status, list,
-//! sweep), 2 the lock is full (the weight does not fit, or others wait in line) or its start
-//! rate is spent (the answer says when the next start may be), 3 refused because this holder/acquisition was released or
-//! cleaned up (fenced), 4 expired (the request is older than the acquire horizon and the fences
-//! rotated since: nothing was taken, run it again), 1 any error (message on stderr, nothing
-//! written on bad input; also a lock whose item version 1 wrote). Output is JSON on stdout.
+//! Output is JSON on stdout. Exit status: 0 done, 2 the lock is full or its start rate is spent,
+//! 3 fenced (this acquisition was released or its execution cleaned up), 4 expired (asked longer
+//! ago than the acquire horizon: nothing taken, run it again), 1 any error (message on stderr;
+//! nothing written on bad input). `top` draws a live view on the terminal instead.
 //!
-//! `top` draws a live view on the terminal instead (`--once`: one frame, in colour on a
-//! terminal, plain text otherwise), exits 0 when quit, 1 on an error (also `--once` meeting an
-//! item it cannot read, which it shows).
-//!
-//! Three commands go over the whole table and can meet an item they cannot read (version 1's,
-//! say) among good ones: `list`, `sweep` and `release --all-of` without `--lock`. They do what
-//! they can with the rest, print it with each unreadable item named, say so on stderr and exit
-//! 1: a script notices, and one bad item never hides the other locks from an operator.
+//! `list`, `sweep` and `release --all-of` without `--lock` go over the whole table: an item they
+//! cannot read (of another format, say) is named in their output and on stderr with exit 1, and
+//! the other locks are done anyway, so that a script notices and one bad item never hides the
+//! rest from an operator.
 
 mod top;
 
@@ -49,11 +43,11 @@ struct Cli {
     /// The semaphore table.
     #[arg(long, global = true, env = "TABLE_NAME", default_value = "semaphores")]
     table: String,
-    /// The waiters' table (the stack's QueueTable output; default: <table>-queue, what
+    /// The waiters' table (the stack's QueueTable output; default: TABLE-queue, what
     /// `semctl init` creates).
     #[arg(long, global = true, env = "QUEUE_TABLE_NAME")]
     queue_table: Option<String>,
-    /// The gates' holdings table (the stack's HoldingsTable output; default: <table>-holdings,
+    /// The gates' holdings table (the stack's HoldingsTable output; default: TABLE-holdings,
     /// what `semctl init` creates).
     #[arg(long, global = true, env = "HOLDINGS_TABLE_NAME")]
     holdings_table: Option<String>,
@@ -151,7 +145,7 @@ enum Command {
         #[arg(long, allow_hyphen_values = true, conflicts_with = "all_of")]
         weight: Option<String>,
         /// The ARN of an execution that ended without its cleanup
-        /// (arn:...:execution:<machine>:<name>). Step Functions is not asked whether it has
+        /// (arn:...:execution:MACHINE:NAME). Step Functions is not asked whether it has
         /// ended: freeing the slots of one that still runs lets its work run without them
         /// (`sweep --dry-run` shows what the sweeper judges ended). For a holder that is not
         /// an execution, use `cleanup`.
@@ -184,7 +178,7 @@ enum Command {
         shown: HoldersShown,
     },
     /// Every lock in the table, sorted by name, each as `status` shows it (a JSON array). An
-    /// item that cannot be read (one version 1 wrote) is listed with an "error" naming it, the
+    /// item that cannot be read (of another format, say) is listed with an "error" naming it, the
     /// others as usual, and the exit status is 1.
     List {
         #[command(flatten)]
@@ -848,7 +842,7 @@ impl Request {
 /// The lock an item that could not be read belongs to, when the error knows it.
 fn unreadable_lock(e: &StoreError) -> Option<&str> {
     match e {
-        StoreError::OldFormat { lock }
+        StoreError::UnknownFormat { lock, .. }
         | StoreError::CorruptItem { lock, .. }
         | StoreError::Unexpected { lock, .. }
         | StoreError::ExpressionTooLarge { lock, .. }

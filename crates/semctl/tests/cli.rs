@@ -1,16 +1,16 @@
 //! `semctl` driven as an operator would, against the real local server: the exit codes, the
 //! zombie sequence, an expired request, what one critical section costs in requests, a lock
-//! written by version 1, and every kind of bad input (F6) answered by a named error with nothing
-//! written. The operator's commands too: `list`, `sweep` (against real executions on the local
-//! Step Functions, moto's execution mode) and `release --all-of`.
+//! whose item is of a foreign format, and every kind of bad input (F6) answered by a named error
+//! with nothing written. The operator's commands too: `list`, `sweep` (against real executions
+//! on the local Step Functions, moto's execution mode) and `release --all-of`.
 
 use std::collections::HashMap;
 use std::process::Output;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
+use local_aws::foreign::{put_foreign_item, FOREIGN_FORMAT};
 use local_aws::observe::{observe, raw_item};
 use local_aws::proxy::{Canned, FaultyProxy, ForwardingProxy, HoldingProxy, Policy, Verdict};
 use local_aws::sfn::{client as sfn_client, create_machine, ended, start, status, stop, unique};
@@ -105,14 +105,17 @@ impl Semctl {
         ))
     }
 
-    async fn put_version_1(&self, lock: &str) {
-        local_aws::client_for(endpoint())
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(version_1_item(lock)))
-            .send()
-            .await
-            .expect("put a version-1 item");
+    /// Puts an item of a foreign format for `lock`, in which exec-1 holds a slot.
+    async fn put_foreign(&self, lock: &str) {
+        put_foreign_item(
+            &local_aws::client_for(endpoint()),
+            &self.table,
+            lock,
+            "exec-1",
+            "default",
+            Some(FOREIGN_FORMAT),
+        )
+        .await;
     }
 
     /// Runs a command that must fail with a named error: exit 1, `expected` on stderr,
@@ -999,44 +1002,13 @@ async fn an_acquire_that_lands_after_a_rotation_past_its_horizon_is_expired_and_
     assert_eq!(after, rotated, "the expired write changed nothing");
 }
 
-/// An item as version 1 wrote it: a stored count, holders as maps, fences as one binary
-/// attribute of 12-byte records, no format.
-fn version_1_item(lock: &str) -> HashMap<String, AttributeValue> {
-    let n = |v: &str| AttributeValue::N(v.to_owned());
-    let holding = AttributeValue::M(HashMap::from([
-        ("token".to_owned(), n("3")),
-        ("acquired_at".to_owned(), n("1767225600000")),
-    ]));
-    HashMap::from([
-        ("lock".to_owned(), AttributeValue::S(lock.to_owned())),
-        ("version".to_owned(), n("3")),
-        ("count".to_owned(), n("1")),
-        ("limit".to_owned(), n("2")),
-        (
-            "holders".to_owned(),
-            AttributeValue::M(HashMap::from([("exec-1#default".to_owned(), holding)])),
-        ),
-        (
-            "fences".to_owned(),
-            AttributeValue::B(Blob::new(vec![7; 12])),
-        ),
-    ])
-}
-
 #[tokio::test]
-async fn a_lock_written_by_version_1_is_a_named_error_for_every_command_and_is_left_alone() {
+async fn a_lock_of_a_foreign_format_is_a_named_error_for_every_command_and_is_left_alone() {
     let semctl = Semctl::new().await;
-    let client = local_aws::client_for(endpoint());
-    client
-        .put_item()
-        .table_name(&semctl.table)
-        .set_item(Some(version_1_item("v1-lock")))
-        .send()
-        .await
-        .expect("put a version-1 item");
-    let stored = semctl.raw("v1-lock").await.unwrap();
+    semctl.put_foreign("foreign-lock").await;
+    let stored = semctl.raw("foreign-lock").await.unwrap();
 
-    let lock = ["--lock", "v1-lock"];
+    let lock = ["--lock", "foreign-lock"];
     for args in [
         [
             &["acquire"],
@@ -1044,7 +1016,7 @@ async fn a_lock_written_by_version_1_is_a_named_error_for_every_command_and_is_l
             &["--holder", "exec-2", "--limit", "2"],
         ]
         .concat(),
-        // The holder version 1 recorded: not freed, not fenced by version 2.
+        // The holder the item records: not freed, not fenced.
         [&["release"], &lock[..], &["--holder", "exec-1"]].concat(),
         [&["cleanup"], &lock[..], &["--holder", "exec-1"]].concat(),
         [&["status"], &lock[..]].concat(),
@@ -1053,15 +1025,15 @@ async fn a_lock_written_by_version_1_is_a_named_error_for_every_command_and_is_l
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(
-            stderr.contains("the item for lock \"v1-lock\" was written by version 1"),
+            stderr.contains("the item for lock \"foreign-lock\" is in format 99"),
             "{args:?}: {stderr}"
         );
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
         assert!(out.stdout.is_empty(), "{args:?} printed a result");
         assert_eq!(
-            semctl.raw("v1-lock").await.as_ref(),
+            semctl.raw("foreign-lock").await.as_ref(),
             Some(&stored),
-            "{args:?} changed the version-1 item"
+            "{args:?} changed the item"
         );
     }
 }
@@ -1076,7 +1048,7 @@ fn without_held_ms(mut entry: Value) -> Value {
 }
 
 #[tokio::test]
-async fn list_shows_every_lock_by_name_and_names_a_version_1_item_with_exit_1() {
+async fn list_shows_every_lock_by_name_and_names_an_item_of_a_foreign_format_with_exit_1() {
     let semctl = Semctl::new().await;
     assert_eq!(semctl.json(&["list"], 0), json!([]), "an empty table");
 
@@ -1121,16 +1093,15 @@ async fn list_shows_every_lock_by_name_and_names_a_version_1_item_with_exit_1() 
     assert!(beta["item_bytes"].as_u64().unwrap() > 50, "{beta:#}");
     assert_eq!(beta["write_units_per_write"], 1);
 
-    // A version-1 item among them: listed, by name, with what is wrong; the others as before;
-    // exit 1 so that a script notices.
-    semctl.put_version_1("av1-lock").await;
-    let stored = semctl.snapshot(&["alpha", "av1-lock", "beta"]).await;
+    // An item of a foreign format among them: listed, by name, with what is wrong; the others
+    // as before; exit 1 so that a script notices.
+    semctl.put_foreign("another-lock").await;
+    let stored = semctl.snapshot(&["alpha", "another-lock", "beta"]).await;
     let out = semctl.run(&["list"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("could not be read")
-            && stderr.contains("\"av1-lock\" was written by version 1"),
+        stderr.contains("could not be read") && stderr.contains("\"another-lock\" is in format 99"),
         "{stderr}"
     );
     let listed: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
@@ -1139,7 +1110,7 @@ async fn list_shows_every_lock_by_name_and_names_a_version_1_item_with_exit_1() 
         .iter()
         .map(|e| e["lock"].as_str().unwrap())
         .collect();
-    assert_eq!(locks, ["alpha", "av1-lock", "beta"]);
+    assert_eq!(locks, ["alpha", "another-lock", "beta"]);
     let old = &entries[1];
     assert_eq!(
         old.as_object().unwrap().len(),
@@ -1150,13 +1121,13 @@ async fn list_shows_every_lock_by_name_and_names_a_version_1_item_with_exit_1() 
         old["error"]
             .as_str()
             .unwrap()
-            .contains("the item for lock \"av1-lock\" was written by version 1"),
+            .contains("the item for lock \"another-lock\" is in format 99"),
         "{old:#}"
     );
     assert_eq!(entries[0]["holders"][0]["holder"], "exec-3");
     assert_eq!(entries[2]["count"], 1);
     assert_eq!(
-        semctl.snapshot(&["alpha", "av1-lock", "beta"]).await,
+        semctl.snapshot(&["alpha", "another-lock", "beta"]).await,
         stored,
         "list wrote"
     );
@@ -1300,12 +1271,12 @@ async fn sweep_dry_run_writes_nothing_and_lists_exactly_what_the_sweep_then_recl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sweep_that_meets_a_version_1_item_sweeps_the_rest_and_exits_1() {
+async fn a_sweep_that_meets_an_item_of_a_foreign_format_sweeps_the_rest_and_exits_1() {
     let semctl = Semctl::new().await;
     let gone = execution("LockProtected", &unique("gone"));
     let token = take_past_grace(&semctl.direct(), "jobs", &gone, "g0").await;
-    semctl.put_version_1("v1-lock").await;
-    let stored = semctl.raw("v1-lock").await;
+    semctl.put_foreign("foreign-lock").await;
+    let stored = semctl.raw("foreign-lock").await;
 
     let endpoint_url = endpoint().to_owned();
     let mut command = semctl.command(&endpoint_url, &["sweep"]);
@@ -1322,7 +1293,7 @@ async fn a_sweep_that_meets_a_version_1_item_sweeps_the_rest_and_exits_1() {
         errors[0]
             .as_str()
             .unwrap()
-            .contains("the item for lock \"v1-lock\" was written by version 1"),
+            .contains("the item for lock \"foreign-lock\" is in format 99"),
         "{swept:#}"
     );
     assert_eq!(
@@ -1333,9 +1304,9 @@ async fn a_sweep_that_meets_a_version_1_item_sweeps_the_rest_and_exits_1() {
         })]
     );
     assert_eq!(
-        semctl.raw("v1-lock").await,
+        semctl.raw("foreign-lock").await,
         stored,
-        "the version-1 item was touched"
+        "the item of a foreign format was touched"
     );
 }
 
@@ -1430,14 +1401,14 @@ async fn release_all_of_frees_an_execution_on_one_lock_or_on_every_lock_holding_
     );
     assert_eq!(semctl.snapshot(&["A", "B", "C"]).await, before);
 
-    // With a version-1 item in the table (which may hold it, unreadably): every other lock is
-    // done, the item is named, exit 1.
-    semctl.put_version_1("v1-lock").await;
+    // With an item of a foreign format in the table (which may hold it, unreadably): every
+    // other lock is done, the item is named, exit 1.
+    semctl.put_foreign("foreign-lock").await;
     let out = semctl.run(&["release", "--all-of", &other]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("\"v1-lock\" was written by version 1"),
+        stderr.contains("\"foreign-lock\" is in format 99"),
         "{stderr}"
     );
     let partial: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");

@@ -499,12 +499,13 @@ async fn once_prints_one_frame_as_plain_text() {
 #[tokio::test(flavor = "multi_thread")]
 async fn once_shows_an_unreadable_item_by_name_with_the_others_and_exits_1() {
     let (store, _semaphore) = busy_table().await;
-    local_aws::legacy::put_version_1_item(
+    local_aws::foreign::put_foreign_item(
         &client_for(endpoint()),
         store.table(),
-        "legacy",
-        "old-holder",
+        "foreign",
+        "other-holder",
         "default",
+        Some(local_aws::foreign::FOREIGN_FORMAT),
     )
     .await;
     let out = semctl(endpoint(), store.table(), &["top", "--once"])
@@ -514,11 +515,11 @@ async fn once_shows_an_unreadable_item_by_name_with_the_others_and_exits_1() {
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
     assert!(
         stderr.contains("semctl: error: some items could not be read (1, shown in the frame)")
-            && stderr.contains("\"legacy\" was written by version 1"),
+            && stderr.contains("\"foreign\" is in format 99"),
         "{stderr}"
     );
-    let legacy = row(&stdout, "legacy").unwrap();
-    assert_eq!(&legacy[1..4], ["cannot", "be", "read:"], "{stdout}");
+    let foreign = row(&stdout, "foreign").unwrap();
+    assert_eq!(&foreign[1..4], ["cannot", "be", "read:"], "{stdout}");
     assert_eq!(row(&stdout, "builds").unwrap()[1], "3/3", "{stdout}");
     assert!(stdout.contains("4 locks"), "{stdout}");
 }

@@ -20,8 +20,9 @@ use crate::queue::{Attempt, QueueKey, Waiter, Wakeup};
 /// and `semctl init` declare exactly this schema.
 pub mod attr {
     pub const LOCK: &str = "lock";
-    /// The item format: [`super::FORMAT`]. Every write checks it, so a write never lands on an
-    /// item of another format (version 1's items have none), and a missing item is told apart.
+    /// The item format: [`FORMAT`](super::FORMAT) or [`GATE_FORMAT`](super::GATE_FORMAT).
+    /// Every write checks it, so a write never lands on an item of another format, and a
+    /// missing item is told apart.
     pub const FORMAT: &str = "format";
     pub const VERSION: &str = "version";
     pub const LIMIT: &str = "limit";
@@ -64,18 +65,18 @@ pub mod queue_attr {
     pub const LOCK: &str = "lock";
     /// Sort key: the waiter's id, [`WaiterId::render`](crate::queue::WaiterId::render).
     pub const WAITER: &str = "waiter";
-    /// The sort key of the [`LINE_INDEX`](super::LINE_INDEX): the waiter's place in line,
+    /// The sort key of the waiters' local secondary index, `line`: the waiter's place in line,
     /// [`QueueKey::render`](crate::queue::QueueKey::render).
     pub const PLACE: &str = "place";
     /// The attempt of the parked task whose token the record holds.
     pub const ATTEMPT: &str = "attempt";
-    /// How often the waiter checked again since it was queued (absent: never).
+    /// How often the waiter checked again since it was queued.
     pub const CHECKS: &str = "checks";
     pub const HOLDER: &str = "holder";
     pub const ACQUISITION: &str = "acquisition";
     pub const RUN: &str = "run";
     pub const LIMIT: &str = "limit";
-    /// The waiter's weight (absent: 1) and start rate as its spacing in ms (absent: none).
+    /// The waiter's weight, and its start rate as its spacing in ms (absent: none).
     pub const WEIGHT: &str = "weight";
     pub const SPACING: &str = "spacing_ms";
     /// The lease the waiter's slot is to be held under, in ms (absent: none).
@@ -281,29 +282,32 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
     attrs
 }
 
-/// Reads an item back, checking that it is one of ours, of this format.
+/// Reads an item back, checking that it is one of ours, in a format this version writes (any
+/// other is [`StoreError::UnknownFormat`]).
 pub fn decode(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, StoreError> {
     let lock = get_text(attrs, attr::LOCK).unwrap_or_default();
-    match attrs.get(attr::FORMAT) {
-        // Version 1's items: a `count` and a binary `fences` attribute, no format.
-        None if attrs.contains_key("count") || attrs.contains_key("fences") => {
-            Err(StoreError::OldFormat { lock })
-        }
-        _ => decode_item(attrs).map_err(|problem| StoreError::CorruptItem { lock, problem }),
-    }
-}
-
-fn decode_item(attrs: &HashMap<String, AttributeValue>) -> Result<SemaphoreItem, AttributeError> {
-    let layout = match get_number(attrs, attr::FORMAT)? {
-        FORMAT => Layout::Item,
-        GATE_FORMAT => Layout::Gate,
-        found => {
-            return Err(AttributeError::Format {
-                found,
-                reads: FORMAT,
+    let format = attrs.get(attr::FORMAT);
+    let layout = match format.and_then(|v| v.as_n().ok()?.parse::<u64>().ok()) {
+        Some(FORMAT) => Layout::Item,
+        Some(GATE_FORMAT) => Layout::Gate,
+        _ => {
+            return Err(StoreError::UnknownFormat {
+                lock,
+                found: format.map(|v| match v {
+                    AttributeValue::N(n) => n.clone(),
+                    AttributeValue::S(s) => format!("{s:?}"),
+                    other => format!("{other:?}"),
+                }),
             })
         }
     };
+    decode_item(attrs, layout).map_err(|problem| StoreError::CorruptItem { lock, problem })
+}
+
+fn decode_item(
+    attrs: &HashMap<String, AttributeValue>,
+    layout: Layout,
+) -> Result<SemaphoreItem, AttributeError> {
     let lock = LockName::new(get_text(attrs, attr::LOCK)?).map_err(invalid(attr::LOCK))?;
     let version: u64 = get_number(attrs, attr::VERSION)?;
     if u128::from(version) >= TOKEN_SPAN {
@@ -447,9 +451,8 @@ fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter
     let text = |name| get_text(attrs, name);
     let limit =
         Limit::new(get_number(attrs, queue_attr::LIMIT)?).map_err(invalid(queue_attr::LIMIT))?;
-    let weight = get_optional(attrs, queue_attr::WEIGHT)?
-        .map_or(Ok(Weight::ONE), Weight::new)
-        .map_err(invalid(queue_attr::WEIGHT))?;
+    let weight =
+        Weight::new(get_number(attrs, queue_attr::WEIGHT)?).map_err(invalid(queue_attr::WEIGHT))?;
     let rate = get_optional(attrs, queue_attr::SPACING)?
         .map(Rate::from_spacing_ms)
         .transpose()
@@ -479,7 +482,7 @@ fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter
             ),
         },
         attempt: Attempt(get_number(attrs, queue_attr::ATTEMPT)?),
-        checks: get_optional(attrs, queue_attr::CHECKS)?.unwrap_or(0),
+        checks: get_number(attrs, queue_attr::CHECKS)?,
         context: text(queue_attr::CONTEXT)?,
     })
 }
@@ -604,17 +607,31 @@ mod tests {
     }
 
     #[test]
-    fn a_version_1_item_is_named_as_such() {
-        let attrs = HashMap::from([
-            (attr::LOCK.to_owned(), string("old-lock")),
-            ("version".to_owned(), number(3)),
-            ("count".to_owned(), number(0)),
-            ("holders".to_owned(), AttributeValue::M(HashMap::new())),
-            ("fences".to_owned(), AttributeValue::B(Blob::new(vec![]))),
-        ]);
-        let err = decode(&attrs).unwrap_err();
-        assert!(matches!(err, StoreError::OldFormat { ref lock } if lock == "old-lock"));
-        assert!(err.to_string().contains("version 1"), "{err}");
+    fn an_item_of_another_format_or_none_is_named_as_such() {
+        let mut attrs = encode(&SemaphoreItem::empty(LockName::new("other-lock").unwrap()));
+        for (format, found) in [
+            (Some(number(99)), Some("99")),
+            (Some(string("5")), Some("\"5\"")),
+            (None, None),
+        ] {
+            match format {
+                Some(format) => attrs.insert(attr::FORMAT.to_owned(), format),
+                None => attrs.remove(attr::FORMAT),
+            };
+            let err = decode(&attrs).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    StoreError::UnknownFormat { ref lock, found: ref f }
+                        if lock == "other-lock" && f.as_deref() == found
+                ),
+                "{err:?}"
+            );
+            assert!(
+                err.to_string().contains("not a format this version reads"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

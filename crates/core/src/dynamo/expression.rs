@@ -227,6 +227,9 @@ pub(super) fn render_in(
 ) -> Result<Rendered, StoreError> {
     let gate = layout == Layout::Gate;
     let mut p = Placeholders::default();
+    // Every write checks the format: it must not land on an item of another format (whose
+    // attributes it would misread and corrupt), nor in a lock of the other layout; such an item
+    // is handed back with the refusal and named by `decode`.
     let format = p.attr(attr::FORMAT);
     let format_value = p.value(number(format_of(layout)));
     let mut conditions = vec![format!("{format} = {format_value}")];
@@ -850,8 +853,8 @@ mod tests {
         }
     }
 
-    /// The limit the issue met: one write naming 150 slots is a ConditionExpression of about
-    /// 6 KB, which DynamoDB refuses. It is a typed error here, and no request is sent.
+    /// The limit a large cleanup meets: one write naming 150 slots is a ConditionExpression of
+    /// about 6 KB, which DynamoDB refuses. It is a typed error here, and no request is sent.
     #[test]
     fn a_write_over_4_kb_is_a_typed_error_not_a_request() {
         let lock = LockName::new("l").unwrap();

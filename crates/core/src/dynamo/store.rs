@@ -2,26 +2,18 @@
 //! their waiters, sending each [`Write`] as the requests its [`expression`](super::expression)s
 //! make.
 //!
-//! One item per lock; a write of the item alone is one `UpdateItem` whose condition is the
-//! write's checks and whose update expression is its changes. Every request asks for the item as
-//! it was before (`ReturnValues: ALL_OLD`) and, when refused, as it is
-//! (`ReturnValuesOnConditionCheckFailure: ALL_OLD`): the caller then knows what the write did, or
-//! why it was refused, without a read. Only the first write of a lock takes two requests: the
-//! update is refused for want of an item, and the item the write would make of an empty lock is
-//! put, on the condition that there still is none.
+//! A write of the item alone is one `UpdateItem`, which hands back the item as it was before
+//! (`ReturnValues: ALL_OLD`) or, when refused, as it is: the caller knows what the write did, or
+//! why it was refused, without a read. A lock's first write is refused for want of an item, and
+//! the item is then put on the condition that there still is none. A write that names a waiter's
+//! record is one `TransactWriteItems` of the item and the record, so both change or neither
+//! does. Waiters are keyed by lock and waiter id, so a waiter finds its own record with one
+//! `GetItem`; a local secondary index on the place in line (`line`) gives the head consistently,
+//! which a global one cannot.
 //!
-//! The waiters' table holds one item per waiter, partition key the lock, sort key the waiter's id
-//! ([`WaiterId::render`](crate::queue::WaiterId::render)), so a waiter that checks again finds its
-//! own record with one `GetItem`; its place in line ([`QueueKey::render`], whose text order is
-//! the line's order) is the sort key of a local secondary index, `line`, so the head is the first
-//! item a `Query` of the index returns, read consistently (a local index can be, a global one
-//! cannot). A write that names a waiter's record is one `TransactWriteItems`: the
-//! lock's item updated as for a write of it alone (its `waiting` count included) and the record
-//! put, deleted or updated under its own check, so both change together or neither does.
-//!
-//! A lock in the gate layout keeps its holdings in a third table ([`super::gate`]). Its item's
-//! format says so, and every write checks the format: a store sends a write in the layout it
-//! last saw the lock in, and one refused for the other layout is sent again in the lock's own.
+//! A gate lock keeps its holdings in a third table ([`super::gate`]). The item's format says the
+//! layout and every write checks it: a write sent in the layout last seen and refused for the
+//! other is sent again in the lock's own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

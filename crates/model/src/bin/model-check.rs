@@ -7,6 +7,10 @@
 //! `--pollers` pollers in the line (`semaphore_model::poll`). Exit status: 0 if the result is the
 //! expected one, 1 if not, 2 for bad arguments.
 
+// The options' docs are their --help, where "[queue]" and "[pollers]" say which world an
+// option applies to: plain text, not links.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
@@ -35,11 +39,11 @@ use semaphore_model::{
 /// hand-offs are one request per step; executions die, cleanup events are lost, Lambdas crash
 /// between requests, parked tasks time out early (each bounded).
 ///
-/// With --pollers, pollers in the line (issue #27): a holder of the one slot, an Express
-/// execution that polls for it under a lease (its place kept by each poll for a poll window;
-/// it may stop polling at any point) and a standard execution parked on its task, in one line;
-/// hand-offs skip a poller that stopped, grant a live one its slot under its lease, and it finds
-/// it at its next poll; the clock moves by ticks, some clocks a skew ahead.
+/// With --pollers, pollers in the line: a holder of the one slot, an Express execution that polls
+/// for it under a lease (its place kept by each poll for a poll window; it may stop polling at any
+/// point) and a standard execution parked on its task, in one line; hand-offs skip a poller that
+/// stopped, grant a live one its slot under its lease, and it finds it at its next poll; the clock
+/// moves by ticks, some clocks a skew ahead.
 ///
 /// Exit status: 0 if the result is the expected one (the real protocol passes; the sample, a
 /// broken variant, --strict-order, --no-sweeper or, with --pollers, a poll window longer than
@@ -58,11 +62,11 @@ struct Cli {
     #[arg(long, conflicts_with = "queue")]
     leases: bool,
 
-    /// Check pollers (issue #27) in their own world instead: a holder of the one slot, a poller
-    /// (an Express execution: a lease, its place kept by its polls, it may stop polling at any
-    /// point) and a parked standard execution in one line, with the lease world's clocks and
-    /// skew (the options marked [pollers], --ticks [default: 2] and --deaths [0 or 1, default
-    /// 1] apply; --variant: real, grant-without-lease, hand-off-grants-stopped-poller,
+    /// Check pollers in their own world instead: a holder of the one slot, a poller (an Express
+    /// execution: a lease, its place kept by its polls, it may stop polling at any point) and a
+    /// parked standard execution in one line, with the lease world's clocks and skew (the options
+    /// marked [pollers], --ticks [default: 2] and --deaths [0 or 1, default 1] apply; --variant:
+    /// real, grant-without-lease, hand-off-grants-stopped-poller,
     /// leave-stopped-without-record-check, stopped-without-skew, poll-keeps-old-time,
     /// poller-counts-from-the-poll-that-found-it).
     #[arg(long, conflicts_with_all = ["queue", "leases"])]

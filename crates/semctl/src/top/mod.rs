@@ -1,13 +1,11 @@
 //! `semctl top`: a live view of every lock in the table (see [`view`] for what it shows and
-//! [`read`] for what it reads), or one frame with `--once`, printed like any command's output:
-//! on a terminal at its width and in colour, otherwise as plain text.
+//! [`read`](mod@read) for what it reads), or one frame with `--once`, printed like any command's
+//! output: on a terminal at its width and in colour, otherwise as plain text.
 //!
-//! The live screen is ratatui's on the alternate screen in raw mode. It is restored however the
-//! view ends: a key (q, Esc, Ctrl-C; in raw mode Ctrl-C is a key, not a signal), SIGTERM or
-//! SIGHUP, an error of the terminal, or a panic (ratatui's hook). A refresh that fails keeps the
-//! last frame on screen with the failure named under it, and the next refresh tries again; only the
-//! first reading's failure (a table that does not exist, an endpoint that does not answer) ends
-//! the command, before the screen is touched.
+//! The live screen (ratatui, alternate screen, raw mode) is restored however the view ends: a
+//! key (in raw mode Ctrl-C is a key, not a signal), SIGTERM or SIGHUP, a terminal error or a
+//! panic. A failed refresh keeps the last frame with the failure named under it; only the first
+//! reading's failure ends the command, before the screen is touched.
 
 mod read;
 mod view;

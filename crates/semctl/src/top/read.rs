@@ -19,7 +19,7 @@ pub struct LockRead {
     pub problem: Option<String>,
 }
 
-/// One item of the table: a lock, or one this version cannot read (written by version 1, say),
+/// One item of the table: a lock, or one this version cannot read (of another format, say),
 /// named when the error knows its lock.
 pub enum Entry {
     Lock(Box<LockRead>),
