@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the benchmarks on a fresh machine: installs the local server (pinned moto in .venv),
 # builds the bench and the four Lambda handlers natively, and runs `bench`, which starts the
-# local server on 127.0.0.1 (crates/local-aws), writes every number to a JSON file and prints
+# local server on 127.0.0.1 (harness/local-aws), writes every number to a JSON file and prints
 # the tables that BENCHMARKS.md quotes. Extra arguments go to `bench` (see `bench --help`).
 #
 #   bash bench/run.sh --out BENCHMARKS-results.json   # full run, release build: ~10 minutes

@@ -1495,7 +1495,7 @@ def patch_transaction_rollback_per_item():
     order, with the same errors, and snapshots only the items the transaction names (at most
     100, each distinct), putting them back as they were when it is cancelled. Atomicity is
     unchanged: a cancelled transaction leaves every item it named as it found it (tested by
-    crates/local-aws/tests/server.rs and every test of a refused grant).
+    harness/local-aws/tests/server.rs and every test of a refused grant).
     """
     import copy
 

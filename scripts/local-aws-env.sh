@@ -17,14 +17,14 @@ ensure_venv() {
 }
 
 # start_local_aws: starts the local AWS the one way the tests, the bench and the local run do too
-# (crates/local-aws: local/moto_server.py on a free port of 127.0.0.1, waited for until it
+# (harness/local-aws: local/moto_server.py on a free port of 127.0.0.1, waited for until it
 # listens), exports LOCAL_AWS_ENDPOINT; the server stops when the calling shell is gone. The
 # binary is built only if missing or older than the kit's sources: a workspace test build makes
 # it with the tests' features, and `cargo build -p local-aws` would build the SDK again with its
 # own.
 start_local_aws() {
   local bin="${CARGO_TARGET_DIR:-$ROOT/target}/debug/local-aws"
-  if [ ! -x "$bin" ] || [ -n "$(find "$ROOT/crates/local-aws/src" -newer "$bin" -print -quit)" ]; then
+  if [ ! -x "$bin" ] || [ -n "$(find "$ROOT/harness/local-aws/src" -newer "$bin" -print -quit)" ]; then
     cargo build --quiet --locked -p local-aws --bin local-aws
   fi
   LOCAL_AWS_ENDPOINT=$("$bin" --parent-pid $$)

@@ -3,7 +3,7 @@
 //! None of them reads first. Each is one write whose checks DynamoDB evaluates when it lands, so
 //! concurrent writers never invalidate each other's decisions, and every write increments the
 //! version, so fencing tokens strictly increase per lock. The table of each operation's checks
-//! and changes is in README.md ("How it works").
+//! and changes is in docs/design.md ("The writes").
 //!
 //! Why each rule holds (the faults are described in docs/design.md):
 //! - **F1-F3, S3.** A release or cleanup fences before (or as) it frees. An acquire checks the

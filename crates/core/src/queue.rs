@@ -5,7 +5,7 @@
 //! then its id. Every write that queues or unqueues a waiter changes the item's `waiting` in the
 //! same atomic write, and an acquire that is not a waiter's checks `waiting = 0`: a newcomer
 //! never takes a slot ahead of the line (L2). This module is the line's data; the writes are in
-//! [`crate::protocol`] and the hand-off in [`crate::semaphore::line`]. See README.md ("Waiting in
+//! [`crate::protocol`] and the hand-off in [`crate::semaphore::line`]. See docs/design.md ("Waiting in
 //! line") for who hands off when, and why no grant is ever leaked (F8).
 
 use sha2::{Digest, Sha256};

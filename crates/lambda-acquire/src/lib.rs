@@ -8,8 +8,7 @@
 //! queues the execution. Either way it then hands off, since a slot may have been freed between
 //! "full" and "queued" (F8). Past the wait budget the execution leaves the line instead
 //! (`SemaphoreWaitTimeout`). The payload is read by `lambda_common::Resolver`; the answer, the
-//! errors and how the lock-protected machine handles them are in README.md ("Deploy on AWS",
-//! "Protect your own workflow").
+//! errors and how the lock-protected machine handles them are in docs/using.md.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! The acquire handler invoked with the payloads statemachines/lock-protected.asl.json (and the
-//! README's fragment, protect-your-workflow.asl.json) render, their context object filled in
+//! docs/using.md's fragment, protect-your-workflow.asl.json) render, their context object filled in
 //! with real values, against a fresh table on the local server. What the handler completes its
 //! task with (`SendTaskSuccess` / `SendTaskFailure`, sent to the local server's Step Functions
 //! and kept here) goes through the definition's states as Step Functions would apply them, so
@@ -1765,7 +1765,7 @@ fn polled(ctx: &Ctx) -> Ctx {
     next
 }
 
-/// #27 items 2 and 4, with the README's two fragments as deployed sharing "example-lock"
+/// #27 items 2 and 4, with docs/using.md's two fragments as deployed sharing "example-lock"
 /// (limit 2): an Express execution that finds the lock full is put in line and answered
 /// `SemaphoreBusy`, which its `Retry` retries; a standard execution that asks after it parks
 /// behind it; each poll keeps the Express execution's place; the hand-off of a freed slot grants

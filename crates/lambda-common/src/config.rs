@@ -57,7 +57,7 @@ pub const MAX_WAIT_RANGE: std::ops::RangeInclusive<u64> = 1..=31_536_000;
 /// outright, not with `SemaphoreWaitTimeout`, and holds whatever it held.
 pub const HISTORY_EVENT_QUOTA: u64 = 25_000;
 /// Events one check of a waiting execution adds to its history, counted from a real history
-/// (moto's) by the local run's history probe (`crates/local-run`), which fails if a check adds
+/// (moto's) by the local run's history probe (`harness/local-run`), which fails if a check adds
 /// more: from the acquire state's timeout to the invocation of its next entry, or one retry of
 /// it (see the probe's report for the event types).
 pub const EVENTS_PER_FALLBACK_CHECK: u64 = 6;

@@ -4,7 +4,7 @@
 //!
 //! [`CATALOGUE`] is every metric the functions write, with its unit and dimensions: the
 //! dashboard in template.yaml plots only these (`.ci/check_template.py dashboard` reads this
-//! table), and the README prices them. Each custom metric is one metric name with one set of
+//! table), and docs/operations.md prices them. Each custom metric is one metric name with one set of
 //! dimension values, so a lock costs one metric per name below (and per outcome for
 //! `Acquisitions`) in each hour it is written.
 

@@ -3,7 +3,7 @@
 //! acquire and release functions use it, and so does the cleanup function when it reads an ended
 //! execution's acquire payloads back from its history ([`Resolver::lock`], [`Resolver::waiter`]),
 //! so that all of them agree on the lock an execution took. The payloads' fields and defaults are
-//! in README.md ("Protect your own workflow").
+//! in docs/using.md ("The request").
 
 use semaphore_core::{
     AcquisitionId, Attempt, Identity, Limit, LockName, Rate, Run, TaskToken, Terms, WaiterId,
