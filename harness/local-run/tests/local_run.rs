@@ -261,11 +261,14 @@ fn a_short_chaos_run_of_the_real_app_keeps_every_invariant() {
 fn the_same_chaos_on_gate_locks_keeps_every_invariant() {
     // Both locks in the gate layout (each holding an item of its own): the run's independent
     // reader reads the gates and their holding items, and the seed race is made on the gate's
-    // acquire transaction, held in flight past its execution's cleanup.
+    // acquire transaction, held in flight past its execution's cleanup. Work of 2 s: a gate's
+    // read is three requests (the gate, its holdings, the gate again), paced to a quarter of
+    // the server, so on a loaded machine a hold of 1 s can fall between two reads, and "work
+    // under the slot" needs each parent seen holding.
     let (code, report) = local_run(
         "gate",
         &format!(
-            "--layout gate --executions 20 --locks demo-lock:3,other-lock:2 --work-seconds 1 \
+            "--layout gate --executions 20 --locks demo-lock:3,other-lock:2 --work-seconds 2 \
              --fail-share 0.1 --stop-mid-acquire 0.15 --stop-mid-work 0.15 --hold-seconds \
              {HOLD_SECONDS} --drop-events 0.3 --duplicate-events 0.3 --late-events 0.3 \
              --late-by 6 --sweep-every 3 --queue-fallback-seconds 11 --weights 1,2"
