@@ -93,6 +93,13 @@ impl PollStats {
     }
 }
 
+/// How long a watcher of the run waits before its next round of reads that took `took`: at
+/// least `every`, and three times as long as they took, so that it keeps at most a quarter of
+/// the local server (which serves one request at a time) from the run it watches.
+pub fn paced(every: Duration, took: Duration) -> Duration {
+    every.max(took * 3)
+}
+
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -317,13 +324,12 @@ impl Poller {
                             }
                         }
                     }
-                    // The server serves one request at a time: a lock whose read takes long
-                    // (a gate's Query of 1,000 holdings) is read less often, so that the
-                    // poller takes at most a quarter of the server from the run it watches.
+                    // A lock whose read takes long (a gate's Query of 1,000 holdings) is read
+                    // less often.
                     let took = Duration::from_millis(
                         u64::try_from(now_ms().saturating_sub(sent_ms)).unwrap_or_default(),
                     );
-                    tokio::time::sleep(every.max(took * 3)).await;
+                    tokio::time::sleep(paced(every, took)).await;
                 }
             });
         }

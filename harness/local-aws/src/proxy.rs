@@ -488,17 +488,19 @@ fn recognise_gate_acquire(body: &Value) -> Option<ProtocolWrite> {
         let key = update.get("Key")?.as_object()?;
         (key.len() == 1 && key.contains_key("lock")).then_some(update)
     })?;
-    let p = Placeholders {
-        names: gate.get("ExpressionAttributeNames")?.as_object()?,
-        values: gate
-            .get("ExpressionAttributeValues")
-            .and_then(Value::as_object),
-    };
-    let condition = gate
+    Some(acquire_checks(
+        identity,
+        condition_of(gate),
+        &Placeholders::of(gate)?,
+    ))
+}
+
+/// A request's (or a transaction action's) condition expression; empty when it has none.
+fn condition_of(request: &Value) -> &str {
+    request
         .get("ConditionExpression")
         .and_then(Value::as_str)
-        .unwrap_or_default();
-    Some(acquire_checks(identity, condition, &p))
+        .unwrap_or_default()
 }
 
 /// A request's placeholders, resolved by the maps it carries.
@@ -507,7 +509,18 @@ struct Placeholders<'a> {
     values: Option<&'a Map<String, Value>>,
 }
 
-impl Placeholders<'_> {
+impl<'a> Placeholders<'a> {
+    /// The placeholders of a request, or of a transaction's action: its names (required) and
+    /// values.
+    fn of(request: &'a Value) -> Option<Self> {
+        Some(Self {
+            names: request.get("ExpressionAttributeNames")?.as_object()?,
+            values: request
+                .get("ExpressionAttributeValues")
+                .and_then(Value::as_object),
+        })
+    }
+
     fn name(&self, placeholder: &str) -> Option<&str> {
         self.names.get(placeholder.trim()).and_then(Value::as_str)
     }
@@ -525,12 +538,7 @@ impl Placeholders<'_> {
 }
 
 fn recognise_update(body: &Value) -> Option<ProtocolWrite> {
-    let p = Placeholders {
-        names: body.get("ExpressionAttributeNames")?.as_object()?,
-        values: body
-            .get("ExpressionAttributeValues")
-            .and_then(Value::as_object),
-    };
+    let p = Placeholders::of(body)?;
     let actions = clauses(body.get("UpdateExpression")?.as_str()?);
     let of = |keyword: &str| -> Vec<&str> {
         actions
@@ -547,11 +555,7 @@ fn recognise_update(body: &Value) -> Option<ProtocolWrite> {
         p.slot(path)
     });
     if let Some(identity) = acquire {
-        let condition = body
-            .get("ConditionExpression")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        return Some(acquire_checks(identity, condition, &p));
+        return Some(acquire_checks(identity, condition_of(body), &p));
     }
     let named = |action: &str, wanted: &str| {
         action

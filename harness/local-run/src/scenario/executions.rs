@@ -347,10 +347,9 @@ pub(super) async fn run(
             timed_out = true;
             break;
         }
-        // The listings take longer the more executions there are (13 pages at 1,300), and
-        // the server serves one request at a time: list at most a quarter of the time.
+        // The listings take longer the more executions there are (13 pages at 1,300).
         let took = listing.elapsed();
-        tokio::time::sleep(Duration::from_millis(400).max(took * 3)).await;
+        tokio::time::sleep(local_aws::poller::paced(Duration::from_millis(400), took)).await;
     }
     let holders_when_all_ended = watch.holders_after_the_last_write().await;
     progress.note(&format!(
