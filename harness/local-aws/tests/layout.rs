@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use local_aws::fresh_table;
 use local_aws::observe::raw_item;
+use local_aws::proxy::HoldingProxy;
+use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::dynamo::{FORMAT, GATE_FORMAT};
 use semaphore_core::protocol::Timing;
 use semaphore_core::{
@@ -274,4 +275,51 @@ async fn a_write_for_the_wrong_layout_is_refused_by_the_format_and_sent_again() 
     assert!(holding(other.store(), "moved", &id("exec-2"))
         .await
         .is_some());
+}
+
+/// A gate's refused transaction is answered from the lock read just after the refusal. When the
+/// lock moves in between (a release frees the room an acquire or a hand-off's grant lacked),
+/// every check holds on that read and it names no reason: the write is sent again, and lands.
+/// The proxy holds the read after the refusal while another client releases.
+#[tokio::test]
+async fn a_refusal_read_after_the_lock_moved_is_sent_again_and_lands() {
+    let store = fresh_table().await;
+    let sem = Semaphore::new(store.clone());
+    let gate = LockName::new("moving").unwrap();
+    sem.set_layout(&gate, Layout::Gate).await.unwrap();
+    sem.acquire(&gate, &id("exec-1"), limit(1)).await.unwrap();
+
+    let proxy = HoldingProxy::start(endpoint()).await;
+    let delayed = Semaphore::new(
+        DynamoStore::new(client_for(&proxy.endpoint()), store.table())
+            .with_queue_table(store.queue_table()),
+    );
+    // It has seen the gate: its acquire is one transaction, then the reads that answer it.
+    delayed.status(&gate).await.unwrap();
+    proxy.hold_next("GetItem", 1);
+    let acquiring = {
+        let gate = gate.clone();
+        tokio::spawn(async move { delayed.acquire(&gate, &id("exec-2"), limit(1)).await })
+    };
+    proxy.wait_held(1).await;
+    // The full gate refused it; before that refusal is read, the holder leaves.
+    assert!(matches!(
+        sem.release(&gate, &id("exec-1")).await.unwrap(),
+        ReleaseOutcome::Released { .. }
+    ));
+    proxy.release_held();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), acquiring)
+        .await
+        .expect("answered")
+        .unwrap()
+        .expect("an answer, not an error naming no failed check");
+    assert!(
+        matches!(outcome, AcquireOutcome::Acquired { .. }),
+        "sent again once the room was there: {outcome:?}"
+    );
+    let status = sem.status(&gate).await.unwrap();
+    assert_eq!(
+        status.holders.keys().cloned().collect::<Vec<_>>(),
+        [id("exec-2")]
+    );
 }

@@ -8,7 +8,9 @@
 //! token is proposed by this store (above the gate's version as last seen, or its clock in
 //! milliseconds if higher) and checked above the gate's version when it lands; one refused by
 //! that check alone is sent again with a higher token. A transaction that landed is answered
-//! with the gate and the holdings it named as read just after it (`WriteResult::Landed`).
+//! with the gate and the holdings it named as read just after it (`WriteResult::Landed`); one
+//! refused, with them as read just after the refusal, unless every check holds there (the lock
+//! moved in between): then it is sent again.
 
 use std::collections::BTreeSet;
 
@@ -301,17 +303,19 @@ impl DynamoStore {
             }
             let waiter_refused =
                 waiter.is_some() && codes.last() == Some(&"ConditionalCheckFailed");
-            // Refused by the token alone: another admission landed with a higher one.
             let others_hold = write
                 .checks
                 .iter()
                 .filter(|c| c.waiter_id().is_none())
                 .all(|c| c.holds(&view));
-            if let Some(proposed) = token.filter(|t| view.version.0 >= t.0) {
-                if others_hold && !waiter_refused {
-                    token = Some(FencingToken(view.version.0.max(proposed.0) + 1));
-                    continue;
-                }
+            if others_hold && !waiter_refused {
+                // Every check holds on the lock as read after the refusal: either the proposed
+                // token alone was refused (another admission landed with a higher one), or the
+                // lock moved between the refusal and the read (a release freed the room a grant
+                // lacked). Answering the read as the refusal would name no failed check; the
+                // write is sent again instead, above the version read.
+                token = token.map(|t| FencingToken(t.0.max(view.version.0.saturating_add(1))));
+                continue;
             }
             return Ok(WriteResult::Refused {
                 current: view,
@@ -320,7 +324,11 @@ impl DynamoStore {
         }
         Err(self.failed_holdings(
             "TransactWriteItems",
-            format!("its token refused by other admissions {CONFLICT_ROUNDS} times"),
+            format!(
+                "refused {CONFLICT_ROUNDS} times while each of its checks held on the lock read \
+                 just after (the lock kept changing under it, or other admissions kept taking \
+                 its token); send it again later"
+            ),
         ))
     }
 }
