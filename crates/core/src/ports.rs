@@ -163,6 +163,22 @@ pub trait ExecutionStatus: Send + Sync {
         &self,
         holder: &HolderId,
     ) -> impl Future<Output = Result<ExecutionState, PortError>> + Send;
+
+    /// The states of every holder a sweep checks, asked together: each described in turn unless
+    /// the adapter can answer many with fewer calls (a sweep of 10,000 holders would otherwise
+    /// spend 10,000 of the account's `DescribeExecution` calls, refilled at 10-15 a second).
+    fn describe_all<'a>(
+        &'a self,
+        holders: &'a [HolderId],
+    ) -> impl Future<Output = Vec<Result<ExecutionState, PortError>>> + Send + 'a {
+        async move {
+            let mut states = Vec::with_capacity(holders.len());
+            for holder in holders {
+                states.push(self.describe(holder).await);
+            }
+            states
+        }
+    }
 }
 
 /// How long after a holder acquired (or a waiter queued) an answer of "execution does not exist"

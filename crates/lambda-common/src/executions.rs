@@ -1,6 +1,8 @@
 //! [`SfnExecutions`]: the core's [`ExecutionStatus`] through Step Functions, for the sweeper and
 //! for every hand-off whose wake-up failed (is the waiter's execution still running?).
 
+use std::collections::{HashMap, HashSet};
+
 use semaphore_core::{Clock, ExecutionState, ExecutionStatus, HolderId, PortError, SystemClock};
 
 use crate::arn::{ArnPatterns, ExecutionArn, ExecutionKind};
@@ -64,17 +66,29 @@ impl SfnExecutions {
     }
 }
 
-impl ExecutionStatus for SfnExecutions {
-    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {
+/// Holders of one state machine above which a sweep lists the machine's running executions
+/// (`ListExecutions`, 1,000 a page) instead of describing each holder: 10,000 holders are then
+/// about 10 calls, not 10,000 of the account's `DescribeExecution` calls (a bucket of 250-300,
+/// refilled at 10-15 a second, shared with every cleanup).
+pub const LIST_ABOVE_HOLDERS: usize = 10;
+
+/// Pages of running executions a sweep reads per state machine; a holder not found in them is
+/// described on its own.
+pub const LIST_PAGES: usize = 20;
+
+impl SfnExecutions {
+    /// Whether `holder` is an execution this sweeper may judge: a standard execution of a
+    /// machine it covers, in its own region. `Ok(None)`: not an execution of ours to judge.
+    fn judged(&self, holder: &HolderId) -> Result<Option<ExecutionArn>, PortError> {
         let Some(arn) = ExecutionArn::parse(holder.as_str()) else {
-            return Ok(ExecutionState::NotAnExecution);
+            return Ok(None);
         };
         // DescribeExecution does not support Express executions: not ours to judge.
         if arn.kind == ExecutionKind::Express {
-            return Ok(ExecutionState::NotAnExecution);
+            return Ok(None);
         }
         if !self.state_machines.is_empty() && !self.state_machines.covers(&arn) {
-            return Ok(ExecutionState::NotAnExecution);
+            return Ok(None);
         }
         // This client can only answer for its own region: never take "does not exist" from
         // the wrong region for a verdict.
@@ -84,6 +98,56 @@ impl ExecutionStatus for SfnExecutions {
                 region: arn.region.clone(),
                 ours: region.unwrap_or("no region").to_owned(),
             }));
+        }
+        Ok(Some(arn))
+    }
+}
+
+impl ExecutionStatus for SfnExecutions {
+    async fn describe_all<'a>(
+        &'a self,
+        holders: &'a [HolderId],
+    ) -> Vec<Result<ExecutionState, PortError>> {
+        // Machines with many holders: their running executions listed once. A Distributed Map
+        // child is listed under its map run, not its machine: described on its own.
+        let mut per_machine: HashMap<String, usize> = HashMap::new();
+        for holder in holders {
+            if let Ok(Some(arn)) = self.judged(holder) {
+                if !arn.machine.contains('/') {
+                    *per_machine
+                        .entry(arn.state_machine().to_string())
+                        .or_default() += 1;
+                }
+            }
+        }
+        let mut running = HashSet::new();
+        for (machine, count) in per_machine {
+            if count <= LIST_ABOVE_HOLDERS {
+                continue;
+            }
+            match self.sfn.running(&machine, LIST_PAGES).await {
+                Ok(listed) => running.extend(listed),
+                // Nothing concluded: its holders are described one by one.
+                Err(e) => tracing::warn!(%machine, error = %e, "could not list running executions"),
+            }
+        }
+        // Listed running: kept. Anything else is described, so that only `DescribeExecution`
+        // (and the grace for "does not exist") ever decides a slot is reclaimed; a list that
+        // is stale (eventually consistent) only delays that to the next sweep.
+        let mut states = Vec::with_capacity(holders.len());
+        for holder in holders {
+            states.push(if running.contains(holder.as_str()) {
+                Ok(ExecutionState::Running)
+            } else {
+                self.describe(holder).await
+            });
+        }
+        states
+    }
+
+    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {
+        if self.judged(holder)?.is_none() {
+            return Ok(ExecutionState::NotAnExecution);
         }
         // Only "does not exist" proves the execution is gone; any failure (throttling, access
         // denied...) leaves the holder alone until the next sweep.

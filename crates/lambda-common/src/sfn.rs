@@ -3,6 +3,7 @@
 //! plain code over answers; [`SfnClient`] makes the calls with the AWS SDK. And the rule both
 //! apply to an ended execution's children: [`ChildState`], [`may_still_start`].
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
@@ -116,6 +117,44 @@ where
             execution: execution.to_owned(),
             message: DisplayErrorContext(e).to_string(),
         }),
+    }
+}
+
+impl SfnClient {
+    /// The executions of `state_machine` that are running, as `ListExecutions` (eventually
+    /// consistent) lists them, newest first, in at most `max_pages` pages of 1,000: a sweep's way
+    /// to clear many holders of one machine in a few calls. An execution missing here may still
+    /// run (listed late, on a later page, or being redriven): ask it with `describe`.
+    pub async fn running(
+        &self,
+        state_machine: &str,
+        max_pages: usize,
+    ) -> Result<HashSet<String>, SfnError> {
+        let mut running = HashSet::new();
+        let mut pages = self
+            .client
+            .list_executions()
+            .state_machine_arn(state_machine)
+            .status_filter(ExecutionStatus::Running)
+            .max_results(1000)
+            .into_paginator()
+            .send();
+        for _ in 0..max_pages {
+            let Some(page) = pages.next().await else {
+                break;
+            };
+            let page = page.map_err(|e| SfnError {
+                operation: "ListExecutions",
+                execution: state_machine.to_owned(),
+                message: DisplayErrorContext(e).to_string(),
+            })?;
+            running.extend(
+                page.executions()
+                    .iter()
+                    .map(|e| e.execution_arn().to_owned()),
+            );
+        }
+        Ok(running)
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::types::QueueAttributeName;
+use lambda_common::executions::LIST_ABOVE_HOLDERS;
 use lambda_common::metrics::check_emf;
 use lambda_common::Settings;
 use lambda_runtime::{Context, LambdaEvent};
@@ -1162,4 +1163,68 @@ async fn a_lapsed_lease_is_taken_back_announced_and_counted() {
         .expect("a line for the lock");
     assert_eq!(line["LeasesTakenBack"], json!(1));
     local.stop(&running).await;
+}
+
+/// A machine with many holders is asked once for its running executions (`ListExecutions`),
+/// not once per holder: only the holders it does not list running are described, and only
+/// those that ended are reclaimed. (DescribeExecution's quota, 10-15 a second for the account,
+/// would make a sweep of 10,000 holders last over ten minutes.)
+#[tokio::test]
+async fn many_holders_of_one_machine_are_checked_with_one_listing_and_the_ended_described() {
+    let local = local().await;
+    let mut sweeper = local.sweeper(fresh_table().await.table());
+    let counter = RequestCounter::new();
+    let counted = aws_sdk_sfn::config::Builder::from(&sdk_config())
+        .interceptor(counter.clone())
+        .build();
+    sweeper.executions = SfnExecutions::of_machines(
+        aws_sdk_sfn::Client::from_conf(counted),
+        ArnPatterns::parse(&local.machine_arn, |_| true).unwrap(),
+    );
+    let holders = LIST_ABOVE_HOLDERS * 2 + 5;
+    let lock = LockName::new("wide-lock").unwrap();
+    let mut executions = Vec::new();
+    for n in 0..holders {
+        let execution = local.start(&format!("holder-{n}")).await;
+        let taken = sweeper
+            .semaphore
+            .acquire(&lock, &id(&execution, "r0"), Limit::new(100).unwrap())
+            .await
+            .unwrap();
+        assert!(
+            matches!(taken, AcquireOutcome::Acquired { .. }),
+            "{taken:?}"
+        );
+        executions.push(execution);
+    }
+    let ended = [3, 11, 20];
+    for n in ended {
+        local.stop(&executions[n]).await;
+    }
+    counter.take();
+
+    let swept = sweeper.sweep().await.unwrap().summary;
+    assert_eq!(
+        (swept.holders_checked, swept.reclaimed, swept.errors.len()),
+        (holders, ended.len(), 0),
+        "{swept:?}"
+    );
+    let calls = counter.take().requests;
+    assert_eq!(calls.get("SFN.ListExecutions"), Some(&1), "{calls:?}");
+    assert_eq!(
+        calls.get("SFN.DescribeExecution"),
+        Some(&(ended.len() as u64)),
+        "only the holders not listed running are described: {calls:?}"
+    );
+    let held = sweeper.semaphore.status(&lock).await.unwrap();
+    let mut left: Vec<String> = held.holders.keys().map(|i| i.holder.to_string()).collect();
+    left.sort();
+    let mut running: Vec<String> = executions
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| !ended.contains(n))
+        .map(|(_, e)| e.clone())
+        .collect();
+    running.sort();
+    assert_eq!(left, running, "the running holders keep their slots");
 }

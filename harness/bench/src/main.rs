@@ -1015,7 +1015,7 @@ impl Bench {
         let rows = sweeper::run(counts).await?;
         println!("## Sweeper: calls per sweep, counted\n");
         print_table(
-            "| >holders | sweep | >reclaimed | >Scan | >UpdateItem (fence + free + rotations) | >GetItem | >PutItem | >DescribeExecution | >SNS Publish | >DynamoDB total | >Step Functions total | >SNS total |",
+            "| >holders | sweep | >reclaimed | >Scan | >UpdateItem (fence + free + rotations) | >GetItem | >PutItem | >DescribeExecution | >ListExecutions | >SNS Publish | >DynamoDB total | >Step Functions total | >SNS total |",
             rows.iter().map(|r| {
                 let update = format!(
                     "{} ({} + {} + {})",
@@ -1030,6 +1030,7 @@ impl Bench {
                     r.get_item.to_string(),
                     r.put_item.to_string(),
                     r.describe_execution.to_string(),
+                    r.list_executions.to_string(),
                     r.publish.to_string(),
                     r.dynamodb_total.to_string(),
                     r.step_functions_total.to_string(),

@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use lambda_common::executions::LIST_ABOVE_HOLDERS;
 use lambda_sweeper::{SfnExecutions, StateMachineArn, Sweeper, DEFAULT_NAMESPACE};
 
 use local_aws::counter::RequestCounter;
@@ -35,6 +36,9 @@ pub struct SweepRow {
     pub rotations: u64,
     pub seconds: f64,
     pub describe_execution: u64,
+    /// Pages of a machine's running executions: a machine with more than
+    /// `LIST_ABOVE_HOLDERS` holders is listed, not described holder by holder.
+    pub list_executions: u64,
     pub publish: u64,
     pub dynamodb_total: u64,
     pub step_functions_total: u64,
@@ -179,6 +183,7 @@ pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>> {
                 rotations: w.rotation,
                 seconds: started.elapsed().as_secs_f64(),
                 describe_execution: c.get("SFN.DescribeExecution"),
+                list_executions: c.get("SFN.ListExecutions"),
                 publish: c.get("SNS.Publish"),
                 dynamodb_total: c.service_total("DynamoDB"),
                 step_functions_total: c.service_total("SFN"),
@@ -189,8 +194,11 @@ pub async fn run(holder_counts: &[usize]) -> Result<Vec<SweepRow>> {
     Ok(rows)
 }
 
-/// What must hold exactly: one scan, one `DescribeExecution` per holder, and per reclaimed slot
-/// two writes (fence, free) and a notice. Nothing read, nothing refused. Rotations, by the rule
+/// What must hold exactly: one scan; the holders' executions asked one `DescribeExecution` each
+/// up to `LIST_ABOVE_HOLDERS` holders of the machine, above that one `ListExecutions` page (the
+/// machine's running executions, under 1,000 here) and a `DescribeExecution` only of each holder
+/// not listed running; and per reclaimed slot two writes (fence, free) and a notice. Nothing
+/// read, nothing refused. Rotations, by the rule
 /// (see `rule`): the swept lock had no fence before (only acquires wrote it), so the sweep's own
 /// rotation, due on the scanned item only if it has a fence, never happens, and the first sweep
 /// (nothing to reclaim) writes nothing; in the second, a cleanup rotates once the young fences,
@@ -206,8 +214,14 @@ pub fn check(rows: &[SweepRow], problems: &mut Vec<String>) {
         // One cleanup per holder: each execution holds one slot.
         let (least, most) =
             rotations_between(0, slots as usize, r.seconds, window, BUSY_YOUNG_FENCES);
+        let (listed, described) = if r.holders <= LIST_ABOVE_HOLDERS {
+            (0, n)
+        } else {
+            (1, slots)
+        };
         if r.scan != 1
-            || r.describe_execution != n
+            || r.describe_execution != described
+            || r.list_executions != listed
             || r.get_item != 0
             || r.put_item != 0
             || r.failed_conditional_writes != 0
@@ -235,6 +249,8 @@ mod tests {
         } else {
             0
         };
+        let listed = holders > LIST_ABOVE_HOLDERS;
+        let described = if listed { slots } else { holders as u64 };
         SweepRow {
             holders,
             case,
@@ -248,10 +264,11 @@ mod tests {
             cleanup_free: slots,
             rotations,
             seconds: 0.5,
-            describe_execution: holders as u64,
+            describe_execution: described,
+            list_executions: u64::from(listed),
             publish: slots,
             dynamodb_total: 1 + 2 * slots + rotations,
-            step_functions_total: holders as u64,
+            step_functions_total: described + u64::from(listed),
             sns_total: slots,
         }
     }
@@ -274,5 +291,12 @@ mod tests {
         assert!(!ok(row(10, aborted, 0)), "the 8th cleanup rotates");
         assert!(!ok(row(10, aborted, 2)), "within the window");
         assert!(!ok(row(100, aborted, 2)), "half a second: one window");
+        assert!(ok(row(100, running, 0)));
+        let mut described = row(100, running, 0);
+        described.describe_execution = 100;
+        assert!(
+            !ok(described),
+            "a machine of 100 holders is listed, not described"
+        );
     }
 }

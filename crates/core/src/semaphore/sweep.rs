@@ -134,7 +134,16 @@ impl<S: ItemStore> Semaphore<S> {
                 bytes: stored_size(item),
             })
             .max_by_key(|largest| largest.bytes);
-        let mut states: HashMap<HolderId, Result<ExecutionState, PortError>> = HashMap::new();
+        let mut holders: Vec<HolderId> = items
+            .iter()
+            .flat_map(|item| item.holders.keys().map(|id| id.holder.clone()))
+            .collect();
+        holders.sort();
+        holders.dedup();
+        report.holders_checked = holders.len();
+        let described = executions.describe_all(&holders).await;
+        let states: HashMap<HolderId, Result<ExecutionState, PortError>> =
+            holders.into_iter().zip(described).collect();
         for item in &items {
             // F13: leases that passed unrenewed, whoever the holder is.
             if mode == SweepMode::Reclaim {
@@ -149,11 +158,13 @@ impl<S: ItemStore> Semaphore<S> {
             let mut holders: Vec<&HolderId> = item.holders.keys().map(|id| &id.holder).collect();
             holders.dedup();
             for holder in holders {
-                if !states.contains_key(holder) {
-                    report.holders_checked += 1;
-                    states.insert(holder.clone(), executions.describe(holder).await);
-                }
-                let (reason, last_run) = match &states[holder] {
+                let Some(state) = states.get(holder) else {
+                    report
+                        .errors
+                        .push(format!("{holder}: its execution's state was not answered"));
+                    continue;
+                };
+                let (reason, last_run) = match state {
                     Ok(state) => match state.reclaim_reason() {
                         Some(reason) => (reason, state.last_run()),
                         None => continue,
@@ -165,7 +176,7 @@ impl<S: ItemStore> Semaphore<S> {
                 };
                 let now = self.now_ms();
                 let youngest = item.slots_of(holder).map(|(_, h)| h.acquired_at_ms).max();
-                if matches!(states[holder], Ok(ExecutionState::Missing))
+                if matches!(state, Ok(ExecutionState::Missing))
                     && youngest.is_some_and(|at| !missing_long_enough(at, now))
                 {
                     tracing::info!(lock = %item.lock, %holder, "execution not found but acquired within the grace period: kept for a later sweep");
