@@ -323,3 +323,56 @@ async fn a_refusal_read_after_the_lock_moved_is_sent_again_and_lands() {
         [id("exec-2")]
     );
 }
+
+/// A gate's cleanup reads the ended execution's holdings alone (by the key prefix `holder#`),
+/// not the lock's: its cost does not grow with the lock's holders. Shown with a holding of
+/// another holder that cannot be read (its fields missing): a read of the whole lock fails on
+/// it, the cleanup never meets it. A holder whose id extends the cleaned one's past a '#'
+/// shares the prefix and keeps its slot.
+#[tokio::test]
+async fn a_gate_cleanup_reads_only_its_execution_s_holdings() {
+    let store = fresh_table().await;
+    let sem = Semaphore::new(store.clone());
+    let gate = LockName::new("many").unwrap();
+    sem.set_layout(&gate, Layout::Gate).await.unwrap();
+    let ended = HolderId::new("exec-x").unwrap();
+    let slots = [
+        Identity::new(ended.clone(), AcquisitionId::new("r0").unwrap()),
+        Identity::new(ended.clone(), AcquisitionId::new("r1").unwrap()),
+        Identity::new(
+            HolderId::new("exec-x#y").unwrap(),
+            AcquisitionId::new("r0").unwrap(),
+        ),
+        id("exec-z"),
+    ];
+    for slot in &slots {
+        sem.acquire(&gate, slot, limit(10)).await.unwrap();
+    }
+    store
+        .client()
+        .put_item()
+        .table_name(store.holdings_table())
+        .item("lock", AttributeValue::S("many".into()))
+        .item("slot", AttributeValue::S("exec-unreadable#r0".into()))
+        .send()
+        .await
+        .expect("put an unreadable holding");
+    assert!(
+        sem.status(&gate).await.is_err(),
+        "a read of every holding meets the unreadable one"
+    );
+
+    let cleaned = sem.cleanup(&gate, &ended).await.unwrap();
+    let mut freed: Vec<Identity> = cleaned.freed.iter().map(|(i, _)| i.clone()).collect();
+    freed.sort();
+    assert_eq!(freed, slots[..2]);
+    for slot in &slots[..2] {
+        assert!(holding(sem.store(), "many", slot).await.is_none());
+    }
+    for slot in &slots[2..] {
+        assert!(
+            holding(sem.store(), "many", slot).await.is_some(),
+            "{slot:?} keeps its slot"
+        );
+    }
+}

@@ -23,7 +23,7 @@ use super::retry::{LostAnswers, CONFLICT_ROUNDS};
 use super::store::Transacted;
 use super::DynamoStore;
 use crate::error::StoreError;
-use crate::input::LockName;
+use crate::input::{HolderId, LockName};
 use crate::item::{FencingToken, Identity, Layout, SemaphoreItem};
 use crate::protocol::WriteResult;
 use crate::write::{Change, Write};
@@ -112,28 +112,49 @@ impl DynamoStore {
     /// `view` (a gate read as an item of the layout in use) with every holding of its lock.
     pub(super) async fn with_holdings(
         &self,
+        view: SemaphoreItem,
+    ) -> Result<SemaphoreItem, StoreError> {
+        self.with_holdings_of(view, None).await
+    }
+
+    /// `view` with the holdings of its lock, or only those of `holder`: read by the key prefix
+    /// `holder#` (a slot key is `holder#acquisition`), so a cleanup reads its execution's few,
+    /// not the lock's thousands.
+    pub(super) async fn with_holdings_of(
+        &self,
         mut view: SemaphoreItem,
+        holder: Option<&HolderId>,
     ) -> Result<SemaphoreItem, StoreError> {
         if view.layout != Layout::Gate {
             return Ok(view);
         }
         let mut start = None;
         loop {
-            let page = self
+            let query = self
                 .client()
                 .query()
                 .table_name(self.holdings_table())
-                .key_condition_expression("#lock = :lock")
                 .expression_attribute_names("#lock", holding_attr::LOCK)
                 .expression_attribute_values(":lock", string(view.lock.as_str()))
                 .consistent_read(true)
-                .set_exclusive_start_key(start)
+                .set_exclusive_start_key(start);
+            let query = match holder {
+                None => query.key_condition_expression("#lock = :lock"),
+                Some(holder) => query
+                    .key_condition_expression("#lock = :lock AND begins_with(#slot, :holder)")
+                    .expression_attribute_names("#slot", holding_attr::SLOT)
+                    .expression_attribute_values(":holder", string(&format!("{holder}#"))),
+            };
+            let page = query
                 .send()
                 .await
                 .map_err(|e| self.failed_holdings("Query", DisplayErrorContext(e)))?;
             for attrs in page.items() {
                 let (identity, state) = decode_holding(attrs)?;
-                add_to(&mut view, identity, state);
+                // A holder's id may hold '#': `a#` also begins `a#b#c`, holder `a#b`'s.
+                if holder.is_none_or(|holder| identity.holder == *holder) {
+                    add_to(&mut view, identity, state);
+                }
             }
             match page.last_evaluated_key() {
                 Some(key) if !key.is_empty() => start = Some(key.clone()),

@@ -36,7 +36,7 @@ use super::expression::{line_after, record_action, render, ITEM_ABSENT};
 use super::holdings::holding_attr;
 use super::retry::{self, throttle_backoff, LostAnswers, CONFLICT_ROUNDS};
 use crate::error::StoreError;
-use crate::input::LockName;
+use crate::input::{HolderId, LockName};
 use crate::item::{Layout, SemaphoreItem};
 use crate::ports::ItemStore;
 use crate::protocol::WriteResult;
@@ -418,8 +418,14 @@ impl DynamoStore {
     }
 }
 
-impl ItemStore for DynamoStore {
-    async fn load(&self, lock: &LockName) -> Result<Option<SemaphoreItem>, StoreError> {
+impl DynamoStore {
+    /// The lock's item, read consistently, with its holdings (of `holder` alone, if named) when
+    /// it is a gate.
+    async fn read_lock(
+        &self,
+        lock: &LockName,
+        holder: Option<&HolderId>,
+    ) -> Result<Option<SemaphoreItem>, StoreError> {
         let out = self
             .client
             .get_item()
@@ -432,10 +438,24 @@ impl ItemStore for DynamoStore {
         match out.item().map(decode).transpose()? {
             Some(item) => {
                 self.saw_layout(lock, item.layout);
-                Ok(Some(self.with_holdings(item).await?))
+                Ok(Some(self.with_holdings_of(item, holder).await?))
             }
             None => Ok(None),
         }
+    }
+}
+
+impl ItemStore for DynamoStore {
+    async fn load(&self, lock: &LockName) -> Result<Option<SemaphoreItem>, StoreError> {
+        self.read_lock(lock, None).await
+    }
+
+    async fn load_holder(
+        &self,
+        lock: &LockName,
+        holder: &HolderId,
+    ) -> Result<Option<SemaphoreItem>, StoreError> {
+        self.read_lock(lock, Some(holder)).await
     }
 
     async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {

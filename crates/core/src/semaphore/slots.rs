@@ -318,10 +318,14 @@ impl<S: ItemStore> Semaphore<S> {
         let result = self.store.write(&fence).await?;
         let (_, mut after) = protocol::fenced_slots(&fence, holder, result)?;
         self.rotate_if_busy(&after).await;
-        // A gate's fence lands on the gate alone: the holdings are read once it has, and no
-        // acquire of a fenced run can add to them any more.
+        // A gate's fence lands on the gate alone: the holder's holdings are read once it has,
+        // and no acquire of a fenced run can add to them any more.
         if after.layout == crate::item::Layout::Gate {
-            after = self.status(lock).await?;
+            after = self
+                .store
+                .load_holder(lock, holder)
+                .await?
+                .ok_or_else(|| Error::UnknownLock { lock: lock.clone() })?;
         }
         let slots = after
             .slots_of(holder)
