@@ -376,3 +376,44 @@ async fn a_gate_cleanup_reads_only_its_execution_s_holdings() {
         );
     }
 }
+
+/// An admission that landed is answered with its holding as it put it, not as read back: a
+/// cleanup that frees it between the landing and the read (the execution ended at once) leaves
+/// the acquire answered "acquired" with its token, as it was, where reading the holding back
+/// found nothing and answered an error. The proxy holds the read after the landing.
+#[tokio::test]
+async fn an_admission_freed_before_it_was_read_back_is_answered_acquired() {
+    let store = fresh_table().await;
+    let sem = Semaphore::new(store.clone());
+    let gate = LockName::new("quick").unwrap();
+    sem.set_layout(&gate, Layout::Gate).await.unwrap();
+
+    let proxy = HoldingProxy::start(endpoint()).await;
+    let delayed = Semaphore::new(
+        DynamoStore::new(client_for(&proxy.endpoint()), store.table())
+            .with_queue_table(store.queue_table()),
+    );
+    delayed.status(&gate).await.unwrap();
+    proxy.hold_next("GetItem", 1);
+    let acquiring = {
+        let gate = gate.clone();
+        tokio::spawn(async move { delayed.acquire(&gate, &id("exec-1"), limit(2)).await })
+    };
+    proxy.wait_held(1).await;
+    let cleaned = sem
+        .cleanup(&gate, &HolderId::new("exec-1").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(cleaned.freed.len(), 1, "the admission had landed");
+    proxy.release_held();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), acquiring)
+        .await
+        .expect("answered")
+        .unwrap()
+        .expect("an answer, not 'landed but its holding is not there'");
+    let AcquireOutcome::Acquired { token, .. } = outcome else {
+        panic!("acquired: {outcome:?}")
+    };
+    assert_eq!(token, cleaned.freed[0].1.token, "the token it landed with");
+    assert!(holding(sem.store(), "quick", &id("exec-1")).await.is_none());
+}

@@ -7,8 +7,8 @@
 //! action, the record's action. A transaction hands back no values, so an admission's fencing
 //! token is proposed by this store (above the gate's version as last seen, or its clock in
 //! milliseconds if higher) and checked above the gate's version when it lands; one refused by
-//! that check alone is sent again with a higher token. A transaction that landed is answered
-//! with the gate and the holdings it named as read just after it (`WriteResult::Landed`); one
+//! that check alone is sent again with a higher token. A write that landed is answered with the
+//! gate as read just after it and the holdings as it left them (`WriteResult::Landed`); one
 //! refused, with them as read just after the refusal, unless every check holds there (the lock
 //! moved in between): then it is sent again.
 
@@ -109,6 +109,33 @@ impl DynamoStore {
         Ok(Some(view))
     }
 
+    /// The lock just after a write that landed with these holding `actions`: the gate read now,
+    /// each holding the write put (an admission, a tombstone) as it put it and each it deleted
+    /// gone, without reading them back; only a holding it updated in place (a heartbeat) or
+    /// only checked is read. A holding changed by another writer since (a cleanup's free just
+    /// after an admission) is answered as this write left it: what its caller asked about.
+    async fn landed_view(
+        &self,
+        lock: &LockName,
+        actions: &[(Identity, aws_sdk_dynamodb::types::TransactWriteItem)],
+    ) -> Result<Option<SemaphoreItem>, StoreError> {
+        let unknown: BTreeSet<Identity> = actions
+            .iter()
+            .filter(|(_, a)| a.put().is_none() && a.delete().is_none())
+            .map(|(identity, _)| identity.clone())
+            .collect();
+        let Some(mut view) = self.gate_view(lock, &unknown).await? else {
+            return Ok(None);
+        };
+        for (_, action) in actions {
+            if let Some(put) = action.put() {
+                let (identity, state) = decode_holding(put.item())?;
+                add_to(&mut view, identity, state);
+            }
+        }
+        Ok(Some(view))
+    }
+
     /// `view` (a gate read as an item of the layout in use) with every holding of its lock.
     pub(super) async fn with_holdings(
         &self,
@@ -167,7 +194,7 @@ impl DynamoStore {
     async fn write_holding(
         &self,
         write: &Write,
-        named: &BTreeSet<Identity>,
+        identity: &Identity,
         action: aws_sdk_dynamodb::types::TransactWriteItem,
     ) -> Result<WriteResult, StoreError> {
         // Whether an attempt went unanswered (F10): a refusal may then be its own doing.
@@ -221,11 +248,18 @@ impl DynamoStore {
                 problem: "a holding checked and not changed, alone".to_owned(),
             });
         };
-        let view = self.gate_view(&write.lock, named).await?;
         match sent {
-            Ok(()) => Ok(WriteResult::Landed { after: view }),
+            Ok(()) => Ok(WriteResult::Landed {
+                after: self
+                    .landed_view(&write.lock, &[(identity.clone(), action)])
+                    .await?,
+            }),
             Err((true, _)) => {
-                let current = view.unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone()));
+                let named = BTreeSet::from([identity.clone()]);
+                let current = self
+                    .gate_view(&write.lock, &named)
+                    .await?
+                    .unwrap_or_else(|| SemaphoreItem::empty(write.lock.clone()));
                 Ok(if lost.happened() {
                     WriteResult::Unsure { current }
                 } else {
@@ -276,7 +310,7 @@ impl DynamoStore {
             named.iter().collect::<Vec<_>>().as_slice(),
         ) {
             let action = holdings::action(self.holdings_table(), write, identity, None)?;
-            return self.write_holding(write, &named, action).await;
+            return self.write_holding(write, identity, action).await;
         }
         let admits = write
             .changes
@@ -288,13 +322,11 @@ impl DynamoStore {
             if touches_gate {
                 actions.push(self.item_action(write, render_in(write, Layout::Gate, token)?)?);
             }
+            let mut holding_actions = Vec::with_capacity(named.len());
             for identity in &named {
-                actions.push(holdings::action(
-                    self.holdings_table(),
-                    write,
-                    identity,
-                    token,
-                )?);
+                let action = holdings::action(self.holdings_table(), write, identity, token)?;
+                actions.push(action.clone());
+                holding_actions.push((identity.clone(), action));
             }
             if let Some(key) = waiter {
                 actions.push(record_action(self.queue_table(), write, key)?);
@@ -304,7 +336,7 @@ impl DynamoStore {
                 .await?
             {
                 Transacted::Committed => {
-                    let after = self.gate_view(&write.lock, &named).await?;
+                    let after = self.landed_view(&write.lock, &holding_actions).await?;
                     return Ok(WriteResult::Landed { after });
                 }
                 Transacted::Refused(reasons) => reasons,
