@@ -12,12 +12,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use aws_sdk_dynamodb::types::AttributeValue;
 use local_aws::counter::RequestCounter;
 use local_aws::names::{self, id, limit};
 use local_aws::observe::raw_item;
 use local_aws::sample::Sample;
-use semaphore_core::dynamo::{item_size, write_units};
+use semaphore_core::dynamo::{holding_key, item_size, write_units};
 use semaphore_core::{AcquireOutcome, DynamoStore, Identity, Layout, ReleaseOutcome, Semaphore};
 use serde::Serialize;
 
@@ -88,8 +87,7 @@ impl Clients {
         self.reader
             .get_item()
             .table_name(DynamoStore::default_holdings_table(table))
-            .key("lock", AttributeValue::S(lock.to_owned()))
-            .key("slot", AttributeValue::S(identity.slot_key()))
+            .set_key(Some(holding_key(&names::lock(lock), identity)))
             .consistent_read(true)
             .send()
             .await

@@ -237,30 +237,35 @@ pub fn decode_gate(gate: &RawRecord, holdings: &[RawRecord], snapshot: bool) -> 
     seen
 }
 
-/// The holding items of gate `lock` in `holdings_table`, raw.
+/// The holding items of gate `lock` in `holdings_table`, raw: every partition of its holdings
+/// (`semaphore_core::dynamo::holdings_partitions`).
 pub async fn raw_holdings(
     client: &Client,
     holdings_table: &str,
     lock: &str,
 ) -> Result<Vec<RawRecord>, crate::Error> {
-    query_lock(client, holdings_table, None, lock).await
+    let mut records = Vec::new();
+    for part in semaphore_core::dynamo::holdings_partitions(lock) {
+        records.extend(query_lock(client, holdings_table, None, ("part", &part)).await?);
+    }
+    Ok(records)
 }
 
 /// The records of `lock`'s line in the waiters' table (`queue_table`), raw, in line order
 /// (read from its local index `line`, whose sort key is `place`).
 pub async fn raw_line(client: &Client, queue_table: &str, lock: &str) -> Vec<RawRecord> {
-    query_lock(client, queue_table, Some("line"), lock)
+    query_lock(client, queue_table, Some("line"), ("lock", lock))
         .await
         .expect("Query the waiters' table")
 }
 
-/// Every item of `table` (or of its local index `index`) whose partition key `lock` is `lock`,
-/// raw, one consistent `Query` a page.
+/// Every item of `table` (or of its local index `index`) whose partition key (`name`) is
+/// `lock`, raw, one consistent `Query` a page.
 async fn query_lock(
     client: &Client,
     table: &str,
     index: Option<&str>,
-    lock: &str,
+    (name, lock): (&str, &str),
 ) -> Result<Vec<RawRecord>, crate::Error> {
     let mut records = Vec::new();
     let mut start = None;
@@ -269,9 +274,9 @@ async fn query_lock(
             .query()
             .table_name(table)
             .set_index_name(index.map(str::to_owned))
-            .key_condition_expression("#lock = :lock")
-            .expression_attribute_names("#lock", "lock")
-            .expression_attribute_values(":lock", AttributeValue::S(lock.to_owned()))
+            .key_condition_expression("#key = :key")
+            .expression_attribute_names("#key", name)
+            .expression_attribute_values(":key", AttributeValue::S(lock.to_owned()))
             .consistent_read(true)
             .set_exclusive_start_key(start)
             .send()

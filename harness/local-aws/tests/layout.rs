@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use local_aws::observe::raw_item;
 use local_aws::proxy::HoldingProxy;
 use local_aws::{client_for, endpoint, fresh_table};
-use semaphore_core::dynamo::{FORMAT, GATE_FORMAT};
+use semaphore_core::dynamo::{holding_key, FORMAT, GATE_FORMAT};
 use semaphore_core::protocol::Timing;
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Clock, DynamoStore, Error, ExecutionState, ExecutionStatus,
@@ -51,8 +51,7 @@ async fn holding(
         .client()
         .get_item()
         .table_name(store.holdings_table())
-        .key("lock", AttributeValue::S(lock.to_owned()))
-        .key("slot", AttributeValue::S(identity.slot_key()))
+        .set_key(Some(holding_key(&LockName::new(lock).unwrap(), identity)))
         .consistent_read(true)
         .send()
         .await
@@ -352,8 +351,7 @@ async fn a_gate_cleanup_reads_only_its_execution_s_holdings() {
         .client()
         .put_item()
         .table_name(store.holdings_table())
-        .item("lock", AttributeValue::S("many".into()))
-        .item("slot", AttributeValue::S("exec-unreadable#r0".into()))
+        .set_item(Some(holding_key(&gate, &id("exec-unreadable"))))
         .send()
         .await
         .expect("put an unreadable holding");

@@ -155,39 +155,46 @@ impl DynamoStore {
         if view.layout != Layout::Gate {
             return Ok(view);
         }
-        let mut start = None;
-        loop {
-            let query = self
-                .client()
-                .query()
-                .table_name(self.holdings_table())
-                .expression_attribute_names("#lock", holding_attr::LOCK)
-                .expression_attribute_values(":lock", string(view.lock.as_str()))
-                .consistent_read(true)
-                .set_exclusive_start_key(start);
-            let query = match holder {
-                None => query.key_condition_expression("#lock = :lock"),
-                Some(holder) => query
-                    .key_condition_expression("#lock = :lock AND begins_with(#slot, :holder)")
-                    .expression_attribute_names("#slot", holding_attr::SLOT)
-                    .expression_attribute_values(":holder", string(&format!("{holder}#"))),
-            };
-            let page = query
-                .send()
-                .await
-                .map_err(|e| self.failed_holdings("Query", DisplayErrorContext(e)))?;
-            for attrs in page.items() {
-                let (identity, state) = decode_holding(attrs)?;
-                // A holder's id may hold '#': `a#` also begins `a#b#c`, holder `a#b`'s.
-                if holder.is_none_or(|holder| identity.holder == *holder) {
-                    add_to(&mut view, identity, state);
+        let parts: Vec<String> = match holder {
+            None => holdings::partitions(view.lock.as_str()).collect(),
+            Some(holder) => vec![holdings::partition(view.lock.as_str(), holder.as_str())],
+        };
+        for part in parts {
+            let mut start = None;
+            loop {
+                let query = self
+                    .client()
+                    .query()
+                    .table_name(self.holdings_table())
+                    .expression_attribute_names("#part", holding_attr::PART)
+                    .expression_attribute_values(":part", string(&part))
+                    .consistent_read(true)
+                    .set_exclusive_start_key(start);
+                let query = match holder {
+                    None => query.key_condition_expression("#part = :part"),
+                    Some(holder) => query
+                        .key_condition_expression("#part = :part AND begins_with(#slot, :holder)")
+                        .expression_attribute_names("#slot", holding_attr::SLOT)
+                        .expression_attribute_values(":holder", string(&format!("{holder}#"))),
+                };
+                let page = query
+                    .send()
+                    .await
+                    .map_err(|e| self.failed_holdings("Query", DisplayErrorContext(e)))?;
+                for attrs in page.items() {
+                    let (identity, state) = decode_holding(attrs)?;
+                    // A holder's id may hold '#': `a#` also begins `a#b#c`, holder `a#b`'s.
+                    if holder.is_none_or(|holder| identity.holder == *holder) {
+                        add_to(&mut view, identity, state);
+                    }
+                }
+                match page.last_evaluated_key() {
+                    Some(key) if !key.is_empty() => start = Some(key.clone()),
+                    _ => break,
                 }
             }
-            match page.last_evaluated_key() {
-                Some(key) if !key.is_empty() => start = Some(key.clone()),
-                _ => return Ok(view),
-            }
         }
+        Ok(view)
     }
 
     /// Sends one holding's `action` as a plain request; answered as a transaction is.

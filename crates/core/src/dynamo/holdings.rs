@@ -1,5 +1,6 @@
 //! A gate lock's holdings in DynamoDB (see [`Layout::Gate`](crate::item::Layout::Gate)): one
-//! item per holding in the holdings table (partition key `lock`, sort key `slot`, the holding's
+//! item per holding in the holdings table (partition key `part`, the lock and one of
+//! [`HOLDINGS_BUCKETS`] buckets chosen by the holder; sort key `slot`, the holding's
 //! `holder#acquisition`, so one `Query` of a key prefix finds an execution's holdings), and how
 //! a write's checks and changes of a holding become that item's condition and action in the
 //! write's transaction.
@@ -22,6 +23,9 @@ use crate::write::{Change, Check, Write};
 
 /// Attribute names of a holding item.
 pub mod holding_attr {
+    /// The partition key: `lock#bucket` ([`super::partition`]).
+    pub const PART: &str = "part";
+    /// The lock's name, as given.
     pub const LOCK: &str = "lock";
     /// `holder#acquisition` ([`crate::item::Identity::slot_key`]).
     pub const SLOT: &str = "slot";
@@ -51,10 +55,43 @@ pub enum HoldingState {
     },
 }
 
+/// Partitions a lock's holdings are spread over. A critical section writes its holding three
+/// times (the admission and the tombstone, each billed twice in their transactions, and the
+/// drop: 5 write units of a 1 KB item); one partition takes 1,000 a second, so the holdings of
+/// a lock on one partition key would stop at 200 sections a second, below the gate's 250. Four
+/// keys take 800. A holder's holdings share its bucket, so a cleanup still reads them with one
+/// `Query`; a read of the whole lock is four.
+pub const HOLDINGS_BUCKETS: u32 = 4;
+
+/// The bucket of `holder`'s holdings: FNV-1a of its id, stable across processes and versions
+/// (every writer and reader must agree on it for as long as a holding lives).
+fn bucket_of(holder: &str) -> u32 {
+    let hash = holder
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    u32::try_from(hash % u64::from(HOLDINGS_BUCKETS)).unwrap_or_default()
+}
+
+/// The partition key of `holder`'s holdings on `lock`: `lock#bucket`. Distinct for distinct
+/// locks, whatever their names hold: the bucket is the one digit after the last '#'.
+pub fn partition(lock: &str, holder: &str) -> String {
+    format!("{lock}#{}", bucket_of(holder))
+}
+
+/// Every partition key of `lock`'s holdings.
+pub fn partitions(lock: &str) -> impl Iterator<Item = String> + '_ {
+    (0..HOLDINGS_BUCKETS).map(move |bucket| format!("{lock}#{bucket}"))
+}
+
 /// The key of `identity`'s holding item on `lock`.
 pub fn key(lock: &LockName, identity: &Identity) -> HashMap<String, AttributeValue> {
     HashMap::from([
-        (holding_attr::LOCK.to_owned(), string(lock.as_str())),
+        (
+            holding_attr::PART.to_owned(),
+            string(&partition(lock.as_str(), identity.holder.as_str())),
+        ),
         (holding_attr::SLOT.to_owned(), string(&identity.slot_key())),
     ])
 }
@@ -275,6 +312,7 @@ pub fn action(
         (Some((acquired_at_ms, weight)), _, _) => {
             let token = token.ok_or_else(|| unexpected("an admission without a token".into()))?;
             let mut item = key.clone();
+            item.insert(holding_attr::LOCK.to_owned(), string(write.lock.as_str()));
             item.insert(holding_attr::STATE.to_owned(), string(HELD));
             item.insert(holding_attr::TOKEN.to_owned(), number(token.0));
             item.insert(holding_attr::WEIGHT.to_owned(), number(weight.get()));
@@ -286,6 +324,7 @@ pub fn action(
         }
         (None, Some(at_ms), true) => {
             let mut item = key.clone();
+            item.insert(holding_attr::LOCK.to_owned(), string(write.lock.as_str()));
             item.insert(holding_attr::STATE.to_owned(), string(RELEASED));
             item.insert(holding_attr::RELEASED_AT.to_owned(), number(at_ms));
             Some(item)
@@ -316,8 +355,14 @@ pub fn action(
                 n.attr(holding_attr::RELEASED_AT),
             );
             let (released, at) = (n.value(string(RELEASED)), n.value(number(at_ms)));
-            let update =
-                format!("SET {state} = {released}, {at_name} = if_not_exists({at_name}, {at})");
+            let (lock_name, lock) = (
+                n.attr(holding_attr::LOCK),
+                n.value(string(write.lock.as_str())),
+            );
+            let update = format!(
+                "SET {state} = {released}, {at_name} = if_not_exists({at_name}, {at}), \
+                 {lock_name} = {lock}"
+            );
             action.update(
                 Update::builder()
                     .table_name(table)
@@ -378,4 +423,38 @@ pub fn action(
         }
     }
     .build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holder_s_bucket_is_pinned_and_holders_spread_over_every_bucket() {
+        // Every writer and reader of a holding must find it under the same key for as long as
+        // it lives: the hash is FNV-1a, pinned here (a change of it fails this test).
+        // FNV-1a 64 modulo 4, computed apart (Python's own arithmetic).
+        let arn = "arn:aws:states:us-east-1:123456789012:execution:orders:o-1";
+        assert_eq!(partition("orders-lock", arn), "orders-lock#1");
+        assert_eq!(["exec-1", "exec-2", "exec-3"].map(bucket_of), [2, 3, 0]);
+        let mut used = [0usize; HOLDINGS_BUCKETS as usize];
+        for n in 0..400 {
+            used[bucket_of(&format!(
+                "arn:aws:states:us-east-1:123456789012:execution:m:e-{n}"
+            )) as usize] += 1;
+        }
+        assert!(used.iter().all(|&n| (60..=140).contains(&n)), "{used:?}");
+        assert_eq!(
+            partitions("l").collect::<Vec<_>>(),
+            ["l#0", "l#1", "l#2", "l#3"]
+        );
+    }
+
+    #[test]
+    fn distinct_locks_never_share_a_partition_whatever_their_names_hold() {
+        let of = |lock: &str| partitions(lock).collect::<BTreeSet<_>>();
+        for (a, b) in [("a", "a#0"), ("a#1", "a"), ("x#", "x"), ("l#0#1", "l#0")] {
+            assert!(of(a).is_disjoint(&of(b)), "{a} and {b}");
+        }
+    }
 }

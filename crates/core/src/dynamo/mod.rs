@@ -23,6 +23,10 @@ pub use codec::{
     TOKEN_SPAN, WEIGHT_SPAN,
 };
 pub use expression::{render, Rendered, MAX_EXPRESSION_BYTES, MAX_EXPRESSION_OPERATORS};
+pub use holdings::{
+    holding_attr, key as holding_key, partition as holdings_partition,
+    partitions as holdings_partitions, HOLDINGS_BUCKETS,
+};
 pub use retry::{holder_retries, throttle_backoff, HOLDER_ATTEMPTS};
 pub use size::{item_size, stored_size, write_units};
 pub use store::{DynamoStore, TableSetup};

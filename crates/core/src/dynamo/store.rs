@@ -155,7 +155,7 @@ impl DynamoStore {
             .create_one(
                 &self.holdings_table,
                 &[
-                    (holding_attr::LOCK, KeyType::Hash),
+                    (holding_attr::PART, KeyType::Hash),
                     (holding_attr::SLOT, KeyType::Range),
                 ],
                 None,
