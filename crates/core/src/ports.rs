@@ -42,6 +42,18 @@ pub trait ItemStore: Send + Sync {
         self.load(lock)
     }
 
+    /// The lock as its line's hand-off reads it: the count, the weight in use, the line's
+    /// length, the configuration, the rate. A store whose holdings are items of their own (a
+    /// gate) leaves them out: a hand-off at a lock of 10,000 holders reads one item, not
+    /// 10,000. (So on such a lock a passed lease is taken back by the sweep, not by the
+    /// hand-off.)
+    fn load_line(
+        &self,
+        lock: &LockName,
+    ) -> impl Future<Output = Result<Option<SemaphoreItem>, StoreError>> + Send {
+        self.load(lock)
+    }
+
     /// Every semaphore item (the sweeper's view), each read on its own: an item that cannot be
     /// read (of another format, say) is an error in the list, not a failed list.
     fn list(
@@ -90,6 +102,13 @@ where
         holder: &HolderId,
     ) -> impl Future<Output = Result<Option<SemaphoreItem>, StoreError>> + Send {
         (**self).load_holder(lock, holder)
+    }
+
+    fn load_line(
+        &self,
+        lock: &LockName,
+    ) -> impl Future<Output = Result<Option<SemaphoreItem>, StoreError>> + Send {
+        (**self).load_line(lock)
     }
 
     fn list(

@@ -8,6 +8,7 @@
 //! The local server (moto behind one lock) serves one request at a time: every throughput and
 //! latency figure is bounded by it, and compares the protocols' request patterns, not AWS.
 
+mod bill;
 mod charts;
 mod common;
 mod lambdas;
@@ -957,7 +958,7 @@ impl Bench {
              critical sections each at the full lock (issue #28)\n"
         );
         print_table(
-            "| >limit | protocol | >holders | >item bytes (gate + holding) | >WCU per write | >WCU per CS | >requests/CS | >acquire p50 / p99 ms | stopped short |",
+            "| >limit | protocol | >holders | >item bytes (gate + holding) | >WCU per write | >WCU per CS | >requests/CS | >acquire p50 / p99 ms | >waited: record bytes | >waited: WCU per CS | >waited: requests/CS | stopped short |",
             rows.iter().map(|r| {
                 vec![
                     r.limit.to_string(),
@@ -972,6 +973,13 @@ impl Bench {
                     f(r.write_units_per_section, 1),
                     f(r.requests_per_section, 2),
                     pair(r.acquire_p50_ms, r.acquire_p99_ms, 1),
+                    if r.waited_sections > 0 {
+                        r.record_bytes.to_string()
+                    } else {
+                        String::new()
+                    },
+                    f(r.waited_write_units_per_section, 1),
+                    f(r.waited_requests_per_section, 2),
                     r.stopped.clone().unwrap_or_default(),
                 ]
             }),

@@ -12,14 +12,20 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use aws_sdk_dynamodb::types::AttributeValue;
 use local_aws::counter::RequestCounter;
 use local_aws::names::{self, id, limit};
 use local_aws::observe::raw_item;
 use local_aws::sample::Sample;
-use semaphore_core::dynamo::{holding_key, item_size, write_units};
-use semaphore_core::{AcquireOutcome, DynamoStore, Identity, Layout, ReleaseOutcome, Semaphore};
+use semaphore_core::dynamo::{holding_key, item_size, queue_attr, write_units};
+use semaphore_core::{
+    AcquireOutcome, Attempt, DynamoStore, ExecutionState, ExecutionStatus, FencingToken, HolderId,
+    Identity, Layout, LockName, PortError, QueueOutcome, ReleaseOutcome, Run, Semaphore, TaskToken,
+    Waiter, WaiterId, Waker,
+};
 use serde::Serialize;
 
+use crate::bill::WriteLog;
 use crate::common::{execution_arn, uuid};
 use crate::stats::{ms, quantile};
 
@@ -45,6 +51,16 @@ pub struct ScaleRow {
     pub requests_per_section: f64,
     pub acquire_p50_ms: f64,
     pub acquire_p99_ms: f64,
+    /// Sections that waited in line at the full lock (ours only; the sample has no line, it
+    /// polls): each acquirer finds the lock full, queues, and is granted its slot by the release
+    /// of the one before it. Per section: its refused acquire, its look for a record, its
+    /// queueing and the hand-off after it, the release before it and the grant that release
+    /// hands on, and (a gate) the drop of that release's tombstone.
+    pub waited_sections: usize,
+    /// The waiter's record as stored (with a 1,000-character task token).
+    pub record_bytes: usize,
+    pub waited_write_units_per_section: f64,
+    pub waited_requests_per_section: f64,
 }
 
 /// Runs each limit of `limits` for ours and the sample's, `sections` sections each.
@@ -55,9 +71,18 @@ pub async fn run(
     sections: usize,
 ) -> Result<Vec<ScaleRow>> {
     let counter = RequestCounter::new();
+    let log = WriteLog::default();
+    let counted = counter.dynamodb_client(endpoint);
     let clients = Clients {
-        counted: counter.dynamodb_client(endpoint),
+        counted: aws_sdk_dynamodb::Client::from_conf(
+            counted
+                .config()
+                .to_builder()
+                .interceptor(log.clone())
+                .build(),
+        ),
         reader: local_aws::client_for(endpoint),
+        log,
     };
     let mut rows = Vec::new();
     for &n in limits {
@@ -68,10 +93,12 @@ pub async fn run(
     Ok(rows)
 }
 
-/// The protocols' client, whose requests are counted, and the bench's own reader, whose are not.
+/// The protocols' client, whose requests are counted and whose writes are logged for their
+/// bill, and the bench's own reader, whose are not.
 struct Clients {
     counted: aws_sdk_dynamodb::Client,
     reader: aws_sdk_dynamodb::Client,
+    log: WriteLog,
 }
 
 impl Clients {
@@ -79,6 +106,29 @@ impl Clients {
     async fn bytes(&self, table: &str, lock: &str) -> usize {
         raw_item(&self.reader, table, lock)
             .await
+            .map_or(0, |item| item_size(&item))
+    }
+
+    /// The waiter record of `identity` in `lock`'s line as DynamoDB sizes it now (0: none).
+    async fn record_bytes(
+        &self,
+        store: &DynamoStore,
+        lock: &LockName,
+        identity: &Identity,
+    ) -> usize {
+        self.reader
+            .get_item()
+            .table_name(store.queue_table())
+            .key(queue_attr::LOCK, AttributeValue::S(lock.to_string()))
+            .key(
+                queue_attr::WAITER,
+                AttributeValue::S(WaiterId::of(identity).render()),
+            )
+            .consistent_read(true)
+            .send()
+            .await
+            .ok()
+            .and_then(|out| out.item)
             .map_or(0, |item| item_size(&item))
     }
 
@@ -118,6 +168,7 @@ async fn ours(
             Billed::default(),
             0,
             &[],
+            Waited::default(),
         ));
     }
     let sem = Semaphore::new(DynamoStore::new(clients.counted.clone(), table));
@@ -179,6 +230,7 @@ async fn ours(
             0
         },
     };
+    let waited = waited(counter, clients, &sem, &lock, n, sections, billed).await?;
     Ok(row(
         proto,
         n,
@@ -187,7 +239,146 @@ async fn ours(
         billed,
         counts.total(),
         &acquires,
+        waited,
     ))
+}
+
+/// Wakes nobody: the bench's waiters are records, not parked executions (the wake-up is Step
+/// Functions' `SendTaskSuccess`, no DynamoDB request).
+struct Woken;
+
+impl Waker for Woken {
+    async fn wake(&self, _: &Waiter, _: FencingToken) -> Result<(), PortError> {
+        Ok(())
+    }
+
+    async fn defer(&self, _: &Waiter, _: u64) -> Result<(), PortError> {
+        Err(PortError::new("no start rate in the scale part"))
+    }
+}
+
+/// Every holder runs: a hand-off whose wake-up failed would ask.
+struct Running;
+
+impl ExecutionStatus for Running {
+    async fn describe(&self, _: &HolderId) -> Result<ExecutionState, PortError> {
+        Ok(ExecutionState::Running)
+    }
+}
+
+/// `sections` sections that wait in line at the full `lock`, as the acquire and release
+/// functions run them: each acquirer's acquire is refused (full), it looks for its record,
+/// queues (a 1,000-character task token) and hands off (nothing free); the holder before it
+/// releases and hands its slot on. Counted from the first queueing to the last grant: per
+/// section one of each.
+async fn waited(
+    counter: &RequestCounter,
+    clients: &Clients,
+    sem: &Semaphore<DynamoStore>,
+    lock: &LockName,
+    n: u32,
+    sections: usize,
+    billed: Billed,
+) -> Result<Waited> {
+    let store = sem.store();
+    let terms = limit(i64::from(n));
+    let mut before = id(&execution_arn("scale-waited", 0), &uuid());
+    match sem.acquire(lock, &before, terms).await? {
+        AcquireOutcome::Acquired { .. } => {}
+        other => bail!("the last slot of {lock} gave {other:?}"),
+    }
+    let token = TaskToken::new("A".repeat(1_000))?;
+    let (mut record_bytes, mut gate_bytes) = (0, 0);
+    counter.take();
+    clients.log.take();
+    for s in 1..=sections {
+        let who = id(&execution_arn("scale-waited", s), &uuid());
+        let now = sem.now_ms();
+        match sem.acquire(lock, &who, terms).await? {
+            AcquireOutcome::Full { .. } => {}
+            other => bail!("a waited section's acquire on the full {lock} gave {other:?}"),
+        }
+        if sem.waiter(lock, WaiterId::of(&who)).await?.is_some() {
+            bail!("{who:?} was in line before it queued");
+        }
+        let context = format!(
+            r#"{{"acquired":true,"lock":"{lock}","holder":"{}","acquisition":"{}","queued_at_ms":{now}}}"#,
+            who.holder, who.acquisition
+        );
+        let waiter = Waiter::new(
+            lock.clone(),
+            who.clone(),
+            Run::FIRST,
+            terms,
+            now,
+            token.clone(),
+            Attempt::new(now, 0),
+            context,
+        );
+        match sem.enqueue(&waiter, now).await? {
+            QueueOutcome::Queued => {}
+            other => bail!("a waited section's queueing on {lock} gave {other:?}"),
+        }
+        sem.hand_off(lock, None, &Woken, &Running).await?;
+        record_bytes = record_bytes.max(clients.record_bytes(store, lock, &who).await);
+        gate_bytes = gate_bytes.max(clients.bytes(store.table(), lock.as_str()).await);
+        match sem.release(lock, &before).await? {
+            ReleaseOutcome::Released { .. } => {}
+            other => bail!("a waited section's release on {lock} gave {other:?}"),
+        }
+        let handed = sem.hand_off(lock, None, &Woken, &Running).await?;
+        if handed.woken.iter().map(|(w, _)| w).ne([&who]) {
+            bail!(
+                "the release on {lock} handed on to {:?}, not {who:?}",
+                handed.woken
+            );
+        }
+        before = who;
+    }
+    let (counts, written) = (counter.take(), clients.log.take());
+    sem.release(lock, &before).await?;
+    let bytes = |table: &str| {
+        if table == store.table() {
+            gate_bytes.max(billed.item_bytes)
+        } else if table == store.holdings_table() {
+            billed.holding_bytes
+        } else {
+            record_bytes
+        }
+    };
+    // A gate's release leaves a tombstone, which a sweep drops: one plain delete per section.
+    let drops = if billed.holding_bytes > 0 {
+        sections as u64 * write_units(billed.holding_bytes) as u64
+    } else {
+        0
+    };
+    let units = written.units(bytes, &[store.queue_table()]) + drops;
+    Ok(Waited {
+        sections,
+        record_bytes,
+        units_per_section: units as f64 / sections as f64,
+        requests_per_section: counts.total() as f64 / sections as f64,
+    })
+}
+
+/// What [`waited`] measured.
+#[derive(Debug, Clone, Copy)]
+struct Waited {
+    sections: usize,
+    record_bytes: usize,
+    units_per_section: f64,
+    requests_per_section: f64,
+}
+
+impl Default for Waited {
+    fn default() -> Self {
+        Self {
+            sections: 0,
+            record_bytes: 0,
+            units_per_section: f64::NAN,
+            requests_per_section: f64::NAN,
+        }
+    }
 }
 
 /// What a run's sections wrote, and the items they wrote, for DynamoDB's bill.
@@ -300,9 +491,11 @@ async fn sample(
         billed,
         counts.total(),
         &acquires,
+        Waited::default(),
     ))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn row(
     proto: &'static str,
     n: u32,
@@ -311,6 +504,7 @@ fn row(
     billed: Billed,
     requests: u64,
     acquires: &[Duration],
+    waited: Waited,
 ) -> ScaleRow {
     // No section ran: nothing per section to say.
     let sections = if acquires.is_empty() {
@@ -336,5 +530,9 @@ fn row(
         requests_per_section: requests as f64 / sections,
         acquire_p50_ms: quantile(&latencies, 0.5).unwrap_or(f64::NAN),
         acquire_p99_ms: quantile(&latencies, 0.99).unwrap_or(f64::NAN),
+        waited_sections: waited.sections,
+        record_bytes: waited.record_bytes,
+        waited_write_units_per_section: waited.units_per_section,
+        waited_requests_per_section: waited.requests_per_section,
     }
 }

@@ -111,9 +111,11 @@ impl DynamoStore {
 
     /// The lock just after a write that landed with these holding `actions`: the gate read now,
     /// each holding the write put (an admission, a tombstone) as it put it and each it deleted
-    /// gone, without reading them back; only a holding it updated in place (a heartbeat) or
-    /// only checked is read. A holding changed by another writer since (a cleanup's free just
-    /// after an admission) is answered as this write left it: what its caller asked about.
+    /// gone, without reading them back; only a holding it updated in place (a heartbeat) is
+    /// read. One it only checked (a queueing's "not holding, not released": absent) is left
+    /// out, as no answer to such a write reads it. A holding changed by another writer since (a
+    /// cleanup's free just after an admission) is answered as this write left it: what its
+    /// caller asked about.
     async fn landed_view(
         &self,
         lock: &LockName,
@@ -121,7 +123,7 @@ impl DynamoStore {
     ) -> Result<Option<SemaphoreItem>, StoreError> {
         let unknown: BTreeSet<Identity> = actions
             .iter()
-            .filter(|(_, a)| a.put().is_none() && a.delete().is_none())
+            .filter(|(_, a)| a.update().is_some())
             .map(|(identity, _)| identity.clone())
             .collect();
         let Some(mut view) = self.gate_view(lock, &unknown).await? else {

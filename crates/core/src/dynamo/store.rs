@@ -418,13 +418,20 @@ impl DynamoStore {
     }
 }
 
+/// Which of a gate's holdings a read of the lock reads with it.
+#[derive(Debug, Clone, Copy)]
+enum Holdings<'a> {
+    All,
+    Of(&'a HolderId),
+    None,
+}
+
 impl DynamoStore {
-    /// The lock's item, read consistently, with its holdings (of `holder` alone, if named) when
-    /// it is a gate.
+    /// The lock's item, read consistently, with the `holdings` asked for when it is a gate.
     async fn read_lock(
         &self,
         lock: &LockName,
-        holder: Option<&HolderId>,
+        holdings: Holdings<'_>,
     ) -> Result<Option<SemaphoreItem>, StoreError> {
         let out = self
             .client
@@ -438,7 +445,11 @@ impl DynamoStore {
         match out.item().map(decode).transpose()? {
             Some(item) => {
                 self.saw_layout(lock, item.layout);
-                Ok(Some(self.with_holdings_of(item, holder).await?))
+                Ok(Some(match holdings {
+                    Holdings::All => self.with_holdings_of(item, None).await?,
+                    Holdings::Of(holder) => self.with_holdings_of(item, Some(holder)).await?,
+                    Holdings::None => item,
+                }))
             }
             None => Ok(None),
         }
@@ -447,7 +458,7 @@ impl DynamoStore {
 
 impl ItemStore for DynamoStore {
     async fn load(&self, lock: &LockName) -> Result<Option<SemaphoreItem>, StoreError> {
-        self.read_lock(lock, None).await
+        self.read_lock(lock, Holdings::All).await
     }
 
     async fn load_holder(
@@ -455,7 +466,11 @@ impl ItemStore for DynamoStore {
         lock: &LockName,
         holder: &HolderId,
     ) -> Result<Option<SemaphoreItem>, StoreError> {
-        self.read_lock(lock, Some(holder)).await
+        self.read_lock(lock, Holdings::Of(holder)).await
+    }
+
+    async fn load_line(&self, lock: &LockName) -> Result<Option<SemaphoreItem>, StoreError> {
+        self.read_lock(lock, Holdings::None).await
     }
 
     async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {

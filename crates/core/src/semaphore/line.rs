@@ -8,7 +8,7 @@ use crate::item::{FencingToken, Identity, SemaphoreItem};
 use crate::ports::{
     missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
 };
-use crate::protocol::{self, Grant, QueueOutcome};
+use crate::protocol::{self, Grant, QueueOutcome, WriteResult};
 use crate::queue::{Attempt, QueueKey, Waiter, WaiterId, Wakeup};
 
 /// Most grants (and skips of dead waiters) one hand-off makes before it leaves the rest to the
@@ -183,7 +183,7 @@ impl<S: ItemStore> Semaphore<S> {
         let mut rate_wait_left_ms = RATE_WAIT_BUDGET_MS;
         let mut item = match known {
             Some(item) => item,
-            None => match self.store.load(lock).await? {
+            None => match self.store.load_line(lock).await? {
                 Some(item) => item,
                 None => return Ok(report),
             },
@@ -198,7 +198,7 @@ impl<S: ItemStore> Semaphore<S> {
             // F13: a poller that stopped polling is dead, and nobody would take its grant.
             if self.leave_if_stopped(&head).await? {
                 report.skipped.push(head.identity.clone());
-                item = self.status(lock).await?;
+                item = self.line_view(lock).await?;
                 continue;
             }
             // F14: granted on the lock's configuration, if any. A head whose weight the
@@ -210,7 +210,7 @@ impl<S: ItemStore> Semaphore<S> {
                 Err(_) => {
                     self.leave(lock, head.id()).await?;
                     report.skipped.push(head.identity.clone());
-                    item = self.status(lock).await?;
+                    item = self.line_view(lock).await?;
                     continue;
                 }
             };
@@ -227,9 +227,22 @@ impl<S: ItemStore> Semaphore<S> {
             }
             let write = protocol::grant(&head, item.config, &terms, self.now_ms());
             let result = self.store.write(&write).await?;
+            // The lock as the grant left it: its token for the wake-up, its counts for the
+            // next step; read again only where the store handed back neither.
+            let landed = match &result {
+                WriteResult::Applied { before } => write
+                    .apply_with(before.as_ref(), Some(&head))
+                    .ok()
+                    .map(|(after, _)| after),
+                WriteResult::Landed { after } => after.clone(),
+                _ => None,
+            };
             match protocol::granted(&write, result)? {
                 Grant::Granted => {
-                    let after = self.status(lock).await?;
+                    let after = match landed {
+                        Some(after) => after,
+                        None => self.status(lock).await?,
+                    };
                     let Some(token) = after.holders.get(&head.identity).map(|h| h.token) else {
                         // Freed already (its execution ended and was cleaned up): nothing to
                         // wake.
@@ -266,7 +279,7 @@ impl<S: ItemStore> Semaphore<S> {
                                 .settle_failed_wake(lock, &head, &why, executions, &mut report)
                                 .await?
                             {
-                                item = self.status(lock).await?;
+                                item = self.line_view(lock).await?;
                             }
                         }
                     }
@@ -275,7 +288,7 @@ impl<S: ItemStore> Semaphore<S> {
                 Grant::Dead { .. } | Grant::Holding { .. } => {
                     self.leave(lock, head.id()).await?;
                     report.skipped.push(head.identity.clone());
-                    item = self.status(lock).await?;
+                    item = self.line_view(lock).await?;
                 }
                 Grant::NoSlot { .. } => break,
                 Grant::TooSoon {
@@ -303,6 +316,14 @@ impl<S: ItemStore> Semaphore<S> {
             }
         }
         Ok(report)
+    }
+
+    /// The lock as a hand-off reads it ([`ItemStore::load_line`]).
+    async fn line_view(&self, lock: &LockName) -> Result<SemaphoreItem, Error> {
+        self.store
+            .load_line(lock)
+            .await?
+            .ok_or_else(|| Error::UnknownLock { lock: lock.clone() })
     }
 
     /// A granted waiter's wake-up failed (`why`): if its execution has ended, free the slot again
