@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use local_aws::observe::raw_item;
-use local_aws::proxy::HoldingProxy;
+use local_aws::proxy::{Canned, FaultyProxy, HoldingProxy, Verdict};
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::dynamo::{holding_key, FORMAT, GATE_FORMAT};
 use semaphore_core::protocol::Timing;
@@ -414,4 +414,50 @@ async fn an_admission_freed_before_it_was_read_back_is_answered_acquired() {
     };
     assert_eq!(token, cleaned.freed[0].1.token, "the token it landed with");
     assert!(holding(sem.store(), "quick", &id("exec-1")).await.is_none());
+}
+
+/// A gate's transactions all update the one gate item, and DynamoDB cancels a transaction that
+/// meets another in flight on an item (`TransactionConflict`), which the local server, one
+/// request at a time, never does: the proxy answers it (a canned fault). The admission is sent
+/// again, under a new client request token, and lands once.
+#[tokio::test]
+async fn a_gate_admission_cancelled_by_conflicts_is_sent_again_and_lands_once() {
+    let store = fresh_table().await;
+    let sem = Semaphore::new(store.clone());
+    let gate = LockName::new("hot").unwrap();
+    sem.set_layout(&gate, Layout::Gate).await.unwrap();
+    let proxy = FaultyProxy::start(endpoint()).await;
+    let faulty = Semaphore::new(
+        DynamoStore::new(client_for(&proxy.endpoint()), store.table())
+            .with_queue_table(store.queue_table()),
+    );
+    faulty.status(&gate).await.unwrap();
+    for _ in 0..2 {
+        proxy.fault_next(
+            "TransactWriteItems",
+            Verdict::Answer(Canned::ConflictedTransaction),
+        );
+    }
+    let AcquireOutcome::Acquired { token, count } = faulty
+        .acquire(&gate, &id("exec-1"), limit(3))
+        .await
+        .unwrap()
+    else {
+        panic!("acquired")
+    };
+    assert_eq!(count, 1);
+    let sent: Vec<_> = proxy
+        .seen_of("TransactWriteItems")
+        .into_iter()
+        .map(|s| s.token)
+        .collect();
+    assert_eq!(sent.len(), 3, "two cancelled, then landed");
+    assert_eq!(
+        sent.iter().collect::<std::collections::BTreeSet<_>>().len(),
+        3,
+        "a new client request token each time: {sent:?}"
+    );
+    let status = sem.status(&gate).await.unwrap();
+    assert_eq!((status.count(), status.used), (1, 1));
+    assert_eq!(status.holders[&id("exec-1")].token, token);
 }
