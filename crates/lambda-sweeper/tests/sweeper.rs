@@ -219,6 +219,19 @@ async fn take_past_grace(
     take(&sem, lock, holder, acquisition).await
 }
 
+/// The sweeper's Step Functions side judging `machines` (ARN patterns), its calls counted.
+fn counted_executions(machines: &str) -> (RequestCounter, SfnExecutions) {
+    let counter = RequestCounter::new();
+    let counted = aws_sdk_sfn::config::Builder::from(&sdk_config())
+        .interceptor(counter.clone())
+        .build();
+    let executions = SfnExecutions::of_machines(
+        aws_sdk_sfn::Client::from_conf(counted),
+        ArnPatterns::parse(machines, |_| true).unwrap(),
+    );
+    (counter, executions)
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -822,14 +835,9 @@ async fn an_ended_holder_keeps_its_slot_while_its_work_runs_and_loses_it_after()
     ]);
     let settings = Settings::from_lookup(move |name| vars.get(name).cloned());
     let mut sweeper = Sweeper::from_settings(&settings, &sdk_config()).expect("settings");
-    let counter = RequestCounter::new();
-    let counted = aws_sdk_sfn::config::Builder::from(&sdk_config())
-        .interceptor(counter.clone())
-        .build();
-    sweeper.executions = SfnExecutions::of_machines(
-        aws_sdk_sfn::Client::from_conf(counted),
-        ArnPatterns::parse(&format!("{},{parent_machine}", local.machine_arn), |_| true).unwrap(),
-    );
+    let (counter, executions) =
+        counted_executions(&format!("{},{parent_machine}", local.machine_arn));
+    sweeper.executions = executions;
     let token = take(&sweeper.semaphore, "demo-lock", &parent, "r0").await;
 
     let kept = sweeper.sweep().await.unwrap().summary;
@@ -1173,14 +1181,8 @@ async fn a_lapsed_lease_is_taken_back_announced_and_counted() {
 async fn many_holders_of_one_machine_are_checked_with_one_listing_and_the_ended_described() {
     let local = local().await;
     let mut sweeper = local.sweeper(fresh_table().await.table());
-    let counter = RequestCounter::new();
-    let counted = aws_sdk_sfn::config::Builder::from(&sdk_config())
-        .interceptor(counter.clone())
-        .build();
-    sweeper.executions = SfnExecutions::of_machines(
-        aws_sdk_sfn::Client::from_conf(counted),
-        ArnPatterns::parse(&local.machine_arn, |_| true).unwrap(),
-    );
+    let (counter, executions) = counted_executions(&local.machine_arn);
+    sweeper.executions = executions;
     let holders = LIST_ABOVE_HOLDERS * 2 + 5;
     let lock = LockName::new("wide-lock").unwrap();
     let mut executions = Vec::new();

@@ -9,6 +9,7 @@
 //! a transaction with the gate: 2 write units per KB of each item, and the sweep's drop of the
 //! tombstone a release leaves, one unit, counted with its section).
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -116,28 +117,27 @@ impl Clients {
         lock: &LockName,
         identity: &Identity,
     ) -> usize {
-        self.reader
-            .get_item()
-            .table_name(store.queue_table())
-            .key(queue_attr::LOCK, AttributeValue::S(lock.to_string()))
-            .key(
-                queue_attr::WAITER,
-                AttributeValue::S(WaiterId::of(identity).render()),
-            )
-            .consistent_read(true)
-            .send()
-            .await
-            .ok()
-            .and_then(|out| out.item)
-            .map_or(0, |item| item_size(&item))
+        let key = [
+            (queue_attr::LOCK, lock.to_string()),
+            (queue_attr::WAITER, WaiterId::of(identity).render()),
+        ]
+        .map(|(name, value)| (name.to_owned(), AttributeValue::S(value)));
+        self.size_of(store.queue_table(), key.into()).await
     }
 
     /// `identity`'s holding item on gate `lock` as DynamoDB sizes it now (0: none).
     async fn holding_bytes(&self, table: &str, lock: &str, identity: &Identity) -> usize {
+        let key = holding_key(&names::lock(lock), identity);
+        self.size_of(&DynamoStore::default_holdings_table(table), key)
+            .await
+    }
+
+    /// The item of `table` under `key` as DynamoDB sizes it now (0: none).
+    async fn size_of(&self, table: &str, key: HashMap<String, AttributeValue>) -> usize {
         self.reader
             .get_item()
-            .table_name(DynamoStore::default_holdings_table(table))
-            .set_key(Some(holding_key(&names::lock(lock), identity)))
+            .table_name(table)
+            .set_key(Some(key))
             .consistent_read(true)
             .send()
             .await

@@ -59,6 +59,39 @@ async fn holding(
         .item
 }
 
+/// A semaphore on `store` whose requests go through `endpoint` (a proxy's), having seen `gate`
+/// (so its writes are sent as a gate's from the first).
+async fn through(endpoint: String, store: &DynamoStore, gate: &LockName) -> Semaphore<DynamoStore> {
+    let sem = Semaphore::new(
+        DynamoStore::new(client_for(&endpoint), store.table())
+            .with_queue_table(store.queue_table()),
+    );
+    sem.status(gate).await.unwrap();
+    sem
+}
+
+/// `who`'s acquire of `gate` through a proxy that holds the first read after its write (the
+/// transaction, then the reads that answer it); answers once that read is held.
+async fn acquire_holding_the_read_after(
+    store: &DynamoStore,
+    gate: &LockName,
+    who: Identity,
+    n: i64,
+) -> (
+    HoldingProxy,
+    tokio::task::JoinHandle<Result<AcquireOutcome, Error>>,
+) {
+    let proxy = HoldingProxy::start(endpoint()).await;
+    let delayed = through(proxy.endpoint(), store, gate).await;
+    proxy.hold_next("GetItem", 1);
+    let acquiring = {
+        let gate = gate.clone();
+        tokio::spawn(async move { delayed.acquire(&gate, &who, limit(n)).await })
+    };
+    proxy.wait_held(1).await;
+    (proxy, acquiring)
+}
+
 fn text(item: &std::collections::HashMap<String, AttributeValue>, name: &str) -> String {
     match &item[name] {
         AttributeValue::S(s) => s.clone(),
@@ -288,19 +321,7 @@ async fn a_refusal_read_after_the_lock_moved_is_sent_again_and_lands() {
     sem.set_layout(&gate, Layout::Gate).await.unwrap();
     sem.acquire(&gate, &id("exec-1"), limit(1)).await.unwrap();
 
-    let proxy = HoldingProxy::start(endpoint()).await;
-    let delayed = Semaphore::new(
-        DynamoStore::new(client_for(&proxy.endpoint()), store.table())
-            .with_queue_table(store.queue_table()),
-    );
-    // It has seen the gate: its acquire is one transaction, then the reads that answer it.
-    delayed.status(&gate).await.unwrap();
-    proxy.hold_next("GetItem", 1);
-    let acquiring = {
-        let gate = gate.clone();
-        tokio::spawn(async move { delayed.acquire(&gate, &id("exec-2"), limit(1)).await })
-    };
-    proxy.wait_held(1).await;
+    let (proxy, acquiring) = acquire_holding_the_read_after(&store, &gate, id("exec-2"), 1).await;
     // The full gate refused it; before that refusal is read, the holder leaves.
     assert!(matches!(
         sem.release(&gate, &id("exec-1")).await.unwrap(),
@@ -386,18 +407,7 @@ async fn an_admission_freed_before_it_was_read_back_is_answered_acquired() {
     let gate = LockName::new("quick").unwrap();
     sem.set_layout(&gate, Layout::Gate).await.unwrap();
 
-    let proxy = HoldingProxy::start(endpoint()).await;
-    let delayed = Semaphore::new(
-        DynamoStore::new(client_for(&proxy.endpoint()), store.table())
-            .with_queue_table(store.queue_table()),
-    );
-    delayed.status(&gate).await.unwrap();
-    proxy.hold_next("GetItem", 1);
-    let acquiring = {
-        let gate = gate.clone();
-        tokio::spawn(async move { delayed.acquire(&gate, &id("exec-1"), limit(2)).await })
-    };
-    proxy.wait_held(1).await;
+    let (proxy, acquiring) = acquire_holding_the_read_after(&store, &gate, id("exec-1"), 2).await;
     let cleaned = sem
         .cleanup(&gate, &HolderId::new("exec-1").unwrap())
         .await
@@ -427,11 +437,7 @@ async fn a_gate_admission_cancelled_by_conflicts_is_sent_again_and_lands_once() 
     let gate = LockName::new("hot").unwrap();
     sem.set_layout(&gate, Layout::Gate).await.unwrap();
     let proxy = FaultyProxy::start(endpoint()).await;
-    let faulty = Semaphore::new(
-        DynamoStore::new(client_for(&proxy.endpoint()), store.table())
-            .with_queue_table(store.queue_table()),
-    );
-    faulty.status(&gate).await.unwrap();
+    let faulty = through(proxy.endpoint(), &store, &gate).await;
     for _ in 0..2 {
         proxy.fault_next(
             "TransactWriteItems",
