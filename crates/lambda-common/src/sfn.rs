@@ -95,32 +95,7 @@ impl SfnClient {
     pub fn client(&self) -> &aws_sdk_sfn::Client {
         &self.client
     }
-}
 
-/// The call's answer; `None` when it says the execution does not exist (`missing`). Only that
-/// answer proves it; any other failure (throttling, access denied...) proves nothing.
-fn unless_missing<T, E, R>(
-    answer: Result<T, SdkError<E, R>>,
-    operation: &'static str,
-    execution: &str,
-    missing: impl Fn(&E) -> bool,
-) -> Result<Option<T>, SfnError>
-where
-    E: std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
-{
-    match answer {
-        Ok(answer) => Ok(Some(answer)),
-        Err(SdkError::ServiceError(e)) if missing(e.err()) => Ok(None),
-        Err(e) => Err(SfnError {
-            operation,
-            execution: execution.to_owned(),
-            message: DisplayErrorContext(e).to_string(),
-        }),
-    }
-}
-
-impl SfnClient {
     /// The executions of `state_machine` that are running, as `ListExecutions` (eventually
     /// consistent) lists them, newest first, in at most `max_pages` pages of 1,000: a sweep's way
     /// to clear many holders of one machine in a few calls. An execution missing here may still
@@ -155,6 +130,29 @@ impl SfnClient {
             );
         }
         Ok(running)
+    }
+}
+
+/// The call's answer; `None` when it says the execution does not exist (`missing`). Only that
+/// answer proves it; any other failure (throttling, access denied...) proves nothing.
+fn unless_missing<T, E, R>(
+    answer: Result<T, SdkError<E, R>>,
+    operation: &'static str,
+    execution: &str,
+    missing: impl Fn(&E) -> bool,
+) -> Result<Option<T>, SfnError>
+where
+    E: std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match answer {
+        Ok(answer) => Ok(Some(answer)),
+        Err(SdkError::ServiceError(e)) if missing(e.err()) => Ok(None),
+        Err(e) => Err(SfnError {
+            operation,
+            execution: execution.to_owned(),
+            message: DisplayErrorContext(e).to_string(),
+        }),
     }
 }
 

@@ -18,12 +18,12 @@ use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkErro
 
 use super::codec::{attr, decode, string};
 use super::expression::{is_holdings, record_action, render_in};
-use super::holdings::{self, add_to, decode_holding, holding_attr};
+use super::holdings::{self, add_to, decode_holding, holding_attr, Holdings};
 use super::retry::{LostAnswers, CONFLICT_ROUNDS};
 use super::store::Transacted;
 use super::DynamoStore;
 use crate::error::StoreError;
-use crate::input::{HolderId, LockName};
+use crate::input::LockName;
 use crate::item::{FencingToken, Identity, Layout, SemaphoreItem};
 use crate::protocol::WriteResult;
 use crate::write::{Change, Write};
@@ -138,22 +138,20 @@ impl DynamoStore {
         Ok(Some(view))
     }
 
-    /// `view` (a gate read as an item of the layout in use) with every holding of its lock.
+    /// `view` (a gate read as an item of the layout in use) with `which` of its holdings: all
+    /// of its lock's, or only a holder's, read by the key prefix `holder#` (a slot key is
+    /// `holder#acquisition`) in its bucket, so a cleanup reads its execution's few, not the
+    /// lock's thousands; or none.
     pub(super) async fn with_holdings(
         &self,
-        view: SemaphoreItem,
-    ) -> Result<SemaphoreItem, StoreError> {
-        self.with_holdings_of(view, None).await
-    }
-
-    /// `view` with the holdings of its lock, or only those of `holder`: read by the key prefix
-    /// `holder#` (a slot key is `holder#acquisition`), so a cleanup reads its execution's few,
-    /// not the lock's thousands.
-    pub(super) async fn with_holdings_of(
-        &self,
         mut view: SemaphoreItem,
-        holder: Option<&HolderId>,
+        which: Holdings<'_>,
     ) -> Result<SemaphoreItem, StoreError> {
+        let holder = match which {
+            Holdings::None => return Ok(view),
+            Holdings::All => None,
+            Holdings::Of(holder) => Some(holder),
+        };
         if view.layout != Layout::Gate {
             return Ok(view);
         }

@@ -17,7 +17,7 @@ use aws_sdk_dynamodb::types::{
 
 use super::codec::{get_number, get_optional, get_text, number, string};
 use crate::error::{AttributeError, StoreError};
-use crate::input::{LockName, Weight};
+use crate::input::{HolderId, LockName, Weight};
 use crate::item::{FencingToken, Holding, Identity, SemaphoreItem};
 use crate::write::{Change, Check, Write};
 
@@ -55,6 +55,14 @@ pub enum HoldingState {
     },
 }
 
+/// Which of a gate's holdings a read of the lock reads with it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Holdings<'a> {
+    All,
+    Of(&'a HolderId),
+    None,
+}
+
 /// Partitions a lock's holdings are spread over. A critical section writes its holding three
 /// times (the admission and the tombstone, each billed twice in their transactions, and the
 /// drop: 5 write units of a 1 KB item); one partition takes 1,000 a second, so the holdings of
@@ -77,12 +85,16 @@ fn bucket_of(holder: &str) -> u32 {
 /// The partition key of `holder`'s holdings on `lock`: `lock#bucket`. Distinct for distinct
 /// locks, whatever their names hold: the bucket is the one digit after the last '#'.
 pub fn partition(lock: &str, holder: &str) -> String {
-    format!("{lock}#{}", bucket_of(holder))
+    part(lock, bucket_of(holder))
 }
 
 /// Every partition key of `lock`'s holdings.
 pub fn partitions(lock: &str) -> impl Iterator<Item = String> + '_ {
-    (0..HOLDINGS_BUCKETS).map(move |bucket| format!("{lock}#{bucket}"))
+    (0..HOLDINGS_BUCKETS).map(move |bucket| part(lock, bucket))
+}
+
+fn part(lock: &str, bucket: u32) -> String {
+    format!("{lock}#{bucket}")
 }
 
 /// The key of `identity`'s holding item on `lock`.

@@ -33,7 +33,7 @@ use aws_sdk_dynamodb::Client;
 
 use super::codec::{attr, decode, decode_waiter, encode, queue_attr, string, LINE_INDEX};
 use super::expression::{line_after, record_action, render, ITEM_ABSENT};
-use super::holdings::holding_attr;
+use super::holdings::{holding_attr, Holdings};
 use super::retry::{self, throttle_backoff, LostAnswers, CONFLICT_ROUNDS};
 use crate::error::StoreError;
 use crate::input::{HolderId, LockName};
@@ -418,14 +418,6 @@ impl DynamoStore {
     }
 }
 
-/// Which of a gate's holdings a read of the lock reads with it.
-#[derive(Debug, Clone, Copy)]
-enum Holdings<'a> {
-    All,
-    Of(&'a HolderId),
-    None,
-}
-
 impl DynamoStore {
     /// The lock's item, read consistently, with the `holdings` asked for when it is a gate.
     async fn read_lock(
@@ -445,11 +437,7 @@ impl DynamoStore {
         match out.item().map(decode).transpose()? {
             Some(item) => {
                 self.saw_layout(lock, item.layout);
-                Ok(Some(match holdings {
-                    Holdings::All => self.with_holdings_of(item, None).await?,
-                    Holdings::Of(holder) => self.with_holdings_of(item, Some(holder)).await?,
-                    Holdings::None => item,
-                }))
+                Ok(Some(self.with_holdings(item, holdings).await?))
             }
             None => Ok(None),
         }
@@ -534,7 +522,7 @@ impl ItemStore for DynamoStore {
                 .map_err(|e| self.failed("Scan", DisplayErrorContext(e)))?;
             for attrs in page.items() {
                 items.push(match decode(attrs) {
-                    Ok(item) => self.with_holdings(item).await,
+                    Ok(item) => self.with_holdings(item, Holdings::All).await,
                     Err(e) => Err(e),
                 });
             }
