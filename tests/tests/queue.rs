@@ -17,6 +17,7 @@ use aws_sdk_dynamodb::Client;
 use local_aws::counter::RequestCounter;
 use local_aws::names::{id, limit, lock};
 use local_aws::observe::{self, observe};
+use local_aws::proxy::HoldingProxy;
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::dynamo::decode_waiter;
 use semaphore_core::protocol::{self, Grant};
@@ -257,9 +258,10 @@ async fn a_query_reads_the_line_in_order_across_many_waiters_and_pages() {
     let sem = manual(&store);
     let l = lock("line-order");
     hold(&sem, &l, &exec_id("holder"), 1).await;
-    // 30 waiters, three per millisecond (their digests order them), queued in shuffled order.
+    // 120 waiters, twelve per millisecond (their digests order them), queued in shuffled
+    // order: more than one BatchGetItem (100 keys at most) reads their records.
     let mut rng = fastrand::Rng::with_seed(30);
-    let mut times: Vec<u64> = (0..30).map(|n| T0 - 100 + n % 10).collect();
+    let mut times: Vec<u64> = (0..120).map(|n| T0 - 100 + n % 10).collect();
     rng.shuffle(&mut times);
     let mut waiters: Vec<Waiter> = times
         .iter()
@@ -279,7 +281,7 @@ async fn a_query_reads_the_line_in_order_across_many_waiters_and_pages() {
     );
 
     waiters.sort_by_key(|w| w.key);
-    let read = sem.waiters(&l, None, 100).await.unwrap();
+    let read = sem.waiters(&l, None, 200).await.unwrap();
     assert_eq!(read, waiters, "line order: entry time, then digest");
     let mut paged = Vec::new();
     let mut after = None;
@@ -299,9 +301,45 @@ async fn a_query_reads_the_line_in_order_across_many_waiters_and_pages() {
         .collect();
     let rendered: Vec<String> = waiters.iter().map(|w| w.key.render()).collect();
     assert_eq!(raw, rendered, "the stored sort key's order is the line's");
-    assert_eq!(assert_counted(&store, &l).await, 30);
+    assert_eq!(assert_counted(&store, &l).await, 120);
     assert_eq!(assert_counted(&store, &other).await, 1);
     assert_eq!(sem.waiters(&other, None, 100).await.unwrap(), [stranger]);
+}
+
+/// The line's index keeps only the keys, so a read of the line is a `Query` and then a read of
+/// the records it names: a waiter that leaves in between is no longer in line, and the read
+/// goes on to the one after it rather than answering an empty line or a record that is gone.
+#[tokio::test]
+async fn a_waiter_gone_between_the_query_and_its_record_read_is_left_out_and_the_next_is_read() {
+    let store = fresh_table().await;
+    let sem = manual(&store);
+    let l = lock("line-race");
+    hold(&sem, &l, &exec_id("holder"), 1).await;
+    let (first, second) = (
+        waiter(&l, "first", 1, T0 - 20),
+        waiter(&l, "second", 1, T0 - 10),
+    );
+    for w in [&first, &second] {
+        assert_eq!(sem.enqueue(w, T0).await.unwrap(), QueueOutcome::Queued);
+    }
+
+    let proxy = HoldingProxy::start(endpoint()).await;
+    let reader = Semaphore::new(
+        DynamoStore::new(client_for(&proxy.endpoint()), store.table())
+            .with_queue_table(store.queue_table()),
+    );
+    proxy.hold_next("BatchGetItem", 1);
+    let reading = {
+        let l = l.clone();
+        tokio::spawn(async move { reader.waiters(&l, None, 1).await })
+    };
+    // The Query named the head; its record read is held while the head leaves the line.
+    proxy.wait_held(1).await;
+    assert!(sem.leave(&l, first.key.id).await.unwrap(), "the head left");
+    proxy.release_held();
+    let read = reading.await.unwrap().unwrap();
+    assert_eq!(read, [second], "the head as it is once the first left");
+    assert_eq!(assert_counted(&store, &l).await, 1);
 }
 
 #[tokio::test]

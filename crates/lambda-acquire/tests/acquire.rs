@@ -1544,7 +1544,8 @@ async fn an_uncontended_acquire_is_one_write_and_no_read() {
         json!("queued")
     );
     // The refused acquire, its record looked for (none), the queue transaction, and the
-    // hand-off that follows it (the lock and the head of its line: itself, which does not fit).
+    // hand-off that follows it (the lock, and the head of its line, the index's key then the
+    // record: itself, which does not fit).
     let sent = counter.take();
     assert_eq!(
         sent.requests,
@@ -1553,6 +1554,7 @@ async fn an_uncontended_acquire_is_one_write_and_no_read() {
             ("DynamoDB.GetItem".to_owned(), 2),
             ("DynamoDB.TransactWriteItems".to_owned(), 1),
             ("DynamoDB.Query".to_owned(), 1),
+            ("DynamoDB.BatchGetItem".to_owned(), 1),
         ]),
         "{sent:?}"
     );

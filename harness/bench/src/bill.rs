@@ -4,8 +4,9 @@
 //! a plain write one unit per KB of its item (rounded up), an action of a transaction two
 //! ("Transactional write requests require two write capacity units to perform one write per
 //! second for items up to 1 KB"; a `ConditionCheck` among them too), and a write of an item a
-//! local secondary index projects once more for the index (the waiters' `line` index projects
-//! every attribute). A refused write is billed as one that landed.
+//! local secondary index holds once more for its index entry, by the entry's size (the waiters'
+//! `line` index keeps only the keys; counted for every write of a record, though an update that
+//! changes no key writes no entry). A refused write is billed as one that landed.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -27,19 +28,18 @@ pub struct Billed {
 }
 
 impl Billed {
-    /// Write units of every item written, an item of `table` sized `bytes(table)`; the tables
-    /// in `indexed` write their local index too.
-    pub fn units(&self, bytes: impl Fn(&str) -> usize, indexed: &[&str]) -> u64 {
+    /// Write units of every item written, an item of `table` sized `bytes(table)`; a write of
+    /// a table in `indexed` (table, bytes of an index entry) writes its local index entry too.
+    pub fn units(&self, bytes: impl Fn(&str) -> usize, indexed: &[(&str, usize)]) -> u64 {
         self.writes
             .iter()
             .map(|((table, transactional), n)| {
                 let units = write_units(bytes(table)) as u64;
                 let base = if *transactional { 2 * units } else { units };
-                let index = if indexed.contains(&table.as_str()) {
-                    units
-                } else {
-                    0
-                };
+                let index = indexed
+                    .iter()
+                    .find(|(name, _)| name == table)
+                    .map_or(0, |(_, entry)| write_units(*entry) as u64);
                 n * (base + index)
             })
             .sum()
@@ -115,7 +115,7 @@ mod tests {
             "holdings" => 1_500,
             _ => 1_300,
         };
-        // gate 2 × 2 × 1, holdings 1 × 2, queue 1 × (2 × 2 + 2).
-        assert_eq!(billed.units(bytes, &["queue"]), 4 + 2 + 6);
+        // gate 2 × 2 × 1, holdings 1 × 2, queue 1 × (2 × 2 + 1: an index entry of 300 bytes).
+        assert_eq!(billed.units(bytes, &[("queue", 300)]), 4 + 2 + 5);
     }
 }

@@ -110,19 +110,31 @@ impl Clients {
             .map_or(0, |item| item_size(&item))
     }
 
-    /// The waiter record of `identity` in `lock`'s line as DynamoDB sizes it now (0: none).
+    /// The waiter record of `identity` in `lock`'s line as DynamoDB sizes it now, and its entry
+    /// in the keys-only local index `line`: its keys and the 100 bytes DynamoDB adds to every
+    /// index entry ("Item sizes" of local secondary indexes). `(0, 0)`: not in line.
     async fn record_bytes(
         &self,
         store: &DynamoStore,
         lock: &LockName,
         identity: &Identity,
-    ) -> usize {
+    ) -> (usize, usize) {
         let key = [
             (queue_attr::LOCK, lock.to_string()),
             (queue_attr::WAITER, WaiterId::of(identity).render()),
         ]
         .map(|(name, value)| (name.to_owned(), AttributeValue::S(value)));
-        self.size_of(store.queue_table(), key.into()).await
+        let Some(record) = self.item(store.queue_table(), key.into()).await else {
+            return (0, 0);
+        };
+        let entry: HashMap<_, _> = record
+            .iter()
+            .filter(|(name, _)| {
+                [queue_attr::LOCK, queue_attr::WAITER, queue_attr::PLACE].contains(&name.as_str())
+            })
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        (item_size(&record), item_size(&entry) + LSI_ENTRY_OVERHEAD)
     }
 
     /// `identity`'s holding item on gate `lock` as DynamoDB sizes it now (0: none).
@@ -134,6 +146,17 @@ impl Clients {
 
     /// The item of `table` under `key` as DynamoDB sizes it now (0: none).
     async fn size_of(&self, table: &str, key: HashMap<String, AttributeValue>) -> usize {
+        self.item(table, key)
+            .await
+            .map_or(0, |item| item_size(&item))
+    }
+
+    /// The item of `table` under `key`, read consistently now.
+    async fn item(
+        &self,
+        table: &str,
+        key: HashMap<String, AttributeValue>,
+    ) -> Option<HashMap<String, AttributeValue>> {
         self.reader
             .get_item()
             .table_name(table)
@@ -143,9 +166,11 @@ impl Clients {
             .await
             .ok()
             .and_then(|out| out.item)
-            .map_or(0, |item| item_size(&item))
     }
 }
+
+/// The bytes DynamoDB adds to every entry of a local secondary index when it sizes it.
+const LSI_ENTRY_OVERHEAD: usize = 100;
 
 async fn ours(
     counter: &RequestCounter,
@@ -288,7 +313,7 @@ async fn waited(
         other => bail!("the last slot of {lock} gave {other:?}"),
     }
     let token = TaskToken::new("A".repeat(1_000))?;
-    let (mut record_bytes, mut gate_bytes) = (0, 0);
+    let (mut record_bytes, mut entry_bytes, mut gate_bytes) = (0, 0, 0);
     counter.take();
     clients.log.take();
     for s in 1..=sections {
@@ -320,7 +345,8 @@ async fn waited(
             other => bail!("a waited section's queueing on {lock} gave {other:?}"),
         }
         sem.hand_off(lock, None, &Woken, &Running).await?;
-        record_bytes = record_bytes.max(clients.record_bytes(store, lock, &who).await);
+        let (record, entry) = clients.record_bytes(store, lock, &who).await;
+        (record_bytes, entry_bytes) = (record_bytes.max(record), entry_bytes.max(entry));
         gate_bytes = gate_bytes.max(clients.bytes(store.table(), lock.as_str()).await);
         match sem.release(lock, &before).await? {
             ReleaseOutcome::Released { .. } => {}
@@ -346,13 +372,14 @@ async fn waited(
             record_bytes
         }
     };
-    // A gate's release leaves a tombstone, which a sweep drops: one plain delete per section.
-    let drops = if billed.holding_bytes > 0 {
+    // A gate's release leaves a tombstone, which a sweep drops: one plain delete per section,
+    // as in the uncontended sections.
+    let drops = if billed.drops > 0 {
         sections as u64 * write_units(billed.holding_bytes) as u64
     } else {
         0
     };
-    let units = written.units(bytes, &[store.queue_table()]) + drops;
+    let units = written.units(bytes, &[(store.queue_table(), entry_bytes)]) + drops;
     Ok(Waited {
         sections,
         record_bytes,

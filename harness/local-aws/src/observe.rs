@@ -246,25 +246,26 @@ pub async fn raw_holdings(
 ) -> Result<Vec<RawRecord>, crate::Error> {
     let mut records = Vec::new();
     for part in semaphore_core::dynamo::holdings_partitions(lock) {
-        records.extend(query_lock(client, holdings_table, None, ("part", &part)).await?);
+        records.extend(query_lock(client, holdings_table, ("part", &part)).await?);
     }
     Ok(records)
 }
 
-/// The records of `lock`'s line in the waiters' table (`queue_table`), raw, in line order
-/// (read from its local index `line`, whose sort key is `place`).
+/// The records of `lock`'s line in the waiters' table (`queue_table`), raw, in line order (by
+/// `place`, the sort key of the table's local index `line`, which holds only the keys).
 pub async fn raw_line(client: &Client, queue_table: &str, lock: &str) -> Vec<RawRecord> {
-    query_lock(client, queue_table, Some("line"), ("lock", lock))
+    let mut records = query_lock(client, queue_table, ("lock", lock))
         .await
-        .expect("Query the waiters' table")
+        .expect("Query the waiters' table");
+    records.sort_by(|a, b| text(a, "place").cmp(text(b, "place")));
+    records
 }
 
-/// Every item of `table` (or of its local index `index`) whose partition key (`name`) is
-/// `lock`, raw, one consistent `Query` a page.
+/// Every item of `table` whose partition key (`name`) is `lock`, raw, one consistent `Query` a
+/// page.
 async fn query_lock(
     client: &Client,
     table: &str,
-    index: Option<&str>,
     (name, lock): (&str, &str),
 ) -> Result<Vec<RawRecord>, crate::Error> {
     let mut records = Vec::new();
@@ -273,7 +274,6 @@ async fn query_lock(
         let page = client
             .query()
             .table_name(table)
-            .set_index_name(index.map(str::to_owned))
             .key_condition_expression("#key = :key")
             .expression_attribute_names("#key", name)
             .expression_attribute_values(":key", AttributeValue::S(lock.to_owned()))

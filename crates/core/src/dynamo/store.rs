@@ -8,8 +8,8 @@
 //! the item is then put on the condition that there still is none. A write that names a waiter's
 //! record is one `TransactWriteItems` of the item and the record, so both change or neither
 //! does. Waiters are keyed by lock and waiter id, so a waiter finds its own record with one
-//! `GetItem`; a local secondary index on the place in line (`line`) gives the head consistently,
-//! which a global one cannot.
+//! `GetItem`; a local secondary index on the place in line (`line`, keys only) gives the head
+//! consistently, which a global one cannot, and a `BatchGetItem` its record.
 //!
 //! A gate lock keeps its holdings in a third table ([`super::gate`]). The item's format says the
 //! layout and every write checks it: a write sent in the layout last seen and refused for the
@@ -26,7 +26,7 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, CancellationReason, KeySchemaElement,
-    KeyType, LocalSecondaryIndex, Projection, ProjectionType, ReturnValue,
+    KeyType, KeysAndAttributes, LocalSecondaryIndex, Projection, ProjectionType, ReturnValue,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TransactWriteItem, Update,
 };
 use aws_sdk_dynamodb::Client;
@@ -169,7 +169,7 @@ impl DynamoStore {
     }
 
     /// Creates `table` with the string `keys`, and a local secondary index `(name, sort key)`
-    /// projecting every attribute.
+    /// projecting the keys alone.
     async fn create_one(
         &self,
         table: &str,
@@ -210,7 +210,7 @@ impl DynamoStore {
                         .key_schema(element(sort_key, KeyType::Range)?)
                         .projection(
                             Projection::builder()
-                                .projection_type(ProjectionType::All)
+                                .projection_type(ProjectionType::KeysOnly)
                                 .build(),
                         )
                         .build()
@@ -773,9 +773,7 @@ impl DynamoStore {
                 .send()
                 .await
                 .map_err(|e| self.failed_queue("Query", DisplayErrorContext(e)))?;
-            for attrs in page.items() {
-                waiters.push(decode_waiter(attrs)?);
-            }
+            waiters.extend(self.records(page.items()).await?);
             match page.last_evaluated_key() {
                 Some(key) if !key.is_empty() => start = Some(key.clone()),
                 _ => break,
@@ -783,5 +781,78 @@ impl DynamoStore {
         }
         waiters.truncate(limit);
         Ok(waiters)
+    }
+
+    /// The records the entries of the `line` index name, read consistently from the table, in
+    /// the entries' order. The index keeps only the keys (every write of a record would
+    /// otherwise write its task token, up to 1 KB, a second time); a record gone between the
+    /// `Query` and this read (granted, or it left) is no longer in line, and is left out.
+    async fn records(
+        &self,
+        entries: &[HashMap<String, AttributeValue>],
+    ) -> Result<Vec<Waiter>, StoreError> {
+        let table = self.queue_table();
+        let primary = |entry: &HashMap<String, AttributeValue>| {
+            [queue_attr::LOCK, queue_attr::WAITER]
+                .into_iter()
+                .filter_map(|name| Some((name.to_owned(), entry.get(name)?.clone())))
+                .collect::<HashMap<_, _>>()
+        };
+        let waiter_of = |attrs: &HashMap<String, AttributeValue>| {
+            attrs
+                .get(queue_attr::WAITER)
+                .and_then(|v| v.as_s().ok())
+                .cloned()
+                .unwrap_or_default()
+        };
+        let mut found = HashMap::new();
+        // BatchGetItem takes at most 100 keys a request.
+        for chunk in entries.chunks(100) {
+            let mut pending = Some(chunk.iter().map(primary).collect::<Vec<_>>());
+            let mut round = 0;
+            while let Some(keys) = pending.take() {
+                let request = KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(|e| self.failed_queue("BatchGetItem", e))?;
+                let got = self
+                    .client
+                    .batch_get_item()
+                    .request_items(table, request)
+                    .send()
+                    .await
+                    .map_err(|e| self.failed_queue("BatchGetItem", DisplayErrorContext(e)))?;
+                for attrs in got
+                    .responses()
+                    .and_then(|r| r.get(table))
+                    .into_iter()
+                    .flatten()
+                {
+                    found.insert(waiter_of(attrs), decode_waiter(attrs)?);
+                }
+                // Keys DynamoDB left unread (throttled, or past 16 MB) are asked for again.
+                if let Some(left) = got.unprocessed_keys().and_then(|u| u.get(table)) {
+                    if !left.keys().is_empty() {
+                        if round == CONFLICT_ROUNDS {
+                            return Err(self.failed_queue(
+                                "BatchGetItem",
+                                format!(
+                                    "{} waiters' records left unread {CONFLICT_ROUNDS} times",
+                                    left.keys().len()
+                                ),
+                            ));
+                        }
+                        retry::backoff(round).await;
+                        round += 1;
+                        pending = Some(left.keys().to_vec());
+                    }
+                }
+            }
+        }
+        Ok(entries
+            .iter()
+            .filter_map(|entry| found.remove(&waiter_of(entry)))
+            .collect())
     }
 }
