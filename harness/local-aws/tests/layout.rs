@@ -344,6 +344,87 @@ async fn a_refusal_read_after_the_lock_moved_is_sent_again_and_lands() {
     );
 }
 
+/// While a gate is full, an admission is checked on a read first and answered from it, for no
+/// write units: the first refusal is a transaction (billed as if it wrote), the next ones two
+/// reads and no write. The read includes the asker's own holding, so a retry of an acquire
+/// that landed is still `already held` with its token, not `full`; and once a release makes
+/// room, the read finds every check holding and the write is sent and lands.
+#[tokio::test]
+async fn admissions_to_a_full_gate_are_answered_from_a_read_and_write_nothing() {
+    let store = fresh_table().await;
+    let gate = LockName::new("busy-gate").unwrap();
+    Semaphore::new(store.clone())
+        .set_layout(&gate, Layout::Gate)
+        .await
+        .unwrap();
+    let counter = local_aws::counter::RequestCounter::new();
+    let sem = Semaphore::new(
+        DynamoStore::new(counter.dynamodb_client(endpoint()), store.table())
+            .with_queue_table(store.queue_table()),
+    );
+    let AcquireOutcome::Acquired { token, .. } =
+        sem.acquire(&gate, &id("exec-1"), limit(1)).await.unwrap()
+    else {
+        panic!("the first admission")
+    };
+    counter.take();
+
+    let full = |outcome: &AcquireOutcome| matches!(outcome, AcquireOutcome::Full { .. });
+    let first = sem.acquire(&gate, &id("exec-2"), limit(1)).await.unwrap();
+    assert!(full(&first), "{first:?}");
+    let sent = counter.take();
+    assert_eq!(sent.get("DynamoDB.TransactWriteItems"), 1, "{sent:?}");
+
+    let again = sem.acquire(&gate, &id("exec-3"), limit(1)).await.unwrap();
+    assert!(full(&again), "{again:?}");
+    let sent = counter.take();
+    assert_eq!(
+        sent.requests,
+        std::collections::BTreeMap::from([("DynamoDB.GetItem".to_owned(), 2)]),
+        "the gate and the asker's holding read, nothing written: {sent:?}"
+    );
+
+    let retried = sem.acquire(&gate, &id("exec-1"), limit(1)).await.unwrap();
+    assert_eq!(
+        retried,
+        AcquireOutcome::AlreadyHeld { token, count: 1 },
+        "the holder's retry on its full gate"
+    );
+    assert_eq!(counter.take().service_total("DynamoDB"), 2);
+
+    assert!(matches!(
+        sem.release(&gate, &id("exec-1")).await.unwrap(),
+        ReleaseOutcome::Released { .. }
+    ));
+    counter.take();
+    let taken = sem.acquire(&gate, &id("exec-2"), limit(1)).await.unwrap();
+    assert!(
+        matches!(taken, AcquireOutcome::Acquired { .. }),
+        "{taken:?}"
+    );
+    let sent = counter.take();
+    assert_eq!(
+        (
+            sent.get("DynamoDB.GetItem"),
+            sent.get("DynamoDB.TransactWriteItems")
+        ),
+        (3, 1),
+        "read first (the gate and the holding), then sent, then the gate read after: {sent:?}"
+    );
+    // Room seen: the next admission goes straight to its write again.
+    let next = sem.acquire(&gate, &id("exec-3"), limit(2)).await.unwrap();
+    assert!(matches!(next, AcquireOutcome::Acquired { .. }), "{next:?}");
+    let sent = counter.take();
+    assert_eq!(
+        (
+            sent.get("DynamoDB.GetItem"),
+            sent.get("DynamoDB.TransactWriteItems")
+        ),
+        (1, 1),
+        "{sent:?}"
+    );
+}
+
 /// A gate's cleanup reads the ended execution's holdings alone (by the key prefix `holder#`),
 /// not the lock's: its cost does not grow with the lock's holders. Shown with a holding of
 /// another holder that cannot be read (its fields missing): a read of the whole lock fails on

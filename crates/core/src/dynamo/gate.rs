@@ -10,7 +10,9 @@
 //! that check alone is sent again with a higher token. A write that landed is answered with the
 //! gate as read just after it and the holdings as it left them (`WriteResult::Landed`); one
 //! refused, with them as read just after the refusal, unless every check holds there (the lock
-//! moved in between): then it is sent again.
+//! moved in between): then it is sent again. While a gate is full (an admission sent from here
+//! was last refused for want of room), an admission is first checked on a read, and answered
+//! from it when a check fails there: a refused transaction is billed as if it had written.
 
 use std::collections::BTreeSet;
 
@@ -26,7 +28,7 @@ use crate::error::StoreError;
 use crate::input::LockName;
 use crate::item::{FencingToken, Identity, Layout, SemaphoreItem};
 use crate::protocol::WriteResult;
-use crate::write::{Change, Write};
+use crate::write::{Change, Check, Write};
 
 impl DynamoStore {
     /// The layout `lock` was last seen in (the item layout until seen otherwise).
@@ -61,6 +63,29 @@ impl DynamoStore {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         FencingToken(seen.saturating_add(1).max(now_ms))
+    }
+
+    fn seen_full_mut(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<LockName>> {
+        self.seen_full.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn was_full(&self, lock: &LockName) -> bool {
+        self.seen_full_mut().contains(lock)
+    }
+
+    /// Remembers whether the refused admission `write` lacked room on `view` (the lock as
+    /// read after it: full, or someone in line), whatever check refused it first: while the
+    /// lock stays so, the admissions sent from here are answered from a read (see
+    /// `write_gate`).
+    fn note_room(&self, write: &Write, view: &SemaphoreItem) {
+        let full = write.checks.iter().any(|c| {
+            matches!(c, Check::Fits { .. } | Check::Room | Check::QueueEmpty) && !c.holds(view)
+        });
+        if full {
+            self.seen_full_mut().insert(write.lock.clone());
+        } else {
+            self.seen_full_mut().remove(&write.lock);
+        }
     }
 
     fn saw_version(&self, lock: &LockName, version: u64) {
@@ -323,6 +348,24 @@ impl DynamoStore {
             .changes
             .iter()
             .any(|c| matches!(c, Change::PutHolder { .. }));
+        // An admission to a gate last seen without room is checked on a consistent read first
+        // and, if a check fails there, answered as refused without being sent: the same
+        // answer the write would have had at the moment of the read (nothing was written), for
+        // no write units (a refused transaction is billed as if it had written its items).
+        if admits && waiter.is_none() && self.was_full(&write.lock) {
+            if let Some(view) = self.gate_view(&write.lock, &named).await? {
+                if view.layout == Layout::Gate {
+                    if !write.checks.iter().all(|c| c.holds(&view)) {
+                        self.note_room(write, &view);
+                        return Ok(WriteResult::Refused {
+                            current: view,
+                            waiter_refused: false,
+                        });
+                    }
+                    self.seen_full_mut().remove(&write.lock);
+                }
+            }
+        }
         let mut token = admits.then(|| self.propose_token(&write.lock));
         for _ in 0..CONFLICT_ROUNDS {
             let mut actions = Vec::new();
@@ -343,6 +386,9 @@ impl DynamoStore {
                 .await?
             {
                 Transacted::Committed => {
+                    if admits {
+                        self.seen_full_mut().remove(&write.lock);
+                    }
                     let after = self.landed_view(&write.lock, &holding_actions).await?;
                     return Ok(WriteResult::Landed { after });
                 }
@@ -376,6 +422,9 @@ impl DynamoStore {
                 // write is sent again instead, above the version read.
                 token = token.map(|t| FencingToken(t.0.max(view.version.0.saturating_add(1))));
                 continue;
+            }
+            if admits && waiter.is_none() {
+                self.note_room(write, &view);
             }
             return Ok(WriteResult::Refused {
                 current: view,

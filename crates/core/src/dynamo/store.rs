@@ -15,7 +15,7 @@
 //! layout and every write checks it: a write sent in the layout last seen and refused for the
 //! other is sent again in the lock's own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use aws_sdk_dynamodb::client::Waiters;
@@ -56,6 +56,9 @@ pub struct DynamoStore {
     pub(super) layouts: Arc<Mutex<HashMap<LockName, Layout>>>,
     /// Each gate's version as last seen: the next admission proposes a token above it.
     pub(super) versions: Arc<Mutex<HashMap<LockName, u64>>>,
+    /// The gates whose last admission sent from here was refused for want of room (full, or
+    /// someone in line): the next reads the gate first (see `DynamoStore::write_gate`).
+    pub(super) seen_full: Arc<Mutex<HashSet<LockName>>>,
 }
 
 /// What `create_table` found.
@@ -77,6 +80,7 @@ impl DynamoStore {
             table,
             layouts: Arc::default(),
             versions: Arc::default(),
+            seen_full: Arc::default(),
         }
     }
 
