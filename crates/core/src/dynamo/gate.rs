@@ -386,7 +386,9 @@ impl DynamoStore {
                 .await?
             {
                 Transacted::Committed => {
-                    if admits {
+                    // An acquire that lands found room; a grant only took the room a release
+                    // made for it, and says nothing of the next acquire's.
+                    if admits && waiter.is_none() {
                         self.seen_full_mut().remove(&write.lock);
                     }
                     let after = self.landed_view(&write.lock, &holding_actions).await?;

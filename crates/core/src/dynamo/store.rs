@@ -56,7 +56,7 @@ pub struct DynamoStore {
     pub(super) layouts: Arc<Mutex<HashMap<LockName, Layout>>>,
     /// Each gate's version as last seen: the next admission proposes a token above it.
     pub(super) versions: Arc<Mutex<HashMap<LockName, u64>>>,
-    /// The gates whose last admission sent from here was refused for want of room (full, or
+    /// The gates whose last acquire sent from here was refused for want of room (full, or
     /// someone in line): the next reads the gate first (see `DynamoStore::write_gate`).
     pub(super) seen_full: Arc<Mutex<HashSet<LockName>>>,
 }
