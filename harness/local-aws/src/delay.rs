@@ -2,9 +2,10 @@
 //! race, live.
 //!
 //! Only the acquire function's `AWS_ENDPOINT_URL` points here; every other function talks to
-//! the server directly. The proxy forwards each request as is, except the acquire *write* of an
-//! execution the run chose for "stopped mid-acquire": that write is held for a few seconds
-//! while the runner stops the execution (so its status event and the cleanup race the write),
+//! the server directly. The proxy forwards each request as is, except the first acquire *writes*
+//! of a few of the executions the run offers it (as many as it plans to stop mid-acquire): each
+//! such write is held for a few seconds while the runner stops its execution (so that its status
+//! event and the cleanup race the write),
 //! then sent on; every second one, optionally, for longer than two fence windows (so the fences
 //! it had to meet are rotated out before it lands, and the horizon is what refuses it). What the
 //! server answers to each held write is recorded: landed, or refused, and why, read from the
@@ -81,6 +82,27 @@ enum Target {
     Rearmed { long: bool },
 }
 
+/// Whose writes are still to be held: the first `count` of `offered` to send one. The choice
+/// is made as the writes come, not up front, because an execution may never send an acquire
+/// write: an admission to a gate its Lambda last saw full is answered from a read when it would
+/// be refused, and the waiter is admitted later by a grant, which the release function sends.
+#[derive(Debug, Default)]
+struct Offered {
+    executions: std::collections::BTreeSet<String>,
+    count: usize,
+}
+
+impl Offered {
+    /// Whether `execution`'s write is one to hold; it is taken at most once.
+    fn take(&mut self, execution: &str) -> bool {
+        if self.count == 0 || !self.executions.remove(execution) {
+            return false;
+        }
+        self.count -= 1;
+        true
+    }
+}
+
 /// A write being held, and when it was let go (its answer comes back just after).
 #[derive(Debug, Clone)]
 struct Pending {
@@ -91,6 +113,8 @@ struct Pending {
 
 #[derive(Default)]
 struct State {
+    offered: Offered,
+    /// Held once and to be held again (see [`Target::Rearmed`]).
     targets: BTreeMap<String, Target>,
     /// Held writes still waiting for their answer.
     pending: Vec<Pending>,
@@ -139,8 +163,10 @@ impl Policy for DelayAcquireWrites {
             return Verdict::Forward;
         };
         let mut state = self.state.lock().expect("proxy lock");
-        let Some(target) = state.targets.remove(&write.holder) else {
-            return Verdict::Forward;
+        let target = match state.targets.remove(&write.holder) {
+            Some(target) => target,
+            None if state.offered.take(&write.holder) => Target::Armed,
+            None => return Verdict::Forward,
         };
         state.stats.held += 1;
         let long = match target {
@@ -303,15 +329,12 @@ impl DelayProxy {
         self.0.endpoint()
     }
 
-    /// Hold the next acquire write made for `execution`.
-    pub fn target(&self, execution: &str) {
-        self.0
-            .policy()
-            .state
-            .lock()
-            .expect("proxy lock")
-            .targets
-            .insert(execution.to_owned(), Target::Armed);
+    /// Hold the first acquire write of each of the first `count` of `executions` to send one.
+    pub fn hold_first(&self, count: usize, executions: impl IntoIterator<Item = String>) {
+        self.0.policy().state.lock().expect("proxy lock").offered = Offered {
+            executions: executions.into_iter().collect(),
+            count,
+        };
     }
 
     pub fn stats(&self) -> ProxyStats {
@@ -386,14 +409,10 @@ mod tests {
     }
 
     fn arm(policy: &DelayAcquireWrites, ids: &[&Identity]) {
-        for id in ids {
-            policy
-                .state
-                .lock()
-                .unwrap()
-                .targets
-                .insert(id.holder.to_string(), Target::Armed);
-        }
+        policy.state.lock().unwrap().offered = Offered {
+            executions: ids.iter().map(|id| id.holder.to_string()).collect(),
+            count: ids.len(),
+        };
     }
 
     #[test]
@@ -418,6 +437,30 @@ mod tests {
         assert_eq!(held_rx.try_recv().unwrap(), "run-a");
         assert_eq!(held_rx.try_recv().unwrap(), "run-b");
         assert!(held_rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn the_first_writes_of_the_offered_executions_are_held_up_to_the_count() {
+        let policy = policy(Duration::from_secs(4), Duration::from_secs(30));
+        let (a, b, c, d) = (who("run-a"), who("run-b"), who("run-c"), who("run-d"));
+        policy.state.lock().unwrap().offered = Offered {
+            executions: [&a, &b, &c].map(|id| id.holder.to_string()).into(),
+            count: 2,
+        };
+        let update = Some("UpdateItem");
+        // d was not offered; c sends first, then b; a comes after the count is reached.
+        assert_eq!(policy.decide(update, &acquire_body(&d)), Verdict::Forward);
+        assert!(matches!(
+            policy.decide(update, &acquire_body(&c)),
+            Verdict::Delay(_)
+        ));
+        assert_eq!(policy.decide(update, &acquire_body(&c)), Verdict::Forward);
+        assert!(matches!(
+            policy.decide(update, &acquire_body(&b)),
+            Verdict::Delay(_)
+        ));
+        assert_eq!(policy.decide(update, &acquire_body(&a)), Verdict::Forward);
+        assert_eq!(policy.state.lock().unwrap().stats.held, 2);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::progress::Progress;
 use crate::report::{LockReport, Report};
-use crate::{plan_consumers, plan_locks, plan_roles, plan_weights, Args, LockSpec, Role};
+use crate::{plan_consumers, plan_locks, plan_roles, plan_weights, share_of, Args, LockSpec, Role};
 use local_aws::delay::DelayProxy;
 use local_aws::eventbridge::{Ended, Player, Target};
 use local_aws::poller::{LockItems, Poller};
@@ -56,7 +56,9 @@ pub struct Machines<'a> {
 
 /// The run's executions, roles and locks chosen up front from the seed: executions `run-001`,
 /// ... of the lock-protected machine, `--consumer-share` of them of the consumer's. The proxy
-/// is told whose acquire write to hold.
+/// is offered the normal ones, to hold the first acquire writes of `--stop-mid-acquire` of
+/// them: chosen as they come, since an execution admitted by a grant sends none (the stopper
+/// gives those it holds the role).
 pub fn plan_executions(
     setup: &Setup<'_>,
     stack: &Stack,
@@ -102,11 +104,13 @@ pub fn plan_executions(
             }
         })
         .collect();
-    for e in &executions {
-        if e.role == Role::StopMidAcquire {
-            proxy.target(&e.arn);
-        }
-    }
+    proxy.hold_first(
+        share_of(n, args.shares().1),
+        executions
+            .iter()
+            .filter(|e| e.role == Role::Normal)
+            .map(|e| e.arn.clone()),
+    );
     executions
 }
 
@@ -157,11 +161,11 @@ impl Watch {
         (watch, ended_tx)
     }
 
-    /// The stopper: an execution planned to be stopped mid-acquire is stopped as soon as the
-    /// proxy starts holding its write (so that its status event and cleanup race the write,
-    /// as in the seed's scenario); one planned to be stopped mid-work, shortly after the poller
-    /// first sees it hold a slot. `stop(arn, role, delay)` stops it after `delay`; it is called
-    /// again each time the poller sees the execution still holding, and must stop it once.
+    /// The stopper: an execution whose acquire write the proxy starts holding is stopped
+    /// mid-acquire at once (so that its status event and cleanup race the write, as in the
+    /// seed's scenario); one planned to be stopped mid-work, shortly after the poller first sees
+    /// it hold a slot. `stop(arn, role, delay)` stops it after `delay`; it is called again each
+    /// time the poller sees the execution still holding, and must stop it once.
     pub fn spawn_stopper(
         &self,
         mut held: mpsc::UnboundedReceiver<String>,
@@ -188,9 +192,7 @@ impl Watch {
                     }
                 };
                 for (arn, role, delay) in candidates {
-                    if role_of.get(&arn) == Some(&role) {
-                        stop(arn, role, delay);
-                    }
+                    stop(arn, role, delay);
                 }
             }
         });

@@ -83,7 +83,8 @@ pub struct Args {
     /// Share of executions whose work fails ("fail": true).
     #[arg(long, default_value_t = 0.10, value_parser = share)]
     pub fail_share: f64,
-    /// Share of executions stopped while their acquire write is held in flight (the seed race).
+    /// Share of executions stopped while their acquire write is held in flight (the seed race):
+    /// the first of the others to send an acquire write (one admitted by a grant sends none).
     #[arg(long, default_value_t = 0.05, value_parser = share)]
     pub stop_mid_acquire: f64,
     /// Share of executions stopped while they hold a slot. Their work is long (5 times
@@ -300,21 +301,28 @@ impl Args {
     }
 }
 
-/// The executions' roles, chosen up front: exact counts, shuffled.
+/// An execution's role in the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     Normal,
     Fail,
+    /// Not planned up front: given to the executions whose acquire write the proxy held (see
+    /// `plan_executions`).
     StopMidAcquire,
     StopMidWork,
 }
 
+/// How many of `n` executions take a role of `share`.
+pub fn share_of(n: usize, share: f64) -> usize {
+    ((n as f64) * share).round() as usize
+}
+
+/// The roles chosen up front (to fail, to be stopped mid-work, the rest normal): exact counts,
+/// shuffled. Those stopped mid-acquire are chosen among the normal ones as the run goes.
 pub fn plan_roles(n: usize, shares: (f64, f64, f64), rng: &mut fastrand::Rng) -> Vec<Role> {
-    let count = |share: f64| ((n as f64) * share).round() as usize;
-    let (fail, acquire, work) = (count(shares.0), count(shares.1), count(shares.2));
+    let (fail, work) = (share_of(n, shares.0), share_of(n, shares.2));
     let mut roles = Vec::with_capacity(n);
     roles.extend(std::iter::repeat_n(Role::Fail, fail.min(n)));
-    roles.extend(std::iter::repeat_n(Role::StopMidAcquire, acquire));
     roles.extend(std::iter::repeat_n(Role::StopMidWork, work));
     roles.truncate(n);
     roles.resize(n, Role::Normal);
@@ -499,7 +507,7 @@ mod tests {
                 n(Role::StopMidWork),
                 n(Role::Normal)
             ),
-            (10, 5, 5, 80)
+            (10, 0, 5, 85)
         );
         let roles = plan_roles(3, (0.5, 0.5, 0.5), &mut rng);
         assert_eq!(roles.len(), 3);

@@ -109,13 +109,19 @@ pub async fn run(setup: &Setup<'_>) -> anyhow::Result<Report> {
     let (watch, ended_tx) = Watch::start(setup, &stack, item, specs.clone(), proxy, None, target);
 
     // A stop is an ABORTED status event; the execution's task sees the flag and ends.
+    let stopped_as: Arc<Mutex<HashMap<String, Role>>> = Arc::default();
     {
-        let ended_tx = ended_tx.clone();
+        let (ended_tx, stopped_as) = (ended_tx.clone(), stopped_as.clone());
         let role_of = planned.iter().map(|p| (p.arn.clone(), p.role)).collect();
-        watch.spawn_stopper(held_rx, role_of, seed, move |arn, _, delay| {
+        watch.spawn_stopper(held_rx, role_of, seed, move |arn, role, delay| {
             let Some(e) = by_arn.get(&arn).cloned() else {
                 return;
             };
+            stopped_as
+                .lock()
+                .expect("stopped")
+                .entry(arn)
+                .or_insert(role);
             if e.stopped.load(Ordering::SeqCst) {
                 return;
             }
@@ -220,11 +226,16 @@ pub async fn run(setup: &Setup<'_>) -> anyhow::Result<Report> {
             .cloned()
             .unwrap_or_else(|| ("RUNNING".to_owned(), None));
         let was_stopped = e.stopped.load(Ordering::SeqCst);
-        if !counts.count_planned(p.role, &status, error.as_deref(), was_stopped) {
+        let role = stopped_as
+            .lock()
+            .expect("stopped")
+            .get(&e.arn)
+            .copied()
+            .unwrap_or(p.role);
+        if !counts.count_planned(role, &status, error.as_deref(), was_stopped) {
             counts.unexpected_examples.push(format!(
-                "{} ({:?}): {status} {}",
+                "{} ({role:?}): {status} {}",
                 e.name,
-                p.role,
                 error.unwrap_or_default()
             ));
         }

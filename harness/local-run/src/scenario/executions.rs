@@ -186,7 +186,7 @@ pub(super) async fn run(
         work_machine.name,
         args.work_seconds,
         planned(Role::Fail),
-        planned(Role::StopMidAcquire),
+        crate::share_of(n, args.shares().1),
         planned(Role::StopMidWork),
     ));
     // Started in the background, so that the watcher below plays each status event as soon as

@@ -72,7 +72,9 @@ pub(super) async fn gather(
     // Fencing tokens are a lock's versions: distinct per lock.
     let mut tokens: Vec<Vec<u64>> = vec![Vec::new(); locks.len()];
     for e in &executions {
-        let (arn, name, role) = (&e.arn, &e.name, &e.role);
+        // Stopped mid-acquire is a role the run gave as it went (see `plan_executions`).
+        let (arn, name) = (&e.arn, &e.name);
+        let role = stopped.get(arn).unwrap_or(&e.role);
         let Some(o) = outcomes.get(arn) else {
             counts.unexpected += 1;
             counts
