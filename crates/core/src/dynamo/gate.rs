@@ -73,10 +73,9 @@ impl DynamoStore {
         self.seen_full_mut().contains(lock)
     }
 
-    /// Remembers whether the refused admission `write` lacked room on `view` (the lock as
-    /// read after it: full, or someone in line), whatever check refused it first: while the
-    /// lock stays so, the admissions sent from here are answered from a read (see
-    /// `write_gate`).
+    /// Remembers whether the admission `write` lacks room on `view` (the lock as just read:
+    /// full, or someone in line), whatever check refuses it first: while the lock stays so,
+    /// the admissions sent from here are answered from a read (see `write_gate`).
     fn note_room(&self, write: &Write, view: &SemaphoreItem) {
         let full = write.checks.iter().any(|c| {
             matches!(c, Check::Fits { .. } | Check::Room | Check::QueueEmpty) && !c.holds(view)
@@ -355,14 +354,13 @@ impl DynamoStore {
         if admits && waiter.is_none() && self.was_full(&write.lock) {
             if let Some(view) = self.gate_view(&write.lock, &named).await? {
                 if view.layout == Layout::Gate {
+                    self.note_room(write, &view);
                     if !write.checks.iter().all(|c| c.holds(&view)) {
-                        self.note_room(write, &view);
                         return Ok(WriteResult::Refused {
                             current: view,
                             waiter_refused: false,
                         });
                     }
-                    self.seen_full_mut().remove(&write.lock);
                 }
             }
         }

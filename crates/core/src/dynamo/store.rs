@@ -836,22 +836,25 @@ impl DynamoStore {
                     found.insert(waiter_of(attrs), decode_waiter(attrs)?);
                 }
                 // Keys DynamoDB left unread (throttled, or past 16 MB) are asked for again.
-                if let Some(left) = got.unprocessed_keys().and_then(|u| u.get(table)) {
-                    if !left.keys().is_empty() {
-                        if round == CONFLICT_ROUNDS {
-                            return Err(self.failed_queue(
-                                "BatchGetItem",
-                                format!(
-                                    "{} waiters' records left unread {CONFLICT_ROUNDS} times",
-                                    left.keys().len()
-                                ),
-                            ));
-                        }
-                        retry::backoff(round).await;
-                        round += 1;
-                        pending = Some(left.keys().to_vec());
-                    }
+                let Some(left) = got
+                    .unprocessed_keys()
+                    .and_then(|u| u.get(table))
+                    .filter(|left| !left.keys().is_empty())
+                else {
+                    continue;
+                };
+                if round == CONFLICT_ROUNDS {
+                    return Err(self.failed_queue(
+                        "BatchGetItem",
+                        format!(
+                            "{} waiters' records left unread {CONFLICT_ROUNDS} times",
+                            left.keys().len()
+                        ),
+                    ));
                 }
+                retry::backoff(round).await;
+                round += 1;
+                pending = Some(left.keys().to_vec());
             }
         }
         Ok(entries
