@@ -17,7 +17,7 @@ use aws_sdk_dynamodb::Client;
 use local_aws::counter::RequestCounter;
 use local_aws::names::{id, limit, lock};
 use local_aws::observe::{self, observe};
-use local_aws::proxy::HoldingProxy;
+use local_aws::proxy::{FaultyProxy, HoldingProxy, Verdict};
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::dynamo::decode_waiter;
 use semaphore_core::protocol::{self, Grant};
@@ -340,6 +340,50 @@ async fn a_waiter_gone_between_the_query_and_its_record_read_is_left_out_and_the
     let read = reading.await.unwrap().unwrap();
     assert_eq!(read, [second], "the head as it is once the first left");
     assert_eq!(assert_counted(&store, &l).await, 1);
+}
+
+/// DynamoDB may answer a `BatchGetItem` in part (a throttled table, an answer past its size
+/// limits), naming the keys it left unread; the local server reads every key, so the partial
+/// answers are a canned fault. The line's read asks for the unread records again and answers
+/// the whole line in order; records still unread after its last round are a named error.
+#[tokio::test]
+async fn records_a_partial_read_left_unread_are_asked_for_again() {
+    let store = fresh_table().await;
+    let sem = manual(&store);
+    let l = lock("partial-read");
+    hold(&sem, &l, &exec_id("holder"), 1).await;
+    let line: Vec<Waiter> = (0..8u64)
+        .map(|i| waiter(&l, &format!("w{i}"), 1, T0 - 100 + i))
+        .collect();
+    for w in &line {
+        assert_eq!(sem.enqueue(w, T0).await.unwrap(), QueueOutcome::Queued);
+    }
+    let proxy = FaultyProxy::start(endpoint()).await;
+    let reader = Semaphore::new(
+        DynamoStore::new(client_for(&proxy.endpoint()), store.table())
+            .with_queue_table(store.queue_table()),
+    );
+
+    for _ in 0..3 {
+        proxy.fault_next("BatchGetItem", Verdict::PartialRead);
+    }
+    assert_eq!(reader.waiters(&l, None, 8).await.unwrap(), line);
+    assert_eq!(
+        proxy.seen_of("BatchGetItem").len(),
+        4,
+        "three partial answers, each one's unread keys asked for again"
+    );
+
+    // Six partial answers in a row (one read and five more rounds) leave two records unread.
+    for _ in 0..6 {
+        proxy.fault_next("BatchGetItem", Verdict::PartialRead);
+    }
+    let error = reader.waiters(&l, None, 8).await.unwrap_err().to_string();
+    assert!(
+        error.contains("2 waiters' records left unread 5 times"),
+        "{error}"
+    );
+    assert_eq!(proxy.pending(), 0);
 }
 
 #[tokio::test]

@@ -48,6 +48,11 @@ pub enum Verdict {
     /// server's answer: a response lost after the write landed (F10). DynamoDB documents that
     /// an `InternalServerError` request "may or may not have succeeded"; the SDK sends it again.
     LoseAnswer,
+    /// Forward a `BatchGetItem`, and answer only the first item read of each table, the other
+    /// keys asked for as `UnprocessedKeys`: DynamoDB's partial result (a throttled table, an
+    /// answer past 16 MB or more than 1 MB from one partition), which the local server, reading
+    /// every key, never gives.
+    PartialRead,
     /// Answer this instead of forwarding: nothing reaches the server.
     Answer(Canned),
 }
@@ -671,7 +676,7 @@ async fn serve<P: Policy>(
         .map(|(_, op)| op);
     let verdict = shared.policy.decide(operation, &body);
     match verdict {
-        Verdict::Forward | Verdict::LoseAnswer => {}
+        Verdict::Forward | Verdict::LoseAnswer | Verdict::PartialRead => {}
         Verdict::Hold => {
             let (gate, released) = oneshot::channel();
             shared.held.lock().unwrap().push(gate);
@@ -686,7 +691,7 @@ async fn serve<P: Policy>(
     head.uri = Uri::try_from(format!("http://{}{path}", shared.upstream))?;
     let response = shared
         .client
-        .request(Request::from_parts(head, Full::new(body)))
+        .request(Request::from_parts(head, Full::new(body.clone())))
         .await?;
     let (answer_head, answer_body) = response.into_parts();
     let answer_body = answer_body.collect().await?.to_bytes();
@@ -702,7 +707,46 @@ async fn serve<P: Policy>(
         });
         return Ok(json_answer(StatusCode::INTERNAL_SERVER_ERROR, &lost));
     }
+    if verdict == Verdict::PartialRead && answer_head.status == StatusCode::OK {
+        if let Some(partial) = partial_read(&body, &answer_body) {
+            return Ok(json_answer(StatusCode::OK, &partial));
+        }
+    }
     Ok(Response::from_parts(answer_head, Full::new(answer_body)))
+}
+
+/// The `BatchGetItem` answer `answer` to `request` cut to its first item of each table, every
+/// other key asked for left unread (see [`Verdict::PartialRead`]); `None` if either is not JSON.
+fn partial_read(request: &[u8], answer: &[u8]) -> Option<Value> {
+    let request: Value = serde_json::from_slice(request).ok()?;
+    let mut answer: Value = serde_json::from_slice(answer).ok()?;
+    let mut unread = serde_json::Map::new();
+    for (table, asked) in request["RequestItems"].as_object()? {
+        let items = answer["Responses"][table].as_array_mut()?;
+        items.truncate(1);
+        // A key was read if the item kept has each of its attributes, equal.
+        let read = |key: &Value| {
+            key.as_object().is_some_and(|key| {
+                items.first().is_some_and(|item| {
+                    key.iter()
+                        .all(|(name, value)| item.get(name) == Some(value))
+                })
+            })
+        };
+        let left: Vec<Value> = asked["Keys"]
+            .as_array()?
+            .iter()
+            .filter(|key| !read(key))
+            .cloned()
+            .collect();
+        if !left.is_empty() {
+            let mut keys = asked.clone();
+            keys["Keys"] = Value::Array(left);
+            unread.insert(table.clone(), keys);
+        }
+    }
+    answer["UnprocessedKeys"] = Value::Object(unread);
+    Some(answer)
 }
 
 #[cfg(test)]

@@ -98,9 +98,14 @@ pub fn throttle_backoff(config: Option<&RetryConfig>, throttled: u32, jitter: f6
 /// progress.
 pub(super) const CONFLICT_ROUNDS: u32 = 5;
 
+/// How often the keys a `BatchGetItem` left unread are asked for again: DynamoDB leaves keys
+/// unprocessed when the table is throttled or the answer passes 16 MB, and asks callers to send
+/// them again with a backoff.
+pub(super) const UNREAD_KEY_ROUNDS: u32 = 5;
+
 /// The wait before sending again, the `round`-th time (from 0), a write DynamoDB rejected for a
-/// conflict with a transaction in flight: a few to a few hundred ms, drawn at random so that
-/// writers that collided do not collide again.
+/// conflict with a transaction in flight, or keys it left unread: a few to a few hundred ms,
+/// drawn at random so that callers that collided do not collide again.
 pub(super) async fn backoff(round: u32) {
     let ms = fastrand::u64(5..=(20u64 << round.min(4)));
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;

@@ -34,7 +34,7 @@ use aws_sdk_dynamodb::Client;
 use super::codec::{attr, decode, decode_waiter, encode, queue_attr, string, LINE_INDEX};
 use super::expression::{line_after, record_action, render, ITEM_ABSENT};
 use super::holdings::{holding_attr, Holdings};
-use super::retry::{self, throttle_backoff, LostAnswers, CONFLICT_ROUNDS};
+use super::retry::{self, throttle_backoff, LostAnswers, CONFLICT_ROUNDS, UNREAD_KEY_ROUNDS};
 use crate::error::StoreError;
 use crate::input::{HolderId, LockName};
 use crate::item::{Layout, SemaphoreItem};
@@ -843,11 +843,11 @@ impl DynamoStore {
                 else {
                     continue;
                 };
-                if round == CONFLICT_ROUNDS {
+                if round == UNREAD_KEY_ROUNDS {
                     return Err(self.failed_queue(
                         "BatchGetItem",
                         format!(
-                            "{} waiters' records left unread {CONFLICT_ROUNDS} times",
+                            "{} waiters' records left unread {UNREAD_KEY_ROUNDS} times",
                             left.keys().len()
                         ),
                     ));
