@@ -16,7 +16,7 @@
 //! The forwarding itself is [`crate::proxy`], and the recognition of the writes and the reading
 //! of a refusal are [`crate::refusal`]'s; this is the run's policy.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -82,13 +82,13 @@ enum Target {
     Rearmed { long: bool },
 }
 
-/// Whose writes are still to be held: the first `count` of `offered` to send one. The choice
+/// Whose writes are still to be held: the first `count` of `executions` to send one. The choice
 /// is made as the writes come, not up front, because an execution may never send an acquire
 /// write: an admission to a gate its Lambda last saw full is answered from a read when it would
 /// be refused, and the waiter is admitted later by a grant, which the release function sends.
 #[derive(Debug, Default)]
 struct Offered {
-    executions: std::collections::BTreeSet<String>,
+    executions: BTreeSet<String>,
     count: usize,
 }
 

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::progress::Progress;
 use crate::report::{LockReport, Report};
-use crate::{plan_consumers, plan_locks, plan_roles, plan_weights, share_of, Args, LockSpec, Role};
+use crate::{plan_consumers, plan_locks, plan_roles, plan_weights, Args, LockSpec, Role};
 use local_aws::delay::DelayProxy;
 use local_aws::eventbridge::{Ended, Player, Target};
 use local_aws::poller::{LockItems, Poller};
@@ -105,7 +105,7 @@ pub fn plan_executions(
         })
         .collect();
     proxy.hold_first(
-        share_of(n, args.shares().1),
+        args.stopped_mid_acquire(n),
         executions
             .iter()
             .filter(|e| e.role == Role::Normal)
@@ -113,6 +113,9 @@ pub fn plan_executions(
     );
     executions
 }
+
+/// The executions the run stopped, each with the role it was stopped in.
+pub type Stopped = Arc<std::sync::Mutex<BTreeMap<String, Role>>>;
 
 /// What watches the run: the poller of the lock item, the player of the executions' status
 /// events, and the proxy that delays the chosen acquire writes.
@@ -164,16 +167,19 @@ impl Watch {
     /// The stopper: an execution whose acquire write the proxy starts holding is stopped
     /// mid-acquire at once (so that its status event and cleanup race the write, as in the
     /// seed's scenario); one planned to be stopped mid-work, shortly after the poller first sees
-    /// it hold a slot. `stop(arn, role, delay)` stops it after `delay`; it is called again each
-    /// time the poller sees the execution still holding, and must stop it once.
+    /// it hold a slot. `stop(arn, role, delay)` stops it after `delay`, and is called once per
+    /// execution. Returns the executions stopped, each with the role it was stopped in: who is
+    /// stopped mid-acquire is only known as the run goes.
     pub fn spawn_stopper(
         &self,
         mut held: mpsc::UnboundedReceiver<String>,
         role_of: HashMap<String, Role>,
         seed: u64,
         mut stop: impl FnMut(String, Role, Duration) + Send + 'static,
-    ) {
+    ) -> Stopped {
         let mut holders = self.poller.holders.clone();
+        let stopped = Stopped::default();
+        let record = stopped.clone();
         tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(seed ^ 0x570b);
             loop {
@@ -192,10 +198,18 @@ impl Watch {
                     }
                 };
                 for (arn, role, delay) in candidates {
-                    stop(arn, role, delay);
+                    let first = record
+                        .lock()
+                        .expect("stopped")
+                        .insert(arn.clone(), role)
+                        .is_none();
+                    if first {
+                        stop(arn, role, delay);
+                    }
                 }
             }
         });
+        stopped
     }
 
     /// Holders of each lock when the last execution has ended, after one more round of reads

@@ -258,6 +258,12 @@ impl Args {
         }
     }
 
+    /// How many of `n` executions the run stops mid-acquire (chosen as it goes: see
+    /// `driver::plan_executions`).
+    pub fn stopped_mid_acquire(&self, n: usize) -> usize {
+        share_of(n, self.shares().1)
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         ensure!(
             self.fail_share + self.stop_mid_acquire + self.stop_mid_work <= 1.0,

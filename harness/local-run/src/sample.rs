@@ -109,22 +109,13 @@ pub async fn run(setup: &Setup<'_>) -> anyhow::Result<Report> {
     let (watch, ended_tx) = Watch::start(setup, &stack, item, specs.clone(), proxy, None, target);
 
     // A stop is an ABORTED status event; the execution's task sees the flag and ends.
-    let stopped_as: Arc<Mutex<HashMap<String, Role>>> = Arc::default();
-    {
-        let (ended_tx, stopped_as) = (ended_tx.clone(), stopped_as.clone());
+    let stopped_as = {
+        let ended_tx = ended_tx.clone();
         let role_of = planned.iter().map(|p| (p.arn.clone(), p.role)).collect();
-        watch.spawn_stopper(held_rx, role_of, seed, move |arn, role, delay| {
+        watch.spawn_stopper(held_rx, role_of, seed, move |arn, _, delay| {
             let Some(e) = by_arn.get(&arn).cloned() else {
                 return;
             };
-            stopped_as
-                .lock()
-                .expect("stopped")
-                .entry(arn)
-                .or_insert(role);
-            if e.stopped.load(Ordering::SeqCst) {
-                return;
-            }
             let ended_tx = ended_tx.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
@@ -132,8 +123,8 @@ pub async fn run(setup: &Setup<'_>) -> anyhow::Result<Report> {
                     let _ = ended_tx.send(e.ended("ABORTED", None));
                 }
             });
-        });
-    }
+        })
+    };
 
     phase(&format!(
         "running {n} executions of the SAMPLE's protocol (limit {limit}, {} s of work each)",

@@ -347,11 +347,14 @@ impl DynamoStore {
             .changes
             .iter()
             .any(|c| matches!(c, Change::PutHolder { .. }));
+        // An admission that asks for room itself, not a grant of room a release made for a
+        // waiter: only its refusals say whether the gate is full.
+        let acquire = admits && waiter.is_none();
         // An admission to a gate last seen without room is checked on a consistent read first
         // and, if a check fails there, answered as refused without being sent: the same
         // answer the write would have had at the moment of the read (nothing was written), for
         // no write units (a refused transaction is billed as if it had written its items).
-        if admits && waiter.is_none() && self.was_full(&write.lock) {
+        if acquire && self.was_full(&write.lock) {
             if let Some(view) = self.gate_view(&write.lock, &named).await? {
                 if view.layout == Layout::Gate {
                     self.note_room(write, &view);
@@ -386,7 +389,7 @@ impl DynamoStore {
                 Transacted::Committed => {
                     // An acquire that lands found room; a grant only took the room a release
                     // made for it, and says nothing of the next acquire's.
-                    if admits && waiter.is_none() {
+                    if acquire {
                         self.seen_full_mut().remove(&write.lock);
                     }
                     let after = self.landed_view(&write.lock, &holding_actions).await?;
@@ -423,7 +426,7 @@ impl DynamoStore {
                 token = token.map(|t| FencingToken(t.0.max(view.version.0.saturating_add(1))));
                 continue;
             }
-            if admits && waiter.is_none() {
+            if acquire {
                 self.note_room(write, &view);
             }
             return Ok(WriteResult::Refused {

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::deploy::Stage;
-use crate::driver::{self, Planned, Setup, Watch};
+use crate::driver::{self, Planned, Setup, Stopped, Watch};
 use crate::progress::{phase, Progress};
 use crate::Role;
 use local_aws::eventbridge::Ended;
@@ -30,7 +30,7 @@ pub(super) struct Ran {
     pub progress: Progress,
     pub outcomes: BTreeMap<String, Ended>,
     /// The executions the run stopped, and why.
-    pub stopped: Arc<Mutex<BTreeMap<String, Role>>>,
+    pub stopped: Stopped,
     /// Cleared to end the compressed schedule.
     pub sweeping: Arc<AtomicBool>,
     pub timed_out: bool,
@@ -101,19 +101,10 @@ pub(super) async fn run(
     }
 
     // A stop is a StopExecution, as an operator's would be.
-    let stopped: Arc<Mutex<BTreeMap<String, Role>>> = Arc::default();
-    {
-        let (sfn, stopped) = (sfn.clone(), stopped.clone());
+    let stopped = {
+        let sfn = sfn.clone();
         let role_of = executions.iter().map(|e| (e.arn.clone(), e.role)).collect();
         watch.spawn_stopper(held_rx, role_of, seed, move |arn, role, delay| {
-            if stopped
-                .lock()
-                .expect("stopped")
-                .insert(arn.clone(), role)
-                .is_some()
-            {
-                return;
-            }
             let sfn = sfn.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
@@ -128,8 +119,8 @@ pub(super) async fn run(
                     eprintln!("StopExecution {arn}: {}", DisplayErrorContext(e));
                 }
             });
-        });
-    }
+        })
+    };
 
     // The schedule, compressed.
     let sweep_every = Duration::from_secs_f64(args.sweep_every);
@@ -186,7 +177,7 @@ pub(super) async fn run(
         work_machine.name,
         args.work_seconds,
         planned(Role::Fail),
-        crate::share_of(n, args.shares().1),
+        args.stopped_mid_acquire(n),
         planned(Role::StopMidWork),
     ));
     // Started in the background, so that the watcher below plays each status event as soon as
