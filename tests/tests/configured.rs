@@ -8,6 +8,7 @@ use local_aws::names::{id, limit, lock};
 use local_aws::observe::observe;
 use local_aws::proxy::{HoldingProxy, Target};
 use local_aws::{client_for, endpoint, fresh_table};
+use semaphore_core::Claim;
 use semaphore_core::{
     AcquireOutcome, DynamoStore, Error, InputError, LockConfig, LockName, Rate, Semaphore, Terms,
     Weight,
@@ -161,7 +162,9 @@ async fn a_lower_configured_limit_evicts_nobody_and_admits_nobody_until_the_hold
         matches!(refused, AcquireOutcome::Full { .. }),
         "{refused:?}"
     );
-    sem.release(&l, &id("h0", "r0")).await.unwrap();
+    sem.release(&l, &id("h0", "r0"), Claim::Operator)
+        .await
+        .unwrap();
     let still = sem
         .acquire(&l, &id("new", "r0"), asking(5, 1))
         .await
@@ -170,7 +173,9 @@ async fn a_lower_configured_limit_evicts_nobody_and_admits_nobody_until_the_hold
         matches!(still, AcquireOutcome::Full { .. }),
         "2 held of 2: {still:?}"
     );
-    sem.release(&l, &id("h1", "r0")).await.unwrap();
+    sem.release(&l, &id("h1", "r0"), Claim::Operator)
+        .await
+        .unwrap();
     assert!(is_acquired(
         &sem.acquire(&l, &id("new", "r0"), asking(5, 1))
             .await

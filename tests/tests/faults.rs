@@ -8,6 +8,7 @@ use local_aws::observe::observe;
 use local_aws::proxy::{HeldAnswer, HoldingProxy};
 use local_aws::sample::Sample;
 use local_aws::{client_for, endpoint, fresh_table};
+use semaphore_core::Claim;
 use semaphore_core::{
     AcquireOutcome, DynamoStore, FenceReason, HolderId, LockName, ReleaseOutcome, Semaphore,
 };
@@ -222,7 +223,7 @@ async fn f3_a_first_attempt_landing_after_its_retry_released_is_rejected() {
     let retry = direct.acquire(&l, &exec, limit(1)).await.unwrap();
     assert!(matches!(retry, AcquireOutcome::Acquired { .. }));
     assert!(matches!(
-        direct.release(&l, &exec).await.unwrap(),
+        direct.release(&l, &exec, Claim::Operator).await.unwrap(),
         ReleaseOutcome::Released { .. }
     ));
     proxy.release_held();
@@ -313,7 +314,7 @@ async fn f4_duplicate_late_and_out_of_order_releases_and_cleanups_are_no_ops() {
     // one; the other holder is untouched.
     let before = version(store.clone(), l.clone()).await;
     assert_eq!(
-        sem.release(&l, &a).await.unwrap(),
+        sem.release(&l, &a, Claim::Operator).await.unwrap(),
         ReleaseOutcome::NotHeld {
             count: 1,
             waiting: 0
@@ -324,11 +325,11 @@ async fn f4_duplicate_late_and_out_of_order_releases_and_cleanups_are_no_ops() {
 
     // Release, then its duplicate, then a late cleanup event for the same execution.
     assert!(matches!(
-        sem.release(&l, &b).await.unwrap(),
+        sem.release(&l, &b, Claim::Operator).await.unwrap(),
         ReleaseOutcome::Released { count: 0, .. }
     ));
     assert_eq!(
-        sem.release(&l, &b).await.unwrap(),
+        sem.release(&l, &b, Claim::Operator).await.unwrap(),
         ReleaseOutcome::NotHeld {
             count: 0,
             waiting: 0
@@ -341,7 +342,7 @@ async fn f4_duplicate_late_and_out_of_order_releases_and_cleanups_are_no_ops() {
     // case its acquire is still in flight.
     let fresh = lock("f4-untouched");
     assert_eq!(
-        sem.release(&fresh, &a).await.unwrap(),
+        sem.release(&fresh, &a, Claim::Operator).await.unwrap(),
         ReleaseOutcome::NotHeld {
             count: 0,
             waiting: 0

@@ -5,6 +5,7 @@
 //! acquire it must refuse: see `Timing`), and is gone after the second rotation that follows it.
 //! Driven with a `ManualClock` at the default `Timing`, against the real local server.
 
+use semaphore_core::Claim;
 use std::sync::Arc;
 
 use local_aws::fresh_table;
@@ -91,7 +92,9 @@ async fn the_item_stays_bounded_over_many_windows_of_rotations() {
             at_ms: clock.now_ms(),
             rotations_before: rotations.seen,
         });
-        sem.release(&lock, &identity).await.unwrap();
+        sem.release(&lock, &identity, Claim::Operator)
+            .await
+            .unwrap();
         rotations.look(&sem, &lock).await;
         written.push(Written {
             key: FenceKey::execution(&execution(100_000 + n), semaphore_core::Run::FIRST),
@@ -156,7 +159,9 @@ async fn bystander_releases(
     n: usize,
 ) -> Option<u64> {
     let bystander = Identity::new(execution(1000 + n), AcquisitionId::new("b").unwrap());
-    sem.release(lock, &bystander).await.unwrap();
+    sem.release(lock, &bystander, Claim::Operator)
+        .await
+        .unwrap();
     sem.status(lock).await.unwrap().fences.rotated_at_ms
 }
 

@@ -4,6 +4,7 @@
 //! held in flight by the proxy) never takes a renewed lease and never lets a taken-back slot be
 //! renewed. Checked by the independent reader of the raw item ([`local_aws::observe`]).
 
+use semaphore_core::Claim;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,11 +83,13 @@ async fn a_dead_leased_holder_is_taken_back_by_the_next_acquire_and_fenced() {
     assert_eq!(seen.leases, vec![(next.slot_key(), T0 + 32_001 + 30_000)]);
     // The dead holder comes back: refused everything.
     assert_eq!(
-        sem.heartbeat(&l, &dead, lease(30)).await.unwrap(),
+        sem.heartbeat(&l, &dead, Claim::Operator, lease(30))
+            .await
+            .unwrap(),
         HeartbeatOutcome::Lost
     );
     assert!(matches!(
-        sem.release(&l, &dead).await.unwrap(),
+        sem.release(&l, &dead, Claim::Operator).await.unwrap(),
         ReleaseOutcome::NotHeld { .. }
     ));
     let item = sem.status(&l).await.unwrap();
@@ -116,7 +119,11 @@ async fn a_take_back_racing_a_heartbeat_never_renews_a_lost_slot_nor_takes_a_ren
     proxy.hold(Target::Operation("UpdateItem".to_owned()), 1);
     let heartbeat = {
         let (l, holder) = (l.clone(), holder.clone());
-        tokio::spawn(async move { through.heartbeat(&l, &holder, lease(10)).await })
+        tokio::spawn(async move {
+            through
+                .heartbeat(&l, &holder, Claim::Operator, lease(10))
+                .await
+        })
     };
     proxy.wait_held(1).await;
     let taker = id("taker", "a1");
@@ -143,7 +150,10 @@ async fn a_take_back_racing_a_heartbeat_never_renews_a_lost_slot_nor_takes_a_ren
     let take_back = tokio::spawn(async move { through.take_back_expired(&read).await });
     proxy.wait_held(1).await;
     assert!(matches!(
-        direct.heartbeat(&l, &holder, lease(10)).await.unwrap(),
+        direct
+            .heartbeat(&l, &holder, Claim::Operator, lease(10))
+            .await
+            .unwrap(),
         HeartbeatOutcome::Renewed { .. }
     ));
     proxy.release_held();
@@ -217,7 +227,9 @@ async fn the_client_keeps_a_slot_with_heartbeats_and_loses_it_when_they_stop() {
     assert!(next.0 > token.0);
     // A holder whose slot is taken back while it runs (its heartbeat held back by the proxy)
     // learns it: `is_held` is false.
-    sem.release(&l, &id("next", "a1")).await.unwrap();
+    sem.release(&l, &id("next", "a1"), Claim::Operator)
+        .await
+        .unwrap();
     let proxy = HoldingProxy::start(endpoint()).await;
     let slow = Semaphore::new(DynamoStore::new(
         client_for(&proxy.endpoint()),

@@ -10,6 +10,7 @@ use local_aws::observe::observe;
 use semaphore_core::dynamo::encode;
 use semaphore_core::dynamo::MAX_EXPRESSION_BYTES;
 use semaphore_core::item::{FenceKey, HELD_BYTES_BUDGET, MAX_HELD_BYTES};
+use semaphore_core::Claim;
 use semaphore_core::{
     AcquireOutcome, Attempt, QueueOutcome, Run, Semaphore, SemaphoreItem, TaskToken, Waiter,
 };
@@ -169,7 +170,10 @@ async fn a_lock_filled_with_the_longest_names_answers_full_and_release_and_clean
         assert!(cleaned.freed.is_empty());
     }
     // A release and a cleanup of holders land, and free their slots.
-    let released = semaphore.release(&l, &id(&holder(0), "a")).await.unwrap();
+    let released = semaphore
+        .release(&l, &id(&holder(0), "a"), Claim::Operator)
+        .await
+        .unwrap();
     assert!(
         matches!(released, semaphore_core::ReleaseOutcome::Released { .. }),
         "{released:?}"

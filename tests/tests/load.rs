@@ -3,6 +3,7 @@
 //! short (1.5 s), so the fences are rotated several times while the load runs: rotations
 //! interleave with acquires and releases and change nothing of S1.
 
+use semaphore_core::Claim;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -92,7 +93,7 @@ async fn worker(table: String, lock: Arc<LockUnderTest>, worker: usize) -> usize
         tokio::time::sleep(Duration::from_millis(fastrand::u64(200..400))).await;
         lock.inside.fetch_sub(1, Ordering::SeqCst);
         // Releases never conflict (no condition): one attempt, no retry loop.
-        match sem.release(&name, &identity).await {
+        match sem.release(&name, &identity, Claim::Operator).await {
             Ok(ReleaseOutcome::Released { .. }) => {}
             other => panic!("worker {worker}: release gave {other:?}"),
         }

@@ -7,6 +7,7 @@
 //! The waker and the execution status are canned fakes here (nothing wakes a parked Step
 //! Functions task against moto): they record what they were asked and answer as told.
 
+use semaphore_core::Claim;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -69,7 +70,7 @@ async fn hold<S: ItemStore>(sem: &Semaphore<S>, l: &LockName, who: &Identity, n:
 }
 
 async fn release<S: ItemStore>(sem: &Semaphore<S>, l: &LockName, who: &Identity) {
-    let outcome = sem.release(l, who).await.unwrap();
+    let outcome = sem.release(l, who, Claim::Operator).await.unwrap();
     assert!(
         matches!(outcome, ReleaseOutcome::Released { .. }),
         "{outcome:?}"

@@ -12,6 +12,7 @@
 //! Writers other than the held one share a `ManualClock` and a short `Timing` (a 3 s window), so
 //! rotations happen exactly when the test says.
 
+use semaphore_core::Claim;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +61,7 @@ fn others(store: &DynamoStore, clock: &Arc<ManualClock>) -> Semaphore<DynamoStor
 /// The lock with one rotation behind it at the clock's time (a bystander's release rotates the
 /// fences of a lock that never rotated), so the next one is due exactly a window later.
 async fn lock_rotated_now(sem: &Semaphore<DynamoStore>, l: &LockName) {
-    sem.release(l, &id(&execution("bystander-0"), "b"))
+    sem.release(l, &id(&execution("bystander-0"), "b"), Claim::Operator)
         .await
         .unwrap();
     let item = sem.status(l).await.unwrap();
@@ -78,9 +79,13 @@ async fn rotate_a_window_later(
 ) {
     let last = sem.status(l).await.unwrap().fences.rotated_at_ms.unwrap();
     clock.advance_ms(last + WINDOW_MS - clock.now_ms());
-    sem.release(l, &id(&execution(&format!("bystander-{n}")), "b"))
-        .await
-        .unwrap();
+    sem.release(
+        l,
+        &id(&execution(&format!("bystander-{n}")), "b"),
+        Claim::Operator,
+    )
+    .await
+    .unwrap();
     let item = sem.status(l).await.unwrap();
     assert_eq!(item.fences.rotated_at_ms, Some(clock.now_ms()), "rotated");
 }
@@ -225,7 +230,7 @@ async fn an_acquire_held_in_flight_across_the_removal_of_its_release_fence_is_re
             matches!(retry, AcquireOutcome::Acquired { .. }),
             "{retry:?}"
         );
-        sem.release(&l, &exec).await.unwrap();
+        sem.release(&l, &exec, Claim::Operator).await.unwrap();
     })
     .await;
 }

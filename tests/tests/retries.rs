@@ -11,6 +11,7 @@
 //! succeeds without applying twice is the local server's (a guarded patch in
 //! local/moto_server.py, as DynamoDB documents it).
 
+use semaphore_core::Claim;
 use std::sync::{Arc, Mutex};
 
 use local_aws::names::{id, limit, lock};
@@ -96,7 +97,7 @@ async fn one_waiting(store: &DynamoStore, l: &LockName, w: &Waiter) {
         AcquireOutcome::Acquired { .. }
     ));
     assert_eq!(sem.enqueue(w, T0).await.unwrap(), QueueOutcome::Queued);
-    sem.release(l, &holder).await.unwrap();
+    sem.release(l, &holder, Claim::Operator).await.unwrap();
 }
 
 fn tokens(proxy: &FaultyProxy) -> Vec<String> {
@@ -289,10 +290,7 @@ async fn a_release_whose_answer_was_lost_says_it_released() {
         .await
         .unwrap();
     proxy.fault_next("UpdateItem", Verdict::LoseAnswer);
-    let (outcome, after) = sem
-        .release_seeing(&l, &who, semaphore_core::Weight::ONE)
-        .await
-        .unwrap();
+    let (outcome, after) = sem.release_seeing(&l, &who, Claim::Operator).await.unwrap();
     assert_eq!(
         outcome,
         ReleaseOutcome::Released {
@@ -305,7 +303,10 @@ async fn a_release_whose_answer_was_lost_says_it_released() {
     assert_eq!((after.count(), after.used), (0, 0));
     // A duplicate release (another call, answered) still says it held nothing.
     assert!(matches!(
-        direct(&store).release(&l, &who).await.unwrap(),
+        direct(&store)
+            .release(&l, &who, Claim::Operator)
+            .await
+            .unwrap(),
         ReleaseOutcome::NotHeld { .. }
     ));
     assert_eq!(proxy.seen_of("UpdateItem").len(), 2, "{:?}", proxy.seen());

@@ -16,9 +16,9 @@ use local_aws::observe::{least_spacing, most_in_window, observe};
 use local_aws::proxy::{HoldingProxy, Target};
 use local_aws::{client_for, endpoint, fresh_table};
 use semaphore_core::{
-    AcquireOutcome, Attempt, Clock, DynamoStore, ExecutionState, ExecutionStatus, FenceReason,
-    FencingToken, HolderId, Identity, LockName, ManualClock, PortError, Rate, ReleaseOutcome, Run,
-    Semaphore, TaskToken, Terms, Waiter, Waker, Weight,
+    AcquireOutcome, Attempt, Claim, Clock, DynamoStore, ExecutionState, ExecutionStatus,
+    FenceReason, FencingToken, HolderId, Identity, ItemStore, LockName, ManualClock, PortError,
+    Rate, ReleaseOutcome, Run, Semaphore, TaskToken, Terms, Waiter, Waker, Weight,
 };
 
 const T0: u64 = 1_800_000_000_000;
@@ -82,7 +82,8 @@ async fn the_limit_bounds_the_sum_of_the_weights_held() {
         }
     );
     // Freeing the big one makes room for a weight of 4, not 5.
-    sem.release_seeing(&l, &big, weight(4)).await.unwrap();
+    let claim = shows(&sem, &l, &big, weight(4)).await;
+    sem.release_seeing(&l, &big, claim).await.unwrap();
     assert!(matches!(
         sem.acquire(&l, &id("five", "r0"), terms(10, 5))
             .await
@@ -105,7 +106,11 @@ async fn a_release_subtracts_the_weight_held_once_whatever_its_caller_believes()
     let heavy = id("heavy", "r0");
     let token = acquired(sem.acquire(&l, &heavy, terms(5, 3)).await.unwrap());
     // Believed weight 1 (its input lost the weight): refused, sent again with the weight held.
-    let (outcome, after) = sem.release_seeing(&l, &heavy, Weight::ONE).await.unwrap();
+    let claim = Claim::Slot {
+        token,
+        weight: Weight::ONE,
+    };
+    let (outcome, after) = sem.release_seeing(&l, &heavy, claim).await.unwrap();
     assert_eq!(
         outcome,
         ReleaseOutcome::Released {
@@ -117,7 +122,11 @@ async fn a_release_subtracts_the_weight_held_once_whatever_its_caller_believes()
     assert_eq!(after.used, 0);
     // A duplicate, and a duplicate that believes the right weight: nothing more is subtracted.
     for belief in [Weight::ONE, weight(3)] {
-        let (outcome, _) = sem.release_seeing(&l, &heavy, belief).await.unwrap();
+        let claim = Claim::Slot {
+            token,
+            weight: belief,
+        };
+        let (outcome, _) = sem.release_seeing(&l, &heavy, claim).await.unwrap();
         assert_eq!(
             outcome,
             ReleaseOutcome::NotHeld {
@@ -144,7 +153,7 @@ async fn concurrent_duplicate_releases_subtract_once() {
     let sem = Semaphore::new(store.clone());
     let l = lock("duplicates");
     let heavy = id("heavy", "r0");
-    acquired(sem.acquire(&l, &heavy, terms(6, 3)).await.unwrap());
+    let token = acquired(sem.acquire(&l, &heavy, terms(6, 3)).await.unwrap());
     acquired(
         sem.acquire(&l, &id("other", "r0"), terms(6, 2))
             .await
@@ -154,7 +163,11 @@ async fn concurrent_duplicate_releases_subtract_once() {
         let (sem, l, heavy) = (sem.clone(), l.clone(), heavy.clone());
         // Half believe the right weight, half do not.
         let belief = if n % 2 == 0 { weight(3) } else { Weight::ONE };
-        tokio::spawn(async move { sem.release_seeing(&l, &heavy, belief).await })
+        let claim = Claim::Slot {
+            token,
+            weight: belief,
+        };
+        tokio::spawn(async move { sem.release_seeing(&l, &heavy, claim).await })
     });
     let mut released = 0;
     for release in releases {
@@ -168,10 +181,10 @@ async fn concurrent_duplicate_releases_subtract_once() {
     assert_eq!(now.used, 2, "the other holder's weight, and only it");
 }
 
-/// The release of an acquisition that holds nothing yet sends its fence alone, on the check
-/// that nothing is held. An acquire of it that lands between the release's first write and that
-/// fence (held here in flight) is still freed: the fence is refused, and the release sent
-/// again removes the slot with its weight.
+/// The operator's release (no token) of an acquisition that holds nothing yet sends its fence
+/// alone, on the check that nothing is held. An acquire of it that lands between the release's
+/// read and that fence (held here in flight) is still freed: the fence is refused, and the
+/// release sent again removes the slot with its weight.
 #[tokio::test]
 async fn an_acquire_landing_between_a_releases_rounds_is_freed_by_the_release() {
     let store = fresh_table().await;
@@ -189,14 +202,12 @@ async fn an_acquire_landing_between_a_releases_rounds_is_freed_by_the_release() 
             .await
             .unwrap(),
     );
-    // The release's second write (its fence alone) is held; its first (refused) went through.
-    proxy.hold(Target::Operation("UpdateItem".to_owned()), 2);
+    // The release's write (its fence alone, after a read that found nothing held) is held.
+    proxy.hold(Target::Operation("UpdateItem".to_owned()), 1);
     let release = {
         let (l, late) = (l.clone(), late.clone());
-        tokio::spawn(async move { through.release_seeing(&l, &late, weight(2)).await })
+        tokio::spawn(async move { through.release_seeing(&l, &late, Claim::Operator).await })
     };
-    proxy.wait_held(1).await;
-    proxy.release_held();
     proxy.wait_held(1).await;
     // Now the acquire lands, ahead of the held fence.
     acquired(direct.acquire(&l, &late, terms(5, 2)).await.unwrap());
@@ -249,7 +260,8 @@ async fn cleanup_frees_an_ended_executions_weights_once() {
     // The cleanup's fence sees both slots; one is released before its free lands.
     let fenced = sem.fence(&l, &holder, Run::FIRST).await.unwrap();
     assert_eq!(fenced.slots.len(), 2);
-    sem.release_seeing(&l, &a, weight(3)).await.unwrap();
+    let claim = shows(&sem, &l, &a, weight(3)).await;
+    sem.release_seeing(&l, &a, claim).await.unwrap();
     let outcome = sem.free(&fenced).await.unwrap();
     assert_eq!(
         outcome
@@ -298,7 +310,9 @@ async fn a_lowered_limit_admits_nothing_above_it() {
             .unwrap(),
     );
     for n in 0..3 {
-        sem.release(&l, &id(&format!("h{n}"), "r0")).await.unwrap();
+        sem.release(&l, &id(&format!("h{n}"), "r0"), Claim::Operator)
+            .await
+            .unwrap();
     }
     // 1 held: the lower limit admits one more (2 of 2) and becomes the lock's.
     acquired(
@@ -389,8 +403,9 @@ async fn a_heavy_head_waits_and_nobody_passes_it() {
         .await
         .unwrap();
     assert!(report.woken.is_empty(), "{report:?}");
+    let claim = shows(&sem, &l, &id("h0", "r0"), Weight::ONE).await;
     let (_, after) = sem
-        .release_seeing(&l, &id("h0", "r0"), Weight::ONE)
+        .release_seeing(&l, &id("h0", "r0"), claim)
         .await
         .unwrap();
     let report = sem
@@ -496,7 +511,7 @@ async fn fifty_contenders_start_no_faster_than_the_rate() {
                             let item = sem.status(&l).await.unwrap();
                             let at = item.holders[&who].acquired_at_ms;
                             starts.lock().unwrap().insert(at, who.clone());
-                            sem.release(&l, &who).await.unwrap();
+                            sem.release(&l, &who, Claim::Operator).await.unwrap();
                             round += 1;
                         }
                         AcquireOutcome::RateLimited { .. } => {
@@ -536,4 +551,24 @@ async fn fifty_contenders_start_no_faster_than_the_rate() {
         "{} starts, closest {closest} ms apart, at most {most_in_a_second} in a second, {achieved:.2}/s achieved (rate {PER_SECOND}/s)",
         starts.len()
     );
+}
+
+/// What `who`'s holder shows when it releases (F15): the token of its slot (read here: the one
+/// its acquire answered) and the weight it believes it holds.
+async fn shows<S: ItemStore>(
+    sem: &Semaphore<S>,
+    l: &LockName,
+    who: &Identity,
+    belief: Weight,
+) -> Claim {
+    let token = sem
+        .status(l)
+        .await
+        .ok()
+        .and_then(|item| item.holders.get(who).map(|held| held.token))
+        .unwrap_or(FencingToken(FencingToken::MAX));
+    Claim::Slot {
+        token,
+        weight: belief,
+    }
 }

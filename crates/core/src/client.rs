@@ -23,8 +23,8 @@ use tokio::task::JoinHandle;
 
 use crate::dynamo::DynamoStore;
 use crate::error::Error;
-use crate::input::{Lease, LockName, Terms};
-use crate::item::{FencingToken, Identity, Run};
+use crate::input::{Lease, LockName, Terms, Weight};
+use crate::item::{Claim, FencingToken, Identity, Run};
 use crate::protocol::{AcquireOutcome, HeartbeatOutcome, ReleaseOutcome};
 use crate::semaphore::Semaphore;
 
@@ -45,6 +45,8 @@ pub struct LeasedSlot {
     lock: LockName,
     identity: Identity,
     token: FencingToken,
+    /// Its weight: with its token, what its heartbeats and its release show (F15).
+    weight: Weight,
     state: watch::Receiver<SlotState>,
     heartbeats: JoinHandle<()>,
 }
@@ -77,10 +79,15 @@ impl Semaphore<DynamoStore> {
         let (tx, state) = watch::channel(SlotState::Held {
             until_ms: sent_ms + lease.as_ms(),
         });
+        let claim = Claim::Slot {
+            token,
+            weight: terms.weight,
+        };
         let heartbeats = tokio::spawn(renew(
             self.clone(),
             lock.clone(),
             identity.clone(),
+            claim,
             lease,
             Arc::new(tx),
         ));
@@ -89,6 +96,7 @@ impl Semaphore<DynamoStore> {
             lock: lock.clone(),
             identity: identity.clone(),
             token,
+            weight: terms.weight,
             state,
             heartbeats,
         }))
@@ -100,6 +108,7 @@ async fn renew(
     semaphore: Semaphore<DynamoStore>,
     lock: LockName,
     identity: Identity,
+    claim: Claim,
     lease: Lease,
     state: Arc<watch::Sender<SlotState>>,
 ) {
@@ -107,7 +116,7 @@ async fn renew(
     loop {
         tokio::time::sleep(every).await;
         let sent_ms = semaphore.now_ms();
-        match semaphore.heartbeat(&lock, &identity, lease).await {
+        match semaphore.heartbeat(&lock, &identity, claim, lease).await {
             Ok(HeartbeatOutcome::Renewed { .. }) => {
                 state.send_replace(SlotState::Held {
                     until_ms: sent_ms + lease.as_ms(),
@@ -115,6 +124,13 @@ async fn renew(
             }
             Ok(HeartbeatOutcome::Lost) => {
                 tracing::warn!(%lock, holder = %identity.holder, "the slot was taken back: its lease had passed");
+                state.send_replace(SlotState::Lost);
+                return;
+            }
+            // Another slot of this identity: not the one taken (it cannot be, an acquisition
+            // holds once), so this one is gone.
+            Ok(HeartbeatOutcome::WrongToken { held }) => {
+                tracing::error!(%lock, holder = %identity.holder, held = held.0, "the identity holds a slot under another token");
                 state.send_replace(SlotState::Lost);
                 return;
             }
@@ -150,7 +166,16 @@ impl LeasedSlot {
     /// Stops the heartbeats and frees the slot (`NotHeld` if it was taken back meanwhile).
     pub async fn release(self) -> Result<ReleaseOutcome, Error> {
         self.heartbeats.abort();
-        self.semaphore.release(&self.lock, &self.identity).await
+        self.semaphore
+            .release(
+                &self.lock,
+                &self.identity,
+                Claim::Slot {
+                    token: self.token,
+                    weight: self.weight,
+                },
+            )
+            .await
     }
 }
 

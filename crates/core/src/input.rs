@@ -72,6 +72,10 @@ pub enum InputError {
     Layout { got: String },
     #[error("task token is {len} bytes long; the maximum is {MAX_TASK_TOKEN_BYTES} bytes")]
     TaskTokenTooLong { len: usize },
+    #[error("run {run} is past the last run an execution can have ({max}): Step Functions stops redriving an execution before its history's 25,000 events", max = crate::item::Run::MAX.0)]
+    RunTooLate { run: u32 },
+    #[error("token must be the fencing token of the acquire answer, a whole number from 1 to {max}; got {got}", max = crate::item::FencingToken::MAX)]
+    InvalidToken { got: String },
     #[error("{field} is missing: {hint}")]
     Missing {
         field: &'static str,

@@ -24,6 +24,22 @@ impl Version {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FencingToken(pub u64);
 
+impl FencingToken {
+    /// The largest token a lock can give: versions stay below 10^15 (a thousand writes a second
+    /// for 31,000 years; `dynamo::TOKEN_SPAN`).
+    pub const MAX: u64 = 999_999_999_999_999;
+
+    /// A token a caller shows (a release's, a heartbeat's): from 1 to [`FencingToken::MAX`].
+    pub fn new(token: u64) -> Result<Self, InputError> {
+        if !(1..=Self::MAX).contains(&token) {
+            return Err(InputError::InvalidToken {
+                got: token.to_string(),
+            });
+        }
+        Ok(Self(token))
+    }
+}
+
 /// One run of an execution: 0 for its first, n after its n-th redrive (Step Functions'
 /// `$$.Execution.RedriveCount`, `redriveCount` in `DescribeExecution`).
 ///
@@ -39,6 +55,23 @@ pub struct Run(pub u32);
 impl Run {
     /// An execution's first run (never redriven).
     pub const FIRST: Self = Self(0);
+
+    /// The last run an execution can have. Step Functions keeps at most 25,000 events in a
+    /// standard execution's history and refuses to redrive one whose history is full ("Avoid
+    /// reaching the history quota", and `redriveStatusReason` "Execution history event limit
+    /// exceeded" in `DescribeExecution`), and every run adds at least two: its end
+    /// (`ExecutionFailed`, `ExecutionAborted` or `ExecutionTimedOut`) and the next one's
+    /// `ExecutionRedriven`. A cleanup fences a run and every run before it, so a larger run from
+    /// a payload would size a write (F15).
+    pub const MAX: Self = Self(12_499);
+
+    /// Run `n`, if an execution can have it (at most [`Run::MAX`]).
+    pub fn new(n: u32) -> Result<Self, InputError> {
+        if n > Self::MAX.0 {
+            return Err(InputError::RunTooLate { run: n });
+        }
+        Ok(Self(n))
+    }
 
     /// This run and every run before it.
     pub fn and_earlier(self) -> impl Iterator<Item = Run> {
@@ -102,7 +135,7 @@ pub enum SlotKeyError {
 }
 
 /// The most bytes a holding's stored number takes: at most 32 digits (see
-/// `dynamo::TOKEN_SPAN`), and DynamoDB sizes a number at 1 byte per two significant digits plus 1.
+/// `dynamo::TIME_SPAN`), and DynamoDB sizes a number at 1 byte per two significant digits plus 1.
 pub const HOLDING_VALUE_BYTES: u64 = 17;
 
 /// The largest holder-map entry: the longest holder and acquisition id accepted
@@ -146,6 +179,34 @@ pub struct Holding {
     pub acquired_at_ms: u64,
     /// How many of the limit's units it takes.
     pub weight: Weight,
+}
+
+/// What a release or heartbeat shows of the slot it is about (F15): it frees or renews only the
+/// slot whose fencing token it shows, so a caller that passes another slot's acquire answer (a
+/// `$.semaphore` taken from the wrong branch, another tenant) is refused and writes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Claim {
+    /// The acquire answer's fencing token, and the weight the acquisition asked for (a wrong
+    /// weight costs a write more, never the wrong slot).
+    Slot { token: FencingToken, weight: Weight },
+    /// An operator's (`semctl` without `--token`): whatever slot the acquisition holds, read
+    /// first. No payload can ask for it.
+    Operator,
+}
+
+impl Claim {
+    /// The token shown (`None`: the operator's claim, any token).
+    pub fn token(&self) -> Option<FencingToken> {
+        match self {
+            Self::Slot { token, .. } => Some(*token),
+            Self::Operator => None,
+        }
+    }
+
+    /// Whether the claim covers the slot `holding`.
+    pub fn covers(&self, holding: &Holding) -> bool {
+        self.token().is_none_or(|token| token == holding.token)
+    }
 }
 
 /// One slot taken back because its lease passed unrenewed (F13): what an operator is told.
@@ -415,13 +476,13 @@ impl SemaphoreItem {
     /// The leased holders whose lease ended more than `skew_ms` before `now_ms` (by this
     /// writer's clock): what a writer may take back (F13). Within the skew, a holder whose
     /// clock is behind may still think its lease runs: not yet.
-    pub fn expired_leases(&self, now_ms: u64, skew_ms: u64) -> Vec<(Identity, Weight, u64)> {
+    pub fn expired_leases(&self, now_ms: u64, skew_ms: u64) -> Vec<(Identity, Holding, u64)> {
         self.leases
             .iter()
             .filter(|(_, until)| until.saturating_add(skew_ms) < now_ms)
             .filter_map(|(identity, until)| {
                 let holding = self.holders.get(identity)?;
-                Some((identity.clone(), holding.weight, *until))
+                Some((identity.clone(), *holding, *until))
             })
             .collect()
     }

@@ -59,8 +59,8 @@ pub use input::{
     TaskToken, Terms, Weight,
 };
 pub use item::{
-    FenceKey, Fences, FencingToken, Holding, Identity, Layout, Run, SemaphoreItem, SlotKeyError,
-    TakenBackSlot, Version,
+    Claim, FenceKey, Fences, FencingToken, Holding, Identity, Layout, Run, SemaphoreItem,
+    SlotKeyError, TakenBackSlot, Version,
 };
 pub use memory::MemoryStore;
 pub use ports::{

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use crate::error::StoreError;
 use crate::input::{HolderId, Lease, Limit, LockConfig, LockName, Terms, Weight};
-use crate::item::{FenceKey, FencingToken, Holding, Identity, Layout, Run, SemaphoreItem};
+use crate::item::{Claim, FenceKey, FencingToken, Holding, Identity, Layout, Run, SemaphoreItem};
 use crate::queue::{Attempt, Waiter, WaiterId, Wakeup};
 use crate::write::{Change, Check, Write};
 
@@ -155,8 +155,17 @@ pub enum ReleaseOutcome {
         count: usize,
         waiting: u64,
     },
-    /// Nothing was held by this identity; it is fenced now, so a late acquire cannot take it.
+    /// Nothing was held by this identity. A release that showed a token writes nothing then:
+    /// the slot it showed was freed by a write that fenced the acquisition (a release, cleanup,
+    /// take-back or sweep). The operator's release fences it, so a late acquire cannot take it.
     NotHeld { count: usize, waiting: u64 },
+    /// The identity holds a slot, under another token than the one shown (F15): not this
+    /// caller's to free. Nothing was written.
+    WrongToken {
+        held: FencingToken,
+        count: usize,
+        waiting: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -397,10 +406,9 @@ pub fn acquired(
                     | Check::TombstoneAt { .. }
                     | Check::RotatedSince { .. }
                     | Check::Idle
-                    | Check::Holds(_)
                     | Check::LeaseUntil { .. }
                     | Check::Busy { .. }
-                    | Check::HoldsWeight { .. }
+                    | Check::HoldsSlot { .. }
                     | Check::NotQueued(_)
                     | Check::QueuedBefore { .. }
                     | Check::Queued(_)
@@ -417,16 +425,22 @@ pub fn acquired(
     }
 }
 
-/// Frees the identity's slot of `weight` (what the caller believes it holds: its acquire's
-/// weight) and fences the acquisition, so that a late attempt of the same acquire cannot take a
-/// slot again (F3). Refused if the identity holds no slot of that weight; [`released`] then
-/// says what to send instead. A release is always written: the acquisition may still have an
-/// acquire in flight even when it holds nothing.
-pub fn release(lock: &LockName, identity: &Identity, weight: Weight, now_ms: u64) -> Write {
+/// Frees the identity's slot taken under `token`, of `weight` (what the caller believes it
+/// holds: its acquire's answer), and fences the acquisition, so that a late attempt of the same
+/// acquire cannot take a slot again (F3). Refused if the identity holds no such slot;
+/// [`released`] then says what to send instead, if anything.
+pub fn release(
+    lock: &LockName,
+    identity: &Identity,
+    token: FencingToken,
+    weight: Weight,
+    now_ms: u64,
+) -> Write {
     Write {
         lock: lock.clone(),
-        checks: vec![Check::HoldsWeight {
+        checks: vec![Check::HoldsSlot {
             identity: identity.clone(),
+            token,
             weight,
         }],
         changes: vec![
@@ -442,9 +456,9 @@ pub fn release(lock: &LockName, identity: &Identity, weight: Weight, now_ms: u64
     }
 }
 
-/// The release of an acquisition that holds nothing: its fence alone, on the check that it
-/// still holds nothing (an acquire of it that lands first is then removed by the release sent
-/// instead).
+/// The operator's release of an acquisition that holds nothing: its fence alone, on the check
+/// that it still holds nothing (an acquire of it that lands first is then removed by the release
+/// sent instead). An operator may release an acquisition whose acquire is still in flight.
 pub fn release_unheld(lock: &LockName, identity: &Identity, now_ms: u64) -> Write {
     Write {
         lock: lock.clone(),
@@ -468,26 +482,41 @@ fn released_at(write: &Write) -> u64 {
         .unwrap_or_default()
 }
 
+/// The token the write checks the identity's slot against, if it checks one.
+fn checked_token(write: &Write, identity: &Identity) -> Option<FencingToken> {
+    write.checks.iter().find_map(|check| match check {
+        Check::HoldsSlot {
+            identity: id,
+            token,
+            ..
+        } if id == identity => Some(*token),
+        _ => None,
+    })
+}
+
 /// What a release's write did: done (the answer, and the item as the write left it), or the
-/// write to send instead, from the item handed back.
+/// write to send instead, from the item handed back. `claim` is what the caller showed: a
+/// refusal for a slot under another token is [`ReleaseOutcome::WrongToken`], and nothing more
+/// is sent (F15).
 pub fn released(
     write: &Write,
     identity: &Identity,
+    claim: Claim,
     result: WriteResult,
 ) -> Result<Step<(ReleaseOutcome, SemaphoreItem)>, StoreError> {
+    let removes = write
+        .changes
+        .iter()
+        .any(|c| matches!(c, Change::RemoveHolder { .. }));
     let before = match result {
         WriteResult::Applied { before } => before,
         // A gate's release (its check held: the slot was there, or it was not), the slot's
-        // token gone with its holding.
+        // token the one it checked.
         WriteResult::Landed { after: Some(after) } => {
             let (count, waiting) = (after.count(), after.waiting);
-            let outcome = if write
-                .changes
-                .iter()
-                .any(|c| matches!(c, Change::RemoveHolder { .. }))
-            {
+            let outcome = if removes {
                 ReleaseOutcome::Released {
-                    token: None,
+                    token: checked_token(write, identity),
                     count,
                     waiting,
                 }
@@ -506,27 +535,48 @@ pub fn released(
         // its answer was lost (F10): the slot is gone and the fence there. Said as released, or
         // the caller would take it for a release of nothing and hand the freed slot to nobody.
         WriteResult::Unsure { current }
-            if write
-                .changes
-                .iter()
-                .any(|c| matches!(c, Change::RemoveHolder { .. }))
+            if removes
                 && !current.holders.contains_key(identity)
                 && current.is_released(identity) =>
         {
             let outcome = ReleaseOutcome::Released {
-                token: None,
+                token: checked_token(write, identity),
                 count: current.count(),
                 waiting: current.waiting,
             };
             return Ok(Step::Done((outcome, current)));
         }
         WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => {
+            let (count, waiting) = (current.count(), current.waiting);
             // The same release time: the acquisition was released when it was first decided.
             let at_ms = released_at(write);
-            return Ok(Step::Again(match current.holders.get(identity) {
-                Some(holding) => release(&write.lock, identity, holding.weight, at_ms),
-                None => release_unheld(&write.lock, identity, at_ms),
-            }));
+            return Ok(match (current.holders.get(identity), claim) {
+                // Its slot, of another weight than believed: freed with the weight it holds.
+                (Some(holding), _) if claim.covers(holding) => Step::Again(release(
+                    &write.lock,
+                    identity,
+                    holding.token,
+                    holding.weight,
+                    at_ms,
+                )),
+                (Some(holding), _) => Step::Done((
+                    ReleaseOutcome::WrongToken {
+                        held: holding.token,
+                        count,
+                        waiting,
+                    },
+                    current,
+                )),
+                // A slot whose token was shown was taken by this acquisition, so whatever freed
+                // it fenced the acquisition: nothing to write (and nothing a wrong caller could
+                // fence).
+                (None, Claim::Slot { .. }) => {
+                    Step::Done((ReleaseOutcome::NotHeld { count, waiting }, current))
+                }
+                (None, Claim::Operator) => {
+                    Step::Again(release_unheld(&write.lock, identity, at_ms))
+                }
+            });
         }
     };
     let after = applied(write, before.as_ref())?;
@@ -564,12 +614,12 @@ pub fn fenced_slots(
     write: &Write,
     holder: &HolderId,
     result: WriteResult,
-) -> Result<(Vec<(Identity, Weight)>, SemaphoreItem), StoreError> {
+) -> Result<(Vec<(Identity, Holding)>, SemaphoreItem), StoreError> {
     let before = applied_before(write, result)?;
     let after = applied(write, before.as_ref())?;
     let slots = after
         .slots_of(holder)
-        .map(|(id, holding)| (id.clone(), holding.weight))
+        .map(|(id, holding)| (id.clone(), *holding))
         .collect();
     Ok((slots, after))
 }
@@ -600,14 +650,15 @@ pub const MAX_SLOTS_PER_TAKE_BACK: usize = 25;
 /// A write of a cleanup's second step, when the first saw slots: remove them (at most
 /// [`MAX_SLOTS_PER_FREE`]: the caller splits more), each on the check that it is still held with
 /// its weight (a release may have freed it since).
-pub fn cleanup_free(lock: &LockName, slots: &[(Identity, Weight)]) -> Write {
+pub fn cleanup_free(lock: &LockName, slots: &[(Identity, Holding)]) -> Write {
     let (checks, changes) = slots
         .iter()
-        .map(|(identity, weight)| {
-            let (identity, weight) = (identity.clone(), *weight);
+        .map(|(identity, holding)| {
+            let (identity, weight) = (identity.clone(), holding.weight);
             (
-                Check::HoldsWeight {
+                Check::HoldsSlot {
                     identity: identity.clone(),
+                    token: holding.token,
                     weight,
                 },
                 Change::RemoveHolder { identity, weight },
@@ -680,9 +731,14 @@ pub fn freed_seen(
             return Ok(Step::Done((outcome, current)));
         }
         WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => {
+            // Those of its slots still held under the token it checked (a fenced execution's slots
+            // only go, so a slot there is the one it saw).
             let still: Vec<_> = slots
                 .iter()
-                .filter_map(|id| current.holders.get(*id).map(|h| ((*id).clone(), h.weight)))
+                .filter_map(|id| {
+                    let held = current.holders.get(*id)?;
+                    (checked_token(write, id) == Some(held.token)).then(|| ((*id).clone(), *held))
+                })
                 .collect();
             if still.is_empty() {
                 let outcome = CleanupOutcome {
@@ -961,16 +1017,31 @@ pub enum HeartbeatOutcome {
     /// The slot is not held any more (taken back once its lease passed, released, or cleaned
     /// up), and the acquisition is fenced: its holder must stop using it (F13).
     Lost,
+    /// The identity holds a slot under another token than the one shown (F15): not this
+    /// caller's to renew. Nothing was written.
+    WrongToken { held: FencingToken },
 }
 
-/// Renews the identity's lease to end `lease` after `now_ms`, if it still holds its slot and
-/// its acquisition is not fenced: a heartbeat never brings back a slot taken back (F13).
-pub fn heartbeat(lock: &LockName, identity: &Identity, lease: Lease, now_ms: u64) -> Write {
+/// Renews the identity's lease to end `lease` after `now_ms`, if it still holds the slot taken
+/// under `token` (of `weight`) and its acquisition is not fenced: a heartbeat never brings back a
+/// slot taken back (F13), nor renews another's (F15).
+pub fn heartbeat(
+    lock: &LockName,
+    identity: &Identity,
+    token: FencingToken,
+    weight: Weight,
+    lease: Lease,
+    now_ms: u64,
+) -> Write {
     Write {
         lock: lock.clone(),
         checks: vec![
             Check::NotReleased(identity.clone()),
-            Check::Holds(identity.clone()),
+            Check::HoldsSlot {
+                identity: identity.clone(),
+                token,
+                weight,
+            },
         ],
         changes: vec![Change::SetLease {
             identity: identity.clone(),
@@ -979,36 +1050,54 @@ pub fn heartbeat(lock: &LockName, identity: &Identity, lease: Lease, now_ms: u64
     }
 }
 
-/// The answer to a heartbeat from what became of its write.
-pub fn heartbeat_answered(write: &Write, result: &WriteResult) -> HeartbeatOutcome {
-    match result {
+/// What a heartbeat's write did: the answer, or the heartbeat to send instead when the slot the
+/// claim covers is held with another weight than believed.
+pub fn heartbeat_answered(
+    write: &Write,
+    identity: &Identity,
+    claim: Claim,
+    result: &WriteResult,
+) -> Step<HeartbeatOutcome> {
+    let until_ms = write
+        .changes
+        .iter()
+        .find_map(|c| match c {
+            Change::SetLease { until_ms, .. } => Some(*until_ms),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let current = match result {
         WriteResult::Applied { .. } | WriteResult::Landed { .. } => {
-            let until_ms = write
-                .changes
-                .iter()
-                .find_map(|c| match c {
-                    Change::SetLease { until_ms, .. } => Some(*until_ms),
-                    _ => None,
-                })
-                .unwrap_or_default();
-            HeartbeatOutcome::Renewed { until_ms }
+            return Step::Done(HeartbeatOutcome::Renewed { until_ms })
         }
-        // Refused (fenced, or not holding), or sent again after a lost answer and refused: an
-        // attempt whose answer was lost may have renewed it, but the slot's lease as handed
-        // back says whether it is still held.
-        WriteResult::Unsure { current } => {
-            let identity = write.changes.iter().find_map(|c| match c {
-                Change::SetLease { identity, .. } => Some(identity),
-                _ => None,
-            });
-            match identity.and_then(|id| current.leases.get(id).map(|u| (id, *u))) {
-                Some((id, until_ms)) if current.holders.contains_key(id) => {
-                    HeartbeatOutcome::Renewed { until_ms }
+        // Sent again after a lost answer and refused: an attempt whose answer was lost may have
+        // renewed it, which the slot's lease as handed back shows.
+        WriteResult::Unsure { current }
+            if current.leases.get(identity) == Some(&until_ms)
+                && current
+                    .holders
+                    .get(identity)
+                    .is_some_and(|h| claim.covers(h)) =>
+        {
+            return Step::Done(HeartbeatOutcome::Renewed { until_ms })
+        }
+        WriteResult::Refused { current, .. } | WriteResult::Unsure { current } => current,
+    };
+    match current.holders.get(identity) {
+        _ if current.is_released(identity) => Step::Done(HeartbeatOutcome::Lost),
+        None => Step::Done(HeartbeatOutcome::Lost),
+        Some(holding) if !claim.covers(holding) => Step::Done(HeartbeatOutcome::WrongToken {
+            held: holding.token,
+        }),
+        Some(holding) => {
+            let mut again = write.clone();
+            for check in &mut again.checks {
+                if let Check::HoldsSlot { token, weight, .. } = check {
+                    (*token, *weight) = (holding.token, holding.weight);
                 }
-                _ => HeartbeatOutcome::Lost,
             }
+            Step::Again(again)
         }
-        WriteResult::Refused { .. } => HeartbeatOutcome::Lost,
     }
 }
 
@@ -1019,22 +1108,23 @@ pub fn heartbeat_answered(write: &Write, result: &WriteResult) -> HeartbeatOutco
 /// hold its slot of that weight under the very lease read: one a heartbeat renewed meanwhile is
 /// not taken. Refused as a whole if any was renewed or freed; [`take_back_again`] says what to
 /// send instead.
-pub fn take_back(lock: &LockName, expired: &[(Identity, Weight, u64)], now_ms: u64) -> Write {
+pub fn take_back(lock: &LockName, expired: &[(Identity, Holding, u64)], now_ms: u64) -> Write {
     let expired = &expired[..expired.len().min(MAX_SLOTS_PER_TAKE_BACK)];
     let mut checks = Vec::with_capacity(expired.len() * 2);
     let mut changes = Vec::with_capacity(expired.len() * 2);
-    for (identity, weight, until_ms) in expired {
+    for (identity, holding, until_ms) in expired {
         checks.push(Check::LeaseUntil {
             identity: identity.clone(),
             until_ms: *until_ms,
         });
-        checks.push(Check::HoldsWeight {
+        checks.push(Check::HoldsSlot {
             identity: identity.clone(),
-            weight: *weight,
+            token: holding.token,
+            weight: holding.weight,
         });
         changes.push(Change::RemoveHolder {
             identity: identity.clone(),
-            weight: *weight,
+            weight: holding.weight,
         });
         changes.push(Change::FenceAcquisition {
             identity: identity.clone(),
@@ -1056,7 +1146,7 @@ pub fn take_back_again(
     now_ms: u64,
     skew_ms: u64,
 ) -> Option<Write> {
-    let expired: Vec<(Identity, Weight, u64)> = current
+    let expired: Vec<(Identity, Holding, u64)> = current
         .expired_leases(now_ms, skew_ms)
         .into_iter()
         .filter(|(identity, ..)| {

@@ -32,10 +32,16 @@ pub enum Check {
     /// The last start was at least the rate's spacing before `now_ms` (the writer's clock): a
     /// start-rate limit.
     Spaced { rate: Rate, now_ms: u64 },
-    /// The identity holds a slot of exactly this weight: a write that removes it subtracts that
-    /// weight from `used`, so it must not land on a slot that is gone (a duplicate release would
-    /// subtract twice) or of another weight.
-    HoldsWeight { identity: Identity, weight: Weight },
+    /// The identity holds the slot taken under `token`, of exactly this weight. A write that
+    /// removes it subtracts that weight from `used`, so it must not land on a slot that is gone
+    /// (a duplicate release would subtract twice) or of another weight; and it frees or renews
+    /// only the slot whose token it shows (F15: a release or heartbeat carrying another slot's
+    /// answer, from a bug in a consumer's machine or another tenant, must not free that slot).
+    HoldsSlot {
+        identity: Identity,
+        token: FencingToken,
+        weight: Weight,
+    },
     /// The key is fenced in neither generation (F1-F3: a release or cleanup that landed first
     /// wins, however late this write lands).
     NotFenced(FenceKey),
@@ -63,8 +69,6 @@ pub enum Check {
     /// not fit, or someone waits, or the start rate is spent, or the item has no room. Queueing is allowed only then, so
     /// a waiter never queues behind a free slot that no one will hand it (F8).
     Busy { terms: Terms, now_ms: u64 },
-    /// The identity holds a slot (of any weight): a heartbeat renews only a lease still held.
-    Holds(Identity),
     /// The identity's lease ends exactly at `until_ms`: a take-back takes only the lease it
     /// read as expired, never one a heartbeat renewed since (F13).
     LeaseUntil { identity: Identity, until_ms: u64 },
@@ -204,10 +208,14 @@ impl Check {
             Self::Spaced { rate, now_ms } => item
                 .next_start_ms(Some(*rate))
                 .is_none_or(|next| next <= *now_ms),
-            Self::HoldsWeight { identity, weight } => item
+            Self::HoldsSlot {
+                identity,
+                token,
+                weight,
+            } => item
                 .holders
                 .get(identity)
-                .is_some_and(|h| h.weight == *weight),
+                .is_some_and(|h| h.token == *token && h.weight == *weight),
             Self::NotFenced(key) => !item.fences.contains(key),
             Self::NotReleased(identity) => !item.is_released(identity),
             Self::TombstoneAt { identity, at_ms } => item.tombstones.get(identity) == Some(at_ms),
@@ -222,7 +230,6 @@ impl Check {
                 .is_none_or(|rotated| rotated < *deadline_ms),
             Self::LastRotation(seen) => item.fences.rotated_at_ms == *seen,
             Self::Configured(config) => item.config == *config,
-            Self::Holds(identity) => item.holders.contains_key(identity),
             Self::LeaseUntil { identity, until_ms } => item.leases.get(identity) == Some(until_ms),
         }
     }
@@ -434,10 +441,11 @@ mod tests {
                 }],
             )
         };
-        let remove = |who: &Identity| {
+        let remove = |who: &Identity, item: &SemaphoreItem| {
             write(
-                vec![Check::HoldsWeight {
+                vec![Check::HoldsSlot {
                     identity: who.clone(),
+                    token: item.holders[who].token,
                     weight: Weight::ONE,
                 }],
                 vec![Change::RemoveHolder {
@@ -450,7 +458,7 @@ mod tests {
         let item = put(&b).apply(Some(&item)).unwrap();
         assert_eq!(item.held_bytes, a.held_bytes() + b.held_bytes());
         assert_eq!(item.held_bytes, item.bytes_held());
-        let item = remove(&b).apply(Some(&item)).unwrap();
+        let item = remove(&b, &item).apply(Some(&item)).unwrap();
         assert_eq!(item.held_bytes, a.held_bytes());
 
         // Past the budget (less room for the largest entry), nothing is admitted, queueing is
@@ -460,7 +468,7 @@ mod tests {
         assert_eq!(put(&b).apply(Some(&full)), Err(&Check::Room));
         let busy = Check::Busy { terms, now_ms: 1 };
         assert!(busy.holds(&full) && !busy.holds(&item));
-        assert!(remove(&a).apply(Some(&full)).is_ok());
+        assert!(remove(&a, &full).apply(Some(&full)).is_ok());
         full.held_bytes -= 1;
         assert!(put(&b).apply(Some(&full)).is_ok());
 

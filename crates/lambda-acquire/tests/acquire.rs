@@ -10,6 +10,7 @@
 //! budget, a start rate's deferral, the named errors and where each takes the machine.
 //! tests/waiting.rs makes the same happen with real parked tasks.
 
+use semaphore_core::Claim;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -649,7 +650,7 @@ async fn a_full_lock_queues_the_execution_and_its_checks_keep_its_place_until_a_
     // (the check's) gets the waiter's stored answer with the slot filled in, which goes on to
     // "Protected work".
     w.sem
-        .release(&lock("batch"), &id(&holder(1), "r0"))
+        .release(&lock("batch"), &id(&holder(1), "r0"), Claim::Operator)
         .await
         .unwrap();
     let (token, granted) = grant_head(&w.sem, "batch").await;
@@ -1082,7 +1083,7 @@ async fn waiting_past_the_budget_is_semaphore_wait_timeout_out_of_line_and_holdi
         Then::Parked
     );
     w.sem
-        .release(&lock("busy"), &id(&holder(1), "r0"))
+        .release(&lock("busy"), &id(&holder(1), "r0"), Claim::Operator)
         .await
         .unwrap();
     let (token, _) = grant_head(&w.sem, "busy").await;
@@ -1415,7 +1416,11 @@ async fn the_protect_your_workflow_fragment_reads_only_what_the_answers_give() {
 
     // A slot is freed and granted to it: the granted answer gives "Your work" its fencing token.
     w.sem
-        .release(&lock("example-lock"), &id(&holder(2), "r0"))
+        .release(
+            &lock("example-lock"),
+            &id(&holder(2), "r0"),
+            Claim::Operator,
+        )
         .await
         .unwrap();
     let (token, granted) = grant_head(&w.sem, "example-lock").await;

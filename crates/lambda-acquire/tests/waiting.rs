@@ -20,6 +20,7 @@
 //! Every test ends by reading the lock raw: no more holders than the limit, and its `waiting`
 //! equals the records in its line.
 
+use semaphore_core::Claim;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -558,7 +559,10 @@ async fn f8_a_failed_wake_up_of_a_live_waiter_leaves_it_the_slot_which_its_check
     assert_ne!(check["task_token"], waiter.first["task_token"]);
 
     // The holder's release, then its hand-off (what the release function runs after its write).
-    w.sem.release(&w.lock(), &id(HOLDER, HELD)).await.unwrap();
+    w.sem
+        .release(&w.lock(), &id(HOLDER, HELD), Claim::Operator)
+        .await
+        .unwrap();
     let report = w.hand_offs().run(&w.sem, &w.lock(), None).await;
     assert_eq!(report.parked, [waiter.identity()], "{report:?}");
     assert!(
@@ -597,7 +601,10 @@ async fn f8_a_hand_off_that_crashed_between_grant_and_wake_up_is_recovered_by_th
     let w = world(json!({"lock": unique("crash"), "limit": 1}), [2, 300]).await;
     w.hold().await;
     let waiter = w.wait_in_line().await;
-    w.sem.release(&w.lock(), &id(HOLDER, HELD)).await.unwrap();
+    w.sem
+        .release(&w.lock(), &id(HOLDER, HELD), Claim::Operator)
+        .await
+        .unwrap();
     let head = w
         .sem
         .waiters(&w.lock(), None, 1)
@@ -651,7 +658,9 @@ async fn f8_a_hand_off_that_crashed_between_grant_and_wake_up_is_recovered_by_th
 /// holder's release, held until then).
 struct ReleaseAfterFull {
     inner: DynamoStore,
-    release: Mutex<Option<Write>>,
+    /// Who releases, once: its holder's release, showing the token of its slot as the refusal
+    /// handed it back.
+    release: Mutex<Option<Identity>>,
 }
 
 impl ItemStore for ReleaseAfterFull {
@@ -662,9 +671,11 @@ impl ItemStore for ReleaseAfterFull {
     async fn write(&self, write: &Write) -> Result<WriteResult, StoreError> {
         let result = self.inner.write(write).await?;
         let is_acquire = write.checks.contains(&semaphore_core::Check::QueueEmpty);
-        if is_acquire && matches!(result, WriteResult::Refused { .. }) {
+        if let (true, WriteResult::Refused { current, .. }) = (is_acquire, &result) {
             let pending = self.release.lock().unwrap().take();
-            if let Some(release) = pending {
+            if let Some(who) = pending {
+                let held = current.holders[&who];
+                let release = protocol::release(&write.lock, &who, held.token, held.weight, 0);
                 self.inner.write(&release).await?;
             }
         }
@@ -707,12 +718,7 @@ async fn f8_a_slot_freed_between_full_and_queued_is_taken_by_the_same_invocation
             .unwrap()
             .store()
             .clone(),
-        release: Mutex::new(Some(protocol::release(
-            &LockName::new(lock_name.as_str()).unwrap(),
-            &id(HOLDER, HELD),
-            semaphore_core::Weight::ONE,
-            0,
-        ))),
+        release: Mutex::new(Some(id(HOLDER, HELD))),
     };
     let sem = Semaphore::new(store);
     let w = world_on(

@@ -9,6 +9,7 @@
 //! failure: the history is what an execution that asked for its slots leaves, and the tests take
 //! the slots themselves, as the acquire function would have.
 
+use semaphore_core::Claim;
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -636,7 +637,7 @@ async fn early_and_late_events_are_harmless() {
 
     let released = w.ended_parent(json!({})).await;
     take(sem, "orders", &released, "o1").await;
-    sem.release(&lock("orders"), &id(&released, "o1"))
+    sem.release(&lock("orders"), &id(&released, "o1"), Claim::Operator)
         .await
         .unwrap();
     let late = invoke(&cleanup, event(&released, "TIMED_OUT"))

@@ -40,6 +40,11 @@ pub mod error_type {
     /// with, when a redrive met the work's child execution that already ran (its slot was freed
     /// when the execution ended, so the work is not run again). Start a new execution.
     pub const REDRIVE_REFUSED: &str = "SemaphoreRedriveRefused";
+    /// A release (or heartbeat) showed a fencing token that is not the one of the slot it names:
+    /// the acquisition holds its slot under another token, so this caller passed another slot's
+    /// acquire answer (a `$.semaphore` from the wrong branch or execution). Nothing was written;
+    /// the slot stays with its holder. Retrying does not help; pass this slot's own answer.
+    pub const WRONG_TOKEN: &str = "SemaphoreWrongToken";
 }
 
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,6 +65,8 @@ pub enum HandlerError {
     Expired(String),
     #[error("{0}")]
     Busy(String),
+    #[error("{0}")]
+    WrongToken(String),
 }
 
 impl HandlerError {
@@ -74,6 +81,7 @@ impl HandlerError {
             Self::Misconfigured(m) => (error_type::MISCONFIGURED, Self::Misconfigured, m),
             Self::Expired(m) => (error_type::EXPIRED, Self::Expired, m),
             Self::Busy(m) => (error_type::BUSY, Self::Busy, m),
+            Self::WrongToken(m) => (error_type::WRONG_TOKEN, Self::WrongToken, m),
         }
     }
 

@@ -6,7 +6,9 @@
 //! say) is named by its path, `input.lock`, so the message says where the bad value came from.
 
 use aws_sdk_dynamodb::primitives::{DateTime, DateTimeFormat as Format};
-use semaphore_core::{AcquisitionId, HolderId, InputError, Lease, Limit, LockName, Rate, Weight};
+use semaphore_core::{
+    AcquisitionId, FencingToken, HolderId, InputError, Lease, Limit, LockName, Rate, Weight,
+};
 use serde_json::{Map, Number, Value};
 
 use crate::error::HandlerError;
@@ -258,6 +260,14 @@ impl<'a> Payload<'a> {
             |seconds| Lease::ms(seconds.saturating_mul(1000)),
             |got| InputError::InvalidLease { got },
         )
+    }
+
+    /// A fencing token as a JSON integer from 1 to the largest a lock gives; `None` when absent
+    /// or null. Refused like a limit: never from a string, never rounded.
+    pub fn optional_token(&self, field: &str) -> Result<Option<FencingToken>, HandlerError> {
+        self.optional_number(field, Number::as_u64, FencingToken::new, |got| {
+            InputError::InvalidToken { got }
+        })
     }
 
     /// `rate` as a JSON number of acquisitions per second (`2`, `0.5`); `None` when absent or

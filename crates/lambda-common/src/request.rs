@@ -6,8 +6,8 @@
 //! in docs/using.md ("The request").
 
 use semaphore_core::{
-    AcquisitionId, Attempt, Identity, Limit, LockName, Rate, Run, TaskToken, Terms, WaiterId,
-    Weight,
+    AcquisitionId, Attempt, FencingToken, Identity, Limit, LockName, Rate, Run, TaskToken, Terms,
+    WaiterId, Weight,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -40,6 +40,8 @@ mod hint {
         EnteredTime is when the acquire was asked for)";
     pub const ENTERED: &str = "pass the state's context object whole, \"state.$\": \"$$.State\"";
     pub const ANSWER: &str = "pass the acquire answer, \"semaphore.$\": \"$.semaphore\"";
+    pub const TOKEN: &str = "pass the acquire answer whole, \"semaphore.$\": \"$.semaphore\": \
+        its token is the fencing token of the slot to free";
     pub const LOCK: &str = "pass \"lock\" in the request, e.g. \"lock\": \"demo-lock\", or set \
         the function's DEFAULT_LOCK";
     pub const LIMIT: &str = "pass \"limit\" in the request, a whole number from 1 to 10000, e.g. \
@@ -173,11 +175,14 @@ impl AllowedWork {
     }
 }
 
-/// Whom a release is about: the acquire answer's lock, holder and acquisition.
+/// Whom a release is about: the acquire answer's lock, holder, acquisition and fencing token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub lock: LockName,
     pub identity: Identity,
+    /// The fencing token the acquire answered: the release frees only the slot taken under it
+    /// (F15).
+    pub token: FencingToken,
     /// The run of its execution the acquisition was made in (`r<n>`: n), if it names one.
     pub run: Option<u32>,
     /// The weight its acquire asked for (1 when the answer names none): what a release expects
@@ -302,10 +307,10 @@ impl<'a> Acquire<'a> {
             .payload
             .optional_count("redrive_count", "$$.Execution.RedriveCount")?
             .unwrap_or(0);
-        Ok((
-            Identity::new(holder, incarnation_acquisition(count)),
-            Run(count),
-        ))
+        // F15: the run sizes the fences a cleanup or a redriven release writes.
+        let run = Run::new(count)
+            .map_err(|e| HandlerError::InvalidInput(format!("redrive_count: {e}")))?;
+        Ok((Identity::new(holder, incarnation_acquisition(count)), run))
     }
 
     /// The state's entry time (the request time) and its attempt there.
@@ -515,22 +520,39 @@ impl Resolver {
         let acquisition = answer
             .optional_acquisition("acquisition")?
             .ok_or_else(|| answer.missing("acquisition", hint::ANSWER))?;
+        let token = answer
+            .optional_token("token")?
+            .ok_or_else(|| answer.missing("token", hint::TOKEN))?;
         let weight = answer
             .optional_weight("weight")?
             .or(self.defaults.weight)
             .unwrap_or_default();
+        let run = incarnation_of(&acquisition)
+            .map(|n| {
+                Run::new(n).map_err(|e| {
+                    HandlerError::InvalidInput(format!("semaphore.acquisition {acquisition}: {e}"))
+                })
+            })
+            .transpose()?;
         Ok(Target {
             lock,
-            run: incarnation_of(&acquisition),
+            run: run.map(|run| run.0),
             identity: Identity::new(holder, acquisition),
+            token,
             weight,
         })
     }
 }
 
-/// The run an acquisition `r<n>` was made in: n.
+/// The run an acquisition `r<n>` was made in: n (an acquisition named so by the acquire;
+/// another, a caller's own id, names no run).
 fn incarnation_of(acquisition: &AcquisitionId) -> Option<u32> {
-    acquisition.as_str().strip_prefix('r')?.parse().ok()
+    let digits = acquisition.as_str().strip_prefix('r')?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // Digits past a u32 are a run past any an execution can have.
+    Some(digits.parse().unwrap_or(u32::MAX))
 }
 
 #[cfg(test)]

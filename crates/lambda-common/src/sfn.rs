@@ -177,10 +177,12 @@ impl Executions for SfnClient {
                 .stop_date()
                 .and_then(|d| d.to_millis().ok())
                 .and_then(|ms| u64::try_from(ms).ok()),
+            // Step Functions' own count: within Run::MAX, which its history limit makes.
             run: Run(out
                 .redrive_count()
                 .and_then(|n| u32::try_from(n).ok())
-                .unwrap_or(0)),
+                .unwrap_or(0)
+                .min(Run::MAX.0)),
         }))
     }
 

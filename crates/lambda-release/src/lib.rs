@@ -15,7 +15,7 @@ use lambda_common::{
     TaskCallbacks, RELEASE_PAYLOAD,
 };
 use lambda_runtime::LambdaEvent;
-use semaphore_core::{ExecutionStatus, ItemStore, ReleaseOutcome, Run, Semaphore};
+use semaphore_core::{Claim, ExecutionStatus, ItemStore, ReleaseOutcome, Run, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -183,6 +183,7 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     let Target {
         lock,
         identity,
+        token,
         weight,
         ..
     } = &target;
@@ -191,8 +192,14 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         tracing::error!(lock = %lock, error = %e, "release failed");
         e
     };
+    // F15: only the slot taken under the token the answer shows; a slot of this acquisition
+    // held under another token is not this caller's, and nothing is written.
+    let claim = Claim::Slot {
+        token: *token,
+        weight: *weight,
+    };
     let (outcome, after, held) = semaphore
-        .release_freeing(lock, identity, *weight)
+        .release_freeing(lock, identity, claim)
         .await
         .map_err(failed)?;
     let now_ms = semaphore.now_ms();
@@ -210,6 +217,17 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     let (mut released, mut count, mut waiting) = match outcome {
         ReleaseOutcome::Released { count, waiting, .. } => (true, count, waiting),
         ReleaseOutcome::NotHeld { count, waiting } => (false, count, waiting),
+        ReleaseOutcome::WrongToken { held, .. } => {
+            let e = HandlerError::WrongToken(format!(
+                "acquisition {} of {} on lock \"{lock}\" holds its slot under fencing token {}, \
+                 and this release shows token {}: it is not this slot's acquire answer (a \
+                 $.semaphore from another branch, iteration or execution?). Nothing was freed or \
+                 written; pass the release the answer of the acquire whose slot it frees",
+                identity.acquisition, identity.holder, held.0, token.0
+            ));
+            tracing::error!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, held = held.0, shown = token.0, "release refused: wrong token");
+            return Err(e);
+        }
     };
     // Starts from the item the release left: nobody waiting costs no request.
     let mut handed_off = hand_offs
@@ -226,8 +244,11 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     // that, so releasing only it left those slots to the sweeper, a false leak notice (F11).
     // Safe: those runs have ended, and so has every child of theirs once a later run reaches a
     // release state (a redrive resumes where the run stopped; no state after the work leads
-    // back to it), and no acquire of theirs lands after their fence.
-    if let Some(n) = target.run.filter(|&n| n > 0) {
+    // back to it), and no acquire of theirs lands after their fence. Only once this release
+    // has shown, by its token, the slot of run n (F15): a caller that names a run it is not in
+    // must not fence and free the execution's earlier runs; a retry whose first attempt freed
+    // the slot leaves them to the sweeper.
+    if let Some(n) = target.run.filter(|&n| n > 0 && released) {
         let fenced = semaphore
             .fence(lock, &identity.holder, Run(n - 1))
             .await
@@ -313,6 +334,7 @@ mod tests {
                 HolderId::new(HOLDER).unwrap(),
                 AcquisitionId::new("r1").unwrap(),
             ),
+            token: semaphore_core::FencingToken(7),
             run: Some(1),
             weight: semaphore_core::Weight::ONE,
         }

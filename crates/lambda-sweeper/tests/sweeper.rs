@@ -5,6 +5,7 @@
 //! is checked. The lines: executions parked in line on real task tokens (`sfn::park`), one of
 //! them stopped, swept.
 
+use semaphore_core::Claim;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -705,7 +706,9 @@ async fn sweeps_rotate_the_fences_of_a_lock_that_went_quiet() {
 
     // The lock's last writes: a release and a cleanup, two young fences (too few for a writer
     // to rotate them).
-    sem.release(&quiet, &id("operator-1", "r1")).await.unwrap();
+    sem.release(&quiet, &id("operator-1", "r1"), Claim::Operator)
+        .await
+        .unwrap();
     sem.cleanup(&quiet, &HolderId::new("operator-2").unwrap())
         .await
         .unwrap();
@@ -1142,6 +1145,7 @@ async fn a_lapsed_lease_is_taken_back_announced_and_counted() {
             .heartbeat(
                 &lock,
                 &id("worker-7", "a1"),
+                Claim::Operator,
                 semaphore_core::Lease::ms(1_000).unwrap()
             )
             .await

@@ -20,10 +20,10 @@ use clap::{Parser, Subcommand};
 use lambda_common::HandOffs;
 use lambda_sweeper::{ArnPatterns, ExecutionArn, SfnExecutions, StateMachineArn};
 use semaphore_core::{
-    rfc3339_millis, terms_on, AcquireOutcome, AcquisitionId, CleanupOutcome, Clock, DynamoStore,
-    HeartbeatOutcome, HolderId, Identity, InputError, Layout, Lease, Limit, LockConfig, LockName,
-    Rate, Reclaimed, ReleaseOutcome, Run, Semaphore, SemaphoreItem, StoreError, SystemClock,
-    TableSetup, Terms, Timing, Weight,
+    rfc3339_millis, terms_on, AcquireOutcome, AcquisitionId, Claim, CleanupOutcome, Clock,
+    DynamoStore, FencingToken, HeartbeatOutcome, HolderId, Identity, InputError, Layout, Lease,
+    Limit, LockConfig, LockName, Rate, Reclaimed, ReleaseOutcome, Run, Semaphore, SemaphoreItem,
+    StoreError, SystemClock, TableSetup, Terms, Timing, Weight,
 };
 use serde_json::{json, Value};
 
@@ -107,7 +107,8 @@ enum Command {
     },
     /// Renew the lease of a slot taken with `acquire --lease`. Exit 0 renewed (the answer says
     /// until when), 3 taken back (or released, or cleaned up): the acquisition is fenced and
-    /// its holder must stop; a new acquire needs a new acquisition id.
+    /// its holder must stop; a new acquire needs a new acquisition id. 5: the acquisition holds
+    /// its slot under another token than --token; nothing was renewed.
     Heartbeat {
         #[arg(long)]
         lock: String,
@@ -115,6 +116,14 @@ enum Command {
         holder: String,
         #[arg(long, default_value = AcquisitionId::DEFAULT)]
         acquisition: String,
+        /// The fencing token the acquire answered: the heartbeat renews only the slot taken
+        /// under it (F15). Without it the heartbeat acts as the operator: it renews whatever
+        /// slot the acquisition holds (one read more), and its answer says so.
+        #[arg(long, allow_hyphen_values = true)]
+        token: Option<String>,
+        /// The weight its acquire took (with --token; a wrong one costs a write more).
+        #[arg(long, allow_hyphen_values = true, requires = "token")]
+        weight: Option<String>,
         /// The lease from now, in seconds (1 to 86400).
         #[arg(
             long,
@@ -124,10 +133,11 @@ enum Command {
         )]
         lease: String,
     },
-    /// Free the slot of one acquisition (a no-op, exit 0, when nothing is held). With
-    /// --all-of EXECUTION, for an execution that ended without its cleanup: fence it and free
-    /// every slot it holds, on --lock or on every lock that holds it, and print what was freed
-    /// on each.
+    /// Free the slot of one acquisition (a no-op, exit 0, when nothing is held). With --token,
+    /// only the slot taken under that token: exit 5, nothing written, when the acquisition holds
+    /// one under another token. With --all-of EXECUTION, for an execution that ended without
+    /// its cleanup: fence it and free every slot it holds, on --lock or on every lock that
+    /// holds it, and print what was freed on each.
     Release {
         /// The lock. With --all-of, only this lock; without it, every lock that holds the
         /// execution now (found by a scan of the table; a lock it holds nothing on is not
@@ -140,9 +150,20 @@ enum Command {
         /// The holder's acquisition whose slot is freed.
         #[arg(long, default_value = AcquisitionId::DEFAULT, conflicts_with = "all_of")]
         acquisition: String,
-        /// The weight its acquire took, if known: then the release is one write. Not needed:
-        /// without it, or with a wrong one, the slot's own weight is found and freed.
+        /// The fencing token the acquire answered: the release frees only the slot taken under
+        /// it (F15), in one write. Without it the release acts as the operator: it reads the
+        /// slot and frees whatever the acquisition holds (or fences it if it holds nothing), and
+        /// its answer says so.
         #[arg(long, allow_hyphen_values = true, conflicts_with = "all_of")]
+        token: Option<String>,
+        /// The weight its acquire took (with --token): then the release is one write. A wrong
+        /// one costs a write more, never the wrong slot.
+        #[arg(
+            long,
+            allow_hyphen_values = true,
+            conflicts_with = "all_of",
+            requires = "token"
+        )]
         weight: Option<String>,
         /// The ARN of an execution that ended without its cleanup
         /// (arn:...:execution:MACHINE:NAME). Step Functions is not asked whether it has
@@ -216,6 +237,32 @@ const EXIT_ERROR: u8 = 1;
 const EXIT_FULL: u8 = 2;
 const EXIT_FENCED: u8 = 3;
 const EXIT_EXPIRED: u8 = 4;
+const EXIT_WRONG_TOKEN: u8 = 5;
+
+/// What a release or heartbeat shows of its slot: `--token` (and `--weight`), else the
+/// operator's claim.
+fn claim(token: Option<&str>, weight: Option<&str>) -> Result<Claim, InputError> {
+    let Some(token) = token else {
+        return Ok(Claim::Operator);
+    };
+    let invalid = || InputError::InvalidToken {
+        got: format!("{token:?}"),
+    };
+    let token = FencingToken::new(token.trim().parse::<u64>().map_err(|_| invalid())?)?;
+    let weight = weight.map(Weight::parse).transpose()?.unwrap_or_default();
+    Ok(Claim::Slot { token, weight })
+}
+
+/// Who a release or heartbeat acted as, for its answer.
+fn acting_as(claim: Claim) -> Value {
+    match claim {
+        Claim::Slot { token, .. } => json!({"as": "holder", "shown_token": token.0}),
+        Claim::Operator => json!({
+            "as": "operator",
+            "note": "no --token: acted on whatever slot the acquisition holds, as its operator"
+        }),
+    }
+}
 
 /// Whole seconds within `range`, for a flag or its environment variable.
 fn seconds_in(text: &str, range: std::ops::RangeInclusive<u64>) -> Result<u64, String> {
@@ -450,9 +497,9 @@ enum LockCommand {
 enum Request {
     Init,
     Acquire(LockName, Identity, Terms),
-    Heartbeat(LockName, Identity, Lease),
+    Heartbeat(LockName, Identity, Claim, Lease),
     /// With the weight to expect (1 unless given; the core finds the real one).
-    Release(LockName, Identity, Weight),
+    Release(LockName, Identity, Claim),
     /// Every slot of an execution, on one lock or (`None`) on every lock holding it.
     ReleaseAllOf(HolderId, Option<LockName>),
     Cleanup(LockName, HolderId),
@@ -541,10 +588,13 @@ impl Request {
                 lock,
                 holder,
                 acquisition,
+                token,
+                weight,
                 lease,
             } => Self::Heartbeat(
                 LockName::new(lock)?,
                 identity(&holder, &acquisition)?,
+                claim(token.as_deref(), weight.as_deref())?,
                 Lease::parse_seconds(&lease)?,
             ),
             Command::Release {
@@ -561,15 +611,12 @@ impl Request {
                 holder,
                 acquisition,
                 all_of: None,
+                token,
                 weight,
             } => Self::Release(
                 LockName::new(lock.unwrap_or_default())?,
                 identity(&holder.unwrap_or_default(), &acquisition)?,
-                weight
-                    .as_deref()
-                    .map(Weight::parse)
-                    .transpose()?
-                    .unwrap_or_default(),
+                claim(token.as_deref(), weight.as_deref())?,
             ),
             Command::Cleanup { lock, holder } => {
                 Self::Cleanup(LockName::new(lock)?, HolderId::new(holder)?)
@@ -708,9 +755,9 @@ impl Request {
                 merge(&mut out, fields);
                 Answer::exit(out, code)
             }
-            Self::Release(lock, identity, weight) => {
+            Self::Release(lock, identity, claim) => {
                 // A wrong weight costs one write more: the core finds the slot's own.
-                let (outcome, after) = semaphore.release_seeing(&lock, &identity, weight).await?;
+                let (outcome, after) = semaphore.release_seeing(&lock, &identity, claim).await?;
                 let waiting = after.waiting;
                 let used = after.used;
                 // Someone waits in line: the freed slot goes to the head, as a release by the
@@ -744,8 +791,28 @@ impl Request {
                             "count": count,
                             "message": format!("{} held nothing on {lock}; nothing to release", identity.slot_key()),
                         }),
+                        ReleaseOutcome::WrongToken { held, count, .. } => {
+                            merge(&mut out, acting_as(claim));
+                            merge(
+                                &mut out,
+                                json!({
+                                    "outcome": "wrong_token",
+                                    "held_token": held.0,
+                                    "count": count,
+                                    "message": format!(
+                                        "{} holds its slot on {lock} under token {}, not the one \
+                                         shown: nothing was released; pass the token its \
+                                         acquire answered",
+                                        identity.slot_key(),
+                                        held.0
+                                    ),
+                                }),
+                            );
+                            return Ok(Answer::exit(out, EXIT_WRONG_TOKEN));
+                        }
                     },
                 );
+                merge(&mut out, acting_as(claim));
                 Answer::done(out)
             }
             Self::ReleaseAllOf(holder, Some(lock)) => {
@@ -770,13 +837,14 @@ impl Request {
                 );
                 Answer::done(out)
             }
-            Self::Heartbeat(lock, identity, lease) => {
-                let outcome = semaphore.heartbeat(&lock, &identity, lease).await?;
+            Self::Heartbeat(lock, identity, claim, lease) => {
+                let outcome = semaphore.heartbeat(&lock, &identity, claim, lease).await?;
                 let mut out = json!({
                     "lock": lock.as_str(),
                     "holder": identity.holder.as_str(),
                     "acquisition": identity.acquisition.as_str(),
                 });
+                merge(&mut out, acting_as(claim));
                 match outcome {
                     HeartbeatOutcome::Renewed { until_ms } => {
                         merge(
@@ -796,6 +864,18 @@ impl Request {
                             }),
                         );
                         Answer::exit(out, EXIT_FENCED)
+                    }
+                    HeartbeatOutcome::WrongToken { held } => {
+                        merge(
+                            &mut out,
+                            json!({
+                                "outcome": "wrong_token",
+                                "held_token": held.0,
+                                "message": "the acquisition holds its slot under another token \
+                                            than --token: nothing was renewed",
+                            }),
+                        );
+                        Answer::exit(out, EXIT_WRONG_TOKEN)
                     }
                 }
             }

@@ -4,6 +4,7 @@
 //! with nothing written. The operator's commands too: `list`, `sweep` (against real executions
 //! on the local Step Functions, moto's execution mode) and `release --all-of`.
 
+use semaphore_core::Claim;
 use std::collections::HashMap;
 use std::process::Output;
 use std::sync::Mutex;
@@ -978,7 +979,10 @@ async fn an_acquire_that_lands_after_a_rotation_past_its_horizon_is_expired_and_
     tokio::time::sleep(Duration::from_millis(3_200)).await;
     // ...while a release fences another acquisition and the fences are rotated (the lock's
     // first rotation is due at once; the sweeper rotates what is due), later than that horizon.
-    direct.release(&lock, &other).await.unwrap();
+    direct
+        .release(&lock, &other, Claim::Operator)
+        .await
+        .unwrap();
     let item = direct.status(&lock).await.unwrap();
     assert!(direct.rotate_if_due(&item).await, "a rotation was due");
     let rotated = observe(&local_aws::client_for(endpoint()), &semctl.table, "X")

@@ -8,6 +8,7 @@
 //!
 //! The tmux tests skip, saying so, where tmux is not installed (CI installs it: `.ci/run`).
 
+use semaphore_core::Claim;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -310,6 +311,7 @@ async fn top_shows_every_lock_follows_a_release_redraws_on_resize_and_q_restores
         .release(
             &lock("builds"),
             &id(&format!("{BUILDER}:build-2"), "default"),
+            Claim::Operator,
         )
         .await
         .unwrap();

@@ -11,6 +11,7 @@
 //! contender answered "rate limited" waits until the next start the answer names plus a full jitter
 //! of 1, 2, 4 ... 16 spacings (doubling with each such answer in a row), then asks again.
 
+use semaphore_core::{Claim, FencingToken};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -216,7 +217,8 @@ enum Contender {
 }
 
 enum Attempt {
-    Took,
+    /// A slot, under this token (the sample's: none).
+    Took(Option<FencingToken>),
     Full,
     /// The start rate is spent until then (epoch ms).
     RateLimited(u64),
@@ -240,15 +242,16 @@ async fn contend(
         let identity = id(&holder, &uuid());
         let mut polls = 0;
         let mut rate_polls: u32 = 0;
-        loop {
+        let token = loop {
             let started = Instant::now();
             // Each attempt is a new entry into the acquire state: its request time is now.
             let attempt = match &*contender {
                 Contender::Ours(sem) => match sem.acquire(&lock_name, &identity, terms).await {
                     // Already held: an attempt that failed on the wire had landed (F5).
-                    Ok(AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. }) => {
-                        Attempt::Took
-                    }
+                    Ok(
+                        AcquireOutcome::Acquired { token, .. }
+                        | AcquireOutcome::AlreadyHeld { token, .. },
+                    ) => Attempt::Took(Some(token)),
                     Ok(AcquireOutcome::Full { .. }) => Attempt::Full,
                     Ok(AcquireOutcome::RateLimited { next_start_ms }) => {
                         Attempt::RateLimited(next_start_ms)
@@ -270,16 +273,16 @@ async fn contend(
                 },
                 Contender::Sample(sample) => {
                     if sample.acquire(lock, &holder, LIMIT).await {
-                        Attempt::Took
+                        Attempt::Took(None)
                     } else {
                         Attempt::Full
                     }
                 }
             };
             match attempt {
-                Attempt::Took => {
+                Attempt::Took(token) => {
                     tally.acquire_ms.push(ms(started.elapsed()));
-                    break;
+                    break token;
                 }
                 // As the state machine: "expired" enters the acquire state again at once.
                 Attempt::Expired => tally.expired += 1,
@@ -303,7 +306,7 @@ async fn contend(
                     tokio::time::sleep(regime.poll_wait(polls)).await;
                 }
             }
-        }
+        };
         shared.enter(weight);
         tokio::time::sleep(regime.hold()).await;
         shared.leave(weight);
@@ -311,8 +314,16 @@ async fn contend(
         loop {
             let started = Instant::now();
             let done = match &*contender {
+                // The holder's release, showing the token its acquire was answered (F15).
                 Contender::Ours(sem) => match sem
-                    .release_seeing(&lock_name, &identity, terms.weight)
+                    .release_seeing(
+                        &lock_name,
+                        &identity,
+                        Claim::Slot {
+                            token: token.context("our acquire answers a token")?,
+                            weight: terms.weight,
+                        },
+                    )
                     .await
                     .map(|(outcome, _)| outcome)
                 {
@@ -322,6 +333,10 @@ async fn contend(
                     Ok(ReleaseOutcome::NotHeld { .. }) => {
                         bail!("worker {worker}: the release found its slot gone (S2 violated)")
                     }
+                    Ok(ReleaseOutcome::WrongToken { held, .. }) => bail!(
+                        "worker {worker}: its slot is held under token {} (F15 violated)",
+                        held.0
+                    ),
                     Err(e) => {
                         tally.error(e);
                         false

@@ -9,6 +9,7 @@
 //! few seconds: at most one window), and at fixed rates on a simulated clock (`ManualClock`,
 //! still against the server), where the rotations are exactly those the rule predicts.
 
+use semaphore_core::{Claim, Weight};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,11 +80,15 @@ impl Callers {
 
     async fn section(&self, lock: &LockName, n: usize) -> Result<()> {
         let who = id(&execution_arn("uncontended", n), &uuid());
-        match self.fresh().acquire(lock, &who, limit(5)).await {
-            Ok(AcquireOutcome::Acquired { .. }) => {}
+        let token = match self.fresh().acquire(lock, &who, limit(5)).await {
+            Ok(AcquireOutcome::Acquired { token, .. }) => token,
             other => bail!("uncontended acquire gave {other:?}"),
-        }
-        match self.fresh().release(lock, &who).await {
+        };
+        let claim = Claim::Slot {
+            token,
+            weight: Weight::ONE,
+        };
+        match self.fresh().release(lock, &who, claim).await {
             Ok(ReleaseOutcome::Released { .. }) => Ok(()),
             other => bail!("uncontended release gave {other:?}"),
         }

@@ -9,6 +9,7 @@
 //! a transaction with the gate: 2 write units per KB of each item, and the sweep's drop of the
 //! tombstone a release leaves, one unit, counted with its section).
 
+use semaphore_core::{Claim, Weight};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -214,7 +215,7 @@ async fn ours(
                 ));
                 // One slot back, for the sections.
                 if let Some(last) = fillers.pop() {
-                    sem.release(&lock, &last).await?;
+                    sem.release(&lock, &last, Claim::Operator).await?;
                 }
                 break;
             }
@@ -227,16 +228,20 @@ async fn ours(
     for s in 0..sections {
         let who = id(&execution_arn("scale-section", s), &uuid());
         let started = Instant::now();
-        match sem.acquire(&lock, &who, limit(i64::from(n))).await? {
-            AcquireOutcome::Acquired { .. } => {}
+        let token = match sem.acquire(&lock, &who, limit(i64::from(n))).await? {
+            AcquireOutcome::Acquired { token, .. } => token,
             other => bail!("a section's acquire on the full {lock} gave {other:?}"),
-        }
+        };
         acquires.push(started.elapsed());
         // The largest item the section's writes meet: the lock at its fullest (a gate's own
         // item and the section's holding).
         item_bytes = item_bytes.max(clients.bytes(table, lock.as_str()).await);
         holding_bytes = holding_bytes.max(clients.holding_bytes(table, lock.as_str(), &who).await);
-        match sem.release(&lock, &who).await? {
+        let claim = Claim::Slot {
+            token,
+            weight: Weight::ONE,
+        };
+        match sem.release(&lock, &who, claim).await? {
             ReleaseOutcome::Released { .. } => {}
             other => bail!("a section's release on {lock} gave {other:?}"),
         }
@@ -308,10 +313,11 @@ async fn waited(
     let store = sem.store();
     let terms = limit(i64::from(n));
     let mut before = id(&execution_arn("scale-waited", 0), &uuid());
-    match sem.acquire(lock, &before, terms).await? {
-        AcquireOutcome::Acquired { .. } => {}
+    // The token the holder before shows when it releases (F15): its acquire's, then its grant's.
+    let mut before_token = match sem.acquire(lock, &before, terms).await? {
+        AcquireOutcome::Acquired { token, .. } => token,
         other => bail!("the last slot of {lock} gave {other:?}"),
-    }
+    };
     let token = TaskToken::new("A".repeat(1_000))?;
     let (mut record_bytes, mut entry_bytes, mut gate_bytes) = (0, 0, 0);
     counter.take();
@@ -348,21 +354,28 @@ async fn waited(
         let (record, entry) = clients.record_bytes(store, lock, &who).await;
         (record_bytes, entry_bytes) = (record_bytes.max(record), entry_bytes.max(entry));
         gate_bytes = gate_bytes.max(clients.bytes(store.table(), lock.as_str()).await);
-        match sem.release(lock, &before).await? {
+        let claim = Claim::Slot {
+            token: before_token,
+            weight: Weight::ONE,
+        };
+        match sem.release(lock, &before, claim).await? {
             ReleaseOutcome::Released { .. } => {}
             other => bail!("a waited section's release on {lock} gave {other:?}"),
         }
         let handed = sem.hand_off(lock, None, &Woken, &Running).await?;
-        if handed.woken.iter().map(|(w, _)| w).ne([&who]) {
+        let [(granted, token)] = handed.woken.as_slice() else {
             bail!(
                 "the release on {lock} handed on to {:?}, not {who:?}",
                 handed.woken
             );
+        };
+        if *granted != who {
+            bail!("the release on {lock} handed on to {granted:?}, not {who:?}");
         }
-        before = who;
+        (before, before_token) = (who, *token);
     }
     let (counts, written) = (counter.take(), clients.log.take());
-    sem.release(lock, &before).await?;
+    sem.release(lock, &before, Claim::Operator).await?;
     let bytes = |table: &str| {
         if table == store.table() {
             gate_bytes.max(billed.item_bytes)

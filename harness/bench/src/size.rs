@@ -11,6 +11,7 @@
 //! and the item carries at most 2 x max(8, rate x W + 1) of them (see `rule::worst_fences`): 16
 //! on a quiet lock, about 2 x rate x W on a busy one.
 
+use semaphore_core::Claim;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -429,7 +430,10 @@ async fn steady(
     for n in 0..cycles {
         if lock.held.len() >= lock.limit.get() as usize {
             let oldest = lock.held.pop_front().expect("a holder");
-            sim.sem.release(&lock.name, &oldest).await.expect("release");
+            sim.sem
+                .release(&lock.name, &oldest, Claim::Operator)
+                .await
+                .expect("release");
             lock.fences.fenced(sim.clock.now_ms());
             sim.watch(&mut lock);
         }

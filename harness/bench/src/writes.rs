@@ -190,7 +190,8 @@ mod tests {
     use std::sync::Arc;
 
     use semaphore_core::{
-        AcquisitionId, HolderId, Identity, Limit, ManualClock, MemoryStore, Semaphore,
+        AcquireOutcome, AcquisitionId, Claim, HolderId, Identity, Limit, ManualClock, MemoryStore,
+        Semaphore, Weight,
     };
 
     use super::*;
@@ -209,13 +210,20 @@ mod tests {
             AcquisitionId::new("a").unwrap(),
         );
         let one = Limit::new(1).unwrap();
-        sem.acquire(&lock, &who, one).await.unwrap();
+        let AcquireOutcome::Acquired { token, .. } = sem.acquire(&lock, &who, one).await.unwrap()
+        else {
+            panic!("the first acquire takes the slot")
+        };
         let other = Identity::new(
             HolderId::new("x").unwrap(),
             AcquisitionId::new("a").unwrap(),
         );
         sem.acquire(&lock, &other, one).await.unwrap(); // full: refused
-        sem.release(&lock, &who).await.unwrap(); // and the lock's first rotation (due, 1 fence)
+        let claim = Claim::Slot {
+            token,
+            weight: Weight::ONE,
+        };
+        sem.release(&lock, &who, claim).await.unwrap(); // and the lock's first rotation (due, 1 fence)
         sem.acquire(&lock, &other, one).await.unwrap();
         sem.cleanup(&lock, &other.holder).await.unwrap(); // fence, free (no rotation: not due)
         let t = counter.take();

@@ -17,7 +17,7 @@ pub struct Observed {
     pub holders: Vec<String>,
     /// The holder entries that are packed numbers, unpacked.
     pub holdings: Vec<RawHolding>,
-    /// The item's format (`format`): 5 for a lock of the item layout, 6 for a gate, whose
+    /// The item's format (`format`): 7 for a lock of the item layout, 8 for a gate, whose
     /// holders are read from its holding items ([`decode_gate`]).
     pub format: Option<u64>,
     /// The leased holders' keys and when each lease ends (epoch ms).
@@ -33,7 +33,7 @@ pub struct Observed {
     /// The stored sum of the held weights (`used`).
     pub used: i64,
     /// Each holder's weight, read from its stored number: the digits above the 28 of its
-    /// acquisition time and token, plus one.
+    /// token and acquisition time, plus one.
     pub weights: Vec<u64>,
     /// When the last acquisition landed (`started_at`, epoch ms), if any did.
     pub started_at: Option<u64>,
@@ -54,8 +54,8 @@ pub struct Observed {
     pub malformed: Vec<String>,
 }
 
-/// One holder entry, unpacked from its number `(weight - 1) * 10^28 + acquired_at_ms * 10^15 +
-/// token`.
+/// One holder entry, unpacked from its number `(weight - 1) * 10^28 + token * 10^13 +
+/// acquired_at_ms`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawHolding {
     pub key: String,
@@ -68,9 +68,11 @@ pub struct RawHolding {
 /// 17 bytes as DynamoDB sizes numbers) and 1 byte per map element.
 const HELD_BYTES_PER_ENTRY: usize = 17 + 1;
 
-/// The token part of a packed holder entry (its last 15 digits).
-const TOKEN_SPAN: u128 = 10u128.pow(15);
-/// The weight part of a packed holder entry: `weight - 1` times this (after 13 digits of time).
+/// The time part of a packed holder entry (its last 13 digits); the stored `version` is the
+/// version times this.
+const TIME_SPAN: u128 = 10u128.pow(13);
+/// The weight part of a packed holder entry: `weight - 1` times this (after 15 digits of token
+/// and 13 of time).
 const WEIGHT_SPAN: u128 = 10u128.pow(28);
 
 pub async fn raw_item(client: &Client, table: &str, lock: &str) -> Option<RawRecord> {
@@ -94,7 +96,7 @@ pub async fn observe(client: &Client, table: &str, lock: &str) -> Option<Observe
     Some(seen)
 }
 
-/// Our lock item (format 5) read without the product's decoder, so that an invariant check
+/// Our lock item (format 7) read without the product's decoder, so that an invariant check
 /// cannot share a bug with the code it checks: the tests' reads, the local run's poller and the
 /// bench's. What cannot be read is listed in [`Observed::malformed`], not fatal: a poller still
 /// sees who holds.
@@ -137,8 +139,8 @@ pub fn decode(item: &RawRecord) -> Observed {
             Some(packed) => holdings.push(RawHolding {
                 key: key.clone(),
                 weight: u64::try_from(packed / WEIGHT_SPAN + 1).unwrap_or(u64::MAX),
-                acquired_at_ms: ((packed % WEIGHT_SPAN) / TOKEN_SPAN) as u64,
-                token: (packed % TOKEN_SPAN) as u64,
+                token: u64::try_from((packed % WEIGHT_SPAN) / TIME_SPAN).unwrap_or(u64::MAX),
+                acquired_at_ms: (packed % TIME_SPAN) as u64,
             }),
             None => malformed.push(format!("holder {key} is {value:?}, not a number")),
         }
@@ -156,6 +158,12 @@ pub fn decode(item: &RawRecord) -> Observed {
         }
         None => malformed.push("leases is missing".to_owned()),
     }
+    if version.is_some_and(|v| v % TIME_SPAN != 0) {
+        malformed.push(format!(
+            "version is {version:?}, not a whole number of versions (times {TIME_SPAN})"
+        ));
+    }
+    let version = version.map(|v| v / TIME_SPAN);
     let small = |n: Option<u128>| n.and_then(|n| u64::try_from(n).ok());
     let signed = |n: Option<u128>| n.and_then(|n| i64::try_from(n).ok()).unwrap_or(0);
     Observed {
@@ -188,7 +196,9 @@ pub fn decode(item: &RawRecord) -> Observed {
 }
 
 /// The format of a gate's item; its holders are items of their own, in the holdings table.
-pub const GATE_FORMAT: u64 = 6;
+pub const GATE_FORMAT: u64 = 8;
+/// The format of a lock's item in the item layout.
+pub const ITEM_FORMAT: u64 = 7;
 
 /// A gate lock read raw: its item (`gate`, read before the holdings), its holding items (one
 /// `Query`), and whether the gate's version was the same when read again after them
@@ -348,7 +358,7 @@ impl Observed {
     }
 
     /// What is inconsistent in this read, if anything (S1 and the item's own bookkeeping): it is
-    /// malformed or of neither format (5, or a gate's 6); a lease is not a holder's; a holder's
+    /// malformed or of neither format (7, or a gate's 8); a lease is not a holder's; a holder's
     /// weight is not 1 to 10,000, or its token is one the version has not reached (on a read as
     /// of one moment), or shared with another (every write bumps the version and a token is the
     /// version its acquire made); `used` is not the sum of the holders' weights, `held_bytes` not
@@ -359,9 +369,13 @@ impl Observed {
             return Some(first.clone());
         }
         let gate = match self.format {
-            Some(5) => false,
+            Some(ITEM_FORMAT) => false,
             Some(GATE_FORMAT) => true,
-            other => return Some(format!("format {other:?}, neither 5 nor {GATE_FORMAT}")),
+            other => {
+                return Some(format!(
+                    "format {other:?}, neither {ITEM_FORMAT} nor {GATE_FORMAT}"
+                ))
+            }
         };
         if let Some((key, _)) = self
             .leases
@@ -518,15 +532,20 @@ mod tests {
         AttributeValue::N(v.to_owned())
     }
 
-    /// An item of format 5 with `holders` (key, packed number) and `used`, no lease;
-    /// `held_bytes` as the product counts it.
-    fn ours(version: &str, holders: &[(&str, &str)], used: &str) -> RawRecord {
+    /// The stored number of a holding of `weight` taken under `token` at `at_ms`.
+    fn packed(weight: u128, token: u128, at_ms: u128) -> String {
+        ((weight - 1) * WEIGHT_SPAN + token * TIME_SPAN + at_ms).to_string()
+    }
+
+    /// An item of format 7 at `version` with `holders` (key, packed number) and `used`, no
+    /// lease; `held_bytes` as the product counts it.
+    fn ours(version: u128, holders: &[(&str, &str)], used: &str) -> RawRecord {
         let entries: usize = holders.iter().map(|(k, _)| k.len() + 18).sum();
         HashMap::from([
             ("lock".to_owned(), AttributeValue::S("l".to_owned())),
-            ("format".to_owned(), n("5")),
+            ("format".to_owned(), n("7")),
             ("leases".to_owned(), AttributeValue::M(HashMap::new())),
-            ("version".to_owned(), n(version)),
+            ("version".to_owned(), n(&(version * TIME_SPAN).to_string())),
             ("used".to_owned(), n(used)),
             ("held_bytes".to_owned(), n(&entries.to_string())),
             (
@@ -544,10 +563,10 @@ mod tests {
     #[test]
     fn reads_the_holders_and_checks_their_tokens_against_the_version() {
         let item = ours(
-            "7",
+            7,
             &[
-                ("arn:x:run-1#a-1", "1767225600000000000000000003"),
-                ("arn:x:run-2#a-9", "1767225600001000000000000007"),
+                ("arn:x:run-1#a-1", &packed(1, 3, 1767225600000)),
+                ("arn:x:run-2#a-9", &packed(1, 7, 1767225600001)),
             ],
             "2",
         );
@@ -557,25 +576,33 @@ mod tests {
         assert_eq!(holders, ["arn:x:run-1", "arn:x:run-2"]);
         assert_eq!(seen.problem(None), None);
         // A token the version has not reached yet, and two holders with one token.
-        let ahead = ours("7", &[("a#1", "1767225600000000000000000008")], "1");
+        let ahead = ours(7, &[("a#1", &packed(1, 8, 1767225600000))], "1");
         assert!(decode(&ahead).problem(None).unwrap().contains("token 8"));
-        let shared = ours("7", &[("a#1", "5"), ("b#1", "1000000000000005")], "2");
+        let shared = ours(
+            7,
+            &[("a#1", &packed(1, 5, 0)), ("b#1", &packed(1, 5, 1))],
+            "2",
+        );
         assert!(decode(&shared)
             .problem(None)
             .unwrap()
             .contains("share token 5"));
         // An item without a format.
-        let mut old = ours("7", &[], "0");
+        let mut old = ours(7, &[], "0");
         old.remove("format");
         assert!(decode(&old)
             .problem(None)
             .unwrap()
-            .contains("neither 5 nor 6"));
-        let mut no_leases = ours("7", &[], "0");
+            .contains("neither 7 nor 8"));
+        // A stored version that is not a whole number of versions.
+        let mut odd_version = ours(7, &[], "0");
+        odd_version.insert("version".to_owned(), n("70000000000001"));
+        assert!(decode(&odd_version).malformed[0].contains("not a whole number of versions"));
+        let mut no_leases = ours(7, &[], "0");
         no_leases.remove("leases");
         assert_eq!(decode(&no_leases).malformed, ["leases is missing"]);
         // A lease of someone who holds no slot.
-        let mut orphan = ours("7", &[("a#1", "5")], "1");
+        let mut orphan = ours(7, &[("a#1", &packed(1, 5, 0))], "1");
         orphan.insert(
             "leases".to_owned(),
             AttributeValue::M(HashMap::from([("b#1".to_owned(), n("9"))])),
@@ -587,7 +614,7 @@ mod tests {
         old.remove("held_bytes");
         assert_eq!(decode(&old).malformed, ["held_bytes is missing"]);
         // A holder that is not a number still counts as a holder.
-        let odd = ours("7", &[("a#1", "5")], "1");
+        let odd = ours(7, &[("a#1", &packed(1, 5, 0))], "1");
         let mut odd = odd;
         odd.insert(
             "holders".to_owned(),
@@ -619,8 +646,8 @@ mod tests {
 
     #[test]
     fn reads_a_gates_holders_from_its_holding_items_and_checks_its_sums_on_a_snapshot() {
-        let mut gate = ours("9", &[], "3");
-        gate.insert("format".to_owned(), n("6"));
+        let mut gate = ours(9, &[], "3");
+        gate.insert("format".to_owned(), n("8"));
         gate.insert("held_bytes".to_owned(), n("0"));
         gate.insert("holdings".to_owned(), n("2"));
         let held = |slot: &str, token: &str, weight: &str| {
@@ -675,10 +702,10 @@ mod tests {
     fn reads_weights_and_starts_and_checks_used_held_bytes_and_the_limit() {
         // Weight 4 (3 leads) taken at 1767225600000, weight 1 at 1767225600500.
         let mut item = ours(
-            "9",
+            9,
             &[
-                ("arn:x:run-1#a", "31767225600000000000000000003"),
-                ("arn:x:run-2#a", "1767225600500000000000000009"),
+                ("arn:x:run-1#a", &packed(4, 3, 1767225600000)),
+                ("arn:x:run-2#a", &packed(1, 9, 1767225600500)),
             ],
             "5",
         );

@@ -16,8 +16,8 @@ use tokio::sync::watch;
 /// The item layout to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
-    /// Ours (item format 5): `holders` map keyed `<holder>#<acquisition>`, each entry one number
-    /// `(weight - 1) * 10^28 + acquired_at_ms * 10^15 + token`; `version`; `used`, the stored
+    /// Ours (item format 7): `holders` map keyed `<holder>#<acquisition>`, each entry one number
+    /// `(weight - 1) * 10^28 + token * 10^13 + acquired_at_ms`; `version` (times 10^13); `used`, the stored
     /// sum of the holders' weights (the acquire's condition checks it against the limit);
     /// `started_at`, the last start, and `spacing_ms`, the last acquisition's start rate.
     Versioned,
@@ -34,7 +34,7 @@ pub struct LockPoll {
     /// The largest sum of the holders' weights one read saw (ours; the sample's: holders).
     pub max_weight: u64,
     /// Reads of an inconsistent item (`crate::observe::Observed::problem`). Ours: not
-    /// format 5, a holder entry that is not a packed number of weight 1 to 10,000, a token above
+    /// format 7, a holder entry that is not a packed number of weight 1 to 10,000, a token above
     /// the version, two holders with one token, a stored `used` or `held_bytes` that differs
     /// from the holders' own, or their weights above the lock's limit. The sample's: a stored
     /// count that differs from the number of holders.
@@ -187,7 +187,7 @@ impl LockItems {
             .map_err(Error::aws(format!("GetItem {lock}")))
     }
 
-    /// `lock` read now ([`read`]), `None` when it has no item. A gate (format 6) is read as
+    /// `lock` read now ([`read`]), `None` when it has no item. A gate (format 8) is read as
     /// its item, the `Query` of its holding items, and its item again: the stored sums are
     /// checked against the holdings only when the gate's version did not move in between (the
     /// local server serves one request at a time, so one `Query` is one moment's holdings, and

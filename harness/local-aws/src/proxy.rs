@@ -753,6 +753,15 @@ fn partial_read(request: &[u8], answer: &[u8]) -> Option<Value> {
 mod tests {
     use std::collections::BTreeSet;
 
+    /// A slot of weight 1, as a cleanup's fence sees it.
+    fn held() -> semaphore_core::Holding {
+        semaphore_core::Holding {
+            token: semaphore_core::FencingToken(1),
+            acquired_at_ms: 0,
+            weight: semaphore_core::Weight::ONE,
+        }
+    }
+
     use super::*;
     use semaphore_core::protocol::{self, Timing};
     use semaphore_core::Write;
@@ -794,6 +803,7 @@ mod tests {
         let release = update_body(&protocol::release(
             &lock("l"),
             &id("e1", "a1"),
+            semaphore_core::FencingToken(1),
             semaphore_core::Weight::ONE,
             0,
         ));
@@ -837,7 +847,13 @@ mod tests {
             "requested at 1 s, horizon 8 s"
         );
         assert_eq!(
-            update(&protocol::release(&l, &who, semaphore_core::Weight::ONE, 0)),
+            update(&protocol::release(
+                &l,
+                &who,
+                semaphore_core::FencingToken(1),
+                semaphore_core::Weight::ONE,
+                0
+            )),
             Some(ProtocolWrite::Release(who.clone()))
         );
         assert_eq!(
@@ -858,7 +874,7 @@ mod tests {
         ];
         let weighted = both
             .iter()
-            .map(|id| (id.clone(), semaphore_core::Weight::ONE))
+            .map(|id| (id.clone(), held()))
             .collect::<Vec<_>>();
         assert_eq!(
             update(&protocol::cleanup_free(&l, &weighted)),

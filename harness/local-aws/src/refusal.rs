@@ -118,6 +118,15 @@ mod tests {
     use semaphore_core::protocol::{self, Timing};
     use semaphore_core::{AcquisitionId, HolderId, Limit, LockName, SemaphoreItem};
 
+    /// A slot of weight 1, as a cleanup's fence sees it.
+    fn one_slot() -> semaphore_core::Holding {
+        semaphore_core::Holding {
+            token: semaphore_core::FencingToken(1),
+            acquired_at_ms: 0,
+            weight: semaphore_core::Weight::ONE,
+        }
+    }
+
     use super::*;
     use crate::wire::{attributes, put_body, update_body};
 
@@ -170,10 +179,16 @@ mod tests {
             "requested at 1 s, horizon 8 s"
         );
         // Release, cleanup and rotation set no holder entry.
-        let release = protocol::release(&lock(), &identity(), semaphore_core::Weight::ONE, 0);
+        let release = protocol::release(
+            &lock(),
+            &identity(),
+            semaphore_core::FencingToken(1),
+            semaphore_core::Weight::ONE,
+            0,
+        );
         let cleanup =
             protocol::cleanup_fence(&lock(), &identity().holder, semaphore_core::Run::FIRST);
-        let free = protocol::cleanup_free(&lock(), &[(identity(), semaphore_core::Weight::ONE)]);
+        let free = protocol::cleanup_free(&lock(), &[(identity(), one_slot())]);
         let mut item = SemaphoreItem::empty(lock());
         item.fences.young.insert(FenceKey::acquisition(&identity()));
         let rotation = protocol::rotation(&item, 60_000, &Timing::default()).unwrap();

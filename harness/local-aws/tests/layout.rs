@@ -6,6 +6,7 @@
 //!
 //! Needs the repository's `.venv` and the local server (`bash tests/run.sh` starts it).
 
+use semaphore_core::Claim;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -176,7 +177,9 @@ async fn a_gate_keeps_its_holdings_apart_and_answers_as_the_item_layout_does() {
     // A release leaves a tombstone, which refuses the acquisition's late attempt.
     clock.advance_ms(1_000);
     assert!(matches!(
-        sem.release(&gate, &id("exec-1")).await.unwrap(),
+        sem.release(&gate, &id("exec-1"), Claim::Operator)
+            .await
+            .unwrap(),
         ReleaseOutcome::Released { waiting: 0, .. }
     ));
     let tombstone = holding(sem.store(), "wide", &id("exec-1"))
@@ -190,7 +193,9 @@ async fn a_gate_keeps_its_holdings_apart_and_answers_as_the_item_layout_does() {
         AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
     );
     assert!(matches!(
-        sem.release(&gate, &id("exec-1")).await.unwrap(),
+        sem.release(&gate, &id("exec-1"), Claim::Operator)
+            .await
+            .unwrap(),
         ReleaseOutcome::NotHeld { .. }
     ));
 
@@ -205,7 +210,12 @@ async fn a_gate_keeps_its_holdings_apart_and_answers_as_the_item_layout_does() {
     let version = text(&raw("wide").await, "version");
     clock.advance_ms(5_000);
     let renewed = sem
-        .heartbeat(&gate, &id("lambda-1"), Lease::ms(30_000).unwrap())
+        .heartbeat(
+            &gate,
+            &id("lambda-1"),
+            Claim::Operator,
+            Lease::ms(30_000).unwrap(),
+        )
         .await
         .unwrap();
     assert!(
@@ -256,9 +266,14 @@ async fn a_gate_keeps_its_holdings_apart_and_answers_as_the_item_layout_does() {
     let status = sem.status(&gate).await.unwrap();
     assert_eq!((status.count(), status.used), (0, 0));
     assert_eq!(
-        sem.heartbeat(&gate, &id("lambda-1"), Lease::ms(30_000).unwrap())
-            .await
-            .unwrap(),
+        sem.heartbeat(
+            &gate,
+            &id("lambda-1"),
+            Claim::Operator,
+            Lease::ms(30_000).unwrap()
+        )
+        .await
+        .unwrap(),
         semaphore_core::HeartbeatOutcome::Lost
     );
 
@@ -286,7 +301,10 @@ async fn a_write_for_the_wrong_layout_is_refused_by_the_format_and_sent_again() 
             .with_queue_table(store.queue_table()),
     );
     other.acquire(&gate, &id("exec-1"), limit(2)).await.unwrap();
-    other.release(&gate, &id("exec-1")).await.unwrap();
+    other
+        .release(&gate, &id("exec-1"), Claim::Operator)
+        .await
+        .unwrap();
     // Idle once its fence is gone: drop it by hand (a sweep a window or two later would).
     store
         .client()
@@ -324,7 +342,9 @@ async fn a_refusal_read_after_the_lock_moved_is_sent_again_and_lands() {
     let (proxy, acquiring) = acquire_holding_the_read_after(&store, &gate, id("exec-2"), 1).await;
     // The full gate refused it; before that refusal is read, the holder leaves.
     assert!(matches!(
-        sem.release(&gate, &id("exec-1")).await.unwrap(),
+        sem.release(&gate, &id("exec-1"), Claim::Operator)
+            .await
+            .unwrap(),
         ReleaseOutcome::Released { .. }
     ));
     proxy.release_held();
@@ -393,7 +413,9 @@ async fn admissions_to_a_full_gate_are_answered_from_a_read_and_write_nothing() 
     assert_eq!(counter.take().service_total("DynamoDB"), 2);
 
     assert!(matches!(
-        sem.release(&gate, &id("exec-1")).await.unwrap(),
+        sem.release(&gate, &id("exec-1"), Claim::Operator)
+            .await
+            .unwrap(),
         ReleaseOutcome::Released { .. }
     ));
     counter.take();

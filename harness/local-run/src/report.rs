@@ -437,14 +437,14 @@ impl Report {
             )
         } else if self.layout == "gate" {
             (
-                "format 6, the held holding items' weights <= the limit, their count and sum = the \
+                "format 8, the held holding items' weights <= the limit, their count and sum = the \
                  gate's (on reads whose gate version did not move), each token distinct and within \
                  the version",
                 "after the final sweep",
             )
         } else {
             (
-                "format 5, used = the sum of the holders' weights <= the limit, held_bytes = \
+                "format 7, used = the sum of the holders' weights <= the limit, held_bytes = \
                  their entries' bytes, each holder's token distinct and within the version",
                 "after the final sweep",
             )

@@ -23,7 +23,7 @@ use semaphore_core::{
 };
 
 use crate::explore::{Model, Violation};
-use crate::plumbing::Variants;
+use crate::plumbing::{claim_of, shown, Variants};
 
 /// The model's clock at tick 0.
 const NOW_MS: u64 = 1_700_000_000_000;
@@ -213,9 +213,13 @@ impl LeaseWorld {
     }
 
     fn heartbeat(&self, s: &LeaseState, h: u8) -> Write {
+        let identity = self.identity(h);
+        let held = shown(Some(&s.item), &identity, Weight::ONE);
         let mut write = protocol::heartbeat(
             &self.lock,
-            &self.identity(h),
+            &identity,
+            held.token,
+            held.weight,
             self.lease(),
             self.clock(s, h),
         );
@@ -325,7 +329,14 @@ impl LeaseWorld {
                 self.send(s, h, Kind::Acquire, again);
             }
             Kind::Heartbeat => {
-                let outcome = protocol::heartbeat_answered(&write, &result);
+                let claim = claim_of(&write);
+                let outcome = match protocol::heartbeat_answered(&write, &identity, claim, &result)
+                {
+                    semaphore_core::Step::Done(outcome) => outcome,
+                    semaphore_core::Step::Again(_) => {
+                        unreachable!("a holder's heartbeat shows its weight")
+                    }
+                };
                 words.push_str(&format!(": {outcome:?}"));
                 if let Stage::Working { .. } = s.stages[h as usize] {
                     match outcome {
@@ -334,7 +345,9 @@ impl LeaseWorld {
                                 until_ms: flight.sent_ms + self.lease().as_ms(),
                             };
                         }
-                        HeartbeatOutcome::Lost => s.stages[h as usize] = Stage::Done,
+                        HeartbeatOutcome::Lost | HeartbeatOutcome::WrongToken { .. } => {
+                            s.stages[h as usize] = Stage::Done
+                        }
                     }
                 }
             }
@@ -342,7 +355,9 @@ impl LeaseWorld {
                 if landed {
                     s.retired |= 1 << h;
                 }
-                match protocol::released(&write, &identity, result).expect("a release's answer") {
+                match protocol::released(&write, &identity, claim_of(&write), result)
+                    .expect("a release's answer")
+                {
                     Step::Done(_) => s.stages[h as usize] = Stage::Done,
                     Step::Again(next) => {
                         if next
@@ -423,8 +438,10 @@ impl Model for LeaseWorld {
                     }
                     let mut t = s.clone();
                     t.stages[i] = Stage::Releasing;
+                    let identity = self.identity(h);
+                    let held = shown(Some(&t.item), &identity, Weight::ONE);
                     let write =
-                        protocol::release(&self.lock, &self.identity(h), Weight::ONE, NOW_MS);
+                        protocol::release(&self.lock, &identity, held.token, held.weight, NOW_MS);
                     self.send(&mut t, h, Kind::Release, write);
                     push(t, format!("{} releases", self.who(h)));
                 }

@@ -25,13 +25,14 @@ use clap::ValueEnum;
 use semaphore_core::item::{FenceKey, Identity, Layout, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, FenceReason, Step, Timing, WriteResult};
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockConfig, LockName, Terms,
-    Weight, Write,
+    AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockConfig, LockName,
+    ReleaseOutcome, Terms, Weight, Write,
 };
 
 use crate::hash::{hash_one, Build};
 use crate::plumbing::{
-    exec_name, read, say, show_holders, show_write, Interner, ItemKey, Memo, Naming, Variants,
+    claim_of, exec_name, read, say, show_holders, show_write, Interner, ItemKey, Memo, Naming,
+    Variants, GONE,
 };
 use crate::world::{
     acquisition_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_INCARNATIONS,
@@ -516,9 +517,19 @@ impl Ours {
                 Check::Fits { limit, weight } => (2u8, limit, weight).hash(&mut h),
                 // The same for every identity: room for the largest entry.
                 Check::Room => 17u8.hash(&mut h),
-                Check::HoldsWeight { identity, weight } => {
-                    (15u8, self.acquisition_index(identity, e), weight).hash(&mut h)
-                }
+                // The token is the one the identity's slot has (or GONE): the same relation for
+                // every execution, whatever the versions (see `plumbing::GONE`).
+                Check::HoldsSlot {
+                    identity,
+                    token,
+                    weight,
+                } => (
+                    15u8,
+                    self.acquisition_index(identity, e),
+                    weight,
+                    *token == GONE,
+                )
+                    .hash(&mut h),
                 Check::Spaced { rate, now_ms } => (16u8, rate, now_ms).hash(&mut h),
                 Check::NotFenced(key) => (3u8, self.fence_role(key, e)).hash(&mut h),
                 Check::NotReleased(identity) => {
@@ -532,7 +543,6 @@ impl Ours {
                 Check::RotatedBefore { deadline_ms } => (4u8, deadline_ms).hash(&mut h),
                 Check::LastRotation(at) => (5u8, at).hash(&mut h),
                 Check::Configured(config) => (18u8, config).hash(&mut h),
-                Check::Holds(identity) => (20u8, self.acquisition_index(identity, e)).hash(&mut h),
                 Check::LeaseUntil { identity, until_ms } => {
                     (21u8, self.acquisition_index(identity, e), until_ms).hash(&mut h)
                 }
@@ -691,13 +701,19 @@ impl Ours {
                 write
             }
             // The release believes it holds a slot of its acquire's weight (the weight is in the
-            // execution's input).
-            OpKind::Release => self.release_write(protocol::release(
-                &self.lock,
-                identity,
-                self.weights[usize::from(op.exec)],
-                tick_ms(now),
-            )),
+            // execution's input), and shows the token its acquire was answered (F15). One that was
+            // never answered a slot (it gave up, or its acquire failed) releases as the operator
+            // does: the fence alone, on the check that it holds nothing.
+            OpKind::Release => {
+                let weight = self.weights[usize::from(op.exec)];
+                let write = match current.as_ref().and_then(|item| item.holders.get(identity)) {
+                    Some(held) => {
+                        protocol::release(&self.lock, identity, held.token, weight, tick_ms(now))
+                    }
+                    None => protocol::release_unheld(&self.lock, identity, tick_ms(now)),
+                };
+                self.release_write(write)
+            }
             // The execution was redriven since its event (or since the sweeper listed it): the
             // cleanup asks DescribeExecution first, and stops.
             OpKind::Cleanup if running && self.variant != Variant::CleanupIgnoresRedrive => {
@@ -774,7 +790,7 @@ impl Ours {
             Variant::ReleaseWithoutWeightCheck => {
                 write
                     .checks
-                    .retain(|c| !matches!(c, Check::HoldsWeight { .. }));
+                    .retain(|c| !matches!(c, Check::HoldsSlot { .. }));
             }
             _ => {}
         }
@@ -915,8 +931,16 @@ impl Ours {
                 answer
             }
             OpKind::Release if !second => {
-                match read(protocol::released(&write, identity, result)) {
-                    Step::Done((outcome, _)) if self.clears_runs(op) => {
+                match read(protocol::released(
+                    &write,
+                    identity,
+                    claim_of(&write),
+                    result,
+                )) {
+                    // F15: the earlier runs only once this run's release freed its own slot.
+                    Step::Done((outcome @ ReleaseOutcome::Released { .. }, _))
+                        if self.clears_runs(op) =>
+                    {
                         say(log.as_deref_mut(), || {
                             format!("{outcome:?}; then the earlier runs: it ")
                         });

@@ -9,10 +9,48 @@ use std::hash::{Hash, Hasher};
 
 use clap::ValueEnum;
 use semaphore_core::item::{FenceKey, Identity, SemaphoreItem};
-use semaphore_core::{Change, Check, StoreError, TaskToken, Wakeup, Weight, Write};
+use semaphore_core::{
+    Change, Check, Claim, FencingToken, Holding, StoreError, TaskToken, Wakeup, Weight, Write,
+};
 use semaphore_core::{LockName, QueueKey, Waiter, WriteResult};
 
 use crate::hash::Build;
+
+/// The token a holder shows whose slot is gone: no slot has it (tokens start at 1). An identity
+/// holds at most one slot, under one token, for ever (an acquisition lands once, and never after
+/// its fence), so the token its acquire was answered is the one its slot has while it holds it,
+/// and once the slot is gone every token is refused alike: the worlds take the token a holder
+/// shows from the item as it is when the holder decides, and this one when it holds nothing.
+pub const GONE: FencingToken = FencingToken(0);
+
+/// The slot `identity` holds in `item`, as its holder shows it (see [`GONE`]); of `weight` when
+/// it holds none.
+pub fn shown(item: Option<&SemaphoreItem>, identity: &Identity, weight: Weight) -> Holding {
+    item.and_then(|item| item.holders.get(identity).copied())
+        .unwrap_or(Holding {
+            token: GONE,
+            acquired_at_ms: 0,
+            weight,
+        })
+}
+
+/// What a release's write shows of its slot (F15): the operator's claim for the release of an
+/// acquisition that held nothing when it was decided (the fence alone), else the token its check
+/// names. An operator's release decided on a read that found a slot sends that slot's release,
+/// which is what the slot's holder sends: the worlds tell the two apart by the first write.
+pub fn claim_of(write: &Write) -> Claim {
+    write
+        .checks
+        .iter()
+        .find_map(|check| match check {
+            Check::HoldsSlot { token, weight, .. } => Some(Claim::Slot {
+                token: *token,
+                weight: *weight,
+            }),
+            _ => None,
+        })
+        .unwrap_or(Claim::Operator)
+}
 
 /// Execution `e`'s name in traces: `exec-1` for 0.
 pub fn exec_name(e: u8) -> String {
@@ -331,8 +369,20 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
             Check::NotHolding(_) => "not holding".to_owned(),
             Check::Fits { limit, weight } => format!("used + {weight} <= {limit}"),
             Check::Room => "room in the item".to_owned(),
-            Check::HoldsWeight { identity, weight } => {
-                format!("{} holds weight {weight}", naming.who(identity))
+            Check::HoldsSlot {
+                identity,
+                token,
+                weight,
+            } if *token == GONE => {
+                format!(
+                    "{} holds weight {weight} under a token no slot has",
+                    naming.who(identity)
+                )
+            }
+            Check::HoldsSlot {
+                identity, weight, ..
+            } => {
+                format!("{} holds its slot (weight {weight})", naming.who(identity))
             }
             Check::Spaced { rate, .. } => format!("spaced by {rate}"),
             Check::NotFenced(key) => format!("{} not fenced", naming.fence(key)),
@@ -358,7 +408,6 @@ pub fn show_write(naming: &impl Naming, write: &Write) -> String {
             },
             Check::QueueEmpty => "nobody in line".to_owned(),
             Check::Configured(None) => "not configured".to_owned(),
-            Check::Holds(identity) => format!("{} holds a slot", naming.who(identity)),
             Check::LeaseUntil { identity, until_ms } => naming
                 .moment(*until_ms)
                 .map_or(format!("{}'s lease as read", naming.who(identity)), |at| {

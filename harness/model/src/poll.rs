@@ -28,7 +28,9 @@ use semaphore_core::{
 use crate::explore::{Model, Violation};
 use crate::hash::{Build, Fingerprint};
 use crate::ours::MAX_ROUNDS;
-use crate::plumbing::{land_on_line, read, show_write, Interner, ItemKey, Naming, Variants, Words};
+use crate::plumbing::{
+    claim_of, land_on_line, read, show_write, shown, Interner, ItemKey, Naming, Variants, Words,
+};
 use crate::queue::QUEUE_ROUNDS;
 
 /// The model's clock at tick 0.
@@ -1321,10 +1323,11 @@ impl PollWorld {
                 let write = if unheld {
                     protocol::release_unheld(&self.lock, &id, NOW_MS)
                 } else {
-                    protocol::release(&self.lock, &id, Weight::ONE, NOW_MS)
+                    let held = shown(self.table(s.table).item.as_ref(), &id, Weight::ONE);
+                    protocol::release(&self.lock, &id, held.token, held.weight, NOW_MS)
                 };
                 let result = self.send(s, who, &write, w);
-                match read(protocol::released(&write, &id, result)) {
+                match read(protocol::released(&write, &id, claim_of(&write), result)) {
                     semaphore_core::Step::Done((outcome, after)) => {
                         w.say(|| format!(" => {outcome:?}"));
                         let step = if after.waiting > 0 {
@@ -1402,8 +1405,9 @@ impl PollWorld {
     /// The free of the slot the fence saw: whether to hand off (it freed it and someone waits),
     /// or the next round.
     fn free(&self, s: &mut PollState, round: u8, w: &mut Words) -> Result<bool, Option<u8>> {
-        let write =
-            protocol::cleanup_free(&self.lock, &[(self.id(Who::Exec).clone(), Weight::ONE)]);
+        let id = self.id(Who::Exec).clone();
+        let held = shown(self.table(s.table).item.as_ref(), &id, Weight::ONE);
+        let write = protocol::cleanup_free(&self.lock, &[(id, held)]);
         let result = self.send(s, Who::Exec, &write, w);
         match read(protocol::freed(&write, result)) {
             semaphore_core::Step::Done((outcome, after)) => {

@@ -22,16 +22,17 @@ use clap::ValueEnum;
 use semaphore_core::item::{Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, Grant, Timing, WriteResult};
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Attempt, Check, CleanupOutcome, FenceKey, HolderId, Limit,
-    LockName, QueueKey, QueueOutcome, TaskToken, Terms, Waiter, WaiterId, Weight, Write,
+    AcquireOutcome, AcquisitionId, Attempt, Check, CleanupOutcome, FenceKey, FencingToken,
+    HolderId, Holding, Limit, LockName, QueueKey, QueueOutcome, TaskToken, Terms, Waiter, WaiterId,
+    Weight, Write,
 };
 
 use crate::explore::{Model, Violation};
 use crate::hash::Fingerprint;
 use crate::ours::MAX_ROUNDS;
 use crate::plumbing::{
-    exec_name, land_on_line, names, plural, read, show_holders, show_write, weights_text, Emitting,
-    Fate, Interner, ItemKey, Memo, Naming, Successors, Variants, Words,
+    claim_of, exec_name, land_on_line, names, plural, read, show_holders, show_write, shown,
+    weights_text, Emitting, Fate, Interner, ItemKey, Memo, Naming, Successors, Variants, Words,
 };
 
 /// The most executions the queue world can have.
@@ -401,13 +402,14 @@ enum Request {
     Repark(u8, u8),
     Grant(u8, u8),
     Leave(u8),
-    /// The release of a slot of the execution's weight.
-    Release(u8),
+    /// The release of a slot of the execution's weight, showing this token (the one its slot
+    /// has, see `plumbing::GONE`).
+    Release(u8, FencingToken),
     /// The release of an acquisition that holds nothing (its fence alone).
     ReleaseUnheld(u8),
     Fence(u8),
-    /// The free of the slot (of the execution's weight) a fence saw.
-    Free(u8),
+    /// The free of the slot (of the execution's weight, taken under this token) a fence saw.
+    Free(u8, FencingToken),
 }
 
 /// The queue world, explorable by [`crate::explore::explore`].
@@ -658,9 +660,10 @@ impl QueueWorld {
                 write
             }
             Request::Leave(e) => protocol::leave(lock, WaiterId::of(&self.identities[e as usize])),
-            Request::Release(e) => protocol::release(
+            Request::Release(e, token) => protocol::release(
                 lock,
                 &self.identities[e as usize],
+                token,
                 self.weights[e as usize],
                 NOW_MS,
             ),
@@ -670,11 +673,15 @@ impl QueueWorld {
             Request::Fence(e) => {
                 protocol::cleanup_fence(lock, &self.identities[e as usize].holder, Run::FIRST)
             }
-            Request::Free(e) => protocol::cleanup_free(
+            Request::Free(e, token) => protocol::cleanup_free(
                 lock,
                 &[(
                     self.identities[e as usize].clone(),
-                    self.weights[e as usize],
+                    Holding {
+                        token,
+                        acquired_at_ms: 0,
+                        weight: self.weights[e as usize],
+                    },
                 )],
             ),
         }
@@ -873,6 +880,17 @@ impl QueueWorld {
     /// The request that sends `write`, a write a refusal of one of execution `e`'s release or
     /// free writes called for: the model sends only requests it names, so a write of another
     /// shape (a slot of another weight than the execution's) would be a gap in the model.
+    /// The token of the slot execution `e` holds in state `s` (`GONE` if none): what it shows.
+    fn held_token(&self, s: &QueueState, e: u8) -> FencingToken {
+        let table = self.table(s.table);
+        shown(
+            table.item.as_ref(),
+            &self.identities[e as usize],
+            self.weights[e as usize],
+        )
+        .token
+    }
+
     fn request_for(&self, e: u8, write: &Write, candidates: &[Request]) -> Request {
         *candidates
             .iter()
@@ -934,11 +952,12 @@ impl QueueWorld {
         round: u8,
         w: &mut Words,
     ) -> Result<(CleanupOutcome, SemaphoreItem), Option<u8>> {
-        let (write, result, _) = self.send(s, e, Request::Free(e), w);
+        let request = Request::Free(e, self.held_token(s, e));
+        let (write, result, _) = self.send(s, e, request, w);
         match read(protocol::freed(&write, result)) {
             semaphore_core::Step::Done(done) => Ok(done),
             semaphore_core::Step::Again(next) => {
-                self.request_for(e, &next, &[Request::Free(e)]);
+                self.request_for(e, &next, &[Request::Free(e, self.held_token(s, e))]);
                 Err(self.round_again(s, e, round, w))
             }
         }
@@ -1175,13 +1194,14 @@ impl QueueWorld {
                 let request = if unheld {
                     Request::ReleaseUnheld(e)
                 } else {
-                    Request::Release(e)
+                    Request::Release(e, self.held_token(s, e))
                 };
                 let (write, result, landed) = self.send(s, e, request, w);
                 if landed {
                     s.retired |= bit(e);
                 }
-                let step = match read(protocol::released(&write, identity, result)) {
+                let claim = claim_of(&write);
+                let step = match read(protocol::released(&write, identity, claim, result)) {
                     semaphore_core::Step::Done((outcome, after)) => {
                         w.say(|| format!(" => {outcome:?}"));
                         (after.waiting > 0).then(|| {
@@ -1193,7 +1213,10 @@ impl QueueWorld {
                         let request = self.request_for(
                             e,
                             &next,
-                            &[Request::Release(e), Request::ReleaseUnheld(e)],
+                            &[
+                                Request::Release(e, self.held_token(s, e)),
+                                Request::ReleaseUnheld(e),
+                            ],
                         );
                         self.round_again(s, e, round, w).map(|round| Step::Release {
                             unheld: request == Request::ReleaseUnheld(e),

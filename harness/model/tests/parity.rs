@@ -14,8 +14,9 @@ use local_aws::fresh_table;
 use local_aws::names::{id, lock};
 use semaphore_core::clock::Sleep;
 use semaphore_core::{
-    AcquireOutcome, CleanupOutcome, Clock, FenceReason, HolderId, ItemStore, Limit, ManualClock,
-    MemoryStore, ReleaseOutcome, Semaphore, SemaphoreItem, Terms, Timing, Weight,
+    AcquireOutcome, Claim, CleanupOutcome, Clock, FenceReason, FencingToken, HolderId, ItemStore,
+    Limit, ManualClock, MemoryStore, ReleaseOutcome, Semaphore, SemaphoreItem, Terms, Timing,
+    Weight,
 };
 
 const TIMING: Timing = Timing {
@@ -68,6 +69,7 @@ impl Answer {
             Self::Acquire(AcquireOutcome::Configured(_)) => "configured otherwise".into(),
             Self::Release(ReleaseOutcome::Released { .. }) => "released".into(),
             Self::Release(ReleaseOutcome::NotHeld { .. }) => "not held".into(),
+            Self::Release(ReleaseOutcome::WrongToken { .. }) => "wrong token".into(),
             Self::Cleanup(c) => format!("freed {}", c.freed.len()),
             Self::Waited => "waited".into(),
         }
@@ -112,9 +114,13 @@ fn writers<S: ItemStore + Copy>(store: S, clock: &Arc<ManualClock>, ahead_ms: u6
 async fn apply<S: ItemStore>(writers: &Writers<S>, op: Op) -> Answer {
     let sem = &writers.on_time;
     match op {
-        Op::ReleaseAhead(l, h, a, _) => {
-            Answer::Release(writers.ahead.release(&lock(l), &id(h, a)).await.unwrap())
-        }
+        Op::ReleaseAhead(l, h, a, _) => Answer::Release(
+            writers
+                .ahead
+                .release(&lock(l), &id(h, a), Claim::Operator)
+                .await
+                .unwrap(),
+        ),
         Op::Acquire(l, h, a, limit) => Answer::Acquire(
             sem.acquire(&lock(l), &id(h, a), Limit::new(limit).unwrap())
                 .await
@@ -139,13 +145,31 @@ async fn apply<S: ItemStore>(writers: &Writers<S>, op: Op) -> Answer {
             .unwrap();
             Answer::Acquire(sem.acquire(&lock(l), &id(h, a), terms).await.unwrap())
         }
-        Op::Release(l, h, a) => Answer::Release(sem.release(&lock(l), &id(h, a)).await.unwrap()),
-        Op::ReleaseWeighing(l, h, a, weight) => Answer::Release(
-            sem.release_seeing(&lock(l), &id(h, a), Weight::new(weight).unwrap())
+        Op::Release(l, h, a) => Answer::Release(
+            sem.release(&lock(l), &id(h, a), Claim::Operator)
                 .await
-                .unwrap()
-                .0,
+                .unwrap(),
         ),
+        // The holder's release, showing its slot's token (the one its acquire was answered) and
+        // believing it of `weight`.
+        Op::ReleaseWeighing(l, h, a, weight) => {
+            let token = sem
+                .status(&lock(l))
+                .await
+                .ok()
+                .and_then(|item| item.holders.get(&id(h, a)).map(|held| held.token))
+                .unwrap_or(FencingToken(FencingToken::MAX));
+            let claim = Claim::Slot {
+                token,
+                weight: Weight::new(weight).unwrap(),
+            };
+            Answer::Release(
+                sem.release_seeing(&lock(l), &id(h, a), claim)
+                    .await
+                    .unwrap()
+                    .0,
+            )
+        }
         Op::Cleanup(l, h) => Answer::Cleanup(
             sem.cleanup(&lock(l), &HolderId::new(h).unwrap())
                 .await

@@ -90,11 +90,11 @@ pub mod queue_attr {
 
 /// The item format this version writes and reads. Every write checks it: a write must not land
 /// on an item of another format (whose attributes it would misread).
-pub const FORMAT: u64 = 5;
+pub const FORMAT: u64 = 7;
 /// The format of a gate lock's item (see [`Layout::Gate`]): the same attributes, its holders
 /// kept elsewhere. Told apart by the format, so that a write rendered for the item layout is
 /// refused by the format check every write makes, and never lands in a gate.
-pub const GATE_FORMAT: u64 = 6;
+pub const GATE_FORMAT: u64 = 8;
 
 /// The format an item of `layout` is stored in.
 pub fn format_of(layout: Layout) -> u64 {
@@ -105,36 +105,55 @@ pub fn format_of(layout: Layout) -> u64 {
 }
 
 /// A holding is stored as one number,
-/// `(weight - 1) * WEIGHT_SPAN + acquired_at_ms * TOKEN_SPAN + token`. The token is the version
+/// `(weight - 1) * WEIGHT_SPAN + token * TIME_SPAN + acquired_at_ms`. The token is the version
 /// the acquire's write makes, which only DynamoDB knows when the write lands; an update
-/// expression can compute a number from the version (`#version + :c`) but cannot build a map
-/// from it, so one number carries all three. Versions stay below
-/// 10^15 (a thousand writes a second for 31,000 years), times below 10^13 ms (until the year
-/// 2286), weights at most 10,000: at most 32 digits (DynamoDB keeps 38). The weight leads, so "a
-/// slot of weight w" is a range a condition can check (`BETWEEN`), which a release needs: it
-/// subtracts the weight it removes from `used`.
+/// expression can add the version to a number (`#version + :c`) but cannot build a map from it
+/// or multiply it, so one number carries all three, and the version is stored times
+/// [`TIME_SPAN`] (see [`VERSION_UNIT`]) so that the token it adds lands above the time. The
+/// weight leads and the token follows, so "the slot taken under token t, of weight w" is a range
+/// a condition can check (`BETWEEN`): a release shows the token of the slot it frees (F15) and
+/// subtracts its weight from `used`. Times stay below 10^13 ms (until the year 2286), versions
+/// below [`TOKEN_SPAN`] (a thousand writes a second for 31,000 years), weights at most 10,000: at
+/// most 32 digits (DynamoDB keeps 38).
+pub const TIME_SPAN: u128 = 10_000_000_000_000;
+/// How many tokens (versions) there are room for: see [`TIME_SPAN`].
 pub const TOKEN_SPAN: u128 = 1_000_000_000_000_000;
-/// See [`TOKEN_SPAN`]: `TOKEN_SPAN * 10^13`.
-pub const WEIGHT_SPAN: u128 = TOKEN_SPAN * 10_000_000_000_000;
+/// See [`TIME_SPAN`]: `TOKEN_SPAN * TIME_SPAN`.
+pub const WEIGHT_SPAN: u128 = TOKEN_SPAN * TIME_SPAN;
+/// The stored `version` attribute is the version times this (see [`TIME_SPAN`]); its trailing
+/// zeros cost nothing, since DynamoDB sizes a number by its significant digits.
+pub const VERSION_UNIT: u128 = TIME_SPAN;
 
 /// The stored number of a holding.
 pub(super) fn pack(holding: &Holding) -> u128 {
     weight_floor(holding.weight)
-        + u128::from(holding.acquired_at_ms) * TOKEN_SPAN
-        + u128::from(holding.token.0)
+        + u128::from(holding.token.0) * TIME_SPAN
+        + u128::from(holding.acquired_at_ms)
 }
 
 /// The holding a stored number packs (the inverse of [`pack`]); `Err` when the weight it leads
 /// with is not one.
 fn unpack(packed: u128) -> Result<Holding, InputError> {
     let rest = packed % WEIGHT_SPAN;
-    // Below `WEIGHT_SPAN`, the time (< 10^13) and the token (< 10^15) each fit a u64.
+    // Below `WEIGHT_SPAN`, the token (< 10^15) and the time (< 10^13) each fit a u64.
     Ok(Holding {
-        token: FencingToken((rest % TOKEN_SPAN) as u64),
-        acquired_at_ms: (rest / TOKEN_SPAN) as u64,
+        token: FencingToken((rest / TIME_SPAN) as u64),
+        acquired_at_ms: (rest % TIME_SPAN) as u64,
         // A weight beyond an i64 is beyond the greatest weight too.
         weight: Weight::new(i64::try_from(packed / WEIGHT_SPAN + 1).unwrap_or(i64::MAX))?,
     })
+}
+
+/// The stored numbers of the slot taken under `token`, of `weight`, at any time: the range a
+/// condition checks (see [`TIME_SPAN`]).
+pub(super) fn slot_range(token: FencingToken, weight: Weight) -> (u128, u128) {
+    let low = weight_floor(weight) + u128::from(token.0) * TIME_SPAN;
+    (low, low + TIME_SPAN - 1)
+}
+
+/// The stored `version` attribute of `version` (see [`VERSION_UNIT`]).
+pub(super) fn stored_version(version: u64) -> u128 {
+    u128::from(version) * VERSION_UNIT
 }
 
 /// The least stored number of a holding of `weight`.
@@ -236,7 +255,10 @@ pub fn encode(item: &SemaphoreItem) -> HashMap<String, AttributeValue> {
     let mut attrs = HashMap::from([
         (attr::LOCK.to_owned(), string(item.lock.as_str())),
         (attr::FORMAT.to_owned(), number(format_of(item.layout))),
-        (attr::VERSION.to_owned(), number(item.version.0)),
+        (
+            attr::VERSION.to_owned(),
+            number(stored_version(item.version.0)),
+        ),
         (attr::HOLDERS.to_owned(), AttributeValue::M(holders)),
         (attr::USED.to_owned(), number(item.used)),
         (attr::HELD_BYTES.to_owned(), number(item.held_bytes)),
@@ -309,13 +331,14 @@ fn decode_item(
     layout: Layout,
 ) -> Result<SemaphoreItem, AttributeError> {
     let lock = LockName::new(get_text(attrs, attr::LOCK)?).map_err(invalid(attr::LOCK))?;
-    let version: u64 = get_number(attrs, attr::VERSION)?;
-    if u128::from(version) >= TOKEN_SPAN {
+    let stored: u128 = get_number(attrs, attr::VERSION)?;
+    if !stored.is_multiple_of(VERSION_UNIT) || stored / VERSION_UNIT >= TOKEN_SPAN {
         return Err(AttributeError::OutOfRange {
             name: attr::VERSION,
-            value: version.into(),
+            value: stored,
         });
     }
+    let version = (stored / VERSION_UNIT) as u64;
     let limit = get_optional(attrs, attr::LIMIT)?
         .map(Limit::new)
         .transpose()
@@ -591,8 +614,9 @@ mod tests {
     }
 
     #[test]
-    fn a_holding_is_one_number_whose_last_fifteen_digits_are_the_token() {
+    fn a_holding_is_one_number_of_its_weight_then_its_token_then_its_time() {
         let mut item = SemaphoreItem::empty(LockName::new("l").unwrap());
+        item.version = Version(42);
         item.holders.insert(
             identity(),
             Holding {
@@ -603,7 +627,15 @@ mod tests {
         );
         let attrs = encode(&item);
         let entry = &attrs[attr::HOLDERS].as_m().unwrap()[&identity().slot_key()];
-        assert_eq!(entry.as_n().unwrap(), "1796000123456000000000000042");
+        assert_eq!(entry.as_n().unwrap(), "421796000123456");
+        // The version is stored times TIME_SPAN, so that `#version + :c` puts a token above the
+        // time.
+        assert_eq!(attrs[attr::VERSION].as_n().unwrap(), "420000000000000");
+        assert_eq!(decode(&attrs).unwrap(), item);
+        // A stored version that is not a whole number of versions is corrupt, not rounded.
+        let mut odd = attrs.clone();
+        odd.insert(attr::VERSION.to_owned(), number(420_000_000_000_001u128));
+        assert!(decode(&odd).unwrap_err().to_string().contains("version"));
     }
 
     #[test]

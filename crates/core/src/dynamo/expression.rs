@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{
 
 use super::codec::{
     attr, binary, binary_set, config_value, encode_waiter, format_of, number, pack, queue_attr,
-    string, weight_floor, WEIGHT_SPAN,
+    slot_range, stored_version, string,
 };
 use crate::error::StoreError;
 use crate::input::{LockName, Rate};
@@ -207,8 +207,7 @@ pub(super) fn is_holdings(check: &Check) -> bool {
         check,
         Check::NotHolding(_)
             | Check::NotReleased(_)
-            | Check::HoldsWeight { .. }
-            | Check::Holds(_)
+            | Check::HoldsSlot { .. }
             | Check::LeaseUntil { .. }
             | Check::TombstoneAt { .. }
             | Check::RotatedSince { .. }
@@ -248,10 +247,14 @@ pub(super) fn render_in(
             Check::Spaced { rate, now_ms } => {
                 format!("({})", spaced(&mut p, rate, *now_ms, Holds::Yes))
             }
-            Check::HoldsWeight { identity, weight } => {
+            Check::HoldsSlot {
+                identity,
+                token,
+                weight,
+            } => {
                 let slot = p.slot(identity);
-                let low = p.value(number(weight_floor(*weight)));
-                let high = p.value(number(weight_floor(*weight) + WEIGHT_SPAN - 1));
+                let (low, high) = slot_range(*token, *weight);
+                let (low, high) = (p.value(number(low)), p.value(number(high)));
                 format!("{slot} BETWEEN {low} AND {high}")
             }
             Check::NotFenced(key) => not_fenced(&mut p, key),
@@ -284,7 +287,6 @@ pub(super) fn render_in(
                 let rotated = p.attr(attr::ROTATED_AT);
                 format!("{rotated} = {}", p.value(number(at_ms)))
             }
-            Check::Holds(identity) => format!("attribute_exists({})", p.slot(identity)),
             Check::LeaseUntil { identity, until_ms } => {
                 let lease = p.lease(identity);
                 format!("{lease} = {}", p.value(number(until_ms)))
@@ -329,12 +331,12 @@ pub(super) fn render_in(
     let mut set = Vec::new();
     match token.filter(|_| gate) {
         Some(token) => {
-            let token = p.value(number(token.0));
+            let token = p.value(number(stored_version(token.0)));
             conditions.push(format!("{version} < {token}"));
             set.push(format!("{version} = {token}"));
         }
         None => {
-            let one = p.value(number(1));
+            let one = p.value(number(stored_version(1)));
             set.push(format!("{version} = {version} + {one}"));
         }
     }
@@ -623,7 +625,7 @@ pub(super) const ITEM_ABSENT: &str = "attribute_not_exists(#lock)";
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dynamo::codec::TOKEN_SPAN;
+    use crate::dynamo::codec::{TIME_SPAN, WEIGHT_SPAN};
     use crate::input::{AcquisitionId, HolderId, Limit, LockConfig, Rate, Terms, Weight};
     use crate::item::{FenceKey, Run, SemaphoreItem};
     use crate::protocol::{self, Timing};
@@ -682,7 +684,16 @@ mod tests {
         );
         assert_eq!(r.names["#h0"], identity().slot_key());
         assert_eq!(r.values[":v3"], number(9_000));
-        assert_eq!(r.values[":v9"], number(1_500u128 * TOKEN_SPAN + 1));
+        assert_eq!(
+            r.values[":v8"],
+            number(TIME_SPAN),
+            "the version is stored times TIME_SPAN"
+        );
+        assert_eq!(
+            r.values[":v9"],
+            number(TIME_SPAN + 1_500),
+            "the version before the write, one more, then the time"
+        );
     }
 
     #[test]
@@ -732,7 +743,7 @@ mod tests {
         assert_eq!(r.values[":v14"], number(4));
         assert_eq!(
             r.values[":v10"],
-            number(3 * WEIGHT_SPAN + 1_500 * TOKEN_SPAN + 1),
+            number(3 * WEIGHT_SPAN + TIME_SPAN + 1_500),
             "the holding leads with its weight"
         );
     }
@@ -763,10 +774,16 @@ mod tests {
                 &timing,
             )
             .unwrap(),
-            protocol::release(&lock, &identity(), Weight::new(3).unwrap(), 0),
+            protocol::release(
+                &lock,
+                &identity(),
+                FencingToken(4),
+                Weight::new(3).unwrap(),
+                0,
+            ),
             protocol::release_unheld(&lock, &identity(), 0),
             protocol::cleanup_fence(&lock, &holder, Run::FIRST),
-            protocol::cleanup_free(&lock, &[(identity(), Weight::ONE)]),
+            protocol::cleanup_free(&lock, &[(identity(), holding(1))]),
             protocol::rotation(&busy, 60_000, &timing).unwrap(),
             protocol::rotation(&quiet, 60_000, &timing).unwrap(),
         ];
@@ -787,6 +804,7 @@ mod tests {
         let r = render(&protocol::release(
             &lock,
             &identity(),
+            FencingToken(7),
             Weight::new(2).unwrap(),
             0,
         ))
@@ -795,8 +813,9 @@ mod tests {
             r.condition,
             "#format = :v0 AND #holders.#h0 BETWEEN :v1 AND :v2"
         );
-        assert_eq!(r.values[":v1"], number(WEIGHT_SPAN));
-        assert_eq!(r.values[":v2"], number(2 * WEIGHT_SPAN - 1));
+        // The slot of weight 2 taken under token 7, at any time (F15).
+        assert_eq!(r.values[":v1"], number(WEIGHT_SPAN + 7 * TIME_SPAN));
+        assert_eq!(r.values[":v2"], number(WEIGHT_SPAN + 8 * TIME_SPAN - 1));
         assert_eq!(
             r.update,
             "SET #version = #version + :v3 REMOVE #holders.#h0, #leases.#h0 ADD #young :v4, \
@@ -816,8 +835,17 @@ mod tests {
         );
     }
 
-    /// The slots of one holder, with the longest identities and weights accepted.
-    fn slots(n: usize) -> Vec<(Identity, Weight)> {
+    /// A holding of `weight` under the largest token and time a holding number keeps.
+    fn holding(weight: u32) -> Holding {
+        Holding {
+            token: FencingToken((crate::dynamo::codec::TOKEN_SPAN - 1) as u64),
+            acquired_at_ms: (TIME_SPAN - 1) as u64,
+            weight: Weight::new(i64::from(weight)).unwrap(),
+        }
+    }
+
+    /// The slots of one holder, with the longest identities, weights and tokens accepted.
+    fn slots(n: usize) -> Vec<(Identity, Holding)> {
         (0..n)
             .map(|i| {
                 let holder = format!("{i:0>width$}", width = crate::input::MAX_HOLDER_BYTES);
@@ -826,7 +854,7 @@ mod tests {
                     HolderId::new(holder).unwrap(),
                     AcquisitionId::new(acquisition).unwrap(),
                 );
-                (identity, Weight::new(1000).unwrap())
+                (identity, holding(10_000))
             })
             .collect()
     }
@@ -838,9 +866,9 @@ mod tests {
         let free = render(&protocol::cleanup_free(&lock, &chunk)).unwrap();
         // A take-back of the most expired leases one write takes (F13): each slot's lease is
         // checked too, and its acquisition fenced.
-        let expired: Vec<(Identity, Weight, u64)> = slots(protocol::MAX_SLOTS_PER_TAKE_BACK)
+        let expired: Vec<(Identity, Holding, u64)> = slots(protocol::MAX_SLOTS_PER_TAKE_BACK)
             .into_iter()
-            .map(|(identity, weight)| (identity, weight, u64::MAX / 2))
+            .map(|(identity, holding)| (identity, holding, u64::MAX / 2))
             .collect();
         let back = render(&protocol::take_back(&lock, &expired, 0)).unwrap();
         for expression in [&free.condition, &free.update, &back.condition, &back.update] {

@@ -175,8 +175,7 @@ pub fn named(write: &Write) -> BTreeSet<Identity> {
     let from_checks = write.checks.iter().filter_map(|check| match check {
         Check::NotHolding(id)
         | Check::NotReleased(id)
-        | Check::HoldsWeight { identity: id, .. }
-        | Check::Holds(id)
+        | Check::HoldsSlot { identity: id, .. }
         | Check::LeaseUntil { identity: id, .. }
         | Check::TombstoneAt { identity: id, .. } => Some(id),
         _ => None,
@@ -245,18 +244,22 @@ pub fn action(
                     "(attribute_not_exists({slot}) OR {state} <> {released})"
                 ));
             }
-            Check::HoldsWeight {
+            Check::HoldsSlot {
                 identity: id,
+                token,
                 weight,
             } if id == identity => {
-                let (state, name) = (n.attr(holding_attr::STATE), n.attr(holding_attr::WEIGHT));
+                let (state, token_name, weight_name) = (
+                    n.attr(holding_attr::STATE),
+                    n.attr(holding_attr::TOKEN),
+                    n.attr(holding_attr::WEIGHT),
+                );
                 let held = n.value(string(HELD));
+                let token = n.value(number(token.0));
                 let weight = n.value(number(weight.get()));
-                conditions.push(format!("{state} = {held} AND {name} = {weight}"));
-            }
-            Check::Holds(id) if id == identity => {
-                let (state, held) = (n.attr(holding_attr::STATE), n.value(string(HELD)));
-                conditions.push(format!("{state} = {held}"));
+                conditions.push(format!(
+                    "{state} = {held} AND {token_name} = {token} AND {weight_name} = {weight}"
+                ));
             }
             Check::LeaseUntil {
                 identity: id,

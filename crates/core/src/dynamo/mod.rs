@@ -19,8 +19,8 @@ mod size;
 mod store;
 
 pub use codec::{
-    attr, decode, decode_waiter, encode, encode_waiter, queue_attr, FORMAT, GATE_FORMAT,
-    TOKEN_SPAN, WEIGHT_SPAN,
+    attr, decode, decode_waiter, encode, encode_waiter, queue_attr, FORMAT, GATE_FORMAT, TIME_SPAN,
+    TOKEN_SPAN, VERSION_UNIT, WEIGHT_SPAN,
 };
 pub use expression::{render, Rendered, MAX_EXPRESSION_BYTES, MAX_EXPRESSION_OPERATORS};
 pub use holdings::{

@@ -4,8 +4,8 @@
 
 use super::Semaphore;
 use crate::error::{Error, StoreError};
-use crate::input::{terms_on, HolderId, Lease, LockName, Terms, Weight};
-use crate::item::{Holding, Identity, Run, SemaphoreItem, TakenBackSlot};
+use crate::input::{terms_on, HolderId, Lease, LockName, Terms};
+use crate::item::{Claim, Holding, Identity, Run, SemaphoreItem, TakenBackSlot};
 use crate::ports::ItemStore;
 use crate::protocol::{
     self, millis, unexpected, AcquireOutcome, CleanupOutcome, HeartbeatOutcome, ReleaseOutcome,
@@ -39,18 +39,41 @@ pub struct TakenBack {
 }
 
 impl<S: ItemStore> Semaphore<S> {
-    /// Renews the lease of `identity`'s slot on `lock` to end `lease` from now (F13). One write.
+    /// Renews the lease of `identity`'s slot on `lock` that `claim` shows to end `lease` from
+    /// now (F13). One write (the operator's claim reads the slot first).
     /// [`HeartbeatOutcome::Lost`]: the slot was taken back (or released, or cleaned up), and
-    /// the acquisition is fenced: its holder must stop.
+    /// the acquisition is fenced: its holder must stop. [`HeartbeatOutcome::WrongToken`]: the
+    /// identity holds a slot under another token (F15); nothing was written.
     pub async fn heartbeat(
         &self,
         lock: &LockName,
         identity: &Identity,
+        claim: Claim,
         lease: Lease,
     ) -> Result<HeartbeatOutcome, Error> {
-        let write = protocol::heartbeat(lock, identity, lease, self.now_ms());
-        let result = self.store.write(&write).await?;
-        Ok(protocol::heartbeat_answered(&write, &result))
+        let (token, weight) = match claim {
+            Claim::Slot { token, weight } => (token, weight),
+            Claim::Operator => match self.held(lock, identity).await? {
+                Some(holding) => (holding.token, holding.weight),
+                None => return Ok(HeartbeatOutcome::Lost),
+            },
+        };
+        let mut write = protocol::heartbeat(lock, identity, token, weight, lease, self.now_ms());
+        self.rounds(&mut write, |write, result| {
+            Ok(protocol::heartbeat_answered(
+                write, identity, claim, &result,
+            ))
+        })
+        .await
+    }
+
+    /// The slot `identity` holds on `lock` now, read (the operator's claim).
+    async fn held(&self, lock: &LockName, identity: &Identity) -> Result<Option<Holding>, Error> {
+        Ok(self
+            .store
+            .load_holder(lock, &identity.holder)
+            .await?
+            .and_then(|item| item.holders.get(identity).copied()))
     }
 
     /// Takes back every slot of the lock `item` shows whose lease ended more than the clock
@@ -231,29 +254,31 @@ impl<S: ItemStore> Semaphore<S> {
         Ok(last)
     }
 
-    /// Frees the identity's slot, if held, and fences the acquisition. One write for a slot of
-    /// weight 1 (and, about once per fence window per lock, a rotation of the fences); see
-    /// [`Semaphore::release_seeing`] for others.
+    /// Frees the identity's slot that `claim` shows, if held, and fences the acquisition. One
+    /// write (and, about once per fence window per lock, a rotation of the fences); see
+    /// [`Semaphore::release_seeing`].
     pub async fn release(
         &self,
         lock: &LockName,
         identity: &Identity,
+        claim: Claim,
     ) -> Result<ReleaseOutcome, Error> {
-        Ok(self.release_seeing(lock, identity, Weight::ONE).await?.0)
+        Ok(self.release_seeing(lock, identity, claim).await?.0)
     }
 
-    /// [`Semaphore::release`] of a slot believed to be of `weight` (its acquire's), also
-    /// answering the lock's item as the release left it: what a [`Semaphore::hand_off`] of the
-    /// freed slot starts from, without reading it again. One write when the belief is right;
-    /// when it is not (another weight, or nothing held) the refusal hands back the item, and the
-    /// write it calls for is sent instead.
+    /// [`Semaphore::release`], also answering the lock's item as the release left it: what a
+    /// [`Semaphore::hand_off`] of the freed slot starts from, without reading it again. One
+    /// write when the claim's weight is right; when it is not, the refusal hands back the item,
+    /// and the write it calls for is sent instead. A claim of a slot held under another token is
+    /// [`ReleaseOutcome::WrongToken`], with nothing written (F15); the operator's claim reads
+    /// the slot first, and fences an acquisition that holds none.
     pub async fn release_seeing(
         &self,
         lock: &LockName,
         identity: &Identity,
-        weight: Weight,
+        claim: Claim,
     ) -> Result<(ReleaseOutcome, SemaphoreItem), Error> {
-        let (outcome, after, _) = self.release_freeing(lock, identity, weight).await?;
+        let (outcome, after, _) = self.release_freeing(lock, identity, claim).await?;
         Ok((outcome, after))
     }
 
@@ -263,9 +288,20 @@ impl<S: ItemStore> Semaphore<S> {
         &self,
         lock: &LockName,
         identity: &Identity,
-        weight: Weight,
+        claim: Claim,
     ) -> Result<(ReleaseOutcome, SemaphoreItem, Option<Holding>), Error> {
-        let mut write = protocol::release(lock, identity, weight, self.now_ms());
+        let now_ms = self.now_ms();
+        let mut write = match claim {
+            Claim::Slot { token, weight } => {
+                protocol::release(lock, identity, token, weight, now_ms)
+            }
+            Claim::Operator => match self.held(lock, identity).await? {
+                Some(holding) => {
+                    protocol::release(lock, identity, holding.token, holding.weight, now_ms)
+                }
+                None => protocol::release_unheld(lock, identity, now_ms),
+            },
+        };
         let freed = std::sync::Mutex::new(None);
         let (outcome, after) = self
             .rounds(&mut write, |write, result| {
@@ -273,7 +309,7 @@ impl<S: ItemStore> Semaphore<S> {
                     *freed.lock().unwrap_or_else(|e| e.into_inner()) =
                         item.holders.get(identity).copied();
                 }
-                protocol::released(write, identity, result)
+                protocol::released(write, identity, claim, result)
             })
             .await?;
         self.rotate_if_busy(&after).await;
@@ -351,11 +387,7 @@ impl<S: ItemStore> Semaphore<S> {
         };
         let mut last = None;
         for chunk in fenced.slots.chunks(protocol::MAX_SLOTS_PER_FREE) {
-            let weights: Vec<_> = chunk
-                .iter()
-                .map(|(id, holding)| (id.clone(), holding.weight))
-                .collect();
-            let mut free = protocol::cleanup_free(&fenced.lock, &weights);
+            let mut free = protocol::cleanup_free(&fenced.lock, chunk);
             let (chunk_outcome, after) = self
                 .rounds(&mut free, |write, result| {
                     protocol::freed_seen(write, result, chunk)

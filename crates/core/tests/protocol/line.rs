@@ -45,6 +45,12 @@ fn queue(store: &MemoryStore, w: &Waiter) -> QueueOutcome {
     queued(&write, &w.identity, result).unwrap()
 }
 
+/// The release of `who`'s slot, showing its token.
+fn release_held(store: &MemoryStore, who: &str) -> Write {
+    let token = store.load_now(&lock()).unwrap().holders[&id(who)].token;
+    release(&lock(), &id(who), token, Weight::ONE, 0)
+}
+
 fn version(store: &MemoryStore) -> u64 {
     store.load_now(&lock()).unwrap().version.0
 }
@@ -105,7 +111,7 @@ fn a_grant_is_refused_by_the_first_of_its_checks_that_fails() {
     let gone = waiter("g", 1, T0);
     assert!(matches!(outcome(&grant_of(&gone)), Grant::Moved { .. }));
 
-    store.write_now(&release(&lock(), &id("a"), Weight::ONE, 0));
+    store.write_now(&release_held(&store, "a"));
     // Its run was cleaned up while it waited: dead (checked before the limit and holding).
     store.write_now(&cleanup_fence(&lock(), &w.identity.holder, Run::FIRST));
     assert!(matches!(outcome(&grant_of(&w)), Grant::Dead { .. }));
@@ -127,7 +133,7 @@ fn a_grant_is_refused_by_the_first_of_its_checks_that_fails() {
         store.waiters_now(&lock(), None, 10),
         std::slice::from_ref(&first)
     );
-    store.write_now(&release(&lock(), &id("b"), Weight::ONE, 0));
+    store.write_now(&release_held(&store, "b"));
     let result = store.write_now(&grant_of(&first));
     assert_eq!(result, WriteResult::Landed { after: None });
     let item = store.load_now(&lock()).unwrap();

@@ -6,7 +6,7 @@ use semaphore_core::protocol::{
     release, release_unheld, released, rotation, BUSY_YOUNG_FENCES,
 };
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Check, FenceReason, FencingToken, HolderId, Identity,
+    AcquireOutcome, AcquisitionId, Check, Claim, FenceReason, FencingToken, HolderId, Identity,
     ReleaseOutcome, Run, SemaphoreItem, Step, StoreError, Weight, Write, WriteResult,
 };
 
@@ -75,22 +75,44 @@ fn a_release_or_cleanup_whose_answer_was_lost_says_what_its_first_attempt_did() 
         AcquireOutcome::AlreadyHeld { token, count: 2 }
     );
     // A release: the slot is gone and its own fence is there: it released.
-    let write = release(&lock(), &a, Weight::ONE, 0);
-    let (outcome, _) = done(released(&write, &a, land_unanswered(&write, &mut item)));
+    let claim = Claim::Slot {
+        token,
+        weight: Weight::ONE,
+    };
+    let write = release(&lock(), &a, token, Weight::ONE, 0);
+    let (outcome, _) = done(released(
+        &write,
+        &a,
+        claim,
+        land_unanswered(&write, &mut item),
+    ));
     assert_eq!(
         outcome,
         ReleaseOutcome::Released {
-            token: None,
+            token: Some(token),
             count: 1,
             waiting: 0
         }
     );
-    // A duplicate release, answered, still says it held nothing.
+    // A duplicate release, answered, still says it held nothing, and writes nothing more: the
+    // slot whose token it shows was freed by a write that fenced its acquisition.
     let result = land(&write, &mut item);
-    let Step::Again(unheld) = released(&write, &a, result).unwrap() else {
-        panic!("a refused release sends the release of nothing held")
+    let (outcome, _) = done(released(&write, &a, claim, result));
+    assert!(matches!(outcome, ReleaseOutcome::NotHeld { .. }));
+    // The operator's release of it (no token) fences it again, on the check that it holds
+    // nothing.
+    let Step::Again(unheld) =
+        released(&write, &a, Claim::Operator, land(&write, &mut item)).unwrap()
+    else {
+        panic!("a refused operator's release sends the release of nothing held")
     };
-    let (outcome, _) = done(released(&unheld, &a, land(&unheld, &mut item)));
+    assert_eq!(unheld, release_unheld(&lock(), &a, 0));
+    let (outcome, _) = done(released(
+        &unheld,
+        &a,
+        Claim::Operator,
+        land(&unheld, &mut item),
+    ));
     assert!(matches!(outcome, ReleaseOutcome::NotHeld { .. }));
     // A cleanup: what it freed, as its fence saw it, rather than nothing.
     let fence = cleanup_fence(&lock(), &b.holder, Run::FIRST);
@@ -135,8 +157,12 @@ fn acquire_answers_follow_from_the_checks_that_failed() {
             limit: limit(2)
         }
     );
-    let write = release(&lock(), &a, Weight::ONE, 0);
-    let (outcome, _) = done(released(&write, &a, land(&write, &mut item)));
+    let write = release(&lock(), &a, FencingToken(1), Weight::ONE, 0);
+    let claim = Claim::Slot {
+        token: FencingToken(1),
+        weight: Weight::ONE,
+    };
+    let (outcome, _) = done(released(&write, &a, claim, land(&write, &mut item)));
     assert_eq!(
         outcome,
         ReleaseOutcome::Released {
@@ -151,7 +177,13 @@ fn acquire_answers_follow_from_the_checks_that_failed() {
     );
     let write = cleanup_fence(&lock(), &b.holder, Run::FIRST);
     let (slots, _) = fenced_slots(&write, &b.holder, land(&write, &mut item)).unwrap();
-    assert_eq!(slots, [(b.clone(), Weight::ONE)]);
+    assert_eq!(
+        slots
+            .iter()
+            .map(|(id, h)| (id.clone(), h.token, h.weight))
+            .collect::<Vec<_>>(),
+        [(b.clone(), FencingToken(2), Weight::ONE)]
+    );
     assert_eq!(
         take(&mut item, &id("b", "2"), 2, 0),
         AcquireOutcome::Fenced(FenceReason::ExecutionEnded)

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use semaphore_core::protocol::Timing;
+use semaphore_core::Claim;
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Clock, Error, ExecutionState, ExecutionStatus, FenceReason,
     HolderId, Identity, Layout, ManualClock, MemoryStore, PortError, Semaphore,
@@ -59,7 +60,7 @@ async fn a_released_acquisition_is_a_tombstone_that_refuses_its_late_attempts_un
         "no holder bytes in a gate"
     );
     clock.advance_ms(1_000);
-    sem.release(&lock(), &a).await.unwrap();
+    sem.release(&lock(), &a, Claim::Operator).await.unwrap();
     let released_at = clock.now_ms();
     let item = sem.status(&lock()).await.unwrap();
     assert_eq!(item.tombstones.get(&a), Some(&released_at));
@@ -165,7 +166,7 @@ async fn a_lock_changes_layout_only_while_idle() {
     assert_eq!(sem.status(&lock()).await.unwrap().layout, Layout::Item);
 
     // Released, the acquisition's fence is still there: still not idle until rotations drop it.
-    sem.release(&lock(), &a).await.unwrap();
+    sem.release(&lock(), &a, Claim::Operator).await.unwrap();
     assert!(matches!(
         sem.set_layout(&lock(), Layout::Gate).await.unwrap_err(),
         Error::NotIdle { fences: 1, .. }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use semaphore_core::Claim;
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Clock, ExecutionState, ExecutionStatus, FenceReason,
     HeartbeatOutcome, HolderId, Identity, Lease, ManualClock, MemoryStore, PortError,
@@ -56,6 +57,14 @@ fn leased(n: i64, seconds: u64) -> Terms {
         .with_lease(Some(Lease::ms(seconds * 1000).unwrap()))
 }
 
+/// What a holder of weight 1 shows of its slot: the token its acquire answered.
+fn slot(token: u64) -> Claim {
+    Claim::Slot {
+        token: semaphore_core::FencingToken(token),
+        weight: semaphore_core::Weight::ONE,
+    }
+}
+
 fn token(outcome: AcquireOutcome) -> u64 {
     match outcome {
         AcquireOutcome::Acquired { token, .. } => token.0,
@@ -96,17 +105,17 @@ async fn a_lease_that_passes_unrenewed_is_taken_back_by_the_next_acquire_and_its
     assert_eq!(item.used, 1);
     // The zombie wakes up: its heartbeat, its release and a late acquire are all refused.
     assert_eq!(
-        sem.heartbeat(&l, &zombie, Lease::ms(30_000).unwrap())
+        sem.heartbeat(&l, &zombie, slot(old), Lease::ms(30_000).unwrap())
             .await
             .unwrap(),
         HeartbeatOutcome::Lost
     );
     assert!(matches!(
-        sem.release(&l, &zombie).await.unwrap(),
+        sem.release(&l, &zombie, slot(old)).await.unwrap(),
         ReleaseOutcome::NotHeld { .. }
     ));
     to(&clock, T0 + 200_000);
-    sem.release(&l, &id("next")).await.unwrap();
+    sem.release(&l, &id("next"), Claim::Operator).await.unwrap();
     assert_eq!(
         sem.acquire(&l, &zombie, leased(1, 30)).await.unwrap(),
         AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
@@ -118,12 +127,12 @@ async fn a_heartbeat_keeps_a_long_holder_and_a_take_back_never_takes_a_renewed_l
     let (sem, clock) = semaphore();
     let l = lock();
     let long = id("long");
-    token(sem.acquire(&l, &long, leased(1, 10)).await.unwrap());
+    let held = slot(token(sem.acquire(&l, &long, leased(1, 10)).await.unwrap()));
     // Renewed every 8 s for a minute: never taken back.
     for n in 1..=7 {
         to(&clock, T0 + n * 8_000);
         assert_eq!(
-            sem.heartbeat(&l, &long, Lease::ms(10_000).unwrap())
+            sem.heartbeat(&l, &long, held, Lease::ms(10_000).unwrap())
                 .await
                 .unwrap(),
             HeartbeatOutcome::Renewed {
@@ -140,7 +149,7 @@ async fn a_heartbeat_keeps_a_long_holder_and_a_take_back_never_takes_a_renewed_l
     let mut renewed_item = stale.clone();
     // What a writer read before the heartbeat: the lease ending at T0 + 66 s.
     assert_eq!(renewed_item.leases[&long], T0 + 66_000);
-    sem.heartbeat(&l, &long, Lease::ms(10_000).unwrap())
+    sem.heartbeat(&l, &long, Claim::Operator, Lease::ms(10_000).unwrap())
         .await
         .unwrap();
     renewed_item.leases.insert(long.clone(), T0 + 66_000);

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use semaphore_core::protocol::{self, Grant};
+use semaphore_core::Claim;
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Attempt, ExecutionState, ExecutionStatus, FenceReason,
     FencingToken, HandOff, HolderId, Identity, ItemStore, LockName, ManualClock, MemoryStore,
@@ -155,7 +156,11 @@ impl Fixture {
         outcome
     }
     async fn release(&self, who: &Identity) {
-        let released = self.sem.release(&lock(), who).await.unwrap();
+        let released = self
+            .sem
+            .release(&lock(), who, Claim::Operator)
+            .await
+            .unwrap();
         assert!(
             matches!(released, ReleaseOutcome::Released { .. }),
             "{released:?}"
@@ -254,7 +259,10 @@ async fn enqueue_answers_queued_already_queued_free_already_held_fenced_and_expi
         QueueOutcome::Fenced(FenceReason::ExecutionEnded)
     );
     // An acquisition released before its attempt to queue landed.
-    f.sem.release(&lock(), &id("y")).await.unwrap();
+    f.sem
+        .release(&lock(), &id("y"), Claim::Operator)
+        .await
+        .unwrap();
     assert_eq!(
         f.queue(&waiter("y", 1, T0)).await,
         QueueOutcome::Fenced(FenceReason::AcquisitionReleased)
@@ -494,7 +502,10 @@ async fn a_waiter_whose_run_was_cleaned_up_is_skipped_and_its_record_removed() {
     // acquisition was released (its caller gave up).
     let cleaned = f.sem.cleanup(&lock(), &w1.identity.holder).await.unwrap();
     assert!(cleaned.freed.is_empty());
-    f.sem.release(&lock(), &w2.identity).await.unwrap();
+    f.sem
+        .release(&lock(), &w2.identity, Claim::Operator)
+        .await
+        .unwrap();
     assert_eq!(f.line().len(), 3, "neither fence touches the line");
     f.release(&id("a")).await;
     let report = f.hand_off().await;
@@ -759,7 +770,7 @@ async fn waiting_always_equals_the_number_of_records() {
                         _ if holders.is_empty() => continue,
                         _ => holders[rng.usize(..holders.len())].clone(),
                     };
-                    f.sem.release(&lock(), &who).await.unwrap();
+                    f.sem.release(&lock(), &who, Claim::Operator).await.unwrap();
                 }
                 6 if rng.u8(0..3) == 0 => {
                     let w = waiter_of(&mut rng);

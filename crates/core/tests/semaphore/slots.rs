@@ -4,10 +4,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use semaphore_core::protocol::BUSY_YOUNG_FENCES;
+use semaphore_core::Claim;
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, FenceReason, HolderId, Identity, ItemStore, LockName,
-    ManualClock, MemoryStore, QueueKey, Run, Semaphore, SemaphoreItem, StoreError, Waiter, Weight,
-    Write, WriteResult,
+    AcquireOutcome, AcquisitionId, FenceReason, FencingToken, HeartbeatOutcome, HolderId, Identity,
+    ItemStore, Lease, LockName, ManualClock, MemoryStore, QueueKey, ReleaseOutcome, Run, Semaphore,
+    SemaphoreItem, StoreError, Terms, Waiter, Weight, Write, WriteResult,
 };
 
 use crate::{limit, lock};
@@ -79,11 +80,20 @@ async fn an_uncontended_critical_section_is_two_writes_and_no_read() {
         let sem = sem.clone();
         async move {
             let who = id(&n, "1");
+            let AcquireOutcome::Acquired { token, .. } =
+                sem.acquire(&lock(), &who, limit(5)).await.unwrap()
+            else {
+                panic!("expected acquired")
+            };
+            // The release shows the token the acquire answered: checked by its own write (F15).
+            let claim = Claim::Slot {
+                token,
+                weight: Weight::ONE,
+            };
             assert!(matches!(
-                sem.acquire(&lock(), &who, limit(5)).await.unwrap(),
-                AcquireOutcome::Acquired { .. }
+                sem.release(&lock(), &who, claim).await.unwrap(),
+                ReleaseOutcome::Released { .. }
             ));
-            sem.release(&lock(), &who).await.unwrap();
         }
     };
     section("first".into()).await;
@@ -115,6 +125,72 @@ async fn an_uncontended_critical_section_is_two_writes_and_no_read() {
     let item = store.inner.load_now(&lock()).unwrap();
     assert_eq!(item.fences.old.len(), BUSY_YOUNG_FENCES + 2);
     assert!(item.fences.young.is_empty());
+}
+
+/// F15: a release or heartbeat frees or renews only the slot whose token it shows. One that
+/// shows another token (a `$.semaphore` from the wrong branch, another tenant's payload) is
+/// refused by name and writes nothing; its owner's release still frees it.
+#[tokio::test]
+async fn a_release_or_heartbeat_showing_another_slots_token_is_refused_and_writes_nothing() {
+    let store = Counted::default();
+    let sem = Semaphore::new(store.clone());
+    let (a, b) = (id("a", "1"), id("b", "1"));
+    let leased = Terms::new(limit(5), Weight::new(2).unwrap(), None)
+        .unwrap()
+        .with_lease(Some(Lease::ms(60_000).unwrap()));
+    let AcquireOutcome::Acquired { token: held, .. } =
+        sem.acquire(&lock(), &a, leased).await.unwrap()
+    else {
+        panic!("expected acquired")
+    };
+    let AcquireOutcome::Acquired { token: other, .. } =
+        sem.acquire(&lock(), &b, limit(5)).await.unwrap()
+    else {
+        panic!("expected acquired")
+    };
+    let before = store.inner.load_now(&lock()).unwrap();
+    store.take();
+    for shown in [other, FencingToken(held.0 + 1_000)] {
+        let claim = Claim::Slot {
+            token: shown,
+            weight: Weight::new(2).unwrap(),
+        };
+        assert!(matches!(
+            sem.release(&lock(), &a, claim).await.unwrap(),
+            ReleaseOutcome::WrongToken { held: h, count: 2, .. } if h == held
+        ));
+        assert_eq!(
+            sem.heartbeat(&lock(), &a, claim, Lease::ms(60_000).unwrap())
+                .await
+                .unwrap(),
+            HeartbeatOutcome::WrongToken { held }
+        );
+    }
+    // Each was one write, refused: nothing changed, not even the version.
+    assert_eq!(store.take(), (0, 4, 4), "(loads, writes, refused)");
+    assert_eq!(store.inner.load_now(&lock()).unwrap(), before);
+    // The owner's release, with its token but the wrong weight, frees it in one write more.
+    let claim = Claim::Slot {
+        token: held,
+        weight: Weight::ONE,
+    };
+    assert!(matches!(
+        sem.release(&lock(), &a, claim).await.unwrap(),
+        ReleaseOutcome::Released { token: Some(t), count: 1, .. } if t == held
+    ));
+    assert_eq!(store.take(), (0, 2, 1));
+    // Released again (a retry, S4): not held, and nothing written.
+    assert!(matches!(
+        sem.release(&lock(), &a, claim).await.unwrap(),
+        ReleaseOutcome::NotHeld { count: 1, .. }
+    ));
+    assert_eq!(store.take(), (0, 1, 1));
+    // The operator (semctl without --token) reads the slot first and frees whatever is held.
+    assert!(matches!(
+        sem.release(&lock(), &b, Claim::Operator).await.unwrap(),
+        ReleaseOutcome::Released { token: Some(t), count: 0, .. } if t == other
+    ));
+    assert_eq!(store.take(), (1, 1, 0));
 }
 
 #[tokio::test]
