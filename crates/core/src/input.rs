@@ -4,6 +4,19 @@
 
 use std::fmt;
 
+/// The last run an execution can have (its redrive count). Step Functions keeps at most 25,000
+/// events in a standard execution's history and refuses to redrive one whose history is full
+/// ("Avoid reaching the history quota"; `DescribeExecution`'s `redriveStatusReason` "Execution
+/// history event limit exceeded"), and every run adds at least two: its end
+/// (`ExecutionFailed`, `ExecutionAborted` or `ExecutionTimedOut`) and the next one's
+/// `ExecutionRedriven`. A cleanup fences a run and every run before it, so a larger run from a
+/// payload would size a write (F15).
+pub const MAX_RUN: u32 = 12_499;
+
+/// The largest fencing token a lock gives: versions stay below 10^15 (a thousand writes a
+/// second for 31,000 years; `dynamo::TOKEN_SPAN`).
+pub const MAX_FENCING_TOKEN: u64 = 999_999_999_999_999;
+
 /// Longest lock name accepted, in bytes. Lock names are DynamoDB partition keys (2048 bytes at
 /// most); 256 keeps the item small and is far more than a readable name needs.
 pub const MAX_LOCK_NAME_BYTES: usize = 256;
@@ -72,9 +85,9 @@ pub enum InputError {
     Layout { got: String },
     #[error("task token is {len} bytes long; the maximum is {MAX_TASK_TOKEN_BYTES} bytes")]
     TaskTokenTooLong { len: usize },
-    #[error("run {run} is past the last run an execution can have ({max}): Step Functions stops redriving an execution before its history's 25,000 events", max = crate::item::Run::MAX.0)]
+    #[error("run {run} is past the last run an execution can have ({MAX_RUN}): Step Functions stops redriving an execution before its history's 25,000 events")]
     RunTooLate { run: u32 },
-    #[error("token must be the fencing token of the acquire answer, a whole number from 1 to {max}; got {got}", max = crate::item::FencingToken::MAX)]
+    #[error("token must be the fencing token of the acquire answer, a whole number from 1 to {MAX_FENCING_TOKEN}; got {got}")]
     InvalidToken { got: String },
     #[error("{field} is missing: {hint}")]
     Missing {
@@ -456,9 +469,20 @@ pub fn terms_on(
     }
 }
 
-/// A Step Functions task token: what wakes a parked execution (`SendTaskSuccess`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A Step Functions task token: what wakes a parked execution (`SendTaskSuccess`). A bearer
+/// credential (whoever has it may complete or fail the task), so it is never printed: its
+/// `Debug` shows its length and a digest, enough to tell two apart in a log or a trace.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TaskToken(String);
+
+impl fmt::Debug for TaskToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(self.0.as_bytes());
+        let short: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        write!(f, "TaskToken({} bytes, sha256 {short}…)", self.0.len())
+    }
+}
 
 impl TaskToken {
     pub fn new(token: impl Into<String>) -> Result<Self, InputError> {

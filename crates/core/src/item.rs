@@ -25,9 +25,8 @@ impl Version {
 pub struct FencingToken(pub u64);
 
 impl FencingToken {
-    /// The largest token a lock can give: versions stay below 10^15 (a thousand writes a second
-    /// for 31,000 years; `dynamo::TOKEN_SPAN`).
-    pub const MAX: u64 = 999_999_999_999_999;
+    /// The largest token a lock can give ([`crate::input::MAX_FENCING_TOKEN`]).
+    pub const MAX: u64 = crate::input::MAX_FENCING_TOKEN;
 
     /// A token a caller shows (a release's, a heartbeat's): from 1 to [`FencingToken::MAX`].
     pub fn new(token: u64) -> Result<Self, InputError> {
@@ -56,14 +55,8 @@ impl Run {
     /// An execution's first run (never redriven).
     pub const FIRST: Self = Self(0);
 
-    /// The last run an execution can have. Step Functions keeps at most 25,000 events in a
-    /// standard execution's history and refuses to redrive one whose history is full ("Avoid
-    /// reaching the history quota", and `redriveStatusReason` "Execution history event limit
-    /// exceeded" in `DescribeExecution`), and every run adds at least two: its end
-    /// (`ExecutionFailed`, `ExecutionAborted` or `ExecutionTimedOut`) and the next one's
-    /// `ExecutionRedriven`. A cleanup fences a run and every run before it, so a larger run from
-    /// a payload would size a write (F15).
-    pub const MAX: Self = Self(12_499);
+    /// The last run an execution can have ([`crate::input::MAX_RUN`]).
+    pub const MAX: Self = Self(crate::input::MAX_RUN);
 
     /// Run `n`, if an execution can have it (at most [`Run::MAX`]).
     pub fn new(n: u32) -> Result<Self, InputError> {

@@ -75,5 +75,5 @@ pub use queue::{Attempt, QueueKey, QueueKeyError, Waiter, WaiterId, Wakeup};
 pub use semaphore::line::{HandOff, Wake};
 pub use semaphore::slots::{Fenced, TakenBack, MAX_ROUNDS};
 pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport};
-pub use semaphore::{Semaphore, KEPT_TAKE_BACKS};
+pub use semaphore::{ConfiguredOnly, Semaphore, KEPT_TAKE_BACKS};
 pub use write::{Change, Check, Write};

@@ -203,6 +203,18 @@ pub trait ExecutionStatus: Send + Sync {
         holder: &HolderId,
     ) -> impl Future<Output = Result<ExecutionState, PortError>> + Send;
 
+    /// The run `holder`'s execution is in now (its redrive count), ended or not; `None` when
+    /// it is not an execution, does not exist, or the adapter cannot tell. What a redriven
+    /// run's release asks before it frees the earlier runs when its own slot was not freed with
+    /// its token (F15): only Step Functions may say those runs have ended.
+    fn current_run(
+        &self,
+        holder: &HolderId,
+    ) -> impl Future<Output = Result<Option<Run>, PortError>> + Send {
+        let _ = holder;
+        async { Ok(None) }
+    }
+
     /// The states of every holder a sweep checks, asked together: each described in turn unless
     /// the adapter can answer many with fewer calls (a sweep of 10,000 holders would otherwise
     /// spend 10,000 of the account's `DescribeExecution` calls, refilled at 10-15 a second).

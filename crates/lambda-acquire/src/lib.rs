@@ -304,9 +304,13 @@ pub async fn acquire<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     let callbacks = &hand_offs.waker.callbacks;
     let result = async {
         // Before anything is written: a misconfigured stack is refused by name, not left to hang.
-        // A poller holds under a lease, which frees its slot whoever it is (F13).
+        // A poller holds under a lease, which frees its slot whoever it is (F13); a parked
+        // caller whose end cannot be seen needs one too.
         if let Waiting::Parked(_) = request.waiting {
-            config.deployment.check_caller(identity.holder.as_str())?;
+            let leased = request.terms.lease.is_some();
+            config
+                .deployment
+                .check_caller(identity.holder.as_str(), leased)?;
         }
         if let Some(work) = &request.work {
             config.deployment.check_work(work).await?;

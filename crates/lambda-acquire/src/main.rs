@@ -9,7 +9,9 @@ async fn main() -> Result<(), Error> {
     let settings = Settings::from_env();
     let sdk = load_aws_config().await;
     let started = || -> Result<_, ConfigError> {
-        let semaphore = settings.semaphore(&sdk)?;
+        let semaphore = settings
+            .semaphore(&sdk)?
+            .with_configured_only(settings.configured_only()?);
         let mut config = lambda_acquire::Config::from_settings(&settings)?;
         config.deployment.machine_types = Some(lambda_common::MachineTypes::from_sdk(&sdk));
         Ok((semaphore, config, settings.hand_offs(&sdk)?))

@@ -181,6 +181,14 @@ impl World {
         .map_err(Diagnostic::from)
     }
 
+    /// The token `holder`'s acquisition holds its slot of `lock` under: the one its acquire
+    /// answered, which its release shows (F15).
+    async fn token_of(&self, lock_name: &str, holder: &str, acquisition: &str) -> u64 {
+        self.sem.status(&lock(lock_name)).await.unwrap().holders[&id(holder, acquisition)]
+            .token
+            .0
+    }
+
     async fn release(&self, payload: Value) -> Result<Value, Diagnostic> {
         let resolver: Resolver =
             lambda_release::resolver(&settings(env())).expect("the test's settings");
@@ -1855,7 +1863,10 @@ async fn an_express_execution_polls_in_line_keeps_its_place_and_finds_its_slot()
 
     // A slot freed: the hand-off grants the head, the Express execution; nothing to wake.
     let released = w
-        .release(json!({"semaphore": {"lock": "example-lock", "holder": "h1", "acquisition": "a"}}))
+        .release(
+            json!({"semaphore": {"lock": "example-lock", "holder": "h1", "acquisition": "a",
+                                      "token": w.token_of("example-lock", "h1", "a").await}}),
+        )
         .await
         .unwrap();
     assert_eq!(released["handed_off"], json!(1));
@@ -1938,7 +1949,10 @@ async fn an_express_execution_that_stops_polling_loses_its_place_and_a_dead_ones
     // The poller stops: 30 s of poll_seconds and 1 s of skew later, a freed slot skips it.
     clock.advance_ms(32_000);
     let released = w
-        .release(json!({"semaphore": {"lock": "example-lock", "holder": "h1", "acquisition": "a"}}))
+        .release(
+            json!({"semaphore": {"lock": "example-lock", "holder": "h1", "acquisition": "a",
+                                      "token": w.token_of("example-lock", "h1", "a").await}}),
+        )
         .await
         .unwrap();
     assert_eq!(released["released"], json!(true));

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use lambda_acquire::Config;
 use lambda_common::{Metrics, Settings, SfnHandOffs};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
+use local_aws::names::{id, lock};
 use local_aws::{fresh_table, sdk_config};
 use semaphore_core::{rfc3339_millis, DynamoStore, Semaphore};
 use serde_json::{json, Value};
@@ -183,8 +184,9 @@ async fn each_acquire_and_release_writes_one_emf_line_with_its_outcome_and_the_l
     );
 
     // The release: how long the slot was held, and the lock after it.
+    let token = sem.status(&lock(LOCK)).await.unwrap().holders[&id(&holder(1), "r0")].token;
     let release = json!({"semaphore": {"lock": LOCK, "holder": holder(1), "acquisition": "r0",
-                                       "weight": 2}});
+                                       "weight": 2, "token": token.0}});
     let resolver = lambda_release::resolver(&Settings::from_lookup(|_| None)).unwrap();
     let answer = lambda_release::release(&sem, &resolver, &hand_offs, &release)
         .await

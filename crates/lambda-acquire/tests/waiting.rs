@@ -200,9 +200,26 @@ impl<S: ItemStore> World<S> {
     /// The release of `holder`'s acquisition `acquisition`, as "Release slot" sends it: the
     /// acquire answer (of which the release reads the lock, holder and acquisition).
     async fn release_of(&self, holder: &str, acquisition: &str) -> Value {
+        let token = self.token_of(holder, acquisition).await;
         self.release(json!({"semaphore": {"lock": self.lock, "holder": holder,
-                                          "acquisition": acquisition}}))
+                                          "acquisition": acquisition, "token": token}}))
             .await
+    }
+
+    /// The token `holder`'s acquisition holds its slot under: the one its acquire answered,
+    /// which its release shows (F15); one no slot has when it holds none.
+    async fn token_of(&self, holder: &str, acquisition: &str) -> u64 {
+        let lock = LockName::new(self.lock.as_str()).unwrap();
+        self.sem
+            .status(&lock)
+            .await
+            .ok()
+            .and_then(|item| {
+                item.holders
+                    .get(&id(holder, acquisition))
+                    .map(|h| h.token.0)
+            })
+            .unwrap_or(semaphore_core::FencingToken::MAX)
     }
 
     /// The cleanup function, on the status-change event of `execution` ending ABORTED.

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use semaphore_core::{DynamoStore, InputError, Limit, LockName, Rate, Semaphore, Timing, Weight};
+use semaphore_core::{
+    ConfiguredOnly, DynamoStore, InputError, Limit, LockName, Rate, Semaphore, Timing, Weight,
+};
 
 use crate::arn::ArnPatterns;
 use crate::executions::SfnExecutions;
@@ -39,6 +41,10 @@ pub mod var {
     /// functions judge: comma-separated ARNs, each exact or a prefix ending in `*` (the
     /// stack's own machines and its `ProtectedStateMachinePrefix`).
     pub const PROTECTED_STATE_MACHINES: &str = "PROTECTED_STATE_MACHINES";
+    /// "true": the acquire function takes only locks an operator configured (and the default
+    /// lock, whose terms are the stack's parameters); "false" or unset: any (the stack's
+    /// `RequireConfiguredLocks`).
+    pub const REQUIRE_CONFIGURED_LOCKS: &str = "REQUIRE_CONFIGURED_LOCKS";
 }
 
 /// The wait budget when `MAX_WAIT_SECONDS` is unset: the template's default.
@@ -187,6 +193,24 @@ impl<F: Fn(&str) -> Option<String>> Settings<F> {
                     range.end(),
                     default.as_secs()
                 ),
+            }),
+        }
+    }
+
+    /// `REQUIRE_CONFIGURED_LOCKS` with `DEFAULT_LOCK`: which locks the acquire function takes
+    /// only once an operator configured them (F14).
+    pub fn configured_only(&self) -> Result<ConfiguredOnly, ConfigError> {
+        let name = var::REQUIRE_CONFIGURED_LOCKS;
+        match self.optional(name).as_deref() {
+            None | Some("false") => Ok(ConfiguredOnly::No),
+            Some("true") => Ok(ConfiguredOnly::Yes {
+                except: self.defaults()?.lock,
+            }),
+            Some(other) => Err(ConfigError::Invalid {
+                name,
+                value: other.to_owned(),
+                problem: "expected \"true\" or \"false\" (the stack's RequireConfiguredLocks)"
+                    .to_owned(),
             }),
         }
     }
@@ -409,6 +433,28 @@ mod tests {
     const DEMO: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:demo-work";
     const RUNNER: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:work-function";
     const FUNCTION: &str = "arn:aws:lambda:us-east-1:123456789012:function:mine";
+
+    #[test]
+    fn configured_only_is_off_unless_true_and_spares_the_default_lock() {
+        assert_eq!(settings(&[]).configured_only().unwrap(), ConfiguredOnly::No);
+        let off = settings(&[("REQUIRE_CONFIGURED_LOCKS", "false")]);
+        assert_eq!(off.configured_only().unwrap(), ConfiguredOnly::No);
+        let on = settings(&[
+            ("REQUIRE_CONFIGURED_LOCKS", "true"),
+            ("DEFAULT_LOCK", "demo-lock"),
+        ]);
+        assert_eq!(
+            on.configured_only().unwrap(),
+            ConfiguredOnly::Yes {
+                except: Some(LockName::new("demo-lock").unwrap())
+            }
+        );
+        let bad = settings(&[("REQUIRE_CONFIGURED_LOCKS", "yes")]).configured_only();
+        assert!(bad
+            .unwrap_err()
+            .to_string()
+            .contains("REQUIRE_CONFIGURED_LOCKS is \"yes\": expected \"true\" or \"false\""));
+    }
 
     #[test]
     fn defaults_are_optional_and_checked() {

@@ -77,11 +77,22 @@ impl MachineTypes {
 }
 
 impl Deployment {
-    /// Refuses a caller (the holder, `$$.Execution.Id`) that the stack does not protect. A
-    /// holder that is not an execution ARN (a caller's own id) is not judged here.
-    pub fn check_caller(&self, holder: &str) -> Result<(), HandlerError> {
+    /// Refuses a parked caller (the holder, `$$.Execution.Id`) that the stack does not protect,
+    /// and one whose end nobody can see that holds no lease (`leased`): every holder must be
+    /// able to end (F13).
+    pub fn check_caller(&self, holder: &str, leased: bool) -> Result<(), HandlerError> {
         let Some(execution) = ExecutionArn::parse(holder) else {
-            return Ok(());
+            // Not an execution ARN (a caller's own id): no cleanup or sweep can tell that it
+            // ended, so only a lease frees what it holds.
+            if leased {
+                return Ok(());
+            }
+            return Err(HandlerError::InvalidInput(format!(
+                "request.lease is missing: the holder {holder} is not a standard execution's ARN \
+                 ($$.Execution.Id), so neither the cleanup nor the sweeper can see when it ends \
+                 and free what it holds: pass \"lease\" in seconds (and renew it with \
+                 heartbeats), or pass \"execution.$\": \"$$.Execution.Id\""
+            )));
         };
         if execution.kind == ExecutionKind::Express {
             return Err(HandlerError::Misconfigured(format!(

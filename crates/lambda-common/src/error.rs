@@ -45,6 +45,9 @@ pub mod error_type {
     /// acquire answer (a `$.semaphore` from the wrong branch or execution). Nothing was written;
     /// the slot stays with its holder. Retrying does not help; pass this slot's own answer.
     pub const WRONG_TOKEN: &str = "SemaphoreWrongToken";
+    /// The stack takes only locks an operator configured (`RequireConfiguredLocks`) and this
+    /// one is not: nothing was written. Configure the lock, or name a configured one.
+    pub const NOT_CONFIGURED: &str = "SemaphoreNotConfigured";
 }
 
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,6 +70,8 @@ pub enum HandlerError {
     Busy(String),
     #[error("{0}")]
     WrongToken(String),
+    #[error("{0}")]
+    NotConfigured(String),
 }
 
 impl HandlerError {
@@ -82,6 +87,7 @@ impl HandlerError {
             Self::Expired(m) => (error_type::EXPIRED, Self::Expired, m),
             Self::Busy(m) => (error_type::BUSY, Self::Busy, m),
             Self::WrongToken(m) => (error_type::WRONG_TOKEN, Self::WrongToken, m),
+            Self::NotConfigured(m) => (error_type::NOT_CONFIGURED, Self::NotConfigured, m),
         }
     }
 
@@ -119,6 +125,7 @@ impl From<Error> for HandlerError {
             Error::InvalidInput(_) | Error::UnknownLock { .. } | Error::NotIdle { .. } => {
                 Self::InvalidInput(message)
             }
+            Error::NotConfigured { .. } => Self::NotConfigured(message),
             Error::Store(StoreError::UnknownFormat { .. }) => Self::UnknownFormat(message),
             Error::Store(_) => Self::Store(message),
         }

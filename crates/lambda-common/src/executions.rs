@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use semaphore_core::{Clock, ExecutionState, ExecutionStatus, HolderId, PortError, SystemClock};
+use semaphore_core::{
+    Clock, ExecutionState, ExecutionStatus, HolderId, PortError, Run, SystemClock,
+};
 
 use crate::arn::{ArnPatterns, ExecutionArn, ExecutionKind};
 use crate::history;
@@ -143,6 +145,18 @@ impl ExecutionStatus for SfnExecutions {
             });
         }
         states
+    }
+
+    async fn current_run(&self, holder: &HolderId) -> Result<Option<Run>, PortError> {
+        if self.judged(holder)?.is_none() {
+            return Ok(None);
+        }
+        Ok(self
+            .sfn
+            .describe(holder.as_str())
+            .await
+            .map_err(PortError::new)?
+            .map(|described| described.run))
     }
 
     async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {

@@ -835,8 +835,10 @@ mod tests {
         assert_eq!(target.identity.holder.as_str(), HOLDER);
         assert_eq!(target.identity.acquisition.as_str(), "r1");
         assert_eq!((target.run, target.weight.get()), (Some(1), 3));
+        assert_eq!(target.token, FencingToken(7));
         // No weight: the default, else 1; an acquisition not made per run names no run.
-        let bare = json!({"semaphore": {"lock": "a", "holder": HOLDER, "acquisition": "uuid-1"}});
+        let bare = json!({"semaphore": {"lock": "a", "holder": HOLDER, "acquisition": "uuid-1",
+                                        "token": 2}});
         let target = r.target(&bare).unwrap();
         assert_eq!((target.run, target.weight), (None, Weight::ONE));
         let message = |payload: Value| r.target(&payload).unwrap_err().to_string();
@@ -852,6 +854,41 @@ mod tests {
             message(json!({"semaphore": {"lock": "", "holder": HOLDER, "acquisition": "r0"}})),
             "semaphore.lock: lock name is empty: pass the name of the semaphore, e.g. \"demo-lock\""
         );
+        // F15: no token, or one no lock gives, is refused by name.
+        assert_eq!(
+            message(json!({"semaphore": {"lock": "a", "holder": HOLDER, "acquisition": "r0"}})),
+            format!("semaphore.token is missing: {}", hint::TOKEN)
+        );
+        for (token, got) in [
+            (json!(0), "0"),
+            (json!(1_000_000_000_000_000u64), "1000000000000000"),
+            (json!(-3), "-3"),
+            (json!("7"), "the string \"7\""),
+            (json!(2.5), "2.5"),
+        ] {
+            let payload = json!({"semaphore": {"lock": "a", "holder": HOLDER,
+                                               "acquisition": "r0", "token": token}});
+            assert_eq!(
+                message(payload),
+                format!(
+                    "semaphore.token: token must be the fencing token of the acquire answer, a \
+                     whole number from 1 to {}; got {got}",
+                    FencingToken::MAX
+                )
+            );
+        }
+        // F15: a run no execution can have (its release would fence every run before it).
+        for acquisition in ["r12500", "r4294967295", "r99999999999999999999"] {
+            let payload = json!({"semaphore": {"lock": "a", "holder": HOLDER,
+                                               "acquisition": acquisition, "token": 1}});
+            assert!(
+                message(payload).starts_with(&format!("semaphore.acquisition {acquisition}: run ")),
+                "{acquisition}"
+            );
+        }
+        let last = json!({"semaphore": {"lock": "a", "holder": HOLDER, "acquisition": "r12499",
+                                        "token": 1}});
+        assert_eq!(r.target(&last).unwrap().run, Some(Run::MAX.0));
     }
 
     #[test]

@@ -236,19 +236,37 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
         .woken
         .len();
     // A redriven run n also frees what the earlier runs of its execution hold, as a cleanup of
-    // runs 0..n-1 would (their fence, then the free of what it saw): a run redriven into the
-    // work while the first run's child still ran re-attached to that child (StartExecution of
-    // a running execution's name and input returns it) and worked under the first run's slot,
-    // which the first run's cleanup, finding the execution running again, left to it; a zombie
-    // acquire of an earlier run may have landed the same way. Its own acquisition holds none of
-    // that, so releasing only it left those slots to the sweeper, a false leak notice (F11).
+    // runs 0..n-1 would (their fence, then the free of what it saw): a zombie acquire of an
+    // earlier run may have landed, or an earlier run's slot been left to it by that run's
+    // cleanup, which found the execution running again (F11); its own acquisition holds none
+    // of that, so releasing only it left those slots to the sweeper, a false leak notice.
     // Safe: those runs have ended, and so has every child of theirs once a later run reaches a
     // release state (a redrive resumes where the run stopped; no state after the work leads
-    // back to it), and no acquire of theirs lands after their fence. Only once this release
-    // has shown, by its token, the slot of run n (F15): a caller that names a run it is not in
-    // must not fence and free the execution's earlier runs; a retry whose first attempt freed
-    // the slot leaves them to the sweeper.
-    if let Some(n) = target.run.filter(|&n| n > 0 && released) {
+    // back to it), and no acquire of theirs lands after their fence. That run n exists is shown
+    // by the token of its slot (freed now), or else Step Functions says so: a caller that names
+    // a run it is not in frees nothing of the execution's (F15), and a retry whose first
+    // attempt freed the slot still frees the earlier runs.
+    let redriven = match target.run.filter(|&n| n > 0) {
+        Some(n) if released => Some(n),
+        Some(n) => {
+            let run = hand_offs
+                .executions
+                .current_run(&identity.holder)
+                .await
+                .map_err(|e| {
+                    let e = HandlerError::Store(format!(
+                        "Step Functions could not say which run {} is in, so its earlier runs \
+                         were not freed: {e}",
+                        identity.holder
+                    ));
+                    tracing::error!(lock = %lock, error = %e, "release failed");
+                    e
+                })?;
+            run.is_some_and(|run| run.0 >= n).then_some(n)
+        }
+        None => None,
+    };
+    if let Some(n) = redriven {
         let fenced = semaphore
             .fence(lock, &identity.holder, Run(n - 1))
             .await

@@ -70,6 +70,29 @@ async fn release(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, 
     release_with(sem, &resolver(), payload).await
 }
 
+/// The fencing token an acquire answered.
+fn token(outcome: AcquireOutcome) -> u64 {
+    match outcome {
+        AcquireOutcome::Acquired { token, .. } | AcquireOutcome::AlreadyHeld { token, .. } => {
+            token.0
+        }
+        other => panic!("expected a slot, got {other:?}"),
+    }
+}
+
+/// The token of the slot `holder`'s `acquisition` holds on `lock` now: the one its acquire
+/// answered, which its release shows.
+async fn held_token(
+    sem: &Semaphore<DynamoStore>,
+    lock_name: &str,
+    holder: &str,
+    acquisition: &str,
+) -> u64 {
+    sem.status(&lock(lock_name)).await.unwrap().holders[&id(holder, acquisition)]
+        .token
+        .0
+}
+
 fn now(sem: &Semaphore<DynamoStore>) -> String {
     rfc3339_millis(sem.now_ms())
 }
@@ -140,7 +163,8 @@ async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_i
     assert_eq!(output["release"], json!({"released": true}));
 
     // A retried release (the response was lost) frees nothing and answers with the same count.
-    // It sends its one write again, which is idempotent: only the version moves, by one.
+    // It sends its one write again, which is refused (the slot whose token it shows is gone,
+    // and its fence there): nothing is written, not even the version.
     let before = sem.status(&lock("batch")).await.unwrap();
     let again = release(&sem, payload).await.unwrap();
     assert_eq!(
@@ -148,7 +172,7 @@ async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_i
         (&json!(false), &json!("not_held"), &json!(1))
     );
     let item = sem.status(&lock("batch")).await.unwrap();
-    assert_eq!(item.version.0, before.version.0 + 1);
+    assert_eq!(item.version, before.version);
     assert_eq!(
         (&item.holders, &item.fences.len(), &item.limit),
         (&before.holders, &before.fences.len(), &before.limit)
@@ -168,11 +192,13 @@ async fn release_slot_resolves_the_lock_and_acquisition_as_the_acquire_did_and_i
 #[tokio::test]
 async fn an_answer_naming_any_acquisition_is_released_without_any_default() {
     let sem = semaphore().await;
-    sem.acquire(&lock("demo-lock"), &id(HOLDER, ACQUISITION), limit(5))
-        .await
-        .unwrap();
+    let token = token(
+        sem.acquire(&lock("demo-lock"), &id(HOLDER, ACQUISITION), limit(5))
+            .await
+            .unwrap(),
+    );
     let payload = json!({"semaphore": {"lock": "demo-lock", "holder": HOLDER,
-                                       "acquisition": ACQUISITION}});
+                                       "acquisition": ACQUISITION, "token": token}});
     // No default needed: everything is given.
     let bare = Resolver::default();
     assert_eq!(
@@ -186,21 +212,28 @@ async fn an_answer_naming_any_acquisition_is_released_without_any_default() {
     );
 }
 
+/// F15: an answer whose slot no acquire ever took (a payload made up, or another stack's) holds
+/// nothing and frees nothing, and writes nothing either: a release shows a token only once its
+/// acquire took the slot, and whatever freed that slot fenced its acquisition, so nothing is
+/// left to fence, and a caller cannot fence an acquisition that is not its own. (The operator's
+/// release, `semctl release` without `--token`, fences an acquisition that holds nothing:
+/// tests/tests/weights.rs.)
 #[tokio::test]
-async fn releasing_what_was_never_acquired_fences_it() {
+async fn releasing_what_was_never_acquired_frees_and_writes_nothing() {
     let sem = semaphore().await;
     let answer = release(&sem, acquired_state(1)).await.unwrap();
     assert_eq!(
         (&answer["released"], &answer["outcome"], &answer["count"]),
         (&json!(false), &json!("not_held"), &json!(0))
     );
-    // An acquire still in flight from before the release cannot land after it (F1, F3).
-    assert_eq!(
+    assert!(all_items(&sem).await.is_empty(), "nothing was written");
+    // Its acquire is not fenced by someone else's release of it.
+    assert!(matches!(
         sem.acquire(&lock("demo-lock"), &id(HOLDER, "r0"), limit(5))
             .await
             .unwrap(),
-        AcquireOutcome::Fenced(FenceReason::AcquisitionReleased)
-    );
+        AcquireOutcome::Acquired { .. }
+    ));
 }
 
 /// What moto's `startExecution.sync:2` puts in the Cause when the child fails: the child's
@@ -365,7 +398,7 @@ async fn a_redrive_that_meets_the_child_that_already_ran_fails_with_semaphore_re
     )
     .await;
     // The state is run 0's: its answer names r0, whose slot the cleanup freed: nothing to
-    // free; the acquisition is fenced all the same.
+    // free, and nothing written (the cleanup's fence of run 0 refuses any acquire of r0).
     assert_eq!(
         (
             &answer["released"],
@@ -387,8 +420,14 @@ async fn a_redrive_that_meets_the_child_that_already_ran_fails_with_semaphore_re
     );
     let holder = HolderId::new(HOLDER).unwrap();
     let item = sem.status(&lock("demo-lock")).await.unwrap();
-    assert!(item.is_fenced(&FenceKey::acquisition(&id(HOLDER, "r0"))));
+    assert_eq!(item, before, "nothing was written");
     assert!(item.is_fenced(&FenceKey::execution(&holder, Run(0))));
+    assert_eq!(
+        sem.acquire(&lock("demo-lock"), &id(HOLDER, "r0"), limit(5))
+            .await
+            .unwrap(),
+        AcquireOutcome::Fenced(FenceReason::ExecutionEnded)
+    );
 }
 
 /// Issue 18, item 9 (F11). On AWS, StartExecution with the name and input of a RUNNING
@@ -603,7 +642,8 @@ async fn a_weighted_release_frees_the_slots_own_weight_even_when_told_another() 
     // though it holds 3.
     let ctx = Ctx::new(HOLDER, json!({"lock": "weighted", "limit": 6}), &now(&sem));
     let told = json!({"semaphore": {"lock": "weighted", "limit": 6, "weight": 1,
-                                    "holder": HOLDER, "acquisition": "r0"}});
+                                    "holder": HOLDER, "acquisition": "r0",
+                                    "token": held_token(&sem, "weighted", HOLDER, "r0").await}});
     let payload = asl::render(&release_state["Parameters"]["Payload"], &told, &ctx);
     let released = release(&sem, payload.clone()).await.unwrap();
     assert_eq!(
@@ -620,7 +660,8 @@ async fn a_weighted_release_frees_the_slots_own_weight_even_when_told_another() 
     let released = release(
         &sem,
         json!({"semaphore": {"lock": "weighted", "holder": other, "acquisition": "r0",
-                             "weight": 4}}),
+                             "weight": 4,
+                             "token": held_token(&sem, "weighted", other, "r0").await}}),
     )
     .await
     .unwrap();
@@ -634,7 +675,8 @@ async fn a_weighted_release_frees_the_slots_own_weight_even_when_told_another() 
         &now(&sem),
     );
     let answer = json!({"semaphore": {"lock": "weighted", "limit": 6, "weight": 1,
-                                      "holder": third, "acquisition": "r0"}});
+                                      "holder": third, "acquisition": "r0",
+                                      "token": held_token(&sem, "weighted", third, "r0").await}});
     let payload = asl::render(&release_state["Parameters"]["Payload"], &answer, &ctx);
     let released = release(&sem, payload).await.unwrap();
     assert_eq!(
@@ -739,6 +781,42 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
              got the string \"4\""
                 .into(),
         ),
+        // F15: the token is what the release shows of its slot.
+        (
+            without("token"),
+            "semaphore.token is missing: pass the acquire answer whole, \"semaphore.$\": \
+             \"$.semaphore\": its token is the fencing token of the slot to free"
+                .into(),
+        ),
+        (
+            with("token", json!(0)),
+            "semaphore.token: token must be the fencing token of the acquire answer, a whole \
+             number from 1 to 999999999999999; got 0"
+                .into(),
+        ),
+        (
+            with("token", json!(null)),
+            "semaphore.token is missing: pass the acquire answer whole, \"semaphore.$\": \
+             \"$.semaphore\": its token is the fencing token of the slot to free"
+                .into(),
+        ),
+        // F15: the run an acquisition r<n> names bounds the fences its release writes: a run no
+        // execution can have (Step Functions' 25,000 events) is refused, never a fence of
+        // 4,294,967,295 runs (which aborted the function) or 20,000 (a 160 KB item).
+        (
+            with("acquisition", json!("r4294967295")),
+            "semaphore.acquisition r4294967295: run 4294967295 is past the last run an \
+             execution can have (12499): Step Functions stops redriving an execution before its \
+             history's 25,000 events"
+                .into(),
+        ),
+        (
+            with("acquisition", json!("r20000")),
+            "semaphore.acquisition r20000: run 20000 is past the last run an execution can have \
+             (12499): Step Functions stops redriving an execution before its history's 25,000 \
+             events"
+                .into(),
+        ),
     ];
     for (bad, message) in cases {
         let err = release(&sem, bad.clone())
@@ -748,6 +826,57 @@ async fn bad_payloads_are_semaphore_invalid_input_and_write_nothing() {
         assert_eq!(err.error_message, message, "{bad}");
     }
     assert_eq!(all_items(&sem).await, before, "nothing was written");
+}
+
+/// F15: a release frees only the slot whose fencing token it shows. One that names another
+/// execution's slot (a `$.semaphore` taken from the wrong branch of a Map or Parallel, another
+/// tenant) with its own token, or with a token 1,000 above the slot's, is SemaphoreWrongToken,
+/// and writes nothing: the slot stays with its holder, whose own release then frees it.
+#[tokio::test]
+async fn a_release_showing_another_slots_token_is_semaphore_wrong_token_and_writes_nothing() {
+    let sem = semaphore().await;
+    let other = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-2";
+    let mine = token(
+        sem.acquire(&lock("demo-lock"), &id(HOLDER, "r0"), limit(5))
+            .await
+            .unwrap(),
+    );
+    let theirs = token(
+        sem.acquire(&lock("demo-lock"), &id(other, "r0"), limit(5))
+            .await
+            .unwrap(),
+    );
+    let before = all_items(&sem).await;
+    for shown in [mine, theirs + 1_000] {
+        let payload = json!({"semaphore": {"lock": "demo-lock", "holder": other,
+                                           "acquisition": "r0", "token": shown}});
+        let err = release(&sem, payload).await.unwrap_err();
+        assert_eq!(
+            err.error_type, "SemaphoreWrongToken",
+            "{}",
+            err.error_message
+        );
+        assert!(
+            err.error_message.contains(&format!(
+                "holds its slot under fencing token {theirs}, and this release shows token {shown}"
+            )),
+            "{}",
+            err.error_message
+        );
+        assert_eq!(all_items(&sem).await, before, "nothing was written");
+    }
+    // Its own answer frees it.
+    let payload = json!({"semaphore": {"lock": "demo-lock", "holder": other,
+                                       "acquisition": "r0", "token": theirs}});
+    assert_eq!(
+        release(&sem, payload).await.unwrap()["outcome"],
+        json!("released")
+    );
+    let item = sem.status(&lock("demo-lock")).await.unwrap();
+    assert_eq!(
+        item.holders.keys().cloned().collect::<Vec<_>>(),
+        [id(HOLDER, "r0")]
+    );
 }
 
 #[tokio::test]

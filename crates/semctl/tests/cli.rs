@@ -156,6 +156,21 @@ async fn take_past_grace(
     take(&sem, lock, holder, acquisition).await
 }
 
+/// The token `holder`'s slot of `lock` (acquisition `default`) is held under, as `--token`
+/// takes it: the one its acquire answered.
+async fn held_token(semctl: &Semctl, lock: &str, holder: &str) -> String {
+    let item = semctl
+        .direct()
+        .status(&LockName::new(lock).unwrap())
+        .await
+        .unwrap();
+    let identity = Identity::new(
+        HolderId::new(holder).unwrap(),
+        AcquisitionId::new(AcquisitionId::DEFAULT).unwrap(),
+    );
+    item.holders[&identity].token.0.to_string()
+}
+
 async fn take(sem: &Semaphore<DynamoStore>, lock: &str, holder: &str, acquisition: &str) -> u64 {
     match sem
         .acquire(
@@ -221,7 +236,12 @@ fn assert_matches_stored(status: &Value, raw: &HashMap<String, AttributeValue>) 
         status["rotated_at"].is_string(),
         number("rotated_at").is_some()
     );
-    assert_eq!(status["version"].as_u64(), number("version"), "{status:#}");
+    // Stored times VERSION_UNIT (so that a holding's number puts its token above its time).
+    assert_eq!(
+        status["version"].as_u64().map(u128::from),
+        number("version").map(|v| u128::from(v) / semaphore_core::dynamo::VERSION_UNIT),
+        "{status:#}"
+    );
 }
 
 #[tokio::test]
@@ -511,10 +531,11 @@ async fn weights_and_a_start_rate_full_rate_limited_and_a_release_that_finds_the
         (&released["outcome"], &released["count"], &released["used"]),
         (&json!("released"), &json!(1), &json!(2))
     );
-    // A wrong weight (4 for a slot of 2): freed all the same.
+    // A wrong weight (4 for a slot of 2), with its token: freed all the same.
+    let token = held_token(&semctl, "W", "small").await;
     let released = semctl.json(
         &[
-            "release", "--lock", "W", "--holder", "small", "--weight", "4",
+            "release", "--lock", "W", "--holder", "small", "--token", &token, "--weight", "4",
         ],
         0,
     );
@@ -527,10 +548,10 @@ async fn weights_and_a_start_rate_full_rate_limited_and_a_release_that_finds_the
         .unwrap();
     assert_eq!((stored.used, stored.weights.len()), (0, 0));
     // The right weight: one acquisition of the whole limit, released with its weight.
-    semctl.json(&acquire("whole", "5", None), 0);
+    let token = semctl.json(&acquire("whole", "5", None), 0)["token"].to_string();
     let released = semctl.json(
         &[
-            "release", "--lock", "W", "--holder", "whole", "--weight", "5",
+            "release", "--lock", "W", "--holder", "whole", "--token", &token, "--weight", "5",
         ],
         0,
     );
@@ -779,9 +800,34 @@ async fn f6_every_bad_input_is_a_named_error_and_writes_nothing() {
         ),
         (
             vec![
-                "release", "--lock", "L", "--holder", "exec-1", "--weight", "0",
+                "release", "--lock", "L", "--holder", "exec-1", "--token", "1", "--weight", "0",
             ],
             "weight must be a whole number from 1 to the limit",
+        ),
+        (
+            vec![
+                "release", "--lock", "L", "--holder", "exec-1", "--token", "0",
+            ],
+            "token must be the fencing token of the acquire answer",
+        ),
+        (
+            vec![
+                "heartbeat",
+                "--lock",
+                "L",
+                "--holder",
+                "exec-1",
+                "--token",
+                "x",
+            ],
+            "token must be the fencing token of the acquire answer",
+        ),
+        // A weight means nothing without the token it goes with.
+        (
+            vec![
+                "release", "--lock", "L", "--holder", "exec-1", "--weight", "2",
+            ],
+            "--token <TOKEN>",
         ),
         // The flag it replaced is gone, not ignored.
         (
@@ -908,9 +954,16 @@ async fn an_uncontended_acquire_then_release_each_a_fresh_process_is_at_most_thr
         .await;
     assert_eq!(acquired["outcome"], "acquired");
     let acquire_requests = proxy.policy().take();
+    // The holder's release shows the token its acquire answered (F15): no read.
+    let token = acquired["token"].to_string();
     let released = semctl
-        .json_via(&proxy.endpoint(), &[&["release"], &me[..]].concat(), 0)
+        .json_via(
+            &proxy.endpoint(),
+            &[&["release"], &me[..], &["--token", &token]].concat(),
+            0,
+        )
         .await;
+    assert_eq!(released["as"], "holder");
     assert_eq!(released["outcome"], "released");
     let release_requests = proxy.policy().take();
     eprintln!("acquire: {acquire_requests:?}; release: {release_requests:?}");
@@ -1636,6 +1689,22 @@ async fn a_leased_slot_is_renewed_by_heartbeats_and_taken_back_once_it_lapses() 
     );
     assert_eq!(first["outcome"], "acquired");
     assert!(first["lease_until"].is_string(), "{first}");
+    // F15: a heartbeat or release showing another token renews or frees nothing: exit 5.
+    let token = first["token"].as_u64().unwrap();
+    let wrong = (token + 1_000).to_string();
+    for command in ["heartbeat", "release"] {
+        let refused = run(
+            with(&[
+                command, "--lock", "leased", "--holder", "a", "--token", &wrong,
+            ]),
+            5,
+        );
+        assert_eq!(
+            (&refused["outcome"], &refused["held_token"]),
+            (&json!("wrong_token"), &json!(token)),
+            "{refused}"
+        );
+    }
     let renewed = run(
         with(&[
             "heartbeat",
@@ -1643,12 +1712,17 @@ async fn a_leased_slot_is_renewed_by_heartbeats_and_taken_back_once_it_lapses() 
             "leased",
             "--holder",
             "a",
+            "--token",
+            &token.to_string(),
             "--lease",
             "1",
         ]),
         0,
     );
-    assert_eq!(renewed["outcome"], "renewed");
+    assert_eq!(
+        (&renewed["outcome"], &renewed["as"]),
+        (&json!("renewed"), &json!("holder"))
+    );
     let status = run(with(&["status", "--lock", "leased"]), 0);
     assert_eq!(status["holders"][0]["lease_until"], renewed["lease_until"]);
     // Within the lease: full.
@@ -1717,13 +1791,7 @@ async fn throttles_and_lost_answers_are_retried_past_three_attempts_and_a_give_u
         proxy.fault_next("UpdateItem", Verdict::Answer(Canned::Throttled));
     }
     let released = s
-        .json_via(
-            &url,
-            &[
-                "release", "--lock", "busy", "--holder", "a", "--weight", "1",
-            ],
-            0,
-        )
+        .json_via(&url, &["release", "--lock", "busy", "--holder", "a"], 0)
         .await;
     assert_eq!(released["outcome"], "released", "{released}");
     assert_eq!(proxy.pending(), 0, "every throttle was met");
@@ -1753,8 +1821,6 @@ async fn throttles_and_lost_answers_are_retried_past_three_attempts_and_a_give_u
             "busy",
             "--holder",
             "c",
-            "--weight",
-            "1",
         ],
     );
     let out = tokio::task::spawn_blocking(move || command.output().expect("run semctl"))

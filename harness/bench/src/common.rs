@@ -42,18 +42,19 @@ pub async fn take_slots(
     sem: &Semaphore<DynamoStore>,
     lock: &LockName,
     holders: &[(String, String)],
-) -> Result<()> {
+) -> Result<Vec<u64>> {
+    let mut tokens = Vec::with_capacity(holders.len());
     for (holder, acquisition) in holders {
         match sem
             .acquire(lock, &id(holder, acquisition), limit(1000))
             .await
             .with_context(|| format!("taking a slot of {lock}"))?
         {
-            AcquireOutcome::Acquired { .. } => {}
+            AcquireOutcome::Acquired { token, .. } => tokens.push(token.0),
             other => bail!("taking a slot of {lock} gave {other:?}"),
         }
     }
-    Ok(())
+    Ok(tokens)
 }
 
 /// A state machine `<name>-<random>` of `definition` on the local Step Functions: its ARN.

@@ -275,10 +275,14 @@ async fn prepare(
             .collect(),
         // The payload of the release state: the acquire answer.
         "release" => {
-            take_slots(sem, &lock_name, &holders).await?;
+            let tokens = take_slots(sem, &lock_name, &holders).await?;
             holders
                 .iter()
-                .map(|(h, a)| json!({"semaphore": {"lock": lock, "holder": h, "acquisition": a}}))
+                .zip(tokens)
+                .map(|((h, a), token)| {
+                    json!({"semaphore": {"lock": lock, "holder": h, "acquisition": a,
+                                         "token": token}})
+                })
                 .collect()
         }
         "cleanup" => {

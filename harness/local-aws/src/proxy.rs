@@ -29,7 +29,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use semaphore_core::dynamo::TOKEN_SPAN;
+use semaphore_core::dynamo::{TIME_SPAN, VERSION_UNIT, WEIGHT_SPAN};
 use semaphore_core::{FenceKey, Identity};
 use serde_json::{Map, Value};
 use tokio::net::TcpListener;
@@ -467,7 +467,10 @@ pub fn recognise(operation: Option<&str>, body: &[u8]) -> Option<ProtocolWrite> 
                     .as_object()?
                     .iter()
                     .find_map(|(key, packed)| {
-                        (wire::number(packed)? % TOKEN_SPAN == version)
+                        // The holding's token (below its weight, above its time) is the
+                        // version the put makes (stored times VERSION_UNIT).
+                        let token = (wire::number(packed)? % WEIGHT_SPAN) / TIME_SPAN;
+                        (token * VERSION_UNIT == version)
                             .then(|| Identity::from_slot_key(key).ok())
                             .flatten()
                     });

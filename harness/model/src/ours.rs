@@ -25,8 +25,8 @@ use clap::ValueEnum;
 use semaphore_core::item::{FenceKey, Identity, Layout, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, FenceReason, Step, Timing, WriteResult};
 use semaphore_core::{
-    AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockConfig, LockName,
-    ReleaseOutcome, Terms, Weight, Write,
+    AcquireOutcome, AcquisitionId, Change, Check, HolderId, Limit, LockConfig, LockName, Terms,
+    Weight, Write,
 };
 
 use crate::hash::{hash_one, Build};
@@ -937,10 +937,10 @@ impl Ours {
                     claim_of(&write),
                     result,
                 )) {
-                    // F15: the earlier runs only once this run's release freed its own slot.
-                    Step::Done((outcome @ ReleaseOutcome::Released { .. }, _))
-                        if self.clears_runs(op) =>
-                    {
+                    // Whatever its own slot's outcome: the release function frees the earlier runs
+                    // once its token freed its slot, or else once Step Functions says the
+                    // execution is in this run (F15), which a run of this world always is.
+                    Step::Done((outcome, _)) if self.clears_runs(op) => {
                         say(log.as_deref_mut(), || {
                             format!("{outcome:?}; then the earlier runs: it ")
                         });

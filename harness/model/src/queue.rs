@@ -2325,9 +2325,9 @@ mod tests {
         // Pinned: the hand-offs compared, and how many (woke, kept a slot for a waiter not woken,
         // freed a dead waiter's grant, skipped a dead waiter).
         for (limit, weights, expected) in [
-            (1, [1; MAX_WAITERS], (2_531, [404, 86, 84, 49])),
-            (2, [1; MAX_WAITERS], (2_823, [840, 195, 207, 130])),
-            (2, [1, 2, 1, 1], (3_104, [405, 87, 96, 57])),
+            (1, [1; MAX_WAITERS], (2_515, [394, 82, 84, 49])),
+            (2, [1; MAX_WAITERS], (2_838, [852, 195, 207, 132])),
+            (2, [1, 2, 1, 1], (3_097, [401, 85, 96, 58])),
         ] {
             let world = QueueWorld::new(
                 QueueConfig {

@@ -104,25 +104,27 @@ fn every_broken_variant_of_ours_is_caught_in_the_default_world() {
     for (variant, property, steps, states, transitions) in [
         ("cleanup-without-fence", "S3", 5, 609, 1_676),
         ("cleanup-skips-when-nothing-held", "S2", 4, 195, 485),
-        ("release-without-fence", "S3", 8, 7_948, 25_901),
+        ("release-without-fence", "S3", 8, 7_948, 25_909),
         ("acquire-without-limit", "S1", 4, 98, 261),
         ("acquire-checks-fences-when-sent", "S3", 5, 611, 1_678),
-        ("rotation-without-horizon", "S3", 10, 34_385, 128_811),
-        ("release-without-weight-check", "S1", 7, 2_374, 7_139),
+        ("rotation-without-horizon", "S3", 10, 34_474, 129_127),
+        // A zombie release landing after the cleanup that freed its slot (a holder's release
+        // shows its slot's token; one that holds nothing releases as the operator: its fence).
+        ("release-without-weight-check", "S1", 11, 42_314, 160_964),
         // On a lock configured with limit 1 whose executions ask for 2 (by default for it).
         ("acquire-ignores-configuration", "S1", 4, 98, 261),
         // With redrives (one by default for these).
         ("redrive-without-guard", "S1", 5, 535, 1_280),
-        ("redrive-reuses-acquisition", "S1", 9, 55_714, 174_026),
+        ("redrive-reuses-acquisition", "S1", 9, 55_881, 174_328),
         ("cleanup-ignores-redrive", "L1", 6, 4_218, 11_295),
         (
             "cleanup-checks-running-only-before-fence",
             "S1",
             7,
-            5_602,
-            15_056,
+            5_603,
+            15_057,
         ),
-        ("release-frees-only-its-run", "S2", 9, 38_217, 116_605),
+        ("release-frees-only-its-run", "S2", 8, 15_341, 43_808),
     ] {
         caught(
             &format!("--variant {variant}"),
@@ -135,28 +137,28 @@ fn every_broken_variant_of_ours_is_caught_in_the_default_world() {
     caught(
         "--limit 2 --weights 2,1,1 --variant release-without-weight-check",
         "S1",
-        7,
-        6_405,
-        18_496,
+        11,
+        113_896,
+        431_177,
     );
     caught(
         "--variant one-fence-for-every-run --executions 1 --deaths 2 --retries 0",
         "S3",
         14,
-        19_126,
-        52_066,
+        21_176,
+        57_132,
     );
 }
 
 /// Leases (F13) in their own world.
 #[test]
 fn leases_pass_and_every_broken_variant_of_them_is_caught() {
-    passes("--leases", 168_212, 606_550, 22);
+    passes("--leases", 158_233, 577_692, 20);
     caught(
         "--leases --variant take-back-without-fence",
         "S3",
         9,
-        7_086,
+        7_090,
         13_158,
     );
     caught(
@@ -170,7 +172,7 @@ fn leases_pass_and_every_broken_variant_of_them_is_caught() {
         "--leases --variant take-back-without-skew",
         "S1",
         7,
-        1_539,
+        1_541,
         2_340,
     );
 }
@@ -179,25 +181,25 @@ fn leases_pass_and_every_broken_variant_of_them_is_caught() {
 /// parked execution that may be stopped, in one line, with clocks a skew apart.
 #[test]
 fn pollers_pass_and_every_broken_variant_of_them_is_caught() {
-    passes("--pollers", 3_736_568, 13_817_883, 49);
+    passes("--pollers", 3_734_858, 13_813_254, 49);
     for (variant, property, steps, states, transitions) in [
         ("grant-without-lease", "S2", 8, 547, 1_212),
-        ("hand-off-grants-stopped-poller", "F8", 15, 16_451, 40_299),
+        ("hand-off-grants-stopped-poller", "F8", 15, 16_441, 40_287),
         (
             "leave-stopped-without-record-check",
             "L2",
             19,
-            83_627,
-            211_817,
+            83_593,
+            211_777,
         ),
         ("stopped-without-skew", "L2", 10, 1_534, 3_567),
-        ("poll-keeps-old-time", "L2", 19, 83_949, 212_632),
+        ("poll-keeps-old-time", "L2", 19, 83_915, 212_592),
         (
             "poller-counts-from-the-poll-that-found-it",
             "S1",
             18,
-            62_299,
-            155_069,
+            62_272,
+            155_036,
         ),
     ] {
         caught(
@@ -209,7 +211,7 @@ fn pollers_pass_and_every_broken_variant_of_them_is_caught() {
         );
     }
     // The edge of what is promised: a poll window longer than the lease.
-    caught("--pollers --poll-ticks 2", "L1", 16, 24_795, 62_404);
+    caught("--pollers --poll-ticks 2", "L1", 16, 24_781, 62_384);
 }
 
 #[test]
@@ -227,54 +229,54 @@ fn every_broken_variant_of_the_line_is_caught() {
             "--variant hand-off-without-wake-retry",
             "L1",
             19,
-            481_125,
-            1_422_571,
+            480_370,
+            1_420_000,
         ),
         (
             "--limit 1 --weights 1,1 --executions 2 --variant hand-off-without-wake-retry",
             "F8",
             15,
-            9_612,
-            22_425,
+            9_556,
+            22_299,
         ),
         (
             "--variant dead-waiter-not-skipped",
             "F8",
             21,
             953_823,
-            2_933_356,
+            2_932_232,
         ),
-        ("--variant grant-ignores-weight", "S1", 16, 219_823, 632_235),
+        ("--variant grant-ignores-weight", "S1", 16, 219_161, 630_347),
         // The one acquire state's check (issue #26): it must keep the place, and give the
         // record the new attempt's token.
         (
             "--limit 1 --weights 1,1,1 --variant check-takes-a-new-place",
             "L2",
             9,
-            14_178,
+            14_177,
             39_846,
         ),
         (
             "--limit 1 --weights 1,1 --executions 2 --timeouts 1 --variant check-keeps-old-token",
             "F8",
             13,
-            41_501,
-            119_249,
+            41_339,
+            119_001,
         ),
         // The edges of what is promised.
         (
             "--limit 1 --weights 1,1,1 --no-sweeper",
             "L1",
             12,
-            45_809,
-            134_307,
+            45_720,
+            134_190,
         ),
         (
             "--limit 1 --weights 1,1,1 --strict-order",
             "L2",
             13,
-            64_934,
-            191_783,
+            64_748,
+            191_420,
         ),
     ] {
         caught(
@@ -311,9 +313,9 @@ fn limit_2_world() {
 fn configured_lock_world() {
     passes(
         "--executions 2 --limit 2 --configured-limit 1",
-        166_195,
-        711_160,
-        31,
+        158_426,
+        676_860,
+        30,
     );
 }
 

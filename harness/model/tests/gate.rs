@@ -37,7 +37,7 @@ fn the_gate_is_safe_when_the_clock_moves_and_tombstones_are_dropped() {
     assert_passes(
         "gate, 2 ticks, 3 rotations",
         &report,
-        (650_700, 2_831_482, 31),
+        (598_839, 2_608_059, 30),
     );
 }
 
@@ -52,7 +52,7 @@ fn the_gate_is_safe_when_a_failed_or_stopped_execution_is_redriven() {
         ..Config::small(1)
     });
     let report = check_ours(config, Variant::Real, None);
-    assert_passes("gate, 1 redrive", &report, (200_354, 710_236, 26));
+    assert_passes("gate, 1 redrive", &report, (165_927, 588_773, 24));
 }
 
 #[test]

@@ -9,7 +9,7 @@ use support::{assert_caught, assert_passes};
 #[test]
 fn leases_pass_with_two_holders_a_retry_a_heartbeat_and_three_ticks() {
     let report = check_leases(LeaseConfig::small(), LeaseVariant::Real, None);
-    assert_passes("leases", &report, (168_212, 606_550, 22));
+    assert_passes("leases", &report, (158_233, 577_692, 20));
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn pollers_pass_with_a_holder_a_poller_that_may_stop_and_a_parked_execution_that
         ..PollConfig::small()
     };
     let report = check_pollers(config, PollVariant::Real, None);
-    assert_passes("pollers, 2 polls", &report, (1_717_329, 6_253_909, 43));
+    assert_passes("pollers, 2 polls", &report, (1_716_273, 6_251_054, 43));
 }
 
 #[test]

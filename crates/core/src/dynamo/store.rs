@@ -359,6 +359,14 @@ fn in_layout(
     }
 }
 
+/// A transaction's cancellation reasons as their codes, one per action (`None` for an action
+/// that did not fail). Never the reasons whole: with `ALL_OLD` each carries its item, and a
+/// waiter's record holds its task token, a bearer credential that must not reach a log.
+fn reason_codes(reasons: &[CancellationReason]) -> String {
+    let codes: Vec<&str> = reasons.iter().map(|r| r.code().unwrap_or("None")).collect();
+    format!("[{}]", codes.join(", "))
+}
+
 /// What became of a transaction ([`DynamoStore::send_transaction`]).
 pub(super) enum Transacted {
     Committed,
@@ -665,7 +673,8 @@ impl DynamoStore {
                 throttled += 1;
                 if throttled >= throttle_attempts {
                     return Err(failed(format!(
-                        "throttled {throttled} times: cancelled: {reasons:?}"
+                        "throttled {throttled} times: cancelled: {}",
+                        reason_codes(reasons)
                     )));
                 }
                 token = retry::new_token();
@@ -684,7 +693,7 @@ impl DynamoStore {
                 continue;
             }
             if !has("ConditionalCheckFailed") {
-                return Err(failed(format!("cancelled: {reasons:?}")));
+                return Err(failed(format!("cancelled: {}", reason_codes(reasons))));
             }
             return Ok(Transacted::Refused(reasons.to_vec()));
         }

@@ -80,7 +80,7 @@ impl<S: ItemStore> Semaphore<S> {
         let mut answer = QueueOutcome::Expired;
         for _ in 0..super::CONFIG_ROUNDS {
             // F14: in line on the configuration's terms, as an acquire would take them.
-            let config = self.assumed_config(&waiter.lock);
+            let config = self.acquiring_config(&waiter.lock).await?;
             let terms = terms_on(config.as_ref(), &waiter.lock, waiter.terms)?;
             let waiter = Waiter {
                 terms,

@@ -26,6 +26,19 @@ pub mod sweep;
 /// the one it assumed (F14): once to learn it, once more if an operator changed it meanwhile.
 pub const CONFIG_ROUNDS: usize = 3;
 
+/// Which locks an acquisition may take only once an operator configured them
+/// (`RequireConfiguredLocks`): on a shared stack, no caller then creates a lock with a limit of
+/// its own choosing (F14).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ConfiguredOnly {
+    /// Any lock: an unconfigured lock takes its caller's terms.
+    #[default]
+    No,
+    /// Every lock but `except` (the stack's default lock, whose terms are the stack's own
+    /// parameters whatever a caller asks).
+    Yes { except: Option<LockName> },
+}
+
 /// A semaphore protocol bound to a store. Cheap to clone (clones share what they learnt of the
 /// locks' configurations, and the slots they took back).
 #[derive(Debug, Clone)]
@@ -42,6 +55,7 @@ pub struct Semaphore<S> {
     /// ([`Semaphore::drain_taken_back`]): a take-back happens inside an acquire, a hand-off or a
     /// sweep, and the function that sent it reports it (its metric, the sweeper's notice).
     taken_back: Arc<Mutex<VecDeque<TakenBackSlot>>>,
+    configured_only: ConfiguredOnly,
 }
 
 /// Most take-backs kept for [`Semaphore::drain_taken_back`]: a program that never collects
@@ -57,6 +71,40 @@ impl<S: ItemStore> Semaphore<S> {
             busy_young_fences: protocol::BUSY_YOUNG_FENCES,
             configs: Arc::default(),
             taken_back: Arc::default(),
+            configured_only: ConfiguredOnly::No,
+        }
+    }
+
+    /// Takes only locks an operator configured, but `except` (see [`ConfiguredOnly`]).
+    pub fn with_configured_only(mut self, configured_only: ConfiguredOnly) -> Self {
+        self.configured_only = configured_only;
+        self
+    }
+
+    /// The configuration an acquisition of `lock` assumes: as last seen; and when only
+    /// configured locks may be taken, read first if never seen, and none is
+    /// [`Error::NotConfigured`] (nothing written). The write checks the configuration it
+    /// assumes, so one an operator removed meanwhile is refused, learnt, and refused here.
+    async fn acquiring_config(&self, lock: &LockName) -> Result<Option<LockConfig>, Error> {
+        let required = match &self.configured_only {
+            ConfiguredOnly::No => false,
+            ConfiguredOnly::Yes { except } => except.as_ref() != Some(lock),
+        };
+        if !required {
+            return Ok(self.assumed_config(lock));
+        }
+        let known = self.configs.lock().expect("configs").get(lock).copied();
+        let config = match known {
+            Some(config) => config,
+            None => {
+                let config = self.store.load(lock).await?.and_then(|item| item.config);
+                self.saw_config(lock, config);
+                config
+            }
+        };
+        match config {
+            Some(config) => Ok(Some(config)),
+            None => Err(Error::NotConfigured { lock: lock.clone() }),
         }
     }
 

@@ -214,7 +214,7 @@ impl<S: ItemStore> Semaphore<S> {
         let asked = terms.into();
         let mut last = (AcquireOutcome::Expired, None);
         for _ in 0..super::CONFIG_ROUNDS {
-            let config = self.assumed_config(lock);
+            let config = self.acquiring_config(lock).await?;
             let terms = terms_on(config.as_ref(), lock, asked)?;
             let write = match protocol::acquire(
                 lock,
