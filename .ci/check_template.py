@@ -32,6 +32,10 @@ Usage (the venv's python: samtranslator and parliament live there):
                                              parameters and defaults (and samconfig.toml's),
                                              exports and SSM parameters, alarms (each with a
                                              runbook entry), the functions' DynamoDB actions
+  check_template.py trust  [template.yaml]  a "*" prefix is refused by the Rules unless
+                                             AllowAccountWidePrefixes=true; no machine logs
+                                             execution data unless LogExecutionData=true; the
+                                             acquire function gets RequireConfiguredLocks
   check_template.py selftest [template.yaml] each check above fails on a template broken
                                              for it (and passes on the template itself)
 Prints what it measured; exits 1 on any failure.
@@ -1188,6 +1192,73 @@ def check_docs(template, root):
     return not failures
 
 
+# ----------------------------------------------------------- the trust boundary
+
+# The parameters that reach every machine or function of the account with "*", the one that
+# acknowledges it, the one that opts into execution data in the logs, the acquire function's
+# switch for unconfigured locks.
+ACCOUNT_WIDE_PREFIXES = ("ProtectedStateMachinePrefix", "WorkStateMachinePrefix", "WorkFunctionPrefix")
+ACKNOWLEDGEMENT = "AllowAccountWidePrefixes"
+EXECUTION_DATA = "LogExecutionData"
+REQUIRE_CONFIGURED = ("RequireConfiguredLocks", "AcquireFunction", "REQUIRE_CONFIGURED_LOCKS")
+
+
+def refused_by_rules(template, values):
+    """The AssertDescriptions of the template's Rules that `values` break (CloudFormation
+    refuses such a deploy before it changes anything)."""
+    stack = Stack(template, typed(template, values), "stack")
+    refused = []
+    for name, rule in template.get("Rules", {}).items():
+        if "RuleCondition" in rule and not stack.truth(rule["RuleCondition"]):
+            continue
+        for assertion in rule.get("Assertions", []):
+            if not stack.truth(assertion["Assert"]):
+                refused.append(f"{name}: {' '.join(str(assertion.get('AssertDescription', '')).split())}")
+    return refused
+
+
+def check_trust(template, root):
+    """A "*" prefix is refused unless acknowledged; no machine logs execution data unless asked;
+    the acquire function gets the RequireConfiguredLocks switch."""
+    parameters = template.get("Parameters", {})
+    defaults = {n: str(s["Default"]) for n, s in parameters.items() if "Default" in s}
+    failures = []
+    for name in (*ACCOUNT_WIDE_PREFIXES, ACKNOWLEDGEMENT, EXECUTION_DATA, REQUIRE_CONFIGURED[0]):
+        if name not in parameters:
+            failures.append(f"no parameter {name}")
+    if failures:
+        for f in failures:
+            print("FAIL", f)
+        return False
+    cases = [("the defaults", {}, False), ("every prefix team-", {p: "team-" for p in ACCOUNT_WIDE_PREFIXES}, False)]
+    for p in ACCOUNT_WIDE_PREFIXES:
+        cases.append((f'{p}="*"', {p: "*"}, True))
+        cases.append((f'{p}="*", {ACKNOWLEDGEMENT}=true', {p: "*", ACKNOWLEDGEMENT: "true"}, False))
+    for what, change, refuse in cases:
+        refused = refused_by_rules(template, {**defaults, **change})
+        print(f"{what}: {'refused (' + refused[0] + ')' if refused else 'accepted'}")
+        if bool(refused) != refuse:
+            failures.append(f"{what}: the Rules {'accept' if not refused else 'refuse'} it, expected {'refused' if refuse else 'accepted'}")
+    function, variable = REQUIRE_CONFIGURED[1], REQUIRE_CONFIGURED[2]
+    for value in ("false", "true"):
+        values = {**defaults, EXECUTION_DATA: value, REQUIRE_CONFIGURED[0]: value}
+        _, rendered = render(template, values, "stack", partition="aws", region="us-east-1")
+        machines = {k: r for k, r in rendered.items() if r["Type"] == "AWS::StepFunctions::StateMachine"}
+        logged = sorted(
+            k for k, r in machines.items() if r["Properties"].get("LoggingConfiguration", {}).get("IncludeExecutionData") in (True, "true")
+        )
+        expected = sorted(machines) if value == "true" else []
+        print(f"{EXECUTION_DATA}={value}: {len(logged)} of {len(machines)} machines log execution data")
+        if logged != expected:
+            failures.append(f"{EXECUTION_DATA}={value}: machines logging execution data {logged}, expected {expected}")
+        got = rendered.get(function, {}).get("Properties", {}).get("Environment", {}).get("Variables", {}).get(variable)
+        if got != value:
+            failures.append(f"{REQUIRE_CONFIGURED[0]}={value}: {function}'s {variable} is {got!r}")
+    for f in failures:
+        print("FAIL", f)
+    return not failures
+
+
 def run(check, template, root):
     try:
         return CHECKS[check](template, root)
@@ -1250,6 +1321,12 @@ def breakages(template):
         statements = t["Resources"]["ReleaseFunction"]["Properties"]["Policies"][-1]["Statement"]
         statements[0]["Action"].append("dynamodb:Query")
 
+    def star_unacknowledged(t):
+        t.pop("Rules")
+
+    def execution_data_always(t):
+        t["Resources"]["SweeperStateMachine"]["Properties"]["Logging"]["IncludeExecutionData"] = True
+
     def body_edit(old, new):
         def change(t):
             sub = t["Resources"]["SemaphoreDashboard"]["Properties"]["DashboardBody"]
@@ -1268,6 +1345,8 @@ def breakages(template):
         ("sizes", "a ProtectedStateMachineArns list parameter", list_parameter, None),
         ("prefixes", "a cleanup rule that ignores ProtectedStateMachinePrefix", rule_without_prefix, "CleanupStateMachine"),
         ("iam", "dynamodb:GetItem on a state machine ARN in HandOffPolicy", dynamodb_read_on_a_machine, "HandOffPolicy"),
+        ("trust", "no Rules: a \"*\" prefix deploys unacknowledged", star_unacknowledged, None),
+        ("trust", "the sweeper machine logging execution data whatever LogExecutionData says", execution_data_always, "SweeperStateMachine"),
         ("docs", "a seventh machine named <stack name>-<suffix>", seventh_fixed_name, "DemoWorkStateMachine"),
         ("docs", "MaxWaitSeconds defaulting to 900", max_wait_default, None),
         ("docs", "an alarm no doc lists", unlisted_alarm, "ReclaimedSlotsAlarm"),
@@ -1305,6 +1384,7 @@ CHECKS = {
     "pitr": check_pitr,
     "dashboard": check_dashboard,
     "docs": check_docs,
+    "trust": check_trust,
     "selftest": check_selftest,
 }
 
