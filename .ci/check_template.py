@@ -26,7 +26,8 @@ Usage (the venv's python: samtranslator and parliament live there):
   check_template.py dashboard [template.yaml] every dashboard body is JSON within CloudWatch's
                                              limits and plots only (and every one of) the
                                              metrics the functions write, where they write
-                                             them; alarms on them watch written metrics too
+                                             them; alarms on them watch written metrics too;
+                                             every alarm is on an alarm widget
   check_template.py docs   [template.yaml]  what the docs quote of the template is its own:
                                              counts ("six machines are named ..."), the
                                              parameters and defaults (and samconfig.toml's),
@@ -424,6 +425,12 @@ class Stack:
         if key == "Fn::Select":
             index, items = int(self.resolve(arg[0])), self.resolve(arg[1])
             return items[index]
+        if key == "Fn::FindInMap":
+            name, top, second = (str(self.resolve(a)) for a in arg)
+            try:
+                return self.template["Mappings"][name][top][second]
+            except KeyError:
+                raise CheckError(f"Fn::FindInMap [{name}, {top}, {second}]: no such entry") from None
         if key == "Fn::If":
             name, then, otherwise = arg
             return self.resolve(then if self.condition(name) else otherwise)
@@ -863,6 +870,13 @@ def check_dashboard(template, root):
                     failures.append(f"{case}: widget \"{title}\" plots {ns} {name} with an empty dimension value")
             for name, dims in sorted(written - seen):
                 failures.append(f"{case}: {logical_id} does not plot {name} by {list(dims)}, which the functions write")
+            # Every alarm of the stack on the alarm widget, so that a red one is seen there.
+            shown = [a for w in widgets if w.get("type") == "alarm" for a in w.get("properties", {}).get("alarms", [])]
+            alarms = [k for k, a in rendered.items() if a["Type"] == "AWS::CloudWatch::Alarm"]
+            for alarm in alarms:
+                if not any(f"-{alarm}-" in arn for arn in shown):
+                    failures.append(f"{case}: {logical_id}'s alarm widgets do not show {alarm}")
+            print(f"{case}: {logical_id}: {len(shown)} alarms on its alarm widgets, {len(alarms)} in the stack")
         for logical_id, r in rendered.items():
             props = r["Properties"]
             if r["Type"] == "AWS::CloudWatch::Alarm" and props.get("Namespace") == namespace:
@@ -1158,6 +1172,11 @@ def check_docs(template, root):
     listed = sorted({n for row in rows for n in ticked(row[0]) if n.endswith("Alarm")})
     if listed != alarms:
         failures.append(f"docs/operations.md, Alarms and notices: lists {listed}, the template's alarms are {alarms}")
+    # Missing data is a decision per alarm (breaching for a heartbeat, notBreaching for a count
+    # written only when something happens), not CloudWatch's default.
+    for alarm in alarms:
+        if resources[alarm]["Properties"].get("TreatMissingData") not in ("breaching", "notBreaching", "ignore"):
+            failures.append(f"{alarm}: no TreatMissingData (say what missing data means for it)")
     runbook = operations.split("\n## Runbook", 1)[-1]
     headings = " ".join(line for line in runbook.splitlines() if line.startswith("### "))
     for alarm in alarms:
@@ -1317,6 +1336,9 @@ def breakages(template):
     def unlisted_alarm(t):
         t["Resources"]["ReclaimedSlotsAgainAlarm"] = copy.deepcopy(t["Resources"]["ReclaimedSlotsAlarm"])
 
+    def missing_data_undecided(t):
+        t["Resources"]["SweeperNotSucceedingAlarm"]["Properties"].pop("TreatMissingData")
+
     def release_queries_locks(t):
         statements = t["Resources"]["ReleaseFunction"]["Properties"]["Policies"][-1]["Statement"]
         statements[0]["Action"].append("dynamodb:Query")
@@ -1338,6 +1360,7 @@ def breakages(template):
         return change
 
     for check, what, change, needs in (
+        ("dashboard", "the alarm widget without SweeperNotSucceedingAlarm", body_edit('"${SweeperNotSucceedingAlarm.Arn}",', ""), "SemaphoreDashboard"),
         ("dashboard", "a DashboardBody with an unclosed bracket", body_edit('"widgets": [', '"widgets": [['), "SemaphoreDashboard"),
         ("dashboard", "a widget plotting WaitTimes, which no function writes", body_edit('\\"WaitTime\\"', '\\"WaitTimes\\"'), "SemaphoreDashboard"),
         ("names", "-your-workflow-example as the example machine's suffix", long_machine_name, "YourWorkflowExampleStateMachine"),
@@ -1350,6 +1373,7 @@ def breakages(template):
         ("docs", "a seventh machine named <stack name>-<suffix>", seventh_fixed_name, "DemoWorkStateMachine"),
         ("docs", "MaxWaitSeconds defaulting to 900", max_wait_default, None),
         ("docs", "an alarm no doc lists", unlisted_alarm, "ReclaimedSlotsAlarm"),
+        ("docs", "SweeperNotSucceedingAlarm without TreatMissingData", missing_data_undecided, "SweeperNotSucceedingAlarm"),
         ("docs", "dynamodb:Query on the semaphore table for the release function", release_queries_locks, "ReleaseFunction"),
     ):
         if needs and needs not in resources:
