@@ -111,6 +111,7 @@ check --show "DefinitionSubstitutions keys == \${...} used, the consumer example
 # (.ci/check_template.py names the AWS quota of each).
 check --show "names built from the stack name fit their AWS limits at the longest stack name" "$PY" .ci/check_template.py names template.yaml
 check --show "every DynamoDB table has the same point-in-time recovery" "$PY" .ci/check_template.py pitr template.yaml
+check --show "every DynamoDB table keeps its data on a replacing update and on the stack's deletion" "$PY" .ci/check_template.py retain template.yaml
 check --show "environments, policies and event patterns fit AWS quotas with every parameter at its longest, and no parameter takes an ARN list" "$PY" .ci/check_template.py sizes template.yaml
 check --show "the cleanup rule, IAM and the functions cover the same machines at every prefix" "$PY" .ci/check_template.py prefixes template.yaml
 check --show "the dashboard body is JSON within CloudWatch's limits and plots exactly the metrics the functions write" "$PY" .ci/check_template.py dashboard template.yaml

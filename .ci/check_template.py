@@ -37,6 +37,8 @@ Usage (the venv's python: samtranslator and parliament live there):
                                              AllowAccountWidePrefixes=true; no machine logs
                                              execution data unless LogExecutionData=true; the
                                              acquire function gets RequireConfiguredLocks
+  check_template.py retain [template.yaml]  every table is kept on a replacing update and on
+                                             the stack's deletion
   check_template.py selftest [template.yaml] each check above fails on a template broken
                                              for it (and passes on the template itself)
 Prints what it measured; exits 1 on any failure.
@@ -1278,6 +1280,24 @@ def check_trust(template, root):
     return not failures
 
 
+def check_retain(template, root):
+    """Every table keeps its data when CloudFormation would delete it: on a replacing update
+    (UpdateReplacePolicy Retain; DynamoDB has no Snapshot) and on the stack's deletion."""
+    failures = []
+    for logical_id, r in template["Resources"].items():
+        if r["Type"] != "AWS::DynamoDB::Table":
+            continue
+        replace, delete = r.get("UpdateReplacePolicy", "Delete"), r.get("DeletionPolicy", "Delete")
+        print(f"{logical_id}: UpdateReplacePolicy {replace}, DeletionPolicy {delete}")
+        if replace != "Retain":
+            failures.append(f"{logical_id}: UpdateReplacePolicy {replace}: a replacing update would delete its holders, waiters and lock configurations")
+        if delete not in ("Retain", "RetainExceptOnCreate"):
+            failures.append(f"{logical_id}: DeletionPolicy {delete}: deleting the stack (or renaming the resource) would delete its data")
+    for f in failures:
+        print("FAIL", f)
+    return not failures
+
+
 def run(check, template, root):
     try:
         return CHECKS[check](template, root)
@@ -1339,6 +1359,9 @@ def breakages(template):
     def missing_data_undecided(t):
         t["Resources"]["SweeperNotSucceedingAlarm"]["Properties"].pop("TreatMissingData")
 
+    def queue_table_deleted_on_replace(t):
+        t["Resources"]["QueueTable"]["UpdateReplacePolicy"] = "Delete"
+
     def release_queries_locks(t):
         statements = t["Resources"]["ReleaseFunction"]["Properties"]["Policies"][-1]["Statement"]
         statements[0]["Action"].append("dynamodb:Query")
@@ -1365,6 +1388,7 @@ def breakages(template):
         ("dashboard", "a widget plotting WaitTimes, which no function writes", body_edit('\\"WaitTime\\"', '\\"WaitTimes\\"'), "SemaphoreDashboard"),
         ("names", "-your-workflow-example as the example machine's suffix", long_machine_name, "YourWorkflowExampleStateMachine"),
         ("pitr", "QueueTable without point-in-time recovery", queue_table_without_pitr, "QueueTable"),
+        ("retain", "QueueTable deleted on a replacing update", queue_table_deleted_on_replace, "QueueTable"),
         ("sizes", "a ProtectedStateMachineArns list parameter", list_parameter, None),
         ("prefixes", "a cleanup rule that ignores ProtectedStateMachinePrefix", rule_without_prefix, "CleanupStateMachine"),
         ("iam", "dynamodb:GetItem on a state machine ARN in HandOffPolicy", dynamodb_read_on_a_machine, "HandOffPolicy"),
@@ -1409,6 +1433,7 @@ CHECKS = {
     "dashboard": check_dashboard,
     "docs": check_docs,
     "trust": check_trust,
+    "retain": check_retain,
     "selftest": check_selftest,
 }
 
