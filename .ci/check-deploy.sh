@@ -114,6 +114,7 @@ check --show "environments, policies and event patterns fit AWS quotas with ever
 check --show "the cleanup rule, IAM and the functions cover the same machines at every prefix" "$PY" .ci/check_template.py prefixes template.yaml
 check --show "the dashboard body is JSON within CloudWatch's limits and plots exactly the metrics the functions write" "$PY" .ci/check_template.py dashboard template.yaml
 check --show "parliament: no IAM finding but the recorded exceptions (.ci/iam-exceptions.json)" "$PY" .ci/check_template.py iam template.yaml
+check --show "every resource type, before and after the SAM transform, is one the Serverless Application Repository supports" "$PY" .ci/check_template.py sar template.yaml
 check --show "each template check fails on a template broken for it" "$PY" .ci/check_template.py selftest template.yaml
 
 echo "deploy-checks: $passed passed, $failed failed"

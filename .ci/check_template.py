@@ -27,6 +27,9 @@ Usage (the venv's python: samtranslator and parliament live there):
                                              limits and plots only (and every one of) the
                                              metrics the functions write, where they write
                                              them; alarms on them watch written metrics too
+  check_template.py sar    [template.yaml]  every resource type, before and after the SAM
+                                             transform, is on the Serverless Application
+                                             Repository's list of supported resources
   check_template.py selftest [template.yaml] each check above fails on a template broken
                                              for it (and passes on the template itself)
 Prints what it measured; exits 1 on any failure.
@@ -940,6 +943,92 @@ def check_iam(template, root):
     return not new and not stale
 
 
+# The AWS Serverless Application Repository's "List of Supported AWS Resources"
+# (https://docs.aws.amazon.com/serverlessrepo/latest/devguide/list-supported-resources.html):
+# `sam publish` of a template with any other type is refused ("... is not a supported Serverless
+# Apps Repository Type"). Written from the AWS documentation's own source of that page,
+# awsdocs/aws-serverlessrepo-developer-guide doc_source/list-supported-resources.md at its last
+# update, commit 5e8664b of 2021-02-08 (the repository was archived in 2023), read 2026-12-07.
+# The live page has grown since (it now begins AWS::AccessAnalyzer::Analyzer,
+# AWS::AmazonMQ::Broker, ...); a type refused here may be supported now: read the page, and add
+# the type with the date it was read.
+SAR_SUPPORTED_TYPES = frozenset(
+    """
+    AWS::AccessAnalyzer::Analyzer AWS::ApiGateway::ApiKey AWS::ApiGateway::Authorizer
+    AWS::ApiGateway::BasePathMapping AWS::ApiGateway::ClientCertificate
+    AWS::ApiGateway::Deployment AWS::ApiGateway::DocumentationPart
+    AWS::ApiGateway::DocumentationVersion AWS::ApiGateway::DomainName
+    AWS::ApiGateway::GatewayResponse AWS::ApiGateway::Method AWS::ApiGateway::Model
+    AWS::ApiGateway::RequestValidator AWS::ApiGateway::Resource AWS::ApiGateway::RestApi
+    AWS::ApiGateway::Stage AWS::ApiGateway::UsagePlan AWS::ApiGateway::UsagePlanKey
+    AWS::ApiGateway::VpcLink AWS::ApiGatewayV2::Api AWS::ApiGatewayV2::ApiMapping
+    AWS::ApiGatewayV2::Authorizer AWS::ApiGatewayV2::Deployment AWS::ApiGatewayV2::DomainName
+    AWS::ApiGatewayV2::Integration AWS::ApiGatewayV2::IntegrationResponse
+    AWS::ApiGatewayV2::Model AWS::ApiGatewayV2::Route AWS::ApiGatewayV2::RouteResponse
+    AWS::ApiGatewayV2::Stage AWS::AppSync::ApiKey AWS::AppSync::DataSource
+    AWS::AppSync::GraphQLApi AWS::AppSync::GraphQLSchema AWS::AppSync::Resolver
+    AWS::ApplicationAutoScaling::ScalableTarget AWS::ApplicationAutoScaling::ScalingPolicy
+    AWS::Athena::NamedQuery AWS::CertificateManager::Certificate
+    AWS::CloudFormation::CustomResource AWS::CloudFormation::Interface
+    AWS::CloudFormation::Macro AWS::CloudFormation::WaitConditionHandle
+    AWS::CloudFront::CloudFrontOriginAccessIdentity AWS::CloudFront::Distribution
+    AWS::CloudFront::StreamingDistribution AWS::CloudTrail::Trail AWS::CloudWatch::Alarm
+    AWS::CloudWatch::AnomalyDetector AWS::CloudWatch::Dashboard AWS::CloudWatch::InsightRule
+    AWS::CodeBuild::Project AWS::CodeCommit::Repository AWS::CodePipeline::CustomActionType
+    AWS::CodePipeline::Pipeline AWS::CodePipeline::Webhook AWS::Cognito::IdentityPool
+    AWS::Cognito::IdentityPoolRoleAttachment AWS::Cognito::UserPool AWS::Cognito::UserPoolClient
+    AWS::Cognito::UserPoolDomain AWS::Cognito::UserPoolGroup
+    AWS::Cognito::UserPoolResourceServer AWS::Cognito::UserPoolUser
+    AWS::Cognito::UserPoolUserToGroupAttachment AWS::Config::AggregationAuthorization
+    AWS::Config::ConfigRule AWS::Config::ConfigurationAggregator
+    AWS::Config::ConfigurationRecorder AWS::Config::DeliveryChannel
+    AWS::Config::RemediationConfiguration AWS::DataPipeline::Pipeline AWS::DynamoDB::Table
+    AWS::EC2::SecurityGroup AWS::EC2::SecurityGroupEgress AWS::EC2::SecurityGroupIngress
+    AWS::ECR::Repository AWS::Elasticsearch::Domain AWS::EventSchemas::Discoverer
+    AWS::EventSchemas::Registry AWS::EventSchemas::Schema AWS::Events::EventBusPolicy
+    AWS::Events::Rule AWS::Glue::Classifier AWS::Glue::Connection AWS::Glue::Crawler
+    AWS::Glue::Database AWS::Glue::DevEndpoint AWS::Glue::Job AWS::Glue::Partition
+    AWS::Glue::Table AWS::Glue::Trigger AWS::IAM::Group AWS::IAM::InstanceProfile
+    AWS::IAM::ManagedPolicy AWS::IAM::Policy AWS::IAM::Role AWS::IoT::Certificate
+    AWS::IoT::Policy AWS::IoT::PolicyPrincipalAttachment AWS::IoT::Thing
+    AWS::IoT::ThingPrincipalAttachment AWS::IoT::TopicRule AWS::KMS::Alias AWS::KMS::Key
+    AWS::Kinesis::Stream AWS::Kinesis::StreamConsumer AWS::Kinesis::Streams
+    AWS::KinesisAnalytics::Application AWS::KinesisAnalytics::ApplicationOutput
+    AWS::KinesisFirehose::DeliveryStream AWS::Lambda::Alias AWS::Lambda::EventInvokeConfig
+    AWS::Lambda::EventSourceMapping AWS::Lambda::Function AWS::Lambda::LayerVersion
+    AWS::Lambda::LayerVersionPermission AWS::Lambda::Permission AWS::Lambda::Version
+    AWS::Logs::Destination AWS::Logs::LogGroup AWS::Logs::LogStream AWS::Logs::MetricFilter
+    AWS::Logs::SubscriptionFilter AWS::Route53::HealthCheck AWS::Route53::HostedZone
+    AWS::Route53::RecordSet AWS::Route53::RecordSetGroup AWS::S3::Bucket AWS::S3::BucketPolicy
+    AWS::SNS::Subscription AWS::SNS::Topic AWS::SNS::TopicPolicy AWS::SQS::Queue
+    AWS::SQS::QueuePolicy AWS::SSM::Association AWS::SSM::Document
+    AWS::SSM::MaintenanceWindowTask AWS::SSM::Parameter AWS::SSM::PatchBaseline
+    AWS::SSM::ResourceDataSync AWS::Serverless::Api AWS::Serverless::Application
+    AWS::Serverless::Function AWS::Serverless::HttpApi AWS::Serverless::LayerVersion
+    AWS::Serverless::SimpleTable AWS::Serverless::StateMachine AWS::StepFunctions::Activity
+    AWS::StepFunctions::StateMachine
+    """.split()
+)
+
+
+def check_sar(template, root):
+    """Every resource type of the template and of its translation (what CloudFormation
+    creates) is one the Serverless Application Repository supports."""
+    values = {n: str(s["Default"]) for n, s in template.get("Parameters", {}).items() if "Default" in s}
+    translated = translate(template, values)
+    ok = True
+    for what, resources in (("template", template["Resources"]), ("translated template", translated["Resources"])):
+        types = {}
+        for logical_id, resource in resources.items():
+            types.setdefault(resource["Type"], []).append(logical_id)
+        refused = sorted(t for t in types if t not in SAR_SUPPORTED_TYPES)
+        for kind in refused:
+            print(f"FAIL {what}: {kind} ({', '.join(types[kind])}) is not on the Serverless Application Repository's list of supported resources")
+        print(f"{what}: {len(resources)} resources of {len(types)} types, {len(types) - len(refused)} on the list")
+        ok = ok and not refused
+    return ok
+
+
 def run(check, template, root):
     try:
         return CHECKS[check](template, root)
@@ -987,6 +1076,9 @@ def breakages(template):
             {"Effect": "Allow", "Action": "dynamodb:GetItem", "Resource": {"Ref": "LockProtectedStateMachine"}}
         )
 
+    def unsupported_by_sar(t):
+        t["Resources"]["UnsupportedInstance"] = {"Type": "AWS::EC2::Instance", "Properties": {"ImageId": "ami-12345678"}}
+
     def body_edit(old, new):
         def change(t):
             sub = t["Resources"]["SemaphoreDashboard"]["Properties"]["DashboardBody"]
@@ -1005,6 +1097,7 @@ def breakages(template):
         ("sizes", "a ProtectedStateMachineArns list parameter", list_parameter, None),
         ("prefixes", "a cleanup rule that ignores ProtectedStateMachinePrefix", rule_without_prefix, "CleanupStateMachine"),
         ("iam", "dynamodb:GetItem on a state machine ARN in HandOffPolicy", dynamodb_read_on_a_machine, "HandOffPolicy"),
+        ("sar", "an AWS::EC2::Instance among the resources", unsupported_by_sar, None),
     ):
         if needs and needs not in resources:
             raise CheckError(f"selftest: the template has no {needs} to break")
@@ -1037,6 +1130,7 @@ CHECKS = {
     "iam": check_iam,
     "pitr": check_pitr,
     "dashboard": check_dashboard,
+    "sar": check_sar,
     "selftest": check_selftest,
 }
 
