@@ -118,6 +118,7 @@ check --show "the dashboard body is JSON within CloudWatch's limits and plots ex
 check --show "parliament: no IAM finding but the recorded exceptions (.ci/iam-exceptions.json)" "$PY" .ci/check_template.py iam template.yaml
 check --show "what the docs quote of the template (counts, parameters and defaults, exports, alarms and their runbook, DynamoDB actions) is its own, and samconfig.toml deploys its defaults" "$PY" .ci/check_template.py docs template.yaml
 check --show "a \"*\" prefix needs AllowAccountWidePrefixes=true (Rules), execution data is logged only with LogExecutionData=true, the acquire function gets RequireConfiguredLocks" "$PY" .ci/check_template.py trust template.yaml
+check --show "every resource type, before and after the SAM transform, is one the Serverless Application Repository supports" "$PY" .ci/check_template.py sar template.yaml
 check --show "each template check fails on a template broken for it" "$PY" .ci/check_template.py selftest template.yaml
 
 # examples/consumer is copied into a team's own repository: it must build there, with nothing

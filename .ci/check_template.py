@@ -39,6 +39,9 @@ Usage (the venv's python: samtranslator and parliament live there):
                                              acquire function gets RequireConfiguredLocks
   check_template.py retain [template.yaml]  every table is kept on a replacing update and on
                                              the stack's deletion
+  check_template.py sar    [template.yaml]  every resource type, before and after the SAM
+                                             transform, is on the Serverless Application
+                                             Repository's list of supported resources
   check_template.py selftest [template.yaml] each check above fails on a template broken
                                              for it (and passes on the template itself)
 Prints what it measured; exits 1 on any failure.
@@ -1296,6 +1299,90 @@ def check_retain(template, root):
     for f in failures:
         print("FAIL", f)
     return not failures
+# The AWS Serverless Application Repository's "List of Supported AWS Resources"
+# (https://docs.aws.amazon.com/serverlessrepo/latest/devguide/list-supported-resources.html):
+# `sam publish` of a template with any other type is refused ("... is not a supported Serverless
+# Apps Repository Type"). Written from the AWS documentation's own source of that page,
+# awsdocs/aws-serverlessrepo-developer-guide doc_source/list-supported-resources.md at its last
+# update, commit 5e8664b of 2021-02-08 (the repository was archived in 2023), read 2026-12-07.
+# The live page has grown since (it now begins AWS::AccessAnalyzer::Analyzer,
+# AWS::AmazonMQ::Broker, ...); a type refused here may be supported now: read the page, and add
+# the type with the date it was read.
+SAR_SUPPORTED_TYPES = frozenset(
+    """
+    AWS::AccessAnalyzer::Analyzer AWS::ApiGateway::ApiKey AWS::ApiGateway::Authorizer
+    AWS::ApiGateway::BasePathMapping AWS::ApiGateway::ClientCertificate
+    AWS::ApiGateway::Deployment AWS::ApiGateway::DocumentationPart
+    AWS::ApiGateway::DocumentationVersion AWS::ApiGateway::DomainName
+    AWS::ApiGateway::GatewayResponse AWS::ApiGateway::Method AWS::ApiGateway::Model
+    AWS::ApiGateway::RequestValidator AWS::ApiGateway::Resource AWS::ApiGateway::RestApi
+    AWS::ApiGateway::Stage AWS::ApiGateway::UsagePlan AWS::ApiGateway::UsagePlanKey
+    AWS::ApiGateway::VpcLink AWS::ApiGatewayV2::Api AWS::ApiGatewayV2::ApiMapping
+    AWS::ApiGatewayV2::Authorizer AWS::ApiGatewayV2::Deployment AWS::ApiGatewayV2::DomainName
+    AWS::ApiGatewayV2::Integration AWS::ApiGatewayV2::IntegrationResponse
+    AWS::ApiGatewayV2::Model AWS::ApiGatewayV2::Route AWS::ApiGatewayV2::RouteResponse
+    AWS::ApiGatewayV2::Stage AWS::AppSync::ApiKey AWS::AppSync::DataSource
+    AWS::AppSync::GraphQLApi AWS::AppSync::GraphQLSchema AWS::AppSync::Resolver
+    AWS::ApplicationAutoScaling::ScalableTarget AWS::ApplicationAutoScaling::ScalingPolicy
+    AWS::Athena::NamedQuery AWS::CertificateManager::Certificate
+    AWS::CloudFormation::CustomResource AWS::CloudFormation::Interface
+    AWS::CloudFormation::Macro AWS::CloudFormation::WaitConditionHandle
+    AWS::CloudFront::CloudFrontOriginAccessIdentity AWS::CloudFront::Distribution
+    AWS::CloudFront::StreamingDistribution AWS::CloudTrail::Trail AWS::CloudWatch::Alarm
+    AWS::CloudWatch::AnomalyDetector AWS::CloudWatch::Dashboard AWS::CloudWatch::InsightRule
+    AWS::CodeBuild::Project AWS::CodeCommit::Repository AWS::CodePipeline::CustomActionType
+    AWS::CodePipeline::Pipeline AWS::CodePipeline::Webhook AWS::Cognito::IdentityPool
+    AWS::Cognito::IdentityPoolRoleAttachment AWS::Cognito::UserPool AWS::Cognito::UserPoolClient
+    AWS::Cognito::UserPoolDomain AWS::Cognito::UserPoolGroup
+    AWS::Cognito::UserPoolResourceServer AWS::Cognito::UserPoolUser
+    AWS::Cognito::UserPoolUserToGroupAttachment AWS::Config::AggregationAuthorization
+    AWS::Config::ConfigRule AWS::Config::ConfigurationAggregator
+    AWS::Config::ConfigurationRecorder AWS::Config::DeliveryChannel
+    AWS::Config::RemediationConfiguration AWS::DataPipeline::Pipeline AWS::DynamoDB::Table
+    AWS::EC2::SecurityGroup AWS::EC2::SecurityGroupEgress AWS::EC2::SecurityGroupIngress
+    AWS::ECR::Repository AWS::Elasticsearch::Domain AWS::EventSchemas::Discoverer
+    AWS::EventSchemas::Registry AWS::EventSchemas::Schema AWS::Events::EventBusPolicy
+    AWS::Events::Rule AWS::Glue::Classifier AWS::Glue::Connection AWS::Glue::Crawler
+    AWS::Glue::Database AWS::Glue::DevEndpoint AWS::Glue::Job AWS::Glue::Partition
+    AWS::Glue::Table AWS::Glue::Trigger AWS::IAM::Group AWS::IAM::InstanceProfile
+    AWS::IAM::ManagedPolicy AWS::IAM::Policy AWS::IAM::Role AWS::IoT::Certificate
+    AWS::IoT::Policy AWS::IoT::PolicyPrincipalAttachment AWS::IoT::Thing
+    AWS::IoT::ThingPrincipalAttachment AWS::IoT::TopicRule AWS::KMS::Alias AWS::KMS::Key
+    AWS::Kinesis::Stream AWS::Kinesis::StreamConsumer AWS::Kinesis::Streams
+    AWS::KinesisAnalytics::Application AWS::KinesisAnalytics::ApplicationOutput
+    AWS::KinesisFirehose::DeliveryStream AWS::Lambda::Alias AWS::Lambda::EventInvokeConfig
+    AWS::Lambda::EventSourceMapping AWS::Lambda::Function AWS::Lambda::LayerVersion
+    AWS::Lambda::LayerVersionPermission AWS::Lambda::Permission AWS::Lambda::Version
+    AWS::Logs::Destination AWS::Logs::LogGroup AWS::Logs::LogStream AWS::Logs::MetricFilter
+    AWS::Logs::SubscriptionFilter AWS::Route53::HealthCheck AWS::Route53::HostedZone
+    AWS::Route53::RecordSet AWS::Route53::RecordSetGroup AWS::S3::Bucket AWS::S3::BucketPolicy
+    AWS::SNS::Subscription AWS::SNS::Topic AWS::SNS::TopicPolicy AWS::SQS::Queue
+    AWS::SQS::QueuePolicy AWS::SSM::Association AWS::SSM::Document
+    AWS::SSM::MaintenanceWindowTask AWS::SSM::Parameter AWS::SSM::PatchBaseline
+    AWS::SSM::ResourceDataSync AWS::Serverless::Api AWS::Serverless::Application
+    AWS::Serverless::Function AWS::Serverless::HttpApi AWS::Serverless::LayerVersion
+    AWS::Serverless::SimpleTable AWS::Serverless::StateMachine AWS::StepFunctions::Activity
+    AWS::StepFunctions::StateMachine
+    """.split()
+)
+
+
+def check_sar(template, root):
+    """Every resource type of the template and of its translation (what CloudFormation
+    creates) is one the Serverless Application Repository supports."""
+    values = {n: str(s["Default"]) for n, s in template.get("Parameters", {}).items() if "Default" in s}
+    translated = translate(template, values)
+    ok = True
+    for what, resources in (("template", template["Resources"]), ("translated template", translated["Resources"])):
+        types = {}
+        for logical_id, resource in resources.items():
+            types.setdefault(resource["Type"], []).append(logical_id)
+        refused = sorted(t for t in types if t not in SAR_SUPPORTED_TYPES)
+        for kind in refused:
+            print(f"FAIL {what}: {kind} ({', '.join(types[kind])}) is not on the Serverless Application Repository's list of supported resources")
+        print(f"{what}: {len(resources)} resources of {len(types)} types, {len(types) - len(refused)} on the list")
+        ok = ok and not refused
+    return ok
 
 
 def run(check, template, root):
@@ -1371,6 +1458,8 @@ def breakages(template):
 
     def execution_data_always(t):
         t["Resources"]["SweeperStateMachine"]["Properties"]["Logging"]["IncludeExecutionData"] = True
+    def unsupported_by_sar(t):
+        t["Resources"]["UnsupportedInstance"] = {"Type": "AWS::EC2::Instance", "Properties": {"ImageId": "ami-12345678"}}
 
     def body_edit(old, new):
         def change(t):
@@ -1399,6 +1488,7 @@ def breakages(template):
         ("docs", "an alarm no doc lists", unlisted_alarm, "ReclaimedSlotsAlarm"),
         ("docs", "SweeperNotSucceedingAlarm without TreatMissingData", missing_data_undecided, "SweeperNotSucceedingAlarm"),
         ("docs", "dynamodb:Query on the semaphore table for the release function", release_queries_locks, "ReleaseFunction"),
+        ("sar", "an AWS::EC2::Instance among the resources", unsupported_by_sar, None),
     ):
         if needs and needs not in resources:
             raise CheckError(f"selftest: the template has no {needs} to break")
@@ -1434,6 +1524,7 @@ CHECKS = {
     "docs": check_docs,
     "trust": check_trust,
     "retain": check_retain,
+    "sar": check_sar,
     "selftest": check_selftest,
 }
 

@@ -60,7 +60,14 @@ SAM transform), has three gaps patched: an AWS::StepFunctions::StateMachine's
 DefinitionSubstitutions were ignored (patch_state_machine_from_cloudformation), an
 `AWS::NoValue` in a list stayed as a null (patch_no_value_in_lists), and AWS::CloudWatch::Alarm
 was not a resource moto's CloudFormation makes (patch_alarm_from_cloudformation), so the
-dashboard's `${Alarm.Arn}` failed the stack.
+dashboard's `${Alarm.Arn}` failed the stack. And CloudFormation's deploy-time rules, none of which
+moto had, are enforced (patch_deploy_time_rules, F16): a template from S3 over 1 MB, more
+resources, outputs, parameters or mappings than the quotas, and, on the values as resolved, an
+export that is empty or whitespace-only, over 1,024 characters, named with other characters than
+alphanumerics, colons and hyphens or over 256, or a name already exported in the region; an
+SSM parameter whose value is empty or over its tier's size. A broken rule of the resolved stack
+rolls it back (ROLLBACK_COMPLETE, its reason naming the rule, the output or resource, and the
+fix), as on AWS.
 
 And one limit of AWS that moto leaves out is enforced: a task whose parameters (a Lambda
 payload, a child execution's input) pass Step Functions' 256 KiB fails with
@@ -1141,6 +1148,365 @@ def patch_alarm_from_cloudformation():
     assert parsing.get_model_map()["AWS::CloudWatch::Alarm"] is CloudFormationAlarm
 
 
+# CloudFormation's deploy-time rules that moto 5.2.5 does not have (F16: the first `sam deploy`
+# of a template the local deploy accepted must not fail on them). Sources, one per rule:
+# - "Understand CloudFormation quotas",
+#   https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/cloudformation-limits.html:
+#   500 resources, 200 outputs, 200 parameters, 200 mappings and 200 attributes a mapping in a
+#   template; a template body of 1 MB from S3 (`sam deploy` uploads it: resolve_s3).
+TEMPLATE_SECTION_MAX = {"Resources": 500, "Outputs": 200, "Parameters": 200, "Mappings": 200}
+MAPPING_ATTRIBUTES_MAX = 200
+TEMPLATE_S3_MAX_BYTES = 1_000_000
+# - Outputs,
+#   https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/outputs-section-structure.html:
+#   export names are unique within a region and account. CloudFormation's own errors name the
+#   rest: "The Name field of every Export member must be specified and consist only of
+#   alphanumeric characters, colons, or hyphens" (quoted in aws/aws-cdk#28563) and "must not be
+#   longer than 256 characters" (aws/aws-cdk#9733); "Cannot export output X with length 1368.
+#   Max length of 1024 exceeded" (aws-cloudformation/cloudformation-coverage-roadmap#685);
+#   "Exported values must not be empty or whitespace-only" (this project's first `sam deploy`,
+#   issue 37: the docs do not state it).
+EXPORT_NAME = r"[A-Za-z0-9:-]+"
+EXPORT_NAME_MAX = 256
+EXPORT_VALUE_MAX = 1024
+# - Systems Manager PutParameter, Value,
+#   https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_PutParameter.html:
+#   "Standard parameters have a value limit of 4 KB. Advanced parameters have a value limit of
+#   8 KB"; an empty value fails its length constraint (at least 1). AWS's error counts
+#   characters ("a maximum parameter value of 4096 characters").
+SSM_VALUE_MAX = {"Standard": 4096, "Advanced": 8192, "Intelligent-Tiering": 8192}
+
+# sha256 of the sources of moto 5.2.5's methods that patch_deploy_time_rules() replaces
+# (CloudFormationBackend.create_stack, OutputMap.exports) or wraps (the others).
+CFN_CREATE_STACK_SHA256 = "dcb835c34772ed6c3a2785c44571cba7bea8a9edaf80bd4533428b093c3351a6"
+CFN_UPDATE_STACK_SHA256 = "83a62d954ef05565636c254a1fa1910fa7124479cbbf974b4c2a6ebf433cc63b"
+CFN_OUTPUT_EXPORTS_SHA256 = "0d51444b6ba8d443b12a719dbeb730f367f47f27cc1f39e6163523759dd5b2ee"
+CFN_TEMPLATE_FROM_S3_SHA256 = "642af50810d9b6f904ac28d816832560c81dd6d00349da23808a465c2e01e704"
+SSM_PARAMETER_FROM_CLOUDFORMATION_SHA256 = (
+    "1fb1b42f9179105910ffdc00ea554d7b84307b64eadb3c0ebc39c2d1233fa349"
+)
+SSM_PARAMETER_UPDATE_FROM_CLOUDFORMATION_SHA256 = (
+    "69316a791ff69d56ca06e91e4f97f2f093fde2713794d86bef9f35f779ae6ef8"
+)
+
+
+class DeployRuleBroken(Exception):
+    """A resource CloudFormation would fail to create: the stack is rolled back."""
+
+
+def refusal(message, fix):
+    """CloudFormation's message, then what to change: every refusal of a deploy-time rule."""
+    return f"{message} Fix: {fix}"
+
+
+def template_refusals(template):
+    """What CloudFormation refuses in a template body before it creates anything: more
+    resources, outputs, parameters, mappings or mapping attributes than its quotas allow."""
+    refused = []
+    for section, most in TEMPLATE_SECTION_MAX.items():
+        count = len(template.get(section) or {})
+        if count > most:
+            refused.append(
+                refusal(
+                    f"Template format error: Number of {section.lower()}, {count}, is greater "
+                    f"than maximum allowed, {most}.",
+                    f"declare at most {most} {section.lower()} (split the stack, e.g. into "
+                    "nested stacks; the count is of the template after the SAM transform).",
+                )
+            )
+    for name, mapping in (template.get("Mappings") or {}).items():
+        for key, attributes in (mapping or {}).items():
+            if isinstance(attributes, dict) and len(attributes) > MAPPING_ATTRIBUTES_MAX:
+                refused.append(
+                    refusal(
+                        f"Template format error: Mapping {name} key {key} has "
+                        f"{len(attributes)} attributes, more than the maximum allowed, "
+                        f"{MAPPING_ATTRIBUTES_MAX}.",
+                        "split the attributes over more mappings.",
+                    )
+                )
+    return refused
+
+
+def export_refusals(stack, exports_elsewhere):
+    """What CloudFormation refuses in a stack's exports once their values are resolved: names
+    that are not alphanumerics, colons and hyphens or are too long, values that are empty,
+    whitespace-only or too long, and names exported twice in the region (by this stack, or
+    already by another: `exports_elsewhere`, name -> Export)."""
+    import re
+
+    refused, seen = [], {}
+    for export in stack.exports:
+        output, name = export.output_key, export.name
+        # Moto leaves a Number parameter's value a number; CloudFormation's is text.
+        value = "" if export.value is None else str(export.value)
+        if not isinstance(name, str) or not re.fullmatch(EXPORT_NAME, name):
+            refused.append(
+                refusal(
+                    f"Template format error: Output {output} is malformed. The Name field of "
+                    "every Export member must be specified and consist only of alphanumeric "
+                    f"characters, colons, or hyphens (it is {name!r}).",
+                    f"build output {output}'s Export.Name from letters, digits, ':' and '-' only.",
+                )
+            )
+        elif len(name) > EXPORT_NAME_MAX:
+            refused.append(
+                refusal(
+                    f"Template format error: Output {output} is malformed. The Name field of "
+                    f"every Export member must not be longer than {EXPORT_NAME_MAX} characters "
+                    f"(it is {len(name)}).",
+                    f"shorten output {output}'s Export.Name.",
+                )
+            )
+        if not value.strip():
+            refused.append(
+                refusal(
+                    f"Exported values must not be empty or whitespace-only: output {output} "
+                    f"exports {value!r} as {name}.",
+                    f"give output {output} a value that is never empty, or export it only "
+                    "under a Condition that holds when it has one.",
+                )
+            )
+        elif len(value) > EXPORT_VALUE_MAX:
+            refused.append(
+                refusal(
+                    f"Cannot export output {output} with length {len(value)}. Max length of "
+                    f"{EXPORT_VALUE_MAX} exceeded.",
+                    f"export at most {EXPORT_VALUE_MAX} characters from output {output}.",
+                )
+            )
+        if name in seen:
+            refused.append(
+                refusal(
+                    f"Export with name {name} is already exported by this stack's output "
+                    f"{seen[name]} (output {output} exports it too).",
+                    "give every Export its own name, e.g. ${AWS::StackName}-<output>.",
+                )
+            )
+        elif name in exports_elsewhere:
+            other = exports_elsewhere[name].exporting_stack_id.split("/")[1]
+            refused.append(
+                refusal(
+                    f"Export with name {name} is already exported by stack {other} "
+                    f"(output {output}).",
+                    f"deploy under another stack name, rename the export, or delete stack {other}.",
+                )
+            )
+        seen.setdefault(name, output)
+    return refused
+
+
+def patch_deploy_time_rules():
+    """Makes moto's CloudFormation refuse what CloudFormation refuses at deploy time (F16).
+
+    Moto 5.2.5 created a stack whatever its size, counts and exports: an export whose value was
+    empty, a name with `_` or `.`, a name the same stack exports twice, 201 outputs, an SSM
+    parameter over 4 KB, all deployed locally and would have failed on AWS (the first `sam
+    deploy` of template.yaml did, on its empty ProtectedStateMachinePrefix export). Now:
+
+    - CreateStack and UpdateStack refuse a template over a quota (resources, outputs,
+      parameters, mappings, mapping attributes), and any request a TemplateURL whose object is
+      over 1 MB, with a ValidationError, creating nothing;
+    - CreateStack creates the resources, then checks the exports as resolved (outputs whose
+      Condition is false export nothing, as on AWS; moto exported them all) and an
+      AWS::SSM::Parameter's value (not empty, within its tier's size); a broken rule rolls the
+      stack back as CloudFormation does: its resources deleted (as moto deletes them: the state
+      machines and alarms that this file's patches create stay behind, under the stack's
+      names), its exports not registered, no outputs, status ROLLBACK_COMPLETE with the
+      reason (the rule, the output or resource, the fix). Moto refused a clash with another
+      stack's export before creating anything, without naming it;
+    - UpdateStack (which moto cannot roll back) refuses an SSM parameter's value with a
+      ValidationError. Its exports are not checked: moto does not update them either.
+    """
+    from moto.cloudformation import parsing
+    from moto.cloudformation.exceptions import AlreadyExistsException, ValidationError
+    from moto.cloudformation.models import CloudFormationBackend, Export, Stack
+    from moto.cloudformation.responses import CloudFormationResponse
+    from moto.cloudformation.utils import generate_stack_id
+    from moto.ssm.models import Parameter
+
+    require_source(CloudFormationBackend.create_stack, CFN_CREATE_STACK_SHA256, "deploy-time rules")
+    require_source(CloudFormationBackend.update_stack, CFN_UPDATE_STACK_SHA256, "deploy-time rules")
+    require_source(parsing.OutputMap.exports.fget, CFN_OUTPUT_EXPORTS_SHA256, "deploy-time rules")
+    require_source(
+        CloudFormationResponse._get_stack_from_s3_url,
+        CFN_TEMPLATE_FROM_S3_SHA256,
+        "deploy-time rules",
+    )
+    require_source(
+        Parameter.create_from_cloudformation_json,
+        SSM_PARAMETER_FROM_CLOUDFORMATION_SHA256,
+        "deploy-time rules",
+    )
+    require_source(
+        Parameter.update_from_cloudformation_json,
+        SSM_PARAMETER_UPDATE_FROM_CLOUDFORMATION_SHA256,
+        "deploy-time rules",
+    )
+
+    def refuse_template(template):
+        parsed = Stack.parse_template(template) if isinstance(template, str) else template
+        refused = template_refusals(parsed)
+        if refused:
+            raise ValidationError(message=" ".join(refused))
+
+    @property
+    def exports(self):
+        found = []
+        for key, declared in (self._output_json_map or {}).items():
+            # self[key] is the resolved output, None when its Condition is false.
+            if not declared.get("Export") or self[key] is None:
+                continue
+            name = parsing.clean_json(declared["Export"].get("Name"), self._resource_map)
+            export = Export(self._stack_id, name, self[key].value)
+            export.output_key = key
+            found.append(export)
+        return found
+
+    parsing.OutputMap.exports = exports
+
+    def roll_back(stack, reason):
+        stack._add_stack_event("ROLLBACK_IN_PROGRESS", resource_status_reason=reason)
+        stack.resource_map.delete()
+        # A rolled-back stack has neither resources nor outputs. Moto's maps are lazy: reading
+        # an output (DescribeStacks) or a resource after the deletion would create it again.
+        stack.resource_map._resource_json_map = {}
+        stack.output_map = parsing.OutputMap(stack.resource_map, {"Outputs": {}}, stack.stack_id)
+        stack.status = "ROLLBACK_COMPLETE"
+        stack.stack_status_reason = reason
+        stack._add_stack_event("ROLLBACK_COMPLETE")
+
+    # moto's create_stack, with the rules: the exports are registered only once the stack's
+    # resources exist and its exports passed, as CloudFormation creates them.
+    def create_stack(
+        self,
+        name,
+        template,
+        parameters,
+        notification_arns=None,
+        tags=None,
+        role_arn=None,
+        enable_termination_protection=False,
+        timeout_in_mins=None,
+        stack_policy_body=None,
+    ):
+        if name in [stack.name for stack in self.stacks.values()]:
+            raise AlreadyExistsException(f"Stack {name} already exists")
+        stack_id = generate_stack_id(name, self.region_name, self.account_id)
+        new_stack = Stack(
+            stack_id=stack_id,
+            name=name,
+            template=template,
+            parameters=parameters,
+            account_id=self.account_id,
+            region_name=self.region_name,
+            notification_arns=notification_arns,
+            tags=tags,
+            role_arn=role_arn,
+            cross_stack_resources=self.exports,
+            enable_termination_protection=enable_termination_protection,
+            timeout_in_mins=timeout_in_mins,
+            stack_policy_body=stack_policy_body,
+        )
+        refuse_template(new_stack.template_dict)
+        self.stacks[stack_id] = new_stack
+        new_stack._add_stack_event("CREATE_IN_PROGRESS", resource_status_reason="User Initiated")
+        try:
+            new_stack.create_resources()
+        except DeployRuleBroken as broken:
+            roll_back(new_stack, str(broken))
+            return new_stack
+        refused = export_refusals(new_stack, self.exports)
+        if refused:
+            roll_back(new_stack, " ".join(refused))
+            return new_stack
+        for export in new_stack.exports:
+            self.exports[export.name] = export
+        return new_stack
+
+    CloudFormationBackend.create_stack = create_stack
+
+    original_update_stack = CloudFormationBackend.update_stack
+
+    @functools.wraps(original_update_stack)
+    def update_stack(self, name, template, role_arn, parameters, tags):
+        refuse_template(template)
+        try:
+            return original_update_stack(self, name, template, role_arn, parameters, tags)
+        except DeployRuleBroken as broken:
+            raise ValidationError(message=str(broken))
+
+    CloudFormationBackend.update_stack = update_stack
+
+    original_from_s3 = CloudFormationResponse._get_stack_from_s3_url
+
+    @functools.wraps(original_from_s3)
+    def template_from_s3(self, template_url):
+        body = original_from_s3(self, template_url)
+        size = len(body.encode())
+        if size > TEMPLATE_S3_MAX_BYTES:
+            raise ValidationError(
+                message=refusal(
+                    f"Template may not exceed {TEMPLATE_S3_MAX_BYTES} bytes in size "
+                    f"({template_url} has {size:,}).",
+                    "split the stack (nested stacks), or shorten what the template carries "
+                    "inline (definitions, dashboard bodies, policies).",
+                )
+            )
+        return body
+
+    CloudFormationResponse._get_stack_from_s3_url = template_from_s3
+
+    def check_ssm_value(logical_id, properties):
+        # Moto leaves a Number parameter's value a number; CloudFormation's is text.
+        value = "" if properties.get("Value") is None else str(properties["Value"])
+        tier = properties.get("Tier") or "Standard"
+        if value == "":
+            raise DeployRuleBroken(
+                refusal(
+                    f"The following resource(s) failed to create: [{logical_id}]. "
+                    f"{logical_id} (AWS::SSM::Parameter): 1 validation error detected: Value "
+                    f"{value!r} at 'value' failed to satisfy constraint: Member must have "
+                    "length greater than or equal to 1.",
+                    f"give {logical_id} a value that is never empty (a placeholder such as "
+                    "\"-\" under an Fn::If when what it holds may be empty).",
+                )
+            )
+        most = SSM_VALUE_MAX.get(tier, SSM_VALUE_MAX["Standard"])
+        if len(value) > most:
+            raise DeployRuleBroken(
+                refusal(
+                    f"The following resource(s) failed to create: [{logical_id}]. "
+                    f"{logical_id} (AWS::SSM::Parameter): {tier} tier parameters support a "
+                    f"maximum parameter value of {most} characters (its value has {len(value)}).",
+                    f"shorten {logical_id}'s value, or give it Tier: Advanced (8 KB).",
+                )
+            )
+
+    original_create_parameter = Parameter.create_from_cloudformation_json.__func__
+    original_update_parameter = Parameter.update_from_cloudformation_json.__func__
+
+    def create_parameter(
+        cls, resource_name, cloudformation_json, account_id, region_name, **kwargs
+    ):
+        check_ssm_value(kwargs.get("LogicalId", resource_name), cloudformation_json["Properties"])
+        return original_create_parameter(
+            cls, resource_name, cloudformation_json, account_id, region_name, **kwargs
+        )
+
+    # Checked before moto's update deletes the parameter it replaces.
+    def update_parameter(
+        cls, original_resource, new_resource_name, cloudformation_json, account_id, region_name
+    ):
+        check_ssm_value(original_resource.name, cloudformation_json["Properties"])
+        return original_update_parameter(
+            cls, original_resource, new_resource_name, cloudformation_json, account_id, region_name
+        )
+
+    Parameter.create_from_cloudformation_json = classmethod(create_parameter)
+    Parameter.update_from_cloudformation_json = classmethod(update_parameter)
+
+
 EXPRESS_MAX_SECONDS = 300  # AWS: an Express execution runs at most 5 minutes.
 
 
@@ -1682,6 +2048,7 @@ def main():
     patch_state_machine_from_cloudformation()
     patch_no_value_in_lists()
     patch_alarm_from_cloudformation()
+    patch_deploy_time_rules()
     patch_state_machine_type()
     patch_unnamed_executions()
     patch_express_definitions()

@@ -156,7 +156,9 @@ impl ConsumerDeployed {
 }
 
 /// Runs `local/deploy_stack.py` on `template`; its description of the deployed stack (JSON).
-fn deploy_template(
+/// A template CloudFormation would refuse (a deploy-time rule of the local server's,
+/// `patch_deploy_time_rules`) is an [`Error::Deploy`] whose stderr names the rule.
+pub fn deploy_template(
     python: &Path,
     root: &Path,
     template: &Path,
@@ -613,6 +615,69 @@ pub(crate) mod tests {
         assert_eq!(skipped, ["AWS::SQS::QueuePolicy"]);
     }
 
+    /// template.yaml deployed as shipped under a consumer-prefix choice, with or without an
+    /// alert address: a deploy only, no run. CloudFormation's deploy-time rules hold under
+    /// each (F16: the local server refuses what CloudFormation refuses, local/moto_server.py's
+    /// patch_deploy_time_rules; the first `sam deploy` with samconfig.toml's empty prefix
+    /// failed on an empty export).
+    fn deploys_under(prefix: &str, alert_email: Option<&str>) {
+        let mut overrides = vec![("ProtectedStateMachinePrefix", prefix)];
+        if prefix == "*" {
+            // Every machine of the account is covered only when the operator says so.
+            overrides.push(("AllowAccountWidePrefixes", "true"));
+        }
+        if let Some(email) = alert_email {
+            overrides.push(("AlertEmail", email));
+        }
+        let stack = deploy_with(&overrides);
+        assert_eq!(
+            stack.parameter("ProtectedStateMachinePrefix").unwrap(),
+            prefix
+        );
+        assert_eq!(
+            stack.parameter("AlertEmail").unwrap(),
+            alert_email.unwrap_or("")
+        );
+        for (key, output) in &stack.outputs {
+            if let Some(export) = &output.export {
+                assert!(
+                    !output.value.trim().is_empty(),
+                    "{key} exports {export} empty"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_only_its_own_machines() {
+        deploys_under("", None);
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_only_its_own_machines_with_an_alert_email() {
+        deploys_under("", Some("ops@example.com"));
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_a_prefix() {
+        deploys_under("team-", None);
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_a_prefix_with_an_alert_email() {
+        deploys_under("team-", Some("ops@example.com"));
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_every_machine() {
+        deploys_under("*", None);
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_every_machine_with_an_alert_email() {
+        deploys_under("*", Some("ops@example.com"));
+    }
+
     #[test]
     fn prefixes_reach_the_environment_and_the_rule() {
         let stack = deploy_with(&[
@@ -679,7 +744,10 @@ pub(crate) mod tests {
         assert!(orders.definition.contains(acquire_arn.as_str()));
         assert_eq!(consumer.functions[0].binary, "consumer-work");
         // "*": every machine of the account and region, but the cleanup machine itself.
-        let every = deploy_with(&[("ProtectedStateMachinePrefix", "*")]);
+        let every = deploy_with(&[
+            ("ProtectedStateMachinePrefix", "*"),
+            ("AllowAccountWidePrefixes", "true"),
+        ]);
         let cleanup = every.machine("CleanupStateMachine").unwrap();
         assert_eq!(
             every.rule.pattern["detail"]["stateMachineArn"],
