@@ -12,8 +12,8 @@ DefinitionUri the definition file's JSON.
 The translated template is uploaded to S3 and the stack created from its URL, as `sam deploy`
 does with samconfig.toml's resolve_s3. The local server refuses what CloudFormation refuses at
 deploy time and moto would accept (local/moto_server.py, patch_deploy_time_rules: the template's
-size and counts, its exports as resolved, an SSM parameter's value); a refused or rolled-back
-stack is an error naming the rule, the output or resource, and the fix (exit 1).
+size and counts, its Rules, its exports as resolved, an SSM parameter's value); a refused or
+rolled-back stack is an error naming the rule, the output or resource, and the fix (exit 1).
 
 Moto deploys what it supports and silently skips the rest, so the deployment is checked
 before it is described: every resource SAM generated exists or is listed as skipped, no
@@ -126,7 +126,7 @@ def stage(template, template_dir, s3, bucket, state_timeouts):
 def create_stack(cfn, s3, bucket, name, body, parameters):
     """Creates the stack from `body` (the translated template) as `sam deploy` with resolve_s3
     does: the template uploaded to S3, CreateStack given its URL. CloudFormation's deploy-time
-    rules (template size and counts, exports, SSM parameter values) are the local server's
+    rules (template size and counts, Rules, exports, SSM parameter values) are the local server's
     (local/moto_server.py, patch_deploy_time_rules): a refusal, or a rollback, is an error that
     names the rule, the output or resource, and the fix."""
     key = f"{name}.template.json"

@@ -67,7 +67,10 @@ export that is empty or whitespace-only, over 1,024 characters, named with other
 alphanumerics, colons and hyphens or over 256, or a name already exported in the region; an
 SSM parameter whose value is empty or over its tier's size. A broken rule of the resolved stack
 rolls it back (ROLLBACK_COMPLETE, its reason naming the rule, the output or resource, and the
-fix), as on AWS.
+fix), as on AWS. And a template's Rules are evaluated on the parameters as resolved, before
+anything is created or changed: a false assertion refuses CreateStack or UpdateStack with its
+AssertDescription, as CloudFormation does (template.yaml's refuses an unacknowledged "*" prefix);
+a rule function the local server does not evaluate is refused by name, never passed.
 
 And one limit of AWS that moto leaves out is enforced: a task whose parameters (a Lambda
 payload, a child execution's input) pass Step Functions' 256 KiB fails with
@@ -1188,6 +1191,16 @@ SSM_PARAMETER_FROM_CLOUDFORMATION_SHA256 = (
 SSM_PARAMETER_UPDATE_FROM_CLOUDFORMATION_SHA256 = (
     "69316a791ff69d56ca06e91e4f97f2f093fde2713794d86bef9f35f779ae6ef8"
 )
+# ... and of the methods whose parameter resolution the Rules are evaluated on: a stack's
+# parameters (defaults, then the request's values; ResourceMap.load_parameters, run by the
+# Stack's constructor), and an update's (UsePreviousValue; a request naming none keeps the
+# stack's: ResourceMap.update).
+CFN_LOAD_PARAMETERS_SHA256 = "610002572ab169506351f0657f02cc56115c502e555a6328c8cee2bfcd4f71e6"
+CFN_CREATE_RESOURCE_MAP_SHA256 = "e0127acf6c7a67083bbdbfcb3be460aceb3859546356185d8974bf67ce226ada"
+CFN_RESOLVE_UPDATE_PARAMETERS_SHA256 = (
+    "02438a8e37001724f940ce70b7916531374cb64094564fd091fcb1e2505cee61"
+)
+CFN_RESOURCE_MAP_UPDATE_SHA256 = "e34b0c357f3c8e357e4e9446843985fd88c0dc52e828d17ef3e08e14dfb88c8a"
 
 
 class DeployRuleBroken(Exception):
@@ -1296,6 +1309,241 @@ def export_refusals(stack, exports_elsewhere):
     return refused
 
 
+# - Rules: "CloudFormation template Rules syntax",
+#   https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/rules-section-structure.html:
+#   each rule has an optional RuleCondition and its required Assertions, each an Assert with an
+#   optional AssertDescription, "validate parameter values before CloudFormation creates or
+#   updates any resources"; "Rule functions",
+#   https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/intrinsic-function-reference-rules.html:
+#   the functions, their arguments (Fn::And and Fn::Or take 2 to 10 conditions), "If the
+#   condition evaluates to false, CloudFormation doesn't check the parameter value", and that only
+#   Ref and the rule functions themselves may be used inside them. A failed Assert refuses the
+#   request with a ValidationError whose message is its AssertDescription (template.yaml's
+#   AccountWidePrefixesAcknowledged is written to be read so).
+RULE_CONDITIONS = (
+    "Fn::And",
+    "Fn::Contains",
+    "Fn::EachMemberEquals",
+    "Fn::EachMemberIn",
+    "Fn::Equals",
+    "Fn::Not",
+    "Fn::Or",
+)
+# Rule functions of CloudFormation's that the local server does not evaluate: Fn::RefAll,
+# Fn::ValueOf and Fn::ValueOfAll read the account's VPCs, subnets and security groups behind
+# AWS-specific parameter types, Fn::If a condition (no page says how a rule reads one). A
+# template using one is refused by name: passing it would accept what AWS may refuse.
+RULE_FUNCTIONS_NOT_EVALUATED = ("Fn::If", "Fn::RefAll", "Fn::ValueOf", "Fn::ValueOfAll")
+RULE_LOGIC_ARGUMENTS = range(2, 11)
+
+
+class RuleUnreadable(Exception):
+    """A Rules section CloudFormation refuses as malformed, or one the local server cannot
+    evaluate: the message names the rule, the place and the function."""
+
+
+def rule_text(value):
+    """A value as a rule compares it: text, as CloudFormation reads a template's and a
+    parameter's scalars (a Number parameter is a number to moto, `true` in YAML a boolean);
+    lists member by member."""
+    if isinstance(value, list):
+        return [rule_text(member) for member in value]
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+class RuleEvaluator:
+    """Evaluates rule functions over `values`, what a Ref in a rule reads: the stack's
+    parameters as resolved (defaults, then the request's values) and the pseudo parameters.
+
+    Every function of a rule is evaluated, whatever the values, so that an unreadable rule is
+    refused on every deploy and not only on those whose values reach it."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def arguments(self, name, argument, where, count):
+        if not isinstance(argument, list) or len(argument) not in count:
+            wanted = f"{count.start} to {count.stop - 1}" if len(count) > 1 else str(count.start)
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: {name} at {where} takes a list of {wanted} "
+                    f"arguments, not {json.dumps(argument)}.",
+                    f"give {name} a list of {wanted} arguments.",
+                )
+            )
+        return argument
+
+    def function(self, node, where):
+        if not isinstance(node, dict) or len(node) != 1:
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: {where} is {json.dumps(node)}, not a rule function.",
+                    f"give {where} one of {', '.join(RULE_CONDITIONS)}.",
+                )
+            )
+        return next(iter(node.items()))
+
+    def truth(self, node, where):
+        """The value of a condition: a rule function that is true or false."""
+        name, argument = self.function(node, where)
+        if name not in RULE_CONDITIONS:
+            self.value(node, where)  # names an unsupported or foreign function
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: {where} is {name}, which is not true or false: "
+                    "a rule condition or assertion must be.",
+                    f"give {where} one of {', '.join(RULE_CONDITIONS)}.",
+                )
+            )
+        at = f"{where}.{name}"
+        if name in ("Fn::And", "Fn::Or"):
+            conditions = self.arguments(name, argument, where, RULE_LOGIC_ARGUMENTS)
+            results = [self.truth(c, f"{at}[{i}]") for i, c in enumerate(conditions)]
+            return all(results) if name == "Fn::And" else any(results)
+        if name == "Fn::Not":
+            (condition,) = self.arguments(name, argument, where, range(1, 2))
+            return not self.truth(condition, f"{at}[0]")
+        first, second = (
+            rule_text(self.value(a, f"{at}[{i}]"))
+            for i, a in enumerate(self.arguments(name, argument, where, range(2, 3)))
+        )
+        if name == "Fn::Equals":
+            return first == second
+        if not isinstance(first, list):
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: the first argument of {name} at {where} is "
+                    f"{json.dumps(first)}, not a list of strings.",
+                    "give it a list, or a Ref to a CommaDelimitedList or List<...> parameter.",
+                )
+            )
+        if name == "Fn::EachMemberIn":
+            if not isinstance(second, list):
+                raise RuleUnreadable(
+                    refusal(
+                        f"Template format error: the second argument of Fn::EachMemberIn at "
+                        f"{where} is {json.dumps(second)}, not a list of strings.",
+                        "give it a list of the strings to match.",
+                    )
+                )
+            return all(member in second for member in first)
+        if isinstance(second, list):
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: the second argument of {name} at {where} is a "
+                    "list, not a string.",
+                    "give it the one string to compare.",
+                )
+            )
+        if name == "Fn::Contains":
+            return second in first
+        return all(member == second for member in first)  # Fn::EachMemberEquals
+
+    def value(self, node, where):
+        """An argument: a literal, a list, a Ref, or a nested condition."""
+        if isinstance(node, list):
+            return [self.value(member, f"{where}[{i}]") for i, member in enumerate(node)]
+        if not isinstance(node, dict):
+            return node
+        name, argument = self.function(node, where)
+        if name == "Ref":
+            if not isinstance(argument, str) or argument not in self.values:
+                raise RuleUnreadable(
+                    refusal(
+                        f"Template format error: the Ref {json.dumps(argument)} at {where} is "
+                        "not a parameter or a pseudo parameter, which are all a rule can read "
+                        "(rules run before any resource exists).",
+                        f"declare parameter {argument} or refer to one that is declared.",
+                    )
+                )
+            return self.values[argument]
+        if name in RULE_CONDITIONS:
+            return self.truth(node, where)
+        if name in RULE_FUNCTIONS_NOT_EVALUATED:
+            raise RuleUnreadable(
+                refusal(
+                    f"Unsupported rule function {name} at {where}: the local server "
+                    f"evaluates {', '.join(RULE_CONDITIONS)} and Ref, not {name} "
+                    "(CloudFormation does; a deploy that passed here untested could fail "
+                    "there).",
+                    f"write the rule without {name}, or add {name} to local/moto_server.py's "
+                    "RuleEvaluator with a test in harness/local-aws/tests/deploy_rules.rs.",
+                )
+            )
+        raise RuleUnreadable(
+            refusal(
+                f"Template format error: {name} at {where} is not a rule function: in Rules "
+                "only Ref and the rule functions may be used.",
+                f"compare the parameters themselves in the rule, without {name}.",
+            )
+        )
+
+
+def rule_values(template, resolved_parameters, pseudo_parameters):
+    """What a Ref in a rule reads: every parameter as the stack resolved it (a
+    CommaDelimitedList or List<...> a list: moto splits a request's value, not a default) and
+    the pseudo parameters."""
+    values = {name: value for name, value in pseudo_parameters.items() if value is not None}
+    declared = template.get("Parameters") or {}
+    for name, value in resolved_parameters.items():
+        kind = str((declared.get(name) or {}).get("Type", "String"))
+        if isinstance(value, str) and (kind == "CommaDelimitedList" or kind.startswith("List<")):
+            value = value.split(",")
+        values[name] = value
+    return values
+
+
+def rule_refusal(template, values):
+    """CloudFormation's refusal of a request by the template's Rules, or None: the
+    AssertDescription of the first assertion, in the template's order, that is false in a
+    rule whose RuleCondition is true or absent."""
+    rules = template.get("Rules")
+    if rules is None:
+        return None
+    if not isinstance(rules, dict):
+        raise RuleUnreadable(
+            refusal(
+                "Template format error: the Rules section is not a mapping of rules.",
+                "declare each rule under its logical name.",
+            )
+        )
+    evaluator, refused = RuleEvaluator(values), None
+    for name, rule in rules.items():
+        assertions = rule.get("Assertions") if isinstance(rule, dict) else None
+        if not isinstance(assertions, list) or not assertions:
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: rule {name} has no Assertions.",
+                    f"give rule {name} a list of Assertions, each with an Assert.",
+                )
+            )
+        applies = (
+            evaluator.truth(rule["RuleCondition"], f"Rules.{name}.RuleCondition")
+            if "RuleCondition" in rule
+            else True
+        )
+        for i, assertion in enumerate(assertions):
+            where = f"Rules.{name}.Assertions[{i}]"
+            if not isinstance(assertion, dict) or "Assert" not in assertion:
+                raise RuleUnreadable(
+                    refusal(
+                        f"Template format error: {where} has no Assert.",
+                        f"give {where} an Assert.",
+                    )
+                )
+            holds = evaluator.truth(assertion["Assert"], f"{where}.Assert")
+            if applies and not holds and refused is None:
+                # No page gives CloudFormation's words for an assertion without a
+                # description; this names the rule instead.
+                refused = str(
+                    assertion.get("AssertDescription")
+                    or f"Assertion {i} of rule {name} failed (it has no AssertDescription)."
+                )
+    return refused
+
+
 def patch_deploy_time_rules():
     """Makes moto's CloudFormation refuse what CloudFormation refuses at deploy time (F16).
 
@@ -1316,7 +1564,14 @@ def patch_deploy_time_rules():
       reason (the rule, the output or resource, the fix). Moto refused a clash with another
       stack's export before creating anything, without naming it;
     - UpdateStack (which moto cannot roll back) refuses an SSM parameter's value with a
-      ValidationError. Its exports are not checked: moto does not update them either.
+      ValidationError. Its exports are not checked: moto does not update them either;
+    - CreateStack and UpdateStack evaluate the template's Rules (moto ignored them, so a "*"
+      prefix that CloudFormation refuses deployed locally) on the parameters the request
+      resolves (defaults, the request's values, UsePreviousValue, the pseudo parameters), before
+      anything is created or changed: a false Assert of a rule whose RuleCondition is true or
+      absent refuses the request with a ValidationError, its AssertDescription; a malformed
+      rule, or a rule function the local server does not evaluate (RuleEvaluator), is a
+      ValidationError that names it, whatever the values.
     """
     from moto.cloudformation import parsing
     from moto.cloudformation.exceptions import AlreadyExistsException, ValidationError
@@ -1343,12 +1598,36 @@ def patch_deploy_time_rules():
         SSM_PARAMETER_UPDATE_FROM_CLOUDFORMATION_SHA256,
         "deploy-time rules",
     )
+    for method, digest in (
+        (parsing.ResourceMap.load_parameters, CFN_LOAD_PARAMETERS_SHA256),
+        (Stack._create_resource_map, CFN_CREATE_RESOURCE_MAP_SHA256),
+        (CloudFormationBackend._resolve_update_parameters, CFN_RESOLVE_UPDATE_PARAMETERS_SHA256),
+        (parsing.ResourceMap.update, CFN_RESOURCE_MAP_UPDATE_SHA256),
+    ):
+        require_source(method, digest, "deploy-time rules (Rules)")
 
     def refuse_template(template):
         parsed = Stack.parse_template(template) if isinstance(template, str) else template
         refused = template_refusals(parsed)
         if refused:
             raise ValidationError(message=" ".join(refused))
+        return parsed
+
+    def refuse_by_rules(template, resource_map):
+        """The template's Rules on the parameters `resource_map` resolved (loaded, nothing
+        created): a failed assertion or an unreadable rule is a ValidationError."""
+        pseudo = {
+            name: value
+            for name, value in resource_map._parsed_resources.items()
+            if name.startswith("AWS::")
+        }
+        values = rule_values(template, resource_map.resolved_parameters, pseudo)
+        try:
+            refused = rule_refusal(template, values)
+        except RuleUnreadable as unreadable:
+            raise ValidationError(message=str(unreadable))
+        if refused is not None:
+            raise ValidationError(message=refused)
 
     @property
     def exports(self):
@@ -1409,6 +1688,8 @@ def patch_deploy_time_rules():
             stack_policy_body=stack_policy_body,
         )
         refuse_template(new_stack.template_dict)
+        # The Stack's constructor resolved the parameters and created nothing yet.
+        refuse_by_rules(new_stack.template_dict, new_stack.resource_map)
         self.stacks[stack_id] = new_stack
         new_stack._add_stack_event("CREATE_IN_PROGRESS", resource_status_reason="User Initiated")
         try:
@@ -1430,7 +1711,25 @@ def patch_deploy_time_rules():
 
     @functools.wraps(original_update_stack)
     def update_stack(self, name, template, role_arn, parameters, tags):
-        refuse_template(template)
+        parsed = refuse_template(template)
+        # The parameters the update will resolve, as moto's update will (a request that names
+        # none keeps the stack's), on a map of their own: moto's update deletes resources
+        # before it loads them, and CloudFormation checks the Rules before it changes anything.
+        stack = self.get_stack(name)
+        requested = self._resolve_update_parameters(instance=stack, incoming_params=parameters)
+        resource_map = parsing.ResourceMap(
+            stack.stack_id,
+            stack.name,
+            requested or stack.resource_map.input_parameters,
+            {},
+            region_name=self.region_name,
+            account_id=self.account_id,
+            template=parsed,
+            cross_stack_resources=self.exports,
+        )
+        resource_map.load_mapping()
+        resource_map.load_parameters()
+        refuse_by_rules(parsed, resource_map)
         try:
             return original_update_stack(self, name, template, role_arn, parameters, tags)
         except DeployRuleBroken as broken:

@@ -389,6 +389,11 @@ pub(crate) mod tests {
 
     /// template.yaml deployed to the test server as a stack of its own, with `overrides`.
     pub(crate) fn deploy_with(overrides: &[(&str, &str)]) -> Deployed {
+        try_deploy_with(overrides).expect("template.yaml deploys")
+    }
+
+    /// [`deploy_with`], or the deploy's error.
+    fn try_deploy_with(overrides: &[(&str, &str)]) -> Result<Deployed, Error> {
         let stack = Stack {
             name: crate::sfn::unique("semaphore-test"),
             ..Stack::default()
@@ -405,7 +410,6 @@ pub(crate) mod tests {
             &parameters,
             &BTreeMap::new(),
         )
-        .expect("template.yaml deploys")
     }
 
     /// template.yaml deployed once per test binary with its defaults.
@@ -416,13 +420,19 @@ pub(crate) mod tests {
 
     /// template.yaml's parameter declarations, read with the SAM translator's own YAML parser.
     fn declared_parameters() -> serde_json::Value {
+        declared("Parameters")
+    }
+
+    /// template.yaml's `section`, read with the SAM translator's own YAML parser.
+    fn declared(section: &str) -> serde_json::Value {
         let output = std::process::Command::new(python())
             .args([
                 "-c",
                 "import json, sys; from samtranslator.yaml_helper import yaml_parse; \
-                 print(json.dumps(yaml_parse(open(sys.argv[1]).read())['Parameters']))",
+                 print(json.dumps(yaml_parse(open(sys.argv[1]).read())[sys.argv[2]]))",
             ])
             .arg(root().join("template.yaml"))
+            .arg(section)
             .output()
             .expect("run python");
         assert!(output.status.success(), "{output:?}");
@@ -676,6 +686,41 @@ pub(crate) mod tests {
     #[test]
     fn the_stack_deploys_covering_every_machine_with_an_alert_email() {
         deploys_under("*", Some("ops@example.com"));
+    }
+
+    /// A "*" prefix reaches every machine or function of the account and region: the template's
+    /// Rules (AccountWidePrefixesAcknowledged) refuse it unless AllowAccountWidePrefixes is
+    /// "true", as CloudFormation does before it creates anything, and the local server now
+    /// evaluates them (local/moto_server.py, patch_deploy_time_rules). With the acknowledgement
+    /// the stack deploys: the_stack_deploys_covering_every_machine.
+    #[test]
+    fn an_account_wide_prefix_is_refused_unless_acknowledged() {
+        let description = declared("Rules")["AccountWidePrefixesAcknowledged"]["Assertions"][0]
+            ["AssertDescription"]
+            .as_str()
+            .expect("the rule's AssertDescription")
+            .to_owned();
+        for prefix in [
+            "ProtectedStateMachinePrefix",
+            "WorkStateMachinePrefix",
+            "WorkFunctionPrefix",
+        ] {
+            for acknowledgement in [None, Some("false")] {
+                let mut overrides = vec![(prefix, "*")];
+                overrides.extend(acknowledgement.map(|a| ("AllowAccountWidePrefixes", a)));
+                match try_deploy_with(&overrides) {
+                    Ok(_) => panic!("{overrides:?} deployed unacknowledged"),
+                    Err(Error::Deploy { status, stderr }) => {
+                        assert!(!status.success());
+                        assert!(
+                            stderr.contains(&format!(": {description}")),
+                            "{overrides:?}: not the template's AssertDescription: {stderr}"
+                        );
+                    }
+                    Err(other) => panic!("deploy_stack.py did not run: {other}"),
+                }
+            }
+        }
     }
 
     #[test]

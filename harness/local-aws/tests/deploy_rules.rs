@@ -5,6 +5,9 @@
 //! resource, and the fix) and a failed deploy; the controls deploy the same template within
 //! the rule (at the quota where it is cheap), so a refusal is the rule's and nothing else's.
 //! F16: moto enforced none of these, and the first `sam deploy` failed on an empty export.
+//! A template's `Rules` are evaluated too, through the SAM transform (which keeps them), on the
+//! parameters as resolved: a false assertion refuses the deploy with its AssertDescription
+//! before anything exists, a rule function the local server does not evaluate by name.
 //!
 //! Needs the repository's `.venv` (`bash tests/run.sh` makes it).
 
@@ -398,19 +401,29 @@ fn an_ssm_parameter_over_its_tiers_size_is_rolled_back() {
 /// UpdateStack of `stack` to `template` (CloudFormation's own, no transform), sent by boto3 as
 /// `sam deploy` sends an update: CloudFormation's refusal, or None when it took the update.
 fn update(stack: &str, template: &Value) -> Option<String> {
+    update_with(stack, template, &[])
+}
+
+/// [`update`] with `parameters` (key, value) in the request.
+fn update_with(stack: &str, template: &Value, parameters: &[(&str, &str)]) -> Option<String> {
     let path = std::env::temp_dir().join(format!("{stack}.update.json"));
     std::fs::write(&path, template.to_string()).expect("write the template");
-    let script = "import sys, boto3, botocore.exceptions\n\
+    let parameters: Vec<Value> = parameters
+        .iter()
+        .map(|(k, v)| json!({"ParameterKey": k, "ParameterValue": v}))
+        .collect();
+    let script = "import sys, json, boto3, botocore.exceptions\n\
         cfn = boto3.client('cloudformation', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
                            aws_access_key_id='testing', aws_secret_access_key='testing')\n\
         try:\n\
         \x20   cfn.update_stack(StackName=sys.argv[2], TemplateBody=open(sys.argv[3]).read(),\n\
-        \x20                    Capabilities=['CAPABILITY_IAM'])\n\
+        \x20                    Parameters=json.loads(sys.argv[4]), Capabilities=['CAPABILITY_IAM'])\n\
         except botocore.exceptions.ClientError as error:\n\
         \x20   print(error.response['Error']['Message'])\n";
     let output = std::process::Command::new(python())
         .args(["-c", script, local_aws::endpoint(), stack])
         .arg(&path)
+        .arg(Value::from(parameters).to_string())
         .output()
         .expect("run python");
     let _ = std::fs::remove_file(&path);
@@ -446,4 +459,201 @@ fn an_update_over_a_quota_or_with_an_empty_ssm_value_is_refused() {
             && refusal.contains("Fix: "),
         "{refusal}"
     );
+}
+
+/// The status of stack `name` (DescribeStacks), or None when there is no such stack.
+fn stack_status(name: &str) -> Option<String> {
+    let script = "import sys, boto3, botocore.exceptions\n\
+        cfn = boto3.client('cloudformation', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
+                           aws_access_key_id='testing', aws_secret_access_key='testing')\n\
+        try:\n\
+        \x20   print(cfn.describe_stacks(StackName=sys.argv[2])['Stacks'][0]['StackStatus'])\n\
+        except botocore.exceptions.ClientError as error:\n\
+        \x20   assert 'does not exist' in error.response['Error']['Message'], error\n";
+    let output = std::process::Command::new(python())
+        .args(["-c", script, local_aws::endpoint(), name])
+        .output()
+        .expect("run python");
+    assert!(output.status.success(), "{output:?}");
+    let status = String::from_utf8(output.stdout).expect("UTF-8");
+    (!status.trim().is_empty()).then(|| status.trim().to_owned())
+}
+
+/// What a test environment may take, by a rule (the Rules syntax page's example, reworded).
+const SIZE_RULE: &str = "A test environment takes a small or medium instance size.";
+
+/// [`template`] with the parameters Environment (default test) and Size (default large) and
+/// the rule that a test environment takes a small or medium size: its defaults break it.
+fn with_size_rule() -> Value {
+    let mut template = template();
+    let parameters = section(&mut template, "Parameters");
+    parameters.insert(
+        "Environment".into(),
+        json!({"Type": "String", "Default": "test"}),
+    );
+    parameters.insert("Size".into(), json!({"Type": "String", "Default": "large"}));
+    template["Rules"] = json!({"TestSizes": {
+        "RuleCondition": {"Fn::Equals": [{"Ref": "Environment"}, "test"]},
+        "Assertions": [{
+            "Assert": {"Fn::Contains": [["small", "medium"], {"Ref": "Size"}]},
+            "AssertDescription": SIZE_RULE
+        }]
+    }});
+    template
+}
+
+/// Deploys `template` as a stack of its own, which must be refused before anything exists:
+/// deploy_stack.py's error (its stderr).
+fn refused_at_once(template: &Value, parameters: &[(&str, &str)]) -> String {
+    let stack = unique("rules");
+    let error = match deploy_as(&stack, template, parameters) {
+        Ok(_) => panic!("deployed {parameters:?}, where the template's Rules refuse it"),
+        Err(error) => error,
+    };
+    assert!(
+        error.contains(&format!("CloudFormation refuses stack {stack}: ")),
+        "not refused at CreateStack: {error}"
+    );
+    assert_eq!(stack_status(&stack), None, "a refused stack was created");
+    error
+}
+
+#[test]
+fn a_rule_refuses_a_parameter_value_with_its_assert_description() {
+    // The template's defaults are what the rule reads when the request gives no value.
+    let error = refused_at_once(&with_size_rule(), &[]);
+    assert!(
+        error.trim_end().ends_with(&format!(": {SIZE_RULE}")),
+        "the refusal is not the AssertDescription: {error}"
+    );
+    refused_at_once(&with_size_rule(), &[("Size", "huge")]);
+    deploy(&with_size_rule(), &[("Size", "small")]).expect("a size the rule allows deploys");
+}
+
+#[test]
+fn a_rule_whose_condition_is_false_checks_nothing() {
+    deploy(&with_size_rule(), &[("Environment", "prod")])
+        .expect("the rule applies to a test environment only");
+    // Without a RuleCondition, the assertions always apply.
+    let mut template = with_size_rule();
+    template["Rules"]["TestSizes"]
+        .as_object_mut()
+        .unwrap()
+        .remove("RuleCondition");
+    let error = refused_at_once(&template, &[("Environment", "prod")]);
+    assert!(error.contains(SIZE_RULE), "{error}");
+}
+
+#[test]
+fn rules_read_lists_numbers_and_pseudo_parameters_as_cloudformation_gives_them() {
+    let mut template = template();
+    let parameters = section(&mut template, "Parameters");
+    parameters.insert(
+        "Regions".into(),
+        json!({"Type": "CommaDelimitedList", "Default": "us-east-1,eu-west-1"}),
+    );
+    parameters.insert("Replicas".into(), json!({"Type": "Number", "Default": 2}));
+    parameters.insert(
+        "Tier".into(),
+        json!({"Type": "String", "Default": "shared"}),
+    );
+    template["Rules"] = json!({"Placement": {
+        "RuleCondition": {"Fn::Equals": [{"Ref": "AWS::Region"}, "us-east-1"]},
+        "Assertions": [
+            {"Assert": {"Fn::EachMemberIn": [{"Ref": "Regions"}, ["us-east-1", "eu-west-1", "eu-central-1"]]},
+             "AssertDescription": "Regions: us-east-1, eu-west-1 or eu-central-1."},
+            {"Assert": {"Fn::And": [
+                {"Fn::Contains": [["1", "2", "3"], {"Ref": "Replicas"}]},
+                {"Fn::Not": [{"Fn::Equals": [{"Ref": "Replicas"}, 3]}]}]},
+             "AssertDescription": "Replicas: 1 or 2."},
+            {"Assert": {"Fn::Or": [
+                {"Fn::EachMemberEquals": [{"Ref": "Regions"}, "us-east-1"]},
+                {"Fn::Equals": [{"Ref": "Tier"}, "shared"]}]},
+             "AssertDescription": "A dedicated tier stays in us-east-1."}
+        ]
+    }});
+    deploy(&template, &[]).expect("the defaults pass every assertion");
+    deploy(&template, &[("Replicas", "1"), ("Regions", "eu-central-1")])
+        .expect("values the rule allows");
+    deploy(
+        &template,
+        &[("Tier", "dedicated"), ("Regions", "us-east-1")],
+    )
+    .expect("a dedicated tier in us-east-1");
+    for (parameters, description) in [
+        (
+            vec![("Regions", "us-east-1,ap-south-1")],
+            "Regions: us-east-1, eu-west-1 or eu-central-1.",
+        ),
+        (vec![("Replicas", "3")], "Replicas: 1 or 2."),
+        (
+            vec![("Tier", "dedicated")],
+            "A dedicated tier stays in us-east-1.",
+        ),
+    ] {
+        let error = refused_at_once(&template, &parameters);
+        assert!(
+            error.trim_end().ends_with(description),
+            "{parameters:?}: {error}"
+        );
+    }
+}
+
+#[test]
+fn a_rule_function_the_local_server_does_not_evaluate_is_refused_by_name() {
+    // Fn::RefAll reads the account's VPCs: CloudFormation evaluates it, the local server does
+    // not, so it may not pass unevaluated, not even under a condition that is false.
+    let mut template = with_size_rule();
+    template["Rules"]["Vpcs"] = json!({
+        "RuleCondition": {"Fn::Equals": [{"Ref": "Environment"}, "never"]},
+        "Assertions": [{"Assert": {"Fn::Contains": [{"Fn::RefAll": "AWS::EC2::VPC::Id"}, "vpc-1"]}}]
+    });
+    let error = refused_at_once(&template, &[("Size", "small")]);
+    for expected in [
+        "Unsupported rule function Fn::RefAll",
+        "Rules.Vpcs.Assertions[0].Assert",
+        "Fix: ",
+    ] {
+        assert!(error.contains(expected), "no {expected:?}: {error}");
+    }
+    // A function that is no rule function at all, as CloudFormation refuses it.
+    template["Rules"]["Vpcs"]["Assertions"][0]["Assert"] =
+        json!({"Fn::Equals": [{"Fn::Sub": "${Size}"}, "small"]});
+    let error = refused_at_once(&template, &[("Size", "small")]);
+    assert!(
+        error.contains(
+            "Fn::Sub at Rules.Vpcs.Assertions[0].Assert.Fn::Equals[0] is not a rule function"
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_update_that_breaks_a_rule_is_refused_and_changes_nothing() {
+    let stack = unique("rules-update");
+    deploy_as(&stack, &template(), &[]).expect("the stack to update");
+    let sized = json!({
+        "Parameters": {
+            "Environment": {"Type": "String", "Default": "test"},
+            "Size": {"Type": "String", "Default": "large"}
+        },
+        "Rules": with_size_rule()["Rules"],
+        "Resources": {"PrefixParameter": ssm_parameter(json!("team-"))}
+    });
+    assert_eq!(update(&stack, &sized), Some(SIZE_RULE.to_owned()));
+    assert_eq!(
+        update_with(&stack, &sized, &[("Size", "huge")]),
+        Some(SIZE_RULE.to_owned())
+    );
+    assert_eq!(
+        stack_status(&stack).as_deref(),
+        Some("CREATE_COMPLETE"),
+        "a refused update changed the stack"
+    );
+    assert_eq!(
+        update_with(&stack, &sized, &[("Size", "medium")]),
+        None,
+        "an update the rule allows"
+    );
+    assert_eq!(stack_status(&stack).as_deref(), Some("UPDATE_COMPLETE"));
 }
