@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks what a user deploys, apart from the Rust code: the Amazon States
 # Language definitions (statemachines/*.asl.json), template.yaml and the
-# DefinitionSubstitutions that join them. Offline: only the installs reach
-# PyPI and the npm registry.
+# DefinitionSubstitutions that join them, the docs' statements about the template, and the
+# consumer example's build. Offline: only the installs reach PyPI, the npm registry and
+# crates.io (the consumer example's dependencies).
 #
 #   bash .ci/check-deploy.sh          (VENV=path to put the Python tools elsewhere)
 #
@@ -110,11 +111,35 @@ check --show "DefinitionSubstitutions keys == \${...} used, the consumer example
 # (.ci/check_template.py names the AWS quota of each).
 check --show "names built from the stack name fit their AWS limits at the longest stack name" "$PY" .ci/check_template.py names template.yaml
 check --show "every DynamoDB table has the same point-in-time recovery" "$PY" .ci/check_template.py pitr template.yaml
+check --show "every DynamoDB table keeps its data on a replacing update and on the stack's deletion" "$PY" .ci/check_template.py retain template.yaml
 check --show "environments, policies and event patterns fit AWS quotas with every parameter at its longest, and no parameter takes an ARN list" "$PY" .ci/check_template.py sizes template.yaml
 check --show "the cleanup rule, IAM and the functions cover the same machines at every prefix" "$PY" .ci/check_template.py prefixes template.yaml
 check --show "the dashboard body is JSON within CloudWatch's limits and plots exactly the metrics the functions write" "$PY" .ci/check_template.py dashboard template.yaml
 check --show "parliament: no IAM finding but the recorded exceptions (.ci/iam-exceptions.json)" "$PY" .ci/check_template.py iam template.yaml
+check --show "what the docs quote of the template (counts, parameters and defaults, exports, alarms and their runbook, DynamoDB actions) is its own, and samconfig.toml deploys its defaults" "$PY" .ci/check_template.py docs template.yaml
+check --show "a \"*\" prefix needs AllowAccountWidePrefixes=true (Rules), execution data is logged only with LogExecutionData=true, the acquire function gets RequireConfiguredLocks" "$PY" .ci/check_template.py trust template.yaml
+check --show "every resource type, before and after the SAM transform, is one the Serverless Application Repository supports" "$PY" .ci/check_template.py sar template.yaml
 check --show "each template check fails on a template broken for it" "$PY" .ci/check_template.py selftest template.yaml
+
+# examples/consumer is copied into a team's own repository: it must build there, with nothing
+# of this workspace (its own [workspace] and Cargo.lock). Built from a copy outside the
+# repository; the copy's target directory is kept under target/ so that a second run builds
+# only the crate itself. Needs cargo and crates.io.
+consumer_builds_alone() {
+  local copy
+  copy="$(mktemp -d)"
+  cp -r examples/consumer "$copy/"
+  (
+    cd "$copy/consumer/work" &&
+      CARGO_TARGET_DIR="$ROOT/target/consumer-copy" cargo build --locked &&
+      cargo fmt --check &&
+      CARGO_TARGET_DIR="$ROOT/target/consumer-copy" cargo clippy --locked --all-targets -- -D warnings
+  )
+  local status=$?
+  rm -rf "$copy"
+  return $status
+}
+check "examples/consumer builds on its own, copied outside the repository (cargo build --locked, fmt, clippy)" consumer_builds_alone
 
 echo "deploy-checks: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

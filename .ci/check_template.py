@@ -26,7 +26,22 @@ Usage (the venv's python: samtranslator and parliament live there):
   check_template.py dashboard [template.yaml] every dashboard body is JSON within CloudWatch's
                                              limits and plots only (and every one of) the
                                              metrics the functions write, where they write
-                                             them; alarms on them watch written metrics too
+                                             them; alarms on them watch written metrics too;
+                                             every alarm is on an alarm widget
+  check_template.py docs   [template.yaml]  what the docs quote of the template is its own:
+                                             counts ("six machines are named ..."), the
+                                             parameters and defaults (and samconfig.toml's),
+                                             exports and SSM parameters, alarms (each with a
+                                             runbook entry), the functions' DynamoDB actions
+  check_template.py trust  [template.yaml]  a "*" prefix is refused by the Rules unless
+                                             AllowAccountWidePrefixes=true; no machine logs
+                                             execution data unless LogExecutionData=true; the
+                                             acquire function gets RequireConfiguredLocks
+  check_template.py retain [template.yaml]  every table is kept on a replacing update and on
+                                             the stack's deletion
+  check_template.py sar    [template.yaml]  every resource type, before and after the SAM
+                                             transform, is on the Serverless Application
+                                             Repository's list of supported resources
   check_template.py selftest [template.yaml] each check above fails on a template broken
                                              for it (and passes on the template itself)
 Prints what it measured; exits 1 on any failure.
@@ -415,6 +430,12 @@ class Stack:
         if key == "Fn::Select":
             index, items = int(self.resolve(arg[0])), self.resolve(arg[1])
             return items[index]
+        if key == "Fn::FindInMap":
+            name, top, second = (str(self.resolve(a)) for a in arg)
+            try:
+                return self.template["Mappings"][name][top][second]
+            except KeyError:
+                raise CheckError(f"Fn::FindInMap [{name}, {top}, {second}]: no such entry") from None
         if key == "Fn::If":
             name, then, otherwise = arg
             return self.resolve(then if self.condition(name) else otherwise)
@@ -854,6 +875,13 @@ def check_dashboard(template, root):
                     failures.append(f"{case}: widget \"{title}\" plots {ns} {name} with an empty dimension value")
             for name, dims in sorted(written - seen):
                 failures.append(f"{case}: {logical_id} does not plot {name} by {list(dims)}, which the functions write")
+            # Every alarm of the stack on the alarm widget, so that a red one is seen there.
+            shown = [a for w in widgets if w.get("type") == "alarm" for a in w.get("properties", {}).get("alarms", [])]
+            alarms = [k for k, a in rendered.items() if a["Type"] == "AWS::CloudWatch::Alarm"]
+            for alarm in alarms:
+                if not any(f"-{alarm}-" in arn for arn in shown):
+                    failures.append(f"{case}: {logical_id}'s alarm widgets do not show {alarm}")
+            print(f"{case}: {logical_id}: {len(shown)} alarms on its alarm widgets, {len(alarms)} in the stack")
         for logical_id, r in rendered.items():
             props = r["Properties"]
             if r["Type"] == "AWS::CloudWatch::Alarm" and props.get("Namespace") == namespace:
@@ -940,6 +968,423 @@ def check_iam(template, root):
     return not new and not stale
 
 
+# ---------------------------------------------------------- what the docs say
+
+
+# The documents that state facts about the template, and what they count by name.
+DOCUMENTS = (
+    "README.md",
+    "docs/operations.md",
+    "docs/using.md",
+    "docs/aws-limits.md",
+    "docs/design.md",
+    "examples/README.md",
+    "examples/consumer/README.md",
+)
+NUMBER_WORDS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+# "<number> <thing>" claims and what each counts. "the other two alarms" names a subset, not a
+# count of the template's.
+COUNT_CLAIMS = (
+    (r"\b(\w+) machines (?:are named|have fixed names)", "machines with fixed names"),
+    (r"\bthe (\w+) fixed machine names", "machines with fixed names"),
+    (r"(?<!other )\b(\w+) (?:CloudWatch )?alarms\b", "alarms"),
+    (r"\b(\w+) (?:DynamoDB )?tables?\b", "tables"),
+    (r"\b(\w+) state machines\b", "state machines"),
+    (r"\bparliament on the (\w+) policies", "policies"),
+)
+DYNAMODB_TABLE_COLUMNS = {"semaphore table": "SemaphoreTable", "queue table": "QueueTable", "holdings table": "HoldingsTable"}
+
+
+def as_number(word):
+    word = word.lower().replace(",", "")
+    if word.isdigit():
+        return int(word)
+    return NUMBER_WORDS.index(word) if word in NUMBER_WORDS else None
+
+
+def markdown_tables(text):
+    """Every table of a Markdown text: (the heading above it, header cells, rows of cells)."""
+    heading, tables, current = "", [], None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        if line.startswith("|"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            if current is None:
+                current = (heading, cells, [])
+                tables.append(current)
+            elif not all(re.fullmatch(r":?-+:?", c) for c in cells):
+                current[2].append(cells)
+        else:
+            current = None
+    return tables
+
+
+def table_under(text, heading, where, failures):
+    """The rows of the first table under a heading; none (and a failure) if it has none."""
+    found = [t for t in markdown_tables(text) if t[0] == heading]
+    if not found:
+        failures.append(f"{where}: no table under the heading \"{heading}\"")
+        return []
+    return found[0][2]
+
+
+def ticked(cell):
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def fixed_machine_suffixes(template):
+    """The machines named <stack name>-<suffix>: their suffixes."""
+    found = []
+    for r in template["Resources"].values():
+        if r["Type"] in ("AWS::Serverless::StateMachine", "AWS::StepFunctions::StateMachine"):
+            name = r.get("Properties", {}).get("Name") or r.get("Properties", {}).get("StateMachineName")
+            text = name.get("Fn::Sub") if isinstance(name, dict) else None
+            if isinstance(text, str) and text.startswith("${AWS::StackName}-"):
+                found.append(text[len("${AWS::StackName}") :])
+    return sorted(found)
+
+
+def dynamodb_actions(rendered):
+    """{function logical id: {table logical id: sorted actions}} as the functions' roles allow."""
+    tables = [lid for lid, r in rendered.items() if r["Type"] == "AWS::DynamoDB::Table"]
+    managed = {}
+    for lid, r in rendered.items():
+        if r["Type"] == "AWS::IAM::ManagedPolicy":
+            managed[lid] = r["Properties"]["PolicyDocument"]
+    roles = {lid: r for lid, r in rendered.items() if r["Type"] == "AWS::IAM::Role"}
+    out = {}
+    for lid, r in rendered.items():
+        if r["Type"] != "AWS::Lambda::Function":
+            continue
+        # Physical names are "<stack>-<logical id>-<random>" (Stack.generated).
+        role_id = next(k for k in roles if f"-{k}-" in r["Properties"]["Role"])
+        documents = [p["PolicyDocument"] for p in roles[role_id]["Properties"].get("Policies", [])]
+        for arn in roles[role_id]["Properties"].get("ManagedPolicyArns", []):
+            documents += [doc for k, doc in managed.items() if f"-{k}-" in arn]
+        allowed = {t: set() for t in tables}
+        for document in documents:
+            statements = document.get("Statement", [])
+            for statement in [statements] if isinstance(statements, dict) else statements:
+                if statement.get("Effect") != "Allow":
+                    continue
+                action = statement.get("Action", [])
+                names = [a for a in ([action] if isinstance(action, str) else action) if a.startswith("dynamodb:")]
+                resource = statement.get("Resource", [])
+                for arn in [resource] if isinstance(resource, str) else resource:
+                    for t in tables:
+                        if re.search(rf":table/[^/]*-{t}-[A-Z]+(/index/.*)?$", arn):
+                            allowed[t].update(a.split(":", 1)[1] for a in names)
+        out[lid] = {t: sorted(a) for t, a in allowed.items()}
+    return out
+
+
+def check_docs(template, root):
+    """The counts and names the docs quote are the template's."""
+    parameters = template.get("Parameters", {})
+    defaults = {n: str(s.get("Default", "")) for n, s in parameters.items()}
+    resources = template["Resources"]
+    alarms = sorted(k for k, r in resources.items() if r["Type"] == "AWS::CloudWatch::Alarm")
+    fixed = fixed_machine_suffixes(template)
+    exports = {
+        k: o["Export"]["Name"].get("Fn::Sub") if isinstance(o["Export"]["Name"], dict) else o["Export"]["Name"]
+        for k, o in template.get("Outputs", {}).items()
+        if "Export" in o
+    }
+    ssm = sorted(
+        r["Properties"]["Name"]["Fn::Sub"].rsplit("/", 1)[-1]
+        for r in resources.values()
+        if r["Type"] == "AWS::SSM::Parameter"
+    )
+    _, rendered = render(template, defaults, "stack", partition="aws", region="us-east-1")
+    counts = {
+        "machines with fixed names": len(fixed),
+        "alarms": len(alarms),
+        "tables": sum(r["Type"] == "AWS::DynamoDB::Table" for r in resources.values()),
+        "state machines": sum(r["Type"] == "AWS::StepFunctions::StateMachine" for r in rendered.values()),
+        "policies": len(list(policies(render(template, {**defaults, **{n: "team-" for n in prefix_parameters(template)}}, "stack", partition="aws", region="us-east-1")[1]))),
+    }
+    print(f"the template: {counts}; fixed names {fixed}; alarms {alarms}; exports {sorted(exports)}; SSM {ssm}")
+    failures = []
+    texts = {}
+    for path in DOCUMENTS:
+        with open(os.path.join(root, path), encoding="utf-8") as f:
+            texts[path] = f.read()
+    texts["template.yaml Description"] = str(template.get("Description", ""))
+
+    # "<number> <thing>": the template's count.
+    claims = 0
+    for where, text in texts.items():
+        flat = " ".join(text.split())
+        for pattern, what in COUNT_CLAIMS:
+            for m in re.finditer(pattern, flat, re.I):
+                n = as_number(m.group(1))
+                if n is None:
+                    continue
+                claims += 1
+                if n != counts[what]:
+                    failures.append(f"{where}: \"{m.group(0)}\" but the template has {counts[what]} {what}")
+        # A list of the fixed names is the template's.
+        for paragraph in re.split(r"\n\s*\n", text):
+            if re.search(r"fixed machine names|machines (?:are named|have fixed names)", " ".join(paragraph.split())):
+                listed = sorted({s for s in ticked(paragraph) if re.fullmatch(r"-[a-z-]+", s)})
+                if listed and listed != fixed:
+                    failures.append(f"{where}: lists the fixed machine names {listed}, the template's are {fixed}")
+    print(f"{claims} counts checked in {', '.join(texts)}")
+
+    operations = texts["docs/operations.md"]
+    # The parameters and their defaults.
+    rows = table_under(operations, "Parameters", "docs/operations.md", failures)
+    documented = {}
+    for row in rows:
+        name = ticked(row[0])[0]
+        default = row[1].strip()
+        documented[name] = "" if default == "empty" else (ticked(default)[0] if ticked(default) else default).replace(",", "")
+    for name in sorted(set(defaults) | set(documented)):
+        if name not in documented:
+            failures.append(f"docs/operations.md, Parameters: {name} is not listed")
+        elif name not in defaults:
+            failures.append(f"docs/operations.md, Parameters: {name} is not a parameter of the template")
+        elif documented[name] != defaults[name]:
+            failures.append(f"docs/operations.md, Parameters: {name} defaults to {documented[name]!r}, the template's default is {defaults[name]!r}")
+    print(f"{len(documented)} parameters documented, {len(defaults)} in the template")
+    # samconfig.toml deploys the template's defaults.
+    import tomllib
+
+    with open(os.path.join(root, "samconfig.toml"), "rb") as f:
+        overrides = tomllib.load(f).get("default", {}).get("deploy", {}).get("parameters", {}).get("parameter_overrides", [])
+    for entry in [overrides] if isinstance(overrides, str) else overrides:
+        key, _, value = entry.partition("=")
+        value = value.strip('"')
+        if key not in defaults:
+            failures.append(f"samconfig.toml: parameter_overrides sets {key}, which the template does not have")
+        elif value != defaults[key]:
+            failures.append(f"samconfig.toml: parameter_overrides sets {key}={value}, the template's default is {defaults[key]!r}")
+    # The exports and SSM parameters.
+    rows = table_under(operations, "What the stack exports", "docs/operations.md", failures)
+    listed_exports, listed_ssm = {}, []
+    for row in rows:
+        output = ticked(row[0])[0]
+        for name in ticked(row[1]):
+            listed_exports[output] = name.replace("<stack>", "${AWS::StackName}")
+        listed_ssm += [s.rsplit("/", 1)[-1] for s in ticked(row[2]) if s.startswith("/stepfunctions-semaphore/")]
+    if listed_exports != exports:
+        failures.append(f"docs/operations.md, What the stack exports: exports {listed_exports}, the template's {exports}")
+    if sorted(listed_ssm) != ssm:
+        failures.append(f"docs/operations.md, What the stack exports: SSM parameters {sorted(listed_ssm)}, the template's {ssm}")
+    # The alarms: the table, a runbook entry each, the README's table.
+    rows = table_under(operations, "Alarms and notices", "docs/operations.md", failures)
+    listed = sorted({n for row in rows for n in ticked(row[0]) if n.endswith("Alarm")})
+    if listed != alarms:
+        failures.append(f"docs/operations.md, Alarms and notices: lists {listed}, the template's alarms are {alarms}")
+    # Missing data is a decision per alarm (breaching for a heartbeat, notBreaching for a count
+    # written only when something happens), not CloudWatch's default.
+    for alarm in alarms:
+        if resources[alarm]["Properties"].get("TreatMissingData") not in ("breaching", "notBreaching", "ignore"):
+            failures.append(f"{alarm}: no TreatMissingData (say what missing data means for it)")
+    runbook = operations.split("\n## Runbook", 1)[-1]
+    headings = " ".join(line for line in runbook.splitlines() if line.startswith("### "))
+    for alarm in alarms:
+        if not re.search(rf"\b{alarm}\b", headings):
+            failures.append(f"docs/operations.md: no runbook entry (### heading under Runbook) for {alarm}")
+    readme = [t for t in markdown_tables(texts["README.md"]) if t[1][:1] == ["alarm or notice"]]
+    listed = sorted({n for t in readme for row in t[2] for n in ticked(row[0]) if n.endswith("Alarm")})
+    if listed != alarms:
+        failures.append(f"README.md, the alarm table: lists {listed}, the template's alarms are {alarms}")
+    # What each function may do to each table.
+    allowed = dynamodb_actions(rendered)
+    wired = [t for t in markdown_tables(operations) if t[1] and t[1][0] == "function" and "semaphore table" in t[1]]
+    if not wired:
+        failures.append("docs/operations.md: no table of the functions' DynamoDB actions (header: function | semaphore table | ...)")
+    else:
+        _, header, rows = wired[0]
+        for row in rows:
+            function = f"{ticked(row[0])[0].capitalize()}Function"
+            if function not in allowed:
+                failures.append(f"docs/operations.md, DynamoDB actions: {row[0]} is not one of {sorted(allowed)}")
+                continue
+            for column, cell in zip(header[1:], row[1:]):
+                table = DYNAMODB_TABLE_COLUMNS[column]
+                said = sorted(ticked(cell))
+                if said != allowed[function][table]:
+                    failures.append(f"docs/operations.md, DynamoDB actions: {row[0]} on the {column}: {said}, the template allows {allowed[function][table]}")
+        missing = sorted(set(allowed) - {f"{ticked(r[0])[0].capitalize()}Function" for r in rows})
+        if missing:
+            failures.append(f"docs/operations.md, DynamoDB actions: no row for {missing}")
+    for f in failures:
+        print("FAIL", f)
+    return not failures
+
+
+# ----------------------------------------------------------- the trust boundary
+
+# The parameters that reach every machine or function of the account with "*", the one that
+# acknowledges it, the one that opts into execution data in the logs, the acquire function's
+# switch for unconfigured locks.
+ACCOUNT_WIDE_PREFIXES = ("ProtectedStateMachinePrefix", "WorkStateMachinePrefix", "WorkFunctionPrefix")
+ACKNOWLEDGEMENT = "AllowAccountWidePrefixes"
+EXECUTION_DATA = "LogExecutionData"
+REQUIRE_CONFIGURED = ("RequireConfiguredLocks", "AcquireFunction", "REQUIRE_CONFIGURED_LOCKS")
+
+
+def refused_by_rules(template, values):
+    """The AssertDescriptions of the template's Rules that `values` break (CloudFormation
+    refuses such a deploy before it changes anything)."""
+    stack = Stack(template, typed(template, values), "stack")
+    refused = []
+    for name, rule in template.get("Rules", {}).items():
+        if "RuleCondition" in rule and not stack.truth(rule["RuleCondition"]):
+            continue
+        for assertion in rule.get("Assertions", []):
+            if not stack.truth(assertion["Assert"]):
+                refused.append(f"{name}: {' '.join(str(assertion.get('AssertDescription', '')).split())}")
+    return refused
+
+
+def check_trust(template, root):
+    """A "*" prefix is refused unless acknowledged; no machine logs execution data unless asked;
+    the acquire function gets the RequireConfiguredLocks switch."""
+    parameters = template.get("Parameters", {})
+    defaults = {n: str(s["Default"]) for n, s in parameters.items() if "Default" in s}
+    failures = []
+    for name in (*ACCOUNT_WIDE_PREFIXES, ACKNOWLEDGEMENT, EXECUTION_DATA, REQUIRE_CONFIGURED[0]):
+        if name not in parameters:
+            failures.append(f"no parameter {name}")
+    if failures:
+        for f in failures:
+            print("FAIL", f)
+        return False
+    cases = [("the defaults", {}, False), ("every prefix team-", {p: "team-" for p in ACCOUNT_WIDE_PREFIXES}, False)]
+    for p in ACCOUNT_WIDE_PREFIXES:
+        cases.append((f'{p}="*"', {p: "*"}, True))
+        cases.append((f'{p}="*", {ACKNOWLEDGEMENT}=true', {p: "*", ACKNOWLEDGEMENT: "true"}, False))
+    for what, change, refuse in cases:
+        refused = refused_by_rules(template, {**defaults, **change})
+        print(f"{what}: {'refused (' + refused[0] + ')' if refused else 'accepted'}")
+        if bool(refused) != refuse:
+            failures.append(f"{what}: the Rules {'accept' if not refused else 'refuse'} it, expected {'refused' if refuse else 'accepted'}")
+    function, variable = REQUIRE_CONFIGURED[1], REQUIRE_CONFIGURED[2]
+    for value in ("false", "true"):
+        values = {**defaults, EXECUTION_DATA: value, REQUIRE_CONFIGURED[0]: value}
+        _, rendered = render(template, values, "stack", partition="aws", region="us-east-1")
+        machines = {k: r for k, r in rendered.items() if r["Type"] == "AWS::StepFunctions::StateMachine"}
+        logged = sorted(
+            k for k, r in machines.items() if r["Properties"].get("LoggingConfiguration", {}).get("IncludeExecutionData") in (True, "true")
+        )
+        expected = sorted(machines) if value == "true" else []
+        print(f"{EXECUTION_DATA}={value}: {len(logged)} of {len(machines)} machines log execution data")
+        if logged != expected:
+            failures.append(f"{EXECUTION_DATA}={value}: machines logging execution data {logged}, expected {expected}")
+        got = rendered.get(function, {}).get("Properties", {}).get("Environment", {}).get("Variables", {}).get(variable)
+        if got != value:
+            failures.append(f"{REQUIRE_CONFIGURED[0]}={value}: {function}'s {variable} is {got!r}")
+    for f in failures:
+        print("FAIL", f)
+    return not failures
+
+
+def check_retain(template, root):
+    """Every table keeps its data when CloudFormation would delete it: on a replacing update
+    (UpdateReplacePolicy Retain; DynamoDB has no Snapshot) and on the stack's deletion."""
+    failures = []
+    for logical_id, r in template["Resources"].items():
+        if r["Type"] != "AWS::DynamoDB::Table":
+            continue
+        replace, delete = r.get("UpdateReplacePolicy", "Delete"), r.get("DeletionPolicy", "Delete")
+        print(f"{logical_id}: UpdateReplacePolicy {replace}, DeletionPolicy {delete}")
+        if replace != "Retain":
+            failures.append(f"{logical_id}: UpdateReplacePolicy {replace}: a replacing update would delete its holders, waiters and lock configurations")
+        if delete not in ("Retain", "RetainExceptOnCreate"):
+            failures.append(f"{logical_id}: DeletionPolicy {delete}: deleting the stack (or renaming the resource) would delete its data")
+    for f in failures:
+        print("FAIL", f)
+    return not failures
+# The AWS Serverless Application Repository's "List of Supported AWS Resources"
+# (https://docs.aws.amazon.com/serverlessrepo/latest/devguide/list-supported-resources.html):
+# `sam publish` of a template with any other type is refused ("... is not a supported Serverless
+# Apps Repository Type"). Written from the AWS documentation's own source of that page,
+# awsdocs/aws-serverlessrepo-developer-guide doc_source/list-supported-resources.md at its last
+# update, commit 5e8664b of 2021-02-08 (the repository was archived in 2023), read 2026-12-07.
+# The live page has grown since (it now begins AWS::AccessAnalyzer::Analyzer,
+# AWS::AmazonMQ::Broker, ...); a type refused here may be supported now: read the page, and add
+# the type with the date it was read.
+SAR_SUPPORTED_TYPES = frozenset(
+    """
+    AWS::AccessAnalyzer::Analyzer AWS::ApiGateway::ApiKey AWS::ApiGateway::Authorizer
+    AWS::ApiGateway::BasePathMapping AWS::ApiGateway::ClientCertificate
+    AWS::ApiGateway::Deployment AWS::ApiGateway::DocumentationPart
+    AWS::ApiGateway::DocumentationVersion AWS::ApiGateway::DomainName
+    AWS::ApiGateway::GatewayResponse AWS::ApiGateway::Method AWS::ApiGateway::Model
+    AWS::ApiGateway::RequestValidator AWS::ApiGateway::Resource AWS::ApiGateway::RestApi
+    AWS::ApiGateway::Stage AWS::ApiGateway::UsagePlan AWS::ApiGateway::UsagePlanKey
+    AWS::ApiGateway::VpcLink AWS::ApiGatewayV2::Api AWS::ApiGatewayV2::ApiMapping
+    AWS::ApiGatewayV2::Authorizer AWS::ApiGatewayV2::Deployment AWS::ApiGatewayV2::DomainName
+    AWS::ApiGatewayV2::Integration AWS::ApiGatewayV2::IntegrationResponse
+    AWS::ApiGatewayV2::Model AWS::ApiGatewayV2::Route AWS::ApiGatewayV2::RouteResponse
+    AWS::ApiGatewayV2::Stage AWS::AppSync::ApiKey AWS::AppSync::DataSource
+    AWS::AppSync::GraphQLApi AWS::AppSync::GraphQLSchema AWS::AppSync::Resolver
+    AWS::ApplicationAutoScaling::ScalableTarget AWS::ApplicationAutoScaling::ScalingPolicy
+    AWS::Athena::NamedQuery AWS::CertificateManager::Certificate
+    AWS::CloudFormation::CustomResource AWS::CloudFormation::Interface
+    AWS::CloudFormation::Macro AWS::CloudFormation::WaitConditionHandle
+    AWS::CloudFront::CloudFrontOriginAccessIdentity AWS::CloudFront::Distribution
+    AWS::CloudFront::StreamingDistribution AWS::CloudTrail::Trail AWS::CloudWatch::Alarm
+    AWS::CloudWatch::AnomalyDetector AWS::CloudWatch::Dashboard AWS::CloudWatch::InsightRule
+    AWS::CodeBuild::Project AWS::CodeCommit::Repository AWS::CodePipeline::CustomActionType
+    AWS::CodePipeline::Pipeline AWS::CodePipeline::Webhook AWS::Cognito::IdentityPool
+    AWS::Cognito::IdentityPoolRoleAttachment AWS::Cognito::UserPool AWS::Cognito::UserPoolClient
+    AWS::Cognito::UserPoolDomain AWS::Cognito::UserPoolGroup
+    AWS::Cognito::UserPoolResourceServer AWS::Cognito::UserPoolUser
+    AWS::Cognito::UserPoolUserToGroupAttachment AWS::Config::AggregationAuthorization
+    AWS::Config::ConfigRule AWS::Config::ConfigurationAggregator
+    AWS::Config::ConfigurationRecorder AWS::Config::DeliveryChannel
+    AWS::Config::RemediationConfiguration AWS::DataPipeline::Pipeline AWS::DynamoDB::Table
+    AWS::EC2::SecurityGroup AWS::EC2::SecurityGroupEgress AWS::EC2::SecurityGroupIngress
+    AWS::ECR::Repository AWS::Elasticsearch::Domain AWS::EventSchemas::Discoverer
+    AWS::EventSchemas::Registry AWS::EventSchemas::Schema AWS::Events::EventBusPolicy
+    AWS::Events::Rule AWS::Glue::Classifier AWS::Glue::Connection AWS::Glue::Crawler
+    AWS::Glue::Database AWS::Glue::DevEndpoint AWS::Glue::Job AWS::Glue::Partition
+    AWS::Glue::Table AWS::Glue::Trigger AWS::IAM::Group AWS::IAM::InstanceProfile
+    AWS::IAM::ManagedPolicy AWS::IAM::Policy AWS::IAM::Role AWS::IoT::Certificate
+    AWS::IoT::Policy AWS::IoT::PolicyPrincipalAttachment AWS::IoT::Thing
+    AWS::IoT::ThingPrincipalAttachment AWS::IoT::TopicRule AWS::KMS::Alias AWS::KMS::Key
+    AWS::Kinesis::Stream AWS::Kinesis::StreamConsumer AWS::Kinesis::Streams
+    AWS::KinesisAnalytics::Application AWS::KinesisAnalytics::ApplicationOutput
+    AWS::KinesisFirehose::DeliveryStream AWS::Lambda::Alias AWS::Lambda::EventInvokeConfig
+    AWS::Lambda::EventSourceMapping AWS::Lambda::Function AWS::Lambda::LayerVersion
+    AWS::Lambda::LayerVersionPermission AWS::Lambda::Permission AWS::Lambda::Version
+    AWS::Logs::Destination AWS::Logs::LogGroup AWS::Logs::LogStream AWS::Logs::MetricFilter
+    AWS::Logs::SubscriptionFilter AWS::Route53::HealthCheck AWS::Route53::HostedZone
+    AWS::Route53::RecordSet AWS::Route53::RecordSetGroup AWS::S3::Bucket AWS::S3::BucketPolicy
+    AWS::SNS::Subscription AWS::SNS::Topic AWS::SNS::TopicPolicy AWS::SQS::Queue
+    AWS::SQS::QueuePolicy AWS::SSM::Association AWS::SSM::Document
+    AWS::SSM::MaintenanceWindowTask AWS::SSM::Parameter AWS::SSM::PatchBaseline
+    AWS::SSM::ResourceDataSync AWS::Serverless::Api AWS::Serverless::Application
+    AWS::Serverless::Function AWS::Serverless::HttpApi AWS::Serverless::LayerVersion
+    AWS::Serverless::SimpleTable AWS::Serverless::StateMachine AWS::StepFunctions::Activity
+    AWS::StepFunctions::StateMachine
+    """.split()
+)
+
+
+def check_sar(template, root):
+    """Every resource type of the template and of its translation (what CloudFormation
+    creates) is one the Serverless Application Repository supports."""
+    values = {n: str(s["Default"]) for n, s in template.get("Parameters", {}).items() if "Default" in s}
+    translated = translate(template, values)
+    ok = True
+    for what, resources in (("template", template["Resources"]), ("translated template", translated["Resources"])):
+        types = {}
+        for logical_id, resource in resources.items():
+            types.setdefault(resource["Type"], []).append(logical_id)
+        refused = sorted(t for t in types if t not in SAR_SUPPORTED_TYPES)
+        for kind in refused:
+            print(f"FAIL {what}: {kind} ({', '.join(types[kind])}) is not on the Serverless Application Repository's list of supported resources")
+        print(f"{what}: {len(resources)} resources of {len(types)} types, {len(types) - len(refused)} on the list")
+        ok = ok and not refused
+    return ok
+
+
 def run(check, template, root):
     try:
         return CHECKS[check](template, root)
@@ -987,6 +1432,35 @@ def breakages(template):
             {"Effect": "Allow", "Action": "dynamodb:GetItem", "Resource": {"Ref": "LockProtectedStateMachine"}}
         )
 
+    def seventh_fixed_name(t):
+        machine = copy.deepcopy(t["Resources"]["DemoWorkStateMachine"])
+        machine["Properties"]["Name"] = {"Fn::Sub": "${AWS::StackName}-more-work"}
+        t["Resources"]["MoreWorkStateMachine"] = machine
+
+    def max_wait_default(t):
+        t["Parameters"]["MaxWaitSeconds"]["Default"] = 900
+
+    def unlisted_alarm(t):
+        t["Resources"]["ReclaimedSlotsAgainAlarm"] = copy.deepcopy(t["Resources"]["ReclaimedSlotsAlarm"])
+
+    def missing_data_undecided(t):
+        t["Resources"]["SweeperNotSucceedingAlarm"]["Properties"].pop("TreatMissingData")
+
+    def queue_table_deleted_on_replace(t):
+        t["Resources"]["QueueTable"]["UpdateReplacePolicy"] = "Delete"
+
+    def release_queries_locks(t):
+        statements = t["Resources"]["ReleaseFunction"]["Properties"]["Policies"][-1]["Statement"]
+        statements[0]["Action"].append("dynamodb:Query")
+
+    def star_unacknowledged(t):
+        t.pop("Rules")
+
+    def execution_data_always(t):
+        t["Resources"]["SweeperStateMachine"]["Properties"]["Logging"]["IncludeExecutionData"] = True
+    def unsupported_by_sar(t):
+        t["Resources"]["UnsupportedInstance"] = {"Type": "AWS::EC2::Instance", "Properties": {"ImageId": "ami-12345678"}}
+
     def body_edit(old, new):
         def change(t):
             sub = t["Resources"]["SemaphoreDashboard"]["Properties"]["DashboardBody"]
@@ -998,13 +1472,23 @@ def breakages(template):
         return change
 
     for check, what, change, needs in (
+        ("dashboard", "the alarm widget without SweeperNotSucceedingAlarm", body_edit('"${SweeperNotSucceedingAlarm.Arn}",', ""), "SemaphoreDashboard"),
         ("dashboard", "a DashboardBody with an unclosed bracket", body_edit('"widgets": [', '"widgets": [['), "SemaphoreDashboard"),
         ("dashboard", "a widget plotting WaitTimes, which no function writes", body_edit('\\"WaitTime\\"', '\\"WaitTimes\\"'), "SemaphoreDashboard"),
         ("names", "-your-workflow-example as the example machine's suffix", long_machine_name, "YourWorkflowExampleStateMachine"),
         ("pitr", "QueueTable without point-in-time recovery", queue_table_without_pitr, "QueueTable"),
+        ("retain", "QueueTable deleted on a replacing update", queue_table_deleted_on_replace, "QueueTable"),
         ("sizes", "a ProtectedStateMachineArns list parameter", list_parameter, None),
         ("prefixes", "a cleanup rule that ignores ProtectedStateMachinePrefix", rule_without_prefix, "CleanupStateMachine"),
         ("iam", "dynamodb:GetItem on a state machine ARN in HandOffPolicy", dynamodb_read_on_a_machine, "HandOffPolicy"),
+        ("trust", "no Rules: a \"*\" prefix deploys unacknowledged", star_unacknowledged, None),
+        ("trust", "the sweeper machine logging execution data whatever LogExecutionData says", execution_data_always, "SweeperStateMachine"),
+        ("docs", "a seventh machine named <stack name>-<suffix>", seventh_fixed_name, "DemoWorkStateMachine"),
+        ("docs", "MaxWaitSeconds defaulting to 900", max_wait_default, None),
+        ("docs", "an alarm no doc lists", unlisted_alarm, "ReclaimedSlotsAlarm"),
+        ("docs", "SweeperNotSucceedingAlarm without TreatMissingData", missing_data_undecided, "SweeperNotSucceedingAlarm"),
+        ("docs", "dynamodb:Query on the semaphore table for the release function", release_queries_locks, "ReleaseFunction"),
+        ("sar", "an AWS::EC2::Instance among the resources", unsupported_by_sar, None),
     ):
         if needs and needs not in resources:
             raise CheckError(f"selftest: the template has no {needs} to break")
@@ -1037,6 +1521,10 @@ CHECKS = {
     "iam": check_iam,
     "pitr": check_pitr,
     "dashboard": check_dashboard,
+    "docs": check_docs,
+    "trust": check_trust,
+    "retain": check_retain,
+    "sar": check_sar,
     "selftest": check_selftest,
 }
 

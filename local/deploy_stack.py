@@ -9,6 +9,12 @@ upload is staged first: each function's CodeUri becomes an S3 object (the local 
 binary itself under cargo lambda's emulator, by the deployed function's name), each
 DefinitionUri the definition file's JSON.
 
+The translated template is uploaded to S3 and the stack created from its URL, as `sam deploy`
+does with samconfig.toml's resolve_s3. The local server refuses what CloudFormation refuses at
+deploy time and moto would accept (local/moto_server.py, patch_deploy_time_rules: the template's
+size and counts, its Rules, its exports as resolved, an SSM parameter's value); a refused or
+rolled-back stack is an error naming the rule, the output or resource, and the fix (exit 1).
+
 Moto deploys what it supports and silently skips the rest, so the deployment is checked
 before it is described: every resource SAM generated exists or is listed as skipped, no
 `${` is left in any state machine's definition, every environment variable the template
@@ -44,6 +50,7 @@ import time
 import zipfile
 
 import boto3
+import botocore.exceptions
 from samtranslator.translator.transform import transform
 from samtranslator.yaml_helper import yaml_parse
 
@@ -116,32 +123,35 @@ def stage(template, template_dir, s3, bucket, state_timeouts):
     return binaries
 
 
-# CloudFormation's template size limits: 51,200 bytes passed inline, 1 MB from S3. template.yaml
-# is past the first (samconfig.toml's resolve_s3 has `sam deploy` upload it), so the translated
-# template must stay within the second; moto enforces neither.
-TEMPLATE_S3_MAX_BYTES = 1_000_000
-
-
-def create_stack(cfn, name, body, parameters):
-    size = len(json.dumps(body).encode())
-    if size > TEMPLATE_S3_MAX_BYTES:
-        raise DeployError(
-            f"the translated template is {size:,} bytes, over CloudFormation's "
-            f"{TEMPLATE_S3_MAX_BYTES:,} even from S3: split the stack"
+def create_stack(cfn, s3, bucket, name, body, parameters):
+    """Creates the stack from `body` (the translated template) as `sam deploy` with resolve_s3
+    does: the template uploaded to S3, CreateStack given its URL. CloudFormation's deploy-time
+    rules (template size and counts, Rules, exports, SSM parameter values) are the local server's
+    (local/moto_server.py, patch_deploy_time_rules): a refusal, or a rollback, is an error that
+    names the rule, the output or resource, and the fix."""
+    key = f"{name}.template.json"
+    s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(body).encode())
+    try:
+        cfn.create_stack(
+            StackName=name,
+            TemplateURL=f"https://s3.amazonaws.com/{bucket}/{key}",
+            Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
+            Capabilities=["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"],
         )
-    cfn.create_stack(
-        StackName=name,
-        TemplateBody=json.dumps(body),
-        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
-        Capabilities=["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"],
-    )
+    except botocore.exceptions.ClientError as error:
+        message = error.response["Error"].get("Message", error)
+        raise DeployError(f"CloudFormation refuses stack {name}: {message}")
     deadline = time.monotonic() + 120
     while True:
         stack = cfn.describe_stacks(StackName=name)["Stacks"][0]
-        if stack["StackStatus"] == "CREATE_COMPLETE":
+        status = stack["StackStatus"]
+        if status == "CREATE_COMPLETE":
             return stack
-        if not stack["StackStatus"].endswith("IN_PROGRESS") or time.monotonic() > deadline:
-            raise DeployError(f"stack {name}: {stack['StackStatus']} {stack.get('StackStatusReason', '')}")
+        if status == "ROLLBACK_COMPLETE":
+            reason = stack.get("StackStatusReason", "")
+            raise DeployError(f"CloudFormation rolled stack {name} back: {reason}")
+        if not status.endswith("IN_PROGRESS") or time.monotonic() > deadline:
+            raise DeployError(f"stack {name}: {status} {stack.get('StackStatusReason', '')}")
         time.sleep(0.2)
 
 
@@ -346,7 +356,14 @@ def main():
             state_timeouts,
         )
         translated = transform(sam, dict(parameters), NoManagedPolicies())
-        create_stack(session.client("cloudformation", endpoint_url=args.endpoint), args.stack_name, translated, parameters)
+        create_stack(
+            session.client("cloudformation", endpoint_url=args.endpoint),
+            session.client("s3", endpoint_url=args.endpoint),
+            f"{args.stack_name}-artifacts",
+            args.stack_name,
+            translated,
+            parameters,
+        )
         description = describe(session, args.endpoint, args.stack_name, translated, binaries)
     except DeployError as error:
         print(f"deploy_stack.py: {error}", file=sys.stderr)

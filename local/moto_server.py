@@ -60,7 +60,17 @@ SAM transform), has three gaps patched: an AWS::StepFunctions::StateMachine's
 DefinitionSubstitutions were ignored (patch_state_machine_from_cloudformation), an
 `AWS::NoValue` in a list stayed as a null (patch_no_value_in_lists), and AWS::CloudWatch::Alarm
 was not a resource moto's CloudFormation makes (patch_alarm_from_cloudformation), so the
-dashboard's `${Alarm.Arn}` failed the stack.
+dashboard's `${Alarm.Arn}` failed the stack. And CloudFormation's deploy-time rules, none of which
+moto had, are enforced (patch_deploy_time_rules, F16): a template from S3 over 1 MB, more
+resources, outputs, parameters or mappings than the quotas, and, on the values as resolved, an
+export that is empty or whitespace-only, over 1,024 characters, named with other characters than
+alphanumerics, colons and hyphens or over 256, or a name already exported in the region; an
+SSM parameter whose value is empty or over its tier's size. A broken rule of the resolved stack
+rolls it back (ROLLBACK_COMPLETE, its reason naming the rule, the output or resource, and the
+fix), as on AWS. And a template's Rules are evaluated on the parameters as resolved, before
+anything is created or changed: a false assertion refuses CreateStack or UpdateStack with its
+AssertDescription, as CloudFormation does (template.yaml's refuses an unacknowledged "*" prefix);
+a rule function the local server does not evaluate is refused by name, never passed.
 
 And one limit of AWS that moto leaves out is enforced: a task whose parameters (a Lambda
 payload, a child execution's input) pass Step Functions' 256 KiB fails with
@@ -1141,6 +1151,661 @@ def patch_alarm_from_cloudformation():
     assert parsing.get_model_map()["AWS::CloudWatch::Alarm"] is CloudFormationAlarm
 
 
+# CloudFormation's deploy-time rules that moto 5.2.5 does not have (F16: the first `sam deploy`
+# of a template the local deploy accepted must not fail on them). Sources, one per rule:
+# - "Understand CloudFormation quotas",
+#   https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/cloudformation-limits.html:
+#   500 resources, 200 outputs, 200 parameters, 200 mappings and 200 attributes a mapping in a
+#   template; a template body of 1 MB from S3 (`sam deploy` uploads it: resolve_s3).
+TEMPLATE_SECTION_MAX = {"Resources": 500, "Outputs": 200, "Parameters": 200, "Mappings": 200}
+MAPPING_ATTRIBUTES_MAX = 200
+TEMPLATE_S3_MAX_BYTES = 1_000_000
+# - Outputs,
+#   https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/outputs-section-structure.html:
+#   export names are unique within a region and account. CloudFormation's own errors name the
+#   rest: "The Name field of every Export member must be specified and consist only of
+#   alphanumeric characters, colons, or hyphens" (quoted in aws/aws-cdk#28563) and "must not be
+#   longer than 256 characters" (aws/aws-cdk#9733); "Cannot export output X with length 1368.
+#   Max length of 1024 exceeded" (aws-cloudformation/cloudformation-coverage-roadmap#685);
+#   "Exported values must not be empty or whitespace-only" (this project's first `sam deploy`,
+#   issue 37: the docs do not state it).
+EXPORT_NAME = r"[A-Za-z0-9:-]+"
+EXPORT_NAME_MAX = 256
+EXPORT_VALUE_MAX = 1024
+# - Systems Manager PutParameter, Value,
+#   https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_PutParameter.html:
+#   "Standard parameters have a value limit of 4 KB. Advanced parameters have a value limit of
+#   8 KB"; an empty value fails its length constraint (at least 1). AWS's error counts
+#   characters ("a maximum parameter value of 4096 characters").
+SSM_VALUE_MAX = {"Standard": 4096, "Advanced": 8192, "Intelligent-Tiering": 8192}
+
+# sha256 of the sources of moto 5.2.5's methods that patch_deploy_time_rules() replaces
+# (CloudFormationBackend.create_stack, OutputMap.exports) or wraps (the others).
+CFN_CREATE_STACK_SHA256 = "dcb835c34772ed6c3a2785c44571cba7bea8a9edaf80bd4533428b093c3351a6"
+CFN_UPDATE_STACK_SHA256 = "83a62d954ef05565636c254a1fa1910fa7124479cbbf974b4c2a6ebf433cc63b"
+CFN_OUTPUT_EXPORTS_SHA256 = "0d51444b6ba8d443b12a719dbeb730f367f47f27cc1f39e6163523759dd5b2ee"
+CFN_TEMPLATE_FROM_S3_SHA256 = "642af50810d9b6f904ac28d816832560c81dd6d00349da23808a465c2e01e704"
+SSM_PARAMETER_FROM_CLOUDFORMATION_SHA256 = (
+    "1fb1b42f9179105910ffdc00ea554d7b84307b64eadb3c0ebc39c2d1233fa349"
+)
+SSM_PARAMETER_UPDATE_FROM_CLOUDFORMATION_SHA256 = (
+    "69316a791ff69d56ca06e91e4f97f2f093fde2713794d86bef9f35f779ae6ef8"
+)
+# ... and of the methods whose parameter resolution the Rules are evaluated on: a stack's
+# parameters (defaults, then the request's values; ResourceMap.load_parameters, run by the
+# Stack's constructor), and an update's (UsePreviousValue; a request naming none keeps the
+# stack's: ResourceMap.update).
+CFN_LOAD_PARAMETERS_SHA256 = "610002572ab169506351f0657f02cc56115c502e555a6328c8cee2bfcd4f71e6"
+CFN_CREATE_RESOURCE_MAP_SHA256 = "e0127acf6c7a67083bbdbfcb3be460aceb3859546356185d8974bf67ce226ada"
+CFN_RESOLVE_UPDATE_PARAMETERS_SHA256 = (
+    "02438a8e37001724f940ce70b7916531374cb64094564fd091fcb1e2505cee61"
+)
+CFN_RESOURCE_MAP_UPDATE_SHA256 = "e34b0c357f3c8e357e4e9446843985fd88c0dc52e828d17ef3e08e14dfb88c8a"
+
+
+class DeployRuleBroken(Exception):
+    """A resource CloudFormation would fail to create: the stack is rolled back."""
+
+
+def refusal(message, fix):
+    """CloudFormation's message, then what to change: every refusal of a deploy-time rule."""
+    return f"{message} Fix: {fix}"
+
+
+def template_refusals(template):
+    """What CloudFormation refuses in a template body before it creates anything: more
+    resources, outputs, parameters, mappings or mapping attributes than its quotas allow."""
+    refused = []
+    for section, most in TEMPLATE_SECTION_MAX.items():
+        count = len(template.get(section) or {})
+        if count > most:
+            refused.append(
+                refusal(
+                    f"Template format error: Number of {section.lower()}, {count}, is greater "
+                    f"than maximum allowed, {most}.",
+                    f"declare at most {most} {section.lower()} (split the stack, e.g. into "
+                    "nested stacks; the count is of the template after the SAM transform).",
+                )
+            )
+    for name, mapping in (template.get("Mappings") or {}).items():
+        for key, attributes in (mapping or {}).items():
+            if isinstance(attributes, dict) and len(attributes) > MAPPING_ATTRIBUTES_MAX:
+                refused.append(
+                    refusal(
+                        f"Template format error: Mapping {name} key {key} has "
+                        f"{len(attributes)} attributes, more than the maximum allowed, "
+                        f"{MAPPING_ATTRIBUTES_MAX}.",
+                        "split the attributes over more mappings.",
+                    )
+                )
+    return refused
+
+
+def export_refusals(stack, exports_elsewhere):
+    """What CloudFormation refuses in a stack's exports once their values are resolved: names
+    that are not alphanumerics, colons and hyphens or are too long, values that are empty,
+    whitespace-only or too long, and names exported twice in the region (by this stack, or
+    already by another: `exports_elsewhere`, name -> Export)."""
+    import re
+
+    refused, seen = [], {}
+    for export in stack.exports:
+        output, name = export.output_key, export.name
+        # Moto leaves a Number parameter's value a number; CloudFormation's is text.
+        value = "" if export.value is None else str(export.value)
+        if not isinstance(name, str) or not re.fullmatch(EXPORT_NAME, name):
+            refused.append(
+                refusal(
+                    f"Template format error: Output {output} is malformed. The Name field of "
+                    "every Export member must be specified and consist only of alphanumeric "
+                    f"characters, colons, or hyphens (it is {name!r}).",
+                    f"build output {output}'s Export.Name from letters, digits, ':' and '-' only.",
+                )
+            )
+        elif len(name) > EXPORT_NAME_MAX:
+            refused.append(
+                refusal(
+                    f"Template format error: Output {output} is malformed. The Name field of "
+                    f"every Export member must not be longer than {EXPORT_NAME_MAX} characters "
+                    f"(it is {len(name)}).",
+                    f"shorten output {output}'s Export.Name.",
+                )
+            )
+        if not value.strip():
+            refused.append(
+                refusal(
+                    f"Exported values must not be empty or whitespace-only: output {output} "
+                    f"exports {value!r} as {name}.",
+                    f"give output {output} a value that is never empty, or export it only "
+                    "under a Condition that holds when it has one.",
+                )
+            )
+        elif len(value) > EXPORT_VALUE_MAX:
+            refused.append(
+                refusal(
+                    f"Cannot export output {output} with length {len(value)}. Max length of "
+                    f"{EXPORT_VALUE_MAX} exceeded.",
+                    f"export at most {EXPORT_VALUE_MAX} characters from output {output}.",
+                )
+            )
+        if name in seen:
+            refused.append(
+                refusal(
+                    f"Export with name {name} is already exported by this stack's output "
+                    f"{seen[name]} (output {output} exports it too).",
+                    "give every Export its own name, e.g. ${AWS::StackName}-<output>.",
+                )
+            )
+        elif name in exports_elsewhere:
+            other = exports_elsewhere[name].exporting_stack_id.split("/")[1]
+            refused.append(
+                refusal(
+                    f"Export with name {name} is already exported by stack {other} "
+                    f"(output {output}).",
+                    f"deploy under another stack name, rename the export, or delete stack {other}.",
+                )
+            )
+        seen.setdefault(name, output)
+    return refused
+
+
+# - Rules: "CloudFormation template Rules syntax",
+#   https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/rules-section-structure.html:
+#   each rule has an optional RuleCondition and its required Assertions, each an Assert with an
+#   optional AssertDescription, "validate parameter values before CloudFormation creates or
+#   updates any resources"; "Rule functions",
+#   https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/intrinsic-function-reference-rules.html:
+#   the functions, their arguments (Fn::And and Fn::Or take 2 to 10 conditions), "If the
+#   condition evaluates to false, CloudFormation doesn't check the parameter value", and that only
+#   Ref and the rule functions themselves may be used inside them. A failed Assert refuses the
+#   request with a ValidationError whose message is its AssertDescription (template.yaml's
+#   AccountWidePrefixesAcknowledged is written to be read so).
+RULE_CONDITIONS = (
+    "Fn::And",
+    "Fn::Contains",
+    "Fn::EachMemberEquals",
+    "Fn::EachMemberIn",
+    "Fn::Equals",
+    "Fn::Not",
+    "Fn::Or",
+)
+# Rule functions of CloudFormation's that the local server does not evaluate: Fn::RefAll,
+# Fn::ValueOf and Fn::ValueOfAll read the account's VPCs, subnets and security groups behind
+# AWS-specific parameter types, Fn::If a condition (no page says how a rule reads one). A
+# template using one is refused by name: passing it would accept what AWS may refuse.
+RULE_FUNCTIONS_NOT_EVALUATED = ("Fn::If", "Fn::RefAll", "Fn::ValueOf", "Fn::ValueOfAll")
+RULE_LOGIC_ARGUMENTS = range(2, 11)
+
+
+class RuleUnreadable(Exception):
+    """A Rules section CloudFormation refuses as malformed, or one the local server cannot
+    evaluate: the message names the rule, the place and the function."""
+
+
+def rule_text(value):
+    """A value as a rule compares it: text, as CloudFormation reads a template's and a
+    parameter's scalars (a Number parameter is a number to moto, `true` in YAML a boolean);
+    lists member by member."""
+    if isinstance(value, list):
+        return [rule_text(member) for member in value]
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+class RuleEvaluator:
+    """Evaluates rule functions over `values`, what a Ref in a rule reads: the stack's
+    parameters as resolved (defaults, then the request's values) and the pseudo parameters.
+
+    Every function of a rule is evaluated, whatever the values, so that an unreadable rule is
+    refused on every deploy and not only on those whose values reach it."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def arguments(self, name, argument, where, count):
+        if not isinstance(argument, list) or len(argument) not in count:
+            wanted = f"{count.start} to {count.stop - 1}" if len(count) > 1 else str(count.start)
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: {name} at {where} takes a list of {wanted} "
+                    f"arguments, not {json.dumps(argument)}.",
+                    f"give {name} a list of {wanted} arguments.",
+                )
+            )
+        return argument
+
+    def function(self, node, where):
+        if not isinstance(node, dict) or len(node) != 1:
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: {where} is {json.dumps(node)}, not a rule function.",
+                    f"give {where} one of {', '.join(RULE_CONDITIONS)}.",
+                )
+            )
+        return next(iter(node.items()))
+
+    def truth(self, node, where):
+        """The value of a condition: a rule function that is true or false."""
+        name, argument = self.function(node, where)
+        if name not in RULE_CONDITIONS:
+            self.value(node, where)  # names an unsupported or foreign function
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: {where} is {name}, which is not true or false: "
+                    "a rule condition or assertion must be.",
+                    f"give {where} one of {', '.join(RULE_CONDITIONS)}.",
+                )
+            )
+        at = f"{where}.{name}"
+        if name in ("Fn::And", "Fn::Or"):
+            conditions = self.arguments(name, argument, where, RULE_LOGIC_ARGUMENTS)
+            results = [self.truth(c, f"{at}[{i}]") for i, c in enumerate(conditions)]
+            return all(results) if name == "Fn::And" else any(results)
+        if name == "Fn::Not":
+            (condition,) = self.arguments(name, argument, where, range(1, 2))
+            return not self.truth(condition, f"{at}[0]")
+        first, second = (
+            rule_text(self.value(a, f"{at}[{i}]"))
+            for i, a in enumerate(self.arguments(name, argument, where, range(2, 3)))
+        )
+        if name == "Fn::Equals":
+            return first == second
+        if not isinstance(first, list):
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: the first argument of {name} at {where} is "
+                    f"{json.dumps(first)}, not a list of strings.",
+                    "give it a list, or a Ref to a CommaDelimitedList or List<...> parameter.",
+                )
+            )
+        if name == "Fn::EachMemberIn":
+            if not isinstance(second, list):
+                raise RuleUnreadable(
+                    refusal(
+                        f"Template format error: the second argument of Fn::EachMemberIn at "
+                        f"{where} is {json.dumps(second)}, not a list of strings.",
+                        "give it a list of the strings to match.",
+                    )
+                )
+            return all(member in second for member in first)
+        if isinstance(second, list):
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: the second argument of {name} at {where} is a "
+                    "list, not a string.",
+                    "give it the one string to compare.",
+                )
+            )
+        if name == "Fn::Contains":
+            return second in first
+        return all(member == second for member in first)  # Fn::EachMemberEquals
+
+    def value(self, node, where):
+        """An argument: a literal, a list, a Ref, or a nested condition."""
+        if isinstance(node, list):
+            return [self.value(member, f"{where}[{i}]") for i, member in enumerate(node)]
+        if not isinstance(node, dict):
+            return node
+        name, argument = self.function(node, where)
+        if name == "Ref":
+            if not isinstance(argument, str) or argument not in self.values:
+                raise RuleUnreadable(
+                    refusal(
+                        f"Template format error: the Ref {json.dumps(argument)} at {where} is "
+                        "not a parameter or a pseudo parameter, which are all a rule can read "
+                        "(rules run before any resource exists).",
+                        f"declare parameter {argument} or refer to one that is declared.",
+                    )
+                )
+            return self.values[argument]
+        if name in RULE_CONDITIONS:
+            return self.truth(node, where)
+        if name in RULE_FUNCTIONS_NOT_EVALUATED:
+            raise RuleUnreadable(
+                refusal(
+                    f"Unsupported rule function {name} at {where}: the local server "
+                    f"evaluates {', '.join(RULE_CONDITIONS)} and Ref, not {name} "
+                    "(CloudFormation does; a deploy that passed here untested could fail "
+                    "there).",
+                    f"write the rule without {name}, or add {name} to local/moto_server.py's "
+                    "RuleEvaluator with a test in harness/local-aws/tests/deploy_rules.rs.",
+                )
+            )
+        raise RuleUnreadable(
+            refusal(
+                f"Template format error: {name} at {where} is not a rule function: in Rules "
+                "only Ref and the rule functions may be used.",
+                f"compare the parameters themselves in the rule, without {name}.",
+            )
+        )
+
+
+def rule_values(template, resolved_parameters, pseudo_parameters):
+    """What a Ref in a rule reads: every parameter as the stack resolved it (a
+    CommaDelimitedList or List<...> a list: moto splits a request's value, not a default) and
+    the pseudo parameters."""
+    values = {name: value for name, value in pseudo_parameters.items() if value is not None}
+    declared = template.get("Parameters") or {}
+    for name, value in resolved_parameters.items():
+        kind = str((declared.get(name) or {}).get("Type", "String"))
+        if isinstance(value, str) and (kind == "CommaDelimitedList" or kind.startswith("List<")):
+            value = value.split(",")
+        values[name] = value
+    return values
+
+
+def rule_refusal(template, values):
+    """CloudFormation's refusal of a request by the template's Rules, or None: the
+    AssertDescription of the first assertion, in the template's order, that is false in a
+    rule whose RuleCondition is true or absent."""
+    rules = template.get("Rules")
+    if rules is None:
+        return None
+    if not isinstance(rules, dict):
+        raise RuleUnreadable(
+            refusal(
+                "Template format error: the Rules section is not a mapping of rules.",
+                "declare each rule under its logical name.",
+            )
+        )
+    evaluator, refused = RuleEvaluator(values), None
+    for name, rule in rules.items():
+        assertions = rule.get("Assertions") if isinstance(rule, dict) else None
+        if not isinstance(assertions, list) or not assertions:
+            raise RuleUnreadable(
+                refusal(
+                    f"Template format error: rule {name} has no Assertions.",
+                    f"give rule {name} a list of Assertions, each with an Assert.",
+                )
+            )
+        applies = (
+            evaluator.truth(rule["RuleCondition"], f"Rules.{name}.RuleCondition")
+            if "RuleCondition" in rule
+            else True
+        )
+        for i, assertion in enumerate(assertions):
+            where = f"Rules.{name}.Assertions[{i}]"
+            if not isinstance(assertion, dict) or "Assert" not in assertion:
+                raise RuleUnreadable(
+                    refusal(
+                        f"Template format error: {where} has no Assert.",
+                        f"give {where} an Assert.",
+                    )
+                )
+            holds = evaluator.truth(assertion["Assert"], f"{where}.Assert")
+            if applies and not holds and refused is None:
+                # No page gives CloudFormation's words for an assertion without a
+                # description; this names the rule instead.
+                refused = str(
+                    assertion.get("AssertDescription")
+                    or f"Assertion {i} of rule {name} failed (it has no AssertDescription)."
+                )
+    return refused
+
+
+def patch_deploy_time_rules():
+    """Makes moto's CloudFormation refuse what CloudFormation refuses at deploy time (F16).
+
+    Moto 5.2.5 created a stack whatever its size, counts and exports: an export whose value was
+    empty, a name with `_` or `.`, a name the same stack exports twice, 201 outputs, an SSM
+    parameter over 4 KB, all deployed locally and would have failed on AWS (the first `sam
+    deploy` of template.yaml did, on its empty ProtectedStateMachinePrefix export). Now:
+
+    - CreateStack and UpdateStack refuse a template over a quota (resources, outputs,
+      parameters, mappings, mapping attributes), and any request a TemplateURL whose object is
+      over 1 MB, with a ValidationError, creating nothing;
+    - CreateStack creates the resources, then checks the exports as resolved (outputs whose
+      Condition is false export nothing, as on AWS; moto exported them all) and an
+      AWS::SSM::Parameter's value (not empty, within its tier's size); a broken rule rolls the
+      stack back as CloudFormation does: its resources deleted (as moto deletes them: the state
+      machines and alarms that this file's patches create stay behind, under the stack's
+      names), its exports not registered, no outputs, status ROLLBACK_COMPLETE with the
+      reason (the rule, the output or resource, the fix). Moto refused a clash with another
+      stack's export before creating anything, without naming it;
+    - UpdateStack (which moto cannot roll back) refuses an SSM parameter's value with a
+      ValidationError. Its exports are not checked: moto does not update them either;
+    - CreateStack and UpdateStack evaluate the template's Rules (moto ignored them, so a "*"
+      prefix that CloudFormation refuses deployed locally) on the parameters the request
+      resolves (defaults, the request's values, UsePreviousValue, the pseudo parameters), before
+      anything is created or changed: a false Assert of a rule whose RuleCondition is true or
+      absent refuses the request with a ValidationError, its AssertDescription; a malformed
+      rule, or a rule function the local server does not evaluate (RuleEvaluator), is a
+      ValidationError that names it, whatever the values.
+    """
+    from moto.cloudformation import parsing
+    from moto.cloudformation.exceptions import AlreadyExistsException, ValidationError
+    from moto.cloudformation.models import CloudFormationBackend, Export, Stack
+    from moto.cloudformation.responses import CloudFormationResponse
+    from moto.cloudformation.utils import generate_stack_id
+    from moto.ssm.models import Parameter
+
+    require_source(CloudFormationBackend.create_stack, CFN_CREATE_STACK_SHA256, "deploy-time rules")
+    require_source(CloudFormationBackend.update_stack, CFN_UPDATE_STACK_SHA256, "deploy-time rules")
+    require_source(parsing.OutputMap.exports.fget, CFN_OUTPUT_EXPORTS_SHA256, "deploy-time rules")
+    require_source(
+        CloudFormationResponse._get_stack_from_s3_url,
+        CFN_TEMPLATE_FROM_S3_SHA256,
+        "deploy-time rules",
+    )
+    require_source(
+        Parameter.create_from_cloudformation_json,
+        SSM_PARAMETER_FROM_CLOUDFORMATION_SHA256,
+        "deploy-time rules",
+    )
+    require_source(
+        Parameter.update_from_cloudformation_json,
+        SSM_PARAMETER_UPDATE_FROM_CLOUDFORMATION_SHA256,
+        "deploy-time rules",
+    )
+    for method, digest in (
+        (parsing.ResourceMap.load_parameters, CFN_LOAD_PARAMETERS_SHA256),
+        (Stack._create_resource_map, CFN_CREATE_RESOURCE_MAP_SHA256),
+        (CloudFormationBackend._resolve_update_parameters, CFN_RESOLVE_UPDATE_PARAMETERS_SHA256),
+        (parsing.ResourceMap.update, CFN_RESOURCE_MAP_UPDATE_SHA256),
+    ):
+        require_source(method, digest, "deploy-time rules (Rules)")
+
+    def refuse_template(template):
+        parsed = Stack.parse_template(template) if isinstance(template, str) else template
+        refused = template_refusals(parsed)
+        if refused:
+            raise ValidationError(message=" ".join(refused))
+        return parsed
+
+    def refuse_by_rules(template, resource_map):
+        """The template's Rules on the parameters `resource_map` resolved (loaded, nothing
+        created): a failed assertion or an unreadable rule is a ValidationError."""
+        pseudo = {
+            name: value
+            for name, value in resource_map._parsed_resources.items()
+            if name.startswith("AWS::")
+        }
+        values = rule_values(template, resource_map.resolved_parameters, pseudo)
+        try:
+            refused = rule_refusal(template, values)
+        except RuleUnreadable as unreadable:
+            raise ValidationError(message=str(unreadable))
+        if refused is not None:
+            raise ValidationError(message=refused)
+
+    @property
+    def exports(self):
+        found = []
+        for key, declared in (self._output_json_map or {}).items():
+            # self[key] is the resolved output, None when its Condition is false.
+            if not declared.get("Export") or self[key] is None:
+                continue
+            name = parsing.clean_json(declared["Export"].get("Name"), self._resource_map)
+            export = Export(self._stack_id, name, self[key].value)
+            export.output_key = key
+            found.append(export)
+        return found
+
+    parsing.OutputMap.exports = exports
+
+    def roll_back(stack, reason):
+        stack._add_stack_event("ROLLBACK_IN_PROGRESS", resource_status_reason=reason)
+        stack.resource_map.delete()
+        # A rolled-back stack has neither resources nor outputs. Moto's maps are lazy: reading
+        # an output (DescribeStacks) or a resource after the deletion would create it again.
+        stack.resource_map._resource_json_map = {}
+        stack.output_map = parsing.OutputMap(stack.resource_map, {"Outputs": {}}, stack.stack_id)
+        stack.status = "ROLLBACK_COMPLETE"
+        stack.stack_status_reason = reason
+        stack._add_stack_event("ROLLBACK_COMPLETE")
+
+    # moto's create_stack, with the rules: the exports are registered only once the stack's
+    # resources exist and its exports passed, as CloudFormation creates them.
+    def create_stack(
+        self,
+        name,
+        template,
+        parameters,
+        notification_arns=None,
+        tags=None,
+        role_arn=None,
+        enable_termination_protection=False,
+        timeout_in_mins=None,
+        stack_policy_body=None,
+    ):
+        if name in [stack.name for stack in self.stacks.values()]:
+            raise AlreadyExistsException(f"Stack {name} already exists")
+        stack_id = generate_stack_id(name, self.region_name, self.account_id)
+        new_stack = Stack(
+            stack_id=stack_id,
+            name=name,
+            template=template,
+            parameters=parameters,
+            account_id=self.account_id,
+            region_name=self.region_name,
+            notification_arns=notification_arns,
+            tags=tags,
+            role_arn=role_arn,
+            cross_stack_resources=self.exports,
+            enable_termination_protection=enable_termination_protection,
+            timeout_in_mins=timeout_in_mins,
+            stack_policy_body=stack_policy_body,
+        )
+        refuse_template(new_stack.template_dict)
+        # The Stack's constructor resolved the parameters and created nothing yet.
+        refuse_by_rules(new_stack.template_dict, new_stack.resource_map)
+        self.stacks[stack_id] = new_stack
+        new_stack._add_stack_event("CREATE_IN_PROGRESS", resource_status_reason="User Initiated")
+        try:
+            new_stack.create_resources()
+        except DeployRuleBroken as broken:
+            roll_back(new_stack, str(broken))
+            return new_stack
+        refused = export_refusals(new_stack, self.exports)
+        if refused:
+            roll_back(new_stack, " ".join(refused))
+            return new_stack
+        for export in new_stack.exports:
+            self.exports[export.name] = export
+        return new_stack
+
+    CloudFormationBackend.create_stack = create_stack
+
+    original_update_stack = CloudFormationBackend.update_stack
+
+    @functools.wraps(original_update_stack)
+    def update_stack(self, name, template, role_arn, parameters, tags):
+        parsed = refuse_template(template)
+        # The parameters the update will resolve, as moto's update will (a request that names
+        # none keeps the stack's), on a map of their own: moto's update deletes resources
+        # before it loads them, and CloudFormation checks the Rules before it changes anything.
+        stack = self.get_stack(name)
+        requested = self._resolve_update_parameters(instance=stack, incoming_params=parameters)
+        resource_map = parsing.ResourceMap(
+            stack.stack_id,
+            stack.name,
+            requested or stack.resource_map.input_parameters,
+            {},
+            region_name=self.region_name,
+            account_id=self.account_id,
+            template=parsed,
+            cross_stack_resources=self.exports,
+        )
+        resource_map.load_mapping()
+        resource_map.load_parameters()
+        refuse_by_rules(parsed, resource_map)
+        try:
+            return original_update_stack(self, name, template, role_arn, parameters, tags)
+        except DeployRuleBroken as broken:
+            raise ValidationError(message=str(broken))
+
+    CloudFormationBackend.update_stack = update_stack
+
+    original_from_s3 = CloudFormationResponse._get_stack_from_s3_url
+
+    @functools.wraps(original_from_s3)
+    def template_from_s3(self, template_url):
+        body = original_from_s3(self, template_url)
+        size = len(body.encode())
+        if size > TEMPLATE_S3_MAX_BYTES:
+            raise ValidationError(
+                message=refusal(
+                    f"Template may not exceed {TEMPLATE_S3_MAX_BYTES} bytes in size "
+                    f"({template_url} has {size:,}).",
+                    "split the stack (nested stacks), or shorten what the template carries "
+                    "inline (definitions, dashboard bodies, policies).",
+                )
+            )
+        return body
+
+    CloudFormationResponse._get_stack_from_s3_url = template_from_s3
+
+    def check_ssm_value(logical_id, properties):
+        # Moto leaves a Number parameter's value a number; CloudFormation's is text.
+        value = "" if properties.get("Value") is None else str(properties["Value"])
+        tier = properties.get("Tier") or "Standard"
+        if value == "":
+            raise DeployRuleBroken(
+                refusal(
+                    f"The following resource(s) failed to create: [{logical_id}]. "
+                    f"{logical_id} (AWS::SSM::Parameter): 1 validation error detected: Value "
+                    f"{value!r} at 'value' failed to satisfy constraint: Member must have "
+                    "length greater than or equal to 1.",
+                    f"give {logical_id} a value that is never empty (a placeholder such as "
+                    "\"-\" under an Fn::If when what it holds may be empty).",
+                )
+            )
+        most = SSM_VALUE_MAX.get(tier, SSM_VALUE_MAX["Standard"])
+        if len(value) > most:
+            raise DeployRuleBroken(
+                refusal(
+                    f"The following resource(s) failed to create: [{logical_id}]. "
+                    f"{logical_id} (AWS::SSM::Parameter): {tier} tier parameters support a "
+                    f"maximum parameter value of {most} characters (its value has {len(value)}).",
+                    f"shorten {logical_id}'s value, or give it Tier: Advanced (8 KB).",
+                )
+            )
+
+    original_create_parameter = Parameter.create_from_cloudformation_json.__func__
+    original_update_parameter = Parameter.update_from_cloudformation_json.__func__
+
+    def create_parameter(
+        cls, resource_name, cloudformation_json, account_id, region_name, **kwargs
+    ):
+        check_ssm_value(kwargs.get("LogicalId", resource_name), cloudformation_json["Properties"])
+        return original_create_parameter(
+            cls, resource_name, cloudformation_json, account_id, region_name, **kwargs
+        )
+
+    # Checked before moto's update deletes the parameter it replaces.
+    def update_parameter(
+        cls, original_resource, new_resource_name, cloudformation_json, account_id, region_name
+    ):
+        check_ssm_value(original_resource.name, cloudformation_json["Properties"])
+        return original_update_parameter(
+            cls, original_resource, new_resource_name, cloudformation_json, account_id, region_name
+        )
+
+    Parameter.create_from_cloudformation_json = classmethod(create_parameter)
+    Parameter.update_from_cloudformation_json = classmethod(update_parameter)
+
+
 EXPRESS_MAX_SECONDS = 300  # AWS: an Express execution runs at most 5 minutes.
 
 
@@ -1682,6 +2347,7 @@ def main():
     patch_state_machine_from_cloudformation()
     patch_no_value_in_lists()
     patch_alarm_from_cloudformation()
+    patch_deploy_time_rules()
     patch_state_machine_type()
     patch_unnamed_executions()
     patch_express_definitions()

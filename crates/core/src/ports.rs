@@ -240,7 +240,7 @@ pub trait ExecutionStatus: Send + Sync {
 /// (only a running execution can invoke the acquire), so "does not exist" for it is a stale
 /// read, and freeing its slot would put a second execution in its place while it works (S1).
 /// 60 s is an order of magnitude above "a few seconds", and well under the sweep period
-/// (`SweepSchedule`, 5 minutes by default): a holder whose execution is really gone is
+/// (`SweepPeriodMinutes`, 5 by default): a holder whose execution is really gone is
 /// reclaimed by the next sweep after the grace, so the price is at most one sweep period.
 pub const MISSING_EXECUTION_GRACE_MS: u64 = 60_000;
 

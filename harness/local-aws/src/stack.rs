@@ -156,7 +156,9 @@ impl ConsumerDeployed {
 }
 
 /// Runs `local/deploy_stack.py` on `template`; its description of the deployed stack (JSON).
-fn deploy_template(
+/// A template CloudFormation would refuse (a deploy-time rule of the local server's,
+/// `patch_deploy_time_rules`) is an [`Error::Deploy`] whose stderr names the rule.
+pub fn deploy_template(
     python: &Path,
     root: &Path,
     template: &Path,
@@ -387,6 +389,11 @@ pub(crate) mod tests {
 
     /// template.yaml deployed to the test server as a stack of its own, with `overrides`.
     pub(crate) fn deploy_with(overrides: &[(&str, &str)]) -> Deployed {
+        try_deploy_with(overrides).expect("template.yaml deploys")
+    }
+
+    /// [`deploy_with`], or the deploy's error.
+    fn try_deploy_with(overrides: &[(&str, &str)]) -> Result<Deployed, Error> {
         let stack = Stack {
             name: crate::sfn::unique("semaphore-test"),
             ..Stack::default()
@@ -403,7 +410,6 @@ pub(crate) mod tests {
             &parameters,
             &BTreeMap::new(),
         )
-        .expect("template.yaml deploys")
     }
 
     /// template.yaml deployed once per test binary with its defaults.
@@ -414,13 +420,19 @@ pub(crate) mod tests {
 
     /// template.yaml's parameter declarations, read with the SAM translator's own YAML parser.
     fn declared_parameters() -> serde_json::Value {
+        declared("Parameters")
+    }
+
+    /// template.yaml's `section`, read with the SAM translator's own YAML parser.
+    fn declared(section: &str) -> serde_json::Value {
         let output = std::process::Command::new(python())
             .args([
                 "-c",
                 "import json, sys; from samtranslator.yaml_helper import yaml_parse; \
-                 print(json.dumps(yaml_parse(open(sys.argv[1]).read())['Parameters']))",
+                 print(json.dumps(yaml_parse(open(sys.argv[1]).read())[sys.argv[2]]))",
             ])
             .arg(root().join("template.yaml"))
+            .arg(section)
             .output()
             .expect("run python");
         assert!(output.status.success(), "{output:?}");
@@ -613,6 +625,104 @@ pub(crate) mod tests {
         assert_eq!(skipped, ["AWS::SQS::QueuePolicy"]);
     }
 
+    /// template.yaml deployed as shipped under a consumer-prefix choice, with or without an
+    /// alert address: a deploy only, no run. CloudFormation's deploy-time rules hold under
+    /// each (F16: the local server refuses what CloudFormation refuses, local/moto_server.py's
+    /// patch_deploy_time_rules; the first `sam deploy` with samconfig.toml's empty prefix
+    /// failed on an empty export).
+    fn deploys_under(prefix: &str, alert_email: Option<&str>) {
+        let mut overrides = vec![("ProtectedStateMachinePrefix", prefix)];
+        if prefix == "*" {
+            // Every machine of the account is covered only when the operator says so.
+            overrides.push(("AllowAccountWidePrefixes", "true"));
+        }
+        if let Some(email) = alert_email {
+            overrides.push(("AlertEmail", email));
+        }
+        let stack = deploy_with(&overrides);
+        assert_eq!(
+            stack.parameter("ProtectedStateMachinePrefix").unwrap(),
+            prefix
+        );
+        assert_eq!(
+            stack.parameter("AlertEmail").unwrap(),
+            alert_email.unwrap_or("")
+        );
+        for (key, output) in &stack.outputs {
+            if let Some(export) = &output.export {
+                assert!(
+                    !output.value.trim().is_empty(),
+                    "{key} exports {export} empty"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_only_its_own_machines() {
+        deploys_under("", None);
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_only_its_own_machines_with_an_alert_email() {
+        deploys_under("", Some("ops@example.com"));
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_a_prefix() {
+        deploys_under("team-", None);
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_a_prefix_with_an_alert_email() {
+        deploys_under("team-", Some("ops@example.com"));
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_every_machine() {
+        deploys_under("*", None);
+    }
+
+    #[test]
+    fn the_stack_deploys_covering_every_machine_with_an_alert_email() {
+        deploys_under("*", Some("ops@example.com"));
+    }
+
+    /// A "*" prefix reaches every machine or function of the account and region: the template's
+    /// Rules (AccountWidePrefixesAcknowledged) refuse it unless AllowAccountWidePrefixes is
+    /// "true", as CloudFormation does before it creates anything, and the local server now
+    /// evaluates them (local/moto_server.py, patch_deploy_time_rules). With the acknowledgement
+    /// the stack deploys: the_stack_deploys_covering_every_machine.
+    #[test]
+    fn an_account_wide_prefix_is_refused_unless_acknowledged() {
+        let description = declared("Rules")["AccountWidePrefixesAcknowledged"]["Assertions"][0]
+            ["AssertDescription"]
+            .as_str()
+            .expect("the rule's AssertDescription")
+            .to_owned();
+        for prefix in [
+            "ProtectedStateMachinePrefix",
+            "WorkStateMachinePrefix",
+            "WorkFunctionPrefix",
+        ] {
+            for acknowledgement in [None, Some("false")] {
+                let mut overrides = vec![(prefix, "*")];
+                overrides.extend(acknowledgement.map(|a| ("AllowAccountWidePrefixes", a)));
+                match try_deploy_with(&overrides) {
+                    Ok(_) => panic!("{overrides:?} deployed unacknowledged"),
+                    Err(Error::Deploy { status, stderr }) => {
+                        assert!(!status.success());
+                        assert!(
+                            stderr.contains(&format!(": {description}")),
+                            "{overrides:?}: not the template's AssertDescription: {stderr}"
+                        );
+                    }
+                    Err(other) => panic!("deploy_stack.py did not run: {other}"),
+                }
+            }
+        }
+    }
+
     #[test]
     fn prefixes_reach_the_environment_and_the_rule() {
         let stack = deploy_with(&[
@@ -679,7 +789,10 @@ pub(crate) mod tests {
         assert!(orders.definition.contains(acquire_arn.as_str()));
         assert_eq!(consumer.functions[0].binary, "consumer-work");
         // "*": every machine of the account and region, but the cleanup machine itself.
-        let every = deploy_with(&[("ProtectedStateMachinePrefix", "*")]);
+        let every = deploy_with(&[
+            ("ProtectedStateMachinePrefix", "*"),
+            ("AllowAccountWidePrefixes", "true"),
+        ]);
         let cleanup = every.machine("CleanupStateMachine").unwrap();
         assert_eq!(
             every.rule.pattern["detail"]["stateMachineArn"],
