@@ -19,6 +19,8 @@ use semaphore_core::{rfc3339_millis, DynamoStore, Run, Semaphore};
 use serde_json::{json, Value};
 
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
+/// The work the acquire function allows: every machine whose name begins with `team-`.
+const TEAM: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:team-*";
 
 /// Every item of the semaphore's three tables (locks, waiters, gate holdings), as `Scan` hands
 /// them back, without the product's decoder.
@@ -44,6 +46,7 @@ async fn acquire(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, 
     let settings = Settings::from_lookup(|name| match name {
         "DEFAULT_LOCK" => Some("demo-lock".to_owned()),
         "DEFAULT_LIMIT" => Some("1".to_owned()),
+        "WORK_STATE_MACHINES" => Some(TEAM.to_owned()),
         _ => None,
     });
     let config = Config::from_settings(&settings).expect("settings");
@@ -112,6 +115,9 @@ async fn a_number_or_string_past_its_bound_is_semaphore_invalid_input_and_writes
             "request.lease: lease must be a number of seconds from 1 to 86400 (a day); got {got}"
         )
     };
+    // The lock-protected machine's, which names the work to start.
+    let starting = with(&parked, &["starts_work"], json!(true));
+    let long_work = format!("{}{}", TEAM.trim_end_matches('*'), "w".repeat(100_000));
     let cases: Vec<(Value, String)> =
         vec![
         // The run of issue #37's crash, the first past the bound, and counts past a u32.
@@ -189,6 +195,15 @@ async fn a_number_or_string_past_its_bound_is_semaphore_invalid_input_and_writes
         (
             with(&parked, &["task_token"], json!("t".repeat(MAX_TASK_TOKEN_BYTES + 1))),
             "task_token: task token is 2049 bytes long; the maximum is 2048 bytes".to_owned(),
+        ),
+        (
+            with(&starting, &["request", "work"], json!(long_work)),
+            format!(
+                "request.work is {} bytes long; a state machine or Lambda function ARN is at \
+                 most 256: name one this stack allows (state machines: {TEAM}; Lambda \
+                 functions: none)",
+                long_work.len()
+            ),
         ),
     ];
     for (payload, message) in cases {
