@@ -59,9 +59,10 @@ pub struct Defaults {
 }
 
 /// Longest work ARN accepted, in bytes: `StartExecution` takes a state machine ARN of at most
-/// 256 characters (https://docs.aws.amazon.com/step-functions/latest/apireference/API_StartExecution.html)
+/// 256 characters
+/// (<https://docs.aws.amazon.com/step-functions/latest/apireference/API_StartExecution.html>)
 /// and `Invoke` a function name or ARN of at most 256
-/// (https://docs.aws.amazon.com/lambda/latest/api/API_Invoke.html). A longer one could never
+/// (<https://docs.aws.amazon.com/lambda/latest/api/API_Invoke.html>). A longer one could never
 /// start, and would size the waiter's record and the answer (F15).
 pub const MAX_WORK_ARN_BYTES: usize = 256;
 
