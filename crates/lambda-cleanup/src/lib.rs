@@ -276,11 +276,20 @@ impl Cleanup<DynamoStore, SfnClient> {
     }
 }
 
+/// Longest excerpt of why the event could not be read quoted back: serde's reason quotes a
+/// wrong string whole, and an event field may be 256 KB.
+const MAX_REASON: usize = 300;
+
 /// Reads the event. Anything that is not a Step Functions status-change event is bad input.
 pub fn parse_event(payload: Value) -> Result<StatusChangeEvent, HandlerError> {
     let event: StatusChangeEvent = serde_json::from_value(payload).map_err(|e| {
+        let mut reason = e.to_string();
+        if reason.len() > MAX_REASON {
+            reason.truncate(reason.floor_char_boundary(MAX_REASON));
+            reason.push_str("...");
+        }
         HandlerError::InvalidInput(format!(
-            "expected an EventBridge \"{DETAIL_TYPE}\" event from {SOURCE}: {e}"
+            "expected an EventBridge \"{DETAIL_TYPE}\" event from {SOURCE}: {reason}"
         ))
     })?;
     if event.source != SOURCE || event.detail_type != DETAIL_TYPE {

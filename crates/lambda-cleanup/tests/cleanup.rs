@@ -800,6 +800,12 @@ async fn what_is_not_a_status_change_event_is_invalid_input_and_writes_nothing()
         event["detail"]["executionArn"] = json!(arn);
         event
     };
+    // F15: numbers and strings past their bounds; a reason that quotes a 100 KB value is cut.
+    let with_redrive_count = |count: Value| {
+        let mut event = fixture();
+        event["detail"]["redriveCount"] = count;
+        event
+    };
     for event in [
         no_arn,
         other_source,
@@ -808,9 +814,21 @@ async fn what_is_not_a_status_change_event_is_invalid_input_and_writes_nothing()
         with_arn(""),
         with_arn("run-1"),
         with_arn("arn:aws:states:us-east-1:123456789012:express:M:e:5f1c2a9e"),
+        with_arn(&format!(
+            "arn:aws:states:us-east-1:123456789012:execution:M:{}",
+            "e".repeat(500)
+        )),
+        with_redrive_count(json!(4_294_967_296u64)),
+        with_redrive_count(json!("r".repeat(100_000))),
     ] {
         let err = invoke(&cleanup, event.clone()).await.unwrap_err();
-        assert_eq!(err.error_type, "SemaphoreInvalidInput", "{event}");
+        let shown: String = event.to_string().chars().take(200).collect();
+        assert_eq!(err.error_type, "SemaphoreInvalidInput", "{shown}");
+        assert!(
+            err.error_message.len() < 1_000,
+            "{shown}: {}",
+            err.error_message.len()
+        );
     }
     assert_eq!(counter.take().total(), 0, "nothing was asked or written");
 }

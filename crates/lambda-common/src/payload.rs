@@ -254,10 +254,16 @@ impl<'a> Payload<'a> {
     /// `lease` as a JSON integer of seconds (1 to a day); `None` when absent or null. Refused
     /// like a limit: never from a string, never rounded.
     pub fn optional_lease(&self, field: &str) -> Result<Option<Lease>, HandlerError> {
+        // Refused with the seconds given, not the milliseconds they make (saturated past a
+        // u64).
         self.optional_number(
             field,
             Number::as_u64,
-            |seconds| Lease::ms(seconds.saturating_mul(1000)),
+            |seconds| {
+                Lease::ms(seconds.saturating_mul(1000)).map_err(|_| InputError::InvalidLease {
+                    got: seconds.to_string(),
+                })
+            },
             |got| InputError::InvalidLease { got },
         )
     }

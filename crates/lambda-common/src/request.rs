@@ -58,6 +58,14 @@ pub struct Defaults {
     pub rate: Option<Rate>,
 }
 
+/// Longest work ARN accepted, in bytes: `StartExecution` takes a state machine ARN of at most
+/// 256 characters
+/// (<https://docs.aws.amazon.com/step-functions/latest/apireference/API_StartExecution.html>)
+/// and `Invoke` a function name or ARN of at most 256
+/// (<https://docs.aws.amazon.com/lambda/latest/api/API_Invoke.html>). A longer one could never
+/// start, and would size the waiter's record and the answer (F15).
+pub const MAX_WORK_ARN_BYTES: usize = 256;
+
 /// What an allowed work ARN names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkKind {
@@ -142,6 +150,14 @@ impl AllowedWork {
                 self.describe()
             )));
         };
+        if arn.len() > MAX_WORK_ARN_BYTES {
+            return Err(HandlerError::InvalidInput(format!(
+                "{field} is {} bytes long; a state machine or Lambda function ARN is at most \
+                 {MAX_WORK_ARN_BYTES}: name one this stack allows ({})",
+                arn.len(),
+                self.describe()
+            )));
+        }
         let kind = if WorkKind::of(arn) == Some(WorkKind::StateMachine)
             && self.state_machines.matches(arn)
         {

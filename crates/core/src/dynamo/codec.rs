@@ -488,7 +488,8 @@ fn decode_waiter_attrs(attrs: &HashMap<String, AttributeValue>) -> Result<Waiter
             AcquisitionId::new(text(queue_attr::ACQUISITION)?)
                 .map_err(invalid(queue_attr::ACQUISITION))?,
         ),
-        run: Run(get_number(attrs, queue_attr::RUN)?),
+        // F15: a run sizes the fences written for it; none past the last an execution has.
+        run: Run::new(get_number(attrs, queue_attr::RUN)?).map_err(invalid(queue_attr::RUN))?,
         terms: Terms::new(limit, weight, rate)
             .map_err(AttributeError::Terms)?
             .with_lease(
