@@ -529,7 +529,7 @@ impl Resolver {
 }
 
 /// The run an acquisition `r<n>` was made in: n.
-fn incarnation_of(acquisition: &AcquisitionId) -> Option<u32> {
+pub(crate) fn incarnation_of(acquisition: &AcquisitionId) -> Option<u32> {
     acquisition.as_str().strip_prefix('r')?.parse().ok()
 }
 
