@@ -97,6 +97,10 @@ and ListExecutions of Express executions are refused as AWS refuses them
 Express execution ARNs keep moto's `:execution:` form (AWS writes `:express:`); nothing here
 reads the kind from the ARN of an execution the local server made.
 
+GetExecutionHistory answers in pages of maxResults events (100 by default, at most 1,000),
+newest first on request (reverseOrder), with a nextToken to the next (patch_history_pages): moto
+answered every event at once, oldest first, whatever was asked.
+
 Step Functions' execution mode (moto runs the executions with its States Language interpreter)
 is on from the start (execute_state_machines).
 
@@ -2071,6 +2075,70 @@ def patch_tolerated_failures():
     DistributedIterationComponent._map_run = _map_run
 
 
+# sha256 of the source of moto 5.2.5's StepFunctionResponse.get_execution_history, which
+# patch_history_pages() replaces.
+GET_EXECUTION_HISTORY_SHA256 = "3889cc6224ac2f762d44a217cdd02255957d21862ad88af0c6b30af47b17a206"
+# GetExecutionHistory's maxResults: "The default is 100 and the maximum allowed page size is
+# 1000. A value of 0 uses the default" (AWS Step Functions API Reference, GetExecutionHistory).
+HISTORY_PAGE_DEFAULT = 100
+HISTORY_PAGE_MAX = 1000
+
+
+def patch_history_pages():
+    """Makes GetExecutionHistory answer in pages, newest first on request, as AWS does.
+
+    Moto answered every event in one response, oldest first, whatever the request asked: a
+    reader that asks for the newest page first (reverseOrder) and stops once it has read back
+    far enough got the oldest events instead, and no test could count the pages it read. AWS
+    (API Reference, GetExecutionHistory): maxResults "The maximum number of results that are
+    returned per call ... The default is 100 and the maximum allowed page size is 1000. A value
+    of 0 uses the default"; reverseOrder "Lists events in descending order of their
+    timeStamp"; nextToken "If nextToken is returned, there are more results available ... Keep
+    all other arguments unchanged", an invalid one is refused (InvalidToken). The token here
+    names the execution, the order and the offset of the next page."""
+    import base64
+
+    from moto.stepfunctions.exceptions import InvalidToken, ValidationException
+    from moto.stepfunctions.responses import StepFunctionResponse
+    from moto.core.responses import ActionResult
+
+    require_source(
+        StepFunctionResponse.get_execution_history, GET_EXECUTION_HISTORY_SHA256, "history pages"
+    )
+
+    def get_execution_history(self):
+        arn = self._get_param("executionArn")
+        reverse = bool(self._get_param("reverseOrder", False))
+        size = self._get_param("maxResults", 0) or HISTORY_PAGE_DEFAULT
+        if not isinstance(size, int) or size < 0 or size > HISTORY_PAGE_MAX:
+            raise ValidationException(
+                f"1 validation error detected: Value '{size}' at 'maxResults' failed to satisfy "
+                f"constraint: Member must have value less than or equal to {HISTORY_PAGE_MAX}"
+            )
+        offset = 0
+        token = self._get_param("nextToken")
+        if token:
+            try:
+                told = json.loads(base64.b64decode(token.encode()).decode())
+                if told["arn"] != arn or told["reverse"] != reverse:
+                    raise ValueError("another request's token")
+                offset = int(told["offset"])
+            except (ValueError, KeyError, TypeError):
+                raise InvalidToken(f"'{token}'")
+        events = list(self.stepfunction_backend.get_execution_history(arn)["events"])
+        if reverse:
+            events.reverse()
+        page = events[offset : offset + size]
+        answer = {"events": page}
+        if offset + size < len(events):
+            answer["nextToken"] = base64.b64encode(
+                json.dumps({"arn": arn, "reverse": reverse, "offset": offset + size}).encode()
+            ).decode()
+        return ActionResult(answer)
+
+    StepFunctionResponse.get_execution_history = get_execution_history
+
+
 def patch_express_not_describable():
     """AWS refuses DescribeExecution and GetExecutionHistory of an Express execution (InvalidArn
     "Resource type not valid in this context: express") and ListExecutions of an Express machine
@@ -2355,6 +2423,7 @@ def main():
     patch_distributed_map_definitions()
     patch_distributed_child_context()
     patch_tolerated_failures()
+    patch_history_pages()
     patch_express_not_describable()
     execute_state_machines()
     app = limit_start_execution_input(serialized(DomainDispatcherApplication(create_backend_app)))

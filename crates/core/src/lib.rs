@@ -64,8 +64,8 @@ pub use item::{
 };
 pub use memory::MemoryStore;
 pub use ports::{
-    missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
-    MISSING_EXECUTION_GRACE_MS,
+    missing_long_enough, ExecutionState, ExecutionStatus, HolderAsked, ItemStore, ListCursor,
+    ListPage, PortError, Waker, MISSING_EXECUTION_GRACE_MS,
 };
 pub use protocol::{
     AcquireOutcome, CleanupOutcome, FenceReason, HeartbeatOutcome, QueueOutcome, ReleaseOutcome,
@@ -74,6 +74,6 @@ pub use protocol::{
 pub use queue::{Attempt, QueueKey, QueueKeyError, Waiter, WaiterId, Wakeup};
 pub use semaphore::line::{HandOff, Wake};
 pub use semaphore::slots::{Fenced, TakenBack, MAX_ROUNDS};
-pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport};
+pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport, Unjudged};
 pub use semaphore::{ConfiguredOnly, Semaphore, KEPT_TAKE_BACKS};
 pub use write::{Change, Check, Write};

@@ -11,10 +11,14 @@ use std::sync::Mutex;
 use crate::error::StoreError;
 use crate::input::LockName;
 use crate::item::SemaphoreItem;
-use crate::ports::ItemStore;
+use crate::ports::{ItemStore, ListCursor, ListPage};
 use crate::protocol::WriteResult;
 use crate::queue::{QueueKey, Waiter, WaiterId};
 use crate::write::Write;
+
+/// Items a page of [`MemoryStore`]'s listing holds: few, so that the tests and the model checker,
+/// with a handful of locks, go through several pages as a sweep of a large DynamoDB table does.
+pub const MEMORY_PAGE_ITEMS: usize = 2;
 
 #[derive(Debug, Default)]
 struct Tables {
@@ -119,8 +123,21 @@ impl ItemStore for MemoryStore {
         Ok(self.write_now(write))
     }
 
-    async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
-        Ok(self.tables().items.values().cloned().map(Ok).collect())
+    async fn list_page(&self, after: Option<&ListCursor>) -> Result<ListPage, StoreError> {
+        let tables = self.tables();
+        let mut rest = tables
+            .items
+            .values()
+            .filter(|item| after.is_none_or(|after| item.lock.as_str() > after.0.as_str()));
+        let items: Vec<SemaphoreItem> = rest.by_ref().take(MEMORY_PAGE_ITEMS).cloned().collect();
+        let next = match (rest.next(), items.last()) {
+            (Some(_), Some(last)) => Some(ListCursor(last.lock.as_str().to_owned())),
+            _ => None,
+        };
+        Ok(ListPage {
+            items: items.into_iter().map(Ok).collect(),
+            next,
+        })
     }
 
     async fn waiters(

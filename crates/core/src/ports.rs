@@ -13,7 +13,7 @@
 use std::future::Future;
 
 use crate::error::StoreError;
-use crate::input::{HolderId, LockName};
+use crate::input::{AcquisitionId, HolderId, LockName};
 use crate::item::{FencingToken, Run, SemaphoreItem};
 use crate::protocol::WriteResult;
 use crate::queue::{QueueKey, Waiter, WaiterId};
@@ -54,11 +54,35 @@ pub trait ItemStore: Send + Sync {
         self.load(lock)
     }
 
-    /// Every semaphore item (the sweeper's view), each read on its own: an item that cannot be
-    /// read (of another format, say) is an error in the list, not a failed list.
+    /// One page of the semaphore items (the sweeper's view), from the one after `after` (`None`:
+    /// from the first), each read on its own: an item that cannot be read (of another format,
+    /// say) is an error in the page, not a failed page. A page is as much as the store reads at
+    /// once (DynamoDB: one `Scan` request, at most 1 MB), so a caller that handles each page
+    /// before asking for the next holds one page at a time, at any number of locks.
+    fn list_page(
+        &self,
+        after: Option<&ListCursor>,
+    ) -> impl Future<Output = Result<ListPage, StoreError>> + Send;
+
+    /// Every semaphore item, every page put together: for a caller that shows them all (`semctl
+    /// list`, `top`). Its memory grows with the table; the sweep reads page by page.
     fn list(
         &self,
-    ) -> impl Future<Output = Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError>> + Send
+    {
+        async move {
+            let mut items = Vec::new();
+            let mut after = None;
+            loop {
+                let page = self.list_page(after.as_ref()).await?;
+                items.extend(page.items);
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => return Ok(items),
+                }
+            }
+        }
+    }
 
     /// The first `limit` waiters in `lock`'s line, in line order, after the one with key `after`
     /// (`None`: from the head), as read (consistently) now.
@@ -76,6 +100,20 @@ pub trait ItemStore: Send + Sync {
         lock: &LockName,
         id: WaiterId,
     ) -> impl Future<Output = Result<Option<Waiter>, StoreError>> + Send;
+}
+
+/// Where a listing goes on from: the key of the last item the page before read (DynamoDB's
+/// `LastEvaluatedKey`, the lock's name as stored, which need not be a valid [`LockName`] if
+/// something else wrote it).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ListCursor(pub String);
+
+/// One page of a listing ([`ItemStore::list_page`]).
+#[derive(Debug, Default)]
+pub struct ListPage {
+    pub items: Vec<Result<SemaphoreItem, StoreError>>,
+    /// Where the next page starts; `None`: this was the last.
+    pub next: Option<ListCursor>,
 }
 
 /// A store shared by reference or by `Arc` (several semaphores on one store, as processes
@@ -109,6 +147,13 @@ where
         lock: &LockName,
     ) -> impl Future<Output = Result<Option<SemaphoreItem>, StoreError>> + Send {
         (**self).load_line(lock)
+    }
+
+    fn list_page(
+        &self,
+        after: Option<&ListCursor>,
+    ) -> impl Future<Output = Result<ListPage, StoreError>> + Send {
+        (**self).list_page(after)
     }
 
     fn list(
@@ -147,6 +192,14 @@ pub enum ExecutionState {
         status: String,
         last_run: Run,
     },
+    /// Ended with this status, but whether the work it ran under its slots still runs cannot be
+    /// told (its history is longer than the adapter reads, `why`): its slots are kept, and the
+    /// sweep reports them by name ([`SweepReport::unjudged`](crate::SweepReport::unjudged)),
+    /// never guesses.
+    Unjudged {
+        status: String,
+        why: String,
+    },
     /// The execution does not exist (any more): nothing can release its slot.
     Missing,
     /// The holder is not an execution (an operator's id): not the sweeper's to judge.
@@ -159,7 +212,9 @@ impl ExecutionState {
     pub(crate) fn last_run(&self) -> Run {
         match self {
             Self::Ended { last_run, .. } => *last_run,
-            Self::Running | Self::Missing | Self::NotAnExecution => Run::FIRST,
+            Self::Running | Self::Unjudged { .. } | Self::Missing | Self::NotAnExecution => {
+                Run::FIRST
+            }
         }
     }
 
@@ -168,7 +223,7 @@ impl ExecutionState {
         match self {
             Self::Ended { status, .. } => Some(format!("execution status is {status}")),
             Self::Missing => Some("execution does not exist".to_owned()),
-            Self::Running | Self::NotAnExecution => None,
+            Self::Running | Self::Unjudged { .. } | Self::NotAnExecution => None,
         }
     }
 }
@@ -215,21 +270,42 @@ pub trait ExecutionStatus: Send + Sync {
         async { Ok(None) }
     }
 
+    /// As [`ExecutionStatus::describe`], of a holder known to hold only `holding` (the
+    /// acquisitions a sweep read on its locks): an adapter that reads the execution's history
+    /// to judge it (is its work still running?) needs only the part since the oldest of them
+    /// was made. By default, `describe`.
+    fn describe_holding(
+        &self,
+        holder: &HolderId,
+        holding: &[AcquisitionId],
+    ) -> impl Future<Output = Result<ExecutionState, PortError>> + Send {
+        let _ = holding;
+        self.describe(holder)
+    }
+
     /// The states of every holder a sweep checks, asked together: each described in turn unless
     /// the adapter can answer many with fewer calls (a sweep of 10,000 holders would otherwise
     /// spend 10,000 of the account's `DescribeExecution` calls, refilled at 10-15 a second).
     fn describe_all<'a>(
         &'a self,
-        holders: &'a [HolderId],
+        holders: &'a [HolderAsked],
     ) -> impl Future<Output = Vec<Result<ExecutionState, PortError>>> + Send + 'a {
         async move {
             let mut states = Vec::with_capacity(holders.len());
-            for holder in holders {
-                states.push(self.describe(holder).await);
+            for asked in holders {
+                states.push(self.describe_holding(&asked.holder, &asked.holding).await);
             }
             states
         }
     }
+}
+
+/// A holder a sweep asks about ([`ExecutionStatus::describe_all`]), with the acquisitions it
+/// holds on the locks the sweep read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderAsked {
+    pub holder: HolderId,
+    pub holding: Vec<AcquisitionId>,
 }
 
 /// How long after a holder acquired (or a waiter queued) an answer of "execution does not exist"

@@ -16,12 +16,12 @@ use aws_lambda_events::eventbridge::EventBridgeEvent;
 use lambda_common::arn::{ExecutionArn, ExecutionKind, StateMachineArn};
 use lambda_common::history::{self, AcquireFunction, ChildExecution, LockReading};
 use lambda_common::sfn::{
-    child_state, may_still_start, ChildState, Described, Executions, SfnClient, SfnError,
-    STEP_FUNCTIONS_ERROR,
+    child_state, may_still_start, read_back, ChildState, Described, Executions, HistoryRead,
+    SfnClient, SfnError, STEP_FUNCTIONS_ERROR,
 };
 use lambda_common::{metrics, ConfigError, HandlerError, Resolver, Settings, SfnHandOffs};
 use lambda_runtime::{Diagnostic, LambdaEvent};
-use semaphore_core::{DynamoStore, Fenced, HolderId, ItemStore, LockName, Semaphore};
+use semaphore_core::{DynamoStore, Fenced, HolderId, ItemStore, LockName, Run, Semaphore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -152,6 +152,10 @@ pub struct CleanupSummary {
     /// Why nothing (more) was done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The history was too long to judge (`note` says how much was read): nothing was done;
+    /// the sweeper judges what the execution holds, or reports each slot it cannot.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub history_too_long: bool,
 }
 
 /// A failed cleanup: the state machine retries it (except invalid input).
@@ -400,21 +404,48 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
             return Ok(summary);
         }
 
-        // 2. The locks and the children, from the history.
-        let Some(events) = self.executions.history(arn).await? else {
-            return Ok(self.not_found(summary));
-        };
+        // 2. The locks and the children, from the history, read newest first back to the
+        // execution's start (`ExecutionStarted`), every run's: the cleanup fences every run up
+        // to the one that ended and frees what they hold, and a run before it may hold a slot
+        // still, asked for by an acquire task of its own part of the history only (its cleanup
+        // found the execution redriven and left the slot to the redriven run, which may carry
+        // that run's `$.semaphore` into the work without an acquire of its own, F7/F11; a
+        // redrive reruns only the failed branches of a Parallel or Map). Stopping at the start
+        // of the run that ended would miss those acquires and leave their slots to the sweeper.
+        // So the read is bounded by the history quota alone (25,000 events: 25 pages), and
+        // only what it found is kept, never the events.
         let resolver = &self.config.resolver;
         let lock_of = |payload: &Value| resolver.lock(payload);
         let waiter_of = |payload: &Value| resolver.waiter(payload).ok();
-        let footprint = history::read(
-            &events,
+        let mut reader = history::Reader::new(
             Some(LockReading {
                 acquire: &self.config.acquire,
                 lock_of: &lock_of,
                 waiter_of: &waiter_of,
             }),
+            Run::FIRST,
         );
+        match read_back(&self.executions, arn, &mut reader).await? {
+            HistoryRead::Read { pages } => {
+                tracing::debug!(
+                    execution = arn,
+                    pages,
+                    events = reader.events_read(),
+                    "history read"
+                );
+            }
+            HistoryRead::NotFound => return Ok(self.not_found(summary)),
+            HistoryRead::TooLong(too_long) => {
+                // Nothing can be concluded from the part read: an acquire or a child before it
+                // would be missed. Nothing is written; the sweeper, which reads the table, judges
+                // each slot the execution holds from the part of the history since that slot's
+                // run began, and says so by notice and metric when it cannot either.
+                summary.note = Some(too_long.to_string());
+                summary.history_too_long = true;
+                return Ok(summary);
+            }
+        }
+        let footprint = reader.finish();
         summary.history_notes = footprint.notes;
         let locks = footprint.locks;
         if locks.is_empty() {

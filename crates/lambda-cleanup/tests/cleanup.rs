@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lambda_cleanup::{Cleanup, Config};
-use lambda_common::sfn::{Described, Executions, SfnClient, SfnError};
+use lambda_common::sfn::{Described, Executions, HistoryPage, SfnClient, SfnError};
 use lambda_common::Settings;
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use local_aws::counter::RequestCounter;
@@ -947,8 +947,15 @@ async fn a_child_whose_start_was_in_flight_is_waited_for_briefly() {
             }))
         }
 
-        async fn history(&self, _: &str) -> Result<Option<Vec<HistoryEvent>>, SfnError> {
-            Ok(Some(self.events.clone()))
+        async fn history_page(
+            &self,
+            _: &str,
+            _: Option<String>,
+        ) -> Result<Option<HistoryPage>, SfnError> {
+            Ok(Some(HistoryPage {
+                events: self.events.iter().rev().cloned().collect(),
+                next_token: None,
+            }))
         }
 
         async fn stop(&self, execution: &str, _: &str, _: &str) -> Result<(), SfnError> {

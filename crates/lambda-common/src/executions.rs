@@ -4,13 +4,15 @@
 use std::collections::{HashMap, HashSet};
 
 use semaphore_core::{
-    Clock, ExecutionState, ExecutionStatus, HolderId, PortError, Run, SystemClock,
+    AcquisitionId, Clock, ExecutionState, ExecutionStatus, HolderAsked, HolderId, PortError, Run,
+    SystemClock,
 };
 
 use crate::arn::{ArnPatterns, ExecutionArn, ExecutionKind};
-use crate::history;
+use crate::history::Reader;
 use crate::sfn::{
-    child_state, may_still_start, ChildState, Described, Executions, SfnClient, SfnError,
+    child_state, may_still_start, ChildState, Described, Executions, HistoryRead, HistoryReading,
+    HistoryTooLong, SfnClient, SfnError,
 };
 
 /// A holder's execution in another region than the client's: only its own region's answer, "does
@@ -44,28 +46,70 @@ impl SfnExecutions {
         }
     }
 
-    /// A child execution of the ended `parent` that still runs (or whose start was in flight
-    /// when the parent ended, just now), if any.
+    /// What the ended `parent`'s work is doing: a child execution that still runs (or whose
+    /// start was in flight when the parent ended, just now), if any, read from the history
+    /// newest first back to the start of run `from_run` (the oldest run whose slot is held:
+    /// work under a slot is started by a task of the run that took it, or of a later one), and
+    /// no further once a child is found running.
     async fn running_work(
         &self,
         parent: &str,
         described: &Described,
-    ) -> Result<Option<String>, SfnError> {
-        let Some(events) = self.sfn.history(parent).await? else {
-            return Ok(None);
-        };
+        from_run: Run,
+    ) -> Result<Work, SfnError> {
+        let mut reader = Reader::new(None, from_run);
+        let mut reading = HistoryReading::new(parent);
         let now_ms = SystemClock.now_ms();
-        for child in history::read(&events, None).children {
-            match child_state(&self.sfn, &child).await? {
-                ChildState::Running { .. } => return Ok(Some(child.execution_arn)),
-                ChildState::Missing if may_still_start(&child, described.stop_date_ms, now_ms) => {
-                    return Ok(Some(child.execution_arn))
+        let mut checked = 0;
+        let read = loop {
+            let read = reading.step(&self.sfn, &mut reader).await?;
+            // The children of the page, newest first: the first found running ends the read.
+            for child in reader.children().skip(checked) {
+                checked += 1;
+                let runs = match child_state(&self.sfn, child).await? {
+                    ChildState::Running { .. } => true,
+                    ChildState::Missing => may_still_start(child, described.stop_date_ms, now_ms),
+                    ChildState::Ended { .. } => false,
+                };
+                if runs {
+                    tracing::debug!(parent, pages = reading.pages(), child = %child.execution_arn, "history read up to running work");
+                    return Ok(Work::Running(child.execution_arn.clone()));
                 }
-                ChildState::Ended { .. } | ChildState::Missing => {}
             }
-        }
-        Ok(None)
+            if let Some(read) = read {
+                break read;
+            }
+        };
+        Ok(match read {
+            HistoryRead::Read { pages } => {
+                tracing::debug!(parent, pages, events = reader.events_read(), "history read");
+                Work::Ended
+            }
+            HistoryRead::NotFound => Work::Ended,
+            HistoryRead::TooLong(too_long) => Work::Unjudged(too_long),
+        })
     }
+}
+
+/// What an ended execution's work is doing.
+enum Work {
+    /// This child still runs (or may still start).
+    Running(String),
+    Ended,
+    /// Its history could not be read back far enough.
+    Unjudged(HistoryTooLong),
+}
+
+/// The oldest run a holder holds a slot of: `r<n>` is an acquisition of run n (the acquire
+/// function's rule); another acquisition, or none, is taken for the first run, so the whole
+/// history is read.
+fn oldest_run(holding: &[AcquisitionId]) -> Run {
+    holding
+        .iter()
+        .map(|acquisition| crate::request::incarnation_of(acquisition).map(Run))
+        .min()
+        .flatten()
+        .unwrap_or(Run::FIRST)
 }
 
 /// Holders of one state machine above which a sweep lists the machine's running executions
@@ -108,12 +152,12 @@ impl SfnExecutions {
 impl ExecutionStatus for SfnExecutions {
     async fn describe_all<'a>(
         &'a self,
-        holders: &'a [HolderId],
+        holders: &'a [HolderAsked],
     ) -> Vec<Result<ExecutionState, PortError>> {
         // Machines with many holders: their running executions listed once. A Distributed Map
         // child is listed under its map run, not its machine: described on its own.
         let mut per_machine: HashMap<String, usize> = HashMap::new();
-        for holder in holders {
+        for HolderAsked { holder, .. } in holders {
             if let Ok(Some(arn)) = self.judged(holder) {
                 if !arn.machine.contains('/') {
                     *per_machine
@@ -137,11 +181,11 @@ impl ExecutionStatus for SfnExecutions {
         // (and the grace for "does not exist") ever decides a slot is reclaimed; a list that
         // is stale (eventually consistent) only delays that to the next sweep.
         let mut states = Vec::with_capacity(holders.len());
-        for holder in holders {
+        for HolderAsked { holder, holding } in holders {
             states.push(if running.contains(holder.as_str()) {
                 Ok(ExecutionState::Running)
             } else {
-                self.describe(holder).await
+                self.describe_holding(holder, holding).await
             });
         }
         states
@@ -160,6 +204,14 @@ impl ExecutionStatus for SfnExecutions {
     }
 
     async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {
+        self.describe_holding(holder, &[]).await
+    }
+
+    async fn describe_holding(
+        &self,
+        holder: &HolderId,
+        holding: &[AcquisitionId],
+    ) -> Result<ExecutionState, PortError> {
         if self.judged(holder)?.is_none() {
             return Ok(ExecutionState::NotAnExecution);
         }
@@ -174,12 +226,12 @@ impl ExecutionStatus for SfnExecutions {
             None => Ok(ExecutionState::Missing),
             Some(described) if described.is_running() => Ok(ExecutionState::Running),
             Some(described) => match self
-                .running_work(holder.as_str(), &described)
+                .running_work(holder.as_str(), &described, oldest_run(holding))
                 .await
                 .map_err(PortError::new)?
             {
                 // Its work still runs under the slot: the slot is not the sweeper's to take.
-                Some(child) => {
+                Work::Running(child) => {
                     tracing::info!(
                         holder = %holder,
                         status = described.status(),
@@ -188,7 +240,11 @@ impl ExecutionStatus for SfnExecutions {
                     );
                     Ok(ExecutionState::Running)
                 }
-                None => Ok(ExecutionState::Ended {
+                Work::Unjudged(too_long) => Ok(ExecutionState::Unjudged {
+                    status: described.status().to_owned(),
+                    why: too_long.to_string(),
+                }),
+                Work::Ended => Ok(ExecutionState::Ended {
                     status: described.status().to_owned(),
                     last_run: described.run,
                 }),

@@ -12,12 +12,17 @@
 //!   (`StateMachineArn` and `Name`): an execution that ended while the `StartExecution` call was
 //!   in flight has no such event, and its child may still appear.
 //!
+//! A history is read newest first, a page at a time ([`Reader`]), and only back to the event that
+//! began the oldest run the reader must judge: what is kept is what was found (locks, lines,
+//! children), never the events, so a history of 25,000 events with a large input in every
+//! acquire payload costs one page of memory, not the whole history.
+//!
 //! Nothing here calls AWS: it reads events (see [`crate::sfn`] for the calls).
 
 use std::collections::HashMap;
 
 use aws_sdk_sfn::types::{HistoryEvent, HistoryEventType as Kind};
-use semaphore_core::{LockName, WaiterId};
+use semaphore_core::{LockName, Run, WaiterId};
 use serde_json::Value;
 
 use crate::arn::StateMachineArn;
@@ -98,153 +103,370 @@ pub struct Footprint {
     pub children: Vec<ChildExecution>,
     /// What could not be told: an acquire payload that is not JSON or names no valid lock, a
     /// start task that names no child. Reported, never guessed (the sweeper, which reads the
-    /// table, frees anything such a task may hold once its execution has ended).
+    /// table, frees anything such a task may hold once its execution has ended). At most
+    /// [`KEPT_NOTES`], the newest, and then one saying how many more there were.
     pub notes: Vec<String>,
 }
 
-/// One `startExecution.sync` task being read.
-struct StartTask {
-    /// From the task's parameters (`StateMachineArn` and `Name`).
-    named: Option<String>,
-    /// From an event reporting the start.
+/// Notes a [`Footprint`] keeps: a history of thousands of acquire checks whose payload names no
+/// lock must not make an answer of thousands of lines.
+pub const KEPT_NOTES: usize = 20;
+
+/// A start task's events after its `TaskScheduled`, met first when reading newest first: kept by
+/// the id of the event the earliest of them follows until the `TaskScheduled` is read.
+#[derive(Debug, Default)]
+struct StartTaskEnd {
+    /// The child an event reports (the newest report).
     started: Option<String>,
+    /// The task is past the start.
     settled: bool,
 }
 
-/// Reads an execution's history (every event, any order of pages put together, oldest first).
-pub fn read(events: &[HistoryEvent], locks: Option<LockReading<'_>>) -> Footprint {
-    let mut footprint = Footprint::default();
-    let by_id: HashMap<i64, &HistoryEvent> = events.iter().map(|e| (e.id(), e)).collect();
-    let mut tasks: Vec<(i64, StartTask)> = Vec::new();
-    for event in events {
+impl StartTaskEnd {
+    /// This (from newer events) and `older`'s.
+    fn and(self, older: StartTaskEnd) -> StartTaskEnd {
+        StartTaskEnd {
+            started: self.started.or(older.started),
+            settled: self.settled || older.settled,
+        }
+    }
+}
+
+/// Reads a history newest first, page by page ([`Reader::read_newest_first`]), keeping what it
+/// found and nothing of the events, until it reaches the event that began run `from_run`
+/// ([`Reader::reached_start`]): `ExecutionStarted` for the first run, else the
+/// `ExecutionRedriven` whose redrive count is that run's. Every event of that run and of every
+/// later one is then read: each task of a run is scheduled after the run began (a redrive
+/// schedules its tasks anew, in its own part of the history), so nothing a run asked for or
+/// started lies before its start.
+pub struct Reader<'a> {
+    locks: Option<LockReading<'a>>,
+    from_run: Run,
+    /// What was found, each with the id of the event that first asked for it (the order a
+    /// [`Footprint`] answers in, oldest first).
+    found_locks: Vec<(i64, LockName)>,
+    waiters: Vec<(i64, (LockName, WaiterId))>,
+    children: Vec<(i64, ChildExecution)>,
+    notes: Vec<(i64, String)>,
+    notes_left_out: usize,
+    pending: HashMap<i64, StartTaskEnd>,
+    reached_start: bool,
+    events_read: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// Looks for the locks too when `locks` says how (the cleanup); without it, only the
+    /// children (the sweeper, which reads the table for the locks). Stops at the start of
+    /// `from_run` ([`Run::FIRST`]: reads the whole history).
+    pub fn new(locks: Option<LockReading<'a>>, from_run: Run) -> Self {
+        Self {
+            locks,
+            from_run,
+            found_locks: Vec::new(),
+            waiters: Vec::new(),
+            children: Vec::new(),
+            notes: Vec::new(),
+            notes_left_out: 0,
+            pending: HashMap::new(),
+            reached_start: false,
+            events_read: 0,
+        }
+    }
+
+    /// Reads `events`, newest first (a page of `GetExecutionHistory` with `reverseOrder`), up to
+    /// the start of the run it reads from; the events past it are not looked at.
+    pub fn read_newest_first<'e>(&mut self, events: impl IntoIterator<Item = &'e HistoryEvent>) {
+        for event in events {
+            if self.reached_start {
+                return;
+            }
+            self.events_read += 1;
+            self.event(event);
+        }
+    }
+
+    /// Whether the read reached the event that began the run it reads from: nothing older is
+    /// needed.
+    pub fn reached_start(&self) -> bool {
+        self.reached_start
+    }
+
+    /// Events read so far (up to the start).
+    pub fn events_read(&self) -> usize {
+        self.events_read
+    }
+
+    /// The run whose start ends the read.
+    pub fn from_run(&self) -> Run {
+        self.from_run
+    }
+
+    /// The children found so far, newest first: each is whole once found (its `TaskScheduled`,
+    /// the first event of its task, is read after the rest of it).
+    pub fn children(&self) -> impl Iterator<Item = &ChildExecution> {
+        self.children.iter().map(|(_, child)| child)
+    }
+
+    /// What was found, in the order it was first asked for.
+    pub fn finish(mut self) -> Footprint {
+        // A start task whose `TaskScheduled` was not read (it lies past the start of the run
+        // read from, which no task of that run can) but whose child was reported: kept, a
+        // child too many is waited for, one too few could be worked in without a slot.
+        let orphans: Vec<(i64, StartTaskEnd)> = self.pending.drain().collect();
+        for (follows, end) in orphans {
+            if let Some(arn) = end.started {
+                self.child(follows, arn, true);
+            }
+        }
+        let mut notes = in_order(self.notes);
+        if self.notes_left_out > 0 {
+            notes.push(format!(
+                "{} more notes like these were left out",
+                self.notes_left_out
+            ));
+        }
+        Footprint {
+            locks: in_order(self.found_locks),
+            waiters: in_order(self.waiters),
+            children: in_order(self.children),
+            notes,
+        }
+    }
+
+    fn event(&mut self, event: &HistoryEvent) {
+        let id = event.id();
         match event.r#type() {
+            Kind::ExecutionStarted => self.reached_start = true,
+            Kind::ExecutionRedriven => {
+                let count = event
+                    .execution_redriven_event_details()
+                    .and_then(|d| d.redrive_count());
+                // A redrive whose count is not told is not taken for the start: read on.
+                if self.from_run != Run::FIRST
+                    && count.and_then(|n| u32::try_from(n).ok()) == Some(self.from_run.0)
+                {
+                    self.reached_start = true;
+                }
+            }
             Kind::TaskScheduled => {
+                let end = self.pending.remove(&id);
                 let Some(details) = event.task_scheduled_event_details() else {
-                    continue;
+                    return;
                 };
                 let (kind, resource) = (details.resource_type(), details.resource());
                 if kind == "lambda" && resource.starts_with("invoke") {
-                    if let Some(reading) = locks {
-                        acquire_task(&mut footprint, reading, event.id(), details.parameters());
+                    if let Some(reading) = self.locks {
+                        self.acquire_task(reading, id, details.parameters());
                     }
-                } else if kind == "states" && resource.starts_with("startExecution.sync") {
-                    let named = start_task_child(details.parameters());
-                    tasks.push((
-                        event.id(),
-                        StartTask {
-                            named,
-                            started: None,
-                            settled: false,
-                        },
-                    ));
+                } else if is_start(kind, resource) {
+                    let end = end.unwrap_or_default();
+                    match end
+                        .started
+                        .or_else(|| start_task_child(details.parameters()))
+                    {
+                        Some(arn) => self.child(id, arn, end.settled),
+                        None => self.note(
+                            id,
+                            format!(
+                                "the startExecution task of event {id} names no child execution \
+                                 (no Name parameter, and no event reports the start)"
+                            ),
+                        ),
+                    }
                 }
             }
             Kind::LambdaFunctionScheduled => {
                 let (Some(reading), Some(details)) =
-                    (locks, event.lambda_function_scheduled_event_details())
+                    (self.locks, event.lambda_function_scheduled_event_details())
                 else {
-                    continue;
+                    return;
                 };
                 if reading.acquire.is(details.resource()) {
                     let payload = details.input().unwrap_or("{}");
-                    resolve_lock(&mut footprint, reading, event.id(), payload);
+                    self.resolve_lock(reading, id, payload);
                 }
             }
-            Kind::TaskSubmitted
-            | Kind::TaskSucceeded
+            // A link of a task's chain (scheduled, started, submitted, then how it ended, each
+            // naming the one before by `previousEventId`, also when branches of a Parallel or
+            // Map state interleave): what its later events said passes on to the event it
+            // follows.
+            Kind::TaskStarted | Kind::TaskSubmitted => {
+                let mut end = self.pending.remove(&id);
+                if event.r#type() == &Kind::TaskSubmitted && start_task_event(event) {
+                    let own = StartTaskEnd {
+                        started: reported_child(event),
+                        settled: true,
+                    };
+                    end = Some(end.unwrap_or_default().and(own));
+                }
+                if let Some(end) = end {
+                    self.follows(event.previous_event_id(), end);
+                }
+            }
+            Kind::TaskSucceeded
             | Kind::TaskFailed
             | Kind::TaskStartFailed
             | Kind::TaskSubmitFailed
-            | Kind::TaskTimedOut => {
-                let Some(scheduled) = scheduled_by(event, &by_id) else {
-                    continue;
+            | Kind::TaskTimedOut
+                if start_task_event(event) =>
+            {
+                let end = StartTaskEnd {
+                    started: reported_child(event),
+                    settled: true,
                 };
-                let Some((_, task)) = tasks.iter_mut().find(|(id, _)| *id == scheduled) else {
-                    continue;
-                };
-                task.settled = true;
-                if let Some(arn) = reported_child(event) {
-                    task.started = Some(arn);
-                }
+                self.follows(event.previous_event_id(), end);
             }
             _ => {}
         }
     }
-    for (id, task) in tasks {
-        let Some(arn) = task.started.or(task.named) else {
-            footprint.notes.push(format!(
-                "the startExecution task of event {id} names no child execution (no Name \
-                 parameter, and no event reports the start)"
-            ));
-            continue;
+
+    /// `end`, from events newer than `previous`, for the task `previous` belongs to.
+    fn follows(&mut self, previous: i64, end: StartTaskEnd) {
+        let merged = match self.pending.remove(&previous) {
+            // Already there: from a newer event, which wins.
+            Some(newer) => newer.and(end),
+            None => end,
         };
-        match footprint
+        self.pending.insert(previous, merged);
+    }
+
+    fn child(&mut self, id: i64, arn: String, settled: bool) {
+        match self
             .children
             .iter_mut()
-            .find(|c| c.execution_arn == arn)
+            .find(|(_, c)| c.execution_arn == arn)
         {
             // A redrive runs the same task again, with the same name.
-            Some(child) => child.settled |= task.settled,
-            None => footprint.children.push(ChildExecution {
-                execution_arn: arn,
-                settled: task.settled,
-            }),
+            Some((first, child)) => {
+                child.settled |= settled;
+                *first = (*first).min(id);
+            }
+            None => self.children.push((
+                id,
+                ChildExecution {
+                    execution_arn: arn,
+                    settled,
+                },
+            )),
         }
     }
-    footprint
-}
 
-/// A `lambda:invoke` task: if it invoked the acquire function, its payload's lock.
-fn acquire_task(footprint: &mut Footprint, reading: LockReading<'_>, id: i64, parameters: &str) {
-    let Ok(Value::Object(parameters)) = serde_json::from_str::<Value>(parameters) else {
-        footprint.notes.push(format!(
-            "the parameters of the Lambda task of event {id} are not a JSON object: if it \
-             invoked the acquire function, its lock is unknown"
-        ));
-        return;
-    };
-    let Some(Value::String(function)) = parameters.get("FunctionName") else {
-        return;
-    };
-    if !reading.acquire.is(function) {
-        return;
+    fn note(&mut self, id: i64, note: String) {
+        if self.notes.len() < KEPT_NOTES {
+            self.notes.push((id, note));
+        } else {
+            self.notes_left_out += 1;
+        }
     }
-    match parameters.get("Payload") {
-        Some(Value::String(text)) => resolve_lock(footprint, reading, id, text),
-        Some(payload) => push_payload(footprint, reading, id, payload),
-        None => push_payload(footprint, reading, id, &Value::Null),
-    }
-}
 
-/// A payload given as JSON text.
-fn resolve_lock(footprint: &mut Footprint, reading: LockReading<'_>, id: i64, text: &str) {
-    match serde_json::from_str::<Value>(text) {
-        Ok(payload) => push_payload(footprint, reading, id, &payload),
-        Err(e) => footprint.notes.push(format!(
-            "the acquire payload of event {id} is not JSON ({e}): its lock is unknown"
-        )),
+    /// A `lambda:invoke` task: if it invoked the acquire function, its payload's lock.
+    fn acquire_task(&mut self, reading: LockReading<'_>, id: i64, parameters: &str) {
+        let Ok(Value::Object(parameters)) = serde_json::from_str::<Value>(parameters) else {
+            self.note(
+                id,
+                format!(
+                    "the parameters of the Lambda task of event {id} are not a JSON object: if \
+                     it invoked the acquire function, its lock is unknown"
+                ),
+            );
+            return;
+        };
+        let Some(Value::String(function)) = parameters.get("FunctionName") else {
+            return;
+        };
+        if !reading.acquire.is(function) {
+            return;
+        }
+        match parameters.get("Payload") {
+            Some(Value::String(text)) => self.resolve_lock(reading, id, text),
+            Some(payload) => self.push_payload(reading, id, payload),
+            None => self.push_payload(reading, id, &Value::Null),
+        }
     }
-}
 
-/// An acquire payload's lock and the waiter it may have put in line.
-fn push_payload(footprint: &mut Footprint, reading: LockReading<'_>, id: i64, payload: &Value) {
-    push_lock(footprint, id, (reading.lock_of)(payload));
-    if let Some(waiter) = (reading.waiter_of)(payload) {
-        if !footprint.waiters.contains(&waiter) {
-            footprint.waiters.push(waiter);
+    /// A payload given as JSON text.
+    fn resolve_lock(&mut self, reading: LockReading<'_>, id: i64, text: &str) {
+        match serde_json::from_str::<Value>(text) {
+            Ok(payload) => self.push_payload(reading, id, &payload),
+            Err(e) => self.note(
+                id,
+                format!("the acquire payload of event {id} is not JSON ({e}): its lock is unknown"),
+            ),
+        }
+    }
+
+    /// An acquire payload's lock and the waiter it may have put in line.
+    fn push_payload(&mut self, reading: LockReading<'_>, id: i64, payload: &Value) {
+        match (reading.lock_of)(payload) {
+            Ok(lock) => first_asked(&mut self.found_locks, id, lock),
+            Err(why) => self.note(
+                id,
+                format!(
+                    "the acquire payload of event {id} names no lock, so the acquire refused it \
+                     and held nothing: {why}"
+                ),
+            ),
+        }
+        if let Some(waiter) = (reading.waiter_of)(payload) {
+            first_asked(&mut self.waiters, id, waiter);
         }
     }
 }
 
-fn push_lock(footprint: &mut Footprint, id: i64, lock: Result<LockName, HandlerError>) {
-    match lock {
-        Ok(lock) if !footprint.locks.contains(&lock) => footprint.locks.push(lock),
-        Ok(_) => {}
-        Err(why) => footprint.notes.push(format!(
-            "the acquire payload of event {id} names no lock, so the acquire refused it and \
-             held nothing: {why}"
-        )),
+/// Keeps `value` once, with the least id that asked for it.
+fn first_asked<T: PartialEq>(found: &mut Vec<(i64, T)>, id: i64, value: T) {
+    match found.iter_mut().find(|(_, v)| *v == value) {
+        Some((first, _)) => *first = (*first).min(id),
+        None => found.push((id, value)),
     }
+}
+
+/// The values, in the order of their ids.
+fn in_order<T>(mut found: Vec<(i64, T)>) -> Vec<T> {
+    found.sort_by_key(|(id, _)| *id);
+    found.into_iter().map(|(_, value)| value).collect()
+}
+
+/// Reads a whole history given oldest first (every event, any order of pages put together).
+pub fn read(events: &[HistoryEvent], locks: Option<LockReading<'_>>) -> Footprint {
+    let mut reader = Reader::new(locks, Run::FIRST);
+    reader.read_newest_first(events.iter().rev());
+    reader.finish()
+}
+
+/// A task of the Step Functions integration that starts a child and waits for it.
+fn is_start(kind: &str, resource: &str) -> bool {
+    kind == "states" && resource.starts_with("startExecution.sync")
+}
+
+/// Whether a task event after the `TaskScheduled` is one of a start task (each names its
+/// task's resource).
+fn start_task_event(event: &HistoryEvent) -> bool {
+    let resource = match event.r#type() {
+        Kind::TaskStarted => event
+            .task_started_event_details()
+            .map(|d| (d.resource_type(), d.resource())),
+        Kind::TaskSubmitted => event
+            .task_submitted_event_details()
+            .map(|d| (d.resource_type(), d.resource())),
+        Kind::TaskSucceeded => event
+            .task_succeeded_event_details()
+            .map(|d| (d.resource_type(), d.resource())),
+        Kind::TaskFailed => event
+            .task_failed_event_details()
+            .map(|d| (d.resource_type(), d.resource())),
+        Kind::TaskStartFailed => event
+            .task_start_failed_event_details()
+            .map(|d| (d.resource_type(), d.resource())),
+        Kind::TaskSubmitFailed => event
+            .task_submit_failed_event_details()
+            .map(|d| (d.resource_type(), d.resource())),
+        Kind::TaskTimedOut => event
+            .task_timed_out_event_details()
+            .map(|d| (d.resource_type(), d.resource())),
+        _ => None,
+    };
+    resource.is_some_and(|(kind, resource)| is_start(kind, resource))
 }
 
 /// The child a start task names in its parameters: `StateMachineArn` (any version or alias)
@@ -254,22 +476,6 @@ fn start_task_child(parameters: &str) -> Option<String> {
     let machine = StateMachineArn::parse(parameters.get("StateMachineArn")?.as_str()?)?;
     let name = parameters.get("Name")?.as_str()?;
     (!name.is_empty()).then(|| machine.execution(name))
-}
-
-/// The `TaskScheduled` event an event of the same task follows: Step Functions chains a task's
-/// events by `previousEventId` (scheduled, started, submitted, then how it ended), also when
-/// branches of a Parallel or Map state interleave.
-fn scheduled_by(event: &HistoryEvent, by_id: &HashMap<i64, &HistoryEvent>) -> Option<i64> {
-    let mut at = event;
-    for _ in 0..4 {
-        let previous = by_id.get(&at.previous_event_id())?;
-        match previous.r#type() {
-            Kind::TaskScheduled => return Some(previous.id()),
-            Kind::TaskStarted | Kind::TaskSubmitted => at = previous,
-            _ => return None,
-        }
-    }
-    None
 }
 
 /// The child execution an event of a start task reports: `ExecutionArn` in the
@@ -620,6 +826,148 @@ mod tests {
                 execution_arn: "arn:aws:states:us-east-1:123456789012:execution:work:a".to_owned(),
                 settled: false
             }]
+        );
+    }
+
+    fn execution_started(id: i64) -> HistoryEvent {
+        event(id, 0, Kind::ExecutionStarted).build().unwrap()
+    }
+
+    fn redriven(id: i64, count: i32) -> HistoryEvent {
+        event(id, id - 1, Kind::ExecutionRedriven)
+            .execution_redriven_event_details(
+                aws_sdk_sfn::types::ExecutionRedrivenEventDetails::builder()
+                    .redrive_count(count)
+                    .build(),
+            )
+            .build()
+            .unwrap()
+    }
+
+    /// A history of two runs (moto cannot redrive: canned): run 0 started child "a" and asked
+    /// for "early"; run 1 started child "b" and asked for "late".
+    fn two_runs() -> Vec<HistoryEvent> {
+        vec![
+            execution_started(1),
+            invoke(2, ACQUIRE, json!({"request": {"lock": "early"}})),
+            start(3, Some("a")),
+            started(4, "states", "startExecution.sync:2"),
+            failed(5, "the work failed"),
+            redriven(6, 1),
+            invoke(7, ACQUIRE, json!({"request": {"lock": "late"}})),
+            start(8, Some("b")),
+            started(9, "states", "startExecution.sync:2"),
+        ]
+    }
+
+    fn child(name: &str) -> String {
+        format!("arn:aws:states:us-east-1:123456789012:execution:work:{name}")
+    }
+
+    #[test]
+    fn a_read_from_a_redriven_run_stops_at_the_event_that_began_it() {
+        let events = two_runs();
+        let mut reader = Reader::new(None, Run(1));
+        reader.read_newest_first(events.iter().rev());
+        assert!(reader.reached_start());
+        assert_eq!(reader.events_read(), 4, "events 9 to 6, nothing before");
+        assert_eq!(
+            reader.finish().children,
+            [ChildExecution {
+                execution_arn: child("b"),
+                settled: false
+            }]
+        );
+
+        // From the first run: every run's, to ExecutionStarted.
+        let acquire = AcquireFunction::new(ACQUIRE).unwrap();
+        let reading = LockReading {
+            acquire: &acquire,
+            lock_of: &lock_of,
+            waiter_of: &waiter_of,
+        };
+        let mut reader = Reader::new(Some(reading), Run::FIRST);
+        reader.read_newest_first(events.iter().rev());
+        assert!(reader.reached_start());
+        assert_eq!(reader.events_read(), events.len());
+        let read = reader.finish();
+        let locks: Vec<&str> = read.locks.iter().map(LockName::as_str).collect();
+        assert_eq!(locks, ["early", "late"], "in the order first asked");
+        assert_eq!(
+            read.children,
+            [
+                ChildExecution {
+                    execution_arn: child("a"),
+                    settled: true
+                },
+                ChildExecution {
+                    execution_arn: child("b"),
+                    settled: false
+                },
+            ]
+        );
+
+        // A redrive that does not say its count is not taken for the start of run 1.
+        let mut untold = two_runs();
+        untold[5] = event(6, 5, Kind::ExecutionRedriven).build().unwrap();
+        let mut reader = Reader::new(None, Run(1));
+        reader.read_newest_first(untold.iter().rev());
+        assert_eq!(reader.events_read(), untold.len());
+        assert_eq!(reader.finish().children.len(), 2);
+    }
+
+    #[test]
+    fn pages_read_newest_first_find_what_the_whole_history_says() {
+        let events = two_runs();
+        let acquire = AcquireFunction::new(ACQUIRE).unwrap();
+        let reading = LockReading {
+            acquire: &acquire,
+            lock_of: &lock_of,
+            waiter_of: &waiter_of,
+        };
+        let newest_first: Vec<HistoryEvent> = events.iter().rev().cloned().collect();
+        for size in 1..=events.len() {
+            let mut reader = Reader::new(Some(reading), Run::FIRST);
+            for page in newest_first.chunks(size) {
+                assert!(!reader.reached_start());
+                reader.read_newest_first(page);
+            }
+            assert_eq!(reader.finish(), footprint(&events), "pages of {size}");
+        }
+    }
+
+    #[test]
+    fn a_start_whose_scheduling_was_not_read_still_names_its_child() {
+        // The task's later events only, as a read that stopped before its TaskScheduled sees
+        // them: the reported child is kept, settled.
+        let events = [
+            started(12, "states", "startExecution.sync:2"),
+            submitted(13, json!({"ExecutionArn": child("orphan")})),
+        ];
+        assert_eq!(
+            read_children(&events).children,
+            [ChildExecution {
+                execution_arn: child("orphan"),
+                settled: true
+            }]
+        );
+    }
+
+    #[test]
+    fn notes_are_kept_up_to_a_bound() {
+        let events: Vec<HistoryEvent> = (1..=30)
+            .map(|id| invoke(id, ACQUIRE, json!({"request": {"lock": 7}})))
+            .collect();
+        let read = footprint(&events);
+        assert_eq!(read.notes.len(), KEPT_NOTES + 1, "{:?}", read.notes);
+        assert!(
+            read.notes[0].starts_with("the acquire payload of event 11 names no lock"),
+            "the newest are kept: {}",
+            read.notes[0]
+        );
+        assert_eq!(
+            read.notes[KEPT_NOTES],
+            "10 more notes like these were left out"
         );
     }
 }

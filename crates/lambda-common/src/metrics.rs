@@ -138,6 +138,15 @@ pub const LARGEST_ITEM_BYTES: Metric = Metric {
     dimensions: &[&[]],
 };
 
+/// Slots of ended executions a sweep kept because it could not judge them (their history is
+/// too long to read back to the run that took them), once per sweep (0 when none): each is also
+/// a `not_judged` notice; someone must look.
+pub const SLOTS_NOT_JUDGED: Metric = Metric {
+    name: "SlotsNotJudged",
+    unit: Unit::Count,
+    dimensions: &[&[]],
+};
+
 /// Every metric the functions write.
 pub const CATALOGUE: &[Metric] = &[
     ACQUISITIONS,
@@ -155,6 +164,7 @@ pub const CATALOGUE: &[Metric] = &[
     OLDEST_WAITER_AGE,
     OLDEST_WAITER_AGE_TOTAL,
     LARGEST_ITEM_BYTES,
+    SLOTS_NOT_JUDGED,
 ];
 
 /// One EMF line being built: dimension values and metric values.

@@ -562,7 +562,7 @@ impl Resolver {
 
 /// The run an acquisition `r<n>` was made in: n (an acquisition named so by the acquire;
 /// another, a caller's own id, names no run).
-fn incarnation_of(acquisition: &AcquisitionId) -> Option<u32> {
+pub(crate) fn incarnation_of(acquisition: &AcquisitionId) -> Option<u32> {
     let digits = acquisition.as_str().strip_prefix('r')?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;

@@ -15,7 +15,7 @@ use aws_sdk_sfn::types::{ExecutionStatus, HistoryEvent};
 
 use semaphore_core::Run;
 
-use crate::history::ChildExecution;
+use crate::history::{ChildExecution, Reader};
 
 /// The Lambda error type of a failed Step Functions call: the caller retries.
 pub const STEP_FUNCTIONS_ERROR: &str = "SemaphoreStepFunctionsError";
@@ -65,11 +65,13 @@ pub trait Executions: Send + Sync {
         execution: &str,
     ) -> impl Future<Output = Result<Option<Described>, SfnError>> + Send;
 
-    /// Every event, oldest first (every page); `None`: the execution does not exist.
-    fn history(
+    /// One page of the execution's history, newest first ([`HISTORY_PAGE_EVENTS`] events at
+    /// most), from `next_token` (`None`: the newest); `None`: the execution does not exist.
+    fn history_page(
         &self,
         execution: &str,
-    ) -> impl Future<Output = Result<Option<Vec<HistoryEvent>>, SfnError>> + Send;
+        next_token: Option<String>,
+    ) -> impl Future<Output = Result<Option<HistoryPage>, SfnError>> + Send;
 
     /// Stops a running execution with this error and cause; one that does not exist is left
     /// as it is. (One that ended meanwhile may be an error: describe it again to tell.)
@@ -186,24 +188,31 @@ impl Executions for SfnClient {
         }))
     }
 
-    async fn history(&self, execution: &str) -> Result<Option<Vec<HistoryEvent>>, SfnError> {
+    async fn history_page(
+        &self,
+        execution: &str,
+        next_token: Option<String>,
+    ) -> Result<Option<HistoryPage>, SfnError> {
         // Execution data included (the default): the acquire payloads are what is read.
-        let pages = self
+        let page = self
             .client
             .get_execution_history()
             .execution_arn(execution)
-            .max_results(1000)
-            .into_paginator()
-            .items()
+            .max_results(HISTORY_PAGE_EVENTS)
+            .reverse_order(true)
+            .set_next_token(next_token)
             .send()
-            .collect::<Result<Vec<HistoryEvent>, _>>()
             .await;
-        unless_missing(
-            pages,
+        let page = unless_missing(
+            page,
             "GetExecutionHistory",
             execution,
             GetExecutionHistoryError::is_execution_does_not_exist,
-        )
+        )?;
+        Ok(page.map(|page| HistoryPage {
+            next_token: page.next_token().map(str::to_owned),
+            events: page.events,
+        }))
     }
 
     async fn stop(&self, execution: &str, error: &str, cause: &str) -> Result<(), SfnError> {
@@ -222,6 +231,141 @@ impl Executions for SfnClient {
             StopExecutionError::is_execution_does_not_exist,
         )
         .map(|_| ())
+    }
+}
+
+/// One page of a history, newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryPage {
+    pub events: Vec<HistoryEvent>,
+    /// Where the next (older) page starts; `None`: this was the oldest.
+    pub next_token: Option<String>,
+}
+
+/// Events a page of `GetExecutionHistory` holds at most: "The default is 100 and the maximum
+/// allowed page size is 1000" (AWS Step Functions API Reference, GetExecutionHistory,
+/// `maxResults`: <https://docs.aws.amazon.com/step-functions/latest/apireference/API_GetExecutionHistory.html>).
+pub const HISTORY_PAGE_EVENTS: i32 = 1000;
+
+/// Events a history is read back at most: a standard execution's whole history. "Maximum
+/// execution history size: 25,000 events. If the execution history reaches this quota, the
+/// execution will fail" (AWS Step Functions Developer Guide, "Step Functions service quotas",
+/// quotas related to state machine executions:
+/// <https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html>), a hard quota
+/// ("Avoid reaching the history quota": <https://docs.aws.amazon.com/step-functions/latest/dg/bp-history-limit.html>).
+/// A redriven execution keeps its history and adds to it, within the same quota.
+pub const MAX_HISTORY_EVENTS: usize = 25_000;
+
+/// Pages a history is read back at most: 25 full pages hold [`MAX_HISTORY_EVENTS`], and twice
+/// that leaves room for pages answered short ("The actual number of results returned per call
+/// might be fewer than the specified maximum", ibid.) while bounding the calls one judgement
+/// spends of the account's `GetExecutionHistory` quota.
+pub const MAX_HISTORY_PAGES: usize = 50;
+
+/// A history read back to its bounds without reaching the start of the oldest run to judge:
+/// nothing can be concluded from the part read (an acquire or a child before it would be
+/// missed), so nothing is freed and this is said by name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the history of {execution} is too long to judge: {events} events read in {pages} pages of \
+     GetExecutionHistory without reaching the start of its {from} (at most {MAX_HISTORY_EVENTS} \
+     events, Step Functions' quota for a standard execution, in at most {MAX_HISTORY_PAGES} \
+     pages); what it holds is left as it is: check that its work has ended, then free its slots \
+     with `semctl cleanup --holder {execution}`"
+)]
+pub struct HistoryTooLong {
+    pub execution: String,
+    pub events: usize,
+    pub pages: usize,
+    pub from: Run,
+}
+
+/// What a bounded read of a history came to ([`HistoryReading`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HistoryRead {
+    /// Read back to the start of the oldest run to judge, or the history has no older page:
+    /// in `pages` calls.
+    Read {
+        pages: usize,
+    },
+    /// The execution does not exist.
+    NotFound,
+    TooLong(HistoryTooLong),
+}
+
+/// A read of one execution's history, newest first, a page at a time into a [`Reader`], until
+/// the reader has reached the start of the oldest run it judges or the history has no older
+/// page; past [`MAX_HISTORY_EVENTS`] or [`MAX_HISTORY_PAGES`] without either,
+/// [`HistoryRead::TooLong`]. Only one page is held at a time, and a caller that knows what it
+/// needs after a page (a child found running) stops there.
+#[derive(Debug)]
+pub struct HistoryReading {
+    execution: String,
+    next_token: Option<String>,
+    pages: usize,
+}
+
+impl HistoryReading {
+    pub fn new(execution: &str) -> Self {
+        Self {
+            execution: execution.to_owned(),
+            next_token: None,
+            pages: 0,
+        }
+    }
+
+    /// Reads the next page into `reader`; `None`: there is more to read.
+    pub async fn step(
+        &mut self,
+        executions: &impl Executions,
+        reader: &mut Reader<'_>,
+    ) -> Result<Option<HistoryRead>, SfnError> {
+        if self.pages >= MAX_HISTORY_PAGES || reader.events_read() >= MAX_HISTORY_EVENTS {
+            let too_long = HistoryTooLong {
+                execution: self.execution.clone(),
+                events: reader.events_read(),
+                pages: self.pages,
+                from: reader.from_run(),
+            };
+            tracing::error!(
+                execution = %self.execution,
+                events = too_long.events,
+                pages = self.pages,
+                from_run = reader.from_run().0,
+                "history too long to judge"
+            );
+            return Ok(Some(HistoryRead::TooLong(too_long)));
+        }
+        let token = self.next_token.take();
+        let Some(page) = executions.history_page(&self.execution, token).await? else {
+            return Ok(Some(HistoryRead::NotFound));
+        };
+        self.pages += 1;
+        reader.read_newest_first(&page.events);
+        if reader.reached_start() || page.next_token.is_none() {
+            return Ok(Some(HistoryRead::Read { pages: self.pages }));
+        }
+        self.next_token = page.next_token;
+        Ok(None)
+    }
+
+    /// Pages read so far.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+}
+
+/// Reads `execution`'s history into `reader` as far as it needs ([`HistoryReading`]).
+pub async fn read_back(
+    executions: &impl Executions,
+    execution: &str,
+    reader: &mut Reader<'_>,
+) -> Result<HistoryRead, SfnError> {
+    let mut reading = HistoryReading::new(execution);
+    loop {
+        if let Some(read) = reading.step(executions, reader).await? {
+            return Ok(read);
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! What the sweeper tells operators by SNS: one notice per slot it reclaimed from an ended
-//! execution or took back from a lease that passed unrenewed (its metrics are
-//! `lambda_common::metrics`').
+//! execution or took back from a lease that passed unrenewed, and per slot it kept because it
+//! could not judge its holder (its metrics are `lambda_common::metrics`').
 
-use semaphore_core::{rfc3339_millis, Reclaimed, TakenBackSlot};
+use semaphore_core::{rfc3339_millis, Reclaimed, TakenBackSlot, Unjudged};
 use serde::{Deserialize, Serialize};
 /// SNS subjects must be ASCII, without control characters, and under 100 characters.
 pub const MAX_SUBJECT_CHARS: usize = 99;
@@ -10,8 +10,10 @@ pub const MAX_SUBJECT_CHARS: usize = 99;
 /// The JSON message of an SNS notice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Notice {
-    /// `execution_ended` (its holder's execution is no longer running) or `lease_passed` (its
-    /// lease ended more than the clock skew ago, unrenewed: F13).
+    /// `execution_ended` (its holder's execution is no longer running), `lease_passed` (its
+    /// lease ended more than the clock skew ago, unrenewed: F13), or `not_judged` (its holder's
+    /// execution ended but its history is too long to tell whether its work still runs: the
+    /// slot is kept; check the work, then `semctl cleanup --holder`).
     pub kind: NoticeKind,
     pub lock: String,
     pub holder: String,
@@ -20,7 +22,7 @@ pub struct Notice {
     pub held_for_ms: u64,
     /// `held_for_ms` for people, e.g. "1h 2m 3s".
     pub held_for: String,
-    /// Why it was reclaimed, e.g. "execution status is ABORTED".
+    /// Why it was reclaimed, e.g. "execution status is ABORTED" (or why it was not judged).
     pub reason: String,
     /// When the sweep began (RFC 3339, UTC).
     pub swept_at: String,
@@ -32,6 +34,7 @@ pub struct Notice {
 pub enum NoticeKind {
     ExecutionEnded,
     LeasePassed,
+    NotJudged,
 }
 
 impl NoticeKind {
@@ -39,6 +42,15 @@ impl NoticeKind {
         match self {
             Self::ExecutionEnded => "execution_ended",
             Self::LeasePassed => "lease_passed",
+            Self::NotJudged => "not_judged",
+        }
+    }
+
+    /// What happened to the slot, for the log.
+    pub fn what(self) -> &'static str {
+        match self {
+            Self::ExecutionEnded | Self::LeasePassed => "freed a slot its holder did not release",
+            Self::NotJudged => "kept a slot of an ended execution that could not be judged",
         }
     }
 }
@@ -78,15 +90,39 @@ impl Notice {
         }
     }
 
+    /// A slot kept because its holder could not be judged.
+    pub fn not_judged(slot: &Unjudged, swept_at: &str) -> Self {
+        Self {
+            kind: NoticeKind::NotJudged,
+            lock: slot.lock.to_string(),
+            holder: slot.holder.to_string(),
+            acquisition: slot.acquisition.to_string(),
+            token: slot.token.0,
+            held_for_ms: slot.held_for_ms,
+            held_for: human_duration(slot.held_for_ms),
+            reason: slot.why.clone(),
+            swept_at: swept_at.to_owned(),
+        }
+    }
+
     pub fn subject(&self) -> String {
-        subject(&self.lock)
+        match self.kind {
+            NoticeKind::ExecutionEnded | NoticeKind::LeasePassed => subject(&self.lock),
+            NoticeKind::NotJudged => {
+                valid_subject(&format!("Semaphore slot not judged: {}", self.lock))
+            }
+        }
     }
 }
 
 /// `Semaphore slot reclaimed: <lock>`, made a valid SNS subject: characters outside printable
 /// ASCII become '?', and a long one is cut to [`MAX_SUBJECT_CHARS`] ending in "...".
 pub fn subject(lock: &str) -> String {
-    let text: String = format!("Semaphore slot reclaimed: {lock}")
+    valid_subject(&format!("Semaphore slot reclaimed: {lock}"))
+}
+
+fn valid_subject(text: &str) -> String {
+    let text: String = text
         .chars()
         .map(|c| {
             if c == ' ' || c.is_ascii_graphic() {

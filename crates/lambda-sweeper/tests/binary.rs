@@ -79,6 +79,7 @@ async fn the_binary_sweeps_and_prints_the_metric() {
     assert_eq!(
         run.answers,
         [Answer::Response(json!({
+            "pages": 1,
             "locks": 1,
             "largest_item_bytes": stored_bytes,
             "largest_item_lock": "demo-lock",
@@ -89,15 +90,17 @@ async fn the_binary_sweeps_and_prints_the_metric() {
             "waiters_checked": 0,
             "waiters_removed": 0,
             "woken": 0,
+            "not_judged": 0,
             "notices_published": 1,
-            "errors": []
+            "errors": [],
+            "errors_left_out": 0
         }))],
         "stdout: {}\nstderr: {}",
         run.stdout,
         run.stderr
     );
-    // Two EMF lines, JSON objects of their own on stdout among the JSON logs: every lock's
-    // together, then the lock that lost a slot.
+    // Two EMF lines, JSON objects of their own on stdout among the JSON logs, written as the
+    // sweep goes: the lock that lost a slot (its page's), then every lock's together.
     let emf: Vec<Value> = run
         .stdout
         .lines()
@@ -105,10 +108,11 @@ async fn the_binary_sweeps_and_prints_the_metric() {
         .map(|l| check_emf(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
     assert_eq!(emf.len(), 2, "{}", run.stdout);
-    assert_eq!(emf[0]["ReclaimedSlots"], json!(1));
-    assert_eq!(emf[0]["LargestItemBytes"], json!(stored_bytes));
     assert_eq!(emf[1]["ReclaimedSlots"], json!(1));
-    assert_eq!(emf[1]["Lock"], json!("demo-lock"));
+    assert_eq!(emf[1]["LargestItemBytes"], json!(stored_bytes));
+    assert_eq!(emf[1]["SlotsNotJudged"], json!(0));
+    assert_eq!(emf[0]["ReclaimedSlots"], json!(1));
+    assert_eq!(emf[0]["Lock"], json!("demo-lock"));
     for line in &emf {
         assert_eq!(
             line["_aws"]["CloudWatchMetrics"][0]["Namespace"],

@@ -26,8 +26,9 @@ use local_aws::sfn::{
 };
 use local_aws::{endpoint, fresh_table, sdk_config};
 use semaphore_core::{
-    AcquireOutcome, Attempt, DynamoStore, FenceReason, HolderId, Limit, LockName, ManualClock,
-    QueueOutcome, Run, Semaphore, TaskToken, Waiter, MISSING_EXECUTION_GRACE_MS,
+    AcquireOutcome, Attempt, DynamoStore, ExecutionState, ExecutionStatus, FenceReason, HolderId,
+    Limit, LockName, ManualClock, PortError, QueueOutcome, Run, Semaphore, TaskToken, Waiter,
+    MISSING_EXECUTION_GRACE_MS,
 };
 use serde_json::{json, Value};
 
@@ -277,6 +278,7 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
     assert_eq!(
         summary,
         json!({
+            "pages": 1,
             "locks": 2,
             "largest_item_bytes": demo_bytes,
             "largest_item_lock": "demo-lock",
@@ -287,8 +289,10 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
             "waiters_checked": 0,
             "waiters_removed": 0,
             "woken": 0,
+            "not_judged": 0,
             "notices_published": 3,
-            "errors": []
+            "errors": [],
+            "errors_left_out": 0
         })
     );
 
@@ -339,10 +343,12 @@ async fn only_ended_and_missing_executions_are_reclaimed_and_each_is_announced()
             "Metrics": [
                 {"Name": "ReclaimedSlots", "Unit": "Count"},
                 {"Name": "LargestItemBytes", "Unit": "Bytes"},
-                {"Name": "OldestWaiterAge", "Unit": "Seconds"}
+                {"Name": "OldestWaiterAge", "Unit": "Seconds"},
+                {"Name": "SlotsNotJudged", "Unit": "Count"}
             ]
         }])
     );
+    assert_eq!(emf[0]["SlotsNotJudged"], json!(0));
     for line in &emf {
         let stamp = line["_aws"]["Timestamp"]
             .as_u64()
@@ -565,7 +571,14 @@ async fn every_sweep_emits_the_metric_even_when_nothing_leaked() {
     let table = fresh_table().await.table().to_owned();
     let sweeper = local.sweeper(&table);
     let result = sweeper.sweep().await.unwrap();
-    assert_eq!(result.summary, Default::default());
+    assert_eq!(
+        result.summary,
+        lambda_sweeper::SweepSummary {
+            pages: 1,
+            ..Default::default()
+        },
+        "an empty table is one page"
+    );
     assert_eq!(result.emf.len(), 1, "{:?}", result.emf);
     let emf = check_emf(&result.emf[0]).unwrap();
     assert_eq!(emf["ReclaimedSlots"], json!(0));
@@ -1233,4 +1246,67 @@ async fn many_holders_of_one_machine_are_checked_with_one_listing_and_the_ended_
         .collect();
     running.sort();
     assert_eq!(left, running, "the running holders keep their slots");
+}
+
+/// Canned, and only here: an execution whose history is too long to judge cannot be made on
+/// AWS (a standard execution fails at 25,000 events; the adapter's bound is shown against a
+/// canned history in `crates/lambda-cleanup/tests/long_history.rs`), so the adapter's answer
+/// is: ended, not judged. The slot is kept, and said so by name every sweep: a `not_judged`
+/// notice naming the slot and why, and `SlotsNotJudged` in every lock's metric line.
+#[tokio::test]
+async fn a_holder_that_cannot_be_judged_keeps_its_slot_and_is_announced() {
+    struct TooLong;
+    const WHY: &str = "the history of it is too long to judge: 25000 events read in 25 pages";
+    impl ExecutionStatus for TooLong {
+        async fn describe(&self, _: &HolderId) -> Result<ExecutionState, PortError> {
+            Ok(ExecutionState::Unjudged {
+                status: "FAILED".to_owned(),
+                why: WHY.to_owned(),
+            })
+        }
+    }
+    let local = local().await;
+    let table = fresh_table().await.table().to_owned();
+    let plain = local.sweeper(&table);
+    let sweeper = Sweeper {
+        semaphore: plain.semaphore,
+        executions: TooLong,
+        sns: plain.sns,
+        topic_arn: plain.topic_arn,
+        waker: plain.waker,
+        metrics: plain.metrics,
+    };
+    let holder = format!(
+        "{}:long-one",
+        local.machine_arn.replace(":stateMachine:", ":execution:")
+    );
+    let token = take(&sweeper.semaphore, "judged-lock", &holder, "r0").await;
+    for _ in 0..2 {
+        let result = sweeper.sweep().await.unwrap();
+        assert_eq!(result.summary.not_judged, 1, "{:?}", result.summary);
+        assert_eq!(result.summary.reclaimed, 0);
+        assert_eq!(result.summary.notices_published, 1);
+        assert_eq!(
+            result.notices[0].subject(),
+            "Semaphore slot not judged: judged-lock"
+        );
+        let every_lock = check_emf(&result.emf[0]).unwrap();
+        assert_eq!(every_lock["SlotsNotJudged"], json!(1));
+        let notices = local.notices(1, Duration::from_secs(10)).await;
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        let message: Value = serde_json::from_str(notices[0]["Message"].as_str().unwrap()).unwrap();
+        assert_eq!(message["kind"], "not_judged");
+        assert_eq!(message["lock"], "judged-lock");
+        assert_eq!(message["holder"], json!(holder));
+        assert_eq!(message["acquisition"], "r0");
+        assert_eq!(message["token"], json!(token));
+        assert_eq!(message["reason"], WHY);
+        // Kept.
+        let item = sweeper
+            .semaphore
+            .status(&LockName::new("judged-lock").unwrap())
+            .await
+            .unwrap();
+        assert_eq!(item.count(), 1);
+    }
 }

@@ -287,8 +287,11 @@ impl ItemStore for Watched {
         result
     }
 
-    async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
-        self.inner.list().await
+    async fn list_page(
+        &self,
+        after: Option<&semaphore_core::ListCursor>,
+    ) -> Result<semaphore_core::ListPage, StoreError> {
+        self.inner.list_page(after).await
     }
     async fn waiters(
         &self,

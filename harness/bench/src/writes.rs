@@ -163,9 +163,12 @@ impl<S: ItemStore> ItemStore for CountedStore<S> {
         result
     }
 
-    async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
+    async fn list_page(
+        &self,
+        after: Option<&semaphore_core::ListCursor>,
+    ) -> Result<semaphore_core::ListPage, StoreError> {
         self.counter.lock().lists += 1;
-        self.inner.list().await
+        self.inner.list_page(after).await
     }
     async fn waiters(
         &self,

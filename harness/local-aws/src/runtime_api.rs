@@ -58,6 +58,17 @@ type Shared = Arc<(Mutex<State>, Condvar)>;
 /// region us-east-1 and the local server's endpoint), invokes it once per event in order, and
 /// stops it when every event is answered, it exits, or 60 s have passed.
 pub fn run_function(exe: &Path, env: &[(&str, &str)], events: Vec<Value>) -> FunctionRun {
+    run_function_for(exe, env, events, Duration::from_secs(60))
+}
+
+/// [`run_function`], stopped after `wait` instead of 60 s (a sweep of a large table on the
+/// local server, whose `Scan` takes seconds a page).
+pub fn run_function_for(
+    exe: &Path,
+    env: &[(&str, &str)],
+    events: Vec<Value>,
+    wait: Duration,
+) -> FunctionRun {
     // Dropped at the end of the run, which ends the API's connections with it.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -118,7 +129,7 @@ pub fn run_function(exe: &Path, env: &[(&str, &str)], events: Vec<Value>) -> Fun
     let stdout = read_all(Box::new(child.stdout.take().expect("stdout")));
     let stderr = read_all(Box::new(child.stderr.take().expect("stderr")));
 
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + wait;
     {
         let (lock, ready) = &*shared;
         let mut state = lock.lock().expect("state");

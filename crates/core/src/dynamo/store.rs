@@ -38,7 +38,7 @@ use super::retry::{self, throttle_backoff, LostAnswers, CONFLICT_ROUNDS, UNREAD_
 use crate::error::StoreError;
 use crate::input::{HolderId, LockName};
 use crate::item::{Layout, SemaphoreItem};
-use crate::ports::ItemStore;
+use crate::ports::{ItemStore, ListCursor, ListPage};
 use crate::protocol::WriteResult;
 use crate::queue::{QueueKey, Waiter, WaiterId};
 use crate::write::Write;
@@ -519,30 +519,47 @@ impl ItemStore for DynamoStore {
         got.item().map(decode_waiter).transpose()
     }
 
-    async fn list(&self) -> Result<Vec<Result<SemaphoreItem, StoreError>>, StoreError> {
-        let mut items = Vec::new();
-        let mut start = None;
-        loop {
-            let page = self
-                .client
-                .scan()
-                .table_name(&self.table)
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| self.failed("Scan", DisplayErrorContext(e)))?;
-            for attrs in page.items() {
-                items.push(match decode(attrs) {
-                    Ok(item) => self.with_holdings(item, Holdings::All).await,
-                    Err(e) => Err(e),
-                });
-            }
-            match page.last_evaluated_key() {
-                Some(key) if !key.is_empty() => start = Some(key.clone()),
-                _ => return Ok(items),
-            }
+    async fn list_page(&self, after: Option<&ListCursor>) -> Result<ListPage, StoreError> {
+        // One Scan request: DynamoDB reads at most 1 MB of items per request ("A single Scan
+        // request can retrieve a maximum of 1 MB of data", Amazon DynamoDB Developer Guide,
+        // "Scanning tables in DynamoDB": docs.aws.amazon.com/amazondynamodb/latest/developerguide/Scan.html),
+        // and says where to go on in LastEvaluatedKey: the table's only key, the lock's name.
+        let page = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .set_exclusive_start_key(
+                after.map(|after| HashMap::from([(attr::LOCK.to_owned(), string(&after.0))])),
+            )
+            .send()
+            .await
+            .map_err(|e| self.failed("Scan", DisplayErrorContext(e)))?;
+        let mut items = Vec::with_capacity(page.items().len());
+        for attrs in page.items() {
+            items.push(match decode(attrs) {
+                Ok(item) => self.with_holdings(item, Holdings::All).await,
+                Err(e) => Err(e),
+            });
         }
+        let next = match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() => match key.get(attr::LOCK) {
+                Some(AttributeValue::S(lock)) => Some(ListCursor(lock.clone())),
+                _ => {
+                    return Err(StoreError::Unexpected {
+                        lock: String::new(),
+                        problem: format!(
+                            "a Scan of {} answered a LastEvaluatedKey without the string key \
+                             {}: {key:?}",
+                            self.table,
+                            attr::LOCK
+                        ),
+                    })
+                }
+            },
+            _ => None,
+        };
+        Ok(ListPage { items, next })
     }
 }
 

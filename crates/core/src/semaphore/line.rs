@@ -355,7 +355,11 @@ impl<S: ItemStore> Semaphore<S> {
                 report.freed.push(head.identity.clone());
                 Ok(true)
             }
-            Ok(ExecutionState::Running | ExecutionState::NotAnExecution) => {
+            Ok(
+                ExecutionState::Running
+                | ExecutionState::Unjudged { .. }
+                | ExecutionState::NotAnExecution,
+            ) => {
                 tracing::info!(%lock, %holder, %why, "granted waiter not woken; it keeps the slot and finds it when it checks again");
                 report.parked.push(head.identity.clone());
                 Ok(false)

@@ -3,7 +3,7 @@
 //! net for a status event that was lost (F4) and for anything unforeseen; [`Semaphore::sweep_lines`]
 //! is the lines' (F8).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::line::HandOff;
 use super::Semaphore;
@@ -12,7 +12,8 @@ use crate::error::Error;
 use crate::input::{AcquisitionId, HolderId, LockName};
 use crate::item::{FencingToken, Holding, Identity, Run, SemaphoreItem};
 use crate::ports::{
-    missing_long_enough, ExecutionState, ExecutionStatus, ItemStore, PortError, Waker,
+    missing_long_enough, ExecutionState, ExecutionStatus, HolderAsked, ItemStore, ListCursor,
+    ListPage, PortError, Waker,
 };
 use crate::protocol::CleanupOutcome;
 use crate::queue::Wakeup;
@@ -28,6 +29,19 @@ pub struct Reclaimed {
     pub reason: String,
 }
 
+/// A slot a sweep kept because its holder's execution, ended, could not be judged
+/// ([`ExecutionState::Unjudged`]): said by name, every sweep, until someone judges it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unjudged {
+    pub lock: LockName,
+    pub holder: HolderId,
+    pub acquisition: AcquisitionId,
+    pub token: FencingToken,
+    pub held_for_ms: u64,
+    /// Why it could not be judged.
+    pub why: String,
+}
+
 /// The biggest semaphore item a sweep scanned, in bytes as DynamoDB counts them. A write is billed
 /// by the size of the item it changes, so this is what each write of the busiest lock costs; it
 /// grows with that lock's holders and its rate (the fences of the last one or two windows), and
@@ -38,8 +52,12 @@ pub struct LargestItem {
     pub bytes: usize,
 }
 
+/// What a sweep did: of one page of the table ([`Semaphore::sweep_page`]), or of every page put
+/// together ([`Semaphore::sweep`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SweepReport {
+    /// Pages of the table read.
+    pub pages: usize,
     pub locks: usize,
     /// `None` when the table holds no semaphore yet.
     pub largest_item: Option<LargestItem>,
@@ -55,12 +73,39 @@ pub struct SweepReport {
     /// [`MISSING_EXECUTION_GRACE_MS`](crate::ports::MISSING_EXECUTION_GRACE_MS) ago: kept (not
     /// fenced, nothing freed), a later sweep asks again.
     pub too_young: Vec<(LockName, HolderId)>,
+    /// Slots of ended executions that could not be judged (their history is too long to
+    /// read): kept, reported by name.
+    pub unjudged: Vec<Unjudged>,
     /// The locks someone waited on when the sweep read them: the lines
     /// [`Semaphore::sweep_lines`] visits, without reading the table again.
     pub lines: Vec<LockName>,
     /// Tombstones of gate locks dropped, once a rotation made every late attempt of their
     /// acquisitions expire (see [`crate::item::Layout::Gate`]).
     pub tombstones_dropped: usize,
+    /// Where the next page of the table starts (`None`: this was the last, or every page is in
+    /// this report).
+    pub next: Option<ListCursor>,
+}
+
+impl SweepReport {
+    /// Adds a later page's report to this one.
+    pub fn absorb(&mut self, page: SweepReport) {
+        self.pages += page.pages;
+        self.locks += page.locks;
+        let bytes = |largest: &Option<LargestItem>| largest.as_ref().map(|l| l.bytes);
+        if bytes(&page.largest_item) > bytes(&self.largest_item) {
+            self.largest_item = page.largest_item;
+        }
+        self.holders_checked += page.holders_checked;
+        self.reclaimed.extend(page.reclaimed);
+        self.rotated += page.rotated;
+        self.errors.extend(page.errors);
+        self.too_young.extend(page.too_young);
+        self.unjudged.extend(page.unjudged);
+        self.lines.extend(page.lines);
+        self.tombstones_dropped += page.tombstones_dropped;
+        self.next = page.next;
+    }
 }
 
 impl<S: ItemStore> Semaphore<S> {
@@ -91,9 +136,11 @@ impl<S: ItemStore> Semaphore<S> {
     /// Checks every current holder once and cleans up those whose execution has ended, and
     /// rotates the fences of locks where a rotation is due (so a lock that went quiet sheds its
     /// fences too). The cost grows with the number of current holders and locks only: fences
-    /// and history are not visited.
+    /// and history are not visited. Every page's details are kept in the report: a caller that
+    /// must hold little at any number of locks (the sweeper function) sweeps page by page
+    /// ([`Semaphore::sweep_page`]).
     pub async fn sweep(&self, executions: &impl ExecutionStatus) -> Result<SweepReport, Error> {
-        self.sweep_as(executions, SweepMode::Reclaim).await
+        self.sweep_pages(executions, SweepMode::Reclaim).await
     }
 
     /// What a sweep would reclaim now, without writing anything: the slots of the holders whose
@@ -102,21 +149,54 @@ impl<S: ItemStore> Semaphore<S> {
         &self,
         executions: &impl ExecutionStatus,
     ) -> Result<SweepReport, Error> {
-        self.sweep_as(executions, SweepMode::DryRun).await
+        self.sweep_pages(executions, SweepMode::DryRun).await
     }
 
-    async fn sweep_as(
+    /// The sweep of one page of the table, the one after `after` (`None`: the first): its
+    /// locks judged, reclaimed and rotated before the report is answered, so that a caller that
+    /// sweeps the next page (`report.next`) only once it has handled this one holds one page of
+    /// locks at a time.
+    pub async fn sweep_page(
+        &self,
+        executions: &impl ExecutionStatus,
+        after: Option<&ListCursor>,
+    ) -> Result<SweepReport, Error> {
+        let page = self.store.list_page(after).await?;
+        self.sweep_listed(executions, page, SweepMode::Reclaim)
+            .await
+    }
+
+    async fn sweep_pages(
         &self,
         executions: &impl ExecutionStatus,
         mode: SweepMode,
     ) -> Result<SweepReport, Error> {
-        let listed = self.list().await?;
+        let mut report = SweepReport::default();
+        let mut after = None;
+        loop {
+            let page = self.store.list_page(after.as_ref()).await?;
+            report.absorb(self.sweep_listed(executions, page, mode).await?);
+            match report.next.take() {
+                Some(next) => after = Some(next),
+                None => return Ok(report),
+            }
+        }
+    }
+
+    async fn sweep_listed(
+        &self,
+        executions: &impl ExecutionStatus,
+        listed: ListPage,
+        mode: SweepMode,
+    ) -> Result<SweepReport, Error> {
         let mut report = SweepReport {
-            locks: listed.len(),
+            pages: 1,
+            locks: listed.items.len(),
+            next: listed.next,
             ..SweepReport::default()
         };
         let mut items = Vec::new();
-        for item in listed {
+        for item in listed.items {
             match item {
                 Ok(item) => items.push(item),
                 Err(e) => report.errors.push(e.to_string()),
@@ -134,16 +214,29 @@ impl<S: ItemStore> Semaphore<S> {
                 bytes: stored_size(item),
             })
             .max_by_key(|largest| largest.bytes);
-        let mut holders: Vec<HolderId> = items
-            .iter()
-            .flat_map(|item| item.holders.keys().map(|id| id.holder.clone()))
+        // Each holder with what it holds on this page's locks (the key's order: a holder's
+        // acquisitions together).
+        let mut holding: BTreeMap<&HolderId, Vec<AcquisitionId>> = BTreeMap::new();
+        for id in items.iter().flat_map(|item| item.holders.keys()) {
+            let acquisitions = holding.entry(&id.holder).or_default();
+            if !acquisitions.contains(&id.acquisition) {
+                acquisitions.push(id.acquisition.clone());
+            }
+        }
+        let asked: Vec<HolderAsked> = holding
+            .into_iter()
+            .map(|(holder, holding)| HolderAsked {
+                holder: holder.clone(),
+                holding,
+            })
             .collect();
-        holders.sort();
-        holders.dedup();
-        report.holders_checked = holders.len();
-        let described = executions.describe_all(&holders).await;
-        let states: HashMap<HolderId, Result<ExecutionState, PortError>> =
-            holders.into_iter().zip(described).collect();
+        report.holders_checked = asked.len();
+        let described = executions.describe_all(&asked).await;
+        let states: HashMap<HolderId, Result<ExecutionState, PortError>> = asked
+            .into_iter()
+            .map(|asked| asked.holder)
+            .zip(described)
+            .collect();
         for item in &items {
             // F13: leases that passed unrenewed, whoever the holder is.
             if mode == SweepMode::Reclaim {
@@ -165,6 +258,21 @@ impl<S: ItemStore> Semaphore<S> {
                     continue;
                 };
                 let (reason, last_run) = match state {
+                    Ok(ExecutionState::Unjudged { why, .. }) => {
+                        let now = self.now_ms();
+                        tracing::error!(lock = %item.lock, %holder, %why, "execution ended but cannot be judged: its slots are kept");
+                        report
+                            .unjudged
+                            .extend(item.slots_of(holder).map(|(identity, holding)| Unjudged {
+                                lock: item.lock.clone(),
+                                holder: identity.holder.clone(),
+                                acquisition: identity.acquisition.clone(),
+                                token: holding.token,
+                                held_for_ms: now.saturating_sub(holding.acquired_at_ms),
+                                why: why.clone(),
+                            }));
+                        continue;
+                    }
                     Ok(state) => match state.reclaim_reason() {
                         Some(reason) => (reason, state.last_run()),
                         None => continue,
