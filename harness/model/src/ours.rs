@@ -31,8 +31,8 @@ use semaphore_core::{
 
 use crate::hash::{hash_one, Build};
 use crate::plumbing::{
-    claim_of, exec_name, read, say, show_holders, show_write, Interner, ItemKey, Memo, Naming,
-    Variants, GONE,
+    claim_of, exec_name, read, say, show_holders, show_write, shown, Interner, ItemKey, Memo,
+    Naming, Variants, GONE,
 };
 use crate::world::{
     acquisition_name, slot_bit, Advance, Answer, Next, Op, OpKind, Protocol, MAX_INCARNATIONS,
@@ -120,6 +120,11 @@ pub enum Variant {
     /// it, but its release frees only its own (nothing): the execution succeeds still holding the
     /// first run's slot, which only the sweeper frees, with a leak notice (S2).
     ReleaseFreesOnlyItsRun,
+    /// The release's write checks the slot's weight but not the token it shows (as it did before
+    /// F15): a stray release (another slot's acquire answer naming this slot's acquisition, a bug
+    /// in a consumer's machine) frees the slot of an execution still doing its work, and another
+    /// takes it (S1).
+    ReleaseIgnoresToken,
     /// A gate lock's tombstones are dropped at any moment, with no rotation to make the late
     /// attempts of their acquisitions expire first (as a TTL on the holding items alone would):
     /// a late acquire of a released acquisition lands once its tombstone is gone (S3).
@@ -139,6 +144,12 @@ impl Variant {
     /// is configured with).
     pub fn configured_world(self) -> Option<(u32, u32)> {
         (self == Self::AcquireIgnoresConfiguration).then_some((2, 1))
+    }
+
+    /// How many stray releases (F15) the world of a variant that differs from the real protocol
+    /// only on them sends unless told otherwise.
+    pub fn strays(self) -> u8 {
+        u8::from(self == Self::ReleaseIgnoresToken)
     }
 
     /// Whether the variant breaks only the gate layout (its tombstones).
@@ -714,6 +725,17 @@ impl Ours {
                 };
                 self.release_write(write)
             }
+            // F15: another slot's acquire answer names this one's acquisition: its token is not
+            // this slot's (from this slot's point of view, as good as one no slot has). A store
+            // that checked the weight only (the broken variant) frees the slot whatever the token.
+            OpKind::StrayRelease => {
+                let weight = self.weights[usize::from(op.exec)];
+                let shown = match self.variant {
+                    Variant::ReleaseIgnoresToken => shown(current.as_ref(), identity, weight).token,
+                    _ => GONE,
+                };
+                protocol::release(&self.lock, identity, shown, weight, tick_ms(now))
+            }
             // The execution was redriven since its event (or since the sweeper listed it): the
             // cleanup asks DescribeExecution first, and stops.
             OpKind::Cleanup if running && self.variant != Variant::CleanupIgnoresRedrive => {
@@ -891,6 +913,20 @@ impl Ours {
             )
         });
         let answer = match op.kind {
+            OpKind::StrayRelease => {
+                match read(protocol::released(
+                    &write,
+                    identity,
+                    claim_of(&write),
+                    result,
+                )) {
+                    Step::Done((outcome, _)) => {
+                        say(log, || format!("{outcome:?}"));
+                        Answer::Done
+                    }
+                    Step::Again(next) => return self.again(next, false, round, after, log),
+                }
+            }
             OpKind::Acquire => {
                 let outcome = read(protocol::acquired(&write, identity, self.limit, result));
                 // F14: the lock is configured otherwise than this write assumed: the same

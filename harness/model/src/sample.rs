@@ -114,7 +114,8 @@ impl Protocol for Sample {
     fn start(&self, op: Op, _requested: u8) -> SamplePhase {
         match op.kind {
             OpKind::Acquire => SamplePhase::AcquireUpdate,
-            OpKind::Release => SamplePhase::ReleaseUpdate,
+            // The sample's release names a holder and frees it, whoever sends it.
+            OpKind::Release | OpKind::StrayRelease => SamplePhase::ReleaseUpdate,
             OpKind::Cleanup => SamplePhase::CleanupRead,
         }
     }
@@ -126,7 +127,7 @@ impl Protocol for Sample {
                  [in flight]",
                 self.limit
             ),
-            OpKind::Release => {
+            OpKind::Release | OpKind::StrayRelease => {
                 "sends UpdateItem: release if its holder attribute exists [in flight]".to_owned()
             }
             OpKind::Cleanup => "about to read the item".to_owned(),

@@ -71,6 +71,10 @@ pub struct Config {
     /// Where the lock keeps its holders ([`Layout`]): in the gate layout, a released
     /// acquisition is a tombstone, which a fence rotation's turn may drop once passed.
     pub layout: Layout,
+    /// How many stray releases may be sent in one run, at any moment, each naming the slot of
+    /// an execution doing its work but showing a token that is not that slot's (F15: another
+    /// branch's or another execution's acquire answer, a bug in a consumer's machine).
+    pub strays: u8,
 }
 
 impl Config {
@@ -119,6 +123,7 @@ impl Config {
             rotations: 2,
             redrives: 0,
             layout: Layout::Item,
+            strays: 0,
         }
     }
 
@@ -156,6 +161,13 @@ impl fmt::Display for Config {
                 )
             }),
             (self.redrives > 0).then(|| plural(self.redrives, "redrive", "redrives")),
+            (self.strays > 0).then(|| {
+                plural(
+                    self.strays,
+                    "stray release (another slot's token)",
+                    "stray releases (another slot's token)",
+                )
+            }),
         ]
         .into_iter()
         .flatten()
@@ -214,6 +226,9 @@ pub enum OpKind {
     Release,
     /// Clean up everything the (ended) execution holds.
     Cleanup,
+    /// A stray release of the execution's acquisition (its slot), showing a token that is not
+    /// its slot's: another slot's acquire answer, sent by a bug in a consumer's machine (F15).
+    StrayRelease,
 }
 
 /// One call of the protocol on behalf of execution `exec`.
@@ -477,6 +492,8 @@ enum Role {
     Event,
     /// The sweeper.
     Sweep,
+    /// A stray release's sender (see [`OpKind::StrayRelease`]): nobody the world follows.
+    Stray,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -503,6 +520,7 @@ pub struct State<I, P> {
     duplicates_left: u8,
     deaths_left: u8,
     sweeps_left: u8,
+    strays_left: u8,
     /// Incarnations (bit [`slot_bit`]`(e, n)`) a release or cleanup write for which has landed
     /// (for S3): a release retires the incarnation that sent it, a cleanup every incarnation of
     /// its execution that had ended when its fence landed.
@@ -641,6 +659,7 @@ impl<P: Protocol> World<P> {
         match (a.role, a.op.kind) {
             (Role::Event, _) => format!("cleanup (event) for {exec}"),
             (Role::Sweep, _) => format!("sweeper's cleanup of {exec}"),
+            (Role::Stray, _) => format!("a stray release of {exec}'s slot"),
             (role, kind) => format!(
                 "{exec}{} {} #{}{}",
                 if a.op.inc > 0 {
@@ -652,6 +671,7 @@ impl<P: Protocol> World<P> {
                     OpKind::Acquire => "acquire",
                     OpKind::Release => "release",
                     OpKind::Cleanup => "cleanup",
+                    OpKind::StrayRelease => "stray release",
                 },
                 a.nth,
                 if role == Role::Zombie {
@@ -945,6 +965,7 @@ impl<P: Protocol> World<P> {
             // `Protocol::release_fences_earlier_runs`), or the cleanup of its next end. Not to the
             // sweeper: a slot the sweeper reclaims is a leak notice (S2).
             Role::Event | Role::Sweep => {}
+            Role::Stray => words.say(|| " (a stray: nobody waits for the answer)".to_owned()),
         }
     }
 
@@ -965,7 +986,7 @@ impl<P: Protocol> World<P> {
                 OpKind::Release if self.protocol.release_fences_earlier_runs(a.op, a.phase) => {
                     s.retired |= slots_below(e, a.op.inc);
                 }
-                OpKind::Release => s.retired |= incarnation,
+                OpKind::Release | OpKind::StrayRelease => s.retired |= incarnation,
                 OpKind::Cleanup => s.retired |= slots_below(e, a.op.inc + 1),
                 OpKind::Acquire if s.retired & incarnation != 0 => s.resurrected |= incarnation,
                 OpKind::Acquire => {}
@@ -1156,6 +1177,7 @@ impl<P: Protocol> Model for World<P> {
             duplicates_left: c.duplicates,
             deaths_left: c.deaths,
             sweeps_left: if c.sweeper { c.sweeps } else { 0 },
+            strays_left: c.strays,
             retired: 0,
             resurrected: 0,
             now: 0,
@@ -1231,6 +1253,32 @@ impl<P: Protocol> Model for World<P> {
                     t.execs[e as usize].stage = Stage::Releasing { failed: true };
                     words.say(|| format!("{} gives up waiting: ", exec_name(e)));
                     self.invoke(t, e, OpKind::Release, words);
+                });
+            }
+            // F15: a release that names this execution's slot (it works under it) but shows
+            // another slot's token is sent, at any moment.
+            if x.stage == Stage::Holding && s.strays_left > 0 {
+                successors.make(self, s, |t, words| {
+                    t.strays_left -= 1;
+                    let op = Op {
+                        kind: OpKind::StrayRelease,
+                        exec: e,
+                        inc: x.inc,
+                    };
+                    let a = Attempt {
+                        op,
+                        role: Role::Stray,
+                        nth: 0,
+                        requested: t.now,
+                        phase: self.protocol.start(op, t.now),
+                    };
+                    words.say(|| {
+                        format!(
+                            "a stray release names {}'s slot, showing another slot's token: ",
+                            exec_name(e)
+                        )
+                    });
+                    self.step(t, a, words);
                 });
             }
             if x.stage == Stage::Holding {
@@ -1559,6 +1607,7 @@ impl<P: Protocol> Model for World<P> {
             s.deaths_left,
             s.sweeps_left,
             s.redrives_left,
+            s.strays_left,
         )
             .hash(h);
         (
@@ -1601,6 +1650,7 @@ impl<P: Protocol> Model for World<P> {
             s.resurrected,
             s.lost,
             s.redrives_left,
+            s.strays_left,
         )
             .hash(h);
         (s.now, s.ticks_left, s.rotations_left, s.rotation).hash(h);

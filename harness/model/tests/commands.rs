@@ -125,6 +125,8 @@ fn every_broken_variant_of_ours_is_caught_in_the_default_world() {
             15_057,
         ),
         ("release-frees-only-its-run", "S2", 8, 15_341, 43_808),
+        // With a stray release (one by default for it): another slot's token frees this one.
+        ("release-ignores-token", "S1", 4, 112, 276),
     ] {
         caught(
             &format!("--variant {variant}"),

@@ -47,6 +47,33 @@ fn ours_is_safe_with_three_executions_and_limit_2() {
     );
 }
 
+/// F15: a stray release (another slot's acquire answer naming a working execution's slot, with
+/// a token that is not that slot's) at any moment: refused with nothing written, in both layouts,
+/// so nobody works without a slot. Without the token check it frees the slot under the work:
+/// `every_broken_variant_of_ours_is_caught_in_the_default_world` (release-ignores-token, S1 in
+/// 4 steps).
+#[test]
+fn ours_is_safe_when_a_stray_release_shows_another_slots_token() {
+    let stray = Config {
+        executions: 2,
+        strays: 1,
+        ..Config::small(1)
+    };
+    assert_safe(
+        "2 executions, a stray release",
+        stray,
+        (237_478, 1_067_044, 28),
+    );
+    assert_safe(
+        "gate, 2 executions, a stray release",
+        Config {
+            layout: semaphore_core::item::Layout::Gate,
+            ..stray
+        },
+        (353_024, 1_617_606, 28),
+    );
+}
+
 #[test]
 fn ours_is_safe_when_the_clock_moves_and_fences_rotate_at_any_moment() {
     // A tick expires every request made before it and lets two rotations drop every fence

@@ -173,6 +173,11 @@ struct Cli {
     #[arg(long, value_name = "N", conflicts_with = "queue")]
     redrives: Option<u8>,
 
+    /// Stray releases per run (F15): a release naming the slot of an execution at work but
+    /// showing another slot's token [default: 0, 1 for release-ignores-token].
+    #[arg(long, value_name = "N", conflicts_with = "queue")]
+    strays: Option<u8>,
+
     /// Cleanup events are never lost.
     #[arg(long, conflicts_with = "queue")]
     no_lost_events: bool,
@@ -354,6 +359,9 @@ impl Cli {
             } else {
                 self.layout
             },
+            // A variant that differs from the real protocol only on a stray release is checked
+            // with one unless told otherwise.
+            strays: self.strays.unwrap_or(variant.strays()),
         };
         if !(1..=MAX_EXECUTIONS).contains(&usize::from(config.executions)) {
             usage_error(format!("--executions must be from 1 to {MAX_EXECUTIONS}"));
