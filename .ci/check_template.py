@@ -26,8 +26,9 @@ Usage (the venv's python: samtranslator and parliament live there):
   check_template.py dashboard [template.yaml] every dashboard body is JSON within CloudWatch's
                                              limits and plots only (and every one of) the
                                              metrics the functions write, where they write
-                                             them; alarms on them watch written metrics too;
-                                             every alarm is on an alarm widget
+                                             them; alarms on them watch written metrics too,
+                                             and each function that counts its Failures has an
+                                             alarm on them; every alarm is on an alarm widget
   check_template.py docs   [template.yaml]  what the docs quote of the template is its own:
                                              counts ("six machines are named ..."), the
                                              parameters and defaults (and samconfig.toml's),
@@ -786,6 +787,16 @@ def written_metrics(path=METRICS_SOURCE):
     return found
 
 
+def failure_functions(path=METRICS_SOURCE):
+    """The values of the `Function` dimension of `Failures`: each function that writes it
+    (`pub const <NAME>_FUNCTION: &str = "<value>";` in the catalogue's file)."""
+    with open(path, encoding="utf-8") as f:
+        found = re.findall(r'pub const \w+_FUNCTION: &str = "(\w+)";', f.read())
+    if not found:
+        raise CheckError(f"no pub const *_FUNCTION in {path}: the Failures functions' form changed")
+    return set(found)
+
+
 SEARCH = re.compile(r"""SEARCH\(\s*'\{([^}]*)\}\s*MetricName="([^"]+)"[^']*'""")
 
 
@@ -820,6 +831,7 @@ def check_dashboard(template, root):
     defaults = {n: str(s["Default"]) for n, s in parameters.items() if "Default" in s}
     longest = {name: longest_value(name, spec) for name, spec in parameters.items()}
     written = written_metrics()
+    functions = failure_functions()
     failures = []
     for case, values in (("defaults", defaults), ("every parameter at its longest", longest)):
         _, rendered = render(template, values, "s" * bound)
@@ -882,13 +894,24 @@ def check_dashboard(template, root):
                 if not any(f"-{alarm}-" in arn for arn in shown):
                     failures.append(f"{case}: {logical_id}'s alarm widgets do not show {alarm}")
             print(f"{case}: {logical_id}: {len(shown)} alarms on its alarm widgets, {len(alarms)} in the stack")
+        # Each function that counts its failures has an alarm on them, and an alarm on one
+        # names a function that writes it (an alarm on a Function value nobody writes never
+        # fires, and a function without one fails unseen).
+        watched = set()
         for logical_id, r in rendered.items():
             props = r["Properties"]
             if r["Type"] == "AWS::CloudWatch::Alarm" and props.get("Namespace") == namespace:
                 dims = tuple(sorted(d["Name"] for d in props.get("Dimensions", [])))
                 if (props.get("MetricName"), dims) not in written:
                     failures.append(f"{case}: {logical_id} watches {props.get('MetricName')} by {list(dims)}, which no function writes")
-    print(f"{len(written)} metrics written (name and dimensions) in {os.path.relpath(METRICS_SOURCE, root)}")
+                function = {d["Name"]: d["Value"] for d in props.get("Dimensions", [])}.get("Function")
+                if function is not None and function not in functions:
+                    failures.append(f"{case}: {logical_id} watches Function {function!r}, which is none of the functions that write it {sorted(functions)}")
+                if props.get("MetricName") == "Failures":
+                    watched.add(function)
+        for function in sorted(functions - watched):
+            failures.append(f"{case}: no alarm watches Failures of the {function} function")
+    print(f"{len(written)} metrics written (name and dimensions) in {os.path.relpath(METRICS_SOURCE, root)}; Failures by {sorted(functions)}")
     for f in failures:
         print("FAIL", f)
     return not failures
@@ -1443,6 +1466,17 @@ def breakages(template):
     def unlisted_alarm(t):
         t["Resources"]["ReclaimedSlotsAgainAlarm"] = copy.deepcopy(t["Resources"]["ReclaimedSlotsAlarm"])
 
+    def failures_alarm_on(name, value):
+        def change(t):
+            t["Resources"]["AcquireFailuresAlarm"]["Properties"]["Dimensions"] = [{"Name": name, "Value": value}]
+
+        return change
+
+    def no_release_failures_alarm(t):
+        t["Resources"].pop("ReleaseFailuresAlarm")
+        sub = t["Resources"]["SemaphoreDashboard"]["Properties"]["DashboardBody"]
+        sub["Fn::Sub"] = sub["Fn::Sub"].replace('"${ReleaseFailuresAlarm.Arn}",', "", 1)
+
     def missing_data_undecided(t):
         t["Resources"]["SweeperNotSucceedingAlarm"]["Properties"].pop("TreatMissingData")
 
@@ -1475,6 +1509,9 @@ def breakages(template):
         ("dashboard", "the alarm widget without SweeperNotSucceedingAlarm", body_edit('"${SweeperNotSucceedingAlarm.Arn}",', ""), "SemaphoreDashboard"),
         ("dashboard", "a DashboardBody with an unclosed bracket", body_edit('"widgets": [', '"widgets": [['), "SemaphoreDashboard"),
         ("dashboard", "a widget plotting WaitTimes, which no function writes", body_edit('\\"WaitTime\\"', '\\"WaitTimes\\"'), "SemaphoreDashboard"),
+        ("dashboard", "AcquireFailuresAlarm by FunctionName, a dimension Failures does not have", failures_alarm_on("FunctionName", "acquire"), "AcquireFailuresAlarm"),
+        ("dashboard", "AcquireFailuresAlarm on Function acquires, which no function writes", failures_alarm_on("Function", "acquires"), "AcquireFailuresAlarm"),
+        ("dashboard", "no alarm on the release function's Failures", no_release_failures_alarm, "ReleaseFailuresAlarm"),
         ("names", "-your-workflow-example as the example machine's suffix", long_machine_name, "YourWorkflowExampleStateMachine"),
         ("pitr", "QueueTable without point-in-time recovery", queue_table_without_pitr, "QueueTable"),
         ("retain", "QueueTable deleted on a replacing update", queue_table_deleted_on_replace, "QueueTable"),

@@ -726,12 +726,18 @@ async fn check<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     )))
 }
 
-/// The Lambda handler.
+/// The Lambda handler. An answer that is a failure, not the protocol working or a caller's
+/// mistake, is counted (`Failures`, which the stack's alarm watches: Lambda's `Errors` counts
+/// every poll of a poller in line too).
 pub async fn handle<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     semaphore: &Semaphore<S>,
     config: &Config,
     hand_offs: &HandOffs<C, X>,
     event: LambdaEvent<Value>,
 ) -> Result<AcquireResponse, HandlerError> {
-    acquire(semaphore, config, hand_offs, &event.payload).await
+    let answer = acquire(semaphore, config, hand_offs, &event.payload).await;
+    hand_offs
+        .metrics
+        .answered(metrics::ACQUIRE_FUNCTION, &answer, semaphore.now_ms());
+    answer
 }

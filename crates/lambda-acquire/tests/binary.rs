@@ -135,28 +135,31 @@ async fn the_binary_answers_the_state_machine_over_the_runtime_api() {
     assert!(lines
         .iter()
         .any(|l| l["message"] == "acquire" && l["outcome"] == "acquired"));
-    // Each a log event, or an EMF metric line (one per answer that reached the table's
-    // semaphore, invalid input aside).
+    // Each a log event, or an EMF metric line: one per answer that reached the table's
+    // semaphore (invalid input aside), and the failure (the item of another format) counted
+    // in `Failures`, which the stack's alarm watches.
     let (metrics, logs): (Vec<&Value>, Vec<&Value>) =
         lines.iter().partition(|l| l.get("_aws").is_some());
     assert!(logs.iter().all(|l| l.get("level").is_some()));
-    let outcomes: Vec<&Value> = metrics
+    let outcomes: Vec<(&Value, &Value)> = metrics
         .iter()
         .map(|l| {
             lambda_common::metrics::check_emf(&l.to_string()).unwrap();
-            &l["Outcome"]
+            (&l["Outcome"], &l["Failures"])
         })
         .collect();
     assert_eq!(
         outcomes,
         [
-            &json!("acquired"),
-            &json!("already_held"),
-            &json!("expired")
+            (&json!("acquired"), &Value::Null),
+            (&json!("already_held"), &Value::Null),
+            (&json!("expired"), &Value::Null),
+            (&Value::Null, &json!(1)),
         ],
         "{}",
         run1.stdout
     );
+    assert_eq!(metrics[3]["Function"], json!("acquire"));
 
     // The execution is cleaned up. Its late retry is refused with SemaphoreFenced; the same
     // execution redriven (run 1, its own acquisition, not fenced) takes a slot.

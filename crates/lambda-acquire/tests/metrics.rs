@@ -76,6 +76,24 @@ async fn acquire(
     .map_err(Diagnostic::from)
 }
 
+/// The release function's answer to `payload`, through its handler as Lambda runs it.
+async fn release(
+    sem: &Semaphore<DynamoStore>,
+    hand_offs: &SfnHandOffs,
+    payload: Value,
+) -> Result<Value, Diagnostic> {
+    let resolver = lambda_release::resolver(&Settings::from_lookup(|_| None)).unwrap();
+    lambda_release::handle(
+        sem,
+        &resolver,
+        hand_offs,
+        LambdaEvent::new(payload, Context::default()),
+    )
+    .await
+    .map(|answer| serde_json::to_value(answer).unwrap())
+    .map_err(Diagnostic::from)
+}
+
 /// Every member of `line` but `_aws`, and the directives' dimension sets with their metrics.
 fn shape(line: &Value) -> (Value, Vec<(Value, Vec<String>)>) {
     let mut members = line.clone();
@@ -262,4 +280,110 @@ async fn an_acquire_that_takes_back_a_lapsed_lease_counts_it() {
     assert_eq!(lines[1]["LeasesTakenBack"], json!(1));
     let held = lines[1]["TimeHeld"].as_u64().unwrap();
     assert!((1_500..10_000).contains(&held), "{held} ms");
+}
+
+/// `Failures`, the metric the stack's alarms on the two functions watch (Lambda's `Errors`
+/// counts every named answer): an answer that is the protocol working or a caller's mistake
+/// writes none, through the handler as Lambda runs it; a table that cannot be reached writes
+/// one per invocation, for the function that failed.
+#[tokio::test]
+async fn only_a_failure_of_the_semaphore_writes_failures_for_its_function() {
+    let sem = Semaphore::new(fresh_table().await);
+    let (hand_offs, kept) = hand_offs();
+    let failures = |lines: &[Value]| -> Vec<Value> {
+        lines
+            .iter()
+            .filter(|l| l.get("Failures").is_some())
+            .cloned()
+            .collect()
+    };
+    // Weight 3 of 3: the lock is full.
+    let answer = acquire(&sem, &hand_offs, payload(1, 3, sem.now_ms(), 0))
+        .await
+        .unwrap();
+    assert_eq!(answer["outcome"], json!("acquired"));
+    assert!(failures(&lines(&kept)).is_empty());
+
+    // A poller in line is told SemaphoreBusy at each poll; a request past the horizon, a
+    // payload without a lock, an Express caller: each a named error, none a failure.
+    let poll = |retries: u32| {
+        json!({"request": {"lock": LOCK, "limit": 3, "lease": 60, "poll_seconds": 30},
+               "execution": "poller-1",
+               "state": {"EnteredTime": rfc3339_millis(sem.now_ms()), "RetryCount": retries}})
+    };
+    let horizon_ms = u64::try_from(sem.timing().horizon.as_millis()).unwrap();
+    let express = "arn:aws:states:us-east-1:123456789012:express:LockProtected:e-1:id-1";
+    let mut express_payload = payload(3, 1, sem.now_ms(), 0);
+    express_payload["execution"] = json!(express);
+    let mut no_lock = payload(4, 1, sem.now_ms(), 0);
+    no_lock["request"].as_object_mut().unwrap().remove("lock");
+    for (what, payload, error_type) in [
+        ("a poll", poll(0), "SemaphoreBusy"),
+        ("the next poll", poll(1), "SemaphoreBusy"),
+        (
+            "an old request",
+            payload(2, 1, sem.now_ms() - horizon_ms - 1_000, 0),
+            "SemaphoreExpired",
+        ),
+        ("no lock", no_lock, "SemaphoreInvalidInput"),
+        (
+            "an Express caller",
+            express_payload,
+            "SemaphoreMisconfigured",
+        ),
+    ] {
+        let err = acquire(&sem, &hand_offs, payload).await.unwrap_err();
+        assert_eq!(err.error_type, error_type, "{what}: {}", err.error_message);
+        let written = lines(&kept);
+        assert!(failures(&written).is_empty(), "{what}: {written:#?}");
+    }
+
+    // A release showing another slot's token, and one without its acquire answer: the caller's
+    // mistakes.
+    let token = sem.status(&lock(LOCK)).await.unwrap().holders[&id(&holder(1), "r0")].token;
+    let wrong = json!({"semaphore": {"lock": LOCK, "holder": holder(1), "acquisition": "r0",
+                                     "weight": 3, "token": token.0 + 1}});
+    for (what, payload, error_type) in [
+        ("another slot's token", wrong, "SemaphoreWrongToken"),
+        ("no answer", json!({}), "SemaphoreInvalidInput"),
+    ] {
+        let err = release(&sem, &hand_offs, payload).await.unwrap_err();
+        assert_eq!(err.error_type, error_type, "{what}: {}", err.error_message);
+        let written = lines(&kept);
+        assert!(failures(&written).is_empty(), "{what}: {written:#?}");
+    }
+
+    // The same requests against a table that does not exist: SemaphoreStoreError, one
+    // `Failures` line each, for its function.
+    let table = format!("no-such-table-{:x}", fastrand::u64(..));
+    let missing = Settings::from_lookup(move |name| (name == "TABLE_NAME").then(|| table.clone()))
+        .semaphore(&sdk_config())
+        .expect("settings");
+    let err = acquire(&missing, &hand_offs, payload(5, 1, missing.now_ms(), 0))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.error_type, "SemaphoreStoreError",
+        "{}",
+        err.error_message
+    );
+    let failed = line(&kept);
+    let (members, directives) = shape(&failed);
+    assert_eq!(members, json!({"Function": "acquire", "Failures": 1}));
+    assert_eq!(
+        directives,
+        [(json!([["Function"]]), vec!["Failures".to_owned()])]
+    );
+    let release_payload = json!({"semaphore": {"lock": LOCK, "holder": holder(1),
+                                               "acquisition": "r0", "weight": 3, "token": token.0}});
+    let err = release(&missing, &hand_offs, release_payload)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.error_type, "SemaphoreStoreError",
+        "{}",
+        err.error_message
+    );
+    let (members, _) = shape(&line(&kept));
+    assert_eq!(members, json!({"Function": "release", "Failures": 1}));
 }

@@ -48,6 +48,34 @@ pub mod error_type {
     /// The stack takes only locks an operator configured (`RequireConfiguredLocks`) and this
     /// one is not: nothing was written. Configure the lock, or name a configured one.
     pub const NOT_CONFIGURED: &str = "SemaphoreNotConfigured";
+
+    /// The error types that are answers, not failures: the protocol working (a poller still in
+    /// line, told so at every poll; a start rate holding a start back; a request past the
+    /// horizon, asked again; an acquisition fenced for good; a wait past its budget) or a
+    /// caller's mistake that only the caller can fix and that fails its own execution (its
+    /// payload, its machine's type or prefix, a lock no operator configured, another slot's
+    /// token). Lambda counts them in its `Errors` like any other. Every other type a function
+    /// answers with is a failure (`is_failure`): the semaphore could not do what it was asked
+    /// (`SemaphoreStoreError`: the table or Step Functions unreachable, throttled past the
+    /// retries, a permission missing; `SemaphoreUnknownFormat`: an item another version wrote),
+    /// and so is any type added later until it is listed here. The functions count failures in
+    /// the `Failures` metric (`crate::metrics::FAILURES`), which the stack's alarms watch.
+    pub const ANSWERS: &[&str] = &[
+        BUSY,
+        RATE_LIMITED,
+        EXPIRED,
+        FENCED,
+        WAIT_TIMEOUT,
+        INVALID_INPUT,
+        MISCONFIGURED,
+        NOT_CONFIGURED,
+        WRONG_TOKEN,
+    ];
+
+    /// Whether a function's answer of this type means the semaphore failed (see [`ANSWERS`]).
+    pub fn is_failure(error_type: &str) -> bool {
+        !ANSWERS.contains(&error_type)
+    }
 }
 
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,6 +130,12 @@ impl HandlerError {
 
     pub fn message(&self) -> &str {
         self.kind().2
+    }
+
+    /// Whether this answer is a failure of the semaphore, not an answer to its caller
+    /// ([`error_type::ANSWERS`]).
+    pub fn is_failure(&self) -> bool {
+        error_type::is_failure(self.error_type())
     }
 }
 
@@ -189,5 +223,55 @@ mod tests {
             (fenced.error_type.as_str(), fenced.error_message.as_str()),
             ("SemaphoreFenced", "gone")
         );
+    }
+
+    /// The alarms page an operator for failures only: every kind of answer is classified, a
+    /// store failure and an item of another format are failures, a poll, a fence or a caller's
+    /// mistake is not, and a type nobody listed is a failure until someone does.
+    #[test]
+    fn only_what_the_semaphore_could_not_do_is_a_failure() {
+        let m = || "m".to_owned();
+        let kinds = [
+            (HandlerError::Store(m()), true),
+            (HandlerError::UnknownFormat(m()), true),
+            (HandlerError::Busy(m()), false),
+            (HandlerError::Expired(m()), false),
+            (HandlerError::Fenced(m()), false),
+            (HandlerError::WaitTimeout(m()), false),
+            (HandlerError::InvalidInput(m()), false),
+            (HandlerError::Misconfigured(m()), false),
+            (HandlerError::NotConfigured(m()), false),
+            (HandlerError::WrongToken(m()), false),
+        ];
+        for (e, failure) in &kinds {
+            assert_eq!(e.is_failure(), *failure, "{e:?}");
+        }
+        // The core's errors as the functions answer them: a missing table and a foreign item
+        // are failures, a payload's mistake is not.
+        let missing = HandlerError::from(Error::Store(StoreError::TableNotFound {
+            table: "t".to_owned(),
+        }));
+        assert!(missing.is_failure(), "{missing:?}");
+        let foreign = HandlerError::from(Error::Store(StoreError::UnknownFormat {
+            lock: "l".to_owned(),
+            found: None,
+        }));
+        assert!(foreign.is_failure(), "{foreign:?}");
+        assert!(!HandlerError::from(InputError::EmptyLockName).is_failure());
+        // Sent by the hand-off as a task's failure, never a function's error, but an answer.
+        assert!(!error_type::is_failure(error_type::RATE_LIMITED));
+        assert!(error_type::is_failure("SemaphoreSomethingNew"));
+        // Each listed type is one a kind of answer has (or the hand-off's), listed once.
+        let mut listed = error_type::ANSWERS.to_vec();
+        listed.sort_unstable();
+        listed.dedup();
+        assert_eq!(listed.len(), error_type::ANSWERS.len());
+        for listed in error_type::ANSWERS {
+            assert!(
+                *listed == error_type::RATE_LIMITED
+                    || kinds.iter().any(|(e, _)| e.error_type() == *listed),
+                "{listed}"
+            );
+        }
     }
 }

@@ -12,6 +12,8 @@ use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 
 use semaphore_core::{HandOff, LockName, TakenBackSlot};
+
+use crate::error::HandlerError;
 use serde_json::{json, Map, Value};
 
 /// `METRIC_NAMESPACE` when unset.
@@ -21,6 +23,12 @@ pub const DEFAULT_NAMESPACE: &str = "StepFunctionsSemaphore";
 pub const LOCK: &str = "Lock";
 /// The dimension naming an acquisition's outcome.
 pub const OUTCOME: &str = "Outcome";
+/// The dimension naming the function that wrote a [`FAILURES`] line, and its values (each
+/// `pub const <NAME>_FUNCTION`: `.ci/check_template.py dashboard` reads them and wants an
+/// alarm on each).
+pub const FUNCTION: &str = "Function";
+pub const ACQUIRE_FUNCTION: &str = "acquire";
+pub const RELEASE_FUNCTION: &str = "release";
 
 /// EMF allows at most 100 values for one metric in one line.
 pub const MAX_VALUES: usize = 100;
@@ -147,6 +155,17 @@ pub const SLOTS_NOT_JUDGED: Metric = Metric {
     dimensions: &[&[]],
 };
 
+/// Invocations of the acquire or release function answered with a failure, not an answer
+/// (`crate::error_type::ANSWERS`): the semaphore could not do what it was asked. Written only
+/// when one happens. The stack's alarms on the two functions watch this, not Lambda's `Errors`,
+/// which counts every named answer alike (a poller in line is told `SemaphoreBusy` at every
+/// poll).
+pub const FAILURES: Metric = Metric {
+    name: "Failures",
+    unit: Unit::Count,
+    dimensions: &[&["Function"]],
+};
+
 /// Every metric the functions write.
 pub const CATALOGUE: &[Metric] = &[
     ACQUISITIONS,
@@ -165,6 +184,7 @@ pub const CATALOGUE: &[Metric] = &[
     OLDEST_WAITER_AGE_TOTAL,
     LARGEST_ITEM_BYTES,
     SLOTS_NOT_JUDGED,
+    FAILURES,
 ];
 
 /// One EMF line being built: dimension values and metric values.
@@ -330,9 +350,33 @@ impl Metrics {
         }
     }
 
+    /// The `Failures` line of `function` (a `*_FUNCTION`) when its invocation's `answer` is a
+    /// failure ([`failure_line`]); nothing for a success or an answer.
+    pub fn answered<T>(
+        &self,
+        function: &'static str,
+        answer: &Result<T, HandlerError>,
+        now_ms: u64,
+    ) {
+        if let Err(e) = answer {
+            self.emit(now_ms, &failure_line(function, e));
+        }
+    }
+
     /// The line of a hand-off on `lock` ([`hand_off_line`]).
     pub fn hand_off(&self, lock: &LockName, report: &HandOff, now_ms: u64) {
         self.emit(now_ms, &hand_off_line(lock, report));
+    }
+}
+
+/// `Failures` 1 for `function` when `error` is a failure ([`HandlerError::is_failure`]); empty
+/// for an answer.
+pub fn failure_line(function: &'static str, error: &HandlerError) -> Line {
+    let line = Line::stack_wide().dimension(FUNCTION, function);
+    if error.is_failure() {
+        line.value(FAILURES, 1)
+    } else {
+        line
     }
 }
 
@@ -553,6 +597,32 @@ mod tests {
         let line = Line::of(&lock).values(TIME_HELD, (0..150).map(f64::from));
         let doc = check_emf(&line.render("NS", 1)).unwrap();
         assert_eq!(doc["TimeHeld"].as_array().unwrap().len(), MAX_VALUES);
+    }
+
+    #[test]
+    fn a_failure_is_counted_for_its_function_and_an_answer_is_not() {
+        let store = HandlerError::Store("table gone".to_owned());
+        let doc = check_emf(&failure_line(RELEASE_FUNCTION, &store).render("NS", 3)).unwrap();
+        assert_eq!(
+            doc,
+            json!({
+                "_aws": {"Timestamp": 3, "CloudWatchMetrics": [
+                    {"Namespace": "NS", "Dimensions": [["Function"]],
+                     "Metrics": [{"Name": "Failures", "Unit": "Count"}]}
+                ]},
+                "Function": "release", "Failures": 1
+            })
+        );
+        let busy = HandlerError::Busy("in line".to_owned());
+        assert!(failure_line(ACQUIRE_FUNCTION, &busy).is_empty());
+        let (metrics, kept) = Metrics::kept();
+        metrics.answered(ACQUIRE_FUNCTION, &Ok::<(), _>(()), 1);
+        metrics.answered::<()>(ACQUIRE_FUNCTION, &Err(busy), 2);
+        assert!(kept.lock().unwrap().is_empty());
+        metrics.answered::<()>(ACQUIRE_FUNCTION, &Err(store), 4);
+        let lines = kept.lock().unwrap().clone();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(check_emf(&lines[0]).unwrap()["Function"], "acquire");
     }
 
     #[test]

@@ -327,14 +327,19 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     })
 }
 
-/// The Lambda handler.
+/// The Lambda handler. An answer that is a failure, not a caller's mistake (a bad payload,
+/// another slot's token), is counted (`Failures`, which the stack's alarm watches).
 pub async fn handle<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     semaphore: &Semaphore<S>,
     resolver: &Resolver,
     hand_offs: &HandOffs<C, X>,
     event: LambdaEvent<Value>,
 ) -> Result<ReleaseResponse, HandlerError> {
-    release(semaphore, resolver, hand_offs, &event.payload).await
+    let answer = release(semaphore, resolver, hand_offs, &event.payload).await;
+    hand_offs
+        .metrics
+        .answered(metrics::RELEASE_FUNCTION, &answer, semaphore.now_ms());
+    answer
 }
 
 #[cfg(test)]
