@@ -1001,6 +1001,7 @@ DOCUMENTS = (
     "docs/using.md",
     "docs/aws-limits.md",
     "docs/design.md",
+    "docs/security.md",
     "examples/README.md",
     "examples/consumer/README.md",
 )

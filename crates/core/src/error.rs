@@ -74,7 +74,7 @@ pub enum Error {
     },
     /// The semaphore takes only locks an operator configured (`RequireConfiguredLocks`), and
     /// this one is not: nothing was written.
-    #[error("lock \"{lock}\" is not configured, and this stack takes only locks an operator configured (its RequireConfiguredLocks parameter): configure it first (`semctl lock set --lock {lock} --limit N`, or a Custom::SemaphoreLock), or name a configured lock")]
+    #[error("lock \"{lock}\" is not configured, and this stack takes only locks an operator configured (its RequireConfiguredLocks parameter): configure it first (`semctl lock set --lock {lock} --limit N`), or name a configured lock")]
     NotConfigured { lock: LockName },
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -1691,6 +1691,30 @@ async fn a_caller_the_stack_does_not_protect_is_misconfigured_and_writes_nothing
     assert_eq!(played.state()["semaphore"]["outcome"], json!("acquired"));
 }
 
+/// F13, every holder can end: a parked caller (a task token) whose holder is not an execution
+/// ARN (a script's own id) cannot be seen to end by the cleanup or the sweeper, so it holds only
+/// under a lease; without one it is refused by name and nothing is written.
+#[tokio::test]
+async fn a_parked_holder_nobody_can_see_end_needs_a_lease() {
+    let w = world().await;
+    let config = config_with(&[]);
+    let ctx = Ctx::new("batch-script-7", json!({}), &w.now()).with_task_token("script");
+    let before = all_items(&w.sem).await;
+    let played = w.play_machine(&config, &ctx, &json!({})).await;
+    assert_eq!(played.error().error_type, "SemaphoreInvalidInput");
+    assert!(
+        played.error().error_message.starts_with(
+            "request.lease is missing: the holder batch-script-7 is not a standard execution's ARN"
+        ),
+        "{}",
+        played.error().error_message
+    );
+    assert_eq!(all_items(&w.sem).await, before, "a refused caller wrote");
+    // With a lease it may hold: the lease ends what nobody can see end.
+    let leased = w.play_machine(&config, &ctx, &json!({"lease": 120})).await;
+    assert_eq!(leased.state()["semaphore"]["outcome"], json!("acquired"));
+}
+
 /// #18 item 16 (F12), (a): an Express state machine as the work cannot be described or stopped,
 /// so a cleanup would free its slot while it runs. Its type comes from DescribeStateMachine
 /// (real machines on the local server), asked once per machine per function instance; the

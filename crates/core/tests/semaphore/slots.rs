@@ -322,3 +322,56 @@ async fn a_cleanup_fences_the_run_that_ended_and_the_runs_before_it_never_a_late
     let item = sem.status(&lock()).await.unwrap();
     assert_eq!(item.fences.young.len(), 2);
 }
+
+/// RequireConfiguredLocks (F14 on a shared stack): an acquire of a lock no operator configured
+/// is refused by name and writes nothing, but the exempt default lock; once configured it takes
+/// the configuration's terms; one whose configuration was removed since this instance saw it is
+/// refused too (the write assumed the configuration, its refusal taught the removal).
+#[tokio::test]
+async fn only_configured_locks_are_taken_when_required_and_nothing_is_written_otherwise() {
+    use semaphore_core::{ConfiguredOnly, Error, LockConfig};
+    let store = Arc::new(MemoryStore::new());
+    let default = LockName::new("default-lock").unwrap();
+    let sem = Semaphore::new(store.clone()).with_configured_only(ConfiguredOnly::Yes {
+        except: Some(default.clone()),
+    });
+    let other = LockName::new("other").unwrap();
+    let who = id("a", "1");
+    let refused = sem.acquire(&other, &who, limit(50)).await.unwrap_err();
+    assert!(
+        matches!(&refused, Error::NotConfigured { lock } if lock == &other),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("semctl lock set --lock other"));
+    assert_eq!(store.load_now(&other), None, "nothing written");
+    // The default lock's terms are the stack's own parameters: exempt.
+    assert!(matches!(
+        sem.acquire(&default, &who, limit(5)).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    // Configured by its operator (another instance): taken, on the configuration's limit.
+    let operator = Semaphore::new(store.clone());
+    let config = LockConfig::new(limit(2), None, None).unwrap();
+    operator.configure(&other, Some(config)).await.unwrap();
+    let fresh = Semaphore::new(store.clone()).with_configured_only(ConfiguredOnly::Yes {
+        except: Some(default.clone()),
+    });
+    assert!(matches!(
+        fresh.acquire(&other, &who, limit(50)).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    assert_eq!(store.load_now(&other).unwrap().limit, Some(limit(2)));
+    // The operator removes the configuration; the instance that saw it assumes it, is refused,
+    // learns the removal, and refuses the acquire: nothing written.
+    operator.configure(&other, None).await.unwrap();
+    let before = store.load_now(&other);
+    let refused = fresh
+        .acquire(&other, &id("b", "1"), limit(50))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, Error::NotConfigured { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(store.load_now(&other), before, "nothing written");
+}
