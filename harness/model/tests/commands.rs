@@ -6,7 +6,7 @@
 //!
 //! The worlds that take more than about a minute in a test build are `#[ignore]`d (names ending
 //! in `_world`, their command in the attribute): run them with
-//! `cargo test -p semaphore-model --test commands -- --ignored --test-threads 1` (about 15
+//! `cargo test -p semaphore-model --test commands -- --ignored --test-threads 1` (about 17
 //! minutes on a shared 2-core machine; the largest needs 2 GB).
 
 use std::process::Command;
@@ -298,15 +298,15 @@ fn every_broken_variant_of_the_line_is_caught() {
 // 1,1,1 --executions 2 --timeouts 1`; and `tests/poll.rs` checks `--pollers --poller-polls 2`.
 
 #[test]
-#[ignore = "model-check: about 2 minutes in a test build"]
+#[ignore = "model-check: about a minute in a test build"]
 fn default_world() {
-    passes("", 4_663_320, 26_984_644, 38);
+    passes("", 4_136_644, 23_869_344, 36);
 }
 
 #[test]
-#[ignore = "model-check --limit 2: about a minute"]
+#[ignore = "model-check --limit 2: about 30 s"]
 fn limit_2_world() {
-    passes("--limit 2", 2_162_319, 12_052_401, 35);
+    passes("--limit 2", 2_048_383, 11_419_557, 34);
 }
 
 /// F14: a lock its operator configured with limit 1, whose executions ask for 2. Each acquire
@@ -322,92 +322,92 @@ fn configured_lock_world() {
 }
 
 #[test]
-#[ignore = "model-check --limit 2 --configured-limit 1: about 4 minutes"]
+#[ignore = "model-check --limit 2 --configured-limit 1: about 3 minutes"]
 fn configured_lock_of_three_world() {
-    passes("--limit 2 --configured-limit 1", 14_434_774, 85_543_971, 44);
+    passes("--limit 2 --configured-limit 1", 13_006_078, 76_855_035, 42);
 }
 
 #[test]
-#[ignore = "model-check --limit 2 --weights 2,1,1: about 3 minutes"]
+#[ignore = "model-check --limit 2 --weights 2,1,1: about 2 minutes"]
 fn heavy_execution_world() {
-    passes("--limit 2 --weights 2,1,1", 10_030_920, 57_051_257, 38);
+    passes("--limit 2 --weights 2,1,1", 9_139_046, 51_902_180, 36);
 }
 
 #[test]
-#[ignore = "model-check --executions 2 --duplicates 1 --sweeps 1: about 2 minutes"]
+#[ignore = "model-check --executions 2 --duplicates 1 --sweeps 1: about 20 s"]
 fn duplicates_and_sweeps_world() {
     passes(
         "--executions 2 --duplicates 1 --sweeps 1",
-        2_284_532,
-        11_686_877,
-        33,
+        2_190_044,
+        11_194_781,
+        31,
     );
 }
 
 #[test]
-#[ignore = "model-check --every-fault --executions 2 --ticks 0 --rotations 1: about 5 minutes"]
+#[ignore = "model-check --every-fault --executions 2 --ticks 0 --rotations 1: about 2 minutes"]
 fn every_fault_world() {
     passes(
         "--every-fault --executions 2 --ticks 0 --rotations 1",
-        8_166_279,
-        67_982_829,
-        36,
+        7_503_582,
+        61_769_963,
+        34,
     );
 }
 
 #[test]
-#[ignore = "model-check --executions 2 --redrives 1: about 2 minutes"]
+#[ignore = "model-check --executions 2 --redrives 1: about a minute"]
 fn redrive_with_retries_world() {
-    passes("--executions 2 --redrives 1", 5_635_919, 28_095_707, 36);
+    passes("--executions 2 --redrives 1", 5_208_807, 25_929_368, 34);
 }
 
 #[test]
-#[ignore = "model-check --executions 2 --deaths 2 --redrives 2 --retries 0: about 10 minutes, 2 GB"]
+#[ignore = "model-check --executions 2 --deaths 2 --redrives 2 --retries 0: about 4 minutes, 2 GB"]
 fn two_redrives_world() {
     passes(
         "--executions 2 --deaths 2 --redrives 2 --retries 0",
-        29_074_995,
-        131_840_836,
-        35,
+        24_992_286,
+        112_441_920,
+        32,
     );
 }
 
 #[test]
-#[ignore = "model-check --pollers --lease-ticks 2: about 20 s"]
+#[ignore = "model-check --pollers --lease-ticks 2: about 15 s"]
 fn pollers_longer_lease_world() {
     passes("--pollers --lease-ticks 2", 3_665_734, 13_604_488, 49);
 }
 
 #[test]
-#[ignore = "model-check --pollers --ticks 3 --poller-polls 4: about 3 minutes, 1.3 GB"]
+#[ignore = "model-check --pollers --ticks 3 --poller-polls 4: about 2 minutes, 1.3 GB"]
 fn pollers_three_ticks_world() {
     passes(
         "--pollers --ticks 3 --poller-polls 4",
-        27_556_340,
-        106_956_134,
+        27_539_683,
+        106_904_914,
         56,
     );
 }
 
 #[test]
-#[ignore = "model-check --queue: about 3 minutes"]
+#[ignore = "model-check --queue: about a minute, 1.2 GB"]
 fn queue_world() {
-    passes("--queue", 16_168_591, 71_971_398, 42);
+    passes("--queue", 15_678_640, 69_694_882, 41);
 }
 
 #[test]
-#[ignore = "model-check --queue --limit 1 --weights 1,1,1: about 3 minutes"]
+#[ignore = "model-check --queue --limit 1 --weights 1,1,1: about 30 s"]
 fn queue_limit_1_world() {
     passes(
         "--queue --limit 1 --weights 1,1,1",
-        12_966_901,
-        55_884_897,
-        42,
+        12_565_462,
+        54_083_031,
+        41,
     );
 }
 
 #[test]
-#[ignore = "model-check --queue ... --timeouts 1: about 4 minutes"]
+#[ignore = "model-check --queue ... --timeouts 1: about 30 s"]
 fn queue_crash_and_early_timeout_world() {
     passes(
         "--queue --limit 1 --weights 1,1,1 --deaths 0 --lost-events 0 --timeouts 1",
@@ -418,7 +418,7 @@ fn queue_crash_and_early_timeout_world() {
 }
 
 #[test]
-#[ignore = "model-check --queue ... --executions 4: about 2 minutes"]
+#[ignore = "model-check --queue ... --executions 4: about 10 s"]
 fn queue_four_executions_world() {
     passes(
         "--queue --limit 1 --weights 1,1,1 --executions 4 --deaths 0 --lost-events 0 --crashes 0",
