@@ -122,7 +122,7 @@ check --show "every resource type, before and after the SAM transform, is one th
 check --show "each template check fails on a template broken for it" "$PY" .ci/check_template.py selftest template.yaml
 
 # examples/consumer is copied into a team's own repository: it must build there, with nothing
-# of this workspace (its own [workspace] and Cargo.lock). Built from a copy outside the
+# of this workspace (no workspace inheritance, its own Cargo.lock). Built from a copy outside the
 # repository; the copy's target directory is kept under target/ so that a second run builds
 # only the crate itself. Needs cargo and crates.io.
 consumer_builds_alone() {

@@ -10,7 +10,7 @@ use lambda_acquire::Config;
 use lambda_common::{Settings, Waiting};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use local_aws::names::{id, limit, lock};
-use local_aws::observe::RawRecord;
+use local_aws::observe::raw_tables;
 use local_aws::{fresh_table, sdk_config};
 use semaphore_core::input::{
     MAX_HOLDER_BYTES, MAX_LIMIT, MAX_LOCK_NAME_BYTES, MAX_TASK_TOKEN_BYTES,
@@ -21,26 +21,6 @@ use serde_json::{json, Value};
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
 /// The work the acquire function allows: every machine whose name begins with `team-`.
 const TEAM: &str = "arn:aws:states:us-east-1:123456789012:stateMachine:team-*";
-
-/// Every item of the semaphore's three tables (locks, waiters, gate holdings), as `Scan` hands
-/// them back, without the product's decoder.
-async fn raw_tables(store: &DynamoStore) -> Vec<(String, Vec<RawRecord>)> {
-    let mut tables = Vec::new();
-    for table in [store.table(), store.queue_table(), store.holdings_table()] {
-        let items = store
-            .client()
-            .scan()
-            .table_name(table)
-            .consistent_read(true)
-            .send()
-            .await
-            .expect("scan")
-            .items()
-            .to_vec();
-        tables.push((table.to_owned(), items));
-    }
-    tables
-}
 
 async fn acquire(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, Diagnostic> {
     let settings = Settings::from_lookup(|name| match name {

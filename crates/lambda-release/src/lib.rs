@@ -242,12 +242,12 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     // of that, so releasing only it left those slots to the sweeper, a false leak notice.
     // Safe: those runs have ended, and so has every child of theirs once a later run reaches a
     // release state (a redrive resumes where the run stopped; no state after the work leads
-    // back to it), and no acquire of theirs lands after their fence. That run n exists is shown
-    // by the token of its slot (freed now), or else Step Functions says so: a caller that names
-    // a run it is not in frees nothing of the execution's (F15), and a retry whose first
-    // attempt freed the slot still frees the earlier runs.
+    // back to it), and no acquire of theirs lands after their fence. Only Step Functions may
+    // say so (F15): the run a payload names is not believed, so a made-up `r<n>`, or a real
+    // execution named in a run it is not in, neither frees its earlier runs' slots nor makes a
+    // fence of n runs (a 12,500-run fence is 100 KB of the lock's item). One DescribeExecution,
+    // for a redriven run's release only.
     let redriven = match target.run.filter(|&n| n > 0) {
-        Some(n) if released => Some(n),
         Some(n) => {
             let run = hand_offs
                 .executions
@@ -262,7 +262,11 @@ pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
                     tracing::error!(lock = %lock, error = %e, "release failed");
                     e
                 })?;
-            run.is_some_and(|run| run.0 >= n).then_some(n)
+            let in_run = run.is_some_and(|run| run.0 >= n);
+            if !in_run {
+                tracing::warn!(lock = %lock, holder = %identity.holder, run = n, current = ?run.map(|r| r.0), "the release names a run the execution is not in: its earlier runs are left alone");
+            }
+            in_run.then_some(n)
         }
         None => None,
     };

@@ -10,7 +10,7 @@
 use lambda_common::{Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use local_aws::names::{id, limit, lock};
-use local_aws::observe::RawRecord;
+use local_aws::observe::raw_tables;
 use local_aws::{fresh_table, sdk_config};
 use semaphore_core::input::{
     MAX_ACQUISITION_BYTES, MAX_HOLDER_BYTES, MAX_LIMIT, MAX_LOCK_NAME_BYTES,
@@ -19,26 +19,6 @@ use semaphore_core::{AcquireOutcome, DynamoStore, FencingToken, Run, Semaphore};
 use serde_json::{json, Value};
 
 const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
-
-/// Every item of the semaphore's three tables (locks, waiters, gate holdings), as `Scan` hands
-/// them back, without the product's decoder.
-async fn raw_tables(store: &DynamoStore) -> Vec<(String, Vec<RawRecord>)> {
-    let mut tables = Vec::new();
-    for table in [store.table(), store.queue_table(), store.holdings_table()] {
-        let items = store
-            .client()
-            .scan()
-            .table_name(table)
-            .consistent_read(true)
-            .send()
-            .await
-            .expect("scan")
-            .items()
-            .to_vec();
-        tables.push((table.to_owned(), items));
-    }
-    tables
-}
 
 async fn release(sem: &Semaphore<DynamoStore>, payload: Value) -> Result<Value, Diagnostic> {
     let hand_offs = Settings::from_lookup(|_| None)

@@ -6,9 +6,9 @@
 
 use std::process::{Command, Output};
 
-use local_aws::observe::RawRecord;
+use local_aws::observe::raw_tables;
 use local_aws::{endpoint, fresh_table};
-use semaphore_core::{AcquisitionId, DynamoStore, HolderId, Identity, Limit, LockName, Semaphore};
+use semaphore_core::{AcquisitionId, HolderId, Identity, Limit, LockName, Semaphore};
 use serde_json::Value;
 
 fn semctl(table: &str, args: &[&str]) -> Output {
@@ -24,25 +24,6 @@ fn semctl(table: &str, args: &[&str]) -> Output {
         .env_remove("SEMCTL_MAX_ATTEMPTS")
         .output()
         .expect("run semctl")
-}
-
-/// Every item of the semaphore's three tables, as `Scan` hands them back.
-async fn raw_tables(store: &DynamoStore) -> Vec<(String, Vec<RawRecord>)> {
-    let mut tables = Vec::new();
-    for table in [store.table(), store.queue_table(), store.holdings_table()] {
-        let items = store
-            .client()
-            .scan()
-            .table_name(table)
-            .consistent_read(true)
-            .send()
-            .await
-            .expect("scan")
-            .items()
-            .to_vec();
-        tables.push((table.to_owned(), items));
-    }
-    tables
 }
 
 #[tokio::test]

@@ -96,59 +96,29 @@ pub fn start_emulator(
     Ok(())
 }
 
-/// Function binaries that are projects of their own, outside the root workspace (a consumer's
-/// example, copyable as it is): the binary and its manifest, from the repository's root.
-const OWN_PROJECTS: &[(&str, &str)] = &[("consumer-work", "examples/consumer/work/Cargo.toml")];
-
-/// `cargo build` of the function binaries, so that no invoke waits for a compile: those of the
-/// root workspace in one build, each of [`OWN_PROJECTS`] from its own manifest, all into the
-/// root's target directory.
+/// `cargo build` of the function binaries, so that no invoke waits for a compile.
 pub fn build_functions(root: &Path, run_dir: &Path, binaries: &[&str]) -> Result<(), Error> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let log_path = run_dir.join("cargo-build.log");
     let create = || Error::io(format!("create {}", log_path.display()));
     let log = std::fs::File::create(&log_path).map_err(create())?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let own = |binary: &&str| OWN_PROJECTS.iter().find(|(name, _)| name == binary);
-    let mut builds: Vec<Vec<std::ffi::OsString>> = Vec::new();
-    let workspace: Vec<&&str> = binaries.iter().filter(|b| own(b).is_none()).collect();
-    if !workspace.is_empty() {
-        let mut args = vec!["build".into(), "--locked".into()];
-        for binary in workspace {
-            args.extend(["--bin".into(), (*binary).into()]);
-        }
-        builds.push(args);
+    let mut command = Command::new(cargo);
+    command.current_dir(root).args(["build", "--locked"]);
+    for binary in binaries {
+        command.args(["--bin", binary]);
     }
-    for (binary, manifest) in binaries.iter().filter_map(own) {
-        builds.push(vec![
-            "build".into(),
-            "--locked".into(),
-            "--manifest-path".into(),
-            root.join(manifest).into(),
-            "--target-dir".into(),
-            target.clone().into(),
-            "--bin".into(),
-            (*binary).into(),
-        ]);
-    }
-    for args in builds {
-        let status = Command::new(&cargo)
-            .current_dir(root)
-            .args(&args)
-            .stdout(log.try_clone().map_err(create())?)
-            .stderr(log.try_clone().map_err(create())?)
-            .status()
-            .map_err(Error::io("run cargo"))?;
-        if !status.success() {
-            return Err(Error::Exited {
-                what: "cargo build of the Lambda binaries".to_owned(),
-                status: status.to_string(),
-                tail: tail(&log_path, 30),
-                log: log_path,
-            });
-        }
+    let status = command
+        .stdout(log.try_clone().map_err(create())?)
+        .stderr(log)
+        .status()
+        .map_err(Error::io("run cargo"))?;
+    if !status.success() {
+        return Err(Error::Exited {
+            what: "cargo build of the Lambda binaries".to_owned(),
+            status: status.to_string(),
+            tail: tail(&log_path, 30),
+            log: log_path,
+        });
     }
     Ok(())
 }

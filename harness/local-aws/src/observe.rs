@@ -261,6 +261,27 @@ pub async fn raw_holdings(
     Ok(records)
 }
 
+/// Every item of the semaphore's three tables (locks, waiters, gate holdings) as `Scan` hands
+/// them back, without the product's decoder: what a test compares before and after a request
+/// to show that nothing was written.
+pub async fn raw_tables(store: &semaphore_core::DynamoStore) -> Vec<(String, Vec<RawRecord>)> {
+    let mut tables = Vec::new();
+    for table in [store.table(), store.queue_table(), store.holdings_table()] {
+        let items = store
+            .client()
+            .scan()
+            .table_name(table)
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("scan")
+            .items()
+            .to_vec();
+        tables.push((table.to_owned(), items));
+    }
+    tables
+}
+
 /// The records of `lock`'s line in the waiters' table (`queue_table`), raw, in line order (by
 /// `place`, the sort key of the table's local index `line`, which holds only the keys).
 pub async fn raw_line(client: &Client, queue_table: &str, lock: &str) -> Vec<RawRecord> {

@@ -14,8 +14,10 @@ use crate::protocol::{
 use crate::write::Write;
 
 /// Most writes one release or cleanup sends (see [`Semaphore::release_seeing`]): a chain of
-/// refusals is at most three long (the slot gone, then an acquire of it landing, then a
-/// duplicate release removing it), so this is never reached but by a store that misbehaves.
+/// refusals is short (a release showing its token is refused at most once, for a wrong weight;
+/// the operator's fence alone, then the removal of a slot an acquire landed meanwhile; a
+/// cleanup's free, then the rest of its slots), so this is never reached but by a store that
+/// misbehaves.
 pub const MAX_ROUNDS: usize = 8;
 
 /// What a [`Semaphore::fence`] found: the slots the fenced execution held on `lock` when its
