@@ -26,10 +26,11 @@ use aws_sdk_sfn::types::{
     TaskScheduledEventDetails,
 };
 use lambda_common::history::{self, LockReading};
-use lambda_common::{granted_answer, HandlerError, Resolver, Settings, Waiting};
+use lambda_common::{granted_answer, HandlerError, Resolver, Settings};
 use proptest::prelude::*;
 use proptest::sample::select;
 use semaphore_core::dynamo::{decode, decode_waiter, encode, encode_waiter};
+use semaphore_core::flow::acquire::Waiting;
 use semaphore_core::input::{
     MAX_ACQUISITION_BYTES, MAX_HOLDER_BYTES, MAX_LIMIT, MAX_LOCK_NAME_BYTES, MAX_TASK_TOKEN_BYTES,
 };

@@ -25,6 +25,7 @@
 //! | [`protocol`] | which writes each operation sends, and what their results mean |
 //! | [`clock`] | time, injectable |
 //! | [`ports`] | the interfaces to the outside world: [`ItemStore`], [`ExecutionStatus`], [`Waker`] |
+//! | [`flow`] | the functions' flows, free of I/O: which call comes next, from the answers so far |
 //! | [`memory`] | an in-memory [`ItemStore`], for tests and the model checker |
 //! | [`dynamo`] | the DynamoDB [`ItemStore`]: codec, expressions, sizes, the client |
 //! | [`semaphore`] | the [`Semaphore`]: the protocol run against a store: its [`slots`](semaphore::slots), its [`line`](semaphore::line) and its [`sweep`](semaphore::sweep) |
@@ -42,6 +43,8 @@ pub mod protocol;
 
 pub mod clock;
 pub mod ports;
+
+pub mod flow;
 
 pub mod dynamo;
 pub mod memory;

@@ -95,7 +95,7 @@ pub(crate) fn millis(d: Duration) -> u64 {
 }
 
 /// Why an acquire was refused for good.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FenceReason {
     /// Cleanup or the sweeper freed this execution: it has ended.
     ExecutionEnded,
@@ -112,7 +112,7 @@ impl FenceReason {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum AcquireOutcome {
     Acquired {
         token: FencingToken,
@@ -178,7 +178,7 @@ pub struct CleanupOutcome {
 }
 
 /// What a waiter's attempt to queue found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum QueueOutcome {
     /// In line.
     Queued,

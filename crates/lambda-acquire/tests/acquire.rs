@@ -10,14 +10,14 @@
 //! budget, a start rate's deferral, the named errors and where each takes the machine.
 //! tests/waiting.rs makes the same happen with real parked tasks.
 
+use semaphore_core::flow::answer::child_execution_name;
 use semaphore_core::Claim;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lambda_acquire::Config;
 use lambda_common::{
-    child_execution_name, granted_answer, CallbackError, HandOffs, Resolver, Settings,
-    TaskCallbacks, TaskWaker,
+    granted_answer, CallbackError, HandOffs, Resolver, Settings, TaskCallbacks, TaskWaker,
 };
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use local_aws::asl::{self, Context as Ctx, ACQUIRE_STATE};

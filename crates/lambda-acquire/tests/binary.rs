@@ -4,11 +4,11 @@
 
 use std::path::Path;
 
-use lambda_common::child_execution_name;
 use local_aws::foreign::put_foreign_item;
 use local_aws::fresh_table;
 use local_aws::names::id;
 use local_aws::runtime_api::{run_function, Answer};
+use semaphore_core::flow::answer::child_execution_name;
 use semaphore_core::{
     rfc3339_millis, Clock, DynamoStore, HolderId, LockName, Semaphore, SystemClock, Timing,
 };

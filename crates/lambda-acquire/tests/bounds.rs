@@ -7,11 +7,12 @@
 //! code against the local server, and all three tables are read raw before and after.
 
 use lambda_acquire::Config;
-use lambda_common::{Settings, Waiting};
+use lambda_common::Settings;
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use local_aws::names::{id, limit, lock};
 use local_aws::observe::raw_tables;
 use local_aws::{fresh_table, sdk_config};
+use semaphore_core::flow::acquire::Waiting;
 use semaphore_core::input::{
     MAX_HOLDER_BYTES, MAX_LIMIT, MAX_LOCK_NAME_BYTES, MAX_TASK_TOKEN_BYTES,
 };

@@ -11,8 +11,9 @@ use semaphore_core::{
 
 use crate::arn::ArnPatterns;
 use crate::executions::SfnExecutions;
-use crate::request::{AllowedWork, Defaults, Resolver, WorkKind};
+use crate::request::{AllowedWork, Defaults, Resolver};
 use crate::waiting::{HandOffs, SfnHandOffs};
+use semaphore_core::flow::answer::WorkKind;
 
 /// The variables the acquire and release functions read besides the table and timing.
 pub mod var {

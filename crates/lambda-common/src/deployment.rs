@@ -16,7 +16,7 @@ use aws_sdk_sfn::types::StateMachineType;
 
 use crate::arn::{ArnPatterns, ExecutionArn, ExecutionKind};
 use crate::error::HandlerError;
-use crate::request::{Work, WorkKind};
+use semaphore_core::flow::answer::{Work, WorkKind};
 
 /// What the acquire function checks a request against besides its input.
 #[derive(Debug, Clone, Default)]

@@ -38,9 +38,8 @@ pub use executions::{OtherRegion, SfnExecutions};
 pub use metrics::Metrics;
 pub use payload::{kind, quoted, Payload};
 pub use request::{
-    child_execution_name, incarnation_acquisition, AcquireRequest, AllowedWork, Defaults, Resolver,
-    Target, Waiting, Work, WorkKind, ACQUIRE_PAYLOAD, EXPRESS_LEASE_SECONDS, MAX_WORK_ARN_BYTES,
-    RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
+    incarnation_acquisition, AllowedWork, Defaults, Resolver, Target, ACQUIRE_PAYLOAD,
+    EXPRESS_LEASE_SECONDS, MAX_WORK_ARN_BYTES, RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
 };
 pub use waiting::{
     granted_answer, CallbackError, ContextError, HandOffs, SfnHandOffs, TaskCallbacks, TaskWaker,

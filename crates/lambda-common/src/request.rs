@@ -5,12 +5,13 @@
 //! so that all of them agree on the lock an execution took. The payloads' fields and defaults are
 //! in docs/using.md ("The request").
 
+use semaphore_core::flow::acquire::{Request, Waiting};
+use semaphore_core::flow::answer::{Work, WorkKind};
 use semaphore_core::{
     AcquisitionId, Attempt, FencingToken, Identity, Limit, LockName, Rate, Run, TaskToken, Terms,
     WaiterId, Weight,
 };
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::arn::ArnPatterns;
 use crate::error::HandlerError;
@@ -66,43 +67,6 @@ pub struct Defaults {
 /// start, and would size the waiter's record and the answer (F15).
 pub const MAX_WORK_ARN_BYTES: usize = 256;
 
-/// What an allowed work ARN names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WorkKind {
-    /// `arn:<partition>:states:<region>:<account>:stateMachine:<name>[:<version or alias>]`,
-    /// started as the child execution.
-    StateMachine,
-    /// `arn:<partition>:lambda:<region>:<account>:function:<name>[:<version or alias>]`, run by
-    /// the work-function runner machine as the child execution.
-    Function,
-}
-
-impl WorkKind {
-    /// The kind of resource `arn` names, from its form; `None` if it is neither.
-    pub fn of(arn: &str) -> Option<Self> {
-        let parts: Vec<&str> = arn.split(':').collect();
-        if !(7..=8).contains(&parts.len())
-            || parts[0] != "arn"
-            || parts.iter().skip(1).any(|p| p.is_empty())
-        {
-            return None;
-        }
-        match (parts[2], parts[5]) {
-            ("states", "stateMachine") => Some(Self::StateMachine),
-            ("lambda", "function") => Some(Self::Function),
-            _ => None,
-        }
-    }
-
-    /// The form of an ARN of this kind, for messages.
-    pub fn form(self) -> &'static str {
-        match self {
-            Self::StateMachine => "arn:<partition>:states:<region>:<account>:stateMachine:<name>",
-            Self::Function => "arn:<partition>:lambda:<region>:<account>:function:<name>",
-        }
-    }
-}
-
 /// The work executions may run under a lock: the function's `DEFAULT_WORK`,
 /// `WORK_STATE_MACHINES`, `WORK_FUNCTIONS` and `WORK_FUNCTION_RUNNER`, checked when read
 /// ([`crate::Settings::allowed_work`]). The default allows nothing.
@@ -113,17 +77,6 @@ pub struct AllowedWork {
     pub(crate) functions: ArnPatterns,
     /// The state machine that runs a Lambda function as a child execution.
     pub(crate) runner: Option<String>,
-}
-
-/// The work an acquire resolved to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Work {
-    /// The state machine or Lambda function to run, as the input or `DEFAULT_WORK` named it.
-    pub arn: String,
-    pub kind: WorkKind,
-    /// The state machine the lock-protected machine starts: `arn` itself, or for a Lambda
-    /// function the runner (which invokes `arn`).
-    pub state_machine: String,
 }
 
 impl AllowedWork {
@@ -204,56 +157,6 @@ pub struct Target {
     /// The weight its acquire asked for (1 when the answer names none): what a release expects
     /// to free, checked by the store, which finds the right one if it is not.
     pub weight: Weight,
-}
-
-/// A validated acquire request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AcquireRequest {
-    pub lock: LockName,
-    /// The limit, weight and start rate asked for.
-    pub terms: Terms,
-    pub identity: Identity,
-    /// The execution's run (its redrive count): the run whose fence this acquire checks.
-    pub run: Run,
-    /// When the acquire was asked for (the acquire state's entry time; a poller's: the
-    /// invocation's, set by the function), ms since the epoch: its horizon counts from it.
-    pub requested_at_ms: u64,
-    /// When the caller first asked (the acquire state's entry time): its place in line.
-    pub asked_at_ms: u64,
-    /// Which attempt of the acquire task this is: its entry time, then its retry count.
-    pub attempt: Attempt,
-    /// How the caller waits when the lock is full.
-    pub waiting: Waiting,
-    /// The work to run under the slot as a child execution (the lock-protected machine's:
-    /// `starts_work`); `None` otherwise.
-    pub work: Option<Work>,
-}
-
-/// How an acquire's caller waits for its slot when the lock is full.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Waiting {
-    /// Parked on its task's token (`$$.Task.Token`, a standard execution's
-    /// `.waitForTaskToken`): whoever gives it its slot completes the task with it.
-    Parked(TaskToken),
-    /// No task token (an Express workflow, any other client): the function answers at once,
-    /// `SemaphoreBusy` while it waits in line, and it asks again (its `Retry`). Its place is
-    /// kept while it asks again within `poll_ms`; it holds its slot under a lease.
-    Polls { poll_ms: u64 },
-}
-
-impl Waiting {
-    /// How long a poller's place is kept without a poll, unless `poll_seconds` says otherwise.
-    pub const DEFAULT_POLL_SECONDS: u64 = 60;
-    /// The longest a poller may go between polls and keep its place: a dead poller at the head
-    /// of the line holds everyone behind it back for this long.
-    pub const MAX_POLL_SECONDS: u64 = 900;
-
-    pub fn task_token(&self) -> Option<&TaskToken> {
-        match self {
-            Self::Parked(token) => Some(token),
-            Self::Polls { .. } => None,
-        }
-    }
 }
 
 /// Resolves payloads against the function's defaults and allowed work. Build it once per cold
@@ -388,42 +291,6 @@ pub fn incarnation_acquisition(redrive_count: u32) -> AcquisitionId {
     AcquisitionId::new(format!("r{redrive_count}")).expect("r<digits> is a valid acquisition id")
 }
 
-/// The name of the work's child execution for an acquisition: the same for every attempt and
-/// poll of one acquisition, so a redrive into the work after its slot was freed meets the name
-/// of the child that already ran (Step Functions refuses to start a second execution with that
-/// name). Readable and within Step Functions' rules (at most 80 characters of `0-9 A-Z a-z - _`):
-/// the first 40 characters of the holder's execution name (its ARN's last part), `-`, and 16 hex
-/// digits of SHA-256 of `holder#acquisition` (the slot key), which tell two holders apart.
-pub fn child_execution_name(identity: &Identity) -> String {
-    const READABLE: usize = 40;
-    let execution = identity
-        .holder
-        .as_str()
-        .rsplit(':')
-        .next()
-        .unwrap_or_default();
-    // Anything outside CloudWatch's safe set becomes '-': the digest, not this part, makes the
-    // name unique.
-    let readable: String = execution
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(READABLE)
-        .collect();
-    let digest = Sha256::digest(identity.slot_key().as_bytes());
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    if readable.is_empty() {
-        hex
-    } else {
-        format!("{readable}-{hex}")
-    }
-}
-
 impl Resolver {
     /// The lock an acquire payload asks for: its request's `lock`, else `DEFAULT_LOCK`. What the
     /// cleanup function reads from the payloads of an ended execution's acquire tasks; an error
@@ -443,7 +310,7 @@ impl Resolver {
     /// A validated acquire request. A request that is the input of work must be an object
     /// without the reserved key `semaphore`, and the work it names (or the default) must be one
     /// this stack allows.
-    pub fn acquire(&self, payload: &Value) -> Result<AcquireRequest, HandlerError> {
+    pub fn acquire(&self, payload: &Value) -> Result<Request, HandlerError> {
         let acquire = Acquire::new(payload)?;
         let starts_work = acquire
             .payload
@@ -507,7 +374,7 @@ impl Resolver {
                 ));
             }
         }
-        Ok(AcquireRequest {
+        Ok(Request {
             terms,
             lock,
             identity,
@@ -574,7 +441,6 @@ pub(crate) fn incarnation_of(acquisition: &AcquisitionId) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use semaphore_core::HolderId;
     use serde_json::json;
 
     const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
@@ -920,52 +786,5 @@ mod tests {
             );
         }
         assert!(r.lock(&payload(json!({"lock": 3}))).is_err());
-    }
-
-    #[test]
-    fn child_names_are_deterministic_short_and_safe() {
-        let id = |holder: &str, acquisition: &str| {
-            Identity::new(
-                HolderId::new(holder).unwrap(),
-                AcquisitionId::new(acquisition).unwrap(),
-            )
-        };
-        let name = child_execution_name(&id(HOLDER, "r0"));
-        assert_eq!(name, child_execution_name(&id(HOLDER, "r0")));
-        assert!(name.starts_with("run-1-"), "{name}");
-        assert_eq!(name.len(), "run-1-".len() + 16);
-        assert_ne!(name, child_execution_name(&id(HOLDER, "r1")));
-        let long = format!(
-            "arn:aws:states:us-east-1:123456789012:execution:M:{}",
-            "é x".repeat(40)
-        );
-        let name = child_execution_name(&id(&long, "r0"));
-        assert_eq!(name.len(), 40 + 1 + 16, "{name}");
-        assert!(name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
-        assert_eq!(child_execution_name(&id("x:", "a")).len(), 16);
-    }
-
-    #[test]
-    fn work_arns_are_told_apart_by_form() {
-        assert_eq!(WorkKind::of(MINE), Some(WorkKind::StateMachine));
-        assert_eq!(
-            WorkKind::of(&format!("{MINE}:prod")),
-            Some(WorkKind::StateMachine)
-        );
-        assert_eq!(WorkKind::of(FUNCTION), Some(WorkKind::Function));
-        assert_eq!(
-            WorkKind::of(&format!("{FUNCTION}:$LATEST")),
-            Some(WorkKind::Function)
-        );
-        for bad in [
-            "mine",
-            "arn:aws:states:us-east-1:123456789012:execution:mine:x",
-            "arn:aws:states:us-east-1::stateMachine:mine",
-            "arn:aws:s3:::bucket",
-        ] {
-            assert_eq!(WorkKind::of(bad), None, "{bad}");
-        }
     }
 }

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 
-use lambda_common::{child_execution_name, Resolver, Settings};
+use lambda_common::{Resolver, Settings};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use local_aws::asl::{self, Context as Ctx};
 use local_aws::foreign::put_foreign_item;
@@ -16,6 +16,7 @@ use local_aws::names::{id, limit, lock};
 use local_aws::observe::{observe, raw_item};
 use local_aws::sfn::{client as sfn_client, create_machine, ended, start, unique};
 use local_aws::{all_items, fresh_table, sdk_config};
+use semaphore_core::flow::answer::child_execution_name;
 use semaphore_core::{
     rfc3339_millis, AcquireOutcome, DynamoStore, ExecutionState, ExecutionStatus, FenceKey,
     FenceReason, HolderId, PortError, Run, Semaphore, Terms, Weight,

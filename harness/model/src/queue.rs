@@ -38,9 +38,9 @@ use crate::plumbing::{
 /// The most executions the queue world can have.
 pub const MAX_WAITERS: usize = 4;
 
-/// How many times the acquire function's wait mode queues again after a direct acquire told
-/// "full" (`QUEUE_ROUNDS` in `lambda-acquire`).
-pub const QUEUE_ROUNDS: u8 = 3;
+/// How many times the acquire flow queues again after a direct acquire told "full": the core's,
+/// as the type the model counts rounds in.
+pub const QUEUE_ROUNDS: u8 = semaphore_core::flow::acquire::QUEUE_ROUNDS as u8;
 
 /// The model's clock (2023-11-14T22:13:20Z): execution `e` asked at `NOW_MS + e`; every later
 /// request is made at [`LATER_MS`].

@@ -6,7 +6,8 @@
 //! Its operations, one file per concern:
 //! - [`slots`]: acquire, release, fence, free and cleanup of slots, and the fences' rotation;
 //! - [`line`](mod@line): waiting in line, and the hand-off that moves it;
-//! - [`sweep`]: the safety net that reclaims what ended executions hold, and moves stuck lines.
+//! - [`sweep`]: the safety net that reclaims what ended executions hold, and moves stuck lines;
+//! - [`flows`]: the flows of [`crate::flow`], each call run as one of the operations above.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,7 @@ use crate::item::{SemaphoreItem, TakenBackSlot};
 use crate::ports::ItemStore;
 use crate::protocol::{self, Timing};
 
+pub mod flows;
 pub mod line;
 pub mod slots;
 pub mod sweep;

@@ -1,0 +1,720 @@
+//! Acquire or wait in line: the acquire function's flow, for a parked caller (a standard
+//! execution's `.waitForTaskToken` task, woken by whoever grants it a slot) and a polling one
+//! (anyone else: it asks again, under a lease).
+//!
+//! One invocation takes a free slot; or, for a caller already in line (its task timed out and
+//! the state ran again, or a poller's next poll), gives its record this attempt's wake-up and
+//! keeps its place; or queues it. Either way it then hands off, since a slot may have been freed
+//! between "full" and "queued" (F8). Past the wait budget the caller leaves the line instead.
+//!
+//! The flow is [`AcquireFlow`]: [`AcquireFlow::start`] gives its first [`Call`], and
+//! [`AcquireFlow::resume`] takes each call's [`Reply`] and gives the next, until it is done with
+//! an [`Acquisition`] or a [`Refusal`].
+
+use std::time::Duration;
+
+use super::answer::{
+    child_execution_name, AcquireAnswer, Outcome, SemaphoreContext, Work, WorkAnswer, WorkContext,
+    WorkKind,
+};
+use crate::clock::rfc3339_millis;
+use crate::input::{terms_on, Limit, LockName, TaskToken, Terms};
+use crate::item::{FencingToken, Identity, Run, SemaphoreItem};
+use crate::protocol::{millis, AcquireOutcome, FenceReason, QueueOutcome};
+use crate::queue::{Attempt, Waiter, WaiterId, Wakeup};
+
+/// How often one invocation tries to queue when the lock turns free and full again between its
+/// writes (each round is a write that found the other state): then it is refused
+/// ([`Expiry::Churn`]), and the caller asks again.
+pub const QUEUE_ROUNDS: usize = 3;
+
+/// How an acquire's caller waits for its slot when the lock is full.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Waiting {
+    /// Parked on its task's token (`$$.Task.Token`, a standard execution's
+    /// `.waitForTaskToken`): whoever gives it its slot completes the task with it.
+    Parked(TaskToken),
+    /// No task token (an Express workflow, any other client): the function answers at once,
+    /// `SemaphoreBusy` while it waits in line, and it asks again (its `Retry`). Its place is
+    /// kept while it asks again within `poll_ms`; it holds its slot under a lease.
+    Polls { poll_ms: u64 },
+}
+
+impl Waiting {
+    /// How long a poller's place is kept without a poll, unless `poll_seconds` says otherwise.
+    pub const DEFAULT_POLL_SECONDS: u64 = 60;
+    /// The longest a poller may go between polls and keep its place: a dead poller at the head
+    /// of the line holds everyone behind it back for this long.
+    pub const MAX_POLL_SECONDS: u64 = 900;
+
+    pub fn task_token(&self) -> Option<&TaskToken> {
+        match self {
+            Self::Parked(token) => Some(token),
+            Self::Polls { .. } => None,
+        }
+    }
+}
+
+/// One acquisition's request: who asks for which lock on which terms, when, and how it waits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Request {
+    pub lock: LockName,
+    /// The limit, weight, start rate and lease asked for.
+    pub terms: Terms,
+    pub identity: Identity,
+    /// The execution's run (its redrive count): the run whose fence this acquire checks.
+    pub run: Run,
+    /// When the acquire was asked for (the acquire state's entry time; a poller's: this poll's,
+    /// see [`Request::at`]), ms since the epoch: its horizon counts from it.
+    pub requested_at_ms: u64,
+    /// When the caller first asked (the acquire state's entry time): its place in line.
+    pub asked_at_ms: u64,
+    /// Which attempt of the acquire task this is: its entry time, then its retry count.
+    pub attempt: Attempt,
+    /// How the caller waits when the lock is full.
+    pub waiting: Waiting,
+    /// The work to run under the slot as a child execution (the lock-protected machine's);
+    /// `None` otherwise.
+    pub work: Option<Work>,
+}
+
+impl Request {
+    /// The request as an invocation at `now_ms` runs it. A poller asks anew with each poll: its
+    /// horizon counts from this poll (its first ask stays its place in line), so a late poll of a
+    /// caller that has gone holds a slot no longer than its lease (F13).
+    pub fn at(mut self, now_ms: u64) -> Self {
+        if let Waiting::Polls { .. } = self.waiting {
+            self.requested_at_ms = now_ms.max(self.asked_at_ms);
+        }
+        self
+    }
+
+    /// The record this acquisition waits in line under.
+    pub fn waiter_id(&self) -> WaiterId {
+        WaiterId::of(&self.identity)
+    }
+
+    /// The answer to this request, taken on `terms`, once it holds `token` (`None`: in line).
+    pub fn answer(
+        &self,
+        terms: &Terms,
+        outcome: Outcome,
+        token: Option<FencingToken>,
+        count: Option<usize>,
+        queued_at_ms: Option<u64>,
+    ) -> AcquireAnswer {
+        let request = self;
+        let identity = &request.identity;
+        let child_name = child_execution_name(identity);
+        let token = token.map(|token| token.0);
+        AcquireAnswer {
+            acquired: token.is_some(),
+            outcome,
+            token,
+            count,
+            limit: terms.limit.get(),
+            weight: terms.weight.get(),
+            rate: terms.rate.map(|rate| rate.as_per_second()),
+            lock: request.lock.to_string(),
+            holder: identity.holder.to_string(),
+            acquisition: identity.acquisition.to_string(),
+            queued_at: queued_at_ms.map(rfc3339_millis),
+            work: request.work.as_ref().map(|work| WorkAnswer {
+                state_machine: work.state_machine.clone(),
+                name: child_name.clone(),
+                context: WorkContext {
+                    semaphore: SemaphoreContext {
+                        lock: request.lock.to_string(),
+                        fencing_token: token,
+                        holder: identity.holder.to_string(),
+                        acquisition: identity.acquisition.to_string(),
+                        function: (work.kind == WorkKind::Function).then(|| work.arn.clone()),
+                    },
+                },
+            }),
+            child_name,
+        }
+    }
+
+    /// The answer a waiter queued at `queued_at_ms` on `terms` gets with its slot, before the
+    /// slot is known: what its record keeps (as JSON text) for the hand-off to fill in.
+    pub fn waiting_answer(&self, terms: &Terms, queued_at_ms: u64) -> AcquireAnswer {
+        self.answer(terms, Outcome::Acquired, None, None, Some(queued_at_ms))
+    }
+
+    /// The message of a poller answered while it waits in line since `queued_at_ms`.
+    pub fn busy_message(&self, queued_at_ms: u64, poll_ms: u64) -> String {
+        format!(
+            "lock \"{}\" is full: {} is in its line since {} and holds no slot yet; ask again \
+             within {} s with the same execution and state.EnteredTime and a larger \
+             state.RetryCount to keep the place",
+            self.lock,
+            self.identity.holder,
+            rfc3339_millis(queued_at_ms),
+            poll_ms / 1000
+        )
+    }
+}
+
+/// How long a caller may wait in line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Budget {
+    /// From when it was queued (`MAX_WAIT_SECONDS`).
+    pub max_wait: Duration,
+    /// How often a parked standard execution may check (each check adds to its history, which
+    /// Step Functions caps at 25,000 events). A poller's polls keep no Standard history.
+    pub max_checks: u64,
+}
+
+/// What the flow needs done next. Each is one operation of [`crate::Semaphore`] on the
+/// request's lock.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Call {
+    /// Take a slot on `terms` for the request ([`crate::Semaphore::acquire_seeing`]): answer
+    /// [`Reply::Acquired`].
+    Acquire { terms: Terms },
+    /// Read the request's record in line ([`crate::Semaphore::waiter`]): [`Reply::Waiter`].
+    ReadWaiter,
+    /// Put this waiter in line ([`crate::Semaphore::enqueue`]): [`Reply::Queued`].
+    Enqueue(Waiter),
+    /// Take the request's record out of line ([`crate::Semaphore::leave`]): [`Reply::InLine`].
+    Leave,
+    /// Give the request's record this wake-up of the request's attempt
+    /// ([`crate::Semaphore::repark`]): [`Reply::InLine`].
+    Repark(Wakeup),
+    /// Move the lock's line ([`crate::Semaphore::hand_off`]): [`Reply::HandedOff`].
+    HandOff,
+}
+
+/// What became of a [`Call`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Reply {
+    /// The acquire's outcome, and the lock as its write left it or saw it.
+    Acquired {
+        outcome: AcquireOutcome,
+        seen: Option<SemaphoreItem>,
+    },
+    Waiter(Option<Waiter>),
+    Queued(QueueOutcome),
+    /// Whether the record was in line when the leave or re-park landed.
+    InLine(bool),
+    /// The slot the hand-off granted this acquisition, if it did.
+    HandedOff {
+        granted: Option<FencingToken>,
+    },
+}
+
+/// What the flow does next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    Call(Call),
+    Done(Result<Acquisition, Refusal>),
+}
+
+/// Where an invocation left its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Taken {
+    /// It holds a slot (`taken`: by this invocation's own write or hand-off; `queued_at_ms`:
+    /// when it was put in line, if it waited).
+    Holding {
+        token: FencingToken,
+        count: Option<usize>,
+        taken: bool,
+        queued_at_ms: Option<u64>,
+    },
+    /// In line (`new`: queued by this invocation, not a check finding it there): whoever grants
+    /// it a slot completes its task.
+    InLine { new: bool, queued_at_ms: u64 },
+    /// A later attempt of its task has checked already: this invocation's task is over, and
+    /// nothing is left to it.
+    Superseded,
+}
+
+/// A flow that ended with its caller holding a slot or in line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acquisition {
+    pub taken: Taken,
+    /// The lock as the acquire's write left it or saw it (the metrics'); `None` when the write
+    /// that decided showed none.
+    pub seen: Option<SemaphoreItem>,
+    /// The terms taken: the operator's, on a lock it configured (F14), else the request's.
+    pub terms: Terms,
+}
+
+/// Why an acquisition holds no slot and is not in line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// For good: it can never hold a slot (`SemaphoreFenced`).
+    Fenced(FenceReason),
+    /// It waited past its budget and left the line (`SemaphoreWaitTimeout`).
+    WaitTimeout {
+        waited_ms: u64,
+        limit: Limit,
+        over: OverBudget,
+    },
+    /// Nothing was held or queued; ask again (`SemaphoreExpired`).
+    Expired(Expiry),
+    /// A driver answered a call with another call's reply: a bug of the driver, nothing of the
+    /// caller's.
+    OutOfStep,
+}
+
+/// Which budget a waiter passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OverBudget {
+    MaxWait(Duration),
+    Checks(u32),
+}
+
+/// Why a request was too old to be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Expiry {
+    /// Older than the acquire horizon (see [`crate::Timing`]).
+    Horizon,
+    /// The lock turned free and full again under each of its [`QUEUE_ROUNDS`] queue writes.
+    Churn,
+}
+
+impl Refusal {
+    /// What the caller is told, naming its lock and holder and what to do.
+    pub fn message(&self, request: &Request) -> String {
+        let (lock, identity) = (&request.lock, &request.identity);
+        match self {
+            Self::Fenced(reason) => format!(
+                "acquisition {} of {} on lock \"{lock}\" is fenced: {}; it can never hold a slot, \
+                 a new acquire needs a new acquisition id",
+                identity.acquisition,
+                identity.holder,
+                reason.describe()
+            ),
+            Self::WaitTimeout {
+                waited_ms,
+                limit,
+                over,
+            } => {
+                let why = match over {
+                    OverBudget::MaxWait(max_wait) => format!(
+                        "longer than the acquire function's MAX_WAIT_SECONDS of {} s. Start it \
+                         again later, or raise the limit or the stack's MaxWaitSeconds",
+                        max_wait.as_secs()
+                    ),
+                    OverBudget::Checks(checks) => format!(
+                        "and checked {checks} times: more would pass Step Functions' 25,000 \
+                         events of one execution's history. Lengthen the acquire state's \
+                         TimeoutSeconds"
+                    ),
+                };
+                format!(
+                    "{} has waited {} s for a slot of lock \"{lock}\" (limit {limit}) {why}; it \
+                     holds no slot",
+                    identity.holder,
+                    waited_ms / 1000,
+                )
+            }
+            Self::Expired(expiry) => {
+                let why = match expiry {
+                    Expiry::Horizon => "is older than the acquire horizon",
+                    Expiry::Churn => "found the lock turning free and full again under it",
+                };
+                format!(
+                    "the acquire of {} on lock \"{lock}\" asked at {} {why}: nothing is held or \
+                     queued; enter the acquire state again (its Catch of SemaphoreExpired does)",
+                    identity.holder,
+                    rfc3339_millis(request.requested_at_ms)
+                )
+            }
+            Self::OutOfStep => format!(
+                "the acquire of {} on lock \"{lock}\" was driven out of step (a bug): nothing \
+                 more was sent; enter the acquire state again",
+                identity.holder
+            ),
+        }
+    }
+}
+
+/// A queueing under way: the record sent, and how many queue writes were sent.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Queueing {
+    waiter: Waiter,
+    round: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum State {
+    /// The first acquire is out.
+    Acquiring,
+    /// It was refused: is the caller in line already?
+    ReadingWaiter,
+    /// A record found in line is being checked (`queueing`: found by a queue write that met it,
+    /// not by the first read): it leaves the line (past its budget: `timeout`), or takes this
+    /// attempt's wake-up.
+    Checking {
+        record: Waiter,
+        timeout: Option<Refusal>,
+        queueing: Option<Queueing>,
+    },
+    /// The record was gone when checked (granted meanwhile): the acquire again finds the slot.
+    Reacquiring,
+    Enqueuing(Queueing),
+    /// A queue write met the caller's record: reading it.
+    ReadingQueued(Queueing),
+    /// A queue write found a slot free and nobody waiting: taking it.
+    AcquiringFree(Queueing),
+    /// Moving the line after the caller was queued or checked, which may grant it its slot.
+    HandingOff {
+        new: bool,
+        queued_at_ms: u64,
+        seen: Option<SemaphoreItem>,
+    },
+    Done,
+}
+
+/// The acquire-or-wait flow of one invocation (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AcquireFlow {
+    request: Request,
+    budget: Budget,
+    state: State,
+    /// The first acquire's answer said the request is past its horizon.
+    first_expired: bool,
+    /// The lock as the first acquire's write saw it.
+    first_seen: Option<SemaphoreItem>,
+}
+
+impl AcquireFlow {
+    /// The flow of `request` (as [`Request::at`] made it for this invocation), and its first
+    /// call: an acquire, one conditional write (no read).
+    pub fn start(request: Request, budget: Budget) -> (Self, Call) {
+        let call = Call::Acquire {
+            terms: request.terms,
+        };
+        let flow = Self {
+            request,
+            budget,
+            state: State::Acquiring,
+            first_expired: false,
+            first_seen: None,
+        };
+        (flow, call)
+    }
+
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+
+    /// Takes the reply to the last call made at `now_ms` (the caller's clock), and says what
+    /// comes next.
+    pub fn resume(&mut self, reply: Reply, now_ms: u64) -> Next {
+        let state = std::mem::replace(&mut self.state, State::Done);
+        let next = match (state, reply) {
+            (State::Acquiring, Reply::Acquired { outcome, seen }) => {
+                self.first_seen = seen.clone();
+                match outcome {
+                    AcquireOutcome::Acquired { token, count } => {
+                        self.holding(token, count, true, seen)
+                    }
+                    AcquireOutcome::AlreadyHeld { token, count } => {
+                        self.holding(token, count, false, seen)
+                    }
+                    AcquireOutcome::Fenced(reason) => Self::refused(Refusal::Fenced(reason)),
+                    // Full, or an operator reconfiguring the lock as it was asked: in line,
+                    // where the queue write learns the configuration again. Expired (a retry of
+                    // the state past the horizon: nothing was sent): a waiter still keeps its
+                    // place, which takes no slot; anyone else asks again.
+                    AcquireOutcome::Expired => {
+                        self.first_expired = true;
+                        self.call(State::ReadingWaiter, Call::ReadWaiter)
+                    }
+                    AcquireOutcome::Full { .. }
+                    | AcquireOutcome::RateLimited { .. }
+                    | AcquireOutcome::Configured(_) => {
+                        self.call(State::ReadingWaiter, Call::ReadWaiter)
+                    }
+                }
+            }
+            (State::ReadingWaiter, Reply::Waiter(Some(record))) => self.check(record, None, now_ms),
+            (State::ReadingWaiter, Reply::Waiter(None)) => self.queue_unless_expired(now_ms),
+            (
+                State::Checking {
+                    record,
+                    timeout,
+                    queueing,
+                },
+                Reply::InLine(in_line),
+            ) => match (in_line, timeout) {
+                (true, Some(timeout)) => Self::refused(timeout),
+                (true, None) => {
+                    let seen = self.seen_unless(&queueing);
+                    self.hand_off(false, record.key.queued_at_ms, seen)
+                }
+                // Granted since it was read: the slot is its own.
+                (false, _) => match queueing {
+                    None => self.call(
+                        State::Reacquiring,
+                        Call::Acquire {
+                            terms: self.request.terms,
+                        },
+                    ),
+                    Some(queueing) => self.next_round(queueing),
+                },
+            },
+            (State::Reacquiring, Reply::Acquired { outcome, seen }) => match outcome {
+                AcquireOutcome::AlreadyHeld { token, count } => {
+                    self.holding(token, count, false, seen)
+                }
+                AcquireOutcome::Acquired { token, count } => self.holding(token, count, true, seen),
+                AcquireOutcome::Fenced(reason) => Self::refused(Refusal::Fenced(reason)),
+                AcquireOutcome::Expired => Self::refused(Refusal::Expired(Expiry::Horizon)),
+                // Out of line and no slot (a grant freed again, say): it queues anew.
+                AcquireOutcome::Full { .. }
+                | AcquireOutcome::RateLimited { .. }
+                | AcquireOutcome::Configured(_) => self.queue_unless_expired(now_ms),
+            },
+            (State::Enqueuing(queueing), Reply::Queued(outcome)) => match outcome {
+                // F8: a slot freed between our "full" and our queueing has no one else to
+                // hand it on.
+                QueueOutcome::Queued => {
+                    let seen = self.first_seen.clone();
+                    self.hand_off(true, self.request.asked_at_ms, seen)
+                }
+                // Another attempt of its task queued it since the first read found no record (a
+                // slow invocation of an earlier attempt): check again, as the first read would.
+                QueueOutcome::AlreadyQueued => {
+                    self.call(State::ReadingQueued(queueing), Call::ReadWaiter)
+                }
+                QueueOutcome::AlreadyHeld { token, count } => {
+                    self.holding(token, count, false, None)
+                }
+                QueueOutcome::Fenced(reason) => Self::refused(Refusal::Fenced(reason)),
+                QueueOutcome::Expired => Self::refused(Refusal::Expired(Expiry::Horizon)),
+                QueueOutcome::Configured(_) => self.next_round(queueing),
+                QueueOutcome::Free => {
+                    let terms = queueing.waiter.terms;
+                    self.call(State::AcquiringFree(queueing), Call::Acquire { terms })
+                }
+            },
+            (State::ReadingQueued(queueing), Reply::Waiter(record)) => match record {
+                Some(record) => self.check(record, Some(queueing), now_ms),
+                None => self.next_round(queueing),
+            },
+            (State::AcquiringFree(queueing), Reply::Acquired { outcome, .. }) => match outcome {
+                AcquireOutcome::Acquired { token, count } => self.holding(token, count, true, None),
+                AcquireOutcome::AlreadyHeld { token, count } => {
+                    self.holding(token, count, false, None)
+                }
+                AcquireOutcome::Fenced(reason) => Self::refused(Refusal::Fenced(reason)),
+                AcquireOutcome::Expired => Self::refused(Refusal::Expired(Expiry::Horizon)),
+                AcquireOutcome::Full { .. }
+                | AcquireOutcome::RateLimited { .. }
+                | AcquireOutcome::Configured(_) => self.next_round(queueing),
+            },
+            (
+                State::HandingOff {
+                    new,
+                    queued_at_ms,
+                    seen,
+                },
+                Reply::HandedOff { granted },
+            ) => {
+                // A poller the hand-off granted holds its slot now (a parked task was woken by
+                // the hand-off itself).
+                let taken = match (&self.request.waiting, granted) {
+                    (Waiting::Polls { .. }, Some(token)) => Taken::Holding {
+                        token,
+                        count: None,
+                        taken: true,
+                        queued_at_ms: Some(queued_at_ms),
+                    },
+                    _ => Taken::InLine { new, queued_at_ms },
+                };
+                self.done(taken, seen)
+            }
+            _ => Self::refused(Refusal::OutOfStep),
+        };
+        if let Next::Done(_) = next {
+            self.state = State::Done;
+        }
+        next
+    }
+
+    fn call(&mut self, state: State, call: Call) -> Next {
+        self.state = state;
+        Next::Call(call)
+    }
+
+    fn refused(refusal: Refusal) -> Next {
+        Next::Done(Err(refusal))
+    }
+
+    fn done(&self, taken: Taken, seen: Option<SemaphoreItem>) -> Next {
+        // F14: on a lock its operator configured, the answer says the terms it took.
+        let terms = seen
+            .as_ref()
+            .and_then(|item| {
+                terms_on(item.config.as_ref(), &self.request.lock, self.request.terms).ok()
+            })
+            .unwrap_or(self.request.terms);
+        Next::Done(Ok(Acquisition { taken, seen, terms }))
+    }
+
+    fn holding(
+        &self,
+        token: FencingToken,
+        count: usize,
+        taken: bool,
+        seen: Option<SemaphoreItem>,
+    ) -> Next {
+        let taken = Taken::Holding {
+            token,
+            count: Some(count),
+            taken,
+            queued_at_ms: None,
+        };
+        self.done(taken, seen)
+    }
+
+    /// What the flow reports it saw: the first acquire's view, unless a queue write decided.
+    fn seen_unless(&self, queueing: &Option<Queueing>) -> Option<SemaphoreItem> {
+        match queueing {
+            None => self.first_seen.clone(),
+            Some(_) => None,
+        }
+    }
+
+    fn hand_off(&mut self, new: bool, queued_at_ms: u64, seen: Option<SemaphoreItem>) -> Next {
+        let state = State::HandingOff {
+            new,
+            queued_at_ms,
+            seen,
+        };
+        self.call(state, Call::HandOff)
+    }
+
+    /// A check of a record found in line (`record`, as read): a later attempt's record means
+    /// this invocation's task is over; this very attempt's (its queue write landed, and the check
+    /// or the queueing was sent again) moves the line, as after queueing; past its budget it
+    /// leaves the line; else its record gets this attempt's wake-up.
+    fn check(&mut self, record: Waiter, queueing: Option<Queueing>, now_ms: u64) -> Next {
+        let request = &self.request;
+        if record.attempt > request.attempt {
+            let seen = self.seen_unless(&queueing);
+            return self.done(Taken::Superseded, seen);
+        }
+        if record.attempt == request.attempt {
+            let seen = self.seen_unless(&queueing);
+            return self.hand_off(false, record.key.queued_at_ms, seen);
+        }
+        let limit = queueing
+            .as_ref()
+            .map_or(request.terms.limit, |queueing| queueing.waiter.terms.limit);
+        if let Some(timeout) = self.over_budget(&record, limit, now_ms) {
+            let state = State::Checking {
+                record,
+                timeout: Some(timeout),
+                queueing,
+            };
+            return self.call(state, Call::Leave);
+        }
+        // A poll keeps the poller's place for another poll window (F13). Then a wake-up may
+        // have been lost (a waker that crashed between its grant and its wake-up, or whose
+        // SendTaskSuccess went to a task that had timed out): the hand-off that follows may
+        // grant this very execution and complete its new task.
+        let wakeup = self.wakeup(now_ms);
+        let state = State::Checking {
+            record,
+            timeout: None,
+            queueing,
+        };
+        self.call(state, Call::Repark(wakeup))
+    }
+
+    /// The refusal once `record` has waited past `MAX_WAIT_SECONDS`, or (a parked standard
+    /// execution) checked more often than its execution's history has room for.
+    fn over_budget(&self, record: &Waiter, limit: Limit, now_ms: u64) -> Option<Refusal> {
+        let waited_ms = now_ms.saturating_sub(record.key.queued_at_ms);
+        let over = if waited_ms > millis(self.budget.max_wait) {
+            OverBudget::MaxWait(self.budget.max_wait)
+        } else if record.task_token().is_some()
+            && u64::from(record.checks) >= self.budget.max_checks
+        {
+            // Only a parked standard execution's checks fill its history; a poller's polls keep
+            // no Standard history, and its wait is bounded by MAX_WAIT_SECONDS alone.
+            OverBudget::Checks(record.checks)
+        } else {
+            return None;
+        };
+        Some(Refusal::WaitTimeout {
+            waited_ms,
+            limit,
+            over,
+        })
+    }
+
+    fn wakeup(&self, now_ms: u64) -> Wakeup {
+        match &self.request.waiting {
+            Waiting::Parked(task_token) => Wakeup::Task(task_token.clone()),
+            Waiting::Polls { poll_ms } => Wakeup::Poll {
+                until_ms: now_ms.saturating_add(*poll_ms),
+            },
+        }
+    }
+
+    /// Not in line and no slot: a request past its horizon asks again; else it queues at its
+    /// first ask's time, on the lock's configuration if the first refusal showed one (F14), so
+    /// that the answer a hand-off sends says the terms taken.
+    fn queue_unless_expired(&mut self, now_ms: u64) -> Next {
+        if self.first_expired {
+            return Self::refused(Refusal::Expired(Expiry::Horizon));
+        }
+        let request = &self.request;
+        let terms = self
+            .first_seen
+            .as_ref()
+            .and_then(|item| terms_on(item.config.as_ref(), &request.lock, request.terms).ok())
+            .unwrap_or(request.terms);
+        let context = request
+            .waiting_answer(&terms, request.asked_at_ms)
+            .to_json();
+        let (lock, identity) = (request.lock.clone(), request.identity.clone());
+        let waiter = match &request.waiting {
+            Waiting::Parked(task_token) => Waiter::new(
+                lock,
+                identity,
+                request.run,
+                terms,
+                request.asked_at_ms,
+                task_token.clone(),
+                request.attempt,
+                context,
+            ),
+            Waiting::Polls { poll_ms } => Waiter::polling(
+                lock,
+                identity,
+                request.run,
+                terms,
+                request.asked_at_ms,
+                now_ms.saturating_add(*poll_ms),
+                request.attempt,
+                context,
+            ),
+        };
+        let call = Call::Enqueue(waiter.clone());
+        self.call(State::Enqueuing(Queueing { waiter, round: 0 }), call)
+    }
+
+    /// The next queue write, or the refusal once [`QUEUE_ROUNDS`] were sent.
+    fn next_round(&mut self, queueing: Queueing) -> Next {
+        let round = queueing.round + 1;
+        if round >= QUEUE_ROUNDS {
+            return Self::refused(Refusal::Expired(Expiry::Churn));
+        }
+        let call = Call::Enqueue(queueing.waiter.clone());
+        self.call(
+            State::Enqueuing(Queueing {
+                waiter: queueing.waiter,
+                round,
+            }),
+            call,
+        )
+    }
+}

@@ -1,0 +1,6 @@
+//! The core's flows, driven one call at a time with the replies each call could get, as the
+//! model checker drives them: what each reply leads to, and where each flow ends.
+//!
+//! - `acquire`: acquire or wait in line (the acquire function's flow).
+
+mod acquire;
