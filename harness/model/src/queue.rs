@@ -2,8 +2,11 @@
 //! through the acquire function (acquire; refused, check their record or queue, then hand off),
 //! work and release, while deaths, crashes of a Lambda between two requests, early task timeouts
 //! and lost cleanup events happen a bounded number of times. Every write is the core's own,
-//! landed with [`Write::apply_with`]; the hand-off's and the acquire function's control flow are
-//! restated one request per step, so that every other request may come between two of them.
+//! landed with [`Write::apply_with`]. The acquire function is the core's acquire flow
+//! ([`semaphore_core::flow::acquire`]), run one call per step: the world makes each call as the
+//! semaphore would (one request) and hands the flow its reply. The hand-off's control flow is
+//! still restated one request per step, so that every other request may come between two of
+//! them.
 //!
 //! Checked in every state: S1, S3, L1 and L2 (no acquire ahead of the line; every grant to the
 //! head, but for a late queue write). In every stable state (only timers left): F8 (no grant to
@@ -19,12 +22,16 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use clap::ValueEnum;
+use semaphore_core::flow::acquire::{
+    AcquireFlow, Broken, Budget, Call, Expiry, Next, Refusal, Reply, Request as FlowRequest, Taken,
+    Waiting,
+};
 use semaphore_core::item::{Identity, Run, SemaphoreItem};
 use semaphore_core::protocol::{self, Grant, Timing, WriteResult};
 use semaphore_core::{
     AcquireOutcome, AcquisitionId, Attempt, Check, CleanupOutcome, FenceKey, FencingToken,
-    HolderId, Holding, Limit, LockName, QueueKey, QueueOutcome, TaskToken, Terms, Waiter, WaiterId,
-    Weight, Write,
+    HolderId, Holding, Limit, LockName, QueueKey, TaskToken, Terms, Waiter, WaiterId, Weight,
+    Write,
 };
 
 use crate::explore::{Model, Violation};
@@ -144,7 +151,8 @@ impl fmt::Display for QueueConfig {
 }
 
 /// A deliberately broken variant of the line, to show that the checker notices. Each skips a
-/// step of the hand-off or alters one of the core's writes; the core is untouched.
+/// step of the hand-off, alters one of the core's writes, or is the core's acquire flow broken
+/// behind its test-only switch ([`Broken`], the `broken-variants` feature).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum QueueVariant {
     /// The product as it is.
@@ -271,22 +279,9 @@ impl Hand {
 /// A Lambda's next request (a write: in flight).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Step {
-    /// The acquire function reads its execution's record in line (a check).
-    Find,
-    /// The acquire write.
-    Acquire,
-    /// Found in line with an earlier attempt's token: keep the place with this one's.
-    Repark,
-    /// Found in line: take itself out (the broken variant `CheckTakesANewPlace` only).
-    Requeue,
-    /// Queue, `round` of [`QUEUE_ROUNDS`].
-    Enqueue {
-        round: u8,
-    },
-    /// Take the slot the queue write found free.
-    Direct {
-        round: u8,
-    },
+    /// The acquire function runs the core's acquire flow: the flow and the call it makes next,
+    /// interned ([`QueueWorld::flow`]).
+    Flow(u32),
     /// `SendTaskSuccess` to its own task.
     SelfWake,
     /// A release's write (`unheld`: the one for an acquisition that holds nothing), after
@@ -360,6 +355,9 @@ pub struct QueueState {
     emitted: Option<u8>,
 }
 
+/// An acquire flow and the call it makes next.
+type FlowAt = (AcquireFlow, Call);
+
 /// A lock's item and line, as one key.
 type TableKey = (Option<ItemKey>, BTreeMap<QueueKey, Waiter>);
 
@@ -397,7 +395,8 @@ impl Table {
 /// A request that writes: which write, of which execution (and task token).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Request {
-    Acquire(u8),
+    /// The acquire write of execution `e`'s attempt of task token `token`.
+    Acquire(u8, u8),
     Enqueue(u8, u8),
     Repark(u8, u8),
     Grant(u8, u8),
@@ -429,6 +428,8 @@ pub struct QueueWorld {
     writes: Memo<Request, Rc<Write>>,
     /// What each request's write does to each table it lands on.
     landings: Memo<(u32, Request), (Rc<WriteResult>, u32)>,
+    /// The acquire flows reached, each with the call it makes next.
+    flows: RefCell<Interner<FlowAt, Rc<FlowAt>>>,
 }
 
 fn bit(e: u8) -> u8 {
@@ -490,6 +491,7 @@ impl QueueWorld {
             tables: RefCell::default(),
             writes: Memo::default(),
             landings: Memo::default(),
+            flows: RefCell::default(),
         };
         let empty = world.intern(None, BTreeMap::new());
         assert_eq!(empty, 0);
@@ -580,20 +582,84 @@ impl QueueWorld {
             .expect("weights are checked against the limit")
     }
 
-    /// The waiter record of execution `e` queued by the attempt of task token `token`: its
-    /// place is that attempt's entry time (the first at its own millisecond, `exec-1` first; any
-    /// later one after every first).
+    /// When execution `e`'s attempt of task token `token` entered its acquire state: its request
+    /// time and its place in line if it queues (the first at its own millisecond, `exec-1` first;
+    /// any later one after every first).
+    fn entered(e: u8, token: u8) -> u64 {
+        let at = if token == 0 { NOW_MS } else { LATER_MS };
+        at + u64::from(e)
+    }
+
+    /// The acquire request of execution `e`'s attempt of task token `token`, as the acquire
+    /// function's payload reader makes it.
+    fn flow_request(&self, e: u8, token: u8) -> FlowRequest {
+        let entered = Self::entered(e, token);
+        FlowRequest {
+            lock: self.lock.clone(),
+            terms: self.terms(e),
+            identity: self.identities[e as usize].clone(),
+            run: Run::FIRST,
+            requested_at_ms: entered,
+            asked_at_ms: entered,
+            attempt: Attempt(u64::from(token)),
+            waiting: Waiting::Parked(task_token(e, token)),
+            work: None,
+        }
+    }
+
+    /// The acquire flow of execution `e`'s attempt of task token `token` (broken as the
+    /// variant says), at its first call.
+    fn start_flow(&self, e: u8, token: u8) -> Step {
+        // No wait is long enough to pass a budget here: time is the main world's concern.
+        let budget = Budget {
+            max_wait: Duration::from_secs(u64::from(u32::MAX)),
+            max_checks: u64::MAX,
+        };
+        let (flow, call) = AcquireFlow::start(self.flow_request(e, token), budget);
+        let flow = match self.variant {
+            QueueVariant::CheckKeepsOldToken => flow.broken(Broken::CheckKeepsOldToken),
+            QueueVariant::CheckTakesANewPlace => flow.broken(Broken::CheckTakesANewPlace),
+            _ => flow,
+        };
+        Step::Flow(self.intern_flow(flow, call))
+    }
+
+    /// Whether Lambda `l` runs an acquire flow whose next call `pick` picks.
+    #[cfg(test)]
+    fn calling(&self, l: &Lambda, pick: impl Fn(&AcquireFlow, &Call) -> bool) -> bool {
+        match l.step {
+            Step::Flow(id) => {
+                let flow = self.flow(id);
+                pick(&flow.0, &flow.1)
+            }
+            _ => false,
+        }
+    }
+
+    fn intern_flow(&self, flow: AcquireFlow, call: Call) -> u32 {
+        Interner::intern(&self.flows, (flow, call), |key| Rc::new(key.clone()))
+    }
+
+    /// Interned flow `id` and the call it makes next.
+    fn flow(&self, id: u32) -> Rc<FlowAt> {
+        self.flows.borrow().get(id).clone()
+    }
+
+    /// The waiter record of execution `e` queued by the attempt of task token `token`, as its
+    /// acquire flow makes it (with the answer its grant sends).
     fn waiter(&self, e: u8, token: u8) -> Waiter {
-        let entered = if token == 0 { NOW_MS } else { LATER_MS };
+        let request = self.flow_request(e, token);
+        let entered = Self::entered(e, token);
+        let context = request.waiting_answer(&request.terms, entered).to_json();
         Waiter::new(
             self.lock.clone(),
             self.identities[e as usize].clone(),
             Run::FIRST,
             self.terms(e),
-            entered + u64::from(e),
+            entered,
             task_token(e, token),
             Attempt(u64::from(token)),
-            String::new(),
+            context,
         )
     }
 
@@ -604,15 +670,17 @@ impl QueueWorld {
             .flatten()
     }
 
-    /// The acquire write of execution `e` (fast, or direct after "free").
-    fn acquire_write(&self, e: u8) -> Write {
+    /// The acquire write of execution `e`'s attempt of task token `token` (fast, or direct
+    /// after "free"), as `Semaphore::acquire_seeing` sends the flow's `Call::Acquire`.
+    fn acquire_write(&self, e: u8, token: u8) -> Write {
+        let request = self.flow_request(e, token);
         let mut write = protocol::acquire(
             &self.lock,
-            &self.identities[e as usize],
-            Run::FIRST,
+            &request.identity,
+            request.run,
             None,
-            self.terms(e),
-            NOW_MS + u64::from(e),
+            request.terms,
+            request.requested_at_ms,
             LATER_MS,
             &TIMING,
         )
@@ -632,11 +700,15 @@ impl QueueWorld {
     fn make_write(&self, request: Request) -> Write {
         let lock = &self.lock;
         match request {
-            Request::Acquire(e) => self.acquire_write(e),
-            Request::Enqueue(e, token) => {
-                protocol::enqueue(&self.waiter(e, token), None, LATER_MS, LATER_MS, &TIMING)
-                    .expect("no request expires in the queue world")
-            }
+            Request::Acquire(e, token) => self.acquire_write(e, token),
+            Request::Enqueue(e, token) => protocol::enqueue(
+                &self.waiter(e, token),
+                None,
+                Self::entered(e, token),
+                LATER_MS,
+                &TIMING,
+            )
+            .expect("no request expires in the queue world"),
             Request::Repark(e, token) => protocol::repark(
                 lock,
                 WaiterId::of(&self.identities[e as usize]),
@@ -731,7 +803,7 @@ impl QueueWorld {
             )
         });
         let what = match request {
-            Request::Acquire(_) => Some("acquire"),
+            Request::Acquire(..) => Some("acquire"),
             Request::Enqueue(..) => Some("queue write"),
             Request::Grant(..) => Some("grant"),
             _ => None,
@@ -914,8 +986,15 @@ impl QueueWorld {
 
     /// Execution `e`'s acquire write (fast, or direct after "free") lands, and what the core
     /// reads of it; a slot a zombie takes (`alive` false) is left to its cleanup or the sweeper.
-    fn acquire(&self, s: &mut QueueState, e: u8, alive: bool, w: &mut Words) -> AcquireOutcome {
-        let (write, result, landed) = self.send(s, e, Request::Acquire(e), w);
+    fn acquire(
+        &self,
+        s: &mut QueueState,
+        e: u8,
+        token: u8,
+        alive: bool,
+        w: &mut Words,
+    ) -> AcquireOutcome {
+        let (write, result, landed) = self.send(s, e, Request::Acquire(e, token), w);
         if landed && !alive {
             s.sweepers |= bit(e);
         }
@@ -963,6 +1042,127 @@ impl QueueWorld {
         }
     }
 
+    /// Makes `call` of execution `e`'s acquire flow (attempt of task token `token`) as the
+    /// semaphore would, one request, and answers what it did.
+    fn perform(
+        &self,
+        s: &mut QueueState,
+        e: u8,
+        token: u8,
+        alive: bool,
+        call: &Call,
+        w: &mut Words,
+    ) -> Reply {
+        let identity = &self.identities[e as usize];
+        match call {
+            Call::Acquire { .. } => Reply::Acquired {
+                outcome: self.acquire(s, e, token, alive, w),
+                // What the acquire saw only tells the terms of a configured lock, and the line's
+                // lock is not configured (F14 is `ours`').
+                seen: None,
+            },
+            Call::ReadWaiter => {
+                let t = self.table(s.table);
+                let record = Self::record_of(&t, e, identity).cloned();
+                w.say(|| match &record {
+                    None => "reads its record: not in line".to_owned(),
+                    Some(r) => format!(
+                        "reads its record: in line with task {}",
+                        Self::token_number(r.task_token().expect("the model's waiters park"))
+                    ),
+                });
+                Reply::Waiter(record)
+            }
+            Call::Enqueue(waiter) => {
+                debug_assert_eq!(*waiter, self.waiter(e, token), "the flow's record");
+                let (write, result, _) = self.send(s, e, Request::Enqueue(e, token), w);
+                let outcome = read(protocol::queued(&write, identity, result));
+                w.say(|| format!(" => {outcome:?}"));
+                Reply::Queued(outcome)
+            }
+            Call::Leave => {
+                let was = self.leave(s, e, w);
+                w.say(|| format!(" => {}", if was { "left" } else { "was not in line" }));
+                Reply::InLine(was)
+            }
+            Call::Repark(wakeup) => {
+                debug_assert_eq!(*wakeup, semaphore_core::Wakeup::Task(task_token(e, token)));
+                let (write, result, _) = self.send(s, e, Request::Repark(e, token), w);
+                let queued = read(protocol::was_queued(&write, &result));
+                w.say(|| {
+                    format!(
+                        " => {}",
+                        if queued {
+                            "in line with its token"
+                        } else {
+                            "not in line with an earlier token"
+                        }
+                    )
+                });
+                Reply::InLine(queued)
+            }
+            Call::HandOff => unreachable!("a hand-off is the Lambda's own steps"),
+        }
+    }
+
+    /// What the flow does next, in words.
+    fn describe_call(flow: &AcquireFlow, call: &Call) -> String {
+        match call {
+            Call::Acquire { .. } if flow.queue_round().is_some() => "; it acquires directly",
+            Call::Acquire { .. } => "; it acquires",
+            Call::ReadWaiter => "; it checks its record in line",
+            Call::Enqueue(_) if flow.queue_round() > Some(1) => "; it queues again",
+            Call::Enqueue(_) => "; it queues",
+            Call::Leave => "; it takes itself out of line",
+            Call::Repark(_) => "; it keeps its place with its own token",
+            Call::HandOff => "; it hands off: it reads the lock",
+        }
+        .to_owned()
+    }
+
+    /// Execution `e`'s acquire function answers as the flow ended (`current`: its task still
+    /// waits): with its slot, its own task completes; refused for good, L1 is broken for a live
+    /// execution; expired, its state's Catch enters it again.
+    fn answered(
+        &self,
+        s: &mut QueueState,
+        e: u8,
+        current: bool,
+        done: Result<semaphore_core::flow::acquire::Acquisition, Refusal>,
+        w: &mut Words,
+    ) -> Option<Step> {
+        match done {
+            Ok(done) => match done.taken {
+                Taken::Holding { .. } => {
+                    w.say(|| "; it completes its own task".to_owned());
+                    Some(Step::SelfWake)
+                }
+                Taken::Superseded => {
+                    w.say(|| ": a later attempt's: its own task is over".to_owned());
+                    None
+                }
+                Taken::InLine { .. } => None,
+            },
+            Err(Refusal::Fenced(_)) => {
+                self.refused(s, e, current, w);
+                None
+            }
+            Err(Refusal::Expired(Expiry::Churn)) => {
+                // The lock kept changing under it: nothing held, nothing queued. It answers
+                // SemaphoreExpired, which the state catches into itself: a new attempt.
+                w.say(|| "; it gives up queueing: SemaphoreExpired".to_owned());
+                if current {
+                    w.say(|| "; ".to_owned());
+                    self.enter_again(s, e, "its Catch of SemaphoreExpired", w);
+                }
+                None
+            }
+            Err(other) => {
+                unreachable!("{other:?}: no request expires or waits past its budget here")
+            }
+        }
+    }
+
     fn refused(&self, s: &mut QueueState, e: u8, current: bool, w: &mut Words) {
         if current && s.bad.is_none() {
             s.bad = Some(Bad::Refused { exec: e });
@@ -983,193 +1183,27 @@ impl QueueWorld {
         w.say(|| format!("{}: ", self.lambda_name(s, &l)));
         let alive = s.execs[e as usize].alive();
         match l.step {
-            Step::Find => {
+            Step::Flow(id) => {
                 let Task::Wait { token } = l.task else {
-                    unreachable!("only an acquire function checks the line")
-                };
-                let t = self.table(s.table);
-                let found = Self::record_of(&t, e, identity)
-                    .map(|r| Self::token_number(r.task_token().expect("the model's waiters park")));
-                let step = match found {
-                    None => {
-                        w.say(|| "reads its record: not in line; it queues".to_owned());
-                        Some(Step::Enqueue { round: 0 })
-                    }
-                    Some(theirs) if theirs > token => {
-                        w.say(|| {
-                            format!(
-                                "reads its record: in line with task {theirs}, a later \
-                                 attempt: its own task is over"
-                            )
-                        });
-                        None
-                    }
-                    Some(theirs) if theirs == token => {
-                        w.say(|| {
-                            "reads its record: in line with its own token; it hands off: it \
-                             reads the lock"
-                                .to_owned()
-                        });
-                        Some(Step::Hand(Hand::ReadLock))
-                    }
-                    Some(theirs) => match self.variant {
-                        QueueVariant::CheckKeepsOldToken => {
-                            w.say(|| {
-                                format!(
-                                    "reads its record: in line with task {theirs}; it leaves \
-                                     the old token there (broken variant) and hands off: it \
-                                     reads the lock"
-                                )
-                            });
-                            Some(Step::Hand(Hand::ReadLock))
-                        }
-                        QueueVariant::CheckTakesANewPlace => {
-                            w.say(|| {
-                                format!(
-                                    "reads its record: in line with task {theirs}; it takes \
-                                     itself out to queue at its own time (broken variant)"
-                                )
-                            });
-                            Some(Step::Requeue)
-                        }
-                        _ => {
-                            w.say(|| {
-                                format!(
-                                    "reads its record: in line with task {theirs}; it keeps its \
-                                     place with its own token"
-                                )
-                            });
-                            Some(Step::Repark)
-                        }
-                    },
-                };
-                self.next(s, l, step, w)
-            }
-            Step::Acquire => {
-                let Task::Wait { token } = l.task else {
-                    unreachable!("only an acquire function acquires")
+                    unreachable!("only an acquire function runs the acquire flow")
                 };
                 let current = Self::parked_on(s, e, token);
-                let outcome = self.acquire(s, e, alive, w);
-                let step = match outcome {
-                    AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
-                        w.say(|| "; it completes its own task".to_owned());
-                        Some(Step::SelfWake)
+                let flow = self.flow(id);
+                let (flow, call) = (&flow.0, &flow.1);
+                let reply = self.perform(s, e, token, alive, call, w);
+                let mut flow = flow.clone();
+                let step = match flow.resume(reply, LATER_MS) {
+                    Next::Call(call) => {
+                        w.say(|| Self::describe_call(&flow, &call));
+                        Some(match call {
+                            // The hand-off's requests are the Lambda's next steps, from its read
+                            // of the lock. Its answer ends the flow of a parked caller in line,
+                            // whatever it is: a grant completes its task from the hand-off.
+                            Call::HandOff => Step::Hand(Hand::ReadLock),
+                            call => Step::Flow(self.intern_flow(flow, call)),
+                        })
                     }
-                    AcquireOutcome::Full { .. } => {
-                        w.say(|| "; it checks its record in line".to_owned());
-                        Some(Step::Find)
-                    }
-                    AcquireOutcome::Fenced(_) => {
-                        self.refused(s, e, current, w);
-                        None
-                    }
-                    AcquireOutcome::Expired => unreachable!("no request expires here"),
-                    AcquireOutcome::Configured(_) => {
-                        unreachable!("the line's lock is not configured (F14 is `ours`')")
-                    }
-                    AcquireOutcome::RateLimited { .. } => unreachable!("no rate here"),
-                };
-                self.next(s, l, step, w)
-            }
-            Step::Repark => {
-                let Task::Wait { token } = l.task else {
-                    unreachable!("only an acquire function reparks")
-                };
-                let (write, result, _) = self.send(s, e, Request::Repark(e, token), w);
-                let queued = read(protocol::was_queued(&write, &result));
-                let step = if queued {
-                    w.say(|| {
-                        " => in line with its token; it hands off: it reads the lock".to_owned()
-                    });
-                    Step::Hand(Hand::ReadLock)
-                } else {
-                    w.say(|| " => not in line with an earlier token; it acquires".to_owned());
-                    Step::Acquire
-                };
-                self.next(s, l, Some(step), w)
-            }
-            Step::Requeue => {
-                let was = self.leave(s, e, w);
-                w.say(|| {
-                    format!(
-                        " => {}; it queues",
-                        if was { "left" } else { "was not in line" }
-                    )
-                });
-                self.next(s, l, Some(Step::Enqueue { round: 0 }), w)
-            }
-            Step::Enqueue { round } => {
-                let Task::Wait { token } = l.task else {
-                    unreachable!("only an acquire function queues")
-                };
-                let current = Self::parked_on(s, e, token);
-                let (write, result, _) = self.send(s, e, Request::Enqueue(e, token), w);
-                let outcome = read(protocol::queued(&write, identity, result));
-                w.say(|| format!(" => {outcome:?}"));
-                let step = match outcome {
-                    QueueOutcome::Queued => {
-                        w.say(|| "; it hands off: it reads the lock".to_owned());
-                        Some(Step::Hand(Hand::ReadLock))
-                    }
-                    QueueOutcome::AlreadyQueued => {
-                        w.say(|| "; another attempt queued it: it checks its record".to_owned());
-                        Some(Step::Find)
-                    }
-                    QueueOutcome::Free => {
-                        w.say(|| "; it acquires directly".to_owned());
-                        Some(Step::Direct { round })
-                    }
-                    QueueOutcome::AlreadyHeld { .. } => {
-                        w.say(|| "; it completes its own task".to_owned());
-                        Some(Step::SelfWake)
-                    }
-                    QueueOutcome::Fenced(_) => {
-                        self.refused(s, e, current, w);
-                        None
-                    }
-                    QueueOutcome::Expired => unreachable!("no request expires here"),
-                    QueueOutcome::Configured(_) => {
-                        unreachable!("the line's lock is not configured (F14 is `ours`')")
-                    }
-                };
-                self.next(s, l, step, w)
-            }
-            Step::Direct { round } => {
-                let Task::Wait { token } = l.task else {
-                    unreachable!("only a wait function acquires directly")
-                };
-                let current = Self::parked_on(s, e, token);
-                let outcome = self.acquire(s, e, alive, w);
-                let step = match outcome {
-                    AcquireOutcome::Acquired { .. } | AcquireOutcome::AlreadyHeld { .. } => {
-                        w.say(|| "; it completes its own task".to_owned());
-                        Some(Step::SelfWake)
-                    }
-                    AcquireOutcome::Full { .. } if round + 1 < QUEUE_ROUNDS => {
-                        w.say(|| "; it queues again".to_owned());
-                        Some(Step::Enqueue { round: round + 1 })
-                    }
-                    AcquireOutcome::Full { .. } => {
-                        // The lock kept changing under it: nothing held, nothing queued. It
-                        // answers SemaphoreExpired, which the state catches into itself: a new
-                        // attempt.
-                        w.say(|| "; it gives up queueing: SemaphoreExpired".to_owned());
-                        if current {
-                            w.say(|| "; ".to_owned());
-                            Self::enter_again(s, e, "its Catch of SemaphoreExpired", w);
-                        }
-                        None
-                    }
-                    AcquireOutcome::Fenced(_) => {
-                        self.refused(s, e, current, w);
-                        None
-                    }
-                    AcquireOutcome::Expired => unreachable!("no request expires here"),
-                    AcquireOutcome::Configured(_) => {
-                        unreachable!("the line's lock is not configured (F14 is `ours`')")
-                    }
-                    AcquireOutcome::RateLimited { .. } => unreachable!("no rate here"),
+                    Next::Done(done) => self.answered(s, e, current, done, w),
                 };
                 self.next(s, l, step, w)
             }
@@ -1475,7 +1509,7 @@ impl QueueWorld {
             }
             Task::Wait { token } if Self::parked_on(s, e, token) => {
                 w.say(|| "; ".to_owned());
-                Self::enter_again(
+                self.enter_again(
                     s,
                     e,
                     "the function's failure, which its Retry tries again",
@@ -1488,13 +1522,13 @@ impl QueueWorld {
 
     /// A timeout of execution `e`'s acquire task: its Catch enters the state again, a new
     /// attempt with a new token, whose acquire function checks.
-    fn time_out(s: &mut QueueState, e: u8, w: &mut Words) {
-        Self::enter_again(s, e, "its timeout", w);
+    fn time_out(&self, s: &mut QueueState, e: u8, w: &mut Words) {
+        self.enter_again(s, e, "its timeout", w);
     }
 
     /// Execution `e`'s acquire task ends without a slot (`why`) and a new attempt of it begins:
     /// a new token, and the acquire function invoked with it, which first checks the line.
-    fn enter_again(s: &mut QueueState, e: u8, why: &str, w: &mut Words) {
+    fn enter_again(&self, s: &mut QueueState, e: u8, why: &str, w: &mut Words) {
         let x = &mut s.execs[e as usize];
         let old = x.token;
         x.token += 1;
@@ -1506,7 +1540,7 @@ impl QueueWorld {
                 exec_name(e)
             )
         });
-        Self::spawn(s, e, Task::Wait { token }, Step::Acquire);
+        Self::spawn(s, e, Task::Wait { token }, self.start_flow(e, token));
     }
 
     fn deliver(s: &mut QueueState, e: u8, w: &mut Words) {
@@ -1734,7 +1768,7 @@ impl QueueWorld {
                     continue;
                 }
                 let mut w = Words::new(log.is_some());
-                Self::time_out(&mut t, e, &mut w);
+                self.time_out(&mut t, e, &mut w);
                 if let Some(log) = log {
                     log.push_str(&format!("\n   - {}", w.into_string()));
                 }
@@ -1922,7 +1956,8 @@ impl Model for QueueWorld {
         };
         for e in 0..self.n() {
             s.execs[e as usize].stage = Stage::Waiting;
-            Self::spawn(&mut s, e, Task::Wait { token: 0 }, Step::Acquire);
+            let step = self.start_flow(e, 0);
+            Self::spawn(&mut s, e, Task::Wait { token: 0 }, step);
         }
         s.lambdas.sort_unstable();
         s
@@ -1978,7 +2013,7 @@ impl Model for QueueWorld {
                 successors.make(self, s, |t, w| {
                     t.timeouts_left -= 1;
                     w.say(|| "early: ".to_owned());
-                    Self::time_out(t, e, w);
+                    self.time_out(t, e, w);
                 });
             }
             if x.alive() && s.deaths_left > 0 {
@@ -2222,7 +2257,11 @@ mod tests {
             &world,
             "a queue write refused as free, then a direct acquire",
             vec![Box::new(|s| {
-                lambda_at(s, |l| matches!(l.step, Step::Direct { .. }))
+                lambda_at(s, |l| {
+                    world.calling(l, |flow, call| {
+                        matches!(call, Call::Acquire { .. }) && flow.queue_round().is_some()
+                    })
+                })
             })],
         );
         assert!(text.contains("Free; it acquires directly"), "{text}");
@@ -2325,9 +2364,9 @@ mod tests {
         // Pinned: the hand-offs compared, and how many (woke, kept a slot for a waiter not woken,
         // freed a dead waiter's grant, skipped a dead waiter).
         for (limit, weights, expected) in [
-            (1, [1; MAX_WAITERS], (2_515, [394, 82, 84, 49])),
-            (2, [1; MAX_WAITERS], (2_838, [852, 195, 207, 132])),
-            (2, [1, 2, 1, 1], (3_097, [401, 85, 96, 58])),
+            (1, [1; MAX_WAITERS], (2_479, [382, 80, 84, 46])),
+            (2, [1; MAX_WAITERS], (2_818, [838, 195, 207, 128])),
+            (2, [1, 2, 1, 1], (3_060, [384, 80, 95, 51])),
         ] {
             let world = QueueWorld::new(
                 QueueConfig {
@@ -2484,7 +2523,7 @@ mod tests {
                             s.lambdas.iter().any(|l| {
                                 l.exec == e
                                     && l.task == Task::Wait { token }
-                                    && matches!(l.step, Step::Enqueue { .. })
+                                    && world.calling(l, |_, call| matches!(call, Call::Enqueue(_)))
                             })
                         };
                         queueing(0) && queueing(1)
@@ -2511,7 +2550,7 @@ mod tests {
             ],
         );
         assert!(
-            text.contains("another attempt queued it: it checks its record"),
+            text.contains("AlreadyQueued; it checks its record in line"),
             "{text}"
         );
         assert!(

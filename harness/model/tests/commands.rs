@@ -231,24 +231,24 @@ fn every_broken_variant_of_the_line_is_caught() {
             "--variant hand-off-without-wake-retry",
             "L1",
             19,
-            480_370,
-            1_420_000,
+            481_796,
+            1_422_859,
         ),
         (
             "--limit 1 --weights 1,1 --executions 2 --variant hand-off-without-wake-retry",
             "F8",
             15,
-            9_556,
-            22_299,
+            9_575,
+            22_315,
         ),
         (
             "--variant dead-waiter-not-skipped",
             "F8",
             21,
-            953_823,
-            2_932_232,
+            958_318,
+            2_942_440,
         ),
-        ("--variant grant-ignores-weight", "S1", 16, 219_161, 630_347),
+        ("--variant grant-ignores-weight", "S1", 16, 219_425, 630_707),
         // The one acquire state's check (issue #26): it must keep the place, and give the
         // record the new attempt's token.
         (
@@ -262,8 +262,8 @@ fn every_broken_variant_of_the_line_is_caught() {
             "--limit 1 --weights 1,1 --executions 2 --timeouts 1 --variant check-keeps-old-token",
             "F8",
             13,
-            41_339,
-            119_001,
+            42_449,
+            121_827,
         ),
         // The edges of what is promised.
         (
@@ -277,7 +277,7 @@ fn every_broken_variant_of_the_line_is_caught() {
             "--limit 1 --weights 1,1,1 --strict-order",
             "L2",
             13,
-            64_748,
+            64_755,
             191_420,
         ),
     ] {
@@ -392,7 +392,7 @@ fn pollers_three_ticks_world() {
 #[test]
 #[ignore = "model-check --queue: about a minute, 1.2 GB"]
 fn queue_world() {
-    passes("--queue", 15_678_640, 69_694_882, 41);
+    passes("--queue", 15_869_235, 70_471_986, 41);
 }
 
 #[test]
@@ -400,8 +400,8 @@ fn queue_world() {
 fn queue_limit_1_world() {
     passes(
         "--queue --limit 1 --weights 1,1,1",
-        12_565_462,
-        54_083_031,
+        12_725_458,
+        54_725_895,
         41,
     );
 }
@@ -411,9 +411,9 @@ fn queue_limit_1_world() {
 fn queue_crash_and_early_timeout_world() {
     passes(
         "--queue --limit 1 --weights 1,1,1 --deaths 0 --lost-events 0 --timeouts 1",
-        10_561_452,
-        45_730_439,
-        40,
+        12_264_111,
+        53_180_885,
+        41,
     );
 }
 

@@ -332,6 +332,20 @@ impl Refusal {
     }
 }
 
+/// A deliberately broken acquire flow, for the model checker to show that it notices
+/// (`model-check --queue --variant ...`). Only builds with the `broken-variants` feature can
+/// choose one ([`AcquireFlow::broken`]); the shipped flow has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Broken {
+    /// A check that finds the caller in line leaves its record as it is, with the wake-up of
+    /// the attempt that timed out (no re-park): the hand-off that grants it wakes a task that no
+    /// longer waits (F8).
+    CheckKeepsOldToken,
+    /// A check that finds the caller in line takes it out and queues it again at this attempt's
+    /// own time, behind those who asked after it (L2).
+    CheckTakesANewPlace,
+}
+
 /// A queueing under way: the record sent, and how many queue writes were sent.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Queueing {
@@ -345,14 +359,16 @@ enum State {
     Acquiring,
     /// It was refused: is the caller in line already?
     ReadingWaiter,
-    /// A record found in line is being checked (`queueing`: found by a queue write that met it,
-    /// not by the first read): it leaves the line (past its budget: `timeout`), or takes this
-    /// attempt's wake-up.
+    /// A record found in line, at its place `queued_at_ms`, is being checked (`queueing`: found
+    /// by a queue write that met it, not by the first read): it leaves the line (past its budget:
+    /// `timeout`), or takes this attempt's wake-up.
     Checking {
-        record: Waiter,
+        queued_at_ms: u64,
         timeout: Option<Refusal>,
         queueing: Option<Queueing>,
     },
+    /// [`Broken::CheckTakesANewPlace`]: the record found is taken out of line, to queue anew.
+    Requeueing,
     /// The record was gone when checked (granted meanwhile): the acquire again finds the slot.
     Reacquiring,
     Enqueuing(Queueing),
@@ -379,6 +395,8 @@ pub struct AcquireFlow {
     first_expired: bool,
     /// The lock as the first acquire's write saw it.
     first_seen: Option<SemaphoreItem>,
+    /// `None` but in the model checker's broken variants.
+    broken: Option<Broken>,
 }
 
 impl AcquireFlow {
@@ -394,12 +412,34 @@ impl AcquireFlow {
             state: State::Acquiring,
             first_expired: false,
             first_seen: None,
+            broken: None,
         };
         (flow, call)
     }
 
+    /// This flow, broken as `broken` says (the model checker's variants only).
+    #[cfg(feature = "broken-variants")]
+    pub fn broken(mut self, broken: Broken) -> Self {
+        self.broken = Some(broken);
+        self
+    }
+
     pub fn request(&self) -> &Request {
         &self.request
+    }
+
+    /// How many queue writes it has sent, once it queues (`None`: it has not queued).
+    pub fn queue_round(&self) -> Option<usize> {
+        match &self.state {
+            State::Enqueuing(queueing)
+            | State::ReadingQueued(queueing)
+            | State::AcquiringFree(queueing)
+            | State::Checking {
+                queueing: Some(queueing),
+                ..
+            } => Some(queueing.round + 1),
+            _ => None,
+        }
     }
 
     /// Takes the reply to the last call made at `now_ms` (the caller's clock), and says what
@@ -436,7 +476,7 @@ impl AcquireFlow {
             (State::ReadingWaiter, Reply::Waiter(None)) => self.queue_unless_expired(now_ms),
             (
                 State::Checking {
-                    record,
+                    queued_at_ms,
                     timeout,
                     queueing,
                 },
@@ -445,7 +485,7 @@ impl AcquireFlow {
                 (true, Some(timeout)) => Self::refused(timeout),
                 (true, None) => {
                     let seen = self.seen_unless(&queueing);
-                    self.hand_off(false, record.key.queued_at_ms, seen)
+                    self.hand_off(false, queued_at_ms, seen)
                 }
                 // Granted since it was read: the slot is its own.
                 (false, _) => match queueing {
@@ -458,6 +498,7 @@ impl AcquireFlow {
                     Some(queueing) => self.next_round(queueing),
                 },
             },
+            (State::Requeueing, Reply::InLine(_)) => self.queue_unless_expired(now_ms),
             (State::Reacquiring, Reply::Acquired { outcome, seen }) => match outcome {
                 AcquireOutcome::AlreadyHeld { token, count } => {
                     self.holding(token, count, false, seen)
@@ -607,13 +648,22 @@ impl AcquireFlow {
         let limit = queueing
             .as_ref()
             .map_or(request.terms.limit, |queueing| queueing.waiter.terms.limit);
+        let queued_at_ms = record.key.queued_at_ms;
         if let Some(timeout) = self.over_budget(&record, limit, now_ms) {
             let state = State::Checking {
-                record,
+                queued_at_ms,
                 timeout: Some(timeout),
                 queueing,
             };
             return self.call(state, Call::Leave);
+        }
+        match self.broken {
+            Some(Broken::CheckKeepsOldToken) => {
+                let seen = self.seen_unless(&queueing);
+                return self.hand_off(false, queued_at_ms, seen);
+            }
+            Some(Broken::CheckTakesANewPlace) => return self.call(State::Requeueing, Call::Leave),
+            None => {}
         }
         // A poll keeps the poller's place for another poll window (F13). Then a wake-up may
         // have been lost (a waker that crashed between its grant and its wake-up, or whose
@@ -621,7 +671,7 @@ impl AcquireFlow {
         // grant this very execution and complete its new task.
         let wakeup = self.wakeup(now_ms);
         let state = State::Checking {
-            record,
+            queued_at_ms,
             timeout: None,
             queueing,
         };
