@@ -38,7 +38,7 @@ pub use executions::{OtherRegion, SfnExecutions};
 pub use metrics::Metrics;
 pub use payload::{kind, quoted, Payload};
 pub use request::{
-    incarnation_acquisition, AllowedWork, Defaults, Resolver, Target, ACQUIRE_PAYLOAD,
+    incarnation_acquisition, AllowedWork, Defaults, Resolver, ACQUIRE_PAYLOAD,
     EXPRESS_LEASE_SECONDS, MAX_WORK_ARN_BYTES, RELEASE_PAYLOAD, RESERVED_INPUT_KEY,
 };
 pub use waiting::{

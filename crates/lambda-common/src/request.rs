@@ -7,9 +7,10 @@
 
 use semaphore_core::flow::acquire::{Request, Waiting};
 use semaphore_core::flow::answer::{Work, WorkKind};
+use semaphore_core::flow::release;
 use semaphore_core::{
-    AcquisitionId, Attempt, FencingToken, Identity, Limit, LockName, Rate, Run, TaskToken, Terms,
-    WaiterId, Weight,
+    AcquisitionId, Attempt, Identity, Limit, LockName, Rate, Run, TaskToken, Terms, WaiterId,
+    Weight,
 };
 use serde_json::Value;
 
@@ -142,21 +143,6 @@ impl AllowedWork {
             state_machine,
         })
     }
-}
-
-/// Whom a release is about: the acquire answer's lock, holder, acquisition and fencing token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    pub lock: LockName,
-    pub identity: Identity,
-    /// The fencing token the acquire answered: the release frees only the slot taken under it
-    /// (F15).
-    pub token: FencingToken,
-    /// The run of its execution the acquisition was made in (`r<n>`: n), if it names one.
-    pub run: Option<u32>,
-    /// The weight its acquire asked for (1 when the answer names none): what a release expects
-    /// to free, checked by the store, which finds the right one if it is not.
-    pub weight: Weight,
 }
 
 /// Resolves payloads against the function's defaults and allowed work. Build it once per cold
@@ -389,7 +375,7 @@ impl Resolver {
 
     /// Whom a release payload is about: the lock, holder, acquisition and weight of the acquire
     /// answer it passes (the weight else `DEFAULT_WEIGHT`, else 1).
-    pub fn target(&self, payload: &Value) -> Result<Target, HandlerError> {
+    pub fn target(&self, payload: &Value) -> Result<release::Request, HandlerError> {
         let payload = Payload::new(payload, RELEASE_PAYLOAD)?;
         let answer = payload
             .object("semaphore", "semaphore.", hint::ANSWER)?
@@ -417,7 +403,7 @@ impl Resolver {
                 })
             })
             .transpose()?;
-        Ok(Target {
+        Ok(release::Request {
             lock,
             run: run.map(|run| run.0),
             identity: Identity::new(holder, acquisition),
@@ -441,6 +427,7 @@ pub(crate) fn incarnation_of(acquisition: &AcquisitionId) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use semaphore_core::FencingToken;
     use serde_json::json;
 
     const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";

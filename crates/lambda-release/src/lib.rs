@@ -3,20 +3,21 @@
 //! frees nothing more. A slot freed while others wait is handed to the head of the line
 //! (`lambda_common::HandOffs`); a hand-off that fails is logged, not the release's failure.
 //!
-//! Its payload is the acquire answer (`{"semaphore": $.semaphore, "error": $.error}`), never the
-//! execution input: with a failed child's cause both could pass Step Functions' 256 KiB. After a
-//! failure it also names what the execution fails with: the child's own error, or
-//! `SemaphoreRedriveRefused` when a redrive met a child that already ran. The release of a
-//! redriven run (`r<n>`, n > 0) also cleans up the earlier runs, whose child it may have worked
-//! under.
+//! It is a thin adapter: it reads the payload (`lambda_common::Resolver`), runs the core's
+//! release flow ([`semaphore_core::flow::release`]: the token check, and a redriven run's
+//! earlier runs, `r<n>` with n > 0) against the table and Step Functions, and answers (the
+//! core's [`ReleaseAnswer`]). Its payload is the acquire answer (`{"semaphore": $.semaphore,
+//! "error": $.error}`), never the execution input: with a failed child's cause both could pass
+//! Step Functions' 256 KiB. After a failure it also names what the execution fails with: the
+//! child's own error, or `SemaphoreRedriveRefused` when a redrive met a child that already ran.
 
 use lambda_common::{
-    error_type, metrics, ConfigError, HandOffs, HandlerError, Payload, Resolver, Settings, Target,
+    error_type, metrics, ConfigError, HandOffs, HandlerError, Payload, Resolver, Settings,
     TaskCallbacks, RELEASE_PAYLOAD,
 };
 use lambda_runtime::LambdaEvent;
-use semaphore_core::{Claim, ExecutionStatus, ItemStore, ReleaseOutcome, Run, Semaphore};
-use serde::{Deserialize, Serialize};
+use semaphore_core::flow::release::{EarlierRuns, Refusal, ReleaseAnswer, Reply, Request};
+use semaphore_core::{CleanupOutcome, ExecutionStatus, Holding, ItemStore, LockName, Semaphore};
 use serde_json::Value;
 
 /// The error Step Functions raises when `startExecution` names an execution that exists.
@@ -64,7 +65,7 @@ impl Failure {
 /// A validated release request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReleaseRequest {
-    pub target: Target,
+    pub target: Request,
     pub failure: Option<Failure>,
 }
 
@@ -111,7 +112,7 @@ fn quoted_execution_arn(cause: &str) -> Option<&str> {
 }
 
 /// The error and cause to fail the execution with after `failure`.
-pub fn fail_with(failure: &Failure, target: &Target) -> (String, String) {
+pub fn fail_with(failure: &Failure, target: &Request) -> (String, String) {
     let caught_cause = failure.cause.as_deref().unwrap_or_default();
     if failure.error == EXECUTION_ALREADY_EXISTS {
         let child = match quoted_execution_arn(caught_cause) {
@@ -136,199 +137,97 @@ pub fn fail_with(failure: &Failure, target: &Target) -> (String, String) {
     (failure.error.clone(), caught_cause.to_owned())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Released,
-    NotHeld,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Released => "released",
-            Self::NotHeld => "not_held",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReleaseResponse {
-    /// True when this call freed a slot; false when none was held (already released, cleaned
-    /// up, or never acquired): the acquisition is fenced either way.
-    pub released: bool,
-    pub outcome: Outcome,
-    /// Slots held now.
-    pub count: usize,
-    pub lock: String,
-    pub acquisition: String,
-    /// Waiters this release woke with a slot (0 or 1, more if slots were free).
-    pub handed_off: usize,
-    /// The error to fail the execution with; `null` without `"error"` in the payload.
-    pub error: Option<String>,
-    /// Its cause; `null` without `"error"` in the payload.
-    pub cause: Option<String>,
-}
-
-/// Validates the payload, then releases and hands the slot on. Nothing is sent to the table for
-/// bad input.
+/// Validates the payload, then releases and hands the slot on (the core's
+/// [`semaphore_core::flow::release`]). Nothing is sent to the table for bad input.
 pub async fn release<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     semaphore: &Semaphore<S>,
     resolver: &Resolver,
     hand_offs: &HandOffs<C, X>,
     payload: &Value,
-) -> Result<ReleaseResponse, HandlerError> {
+) -> Result<ReleaseAnswer, HandlerError> {
     // Bad input is logged by the runtime with the error it answers.
     let ReleaseRequest { target, failure } = ReleaseRequest::parse(resolver, payload)?;
-    let Target {
-        lock,
-        identity,
-        token,
-        weight,
-        ..
-    } = &target;
-    let failed = |e: semaphore_core::Error| {
-        let e = HandlerError::from(e);
-        tracing::error!(lock = %lock, error = %e, "release failed");
-        e
-    };
-    // F15: only the slot taken under the token the answer shows; a slot of this acquisition
-    // held under another token is not this caller's, and nothing is written.
-    let claim = Claim::Slot {
-        token: *token,
-        weight: *weight,
-    };
-    let (outcome, after, held) = semaphore
-        .release_freeing(lock, identity, claim)
-        .await
-        .map_err(failed)?;
-    let now_ms = semaphore.now_ms();
-    hand_offs.metrics.emit(
-        now_ms,
-        &metrics::Line::of(lock)
-            .values(
-                metrics::TIME_HELD,
-                held.map(|h| now_ms.saturating_sub(h.acquired_at_ms) as f64),
-            )
-            .value(metrics::WEIGHT_USED, after.used as f64)
-            .values(metrics::LIMIT, after.limit.map(|l| f64::from(l.get())))
-            .value(metrics::WAITING, after.waiting as f64),
-    );
-    let (mut released, mut count, mut waiting) = match outcome {
-        ReleaseOutcome::Released { count, waiting, .. } => (true, count, waiting),
-        ReleaseOutcome::NotHeld { count, waiting } => (false, count, waiting),
-        ReleaseOutcome::WrongToken { held, .. } => {
-            let e = HandlerError::WrongToken(format!(
-                "acquisition {} of {} on lock \"{lock}\" holds its slot under fencing token {}, \
-                 and this release shows token {}: it is not this slot's acquire answer (a \
-                 $.semaphore from another branch, iteration or execution?). Nothing was freed or \
-                 written; pass the release the answer of the acquire whose slot it frees",
-                identity.acquisition, identity.holder, held.0, token.0
-            ));
-            tracing::error!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, held = held.0, shown = token.0, "release refused: wrong token");
+    let (lock, identity) = (&target.lock, &target.identity);
+    let hand_off =
+        |lock: LockName, known| async move { hand_offs.run(semaphore, &lock, known).await };
+    let replied = |reply: &Reply, now_ms| emit_freed(hand_offs, &target, reply, now_ms);
+    let flow =
+        semaphore.release_and_hand_off(target.clone(), &hand_offs.executions, hand_off, replied);
+    // Boxed: a deep future (the hand-off nests), kept off the caller's.
+    let done = match Box::pin(flow).await {
+        Ok(Ok(done)) => done,
+        Ok(Err(refusal)) => return Err(refused(&target, &refusal)),
+        Err(e) => {
+            let e = HandlerError::from(e);
+            tracing::error!(lock = %lock, error = %e, "release failed");
             return Err(e);
         }
     };
-    // Starts from the item the release left: nobody waiting costs no request.
-    let mut handed_off = hand_offs
-        .run(semaphore, lock, Some(after))
-        .await
-        .woken
-        .len();
-    // A redriven run n also frees what the earlier runs of its execution hold, as a cleanup of
-    // runs 0..n-1 would (their fence, then the free of what it saw): a zombie acquire of an
-    // earlier run may have landed, or an earlier run's slot been left to it by that run's
-    // cleanup, which found the execution running again (F11); its own acquisition holds none
-    // of that, so releasing only it left those slots to the sweeper, a false leak notice.
-    // Safe: those runs have ended, and so has every child of theirs once a later run reaches a
-    // release state (a redrive resumes where the run stopped; no state after the work leads
-    // back to it), and no acquire of theirs lands after their fence. Only Step Functions may
-    // say so (F15): the run a payload names is not believed, so a made-up `r<n>`, or a real
-    // execution named in a run it is not in, neither frees its earlier runs' slots nor makes a
-    // fence of n runs (a 12,500-run fence is 100 KB of the lock's item). One DescribeExecution,
-    // for a redriven run's release only.
-    let redriven = match target.run.filter(|&n| n > 0) {
-        Some(n) => {
-            let run = hand_offs
-                .executions
-                .current_run(&identity.holder)
-                .await
-                .map_err(|e| {
-                    let e = HandlerError::Store(format!(
-                        "Step Functions could not say which run {} is in, so its earlier runs \
-                         were not freed: {e}",
-                        identity.holder
-                    ));
-                    tracing::error!(lock = %lock, error = %e, "release failed");
-                    e
-                })?;
-            let in_run = run.is_some_and(|run| run.0 >= n);
-            if !in_run {
-                tracing::warn!(lock = %lock, holder = %identity.holder, run = n, current = ?run.map(|r| r.0), "the release names a run the execution is not in: its earlier runs are left alone");
-            }
-            in_run.then_some(n)
-        }
-        None => None,
-    };
-    if let Some(n) = redriven {
-        let fenced = semaphore
-            .fence(lock, &identity.holder, Run(n - 1))
-            .await
-            .map_err(failed)?;
-        let freed = semaphore.free(&fenced).await.map_err(failed)?;
-        let now_ms = semaphore.now_ms();
-        hand_offs.metrics.emit(
-            now_ms,
-            &metrics::Line::of(lock).values(
-                metrics::TIME_HELD,
-                freed
-                    .freed
-                    .iter()
-                    .map(|(_, h)| now_ms.saturating_sub(h.acquired_at_ms) as f64),
-            ),
-        );
-        if !freed.freed.is_empty() {
-            let runs: Vec<String> = freed
-                .freed
-                .iter()
-                .map(|(slot, _)| slot.acquisition.to_string())
-                .collect();
-            tracing::info!(lock = %lock, holder = %identity.holder, run = n, freed = ?runs, "redriven run: freed the slots of its earlier runs");
-            released = true;
-            if freed.waiting > 0 {
-                handed_off += hand_offs.run(semaphore, lock, None).await.woken.len();
-            }
-        }
-        (count, waiting) = (freed.count, freed.waiting);
+    if let EarlierRuns::NotInRun { run, current } = done.earlier {
+        tracing::warn!(lock = %lock, holder = %identity.holder, run, current = ?current.map(|r| r.0), "the release names a run the execution is not in: its earlier runs are left alone");
     }
-    let outcome = if released {
-        Outcome::Released
-    } else {
-        Outcome::NotHeld
-    };
-    let (error, cause) = failure.as_ref().map(|f| fail_with(f, &target)).unzip();
+    let failed = failure.as_ref().map(|f| fail_with(f, &target));
+    let answer = target.answer(&done, failed);
     tracing::info!(
         lock = %lock,
         holder = %identity.holder,
         acquisition = %identity.acquisition,
-        outcome = outcome.as_str(),
-        count,
-        waiting,
-        handed_off,
+        outcome = answer.outcome.as_str(),
+        count = answer.count,
+        waiting = done.waiting,
+        handed_off = answer.handed_off,
         caught = failure.as_ref().map(|f| f.error.as_str()),
-        error = error.as_deref(),
+        error = answer.error.as_deref(),
         "release"
     );
-    Ok(ReleaseResponse {
-        released,
-        outcome,
-        count,
-        lock: lock.to_string(),
-        acquisition: identity.acquisition.to_string(),
-        handed_off,
-        error,
-        cause,
-    })
+    Ok(answer)
+}
+
+/// The named error of a refusal, logged.
+fn refused(target: &Request, refusal: &Refusal) -> HandlerError {
+    let (lock, identity) = (&target.lock, &target.identity);
+    let message = refusal.message(target);
+    match refusal {
+        Refusal::WrongToken { held } => {
+            tracing::error!(lock = %lock, holder = %identity.holder, acquisition = %identity.acquisition, held = held.0, shown = target.token.0, "release refused: wrong token");
+            HandlerError::WrongToken(message)
+        }
+        Refusal::RunUnknown { .. } | Refusal::OutOfStep => {
+            let e = HandlerError::Store(message);
+            tracing::error!(lock = %lock, error = %e, "release failed");
+            e
+        }
+    }
+}
+
+/// The metrics of what a write freed, at the time its answer came: the release's own slot (how
+/// long it was held, and the lock after it), then a redriven run's earlier runs' slots.
+fn emit_freed<C, X>(hand_offs: &HandOffs<C, X>, target: &Request, reply: &Reply, now_ms: u64) {
+    let (lock, holder) = (&target.lock, &target.identity.holder);
+    let held_for = |h: &Holding| now_ms.saturating_sub(h.acquired_at_ms) as f64;
+    match reply {
+        Reply::Released { after, held, .. } => {
+            let line = metrics::Line::of(lock)
+                .values(metrics::TIME_HELD, held.as_ref().map(held_for))
+                .value(metrics::WEIGHT_USED, after.used as f64)
+                .values(metrics::LIMIT, after.limit.map(|l| f64::from(l.get())))
+                .value(metrics::WAITING, after.waiting as f64);
+            hand_offs.metrics.emit(now_ms, &line);
+        }
+        Reply::Freed(CleanupOutcome { freed, .. }) => {
+            let times = freed.iter().map(|(_, h)| held_for(h));
+            let line = metrics::Line::of(lock).values(metrics::TIME_HELD, times);
+            hand_offs.metrics.emit(now_ms, &line);
+            if !freed.is_empty() {
+                let runs: Vec<String> = freed
+                    .iter()
+                    .map(|(slot, _)| slot.acquisition.to_string())
+                    .collect();
+                tracing::info!(lock = %lock, holder = %holder, run = target.run, freed = ?runs, "redriven run: freed the slots of its earlier runs");
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The Lambda handler. An answer that is a failure, not a caller's mistake (a bad payload,
@@ -338,7 +237,7 @@ pub async fn handle<S: ItemStore, C: TaskCallbacks, X: ExecutionStatus>(
     resolver: &Resolver,
     hand_offs: &HandOffs<C, X>,
     event: LambdaEvent<Value>,
-) -> Result<ReleaseResponse, HandlerError> {
+) -> Result<ReleaseAnswer, HandlerError> {
     let answer = release(semaphore, resolver, hand_offs, &event.payload).await;
     hand_offs
         .metrics
@@ -354,8 +253,8 @@ mod tests {
 
     const HOLDER: &str = "arn:aws:states:us-east-1:123456789012:execution:LockProtected:run-1";
 
-    fn target() -> Target {
-        Target {
+    fn target() -> Request {
+        Request {
             lock: LockName::new("demo-lock").unwrap(),
             identity: Identity::new(
                 HolderId::new(HOLDER).unwrap(),

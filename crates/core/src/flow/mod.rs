@@ -6,7 +6,10 @@
 //! with every other process's calls allowed in between: what it checks is what ships.
 //!
 //! - [`acquire`]: acquire or wait in line (the acquire function, for parked and polling callers);
-//! - [`answer`]: the acquire answer a caller gets back, and the work it starts under its slot.
+//! - [`answer`]: the acquire answer a caller gets back, and the work it starts under its slot;
+//! - [`release`]: release a slot, free a redriven run's earlier runs, hand off (the release
+//!   function).
 
 pub mod acquire;
 pub mod answer;
+pub mod release;

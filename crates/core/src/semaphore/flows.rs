@@ -67,3 +67,88 @@ impl<S: ItemStore> Semaphore<S> {
         }
     }
 }
+
+// The release flow's names, apart from the acquire flow's above.
+use crate::flow::release;
+use crate::item::SemaphoreItem;
+use crate::ports::ExecutionStatus;
+
+impl<S: ItemStore> Semaphore<S> {
+    /// Releases the slot `request` shows and hands it on (see [`crate::flow::release`]); a
+    /// redriven run's release frees its earlier runs' slots too, once `executions` (Step
+    /// Functions) says the execution is in that run. `hand_off` moves the lock's line from the
+    /// lock as it is known, if it is (the functions': grants, wake-ups and their metrics);
+    /// `replied` sees each reply as it comes, with the time it came at (the functions' metrics
+    /// of what was freed). A store error ends the flow where it stands: every write it sent
+    /// stands, and a retry of the release finds them.
+    pub async fn release_and_hand_off<X, H, F, R>(
+        &self,
+        request: release::Request,
+        executions: &X,
+        hand_off: H,
+        mut replied: R,
+    ) -> Result<Result<release::Release, release::Refusal>, Error>
+    where
+        X: ExecutionStatus,
+        H: Fn(LockName, Option<SemaphoreItem>) -> F,
+        F: Future<Output = HandOff>,
+        R: FnMut(&release::Reply, u64),
+    {
+        use release::{Call, Next, ReleaseFlow, Reply};
+
+        let (mut flow, mut call) = ReleaseFlow::start(request);
+        loop {
+            let request = flow.request();
+            let (lock, identity) = (&request.lock, &request.identity);
+            let reply = match call {
+                Call::Release => {
+                    let (outcome, after, held) = self
+                        .release_freeing(lock, identity, request.claim())
+                        .await?;
+                    let after = Box::new(after);
+                    Reply::Released {
+                        outcome,
+                        after,
+                        held,
+                    }
+                }
+                Call::HandOff { known } => {
+                    let handed = hand_off(lock.clone(), known.map(|known| *known)).await;
+                    Reply::HandedOff {
+                        woken: handed.woken.len(),
+                    }
+                }
+                Call::CurrentRun => {
+                    let run = executions.current_run(&identity.holder).await;
+                    Reply::Run(run.map_err(|e| e.to_string()))
+                }
+                Call::Fence { last_run } => {
+                    let fenced = self.fence(lock, &identity.holder, last_run).await?;
+                    Reply::Fenced {
+                        slots: fenced.slots,
+                        count: fenced.count,
+                        waiting: fenced.waiting,
+                    }
+                }
+                Call::Free {
+                    slots,
+                    count,
+                    waiting,
+                } => {
+                    let fenced = super::slots::Fenced {
+                        lock: lock.clone(),
+                        slots,
+                        count,
+                        waiting,
+                    };
+                    Reply::Freed(self.free(&fenced).await?)
+                }
+            };
+            replied(&reply, self.now_ms());
+            match flow.resume(reply) {
+                Next::Call(next) => call = next,
+                Next::Done(done) => return Ok(done),
+            }
+        }
+    }
+}
