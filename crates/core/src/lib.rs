@@ -1,7 +1,8 @@
 //! A distributed semaphore for AWS Step Functions that cannot leak.
 //!
-//! One DynamoDB item per lock holds its holders, the sum of their weights, a version counter and
-//! the fences of the last window or two. Every operation is a conditional write that reads
+//! Each lock is a DynamoDB item holding its holders, the sum of their weights, a version counter
+//! and the fences of the last window or two (or, for large limits, a gate item and one holding
+//! item per slot: the store's layouts). Every operation is a conditional write that reads
 //! nothing first, described as a plain [`Write`] (checks + changes): DynamoDB checks the limit,
 //! the holder and the fences when it lands, so concurrent writers never invalidate each other's
 //! decisions and a late acquire can never land after the release or cleanup that fenced it.

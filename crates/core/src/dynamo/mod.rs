@@ -1,6 +1,8 @@
-//! The DynamoDB adapter: the [`DynamoStore`], an [`ItemStore`](crate::ports::ItemStore) of one
-//! item per lock and one record per waiter, which sends each [`Write`](crate::write::Write) as
-//! one conditional request (a transaction when it names a waiter's record).
+//! The DynamoDB adapter: the [`DynamoStore`], an [`ItemStore`](crate::ports::ItemStore) that keeps
+//! a lock in one of two layouts (one item holding every slot, or, for large limits, a gate item
+//! with one holding item per slot: `gate`, `holdings`) and one record per waiter, and sends each
+//! [`Write`](crate::write::Write) as one conditional request (a transaction when it names a
+//! waiter's record or a holding).
 //!
 //! - `codec`: the item and a waiter's record as attribute values, and back;
 //! - `expression`: a write's checks and changes as DynamoDB expressions, within DynamoDB's

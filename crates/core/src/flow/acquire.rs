@@ -334,7 +334,7 @@ impl Refusal {
 
 /// A deliberately broken acquire flow, for the model checker to show that it notices
 /// (`model-check --queue --variant ...`). Only builds with the `broken-variants` feature can
-/// choose one ([`AcquireFlow::broken`]); the shipped flow has none.
+/// choose one (`AcquireFlow::broken`); the shipped flow has none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Broken {
     /// A check that finds the caller in line leaves its record as it is, with the wake-up of
