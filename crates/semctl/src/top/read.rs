@@ -79,7 +79,7 @@ pub async fn read(semaphore: &Semaphore<DynamoStore>) -> Result<Reading, StoreEr
         entries.push(match item {
             Ok(item) => Entry::Lock(Box::new(with_line(semaphore, item).await)),
             Err(e) => Entry::Unreadable {
-                lock: crate::unreadable_lock(&e).map(str::to_owned),
+                lock: crate::output::unreadable_lock(&e).map(str::to_owned),
                 error: e.to_string(),
             },
         });
