@@ -6,7 +6,10 @@
 //! with every other process's calls allowed in between: what it checks is what ships.
 //!
 //! - [`acquire`]: acquire or wait in line (the acquire function, for parked and polling callers);
-//! - [`answer`]: the acquire answer a caller gets back, and the work it starts under its slot.
+//! - [`answer`]: the acquire answer a caller gets back, and the work it starts under its slot;
+//! - [`cleanup`]: clean up after an ended execution (the cleanup function: fence, leave the
+//!   lines, free and hand off), and its answer.
 
 pub mod acquire;
 pub mod answer;
+pub mod cleanup;
