@@ -245,13 +245,11 @@ struct Parent<'a, X> {
 }
 
 impl<X> Parent<'_, X> {
-    fn answer(&self, at: usize) -> Option<Described> {
-        self.answers.lock().unwrap().get(at).cloned().flatten()
-    }
-
+    /// The status Step Functions said in answer `at` (0: the first question).
     fn status(&self, at: usize) -> String {
-        self.answer(at)
-            .map_or_else(String::new, |d| d.status().to_owned())
+        let answers = self.answers.lock().unwrap();
+        let described = answers.get(at).and_then(Option::as_ref);
+        described.map_or_else(String::new, |d| d.status().to_owned())
     }
 }
 
@@ -272,24 +270,15 @@ impl<X: Executions> ExecutionStatus for Parent<'_, X> {
     }
 }
 
-/// Why the locks could not be told.
-enum Unread {
-    NotFound,
-    TooLong(String),
-}
-
-/// The cleanup's own calls: the history, the work, the hand-offs.
+/// The cleanup's own calls: the history, the work, the hand-offs; and the answer, as the history
+/// and the work fill it in.
 struct Calls<'a, S, X> {
     cleanup: &'a Cleanup<S, X>,
     parent: &'a Parent<'a, X>,
-    arn: &'a str,
     /// The event's stop date: when Step Functions does not say it.
     stopped_ms: Option<u64>,
-    unread: Option<Unread>,
-    notes: Vec<String>,
     children: Vec<ChildExecution>,
-    work: Vec<ChildWork>,
-    retry_after_seconds: u64,
+    summary: CleanupSummary,
 }
 
 impl<S: ItemStore, X: Executions> CleanupCalls for Calls<'_, S, X> {
@@ -303,59 +292,62 @@ impl<S: ItemStore, X: Executions> CleanupCalls for Calls<'_, S, X> {
     /// those acquires and leave their slots to the sweeper. So the read is bounded by the history
     /// quota alone (25,000 events: 25 pages), and only what it found is kept, never the events.
     async fn find_locks(&mut self) -> Result<Option<Locks>, PortError> {
-        let resolver = &self.cleanup.config.resolver;
-        let lock_of = |payload: &Value| resolver.lock(payload);
-        let waiter_of = |payload: &Value| resolver.waiter(payload).ok();
+        let (config, arn) = (&self.cleanup.config, self.summary.execution.as_str());
+        let lock_of = |payload: &Value| config.resolver.lock(payload);
+        let waiter_of = |payload: &Value| config.resolver.waiter(payload).ok();
         let reading = LockReading {
-            acquire: &self.cleanup.config.acquire,
+            acquire: &config.acquire,
             lock_of: &lock_of,
             waiter_of: &waiter_of,
         };
         let mut reader = history::Reader::new(Some(reading), Run::FIRST);
-        let read = read_back(&self.cleanup.executions, self.arn, &mut reader).await;
+        let read = read_back(&self.cleanup.executions, arn, &mut reader).await;
         match read.map_err(PortError::new)? {
             HistoryRead::Read { pages } => {
                 let events = reader.events_read();
-                tracing::debug!(execution = self.arn, pages, events, "history read");
+                tracing::debug!(execution = arn, pages, events, "history read");
             }
-            HistoryRead::NotFound => self.unread = Some(Unread::NotFound),
+            HistoryRead::NotFound => return Ok(None),
             // Nothing can be concluded from the part read: an acquire or a child before it would
             // be missed. Nothing is written; the sweeper, which reads the table, judges each slot
             // the execution holds from the part of the history since that slot's run began, and
             // says so by notice and metric when it cannot either.
             HistoryRead::TooLong(too_long) => {
-                self.unread = Some(Unread::TooLong(too_long.to_string()))
+                self.summary.note = Some(too_long.to_string());
+                self.summary.history_too_long = true;
+                return Ok(None);
             }
         }
-        if self.unread.is_some() {
-            return Ok(None);
-        }
         let footprint = reader.finish();
-        (self.notes, self.children) = (footprint.notes, footprint.children);
+        (self.summary.history_notes, self.children) = (footprint.notes, footprint.children);
         let (locks, waiters) = (footprint.locks, footprint.waiters);
         Ok(Some(Locks { locks, waiters }))
     }
 
+    /// Each child of the execution settled; deferred if any still runs.
     async fn stop_work(&mut self) -> Result<bool, PortError> {
-        let first = self.parent.answer(0);
-        let stopped_ms = match self.parent.answers.lock().unwrap().get(1) {
-            Some(Some(again)) => again.stop_date_ms,
-            _ => first.as_ref().and_then(|d| d.stop_date_ms),
+        let answers = self.parent.answers.lock().unwrap().clone();
+        let stopped_ms = match &answers[..] {
+            [_, Some(again), ..] => again.stop_date_ms,
+            [first, ..] => first.as_ref().and_then(|d| d.stop_date_ms),
+            [] => None,
         }
         .or(self.stopped_ms);
-        let now = self.cleanup.semaphore.now_ms();
-        let status = self.parent.status(0);
-        let mut waiting = false;
+        let (now, status) = (self.cleanup.semaphore.now_ms(), self.parent.status(0));
         for child in &self.children {
+            let arn = self.summary.execution.as_str();
             let settled = self
                 .cleanup
-                .settle_child(self.arn, &status, child, stopped_ms, now);
+                .settle_child(arn, &status, child, stopped_ms, now);
             let work = settled.await.map_err(PortError::new)?;
-            waiting |= work.action == ChildAction::Waiting;
-            self.work.push(work);
+            self.summary.children.push(work);
         }
-        self.retry_after_seconds = retry_after_seconds(stopped_ms, now);
-        Ok(waiting)
+        let children = &self.summary.children;
+        self.summary.deferred = children.iter().any(|c| c.action == ChildAction::Waiting);
+        if self.summary.deferred {
+            self.summary.retry_after_seconds = retry_after_seconds(stopped_ms, now);
+        }
+        Ok(self.summary.deferred)
     }
 
     async fn hand_off(&mut self, lock: LockName) -> HandOff {
@@ -407,13 +399,9 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
         let mut calls = Calls {
             cleanup: self,
             parent: &parent,
-            arn,
             stopped_ms: detail.stop_date.and_then(|ms| u64::try_from(ms).ok()),
-            unread: None,
-            notes: Vec::new(),
             children: Vec::new(),
-            work: Vec::new(),
-            retry_after_seconds: 0,
+            summary,
         };
         // Boxed: a deep future (the hand-off nests), kept off the caller's.
         let ran = self
@@ -428,70 +416,64 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
         let first = ran.failures.into_iter().next();
         let cleaned = (ran.done)
             .map_err(|refusal| CleanupError::from(HandlerError::Store(refusal.message(&holder))))?;
+        let mut summary = calls.summary;
         summary.record(&cleaned);
         self.report(&summary, &cleaned);
         if let (true, Some(first), Some(message)) = (cleaned.retry(), first, message) {
             return Err(HandlerError::from(first.error).with_message(message).into());
         }
-        (summary.history_notes, summary.children) = (calls.notes, calls.work);
-        match cleaned.end {
+        let note = match cleaned.end {
             End::RunsAgain => {
                 let status = parent.status(0);
-                summary.note = Some(format!(
-                    "the execution is {status} again: it was redriven since this event, and needs \
-                     what it holds; its release, or the cleanup of its next end, frees it: \
-                     nothing done"
-                ));
                 tracing::info!(
                     execution = arn,
                     status,
                     "redriven since the event: left alone"
                 );
+                format!(
+                    "the execution is {status} again: it was redriven since this event, and \
+                     needs what it holds; its release, or the cleanup of its next end, frees it: \
+                     nothing done"
+                )
             }
-            End::LocksUntold if matches!(calls.unread, Some(Unread::TooLong(_))) => {
-                if let Some(Unread::TooLong(why)) = calls.unread {
-                    summary.note = Some(why);
-                }
-                summary.history_too_long = true;
-            }
-            End::Missing | End::LocksUntold => {
-                summary.note = Some(
-                    "the execution does not exist (any more): its history cannot be read; the \
-                     sweeper frees whatever it holds"
-                        .to_owned(),
-                );
+            End::Missing | End::LocksUntold if !summary.history_too_long => {
                 tracing::warn!(execution = arn, "execution not found");
+                "the execution does not exist (any more): its history cannot be read; the \
+                 sweeper frees whatever it holds"
+                    .to_owned()
             }
             End::NoLocks => {
-                summary.note = Some(format!(
-                    "no task of the execution invoked the acquire function ({}): it never asked \
-                     for a slot",
-                    self.config.acquire.name()
-                ));
                 tracing::info!(
                     execution = arn,
                     "no acquire in the history: nothing to clean"
                 );
+                format!(
+                    "no task of the execution invoked the acquire function ({}): it never asked \
+                     for a slot",
+                    self.config.acquire.name()
+                )
             }
             End::RedrivenMeanwhile => {
-                summary.note = Some(format!(
+                tracing::warn!(execution = arn, "redriven during the cleanup: slots kept");
+                format!(
                     "the execution was redriven while this cleanup ran ({} now): what it holds \
                      is kept, fenced; its release, or the cleanup of its next end, frees it",
                     parent.status(1)
-                ));
-                tracing::warn!(execution = arn, "redriven during the cleanup: slots kept");
+                )
             }
             End::WorkRuns => {
-                summary.deferred = true;
-                summary.retry_after_seconds = calls.retry_after_seconds;
+                let retry_after_seconds = summary.retry_after_seconds;
                 tracing::info!(
                     execution = arn,
-                    retry_after_seconds = summary.retry_after_seconds,
+                    retry_after_seconds,
                     "its work still runs: fenced, slots kept until it ends"
                 );
+                return Ok(summary);
             }
-            End::Freed { .. } => {}
-        }
+            // Too long: its reading said so. Freed: nothing to note.
+            End::Missing | End::LocksUntold | End::Freed { .. } => return Ok(summary),
+        };
+        summary.note = Some(note);
         Ok(summary)
     }
 
