@@ -8,9 +8,11 @@
 //! acquire function resolves it), so no list is configured and the event need not carry the
 //! input. A redriven execution that runs again is left alone, and a child still running keeps
 //! the slots (answer `deferred`, asked again) since freeing them would let others in under it.
-//! Every step is idempotent, so duplicated, late and reordered events are harmless.
+//! Every step is idempotent, so duplicated, late and reordered events are harmless. The steps
+//! are the core's flow ([`semaphore_core::flow::cleanup`]); this is its adapter: the event, the
+//! history, the work, the answer, metrics and logs.
 
-use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use aws_lambda_events::eventbridge::EventBridgeEvent;
 use lambda_common::arn::{ExecutionArn, ExecutionKind, StateMachineArn};
@@ -21,20 +23,25 @@ use lambda_common::sfn::{
 };
 use lambda_common::{metrics, ConfigError, HandlerError, Resolver, Settings, SfnHandOffs};
 use lambda_runtime::{Diagnostic, LambdaEvent};
-use semaphore_core::{DynamoStore, Fenced, HolderId, ItemStore, LockName, Run, Semaphore};
+use semaphore_core::flow::cleanup::{Cleaned, End, Locks};
+use semaphore_core::semaphore::flows::CleanupCalls;
+use semaphore_core::{
+    DynamoStore, ExecutionState, ExecutionStatus, HandOff, HolderId, ItemStore, LockName,
+    PortError, Run, Semaphore,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+pub use semaphore_core::flow::cleanup::answer::{
+    retry_after_seconds, ChildAction, ChildWork, CleanupSummary, FreedSlot, LockCleanup,
+    RETRY_AFTER_MAX_SECONDS, RETRY_AFTER_MIN_SECONDS,
+};
 
 /// The event's `source` and `detail-type`.
 pub const SOURCE: &str = "aws.states";
 pub const DETAIL_TYPE: &str = "Step Functions Execution Status Change";
 /// The statuses of an execution that ended without releasing what it held.
 pub const ENDED_STATUSES: [&str; 3] = ["FAILED", "TIMED_OUT", "ABORTED"];
-
-/// The wait before asking again while the work runs: 5 s at first, growing by a second per
-/// 10 s since the execution ended, up to a minute. A long work costs a few calls a minute.
-pub const RETRY_AFTER_MIN_SECONDS: u64 = 5;
-pub const RETRY_AFTER_MAX_SECONDS: u64 = 60;
 
 /// The error and cause a stopped child execution ends with.
 pub const CHILD_STOP_ERROR: &str = "SemaphoreParentEnded";
@@ -80,83 +87,6 @@ pub struct DataDetails {
 /// The event; the cleanup state machine adds its last answer as `"cleanup"` on later loops,
 /// which is ignored: every call starts again from Step Functions and the table.
 pub type StatusChangeEvent = EventBridgeEvent<ExecutionStatusChange>;
-
-/// One slot freed by this cleanup.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FreedSlot {
-    pub acquisition: String,
-    pub token: u64,
-    pub held_for_ms: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LockCleanup {
-    pub lock: String,
-    /// What this call freed; empty when it held nothing (already released, a duplicate event,
-    /// or its acquire had not landed yet: it is fenced now either way) or when it only fenced.
-    pub freed: Vec<FreedSlot>,
-    /// The acquisitions still held because the work still runs (deferred), or because the
-    /// execution runs again: fenced, not freed.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kept: Vec<String>,
-    /// Slots held on the lock after the cleanup; `None` when the execution was only fenced.
-    pub count: Option<usize>,
-}
-
-/// What became of a child execution of the ended one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ChildAction {
-    /// It had ended.
-    Ended,
-    /// It was running a state machine of the user's: stopped now.
-    Stopped,
-    /// It runs a Lambda function, which cannot be stopped, or its start was in flight when the
-    /// parent ended: waited for, the slots kept.
-    Waiting,
-    /// It was never started.
-    NotStarted,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChildWork {
-    pub execution: String,
-    /// As described before anything was done: RUNNING, SUCCEEDED, ..., or NOT_FOUND.
-    pub status: String,
-    pub action: ChildAction,
-}
-
-/// The answer. `deferred` and `retry_after_seconds` are always there: the cleanup state
-/// machine waits that long and asks again while `deferred` is true.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CleanupSummary {
-    pub execution: String,
-    pub status: String,
-    /// True when what the execution held is freed (or it held nothing).
-    pub cleaned: bool,
-    /// True while its work still runs: fenced, nothing freed; ask again.
-    pub deferred: bool,
-    /// How long to wait before asking again; 0 when not deferred.
-    pub retry_after_seconds: u64,
-    pub locks: Vec<LockCleanup>,
-    pub children: Vec<ChildWork>,
-    /// The locks whose line the execution was taken out of (it died waiting).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub left_line: Vec<String>,
-    /// Waiters woken with the slots this cleanup freed.
-    #[serde(default)]
-    pub handed_off: usize,
-    /// What the history did not tell (see `lambda_common::history::Footprint::notes`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub history_notes: Vec<String>,
-    /// Why nothing (more) was done.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-    /// The history was too long to judge (`note` says how much was read): nothing was done;
-    /// the sweeper judges what the execution holds, or reports each slot it cannot.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub history_too_long: bool,
-}
 
 /// A failed cleanup: the state machine retries it (except invalid input).
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
@@ -305,68 +235,145 @@ pub fn parse_event(payload: Value) -> Result<StatusChangeEvent, HandlerError> {
     Ok(event)
 }
 
-/// The wait before asking again, from how long ago the execution ended.
-pub fn retry_after_seconds(stopped_ms: Option<u64>, now_ms: u64) -> u64 {
-    let waited_s = stopped_ms.map_or(0, |stopped| now_ms.saturating_sub(stopped) / 1000);
-    (RETRY_AFTER_MIN_SECONDS + waited_s / 10).min(RETRY_AFTER_MAX_SECONDS)
+/// The ended execution as the core asks of it (`DescribeExecution`: does it run again, in which
+/// run did it end), keeping each answer whole: its status and stop date are the answer's and the
+/// work's.
+struct Parent<'a, X> {
+    executions: &'a X,
+    /// Each `DescribeExecution` answer, in order (`None`: not found).
+    answers: Mutex<Vec<Option<Described>>>,
 }
 
-/// The locks whose writes failed, with why: the others go on (one lock's failure, e.g. an item
-/// of a format this version does not read, must not keep the others from being freed), and the
-/// answer is then this error, so that the state machine retries.
-#[derive(Default)]
-struct Failures(Vec<(LockName, &'static str, HandlerError)>);
+impl<X> Parent<'_, X> {
+    /// The status Step Functions said in answer `at` (0: the first question).
+    fn status(&self, at: usize) -> String {
+        let answers = self.answers.lock().unwrap();
+        let described = answers.get(at).and_then(Option::as_ref);
+        described.map_or_else(String::new, |d| d.status().to_owned())
+    }
+}
 
-impl Failures {
-    /// Runs `operation` on every lock; answers the locks it succeeded on, with its result.
-    async fn on_every_lock<T>(
-        &mut self,
-        execution: &str,
-        locks: &[LockName],
-        what: &'static str,
-        operation: impl AsyncFn(&LockName) -> Result<T, semaphore_core::Error>,
-    ) -> Vec<(LockName, T)> {
-        let mut done = Vec::with_capacity(locks.len());
-        for lock in locks {
-            match operation(lock).await {
-                Ok(value) => done.push((lock.clone(), value)),
-                Err(e) => {
-                    let e = HandlerError::from(e);
-                    tracing::error!(execution, lock = %lock, error = %e, "{what} failed");
-                    self.0.push((lock.clone(), what, e));
-                }
+impl<X: Executions> ExecutionStatus for Parent<'_, X> {
+    async fn describe(&self, holder: &HolderId) -> Result<ExecutionState, PortError> {
+        let described = self.executions.describe(holder.as_str()).await;
+        let described = described.map_err(PortError::new)?;
+        let state = match &described {
+            None => ExecutionState::Missing,
+            Some(d) if d.is_running() => ExecutionState::Running,
+            Some(d) => ExecutionState::Ended {
+                status: d.status().to_owned(),
+                last_run: d.run,
+            },
+        };
+        self.answers.lock().unwrap().push(described);
+        Ok(state)
+    }
+}
+
+/// The cleanup's own calls: the history, the work, the hand-offs; and the answer, as the history
+/// and the work fill it in.
+struct Calls<'a, S, X> {
+    cleanup: &'a Cleanup<S, X>,
+    parent: &'a Parent<'a, X>,
+    /// The event's stop date: when Step Functions does not say it.
+    stopped_ms: Option<u64>,
+    children: Vec<ChildExecution>,
+    summary: CleanupSummary,
+}
+
+impl<S: ItemStore, X: Executions> CleanupCalls for Calls<'_, S, X> {
+    /// The locks and the children, from the history, read newest first back to the execution's
+    /// start (`ExecutionStarted`), every run's: the cleanup fences every run up to the one that
+    /// ended and frees what they hold, and a run before it may hold a slot still, asked for by an
+    /// acquire task of its own part of the history only (its cleanup found the execution
+    /// redriven and left the slot to the redriven run, which may carry that run's `$.semaphore`
+    /// into the work without an acquire of its own, F7/F11; a redrive reruns only the failed
+    /// branches of a Parallel or Map). Stopping at the start of the run that ended would miss
+    /// those acquires and leave their slots to the sweeper. So the read is bounded by the history
+    /// quota alone (25,000 events: 25 pages), and only what it found is kept, never the events.
+    async fn find_locks(&mut self) -> Result<Option<Locks>, PortError> {
+        let (config, arn) = (&self.cleanup.config, self.summary.execution.as_str());
+        let lock_of = |payload: &Value| config.resolver.lock(payload);
+        let waiter_of = |payload: &Value| config.resolver.waiter(payload).ok();
+        let reading = LockReading {
+            acquire: &config.acquire,
+            lock_of: &lock_of,
+            waiter_of: &waiter_of,
+        };
+        let mut reader = history::Reader::new(Some(reading), Run::FIRST);
+        let read = read_back(&self.cleanup.executions, arn, &mut reader).await;
+        match read.map_err(PortError::new)? {
+            HistoryRead::Read { pages } => {
+                let events = reader.events_read();
+                tracing::debug!(execution = arn, pages, events, "history read");
+            }
+            HistoryRead::NotFound => return Ok(None),
+            // Nothing can be concluded from the part read: an acquire or a child before it would
+            // be missed. Nothing is written; the sweeper, which reads the table, judges each slot
+            // the execution holds from the part of the history since that slot's run began, and
+            // says so by notice and metric when it cannot either.
+            HistoryRead::TooLong(too_long) => {
+                self.summary.note = Some(too_long.to_string());
+                self.summary.history_too_long = true;
+                return Ok(None);
             }
         }
-        done
+        let footprint = reader.finish();
+        (self.summary.history_notes, self.children) = (footprint.notes, footprint.children);
+        let (locks, waiters) = (footprint.locks, footprint.waiters);
+        Ok(Some(Locks { locks, waiters }))
     }
 
-    /// The error naming every failure, of the type of the first.
-    fn into_error(self, execution: &str) -> Option<HandlerError> {
-        let (_, _, first) = self.0.first()?;
-        let each: Vec<String> = self
-            .0
-            .iter()
-            .map(|(lock, what, e)| format!("{what} on lock \"{lock}\": {e}"))
-            .collect();
-        Some(first.with_message(format!(
-            "cleanup of {execution} failed on {} lock(s), the others were done; retrying is \
-             safe: {}",
-            self.0.len(),
-            each.join("; ")
-        )))
+    /// Each child of the execution settled; deferred if any still runs.
+    async fn stop_work(&mut self) -> Result<bool, PortError> {
+        let answers = self.parent.answers.lock().unwrap().clone();
+        let stopped_ms = match &answers[..] {
+            [_, Some(again), ..] => again.stop_date_ms,
+            [first, ..] => first.as_ref().and_then(|d| d.stop_date_ms),
+            [] => None,
+        }
+        .or(self.stopped_ms);
+        let (now, status) = (self.cleanup.semaphore.now_ms(), self.parent.status(0));
+        for child in &self.children {
+            let arn = self.summary.execution.as_str();
+            let settled = self
+                .cleanup
+                .settle_child(arn, &status, child, stopped_ms, now);
+            let work = settled.await.map_err(PortError::new)?;
+            self.summary.children.push(work);
+        }
+        let children = &self.summary.children;
+        self.summary.deferred = children.iter().any(|c| c.action == ChildAction::Waiting);
+        if self.summary.deferred {
+            self.summary.retry_after_seconds = retry_after_seconds(stopped_ms, now);
+        }
+        Ok(self.summary.deferred)
+    }
+
+    async fn hand_off(&mut self, lock: LockName) -> HandOff {
+        let cleanup = self.cleanup;
+        cleanup.hand_offs.run(&cleanup.semaphore, &lock, None).await
+    }
+}
+
+/// A Step Functions call that failed, as the port carried it.
+fn step_functions(e: PortError, arn: &str) -> CleanupError {
+    match e.source.downcast::<SfnError>() {
+        Ok(e) => CleanupError::StepFunctions(*e),
+        Err(other) => CleanupError::StepFunctions(SfnError {
+            operation: "DescribeExecution",
+            execution: arn.to_owned(),
+            message: other.to_string(),
+        }),
     }
 }
 
 impl<S: ItemStore, X: Executions> Cleanup<S, X> {
-    /// Handles one event (see the module documentation for the steps).
+    /// Handles one event (see the module documentation).
     pub async fn run(&self, event: &StatusChangeEvent) -> Result<CleanupSummary, CleanupError> {
         let detail = &event.detail;
         let arn = detail.execution_arn.as_str();
-        let mut summary = CleanupSummary {
-            execution: arn.to_owned(),
-            status: detail.status.clone(),
-            ..CleanupSummary::default()
-        };
+        let mut summary = CleanupSummary::new(arn, &detail.status);
         if !ENDED_STATUSES.contains(&detail.status.as_str()) {
             summary.note = Some(format!(
                 "status {} needs no cleanup (only {} do): nothing done",
@@ -385,236 +392,123 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
             ))
             .into());
         }
-
-        // 1. Redriven since the event?
-        let Some(described) = self.executions.describe(arn).await? else {
-            return Ok(self.not_found(summary));
+        let parent = Parent {
+            executions: &self.executions,
+            answers: Mutex::default(),
         };
-        if described.is_running() {
-            summary.note = Some(format!(
-                "the execution is {} again: it was redriven since this event, and needs what \
-                 it holds; its release, or the cleanup of its next end, frees it: nothing done",
-                described.status()
-            ));
-            tracing::info!(
-                execution = arn,
-                status = described.status(),
-                "redriven since the event: left alone"
-            );
-            return Ok(summary);
+        let mut calls = Calls {
+            cleanup: self,
+            parent: &parent,
+            stopped_ms: detail.stop_date.and_then(|ms| u64::try_from(ms).ok()),
+            children: Vec::new(),
+            summary,
+        };
+        // Boxed: a deep future (the hand-off nests), kept off the caller's.
+        let ran = self
+            .semaphore
+            .clean_up_after(holder.clone(), &parent, &mut calls);
+        let ran = Box::pin(ran).await.map_err(|e| step_functions(e, arn))?;
+        for failure in &ran.failures {
+            let (lock, what, e) = (&failure.lock, failure.step.describe(), &failure.error);
+            tracing::error!(execution = arn, lock = %lock, error = %e, "{what} failed");
         }
-
-        // 2. The locks and the children, from the history, read newest first back to the
-        // execution's start (`ExecutionStarted`), every run's: the cleanup fences every run up
-        // to the one that ended and frees what they hold, and a run before it may hold a slot
-        // still, asked for by an acquire task of its own part of the history only (its cleanup
-        // found the execution redriven and left the slot to the redriven run, which may carry
-        // that run's `$.semaphore` into the work without an acquire of its own, F7/F11; a
-        // redrive reruns only the failed branches of a Parallel or Map). Stopping at the start
-        // of the run that ended would miss those acquires and leave their slots to the sweeper.
-        // So the read is bounded by the history quota alone (25,000 events: 25 pages), and
-        // only what it found is kept, never the events.
-        let resolver = &self.config.resolver;
-        let lock_of = |payload: &Value| resolver.lock(payload);
-        let waiter_of = |payload: &Value| resolver.waiter(payload).ok();
-        let mut reader = history::Reader::new(
-            Some(LockReading {
-                acquire: &self.config.acquire,
-                lock_of: &lock_of,
-                waiter_of: &waiter_of,
-            }),
-            Run::FIRST,
-        );
-        match read_back(&self.executions, arn, &mut reader).await? {
-            HistoryRead::Read { pages } => {
-                tracing::debug!(
+        let message = ran.failure_message(&holder);
+        let first = ran.failures.into_iter().next();
+        let cleaned = (ran.done)
+            .map_err(|refusal| CleanupError::from(HandlerError::Store(refusal.message(&holder))))?;
+        let mut summary = calls.summary;
+        summary.record(&cleaned);
+        self.report(&summary, &cleaned);
+        if let (true, Some(first), Some(message)) = (cleaned.retry(), first, message) {
+            return Err(HandlerError::from(first.error).with_message(message).into());
+        }
+        let note = match cleaned.end {
+            End::RunsAgain => {
+                let status = parent.status(0);
+                tracing::info!(
                     execution = arn,
-                    pages,
-                    events = reader.events_read(),
-                    "history read"
+                    status,
+                    "redriven since the event: left alone"
                 );
+                format!(
+                    "the execution is {status} again: it was redriven since this event, and \
+                     needs what it holds; its release, or the cleanup of its next end, frees it: \
+                     nothing done"
+                )
             }
-            HistoryRead::NotFound => return Ok(self.not_found(summary)),
-            HistoryRead::TooLong(too_long) => {
-                // Nothing can be concluded from the part read: an acquire or a child before it
-                // would be missed. Nothing is written; the sweeper, which reads the table, judges
-                // each slot the execution holds from the part of the history since that slot's
-                // run began, and says so by notice and metric when it cannot either.
-                summary.note = Some(too_long.to_string());
-                summary.history_too_long = true;
-                return Ok(summary);
+            End::Missing | End::LocksUntold if !summary.history_too_long => {
+                tracing::warn!(execution = arn, "execution not found");
+                "the execution does not exist (any more): its history cannot be read; the \
+                 sweeper frees whatever it holds"
+                    .to_owned()
             }
-        }
-        let footprint = reader.finish();
-        summary.history_notes = footprint.notes;
-        let locks = footprint.locks;
-        if locks.is_empty() {
-            summary.cleaned = true;
-            summary.note = Some(format!(
-                "no task of the execution invoked the acquire function ({}): it never asked \
-                 for a slot",
-                self.config.acquire.name()
-            ));
-            tracing::info!(
-                execution = arn,
-                "no acquire in the history: nothing to clean"
-            );
-            return Ok(summary);
-        }
-
-        // 3. Fence every lock: from now on nothing more of it lands.
-        let mut failures = Failures::default();
-        let fenced = failures
-            .on_every_lock(arn, &locks, "fencing", async |lock| {
-                self.semaphore.fence(lock, &holder, described.run).await
-            })
-            .await;
-        summary.locks = fenced
-            .iter()
-            .map(|(lock, fence)| LockCleanup {
-                lock: lock.to_string(),
-                freed: Vec::new(),
-                kept: fence
-                    .slots
-                    .iter()
-                    .map(|(s, _)| s.acquisition.to_string())
-                    .collect(),
-                count: None,
-            })
-            .collect();
-        let fenced: BTreeMap<LockName, Fenced> = fenced.into_iter().collect();
-        let fenced_locks: Vec<LockName> = fenced.keys().cloned().collect();
-
-        // 3b. Out of line: a fenced run queues no more, so these are all its places. Read
-        // first: every acquire task may have queued the execution, and most did not, and a read
-        // costs less than a refused transaction. A lock whose fence failed is retried whole.
-        for (lock, id) in footprint
-            .waiters
-            .iter()
-            .filter(|(lock, _)| fenced.contains_key(lock))
-        {
-            let in_line = match self.semaphore.waiter(lock, *id).await {
-                Ok(record) => record.is_some(),
-                Err(e) => {
-                    let e = HandlerError::from(e);
-                    tracing::error!(execution = arn, lock = %lock, error = %e, "reading the line failed");
-                    failures.0.push((lock.clone(), "reading the line", e));
-                    continue;
-                }
-            };
-            if !in_line {
-                continue;
+            End::NoLocks => {
+                tracing::info!(
+                    execution = arn,
+                    "no acquire in the history: nothing to clean"
+                );
+                format!(
+                    "no task of the execution invoked the acquire function ({}): it never asked \
+                     for a slot",
+                    self.config.acquire.name()
+                )
             }
-            match self.semaphore.leave(lock, *id).await {
-                Ok(true) => {
-                    summary.left_line.push(lock.to_string());
-                    self.hand_offs.metrics.emit(
-                        self.semaphore.now_ms(),
-                        &metrics::Line::of(lock).value(metrics::DEAD_WAITERS_REMOVED, 1),
-                    );
-                    tracing::info!(execution = arn, lock = %lock, waiter = %id, "removed from the line");
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    let e = HandlerError::from(e);
-                    tracing::error!(execution = arn, lock = %lock, error = %e, "leaving the line failed");
-                    failures.0.push((lock.clone(), "leaving the line", e));
-                }
-            }
-        }
-
-        // 4. Still ended once the fences stand?
-        let stopped_ms = match self.executions.describe(arn).await? {
-            Some(again) if again.is_running() => {
-                summary.note = Some(format!(
+            End::RedrivenMeanwhile => {
+                tracing::warn!(execution = arn, "redriven during the cleanup: slots kept");
+                format!(
                     "the execution was redriven while this cleanup ran ({} now): what it holds \
                      is kept, fenced; its release, or the cleanup of its next end, frees it",
-                    again.status()
-                ));
-                tracing::warn!(execution = arn, "redriven during the cleanup: slots kept");
+                    parent.status(1)
+                )
+            }
+            End::WorkRuns => {
+                let retry_after_seconds = summary.retry_after_seconds;
+                tracing::info!(
+                    execution = arn,
+                    retry_after_seconds,
+                    "its work still runs: fenced, slots kept until it ends"
+                );
                 return Ok(summary);
             }
-            again => again.as_ref().unwrap_or(&described).stop_date_ms,
-        }
-        .or(detail.stop_date.and_then(|ms| u64::try_from(ms).ok()));
+            // Too long: its reading said so. Freed: nothing to note.
+            End::Missing | End::LocksUntold | End::Freed { .. } => return Ok(summary),
+        };
+        summary.note = Some(note);
+        Ok(summary)
+    }
 
-        // 5. The work.
-        let now = self.semaphore.now_ms();
-        let mut waiting = false;
-        for child in &footprint.children {
-            let work = self
-                .settle_child(arn, described.status(), child, stopped_ms, now)
-                .await?;
-            waiting |= work.action == ChildAction::Waiting;
-            summary.children.push(work);
+    /// The metrics and logs of what `cleaned` did: each line left, and per lock freed the slots
+    /// and how long each was held, and the line's length after.
+    fn report(&self, summary: &CleanupSummary, cleaned: &Cleaned) {
+        let execution = summary.execution.as_str();
+        let metrics = &self.hand_offs.metrics;
+        for left in &cleaned.left_line {
+            let line = metrics::Line::of(&left.lock).value(metrics::DEAD_WAITERS_REMOVED, 1);
+            metrics.emit(left.at_ms, &line);
+            tracing::info!(execution, lock = %left.lock, waiter = %left.id, "removed from the line");
         }
-        if waiting {
-            if let Some(e) = failures.into_error(arn) {
-                return Err(e.into());
+        let End::Freed { at_ms } = cleaned.end else {
+            return;
+        };
+        for (lock, entry) in cleaned.locks.iter().zip(&summary.locks) {
+            let Some(freed) = &lock.freed else { continue };
+            let held = (freed.freed.iter()).map(|(_, h)| at_ms.saturating_sub(h.acquired_at_ms));
+            let mut line = metrics::Line::of(&lock.fenced.lock)
+                .value(metrics::WAITING, freed.waiting as f64)
+                .values(metrics::TIME_HELD, held.map(|ms| ms as f64));
+            if !freed.freed.is_empty() {
+                line = line.value(metrics::SLOTS_FREED_BY_CLEANUP, freed.freed.len() as f64);
             }
-            summary.deferred = true;
-            summary.retry_after_seconds = retry_after_seconds(stopped_ms, now);
+            metrics.emit(at_ms, &line);
             tracing::info!(
-                execution = arn,
-                retry_after_seconds = summary.retry_after_seconds,
-                "its work still runs: fenced, slots kept until it ends"
-            );
-            return Ok(summary);
-        }
-
-        // 6. Free what each fence saw (a second write per lock that held something).
-        let outcomes = failures
-            .on_every_lock(arn, &fenced_locks, "freeing", async |lock| {
-                self.semaphore.free(&fenced[lock]).await
-            })
-            .await;
-        let now = self.semaphore.now_ms();
-        for (lock, outcome) in outcomes {
-            let mut line = metrics::Line::of(&lock)
-                .value(metrics::WAITING, outcome.waiting as f64)
-                .values(
-                    metrics::TIME_HELD,
-                    outcome
-                        .freed
-                        .iter()
-                        .map(|(_, h)| now.saturating_sub(h.acquired_at_ms) as f64),
-                );
-            if !outcome.freed.is_empty() {
-                line = line.value(metrics::SLOTS_FREED_BY_CLEANUP, outcome.freed.len() as f64);
-            }
-            self.hand_offs.metrics.emit(now, &line);
-            if !outcome.freed.is_empty() && outcome.waiting > 0 {
-                let handed = self.hand_offs.run(&self.semaphore, &lock, None).await;
-                summary.handed_off += handed.woken.len();
-            }
-            let Some(entry) = summary.locks.iter_mut().find(|e| e.lock == lock.as_str()) else {
-                continue;
-            };
-            entry.kept.clear();
-            entry.count = Some(outcome.count);
-            entry.freed = outcome
-                .freed
-                .into_iter()
-                .map(|(identity, holding)| FreedSlot {
-                    acquisition: identity.acquisition.to_string(),
-                    token: holding.token.0,
-                    held_for_ms: now.saturating_sub(holding.acquired_at_ms),
-                })
-                .collect();
-            tracing::info!(
-                execution = arn,
-                status = %detail.status,
+                execution,
+                status = %summary.status,
                 lock = %entry.lock,
                 freed = entry.freed.len(),
-                count = outcome.count,
+                count = freed.count,
                 "cleaned up"
             );
         }
-        if let Some(e) = failures.into_error(arn) {
-            return Err(e.into());
-        }
-        summary.cleaned = true;
-        Ok(summary)
     }
 
     /// What to do about one child of the ended execution.
@@ -665,16 +559,6 @@ impl<S: ItemStore, X: Executions> Cleanup<S, X> {
             }
             ChildState::Missing => work("NOT_FOUND", ChildAction::NotStarted),
         })
-    }
-
-    fn not_found(&self, mut summary: CleanupSummary) -> CleanupSummary {
-        summary.note = Some(
-            "the execution does not exist (any more): its history cannot be read; the sweeper \
-             frees whatever it holds"
-                .to_owned(),
-        );
-        tracing::warn!(execution = %summary.execution, "execution not found");
-        summary
     }
 }
 

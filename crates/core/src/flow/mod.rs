@@ -7,9 +7,12 @@
 //!
 //! - [`acquire`]: acquire or wait in line (the acquire function, for parked and polling callers);
 //! - [`answer`]: the acquire answer a caller gets back, and the work it starts under its slot;
+//! - [`cleanup`]: clean up after an ended execution (the cleanup function: fence, leave the
+//!   lines, free and hand off), and its answer;
 //! - [`release`]: release a slot, free a redriven run's earlier runs, hand off (the release
 //!   function).
 
 pub mod acquire;
 pub mod answer;
+pub mod cleanup;
 pub mod release;

@@ -4,11 +4,15 @@
 use std::future::Future;
 
 use super::line::HandOff;
+use super::slots::Fenced;
 use super::Semaphore;
 use crate::error::Error;
 use crate::flow::acquire::{AcquireFlow, Acquisition, Budget, Call, Next, Refusal, Reply, Request};
-use crate::input::LockName;
-use crate::ports::ItemStore;
+use crate::flow::cleanup::{self, Cleaned, CleanupFlow, Execution, LockStep, Locks};
+use crate::flow::release;
+use crate::input::{HolderId, LockName};
+use crate::item::SemaphoreItem;
+use crate::ports::{ExecutionState, ExecutionStatus, ItemStore, PortError};
 use crate::protocol::QueueOutcome;
 
 impl<S: ItemStore> Semaphore<S> {
@@ -67,11 +71,6 @@ impl<S: ItemStore> Semaphore<S> {
         }
     }
 }
-
-// The release flow's names, apart from the acquire flow's above.
-use crate::flow::release;
-use crate::item::SemaphoreItem;
-use crate::ports::ExecutionStatus;
 
 impl<S: ItemStore> Semaphore<S> {
     /// Releases the slot `request` shows and hands it on (see [`crate::flow::release`]); a
@@ -148,6 +147,140 @@ impl<S: ItemStore> Semaphore<S> {
             match flow.resume(reply) {
                 Next::Call(next) => call = next,
                 Next::Done(done) => return Ok(done),
+            }
+        }
+    }
+}
+
+/// What a cleanup asks beyond the store and Step Functions' word on the execution: its caller's
+/// (the cleanup function's: the execution's history and its work, and the hand-offs with their
+/// wake-ups and metrics).
+pub trait CleanupCalls: Send {
+    /// Which locks and lines the execution's acquire tasks used; `None`: they cannot be told.
+    fn find_locks(&mut self) -> impl Future<Output = Result<Option<Locks>, PortError>> + Send;
+
+    /// Stops the execution's work where it can be stopped; whether any still runs.
+    fn stop_work(&mut self) -> impl Future<Output = Result<bool, PortError>> + Send;
+
+    /// Moves `lock`'s line.
+    fn hand_off(&mut self, lock: LockName) -> impl Future<Output = HandOff> + Send;
+}
+
+/// A cleanup's store call that failed on its lock.
+#[derive(Debug)]
+pub struct LockFailure {
+    pub lock: LockName,
+    pub step: LockStep,
+    pub error: Error,
+}
+
+/// What [`Semaphore::clean_up_after`] did: where the flow ended, and the store's error of each
+/// of its [`Cleaned::failed`], in the same order.
+#[derive(Debug)]
+pub struct CleanedUp {
+    pub done: Result<Cleaned, cleanup::Refusal>,
+    pub failures: Vec<LockFailure>,
+}
+
+impl CleanedUp {
+    /// The message naming every failure on `holder`'s locks, if any.
+    pub fn failure_message(&self, holder: &HolderId) -> Option<String> {
+        if self.failures.is_empty() {
+            return None;
+        }
+        let each: Vec<String> = (self.failures.iter())
+            .map(|f| format!("{} on lock \"{}\": {}", f.step.describe(), f.lock, f.error))
+            .collect();
+        Some(format!(
+            "cleanup of {holder} failed on {} lock(s), the others were done; retrying is safe: {}",
+            self.failures.len(),
+            each.join("; ")
+        ))
+    }
+}
+
+impl<S: ItemStore> Semaphore<S> {
+    /// Cleans up after `holder`'s ended execution (see [`crate::flow::cleanup`]): what
+    /// `executions` says of it decides whether and which runs are fenced, and `calls` say which
+    /// locks, whether its work runs, and move the lines. A store call that fails is one lock's
+    /// failure, and the flow goes on with the others; a port's error ends it where it stands
+    /// (every write it sent stands, and is idempotent).
+    pub async fn clean_up_after<X, C>(
+        &self,
+        holder: HolderId,
+        executions: &X,
+        calls: &mut C,
+    ) -> Result<CleanedUp, PortError>
+    where
+        X: ExecutionStatus,
+        C: CleanupCalls,
+    {
+        let (mut flow, mut call) = CleanupFlow::start(holder);
+        let mut failures = Vec::new();
+        loop {
+            let holder = flow.holder();
+            let answer = match &call {
+                cleanup::Call::Describe => {
+                    let execution = match executions.describe(holder).await? {
+                        ExecutionState::Running => Execution::Running,
+                        ExecutionState::Ended { last_run, .. } => {
+                            Execution::Ended { run: last_run }
+                        }
+                        ExecutionState::Missing => Execution::Missing,
+                        ExecutionState::Unjudged { .. } | ExecutionState::NotAnExecution => {
+                            Execution::Untold
+                        }
+                    };
+                    Ok(cleanup::Reply::Execution(execution))
+                }
+                cleanup::Call::FindLocks => Ok(cleanup::Reply::Locks(calls.find_locks().await?)),
+                cleanup::Call::Fence { lock, run } => {
+                    self.fence(lock, holder, *run).await.map(|fenced| {
+                        cleanup::Reply::Fenced(cleanup::Fenced {
+                            lock: fenced.lock,
+                            slots: fenced.slots,
+                            count: fenced.count,
+                            waiting: fenced.waiting,
+                        })
+                    })
+                }
+                cleanup::Call::ReadWaiter { lock, id } => (self.waiter(lock, *id).await)
+                    .map(|record| cleanup::Reply::InLine(record.is_some())),
+                cleanup::Call::Leave { lock, id } => {
+                    self.leave(lock, *id).await.map(cleanup::Reply::InLine)
+                }
+                cleanup::Call::StopWork => Ok(cleanup::Reply::WorkRuns(calls.stop_work().await?)),
+                cleanup::Call::Free(seen) => {
+                    let fenced = Fenced {
+                        lock: seen.lock.clone(),
+                        slots: seen.slots.clone(),
+                        count: seen.count,
+                        waiting: seen.waiting,
+                    };
+                    self.free(&fenced).await.map(|outcome| {
+                        cleanup::Reply::Freed(cleanup::Freed {
+                            freed: outcome.freed,
+                            count: outcome.count,
+                            waiting: outcome.waiting,
+                        })
+                    })
+                }
+                cleanup::Call::HandOff { lock } => {
+                    let woken = calls.hand_off(lock.clone()).await.woken.len();
+                    Ok(cleanup::Reply::HandedOff { woken })
+                }
+            };
+            let reply = answer.unwrap_or_else(|error| {
+                // Only the store calls answer an error here: each is one lock's.
+                if let Some((lock, step)) = call.lock_step() {
+                    let lock = lock.clone();
+                    failures.push(LockFailure { lock, step, error });
+                }
+                cleanup::Reply::Failed
+            });
+            match flow.resume(reply, self.now_ms()) {
+                cleanup::Next::Call(next) => call = next,
+                cleanup::Next::Done(done) => return Ok(CleanedUp { done, failures }),
             }
         }
     }
