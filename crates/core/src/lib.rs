@@ -72,12 +72,12 @@ pub use ports::{
     ListPage, PortError, Waker, MISSING_EXECUTION_GRACE_MS,
 };
 pub use protocol::{
-    AcquireOutcome, CleanupOutcome, FenceReason, HeartbeatOutcome, QueueOutcome, ReleaseOutcome,
-    Step, Timing, WriteResult,
+    AcquireOutcome, CleanupOutcome, FenceReason, Fenced, HeartbeatOutcome, QueueOutcome,
+    ReleaseOutcome, Step, Timing, WriteResult,
 };
 pub use queue::{Attempt, QueueKey, QueueKeyError, Waiter, WaiterId, Wakeup};
 pub use semaphore::line::{HandOff, Wake};
-pub use semaphore::slots::{Fenced, TakenBack, MAX_ROUNDS};
+pub use semaphore::slots::{TakenBack, MAX_ROUNDS};
 pub use semaphore::sweep::{LargestItem, LineSweep, Reclaimed, SweepReport, Unjudged};
 pub use semaphore::{ConfiguredOnly, Semaphore, KEPT_TAKE_BACKS};
 pub use write::{Change, Check, Write};

@@ -23,7 +23,8 @@
 pub mod answer;
 
 use crate::input::{HolderId, LockName};
-use crate::item::{Holding, Identity, Run};
+use crate::item::Run;
+use crate::protocol::{CleanupOutcome, Fenced};
 use crate::queue::WaiterId;
 
 /// What the flow needs done next: an operation of [`crate::Semaphore`] on one lock, a question to
@@ -75,7 +76,7 @@ pub enum Reply {
     /// Whether the record was in line when read, or when the leave landed.
     InLine(bool),
     WorkRuns(bool),
-    Freed(Freed),
+    Freed(CleanupOutcome),
     /// How many waiters the hand-off granted a slot.
     HandedOff {
         woken: usize,
@@ -105,25 +106,6 @@ pub struct Locks {
     pub locks: Vec<LockName>,
     /// Each once: the lock, and the record the execution would wait under.
     pub waiters: Vec<(LockName, WaiterId)>,
-}
-
-/// What a fence found on its lock: the slots the execution held when it landed (all it will
-/// ever hold there), and the slots held and the waiters in line then.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Fenced {
-    pub lock: LockName,
-    pub slots: Vec<(Identity, Holding)>,
-    pub count: usize,
-    pub waiting: u64,
-}
-
-/// What a free did: the slots it freed (with when they were taken), the slots held and the
-/// waiters in line after it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct Freed {
-    pub freed: Vec<(Identity, Holding)>,
-    pub count: usize,
-    pub waiting: u64,
 }
 
 /// A store call on one lock.
@@ -181,7 +163,7 @@ pub enum End {
 pub struct LockCleaned {
     pub fenced: Fenced,
     /// What its free did; `None` when it was not freed (kept, or its free failed).
-    pub freed: Option<Freed>,
+    pub freed: Option<CleanupOutcome>,
 }
 
 /// A line the execution was taken out of.

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::input::{LockName, Weight};
 use crate::item::{Claim, FencingToken, Holding, Identity, Run, SemaphoreItem};
-use crate::protocol::{CleanupOutcome, ReleaseOutcome};
+use crate::protocol::{CleanupOutcome, Fenced, ReleaseOutcome};
 
 /// Whom a release is about: the acquire answer's lock, holder, acquisition and fencing token.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -119,17 +119,12 @@ pub enum Call {
     /// Fence the execution's runs up to `last_run` ([`crate::Semaphore::fence`]):
     /// [`Reply::Fenced`].
     Fence { last_run: Run },
-    /// Free the slots a fence saw, when it saw `count` held and `waiting` in line
-    /// ([`crate::Semaphore::free`]): [`Reply::Freed`].
-    Free {
-        slots: Vec<(Identity, Holding)>,
-        count: usize,
-        waiting: u64,
-    },
+    /// Free the slots a fence saw ([`crate::Semaphore::free`]): [`Reply::Freed`].
+    Free(Fenced),
 }
 
 /// What became of a [`Call`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Reply {
     /// The release's outcome, the lock as it left it, and the slot it freed as it was held
     /// (when it was taken), if the write that freed it was answered.
@@ -147,11 +142,7 @@ pub enum Reply {
     Run(Result<Option<Run>, String>),
     /// The slots the fenced runs hold (all they will ever hold), and the slots held and the
     /// waiters in line when the fence landed.
-    Fenced {
-        slots: Vec<(Identity, Holding)>,
-        count: usize,
-        waiting: u64,
-    },
+    Fenced(Fenced),
     Freed(CleanupOutcome),
 }
 
@@ -322,29 +313,17 @@ impl ReleaseFlow {
                     self.done()
                 }
             }
-            (
-                State::Fencing { run },
-                Reply::Fenced {
-                    slots,
-                    count,
-                    waiting,
-                },
-            ) => {
-                if slots.is_empty() {
+            (State::Fencing { run }, Reply::Fenced(fenced)) => {
+                if fenced.slots.is_empty() {
                     // A free of nothing sends nothing.
                     let freed = CleanupOutcome {
                         freed: Vec::new(),
-                        count,
-                        waiting,
+                        count: fenced.count,
+                        waiting: fenced.waiting,
                     };
                     self.freed(run, freed)
                 } else {
-                    let call = Call::Free {
-                        slots,
-                        count,
-                        waiting,
-                    };
-                    self.call(State::Freeing { run }, call)
+                    self.call(State::Freeing { run }, Call::Free(fenced))
                 }
             }
             (State::Freeing { run }, Reply::Freed(freed)) => self.freed(run, freed),

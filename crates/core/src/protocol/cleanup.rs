@@ -8,7 +8,19 @@ use crate::input::{HolderId, LockName};
 use crate::item::{FenceKey, Holding, Identity, Run, SemaphoreItem};
 use crate::write::{Change, Check, Write};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a cleanup's fence found (`Semaphore::fence`): the slots the fenced execution held on `lock` when its
+/// fence landed (all it will ever hold there), and the slots held and the waiters in line then.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fenced {
+    pub lock: LockName,
+    /// As the fence found them (their weights, tokens and times): what a cleanup whose freeing
+    /// write's answer was lost reports as freed (see [`freed_seen`]).
+    pub slots: Vec<(Identity, Holding)>,
+    pub count: usize,
+    pub waiting: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CleanupOutcome {
     /// The slots that were freed, with when they were taken.
     pub freed: Vec<(Identity, Holding)>,

@@ -58,7 +58,7 @@ pub enum AcquireOutcome {
     Configured(Option<LockConfig>),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ReleaseOutcome {
     /// `waiting`: how many wait in line now (a hand-off moves them). `token`: the slot's
     /// fencing token, `None` when the release's first attempt freed the slot but its answer was

@@ -4,7 +4,6 @@
 use std::future::Future;
 
 use super::line::HandOff;
-use super::slots::Fenced;
 use super::Semaphore;
 use crate::error::Error;
 use crate::flow::acquire::{AcquireFlow, Acquisition, Budget, Call, Next, Refusal, Reply, Request};
@@ -122,26 +121,9 @@ impl<S: ItemStore> Semaphore<S> {
                     Reply::Run(run.map_err(|e| e.to_string()))
                 }
                 Call::Fence { last_run } => {
-                    let fenced = self.fence(lock, &identity.holder, last_run).await?;
-                    Reply::Fenced {
-                        slots: fenced.slots,
-                        count: fenced.count,
-                        waiting: fenced.waiting,
-                    }
+                    Reply::Fenced(self.fence(lock, &identity.holder, last_run).await?)
                 }
-                Call::Free {
-                    slots,
-                    count,
-                    waiting,
-                } => {
-                    let fenced = super::slots::Fenced {
-                        lock: lock.clone(),
-                        slots,
-                        count,
-                        waiting,
-                    };
-                    Reply::Freed(self.free(&fenced).await?)
-                }
+                Call::Free(fenced) => Reply::Freed(self.free(&fenced).await?),
             };
             replied(&reply, self.now_ms());
             match flow.resume(reply) {
@@ -234,37 +216,17 @@ impl<S: ItemStore> Semaphore<S> {
                     Ok(cleanup::Reply::Execution(execution))
                 }
                 cleanup::Call::FindLocks => Ok(cleanup::Reply::Locks(calls.find_locks().await?)),
-                cleanup::Call::Fence { lock, run } => {
-                    self.fence(lock, holder, *run).await.map(|fenced| {
-                        cleanup::Reply::Fenced(cleanup::Fenced {
-                            lock: fenced.lock,
-                            slots: fenced.slots,
-                            count: fenced.count,
-                            waiting: fenced.waiting,
-                        })
-                    })
-                }
+                cleanup::Call::Fence { lock, run } => self
+                    .fence(lock, holder, *run)
+                    .await
+                    .map(cleanup::Reply::Fenced),
                 cleanup::Call::ReadWaiter { lock, id } => (self.waiter(lock, *id).await)
                     .map(|record| cleanup::Reply::InLine(record.is_some())),
                 cleanup::Call::Leave { lock, id } => {
                     self.leave(lock, *id).await.map(cleanup::Reply::InLine)
                 }
                 cleanup::Call::StopWork => Ok(cleanup::Reply::WorkRuns(calls.stop_work().await?)),
-                cleanup::Call::Free(seen) => {
-                    let fenced = Fenced {
-                        lock: seen.lock.clone(),
-                        slots: seen.slots.clone(),
-                        count: seen.count,
-                        waiting: seen.waiting,
-                    };
-                    self.free(&fenced).await.map(|outcome| {
-                        cleanup::Reply::Freed(cleanup::Freed {
-                            freed: outcome.freed,
-                            count: outcome.count,
-                            waiting: outcome.waiting,
-                        })
-                    })
-                }
+                cleanup::Call::Free(seen) => self.free(seen).await.map(cleanup::Reply::Freed),
                 cleanup::Call::HandOff { lock } => {
                     let woken = calls.hand_off(lock.clone()).await.woken.len();
                     Ok(cleanup::Reply::HandedOff { woken })

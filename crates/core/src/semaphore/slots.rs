@@ -8,8 +8,8 @@ use crate::input::{terms_on, HolderId, Lease, LockName, Terms};
 use crate::item::{Claim, Holding, Identity, Run, SemaphoreItem, TakenBackSlot};
 use crate::ports::ItemStore;
 use crate::protocol::{
-    self, millis, unexpected, AcquireOutcome, CleanupOutcome, HeartbeatOutcome, ReleaseOutcome,
-    Step, WriteResult,
+    self, millis, unexpected, AcquireOutcome, CleanupOutcome, Fenced, HeartbeatOutcome,
+    ReleaseOutcome, Step, WriteResult,
 };
 use crate::write::Write;
 
@@ -19,18 +19,6 @@ use crate::write::Write;
 /// cleanup's free, then the rest of its slots), so this is never reached but by a store that
 /// misbehaves.
 pub const MAX_ROUNDS: usize = 8;
-
-/// What a [`Semaphore::fence`] found: the slots the fenced execution held on `lock` when its
-/// fence landed (all it will ever hold there), and the slots held and the waiters in line then.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fenced {
-    pub lock: LockName,
-    /// As the fence found them (their weights, tokens and times): what a cleanup whose freeing
-    /// write's answer was lost reports as freed (see [`protocol::freed_seen`]).
-    pub slots: Vec<(Identity, Holding)>,
-    pub count: usize,
-    pub waiting: u64,
-}
 
 /// What a take-back of expired leases did: the slots it took back (each fenced), and the lock
 /// as the last write left it or handed it back.

@@ -3,11 +3,11 @@
 
 use semaphore_core::flow::cleanup::answer::CleanupSummary;
 use semaphore_core::flow::cleanup::{
-    Call, Cleaned, CleanupFlow, End, Execution, Fenced, Freed, LeftLine, LockStep, Locks, Next,
-    Refusal, Reply,
+    Call, Cleaned, CleanupFlow, End, Execution, LeftLine, LockStep, Locks, Next, Refusal, Reply,
 };
 use semaphore_core::{
-    AcquisitionId, FencingToken, HolderId, Holding, Identity, LockName, Run, WaiterId, Weight,
+    AcquisitionId, CleanupOutcome, Fenced, FencingToken, HolderId, Holding, Identity, LockName,
+    Run, WaiterId, Weight,
 };
 
 const EXECUTION: &str = "arn:aws:states:us-east-1:123456789012:execution:M:e1";
@@ -52,8 +52,8 @@ fn fenced(name: &str, slots: Vec<(Identity, Holding)>, waiting: u64) -> Fenced {
 }
 
 /// The free of what `fence` saw: every slot of it.
-fn freed(fence: &Fenced) -> Freed {
-    Freed {
+fn freed(fence: &Fenced) -> CleanupOutcome {
+    CleanupOutcome {
         freed: fence.slots.clone(),
         count: fence.count - fence.slots.len(),
         waiting: fence.waiting,

@@ -6,7 +6,7 @@ use semaphore_core::flow::release::{
     Call, EarlierRuns, Next, Outcome, Refusal, Release, ReleaseFlow, Reply, Request,
 };
 use semaphore_core::{
-    AcquisitionId, CleanupOutcome, FencingToken, HolderId, Holding, Identity, LockName,
+    AcquisitionId, CleanupOutcome, Fenced, FencingToken, HolderId, Holding, Identity, LockName,
     ReleaseOutcome, Run, SemaphoreItem, Weight,
 };
 use serde_json::json;
@@ -70,6 +70,16 @@ fn done(next: Next) -> Result<Release, Refusal> {
     match next {
         Next::Done(done) => done,
         Next::Call(call) => panic!("still calling {call:?}"),
+    }
+}
+
+/// What a fence of the request's lock found: `slots`, `count` held, `waiting` in line.
+fn fenced(slots: Vec<(Identity, Holding)>, count: usize, waiting: u64) -> Fenced {
+    Fenced {
+        lock: LockName::new("orders").unwrap(),
+        slots,
+        count,
+        waiting,
     }
 }
 
@@ -168,16 +178,8 @@ fn a_redriven_runs_release_frees_its_earlier_runs_once_step_functions_says_it_is
     // What the runs before it hold: a zombie acquire of run 0, run 1's slot left to it.
     let slots = vec![(identity("r0"), held(2)), (identity("r1"), held(5))];
     assert_eq!(
-        flow.resume(Reply::Fenced {
-            slots: slots.clone(),
-            count: 3,
-            waiting: 1
-        }),
-        Next::Call(Call::Free {
-            slots: slots.clone(),
-            count: 3,
-            waiting: 1
-        })
+        flow.resume(Reply::Fenced(fenced(slots.clone(), 3, 1))),
+        Next::Call(Call::Free(fenced(slots.clone(), 3, 1)))
     );
     let freed = CleanupOutcome {
         freed: slots,
@@ -235,11 +237,7 @@ fn a_fence_that_finds_nothing_held_frees_nothing_and_hands_off_nothing() {
     let (mut flow, _) = ReleaseFlow::start(request("r1"));
     flow.resume(released(false, 0));
     flow.resume(Reply::Run(Ok(Some(Run(1)))));
-    let fenced = Reply::Fenced {
-        slots: Vec::new(),
-        count: 2,
-        waiting: 3,
-    };
+    let fenced = Reply::Fenced(fenced(Vec::new(), 2, 3));
     let release = done(flow.resume(fenced)).unwrap();
     assert_eq!(
         release,
