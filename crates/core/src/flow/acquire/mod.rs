@@ -84,6 +84,10 @@ pub enum Broken {
     /// A check that finds the caller in line takes it out and queues it again at this attempt's
     /// own time, behind those who asked after it (L2).
     CheckTakesANewPlace,
+    /// A poll that finds its record in line keeps the place without renewing its time (the
+    /// record's own wake-up again): a poller that polls in time is taken out of line as stopped
+    /// (L2).
+    PollKeepsOldTime,
 }
 
 /// A queueing under way: the record sent, and how many queue writes were sent.
@@ -403,13 +407,16 @@ impl AcquireFlow {
                 return self.hand_off(false, queued_at_ms, seen);
             }
             Some(Broken::CheckTakesANewPlace) => return self.call(State::Requeueing, Call::Leave),
-            None => {}
+            Some(Broken::PollKeepsOldTime) | None => {}
         }
         // A poll keeps the poller's place for another poll window (F13). Then a wake-up may
         // have been lost (a waker that crashed between its grant and its wake-up, or whose
         // SendTaskSuccess went to a task that had timed out): the hand-off that follows may
         // grant this very execution and complete its new task.
-        let wakeup = self.wakeup(now_ms);
+        let wakeup = match self.broken {
+            Some(Broken::PollKeepsOldTime) => record.wakeup.clone(),
+            _ => self.wakeup(now_ms),
+        };
         let state = State::Checking {
             queued_at_ms,
             timeout: None,
